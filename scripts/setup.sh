@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Makes sure wgpu can find a GPU: when no Vulkan driver is installed, installs Mesa's lavapipe
+# (a software Vulkan GPU) so that everything also runs on a machine without a GPU.
+set -euo pipefail
+have_vulkan_driver() {
+    ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1 && ldconfig -p | grep -q libvulkan.so.1
+}
+if ! have_vulkan_driver; then
+    echo "setup: no Vulkan driver found; installing lavapipe (mesa-vulkan-drivers, libvulkan1)" >&2
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+fi
+# The Vulkan loader's window-system probes complain when this is unset; compute needs none.
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"

@@ -1,0 +1,188 @@
+// matmul.wgsl: C = op(A) . op(B) for every algorithm, tiled in workgroup memory with a 4x4
+// register block per invocation. Needs formats.wgsl.
+//
+// The loader (src/backend/wgpu/shaders.rs) splices in, per variant:
+//   const BM, BN, BK: u32       workgroup tile (BM x BN outputs, BK of the inner dimension)
+//   const PARTS: u32            operand planes: 1, or 2/3 bf16 planes (h, m, l) for split
+//   const LEVELS: u32           split levels: 0 (no split), 2 (bf16x3), 3 (bf16x6), 5 (bf16x9)
+//   const FP8: bool, ROWWISE: bool
+//   alias A_T, B_T              element type of the operand arrays (u32, or f16 natively)
+//   fn fetch_a(idx: u32) -> f32 and fn fetch_b(idx: u32) -> f32: decode one stored element
+// Workgroup size is (BN / 4, BM / 4).
+
+struct MatmulParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    _pad0: u32,
+    // Element strides of the logical A (batch, row i, column p), and the plane stride.
+    a_batch: u32,
+    a_row: u32,
+    a_col: u32,
+    a_plane: u32,
+    // Element strides of the logical B (batch, row p, column j), and the plane stride.
+    b_batch: u32,
+    b_row: u32,
+    b_col: u32,
+    b_plane: u32,
+    c_batch: u32,
+    // fp8 scales: A's at scales[batch * sa_batch + (row or 0)], B's at
+    // scales[sb_offset + batch * sb_batch + (column or 0)].
+    sa_batch: u32,
+    sb_batch: u32,
+    sb_offset: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: MatmulParams;
+@group(0) @binding(1) var<storage, read> a_data: array<A_T>;
+@group(0) @binding(2) var<storage, read> b_data: array<B_T>;
+@group(0) @binding(3) var<storage, read_write> c_data: array<f32>;
+@group(0) @binding(4) var<storage, read> scales: array<f32>;
+
+const WG_X: u32 = BN / 4u;
+const WG_Y: u32 = BM / 4u;
+const THREADS: u32 = WG_X * WG_Y;
+const F32_MAX: f32 = 3.40282347e38;
+
+// [part][kk][i / 4]: four consecutive rows (columns) of one k as a vec4.
+var<workgroup> a_tile: array<vec4<f32>, PARTS * BK * BM / 4u>;
+var<workgroup> b_tile: array<vec4<f32>, PARTS * BK * BN / 4u>;
+
+// acc[r] += a[r] * b: the 4x4 outer product of a row block and a column block.
+fn outer(acc: ptr<function, array<vec4<f32>, 4>>, a: vec4<f32>, b: vec4<f32>) {
+    (*acc)[0] += a.x * b;
+    (*acc)[1] += a.y * b;
+    (*acc)[2] += a.z * b;
+    (*acc)[3] += a.w * b;
+}
+
+// The lower split levels use 0 where h is not finite, so only L0 sees inf/NaN.
+fn finite_or_zero(h: vec4<f32>) -> vec4<f32> {
+    return select(vec4<f32>(0.0), h, abs(h) <= vec4<f32>(F32_MAX));
+}
+
+// acc / (sa * sb) without an intermediate overflow or underflow: the scales' mantissas divide
+// acc (a factor in [1, 4)), their exponents are applied in two halves, so the intermediate
+// leaves f32's range only when the result does.
+fn unscale(acc: f32, sa: f32, sb: f32) -> f32 {
+    let fa = frexp(sa);
+    let fb = frexp(sb);
+    let x = acc / (fa.fract * fb.fract);
+    let total = -(fa.exp + fb.exp);
+    let half = total / 2;
+    return ldexp(ldexp(x, half), total - half);
+}
+
+fn a_at(part: u32, kk: u32, ty: u32) -> vec4<f32> {
+    return a_tile[(part * BK + kk) * (BM / 4u) + ty];
+}
+
+fn b_at(part: u32, kk: u32, tx: u32) -> vec4<f32> {
+    return b_tile[(part * BK + kk) * (BN / 4u) + tx];
+}
+
+@compute @workgroup_size(WG_X, WG_Y, 1)
+fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
+          @builtin(local_invocation_index) lindex: u32) {
+    let batch = wg.z;
+    let row0 = wg.y * BM;
+    let col0 = wg.x * BN;
+    let a_base = batch * params.a_batch;
+    let b_base = batch * params.b_batch;
+    var acc0: array<vec4<f32>, 4>;
+    var acc1: array<vec4<f32>, 4>;
+    var acc2: array<vec4<f32>, 4>;
+    var acc3: array<vec4<f32>, 4>;
+    var acc4: array<vec4<f32>, 4>;
+
+    for (var k0 = 0u; k0 < params.k; k0 += BK) {
+        // A tile: consecutive invocations take consecutive k (contiguous for row-major A).
+        for (var t = lindex; t < BM * BK; t += THREADS) {
+            let i = t / BK;
+            let kk = t % BK;
+            let row = row0 + i;
+            let p = k0 + kk;
+            let inside = row < params.m && p < params.k;
+            let idx = a_base + row * params.a_row + p * params.a_col;
+            for (var part = 0u; part < PARTS; part++) {
+                var v = 0.0;
+                if (inside) {
+                    v = fetch_a(idx + part * params.a_plane);
+                }
+                a_tile[(part * BK + kk) * (BM / 4u) + i / 4u][i % 4u] = v;
+            }
+        }
+        // B tile: consecutive invocations take consecutive columns (contiguous for row-major B).
+        for (var t = lindex; t < BN * BK; t += THREADS) {
+            let j = t % BN;
+            let kk = t / BN;
+            let col = col0 + j;
+            let p = k0 + kk;
+            let inside = col < params.n && p < params.k;
+            let idx = b_base + p * params.b_row + col * params.b_col;
+            for (var part = 0u; part < PARTS; part++) {
+                var v = 0.0;
+                if (inside) {
+                    v = fetch_b(idx + part * params.b_plane);
+                }
+                b_tile[(part * BK + kk) * (BN / 4u) + j / 4u][j % 4u] = v;
+            }
+        }
+        workgroupBarrier();
+
+        for (var kk = 0u; kk < BK; kk++) {
+            let ah = a_at(0u, kk, lid.y);
+            let bh = b_at(0u, kk, lid.x);
+            outer(&acc0, ah, bh);
+            if (LEVELS >= 2u) {
+                let ah0 = finite_or_zero(ah);
+                let bh0 = finite_or_zero(bh);
+                let am = a_at(1u, kk, lid.y);
+                let bm = b_at(1u, kk, lid.x);
+                outer(&acc1, ah0, bm);
+                outer(&acc1, am, bh0);
+                if (LEVELS >= 3u) {
+                    let al = a_at(2u, kk, lid.y);
+                    let bl = b_at(2u, kk, lid.x);
+                    outer(&acc2, am, bm);
+                    outer(&acc2, ah0, bl);
+                    outer(&acc2, al, bh0);
+                    if (LEVELS >= 5u) {
+                        outer(&acc3, am, bl);
+                        outer(&acc3, al, bm);
+                        outer(&acc4, al, bl);
+                    }
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    for (var r = 0u; r < 4u; r++) {
+        let row = row0 + lid.y * 4u + r;
+        if (row >= params.m) {
+            continue;
+        }
+        // Levels summed smallest first.
+        var v = acc0[r];
+        if (LEVELS == 2u) {
+            v = acc1[r] + acc0[r];
+        } else if (LEVELS == 3u) {
+            v = (acc2[r] + acc1[r]) + acc0[r];
+        } else if (LEVELS == 5u) {
+            v = (((acc4[r] + acc3[r]) + acc2[r]) + acc1[r]) + acc0[r];
+        }
+        for (var c = 0u; c < 4u; c++) {
+            let col = col0 + lid.x * 4u + c;
+            if (col < params.n) {
+                var out = v[c];
+                if (FP8) {
+                    let sa = scales[batch * params.sa_batch + select(0u, row, ROWWISE)];
+                    let sb = scales[params.sb_offset + batch * params.sb_batch + select(0u, col, ROWWISE)];
+                    out = unscale(out, sa, sb);
+                }
+                c_data[batch * params.c_batch + row * params.n + col] = out;
+            }
+        }
+    }
+}

@@ -1,0 +1,100 @@
+// scale.wgsl: amax reductions and fp8 current-scaling factors. Needs formats.wgsl.
+//
+// amax uses atomicMax on the bits of |x|: for non-negative floats the integer order of the bits
+// is the value order, so the reduction is exact and independent of float modes.
+
+struct ScaleParams {
+    len: u32,
+    // Group of element e, as in cast.wgsl.
+    batch_len: u32,
+    div: u32,
+    modulus: u32,
+    groups_per_batch: u32,
+    groups: u32,
+    // Largest finite value of the fp8 format, as f32 bits.
+    fmax_bits: u32,
+    // Where this operand's groups start in `amax_bits` and `scales`.
+    offset: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: ScaleParams;
+@group(0) @binding(1) var<storage, read> src: array<u32>;
+@group(0) @binding(2) var<storage, read_write> amax_bits: array<atomic<u32>>;
+@group(0) @binding(3) var<storage, read_write> scales: array<f32>;
+
+@compute @workgroup_size(256)
+fn amax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.len) {
+        return;
+    }
+    let magnitude = src[e] & 0x7fffffffu;
+    if (magnitude < 0x7f800000u) {
+        let within = e % params.batch_len;
+        let g = (e / params.batch_len) * params.groups_per_batch + (within / params.div) % params.modulus;
+        atomicMax(&amax_bits[params.offset + g], magnitude);
+    }
+}
+
+// a / b for positive finite f32 a (normal) and b (normal or subnormal), rounded to nearest
+// even by long division of the significands; overflow is capped at f32's max. GPU float
+// division is only accurate to a few ulps, and the scale must equal the host's bit for bit.
+fn div_rn(a: u32, b: u32) -> u32 {
+    var ea = i32((a >> 23u) & 0xffu) - 127;
+    var eb = i32((b >> 23u) & 0xffu) - 127;
+    var sa = (a & 0x7fffffu) | 0x800000u;
+    var sb = b & 0x7fffffu;
+    if ((b >> 23u) == 0u) {
+        eb = -126;
+        let lead = firstLeadingBit(sb);
+        sb = sb << (23u - lead);
+        eb = eb - i32(23u - lead);
+    } else {
+        sb = sb | 0x800000u;
+    }
+    var e = ea - eb;
+    if (sa < sb) {
+        sa = sa << 1u;
+        e = e - 1;
+    }
+    // sa / sb is in [1, 2): 24 quotient bits, then the remainder decides the rounding.
+    var rem = sa;
+    var q = 0u;
+    for (var i = 0u; i < 24u; i++) {
+        q = q << 1u;
+        if (rem >= sb) {
+            rem = rem - sb;
+            q = q | 1u;
+        }
+        rem = rem << 1u;
+    }
+    if (rem > sb || (rem == sb && (q & 1u) == 1u)) {
+        q = q + 1u;
+    }
+    if (q == 0x1000000u) {
+        q = q >> 1u;
+        e = e + 1;
+    }
+    if (e > 127) {
+        return 0x7f7fffffu;
+    }
+    // The quotients used here (fmax / amax) are never below f32's normal range.
+    return (u32(e + 127) << 23u) | (q & 0x7fffffu);
+}
+
+// s = FMAX / amax per group; 1 where the group holds no nonzero finite value.
+@compute @workgroup_size(256)
+fn scale_from_amax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let g = flat_index(wg, nwg, lid);
+    if (g >= params.groups) {
+        return;
+    }
+    let amax = atomicLoad(&amax_bits[params.offset + g]);
+    if (amax == 0u) {
+        scales[params.offset + g] = 1.0;
+    } else {
+        scales[params.offset + g] = bitcast<f32>(div_rn(params.fmax_bits, amax));
+    }
+}

@@ -1,0 +1,217 @@
+//! The Backend trait, the one seam between the precision policy and hardware, and the one
+//! run-time choice among the backends.
+//!
+//! Contract: a backend computes every op with the numerics of `reference` (casts and splits bit
+//! for bit, matmuls within `Algorithm::accumulation_tolerance`), reports failures as errors
+//! (never plausible data), and never panics on user input. Adding a backend means implementing
+//! this trait and passing the conformance suite in `tests/`.
+
+pub mod reference;
+pub mod wgpu;
+
+use crate::algorithm::{Algorithm, MatmulShape};
+use crate::error::{Error, Result};
+use crate::format::{Format, Overflow};
+use crate::policy::{Capabilities, PrecisionClass};
+use std::fmt;
+use std::str::FromStr;
+use std::time::Instant;
+
+pub use reference::Reference;
+
+/// The kinds of backend mantissa knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackendKind {
+    Reference,
+    Wgpu,
+    Cuda,
+}
+
+impl BackendKind {
+    pub const ALL: [BackendKind; 3] =
+        [BackendKind::Reference, BackendKind::Wgpu, BackendKind::Cuda];
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Reference => "reference",
+            BackendKind::Wgpu => "wgpu",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What the user asked for: a kind, or the best one found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    #[default]
+    Auto,
+    Only(BackendKind),
+}
+
+impl FromStr for BackendChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        let key = s.trim().to_ascii_lowercase();
+        if key == "auto" {
+            return Ok(BackendChoice::Auto);
+        }
+        BackendKind::ALL
+            .into_iter()
+            .find(|k| k.name() == key)
+            .map(BackendChoice::Only)
+            .ok_or_else(|| Error::UnknownName {
+                kind: "backend",
+                given: s.to_string(),
+                valid: ["auto", "reference", "wgpu", "cuda"]
+                    .map(String::from)
+                    .to_vec(),
+            })
+    }
+}
+
+/// fp8 scales of one batch: one per tensor (length 1) or one per row of A / column of B.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Fp8Scales {
+    pub a: Vec<f32>,
+    pub b: Vec<f32>,
+    /// The inner dimension the scales were computed over.
+    pub k: usize,
+}
+
+impl Fp8Scales {
+    pub fn a_for_row(&self, i: usize) -> f32 {
+        if self.a.len() == 1 {
+            self.a[0]
+        } else {
+            self.a[i]
+        }
+    }
+    pub fn b_for_col(&self, j: usize) -> f32 {
+        if self.b.len() == 1 {
+            self.b[0]
+        } else {
+            self.b[j]
+        }
+    }
+}
+
+/// Timing of a repeated matmul, as a benchmark reports it.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct MatmulTiming {
+    /// Median seconds of one matmul (operand preparation on the device included).
+    pub seconds: f64,
+    /// How the time was taken: "gpu-timestamps" or "wall-clock".
+    pub clock: &'static str,
+    pub repetitions: usize,
+}
+
+/// The one seam between policy and hardware. Operands and results are row-major f32 on the host;
+/// a backend moves them to and from its device.
+pub trait Backend: Send + Sync {
+    fn kind(&self) -> BackendKind;
+    /// Short name shown in tables: "reference", "wgpu:llvmpipe (Vulkan)", "cuda:NVIDIA H100".
+    fn name(&self) -> String;
+    /// The device in words.
+    fn device_name(&self) -> String;
+    /// What the backend accelerates; drives the precision-class resolution.
+    fn capabilities(&self) -> Capabilities;
+
+    /// C = op(A) . op(B) under `algorithm`.
+    fn matmul(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        a: &[f32],
+        b: &[f32],
+    ) -> Result<Vec<f32>>;
+
+    /// Encodes f32 values into `format` (one bit pattern per value, in the low bits).
+    fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> Result<Vec<u32>>;
+    /// Decodes bit patterns of `format` to f32.
+    fn decode(&self, format: Format, bits: &[u32]) -> Result<Vec<f32>>;
+    /// The bf16 split x = h + m + l, as three planes of bf16 bit patterns.
+    fn split_bf16(&self, x: &[f32]) -> Result<[Vec<u32>; 3]>;
+    /// Largest finite magnitude (0 if none).
+    fn amax(&self, x: &[f32]) -> Result<f32>;
+
+    /// Times `repetitions` matmuls. The default times whole calls on the wall clock; device
+    /// backends override it to keep operands resident and time the device work only.
+    fn time_matmul(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        a: &[f32],
+        b: &[f32],
+        repetitions: usize,
+    ) -> Result<MatmulTiming> {
+        let mut times = Vec::with_capacity(repetitions);
+        for _ in 0..repetitions.max(1) {
+            let start = Instant::now();
+            self.matmul(shape, algorithm, a, b)?;
+            times.push(start.elapsed().as_secs_f64());
+        }
+        Ok(MatmulTiming {
+            seconds: median(&mut times),
+            clock: "wall-clock",
+            repetitions: times.len(),
+        })
+    }
+
+    /// The algorithm a precision class resolves to on this backend.
+    fn resolve(&self, class: PrecisionClass) -> Algorithm {
+        class.resolve(&self.capabilities())
+    }
+}
+
+pub(crate) fn median(values: &mut [f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    values[values.len() / 2]
+}
+
+/// The environment variable that overrides `--backend auto`.
+pub const BACKEND_ENV: &str = "MANTISSA_BACKEND";
+
+/// Opens the backend the user asked for. `Auto` (and `MANTISSA_BACKEND` when set) picks CUDA
+/// when it is compiled in and a device exists, else the best wgpu adapter (discrete, then
+/// integrated, then software), else an error saying what was tried and how to fix it.
+pub fn open(choice: BackendChoice) -> Result<Box<dyn Backend>> {
+    let choice = match (choice, std::env::var(BACKEND_ENV)) {
+        (BackendChoice::Auto, Ok(v)) if !v.trim().is_empty() => v.parse()?,
+        (c, _) => c,
+    };
+    match choice {
+        BackendChoice::Only(BackendKind::Reference) => Ok(Box::new(Reference)),
+        BackendChoice::Only(BackendKind::Wgpu) => Ok(Box::new(wgpu::WgpuBackend::open_best()?)),
+        BackendChoice::Only(BackendKind::Cuda) => Err(cuda_unavailable()),
+        BackendChoice::Auto => {
+            let mut tried = vec![format!("cuda: {}", cuda_unavailable())];
+            match wgpu::WgpuBackend::open_best() {
+                Ok(b) => return Ok(Box::new(b)),
+                Err(e) => tried.push(format!("wgpu: {e}")),
+            }
+            Err(Error::BackendUnavailable {
+                backend: "auto".into(),
+                why: format!(
+                    "no GPU backend found ({}). Install a Vulkan driver (on Debian: apt-get install \
+                     mesa-vulkan-drivers libvulkan1 for the lavapipe software GPU) or pass --backend reference",
+                    tried.join("; ")
+                ),
+            })
+        }
+    }
+}
+
+fn cuda_unavailable() -> Error {
+    Error::BackendUnavailable {
+        backend: "cuda".into(),
+        why: "this build has no CUDA backend yet (the cudarc fast path is a separate issue)".into(),
+    }
+}

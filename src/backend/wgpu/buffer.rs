@@ -1,0 +1,287 @@
+//! Buffers: a size-class pool, uploads, one-pass command recording and async readback.
+
+use super::device::{Gpu, Pipeline};
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use wgpu::util::DeviceExt;
+
+/// Storage buffers are reused by size class (powers of two), so repeated ops of one shape
+/// allocate nothing after the first.
+#[derive(Default)]
+pub struct BufferPool {
+    free: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
+}
+
+pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+impl BufferPool {
+    fn class(bytes: u64) -> u64 {
+        bytes.max(256).next_power_of_two()
+    }
+
+    /// A storage buffer of at least `bytes` bytes (contents undefined).
+    pub fn take(&self, gpu: &Gpu, bytes: u64) -> Result<wgpu::Buffer> {
+        let class = Self::class(bytes);
+        if let Some(b) = self
+            .free
+            .lock()
+            .ok()
+            .and_then(|mut f| f.get_mut(&class).and_then(Vec::pop))
+        {
+            return Ok(b);
+        }
+        // A class may round past the buffer limit while the request itself fits.
+        let size = if class > gpu.limits.max_buffer_size {
+            bytes.div_ceil(4) * 4
+        } else {
+            class
+        };
+        Ok(gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("mantissa.pool"),
+            size,
+            usage: STORAGE,
+            mapped_at_creation: false,
+        }))
+    }
+
+    /// Returns buffers to the pool.
+    pub fn give(&self, buffers: impl IntoIterator<Item = wgpu::Buffer>) {
+        if let Ok(mut free) = self.free.lock() {
+            for b in buffers {
+                if b.size().is_power_of_two() {
+                    free.entry(b.size()).or_default().push(b);
+                }
+            }
+        }
+    }
+}
+
+/// Checks that a buffer of `bytes` can be bound as storage on this device.
+pub fn check_binding(gpu: &Gpu, what: &str, bytes: u64) -> Result<()> {
+    let (limit, name) = if gpu.limits.max_storage_buffer_binding_size < gpu.limits.max_buffer_size {
+        (
+            gpu.limits.max_storage_buffer_binding_size,
+            "max_storage_buffer_binding_size",
+        )
+    } else {
+        (gpu.limits.max_buffer_size, "max_buffer_size")
+    };
+    if bytes > limit {
+        return Err(Error::TooLarge {
+            what: what.to_string(),
+            requested: bytes,
+            limit,
+            limit_name: name,
+            device: gpu.name().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Uploads `words` into a new storage buffer.
+pub fn upload(gpu: &Gpu, label: &str, words: &[u32]) -> wgpu::Buffer {
+    let contents: &[u8] = if words.is_empty() {
+        &[0u8; 4]
+    } else {
+        bytemuck::cast_slice(words)
+    };
+    gpu.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents,
+            usage: STORAGE,
+        })
+}
+
+/// A uniform buffer holding `params`.
+pub fn uniform<T: bytemuck::Pod>(gpu: &Gpu, params: &T) -> wgpu::Buffer {
+    gpu.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some("mantissa.params"),
+            contents: bytemuck::bytes_of(params),
+            usage: wgpu::BufferUsages::UNIFORM,
+        })
+}
+
+/// One dispatch of a kernel with its bindings.
+pub struct Dispatch {
+    pub pipeline: Arc<Pipeline>,
+    pub bind_group: wgpu::BindGroup,
+    pub groups: [u32; 3],
+}
+
+impl Dispatch {
+    /// A dispatch binding `buffers` in order (binding 0, 1, ...).
+    pub fn new(
+        gpu: &Gpu,
+        pipeline: Arc<Pipeline>,
+        buffers: &[&wgpu::Buffer],
+        groups: [u32; 3],
+    ) -> Dispatch {
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.layout,
+            entries: &entries,
+        });
+        Dispatch {
+            pipeline,
+            bind_group,
+            groups,
+        }
+    }
+
+    /// Workgroups for `items` invocations of a 256-wide element kernel, folded into two
+    /// dimensions past the per-dimension limit (the kernels use `flat_index`).
+    pub fn element_groups(gpu: &Gpu, items: usize) -> Result<[u32; 3]> {
+        let groups = items.div_ceil(256).max(1) as u64;
+        let max = gpu.limits.max_compute_workgroups_per_dimension as u64;
+        let x = groups.min(max);
+        let y = groups.div_ceil(x);
+        if y > max {
+            return Err(Error::TooLarge {
+                what: format!("an element kernel over {items} items"),
+                requested: items as u64 * 4,
+                limit: max * max * 256 * 4,
+                limit_name: "max_compute_workgroups_per_dimension^2",
+                device: gpu.name().to_string(),
+            });
+        }
+        Ok([x as u32, y as u32, 1])
+    }
+}
+
+/// Timestamp queries around a pass, where the device has them.
+pub struct Timer {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+}
+
+impl Timer {
+    pub fn new(gpu: &Gpu) -> Option<Timer> {
+        if !gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            return None;
+        }
+        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("mantissa.timer"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("mantissa.timer.resolve"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        Some(Timer { set, resolve })
+    }
+
+    /// Seconds between the two timestamps of the last pass.
+    pub fn read_seconds(&self, gpu: &Gpu) -> Result<f64> {
+        let bytes = read_bytes(gpu, &self.resolve, 16)?;
+        let ticks: &[u64] = bytemuck::cast_slice(&bytes);
+        let period_ns = gpu.queue.get_timestamp_period() as f64;
+        Ok(ticks[1].saturating_sub(ticks[0]) as f64 * period_ns * 1e-9)
+    }
+}
+
+/// Records `clears` (buffers to zero), then every dispatch in one compute pass, and submits.
+pub fn submit(gpu: &Gpu, clears: &[&wgpu::Buffer], dispatches: &[Dispatch], timer: Option<&Timer>) {
+    let mut encoder = gpu
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("mantissa"),
+        });
+    for b in clears {
+        encoder.clear_buffer(b, 0, None);
+    }
+    {
+        let timestamp_writes = timer.map(|t| wgpu::ComputePassTimestampWrites {
+            query_set: &t.set,
+            beginning_of_pass_write_index: Some(0),
+            end_of_pass_write_index: Some(1),
+        });
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("mantissa"),
+            timestamp_writes,
+        });
+        for d in dispatches {
+            pass.set_pipeline(&d.pipeline.pipeline);
+            pass.set_bind_group(0, &d.bind_group, &[]);
+            pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
+        }
+    }
+    if let Some(t) = timer {
+        encoder.resolve_query_set(&t.set, 0..2, &t.resolve, 0);
+    }
+    gpu.queue.submit([encoder.finish()]);
+}
+
+/// Copies the first `bytes` of `src` back to the host. Native callers block here; the async
+/// core (`read_bytes_async`) is what a browser build awaits.
+pub fn read_bytes(gpu: &Gpu, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+    pollster::block_on(read_bytes_async(gpu, src, bytes))
+}
+
+pub async fn read_bytes_async(gpu: &Gpu, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+    let size = bytes.div_ceil(4).max(1) * 4;
+    let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("mantissa.readback"),
+        size,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut encoder = gpu
+        .device
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("readback"),
+        });
+    encoder.copy_buffer_to_buffer(src, 0, &staging, 0, size);
+    gpu.queue.submit([encoder.finish()]);
+    let (tx, rx) = futures_channel::oneshot::channel();
+    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    #[cfg(not(target_arch = "wasm32"))]
+    gpu.device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .map_err(|e| Error::Device {
+            device: gpu.name().to_string(),
+            message: format!("waiting for the GPU: {e}"),
+        })?;
+    let mapped = rx.await.map_err(|_| Error::Device {
+        device: gpu.name().to_string(),
+        message: "the device was lost before the readback finished".into(),
+    })?;
+    mapped.map_err(|e| Error::Device {
+        device: gpu.name().to_string(),
+        message: format!("readback failed: {e}"),
+    })?;
+    let view = staging
+        .slice(..)
+        .get_mapped_range()
+        .map_err(|e| Error::Device {
+            device: gpu.name().to_string(),
+            message: format!("readback failed: {e}"),
+        })?;
+    let out = view[..bytes as usize].to_vec();
+    drop(view);
+    staging.unmap();
+    Ok(out)
+}
+
+/// Reads `count` u32 words back.
+pub fn read_words(gpu: &Gpu, src: &wgpu::Buffer, count: usize) -> Result<Vec<u32>> {
+    let bytes = read_bytes(gpu, src, count as u64 * 4)?;
+    Ok(bytemuck::pod_collect_to_vec(&bytes))
+}

@@ -1,0 +1,293 @@
+//! Adapter choice, the device, the pipeline cache and error capture.
+
+use super::shaders::Kernel;
+use crate::error::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// An adapter as `mantissa info` lists it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub shader_f16: bool,
+    pub subgroups: bool,
+    pub timestamps: bool,
+    pub max_storage_binding_bytes: u64,
+    pub max_buffer_bytes: u64,
+    pub max_workgroup_storage_bytes: u32,
+    pub max_invocations_per_workgroup: u32,
+}
+
+impl AdapterSummary {
+    fn of(adapter: &wgpu::Adapter) -> AdapterSummary {
+        let info = adapter.get_info();
+        let features = adapter.features();
+        let limits = adapter.limits();
+        AdapterSummary {
+            name: info.name,
+            backend: format!("{:?}", info.backend),
+            device_type: format!("{:?}", info.device_type),
+            driver: format!("{} {}", info.driver, info.driver_info)
+                .trim()
+                .to_string(),
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            max_storage_binding_bytes: limits.max_storage_buffer_binding_size,
+            max_buffer_bytes: limits.max_buffer_size,
+            max_workgroup_storage_bytes: limits.max_compute_workgroup_storage_size,
+            max_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
+        }
+    }
+}
+
+/// Environment variable that restricts adapters to those whose name contains its value.
+pub const ADAPTER_ENV: &str = "WGPU_ADAPTER_NAME";
+
+fn rank(device_type: wgpu::DeviceType) -> u8 {
+    match device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+/// Every adapter wgpu finds, best first (discrete, integrated, virtual, software), filtered by
+/// `WGPU_ADAPTER_NAME` when it is set.
+pub fn adapters() -> Vec<wgpu::Adapter> {
+    let instance =
+        wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+    let mut found = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+    if let Ok(filter) = std::env::var(ADAPTER_ENV) {
+        let filter = filter.to_ascii_lowercase();
+        found.retain(|a| a.get_info().name.to_ascii_lowercase().contains(&filter));
+    }
+    found.sort_by_key(|a| rank(a.get_info().device_type));
+    found
+}
+
+/// Summaries of every adapter, best first.
+pub fn list_adapters() -> Vec<AdapterSummary> {
+    adapters().iter().map(AdapterSummary::of).collect()
+}
+
+/// Bindings of a kernel family, in binding order.
+#[derive(Clone, Copy)]
+enum Binding {
+    Uniform,
+    Read,
+    ReadWrite,
+}
+
+fn bindings(kernel: &Kernel) -> &'static [Binding] {
+    use Binding::*;
+    match kernel {
+        Kernel::Encode | Kernel::Decode | Kernel::Quantize => &[Uniform, Read, ReadWrite, Read],
+        Kernel::Amax | Kernel::ScaleFromAmax => &[Uniform, Read, ReadWrite, ReadWrite],
+        Kernel::SplitBf16 => &[Uniform, Read, ReadWrite],
+        Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read],
+    }
+}
+
+/// A compiled kernel with its bind group layout.
+pub struct Pipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
+/// The device and everything cached on it.
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub summary: AdapterSummary,
+    pub features: wgpu::Features,
+    pub limits: wgpu::Limits,
+    /// Whether shaders keep wgpu's runtime bounds checks (as browsers always do).
+    pub runtime_checks: bool,
+    pipelines: Mutex<HashMap<Kernel, Arc<Pipeline>>>,
+    uncaptured: Arc<Mutex<Option<String>>>,
+}
+
+impl Gpu {
+    /// Opens a device on `adapter` with every limit it offers and the features mantissa uses.
+    pub fn open(adapter: &wgpu::Adapter, runtime_checks: bool) -> Result<Gpu> {
+        let summary = AdapterSummary::of(adapter);
+        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY;
+        let features = adapter.features() & wanted;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("mantissa"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| Error::Device {
+            device: summary.name.clone(),
+            message: format!("could not open the device: {e}"),
+        })?;
+        // Errors outside an error scope must not panic: record them, report them on the next op.
+        let uncaptured = Arc::new(Mutex::new(None));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut slot) = sink.lock() {
+                slot.get_or_insert_with(|| e.to_string());
+            }
+        }));
+        Ok(Gpu {
+            device,
+            queue,
+            summary,
+            features,
+            limits,
+            runtime_checks,
+            pipelines: Mutex::new(HashMap::new()),
+            uncaptured,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.summary.name
+    }
+
+    fn device_error(&self, message: impl Into<String>) -> Error {
+        Error::Device {
+            device: self.summary.name.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// Runs `f` inside validation and out-of-memory error scopes; any error becomes an `Error`.
+    pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let result = f();
+        let validation = pollster::block_on(validation.pop());
+        let oom = pollster::block_on(oom.pop());
+        if let Some(e) = oom {
+            return Err(self.device_error(format!("out of device memory during {what}: {e}")));
+        }
+        if let Some(e) = validation {
+            return Err(self.device_error(format!("{what}: {e}")));
+        }
+        if let Some(e) = self.uncaptured.lock().ok().and_then(|mut s| s.take()) {
+            return Err(self.device_error(format!("{what}: {e}")));
+        }
+        result
+    }
+
+    /// The compiled pipeline of `kernel`, built on first use and cached.
+    pub fn pipeline(&self, kernel: &Kernel) -> Result<Arc<Pipeline>> {
+        if let Some(p) = self
+            .pipelines
+            .lock()
+            .ok()
+            .and_then(|m| m.get(kernel).cloned())
+        {
+            return Ok(p);
+        }
+        if kernel.needs_f16() && !self.features.contains(wgpu::Features::SHADER_F16) {
+            return Err(Error::MissingFeature {
+                feature: "shader-f16",
+                adapter: self.summary.name.clone(),
+                fallback: "packed f16 (MANTISSA_F16=packed)",
+            });
+        }
+        let pipeline = Arc::new(self.build(kernel)?);
+        if let Ok(mut m) = self.pipelines.lock() {
+            m.insert(*kernel, pipeline.clone());
+        }
+        Ok(pipeline)
+    }
+
+    fn build(&self, kernel: &Kernel) -> Result<Pipeline> {
+        let label = kernel.label();
+        let source = kernel.source();
+        // Validate first: a shader that fails must come back as an error with its log.
+        super::shaders::validate(kernel).map_err(|log| Error::ShaderCompile {
+            kernel: label.clone(),
+            log,
+        })?;
+        self.scoped(&format!("building {label}"), || {
+            let desc = wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
+            };
+            let module = if self.runtime_checks {
+                self.device.create_shader_module(desc)
+            } else {
+                // SAFETY: every kernel guards its own indices (tile loads and stores check the
+                // matrix bounds; element kernels check `len`), and the host sizes every buffer
+                // from the same parameters it passes to the kernel (see `matmul.rs`, `ops.rs`).
+                unsafe {
+                    self.device
+                        .create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+                }
+            };
+            let entries: Vec<wgpu::BindGroupLayoutEntry> = bindings(kernel)
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupLayoutEntry {
+                    binding: i as u32,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: match b {
+                        Binding::Uniform => wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Uniform,
+                            has_dynamic_offset: false,
+                            min_binding_size: None,
+                        },
+                        Binding::Read | Binding::ReadWrite => wgpu::BindingType::Buffer {
+                            ty: wgpu::BufferBindingType::Storage {
+                                read_only: matches!(b, Binding::Read),
+                            },
+                            has_dynamic_offset: false,
+                            min_binding_size: None,
+                        },
+                    },
+                    count: None,
+                })
+                .collect();
+            let layout = self
+                .device
+                .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some(&label),
+                    entries: &entries,
+                });
+            let pipeline_layout =
+                self.device
+                    .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                        label: Some(&label),
+                        bind_group_layouts: &[Some(&layout)],
+                        immediate_size: 0,
+                    });
+            let pipeline = self
+                .device
+                .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(&label),
+                    layout: Some(&pipeline_layout),
+                    module: &module,
+                    entry_point: Some(kernel.entry_point()),
+                    compilation_options: wgpu::PipelineCompilationOptions {
+                        constants: &[],
+                        // Every kernel writes workgroup memory before reading it.
+                        zero_initialize_workgroup_memory: false,
+                    },
+                    cache: None,
+                });
+            Ok(Pipeline { pipeline, layout })
+        })
+        .map_err(|e| match e {
+            Error::Device { message, .. } => Error::ShaderCompile {
+                kernel: kernel.label(),
+                log: message,
+            },
+            other => other,
+        })
+    }
+}

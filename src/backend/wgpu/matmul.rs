@@ -1,0 +1,313 @@
+//! Matmul on wgpu: operands are prepared on the device into their storage format (packed bf16 or
+//! f16, split bf16 planes, scaled fp8), then one tiled kernel computes C. Everything is recorded
+//! into one compute pass and submitted once.
+
+use super::buffer::{self, BufferPool, Dispatch, check_binding, upload};
+use super::device::Gpu;
+use super::ops::{self, Grouping, packed_words};
+use super::shaders::{F16Read, Kernel, MatmulVariant, Operand};
+use crate::algorithm::{Algorithm, MatmulShape, Scaling};
+use crate::error::Result;
+use bytemuck::{Pod, Zeroable};
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct MatmulParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    _pad0: u32,
+    a_batch: u32,
+    a_row: u32,
+    a_col: u32,
+    a_plane: u32,
+    b_batch: u32,
+    b_row: u32,
+    b_col: u32,
+    b_plane: u32,
+    c_batch: u32,
+    sa_batch: u32,
+    sb_batch: u32,
+    sb_offset: u32,
+}
+
+/// A matmul recorded on the device: its buffers and dispatches, ready to submit (repeatedly).
+pub struct MatmulRun {
+    pub clears: Vec<wgpu::Buffer>,
+    pub dispatches: Vec<Dispatch>,
+    pub c: wgpu::Buffer,
+    /// Pooled temporaries, returned to the pool when the run is done.
+    pub temporaries: Vec<wgpu::Buffer>,
+    pub variant: MatmulVariant,
+}
+
+/// One operand as the matmul kernel reads it.
+struct Prepared {
+    buffer: wgpu::Buffer,
+    /// Element stride between split planes (0 without planes).
+    plane: usize,
+    /// Taken from the pool (else it is the caller's f32 upload).
+    pooled: bool,
+}
+
+/// Which side of the product an operand is on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    A,
+    B,
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::A => "operand A",
+            Side::B => "operand B",
+        }
+    }
+}
+
+/// Checks sizes and records the matmul of the f32 operands already on the device.
+pub fn record(
+    gpu: &Gpu,
+    pool: &BufferPool,
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+    f16: F16Read,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+) -> Result<MatmulRun> {
+    let variant = MatmulVariant::for_algorithm(algorithm, f16);
+    check_binding(gpu, "result C", shape.c_len() as u64 * 4)?;
+    let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
+
+    let mut run = MatmulRun {
+        clears: vec![],
+        dispatches: vec![],
+        c: pool.take(gpu, shape.c_len() as u64 * 4)?,
+        temporaries: vec![],
+        variant,
+    };
+    let scales = fp8_scales(gpu, pool, shape, algorithm, a, b, &mut run)?;
+    let pa = prepare(
+        gpu,
+        pool,
+        shape,
+        algorithm,
+        Side::A,
+        variant.a,
+        a,
+        &scales,
+        &mut run,
+    )?;
+    let pb = prepare(
+        gpu,
+        pool,
+        shape,
+        algorithm,
+        Side::B,
+        variant.b,
+        b,
+        &scales,
+        &mut run,
+    )?;
+
+    let (m, n, k) = (shape.m as u32, shape.n as u32, shape.k as u32);
+    let (a_row, a_col) = if shape.a_transposed { (1, m) } else { (k, 1) };
+    let (b_row, b_col) = if shape.b_transposed { (1, k) } else { (n, 1) };
+    let rowwise = matches!(algorithm.scaling(), Some(Scaling::Rowwise));
+    let (sa_batch, sb_batch) = if rowwise { (m, n) } else { (1, 1) };
+    let params = MatmulParams {
+        m,
+        n,
+        k,
+        _pad0: 0,
+        a_batch: m * k,
+        a_row,
+        a_col,
+        a_plane: pa.plane as u32,
+        b_batch: k * n,
+        b_row,
+        b_col,
+        b_plane: pb.plane as u32,
+        c_batch: m * n,
+        sa_batch,
+        sb_batch,
+        sb_offset: shape.batch as u32 * sa_batch,
+    };
+    let uniform = buffer::uniform(gpu, &params);
+    let groups = [
+        n.div_ceil(variant.tile.bn),
+        m.div_ceil(variant.tile.bm),
+        shape.batch as u32,
+    ];
+    let scale_buffer = scales.as_ref().map(|s| &s.scales).unwrap_or(a);
+    run.dispatches.push(Dispatch::new(
+        gpu,
+        pipeline,
+        &[&uniform, &pa.buffer, &pb.buffer, &run.c, scale_buffer],
+        groups,
+    ));
+    if let Some(s) = scales {
+        run.temporaries.extend([s.scales, s.amax_bits]);
+    }
+    run.temporaries
+        .extend([pa, pb].into_iter().filter(|p| p.pooled).map(|p| p.buffer));
+    Ok(run)
+}
+
+struct Scales {
+    scales: wgpu::Buffer,
+    amax_bits: wgpu::Buffer,
+}
+
+/// fp8 scales for both operands: A's groups first, then B's. Current scaling computes them on
+/// the device (amax, then FMAX / amax); given scales are uploaded.
+fn fp8_scales(
+    gpu: &Gpu,
+    pool: &BufferPool,
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    run: &mut MatmulRun,
+) -> Result<Option<Scales>> {
+    let Algorithm::Fp8 {
+        a: fa,
+        b: fb,
+        scaling,
+    } = *algorithm
+    else {
+        return Ok(None);
+    };
+    let (ga, gb) = groupings(shape, scaling);
+    let total = ga.groups() + gb.groups();
+    let amax_bits = pool.take(gpu, total as u64 * 4)?;
+    if let Scaling::Given { a: sa, b: sb } = scaling {
+        let mut values = vec![sa.to_bits(); ga.groups()];
+        values.extend(std::iter::repeat_n(sb.to_bits(), gb.groups()));
+        return Ok(Some(Scales {
+            scales: upload(gpu, "mantissa.scales", &values),
+            amax_bits,
+        }));
+    }
+    let scales = pool.take(gpu, total as u64 * 4)?;
+    run.clears.push(amax_bits.clone());
+    let [amax_a, scale_a] =
+        ops::current_scales(gpu, a, &amax_bits, &scales, shape.a_len(), fa, ga, 0)?;
+    let [amax_b, scale_b] = ops::current_scales(
+        gpu,
+        b,
+        &amax_bits,
+        &scales,
+        shape.b_len(),
+        fb,
+        gb,
+        ga.groups(),
+    )?;
+    run.dispatches.extend([amax_a, amax_b, scale_a, scale_b]);
+    Ok(Some(Scales { scales, amax_bits }))
+}
+
+/// Scale groups of the stored A and B: per batch (tensorwise, given), or per logical row of A
+/// and logical column of B (rowwise), whatever the transposition.
+fn groupings(shape: &MatmulShape, scaling: Scaling) -> (Grouping, Grouping) {
+    let (m, n, k) = (shape.m, shape.n, shape.k);
+    match scaling {
+        Scaling::Rowwise => (
+            // A stored m x k (rows are rows) or k x m (rows are columns).
+            if shape.a_transposed {
+                Grouping::per_line(shape.batch, k, m, false)
+            } else {
+                Grouping::per_line(shape.batch, m, k, true)
+            },
+            // B stored k x n (columns are columns) or n x k (columns are rows).
+            if shape.b_transposed {
+                Grouping::per_line(shape.batch, n, k, true)
+            } else {
+                Grouping::per_line(shape.batch, k, n, false)
+            },
+        ),
+        _ => (
+            Grouping::per_batch(shape.batch, m * k),
+            Grouping::per_batch(shape.batch, k * n),
+        ),
+    }
+}
+
+/// Converts one f32 operand into the storage the kernel reads.
+#[allow(clippy::too_many_arguments)]
+fn prepare(
+    gpu: &Gpu,
+    pool: &BufferPool,
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+    side: Side,
+    operand: Operand,
+    src: &wgpu::Buffer,
+    scales: &Option<Scales>,
+    run: &mut MatmulRun,
+) -> Result<Prepared> {
+    let len = if side == Side::A {
+        shape.a_len()
+    } else {
+        shape.b_len()
+    };
+    let (fa, fb) = algorithm.operand_formats();
+    let format = if side == Side::A { fa } else { fb };
+    check_binding(gpu, side.name(), len as u64 * 4)?;
+    if algorithm.is_split() {
+        let parts = algorithm.split_parts();
+        let bytes = (parts * packed_words(format, len)) as u64 * 4;
+        check_binding(
+            gpu,
+            &format!("{} as {parts} bf16 planes", side.name()),
+            bytes,
+        )?;
+        let dst = pool.take(gpu, bytes)?;
+        let (dispatch, plane_words) = ops::split_bf16(gpu, src, &dst, len, parts)?;
+        run.dispatches.push(dispatch);
+        return Ok(Prepared {
+            buffer: dst,
+            plane: plane_words * 2,
+            pooled: true,
+        });
+    }
+    match operand {
+        // f32 is read as is; tf32 is rounded as it is read.
+        Operand::F32 | Operand::Tf32 => Ok(Prepared {
+            buffer: src.clone(),
+            plane: 0,
+            pooled: false,
+        }),
+        Operand::Bf16 | Operand::F16(_) => {
+            let bytes = packed_words(format, len) as u64 * 4;
+            let dst = pool.take(gpu, bytes)?;
+            run.dispatches
+                .push(ops::encode(gpu, src, &dst, len, format, false)?);
+            Ok(Prepared {
+                buffer: dst,
+                plane: 0,
+                pooled: true,
+            })
+        }
+        Operand::Fp8(_) => {
+            let bytes = packed_words(format, len) as u64 * 4;
+            let dst = pool.take(gpu, bytes)?;
+            let (ga, gb) = groupings(shape, algorithm.scaling().unwrap_or_default());
+            let (grouping, offset) = if side == Side::A {
+                (ga, 0)
+            } else {
+                (gb, ga.groups())
+            };
+            let scales = scales.as_ref().map(|s| &s.scales).unwrap_or(src);
+            run.dispatches.push(ops::quantize(
+                gpu, src, &dst, scales, len, format, grouping, offset,
+            )?);
+            Ok(Prepared {
+                buffer: dst,
+                plane: 0,
+                pooled: true,
+            })
+        }
+    }
+}

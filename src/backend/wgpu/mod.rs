@@ -1,0 +1,391 @@
+//! The wgpu backend: every op as WGSL compute shaders, on any adapter wgpu finds (Vulkan, Metal,
+//! DX12; software adapters such as lavapipe included).
+//!
+//! - `device.rs`: adapter choice, device, pipeline cache, error capture
+//! - `buffer.rs`: buffer pool, uploads, command recording, readback
+//! - `shaders.rs`: the WGSL loader (variants, generated headers, naga validation)
+//! - `ops.rs`: element kernels (casts, quantization, amax/scales, split)
+//! - `matmul.rs`: operand preparation and the tiled matmul
+
+pub mod buffer;
+pub mod device;
+pub mod matmul;
+pub mod ops;
+pub mod shaders;
+
+use self::buffer::{BufferPool, Timer, check_binding, read_words, submit, upload};
+use self::device::Gpu;
+use self::shaders::F16Read;
+use super::{Backend, BackendKind, MatmulTiming, median};
+use crate::algorithm::{Algorithm, MatmulShape};
+use crate::error::{Error, Result};
+use crate::format::{Format, Overflow};
+use crate::policy::Capabilities;
+use std::time::Instant;
+
+pub use device::{AdapterSummary, list_adapters};
+
+/// How f16 operands are read (`MANTISSA_F16`): `auto` reads them as `f16` where the adapter has
+/// SHADER_F16 and packed otherwise; `native` insists (an error names the missing feature);
+/// `packed` always uses the core-WGSL path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum F16Path {
+    #[default]
+    Auto,
+    Native,
+    Packed,
+}
+
+impl std::str::FromStr for F16Path {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(F16Path::Auto),
+            "native" => Ok(F16Path::Native),
+            "packed" => Ok(F16Path::Packed),
+            _ => Err(Error::UnknownName {
+                kind: "f16 path",
+                given: s.to_string(),
+                valid: ["auto", "native", "packed"].map(String::from).to_vec(),
+            }),
+        }
+    }
+}
+
+/// Options of the wgpu backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WgpuOptions {
+    pub f16: F16Path,
+    /// Keep wgpu's shader runtime checks (as browsers always do). Off natively by default: the
+    /// kernels guard their own indices, and the checks cost up to 40x (../docs/wgpu.md).
+    pub runtime_checks: bool,
+    /// Fill outputs with NaN before kernels run, so an element a kernel fails to write shows
+    /// up (tests use this; pooled buffers would otherwise hold an earlier, plausible result).
+    pub poison_outputs: bool,
+}
+
+impl Default for WgpuOptions {
+    fn default() -> Self {
+        WgpuOptions {
+            f16: F16Path::Auto,
+            runtime_checks: false,
+            poison_outputs: false,
+        }
+    }
+}
+
+impl WgpuOptions {
+    /// Options from `MANTISSA_F16` and `MANTISSA_WGSL_CHECKS` (on/off).
+    pub fn from_env() -> Result<WgpuOptions> {
+        let mut o = WgpuOptions::default();
+        if let Ok(v) = std::env::var("MANTISSA_F16") {
+            o.f16 = v.parse()?;
+        }
+        if let Ok(v) = std::env::var("MANTISSA_WGSL_CHECKS") {
+            o.runtime_checks = matches!(v.trim(), "1" | "on" | "true" | "yes");
+        }
+        Ok(o)
+    }
+}
+
+/// The wgpu backend on one adapter.
+pub struct WgpuBackend {
+    gpu: Gpu,
+    pool: BufferPool,
+    f16: F16Read,
+    poison: bool,
+}
+
+impl WgpuBackend {
+    /// The best adapter (discrete, integrated, then software), with options from the environment.
+    pub fn open_best() -> Result<WgpuBackend> {
+        Self::open_nth(0, WgpuOptions::from_env()?)
+    }
+
+    /// The `index`-th adapter of `list_adapters()`.
+    pub fn open_nth(index: usize, options: WgpuOptions) -> Result<WgpuBackend> {
+        let adapters = device::adapters();
+        let Some(adapter) = adapters.get(index) else {
+            let why = if adapters.is_empty() {
+                "wgpu found no adapter (no Vulkan, Metal or DX12 driver; on Debian install \
+                 mesa-vulkan-drivers and libvulkan1 for the lavapipe software GPU)"
+                    .to_string()
+            } else {
+                format!("adapter {index} requested, {} found", adapters.len())
+            };
+            return Err(Error::BackendUnavailable {
+                backend: "wgpu".into(),
+                why,
+            });
+        };
+        let gpu = Gpu::open(adapter, options.runtime_checks)?;
+        let has_f16 = gpu.features.contains(wgpu::Features::SHADER_F16);
+        let f16 = match options.f16 {
+            F16Path::Packed => F16Read::Packed,
+            F16Path::Auto if !has_f16 => F16Read::Packed,
+            F16Path::Auto => F16Read::Native,
+            F16Path::Native if has_f16 => F16Read::Native,
+            F16Path::Native => {
+                return Err(Error::MissingFeature {
+                    feature: "shader-f16",
+                    adapter: gpu.summary.name.clone(),
+                    fallback: "packed f16 (MANTISSA_F16=packed or auto)",
+                });
+            }
+        };
+        Ok(WgpuBackend {
+            gpu,
+            pool: BufferPool::default(),
+            f16,
+            poison: options.poison_outputs,
+        })
+    }
+
+    pub fn summary(&self) -> &AdapterSummary {
+        &self.gpu.summary
+    }
+
+    /// How this backend reads f16 operands.
+    pub fn f16_read(&self) -> F16Read {
+        self.f16
+    }
+
+    pub fn runtime_checks(&self) -> bool {
+        self.gpu.runtime_checks
+    }
+
+    /// Fills the first `words` words of `buffer` with NaN.
+    fn poison(&self, buffer: &wgpu::Buffer, words: usize) {
+        let nan = vec![f32::NAN.to_bits() | 0x1234; words.max(1)];
+        self.gpu
+            .queue
+            .write_buffer(buffer, 0, bytemuck::cast_slice(&nan));
+    }
+
+    fn upload_f32(&self, what: &str, x: &[f32]) -> Result<wgpu::Buffer> {
+        check_binding(&self.gpu, what, x.len() as u64 * 4)?;
+        Ok(upload(&self.gpu, what, bytemuck::cast_slice(x)))
+    }
+
+    /// Runs one element kernel over `x` and reads `out_words` words back.
+    fn element_op(
+        &self,
+        what: &str,
+        x: &[u32],
+        out_words: usize,
+        make: impl FnOnce(&wgpu::Buffer, &wgpu::Buffer) -> Result<Vec<buffer::Dispatch>>,
+    ) -> Result<Vec<u32>> {
+        check_binding(&self.gpu, what, x.len().max(out_words) as u64 * 4)?;
+        self.gpu.scoped(what, || {
+            let src = upload(&self.gpu, what, x);
+            let dst = self.pool.take(&self.gpu, out_words as u64 * 4)?;
+            if self.poison {
+                self.poison(&dst, out_words);
+            }
+            let dispatches = make(&src, &dst)?;
+            submit(&self.gpu, &[], &dispatches, None);
+            let out = read_words(&self.gpu, &dst, out_words);
+            self.pool.give([dst]);
+            out
+        })
+    }
+}
+
+/// Unpacks packed codes (1, 2 or 4 per word) into one code per u32.
+fn unpack(words: &[u32], format: Format, len: usize) -> Vec<u32> {
+    let per = 4 / format.storage_bytes();
+    let bits = 32 / per;
+    let mask = if bits == 32 {
+        u32::MAX
+    } else {
+        (1u32 << bits) - 1
+    };
+    (0..len)
+        .map(|e| (words[e / per] >> ((e % per) * bits)) & mask)
+        .collect()
+}
+
+/// Packs one code per u32 into words (1, 2 or 4 per word).
+fn pack(codes: &[u32], format: Format) -> Vec<u32> {
+    let per = 4 / format.storage_bytes();
+    let bits = 32 / per;
+    codes
+        .chunks(per)
+        .map(|c| {
+            c.iter()
+                .enumerate()
+                .fold(0u32, |w, (t, &v)| w | (v << (t * bits)))
+        })
+        .collect()
+}
+
+impl Backend for WgpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Wgpu
+    }
+
+    fn name(&self) -> String {
+        format!(
+            "wgpu:{} ({})",
+            self.gpu.summary.name, self.gpu.summary.backend
+        )
+    }
+
+    fn device_name(&self) -> String {
+        let s = &self.gpu.summary;
+        format!(
+            "{} [{}, {}, {}]",
+            s.name, s.backend, s.device_type, s.driver
+        )
+    }
+
+    /// The WGSL kernels run on SIMT cores: nothing is faster than f32, so every precision class
+    /// resolves to f32 (the cooperative-matrix path of a later issue changes this).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+
+    fn matmul(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        a: &[f32],
+        b: &[f32],
+    ) -> Result<Vec<f32>> {
+        shape.check(a.len(), b.len())?;
+        if shape.c_len() == 0 || shape.k == 0 {
+            return Ok(vec![0.0; shape.c_len()]);
+        }
+        self.gpu.scoped("matmul", || {
+            let ab = self.upload_f32("operand A", a)?;
+            let bb = self.upload_f32("operand B", b)?;
+            let run = matmul::record(&self.gpu, &self.pool, shape, algorithm, self.f16, &ab, &bb)?;
+            if self.poison {
+                self.poison(&run.c, shape.c_len());
+            }
+            let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
+            submit(&self.gpu, &clears, &run.dispatches, None);
+            let words = read_words(&self.gpu, &run.c, shape.c_len())?;
+            self.pool.give(run.temporaries.into_iter().chain([run.c]));
+            Ok(bytemuck::cast_slice(&words).to_vec())
+        })
+    }
+
+    fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> Result<Vec<u32>> {
+        let words = ops::packed_words(format, x.len());
+        let saturate = overflow == Overflow::Saturate;
+        let packed = self.element_op("encode", bytemuck::cast_slice(x), words, |src, dst| {
+            Ok(vec![ops::encode(
+                &self.gpu,
+                src,
+                dst,
+                x.len(),
+                format,
+                saturate,
+            )?])
+        })?;
+        Ok(unpack(&packed, format, x.len()))
+    }
+
+    fn decode(&self, format: Format, bits: &[u32]) -> Result<Vec<f32>> {
+        let packed = pack(bits, format);
+        let out = self.element_op("decode", &packed, bits.len(), |src, dst| {
+            Ok(vec![ops::decode(&self.gpu, src, dst, bits.len(), format)?])
+        })?;
+        Ok(bytemuck::cast_slice(&out).to_vec())
+    }
+
+    fn split_bf16(&self, x: &[f32]) -> Result<[Vec<u32>; 3]> {
+        let plane_words = ops::packed_words(Format::Bf16, x.len());
+        let out = self.element_op(
+            "split_bf16",
+            bytemuck::cast_slice(x),
+            3 * plane_words,
+            |src, dst| Ok(vec![ops::split_bf16(&self.gpu, src, dst, x.len(), 3)?.0]),
+        )?;
+        let plane = |p: usize| {
+            unpack(
+                &out[p * plane_words..(p + 1) * plane_words],
+                Format::Bf16,
+                x.len(),
+            )
+        };
+        Ok([plane(0), plane(1), plane(2)])
+    }
+
+    fn amax(&self, x: &[f32]) -> Result<f32> {
+        if x.is_empty() {
+            return Ok(0.0);
+        }
+        self.gpu.scoped("amax", || {
+            let src = self.upload_f32("amax input", x)?;
+            let amax_bits = self.pool.take(&self.gpu, 4)?;
+            let scale = self.pool.take(&self.gpu, 4)?;
+            let grouping = ops::Grouping::per_batch(1, x.len());
+            let [amax, _] = ops::current_scales(
+                &self.gpu,
+                &src,
+                &amax_bits,
+                &scale,
+                x.len(),
+                Format::E4m3,
+                grouping,
+                0,
+            )?;
+            submit(&self.gpu, &[&amax_bits], &[amax], None);
+            let out = read_words(&self.gpu, &amax_bits, 1);
+            self.pool.give([amax_bits, scale]);
+            Ok(f32::from_bits(out?[0]))
+        })
+    }
+
+    fn time_matmul(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        a: &[f32],
+        b: &[f32],
+        repetitions: usize,
+    ) -> Result<MatmulTiming> {
+        shape.check(a.len(), b.len())?;
+        self.gpu.scoped("timed matmul", || {
+            let ab = self.upload_f32("operand A", a)?;
+            let bb = self.upload_f32("operand B", b)?;
+            let run = matmul::record(&self.gpu, &self.pool, shape, algorithm, self.f16, &ab, &bb)?;
+            let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
+            let timer = Timer::new(&self.gpu);
+            let mut times = Vec::new();
+            // One warm-up run (pipelines, first-touch allocation), then the timed ones.
+            for rep in 0..=repetitions.max(1) {
+                let start = Instant::now();
+                submit(&self.gpu, &clears, &run.dispatches, timer.as_ref());
+                self.gpu
+                    .device
+                    .poll(wgpu::PollType::wait_indefinitely())
+                    .map_err(|e| Error::Device {
+                        device: self.gpu.name().into(),
+                        message: e.to_string(),
+                    })?;
+                let wall = start.elapsed().as_secs_f64();
+                let t = match &timer {
+                    Some(t) => t.read_seconds(&self.gpu)?,
+                    None => wall,
+                };
+                if rep > 0 {
+                    times.push(t);
+                }
+            }
+            self.pool.give(run.temporaries.into_iter().chain([run.c]));
+            let clock = if timer.is_some() {
+                "gpu-timestamps"
+            } else {
+                "wall-clock"
+            };
+            Ok(MatmulTiming {
+                seconds: median(&mut times),
+                clock,
+                repetitions: times.len(),
+            })
+        })
+    }
+}

@@ -1,0 +1,119 @@
+//! The matmul benchmark harness behind `mantissa bench matmul` and `benches/matmul.rs`.
+//!
+//! Throughput is timed by the backend (GPU timestamps where the adapter has them, wall clock
+//! otherwise) with operands resident on the device and their preparation (casts, splits, fp8
+//! scaling) included. The error is measured on a sample of rows against an f64 product of the
+//! original inputs, so large sizes stay cheap to check.
+
+use crate::algorithm::{Algorithm, MatmulShape};
+use crate::backend::Backend;
+use crate::error::Result;
+use crate::measure;
+
+/// One measurement.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MatmulRecord {
+    pub backend: String,
+    pub device: String,
+    pub algorithm: String,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub seconds: f64,
+    pub tflops: f64,
+    pub clock: &'static str,
+    pub repetitions: usize,
+    /// Bytes one element of A and of B occupies on the device (split: all planes).
+    pub bytes_per_element_a: usize,
+    pub bytes_per_element_b: usize,
+    /// Relative Frobenius error against the f64 product, over `error_rows` sampled rows.
+    pub relative_error: f64,
+    pub max_ulp_error: f64,
+    pub error_rows: usize,
+    /// The range DESIGN.md's contract expects on N(0,1) inputs.
+    pub expected_error: (f64, f64),
+}
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct MatmulBench {
+    /// Square sizes n (m = n = k), or explicit (m, n, k).
+    pub shapes: Vec<(usize, usize, usize)>,
+    pub algorithms: Vec<Algorithm>,
+    pub repetitions: usize,
+    /// Rows of C whose error is measured.
+    pub error_rows: usize,
+    pub seed: u64,
+}
+
+impl MatmulBench {
+    /// Runs every (algorithm, shape) on `backend`, calling `each` as records arrive.
+    pub fn run(
+        &self,
+        backend: &dyn Backend,
+        mut each: impl FnMut(&MatmulRecord),
+    ) -> Result<Vec<MatmulRecord>> {
+        let mut out = Vec::new();
+        for &(m, n, k) in &self.shapes {
+            let shape = MatmulShape::new(m, n, k);
+            let a = measure::normal(m * k, self.seed);
+            let b = measure::normal(k * n, self.seed + 1);
+            for algorithm in &self.algorithms {
+                let timing = backend.time_matmul(&shape, algorithm, &a, &b, self.repetitions)?;
+                let c = backend.matmul(&shape, algorithm, &a, &b)?;
+                let (relative_error, max_ulp_error, rows) =
+                    sampled_error(&shape, &a, &b, &c, self.error_rows);
+                let (bytes_a, bytes_b) = algorithm.bytes_per_element();
+                let record = MatmulRecord {
+                    backend: backend.name(),
+                    device: backend.device_name(),
+                    algorithm: algorithm.to_string(),
+                    m,
+                    n,
+                    k,
+                    seconds: timing.seconds,
+                    tflops: shape.flops() / timing.seconds / 1e12,
+                    clock: timing.clock,
+                    repetitions: timing.repetitions,
+                    bytes_per_element_a: bytes_a,
+                    bytes_per_element_b: bytes_b,
+                    relative_error,
+                    max_ulp_error,
+                    error_rows: rows,
+                    expected_error: algorithm.expected_error_n01(),
+                };
+                each(&record);
+                out.push(record);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Error of C against the f64 product over `rows` evenly spaced rows.
+fn sampled_error(
+    shape: &MatmulShape,
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    rows: usize,
+) -> (f64, f64, usize) {
+    let rows = rows.clamp(1, shape.m.max(1));
+    let step = shape.m.max(1) / rows;
+    let picked: Vec<usize> = (0..rows).map(|r| r * step).collect();
+    let sub_a: Vec<f32> = picked
+        .iter()
+        .flat_map(|&i| a[i * shape.k..(i + 1) * shape.k].iter().copied())
+        .collect();
+    let sub_shape = MatmulShape::new(picked.len(), shape.n, shape.k);
+    let exact = measure::exact_product(&sub_shape, &sub_a, b);
+    let sub_c: Vec<f32> = picked
+        .iter()
+        .flat_map(|&i| c[i * shape.n..(i + 1) * shape.n].iter().copied())
+        .collect();
+    (
+        measure::relative_error(&sub_c, &exact),
+        measure::max_ulp_error(&sub_c, &exact),
+        picked.len(),
+    )
+}

@@ -1,0 +1,254 @@
+//! `mantissa cast VALUE... [--to FORMAT,...]` and `mantissa cast --raw --from F --to F`.
+
+use super::parse_list;
+use super::table::{Table, g};
+use crate::error::{Error, Result};
+use crate::format::{Format, Overflow};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  mantissa cast 3.141 3.1415 3.142 --to f16\n  \
+    mantissa cast 1e-5 500 --to e4m3,e5m2 --saturate\n  \
+    mantissa cast --raw --from f32 --to bf16 < x.f32 > x.bf16"
+)]
+pub struct Args {
+    /// Values to show (decimal, inf, -inf, nan); each is first rounded to the nearest f32.
+    values: Vec<String>,
+    /// Target formats, comma-separated (default: all).
+    #[arg(long)]
+    to: Option<String>,
+    /// Source format of --raw data.
+    #[arg(long)]
+    from: Option<String>,
+    /// Map overflow (and inf) to the signed max instead of inf/NaN.
+    #[arg(long)]
+    saturate: bool,
+    /// Convert raw little-endian binary data: f32 (and tf32) 4 bytes, bf16/f16 2, e4m3/e5m2 1.
+    #[arg(long)]
+    raw: bool,
+    /// Raw input file (default: standard input).
+    #[arg(long, short = 'i', requires = "raw")]
+    input: Option<PathBuf>,
+    /// Raw output file, written atomically (default: standard output).
+    #[arg(long, short = 'o', requires = "raw")]
+    output: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let overflow = if args.saturate {
+        Overflow::Saturate
+    } else {
+        Overflow::Standard
+    };
+    if args.raw {
+        let from: Format = args
+            .from
+            .as_deref()
+            .ok_or_else(|| Error::invalid("arguments", "--raw needs --from FORMAT"))?
+            .parse()?;
+        let to: Format = args
+            .to
+            .as_deref()
+            .ok_or_else(|| Error::invalid("arguments", "--raw needs --to FORMAT"))?
+            .parse()?;
+        if !args.values.is_empty() {
+            return Err(Error::invalid(
+                "arguments",
+                "--raw reads values from the input, not the command line",
+            ));
+        }
+        return raw(from, to, overflow, args.input, args.output);
+    }
+    if args.from.is_some() {
+        return Err(Error::invalid("arguments", "--from goes with --raw"));
+    }
+    if args.values.is_empty() {
+        return Err(Error::invalid(
+            "arguments",
+            "give values to cast, e.g. mantissa cast 3.141 --to f16",
+        ));
+    }
+    let formats: Vec<Format> = match &args.to {
+        Some(list) => parse_list(list)?,
+        None => Format::ALL.to_vec(),
+    };
+    let mut t = Table::new(&[
+        "value",
+        "format",
+        "encoded",
+        "bits (sign | exponent | mantissa)",
+        "hex",
+        "error",
+        "rel. error",
+    ]);
+    for text in &args.values {
+        let x: f32 = text.trim().parse().map_err(|_| {
+            Error::invalid(
+                "value",
+                format!("'{text}' is not a number (write e.g. 3.14, 1e-5, inf, nan)"),
+            )
+        })?;
+        for &f in &formats {
+            let code = f.encode(x, overflow);
+            let y = f.decode(code);
+            let err = y as f64 - x as f64;
+            let rel = if x != 0.0 && x.is_finite() {
+                g(err / x as f64, 3)
+            } else {
+                "-".into()
+            };
+            t.row(vec![
+                text.clone(),
+                f.to_string(),
+                g(y as f64, 9),
+                bit_fields(f, code),
+                format!("0x{:0w$x}", code, w = f.storage_bytes() * 2),
+                if err.is_finite() {
+                    g(err, 3)
+                } else {
+                    "-".into()
+                },
+                rel,
+            ]);
+        }
+    }
+    print!("{}", t.render());
+    Ok(())
+}
+
+/// "0 | 10000 | 1001001000" (tf32 shows its 19 significant bits).
+fn bit_fields(f: Format, code: u32) -> String {
+    let l = f.layout();
+    let code = if f == Format::Tf32 { code >> 13 } else { code };
+    let bits = |v: u32, n: u32| format!("{:0w$b}", v & ((1u64 << n) - 1) as u32, w = n as usize);
+    format!(
+        "{} | {} | {}",
+        bits(code >> (l.exp_bits + l.man_bits), 1),
+        bits(code >> l.man_bits, l.exp_bits),
+        bits(code, l.man_bits)
+    )
+}
+
+fn raw(
+    from: Format,
+    to: Format,
+    overflow: Overflow,
+    input: Option<PathBuf>,
+    output: Option<PathBuf>,
+) -> Result<()> {
+    let in_size = from.storage_bytes();
+    let out_size = to.storage_bytes();
+    let mut reader: Box<dyn Read> = match &input {
+        Some(p) => {
+            let f = std::fs::File::open(p).map_err(|e| Error::file(p, e))?;
+            check_length(
+                f.metadata().map(|m| m.len()).ok(),
+                in_size,
+                &p.display().to_string(),
+            )?;
+            Box::new(f)
+        }
+        None => {
+            check_length(stdin_file_length(), in_size, "standard input")?;
+            Box::new(std::io::stdin().lock())
+        }
+    };
+    let tmp = output.as_ref().map(|p| p.with_extension("partial"));
+    let mut writer: Box<dyn Write> = match &tmp {
+        Some(t) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(t).map_err(|e| Error::file(t, e))?,
+        )),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    };
+    let result = convert_stream(
+        &mut reader,
+        &mut writer,
+        from,
+        to,
+        overflow,
+        in_size,
+        out_size,
+    );
+    let result = result.and_then(|_| writer.flush().map_err(Error::from));
+    drop(writer);
+    match (result, tmp, output) {
+        (Ok(()), Some(t), Some(p)) => std::fs::rename(&t, &p).map_err(|e| Error::file(&p, e)),
+        (Err(e), Some(t), _) => {
+            let _ = std::fs::remove_file(t);
+            Err(e)
+        }
+        (r, _, _) => r,
+    }
+}
+
+fn check_length(len: Option<u64>, size: usize, what: &str) -> Result<()> {
+    match len {
+        Some(n) if n % size as u64 != 0 => Err(Error::invalid(
+            "raw input",
+            format!("{what} holds {n} bytes, not a multiple of the element size {size}"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The size of standard input when it is a regular file (a shell redirect), so that a bad length
+/// is caught before anything is written.
+fn stdin_file_length() -> Option<u64> {
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsFd;
+        let fd = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
+        let meta = std::fs::File::from(fd).metadata().ok()?;
+        meta.is_file().then_some(meta.len())
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
+}
+
+/// Converts in 64 KiB chunks: constant memory whatever the input size.
+fn convert_stream(
+    reader: &mut dyn Read,
+    writer: &mut dyn Write,
+    from: Format,
+    to: Format,
+    overflow: Overflow,
+    in_size: usize,
+    out_size: usize,
+) -> Result<()> {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut carry = 0usize;
+    let mut total = 0u64;
+    let mut out = Vec::with_capacity(buf.len() / in_size * out_size);
+    loop {
+        let n = reader.read(&mut buf[carry..])?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        let have = carry + n;
+        let whole = have / in_size * in_size;
+        out.clear();
+        for chunk in buf[..whole].chunks_exact(in_size) {
+            let mut word = [0u8; 4];
+            word[..in_size].copy_from_slice(chunk);
+            let x = from.decode(u32::from_le_bytes(word));
+            out.extend_from_slice(&to.encode(x, overflow).to_le_bytes()[..out_size]);
+        }
+        writer.write_all(&out)?;
+        buf.copy_within(whole..have, 0);
+        carry = have - whole;
+    }
+    if carry != 0 {
+        return Err(Error::invalid(
+            "raw input",
+            format!(
+                "{total} bytes is not a multiple of the element size {in_size} ({carry} bytes left over)"
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,95 @@
+//! `mantissa info`
+
+use super::table::Table;
+use crate::backend::{self, Backend, BackendKind, Reference};
+use crate::error::Result;
+use crate::policy::PrecisionClass;
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+fn classes(b: &dyn Backend) -> String {
+    PrecisionClass::ALL
+        .iter()
+        .map(|c| format!("{c} -> {}", b.resolve(*c)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub fn run(_: Args) -> Result<()> {
+    println!("mantissa {}", env!("CARGO_PKG_VERSION"));
+    println!("backends compiled in: reference, wgpu (cuda: not in this build)");
+    println!();
+    println!("reference: {}", Reference.device_name());
+    println!("  precision classes: {}", classes(&Reference));
+    println!();
+    let adapters = backend::wgpu::list_adapters();
+    if adapters.is_empty() {
+        println!(
+            "wgpu: no adapter found (install a Vulkan driver; on Debian: apt-get install mesa-vulkan-drivers libvulkan1)"
+        );
+    }
+    let mut t = Table::new(&[
+        "#",
+        "adapter",
+        "backend",
+        "type",
+        "f16",
+        "subgroups",
+        "timestamps",
+        "max binding",
+        "wg memory",
+        "driver",
+    ]);
+    for (i, a) in adapters.iter().enumerate() {
+        t.row(vec![
+            i.to_string(),
+            a.name.clone(),
+            a.backend.clone(),
+            a.device_type.clone(),
+            yes(a.shader_f16),
+            yes(a.subgroups),
+            yes(a.timestamps),
+            format!("{} MiB", a.max_storage_binding_bytes >> 20),
+            format!("{} KiB", a.max_workgroup_storage_bytes >> 10),
+            a.driver.clone(),
+        ]);
+    }
+    if !adapters.is_empty() {
+        println!("wgpu adapters (best first; WGPU_ADAPTER_NAME filters):");
+        print!("{}", t.render());
+        match backend::wgpu::WgpuBackend::open_best() {
+            Ok(b) => {
+                println!(
+                    "  precision classes on {}: {}",
+                    b.summary().name,
+                    classes(&b)
+                );
+                println!(
+                    "  f16 operands read as: {:?}; runtime checks: {}",
+                    b.f16_read(),
+                    if b.runtime_checks() { "on" } else { "off" }
+                );
+            }
+            Err(e) => println!("  could not open the best adapter: {e}"),
+        }
+    }
+    println!();
+    match backend::open(backend::BackendChoice::Auto) {
+        Ok(b) => println!(
+            "--backend auto picks: {} ({})",
+            b.name(),
+            if b.kind() == BackendKind::Wgpu {
+                "WGSL"
+            } else {
+                "host"
+            }
+        ),
+        Err(e) => println!("--backend auto: {e}"),
+    }
+    Ok(())
+}
+
+fn yes(b: bool) -> String {
+    if b { "yes".into() } else { "no".into() }
+}

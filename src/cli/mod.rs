@@ -1,0 +1,83 @@
+//! `mantissa info | finfo | cast | matmul | bench`: the tools people use daily.
+
+mod bench;
+mod cast;
+mod finfo;
+mod info;
+mod matmul;
+pub mod table;
+
+use crate::error::Error;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "mantissa",
+    version,
+    about = "Portable mixed-precision compute: the same precision-controlled math on any GPU",
+    long_about = "Portable mixed-precision compute: the same precision-controlled math on any GPU.\n\n\
+                  Formats: f32, tf32, bf16, f16, e4m3, e5m2. Matmul algorithms: f32, tf32, bf16, f16, \
+                  bf16x3, bf16x6, bf16x9, e4m3, e5m2, e4m3-e5m2, e5m2-e4m3 (fp8 take :tensorwise, \
+                  :rowwise or :given=SA,SB).\n\nBackends: reference (host, f64 accumulation, the truth \
+                  every backend is tested against) and wgpu (WGSL on any Vulkan/Metal/DX12 GPU, or the \
+                  lavapipe software GPU). MANTISSA_BACKEND overrides --backend auto."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Version, backends, GPU adapters with their features and limits, and which algorithm each
+    /// precision class (highest/high/medium) resolves to on each.
+    Info(info::Args),
+    /// The limits of number formats, as torch.finfo reports them.
+    Finfo(finfo::Args),
+    /// Shows how values are encoded in each format, or converts raw binary data (--raw).
+    Cast(cast::Args),
+    /// Multiplies two float32 .npy matrices with a named algorithm.
+    Matmul(matmul::Args),
+    /// Measures matmul throughput and error per backend, algorithm and size.
+    Bench(bench::Args),
+}
+
+/// Runs the tool and returns the process exit code: 0 on success, 2 for bad input (unknown
+/// names, malformed files, mismatched shapes), 1 for failures of the machine (no device,
+/// device errors).
+pub fn main() -> i32 {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Info(a) => info::run(a),
+        Command::Finfo(a) => finfo::run(a),
+        Command::Cast(a) => cast::run(a),
+        Command::Matmul(a) => matmul::run(a),
+        Command::Bench(a) => bench::run(a),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("mantissa: error: {e}");
+            exit_code(&e)
+        }
+    }
+}
+
+fn exit_code(e: &Error) -> i32 {
+    match e {
+        Error::Device { .. }
+        | Error::ShaderCompile { .. }
+        | Error::BackendUnavailable { .. }
+        | Error::Io(_) => 1,
+        _ => 2,
+    }
+}
+
+/// Splits a comma-separated list and parses each item.
+pub(crate) fn parse_list<T: std::str::FromStr<Err = Error>>(s: &str) -> Result<Vec<T>, Error> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::parse)
+        .collect()
+}

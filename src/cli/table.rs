@@ -1,0 +1,106 @@
+//! Plain-text tables and number formatting for the terminal.
+
+/// A table printed with aligned columns.
+pub struct Table {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(header: &[&str]) -> Table {
+        Table {
+            header: header.iter().map(|s| s.to_string()).collect(),
+            rows: vec![],
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn render(&self) -> String {
+        let cols = self.header.len();
+        let mut widths: Vec<usize> = self.header.iter().map(|h| h.len()).collect();
+        for r in &self.rows {
+            for (i, c) in r.iter().enumerate().take(cols) {
+                widths[i] = widths[i].max(c.chars().count());
+            }
+        }
+        let line = |cells: &[String]| -> String {
+            let parts: Vec<String> = cells
+                .iter()
+                .enumerate()
+                .map(|(i, c)| format!("{:<w$}", c, w = widths[i]))
+                .collect();
+            parts.join("  ").trim_end().to_string()
+        };
+        let mut out = line(&self.header);
+        out.push('\n');
+        out.push_str(
+            &widths
+                .iter()
+                .map(|w| "-".repeat(*w))
+                .collect::<Vec<_>>()
+                .join("  "),
+        );
+        out.push('\n');
+        for r in &self.rows {
+            out.push_str(&line(r));
+            out.push('\n');
+        }
+        out
+    }
+}
+
+/// Formats like C's `%g` with `digits` significant digits (torch.finfo prints `%g`, 6 digits).
+pub fn g(x: f64, digits: usize) -> String {
+    if x.is_nan() {
+        return "nan".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 { "inf".into() } else { "-inf".into() };
+    }
+    if x == 0.0 {
+        return if x.is_sign_negative() {
+            "-0".into()
+        } else {
+            "0".into()
+        };
+    }
+    let exp = x.abs().log10().floor() as i32;
+    let sci = format!("{:.*e}", digits.saturating_sub(1), x);
+    // Rounding may move the exponent (9.9999996 -> 1.00000e1): take it from the formatted text.
+    let (mantissa, e) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let e: i32 = e.parse().unwrap_or(exp);
+    if e < -4 || e >= digits as i32 {
+        let m = trim_zeros(mantissa);
+        format!("{m}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
+    } else {
+        let decimals = (digits as i32 - 1 - e).max(0) as usize;
+        trim_zeros(&format!("{:.*}", decimals, x)).to_string()
+    }
+}
+
+fn trim_zeros(s: &str) -> &str {
+    if s.contains('.') {
+        s.trim_end_matches('0').trim_end_matches('.')
+    } else {
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::g;
+    #[test]
+    fn g_matches_printf() {
+        assert_eq!(g(3.3895313892515355e38, 6), "3.38953e+38");
+        assert_eq!(g(6.103515625e-05, 6), "6.10352e-05");
+        assert_eq!(g(0.0009765625, 6), "0.000976562");
+        assert_eq!(g(448.0, 6), "448");
+        assert_eq!(g(0.125, 6), "0.125");
+        assert_eq!(g(1.1920928955078125e-07, 6), "1.19209e-07");
+        assert_eq!(g(57344.0, 6), "57344");
+        assert_eq!(g(9.9999996, 6), "10");
+    }
+}

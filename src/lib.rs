@@ -1,0 +1,27 @@
+//! mantissa: a portable mixed-precision compute engine.
+//!
+//! The same precision-controlled math on any GPU: matmul algorithms (f32, tf32, bf16, f16,
+//! split-bf16 x3/x6/x9, fp8-emulated e4m3/e5m2 with scales) as WGSL shaders through wgpu, a host
+//! reference that defines the numbers, and one precision-policy API over every backend.
+//!
+//! - [`format`]: bit-exact number formats and `finfo`.
+//! - [`algorithm`]: matmul algorithms and their specification.
+//! - [`policy`]: precision classes, presets, autocast, loss scaling, fp8 recipes.
+//! - [`backend`]: the Backend trait, the host reference, the wgpu backend, run-time choice.
+
+pub mod algorithm;
+pub mod backend;
+pub mod bench;
+pub mod cli;
+pub mod error;
+pub mod format;
+pub mod measure;
+pub mod npy;
+pub mod policy;
+
+pub use algorithm::{Algorithm, MatmulShape, Scaling};
+pub use backend::{Backend, BackendChoice, BackendKind};
+pub use error::{Error, Result};
+pub use format::{Format, Overflow};
+pub use npy::Matrix;
+pub use policy::{Capabilities, PrecisionClass, Preset};

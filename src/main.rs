@@ -1,0 +1,5 @@
+//! The `mantissa` command-line tool.
+
+fn main() {
+    std::process::exit(mantissa::cli::main());
+}

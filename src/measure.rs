@@ -1,0 +1,167 @@
+//! Inputs and error measures shared by the tests, the benchmarks and the report: seeded input
+//! families, the exact f64 product, relative errors and the contract's tolerance check.
+
+use crate::algorithm::{Algorithm, MatmulShape};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
+
+/// N(0,1) values.
+pub fn normal(len: usize, seed: u64) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..len).map(|_| StandardNormal.sample(&mut rng)).collect()
+}
+
+/// Values of random sign with magnitudes spread log-uniformly over 2^-20..2^20.
+pub fn wide_range(len: usize, seed: u64) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..len)
+        .map(|_| {
+            let e: f32 = rng.random_range(-20.0..20.0);
+            let sign = if rng.random::<bool>() { 1.0 } else { -1.0 };
+            sign * e.exp2()
+        })
+        .collect()
+}
+
+/// Uniform values in [lo, hi).
+pub fn uniform(len: usize, lo: f32, hi: f32, seed: u64) -> Vec<f32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random_range(lo..hi)).collect()
+}
+
+/// The product of the original f32 inputs in f64 (what every algorithm's error is measured
+/// against).
+pub fn exact_product(shape: &MatmulShape, a: &[f32], b: &[f32]) -> Vec<f64> {
+    product_f64(shape, a, b, |x| x as f64)
+}
+
+/// |A| . |B|: the magnitude that bounds accumulation-order differences.
+pub fn abs_product(shape: &MatmulShape, a: &[f32], b: &[f32]) -> Vec<f64> {
+    product_f64(shape, a, b, |x| (x as f64).abs())
+}
+
+fn product_f64(
+    shape: &MatmulShape,
+    a: &[f32],
+    b: &[f32],
+    f: impl Fn(f32) -> f64 + Sync,
+) -> Vec<f64> {
+    let (m, n, k) = (shape.m, shape.n, shape.k);
+    let mut c = vec![0f64; shape.c_len()];
+    c.par_chunks_mut(n.max(1))
+        .enumerate()
+        .for_each(|(row, out)| {
+            let (batch, i) = (row / m.max(1), row % m.max(1));
+            let a_row: Vec<f64> = (0..k).map(|p| f(a[shape.a_index(batch, i, p)])).collect();
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = (0..k)
+                    .map(|p| a_row[p] * f(b[shape.b_index(batch, p, j)]))
+                    .sum();
+            }
+        });
+    c
+}
+
+/// Relative Frobenius error ||C - exact|| / ||exact|| over the entries where `exact` is finite.
+pub fn relative_error(c: &[f32], exact: &[f64]) -> f64 {
+    let (mut num, mut den) = (0f64, 0f64);
+    for (&x, &e) in c.iter().zip(exact) {
+        if e.is_finite() {
+            num += (x as f64 - e).powi(2);
+            den += e * e;
+        }
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+/// Largest error in units of f32 ulps, each at the larger of the exact value's magnitude and
+/// C's RMS magnitude (so that entries that cancel to near zero do not count ulps of nothing).
+pub fn max_ulp_error(c: &[f32], exact: &[f64]) -> f64 {
+    let finite: Vec<f64> = exact.iter().copied().filter(|e| e.is_finite()).collect();
+    let rms = (finite.iter().map(|e| e * e).sum::<f64>() / finite.len().max(1) as f64).sqrt();
+    let ulp = |v: f64| -> f64 {
+        let v = (v as f32).abs().max(f32::MIN_POSITIVE);
+        (v.next_up() - v) as f64
+    };
+    c.iter()
+        .zip(exact)
+        .filter(|(_, e)| e.is_finite())
+        .map(|(&x, &e)| (x as f64 - e).abs() / ulp(e.abs().max(rms)))
+        .fold(0.0, f64::max)
+}
+
+/// A difference between a result and the reference that breaks the contract.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Mismatch {
+    pub index: usize,
+    pub got: f32,
+    pub want: f32,
+    pub allowed: f64,
+}
+
+impl std::fmt::Display for Mismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "C[{}] = {:e}, reference {:e} (allowed difference {:e})",
+            self.index, self.got, self.want, self.allowed
+        )
+    }
+}
+
+/// Checks a backend's result against the reference result of the same algorithm: non-finite
+/// values exactly where the reference has them (same inf sign; NaN for NaN), finite values
+/// within the algorithm's accumulation tolerance of |A||B|. Returns the mismatches (first 10)
+/// and their total count.
+///
+/// One exception, inherent in f32 accumulation: where |A||B| exceeds f32's range, partial sums
+/// may overflow in an order-dependent way (inf - inf = NaN in f32 where the f64 reference stays
+/// finite or keeps one inf). There, a NaN reference still needs a NaN, and any other reference
+/// value accepts an inf or NaN result.
+pub fn compare_to_reference(
+    algorithm: &Algorithm,
+    shape: &MatmulShape,
+    got: &[f32],
+    want: &[f32],
+    abs_prod: &[f64],
+) -> (Vec<Mismatch>, usize) {
+    let tol = algorithm.accumulation_tolerance(shape.k);
+    // Subnormal f32 arithmetic may flush to zero on GPUs: allow that much absolute error.
+    let floor = f32::MIN_POSITIVE as f64 * (shape.k as f64 + 1.0);
+    let mut mismatches = Vec::new();
+    let mut count = 0;
+    for (index, ((&g, &w), &mag)) in got.iter().zip(want).zip(abs_prod).enumerate() {
+        let allowed = tol * mag + floor;
+        let may_overflow = mag.is_nan() || mag > f32::MAX as f64;
+        let ok = if w.is_nan() {
+            g.is_nan()
+        } else if may_overflow && !g.is_finite() {
+            true
+        } else if w.is_infinite() {
+            g == w
+        } else {
+            g.is_finite() && ((g as f64 - w as f64).abs() <= allowed)
+        };
+        if !ok {
+            count += 1;
+            if mismatches.len() < 10 {
+                mismatches.push(Mismatch {
+                    index,
+                    got: g,
+                    want: w,
+                    allowed,
+                });
+            }
+        }
+    }
+    if got.len() != want.len() {
+        count += got.len().abs_diff(want.len());
+    }
+    (mismatches, count)
+}

@@ -1,0 +1,476 @@
+//! The precision policy: the ONE place where precision decisions are made.
+//!
+//! - precision classes (PyTorch's `set_float32_matmul_precision`) and their resolution to an
+//!   algorithm from what a backend accelerates;
+//! - training presets by Lightning's names;
+//! - autocast op classes (which format each op runs in);
+//! - dynamic loss scaling with GradScaler's semantics;
+//! - fp8 scaling recipes with Transformer Engine's defaults.
+
+use crate::algorithm::Algorithm;
+use crate::error::{Error, Result};
+use crate::format::{Format, scale_for_amax};
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt;
+use std::str::FromStr;
+
+/// Implements Display, FromStr (with an error listing the valid names) and serde as strings for
+/// a fieldless enum with a fixed table of names.
+macro_rules! named_enum {
+    ($ty:ident, $kind:literal, [$($variant:ident => $name:literal),+ $(,)?]) => {
+        impl $ty {
+            pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+            pub fn name(self) -> &'static str {
+                match self { $($ty::$variant => $name),+ }
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+        impl FromStr for $ty {
+            type Err = Error;
+            fn from_str(s: &str) -> Result<Self> {
+                let key = s.trim().to_ascii_lowercase();
+                $ty::ALL.iter().copied().find(|v| v.name() == key).ok_or_else(|| Error::UnknownName {
+                    kind: $kind,
+                    given: s.to_string(),
+                    valid: $ty::ALL.iter().map(|v| v.name().to_string()).collect(),
+                })
+            }
+        }
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+                s.serialize_str(self.name())
+            }
+        }
+    };
+}
+
+/// PyTorch's float32 matmul precision classes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PrecisionClass {
+    Highest,
+    High,
+    Medium,
+}
+
+named_enum!(PrecisionClass, "matmul precision", [Highest => "highest", High => "high", Medium => "medium"]);
+
+/// What a backend runs fast: the algorithms it accelerates beyond plain f32 (tensor cores, or
+/// cooperative matrices). Everything else is still computed, emulated with the same numerics.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Capabilities {
+    pub accelerated: Vec<Algorithm>,
+}
+
+impl Capabilities {
+    pub fn accelerates(&self, algorithm: Algorithm) -> bool {
+        self.accelerated
+            .iter()
+            .any(|a| a.base_name() == algorithm.base_name())
+    }
+}
+
+impl PrecisionClass {
+    /// `highest` -> f32. `high` -> tf32 where the backend accelerates it, else f32. `medium` ->
+    /// bf16 where accelerated, else `high`'s choice. (DESIGN.md, "Precision classes".)
+    pub fn resolve(self, caps: &Capabilities) -> Algorithm {
+        match self {
+            PrecisionClass::Highest => Algorithm::F32,
+            PrecisionClass::High if caps.accelerates(Algorithm::Tf32) => Algorithm::Tf32,
+            PrecisionClass::High => Algorithm::F32,
+            PrecisionClass::Medium if caps.accelerates(Algorithm::Bf16) => Algorithm::Bf16,
+            PrecisionClass::Medium => PrecisionClass::High.resolve(caps),
+        }
+    }
+}
+
+/// Training presets, by PyTorch Lightning's names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Preset {
+    True32,
+    Mixed16,
+    MixedBf16,
+    True16,
+    TrueBf16,
+    TransformerEngine,
+}
+
+named_enum!(Preset, "precision preset", [
+    True32 => "32-true",
+    Mixed16 => "16-mixed",
+    MixedBf16 => "bf16-mixed",
+    True16 => "16-true",
+    TrueBf16 => "bf16-true",
+    TransformerEngine => "transformer-engine",
+]);
+
+/// What a preset means for training.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct PresetSpec {
+    pub preset: Preset,
+    /// Format the autocast "matmul-like" ops compute in.
+    pub compute: Format,
+    /// Format the parameters the forward pass reads are kept in.
+    pub params: Format,
+    /// f32 master weights that the optimizer updates.
+    pub master_weights: bool,
+    /// Dynamic loss scaling, where the preset uses it.
+    pub loss_scaling: Option<LossScaleConfig>,
+    /// fp8 linear layers, where the preset uses them.
+    pub fp8: Option<Fp8Recipe>,
+}
+
+impl Preset {
+    pub fn spec(self) -> PresetSpec {
+        let (compute, params, master_weights, loss_scaling, fp8) = match self {
+            Preset::True32 => (Format::F32, Format::F32, false, None, None),
+            Preset::Mixed16 => (
+                Format::F16,
+                Format::F32,
+                true,
+                Some(LossScaleConfig::default()),
+                None,
+            ),
+            Preset::MixedBf16 => (Format::Bf16, Format::F32, true, None, None),
+            Preset::True16 => (Format::F16, Format::F16, false, None, None),
+            Preset::TrueBf16 => (Format::Bf16, Format::Bf16, false, None, None),
+            // Transformer Engine runs under bf16 autocast; its linear layers compute in fp8.
+            Preset::TransformerEngine => (
+                Format::Bf16,
+                Format::F32,
+                true,
+                None,
+                Some(Fp8Recipe::default()),
+            ),
+        };
+        PresetSpec {
+            preset: self,
+            compute,
+            params,
+            master_weights,
+            loss_scaling,
+            fp8,
+        }
+    }
+}
+
+/// Autocast op classes, as in PyTorch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpClass {
+    /// linear, matmul, bmm, attention scores: run in the compute format.
+    MatmulLike,
+    /// softmax, log-softmax, layer norm, cross entropy, sums/means, exp/log, pow: run in f32.
+    F32,
+    /// Everything else runs in the format of its inputs.
+    Input,
+}
+
+/// An op the training executor runs, for autocast purposes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Op {
+    Linear,
+    Matmul,
+    Bmm,
+    AttentionScores,
+    Softmax,
+    LogSoftmax,
+    LayerNorm,
+    CrossEntropy,
+    Sum,
+    Mean,
+    Exp,
+    Log,
+    Pow,
+    Gelu,
+    Add,
+    Embedding,
+}
+
+named_enum!(Op, "op", [
+    Linear => "linear",
+    Matmul => "matmul",
+    Bmm => "bmm",
+    AttentionScores => "attention_scores",
+    Softmax => "softmax",
+    LogSoftmax => "log_softmax",
+    LayerNorm => "layer_norm",
+    CrossEntropy => "cross_entropy",
+    Sum => "sum",
+    Mean => "mean",
+    Exp => "exp",
+    Log => "log",
+    Pow => "pow",
+    Gelu => "gelu",
+    Add => "add",
+    Embedding => "embedding",
+]);
+
+impl Op {
+    pub fn class(self) -> OpClass {
+        match self {
+            Op::Linear | Op::Matmul | Op::Bmm | Op::AttentionScores => OpClass::MatmulLike,
+            Op::Softmax
+            | Op::LogSoftmax
+            | Op::LayerNorm
+            | Op::CrossEntropy
+            | Op::Sum
+            | Op::Mean
+            | Op::Exp
+            | Op::Log
+            | Op::Pow => OpClass::F32,
+            Op::Gelu | Op::Add | Op::Embedding => OpClass::Input,
+        }
+    }
+}
+
+/// Autocast: the format each op runs in under a preset, with per-op overrides.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Autocast {
+    pub compute: Format,
+    pub overrides: BTreeMap<Op, Format>,
+}
+
+impl Autocast {
+    pub fn new(compute: Format) -> Autocast {
+        Autocast {
+            compute,
+            overrides: BTreeMap::new(),
+        }
+    }
+
+    /// Parses "op=format[,op=format...]" overrides, e.g. "softmax=bf16".
+    pub fn with_overrides(mut self, spec: &str) -> Result<Autocast> {
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (op, format) = item.split_once('=').ok_or_else(|| {
+                Error::invalid(
+                    "autocast override",
+                    format!("'{item}': write OP=FORMAT, e.g. softmax=bf16"),
+                )
+            })?;
+            self.overrides.insert(op.parse()?, format.parse()?);
+        }
+        Ok(self)
+    }
+
+    /// The format `op` runs in when its inputs are in `input`.
+    pub fn format_for(&self, op: Op, input: Format) -> Format {
+        if let Some(f) = self.overrides.get(&op) {
+            return *f;
+        }
+        match op.class() {
+            OpClass::MatmulLike => self.compute,
+            OpClass::F32 => Format::F32,
+            OpClass::Input => input,
+        }
+    }
+}
+
+/// Dynamic loss scaling configuration; the defaults are PyTorch GradScaler's.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct LossScaleConfig {
+    pub init_scale: f32,
+    pub growth_factor: f32,
+    pub backoff_factor: f32,
+    pub growth_interval: u32,
+}
+
+impl Default for LossScaleConfig {
+    fn default() -> Self {
+        LossScaleConfig {
+            init_scale: 65536.0,
+            growth_factor: 2.0,
+            backoff_factor: 0.5,
+            growth_interval: 2000,
+        }
+    }
+}
+
+/// The state of dynamic loss scaling, updated once per step as GradScaler.update() does.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct LossScaler {
+    pub config: LossScaleConfig,
+    pub scale: f32,
+    /// Clean steps since the last growth or backoff.
+    pub growth_tracker: u32,
+}
+
+/// Whether the optimizer may apply this step's gradients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepDecision {
+    Apply,
+    /// A gradient held inf/NaN: weights and optimizer state stay untouched.
+    Skip,
+}
+
+impl LossScaler {
+    pub fn new(config: LossScaleConfig) -> LossScaler {
+        LossScaler {
+            config,
+            scale: config.init_scale,
+            growth_tracker: 0,
+        }
+    }
+
+    /// Records whether this step's gradients were all finite and updates the scale: backoff on
+    /// inf/NaN (the step is skipped), growth after `growth_interval` clean steps in a row.
+    pub fn update(&mut self, grads_finite: bool) -> StepDecision {
+        if !grads_finite {
+            self.scale *= self.config.backoff_factor;
+            self.growth_tracker = 0;
+            return StepDecision::Skip;
+        }
+        self.growth_tracker += 1;
+        if self.growth_tracker == self.config.growth_interval {
+            let grown = self.scale * self.config.growth_factor;
+            // GradScaler keeps the old scale if growth would overflow.
+            if grown.is_finite() {
+                self.scale = grown;
+            }
+            self.growth_tracker = 0;
+        }
+        StepDecision::Apply
+    }
+
+    /// The factor that turns scaled gradients back into true ones.
+    pub fn inverse(&self) -> f32 {
+        1.0 / self.scale
+    }
+}
+
+/// How fp8 formats are assigned to tensors (Transformer Engine's `Format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fp8Formats {
+    /// e4m3 for forward activations and weights, e5m2 for gradients.
+    Hybrid,
+    /// e4m3 everywhere.
+    E4m3,
+}
+
+named_enum!(Fp8Formats, "fp8 format recipe", [Hybrid => "hybrid", E4m3 => "e4m3"]);
+
+impl Fp8Formats {
+    pub fn forward(self) -> Format {
+        Format::E4m3
+    }
+    pub fn backward(self) -> Format {
+        match self {
+            Fp8Formats::Hybrid => Format::E5m2,
+            Fp8Formats::E4m3 => Format::E4m3,
+        }
+    }
+}
+
+/// How the amax history becomes one amax (Transformer Engine's `amax_compute_algo`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AmaxCompute {
+    Max,
+    MostRecent,
+}
+
+named_enum!(AmaxCompute, "amax compute algorithm", [Max => "max", MostRecent => "most_recent"]);
+
+/// An fp8 scaling recipe.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub enum Fp8Recipe {
+    /// Scales from an amax history (Transformer Engine's DelayedScaling).
+    Delayed {
+        formats: Fp8Formats,
+        history_len: usize,
+        amax_compute: AmaxCompute,
+        margin: i32,
+    },
+    /// Scales from the current tensor, just in time.
+    Current { formats: Fp8Formats },
+}
+
+impl Default for Fp8Recipe {
+    /// DelayedScaling's defaults: HYBRID, history 1024, max, margin 0.
+    fn default() -> Self {
+        Fp8Recipe::Delayed {
+            formats: Fp8Formats::Hybrid,
+            history_len: 1024,
+            amax_compute: AmaxCompute::Max,
+            margin: 0,
+        }
+    }
+}
+
+impl Fp8Recipe {
+    pub fn current() -> Fp8Recipe {
+        Fp8Recipe::Current {
+            formats: Fp8Formats::Hybrid,
+        }
+    }
+
+    pub fn formats(&self) -> Fp8Formats {
+        match self {
+            Fp8Recipe::Delayed { formats, .. } | Fp8Recipe::Current { formats } => *formats,
+        }
+    }
+}
+
+/// The delayed-scaling state of one fp8 tensor: an amax history and the scale it gives.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct DelayedScaling {
+    pub format: Format,
+    pub history_len: usize,
+    pub amax_compute: AmaxCompute,
+    pub margin: i32,
+    pub history: VecDeque<f32>,
+    /// The scale the next step quantizes with.
+    pub scale: f32,
+}
+
+impl DelayedScaling {
+    pub fn new(format: Format, recipe: &Fp8Recipe) -> Result<DelayedScaling> {
+        match *recipe {
+            Fp8Recipe::Delayed {
+                history_len,
+                amax_compute,
+                margin,
+                ..
+            } if history_len > 0 => Ok(DelayedScaling {
+                format,
+                history_len,
+                amax_compute,
+                margin,
+                history: VecDeque::with_capacity(history_len),
+                scale: 1.0,
+            }),
+            Fp8Recipe::Delayed { .. } => Err(Error::invalid(
+                "fp8 recipe",
+                "amax history length must be at least 1",
+            )),
+            Fp8Recipe::Current { .. } => Err(Error::invalid(
+                "fp8 recipe",
+                "current scaling keeps no amax history",
+            )),
+        }
+    }
+
+    /// Records this step's amax and computes the scale for the next step:
+    /// s = FMAX / amax / 2^margin, amax taken from the history by `amax_compute`.
+    /// A non-finite amax (an overflowing step) is not recorded.
+    pub fn record(&mut self, amax: f32) -> f32 {
+        if amax.is_finite() {
+            if self.history.len() == self.history_len {
+                self.history.pop_front();
+            }
+            self.history.push_back(amax.abs());
+        }
+        let amax = match self.amax_compute {
+            AmaxCompute::Max => self.history.iter().copied().fold(0.0, f32::max),
+            AmaxCompute::MostRecent => self.history.back().copied().unwrap_or(0.0),
+        };
+        let scale = scale_for_amax(amax, self.format) / 2f32.powi(self.margin);
+        self.scale = if amax > 0.0 && scale.is_finite() {
+            scale
+        } else {
+            self.scale
+        };
+        self.scale
+    }
+}

@@ -1,0 +1,300 @@
+//! The `mantissa` tool as a user runs it: output, files, exit codes, and nothing written on bad
+//! input.
+
+use mantissa::format::{Format, Overflow};
+use mantissa::measure;
+use mantissa::npy::{Matrix, read_matrix, write_matrix};
+use npyz::WriterBuilder;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+fn mantissa(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_mantissa"))
+        .args(args)
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .output()
+        .expect("run mantissa")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn finfo_prints_torch_constants() {
+    let o = mantissa(&["finfo"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    for needle in [
+        "448",
+        "0.015625",
+        "0.125",
+        "57344",
+        "6.10352e-05",
+        "3.38953e+38",
+        "0.000976562",
+        "1.19209e-07",
+    ] {
+        assert!(out.contains(needle), "finfo lacks {needle}:\n{out}");
+    }
+    let o = mantissa(&["finfo", "e4m3", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("json");
+    assert_eq!(v[0]["max"], 448.0);
+}
+
+#[test]
+fn cast_shows_why_3141_and_31415_share_an_f16() {
+    let o = mantissa(&["cast", "3.141", "3.1415", "3.142", "--to", "f16"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = text(&o);
+    let lines: Vec<&str> = out.lines().filter(|l| l.starts_with("3.14")).collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    assert!(
+        lines[0].contains("0x4248") && lines[1].contains("0x4248") && lines[2].contains("0x4249"),
+        "{out}"
+    );
+    assert!(lines[0].contains("0 | 10000 | 1001001000"), "{out}");
+}
+
+#[test]
+fn bad_names_exit_2_with_the_valid_ones() {
+    let o = mantissa(&["cast", "1.0", "--to", "fp12"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        text(&o).contains("unknown format 'fp12'") && text(&o).contains("e5m2"),
+        "{}",
+        text(&o)
+    );
+    let o = mantissa(&["finfo", "float7"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn raw_cast_streams_and_checks_lengths() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("x.f32");
+    let values = measure::wide_range(100_003, 5);
+    std::fs::write(&input, bytemuck::cast_slice::<f32, u8>(&values)).unwrap();
+    let output = dir.path().join("x.bf16");
+    let o = mantissa(&[
+        "cast",
+        "--raw",
+        "--from",
+        "f32",
+        "--to",
+        "bf16",
+        "-i",
+        input.to_str().unwrap(),
+        "-o",
+        output.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let got = std::fs::read(&output).unwrap();
+    assert_eq!(got.len(), values.len() * 2);
+    for (i, v) in values.iter().enumerate() {
+        let code = u16::from_le_bytes([got[2 * i], got[2 * i + 1]]) as u32;
+        assert_eq!(
+            code,
+            Format::Bf16.encode(*v, Overflow::Standard),
+            "value {i}"
+        );
+    }
+    // Through standard input, saturating to e4m3.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mantissa"))
+        .args([
+            "cast",
+            "--raw",
+            "--from",
+            "f32",
+            "--to",
+            "e4m3",
+            "--saturate",
+        ])
+        .stdin(Stdio::from(std::fs::File::open(&input).unwrap()))
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = Vec::new();
+    std::io::Read::read_to_end(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    assert!(child.wait().unwrap().success());
+    assert_eq!(out.len(), values.len());
+    assert!(
+        out.iter()
+            .zip(&values)
+            .all(|(&c, &v)| c as u32 == Format::E4m3.encode(v, Overflow::Saturate))
+    );
+    // A length that is not a multiple of the element size: exit 2, nothing written.
+    let odd = dir.path().join("odd.bin");
+    std::fs::write(&odd, [0u8; 7]).unwrap();
+    let dest = dir.path().join("never.bf16");
+    let o = mantissa(&[
+        "cast",
+        "--raw",
+        "--from",
+        "f32",
+        "--to",
+        "bf16",
+        "-i",
+        odd.to_str().unwrap(),
+        "-o",
+        dest.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("not a multiple of the element size 4"),
+        "{}",
+        text(&o)
+    );
+    assert!(!dest.exists());
+}
+
+fn write_fortran(path: &Path, rows: usize, cols: usize, row_major: &[f32]) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let mut w = npyz::WriteOptions::<f32>::new()
+        .default_dtype()
+        .order(npyz::Order::Fortran)
+        .shape(&[rows as u64, cols as u64])
+        .writer(&mut f)
+        .begin_nd()
+        .unwrap();
+    for j in 0..cols {
+        for i in 0..rows {
+            w.push(&row_major[i * cols + j]).unwrap();
+        }
+    }
+    w.finish().unwrap();
+}
+
+#[test]
+fn matmul_reads_c_and_fortran_order_and_checks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, k, n) = (7, 13, 5);
+    let a = measure::normal(m * k, 1);
+    let b = measure::normal(k * n, 2);
+    let pa = dir.path().join("a.npy");
+    let pb = dir.path().join("b.npy");
+    let pc = dir.path().join("c.npy");
+    write_matrix(&pa, &Matrix::new(m, k, a.clone()).unwrap()).unwrap();
+    write_fortran(&pb, k, n, &b);
+    let o = mantissa(&[
+        "matmul",
+        pa.to_str().unwrap(),
+        pb.to_str().unwrap(),
+        "--algorithm",
+        "bf16x3",
+        "--backend",
+        "reference",
+        "--check",
+        "-o",
+        pc.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("7x13 . 13x5 -> 7x5") && text(&o).contains("contract: OK"),
+        "{}",
+        text(&o)
+    );
+    let c = read_matrix(&pc).unwrap();
+    assert_eq!((c.rows, c.cols), (m, n));
+    // Independent check: the f64 product of the inputs, to bf16x3's accuracy.
+    let exact = measure::exact_product(&mantissa::MatmulShape::new(m, n, k), &a, &b);
+    assert!(measure::relative_error(&c.data, &exact) < 3e-5);
+}
+
+#[test]
+fn matmul_bad_input_exits_2_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    write_matrix(
+        Path::new(&p("a.npy")),
+        &Matrix::new(2, 3, vec![1.0; 6]).unwrap(),
+    )
+    .unwrap();
+    write_matrix(
+        Path::new(&p("b.npy")),
+        &Matrix::new(4, 2, vec![1.0; 8]).unwrap(),
+    )
+    .unwrap();
+    npyz::to_file_1d(p("v.npy"), vec![1.0f32, 2.0]).unwrap();
+    {
+        let mut f = std::fs::File::create(p("d.npy")).unwrap();
+        let mut w = npyz::WriteOptions::<f64>::new()
+            .default_dtype()
+            .shape(&[2, 2])
+            .writer(&mut f)
+            .begin_nd()
+            .unwrap();
+        w.extend([1.0f64; 4]).unwrap();
+        w.finish().unwrap();
+    }
+    let full = std::fs::read(p("a.npy")).unwrap();
+    std::fs::write(p("t.npy"), &full[..full.len() - 5]).unwrap();
+    std::fs::write(p("junk.npy"), b"not numpy at all").unwrap();
+    let cases = [
+        ("a.npy", "b.npy", "do not match"),
+        ("a.npy", "v.npy", "2-D"),
+        ("d.npy", "b.npy", "float32"),
+        ("t.npy", "b.npy", "truncated"),
+        ("junk.npy", "b.npy", "not a valid .npy"),
+        ("missing.npy", "b.npy", "missing.npy"),
+    ];
+    for (a, b, needle) in cases {
+        let out = p("c.npy");
+        let o = mantissa(&["matmul", &p(a), &p(b), "--backend", "reference", "-o", &out]);
+        assert_eq!(o.status.code(), Some(2), "{a} x {b}: {}", text(&o));
+        let msg = text(&o);
+        assert!(
+            msg.contains(needle),
+            "{a} x {b}: expected '{needle}' in: {msg}"
+        );
+        assert_eq!(msg.lines().count(), 1, "one-line error: {msg}");
+        assert!(!Path::new(&out).exists(), "{a} x {b} wrote an output");
+    }
+    let o = mantissa(&["matmul", &p("a.npy"), &p("a.npy"), "--algorithm", "bf17"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).contains("bf16x9"));
+}
+
+#[test]
+fn bench_writes_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let o = mantissa(&[
+        "bench",
+        "matmul",
+        "--sizes",
+        "9,4x5x6",
+        "--algorithms",
+        "f32,e4m3:rowwise",
+        "--backends",
+        "reference",
+        "--reps",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let records = v.as_array().unwrap();
+    assert_eq!(records.len(), 4);
+    assert_eq!(records[1]["algorithm"], "e4m3:rowwise");
+    assert_eq!(records[1]["bytes_per_element_a"], 1);
+    assert_eq!(records[2]["m"], 4);
+    assert!(records[0]["relative_error"].as_f64().unwrap() < 1e-6);
+}
+
+#[test]
+fn info_lists_backends() {
+    let o = mantissa(&["info"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("reference") && text(&o).contains("precision classes"),
+        "{}",
+        text(&o)
+    );
+}

@@ -1,0 +1,88 @@
+//! Test helpers: the backends present on this machine, each test run once per backend with the
+//! backend in its name, and absent backends reported as skipped with the reason.
+
+#![allow(dead_code)]
+
+use mantissa::backend::wgpu::{F16Path, WgpuBackend, WgpuOptions};
+use mantissa::backend::{Backend, Reference};
+use std::sync::OnceLock;
+
+/// A backend under test, or why it is absent.
+pub type Present = Result<Box<dyn Backend>, String>;
+
+fn open_wgpu(options: WgpuOptions) -> Present {
+    WgpuBackend::open_nth(0, options)
+        .map(|b| Box::new(b) as Box<dyn Backend>)
+        .map_err(|e| e.to_string())
+}
+
+/// The wgpu backend with default options (f16 read natively where the adapter can).
+pub fn wgpu() -> &'static Present {
+    static B: OnceLock<Present> = OnceLock::new();
+    B.get_or_init(|| {
+        open_wgpu(WgpuOptions {
+            poison_outputs: true,
+            ..WgpuOptions::default()
+        })
+    })
+}
+
+/// The wgpu backend forced onto the packed-f16 path (core WGSL, as in browsers without
+/// shader-f16).
+pub fn wgpu_packed_f16() -> &'static Present {
+    static B: OnceLock<Present> = OnceLock::new();
+    B.get_or_init(|| {
+        open_wgpu(WgpuOptions {
+            f16: F16Path::Packed,
+            runtime_checks: false,
+            poison_outputs: true,
+        })
+    })
+}
+
+/// The wgpu backend with wgpu's shader runtime checks on (as browsers run WGSL).
+pub fn wgpu_checked() -> &'static Present {
+    static B: OnceLock<Present> = OnceLock::new();
+    B.get_or_init(|| {
+        open_wgpu(WgpuOptions {
+            f16: F16Path::Auto,
+            runtime_checks: true,
+            poison_outputs: true,
+        })
+    })
+}
+
+pub fn reference() -> &'static Present {
+    static B: OnceLock<Present> = OnceLock::new();
+    B.get_or_init(|| Ok(Box::new(Reference)))
+}
+
+/// Runs `f` on the backend, or prints why it is skipped. In CI (CI=true) a missing wgpu
+/// adapter fails the test instead: CI installs lavapipe, so its absence is a broken setup.
+pub fn on(backend: &'static Present, test: &str, f: impl FnOnce(&dyn Backend)) {
+    match backend {
+        Ok(b) => f(b.as_ref()),
+        Err(why) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("{test}: backend required in CI but absent: {why}");
+            }
+            eprintln!("SKIPPED {test}: backend absent: {why}");
+        }
+    }
+}
+
+/// A seed for fresh random inputs: `MANTISSA_TEST_SEED` when set (to reproduce a failure), else
+/// new each run. Printed so that a failure can be replayed.
+pub fn seed(test: &str) -> u64 {
+    let seed = std::env::var("MANTISSA_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("{test}: MANTISSA_TEST_SEED={seed}");
+    seed
+}

@@ -1,0 +1,360 @@
+//! The conformance suite: every op of every backend present against the host reference.
+//!
+//! Casts, splits and amax must agree bit for bit (NaN payloads aside); matmuls must keep the
+//! non-finite pattern of the reference exactly and stay within the algorithm's accumulation
+//! tolerance elsewhere, and their error against an f64 product must lie in the range the
+//! numerics contract gives. Inputs are fresh random values (seed printed) plus edge cases, on
+//! odd shapes (1, 3, 50, 783, one above the 64-wide tile), batched and transposed.
+
+mod common;
+
+use mantissa::algorithm::{Algorithm, MatmulShape, Scaling};
+use mantissa::backend::Backend;
+use mantissa::backend::reference as host;
+use mantissa::format::{self, Format, Overflow};
+use mantissa::measure;
+
+/// f32 values at and around every boundary of every format: zeros, subnormals of f32 and of the
+/// small formats, smallest normals, ties, the largest finite values and just beyond, inf, NaN.
+fn edge_values() -> Vec<f32> {
+    let mut v = vec![
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::MAX,
+        f32::MIN,
+    ];
+    v.extend([
+        f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        f32::from_bits(0x007f_ffff),
+        f32::from_bits(0x0040_0000),
+    ]);
+    for f in Format::ALL {
+        let i = f.finfo();
+        for base in [
+            i.max,
+            i.smallest_normal,
+            i.smallest_subnormal,
+            1.0,
+            1.0 + i.eps / 2.0,
+            1.0 + 1.5 * i.eps,
+        ] {
+            let b = base as f32;
+            for x in [
+                b,
+                b.next_up(),
+                b.next_down(),
+                b * 0.5,
+                b * 1.5,
+                b * 2.0,
+                b * 0.75,
+            ] {
+                v.extend([x, -x]);
+            }
+        }
+        // Exactly halfway between max and the next (non-existent) value: rounds to inf/NaN.
+        let half_ulp_above = (i.max + i.eps * 2f64.powi(i.max.log2().floor() as i32) / 2.0) as f32;
+        v.extend([
+            half_ulp_above,
+            half_ulp_above.next_down(),
+            half_ulp_above.next_up(),
+        ]);
+    }
+    v
+}
+
+/// Random f32 with every exponent, both signs and random mantissas.
+fn random_bits(n: usize, seed: u64) -> Vec<f32> {
+    let words = measure::uniform(n, 0.0, 1.0, seed);
+    words
+        .iter()
+        .map(|&u| f32::from_bits((u as f64 * u32::MAX as f64) as u32))
+        .collect()
+}
+
+fn same_code(format: Format, got: u32, want: u32) -> bool {
+    got == want || (format.decode(got).is_nan() && format.decode(want).is_nan())
+}
+
+fn check_encode(b: &dyn Backend, seed: u64) {
+    let mut values = edge_values();
+    values.extend(random_bits(20_000, seed));
+    values.extend(measure::wide_range(5_000, seed + 1));
+    values.extend(measure::normal(5_000, seed + 2));
+    for format in Format::ALL {
+        for overflow in [Overflow::Standard, Overflow::Saturate] {
+            let got = b.encode(format, overflow, &values).expect("encode");
+            assert_eq!(got.len(), values.len());
+            let bad: Vec<String> = values
+                .iter()
+                .zip(&got)
+                .filter(|(x, g)| !same_code(format, **g, format.encode(**x, overflow)))
+                .take(5)
+                .map(|(x, g)| {
+                    format!(
+                        "{x:e} ({:#010x}) -> {g:#x}, host {:#x}",
+                        x.to_bits(),
+                        format.encode(*x, overflow)
+                    )
+                })
+                .collect();
+            assert!(
+                bad.is_empty(),
+                "{} encode {format} {overflow:?}: {bad:?}",
+                b.name()
+            );
+        }
+    }
+}
+
+fn check_decode(b: &dyn Backend) {
+    for format in [Format::Bf16, Format::F16, Format::E4m3, Format::E5m2] {
+        let codes: Vec<u32> = (0..1u32 << format.storage_bits()).collect();
+        let got = b.decode(format, &codes).expect("decode");
+        for (&c, &g) in codes.iter().zip(&got) {
+            let want = format.decode(c);
+            assert!(
+                g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                "{} decode {format} {c:#x}: {g:e}, host {want:e}",
+                b.name()
+            );
+        }
+    }
+}
+
+fn check_split_and_amax(b: &dyn Backend, seed: u64) {
+    let mut values = edge_values();
+    values.extend(random_bits(10_000, seed));
+    values.extend(measure::normal(3_001, seed + 1));
+    let planes = b.split_bf16(&values).expect("split");
+    for (e, &x) in values.iter().enumerate() {
+        let want = format::split_bf16(x);
+        for p in 0..3 {
+            let code = Format::Bf16.encode(want[p], Overflow::Standard);
+            assert!(
+                same_code(Format::Bf16, planes[p][e], code),
+                "{} split {x:e} part {p}: {:#x} vs {code:#x}",
+                b.name(),
+                planes[p][e]
+            );
+        }
+    }
+    for v in [
+        &values[..],
+        &measure::normal(777, seed)[..],
+        &[f32::NAN, f32::INFINITY][..],
+        &[0.0, -0.0][..],
+        &[f32::from_bits(3)][..],
+    ] {
+        let want = format::amax(v.iter().copied());
+        assert_eq!(
+            b.amax(v).expect("amax").to_bits(),
+            want.to_bits(),
+            "{} amax",
+            b.name()
+        );
+    }
+}
+
+fn casts(b: &dyn Backend) {
+    let seed = common::seed("casts");
+    check_encode(b, seed);
+    check_decode(b);
+    check_split_and_amax(b, seed);
+}
+
+/// Compares a backend's matmul with the reference's on one shape and input set.
+fn check_matmul(
+    b: &dyn Backend,
+    alg: &Algorithm,
+    shape: &MatmulShape,
+    a: &[f32],
+    bm: &[f32],
+    what: &str,
+) {
+    let got = b
+        .matmul(shape, alg, a, bm)
+        .unwrap_or_else(|e| panic!("{} {alg} {what}: {e}", b.name()));
+    let want = host::matmul(shape, alg, a, bm);
+    let abs = measure::abs_product(shape, a, bm);
+    let (mismatches, count) = measure::compare_to_reference(alg, shape, &got, &want, &abs);
+    assert!(
+        count == 0,
+        "{} {alg} {what} {shape:?}: {count} of {} elements break the contract, e.g. {}",
+        b.name(),
+        got.len(),
+        mismatches
+            .iter()
+            .map(|m| m.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+}
+
+fn shapes() -> Vec<MatmulShape> {
+    let mut v = vec![
+        MatmulShape::new(1, 1, 1),
+        MatmulShape::new(3, 50, 7),
+        MatmulShape::new(50, 3, 783),
+        MatmulShape::new(65, 67, 129),
+    ];
+    for (at, bt) in [(true, false), (false, true), (true, true)] {
+        v.push(MatmulShape {
+            batch: 3,
+            m: 17,
+            n: 66,
+            k: 31,
+            a_transposed: at,
+            b_transposed: bt,
+        });
+    }
+    v
+}
+
+fn algorithms() -> Vec<Algorithm> {
+    let mut v = Algorithm::ALL.to_vec();
+    v.push(Algorithm::fp8(Format::E4m3, Format::E4m3).with_scaling(Scaling::Rowwise));
+    v.push(Algorithm::fp8(Format::E4m3, Format::E5m2).with_scaling(Scaling::Rowwise));
+    v.push(
+        Algorithm::fp8(Format::E5m2, Format::E5m2).with_scaling(Scaling::Given { a: 64.0, b: 0.5 }),
+    );
+    v
+}
+
+fn matmul_random(b: &dyn Backend) {
+    let seed = common::seed("matmul_random");
+    for (s, shape) in shapes().iter().enumerate() {
+        let a = measure::normal(shape.a_len(), seed + 2 * s as u64);
+        let bm = measure::normal(shape.b_len(), seed + 2 * s as u64 + 1);
+        for alg in algorithms() {
+            check_matmul(b, &alg, shape, &a, &bm, "N(0,1)");
+        }
+    }
+}
+
+fn matmul_edges(b: &dyn Backend) {
+    let seed = common::seed("matmul_edges");
+    let shape = MatmulShape::new(37, 29, 70);
+    // Wide dynamic range, values near the small formats' overflow and underflow, f32
+    // subnormals, and rows/columns holding inf and NaN.
+    let mut a = measure::wide_range(shape.a_len(), seed);
+    let mut bm = measure::normal(shape.b_len(), seed + 1);
+    for (i, x) in a.iter_mut().enumerate().step_by(13) {
+        *x = [65504.0, 70000.0, -448.0, 500.0, 1e-6, 3e-8, 1.0e-40, 5e37][i % 8];
+    }
+    // Values whose bf16 (and f16) rounding overflows, in rows 30.. only: rows 5, 9 and 20
+    // below test the inf/NaN rules without them.
+    for (r, x) in [
+        (30, f32::MAX * 0.999),
+        (31, -f32::MAX * 0.999),
+        (32, 3.39e38),
+    ] {
+        a[r * shape.k + 4] = x;
+    }
+    a[5 * shape.k + 3] = f32::INFINITY; // row 5 holds +inf
+    a[9 * shape.k] = f32::NEG_INFINITY; // row 9 holds -inf
+    a[20 * shape.k + 7] = f32::NAN; // row 20 holds NaN
+    for p in 0..shape.k {
+        bm[p * shape.n + 11] = bm[p * shape.n + 11].abs() + 0.5; // column 11 positive: inf stays inf
+    }
+    bm[4 * shape.n + 2] = 0.0; // inf * 0 = NaN in row 5 / 9, column 2
+    bm[6 * shape.n + 17] = f32::INFINITY; // column 17 holds inf
+    for alg in algorithms() {
+        check_matmul(b, &alg, &shape, &a, &bm, "edge cases");
+    }
+    // An inf in a row of A gives that row of C as +-inf (never NaN) for f32 and every split
+    // algorithm, where B's column is positive.
+    for alg in [
+        Algorithm::F32,
+        Algorithm::Bf16x3,
+        Algorithm::Bf16x6,
+        Algorithm::Bf16x9,
+    ] {
+        let c = b.matmul(&shape, &alg, &a, &bm).expect("matmul");
+        assert_eq!(
+            c[5 * shape.n + 11],
+            f32::INFINITY,
+            "{} {alg}: +inf row",
+            b.name()
+        );
+        assert_eq!(
+            c[9 * shape.n + 11],
+            f32::NEG_INFINITY,
+            "{} {alg}: -inf row",
+            b.name()
+        );
+        assert!(c[20 * shape.n + 11].is_nan(), "{} {alg}: NaN row", b.name());
+    }
+}
+
+fn matmul_error_bands(b: &dyn Backend) {
+    let seed = common::seed("matmul_error_bands");
+    let shape = MatmulShape::new(96, 80, 512);
+    let a = measure::normal(shape.a_len(), seed);
+    let bm = measure::normal(shape.b_len(), seed + 1);
+    let exact = measure::exact_product(&shape, &a, &bm);
+    let mut errors = std::collections::HashMap::new();
+    for alg in algorithms() {
+        let c = b.matmul(&shape, &alg, &a, &bm).expect("matmul");
+        let err = measure::relative_error(&c, &exact);
+        eprintln!("{} {alg}: relative error {err:.3e}", b.name());
+        let (lo, hi) = alg.expected_error_n01();
+        assert!(
+            err >= lo && err <= hi,
+            "{} {alg}: relative error {err:.3e} outside [{lo:.1e}, {hi:.1e}]",
+            b.name()
+        );
+        errors.insert(alg.to_string(), err);
+    }
+    // Each split level adds accuracy: a dropped level would leave x6 at x3's error.
+    assert!(
+        errors["bf16x6"] < errors["bf16x3"] / 4.0,
+        "{} bf16x6 does not improve on bf16x3: {errors:?}",
+        b.name()
+    );
+    assert!(
+        errors["bf16x3"] < errors["bf16"] / 100.0,
+        "{} bf16x3 does not improve on bf16: {errors:?}",
+        b.name()
+    );
+}
+
+fn matmul_bad_input(b: &dyn Backend) {
+    let shape = MatmulShape::new(4, 5, 6);
+    let err = b
+        .matmul(&shape, &Algorithm::F32, &[0.0; 23], &[0.0; 30])
+        .expect_err("short A must fail");
+    assert!(err.to_string().contains("expected 24"), "{err}");
+    let err = b
+        .matmul(&shape, &Algorithm::Bf16x3, &[0.0; 24], &[0.0; 31])
+        .expect_err("long B must fail");
+    assert!(err.to_string().contains("expected 30"), "{err}");
+    // Empty products are fine: k = 0 gives zeros.
+    let c = b
+        .matmul(&MatmulShape::new(2, 3, 0), &Algorithm::F32, &[], &[])
+        .expect("k = 0");
+    assert_eq!(c, vec![0.0; 6]);
+}
+
+macro_rules! tests_for {
+    ($backend:ident: $($test:ident),+) => {
+        mod $backend {
+            use super::*;
+            $(
+                #[test]
+                fn $test() {
+                    common::on(common::$backend(), concat!(stringify!($test), "_", stringify!($backend)), |b| super::$test(b));
+                }
+            )+
+        }
+    };
+}
+
+tests_for!(reference: matmul_edges, matmul_error_bands, matmul_bad_input);
+tests_for!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input);
+tests_for!(wgpu_packed_f16: matmul_random, matmul_edges);
+tests_for!(wgpu_checked: casts, matmul_edges);

@@ -1,0 +1,50 @@
+//! naga validates every WGSL kernel variant and writes SPIR-V from it: a broken shader fails
+//! `cargo test` on any machine, GPU or not.
+
+use mantissa::backend::wgpu::shaders::{Kernel, validate};
+
+#[test]
+fn every_kernel_variant_validates() {
+    let kernels = Kernel::all();
+    assert!(
+        kernels.len() > 20,
+        "expected every cast, scale, split and matmul variant, got {}",
+        kernels.len()
+    );
+    let failures: Vec<String> = kernels
+        .iter()
+        .filter_map(|k| validate(k).err().map(|e| format!("{}:\n{e}", k.label())))
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} kernels fail:\n{}",
+        failures.len(),
+        kernels.len(),
+        failures.join("\n\n")
+    );
+}
+
+#[test]
+fn workgroup_memory_fits_the_webgpu_default() {
+    for k in Kernel::all() {
+        if let Kernel::Matmul(v) = k {
+            assert!(
+                v.workgroup_bytes() <= 16 * 1024,
+                "{}: {} bytes of workgroup memory",
+                k.label(),
+                v.workgroup_bytes()
+            );
+        }
+    }
+}
+
+#[test]
+fn validation_reports_errors_with_their_location() {
+    // The validator itself must catch a broken shader (and say where), or the test above proves
+    // nothing: check it on a deliberately broken module.
+    let broken = "@compute @workgroup_size(1) fn main() { let x: u32 = 1.5; }";
+    let err = naga::front::wgsl::parse_str(broken)
+        .map(|_| ())
+        .map_err(|e| e.emit_to_string(broken));
+    assert!(err.is_err_and(|e| e.contains("1.5") || e.contains("type")));
+}
