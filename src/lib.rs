@@ -18,6 +18,7 @@ pub mod format;
 pub mod measure;
 pub mod npy;
 pub mod policy;
+pub mod report;
 
 pub use algorithm::{Algorithm, MatmulShape, Scaling};
 pub use backend::{Backend, BackendChoice, BackendKind};

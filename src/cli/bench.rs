@@ -45,7 +45,7 @@ struct MatmulArgs {
     json: Option<PathBuf>,
 }
 
-fn parse_shape(s: &str) -> Result<(usize, usize, usize)> {
+pub(crate) fn parse_shape(s: &str) -> Result<(usize, usize, usize)> {
     let dims: Vec<usize> = s
         .split('x')
         .map(|d| d.trim().parse::<usize>())

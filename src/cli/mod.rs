@@ -5,6 +5,7 @@ mod cast;
 mod finfo;
 mod info;
 mod matmul;
+mod report;
 pub mod table;
 
 use crate::error::Error;
@@ -40,22 +41,27 @@ enum Command {
     Matmul(matmul::Args),
     /// Measures matmul throughput and error per backend, algorithm and size.
     Bench(bench::Args),
+    /// Every algorithm on every backend present, side by side: errors, non-finite handling,
+    /// bit-exact casts, throughput. Writes report.json and report.html; exits 3 if any backend
+    /// breaks the numerics contract.
+    Report(report::Args),
 }
 
 /// Runs the tool and returns the process exit code: 0 on success, 2 for bad input (unknown
 /// names, malformed files, mismatched shapes), 1 for failures of the machine (no device,
-/// device errors).
+/// device errors), 3 when `report` finds a backend breaking the numerics contract.
 pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Info(a) => info::run(a),
-        Command::Finfo(a) => finfo::run(a),
-        Command::Cast(a) => cast::run(a),
-        Command::Matmul(a) => matmul::run(a),
-        Command::Bench(a) => bench::run(a),
+        Command::Info(a) => info::run(a).map(|_| 0),
+        Command::Finfo(a) => finfo::run(a).map(|_| 0),
+        Command::Cast(a) => cast::run(a).map(|_| 0),
+        Command::Matmul(a) => matmul::run(a).map(|_| 0),
+        Command::Bench(a) => bench::run(a).map(|_| 0),
+        Command::Report(a) => report::run(a),
     };
     match result {
-        Ok(()) => 0,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("mantissa: error: {e}");
             exit_code(&e)

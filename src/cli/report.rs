@@ -1,0 +1,230 @@
+//! `mantissa report [--backends all|LIST] [--sizes ..] [--out DIR]`
+
+use super::parse_list;
+use super::table::Table;
+use crate::algorithm::Algorithm;
+use crate::backend::BackendKind;
+use crate::error::{Error, Result};
+use crate::report::{self, Family, ReportConfig};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Exit status: 0 when every backend keeps the contract, 3 when any breaks it.\n\n\
+    Example:\n  mantissa report --backends reference,wgpu --sizes 64,200 --out report"
+)]
+pub struct Args {
+    /// Backends: all, or a list of reference, wgpu (every adapter), cuda.
+    #[arg(long, default_value = "all")]
+    backends: String,
+    /// Matmul sizes: N (square) or MxNxK, comma-separated.
+    #[arg(long, default_value = "64,131x67x200")]
+    sizes: String,
+    /// Algorithms, comma-separated, or "all" (fp8 with tensorwise and rowwise scaling).
+    #[arg(long, default_value = "all")]
+    algorithms: String,
+    /// Input families: all, or a list of normal, wide-range, cancellation, extremes, non-finite.
+    #[arg(long, default_value = "all")]
+    families: String,
+    /// Where report.json and report.html go.
+    #[arg(long, default_value = "report")]
+    out: PathBuf,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 2026)]
+    seed: u64,
+    /// Timed repetitions for throughput.
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
+}
+
+/// Exit status when a backend breaks the contract.
+pub const CONTRACT_BROKEN: i32 = 3;
+
+pub fn run(args: Args) -> Result<i32> {
+    let kinds: Vec<BackendKind> = if args.backends.trim() == "all" {
+        BackendKind::ALL.to_vec()
+    } else {
+        args.backends
+            .split(',')
+            .map(|s| {
+                BackendKind::ALL
+                    .into_iter()
+                    .find(|k| k.name() == s.trim())
+                    .ok_or_else(|| Error::UnknownName {
+                        kind: "backend",
+                        given: s.to_string(),
+                        valid: ["all", "reference", "wgpu", "cuda"]
+                            .map(String::from)
+                            .to_vec(),
+                    })
+            })
+            .collect::<Result<_>>()?
+    };
+    let algorithms: Vec<Algorithm> = if args.algorithms.trim() == "all" {
+        ReportConfig::default_algorithms()
+    } else {
+        parse_list(&args.algorithms)?
+    };
+    let families: Vec<Family> = if args.families.trim() == "all" {
+        Family::ALL.to_vec()
+    } else {
+        args.families
+            .split(',')
+            .map(Family::parse)
+            .collect::<Result<_>>()?
+    };
+    let shapes = args
+        .sizes
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(super::bench::parse_shape)
+        .collect::<Result<Vec<_>>>()?;
+    let config = ReportConfig {
+        kinds,
+        shapes,
+        algorithms,
+        families,
+        seed: args.seed,
+        repetitions: args.reps.max(1),
+    };
+    std::fs::create_dir_all(&args.out).map_err(|e| Error::file(&args.out, e))?;
+    let report = report::run(&config, |line| eprintln!("  {line}"))?;
+
+    let mut t = Table::new(&["backend", "highest", "high", "medium", "device"]);
+    for b in &report.backends {
+        let c = |i: usize| {
+            b.precision_classes
+                .get(i)
+                .map(|c| c.1.clone())
+                .unwrap_or_default()
+        };
+        t.row(vec![b.name.clone(), c(0), c(1), c(2), b.device.clone()]);
+    }
+    for s in &report.skipped {
+        t.row(vec![
+            s.backend.clone(),
+            "-".into(),
+            "-".into(),
+            "-".into(),
+            format!("skipped: {}", s.reason),
+        ]);
+    }
+    println!("{}", t.render());
+
+    let mut t = Table::new(&["backend", "casts checked", "values", "mismatches"]);
+    for b in &report.backends {
+        let checks: Vec<_> = report
+            .casts
+            .iter()
+            .filter(|c| c.backend == b.name)
+            .collect();
+        if !checks.is_empty() {
+            let values: usize = checks.iter().map(|c| c.values).sum();
+            let bad: usize = checks.iter().map(|c| c.mismatches).sum();
+            t.row(vec![
+                b.name.clone(),
+                checks.len().to_string(),
+                values.to_string(),
+                bad.to_string(),
+            ]);
+        }
+    }
+    println!("{}", t.render());
+
+    // Relative error per algorithm (rows) and backend x family (columns), largest shape.
+    let largest = report
+        .shapes
+        .iter()
+        .copied()
+        .max_by_key(|(m, n, k)| m * n * k);
+    let mut header = vec!["algorithm".to_string()];
+    let mut columns = Vec::new();
+    for b in &report.backends {
+        for f in &report.families {
+            header.push(format!("{} {f}", short(&b.name)));
+            columns.push((b.name.clone(), f.clone()));
+        }
+    }
+    let mut t = Table::new(&header.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut seen = Vec::new();
+    for m in &report.matmuls {
+        if seen.contains(&m.algorithm) {
+            continue;
+        }
+        seen.push(m.algorithm.clone());
+        let mut row = vec![m.algorithm.clone()];
+        for (b, f) in &columns {
+            let cell = report
+                .matmuls
+                .iter()
+                .find(|r| {
+                    &r.backend == b
+                        && &r.family == f
+                        && r.algorithm == m.algorithm
+                        && Some(r.shape) == largest
+                })
+                .map(|r| {
+                    format!(
+                        "{:.1e}{}",
+                        r.relative_error,
+                        if r.contract_breaks > 0 { " BREAK" } else { "" }
+                    )
+                })
+                .unwrap_or_default();
+            row.push(cell);
+        }
+        t.row(row);
+    }
+    if let Some((m, n, k)) = largest {
+        println!(
+            "relative error vs f64 product at {m}x{n}x{k} (BREAK: outside the contract against the reference)"
+        );
+    }
+    println!("{}", t.render());
+    println!("training: {}", report.training);
+
+    let json_path = args.out.join("report.json");
+    let html_path = args.out.join("report.html");
+    let json =
+        serde_json::to_string_pretty(&report).map_err(|e| Error::invalid("json", e.to_string()))?;
+    std::fs::write(&json_path, json).map_err(|e| Error::file(&json_path, e))?;
+    std::fs::write(&html_path, report::render_html(&report))
+        .map_err(|e| Error::file(&html_path, e))?;
+    println!("wrote {} and {}", json_path.display(), html_path.display());
+    if report.passed {
+        println!("PASSED: every backend keeps the numerics contract");
+        Ok(0)
+    } else {
+        for m in report
+            .matmuls
+            .iter()
+            .filter(|m| m.contract_breaks > 0)
+            .take(10)
+        {
+            println!(
+                "  break: {} {} {}: {} element(s), e.g. {}",
+                m.backend,
+                m.algorithm,
+                m.family,
+                m.contract_breaks,
+                m.first_break.as_deref().unwrap_or("")
+            );
+        }
+        for c in report.casts.iter().filter(|c| c.mismatches > 0).take(10) {
+            println!(
+                "  break: {} {}: {} mismatch(es), e.g. {}",
+                c.backend,
+                c.op,
+                c.mismatches,
+                c.first_mismatch.as_deref().unwrap_or("")
+            );
+        }
+        println!("FAILED: {} contract break(s)", report.contract_breaks);
+        Ok(CONTRACT_BROKEN)
+    }
+}
+
+/// "wgpu:llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan)" -> "wgpu:llvmpipe".
+fn short(name: &str) -> String {
+    name.split(" (").next().unwrap_or(name).to_string()
+}

@@ -1,0 +1,403 @@
+//! The precision portability report: every algorithm on every backend present, side by side.
+//!
+//! For each backend: the precision-class resolution; cast, split and amax agreement with the
+//! reference (bit for bit, mismatches counted); for each algorithm and input family, the error
+//! against an f64 product, where non-finite values went, contract breaks against the
+//! reference's result of the same algorithm, and throughput. `Report::passed` is false when any
+//! backend breaks the contract.
+
+mod html;
+mod inputs;
+
+pub use html::render_html;
+pub use inputs::Family;
+
+use crate::algorithm::{Algorithm, MatmulShape, Scaling};
+use crate::backend::{self, Backend, BackendKind, Reference};
+use crate::error::Result;
+use crate::format::{self, Format, Overflow};
+use crate::measure;
+use crate::policy::PrecisionClass;
+
+/// A backend in the report, or why it is absent.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct BackendEntry {
+    pub name: String,
+    pub device: String,
+    pub kind: String,
+    /// (class, algorithm) pairs: what highest/high/medium resolve to here.
+    pub precision_classes: Vec<(String, String)>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Skipped {
+    pub backend: String,
+    pub reason: String,
+}
+
+/// Bit-level agreement of one cast-like op with the reference.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct CastCheck {
+    pub backend: String,
+    /// "encode bf16", "encode e4m3 (saturating)", "decode f16", "split bf16", "amax".
+    pub op: String,
+    pub values: usize,
+    pub mismatches: usize,
+    pub first_mismatch: Option<String>,
+}
+
+/// One matmul measurement.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MatmulCheck {
+    pub backend: String,
+    pub algorithm: String,
+    pub family: String,
+    pub shape: (usize, usize, usize),
+    /// Relative Frobenius error against the f64 product (over entries where it is finite).
+    pub relative_error: f64,
+    pub max_ulp_error: f64,
+    /// Non-finite outputs of this backend and of the reference.
+    pub nonfinite: usize,
+    pub nonfinite_reference: usize,
+    /// Elements outside the contract (non-finite pattern or accumulation tolerance).
+    pub contract_breaks: usize,
+    pub first_break: Option<String>,
+    /// Throughput on the largest N(0,1) shape (None elsewhere).
+    pub tflops: Option<f64>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Report {
+    pub version: &'static str,
+    pub seed: u64,
+    pub shapes: Vec<(usize, usize, usize)>,
+    pub families: Vec<String>,
+    pub backends: Vec<BackendEntry>,
+    pub skipped: Vec<Skipped>,
+    pub casts: Vec<CastCheck>,
+    pub matmuls: Vec<MatmulCheck>,
+    /// The training-level comparison, once the training executor exists.
+    pub training: String,
+    pub contract_breaks: usize,
+    pub passed: bool,
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct ReportConfig {
+    /// Backend kinds to include; wgpu means every adapter found.
+    pub kinds: Vec<BackendKind>,
+    pub shapes: Vec<(usize, usize, usize)>,
+    pub algorithms: Vec<Algorithm>,
+    pub families: Vec<Family>,
+    pub seed: u64,
+    pub repetitions: usize,
+}
+
+impl ReportConfig {
+    /// Every algorithm, with both current scalings for fp8.
+    pub fn default_algorithms() -> Vec<Algorithm> {
+        let mut v = Algorithm::ALL.to_vec();
+        v.push(Algorithm::fp8(Format::E4m3, Format::E4m3).with_scaling(Scaling::Rowwise));
+        v.push(Algorithm::fp8(Format::E4m3, Format::E5m2).with_scaling(Scaling::Rowwise));
+        v
+    }
+}
+
+/// Opens every backend of the requested kinds: the reference, every wgpu adapter, CUDA.
+fn open_backends(kinds: &[BackendKind]) -> (Vec<Box<dyn Backend>>, Vec<Skipped>) {
+    let mut present: Vec<Box<dyn Backend>> = Vec::new();
+    let mut skipped = Vec::new();
+    for kind in kinds {
+        match kind {
+            BackendKind::Reference => present.push(Box::new(Reference)),
+            BackendKind::Wgpu => {
+                let adapters = backend::wgpu::list_adapters();
+                if adapters.is_empty() {
+                    skipped.push(Skipped {
+                        backend: "wgpu".into(),
+                        reason: "no adapter found".into(),
+                    });
+                }
+                let options = match backend::wgpu::WgpuOptions::from_env() {
+                    Ok(o) => o,
+                    Err(e) => {
+                        skipped.push(Skipped {
+                            backend: "wgpu".into(),
+                            reason: e.to_string(),
+                        });
+                        continue;
+                    }
+                };
+                for (i, a) in adapters.iter().enumerate() {
+                    match backend::wgpu::WgpuBackend::open_nth(i, options) {
+                        Ok(b) => present.push(Box::new(b)),
+                        Err(e) => skipped.push(Skipped {
+                            backend: format!("wgpu:{}", a.name),
+                            reason: e.to_string(),
+                        }),
+                    }
+                }
+            }
+            BackendKind::Cuda => {
+                match backend::open(backend::BackendChoice::Only(BackendKind::Cuda)) {
+                    Ok(b) => present.push(b),
+                    Err(e) => skipped.push(Skipped {
+                        backend: "cuda".into(),
+                        reason: e.to_string(),
+                    }),
+                }
+            }
+        }
+    }
+    (present, skipped)
+}
+
+/// Runs the report on the backends of `config.kinds` found here. `progress` receives a line
+/// per step.
+pub fn run(config: &ReportConfig, progress: impl FnMut(&str)) -> Result<Report> {
+    let (backends, skipped) = open_backends(&config.kinds);
+    run_on(&backends, skipped, config, progress)
+}
+
+/// Runs the report on the given backends (the reference result is always the host module's).
+pub fn run_on(
+    backends: &[Box<dyn Backend>],
+    skipped: Vec<Skipped>,
+    config: &ReportConfig,
+    mut progress: impl FnMut(&str),
+) -> Result<Report> {
+    for s in &skipped {
+        progress(&format!("skipped {}: {}", s.backend, s.reason));
+    }
+    let mut report = Report {
+        version: env!("CARGO_PKG_VERSION"),
+        seed: config.seed,
+        shapes: config.shapes.clone(),
+        families: config
+            .families
+            .iter()
+            .map(|f| f.name().to_string())
+            .collect(),
+        backends: backends
+            .iter()
+            .map(|b| BackendEntry {
+                name: b.name(),
+                device: b.device_name(),
+                kind: b.kind().to_string(),
+                precision_classes: PrecisionClass::ALL
+                    .iter()
+                    .map(|c| (c.to_string(), b.resolve(*c).to_string()))
+                    .collect(),
+            })
+            .collect(),
+        skipped,
+        casts: vec![],
+        matmuls: vec![],
+        training: "not run: the training executor is not in this build yet".into(),
+        contract_breaks: 0,
+        passed: false,
+    };
+    for b in backends {
+        if b.kind() != BackendKind::Reference {
+            progress(&format!("casts on {}", b.name()));
+            report.casts.extend(cast_checks(b.as_ref(), config.seed)?);
+        }
+    }
+    let largest = config
+        .shapes
+        .iter()
+        .copied()
+        .max_by_key(|(m, n, k)| m * n * k);
+    for (s, &(m, n, k)) in config.shapes.iter().enumerate() {
+        let shape = MatmulShape::new(m, n, k);
+        for family in &config.families {
+            let seed = config
+                .seed
+                .wrapping_add(1000 * s as u64 + 10 * *family as u64);
+            let (a, bm) = family.inputs(&shape, seed);
+            let exact = measure::exact_product(&shape, &a, &bm);
+            let abs = measure::abs_product(&shape, &a, &bm);
+            for algorithm in &config.algorithms {
+                let want = backend::reference::matmul(&shape, algorithm, &a, &bm);
+                for b in backends {
+                    progress(&format!(
+                        "{} {algorithm} {} {m}x{n}x{k}",
+                        b.name(),
+                        family.name()
+                    ));
+                    let got = b.matmul(&shape, algorithm, &a, &bm)?;
+                    let (breaks, count) =
+                        measure::compare_to_reference(algorithm, &shape, &got, &want, &abs);
+                    let tflops = if *family == Family::Normal && Some((m, n, k)) == largest {
+                        let t = b.time_matmul(&shape, algorithm, &a, &bm, config.repetitions)?;
+                        Some(shape.flops() / t.seconds / 1e12)
+                    } else {
+                        None
+                    };
+                    report.matmuls.push(MatmulCheck {
+                        backend: b.name(),
+                        algorithm: algorithm.to_string(),
+                        family: family.name().to_string(),
+                        shape: (m, n, k),
+                        relative_error: measure::relative_error(&got, &exact),
+                        max_ulp_error: measure::max_ulp_error(&got, &exact),
+                        nonfinite: got.iter().filter(|v| !v.is_finite()).count(),
+                        nonfinite_reference: want.iter().filter(|v| !v.is_finite()).count(),
+                        contract_breaks: count,
+                        first_break: breaks.first().map(|m| m.to_string()),
+                        tflops,
+                    });
+                }
+            }
+        }
+    }
+    report.contract_breaks = report.casts.iter().map(|c| c.mismatches).sum::<usize>()
+        + report
+            .matmuls
+            .iter()
+            .map(|m| m.contract_breaks)
+            .sum::<usize>();
+    report.passed = report.contract_breaks == 0;
+    Ok(report)
+}
+
+/// Values for the cast checks: every boundary of every format, random bit patterns, wide range.
+fn cast_values(seed: u64) -> Vec<f32> {
+    let mut v = vec![
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        f32::from_bits(1),
+    ];
+    for f in Format::ALL {
+        let i = f.finfo();
+        for base in [
+            i.max,
+            i.smallest_normal,
+            i.smallest_subnormal,
+            1.0 + i.eps / 2.0,
+        ] {
+            let b = base as f32;
+            v.extend([b, -b, b.next_up(), b.next_down(), b * 1.5, b * 0.5]);
+        }
+    }
+    let bits = measure::uniform(20_000, 0.0, 1.0, seed);
+    v.extend(
+        bits.iter()
+            .map(|&u| f32::from_bits((u as f64 * u32::MAX as f64) as u32)),
+    );
+    v.extend(measure::wide_range(5_000, seed + 1));
+    v
+}
+
+fn same_code(format: Format, got: u32, want: u32) -> bool {
+    got == want || (format.decode(got).is_nan() && format.decode(want).is_nan())
+}
+
+fn count_mismatches<T: Copy>(
+    backend: &dyn Backend,
+    op: String,
+    inputs: &[T],
+    got: &[u32],
+    want: &[u32],
+    same: impl Fn(u32, u32) -> bool,
+    show: impl Fn(T) -> String,
+) -> CastCheck {
+    let mut first = None;
+    let mut mismatches = got.len().abs_diff(want.len());
+    for ((x, &g), &w) in inputs.iter().zip(got).zip(want) {
+        if !same(g, w) {
+            mismatches += 1;
+            first.get_or_insert_with(|| format!("{} -> {g:#x}, reference {w:#x}", show(*x)));
+        }
+    }
+    CastCheck {
+        backend: backend.name(),
+        op,
+        values: inputs.len(),
+        mismatches,
+        first_mismatch: first,
+    }
+}
+
+fn cast_checks(b: &dyn Backend, seed: u64) -> Result<Vec<CastCheck>> {
+    let values = cast_values(seed);
+    let show = |x: f32| format!("{x:e} ({:#010x})", x.to_bits());
+    let mut out = Vec::new();
+    for format in Format::ALL {
+        for overflow in [Overflow::Standard, Overflow::Saturate] {
+            let got = b.encode(format, overflow, &values)?;
+            let want: Vec<u32> = values.iter().map(|&x| format.encode(x, overflow)).collect();
+            let op = format!(
+                "encode {format}{}",
+                if overflow == Overflow::Saturate {
+                    " (saturating)"
+                } else {
+                    ""
+                }
+            );
+            out.push(count_mismatches(
+                b,
+                op,
+                &values,
+                &got,
+                &want,
+                |g, w| same_code(format, g, w),
+                show,
+            ));
+        }
+    }
+    for format in [Format::Bf16, Format::F16, Format::E4m3, Format::E5m2] {
+        let codes: Vec<u32> = (0..1u32 << format.storage_bits()).collect();
+        let got: Vec<u32> = b
+            .decode(format, &codes)?
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        let want: Vec<u32> = codes.iter().map(|&c| format.decode(c).to_bits()).collect();
+        let same =
+            |g: u32, w: u32| g == w || (f32::from_bits(g).is_nan() && f32::from_bits(w).is_nan());
+        out.push(count_mismatches(
+            b,
+            format!("decode {format}"),
+            &codes,
+            &got,
+            &want,
+            same,
+            |c| format!("{c:#x}"),
+        ));
+    }
+    let planes = b.split_bf16(&values)?;
+    for (p, name) in ["h", "m", "l"].iter().enumerate() {
+        let want: Vec<u32> = values
+            .iter()
+            .map(|&x| Format::Bf16.encode(format::split_bf16(x)[p], Overflow::Standard))
+            .collect();
+        let op = format!("split bf16 ({name})");
+        out.push(count_mismatches(
+            b,
+            op,
+            &values,
+            &planes[p],
+            &want,
+            |g, w| same_code(Format::Bf16, g, w),
+            show,
+        ));
+    }
+    let got = b.amax(&values)?;
+    let want = format::amax(values.iter().copied());
+    out.push(CastCheck {
+        backend: b.name(),
+        op: "amax".into(),
+        values: values.len(),
+        mismatches: (got.to_bits() != want.to_bits()) as usize,
+        first_mismatch: (got.to_bits() != want.to_bits())
+            .then(|| format!("{got:e}, reference {want:e}")),
+    });
+    Ok(out)
+}

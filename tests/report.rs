@@ -1,0 +1,145 @@
+//! The portability report: it passes on the backends present, and it fails (the CI gate) when
+//! a backend breaks the contract.
+
+mod common;
+
+use mantissa::algorithm::{Algorithm, MatmulShape};
+use mantissa::backend::{Backend, BackendKind, Reference};
+use mantissa::format::{Format, Overflow};
+use mantissa::policy::Capabilities;
+use mantissa::report::{self, Family, ReportConfig};
+
+fn config(kinds: Vec<BackendKind>) -> ReportConfig {
+    ReportConfig {
+        kinds,
+        shapes: vec![(19, 23, 70)],
+        algorithms: ReportConfig::default_algorithms(),
+        families: Family::ALL.to_vec(),
+        seed: common::seed("report"),
+        repetitions: 1,
+    }
+}
+
+#[test]
+fn report_passes_on_reference_and_wgpu() {
+    let report = report::run(
+        &config(vec![BackendKind::Reference, BackendKind::Wgpu]),
+        |_| {},
+    )
+    .expect("report");
+    let wgpu_present = report.backends.iter().any(|b| b.kind == "wgpu");
+    if !wgpu_present && std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("CI must run the report on lavapipe: {:?}", report.skipped);
+    }
+    assert!(
+        report.passed,
+        "contract breaks: {:?} {:?}",
+        report
+            .casts
+            .iter()
+            .filter(|c| c.mismatches > 0)
+            .collect::<Vec<_>>(),
+        report
+            .matmuls
+            .iter()
+            .filter(|m| m.contract_breaks > 0)
+            .collect::<Vec<_>>()
+    );
+    let algorithms = ReportConfig::default_algorithms().len();
+    assert_eq!(
+        report.matmuls.len(),
+        report.backends.len() * algorithms * Family::ALL.len()
+    );
+    let html = report::render_html(&report);
+    assert!(
+        html.contains("<svg")
+            && html.contains("PASSED")
+            && !html.contains("http://cdn")
+            && !html.contains("<script src")
+    );
+}
+
+/// The reference with one deliberate fault in each of two ops.
+struct Faulty;
+
+impl Backend for Faulty {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Wgpu
+    }
+    fn name(&self) -> String {
+        "faulty".into()
+    }
+    fn device_name(&self) -> String {
+        "a backend with bugs".into()
+    }
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::default()
+    }
+    fn matmul(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        a: &[f32],
+        b: &[f32],
+    ) -> mantissa::Result<Vec<f32>> {
+        let mut c = Reference.matmul(shape, algorithm, a, b)?;
+        if *algorithm == Algorithm::Bf16x3 {
+            c[0] *= 1.001; // a wrong element
+        }
+        if *algorithm == Algorithm::F32 {
+            if let Some(v) = c.iter_mut().find(|v| v.is_infinite()) {
+                *v = f32::NAN; // inf turned into NaN
+            }
+        }
+        Ok(c)
+    }
+    fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> mantissa::Result<Vec<u32>> {
+        let mut codes = Reference.encode(format, overflow, x)?;
+        if format == Format::E5m2 && overflow == Overflow::Saturate {
+            codes[3] ^= 1; // one wrong bit
+        }
+        Ok(codes)
+    }
+    fn decode(&self, format: Format, bits: &[u32]) -> mantissa::Result<Vec<f32>> {
+        Reference.decode(format, bits)
+    }
+    fn split_bf16(&self, x: &[f32]) -> mantissa::Result<[Vec<u32>; 3]> {
+        Reference.split_bf16(x)
+    }
+    fn amax(&self, x: &[f32]) -> mantissa::Result<f32> {
+        Reference.amax(x)
+    }
+}
+
+#[test]
+fn report_fails_when_a_backend_breaks_the_contract() {
+    let backends: Vec<Box<dyn Backend>> = vec![Box::new(Reference), Box::new(Faulty)];
+    let report = report::run_on(&backends, vec![], &config(vec![]), |_| {}).expect("report");
+    assert!(!report.passed);
+    let bad_casts: Vec<_> = report
+        .casts
+        .iter()
+        .filter(|c| c.mismatches > 0)
+        .map(|c| c.op.clone())
+        .collect();
+    assert_eq!(bad_casts, vec!["encode e5m2 (saturating)".to_string()]);
+    let bad: Vec<_> = report
+        .matmuls
+        .iter()
+        .filter(|m| m.contract_breaks > 0)
+        .map(|m| (m.algorithm.clone(), m.family.clone()))
+        .collect();
+    assert!(
+        bad.iter().all(|(a, _)| a == "bf16x3" || a == "f32"),
+        "{bad:?}"
+    );
+    assert!(
+        bad.contains(&("bf16x3".to_string(), "normal".to_string())),
+        "{bad:?}"
+    );
+    assert!(
+        bad.contains(&("f32".to_string(), "non-finite".to_string())),
+        "{bad:?}"
+    );
+    assert!(report::render_html(&report).contains("FAILED"));
+}
