@@ -19,6 +19,7 @@ pub mod measure;
 pub mod npy;
 pub mod policy;
 pub mod report;
+pub mod train;
 
 pub use algorithm::{Algorithm, MatmulShape, Scaling};
 pub use backend::{Backend, BackendChoice, BackendKind};

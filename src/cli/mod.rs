@@ -7,6 +7,7 @@ mod info;
 mod matmul;
 mod report;
 pub mod table;
+mod train;
 
 use crate::error::Error;
 use clap::{Parser, Subcommand};
@@ -45,6 +46,11 @@ enum Command {
     /// bit-exact casts, throughput. Writes report.json and report.html; exits 3 if any backend
     /// breaks the numerics contract.
     Report(report::Args),
+    /// Trains the char-level GPT under one or more precision presets; writes a JSON log, a
+    /// loss chart (SVG) and safetensors checkpoints.
+    Train(train::TrainArgs),
+    /// Generates text from a checkpoint written by `mantissa train`.
+    Sample(train::SampleArgs),
 }
 
 /// Runs the tool and returns the process exit code: 0 on success, 2 for bad input (unknown
@@ -59,6 +65,8 @@ pub fn main() -> i32 {
         Command::Matmul(a) => matmul::run(a).map(|_| 0),
         Command::Bench(a) => bench::run(a).map(|_| 0),
         Command::Report(a) => report::run(a),
+        Command::Train(a) => train::train(a).map(|_| 0),
+        Command::Sample(a) => train::sample(a).map(|_| 0),
     };
     match result {
         Ok(code) => code,

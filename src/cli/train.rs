@@ -1,0 +1,402 @@
+//! `mantissa train` and `mantissa sample`.
+
+use super::parse_list;
+use crate::algorithm::Algorithm;
+use crate::backend::{self, BackendChoice};
+use crate::error::{Error, Result};
+use crate::policy::{PrecisionClass, Preset};
+use crate::train::{Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer, ops::AdamW};
+use plotters::prelude::*;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  mantissa train --config tiny --precision 32-true,16-mixed,bf16-mixed --steps 300\n  \
+    mantissa train --config small --precision bf16-mixed --steps 2000 --backend wgpu --checkpoint-every 500\n  \
+    mantissa train --config tiny --precision 16-mixed --steps 600 --resume runs/16-mixed.safetensors"
+)]
+pub struct TrainArgs {
+    /// Model size: tiny (CI-sized) or small (nanoGPT shakespeare-char, 10.8M parameters).
+    #[arg(long, default_value = "tiny")]
+    config: String,
+    /// Presets, comma-separated, run one after the other: 32-true, 16-mixed, bf16-mixed,
+    /// 16-true, bf16-true, transformer-engine.
+    #[arg(long, default_value = "32-true")]
+    precision: String,
+    /// Optimizer steps per preset (a resumed run continues up to this step).
+    #[arg(long, default_value_t = 300)]
+    steps: u32,
+    /// auto, reference or wgpu.
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    /// highest, high or medium: the f32 matmul precision class (32-true's matmuls).
+    #[arg(long, default_value = "highest")]
+    matmul_precision: String,
+    /// Pin the algorithm of every matmul-like op (e.g. bf16x3), whatever the preset says.
+    #[arg(long)]
+    algorithm: Option<String>,
+    /// fp8 scaling of transformer-engine: delayed (amax history) or current.
+    #[arg(long, default_value = "delayed")]
+    fp8_scaling: String,
+    /// Autocast overrides, e.g. softmax=bf16,layer_norm=bf16.
+    #[arg(long, default_value = "")]
+    autocast_override: String,
+    /// Steps between log lines with a validation loss.
+    #[arg(long, default_value_t = 50)]
+    eval_interval: u32,
+    /// Validation batches per evaluation.
+    #[arg(long, default_value_t = 4)]
+    eval_batches: usize,
+    #[arg(long, default_value_t = 1337)]
+    seed: u64,
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f32,
+    /// The training text.
+    #[arg(long, default_value = "data/shakespeare.txt")]
+    corpus: PathBuf,
+    /// Where the log (train.json), the loss chart (loss.svg) and checkpoints go.
+    #[arg(long, default_value = "runs")]
+    out: PathBuf,
+    /// Save a checkpoint (OUT/PRESET.safetensors) every N steps and at the end; 0: only at the end.
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: u32,
+    /// Resume from a checkpoint (one preset only).
+    #[arg(long)]
+    resume: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct SampleArgs {
+    /// A checkpoint written by `mantissa train`.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Text to continue.
+    #[arg(long, default_value = "\n")]
+    prompt: String,
+    /// Characters to generate.
+    #[arg(long, default_value_t = 300)]
+    tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    #[arg(long, default_value = "data/shakespeare.txt")]
+    corpus: PathBuf,
+    #[arg(long, default_value = "reference")]
+    backend: String,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+/// One preset's run, as the JSON log holds it.
+#[derive(serde::Serialize)]
+struct Run {
+    preset: String,
+    backend: String,
+    matmul_algorithm: String,
+    config: GptConfig,
+    parameters: usize,
+    steps: Vec<StepRecord>,
+    /// (step, validation loss)
+    val: Vec<(u32, f64)>,
+    stopped: Option<String>,
+    unigram_entropy: f64,
+}
+
+pub fn train(args: TrainArgs) -> Result<()> {
+    let presets: Vec<Preset> = parse_list(&args.precision)?;
+    if presets.is_empty() {
+        return Err(Error::invalid("arguments", "--precision names no preset"));
+    }
+    if args.resume.is_some() && presets.len() != 1 {
+        return Err(Error::invalid(
+            "arguments",
+            "--resume continues one preset; name exactly one in --precision",
+        ));
+    }
+    let class: PrecisionClass = args.matmul_precision.parse()?;
+    let algorithm: Option<Algorithm> = args.algorithm.as_deref().map(str::parse).transpose()?;
+    let fp8_current = match args.fp8_scaling.as_str() {
+        "delayed" => false,
+        "current" => true,
+        other => {
+            return Err(Error::UnknownName {
+                kind: "fp8 scaling",
+                given: other.into(),
+                valid: vec!["delayed".into(), "current".into()],
+            });
+        }
+    };
+    let corpus = Corpus::load(&args.corpus)?;
+    let config = GptConfig::named(&args.config, corpus.vocab.len())?;
+    let backend = backend::open(args.backend.parse::<BackendChoice>()?)?;
+    std::fs::create_dir_all(&args.out).map_err(|e| Error::file(&args.out, e))?;
+    // Validate the checkpoint before anything runs or is written.
+    let resume = match &args.resume {
+        Some(path) => Some(Checkpoint::load(path, &config, &corpus.vocab)?),
+        None => None,
+    };
+    println!(
+        "training {} ({} parameters, context {}, batch {}) on {}; unigram entropy {:.3}",
+        config.name,
+        config.parameter_count(),
+        config.block_size,
+        config.batch_size,
+        backend.device_name(),
+        corpus.unigram_entropy()
+    );
+    let mut runs = Vec::new();
+    let mut resume = resume;
+    for preset in presets {
+        let options = TrainOptions {
+            config: config.clone(),
+            preset,
+            matmul_precision: class,
+            algorithm,
+            fp8_current,
+            autocast_overrides: args.autocast_override.clone(),
+            seed: args.seed,
+            adamw: AdamW {
+                lr: args.lr,
+                ..AdamW::default()
+            },
+            grad_clip: 1.0,
+        };
+        let mut trainer = Trainer::new(backend.as_ref(), &corpus, options)?;
+        if let Some(ck) = resume.take() {
+            ck.restore(&mut trainer)?;
+            println!("resumed {preset} at step {}", trainer.step);
+        }
+        println!(
+            "-- {preset}: matmuls {} (compute {}), {}",
+            trainer.precision.matmul,
+            trainer.precision.compute,
+            describe(&trainer)
+        );
+        let mut run = Run {
+            preset: preset.to_string(),
+            backend: backend.name(),
+            matmul_algorithm: trainer.precision.matmul.to_string(),
+            config: config.clone(),
+            parameters: config.parameter_count(),
+            steps: vec![],
+            val: vec![],
+            stopped: None,
+            unigram_entropy: corpus.unigram_entropy(),
+        };
+        let bar = indicatif::ProgressBar::new(args.steps as u64);
+        bar.set_style(
+            indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        bar.set_position(trainer.step as u64);
+        let checkpoint = args.out.join(format!("{preset}.safetensors"));
+        while trainer.step < args.steps {
+            let record = match trainer.step() {
+                Ok(r) => r,
+                Err(e) => {
+                    bar.abandon();
+                    println!("stopped: {e}");
+                    run.stopped = Some(e.to_string());
+                    break;
+                }
+            };
+            bar.set_position(record.step as u64);
+            bar.set_message(format!("loss {:.4}", record.loss));
+            let step = record.step;
+            run.steps.push(record.clone());
+            if step % args.eval_interval.max(1) == 0 || step == args.steps || step == 1 {
+                let val = trainer.evaluate(args.eval_batches)?;
+                run.val.push((step, val));
+                bar.suspend(|| println!("{}", log_line(&record, val)));
+            }
+            if args.checkpoint_every > 0 && step % args.checkpoint_every == 0 {
+                Checkpoint::save(&trainer, &checkpoint)?;
+            }
+        }
+        bar.finish_and_clear();
+        if run.stopped.is_none() {
+            Checkpoint::save(&trainer, &checkpoint)?;
+            println!("saved {}", checkpoint.display());
+        }
+        runs.push(run);
+    }
+    let summary: Vec<String> = runs
+        .iter()
+        .map(|r| match (r.stopped.as_ref(), r.val.last()) {
+            (Some(_), _) => format!("{}: stopped at step {}", r.preset, r.steps.len()),
+            (None, Some((s, v))) => format!("{}: val loss {v:.4} at step {s}", r.preset),
+            (None, None) => format!("{}: no steps", r.preset),
+        })
+        .collect();
+    println!("{}", summary.join("; "));
+    let log = args.out.join("train.json");
+    std::fs::write(
+        &log,
+        serde_json::to_string_pretty(&runs).map_err(|e| Error::invalid("json", e.to_string()))?,
+    )
+    .map_err(|e| Error::file(&log, e))?;
+    let chart = args.out.join("loss.svg");
+    std::fs::write(
+        &chart,
+        loss_chart(&runs).map_err(|e| Error::invalid("chart", e))?,
+    )
+    .map_err(|e| Error::file(&chart, e))?;
+    println!("wrote {} and {}", log.display(), chart.display());
+    Ok(())
+}
+
+fn describe(t: &Trainer) -> String {
+    let s = &t.spec;
+    let mut parts = vec![format!("weights {}", s.params)];
+    if s.master_weights {
+        parts.push("f32 master weights".into());
+    }
+    if let Some(l) = &s.loss_scaling {
+        parts.push(format!("loss scale {} (GradScaler)", l.init_scale));
+    }
+    if s.fp8.is_some() {
+        parts.push(if t.options.fp8_current {
+            "fp8 linears, current scaling".into()
+        } else {
+            "fp8 linears, delayed scaling".into()
+        });
+    }
+    parts.join(", ")
+}
+
+/// nanoGPT-style: "step 100: loss 2.7370, val loss 2.7512, dt 95.20ms, 5.38k tok/s, scale 65536".
+fn log_line(r: &StepRecord, val: f64) -> String {
+    let mut line = format!(
+        "step {:>5}: loss {:.4}, val loss {:.4}, dt {:.2}ms, {:.2}k tok/s",
+        r.step,
+        r.loss,
+        val,
+        r.dt_ms,
+        r.tokens_per_s / 1e3
+    );
+    if let Some(s) = r.loss_scale {
+        line.push_str(&format!(", scale {s}"));
+    }
+    if r.skipped {
+        line.push_str(" (skipped: inf/NaN gradient)");
+    }
+    line
+}
+
+/// Training loss per step (lines) and validation loss (points), one color per preset.
+fn loss_chart(runs: &[Run]) -> std::result::Result<String, String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (900, 500)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let max_step = runs
+            .iter()
+            .flat_map(|r| r.steps.last().map(|s| s.step))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let finite = |x: f64| x.is_finite() && x < 10.0;
+        let losses = runs
+            .iter()
+            .flat_map(|r| r.steps.iter().map(|s| s.loss))
+            .filter(|l| finite(*l));
+        let (lo, hi) = losses.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), l| {
+            (lo.min(l), hi.max(l))
+        });
+        let (lo, hi) = if lo.is_finite() {
+            (lo.floor().max(0.0), hi.ceil())
+        } else {
+            (0.0, 5.0)
+        };
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "training loss by precision preset (lines: train, dots: validation)",
+                ("sans-serif", 18),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(0u32..max_step, lo..hi.max(lo + 0.5))
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc("loss (nats)")
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (i, r) in runs.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let pts: Vec<(u32, f64)> = r
+                .steps
+                .iter()
+                .filter(|s| finite(s.loss))
+                .map(|s| (s.step, s.loss))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts, color.stroke_width(1)))
+                .map_err(|e| e.to_string())?
+                .label(r.preset.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(3))
+                });
+            chart
+                .draw_series(
+                    r.val
+                        .iter()
+                        .filter(|(_, v)| finite(*v))
+                        .map(|&(s, v)| Circle::new((s, v), 4, color.filled())),
+                )
+                .map_err(|e| e.to_string())?;
+        }
+        chart
+            .configure_series_labels()
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.9))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
+}
+
+pub fn sample(args: SampleArgs) -> Result<()> {
+    let corpus = Corpus::load(&args.corpus)?;
+    let bytes = std::fs::read(&args.checkpoint).map_err(|e| Error::file(&args.checkpoint, e))?;
+    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| {
+        Error::file(
+            &args.checkpoint,
+            format!("not a usable checkpoint: corrupt or truncated ({e})"),
+        )
+    })?;
+    let meta: crate::train::checkpoint::CheckpointMeta = header
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get("mantissa"))
+        .and_then(|j| serde_json::from_str(j).ok())
+        .ok_or_else(|| {
+            Error::file(
+                &args.checkpoint,
+                "not a usable checkpoint: no mantissa metadata",
+            )
+        })?;
+    let config = GptConfig::named(&meta.config, corpus.vocab.len())?;
+    let ck = Checkpoint::load(&args.checkpoint, &config, &corpus.vocab)?;
+    let preset: Preset = ck.meta.preset.parse()?;
+    let backend = backend::open(args.backend.parse::<BackendChoice>()?)?;
+    let options = TrainOptions {
+        config,
+        preset,
+        matmul_precision: PrecisionClass::Highest,
+        algorithm: None,
+        fp8_current: true,
+        autocast_overrides: String::new(),
+        seed: meta.seed,
+        adamw: AdamW::default(),
+        grad_clip: 1.0,
+    };
+    let mut trainer = Trainer::new(backend.as_ref(), &corpus, options)?;
+    ck.restore(&mut trainer)?;
+    let text = trainer.sample(&args.prompt, args.tokens, args.temperature, args.seed)?;
+    println!("{}{}", args.prompt, text);
+    Ok(())
+}

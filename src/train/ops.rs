@@ -1,0 +1,346 @@
+//! The training ops besides matmul, forward and backward, as the host reference defines them.
+//!
+//! Each backward rule sits beside its forward op. The ops are generic over the float type so
+//! that tests check every gradient with finite differences in f64; training runs them in f32
+//! (accumulating reductions in f64). Shapes are row-major; `rows x c` means `rows` vectors of
+//! length `c`.
+
+use crate::format::{Format, Overflow};
+use num_traits::Float;
+
+fn cast<T: Float>(x: f64) -> T {
+    T::from(x).unwrap_or_else(T::nan)
+}
+
+fn f64_of<T: Float>(x: T) -> f64 {
+    x.to_f64().unwrap_or(f64::NAN)
+}
+
+/// Layer norm over each row of length `c` (eps 1e-5): y = (x - mean) * rstd * g + b.
+/// Returns y and the per-row mean and rstd the backward pass needs.
+pub fn layernorm_fwd<T: Float>(x: &[T], g: &[T], b: &[T], c: usize) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let rows = x.len() / c;
+    let mut y = vec![T::zero(); x.len()];
+    let (mut means, mut rstds) = (Vec::with_capacity(rows), Vec::with_capacity(rows));
+    for r in 0..rows {
+        let xr = &x[r * c..(r + 1) * c];
+        let mean = xr.iter().map(|&v| f64_of(v)).sum::<f64>() / c as f64;
+        let var = xr.iter().map(|&v| (f64_of(v) - mean).powi(2)).sum::<f64>() / c as f64;
+        let rstd = 1.0 / (var + 1e-5).sqrt();
+        for i in 0..c {
+            y[r * c + i] = cast::<T>((f64_of(xr[i]) - mean) * rstd) * g[i] + b[i];
+        }
+        means.push(cast(mean));
+        rstds.push(cast(rstd));
+    }
+    (y, means, rstds)
+}
+
+/// Layer norm backward: (dx, dg, db).
+pub fn layernorm_bwd<T: Float>(
+    dy: &[T],
+    x: &[T],
+    g: &[T],
+    mean: &[T],
+    rstd: &[T],
+    c: usize,
+) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let rows = x.len() / c;
+    let mut dx = vec![T::zero(); x.len()];
+    let mut dg = vec![0f64; c];
+    let mut db = vec![0f64; c];
+    for r in 0..rows {
+        let (m, s) = (f64_of(mean[r]), f64_of(rstd[r]));
+        let mut sum_dxhat = 0f64;
+        let mut sum_dxhat_xhat = 0f64;
+        for i in 0..c {
+            let xhat = (f64_of(x[r * c + i]) - m) * s;
+            let d = f64_of(dy[r * c + i]);
+            let dxhat = d * f64_of(g[i]);
+            sum_dxhat += dxhat;
+            sum_dxhat_xhat += dxhat * xhat;
+            dg[i] += d * xhat;
+            db[i] += d;
+        }
+        for i in 0..c {
+            let xhat = (f64_of(x[r * c + i]) - m) * s;
+            let dxhat = f64_of(dy[r * c + i]) * f64_of(g[i]);
+            dx[r * c + i] =
+                cast(s * (dxhat - sum_dxhat / c as f64 - xhat * sum_dxhat_xhat / c as f64));
+        }
+    }
+    (
+        dx,
+        dg.into_iter().map(cast).collect(),
+        db.into_iter().map(cast).collect(),
+    )
+}
+
+const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+
+/// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+pub fn gelu_fwd<T: Float>(x: &[T]) -> Vec<T> {
+    x.iter()
+        .map(|&v| {
+            let v = f64_of(v);
+            cast(0.5 * v * (1.0 + (SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)).tanh()))
+        })
+        .collect()
+}
+
+pub fn gelu_bwd<T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
+    x.iter()
+        .zip(dy)
+        .map(|(&v, &d)| {
+            let v = f64_of(v);
+            let u = SQRT_2_OVER_PI * (v + 0.044715 * v * v * v);
+            let t = u.tanh();
+            let du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * v * v);
+            cast(f64_of(d) * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du))
+        })
+        .collect()
+}
+
+/// Causal softmax of `scale * scores` over `heads` blocks of t x t scores: row i attends to
+/// columns 0..=i; the masked probabilities are 0.
+pub fn causal_softmax_fwd<T: Float>(scores: &[T], t: usize, scale: f64) -> Vec<T> {
+    let mut p = vec![T::zero(); scores.len()];
+    for (row, out) in p.chunks_mut(t).enumerate() {
+        let i = row % t;
+        let s = &scores[row * t..row * t + i + 1];
+        let max = s
+            .iter()
+            .map(|&v| f64_of(v) * scale)
+            .fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|&v| (f64_of(v) * scale - max).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        for (j, ej) in e.iter().enumerate() {
+            out[j] = cast(ej / sum);
+        }
+    }
+    p
+}
+
+/// Backward of `causal_softmax_fwd` with respect to the (unscaled) scores.
+pub fn causal_softmax_bwd<T: Float>(p: &[T], dp: &[T], t: usize, scale: f64) -> Vec<T> {
+    let mut ds = vec![T::zero(); p.len()];
+    for (row, out) in ds.chunks_mut(t).enumerate() {
+        let i = row % t;
+        let (pr, dr) = (&p[row * t..row * t + i + 1], &dp[row * t..row * t + i + 1]);
+        let dot: f64 = pr
+            .iter()
+            .zip(dr)
+            .map(|(&a, &b)| f64_of(a) * f64_of(b))
+            .sum();
+        for j in 0..=i {
+            out[j] = cast(scale * f64_of(pr[j]) * (f64_of(dr[j]) - dot));
+        }
+    }
+    ds
+}
+
+/// Mean softmax cross-entropy of `rows x v` logits against `targets`; returns the loss and the
+/// probabilities the backward pass needs.
+pub fn cross_entropy_fwd<T: Float>(logits: &[T], targets: &[u32], v: usize) -> (f64, Vec<T>) {
+    let mut probs = vec![T::zero(); logits.len()];
+    let mut loss = 0f64;
+    for (r, &target) in targets.iter().enumerate() {
+        let l = &logits[r * v..(r + 1) * v];
+        let max = l
+            .iter()
+            .map(|&x| f64_of(x))
+            .fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = l.iter().map(|&x| (f64_of(x) - max).exp()).sum();
+        for i in 0..v {
+            probs[r * v + i] = cast((f64_of(l[i]) - max).exp() / sum);
+        }
+        loss += sum.ln() + max - f64_of(l[target as usize]);
+    }
+    (loss / targets.len() as f64, probs)
+}
+
+/// d(mean loss * dloss)/dlogits = (probs - onehot(target)) * dloss / rows.
+pub fn cross_entropy_bwd<T: Float>(probs: &[T], targets: &[u32], v: usize, dloss: f64) -> Vec<T> {
+    let n = targets.len() as f64;
+    let mut d: Vec<T> = probs.iter().map(|&p| cast(f64_of(p) * dloss / n)).collect();
+    for (r, &target) in targets.iter().enumerate() {
+        let i = r * v + target as usize;
+        d[i] = cast(f64_of(d[i]) - dloss / n);
+    }
+    d
+}
+
+/// Rows of `table` (vocab x c) gathered by `ids`.
+pub fn embedding_fwd<T: Float>(table: &[T], ids: &[u32], c: usize) -> Vec<T> {
+    ids.iter()
+        .flat_map(|&id| {
+            table[id as usize * c..(id as usize + 1) * c]
+                .iter()
+                .copied()
+        })
+        .collect()
+}
+
+/// Scatter-add of `dout` rows into a `rows x c` gradient table.
+pub fn embedding_bwd<T: Float>(dout: &[T], ids: &[u32], rows: usize, c: usize) -> Vec<T> {
+    let mut d = vec![0f64; rows * c];
+    for (r, &id) in ids.iter().enumerate() {
+        for i in 0..c {
+            d[id as usize * c + i] += f64_of(dout[r * c + i]);
+        }
+    }
+    d.into_iter().map(cast).collect()
+}
+
+/// Adds the bias `b` (length c) to every row of x.
+pub fn add_bias<T: Float>(x: &mut [T], b: &[T]) {
+    let c = b.len();
+    for row in x.chunks_mut(c) {
+        for (v, &bi) in row.iter_mut().zip(b) {
+            *v = *v + bi;
+        }
+    }
+}
+
+/// Column sums of a `rows x c` matrix (the bias gradient).
+pub fn column_sums<T: Float>(x: &[T], c: usize) -> Vec<T> {
+    let mut s = vec![0f64; c];
+    for row in x.chunks(c) {
+        for (acc, &v) in s.iter_mut().zip(row) {
+            *acc += f64_of(v);
+        }
+    }
+    s.into_iter().map(cast).collect()
+}
+
+/// (B, T, 3C) -> q, k, v as (B, H, T, D) each, D = C / H.
+pub fn split_heads(qkv: &[f32], b: usize, t: usize, h: usize, d: usize) -> [Vec<f32>; 3] {
+    let c = h * d;
+    let mut out = [
+        vec![0f32; b * t * c],
+        vec![0f32; b * t * c],
+        vec![0f32; b * t * c],
+    ];
+    for bi in 0..b {
+        for ti in 0..t {
+            for (part, o) in out.iter_mut().enumerate() {
+                for hi in 0..h {
+                    let src = (bi * t + ti) * 3 * c + part * c + hi * d;
+                    let dst = ((bi * h + hi) * t + ti) * d;
+                    o[dst..dst + d].copy_from_slice(&qkv[src..src + d]);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The inverse of `split_heads` (and the backward of it): q, k, v (B, H, T, D) -> (B, T, 3C).
+pub fn merge_qkv(parts: [&[f32]; 3], b: usize, t: usize, h: usize, d: usize) -> Vec<f32> {
+    let c = h * d;
+    let mut out = vec![0f32; b * t * 3 * c];
+    for bi in 0..b {
+        for ti in 0..t {
+            for (part, p) in parts.iter().enumerate() {
+                for hi in 0..h {
+                    let dst = (bi * t + ti) * 3 * c + part * c + hi * d;
+                    let src = ((bi * h + hi) * t + ti) * d;
+                    out[dst..dst + d].copy_from_slice(&p[src..src + d]);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// (B, H, T, D) -> (B, T, C); `heads_to_rows(x)` and `rows_to_heads(x)` are each other's inverse
+/// (and backward).
+pub fn heads_to_rows(x: &[f32], b: usize, t: usize, h: usize, d: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for bi in 0..b {
+        for hi in 0..h {
+            for ti in 0..t {
+                let src = ((bi * h + hi) * t + ti) * d;
+                let dst = (bi * t + ti) * h * d + hi * d;
+                out[dst..dst + d].copy_from_slice(&x[src..src + d]);
+            }
+        }
+    }
+    out
+}
+
+pub fn rows_to_heads(x: &[f32], b: usize, t: usize, h: usize, d: usize) -> Vec<f32> {
+    let mut out = vec![0f32; x.len()];
+    for bi in 0..b {
+        for hi in 0..h {
+            for ti in 0..t {
+                let dst = ((bi * h + hi) * t + ti) * d;
+                let src = (bi * t + ti) * h * d + hi * d;
+                out[dst..dst + d].copy_from_slice(&x[src..src + d]);
+            }
+        }
+    }
+    out
+}
+
+/// Rounds values to `format` in place (autocast: a tensor held in a narrower format). f32 is a
+/// no-op.
+pub fn round_to(x: &mut [f32], format: Format) {
+    if format != Format::F32 {
+        for v in x.iter_mut() {
+            *v = format.round(*v, Overflow::Standard);
+        }
+    }
+}
+
+/// AdamW hyper-parameters.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct AdamW {
+    pub lr: f32,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+}
+
+impl Default for AdamW {
+    /// nanoGPT's shakespeare-char settings.
+    fn default() -> Self {
+        AdamW {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        }
+    }
+}
+
+impl AdamW {
+    /// One AdamW update with bias correction at step `t` (1-based); `decay` applies weight decay
+    /// (decoupled, as torch.optim.AdamW) to this tensor.
+    pub fn step(
+        &self,
+        p: &mut [f32],
+        g: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        t: u32,
+        decay: bool,
+    ) {
+        let bc1 = 1.0 - (self.beta1 as f64).powi(t as i32);
+        let bc2 = 1.0 - (self.beta2 as f64).powi(t as i32);
+        let step = self.lr as f64 / bc1;
+        let wd = if decay {
+            self.lr * self.weight_decay
+        } else {
+            0.0
+        };
+        for i in 0..p.len() {
+            m[i] = self.beta1 * m[i] + (1.0 - self.beta1) * g[i];
+            v[i] = self.beta2 * v[i] + (1.0 - self.beta2) * g[i] * g[i];
+            let denom = (v[i] as f64 / bc2).sqrt() + self.eps as f64;
+            p[i] = (p[i] as f64 * (1.0 - wd as f64) - step * m[i] as f64 / denom) as f32;
+        }
+    }
+}

@@ -1,0 +1,362 @@
+//! The training executor: every op's gradient against finite differences in f64, the model's
+//! gradient against a directional derivative, and the training loop's promises (loss falls
+//! below the unigram entropy, GradScaler skips and backs off, fp8 histories update, resuming
+//! reproduces the uninterrupted run, bad checkpoints are refused).
+
+use mantissa::backend::Reference;
+use mantissa::measure;
+use mantissa::policy::{PrecisionClass, Preset};
+use mantissa::train::model::Fp8Mode;
+use mantissa::train::ops;
+use mantissa::train::*;
+
+/// Checks d(sum(w . f(x)))/dx from `backward` against central differences of `forward`, in f64.
+fn grad_check(
+    name: &str,
+    x: &[f64],
+    forward: impl Fn(&[f64]) -> Vec<f64>,
+    backward: impl Fn(&[f64], &[f64]) -> Vec<f64>,
+) {
+    let out = forward(x);
+    let w: Vec<f64> = measure::normal(out.len(), 99)
+        .iter()
+        .map(|&v| v as f64)
+        .collect();
+    let analytic = backward(x, &w);
+    let h = 1e-6;
+    for i in 0..x.len() {
+        let (mut xp, mut xm) = (x.to_vec(), x.to_vec());
+        xp[i] += h;
+        xm[i] -= h;
+        let fp: f64 = forward(&xp).iter().zip(&w).map(|(a, b)| a * b).sum();
+        let fm: f64 = forward(&xm).iter().zip(&w).map(|(a, b)| a * b).sum();
+        let numeric = (fp - fm) / (2.0 * h);
+        assert!(
+            (numeric - analytic[i]).abs() <= 1e-6 * (1.0 + numeric.abs()),
+            "{name}[{i}]: analytic {} numeric {numeric}",
+            analytic[i]
+        );
+    }
+}
+
+fn randn(n: usize, seed: u64) -> Vec<f64> {
+    measure::normal(n, seed)
+        .into_iter()
+        .map(|v| v as f64)
+        .collect()
+}
+
+#[test]
+fn op_gradients_match_finite_differences() {
+    let c = 5;
+    let (g, b) = (randn(c, 1), randn(c, 2));
+    let x = randn(3 * c, 3);
+    grad_check(
+        "layernorm dx",
+        &x,
+        |x| ops::layernorm_fwd(x, &g, &b, c).0,
+        |x, dy| {
+            let (_, m, r) = ops::layernorm_fwd(x, &g, &b, c);
+            ops::layernorm_bwd(dy, x, &g, &m, &r, c).0
+        },
+    );
+    grad_check(
+        "layernorm dg",
+        &g,
+        |g| ops::layernorm_fwd(&x, g, &b, c).0,
+        |g, dy| {
+            let (_, m, r) = ops::layernorm_fwd(&x, g, &b, c);
+            ops::layernorm_bwd(dy, &x, g, &m, &r, c).1
+        },
+    );
+    grad_check(
+        "layernorm db",
+        &b,
+        |b| ops::layernorm_fwd(&x, &g, b, c).0,
+        |b, dy| {
+            let (_, m, r) = ops::layernorm_fwd(&x, &g, b, c);
+            ops::layernorm_bwd(dy, &x, &g, &m, &r, c).2
+        },
+    );
+    grad_check("gelu", &randn(20, 4), ops::gelu_fwd, ops::gelu_bwd);
+    let t = 4;
+    grad_check(
+        "causal softmax",
+        &randn(2 * t * t, 5),
+        |s| ops::causal_softmax_fwd(s, t, 0.7),
+        |s, dp| ops::causal_softmax_bwd(&ops::causal_softmax_fwd(s, t, 0.7), dp, t, 0.7),
+    );
+    let targets = [2u32, 0, 4];
+    grad_check(
+        "cross entropy",
+        &randn(15, 6),
+        |l| vec![ops::cross_entropy_fwd(l, &targets, 5).0],
+        |l, dl| {
+            ops::cross_entropy_bwd(
+                &ops::cross_entropy_fwd(l, &targets, 5).1,
+                &targets,
+                5,
+                dl[0],
+            )
+        },
+    );
+    let ids = [1u32, 3, 1];
+    grad_check(
+        "embedding",
+        &randn(4 * 2, 7),
+        |tab| ops::embedding_fwd(tab, &ids, 2),
+        |_, d| ops::embedding_bwd(d, &ids, 4, 2),
+    );
+    grad_check(
+        "bias",
+        &randn(3, 8),
+        |b| {
+            let mut y = vec![0.5; 6];
+            ops::add_bias(&mut y, b);
+            y
+        },
+        |_, d| ops::column_sums(d, 3),
+    );
+}
+
+#[test]
+fn head_permutations_are_inverses() {
+    let (b, t, h, d) = (2, 3, 2, 4);
+    let qkv: Vec<f32> = (0..b * t * 3 * h * d).map(|i| i as f32).collect();
+    let [q, k, v] = ops::split_heads(&qkv, b, t, h, d);
+    assert_eq!(ops::merge_qkv([&q, &k, &v], b, t, h, d), qkv);
+    let rows = ops::heads_to_rows(&q, b, t, h, d);
+    assert_eq!(ops::rows_to_heads(&rows, b, t, h, d), q);
+    // q of batch 1, head 1, time 2 is qkv row (1, 2), columns h*d + d .. of the q part.
+    let row = (t + 2) * 3 * h * d;
+    assert_eq!(
+        &q[((h + 1) * t + 2) * d..((h + 1) * t + 3) * d],
+        &qkv[row + d..row + 2 * d]
+    );
+}
+
+fn corpus() -> Corpus {
+    Corpus::load(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/data/shakespeare.txt"
+    )))
+    .expect("corpus")
+}
+
+fn options(corpus: &Corpus, preset: Preset, seed: u64) -> TrainOptions {
+    TrainOptions {
+        config: GptConfig::named("tiny", corpus.vocab.len()).unwrap(),
+        preset,
+        matmul_precision: PrecisionClass::Highest,
+        algorithm: None,
+        fp8_current: false,
+        autocast_overrides: String::new(),
+        seed,
+        adamw: ops::AdamW::default(),
+        grad_clip: 1.0,
+    }
+}
+
+#[test]
+fn model_gradient_matches_a_directional_derivative() {
+    let corpus = corpus();
+    let mut o = options(&corpus, Preset::True32, 3);
+    o.config.n_embd = 16;
+    o.config.block_size = 8;
+    o.config.batch_size = 2;
+    let t = Trainer::new(&Reference, &corpus, o).unwrap();
+    let (ids, targets) = corpus.batch(false, 2, 8, 3, 0).unwrap();
+    let mut p = t.precision.clone();
+    let out = t
+        .gpt
+        .run(&t.params, &ids, &targets, &mut p, 1.0, Pass::Backward)
+        .unwrap();
+    let grads = out.grads.unwrap();
+    let dir: Vec<Vec<f32>> = t
+        .params
+        .iter()
+        .enumerate()
+        .map(|(i, q)| measure::normal(q.len(), 50 + i as u64))
+        .collect();
+    let along: f64 = grads
+        .iter()
+        .zip(&dir)
+        .flat_map(|(g, d)| g.iter().zip(d))
+        .map(|(g, d)| *g as f64 * *d as f64)
+        .sum();
+    let eps = 1e-3f32;
+    let shifted = |s: f32| -> f64 {
+        let q: Vec<Vec<f32>> = t
+            .params
+            .iter()
+            .zip(&dir)
+            .map(|(w, d)| w.iter().zip(d).map(|(w, d)| w + s * d).collect())
+            .collect();
+        t.gpt
+            .run(&q, &ids, &targets, &mut p.clone(), 1.0, Pass::Loss)
+            .unwrap()
+            .loss
+    };
+    let numeric = (shifted(eps) - shifted(-eps)) / (2.0 * eps as f64);
+    assert!(
+        (numeric - along).abs() < 2e-2 * along.abs().max(1e-2),
+        "directional derivative {numeric}, gradient gives {along}"
+    );
+}
+
+#[test]
+fn loss_falls_below_the_unigram_entropy() {
+    let corpus = corpus();
+    let entropy = corpus.unigram_entropy();
+    for preset in [Preset::True32, Preset::Mixed16, Preset::MixedBf16] {
+        let mut t = Trainer::new(&Reference, &corpus, options(&corpus, preset, 11)).unwrap();
+        for _ in 0..120 {
+            t.step().unwrap();
+        }
+        let val = t.evaluate(2).unwrap();
+        assert!(
+            val < entropy - 0.4,
+            "{preset}: validation loss {val:.3} after 120 steps, unigram entropy {entropy:.3}"
+        );
+    }
+}
+
+#[test]
+fn an_inf_gradient_skips_the_step_and_halves_the_scale() {
+    let corpus = corpus();
+    let mut t = Trainer::new(&Reference, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
+    t.step().unwrap();
+    let (params, m, v, applied) = (
+        t.params.clone(),
+        t.adam_m.clone(),
+        t.adam_v.clone(),
+        t.applied,
+    );
+    let scale = t.scaler.unwrap().scale;
+    let r = t.step_with(|g| g[3][0] = f32::INFINITY).unwrap();
+    assert!(r.skipped);
+    assert_eq!(t.scaler.unwrap().scale, scale / 2.0);
+    assert_eq!(
+        (&t.params, &t.adam_m, &t.adam_v, t.applied),
+        (&params, &m, &v, applied),
+        "weights and optimizer state untouched"
+    );
+    let r = t.step().unwrap();
+    assert!(!r.skipped);
+    assert_ne!(t.params, params);
+}
+
+#[test]
+fn a_nan_without_loss_scaling_stops_with_the_step_and_a_suggestion() {
+    let corpus = corpus();
+    let mut t = Trainer::new(&Reference, &corpus, options(&corpus, Preset::True32, 5)).unwrap();
+    let err = t.step_with(|g| g[0][0] = f32::NAN).unwrap_err().to_string();
+    assert!(
+        err.contains("step 1") && err.contains("32-true") && err.contains("16-mixed"),
+        "{err}"
+    );
+}
+
+#[test]
+fn fp8_delayed_scaling_records_amax_histories() {
+    let corpus = corpus();
+    let mut t = Trainer::new(
+        &Reference,
+        &corpus,
+        options(&corpus, Preset::TransformerEngine, 5),
+    )
+    .unwrap();
+    for _ in 0..3 {
+        t.step().unwrap();
+    }
+    let Some(Fp8Mode::Delayed(states)) = &t.precision.fp8 else {
+        panic!("transformer-engine uses delayed scaling")
+    };
+    assert_eq!(states.len(), 4 * t.gpt.config.n_layer);
+    for s in states {
+        assert_eq!(
+            (
+                s.input.history.len(),
+                s.weight.history.len(),
+                s.grad.history.len()
+            ),
+            (3, 3, 3)
+        );
+        let amax = s.input.history.iter().copied().fold(0.0, f32::max);
+        assert_eq!(s.input.scale, 448.0 / amax, "s = FMAX / max(history)");
+        assert_eq!(s.grad.format, mantissa::Format::E5m2);
+    }
+}
+
+#[test]
+fn resuming_from_a_checkpoint_reproduces_the_run() {
+    let corpus = corpus();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ck.safetensors");
+    let mut straight =
+        Trainer::new(&Reference, &corpus, options(&corpus, Preset::Mixed16, 9)).unwrap();
+    let losses: Vec<f64> = (0..6).map(|_| straight.step().unwrap().loss).collect();
+    let mut first =
+        Trainer::new(&Reference, &corpus, options(&corpus, Preset::Mixed16, 9)).unwrap();
+    for _ in 0..3 {
+        first.step().unwrap();
+    }
+    Checkpoint::save(&first, &path).unwrap();
+    let mut resumed =
+        Trainer::new(&Reference, &corpus, options(&corpus, Preset::Mixed16, 9)).unwrap();
+    Checkpoint::load(&path, &resumed.gpt.config, &corpus.vocab)
+        .unwrap()
+        .restore(&mut resumed)
+        .unwrap();
+    let rest: Vec<f64> = (0..3).map(|_| resumed.step().unwrap().loss).collect();
+    assert_eq!(rest, losses[3..].to_vec());
+}
+
+#[test]
+fn bad_checkpoints_are_refused() {
+    let corpus = corpus();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ck.safetensors");
+    let t = Trainer::new(&Reference, &corpus, options(&corpus, Preset::True32, 1)).unwrap();
+    Checkpoint::save(&t, &path).unwrap();
+    let config = t.gpt.config.clone();
+    let full = std::fs::read(&path).unwrap();
+    let truncated = dir.path().join("truncated.safetensors");
+    std::fs::write(&truncated, &full[..full.len() / 2]).unwrap();
+    let err = Checkpoint::load(&truncated, &config, &corpus.vocab)
+        .err()
+        .expect("truncated")
+        .to_string();
+    assert!(err.contains("corrupt or truncated"), "{err}");
+    let mut other = config.clone();
+    other.n_embd = 32;
+    let err = Checkpoint::load(&path, &other, &corpus.vocab)
+        .err()
+        .expect("other config")
+        .to_string();
+    assert!(err.contains("config"), "{err}");
+    let junk = dir.path().join("junk.safetensors");
+    std::fs::write(&junk, b"\x08\x00\x00\x00\x00\x00\x00\x00{}").unwrap();
+    assert!(Checkpoint::load(&junk, &config, &corpus.vocab).is_err());
+    let mut t2 = Trainer::new(&Reference, &corpus, options(&corpus, Preset::MixedBf16, 1)).unwrap();
+    let err = Checkpoint::load(&path, &config, &corpus.vocab)
+        .unwrap()
+        .restore(&mut t2)
+        .expect_err("other preset")
+        .to_string();
+    assert!(err.contains("32-true"), "{err}");
+}
+
+#[test]
+fn corpus_errors_are_clear() {
+    let err = Corpus::load(std::path::Path::new("/nonexistent/corpus.txt"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("/nonexistent/corpus.txt"), "{err}");
+    assert!(
+        Corpus::from_text("")
+            .unwrap_err()
+            .to_string()
+            .contains("too short")
+    );
+}
