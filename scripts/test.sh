@@ -8,6 +8,6 @@ source scripts/setup.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --all-targets "$@" 2>&1 | tee "$log"
-./target/debug/mantissa report --backends reference,wgpu --out target/report
+./target/debug/mantissa report --backends reference,wgpu --train-steps 20 --out target/report
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "tests: %d passed, %d failed\n", p, f }' "$log"

@@ -17,6 +17,9 @@ fn config(kinds: Vec<BackendKind>) -> ReportConfig {
         families: Family::ALL.to_vec(),
         seed: common::seed("report"),
         repetitions: 1,
+        train_steps: 3,
+        train_presets: vec![mantissa::Preset::True32, mantissa::Preset::Mixed16],
+        corpus: concat!(env!("CARGO_MANIFEST_DIR"), "/data/shakespeare.txt").into(),
     }
 }
 
@@ -50,6 +53,14 @@ fn report_passes_on_reference_and_wgpu() {
         report.matmuls.len(),
         report.backends.len() * algorithms * Family::ALL.len()
     );
+    assert_eq!(report.training.len(), 2 * report.backends.len());
+    for line in &report.training {
+        assert_eq!(line.losses.len(), 3, "{line:?}");
+        assert!(
+            line.final_loss.is_some_and(|l| l.is_finite() && l < 5.0),
+            "{line:?}"
+        );
+    }
     let html = report::render_html(&report);
     assert!(
         html.contains("<svg")
@@ -114,7 +125,16 @@ impl Backend for Faulty {
 #[test]
 fn report_fails_when_a_backend_breaks_the_contract() {
     let backends: Vec<Box<dyn Backend>> = vec![Box::new(Reference), Box::new(Faulty)];
-    let report = report::run_on(&backends, vec![], &config(vec![]), |_| {}).expect("report");
+    let report = report::run_on(
+        &backends,
+        vec![],
+        &ReportConfig {
+            train_steps: 0,
+            ..config(vec![])
+        },
+        |_| {},
+    )
+    .expect("report");
     assert!(!report.passed);
     let bad_casts: Vec<_> = report
         .casts

@@ -35,6 +35,15 @@ pub struct Args {
     /// Timed repetitions for throughput.
     #[arg(long, default_value_t = 3)]
     reps: usize,
+    /// Steps of the tiny GPT per preset per backend for the training lines (0: none).
+    #[arg(long, default_value_t = 30)]
+    train_steps: u32,
+    /// Presets of the training lines.
+    #[arg(long, default_value = "32-true,bf16-mixed,16-mixed")]
+    train_presets: String,
+    /// The training text.
+    #[arg(long, default_value = "data/shakespeare.txt")]
+    corpus: PathBuf,
 }
 
 /// Exit status when a backend breaks the contract.
@@ -86,6 +95,9 @@ pub fn run(args: Args) -> Result<i32> {
         families,
         seed: args.seed,
         repetitions: args.reps.max(1),
+        train_steps: args.train_steps,
+        train_presets: parse_list(&args.train_presets)?,
+        corpus: args.corpus.clone(),
     };
     std::fs::create_dir_all(&args.out).map_err(|e| Error::file(&args.out, e))?;
     let report = report::run(&config, |line| eprintln!("  {line}"))?;
@@ -181,7 +193,33 @@ pub fn run(args: Args) -> Result<i32> {
         );
     }
     println!("{}", t.render());
-    println!("training: {}", report.training);
+    if let Some(note) = &report.training_note {
+        println!("training: {note}");
+    }
+    if !report.training.is_empty() {
+        let mut t = Table::new(&[
+            "preset",
+            "backend",
+            "matmuls",
+            "steps",
+            "final loss",
+            "stopped",
+        ]);
+        for l in &report.training {
+            t.row(vec![
+                l.preset.clone(),
+                short(&l.backend),
+                l.matmul_algorithm.clone(),
+                l.losses.len().to_string(),
+                l.final_loss
+                    .map(|x| format!("{x:.4}"))
+                    .unwrap_or_else(|| "-".into()),
+                l.stopped.clone().unwrap_or_default(),
+            ]);
+        }
+        println!("training: tiny GPT, final losses side by side");
+        println!("{}", t.render());
+    }
 
     let json_path = args.out.join("report.json");
     let html_path = args.out.join("report.html");

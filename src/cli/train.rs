@@ -223,7 +223,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
     let summary: Vec<String> = runs
         .iter()
         .map(|r| match (r.stopped.as_ref(), r.val.last()) {
-            (Some(_), _) => format!("{}: stopped at step {}", r.preset, r.steps.len()),
+            (Some(_), _) => format!("{}: stopped at step {}", r.preset, r.steps.len() + 1),
             (None, Some((s, v))) => format!("{}: val loss {v:.4} at step {s}", r.preset),
             (None, None) => format!("{}: no steps", r.preset),
         })

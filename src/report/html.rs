@@ -199,6 +199,34 @@ pub fn render_html(report: &Report) -> String {
         }
     }
 
+    h.push_str("<h2>Training: tiny GPT, the same steps per preset on each backend</h2>");
+    if let Some(note) = &report.training_note {
+        let _ = write!(h, "<p>{}</p>", esc(note));
+    }
+    if !report.training.is_empty() {
+        match loss_chart(report) {
+            Ok(svg) => h.push_str(&svg),
+            Err(e) => {
+                let _ = write!(h, "<p class=bad>loss chart failed: {}</p>", esc(&e));
+            }
+        }
+        h.push_str("<p>The curves of one preset coincide where the backends agree.</p><table><tr><th>preset</th><th>backend</th><th>matmuls</th><th>steps</th><th>final loss</th><th>stopped</th></tr>");
+        for t in &report.training {
+            let _ = write!(
+                h,
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&t.preset),
+                esc(&t.backend),
+                esc(&t.matmul_algorithm),
+                t.losses.len(),
+                t.final_loss
+                    .map(|l| format!("{l:.4}"))
+                    .unwrap_or_else(|| "-".into()),
+                esc(t.stopped.as_deref().unwrap_or(""))
+            );
+        }
+        h.push_str("</table>");
+    }
     h.push_str("<h2>Casts, splits and amax against the reference (bit for bit)</h2><table><tr><th>backend</th><th>op</th><th>values</th><th>mismatches</th><th>first mismatch</th></tr>");
     for c in &report.casts {
         let cls = if c.mismatches == 0 { "" } else { " class=bad" };
@@ -240,10 +268,78 @@ pub fn render_html(report: &Report) -> String {
         );
     }
     h.push_str("</table>");
-    let _ = writeln!(
-        h,
-        "<h2>Training</h2><p>{}</p></body></html>",
-        esc(&report.training)
-    );
+    h.push_str("</body></html>\n");
     h
+}
+
+/// Training loss per step, one line per (preset, backend).
+fn loss_chart(report: &Report) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1040, 420)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| e.to_string())?;
+        let steps = report
+            .training
+            .iter()
+            .map(|t| t.losses.len())
+            .max()
+            .unwrap_or(1)
+            .max(2);
+        let finite = |l: f64| l.is_finite() && l < 8.0;
+        let all = || {
+            report
+                .training
+                .iter()
+                .flat_map(|t| t.losses.iter().copied())
+                .filter(|l| finite(*l))
+        };
+        let hi = all().fold(1.0, f64::max);
+        let lo = all().fold(hi, f64::min).floor().min(hi - 0.5);
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                "training loss (nats) by preset and backend",
+                ("sans-serif", 18),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(50)
+            .build_cartesian_2d(1usize..steps, lo..hi.ceil())
+            .map_err(|e| e.to_string())?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc("loss")
+            .draw()
+            .map_err(|e| e.to_string())?;
+        for (i, t) in report.training.iter().enumerate() {
+            let color = Palette99::pick(i).to_rgba();
+            let points: Vec<(usize, f64)> = t
+                .losses
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| finite(**l))
+                .map(|(s, l)| (s + 1, *l))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points, color.stroke_width(2)))
+                .map_err(|e| e.to_string())?
+                .label(format!(
+                    "{} on {}",
+                    t.preset,
+                    t.backend.split(" (").next().unwrap_or(&t.backend)
+                ))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(3))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.9))
+            .draw()
+            .map_err(|e| e.to_string())?;
+        root.present().map_err(|e| e.to_string())?;
+    }
+    Ok(svg)
 }

@@ -17,7 +17,8 @@ use crate::backend::{self, Backend, BackendKind, Reference};
 use crate::error::Result;
 use crate::format::{self, Format, Overflow};
 use crate::measure;
-use crate::policy::PrecisionClass;
+use crate::policy::{PrecisionClass, Preset};
+use crate::train::{Corpus, GptConfig, TrainOptions, Trainer};
 
 /// A backend in the report, or why it is absent.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -66,6 +67,19 @@ pub struct MatmulCheck {
     pub tflops: Option<f64>,
 }
 
+/// A short training run of the tiny GPT under one preset on one backend.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TrainingLine {
+    pub backend: String,
+    pub preset: String,
+    pub matmul_algorithm: String,
+    /// Training loss per step.
+    pub losses: Vec<f64>,
+    pub final_loss: Option<f64>,
+    /// Why the run stopped early, if it did (16-true's NaN, for example).
+    pub stopped: Option<String>,
+}
+
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Report {
     pub version: &'static str,
@@ -76,8 +90,10 @@ pub struct Report {
     pub skipped: Vec<Skipped>,
     pub casts: Vec<CastCheck>,
     pub matmuls: Vec<MatmulCheck>,
-    /// The training-level comparison, once the training executor exists.
-    pub training: String,
+    /// The training-level comparison: tiny GPT, the same steps per preset per backend.
+    pub training: Vec<TrainingLine>,
+    /// Why training lines are missing, if they are.
+    pub training_note: Option<String>,
     pub contract_breaks: usize,
     pub passed: bool,
 }
@@ -92,6 +108,10 @@ pub struct ReportConfig {
     pub families: Vec<Family>,
     pub seed: u64,
     pub repetitions: usize,
+    /// Steps of the tiny GPT per preset per backend (0: no training lines).
+    pub train_steps: u32,
+    pub train_presets: Vec<Preset>,
+    pub corpus: std::path::PathBuf,
 }
 
 impl ReportConfig {
@@ -194,7 +214,8 @@ pub fn run_on(
         skipped,
         casts: vec![],
         matmuls: vec![],
-        training: "not run: the training executor is not in this build yet".into(),
+        training: vec![],
+        training_note: None,
         contract_breaks: 0,
         passed: false,
     };
@@ -251,6 +272,27 @@ pub fn run_on(
                 }
             }
         }
+    }
+    if config.train_steps > 0 && !config.train_presets.is_empty() {
+        match Corpus::load(&config.corpus) {
+            Ok(corpus) => {
+                for b in backends {
+                    for &preset in &config.train_presets {
+                        progress(&format!(
+                            "training {preset} on {} for {} steps",
+                            b.name(),
+                            config.train_steps
+                        ));
+                        report
+                            .training
+                            .push(train_line(b.as_ref(), &corpus, preset, config)?);
+                    }
+                }
+            }
+            Err(e) => report.training_note = Some(format!("no training lines: {e}")),
+        }
+    } else {
+        report.training_note = Some("training lines not requested (--train-steps 0)".into());
     }
     report.contract_breaks = report.casts.iter().map(|c| c.mismatches).sum::<usize>()
         + report
@@ -400,4 +442,46 @@ fn cast_checks(b: &dyn Backend, seed: u64) -> Result<Vec<CastCheck>> {
             .then(|| format!("{got:e}, reference {want:e}")),
     });
     Ok(out)
+}
+
+/// Trains the tiny GPT for `config.train_steps` steps under `preset` on `backend`.
+fn train_line(
+    backend: &dyn Backend,
+    corpus: &Corpus,
+    preset: Preset,
+    config: &ReportConfig,
+) -> Result<TrainingLine> {
+    let options = TrainOptions {
+        config: GptConfig::named("tiny", corpus.vocab.len())?,
+        preset,
+        matmul_precision: PrecisionClass::Highest,
+        algorithm: None,
+        fp8_current: false,
+        autocast_overrides: String::new(),
+        seed: config.seed,
+        adamw: crate::train::ops::AdamW::default(),
+        grad_clip: 1.0,
+    };
+    let mut trainer = Trainer::new(backend, corpus, options)?;
+    let mut line = TrainingLine {
+        backend: backend.name(),
+        preset: preset.to_string(),
+        matmul_algorithm: trainer.precision.matmul.to_string(),
+        losses: vec![],
+        final_loss: None,
+        stopped: None,
+    };
+    for _ in 0..config.train_steps {
+        match trainer.step() {
+            Ok(r) => line.losses.push(r.loss),
+            Err(e) => {
+                line.stopped = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    if line.stopped.is_none() {
+        line.final_loss = line.losses.last().copied();
+    }
+    Ok(line)
 }
