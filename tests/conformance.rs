@@ -340,6 +340,118 @@ fn matmul_bad_input(b: &dyn Backend) {
     assert_eq!(c, vec![0.0; 6]);
 }
 
+/// An operand beyond the device's storage-binding limit is a clear error, not a wgpu panic.
+fn matmul_too_large(b: &dyn Backend) {
+    let Some(limit) = b.device_name().contains("llvmpipe").then_some(128u64 << 20) else {
+        eprintln!("matmul_too_large: only run where the limit is known (lavapipe: 128 MiB)");
+        return;
+    };
+    let k = 4100;
+    let m = (limit as usize / 4) / k + 1;
+    let shape = MatmulShape::new(m, 2, k);
+    let a = vec![1.0f32; m * k];
+    let err = b
+        .matmul(&shape, &Algorithm::F32, &a, &vec![1.0; 2 * k])
+        .expect_err("A over the binding limit");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("operand A") && msg.contains("max_storage_buffer_binding_size"),
+        "{msg}"
+    );
+    // The device is still usable afterwards.
+    let c = b
+        .matmul(
+            &MatmulShape::new(2, 2, 2),
+            &Algorithm::F32,
+            &[1.0, 2.0, 3.0, 4.0],
+            &[1.0, 0.0, 0.0, 1.0],
+        )
+        .expect("small matmul");
+    assert_eq!(c, vec![1.0, 2.0, 3.0, 4.0]);
+}
+
+/// |got - want| <= tol (1 + |want|) elementwise.
+fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}[{i}]: {g} vs reference {w}"
+        );
+    }
+}
+
+/// The training ops against the host reference (`train::ops`) on odd shapes.
+fn train_ops(b: &dyn Backend) {
+    use mantissa::train::ops;
+    let seed = common::seed("train_ops");
+    let (rows, c) = (37, 50);
+    let x = measure::normal(rows * c, seed);
+    let (g, bias) = (measure::normal(c, seed + 1), measure::normal(c, seed + 2));
+    let dy = measure::normal(rows * c, seed + 3);
+    let (y, mean, rstd) = b.layernorm_fwd(&x, &g, &bias, c).unwrap();
+    let (wy, wm, wr) = ops::layernorm_fwd(&x, &g, &bias, c);
+    close("layernorm y", &y, &wy, 1e-5);
+    close("layernorm mean", &mean, &wm, 1e-5);
+    close("layernorm rstd", &rstd, &wr, 1e-5);
+    let (dx, dg, db) = b.layernorm_bwd(&dy, &x, &g, &wm, &wr, c).unwrap();
+    let (wdx, wdg, wdb) = ops::layernorm_bwd(&dy, &x, &g, &wm, &wr, c);
+    close("layernorm dx", &dx, &wdx, 1e-4);
+    close("layernorm dg", &dg, &wdg, 1e-4);
+    close("layernorm db", &db, &wdb, 1e-4);
+    close("gelu", &b.gelu_fwd(&x).unwrap(), &ops::gelu_fwd(&x), 1e-5);
+    close(
+        "gelu bwd",
+        &b.gelu_bwd(&x, &dy).unwrap(),
+        &ops::gelu_bwd(&x, &dy),
+        1e-5,
+    );
+    let t = 13;
+    let s = measure::normal(3 * t * t, seed + 4);
+    let dp = measure::normal(3 * t * t, seed + 5);
+    let p = b.causal_softmax_fwd(&s, t, 0.3).unwrap();
+    close("softmax", &p, &ops::causal_softmax_fwd(&s, t, 0.3), 1e-5);
+    close(
+        "softmax bwd",
+        &b.causal_softmax_bwd(&p, &dp, t, 0.3).unwrap(),
+        &ops::causal_softmax_bwd(&p, &dp, t, 0.3),
+        1e-5,
+    );
+    let v = 76;
+    let logits: Vec<f32> = measure::normal(rows * v, seed + 6)
+        .iter()
+        .map(|x| 3.0 * x)
+        .collect();
+    let targets: Vec<u32> = (0..rows as u32).map(|r| (r * 7 + 3) % v as u32).collect();
+    let (loss, probs) = b.cross_entropy_fwd(&logits, &targets, v).unwrap();
+    let (wloss, wprobs) = ops::cross_entropy_fwd(&logits, &targets, v);
+    assert!(
+        (loss - wloss).abs() <= 1e-5 * wloss,
+        "cross entropy {loss} vs {wloss}"
+    );
+    close("cross entropy probs", &probs, &wprobs, 1e-5);
+    close(
+        "cross entropy bwd",
+        &b.cross_entropy_bwd(&wprobs, &targets, v, 1024.0).unwrap(),
+        &ops::cross_entropy_bwd(&wprobs, &targets, v, 1024.0),
+        1e-5,
+    );
+    let opt = ops::AdamW::default();
+    let grad = measure::normal(1001, seed + 7);
+    let (mut p1, mut m1, mut v1) = (
+        measure::normal(1001, seed + 8),
+        vec![0.01f32; 1001],
+        vec![0.001f32; 1001],
+    );
+    let (mut p2, mut m2, mut v2) = (p1.clone(), m1.clone(), v1.clone());
+    b.adamw(&opt, &mut p1, &grad, &mut m1, &mut v1, 3, true)
+        .unwrap();
+    opt.step(&mut p2, &grad, &mut m2, &mut v2, 3, true);
+    close("adamw p", &p1, &p2, 1e-6);
+    close("adamw m", &m1, &m2, 1e-6);
+    close("adamw v", &v1, &v2, 1e-6);
+}
+
 macro_rules! tests_for {
     ($backend:ident: $($test:ident),+) => {
         mod $backend {
@@ -355,6 +467,6 @@ macro_rules! tests_for {
 }
 
 tests_for!(reference: matmul_edges, matmul_error_bands, matmul_bad_input);
-tests_for!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input);
+tests_for!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, train_ops);
 tests_for!(wgpu_packed_f16: matmul_random, matmul_edges);
-tests_for!(wgpu_checked: casts, matmul_edges);
+tests_for!(wgpu_checked: casts, matmul_edges, train_ops);

@@ -13,6 +13,7 @@ use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
 use crate::policy::{Capabilities, PrecisionClass};
+use crate::train::ops::{self, AdamW};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Instant;
@@ -160,6 +161,79 @@ pub trait Backend: Send + Sync {
             clock: "wall-clock",
             repetitions: times.len(),
         })
+    }
+
+    // Training ops (the op set of the training executor besides matmul). The defaults run the
+    // host reference (`train::ops`); device backends override them with kernels. Shapes are
+    // those of `train::ops`.
+
+    /// Layer norm over rows of `c`: (y, per-row mean, per-row rstd).
+    fn layernorm_fwd(
+        &self,
+        x: &[f32],
+        g: &[f32],
+        b: &[f32],
+        c: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        Ok(ops::layernorm_fwd(x, g, b, c))
+    }
+    /// (dx, dg, db).
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn layernorm_bwd(
+        &self,
+        dy: &[f32],
+        x: &[f32],
+        g: &[f32],
+        mean: &[f32],
+        rstd: &[f32],
+        c: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        Ok(ops::layernorm_bwd(dy, x, g, mean, rstd, c))
+    }
+    fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>> {
+        Ok(ops::gelu_fwd(x))
+    }
+    fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>> {
+        Ok(ops::gelu_bwd(x, dy))
+    }
+    fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
+        Ok(ops::causal_softmax_fwd(scores, t, scale))
+    }
+    fn causal_softmax_bwd(&self, p: &[f32], dp: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
+        Ok(ops::causal_softmax_bwd(p, dp, t, scale))
+    }
+    /// Mean loss and the probabilities.
+    fn cross_entropy_fwd(
+        &self,
+        logits: &[f32],
+        targets: &[u32],
+        v: usize,
+    ) -> Result<(f64, Vec<f32>)> {
+        Ok(ops::cross_entropy_fwd(logits, targets, v))
+    }
+    fn cross_entropy_bwd(
+        &self,
+        probs: &[f32],
+        targets: &[u32],
+        v: usize,
+        dloss: f64,
+    ) -> Result<Vec<f32>> {
+        Ok(ops::cross_entropy_bwd(probs, targets, v, dloss))
+    }
+    /// One AdamW update of `p` (and its moments) at step `t`.
+    #[allow(clippy::too_many_arguments)]
+    fn adamw(
+        &self,
+        opt: &AdamW,
+        p: &mut [f32],
+        g: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        t: u32,
+        decay: bool,
+    ) -> Result<()> {
+        opt.step(p, g, m, v, t, decay);
+        Ok(())
     }
 
     /// The algorithm a precision class resolves to on this backend.

@@ -2,9 +2,11 @@
 //! causal multi-head self-attention and a GELU MLP, a final LayerNorm, and a head tied to the
 //! token embedding.
 //!
-//! Matmuls go through the `Backend` trait with the algorithm the precision policy chose; the
-//! other ops are the host reference ops of `ops.rs`. Autocast is emulated by rounding each
-//! tensor to the format it would be held in (`Precision`).
+//! Matmuls go through the `Backend` trait with the algorithm the precision policy chose, and so
+//! do layer norm, GELU, causal softmax and cross entropy (device kernels on wgpu, the host
+//! reference elsewhere); embeddings, head permutations, bias sums and the autocast rounding
+//! run on the host. Autocast is emulated by rounding each tensor to the format it would be
+//! held in (`Precision`).
 
 use super::ops::{self, round_to};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
@@ -326,7 +328,7 @@ impl Gpt<'_> {
         for l in 0..cfg.n_layer {
             let w = |o: usize| &params[layer_param(l, o)];
             let x_in = x.clone();
-            let mut ln1 = ops::layernorm_fwd(&x, w(LN1_G), w(LN1_B), c);
+            let mut ln1 = self.backend.layernorm_fwd(&x, w(LN1_G), w(LN1_B), c)?;
             round_to(&mut ln1.0, p.layer_norm.narrower(stream));
             let mut qkv = self.linear_mm(
                 p,
@@ -354,7 +356,7 @@ impl Gpt<'_> {
                 &k,
                 compute,
             )?;
-            let mut att = ops::causal_softmax_fwd(&scores, t, scale);
+            let mut att = self.backend.causal_softmax_fwd(&scores, t, scale)?;
             round_to(&mut att, p.softmax.narrower(stream));
             let y = self.mm(
                 MatmulShape {
@@ -386,7 +388,7 @@ impl Gpt<'_> {
             }
             round_to(&mut x, stream);
             let x_mid = x.clone();
-            let mut ln2 = ops::layernorm_fwd(&x, w(LN2_G), w(LN2_B), c);
+            let mut ln2 = self.backend.layernorm_fwd(&x, w(LN2_G), w(LN2_B), c)?;
             round_to(&mut ln2.0, p.layer_norm.narrower(stream));
             let mut fc = self.linear_mm(
                 p,
@@ -398,7 +400,7 @@ impl Gpt<'_> {
             )?;
             ops::add_bias(&mut fc, w(FC_B));
             round_to(&mut fc, compute);
-            let mut gelu = ops::gelu_fwd(&fc);
+            let mut gelu = self.backend.gelu_fwd(&fc)?;
             round_to(&mut gelu, compute);
             let mut fc2 = self.linear_mm(
                 p,
@@ -429,7 +431,9 @@ impl Gpt<'_> {
             });
         }
         let nl = params.len() - 2;
-        let mut lnf = ops::layernorm_fwd(&x, &params[nl], &params[nl + 1], c);
+        let mut lnf = self
+            .backend
+            .layernorm_fwd(&x, &params[nl], &params[nl + 1], c)?;
         round_to(&mut lnf.0, p.layer_norm.narrower(stream));
         // Head tied to the token embedding: logits = lnf . wte^T, in the compute format.
         let head = MatmulShape {
@@ -441,7 +445,7 @@ impl Gpt<'_> {
             b_transposed: true,
         };
         let logits = self.mm(head, &p.matmul, &lnf.0, &params[0], compute)?;
-        let (loss, probs) = ops::cross_entropy_fwd(&logits, targets, v);
+        let (loss, probs) = self.backend.cross_entropy_fwd(&logits, targets, v)?;
         match pass {
             Pass::Loss => {
                 return Ok(Output {
@@ -463,7 +467,9 @@ impl Gpt<'_> {
         // Backward, in reverse; gradients are held in the stream format (16-bit in "true"
         // presets) and matmul gradients in the compute format.
         let mut grads: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
-        let mut dlogits = ops::cross_entropy_bwd(&probs, targets, v, loss_scale as f64);
+        let mut dlogits = self
+            .backend
+            .cross_entropy_bwd(&probs, targets, v, loss_scale as f64)?;
         round_to(&mut dlogits, compute);
         let mut dx = self.mm(
             MatmulShape::new(n, c, v),
@@ -486,7 +492,9 @@ impl Gpt<'_> {
             &lnf.0,
             compute,
         )?;
-        let (dxl, dg, db) = ops::layernorm_bwd(&dx, &x, &params[nl], &lnf.1, &lnf.2, c);
+        let (dxl, dg, db) = self
+            .backend
+            .layernorm_bwd(&dx, &x, &params[nl], &lnf.1, &lnf.2, c)?;
         dx = dxl;
         round_to(&mut dx, stream);
         grads[nl] = dg;
@@ -515,7 +523,7 @@ impl Gpt<'_> {
                 w(FC2_W),
             )?;
             round_to(&mut dgelu, compute);
-            let mut dfc = ops::gelu_bwd(&cache.fc, &dgelu);
+            let mut dfc = self.backend.gelu_bwd(&cache.fc, &dgelu)?;
             round_to(&mut dfc, compute);
             grads[layer_param(l, FC_B)] = ops::column_sums(&dfc, 4 * c);
             grads[layer_param(l, FC_W)] = self.linear_mm(
@@ -534,8 +542,14 @@ impl Gpt<'_> {
                 &dfc,
                 w(FC_W),
             )?;
-            let (mut dxm, dg2, db2) =
-                ops::layernorm_bwd(&dln2, &cache.x_mid, w(LN2_G), &cache.ln2.1, &cache.ln2.2, c);
+            let (mut dxm, dg2, db2) = self.backend.layernorm_bwd(
+                &dln2,
+                &cache.x_mid,
+                w(LN2_G),
+                &cache.ln2.1,
+                &cache.ln2.2,
+                c,
+            )?;
             grads[layer_param(l, LN2_G)] = dg2;
             grads[layer_param(l, LN2_B)] = db2;
             for (a, bb) in dxm.iter_mut().zip(&dx) {
@@ -591,7 +605,9 @@ impl Gpt<'_> {
                 compute,
             )?;
             round_to(&mut datt, compute);
-            let mut dscores = ops::causal_softmax_bwd(&cache.att, &datt, t, scale);
+            let mut dscores = self
+                .backend
+                .causal_softmax_bwd(&cache.att, &datt, t, scale)?;
             round_to(&mut dscores, compute);
             let dq = self.mm(
                 MatmulShape {
@@ -639,8 +655,14 @@ impl Gpt<'_> {
                 &dqkv,
                 w(ATTN_W),
             )?;
-            let (mut dxi, dg1, db1) =
-                ops::layernorm_bwd(&dln1, &cache.x_in, w(LN1_G), &cache.ln1.1, &cache.ln1.2, c);
+            let (mut dxi, dg1, db1) = self.backend.layernorm_bwd(
+                &dln1,
+                &cache.x_in,
+                w(LN1_G),
+                &cache.ln1.1,
+                &cache.ln1.2,
+                c,
+            )?;
             grads[layer_param(l, LN1_G)] = dg1;
             grads[layer_param(l, LN1_B)] = db1;
             for (a, bb) in dxi.iter_mut().zip(&dxm) {

@@ -171,7 +171,9 @@ impl<'a> Trainer<'a> {
                 .zip(self.adam_m.iter_mut())
                 .zip(self.adam_v.iter_mut());
             for (((p, m), v), (g, &decay)) in state.zip(grads.iter().zip(&self.decays)) {
-                self.options.adamw.step(p, g, m, v, self.applied, decay);
+                self.gpt
+                    .backend
+                    .adamw(&self.options.adamw, p, g, m, v, self.applied, decay)?;
                 // Without master weights the weights and the optimizer state live in 16-bit.
                 for t in [p, m, v] {
                     round_to(t, self.spec.params);

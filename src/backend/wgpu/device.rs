@@ -91,6 +91,7 @@ fn bindings(kernel: &Kernel) -> &'static [Binding] {
         Kernel::Amax | Kernel::ScaleFromAmax => &[Uniform, Read, ReadWrite, ReadWrite],
         Kernel::SplitBf16 => &[Uniform, Read, ReadWrite],
         Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read],
+        Kernel::Train(_) => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
     }
 }
 

@@ -12,15 +12,18 @@ pub mod device;
 pub mod matmul;
 pub mod ops;
 pub mod shaders;
+pub mod train;
 
 use self::buffer::{BufferPool, Timer, check_binding, read_words, submit, upload};
 use self::device::Gpu;
-use self::shaders::F16Read;
+use self::shaders::{F16Read, TrainOp};
+use self::train::{Out, TrainParams, ids_as_f32};
 use super::{Backend, BackendKind, MatmulTiming, median};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
 use crate::policy::Capabilities;
+use crate::train::ops::AdamW;
 use std::time::Instant;
 
 pub use device::{AdapterSummary, list_adapters};
@@ -337,6 +340,225 @@ impl Backend for WgpuBackend {
             self.pool.give([amax_bits, scale]);
             Ok(f32::from_bits(out?[0]))
         })
+    }
+
+    fn layernorm_fwd(
+        &self,
+        x: &[f32],
+        g: &[f32],
+        b: &[f32],
+        c: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        let rows = x.len() / c.max(1);
+        let p = TrainParams {
+            n: rows as u32,
+            c: c as u32,
+            ..Default::default()
+        };
+        let [y, stats, _] = self.train_op(
+            TrainOp::LayernormFwd,
+            p,
+            [x, g, b],
+            [Out::Fresh(x.len()), Out::Fresh(2 * rows), Out::Unused],
+            rows,
+        )?;
+        let (mean, rstd) = stats.chunks(2).map(|s| (s[0], s[1])).unzip();
+        Ok((y, mean, rstd))
+    }
+
+    fn layernorm_bwd(
+        &self,
+        dy: &[f32],
+        x: &[f32],
+        g: &[f32],
+        mean: &[f32],
+        rstd: &[f32],
+        c: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        let rows = x.len() / c.max(1);
+        let stats: Vec<f32> = mean.iter().zip(rstd).flat_map(|(&m, &r)| [m, r]).collect();
+        let p = TrainParams {
+            n: rows as u32,
+            c: c as u32,
+            ..Default::default()
+        };
+        let [dx, ..] = self.train_op(
+            TrainOp::LayernormBwdX,
+            p,
+            [dy, x, g],
+            [Out::Fresh(x.len()), Out::Init(&stats), Out::Unused],
+            rows,
+        )?;
+        let [dg, _, db] = self.train_op(
+            TrainOp::LayernormBwdParams,
+            p,
+            [dy, x, &[]],
+            [Out::Fresh(c), Out::Init(&stats), Out::Fresh(c)],
+            c,
+        )?;
+        Ok((dx, dg, db))
+    }
+
+    fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let p = TrainParams {
+            n: x.len() as u32,
+            ..Default::default()
+        };
+        let [y, ..] = self.train_op(
+            TrainOp::GeluFwd,
+            p,
+            [x, &[], &[]],
+            [Out::Fresh(x.len()), Out::Unused, Out::Unused],
+            x.len(),
+        )?;
+        Ok(y)
+    }
+
+    fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>> {
+        let p = TrainParams {
+            n: x.len() as u32,
+            ..Default::default()
+        };
+        let [dx, ..] = self.train_op(
+            TrainOp::GeluBwd,
+            p,
+            [x, dy, &[]],
+            [Out::Fresh(x.len()), Out::Unused, Out::Unused],
+            x.len(),
+        )?;
+        Ok(dx)
+    }
+
+    fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
+        let rows = scores.len() / t.max(1);
+        let p = TrainParams {
+            n: rows as u32,
+            c: t as u32,
+            f: [scale as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            ..Default::default()
+        };
+        let [y, ..] = self.train_op(
+            TrainOp::CausalSoftmaxFwd,
+            p,
+            [scores, &[], &[]],
+            [Out::Fresh(scores.len()), Out::Unused, Out::Unused],
+            rows,
+        )?;
+        Ok(y)
+    }
+
+    fn causal_softmax_bwd(
+        &self,
+        probs: &[f32],
+        dp: &[f32],
+        t: usize,
+        scale: f64,
+    ) -> Result<Vec<f32>> {
+        let rows = probs.len() / t.max(1);
+        let p = TrainParams {
+            n: rows as u32,
+            c: t as u32,
+            f: [scale as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            ..Default::default()
+        };
+        let [ds, ..] = self.train_op(
+            TrainOp::CausalSoftmaxBwd,
+            p,
+            [probs, dp, &[]],
+            [Out::Fresh(probs.len()), Out::Unused, Out::Unused],
+            rows,
+        )?;
+        Ok(ds)
+    }
+
+    fn cross_entropy_fwd(
+        &self,
+        logits: &[f32],
+        targets: &[u32],
+        v: usize,
+    ) -> Result<(f64, Vec<f32>)> {
+        let rows = targets.len();
+        let p = TrainParams {
+            n: rows as u32,
+            c: v as u32,
+            ..Default::default()
+        };
+        let ids = ids_as_f32(targets);
+        let [probs, losses, _] = self.train_op(
+            TrainOp::CrossEntropyFwd,
+            p,
+            [logits, &ids, &[]],
+            [Out::Fresh(logits.len()), Out::Fresh(rows), Out::Unused],
+            rows,
+        )?;
+        let loss = losses.iter().map(|&l| l as f64).sum::<f64>() / rows.max(1) as f64;
+        Ok((loss, probs))
+    }
+
+    fn cross_entropy_bwd(
+        &self,
+        probs: &[f32],
+        targets: &[u32],
+        v: usize,
+        dloss: f64,
+    ) -> Result<Vec<f32>> {
+        let rows = targets.len();
+        let scale = (dloss / rows.max(1) as f64) as f32;
+        let p = TrainParams {
+            n: rows as u32,
+            c: v as u32,
+            f: [scale, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            ..Default::default()
+        };
+        let ids = ids_as_f32(targets);
+        let [d, ..] = self.train_op(
+            TrainOp::CrossEntropyBwd,
+            p,
+            [probs, &ids, &[]],
+            [Out::Fresh(probs.len()), Out::Unused, Out::Unused],
+            probs.len(),
+        )?;
+        Ok(d)
+    }
+
+    fn adamw(
+        &self,
+        opt: &AdamW,
+        p: &mut [f32],
+        g: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        t: u32,
+        decay: bool,
+    ) -> Result<()> {
+        let bc1 = 1.0 - (opt.beta1 as f64).powi(t as i32);
+        let bc2 = 1.0 - (opt.beta2 as f64).powi(t as i32);
+        let params = TrainParams {
+            n: p.len() as u32,
+            step: t,
+            decay: decay as u32,
+            f: [
+                opt.lr,
+                opt.beta1,
+                opt.beta2,
+                opt.eps,
+                opt.weight_decay,
+                bc1 as f32,
+                bc2 as f32,
+            ],
+            ..Default::default()
+        };
+        let [np, nm, nv] = self.train_op(
+            TrainOp::Adamw,
+            params,
+            [g, &[], &[]],
+            [Out::Init(p), Out::Init(m), Out::Init(v)],
+            p.len(),
+        )?;
+        p.copy_from_slice(&np);
+        m.copy_from_slice(&nm);
+        v.copy_from_slice(&nv);
+        Ok(())
     }
 
     fn time_matmul(

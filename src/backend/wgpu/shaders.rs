@@ -11,6 +11,52 @@ const CAST: &str = include_str!("../../../shaders/cast.wgsl");
 const SCALE: &str = include_str!("../../../shaders/scale.wgsl");
 const SPLIT: &str = include_str!("../../../shaders/split.wgsl");
 const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
+const TRAIN: &str = include_str!("../../../shaders/train.wgsl");
+
+/// The training ops of `shaders/train.wgsl` (entry points of one module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TrainOp {
+    LayernormFwd,
+    LayernormBwdX,
+    LayernormBwdParams,
+    GeluFwd,
+    GeluBwd,
+    CausalSoftmaxFwd,
+    CausalSoftmaxBwd,
+    CrossEntropyFwd,
+    CrossEntropyBwd,
+    Adamw,
+}
+
+impl TrainOp {
+    pub const ALL: [TrainOp; 10] = [
+        TrainOp::LayernormFwd,
+        TrainOp::LayernormBwdX,
+        TrainOp::LayernormBwdParams,
+        TrainOp::GeluFwd,
+        TrainOp::GeluBwd,
+        TrainOp::CausalSoftmaxFwd,
+        TrainOp::CausalSoftmaxBwd,
+        TrainOp::CrossEntropyFwd,
+        TrainOp::CrossEntropyBwd,
+        TrainOp::Adamw,
+    ];
+
+    pub fn entry_point(self) -> &'static str {
+        match self {
+            TrainOp::LayernormFwd => "layernorm_fwd",
+            TrainOp::LayernormBwdX => "layernorm_bwd_x",
+            TrainOp::LayernormBwdParams => "layernorm_bwd_params",
+            TrainOp::GeluFwd => "gelu_fwd",
+            TrainOp::GeluBwd => "gelu_bwd",
+            TrainOp::CausalSoftmaxFwd => "causal_softmax_fwd",
+            TrainOp::CausalSoftmaxBwd => "causal_softmax_bwd",
+            TrainOp::CrossEntropyFwd => "cross_entropy_fwd",
+            TrainOp::CrossEntropyBwd => "cross_entropy_bwd",
+            TrainOp::Adamw => "adamw",
+        }
+    }
+}
 
 /// How f16 operands are read: as `f16` values (`enable f16;`, needs SHADER_F16) or as packed
 /// u32 words decoded with `unpack2x16float` (core WGSL, works everywhere).
@@ -161,6 +207,7 @@ pub enum Kernel {
     ScaleFromAmax,
     SplitBf16,
     Matmul(MatmulVariant),
+    Train(TrainOp),
 }
 
 impl Kernel {
@@ -173,6 +220,7 @@ impl Kernel {
             Kernel::ScaleFromAmax => "scale_from_amax",
             Kernel::SplitBf16 => "split_bf16",
             Kernel::Matmul(_) => "matmul",
+            Kernel::Train(op) => op.entry_point(),
         }
     }
 
@@ -184,6 +232,7 @@ impl Kernel {
             }
             Kernel::Amax | Kernel::ScaleFromAmax => format!("scale.{}", self.entry_point()),
             Kernel::SplitBf16 => "split.split_bf16".into(),
+            Kernel::Train(op) => format!("train.{}", op.entry_point()),
             Kernel::Matmul(v) => format!(
                 "matmul[{:?} x {:?}, parts {}, levels {}, fp8 {}, rowwise {}, tile {}x{}x{}]",
                 v.a, v.b, v.parts, v.levels, v.fp8, v.rowwise, v.tile.bm, v.tile.bn, v.tile.bk
@@ -202,6 +251,7 @@ impl Kernel {
             Kernel::Amax | Kernel::ScaleFromAmax => SCALE,
             Kernel::SplitBf16 => SPLIT,
             Kernel::Matmul(_) => MATMUL,
+            Kernel::Train(_) => TRAIN,
         };
         let mut header = String::new();
         if self.needs_f16() {
@@ -238,6 +288,7 @@ impl Kernel {
             Kernel::ScaleFromAmax,
             Kernel::SplitBf16,
         ];
+        kernels.extend(TrainOp::ALL.map(Kernel::Train));
         for f16 in [F16Read::Native, F16Read::Packed] {
             for alg in Algorithm::ALL {
                 for scaling in [

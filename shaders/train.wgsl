@@ -1,0 +1,250 @@
+// train.wgsl: the training ops besides matmul (the host reference is src/train/ops.rs).
+// Row ops (layer norm, softmax, cross entropy) take one invocation per row and reduce in f32;
+// elementwise ops one invocation per element. Bindings: 0 params; 1-3 inputs; 4-6 outputs.
+
+struct TrainParams {
+    // Elements, or rows for row ops.
+    n: u32,
+    // Row length (layer norm width, vocabulary, context t for softmax).
+    c: u32,
+    // AdamW step (1-based); 1 where weight decay applies, else 0.
+    step: u32,
+    decay: u32,
+    // Op-specific scalars: softmax scale; cross-entropy dloss / rows; AdamW lr, beta1, beta2,
+    // eps, weight decay, bias corrections.
+    f0: f32,
+    f1: f32,
+    f2: f32,
+    f3: f32,
+    f4: f32,
+    f5: f32,
+    f6: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: TrainParams;
+@group(0) @binding(1) var<storage, read> in0: array<f32>;
+@group(0) @binding(2) var<storage, read> in1: array<f32>;
+@group(0) @binding(3) var<storage, read> in2: array<f32>;
+@group(0) @binding(4) var<storage, read_write> out0: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out1: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out2: array<f32>;
+
+// y = (x - mean) * rstd * g + b per row of c: in0 = x, in1 = g, in2 = b; out0 = y,
+// out1 = (mean, rstd) per row.
+@compute @workgroup_size(256)
+fn layernorm_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let r = flat_index(wg, nwg, lid);
+    if (r >= params.n) {
+        return;
+    }
+    let c = params.c;
+    var mean = 0.0;
+    for (var i = 0u; i < c; i++) {
+        mean += in0[r * c + i];
+    }
+    mean = mean / f32(c);
+    var v = 0.0;
+    for (var i = 0u; i < c; i++) {
+        let d = in0[r * c + i] - mean;
+        v += d * d;
+    }
+    let rstd = inverseSqrt(v / f32(c) + 1e-5);
+    for (var i = 0u; i < c; i++) {
+        out0[r * c + i] = (in0[r * c + i] - mean) * rstd * in1[i] + in2[i];
+    }
+    out1[2u * r] = mean;
+    out1[2u * r + 1u] = rstd;
+}
+
+// dx per row: in0 = dy, in1 = x, in2 = g; out1 holds (mean, rstd) (read here); out0 = dx.
+@compute @workgroup_size(256)
+fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let r = flat_index(wg, nwg, lid);
+    if (r >= params.n) {
+        return;
+    }
+    let c = params.c;
+    let mean = out1[2u * r];
+    let rstd = out1[2u * r + 1u];
+    var sum_d = 0.0;
+    var sum_dx = 0.0;
+    for (var i = 0u; i < c; i++) {
+        let xhat = (in1[r * c + i] - mean) * rstd;
+        let d = in0[r * c + i] * in2[i];
+        sum_d += d;
+        sum_dx += d * xhat;
+    }
+    for (var i = 0u; i < c; i++) {
+        let xhat = (in1[r * c + i] - mean) * rstd;
+        let d = in0[r * c + i] * in2[i];
+        out0[r * c + i] = rstd * (d - sum_d / f32(c) - xhat * sum_dx / f32(c));
+    }
+}
+
+// dg and db per column: in0 = dy, in1 = x; out1 = (mean, rstd) per row; out0 = dg, out2 = db.
+@compute @workgroup_size(256)
+fn layernorm_bwd_params(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wg, nwg, lid);
+    let c = params.c;
+    if (i >= c) {
+        return;
+    }
+    var dg = 0.0;
+    var db = 0.0;
+    for (var r = 0u; r < params.n; r++) {
+        let xhat = (in1[r * c + i] - out1[2u * r]) * out1[2u * r + 1u];
+        dg += in0[r * c + i] * xhat;
+        db += in0[r * c + i];
+    }
+    out0[i] = dg;
+    out2[i] = db;
+}
+
+const SQRT_2_OVER_PI: f32 = 0.7978845608;
+
+// GELU (tanh form): in0 = x; out0 = y.
+@compute @workgroup_size(256)
+fn gelu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let x = in0[e];
+    out0[e] = 0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)));
+}
+
+// in0 = x, in1 = dy; out0 = dx.
+@compute @workgroup_size(256)
+fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let x = in0[e];
+    let t = tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x));
+    let du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
+    out0[e] = in1[e] * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du);
+}
+
+// Causal softmax of f0 * scores per row of t = c (row i of each t x t block sees 0..=i):
+// in0 = scores; out0 = probabilities (0 where masked).
+@compute @workgroup_size(256)
+fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    let row = flat_index(wg, nwg, lid);
+    if (row >= params.n) {
+        return;
+    }
+    let t = params.c;
+    let i = row % t;
+    let base = row * t;
+    var m = -3.4e38;
+    for (var j = 0u; j <= i; j++) {
+        m = max(m, in0[base + j] * params.f0);
+    }
+    var sum = 0.0;
+    for (var j = 0u; j <= i; j++) {
+        sum += exp(in0[base + j] * params.f0 - m);
+    }
+    for (var j = 0u; j < t; j++) {
+        var p = 0.0;
+        if (j <= i) {
+            p = exp(in0[base + j] * params.f0 - m) / sum;
+        }
+        out0[base + j] = p;
+    }
+}
+
+// in0 = p, in1 = dp; out0 = d(scores) = f0 * p * (dp - sum(p * dp)).
+@compute @workgroup_size(256)
+fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    let row = flat_index(wg, nwg, lid);
+    if (row >= params.n) {
+        return;
+    }
+    let t = params.c;
+    let i = row % t;
+    let base = row * t;
+    var dot = 0.0;
+    for (var j = 0u; j <= i; j++) {
+        dot += in0[base + j] * in1[base + j];
+    }
+    for (var j = 0u; j < t; j++) {
+        var d = 0.0;
+        if (j <= i) {
+            d = params.f0 * in0[base + j] * (in1[base + j] - dot);
+        }
+        out0[base + j] = d;
+    }
+}
+
+// Per row of v = c logits: in0 = logits, in1 = targets (as f32 bits of u32 ids); out0 =
+// probabilities, out1 = the row's loss. The mean over rows is the caller's.
+@compute @workgroup_size(256)
+fn cross_entropy_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let r = flat_index(wg, nwg, lid);
+    if (r >= params.n) {
+        return;
+    }
+    let v = params.c;
+    let base = r * v;
+    var m = -3.4e38;
+    for (var i = 0u; i < v; i++) {
+        m = max(m, in0[base + i]);
+    }
+    var sum = 0.0;
+    for (var i = 0u; i < v; i++) {
+        sum += exp(in0[base + i] - m);
+    }
+    for (var i = 0u; i < v; i++) {
+        out0[base + i] = exp(in0[base + i] - m) / sum;
+    }
+    let label = bitcast<u32>(in1[r]);
+    out1[r] = log(sum) + m - in0[base + label];
+}
+
+// dlogits = (p - onehot(target)) * f0 (f0 = dloss / rows): in0 = p, in1 = targets; out0.
+@compute @workgroup_size(256)
+fn cross_entropy_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n * params.c) {
+        return;
+    }
+    let r = e / params.c;
+    var onehot = 0.0;
+    if (bitcast<u32>(in1[r]) == e % params.c) {
+        onehot = 1.0;
+    }
+    out0[e] = (in0[e] - onehot) * params.f0;
+}
+
+// AdamW: in0 = gradient; out0 = parameters, out1 = m, out2 = v. f0 = lr, f1 = beta1,
+// f2 = beta2, f3 = eps, f4 = weight decay, f5 = 1 - beta1^t, f6 = 1 - beta2^t.
+@compute @workgroup_size(256)
+fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let g = in0[e];
+    let m = params.f1 * out1[e] + (1.0 - params.f1) * g;
+    let v = params.f2 * out2[e] + (1.0 - params.f2) * g * g;
+    out1[e] = m;
+    out2[e] = v;
+    var wd = 0.0;
+    if (params.decay != 0u) {
+        wd = params.f0 * params.f4;
+    }
+    let denom = sqrt(v / params.f6) + params.f3;
+    out0[e] = out0[e] * (1.0 - wd) - (params.f0 / params.f5) * m / denom;
+}
