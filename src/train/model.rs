@@ -284,6 +284,121 @@ impl Gpt<'_> {
         self.mm(shape, &alg, a, b, compute)
     }
 
+    /// The four linear layers of block `l`: attention in-projection, out-projection, MLP in, MLP out.
+    fn linears(&self, l: usize) -> [Linear; 4] {
+        let c = self.config.n_embd;
+        let linear = |i: usize, w: usize, b: usize, din: usize, dout: usize| Linear {
+            layer: 4 * l + i,
+            w: layer_param(l, w),
+            b: layer_param(l, b),
+            din,
+            dout,
+        };
+        [
+            linear(0, ATTN_W, ATTN_B, c, 3 * c),
+            linear(1, PROJ_W, PROJ_B, c, c),
+            linear(2, FC_W, FC_B, c, 4 * c),
+            linear(3, FC2_W, FC2_B, 4 * c, c),
+        ]
+    }
+
+    /// y = x . W + b, held in the compute format.
+    fn linear_fwd(
+        &self,
+        p: &mut Precision,
+        params: &[Vec<f32>],
+        lin: &Linear,
+        x: &[f32],
+    ) -> Result<Vec<f32>> {
+        let n = x.len() / lin.din;
+        let roles = (Fp8Role::Input, Fp8Role::Weight);
+        let mut y = self.linear_mm(
+            p,
+            lin.layer,
+            roles,
+            MatmulShape::new(n, lin.dout, lin.din),
+            x,
+            &params[lin.w],
+        )?;
+        ops::add_bias(&mut y, &params[lin.b]);
+        round_to(&mut y, p.compute);
+        Ok(y)
+    }
+
+    /// Backward of `linear_fwd`: stores dW = x^T . dy and db = column sums of dy, returns
+    /// dx = dy . W^T.
+    fn linear_bwd(
+        &self,
+        p: &mut Precision,
+        params: &[Vec<f32>],
+        lin: &Linear,
+        x: &[f32],
+        dy: &[f32],
+        grads: &mut [Vec<f32>],
+    ) -> Result<Vec<f32>> {
+        let n = x.len() / lin.din;
+        grads[lin.b] = ops::column_sums(dy, lin.dout);
+        let dw_shape = transposed_a(lin.din, lin.dout, n);
+        grads[lin.w] = self.linear_mm(
+            p,
+            lin.layer,
+            (Fp8Role::Input, Fp8Role::Grad),
+            dw_shape,
+            x,
+            dy,
+        )?;
+        let dx_shape = transposed_b(n, lin.din, lin.dout);
+        self.linear_mm(
+            p,
+            lin.layer,
+            (Fp8Role::Grad, Fp8Role::Weight),
+            dx_shape,
+            dy,
+            &params[lin.w],
+        )
+    }
+
+    /// Layer norm over the width, its output narrowed as the preset says: (y, mean, rstd).
+    fn norm(
+        &self,
+        p: &Precision,
+        x: &[f32],
+        g: &[f32],
+        b: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        let mut out = self.backend.layernorm_fwd(x, g, b, self.config.n_embd)?;
+        round_to(&mut out.0, p.layer_norm.narrower(p.stream));
+        Ok(out)
+    }
+
+    /// Backward of `x + f(norm(x))` given d(norm output) and the gradient `residual` that passes
+    /// around the block: stores dg and db of the norm `(g, b)`, returns dx.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_residual_bwd(
+        &self,
+        params: &[Vec<f32>],
+        (g, b): (usize, usize),
+        dnorm: &[f32],
+        x: &[f32],
+        stats: &(Vec<f32>, Vec<f32>, Vec<f32>),
+        residual: &[f32],
+        stream: Format,
+        grads: &mut [Vec<f32>],
+    ) -> Result<Vec<f32>> {
+        let (mut dx, dg, db) = self.backend.layernorm_bwd(
+            dnorm,
+            x,
+            &params[g],
+            &stats.1,
+            &stats.2,
+            self.config.n_embd,
+        )?;
+        grads[g] = dg;
+        grads[b] = db;
+        add_residual(&mut dx, residual, stream);
+        Ok(dx)
+    }
+
     /// Runs the model on a batch of whole sequences: the loss, and per `pass` the logits or the
     /// gradients of `loss * loss_scale`.
     pub fn run(
@@ -327,95 +442,29 @@ impl Gpt<'_> {
         let mut caches = Vec::with_capacity(cfg.n_layer);
         for l in 0..cfg.n_layer {
             let w = |o: usize| &params[layer_param(l, o)];
+            let [attn, proj, fc, fc2] = self.linears(l);
             let x_in = x.clone();
-            let mut ln1 = self.backend.layernorm_fwd(&x, w(LN1_G), w(LN1_B), c)?;
-            round_to(&mut ln1.0, p.layer_norm.narrower(stream));
-            let mut qkv = self.linear_mm(
-                p,
-                4 * l,
-                (Fp8Role::Input, Fp8Role::Weight),
-                MatmulShape::new(n, 3 * c, c),
-                &ln1.0,
-                w(ATTN_W),
-            )?;
-            ops::add_bias(&mut qkv, w(ATTN_B));
-            round_to(&mut qkv, compute);
+            let ln1 = self.norm(p, &x, w(LN1_G), w(LN1_B))?;
+            let qkv = self.linear_fwd(p, params, &attn, &ln1.0)?;
             let [q, k, vv] = ops::split_heads(&qkv, b, t, h, d);
-            let bh = b * h;
-            let scores = self.mm(
-                MatmulShape {
-                    batch: bh,
-                    m: t,
-                    n: t,
-                    k: d,
-                    a_transposed: false,
-                    b_transposed: true,
-                },
-                &p.matmul,
-                &q,
-                &k,
-                compute,
-            )?;
+            let scores = self.mm(bmm(b * h, t, t, d, false, true), &p.matmul, &q, &k, compute)?;
             let mut att = self.backend.causal_softmax_fwd(&scores, t, scale)?;
             round_to(&mut att, p.softmax.narrower(stream));
             let y = self.mm(
-                MatmulShape {
-                    batch: bh,
-                    m: t,
-                    n: d,
-                    k: t,
-                    a_transposed: false,
-                    b_transposed: false,
-                },
+                bmm(b * h, t, d, t, false, false),
                 &p.matmul,
                 &att,
                 &vv,
                 compute,
             )?;
             let y_rows = ops::heads_to_rows(&y, b, t, h, d);
-            let mut proj = self.linear_mm(
-                p,
-                4 * l + 1,
-                (Fp8Role::Input, Fp8Role::Weight),
-                MatmulShape::new(n, c, c),
-                &y_rows,
-                w(PROJ_W),
-            )?;
-            ops::add_bias(&mut proj, w(PROJ_B));
-            round_to(&mut proj, compute);
-            for (xi, pi) in x.iter_mut().zip(&proj) {
-                *xi += pi;
-            }
-            round_to(&mut x, stream);
+            add_residual(&mut x, &self.linear_fwd(p, params, &proj, &y_rows)?, stream);
             let x_mid = x.clone();
-            let mut ln2 = self.backend.layernorm_fwd(&x, w(LN2_G), w(LN2_B), c)?;
-            round_to(&mut ln2.0, p.layer_norm.narrower(stream));
-            let mut fc = self.linear_mm(
-                p,
-                4 * l + 2,
-                (Fp8Role::Input, Fp8Role::Weight),
-                MatmulShape::new(n, 4 * c, c),
-                &ln2.0,
-                w(FC_W),
-            )?;
-            ops::add_bias(&mut fc, w(FC_B));
-            round_to(&mut fc, compute);
-            let mut gelu = self.backend.gelu_fwd(&fc)?;
+            let ln2 = self.norm(p, &x, w(LN2_G), w(LN2_B))?;
+            let fc_out = self.linear_fwd(p, params, &fc, &ln2.0)?;
+            let mut gelu = self.backend.gelu_fwd(&fc_out)?;
             round_to(&mut gelu, compute);
-            let mut fc2 = self.linear_mm(
-                p,
-                4 * l + 3,
-                (Fp8Role::Input, Fp8Role::Weight),
-                MatmulShape::new(n, c, 4 * c),
-                &gelu,
-                w(FC2_W),
-            )?;
-            ops::add_bias(&mut fc2, w(FC2_B));
-            round_to(&mut fc2, compute);
-            for (xi, fi) in x.iter_mut().zip(&fc2) {
-                *xi += fi;
-            }
-            round_to(&mut x, stream);
+            add_residual(&mut x, &self.linear_fwd(p, params, &fc2, &gelu)?, stream);
             caches.push(BlockCache {
                 x_in,
                 ln1,
@@ -426,24 +475,14 @@ impl Gpt<'_> {
                 y_rows,
                 x_mid,
                 ln2,
-                fc,
+                fc: fc_out,
                 gelu,
             });
         }
         let nl = params.len() - 2;
-        let mut lnf = self
-            .backend
-            .layernorm_fwd(&x, &params[nl], &params[nl + 1], c)?;
-        round_to(&mut lnf.0, p.layer_norm.narrower(stream));
+        let lnf = self.norm(p, &x, &params[nl], &params[nl + 1])?;
         // Head tied to the token embedding: logits = lnf . wte^T, in the compute format.
-        let head = MatmulShape {
-            batch: 1,
-            m: n,
-            n: v,
-            k: c,
-            a_transposed: false,
-            b_transposed: true,
-        };
+        let head = bmm(1, n, v, c, false, true);
         let logits = self.mm(head, &p.matmul, &lnf.0, &params[0], compute)?;
         let (loss, probs) = self.backend.cross_entropy_fwd(&logits, targets, v)?;
         match pass {
@@ -479,14 +518,7 @@ impl Gpt<'_> {
             compute,
         )?;
         grads[0] = self.mm(
-            MatmulShape {
-                batch: 1,
-                m: v,
-                n: c,
-                k: n,
-                a_transposed: true,
-                b_transposed: false,
-            },
+            bmm(1, v, c, n, true, false),
             &p.matmul,
             &dlogits,
             &lnf.0,
@@ -502,174 +534,72 @@ impl Gpt<'_> {
 
         for l in (0..cfg.n_layer).rev() {
             let cache = &caches[l];
-            let w = |o: usize| &params[layer_param(l, o)];
+            let [attn, proj, fc, fc2] = self.linears(l);
             // MLP: x = x_mid + fc2(gelu(fc(ln2(x_mid)))).
-            let dfc2 = dx.clone();
-            grads[layer_param(l, FC2_B)] = ops::column_sums(&dfc2, c);
-            grads[layer_param(l, FC2_W)] = self.linear_mm(
-                p,
-                4 * l + 3,
-                (Fp8Role::Input, Fp8Role::Grad),
-                transposed_a(4 * c, c, n),
-                &cache.gelu,
-                &dfc2,
-            )?;
-            let mut dgelu = self.linear_mm(
-                p,
-                4 * l + 3,
-                (Fp8Role::Grad, Fp8Role::Weight),
-                transposed_b(n, 4 * c, c),
-                &dfc2,
-                w(FC2_W),
-            )?;
-            round_to(&mut dgelu, compute);
+            let dgelu = self.linear_bwd(p, params, &fc2, &cache.gelu, &dx, &mut grads)?;
             let mut dfc = self.backend.gelu_bwd(&cache.fc, &dgelu)?;
             round_to(&mut dfc, compute);
-            grads[layer_param(l, FC_B)] = ops::column_sums(&dfc, 4 * c);
-            grads[layer_param(l, FC_W)] = self.linear_mm(
-                p,
-                4 * l + 2,
-                (Fp8Role::Input, Fp8Role::Grad),
-                transposed_a(c, 4 * c, n),
-                &cache.ln2.0,
-                &dfc,
-            )?;
-            let dln2 = self.linear_mm(
-                p,
-                4 * l + 2,
-                (Fp8Role::Grad, Fp8Role::Weight),
-                transposed_b(n, c, 4 * c),
-                &dfc,
-                w(FC_W),
-            )?;
-            let (mut dxm, dg2, db2) = self.backend.layernorm_bwd(
+            let dln2 = self.linear_bwd(p, params, &fc, &cache.ln2.0, &dfc, &mut grads)?;
+            let ln2 = (layer_param(l, LN2_G), layer_param(l, LN2_B));
+            let dxm = self.norm_residual_bwd(
+                params,
+                ln2,
                 &dln2,
                 &cache.x_mid,
-                w(LN2_G),
-                &cache.ln2.1,
-                &cache.ln2.2,
-                c,
+                &cache.ln2,
+                &dx,
+                stream,
+                &mut grads,
             )?;
-            grads[layer_param(l, LN2_G)] = dg2;
-            grads[layer_param(l, LN2_B)] = db2;
-            for (a, bb) in dxm.iter_mut().zip(&dx) {
-                *a += bb;
-            }
-            round_to(&mut dxm, stream);
             // Attention: x_mid = x_in + proj(attn(ln1(x_in))).
-            grads[layer_param(l, PROJ_B)] = ops::column_sums(&dxm, c);
-            grads[layer_param(l, PROJ_W)] = self.linear_mm(
-                p,
-                4 * l + 1,
-                (Fp8Role::Input, Fp8Role::Grad),
-                transposed_a(c, c, n),
-                &cache.y_rows,
-                &dxm,
-            )?;
-            let dy_rows = self.linear_mm(
-                p,
-                4 * l + 1,
-                (Fp8Role::Grad, Fp8Role::Weight),
-                transposed_b(n, c, c),
-                &dxm,
-                w(PROJ_W),
-            )?;
+            let dy_rows = self.linear_bwd(p, params, &proj, &cache.y_rows, &dxm, &mut grads)?;
             let dy = ops::rows_to_heads(&dy_rows, b, t, h, d);
             let bh = b * h;
-            let mut datt = self.mm(
-                MatmulShape {
-                    batch: bh,
-                    m: t,
-                    n: t,
-                    k: d,
-                    a_transposed: false,
-                    b_transposed: true,
-                },
+            let datt = self.mm(
+                bmm(bh, t, t, d, false, true),
                 &p.matmul,
                 &dy,
                 &cache.v,
                 compute,
             )?;
             let dv = self.mm(
-                MatmulShape {
-                    batch: bh,
-                    m: t,
-                    n: d,
-                    k: t,
-                    a_transposed: true,
-                    b_transposed: false,
-                },
+                bmm(bh, t, d, t, true, false),
                 &p.matmul,
                 &cache.att,
                 &dy,
                 compute,
             )?;
-            round_to(&mut datt, compute);
             let mut dscores = self
                 .backend
                 .causal_softmax_bwd(&cache.att, &datt, t, scale)?;
             round_to(&mut dscores, compute);
             let dq = self.mm(
-                MatmulShape {
-                    batch: bh,
-                    m: t,
-                    n: d,
-                    k: t,
-                    a_transposed: false,
-                    b_transposed: false,
-                },
+                bmm(bh, t, d, t, false, false),
                 &p.matmul,
                 &dscores,
                 &cache.k,
                 compute,
             )?;
             let dk = self.mm(
-                MatmulShape {
-                    batch: bh,
-                    m: t,
-                    n: d,
-                    k: t,
-                    a_transposed: true,
-                    b_transposed: false,
-                },
+                bmm(bh, t, d, t, true, false),
                 &p.matmul,
                 &dscores,
                 &cache.q,
                 compute,
             )?;
             let dqkv = ops::merge_qkv([&dq, &dk, &dv], b, t, h, d);
-            grads[layer_param(l, ATTN_B)] = ops::column_sums(&dqkv, 3 * c);
-            grads[layer_param(l, ATTN_W)] = self.linear_mm(
-                p,
-                4 * l,
-                (Fp8Role::Input, Fp8Role::Grad),
-                transposed_a(c, 3 * c, n),
-                &cache.ln1.0,
-                &dqkv,
-            )?;
-            let dln1 = self.linear_mm(
-                p,
-                4 * l,
-                (Fp8Role::Grad, Fp8Role::Weight),
-                transposed_b(n, c, 3 * c),
-                &dqkv,
-                w(ATTN_W),
-            )?;
-            let (mut dxi, dg1, db1) = self.backend.layernorm_bwd(
+            let dln1 = self.linear_bwd(p, params, &attn, &cache.ln1.0, &dqkv, &mut grads)?;
+            let ln1 = (layer_param(l, LN1_G), layer_param(l, LN1_B));
+            dx = self.norm_residual_bwd(
+                params,
+                ln1,
                 &dln1,
                 &cache.x_in,
-                w(LN1_G),
-                &cache.ln1.1,
-                &cache.ln1.2,
-                c,
+                &cache.ln1,
+                &dxm,
+                stream,
+                &mut grads,
             )?;
-            grads[layer_param(l, LN1_G)] = dg1;
-            grads[layer_param(l, LN1_B)] = db1;
-            for (a, bb) in dxi.iter_mut().zip(&dxm) {
-                *a += bb;
-            }
-            round_to(&mut dxi, stream);
-            dx = dxi;
         }
         // Embeddings: scatter-add into the token table (which also holds the head's gradient).
         let dwte = ops::embedding_bwd(&dx, ids, v, c);
@@ -703,28 +633,50 @@ pub struct Output {
     pub logits: Option<Vec<f32>>,
 }
 
-/// A^T . B for A stored rows x m (the weight gradient x^T . dy): m x n result, k = rows.
-fn transposed_a(m: usize, n: usize, rows: usize) -> MatmulShape {
-    MatmulShape {
-        batch: 1,
-        m,
-        n,
-        k: rows,
-        a_transposed: true,
-        b_transposed: false,
-    }
+/// A linear layer of a block: its index among the fp8 states, parameter slots and widths.
+struct Linear {
+    layer: usize,
+    w: usize,
+    b: usize,
+    din: usize,
+    dout: usize,
 }
 
-/// A . B^T for B stored n x k (dy . W^T with W stored k_out... as n x k).
-fn transposed_b(m: usize, n: usize, k: usize) -> MatmulShape {
+/// A batched matmul shape (attention: one batch per sequence and head).
+fn bmm(
+    batch: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    a_transposed: bool,
+    b_transposed: bool,
+) -> MatmulShape {
     MatmulShape {
-        batch: 1,
+        batch,
         m,
         n,
         k,
-        a_transposed: false,
-        b_transposed: true,
+        a_transposed,
+        b_transposed,
     }
+}
+
+/// x += y, held in the stream format (the residual stream and its gradient).
+fn add_residual(x: &mut [f32], y: &[f32], stream: Format) {
+    for (a, b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+    round_to(x, stream);
+}
+
+/// A^T . B for A stored rows x m (the weight gradient x^T . dy): m x n result, k = rows.
+fn transposed_a(m: usize, n: usize, rows: usize) -> MatmulShape {
+    bmm(1, m, n, rows, true, false)
+}
+
+/// A . B^T for B stored n x k (dx = dy . W^T, W stored din x dout).
+fn transposed_b(m: usize, n: usize, k: usize) -> MatmulShape {
+    bmm(1, m, n, k, false, true)
 }
 
 trait Narrower {
