@@ -21,6 +21,22 @@ struct CastParams {
     scale_offset: u32,
 }
 
+impl CastParams {
+    /// A cast of `len` elements with no scale groups.
+    fn plain(len: usize, format: Format, saturate: bool) -> CastParams {
+        CastParams {
+            len: len as u32,
+            format: format_id(format),
+            saturate: saturate as u32,
+            batch_len: 1,
+            div: 1,
+            modulus: 1,
+            groups_per_batch: 1,
+            scale_offset: 0,
+        }
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct ScaleParams {
@@ -101,16 +117,7 @@ pub fn encode(
     format: Format,
     saturate: bool,
 ) -> Result<Dispatch> {
-    let params = CastParams {
-        len: len as u32,
-        format: format_id(format),
-        saturate: saturate as u32,
-        batch_len: 1,
-        div: 1,
-        modulus: 1,
-        groups_per_batch: 1,
-        scale_offset: 0,
-    };
+    let params = CastParams::plain(len, format, saturate);
     element_cast(
         gpu,
         Kernel::Encode,
@@ -130,16 +137,7 @@ pub fn decode(
     len: usize,
     format: Format,
 ) -> Result<Dispatch> {
-    let params = CastParams {
-        len: len as u32,
-        format: format_id(format),
-        saturate: 0,
-        batch_len: 1,
-        div: 1,
-        modulus: 1,
-        groups_per_batch: 1,
-        scale_offset: 0,
-    };
+    let params = CastParams::plain(len, format, false);
     element_cast(gpu, Kernel::Decode, params, src, dst, src, len)
 }
 
