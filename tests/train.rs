@@ -3,6 +3,8 @@
 //! below the unigram entropy, GradScaler skips and backs off, fp8 histories update, resuming
 //! reproduces the uninterrupted run, bad checkpoints are refused).
 
+mod common;
+
 use mantissa::backend::Reference;
 use mantissa::measure;
 use mantissa::policy::{PrecisionClass, Preset};
@@ -219,6 +221,26 @@ fn loss_falls_below_the_unigram_entropy() {
             "{preset}: validation loss {val:.3} after 120 steps, unigram entropy {entropy:.3}"
         );
     }
+}
+
+/// The same training on the wgpu backend (lavapipe in CI): every matmul and the layer norm,
+/// GELU, softmax, cross-entropy and AdamW kernels run on the device.
+#[test]
+fn loss_falls_on_wgpu() {
+    common::on(common::wgpu(), "loss_falls_on_wgpu", |b| {
+        let corpus = corpus();
+        let entropy = corpus.unigram_entropy();
+        let mut t = Trainer::new(b, &corpus, options(&corpus, Preset::MixedBf16, 11)).unwrap();
+        for _ in 0..60 {
+            t.step().unwrap();
+        }
+        let val = t.evaluate(2).unwrap();
+        assert!(
+            val < entropy - 0.2,
+            "bf16-mixed on {}: validation loss {val:.3} after 60 steps, unigram entropy {entropy:.3}",
+            b.name()
+        );
+    });
 }
 
 #[test]

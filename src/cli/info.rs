@@ -58,20 +58,18 @@ pub fn run(_: Args) -> Result<()> {
     if !adapters.is_empty() {
         println!("wgpu adapters (best first; WGPU_ADAPTER_NAME filters):");
         print!("{}", t.render());
-        match backend::wgpu::WgpuBackend::open_best() {
-            Ok(b) => {
-                println!(
-                    "  precision classes on {}: {}",
-                    b.summary().name,
-                    classes(&b)
-                );
-                println!(
-                    "  f16 operands read as: {:?}; runtime checks: {}",
+        let options = backend::wgpu::WgpuOptions::from_env()?;
+        for (i, a) in adapters.iter().enumerate() {
+            match backend::wgpu::WgpuBackend::open_nth(i, options) {
+                Ok(b) => println!(
+                    "  #{i} {}: precision classes {}; f16 read as {:?}; runtime checks {}",
+                    a.name,
+                    classes(&b),
                     b.f16_read(),
                     if b.runtime_checks() { "on" } else { "off" }
-                );
+                ),
+                Err(e) => println!("  #{i} {}: could not open: {e}", a.name),
             }
-            Err(e) => println!("  could not open the best adapter: {e}"),
         }
     }
     println!();
