@@ -248,3 +248,52 @@ fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let denom = sqrt(v / params.f6) + params.f3;
     out0[e] = out0[e] * (1.0 - wd) - (params.f0 / params.f5) * m / denom;
 }
+
+// Embedding gather: out0[r, i] = in0[id(r), i]; in1 = ids (f32 bits of u32), c = width,
+// n = rows * c.
+@compute @workgroup_size(256)
+fn embedding_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let r = e / params.c;
+    out0[e] = in0[bitcast<u32>(in1[r]) * params.c + e % params.c];
+}
+
+// Embedding scatter-add as a gather, so no float atomics are needed: table entry (row, i) sums
+// dout over the tokens whose id is `row`. in0 = dout, in1 = ids; step = tokens; n = rows * c.
+@compute @workgroup_size(256)
+fn embedding_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let row = e / params.c;
+    let i = e % params.c;
+    var sum = 0.0;
+    for (var r = 0u; r < params.step; r++) {
+        if (bitcast<u32>(in1[r]) == row) {
+            sum += in0[r * params.c + i];
+        }
+    }
+    out0[e] = sum;
+}
+
+// Fused unscale and finite check: out0 = grads * f0 in place; out1[0] becomes 1 if any result
+// is inf or NaN (every writer writes the same value, so the race is benign).
+@compute @workgroup_size(256)
+fn unscale_check(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let g = out0[e] * params.f0;
+    out0[e] = g;
+    if ((bitcast<u32>(g) & 0x7f800000u) == 0x7f800000u) {
+        out1[0] = 1.0;
+    }
+}

@@ -450,6 +450,41 @@ fn train_ops(b: &dyn Backend) {
     close("adamw p", &p1, &p2, 1e-6);
     close("adamw m", &m1, &m2, 1e-6);
     close("adamw v", &v1, &v2, 1e-6);
+    let (vocab, width) = (11, 7);
+    let table = measure::normal(vocab * width, seed + 9);
+    let ids: Vec<u32> = (0..29u32).map(|i| (i * 5 + 1) % vocab as u32).collect();
+    let gathered = b.embedding_fwd(&table, &ids, width).unwrap();
+    assert_eq!(
+        gathered,
+        ops::embedding_fwd(&table, &ids, width),
+        "embedding gather is exact"
+    );
+    let dout = measure::normal(ids.len() * width, seed + 10);
+    close(
+        "embedding scatter-add",
+        &b.embedding_bwd(&dout, &ids, vocab, width).unwrap(),
+        &ops::embedding_bwd(&dout, &ids, vocab, width),
+        1e-6,
+    );
+    assert!(
+        b.embedding_fwd(&table, &[vocab as u32], width).is_err(),
+        "an id outside the table is an error"
+    );
+    let mut grads = measure::normal(3001, seed + 11);
+    let mut want = grads.clone();
+    assert!(b.unscale_check(&mut grads, 1.0 / 1024.0).unwrap());
+    assert!(ops::unscale_check(&mut want, 1.0 / 1024.0));
+    assert_eq!(grads, want, "unscaling is one exact f32 multiplication");
+    grads[1234] = f32::INFINITY;
+    assert!(
+        !b.unscale_check(&mut grads, 0.5).unwrap(),
+        "an inf gradient is reported"
+    );
+    grads[1234] = f32::NAN;
+    assert!(
+        !b.unscale_check(&mut grads, 0.5).unwrap(),
+        "a NaN gradient is reported"
+    );
 }
 
 macro_rules! tests_for {
@@ -466,7 +501,7 @@ macro_rules! tests_for {
     };
 }
 
-tests_for!(reference: matmul_edges, matmul_error_bands, matmul_bad_input);
+tests_for!(reference: matmul_edges, matmul_error_bands, matmul_bad_input, train_ops);
 tests_for!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, train_ops);
 tests_for!(wgpu_packed_f16: matmul_random, matmul_edges);
 tests_for!(wgpu_checked: casts, matmul_edges, train_ops);

@@ -236,9 +236,42 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// Rows of `table` (rows x c) gathered by `ids`.
+    fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
+        check_ids(ids, table.len() / c.max(1))?;
+        Ok(ops::embedding_fwd(table, ids, c))
+    }
+    /// Scatter-add of `dout` rows into a `rows x c` gradient table.
+    fn embedding_bwd(&self, dout: &[f32], ids: &[u32], rows: usize, c: usize) -> Result<Vec<f32>> {
+        check_ids(ids, rows)?;
+        if dout.len() != ids.len() * c {
+            return Err(Error::LengthMismatch {
+                what: "embedding gradient",
+                expected: ids.len() * c,
+                got: dout.len(),
+            });
+        }
+        Ok(ops::embedding_bwd(dout, ids, rows, c))
+    }
+    /// Fused unscale and finite check: g *= inverse_scale in place; whether all are finite.
+    fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
+        Ok(ops::unscale_check(g, inverse_scale))
+    }
+
     /// The algorithm a precision class resolves to on this backend.
     fn resolve(&self, class: PrecisionClass) -> Algorithm {
         class.resolve(&self.capabilities())
+    }
+}
+
+/// Every id must name a row of a table with `rows` rows.
+pub(crate) fn check_ids(ids: &[u32], rows: usize) -> Result<()> {
+    match ids.iter().find(|&&i| i as usize >= rows) {
+        Some(bad) => Err(Error::invalid(
+            "embedding",
+            format!("id {bad} is outside a table of {rows} rows"),
+        )),
+        None => Ok(()),
     }
 }
 

@@ -3,9 +3,9 @@
 //! token embedding.
 //!
 //! Matmuls go through the `Backend` trait with the algorithm the precision policy chose, and so
-//! do layer norm, GELU, causal softmax and cross entropy (device kernels on wgpu, the host
-//! reference elsewhere); embeddings, head permutations, bias sums and the autocast rounding
-//! run on the host. Autocast is emulated by rounding each tensor to the format it would be
+//! do embeddings, layer norm, GELU, causal softmax and cross entropy (device kernels on wgpu,
+//! the host reference elsewhere); head permutations, bias sums, residual adds and the autocast
+//! rounding run on the host. Autocast is emulated by rounding each tensor to the format it would be
 //! held in (`Precision`).
 
 use super::ops::{self, round_to};
@@ -431,9 +431,9 @@ impl Gpt<'_> {
         let (stream, compute) = (p.stream, p.compute);
 
         // Embeddings: token + position, in the stream format.
-        let mut x = ops::embedding_fwd(&params[0], ids, c);
+        let mut x = self.backend.embedding_fwd(&params[0], ids, c)?;
         let pos: Vec<u32> = (0..n).map(|i| (i % t) as u32).collect();
-        let wpe = ops::embedding_fwd(&params[1], &pos, c);
+        let wpe = self.backend.embedding_fwd(&params[1], &pos, c)?;
         for (xi, pi) in x.iter_mut().zip(&wpe) {
             *xi += pi;
         }
@@ -602,11 +602,11 @@ impl Gpt<'_> {
             )?;
         }
         // Embeddings: scatter-add into the token table (which also holds the head's gradient).
-        let dwte = ops::embedding_bwd(&dx, ids, v, c);
+        let dwte = self.backend.embedding_bwd(&dx, ids, v, c)?;
         for (g, e) in grads[0].iter_mut().zip(&dwte) {
             *g += e;
         }
-        grads[1] = ops::embedding_bwd(&dx, &pos, cfg.block_size, c);
+        grads[1] = self.backend.embedding_bwd(&dx, &pos, cfg.block_size, c)?;
         for g in grads.iter_mut() {
             round_to(g, stream);
         }

@@ -283,6 +283,17 @@ pub fn rows_to_heads(x: &[f32], b: usize, t: usize, h: usize, d: usize) -> Vec<f
     out
 }
 
+/// Multiplies gradients by `inverse_scale` in place (GradScaler's unscale) and says whether all
+/// of them are finite.
+pub fn unscale_check(g: &mut [f32], inverse_scale: f32) -> bool {
+    let mut finite = true;
+    for x in g.iter_mut() {
+        *x *= inverse_scale;
+        finite &= x.is_finite();
+    }
+    finite
+}
+
 /// Rounds values to `format` in place (autocast: a tensor held in a narrower format). f32 is a
 /// no-op.
 pub fn round_to(x: &mut [f32], format: Format) {

@@ -127,17 +127,17 @@ impl<'a> Trainer<'a> {
         let (loss, mut grads) = (out.loss, out.grads.unwrap_or_default());
         hook(&mut grads);
         self.step += 1;
-        // Unscale in f32 and check.
+        // Unscale in f32 and check (one fused op per gradient tensor).
         let inverse = 1.0 / scale;
         let mut finite = true;
-        let mut norm2 = 0f64;
         for g in grads.iter_mut() {
-            for x in g.iter_mut() {
-                *x *= inverse;
-                finite &= x.is_finite();
-                norm2 += (*x as f64) * (*x as f64);
-            }
+            finite &= self.gpt.backend.unscale_check(g, inverse)?;
         }
+        let norm2: f64 = grads
+            .iter()
+            .flatten()
+            .map(|&x| (x as f64) * (x as f64))
+            .sum();
         let decision = match self.scaler.as_mut() {
             Some(s) => s.update(finite),
             None if !finite || !loss.is_finite() => {

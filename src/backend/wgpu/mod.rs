@@ -521,6 +521,65 @@ impl Backend for WgpuBackend {
         Ok(d)
     }
 
+    fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
+        let n = ids.len() * c;
+        super::check_ids(ids, table.len() / c.max(1))?;
+        let p = TrainParams {
+            n: n as u32,
+            c: c as u32,
+            ..Default::default()
+        };
+        let ids = ids_as_f32(ids);
+        let [y, ..] = self.train_op(
+            TrainOp::EmbeddingFwd,
+            p,
+            [table, &ids, &[]],
+            [Out::Fresh(n), Out::Unused, Out::Unused],
+            n,
+        )?;
+        Ok(y)
+    }
+
+    fn embedding_bwd(&self, dout: &[f32], ids: &[u32], rows: usize, c: usize) -> Result<Vec<f32>> {
+        super::check_ids(ids, rows)?;
+        let n = rows * c;
+        let p = TrainParams {
+            n: n as u32,
+            c: c as u32,
+            step: ids.len() as u32,
+            ..Default::default()
+        };
+        let ids = ids_as_f32(ids);
+        let [d, ..] = self.train_op(
+            TrainOp::EmbeddingBwd,
+            p,
+            [dout, &ids, &[]],
+            [Out::Fresh(n), Out::Unused, Out::Unused],
+            n,
+        )?;
+        Ok(d)
+    }
+
+    fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
+        if g.is_empty() {
+            return Ok(true);
+        }
+        let p = TrainParams {
+            n: g.len() as u32,
+            f: [inverse_scale, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            ..Default::default()
+        };
+        let [scaled, flag, _] = self.train_op(
+            TrainOp::UnscaleCheck,
+            p,
+            [&[], &[], &[]],
+            [Out::Init(g), Out::Fresh(1), Out::Unused],
+            g.len(),
+        )?;
+        g.copy_from_slice(&scaled);
+        Ok(flag[0] == 0.0)
+    }
+
     fn adamw(
         &self,
         opt: &AdamW,

@@ -26,10 +26,13 @@ pub enum TrainOp {
     CrossEntropyFwd,
     CrossEntropyBwd,
     Adamw,
+    EmbeddingFwd,
+    EmbeddingBwd,
+    UnscaleCheck,
 }
 
 impl TrainOp {
-    pub const ALL: [TrainOp; 10] = [
+    pub const ALL: [TrainOp; 13] = [
         TrainOp::LayernormFwd,
         TrainOp::LayernormBwdX,
         TrainOp::LayernormBwdParams,
@@ -40,6 +43,9 @@ impl TrainOp {
         TrainOp::CrossEntropyFwd,
         TrainOp::CrossEntropyBwd,
         TrainOp::Adamw,
+        TrainOp::EmbeddingFwd,
+        TrainOp::EmbeddingBwd,
+        TrainOp::UnscaleCheck,
     ];
 
     pub fn entry_point(self) -> &'static str {
@@ -54,6 +60,9 @@ impl TrainOp {
             TrainOp::CrossEntropyFwd => "cross_entropy_fwd",
             TrainOp::CrossEntropyBwd => "cross_entropy_bwd",
             TrainOp::Adamw => "adamw",
+            TrainOp::EmbeddingFwd => "embedding_fwd",
+            TrainOp::EmbeddingBwd => "embedding_bwd",
+            TrainOp::UnscaleCheck => "unscale_check",
         }
     }
 }
