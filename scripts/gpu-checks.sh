@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU checks owed by sessions without a GPU, in one call on the lent GPU machine (the
+# `device` tool runs commands in a copy of this repo there; see ../shared/FACTS.md).
+#
+# Prepare here, once per session (all under folders that .git/info/exclude ignores):
+#   echo /.gl/ >> .git/info/exclude; echo /.anchors/ >> .git/info/exclude
+#   mkdir -p .gl /tmp/amd64/partial .anchors && cp ../shared/anchors/*.py .anchors/
+#   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
+#   apt-get $o update && (cd .gl && apt-get $o download libvulkan1)
+#   cargo build --release
+# Then run with carry [".gl", ".anchors", "target/release/mantissa"]:
+#   bash scripts/gpu-checks.sh
+# Everything lands in $OUT (or ./gpu-checks when OUT is unset).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out="${OUT:-gpu-checks}"
+mkdir -p "$out"
+for f in .gl/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done
+ldconfig
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
+if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+fi
+m=./target/release/mantissa
+run() { echo "== $*"; "$@" 2>&1 | tee -a "$out/log.txt"; }
+run nvidia-smi
+run $m info
+run $m bench matmul --sizes 4096,8192 --algorithms all --backends wgpu --reps 10 --json "$out/bench-unchecked.json"
+MANTISSA_WGSL_CHECKS=on run $m bench matmul --sizes 4096 --algorithms f32,bf16x3 --backends wgpu --reps 5 --json "$out/bench-checked.json"
+run $m bench matmul --sizes 8192x1x8192 --algorithms f32,e4m3 --backends wgpu --reps 10 --json "$out/bench-matvec.json"
+if [ -d .anchors ]; then
+    run python3 .anchors/torch_matmul.py
+fi
+run $m report --backends all --sizes 256,1000x700x1500 --train-steps 100 --out "$out/report"
+run $m train --config small --precision 32-true,16-mixed,bf16-mixed,16-true,bf16-true --steps 300 --eval-interval 50 --backend wgpu --out "$out/train"
+if [ -d .anchors ]; then
+    run python3 .anchors/torch_gpt.py
+fi
