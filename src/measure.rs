@@ -2,6 +2,7 @@
 //! families, the exact f64 product, relative errors and the contract's tolerance check.
 
 use crate::algorithm::{Algorithm, MatmulShape};
+use crate::format::Format;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use rand_distr::{Distribution, StandardNormal};
@@ -29,6 +30,73 @@ pub fn wide_range(len: usize, seed: u64) -> Vec<f32> {
 pub fn uniform(len: usize, lo: f32, hi: f32, seed: u64) -> Vec<f32> {
     let mut rng = StdRng::seed_from_u64(seed);
     (0..len).map(|_| rng.random_range(lo..hi)).collect()
+}
+
+/// f32 values at and around every boundary of every format: zeros, subnormals of f32 and of the
+/// small formats, smallest normals, ties, the largest finite values and just beyond, inf, NaN.
+pub fn boundary_values() -> Vec<f32> {
+    let mut v = vec![
+        0.0,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::MAX,
+        f32::MIN,
+    ];
+    v.extend([
+        f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        f32::from_bits(0x007f_ffff),
+        f32::from_bits(0x0040_0000),
+    ]);
+    for f in Format::ALL {
+        let i = f.finfo();
+        for base in [
+            i.max,
+            i.smallest_normal,
+            i.smallest_subnormal,
+            1.0,
+            1.0 + i.eps / 2.0,
+            1.0 + 1.5 * i.eps,
+        ] {
+            let b = base as f32;
+            for x in [
+                b,
+                b.next_up(),
+                b.next_down(),
+                b * 0.5,
+                b * 1.5,
+                b * 2.0,
+                b * 0.75,
+            ] {
+                v.extend([x, -x]);
+            }
+        }
+        // Exactly halfway between max and the next (non-existent) value: rounds to inf/NaN.
+        let half_ulp_above = (i.max + i.eps * 2f64.powi(i.max.log2().floor() as i32) / 2.0) as f32;
+        v.extend([
+            half_ulp_above,
+            half_ulp_above.next_down(),
+            half_ulp_above.next_up(),
+        ]);
+    }
+    v
+}
+
+/// Random f32 with every exponent, both signs and random mantissas.
+pub fn random_bits(n: usize, seed: u64) -> Vec<f32> {
+    let words = uniform(n, 0.0, 1.0, seed);
+    words
+        .iter()
+        .map(|&u| f32::from_bits((u as f64 * u32::MAX as f64) as u32))
+        .collect()
+}
+
+/// Whether two codes of `format` are equal, NaN payloads aside.
+pub fn same_code(format: Format, got: u32, want: u32) -> bool {
+    got == want || (format.decode(got).is_nan() && format.decode(want).is_nan())
 }
 
 /// The product of the original f32 inputs in f64 (what every algorithm's error is measured

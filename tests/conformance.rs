@@ -14,75 +14,9 @@ use mantissa::backend::reference as host;
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
 
-/// f32 values at and around every boundary of every format: zeros, subnormals of f32 and of the
-/// small formats, smallest normals, ties, the largest finite values and just beyond, inf, NaN.
-fn edge_values() -> Vec<f32> {
-    let mut v = vec![
-        0.0,
-        -0.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        -f32::NAN,
-        f32::MAX,
-        f32::MIN,
-    ];
-    v.extend([
-        f32::MIN_POSITIVE,
-        f32::from_bits(1),
-        f32::from_bits(0x007f_ffff),
-        f32::from_bits(0x0040_0000),
-    ]);
-    for f in Format::ALL {
-        let i = f.finfo();
-        for base in [
-            i.max,
-            i.smallest_normal,
-            i.smallest_subnormal,
-            1.0,
-            1.0 + i.eps / 2.0,
-            1.0 + 1.5 * i.eps,
-        ] {
-            let b = base as f32;
-            for x in [
-                b,
-                b.next_up(),
-                b.next_down(),
-                b * 0.5,
-                b * 1.5,
-                b * 2.0,
-                b * 0.75,
-            ] {
-                v.extend([x, -x]);
-            }
-        }
-        // Exactly halfway between max and the next (non-existent) value: rounds to inf/NaN.
-        let half_ulp_above = (i.max + i.eps * 2f64.powi(i.max.log2().floor() as i32) / 2.0) as f32;
-        v.extend([
-            half_ulp_above,
-            half_ulp_above.next_down(),
-            half_ulp_above.next_up(),
-        ]);
-    }
-    v
-}
-
-/// Random f32 with every exponent, both signs and random mantissas.
-fn random_bits(n: usize, seed: u64) -> Vec<f32> {
-    let words = measure::uniform(n, 0.0, 1.0, seed);
-    words
-        .iter()
-        .map(|&u| f32::from_bits((u as f64 * u32::MAX as f64) as u32))
-        .collect()
-}
-
-fn same_code(format: Format, got: u32, want: u32) -> bool {
-    got == want || (format.decode(got).is_nan() && format.decode(want).is_nan())
-}
-
 fn check_encode(b: &dyn Backend, seed: u64) {
-    let mut values = edge_values();
-    values.extend(random_bits(20_000, seed));
+    let mut values = measure::boundary_values();
+    values.extend(measure::random_bits(20_000, seed));
     values.extend(measure::wide_range(5_000, seed + 1));
     values.extend(measure::normal(5_000, seed + 2));
     for format in Format::ALL {
@@ -92,7 +26,7 @@ fn check_encode(b: &dyn Backend, seed: u64) {
             let bad: Vec<String> = values
                 .iter()
                 .zip(&got)
-                .filter(|(x, g)| !same_code(format, **g, format.encode(**x, overflow)))
+                .filter(|(x, g)| !measure::same_code(format, **g, format.encode(**x, overflow)))
                 .take(5)
                 .map(|(x, g)| {
                     format!(
@@ -127,8 +61,8 @@ fn check_decode(b: &dyn Backend) {
 }
 
 fn check_split_and_amax(b: &dyn Backend, seed: u64) {
-    let mut values = edge_values();
-    values.extend(random_bits(10_000, seed));
+    let mut values = measure::boundary_values();
+    values.extend(measure::random_bits(10_000, seed));
     values.extend(measure::normal(3_001, seed + 1));
     let planes = b.split_bf16(&values).expect("split");
     for (e, &x) in values.iter().enumerate() {
@@ -136,7 +70,7 @@ fn check_split_and_amax(b: &dyn Backend, seed: u64) {
         for p in 0..3 {
             let code = Format::Bf16.encode(want[p], Overflow::Standard);
             assert!(
-                same_code(Format::Bf16, planes[p][e], code),
+                measure::same_code(Format::Bf16, planes[p][e], code),
                 "{} split {x:e} part {p}: {:#x} vs {code:#x}",
                 b.name(),
                 planes[p][e]

@@ -6,7 +6,6 @@ use crate::backend::{self, BackendChoice};
 use crate::error::{Error, Result};
 use crate::policy::{PrecisionClass, Preset};
 use crate::train::{Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer, ops::AdamW};
-use plotters::prelude::*;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -238,7 +237,18 @@ pub fn train(args: TrainArgs) -> Result<()> {
     let chart = args.out.join("loss.svg");
     std::fs::write(
         &chart,
-        loss_chart(&runs).map_err(|e| Error::invalid("chart", e))?,
+        crate::report::loss_chart(
+            "training loss by precision preset (lines: train, dots: validation)",
+            &runs
+                .iter()
+                .map(|r| crate::report::LossCurve {
+                    label: r.preset.clone(),
+                    losses: r.steps.iter().map(|s| (s.step, s.loss)).collect(),
+                    points: r.val.clone(),
+                })
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| Error::invalid("chart", e))?,
     )
     .map_err(|e| Error::file(&chart, e))?;
     println!("wrote {} and {}", log.display(), chart.display());
@@ -281,82 +291,6 @@ fn log_line(r: &StepRecord, val: f64) -> String {
         line.push_str(" (skipped: inf/NaN gradient)");
     }
     line
-}
-
-/// Training loss per step (lines) and validation loss (points), one color per preset.
-fn loss_chart(runs: &[Run]) -> std::result::Result<String, String> {
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (900, 500)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let max_step = runs
-            .iter()
-            .flat_map(|r| r.steps.last().map(|s| s.step))
-            .max()
-            .unwrap_or(1)
-            .max(1);
-        let finite = |x: f64| x.is_finite() && x < 10.0;
-        let losses = runs
-            .iter()
-            .flat_map(|r| r.steps.iter().map(|s| s.loss))
-            .filter(|l| finite(*l));
-        let (lo, hi) = losses.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), l| {
-            (lo.min(l), hi.max(l))
-        });
-        let (lo, hi) = if lo.is_finite() {
-            (lo.floor().max(0.0), hi.ceil())
-        } else {
-            (0.0, 5.0)
-        };
-        let mut chart = ChartBuilder::on(&root)
-            .caption(
-                "training loss by precision preset (lines: train, dots: validation)",
-                ("sans-serif", 18),
-            )
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(50)
-            .build_cartesian_2d(0u32..max_step, lo..hi.max(lo + 0.5))
-            .map_err(|e| e.to_string())?;
-        chart
-            .configure_mesh()
-            .x_desc("step")
-            .y_desc("loss (nats)")
-            .draw()
-            .map_err(|e| e.to_string())?;
-        for (i, r) in runs.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            let pts: Vec<(u32, f64)> = r
-                .steps
-                .iter()
-                .filter(|s| finite(s.loss))
-                .map(|s| (s.step, s.loss))
-                .collect();
-            chart
-                .draw_series(LineSeries::new(pts, color.stroke_width(1)))
-                .map_err(|e| e.to_string())?
-                .label(r.preset.clone())
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(3))
-                });
-            chart
-                .draw_series(
-                    r.val
-                        .iter()
-                        .filter(|(_, v)| finite(*v))
-                        .map(|&(s, v)| Circle::new((s, v), 4, color.filled())),
-                )
-                .map_err(|e| e.to_string())?;
-        }
-        chart
-            .configure_series_labels()
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.9))
-            .draw()
-            .map_err(|e| e.to_string())?;
-        root.present().map_err(|e| e.to_string())?;
-    }
-    Ok(svg)
 }
 
 pub fn sample(args: SampleArgs) -> Result<()> {

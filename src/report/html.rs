@@ -204,7 +204,25 @@ pub fn render_html(report: &Report) -> String {
         let _ = write!(h, "<p>{}</p>", esc(note));
     }
     if !report.training.is_empty() {
-        match loss_chart(report) {
+        let curves: Vec<LossCurve> = report
+            .training
+            .iter()
+            .map(|t| LossCurve {
+                label: format!(
+                    "{} on {}",
+                    t.preset,
+                    t.backend.split(" (").next().unwrap_or(&t.backend)
+                ),
+                losses: t
+                    .losses
+                    .iter()
+                    .enumerate()
+                    .map(|(s, &l)| (s as u32 + 1, l))
+                    .collect(),
+                points: vec![],
+            })
+            .collect();
+        match loss_chart("training loss (nats) by preset and backend", &curves) {
             Ok(svg) => h.push_str(&svg),
             Err(e) => {
                 let _ = write!(h, "<p class=bad>loss chart failed: {}</p>", esc(&e));
@@ -272,65 +290,65 @@ pub fn render_html(report: &Report) -> String {
     h
 }
 
-/// Training loss per step, one line per (preset, backend).
-fn loss_chart(report: &Report) -> Result<String, String> {
+/// One loss curve of a chart: the training loss per step, and evaluation points if any.
+pub struct LossCurve {
+    pub label: String,
+    pub losses: Vec<(u32, f64)>,
+    pub points: Vec<(u32, f64)>,
+}
+
+/// Loss curves as an SVG chart (used by the report and by `mantissa train`). Non-finite or
+/// exploded losses (>= 10 nats) are left out so that a diverging run does not flatten the rest.
+pub fn loss_chart(title: &str, curves: &[LossCurve]) -> Result<String, String> {
+    let shown = |l: f64| l.is_finite() && l < 10.0;
+    let all = || {
+        curves
+            .iter()
+            .flat_map(|c| c.losses.iter().chain(&c.points))
+            .map(|p| p.1)
+            .filter(|l| shown(*l))
+    };
+    let hi = all().fold(1.0, f64::max).ceil();
+    let lo = all().fold(hi, f64::min).floor().min(hi - 0.5);
+    let last = curves
+        .iter()
+        .flat_map(|c| c.losses.last().map(|p| p.0))
+        .max()
+        .unwrap_or(1)
+        .max(2);
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (1040, 420)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
-        let steps = report
-            .training
-            .iter()
-            .map(|t| t.losses.len())
-            .max()
-            .unwrap_or(1)
-            .max(2);
-        let finite = |l: f64| l.is_finite() && l < 8.0;
-        let all = || {
-            report
-                .training
-                .iter()
-                .flat_map(|t| t.losses.iter().copied())
-                .filter(|l| finite(*l))
-        };
-        let hi = all().fold(1.0, f64::max);
-        let lo = all().fold(hi, f64::min).floor().min(hi - 0.5);
         let mut chart = ChartBuilder::on(&root)
-            .caption(
-                "training loss (nats) by preset and backend",
-                ("sans-serif", 18),
-            )
+            .caption(title, ("sans-serif", 18))
             .margin(12)
             .x_label_area_size(40)
             .y_label_area_size(50)
-            .build_cartesian_2d(1usize..steps, lo..hi.ceil())
+            .build_cartesian_2d(0u32..last, lo..hi)
             .map_err(|e| e.to_string())?;
         chart
             .configure_mesh()
             .x_desc("step")
-            .y_desc("loss")
+            .y_desc("loss (nats)")
             .draw()
             .map_err(|e| e.to_string())?;
-        for (i, t) in report.training.iter().enumerate() {
+        for (i, c) in curves.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
-            let points: Vec<(usize, f64)> = t
-                .losses
-                .iter()
-                .enumerate()
-                .filter(|(_, l)| finite(**l))
-                .map(|(s, l)| (s + 1, *l))
-                .collect();
+            let line: Vec<(u32, f64)> = c.losses.iter().copied().filter(|p| shown(p.1)).collect();
             chart
-                .draw_series(LineSeries::new(points, color.stroke_width(2)))
+                .draw_series(LineSeries::new(line, color.stroke_width(2)))
                 .map_err(|e| e.to_string())?
-                .label(format!(
-                    "{} on {}",
-                    t.preset,
-                    t.backend.split(" (").next().unwrap_or(&t.backend)
-                ))
+                .label(c.label.clone())
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(3))
                 });
+            let points = c
+                .points
+                .iter()
+                .filter(|p| shown(p.1))
+                .map(|&p| Circle::new(p, 4, color.filled()));
+            chart.draw_series(points).map_err(|e| e.to_string())?;
         }
         chart
             .configure_series_labels()

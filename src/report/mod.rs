@@ -9,7 +9,7 @@
 mod html;
 mod inputs;
 
-pub use html::render_html;
+pub use html::{LossCurve, loss_chart, render_html};
 pub use inputs::Family;
 
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
@@ -306,39 +306,10 @@ pub fn run_on(
 
 /// Values for the cast checks: every boundary of every format, random bit patterns, wide range.
 fn cast_values(seed: u64) -> Vec<f32> {
-    let mut v = vec![
-        0.0,
-        -0.0,
-        f32::INFINITY,
-        f32::NEG_INFINITY,
-        f32::NAN,
-        f32::MAX,
-        f32::MIN_POSITIVE,
-        f32::from_bits(1),
-    ];
-    for f in Format::ALL {
-        let i = f.finfo();
-        for base in [
-            i.max,
-            i.smallest_normal,
-            i.smallest_subnormal,
-            1.0 + i.eps / 2.0,
-        ] {
-            let b = base as f32;
-            v.extend([b, -b, b.next_up(), b.next_down(), b * 1.5, b * 0.5]);
-        }
-    }
-    let bits = measure::uniform(20_000, 0.0, 1.0, seed);
-    v.extend(
-        bits.iter()
-            .map(|&u| f32::from_bits((u as f64 * u32::MAX as f64) as u32)),
-    );
+    let mut v = measure::boundary_values();
+    v.extend(measure::random_bits(20_000, seed));
     v.extend(measure::wide_range(5_000, seed + 1));
     v
-}
-
-fn same_code(format: Format, got: u32, want: u32) -> bool {
-    got == want || (format.decode(got).is_nan() && format.decode(want).is_nan())
 }
 
 fn count_mismatches<T: Copy>(
@@ -389,7 +360,7 @@ fn cast_checks(b: &dyn Backend, seed: u64) -> Result<Vec<CastCheck>> {
                 &values,
                 &got,
                 &want,
-                |g, w| same_code(format, g, w),
+                |g, w| measure::same_code(format, g, w),
                 show,
             ));
         }
@@ -427,7 +398,7 @@ fn cast_checks(b: &dyn Backend, seed: u64) -> Result<Vec<CastCheck>> {
             &values,
             &planes[p],
             &want,
-            |g, w| same_code(Format::Bf16, g, w),
+            |g, w| measure::same_code(Format::Bf16, g, w),
             show,
         ));
     }
