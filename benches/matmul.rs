@@ -5,6 +5,7 @@
 use mantissa::algorithm::Algorithm;
 use mantissa::backend::{self, BackendChoice, BackendKind};
 use mantissa::bench::MatmulBench;
+use pollster::FutureExt as _;
 
 fn main() {
     let measuring = std::env::args().any(|a| a == "--bench");
@@ -27,18 +28,21 @@ fn main() {
     };
     let mut records = Vec::new();
     for kind in [BackendKind::Wgpu, BackendKind::Reference] {
-        match backend::open(BackendChoice::Only(kind)) {
-            Ok(b) => match bench.run(b.as_ref(), |r| {
-                println!(
-                    "{:<40} {:<10} n={:<5} {:>10.3} ms {:>9.4} TFLOP/s  err {:.2e}",
-                    r.backend,
-                    r.algorithm,
-                    r.n,
-                    r.seconds * 1e3,
-                    r.tflops,
-                    r.relative_error
-                )
-            }) {
+        match backend::open(BackendChoice::Only(kind)).block_on() {
+            Ok(b) => match bench
+                .run(b.as_ref(), |r| {
+                    println!(
+                        "{:<40} {:<10} n={:<5} {:>10.3} ms {:>9.4} TFLOP/s  err {:.2e}",
+                        r.backend,
+                        r.algorithm,
+                        r.n,
+                        r.seconds * 1e3,
+                        r.tflops,
+                        r.relative_error
+                    )
+                })
+                .block_on()
+            {
                 Ok(r) => records.extend(r),
                 Err(e) => {
                     eprintln!("{kind}: {e}");

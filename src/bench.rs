@@ -48,7 +48,7 @@ pub struct MatmulBench {
 
 impl MatmulBench {
     /// Runs every (algorithm, shape) on `backend`, calling `each` as records arrive.
-    pub fn run(
+    pub async fn run(
         &self,
         backend: &dyn Backend,
         mut each: impl FnMut(&MatmulRecord),
@@ -59,8 +59,10 @@ impl MatmulBench {
             let a = measure::normal(m * k, self.seed);
             let b = measure::normal(k * n, self.seed + 1);
             for algorithm in &self.algorithms {
-                let timing = backend.time_matmul(&shape, algorithm, &a, &b, self.repetitions)?;
-                let c = backend.matmul(&shape, algorithm, &a, &b)?;
+                let timing = backend
+                    .time_matmul(&shape, algorithm, &a, &b, self.repetitions)
+                    .await?;
+                let c = backend.matmul(&shape, algorithm, &a, &b).await?;
                 let (relative_error, max_ulp_error, rows) =
                     sampled_error(&shape, &a, &b, &c, self.error_rows);
                 let (bytes_a, bytes_b) = algorithm.bytes_per_element();

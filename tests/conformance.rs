@@ -13,6 +13,7 @@ use mantissa::backend::Backend;
 use mantissa::backend::reference as host;
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
+use pollster::FutureExt as _;
 
 fn check_encode(b: &dyn Backend, seed: u64) {
     let mut values = measure::boundary_values();
@@ -21,7 +22,10 @@ fn check_encode(b: &dyn Backend, seed: u64) {
     values.extend(measure::normal(5_000, seed + 2));
     for format in Format::ALL {
         for overflow in [Overflow::Standard, Overflow::Saturate] {
-            let got = b.encode(format, overflow, &values).expect("encode");
+            let got = b
+                .encode(format, overflow, &values)
+                .block_on()
+                .expect("encode");
             assert_eq!(got.len(), values.len());
             let bad: Vec<String> = values
                 .iter()
@@ -48,7 +52,7 @@ fn check_encode(b: &dyn Backend, seed: u64) {
 fn check_decode(b: &dyn Backend) {
     for format in [Format::Bf16, Format::F16, Format::E4m3, Format::E5m2] {
         let codes: Vec<u32> = (0..1u32 << format.storage_bits()).collect();
-        let got = b.decode(format, &codes).expect("decode");
+        let got = b.decode(format, &codes).block_on().expect("decode");
         for (&c, &g) in codes.iter().zip(&got) {
             let want = format.decode(c);
             assert!(
@@ -64,7 +68,7 @@ fn check_split_and_amax(b: &dyn Backend, seed: u64) {
     let mut values = measure::boundary_values();
     values.extend(measure::random_bits(10_000, seed));
     values.extend(measure::normal(3_001, seed + 1));
-    let planes = b.split_bf16(&values).expect("split");
+    let planes = b.split_bf16(&values).block_on().expect("split");
     for (e, &x) in values.iter().enumerate() {
         let want = format::split_bf16(x);
         for p in 0..3 {
@@ -86,7 +90,7 @@ fn check_split_and_amax(b: &dyn Backend, seed: u64) {
     ] {
         let want = format::amax(v.iter().copied());
         assert_eq!(
-            b.amax(v).expect("amax").to_bits(),
+            b.amax(v).block_on().expect("amax").to_bits(),
             want.to_bits(),
             "{} amax",
             b.name()
@@ -112,6 +116,7 @@ fn check_matmul(
 ) {
     let got = b
         .matmul(shape, alg, a, bm)
+        .block_on()
         .unwrap_or_else(|e| panic!("{} {alg} {what}: {e}", b.name()));
     let want = host::matmul(shape, alg, a, bm);
     let abs = measure::abs_product(shape, a, bm);
@@ -208,7 +213,7 @@ fn matmul_edges(b: &dyn Backend) {
         Algorithm::Bf16x6,
         Algorithm::Bf16x9,
     ] {
-        let c = b.matmul(&shape, &alg, &a, &bm).expect("matmul");
+        let c = b.matmul(&shape, &alg, &a, &bm).block_on().expect("matmul");
         assert_eq!(
             c[5 * shape.n + 11],
             f32::INFINITY,
@@ -233,7 +238,7 @@ fn matmul_error_bands(b: &dyn Backend) {
     let exact = measure::exact_product(&shape, &a, &bm);
     let mut errors = std::collections::HashMap::new();
     for alg in algorithms() {
-        let c = b.matmul(&shape, &alg, &a, &bm).expect("matmul");
+        let c = b.matmul(&shape, &alg, &a, &bm).block_on().expect("matmul");
         let err = measure::relative_error(&c, &exact);
         eprintln!("{} {alg}: relative error {err:.3e}", b.name());
         let (lo, hi) = alg.expected_error_n01();
@@ -261,15 +266,18 @@ fn matmul_bad_input(b: &dyn Backend) {
     let shape = MatmulShape::new(4, 5, 6);
     let err = b
         .matmul(&shape, &Algorithm::F32, &[0.0; 23], &[0.0; 30])
+        .block_on()
         .expect_err("short A must fail");
     assert!(err.to_string().contains("expected 24"), "{err}");
     let err = b
         .matmul(&shape, &Algorithm::Bf16x3, &[0.0; 24], &[0.0; 31])
+        .block_on()
         .expect_err("long B must fail");
     assert!(err.to_string().contains("expected 30"), "{err}");
     // Empty products are fine: k = 0 gives zeros.
     let c = b
         .matmul(&MatmulShape::new(2, 3, 0), &Algorithm::F32, &[], &[])
+        .block_on()
         .expect("k = 0");
     assert_eq!(c, vec![0.0; 6]);
 }
@@ -286,6 +294,7 @@ fn matmul_too_large(b: &dyn Backend) {
     let a = vec![1.0f32; m * k];
     let err = b
         .matmul(&shape, &Algorithm::F32, &a, &vec![1.0; 2 * k])
+        .block_on()
         .expect_err("A over the binding limit");
     let msg = err.to_string();
     assert!(
@@ -300,6 +309,7 @@ fn matmul_too_large(b: &dyn Backend) {
             &[1.0, 2.0, 3.0, 4.0],
             &[1.0, 0.0, 0.0, 1.0],
         )
+        .block_on()
         .expect("small matmul");
     assert_eq!(c, vec![1.0, 2.0, 3.0, 4.0]);
 }
@@ -323,31 +333,39 @@ fn train_ops(b: &dyn Backend) {
     let x = measure::normal(rows * c, seed);
     let (g, bias) = (measure::normal(c, seed + 1), measure::normal(c, seed + 2));
     let dy = measure::normal(rows * c, seed + 3);
-    let (y, mean, rstd) = b.layernorm_fwd(&x, &g, &bias, c).unwrap();
+    let (y, mean, rstd) = b.layernorm_fwd(&x, &g, &bias, c).block_on().unwrap();
     let (wy, wm, wr) = ops::layernorm_fwd(&x, &g, &bias, c);
     close("layernorm y", &y, &wy, 1e-5);
     close("layernorm mean", &mean, &wm, 1e-5);
     close("layernorm rstd", &rstd, &wr, 1e-5);
-    let (dx, dg, db) = b.layernorm_bwd(&dy, &x, &g, &wm, &wr, c).unwrap();
+    let (dx, dg, db) = b
+        .layernorm_bwd(&dy, &x, &g, &wm, &wr, c)
+        .block_on()
+        .unwrap();
     let (wdx, wdg, wdb) = ops::layernorm_bwd(&dy, &x, &g, &wm, &wr, c);
     close("layernorm dx", &dx, &wdx, 1e-4);
     close("layernorm dg", &dg, &wdg, 1e-4);
     close("layernorm db", &db, &wdb, 1e-4);
-    close("gelu", &b.gelu_fwd(&x).unwrap(), &ops::gelu_fwd(&x), 1e-5);
+    close(
+        "gelu",
+        &b.gelu_fwd(&x).block_on().unwrap(),
+        &ops::gelu_fwd(&x),
+        1e-5,
+    );
     close(
         "gelu bwd",
-        &b.gelu_bwd(&x, &dy).unwrap(),
+        &b.gelu_bwd(&x, &dy).block_on().unwrap(),
         &ops::gelu_bwd(&x, &dy),
         1e-5,
     );
     let t = 13;
     let s = measure::normal(3 * t * t, seed + 4);
     let dp = measure::normal(3 * t * t, seed + 5);
-    let p = b.causal_softmax_fwd(&s, t, 0.3).unwrap();
+    let p = b.causal_softmax_fwd(&s, t, 0.3).block_on().unwrap();
     close("softmax", &p, &ops::causal_softmax_fwd(&s, t, 0.3), 1e-5);
     close(
         "softmax bwd",
-        &b.causal_softmax_bwd(&p, &dp, t, 0.3).unwrap(),
+        &b.causal_softmax_bwd(&p, &dp, t, 0.3).block_on().unwrap(),
         &ops::causal_softmax_bwd(&p, &dp, t, 0.3),
         1e-5,
     );
@@ -357,7 +375,10 @@ fn train_ops(b: &dyn Backend) {
         .map(|x| 3.0 * x)
         .collect();
     let targets: Vec<u32> = (0..rows as u32).map(|r| (r * 7 + 3) % v as u32).collect();
-    let (loss, probs) = b.cross_entropy_fwd(&logits, &targets, v).unwrap();
+    let (loss, probs) = b
+        .cross_entropy_fwd(&logits, &targets, v)
+        .block_on()
+        .unwrap();
     let (wloss, wprobs) = ops::cross_entropy_fwd(&logits, &targets, v);
     assert!(
         (loss - wloss).abs() <= 1e-5 * wloss,
@@ -366,7 +387,9 @@ fn train_ops(b: &dyn Backend) {
     close("cross entropy probs", &probs, &wprobs, 1e-5);
     close(
         "cross entropy bwd",
-        &b.cross_entropy_bwd(&wprobs, &targets, v, 1024.0).unwrap(),
+        &b.cross_entropy_bwd(&wprobs, &targets, v, 1024.0)
+            .block_on()
+            .unwrap(),
         &ops::cross_entropy_bwd(&wprobs, &targets, v, 1024.0),
         1e-5,
     );
@@ -379,6 +402,7 @@ fn train_ops(b: &dyn Backend) {
     );
     let (mut p2, mut m2, mut v2) = (p1.clone(), m1.clone(), v1.clone());
     b.adamw(&opt, &mut p1, &grad, &mut m1, &mut v1, 3, true)
+        .block_on()
         .unwrap();
     opt.step(&mut p2, &grad, &mut m2, &mut v2, 3, true);
     close("adamw p", &p1, &p2, 1e-6);
@@ -387,7 +411,7 @@ fn train_ops(b: &dyn Backend) {
     let (vocab, width) = (11, 7);
     let table = measure::normal(vocab * width, seed + 9);
     let ids: Vec<u32> = (0..29u32).map(|i| (i * 5 + 1) % vocab as u32).collect();
-    let gathered = b.embedding_fwd(&table, &ids, width).unwrap();
+    let gathered = b.embedding_fwd(&table, &ids, width).block_on().unwrap();
     assert_eq!(
         gathered,
         ops::embedding_fwd(&table, &ids, width),
@@ -396,27 +420,35 @@ fn train_ops(b: &dyn Backend) {
     let dout = measure::normal(ids.len() * width, seed + 10);
     close(
         "embedding scatter-add",
-        &b.embedding_bwd(&dout, &ids, vocab, width).unwrap(),
+        &b.embedding_bwd(&dout, &ids, vocab, width)
+            .block_on()
+            .unwrap(),
         &ops::embedding_bwd(&dout, &ids, vocab, width),
         1e-6,
     );
     assert!(
-        b.embedding_fwd(&table, &[vocab as u32], width).is_err(),
+        b.embedding_fwd(&table, &[vocab as u32], width)
+            .block_on()
+            .is_err(),
         "an id outside the table is an error"
     );
     let mut grads = measure::normal(3001, seed + 11);
     let mut want = grads.clone();
-    assert!(b.unscale_check(&mut grads, 1.0 / 1024.0).unwrap());
+    assert!(
+        b.unscale_check(&mut grads, 1.0 / 1024.0)
+            .block_on()
+            .unwrap()
+    );
     assert!(ops::unscale_check(&mut want, 1.0 / 1024.0));
     assert_eq!(grads, want, "unscaling is one exact f32 multiplication");
     grads[1234] = f32::INFINITY;
     assert!(
-        !b.unscale_check(&mut grads, 0.5).unwrap(),
+        !b.unscale_check(&mut grads, 0.5).block_on().unwrap(),
         "an inf gradient is reported"
     );
     grads[1234] = f32::NAN;
     assert!(
-        !b.unscale_check(&mut grads, 0.5).unwrap(),
+        !b.unscale_check(&mut grads, 0.5).block_on().unwrap(),
         "a NaN gradient is reported"
     );
 }

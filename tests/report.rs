@@ -8,6 +8,7 @@ use mantissa::backend::{Backend, BackendKind, Reference};
 use mantissa::format::{Format, Overflow};
 use mantissa::policy::Capabilities;
 use mantissa::report::{self, Family, ReportConfig};
+use pollster::FutureExt as _;
 
 fn config(kinds: Vec<BackendKind>) -> ReportConfig {
     ReportConfig {
@@ -29,6 +30,7 @@ fn report_passes_on_reference_and_wgpu() {
         &config(vec![BackendKind::Reference, BackendKind::Wgpu]),
         |_| {},
     )
+    .block_on()
     .expect("report");
     let wgpu_present = report.backends.iter().any(|b| b.kind == "wgpu");
     if !wgpu_present && std::env::var("CI").is_ok_and(|v| v == "true") {
@@ -73,6 +75,7 @@ fn report_passes_on_reference_and_wgpu() {
 /// The reference with one deliberate fault in each of two ops.
 struct Faulty;
 
+#[mantissa::backend::async_trait]
 impl Backend for Faulty {
     fn kind(&self) -> BackendKind {
         BackendKind::Wgpu
@@ -86,14 +89,14 @@ impl Backend for Faulty {
     fn capabilities(&self) -> Capabilities {
         Capabilities::default()
     }
-    fn matmul(
+    async fn matmul(
         &self,
         shape: &MatmulShape,
         algorithm: &Algorithm,
         a: &[f32],
         b: &[f32],
     ) -> mantissa::Result<Vec<f32>> {
-        let mut c = Reference.matmul(shape, algorithm, a, b)?;
+        let mut c = Reference.matmul(shape, algorithm, a, b).await?;
         if *algorithm == Algorithm::Bf16x3 {
             c[0] *= 1.001; // a wrong element
         }
@@ -104,21 +107,26 @@ impl Backend for Faulty {
         }
         Ok(c)
     }
-    fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> mantissa::Result<Vec<u32>> {
-        let mut codes = Reference.encode(format, overflow, x)?;
+    async fn encode(
+        &self,
+        format: Format,
+        overflow: Overflow,
+        x: &[f32],
+    ) -> mantissa::Result<Vec<u32>> {
+        let mut codes = Reference.encode(format, overflow, x).await?;
         if format == Format::E5m2 && overflow == Overflow::Saturate {
             codes[3] ^= 1; // one wrong bit
         }
         Ok(codes)
     }
-    fn decode(&self, format: Format, bits: &[u32]) -> mantissa::Result<Vec<f32>> {
-        Reference.decode(format, bits)
+    async fn decode(&self, format: Format, bits: &[u32]) -> mantissa::Result<Vec<f32>> {
+        Reference.decode(format, bits).await
     }
-    fn split_bf16(&self, x: &[f32]) -> mantissa::Result<[Vec<u32>; 3]> {
-        Reference.split_bf16(x)
+    async fn split_bf16(&self, x: &[f32]) -> mantissa::Result<[Vec<u32>; 3]> {
+        Reference.split_bf16(x).await
     }
-    fn amax(&self, x: &[f32]) -> mantissa::Result<f32> {
-        Reference.amax(x)
+    async fn amax(&self, x: &[f32]) -> mantissa::Result<f32> {
+        Reference.amax(x).await
     }
 }
 
@@ -134,6 +142,7 @@ fn report_fails_when_a_backend_breaks_the_contract() {
         },
         |_| {},
     )
+    .block_on()
     .expect("report");
     assert!(!report.passed);
     let bad_casts: Vec<_> = report

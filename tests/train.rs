@@ -11,6 +11,7 @@ use mantissa::policy::{PrecisionClass, Preset};
 use mantissa::train::model::Fp8Mode;
 use mantissa::train::ops;
 use mantissa::train::*;
+use pollster::FutureExt as _;
 
 /// Checks d(sum(w . f(x)))/dx from `backward` against central differences of `forward`, in f64.
 fn grad_check(
@@ -172,6 +173,7 @@ fn model_gradient_matches_a_directional_derivative() {
     let out = t
         .gpt
         .run(&t.params, &ids, &targets, &mut p, 1.0, Pass::Backward)
+        .block_on()
         .unwrap();
     let grads = out.grads.unwrap();
     let dir: Vec<Vec<f32>> = t
@@ -196,6 +198,7 @@ fn model_gradient_matches_a_directional_derivative() {
             .collect();
         t.gpt
             .run(&q, &ids, &targets, &mut p.clone(), 1.0, Pass::Loss)
+            .block_on()
             .unwrap()
             .loss
     };
@@ -213,9 +216,9 @@ fn loss_falls_below_the_unigram_entropy() {
     for preset in [Preset::True32, Preset::Mixed16, Preset::MixedBf16] {
         let mut t = Trainer::new(&Reference, &corpus, options(&corpus, preset, 11)).unwrap();
         for _ in 0..120 {
-            t.step().unwrap();
+            t.step().block_on().unwrap();
         }
-        let val = t.evaluate(2).unwrap();
+        let val = t.evaluate(2).block_on().unwrap();
         assert!(
             val < entropy - 0.4,
             "{preset}: validation loss {val:.3} after 120 steps, unigram entropy {entropy:.3}"
@@ -232,9 +235,9 @@ fn loss_falls_on_wgpu() {
         let entropy = corpus.unigram_entropy();
         let mut t = Trainer::new(b, &corpus, options(&corpus, Preset::MixedBf16, 11)).unwrap();
         for _ in 0..60 {
-            t.step().unwrap();
+            t.step().block_on().unwrap();
         }
-        let val = t.evaluate(2).unwrap();
+        let val = t.evaluate(2).block_on().unwrap();
         assert!(
             val < entropy - 0.2,
             "bf16-mixed on {}: validation loss {val:.3} after 60 steps, unigram entropy {entropy:.3}",
@@ -247,7 +250,7 @@ fn loss_falls_on_wgpu() {
 fn an_inf_gradient_skips_the_step_and_halves_the_scale() {
     let corpus = corpus();
     let mut t = Trainer::new(&Reference, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
-    t.step().unwrap();
+    t.step().block_on().unwrap();
     let (params, m, v, applied) = (
         t.params.clone(),
         t.adam_m.clone(),
@@ -255,7 +258,7 @@ fn an_inf_gradient_skips_the_step_and_halves_the_scale() {
         t.applied,
     );
     let scale = t.scaler.unwrap().scale;
-    let r = t.step_with(|g| g[3][0] = f32::INFINITY).unwrap();
+    let r = t.step_with(|g| g[3][0] = f32::INFINITY).block_on().unwrap();
     assert!(r.skipped);
     assert_eq!(t.scaler.unwrap().scale, scale / 2.0);
     assert_eq!(
@@ -263,7 +266,7 @@ fn an_inf_gradient_skips_the_step_and_halves_the_scale() {
         (&params, &m, &v, applied),
         "weights and optimizer state untouched"
     );
-    let r = t.step().unwrap();
+    let r = t.step().block_on().unwrap();
     assert!(!r.skipped);
     assert_ne!(t.params, params);
 }
@@ -272,7 +275,11 @@ fn an_inf_gradient_skips_the_step_and_halves_the_scale() {
 fn a_nan_without_loss_scaling_stops_with_the_step_and_a_suggestion() {
     let corpus = corpus();
     let mut t = Trainer::new(&Reference, &corpus, options(&corpus, Preset::True32, 5)).unwrap();
-    let err = t.step_with(|g| g[0][0] = f32::NAN).unwrap_err().to_string();
+    let err = t
+        .step_with(|g| g[0][0] = f32::NAN)
+        .block_on()
+        .unwrap_err()
+        .to_string();
     assert!(
         err.contains("step 1") && err.contains("32-true") && err.contains("16-mixed"),
         "{err}"
@@ -289,7 +296,7 @@ fn fp8_delayed_scaling_records_amax_histories() {
     )
     .unwrap();
     for _ in 0..3 {
-        t.step().unwrap();
+        t.step().block_on().unwrap();
     }
     let Some(Fp8Mode::Delayed(states)) = &t.precision.fp8 else {
         panic!("transformer-engine uses delayed scaling")
@@ -317,11 +324,13 @@ fn resuming_from_a_checkpoint_reproduces_the_run() {
     let path = dir.path().join("ck.safetensors");
     let mut straight =
         Trainer::new(&Reference, &corpus, options(&corpus, Preset::Mixed16, 9)).unwrap();
-    let losses: Vec<f64> = (0..6).map(|_| straight.step().unwrap().loss).collect();
+    let losses: Vec<f64> = (0..6)
+        .map(|_| straight.step().block_on().unwrap().loss)
+        .collect();
     let mut first =
         Trainer::new(&Reference, &corpus, options(&corpus, Preset::Mixed16, 9)).unwrap();
     for _ in 0..3 {
-        first.step().unwrap();
+        first.step().block_on().unwrap();
     }
     Checkpoint::save(&first, &path).unwrap();
     let mut resumed =
@@ -330,7 +339,9 @@ fn resuming_from_a_checkpoint_reproduces_the_run() {
         .unwrap()
         .restore(&mut resumed)
         .unwrap();
-    let rest: Vec<f64> = (0..3).map(|_| resumed.step().unwrap().loss).collect();
+    let rest: Vec<f64> = (0..3)
+        .map(|_| resumed.step().block_on().unwrap().loss)
+        .collect();
     assert_eq!(rest, losses[3..].to_vec());
 }
 

@@ -16,8 +16,10 @@ use crate::policy::{Capabilities, PrecisionClass};
 use crate::train::ops::{self, AdamW};
 use std::fmt;
 use std::str::FromStr;
-use std::time::Instant;
+use web_time::Instant;
 
+/// Implementors of `Backend` mark their impl with this attribute (the trait's async ops).
+pub use async_trait::async_trait;
 pub use reference::Reference;
 
 /// The kinds of backend mantissa knows.
@@ -113,6 +115,10 @@ pub struct MatmulTiming {
 
 /// The one seam between policy and hardware. Operands and results are row-major f32 on the host;
 /// a backend moves them to and from its device.
+///
+/// Every op is async, because a GPU answers when it is done: in the browser nothing may block
+/// (a readback resolves from the page's event loop), natively callers use `pollster::block_on`.
+#[async_trait::async_trait]
 pub trait Backend: Send + Sync {
     fn kind(&self) -> BackendKind;
     /// Short name shown in tables: "reference", "wgpu:llvmpipe (Vulkan)", "cuda:NVIDIA H100".
@@ -123,7 +129,7 @@ pub trait Backend: Send + Sync {
     fn capabilities(&self) -> Capabilities;
 
     /// C = op(A) . op(B) under `algorithm`.
-    fn matmul(
+    async fn matmul(
         &self,
         shape: &MatmulShape,
         algorithm: &Algorithm,
@@ -132,17 +138,17 @@ pub trait Backend: Send + Sync {
     ) -> Result<Vec<f32>>;
 
     /// Encodes f32 values into `format` (one bit pattern per value, in the low bits).
-    fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> Result<Vec<u32>>;
+    async fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> Result<Vec<u32>>;
     /// Decodes bit patterns of `format` to f32.
-    fn decode(&self, format: Format, bits: &[u32]) -> Result<Vec<f32>>;
+    async fn decode(&self, format: Format, bits: &[u32]) -> Result<Vec<f32>>;
     /// The bf16 split x = h + m + l, as three planes of bf16 bit patterns.
-    fn split_bf16(&self, x: &[f32]) -> Result<[Vec<u32>; 3]>;
+    async fn split_bf16(&self, x: &[f32]) -> Result<[Vec<u32>; 3]>;
     /// Largest finite magnitude (0 if none).
-    fn amax(&self, x: &[f32]) -> Result<f32>;
+    async fn amax(&self, x: &[f32]) -> Result<f32>;
 
     /// Times `repetitions` matmuls. The default times whole calls on the wall clock; device
     /// backends override it to keep operands resident and time the device work only.
-    fn time_matmul(
+    async fn time_matmul(
         &self,
         shape: &MatmulShape,
         algorithm: &Algorithm,
@@ -153,7 +159,7 @@ pub trait Backend: Send + Sync {
         let mut times = Vec::with_capacity(repetitions);
         for _ in 0..repetitions.max(1) {
             let start = Instant::now();
-            self.matmul(shape, algorithm, a, b)?;
+            self.matmul(shape, algorithm, a, b).await?;
             times.push(start.elapsed().as_secs_f64());
         }
         Ok(MatmulTiming {
@@ -168,7 +174,7 @@ pub trait Backend: Send + Sync {
     // those of `train::ops`.
 
     /// Layer norm over rows of `c`: (y, per-row mean, per-row rstd).
-    fn layernorm_fwd(
+    async fn layernorm_fwd(
         &self,
         x: &[f32],
         g: &[f32],
@@ -179,7 +185,7 @@ pub trait Backend: Send + Sync {
     }
     /// (dx, dg, db).
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-    fn layernorm_bwd(
+    async fn layernorm_bwd(
         &self,
         dy: &[f32],
         x: &[f32],
@@ -190,20 +196,26 @@ pub trait Backend: Send + Sync {
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         Ok(ops::layernorm_bwd(dy, x, g, mean, rstd, c))
     }
-    fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>> {
+    async fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>> {
         Ok(ops::gelu_fwd(x))
     }
-    fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>> {
+    async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>> {
         Ok(ops::gelu_bwd(x, dy))
     }
-    fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
+    async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
         Ok(ops::causal_softmax_fwd(scores, t, scale))
     }
-    fn causal_softmax_bwd(&self, p: &[f32], dp: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
+    async fn causal_softmax_bwd(
+        &self,
+        p: &[f32],
+        dp: &[f32],
+        t: usize,
+        scale: f64,
+    ) -> Result<Vec<f32>> {
         Ok(ops::causal_softmax_bwd(p, dp, t, scale))
     }
     /// Mean loss and the probabilities.
-    fn cross_entropy_fwd(
+    async fn cross_entropy_fwd(
         &self,
         logits: &[f32],
         targets: &[u32],
@@ -211,7 +223,7 @@ pub trait Backend: Send + Sync {
     ) -> Result<(f64, Vec<f32>)> {
         Ok(ops::cross_entropy_fwd(logits, targets, v))
     }
-    fn cross_entropy_bwd(
+    async fn cross_entropy_bwd(
         &self,
         probs: &[f32],
         targets: &[u32],
@@ -222,7 +234,7 @@ pub trait Backend: Send + Sync {
     }
     /// One AdamW update of `p` (and its moments) at step `t`.
     #[allow(clippy::too_many_arguments)]
-    fn adamw(
+    async fn adamw(
         &self,
         opt: &AdamW,
         p: &mut [f32],
@@ -237,12 +249,18 @@ pub trait Backend: Send + Sync {
     }
 
     /// Rows of `table` (rows x c) gathered by `ids`.
-    fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
+    async fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
         check_ids(ids, table.len() / c.max(1))?;
         Ok(ops::embedding_fwd(table, ids, c))
     }
     /// Scatter-add of `dout` rows into a `rows x c` gradient table.
-    fn embedding_bwd(&self, dout: &[f32], ids: &[u32], rows: usize, c: usize) -> Result<Vec<f32>> {
+    async fn embedding_bwd(
+        &self,
+        dout: &[f32],
+        ids: &[u32],
+        rows: usize,
+        c: usize,
+    ) -> Result<Vec<f32>> {
         check_ids(ids, rows)?;
         if dout.len() != ids.len() * c {
             return Err(Error::LengthMismatch {
@@ -254,7 +272,7 @@ pub trait Backend: Send + Sync {
         Ok(ops::embedding_bwd(dout, ids, rows, c))
     }
     /// Fused unscale and finite check: g *= inverse_scale in place; whether all are finite.
-    fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
+    async fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
         Ok(ops::unscale_check(g, inverse_scale))
     }
 
@@ -289,18 +307,20 @@ pub const BACKEND_ENV: &str = "MANTISSA_BACKEND";
 /// Opens the backend the user asked for. `Auto` (and `MANTISSA_BACKEND` when set) picks CUDA
 /// when it is compiled in and a device exists, else the best wgpu adapter (discrete, then
 /// integrated, then software), else an error saying what was tried and how to fix it.
-pub fn open(choice: BackendChoice) -> Result<Box<dyn Backend>> {
+pub async fn open(choice: BackendChoice) -> Result<Box<dyn Backend>> {
     let choice = match (choice, std::env::var(BACKEND_ENV)) {
         (BackendChoice::Auto, Ok(v)) if !v.trim().is_empty() => v.parse()?,
         (c, _) => c,
     };
     match choice {
         BackendChoice::Only(BackendKind::Reference) => Ok(Box::new(Reference)),
-        BackendChoice::Only(BackendKind::Wgpu) => Ok(Box::new(wgpu::WgpuBackend::open_best()?)),
+        BackendChoice::Only(BackendKind::Wgpu) => {
+            Ok(Box::new(wgpu::WgpuBackend::open_best().await?))
+        }
         BackendChoice::Only(BackendKind::Cuda) => Err(cuda_unavailable()),
         BackendChoice::Auto => {
             let mut tried = vec![format!("cuda: {}", cuda_unavailable())];
-            match wgpu::WgpuBackend::open_best() {
+            match wgpu::WgpuBackend::open_best().await {
                 Ok(b) => return Ok(Box::new(b)),
                 Err(e) => tried.push(format!("wgpu: {e}")),
             }

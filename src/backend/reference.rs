@@ -16,6 +16,7 @@ use rayon::prelude::*;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Reference;
 
+#[async_trait::async_trait]
 impl Backend for Reference {
     fn kind(&self) -> BackendKind {
         BackendKind::Reference
@@ -33,7 +34,7 @@ impl Backend for Reference {
         Capabilities::default()
     }
 
-    fn matmul(
+    async fn matmul(
         &self,
         shape: &MatmulShape,
         algorithm: &Algorithm,
@@ -44,15 +45,15 @@ impl Backend for Reference {
         Ok(matmul(shape, algorithm, a, b))
     }
 
-    fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> Result<Vec<u32>> {
+    async fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> Result<Vec<u32>> {
         Ok(x.par_iter().map(|&v| format.encode(v, overflow)).collect())
     }
 
-    fn decode(&self, format: Format, bits: &[u32]) -> Result<Vec<f32>> {
+    async fn decode(&self, format: Format, bits: &[u32]) -> Result<Vec<f32>> {
         Ok(bits.par_iter().map(|&b| format.decode(b)).collect())
     }
 
-    fn split_bf16(&self, x: &[f32]) -> Result<[Vec<u32>; 3]> {
+    async fn split_bf16(&self, x: &[f32]) -> Result<[Vec<u32>; 3]> {
         let parts: Vec<[f32; 3]> = x.par_iter().map(|&v| format::split_bf16(v)).collect();
         let plane = |p: usize| {
             parts
@@ -63,7 +64,7 @@ impl Backend for Reference {
         Ok([plane(0), plane(1), plane(2)])
     }
 
-    fn amax(&self, x: &[f32]) -> Result<f32> {
+    async fn amax(&self, x: &[f32]) -> Result<f32> {
         Ok(format::amax(x.iter().copied()))
     }
 }

@@ -6,6 +6,7 @@ use crate::algorithm::Algorithm;
 use crate::backend::{self, BackendChoice};
 use crate::bench::{MatmulBench, MatmulRecord};
 use crate::error::{Error, Result};
+use pollster::FutureExt as _;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -93,20 +94,24 @@ pub fn run(args: Args) -> Result<()> {
         "max ulp",
     ]);
     for choice in choices {
-        let backend = backend::open(choice)?;
+        let backend = backend::open(choice).block_on()?;
         eprintln!("benchmarking on {} ...", backend.device_name());
-        records.extend(bench.run(backend.as_ref(), |r| {
-            eprintln!(
-                "  {:<12} {:>5}x{}x{}  {:>10.3} ms  {:>8.4} TFLOP/s  err {:.2e}",
-                r.algorithm,
-                r.m,
-                r.n,
-                r.k,
-                r.seconds * 1e3,
-                r.tflops,
-                r.relative_error
-            );
-        })?);
+        records.extend(
+            bench
+                .run(backend.as_ref(), |r| {
+                    eprintln!(
+                        "  {:<12} {:>5}x{}x{}  {:>10.3} ms  {:>8.4} TFLOP/s  err {:.2e}",
+                        r.algorithm,
+                        r.m,
+                        r.n,
+                        r.k,
+                        r.seconds * 1e3,
+                        r.tflops,
+                        r.relative_error
+                    );
+                })
+                .block_on()?,
+        );
     }
     for r in &records {
         table.row(vec![

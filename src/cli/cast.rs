@@ -91,44 +91,21 @@ pub fn run(args: Args) -> Result<()> {
             )
         })?;
         for &f in &formats {
-            let code = f.encode(x, overflow);
-            let y = f.decode(code);
-            let err = y as f64 - x as f64;
-            let rel = if x != 0.0 && x.is_finite() {
-                g(err / x as f64, 3)
-            } else {
-                "-".into()
-            };
+            let e = f.describe(x, overflow);
+            let show = |v: Option<f64>| v.map_or("-".into(), |v| g(v, 3));
             t.row(vec![
                 text.clone(),
                 f.to_string(),
-                g(y as f64, 9),
-                bit_fields(f, code),
-                format!("0x{:0w$x}", code, w = f.storage_bytes() * 2),
-                if err.is_finite() {
-                    g(err, 3)
-                } else {
-                    "-".into()
-                },
-                rel,
+                g(e.value as f64, 9),
+                format!("{} | {} | {}", e.sign, e.exponent, e.mantissa),
+                e.hex,
+                show(e.error),
+                show(e.relative_error),
             ]);
         }
     }
     print!("{}", t.render());
     Ok(())
-}
-
-/// "0 | 10000 | 1001001000" (tf32 shows its 19 significant bits).
-fn bit_fields(f: Format, code: u32) -> String {
-    let l = f.layout();
-    let code = if f == Format::Tf32 { code >> 13 } else { code };
-    let bits = |v: u32, n: u32| format!("{:0w$b}", v & ((1u64 << n) - 1) as u32, w = n as usize);
-    format!(
-        "{} | {} | {}",
-        bits(code >> (l.exp_bits + l.man_bits), 1),
-        bits(code >> l.man_bits, l.exp_bits),
-        bits(code, l.man_bits)
-    )
 }
 
 fn raw(

@@ -4,6 +4,7 @@ use super::table::Table;
 use crate::backend::{self, Backend, BackendKind, Reference};
 use crate::error::Result;
 use crate::policy::PrecisionClass;
+use pollster::FutureExt as _;
 
 #[derive(clap::Args)]
 pub struct Args {}
@@ -23,7 +24,7 @@ pub fn run(_: Args) -> Result<()> {
     println!("reference: {}", Reference.device_name());
     println!("  precision classes: {}", classes(&Reference));
     println!();
-    let adapters = backend::wgpu::list_adapters();
+    let adapters = backend::wgpu::list_adapters().block_on();
     if adapters.is_empty() {
         println!(
             "wgpu: no adapter found (install a Vulkan driver; on Debian: apt-get install mesa-vulkan-drivers libvulkan1)"
@@ -60,7 +61,7 @@ pub fn run(_: Args) -> Result<()> {
         print!("{}", t.render());
         let options = backend::wgpu::WgpuOptions::from_env()?;
         for (i, a) in adapters.iter().enumerate() {
-            match backend::wgpu::WgpuBackend::open_nth(i, options) {
+            match backend::wgpu::WgpuBackend::open_nth(i, options).block_on() {
                 Ok(b) => println!(
                     "  #{i} {}: precision classes {}; f16 read as {:?}; runtime checks {}",
                     a.name,
@@ -73,7 +74,7 @@ pub fn run(_: Args) -> Result<()> {
         }
     }
     println!();
-    match backend::open(backend::BackendChoice::Auto) {
+    match backend::open(backend::BackendChoice::Auto).block_on() {
         Ok(b) => println!(
             "--backend auto picks: {} ({})",
             b.name(),

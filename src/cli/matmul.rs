@@ -5,6 +5,7 @@ use crate::backend::{self, BackendChoice};
 use crate::error::Result;
 use crate::measure;
 use crate::npy::{Matrix, read_matrix, write_matrix};
+use pollster::FutureExt as _;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -39,9 +40,11 @@ pub fn run(args: Args) -> Result<()> {
     let a = read_matrix(&args.a)?;
     let b = read_matrix(&args.b)?;
     let shape = MatmulShape::from_operands((a.rows, a.cols), (b.rows, b.cols))?;
-    let backend = backend::open(choice)?;
+    let backend = backend::open(choice).block_on()?;
     let start = Instant::now();
-    let c = backend.matmul(&shape, &algorithm, &a.data, &b.data)?;
+    let c = backend
+        .matmul(&shape, &algorithm, &a.data, &b.data)
+        .block_on()?;
     let seconds = start.elapsed().as_secs_f64();
     println!(
         "C = A . B: {}x{} . {}x{} -> {}x{}  algorithm {}  backend {}  {:.3} ms ({:.2} GFLOP/s, upload and readback included)",

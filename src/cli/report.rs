@@ -6,6 +6,7 @@ use crate::algorithm::Algorithm;
 use crate::backend::BackendKind;
 use crate::error::{Error, Result};
 use crate::report::{self, Family, ReportConfig};
+use pollster::FutureExt as _;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -100,7 +101,7 @@ pub fn run(args: Args) -> Result<i32> {
         corpus: args.corpus.clone(),
     };
     std::fs::create_dir_all(&args.out).map_err(|e| Error::file(&args.out, e))?;
-    let report = report::run(&config, |line| eprintln!("  {line}"))?;
+    let report = report::run(&config, |line| eprintln!("  {line}")).block_on()?;
 
     let mut t = Table::new(&["backend", "highest", "high", "medium", "device"]);
     for b in &report.backends {

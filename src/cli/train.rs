@@ -6,6 +6,7 @@ use crate::backend::{self, BackendChoice};
 use crate::error::{Error, Result};
 use crate::policy::{PrecisionClass, Preset};
 use crate::train::{Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer, ops::AdamW};
+use pollster::FutureExt as _;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
@@ -127,7 +128,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
     };
     let corpus = Corpus::load(&args.corpus)?;
     let config = GptConfig::named(&args.config, corpus.vocab.len())?;
-    let backend = backend::open(args.backend.parse::<BackendChoice>()?)?;
+    let backend = backend::open(args.backend.parse::<BackendChoice>()?).block_on()?;
     std::fs::create_dir_all(&args.out).map_err(|e| Error::file(&args.out, e))?;
     // Validate the checkpoint before anything runs or is written.
     let resume = match &args.resume {
@@ -190,7 +191,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
         bar.set_position(trainer.step as u64);
         let checkpoint = args.out.join(format!("{preset}.safetensors"));
         while trainer.step < args.steps {
-            let record = match trainer.step() {
+            let record = match trainer.step().block_on() {
                 Ok(r) => r,
                 Err(e) => {
                     bar.abandon();
@@ -204,7 +205,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
             let step = record.step;
             run.steps.push(record.clone());
             if step % args.eval_interval.max(1) == 0 || step == args.steps || step == 1 {
-                let val = trainer.evaluate(args.eval_batches)?;
+                let val = trainer.evaluate(args.eval_batches).block_on()?;
                 run.val.push((step, val));
                 bar.suspend(|| println!("{}", log_line(&record, val)));
             }
@@ -316,7 +317,7 @@ pub fn sample(args: SampleArgs) -> Result<()> {
     let config = GptConfig::named(&meta.config, corpus.vocab.len())?;
     let ck = Checkpoint::load(&args.checkpoint, &config, &corpus.vocab)?;
     let preset: Preset = ck.meta.preset.parse()?;
-    let backend = backend::open(args.backend.parse::<BackendChoice>()?)?;
+    let backend = backend::open(args.backend.parse::<BackendChoice>()?).block_on()?;
     let options = TrainOptions {
         config,
         preset,
@@ -330,7 +331,9 @@ pub fn sample(args: SampleArgs) -> Result<()> {
     };
     let mut trainer = Trainer::new(backend.as_ref(), &corpus, options)?;
     ck.restore(&mut trainer)?;
-    let text = trainer.sample(&args.prompt, args.tokens, args.temperature, args.seed)?;
+    let text = trainer
+        .sample(&args.prompt, args.tokens, args.temperature, args.seed)
+        .block_on()?;
     println!("{}{}", args.prompt, text);
     Ok(())
 }

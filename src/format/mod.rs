@@ -130,6 +130,50 @@ impl Format {
     pub fn nan_bits(self, negative: bool) -> u32 {
         self.layout().nan_bits(negative)
     }
+
+    /// `x` cast to this format, as `mantissa cast` and the browser's cast view show it.
+    pub fn describe(self, x: f32, overflow: Overflow) -> Encoding {
+        let code = self.encode(x, overflow);
+        let value = self.decode(code);
+        let l = self.layout();
+        // tf32 is stored in f32's layout; show its 19 significant bits.
+        let shown = if self == Format::Tf32 {
+            code >> 13
+        } else {
+            code
+        };
+        let bits =
+            |v: u32, n: u32| format!("{:0w$b}", v & ((1u64 << n) - 1) as u32, w = n as usize);
+        let error = value as f64 - x as f64;
+        Encoding {
+            format: self,
+            code,
+            hex: format!("0x{:0w$x}", code, w = self.storage_bytes() * 2),
+            sign: bits(shown >> (l.exp_bits + l.man_bits), 1),
+            exponent: bits(shown >> l.man_bits, l.exp_bits),
+            mantissa: bits(shown, l.man_bits),
+            value,
+            error: error.is_finite().then_some(error),
+            relative_error: (x != 0.0 && x.is_finite() && error.is_finite())
+                .then(|| error / x as f64),
+        }
+    }
+}
+
+/// One value cast to one format: its code, bit fields and the error of the cast.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Encoding {
+    pub format: Format,
+    pub code: u32,
+    pub hex: String,
+    pub sign: String,
+    pub exponent: String,
+    pub mantissa: String,
+    /// The decoded value.
+    pub value: f32,
+    /// value - x (none where either is not finite).
+    pub error: Option<f64>,
+    pub relative_error: Option<f64>,
 }
 
 /// tf32 rounding on the f32 bit pattern: round to nearest even at bit 13, clear the low 13 bits.

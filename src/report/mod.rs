@@ -125,14 +125,14 @@ impl ReportConfig {
 }
 
 /// Opens every backend of the requested kinds: the reference, every wgpu adapter, CUDA.
-fn open_backends(kinds: &[BackendKind]) -> (Vec<Box<dyn Backend>>, Vec<Skipped>) {
+async fn open_backends(kinds: &[BackendKind]) -> (Vec<Box<dyn Backend>>, Vec<Skipped>) {
     let mut present: Vec<Box<dyn Backend>> = Vec::new();
     let mut skipped = Vec::new();
     for kind in kinds {
         match kind {
             BackendKind::Reference => present.push(Box::new(Reference)),
             BackendKind::Wgpu => {
-                let adapters = backend::wgpu::list_adapters();
+                let adapters = backend::wgpu::list_adapters().await;
                 if adapters.is_empty() {
                     skipped.push(Skipped {
                         backend: "wgpu".into(),
@@ -150,7 +150,7 @@ fn open_backends(kinds: &[BackendKind]) -> (Vec<Box<dyn Backend>>, Vec<Skipped>)
                     }
                 };
                 for (i, a) in adapters.iter().enumerate() {
-                    match backend::wgpu::WgpuBackend::open_nth(i, options) {
+                    match backend::wgpu::WgpuBackend::open_nth(i, options).await {
                         Ok(b) => present.push(Box::new(b)),
                         Err(e) => skipped.push(Skipped {
                             backend: format!("wgpu:{}", a.name),
@@ -160,7 +160,7 @@ fn open_backends(kinds: &[BackendKind]) -> (Vec<Box<dyn Backend>>, Vec<Skipped>)
                 }
             }
             BackendKind::Cuda => {
-                match backend::open(backend::BackendChoice::Only(BackendKind::Cuda)) {
+                match backend::open(backend::BackendChoice::Only(BackendKind::Cuda)).await {
                     Ok(b) => present.push(b),
                     Err(e) => skipped.push(Skipped {
                         backend: "cuda".into(),
@@ -175,13 +175,13 @@ fn open_backends(kinds: &[BackendKind]) -> (Vec<Box<dyn Backend>>, Vec<Skipped>)
 
 /// Runs the report on the backends of `config.kinds` found here. `progress` receives a line
 /// per step.
-pub fn run(config: &ReportConfig, progress: impl FnMut(&str)) -> Result<Report> {
-    let (backends, skipped) = open_backends(&config.kinds);
-    run_on(&backends, skipped, config, progress)
+pub async fn run(config: &ReportConfig, progress: impl FnMut(&str)) -> Result<Report> {
+    let (backends, skipped) = open_backends(&config.kinds).await;
+    run_on(&backends, skipped, config, progress).await
 }
 
 /// Runs the report on the given backends (the reference result is always the host module's).
-pub fn run_on(
+pub async fn run_on(
     backends: &[Box<dyn Backend>],
     skipped: Vec<Skipped>,
     config: &ReportConfig,
@@ -222,7 +222,9 @@ pub fn run_on(
     for b in backends {
         if b.kind() != BackendKind::Reference {
             progress(&format!("casts on {}", b.name()));
-            report.casts.extend(cast_checks(b.as_ref(), config.seed)?);
+            report
+                .casts
+                .extend(cast_checks(b.as_ref(), config.seed).await?);
         }
     }
     let largest = config
@@ -247,11 +249,13 @@ pub fn run_on(
                         b.name(),
                         family.name()
                     ));
-                    let got = b.matmul(&shape, algorithm, &a, &bm)?;
+                    let got = b.matmul(&shape, algorithm, &a, &bm).await?;
                     let (breaks, count) =
                         measure::compare_to_reference(algorithm, &shape, &got, &want, &abs);
                     let tflops = if *family == Family::Normal && Some((m, n, k)) == largest {
-                        let t = b.time_matmul(&shape, algorithm, &a, &bm, config.repetitions)?;
+                        let t = b
+                            .time_matmul(&shape, algorithm, &a, &bm, config.repetitions)
+                            .await?;
                         Some(shape.flops() / t.seconds / 1e12)
                     } else {
                         None
@@ -285,7 +289,7 @@ pub fn run_on(
                         ));
                         report
                             .training
-                            .push(train_line(b.as_ref(), &corpus, preset, config)?);
+                            .push(train_line(b.as_ref(), &corpus, preset, config).await?);
                     }
                 }
             }
@@ -338,13 +342,13 @@ fn count_mismatches<T: Copy>(
     }
 }
 
-fn cast_checks(b: &dyn Backend, seed: u64) -> Result<Vec<CastCheck>> {
+async fn cast_checks(b: &dyn Backend, seed: u64) -> Result<Vec<CastCheck>> {
     let values = cast_values(seed);
     let show = |x: f32| format!("{x:e} ({:#010x})", x.to_bits());
     let mut out = Vec::new();
     for format in Format::ALL {
         for overflow in [Overflow::Standard, Overflow::Saturate] {
-            let got = b.encode(format, overflow, &values)?;
+            let got = b.encode(format, overflow, &values).await?;
             let want: Vec<u32> = values.iter().map(|&x| format.encode(x, overflow)).collect();
             let op = format!(
                 "encode {format}{}",
@@ -368,7 +372,8 @@ fn cast_checks(b: &dyn Backend, seed: u64) -> Result<Vec<CastCheck>> {
     for format in [Format::Bf16, Format::F16, Format::E4m3, Format::E5m2] {
         let codes: Vec<u32> = (0..1u32 << format.storage_bits()).collect();
         let got: Vec<u32> = b
-            .decode(format, &codes)?
+            .decode(format, &codes)
+            .await?
             .iter()
             .map(|x| x.to_bits())
             .collect();
@@ -385,7 +390,7 @@ fn cast_checks(b: &dyn Backend, seed: u64) -> Result<Vec<CastCheck>> {
             |c| format!("{c:#x}"),
         ));
     }
-    let planes = b.split_bf16(&values)?;
+    let planes = b.split_bf16(&values).await?;
     for (p, name) in ["h", "m", "l"].iter().enumerate() {
         let want: Vec<u32> = values
             .iter()
@@ -402,7 +407,7 @@ fn cast_checks(b: &dyn Backend, seed: u64) -> Result<Vec<CastCheck>> {
             show,
         ));
     }
-    let got = b.amax(&values)?;
+    let got = b.amax(&values).await?;
     let want = format::amax(values.iter().copied());
     out.push(CastCheck {
         backend: b.name(),
@@ -416,7 +421,7 @@ fn cast_checks(b: &dyn Backend, seed: u64) -> Result<Vec<CastCheck>> {
 }
 
 /// Trains the tiny GPT for `config.train_steps` steps under `preset` on `backend`.
-fn train_line(
+async fn train_line(
     backend: &dyn Backend,
     corpus: &Corpus,
     preset: Preset,
@@ -443,7 +448,7 @@ fn train_line(
         stopped: None,
     };
     for _ in 0..config.train_steps {
-        match trainer.step() {
+        match trainer.step().await {
             Ok(r) => line.losses.push(r.loss),
             Err(e) => {
                 line.stopped = Some(e.to_string());

@@ -212,7 +212,7 @@ enum Fp8Role {
 }
 
 impl Gpt<'_> {
-    fn mm(
+    async fn mm(
         &self,
         shape: MatmulShape,
         alg: &Algorithm,
@@ -220,7 +220,7 @@ impl Gpt<'_> {
         b: &[f32],
         out: Format,
     ) -> Result<Vec<f32>> {
-        let mut c = self.backend.matmul(&shape, alg, a, b)?;
+        let mut c = self.backend.matmul(&shape, alg, a, b).await?;
         round_to(&mut c, out);
         Ok(c)
     }
@@ -228,7 +228,7 @@ impl Gpt<'_> {
     /// A matmul of linear layer `layer` (0..4 n_layer): fp8 where the preset says so, with the
     /// scales of the operands' roles, recording their amax for delayed scaling.
     #[allow(clippy::too_many_arguments)]
-    fn linear_mm(
+    async fn linear_mm(
         &self,
         p: &mut Precision,
         layer: usize,
@@ -281,7 +281,7 @@ impl Gpt<'_> {
                 }
             }
         };
-        self.mm(shape, &alg, a, b, compute)
+        self.mm(shape, &alg, a, b, compute).await
     }
 
     /// The four linear layers of block `l`: attention in-projection, out-projection, MLP in, MLP out.
@@ -303,7 +303,7 @@ impl Gpt<'_> {
     }
 
     /// y = x . W + b, held in the compute format.
-    fn linear_fwd(
+    async fn linear_fwd(
         &self,
         p: &mut Precision,
         params: &[Vec<f32>],
@@ -312,14 +312,16 @@ impl Gpt<'_> {
     ) -> Result<Vec<f32>> {
         let n = x.len() / lin.din;
         let roles = (Fp8Role::Input, Fp8Role::Weight);
-        let mut y = self.linear_mm(
-            p,
-            lin.layer,
-            roles,
-            MatmulShape::new(n, lin.dout, lin.din),
-            x,
-            &params[lin.w],
-        )?;
+        let mut y = self
+            .linear_mm(
+                p,
+                lin.layer,
+                roles,
+                MatmulShape::new(n, lin.dout, lin.din),
+                x,
+                &params[lin.w],
+            )
+            .await?;
         ops::add_bias(&mut y, &params[lin.b]);
         round_to(&mut y, p.compute);
         Ok(y)
@@ -327,7 +329,7 @@ impl Gpt<'_> {
 
     /// Backward of `linear_fwd`: stores dW = x^T . dy and db = column sums of dy, returns
     /// dx = dy . W^T.
-    fn linear_bwd(
+    async fn linear_bwd(
         &self,
         p: &mut Precision,
         params: &[Vec<f32>],
@@ -339,14 +341,16 @@ impl Gpt<'_> {
         let n = x.len() / lin.din;
         grads[lin.b] = ops::column_sums(dy, lin.dout);
         let dw_shape = transposed_a(lin.din, lin.dout, n);
-        grads[lin.w] = self.linear_mm(
-            p,
-            lin.layer,
-            (Fp8Role::Input, Fp8Role::Grad),
-            dw_shape,
-            x,
-            dy,
-        )?;
+        grads[lin.w] = self
+            .linear_mm(
+                p,
+                lin.layer,
+                (Fp8Role::Input, Fp8Role::Grad),
+                dw_shape,
+                x,
+                dy,
+            )
+            .await?;
         let dx_shape = transposed_b(n, lin.din, lin.dout);
         self.linear_mm(
             p,
@@ -356,17 +360,21 @@ impl Gpt<'_> {
             dy,
             &params[lin.w],
         )
+        .await
     }
 
     /// Layer norm over the width, its output narrowed as the preset says: (y, mean, rstd).
-    fn norm(
+    async fn norm(
         &self,
         p: &Precision,
         x: &[f32],
         g: &[f32],
         b: &[f32],
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        let mut out = self.backend.layernorm_fwd(x, g, b, self.config.n_embd)?;
+        let mut out = self
+            .backend
+            .layernorm_fwd(x, g, b, self.config.n_embd)
+            .await?;
         round_to(&mut out.0, p.layer_norm.narrower(p.stream));
         Ok(out)
     }
@@ -374,7 +382,7 @@ impl Gpt<'_> {
     /// Backward of `x + f(norm(x))` given d(norm output) and the gradient `residual` that passes
     /// around the block: stores dg and db of the norm `(g, b)`, returns dx.
     #[allow(clippy::too_many_arguments)]
-    fn norm_residual_bwd(
+    async fn norm_residual_bwd(
         &self,
         params: &[Vec<f32>],
         (g, b): (usize, usize),
@@ -385,14 +393,10 @@ impl Gpt<'_> {
         stream: Format,
         grads: &mut [Vec<f32>],
     ) -> Result<Vec<f32>> {
-        let (mut dx, dg, db) = self.backend.layernorm_bwd(
-            dnorm,
-            x,
-            &params[g],
-            &stats.1,
-            &stats.2,
-            self.config.n_embd,
-        )?;
+        let (mut dx, dg, db) = self
+            .backend
+            .layernorm_bwd(dnorm, x, &params[g], &stats.1, &stats.2, self.config.n_embd)
+            .await?;
         grads[g] = dg;
         grads[b] = db;
         add_residual(&mut dx, residual, stream);
@@ -401,7 +405,7 @@ impl Gpt<'_> {
 
     /// Runs the model on a batch of whole sequences: the loss, and per `pass` the logits or the
     /// gradients of `loss * loss_scale`.
-    pub fn run(
+    pub async fn run(
         &self,
         params: &[Vec<f32>],
         ids: &[u32],
@@ -431,9 +435,9 @@ impl Gpt<'_> {
         let (stream, compute) = (p.stream, p.compute);
 
         // Embeddings: token + position, in the stream format.
-        let mut x = self.backend.embedding_fwd(&params[0], ids, c)?;
+        let mut x = self.backend.embedding_fwd(&params[0], ids, c).await?;
         let pos: Vec<u32> = (0..n).map(|i| (i % t) as u32).collect();
-        let wpe = self.backend.embedding_fwd(&params[1], &pos, c)?;
+        let wpe = self.backend.embedding_fwd(&params[1], &pos, c).await?;
         for (xi, pi) in x.iter_mut().zip(&wpe) {
             *xi += pi;
         }
@@ -444,27 +448,39 @@ impl Gpt<'_> {
             let w = |o: usize| &params[layer_param(l, o)];
             let [attn, proj, fc, fc2] = self.linears(l);
             let x_in = x.clone();
-            let ln1 = self.norm(p, &x, w(LN1_G), w(LN1_B))?;
-            let qkv = self.linear_fwd(p, params, &attn, &ln1.0)?;
+            let ln1 = self.norm(p, &x, w(LN1_G), w(LN1_B)).await?;
+            let qkv = self.linear_fwd(p, params, &attn, &ln1.0).await?;
             let [q, k, vv] = ops::split_heads(&qkv, b, t, h, d);
-            let scores = self.mm(bmm(b * h, t, t, d, false, true), &p.matmul, &q, &k, compute)?;
-            let mut att = self.backend.causal_softmax_fwd(&scores, t, scale)?;
+            let scores = self
+                .mm(bmm(b * h, t, t, d, false, true), &p.matmul, &q, &k, compute)
+                .await?;
+            let mut att = self.backend.causal_softmax_fwd(&scores, t, scale).await?;
             round_to(&mut att, p.softmax.narrower(stream));
-            let y = self.mm(
-                bmm(b * h, t, d, t, false, false),
-                &p.matmul,
-                &att,
-                &vv,
-                compute,
-            )?;
+            let y = self
+                .mm(
+                    bmm(b * h, t, d, t, false, false),
+                    &p.matmul,
+                    &att,
+                    &vv,
+                    compute,
+                )
+                .await?;
             let y_rows = ops::heads_to_rows(&y, b, t, h, d);
-            add_residual(&mut x, &self.linear_fwd(p, params, &proj, &y_rows)?, stream);
+            add_residual(
+                &mut x,
+                &self.linear_fwd(p, params, &proj, &y_rows).await?,
+                stream,
+            );
             let x_mid = x.clone();
-            let ln2 = self.norm(p, &x, w(LN2_G), w(LN2_B))?;
-            let fc_out = self.linear_fwd(p, params, &fc, &ln2.0)?;
-            let mut gelu = self.backend.gelu_fwd(&fc_out)?;
+            let ln2 = self.norm(p, &x, w(LN2_G), w(LN2_B)).await?;
+            let fc_out = self.linear_fwd(p, params, &fc, &ln2.0).await?;
+            let mut gelu = self.backend.gelu_fwd(&fc_out).await?;
             round_to(&mut gelu, compute);
-            add_residual(&mut x, &self.linear_fwd(p, params, &fc2, &gelu)?, stream);
+            add_residual(
+                &mut x,
+                &self.linear_fwd(p, params, &fc2, &gelu).await?,
+                stream,
+            );
             caches.push(BlockCache {
                 x_in,
                 ln1,
@@ -480,11 +496,13 @@ impl Gpt<'_> {
             });
         }
         let nl = params.len() - 2;
-        let lnf = self.norm(p, &x, &params[nl], &params[nl + 1])?;
+        let lnf = self.norm(p, &x, &params[nl], &params[nl + 1]).await?;
         // Head tied to the token embedding: logits = lnf . wte^T, in the compute format.
         let head = bmm(1, n, v, c, false, true);
-        let logits = self.mm(head, &p.matmul, &lnf.0, &params[0], compute)?;
-        let (loss, probs) = self.backend.cross_entropy_fwd(&logits, targets, v)?;
+        let logits = self
+            .mm(head, &p.matmul, &lnf.0, &params[0], compute)
+            .await?;
+        let (loss, probs) = self.backend.cross_entropy_fwd(&logits, targets, v).await?;
         match pass {
             Pass::Loss => {
                 return Ok(Output {
@@ -508,25 +526,31 @@ impl Gpt<'_> {
         let mut grads: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
         let mut dlogits = self
             .backend
-            .cross_entropy_bwd(&probs, targets, v, loss_scale as f64)?;
+            .cross_entropy_bwd(&probs, targets, v, loss_scale as f64)
+            .await?;
         round_to(&mut dlogits, compute);
-        let mut dx = self.mm(
-            MatmulShape::new(n, c, v),
-            &p.matmul,
-            &dlogits,
-            &params[0],
-            compute,
-        )?;
-        grads[0] = self.mm(
-            bmm(1, v, c, n, true, false),
-            &p.matmul,
-            &dlogits,
-            &lnf.0,
-            compute,
-        )?;
+        let mut dx = self
+            .mm(
+                MatmulShape::new(n, c, v),
+                &p.matmul,
+                &dlogits,
+                &params[0],
+                compute,
+            )
+            .await?;
+        grads[0] = self
+            .mm(
+                bmm(1, v, c, n, true, false),
+                &p.matmul,
+                &dlogits,
+                &lnf.0,
+                compute,
+            )
+            .await?;
         let (dxl, dg, db) = self
             .backend
-            .layernorm_bwd(&dx, &x, &params[nl], &lnf.1, &lnf.2, c)?;
+            .layernorm_bwd(&dx, &x, &params[nl], &lnf.1, &lnf.2, c)
+            .await?;
         dx = dxl;
         round_to(&mut dx, stream);
         grads[nl] = dg;
@@ -536,77 +560,101 @@ impl Gpt<'_> {
             let cache = &caches[l];
             let [attn, proj, fc, fc2] = self.linears(l);
             // MLP: x = x_mid + fc2(gelu(fc(ln2(x_mid)))).
-            let dgelu = self.linear_bwd(p, params, &fc2, &cache.gelu, &dx, &mut grads)?;
-            let mut dfc = self.backend.gelu_bwd(&cache.fc, &dgelu)?;
+            let dgelu = self
+                .linear_bwd(p, params, &fc2, &cache.gelu, &dx, &mut grads)
+                .await?;
+            let mut dfc = self.backend.gelu_bwd(&cache.fc, &dgelu).await?;
             round_to(&mut dfc, compute);
-            let dln2 = self.linear_bwd(p, params, &fc, &cache.ln2.0, &dfc, &mut grads)?;
+            let dln2 = self
+                .linear_bwd(p, params, &fc, &cache.ln2.0, &dfc, &mut grads)
+                .await?;
             let ln2 = (layer_param(l, LN2_G), layer_param(l, LN2_B));
-            let dxm = self.norm_residual_bwd(
-                params,
-                ln2,
-                &dln2,
-                &cache.x_mid,
-                &cache.ln2,
-                &dx,
-                stream,
-                &mut grads,
-            )?;
+            let dxm = self
+                .norm_residual_bwd(
+                    params,
+                    ln2,
+                    &dln2,
+                    &cache.x_mid,
+                    &cache.ln2,
+                    &dx,
+                    stream,
+                    &mut grads,
+                )
+                .await?;
             // Attention: x_mid = x_in + proj(attn(ln1(x_in))).
-            let dy_rows = self.linear_bwd(p, params, &proj, &cache.y_rows, &dxm, &mut grads)?;
+            let dy_rows = self
+                .linear_bwd(p, params, &proj, &cache.y_rows, &dxm, &mut grads)
+                .await?;
             let dy = ops::rows_to_heads(&dy_rows, b, t, h, d);
             let bh = b * h;
-            let datt = self.mm(
-                bmm(bh, t, t, d, false, true),
-                &p.matmul,
-                &dy,
-                &cache.v,
-                compute,
-            )?;
-            let dv = self.mm(
-                bmm(bh, t, d, t, true, false),
-                &p.matmul,
-                &cache.att,
-                &dy,
-                compute,
-            )?;
+            let datt = self
+                .mm(
+                    bmm(bh, t, t, d, false, true),
+                    &p.matmul,
+                    &dy,
+                    &cache.v,
+                    compute,
+                )
+                .await?;
+            let dv = self
+                .mm(
+                    bmm(bh, t, d, t, true, false),
+                    &p.matmul,
+                    &cache.att,
+                    &dy,
+                    compute,
+                )
+                .await?;
             let mut dscores = self
                 .backend
-                .causal_softmax_bwd(&cache.att, &datt, t, scale)?;
+                .causal_softmax_bwd(&cache.att, &datt, t, scale)
+                .await?;
             round_to(&mut dscores, compute);
-            let dq = self.mm(
-                bmm(bh, t, d, t, false, false),
-                &p.matmul,
-                &dscores,
-                &cache.k,
-                compute,
-            )?;
-            let dk = self.mm(
-                bmm(bh, t, d, t, true, false),
-                &p.matmul,
-                &dscores,
-                &cache.q,
-                compute,
-            )?;
+            let dq = self
+                .mm(
+                    bmm(bh, t, d, t, false, false),
+                    &p.matmul,
+                    &dscores,
+                    &cache.k,
+                    compute,
+                )
+                .await?;
+            let dk = self
+                .mm(
+                    bmm(bh, t, d, t, true, false),
+                    &p.matmul,
+                    &dscores,
+                    &cache.q,
+                    compute,
+                )
+                .await?;
             let dqkv = ops::merge_qkv([&dq, &dk, &dv], b, t, h, d);
-            let dln1 = self.linear_bwd(p, params, &attn, &cache.ln1.0, &dqkv, &mut grads)?;
+            let dln1 = self
+                .linear_bwd(p, params, &attn, &cache.ln1.0, &dqkv, &mut grads)
+                .await?;
             let ln1 = (layer_param(l, LN1_G), layer_param(l, LN1_B));
-            dx = self.norm_residual_bwd(
-                params,
-                ln1,
-                &dln1,
-                &cache.x_in,
-                &cache.ln1,
-                &dxm,
-                stream,
-                &mut grads,
-            )?;
+            dx = self
+                .norm_residual_bwd(
+                    params,
+                    ln1,
+                    &dln1,
+                    &cache.x_in,
+                    &cache.ln1,
+                    &dxm,
+                    stream,
+                    &mut grads,
+                )
+                .await?;
         }
         // Embeddings: scatter-add into the token table (which also holds the head's gradient).
-        let dwte = self.backend.embedding_bwd(&dx, ids, v, c)?;
+        let dwte = self.backend.embedding_bwd(&dx, ids, v, c).await?;
         for (g, e) in grads[0].iter_mut().zip(&dwte) {
             *g += e;
         }
-        grads[1] = self.backend.embedding_bwd(&dx, &pos, cfg.block_size, c)?;
+        grads[1] = self
+            .backend
+            .embedding_bwd(&dx, &pos, cfg.block_size, c)
+            .await?;
         for g in grads.iter_mut() {
             round_to(g, stream);
         }

@@ -10,7 +10,7 @@ use crate::format::Format;
 use crate::policy::{
     Autocast, DelayedScaling, LossScaler, Op, PrecisionClass, Preset, PresetSpec, StepDecision,
 };
-use std::time::Instant;
+use web_time::Instant;
 
 /// What to train and how.
 #[derive(Clone, Debug)]
@@ -99,13 +99,13 @@ impl<'a> Trainer<'a> {
     }
 
     /// One training step.
-    pub fn step(&mut self) -> Result<StepRecord> {
-        self.step_with(|_| {})
+    pub async fn step(&mut self) -> Result<StepRecord> {
+        self.step_with(|_| {}).await
     }
 
     /// One training step, with `hook` applied to the (scaled) gradients before they are
     /// checked: tests inject inf through it.
-    pub fn step_with(&mut self, hook: impl FnOnce(&mut [Vec<f32>])) -> Result<StepRecord> {
+    pub async fn step_with(&mut self, hook: impl FnOnce(&mut [Vec<f32>])) -> Result<StepRecord> {
         let start = Instant::now();
         let cfg = &self.gpt.config;
         let (ids, targets) = self.corpus.batch(
@@ -116,14 +116,17 @@ impl<'a> Trainer<'a> {
             self.step as u64,
         )?;
         let scale = self.scaler.map(|s| s.scale).unwrap_or(1.0);
-        let out = self.gpt.run(
-            &self.params,
-            &ids,
-            &targets,
-            &mut self.precision,
-            scale,
-            Pass::Backward,
-        )?;
+        let out = self
+            .gpt
+            .run(
+                &self.params,
+                &ids,
+                &targets,
+                &mut self.precision,
+                scale,
+                Pass::Backward,
+            )
+            .await?;
         let (loss, mut grads) = (out.loss, out.grads.unwrap_or_default());
         hook(&mut grads);
         self.step += 1;
@@ -131,7 +134,7 @@ impl<'a> Trainer<'a> {
         let inverse = 1.0 / scale;
         let mut finite = true;
         for g in grads.iter_mut() {
-            finite &= self.gpt.backend.unscale_check(g, inverse)?;
+            finite &= self.gpt.backend.unscale_check(g, inverse).await?;
         }
         let norm2: f64 = grads
             .iter()
@@ -173,7 +176,8 @@ impl<'a> Trainer<'a> {
             for (((p, m), v), (g, &decay)) in state.zip(grads.iter().zip(&self.decays)) {
                 self.gpt
                     .backend
-                    .adamw(&self.options.adamw, p, g, m, v, self.applied, decay)?;
+                    .adamw(&self.options.adamw, p, g, m, v, self.applied, decay)
+                    .await?;
                 // Without master weights the weights and the optimizer state live in 16-bit.
                 for t in [p, m, v] {
                     round_to(t, self.spec.params);
@@ -193,7 +197,7 @@ impl<'a> Trainer<'a> {
     }
 
     /// Generates `count` characters after `prompt` (sampling at `temperature`; 0 is greedy).
-    pub fn sample(
+    pub async fn sample(
         &mut self,
         prompt: &str,
         count: usize,
@@ -214,14 +218,17 @@ impl<'a> Trainer<'a> {
         let (t, v) = (self.gpt.config.block_size, self.gpt.config.vocab_size);
         for _ in 0..count {
             let context = &ids[ids.len().saturating_sub(t)..];
-            let out = self.gpt.run(
-                &self.params,
-                context,
-                context,
-                &mut self.precision,
-                1.0,
-                Pass::Logits,
-            )?;
+            let out = self
+                .gpt
+                .run(
+                    &self.params,
+                    context,
+                    context,
+                    &mut self.precision,
+                    1.0,
+                    Pass::Logits,
+                )
+                .await?;
             let logits = out.logits.unwrap_or_default();
             let last = &logits[(context.len() - 1) * v..context.len() * v];
             let next = if temperature <= 0.0 {
@@ -251,7 +258,7 @@ impl<'a> Trainer<'a> {
     }
 
     /// Mean validation loss over `batches` fixed batches.
-    pub fn evaluate(&mut self, batches: usize) -> Result<f64> {
+    pub async fn evaluate(&mut self, batches: usize) -> Result<f64> {
         let cfg = self.gpt.config.clone();
         let mut total = 0.0;
         for i in 0..batches.max(1) {
@@ -271,7 +278,8 @@ impl<'a> Trainer<'a> {
                     &mut self.precision,
                     1.0,
                     Pass::Loss,
-                )?
+                )
+                .await?
                 .loss;
         }
         Ok(total / batches.max(1) as f64)

@@ -5,6 +5,7 @@
 
 use mantissa::backend::wgpu::{F16Path, WgpuBackend, WgpuOptions};
 use mantissa::backend::{Backend, Reference};
+use pollster::FutureExt as _;
 use std::sync::OnceLock;
 
 /// A backend under test, or why it is absent.
@@ -12,6 +13,7 @@ pub type Present = Result<Box<dyn Backend>, String>;
 
 fn open_wgpu(options: WgpuOptions) -> Present {
     WgpuBackend::open_nth(0, options)
+        .block_on()
         .map(|b| Box::new(b) as Box<dyn Backend>)
         .map_err(|e| e.to_string())
 }

@@ -187,8 +187,8 @@ impl Timer {
     }
 
     /// Seconds between the two timestamps of the last pass.
-    pub fn read_seconds(&self, gpu: &Gpu) -> Result<f64> {
-        let bytes = read_bytes(gpu, &self.resolve, 16)?;
+    pub async fn read_seconds(&self, gpu: &Gpu) -> Result<f64> {
+        let bytes = read_bytes(gpu, &self.resolve, 16).await?;
         let ticks: &[u64] = bytemuck::cast_slice(&bytes);
         let period_ns = gpu.queue.get_timestamp_period() as f64;
         Ok(ticks[1].saturating_sub(ticks[0]) as f64 * period_ns * 1e-9)
@@ -227,13 +227,9 @@ pub fn submit(gpu: &Gpu, clears: &[&wgpu::Buffer], dispatches: &[Dispatch], time
     gpu.queue.submit([encoder.finish()]);
 }
 
-/// Copies the first `bytes` of `src` back to the host. Native callers block here; the async
-/// core (`read_bytes_async`) is what a browser build awaits.
-pub fn read_bytes(gpu: &Gpu, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
-    pollster::block_on(read_bytes_async(gpu, src, bytes))
-}
-
-pub async fn read_bytes_async(gpu: &Gpu, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+/// Copies the first `bytes` of `src` back to the host. Nothing blocks: natively the poll below
+/// returns once the copy is done, in the browser the mapping resolves from the event loop.
+pub async fn read_bytes(gpu: &Gpu, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
     let size = bytes.div_ceil(4).max(1) * 4;
     let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("mantissa.readback"),
@@ -281,7 +277,7 @@ pub async fn read_bytes_async(gpu: &Gpu, src: &wgpu::Buffer, bytes: u64) -> Resu
 }
 
 /// Reads `count` u32 words back.
-pub fn read_words(gpu: &Gpu, src: &wgpu::Buffer, count: usize) -> Result<Vec<u32>> {
-    let bytes = read_bytes(gpu, src, count as u64 * 4)?;
+pub async fn read_words(gpu: &Gpu, src: &wgpu::Buffer, count: usize) -> Result<Vec<u32>> {
+    let bytes = read_bytes(gpu, src, count as u64 * 4).await?;
     Ok(bytemuck::pod_collect_to_vec(&bytes))
 }

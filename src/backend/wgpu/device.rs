@@ -3,7 +3,12 @@
 use super::shaders::Kernel;
 use crate::error::{Error, Result};
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+
+/// What an error scope's pop resolves to.
+type ScopeCheck = Pin<Box<dyn Future<Output = Option<wgpu::Error>> + Send>>;
 
 /// An adapter as `mantissa info` lists it.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -58,11 +63,21 @@ fn rank(device_type: wgpu::DeviceType) -> u8 {
 }
 
 /// Every adapter wgpu finds, best first (discrete, integrated, virtual, software), filtered by
-/// `WGPU_ADAPTER_NAME` when it is set.
-pub fn adapters() -> Vec<wgpu::Adapter> {
+/// `WGPU_ADAPTER_NAME` when it is set. In the browser there is one: the page's WebGPU adapter.
+pub async fn adapters() -> Vec<wgpu::Adapter> {
     let instance =
         wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-    let mut found = pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()));
+    #[cfg(target_arch = "wasm32")]
+    let mut found: Vec<wgpu::Adapter> = instance
+        .request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        })
+        .await
+        .into_iter()
+        .collect();
+    #[cfg(not(target_arch = "wasm32"))]
+    let mut found = instance.enumerate_adapters(wgpu::Backends::all()).await;
     if let Ok(filter) = std::env::var(ADAPTER_ENV) {
         let filter = filter.to_ascii_lowercase();
         found.retain(|a| a.get_info().name.to_ascii_lowercase().contains(&filter));
@@ -72,8 +87,8 @@ pub fn adapters() -> Vec<wgpu::Adapter> {
 }
 
 /// Summaries of every adapter, best first.
-pub fn list_adapters() -> Vec<AdapterSummary> {
-    adapters().iter().map(AdapterSummary::of).collect()
+pub async fn list_adapters() -> Vec<AdapterSummary> {
+    adapters().await.iter().map(AdapterSummary::of).collect()
 }
 
 /// Bindings of a kernel family, in binding order.
@@ -111,28 +126,32 @@ pub struct Gpu {
     /// Whether shaders keep wgpu's runtime bounds checks (as browsers always do).
     pub runtime_checks: bool,
     pipelines: Mutex<HashMap<Kernel, Arc<Pipeline>>>,
+    /// Pipelines built but whose error scope has not been read yet (see `pipeline`).
+    unchecked_builds: Mutex<Vec<(Kernel, ScopeCheck)>>,
     uncaptured: Arc<Mutex<Option<String>>>,
 }
 
 impl Gpu {
     /// Opens a device on `adapter` with every limit it offers and the features mantissa uses.
-    pub fn open(adapter: &wgpu::Adapter, runtime_checks: bool) -> Result<Gpu> {
+    pub async fn open(adapter: &wgpu::Adapter, runtime_checks: bool) -> Result<Gpu> {
         let summary = AdapterSummary::of(adapter);
         let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY;
         let features = adapter.features() & wanted;
         let limits = adapter.limits();
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("mantissa"),
-            required_features: features,
-            required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| Error::Device {
-            device: summary.name.clone(),
-            message: format!("could not open the device: {e}"),
-        })?;
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("mantissa"),
+                required_features: features,
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| Error::Device {
+                device: summary.name.clone(),
+                message: format!("could not open the device: {e}"),
+            })?;
         // Errors outside an error scope must not panic: record them, report them on the next op.
         let uncaptured = Arc::new(Mutex::new(None));
         let sink = uncaptured.clone();
@@ -149,6 +168,7 @@ impl Gpu {
             limits,
             runtime_checks,
             pipelines: Mutex::new(HashMap::new()),
+            unchecked_builds: Mutex::new(Vec::new()),
             uncaptured,
         })
     }
@@ -164,23 +184,74 @@ impl Gpu {
         }
     }
 
-    /// Runs `f` inside validation and out-of-memory error scopes; any error becomes an `Error`.
-    pub fn scoped<T>(&self, what: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    /// Runs `f` (recording and submitting work, never waiting) inside validation and
+    /// out-of-memory error scopes; the returned future resolves to `f`'s result, or to an
+    /// `Error` for anything the device reported. wgpu's scope guards are tied to the thread, so
+    /// the scopes close before anything is awaited; their verdicts are awaited after.
+    pub fn scoped<'a, T: Send + 'a>(
+        &'a self,
+        what: &str,
+        f: impl FnOnce() -> Result<T>,
+    ) -> impl Future<Output = Result<T>> + Send + 'a {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let result = f();
-        let validation = pollster::block_on(validation.pop());
-        let oom = pollster::block_on(oom.pop());
-        if let Some(e) = oom {
-            return Err(self.device_error(format!("out of device memory during {what}: {e}")));
+        let validation = validation.pop();
+        let oom = oom.pop();
+        let what = what.to_string();
+        async move {
+            self.check_builds().await?;
+            if let Some(e) = oom.await {
+                return Err(self.device_error(format!("out of device memory during {what}: {e}")));
+            }
+            if let Some(e) = validation.await {
+                return Err(self.device_error(format!("{what}: {e}")));
+            }
+            if let Some(e) = self.uncaptured.lock().ok().and_then(|mut s| s.take()) {
+                return Err(self.device_error(format!("{what}: {e}")));
+            }
+            result
         }
-        if let Some(e) = validation {
-            return Err(self.device_error(format!("{what}: {e}")));
+    }
+
+    /// Reads the error scopes of pipelines built since the last check; a pipeline the device
+    /// rejected leaves the cache and comes back as a `ShaderCompile` error.
+    async fn check_builds(&self) -> Result<()> {
+        let pending = match self.unchecked_builds.lock() {
+            Ok(mut p) => std::mem::take(&mut *p),
+            Err(_) => Vec::new(),
+        };
+        let mut first_error = None;
+        for (kernel, check) in pending {
+            if let Some(e) = check.await {
+                if let Ok(mut m) = self.pipelines.lock() {
+                    m.remove(&kernel);
+                }
+                first_error.get_or_insert(Error::ShaderCompile {
+                    kernel: kernel.label(),
+                    log: e.to_string(),
+                });
+            }
         }
-        if let Some(e) = self.uncaptured.lock().ok().and_then(|mut s| s.take()) {
-            return Err(self.device_error(format!("{what}: {e}")));
+        first_error.map_or(Ok(()), Err)
+    }
+
+    /// Resolves when the device has finished all submitted work.
+    pub async fn idle(&self) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| self.device_error(format!("waiting for the GPU: {e}")))?;
+        #[cfg(target_arch = "wasm32")]
+        {
+            let (tx, rx) = futures_channel::oneshot::channel();
+            self.queue.on_submitted_work_done(move || {
+                let _ = tx.send(());
+            });
+            rx.await
+                .map_err(|_| self.device_error("the device was lost while waiting for it"))?;
         }
-        result
+        Ok(())
     }
 
     /// The compiled pipeline of `kernel`, built on first use and cached.
@@ -215,7 +286,11 @@ impl Gpu {
             kernel: label.clone(),
             log,
         })?;
-        self.scoped(&format!("building {label}"), || {
+        // The build gets its own scopes so that its errors are told apart from the op's; their
+        // verdict is read by the enclosing op (`check_builds`), since nothing may block here.
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let built = {
             let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(&label),
                 source: wgpu::ShaderSource::Wgsl(source.as_str().into()),
@@ -281,14 +356,18 @@ impl Gpu {
                     },
                     cache: None,
                 });
-            Ok(Pipeline { pipeline, layout })
-        })
-        .map_err(|e| match e {
-            Error::Device { message, .. } => Error::ShaderCompile {
-                kernel: kernel.label(),
-                log: message,
-            },
-            other => other,
-        })
+            Pipeline { pipeline, layout }
+        };
+        let validation = validation.pop();
+        let oom = oom.pop();
+        let check: ScopeCheck = Box::pin(async move {
+            let v = validation.await;
+            let o = oom.await;
+            v.or(o)
+        });
+        if let Ok(mut pending) = self.unchecked_builds.lock() {
+            pending.push((*kernel, check));
+        }
+        Ok(built)
     }
 }

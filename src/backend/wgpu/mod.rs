@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
 use crate::policy::Capabilities;
 use crate::train::ops::AdamW;
-use std::time::Instant;
+use web_time::Instant;
 
 pub use device::{AdapterSummary, list_adapters};
 
@@ -101,13 +101,13 @@ pub struct WgpuBackend {
 
 impl WgpuBackend {
     /// The best adapter (discrete, integrated, then software), with options from the environment.
-    pub fn open_best() -> Result<WgpuBackend> {
-        Self::open_nth(0, WgpuOptions::from_env()?)
+    pub async fn open_best() -> Result<WgpuBackend> {
+        Self::open_nth(0, WgpuOptions::from_env()?).await
     }
 
     /// The `index`-th adapter of `list_adapters()`.
-    pub fn open_nth(index: usize, options: WgpuOptions) -> Result<WgpuBackend> {
-        let adapters = device::adapters();
+    pub async fn open_nth(index: usize, options: WgpuOptions) -> Result<WgpuBackend> {
+        let adapters = device::adapters().await;
         let Some(adapter) = adapters.get(index) else {
             let why = if adapters.is_empty() {
                 "wgpu found no adapter (no Vulkan, Metal or DX12 driver; on Debian install \
@@ -121,7 +121,7 @@ impl WgpuBackend {
                 why,
             });
         };
-        let gpu = Gpu::open(adapter, options.runtime_checks)?;
+        let gpu = Gpu::open(adapter, options.runtime_checks).await?;
         let has_f16 = gpu.features.contains(wgpu::Features::SHADER_F16);
         let f16 = match options.f16 {
             F16Path::Packed => F16Read::Packed,
@@ -171,7 +171,7 @@ impl WgpuBackend {
     }
 
     /// Runs one element kernel over `x` and reads `out_words` words back.
-    fn element_op(
+    async fn element_op(
         &self,
         what: &str,
         x: &[u32],
@@ -179,18 +179,22 @@ impl WgpuBackend {
         make: impl FnOnce(&wgpu::Buffer, &wgpu::Buffer) -> Result<Vec<buffer::Dispatch>>,
     ) -> Result<Vec<u32>> {
         check_binding(&self.gpu, what, x.len().max(out_words) as u64 * 4)?;
-        self.gpu.scoped(what, || {
-            let src = upload(&self.gpu, what, x);
-            let dst = self.pool.take(&self.gpu, out_words as u64 * 4)?;
-            if self.poison {
-                self.poison(&dst, out_words);
-            }
-            let dispatches = make(&src, &dst)?;
-            submit(&self.gpu, &[], &dispatches, None);
-            let out = read_words(&self.gpu, &dst, out_words);
-            self.pool.give([dst]);
-            out
-        })
+        let dst = self
+            .gpu
+            .scoped(what, || {
+                let src = upload(&self.gpu, what, x);
+                let dst = self.pool.take(&self.gpu, out_words as u64 * 4)?;
+                if self.poison {
+                    self.poison(&dst, out_words);
+                }
+                let dispatches = make(&src, &dst)?;
+                submit(&self.gpu, &[], &dispatches, None);
+                Ok(dst)
+            })
+            .await?;
+        let out = read_words(&self.gpu, &dst, out_words).await;
+        self.pool.give([dst]);
+        out
     }
 }
 
@@ -222,6 +226,7 @@ fn pack(codes: &[u32], format: Format) -> Vec<u32> {
         .collect()
 }
 
+#[async_trait::async_trait]
 impl Backend for WgpuBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Wgpu
@@ -248,7 +253,7 @@ impl Backend for WgpuBackend {
         Capabilities::default()
     }
 
-    fn matmul(
+    async fn matmul(
         &self,
         shape: &MatmulShape,
         algorithm: &Algorithm,
@@ -259,53 +264,64 @@ impl Backend for WgpuBackend {
         if shape.c_len() == 0 || shape.k == 0 {
             return Ok(vec![0.0; shape.c_len()]);
         }
-        self.gpu.scoped("matmul", || {
-            let ab = self.upload_f32("operand A", a)?;
-            let bb = self.upload_f32("operand B", b)?;
-            let run = matmul::record(&self.gpu, &self.pool, shape, algorithm, self.f16, &ab, &bb)?;
-            if self.poison {
-                self.poison(&run.c, shape.c_len());
-            }
-            let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
-            submit(&self.gpu, &clears, &run.dispatches, None);
-            let words = read_words(&self.gpu, &run.c, shape.c_len())?;
-            self.pool.give(run.temporaries.into_iter().chain([run.c]));
-            Ok(bytemuck::cast_slice(&words).to_vec())
-        })
+        let run = self
+            .gpu
+            .scoped("matmul", || {
+                let ab = self.upload_f32("operand A", a)?;
+                let bb = self.upload_f32("operand B", b)?;
+                let run =
+                    matmul::record(&self.gpu, &self.pool, shape, algorithm, self.f16, &ab, &bb)?;
+                if self.poison {
+                    self.poison(&run.c, shape.c_len());
+                }
+                let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
+                submit(&self.gpu, &clears, &run.dispatches, None);
+                Ok(run)
+            })
+            .await?;
+        let words = read_words(&self.gpu, &run.c, shape.c_len()).await;
+        self.pool.give(run.temporaries.into_iter().chain([run.c]));
+        Ok(bytemuck::cast_slice(&words?).to_vec())
     }
 
-    fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> Result<Vec<u32>> {
+    async fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> Result<Vec<u32>> {
         let words = ops::packed_words(format, x.len());
         let saturate = overflow == Overflow::Saturate;
-        let packed = self.element_op("encode", bytemuck::cast_slice(x), words, |src, dst| {
-            Ok(vec![ops::encode(
-                &self.gpu,
-                src,
-                dst,
-                x.len(),
-                format,
-                saturate,
-            )?])
-        })?;
+        let packed = self
+            .element_op("encode", bytemuck::cast_slice(x), words, |src, dst| {
+                Ok(vec![ops::encode(
+                    &self.gpu,
+                    src,
+                    dst,
+                    x.len(),
+                    format,
+                    saturate,
+                )?])
+            })
+            .await?;
         Ok(unpack(&packed, format, x.len()))
     }
 
-    fn decode(&self, format: Format, bits: &[u32]) -> Result<Vec<f32>> {
+    async fn decode(&self, format: Format, bits: &[u32]) -> Result<Vec<f32>> {
         let packed = pack(bits, format);
-        let out = self.element_op("decode", &packed, bits.len(), |src, dst| {
-            Ok(vec![ops::decode(&self.gpu, src, dst, bits.len(), format)?])
-        })?;
+        let out = self
+            .element_op("decode", &packed, bits.len(), |src, dst| {
+                Ok(vec![ops::decode(&self.gpu, src, dst, bits.len(), format)?])
+            })
+            .await?;
         Ok(bytemuck::cast_slice(&out).to_vec())
     }
 
-    fn split_bf16(&self, x: &[f32]) -> Result<[Vec<u32>; 3]> {
+    async fn split_bf16(&self, x: &[f32]) -> Result<[Vec<u32>; 3]> {
         let plane_words = ops::packed_words(Format::Bf16, x.len());
-        let out = self.element_op(
-            "split_bf16",
-            bytemuck::cast_slice(x),
-            3 * plane_words,
-            |src, dst| Ok(vec![ops::split_bf16(&self.gpu, src, dst, x.len(), 3)?.0]),
-        )?;
+        let out = self
+            .element_op(
+                "split_bf16",
+                bytemuck::cast_slice(x),
+                3 * plane_words,
+                |src, dst| Ok(vec![ops::split_bf16(&self.gpu, src, dst, x.len(), 3)?.0]),
+            )
+            .await?;
         let plane = |p: usize| {
             unpack(
                 &out[p * plane_words..(p + 1) * plane_words],
@@ -316,33 +332,37 @@ impl Backend for WgpuBackend {
         Ok([plane(0), plane(1), plane(2)])
     }
 
-    fn amax(&self, x: &[f32]) -> Result<f32> {
+    async fn amax(&self, x: &[f32]) -> Result<f32> {
         if x.is_empty() {
             return Ok(0.0);
         }
-        self.gpu.scoped("amax", || {
-            let src = self.upload_f32("amax input", x)?;
-            let amax_bits = self.pool.take(&self.gpu, 4)?;
-            let scale = self.pool.take(&self.gpu, 4)?;
-            let grouping = ops::Grouping::per_batch(1, x.len());
-            let [amax, _] = ops::current_scales(
-                &self.gpu,
-                &src,
-                &amax_bits,
-                &scale,
-                x.len(),
-                Format::E4m3,
-                grouping,
-                0,
-            )?;
-            submit(&self.gpu, &[&amax_bits], &[amax], None);
-            let out = read_words(&self.gpu, &amax_bits, 1);
-            self.pool.give([amax_bits, scale]);
-            Ok(f32::from_bits(out?[0]))
-        })
+        let (amax_bits, scale) = self
+            .gpu
+            .scoped("amax", || {
+                let src = self.upload_f32("amax input", x)?;
+                let amax_bits = self.pool.take(&self.gpu, 4)?;
+                let scale = self.pool.take(&self.gpu, 4)?;
+                let grouping = ops::Grouping::per_batch(1, x.len());
+                let [amax, _] = ops::current_scales(
+                    &self.gpu,
+                    &src,
+                    &amax_bits,
+                    &scale,
+                    x.len(),
+                    Format::E4m3,
+                    grouping,
+                    0,
+                )?;
+                submit(&self.gpu, &[&amax_bits], &[amax], None);
+                Ok((amax_bits, scale))
+            })
+            .await?;
+        let out = read_words(&self.gpu, &amax_bits, 1).await;
+        self.pool.give([amax_bits, scale]);
+        Ok(f32::from_bits(out?[0]))
     }
 
-    fn layernorm_fwd(
+    async fn layernorm_fwd(
         &self,
         x: &[f32],
         g: &[f32],
@@ -355,18 +375,20 @@ impl Backend for WgpuBackend {
             c: c as u32,
             ..Default::default()
         };
-        let [y, stats, _] = self.train_op(
-            TrainOp::LayernormFwd,
-            p,
-            [x, g, b],
-            [Out::Fresh(x.len()), Out::Fresh(2 * rows), Out::Unused],
-            rows,
-        )?;
+        let [y, stats, _] = self
+            .train_op(
+                TrainOp::LayernormFwd,
+                p,
+                [x, g, b],
+                [Out::Fresh(x.len()), Out::Fresh(2 * rows), Out::Unused],
+                rows,
+            )
+            .await?;
         let (mean, rstd) = stats.chunks(2).map(|s| (s[0], s[1])).unzip();
         Ok((y, mean, rstd))
     }
 
-    fn layernorm_bwd(
+    async fn layernorm_bwd(
         &self,
         dy: &[f32],
         x: &[f32],
@@ -382,54 +404,62 @@ impl Backend for WgpuBackend {
             c: c as u32,
             ..Default::default()
         };
-        let [dx, ..] = self.train_op(
-            TrainOp::LayernormBwdX,
-            p,
-            [dy, x, g],
-            [Out::Fresh(x.len()), Out::Init(&stats), Out::Unused],
-            rows,
-        )?;
-        let [dg, _, db] = self.train_op(
-            TrainOp::LayernormBwdParams,
-            p,
-            [dy, x, &[]],
-            [Out::Fresh(c), Out::Init(&stats), Out::Fresh(c)],
-            c,
-        )?;
+        let [dx, ..] = self
+            .train_op(
+                TrainOp::LayernormBwdX,
+                p,
+                [dy, x, g],
+                [Out::Fresh(x.len()), Out::Init(&stats), Out::Unused],
+                rows,
+            )
+            .await?;
+        let [dg, _, db] = self
+            .train_op(
+                TrainOp::LayernormBwdParams,
+                p,
+                [dy, x, &[]],
+                [Out::Fresh(c), Out::Init(&stats), Out::Fresh(c)],
+                c,
+            )
+            .await?;
         Ok((dx, dg, db))
     }
 
-    fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>> {
+    async fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>> {
         let p = TrainParams {
             n: x.len() as u32,
             ..Default::default()
         };
-        let [y, ..] = self.train_op(
-            TrainOp::GeluFwd,
-            p,
-            [x, &[], &[]],
-            [Out::Fresh(x.len()), Out::Unused, Out::Unused],
-            x.len(),
-        )?;
+        let [y, ..] = self
+            .train_op(
+                TrainOp::GeluFwd,
+                p,
+                [x, &[], &[]],
+                [Out::Fresh(x.len()), Out::Unused, Out::Unused],
+                x.len(),
+            )
+            .await?;
         Ok(y)
     }
 
-    fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>> {
+    async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>> {
         let p = TrainParams {
             n: x.len() as u32,
             ..Default::default()
         };
-        let [dx, ..] = self.train_op(
-            TrainOp::GeluBwd,
-            p,
-            [x, dy, &[]],
-            [Out::Fresh(x.len()), Out::Unused, Out::Unused],
-            x.len(),
-        )?;
+        let [dx, ..] = self
+            .train_op(
+                TrainOp::GeluBwd,
+                p,
+                [x, dy, &[]],
+                [Out::Fresh(x.len()), Out::Unused, Out::Unused],
+                x.len(),
+            )
+            .await?;
         Ok(dx)
     }
 
-    fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
+    async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
         let rows = scores.len() / t.max(1);
         let p = TrainParams {
             n: rows as u32,
@@ -437,17 +467,19 @@ impl Backend for WgpuBackend {
             f: [scale as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
             ..Default::default()
         };
-        let [y, ..] = self.train_op(
-            TrainOp::CausalSoftmaxFwd,
-            p,
-            [scores, &[], &[]],
-            [Out::Fresh(scores.len()), Out::Unused, Out::Unused],
-            rows,
-        )?;
+        let [y, ..] = self
+            .train_op(
+                TrainOp::CausalSoftmaxFwd,
+                p,
+                [scores, &[], &[]],
+                [Out::Fresh(scores.len()), Out::Unused, Out::Unused],
+                rows,
+            )
+            .await?;
         Ok(y)
     }
 
-    fn causal_softmax_bwd(
+    async fn causal_softmax_bwd(
         &self,
         probs: &[f32],
         dp: &[f32],
@@ -461,17 +493,19 @@ impl Backend for WgpuBackend {
             f: [scale as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
             ..Default::default()
         };
-        let [ds, ..] = self.train_op(
-            TrainOp::CausalSoftmaxBwd,
-            p,
-            [probs, dp, &[]],
-            [Out::Fresh(probs.len()), Out::Unused, Out::Unused],
-            rows,
-        )?;
+        let [ds, ..] = self
+            .train_op(
+                TrainOp::CausalSoftmaxBwd,
+                p,
+                [probs, dp, &[]],
+                [Out::Fresh(probs.len()), Out::Unused, Out::Unused],
+                rows,
+            )
+            .await?;
         Ok(ds)
     }
 
-    fn cross_entropy_fwd(
+    async fn cross_entropy_fwd(
         &self,
         logits: &[f32],
         targets: &[u32],
@@ -484,18 +518,20 @@ impl Backend for WgpuBackend {
             ..Default::default()
         };
         let ids = ids_as_f32(targets);
-        let [probs, losses, _] = self.train_op(
-            TrainOp::CrossEntropyFwd,
-            p,
-            [logits, &ids, &[]],
-            [Out::Fresh(logits.len()), Out::Fresh(rows), Out::Unused],
-            rows,
-        )?;
+        let [probs, losses, _] = self
+            .train_op(
+                TrainOp::CrossEntropyFwd,
+                p,
+                [logits, &ids, &[]],
+                [Out::Fresh(logits.len()), Out::Fresh(rows), Out::Unused],
+                rows,
+            )
+            .await?;
         let loss = losses.iter().map(|&l| l as f64).sum::<f64>() / rows.max(1) as f64;
         Ok((loss, probs))
     }
 
-    fn cross_entropy_bwd(
+    async fn cross_entropy_bwd(
         &self,
         probs: &[f32],
         targets: &[u32],
@@ -511,17 +547,19 @@ impl Backend for WgpuBackend {
             ..Default::default()
         };
         let ids = ids_as_f32(targets);
-        let [d, ..] = self.train_op(
-            TrainOp::CrossEntropyBwd,
-            p,
-            [probs, &ids, &[]],
-            [Out::Fresh(probs.len()), Out::Unused, Out::Unused],
-            probs.len(),
-        )?;
+        let [d, ..] = self
+            .train_op(
+                TrainOp::CrossEntropyBwd,
+                p,
+                [probs, &ids, &[]],
+                [Out::Fresh(probs.len()), Out::Unused, Out::Unused],
+                probs.len(),
+            )
+            .await?;
         Ok(d)
     }
 
-    fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
+    async fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
         let n = ids.len() * c;
         super::check_ids(ids, table.len() / c.max(1))?;
         let p = TrainParams {
@@ -530,17 +568,25 @@ impl Backend for WgpuBackend {
             ..Default::default()
         };
         let ids = ids_as_f32(ids);
-        let [y, ..] = self.train_op(
-            TrainOp::EmbeddingFwd,
-            p,
-            [table, &ids, &[]],
-            [Out::Fresh(n), Out::Unused, Out::Unused],
-            n,
-        )?;
+        let [y, ..] = self
+            .train_op(
+                TrainOp::EmbeddingFwd,
+                p,
+                [table, &ids, &[]],
+                [Out::Fresh(n), Out::Unused, Out::Unused],
+                n,
+            )
+            .await?;
         Ok(y)
     }
 
-    fn embedding_bwd(&self, dout: &[f32], ids: &[u32], rows: usize, c: usize) -> Result<Vec<f32>> {
+    async fn embedding_bwd(
+        &self,
+        dout: &[f32],
+        ids: &[u32],
+        rows: usize,
+        c: usize,
+    ) -> Result<Vec<f32>> {
         super::check_ids(ids, rows)?;
         let n = rows * c;
         let p = TrainParams {
@@ -550,17 +596,19 @@ impl Backend for WgpuBackend {
             ..Default::default()
         };
         let ids = ids_as_f32(ids);
-        let [d, ..] = self.train_op(
-            TrainOp::EmbeddingBwd,
-            p,
-            [dout, &ids, &[]],
-            [Out::Fresh(n), Out::Unused, Out::Unused],
-            n,
-        )?;
+        let [d, ..] = self
+            .train_op(
+                TrainOp::EmbeddingBwd,
+                p,
+                [dout, &ids, &[]],
+                [Out::Fresh(n), Out::Unused, Out::Unused],
+                n,
+            )
+            .await?;
         Ok(d)
     }
 
-    fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
+    async fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
         if g.is_empty() {
             return Ok(true);
         }
@@ -569,18 +617,20 @@ impl Backend for WgpuBackend {
             f: [inverse_scale, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
             ..Default::default()
         };
-        let [scaled, flag, _] = self.train_op(
-            TrainOp::UnscaleCheck,
-            p,
-            [&[], &[], &[]],
-            [Out::Init(g), Out::Fresh(1), Out::Unused],
-            g.len(),
-        )?;
+        let [scaled, flag, _] = self
+            .train_op(
+                TrainOp::UnscaleCheck,
+                p,
+                [&[], &[], &[]],
+                [Out::Init(g), Out::Fresh(1), Out::Unused],
+                g.len(),
+            )
+            .await?;
         g.copy_from_slice(&scaled);
         Ok(flag[0] == 0.0)
     }
 
-    fn adamw(
+    async fn adamw(
         &self,
         opt: &AdamW,
         p: &mut [f32],
@@ -607,20 +657,22 @@ impl Backend for WgpuBackend {
             ],
             ..Default::default()
         };
-        let [np, nm, nv] = self.train_op(
-            TrainOp::Adamw,
-            params,
-            [g, &[], &[]],
-            [Out::Init(p), Out::Init(m), Out::Init(v)],
-            p.len(),
-        )?;
+        let [np, nm, nv] = self
+            .train_op(
+                TrainOp::Adamw,
+                params,
+                [g, &[], &[]],
+                [Out::Init(p), Out::Init(m), Out::Init(v)],
+                p.len(),
+            )
+            .await?;
         p.copy_from_slice(&np);
         m.copy_from_slice(&nm);
         v.copy_from_slice(&nv);
         Ok(())
     }
 
-    fn time_matmul(
+    async fn time_matmul(
         &self,
         shape: &MatmulShape,
         algorithm: &Algorithm,
@@ -629,44 +681,46 @@ impl Backend for WgpuBackend {
         repetitions: usize,
     ) -> Result<MatmulTiming> {
         shape.check(a.len(), b.len())?;
-        self.gpu.scoped("timed matmul", || {
-            let ab = self.upload_f32("operand A", a)?;
-            let bb = self.upload_f32("operand B", b)?;
-            let run = matmul::record(&self.gpu, &self.pool, shape, algorithm, self.f16, &ab, &bb)?;
-            let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
-            let timer = Timer::new(&self.gpu);
-            let mut times = Vec::new();
-            // One warm-up run (pipelines, first-touch allocation), then the timed ones.
-            for rep in 0..=repetitions.max(1) {
-                let start = Instant::now();
-                submit(&self.gpu, &clears, &run.dispatches, timer.as_ref());
-                self.gpu
-                    .device
-                    .poll(wgpu::PollType::wait_indefinitely())
-                    .map_err(|e| Error::Device {
-                        device: self.gpu.name().into(),
-                        message: e.to_string(),
-                    })?;
-                let wall = start.elapsed().as_secs_f64();
-                let t = match &timer {
-                    Some(t) => t.read_seconds(&self.gpu)?,
-                    None => wall,
-                };
-                if rep > 0 {
-                    times.push(t);
-                }
-            }
-            self.pool.give(run.temporaries.into_iter().chain([run.c]));
-            let clock = if timer.is_some() {
-                "gpu-timestamps"
-            } else {
-                "wall-clock"
-            };
-            Ok(MatmulTiming {
-                seconds: median(&mut times),
-                clock,
-                repetitions: times.len(),
+        let run = self
+            .gpu
+            .scoped("timed matmul", || {
+                let ab = self.upload_f32("operand A", a)?;
+                let bb = self.upload_f32("operand B", b)?;
+                matmul::record(&self.gpu, &self.pool, shape, algorithm, self.f16, &ab, &bb)
             })
+            .await?;
+        let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
+        let timer = Timer::new(&self.gpu);
+        let mut times = Vec::new();
+        // One warm-up run (pipelines, first-touch allocation), then the timed ones.
+        for rep in 0..=repetitions.max(1) {
+            let start = Instant::now();
+            self.gpu
+                .scoped("timed matmul", || {
+                    submit(&self.gpu, &clears, &run.dispatches, timer.as_ref());
+                    Ok(())
+                })
+                .await?;
+            self.gpu.idle().await?;
+            let wall = start.elapsed().as_secs_f64();
+            let t = match &timer {
+                Some(t) => t.read_seconds(&self.gpu).await?,
+                None => wall,
+            };
+            if rep > 0 {
+                times.push(t);
+            }
+        }
+        self.pool.give(run.temporaries.into_iter().chain([run.c]));
+        let clock = if timer.is_some() {
+            "gpu-timestamps"
+        } else {
+            "wall-clock"
+        };
+        Ok(MatmulTiming {
+            seconds: median(&mut times),
+            clock,
+            repetitions: times.len(),
         })
     }
 }

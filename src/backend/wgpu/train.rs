@@ -29,58 +29,61 @@ pub enum Out<'a> {
 
 impl WgpuBackend {
     /// Runs one train kernel over `items` invocations and returns its three outputs.
-    pub(crate) fn train_op(
+    pub(crate) async fn train_op(
         &self,
         op: TrainOp,
         params: TrainParams,
         inputs: [&[f32]; 3],
-        outputs: [Out; 3],
+        outputs: [Out<'_>; 3],
         items: usize,
     ) -> Result<[Vec<f32>; 3]> {
         let gpu = &self.gpu;
         for x in inputs {
             check_binding(gpu, op.entry_point(), x.len() as u64 * 4)?;
         }
-        gpu.scoped(op.entry_point(), || {
-            let ins: Vec<wgpu::Buffer> = inputs
-                .iter()
-                .map(|x| upload(gpu, op.entry_point(), bytemuck::cast_slice(x)))
-                .collect();
-            let lens: Vec<usize> = outputs
-                .iter()
-                .map(|o| match o {
-                    Out::Fresh(n) => *n,
-                    Out::Init(x) => x.len(),
-                    Out::Unused => 0,
-                })
-                .collect();
-            let outs: Vec<wgpu::Buffer> = outputs
-                .iter()
-                .map(|o| match o {
-                    Out::Init(x) => upload(gpu, op.entry_point(), bytemuck::cast_slice(x)),
-                    Out::Fresh(n) => upload(gpu, op.entry_point(), &vec![0u32; *n]),
-                    Out::Unused => upload(gpu, op.entry_point(), &[]),
-                })
-                .collect();
-            let uniform = super::buffer::uniform(gpu, &params);
-            let pipeline = gpu.pipeline(&Kernel::Train(op))?;
-            let dispatch = Dispatch::new(
-                gpu,
-                pipeline,
-                &[
-                    &uniform, &ins[0], &ins[1], &ins[2], &outs[0], &outs[1], &outs[2],
-                ],
-                Dispatch::element_groups(gpu, items)?,
-            );
-            submit(gpu, &[], &[dispatch], None);
-            let mut results: [Vec<f32>; 3] = Default::default();
-            for (i, (b, &len)) in outs.iter().zip(&lens).enumerate() {
-                if len > 0 {
-                    results[i] = bytemuck::cast_slice(&read_words(gpu, b, len)?).to_vec();
-                }
+        let (outs, lens) = gpu
+            .scoped(op.entry_point(), || {
+                let ins: Vec<wgpu::Buffer> = inputs
+                    .iter()
+                    .map(|x| upload(gpu, op.entry_point(), bytemuck::cast_slice(x)))
+                    .collect();
+                let lens: Vec<usize> = outputs
+                    .iter()
+                    .map(|o| match o {
+                        Out::Fresh(n) => *n,
+                        Out::Init(x) => x.len(),
+                        Out::Unused => 0,
+                    })
+                    .collect();
+                let outs: Vec<wgpu::Buffer> = outputs
+                    .iter()
+                    .map(|o| match o {
+                        Out::Init(x) => upload(gpu, op.entry_point(), bytemuck::cast_slice(x)),
+                        Out::Fresh(n) => upload(gpu, op.entry_point(), &vec![0u32; *n]),
+                        Out::Unused => upload(gpu, op.entry_point(), &[]),
+                    })
+                    .collect();
+                let uniform = super::buffer::uniform(gpu, &params);
+                let pipeline = gpu.pipeline(&Kernel::Train(op))?;
+                let dispatch = Dispatch::new(
+                    gpu,
+                    pipeline,
+                    &[
+                        &uniform, &ins[0], &ins[1], &ins[2], &outs[0], &outs[1], &outs[2],
+                    ],
+                    Dispatch::element_groups(gpu, items)?,
+                );
+                submit(gpu, &[], &[dispatch], None);
+                Ok((outs, lens))
+            })
+            .await?;
+        let mut results: [Vec<f32>; 3] = Default::default();
+        for (i, (b, &len)) in outs.iter().zip(&lens).enumerate() {
+            if len > 0 {
+                results[i] = bytemuck::cast_slice(&read_words(gpu, b, len).await?).to_vec();
             }
-            Ok(results)
-        })
+        }
+        Ok(results)
     }
 }
 
