@@ -25,6 +25,7 @@ fn main() {
         repetitions: if measuring { 5 } else { 1 },
         error_rows: 16,
         seed: 7,
+        contract_check_limit: 1 << 24,
     };
     let mut records = Vec::new();
     for kind in [BackendKind::Wgpu, BackendKind::Reference] {

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suite: unit tests, shader validation (naga, every kernel variant), the conformance
 # suite on every backend present (lavapipe where there is no GPU), the CLI, and the portability
-# report as a gate (exit 3 on any contract break). Ends with one summary line.
+# report as a gate (exit 3 on any contract break), and the browser demo in headless Chromium
+# (WebGPU on SwiftShader: scripts/web.sh test). Ends with one summary line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -9,5 +10,11 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --all-targets "$@" 2>&1 | tee "$log"
 ./target/debug/mantissa report --backends reference,wgpu --train-steps 20 --out target/report
+if command -v apt-get >/dev/null || command -v chromium >/dev/null; then
+    bash scripts/web.sh test --native target/debug/mantissa 2>&1 | tee -a "$log"
+else
+    echo "SKIPPED browser test: needs Debian's chromium, chromium-driver and python3-selenium" | tee -a "$log"
+fi
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
-     END { printf "tests: %d passed, %d failed\n", p, f }' "$log"
+     /^web test: PASSED/ { web = "browser: passed" } /^SKIPPED browser/ { web = "browser: skipped" }
+     END { printf "tests: %d passed, %d failed; %s\n", p, f, web }' "$log"

@@ -42,7 +42,8 @@ struct MatmulParams {
 const WG_X: u32 = BN / 4u;
 const WG_Y: u32 = BM / 4u;
 const THREADS: u32 = WG_X * WG_Y;
-const F32_MAX: f32 = 3.40282347e38;
+// Exactly the largest finite f32 (Tint rejects decimal literals that round up to it).
+const F32_MAX: f32 = 0x1.fffffep+127f;
 
 // [part][kk][i / 4]: four consecutive rows (columns) of one k as a vec4.
 var<workgroup> a_tile: array<vec4<f32>, PARTS * BK * BM / 4u>;

@@ -106,6 +106,13 @@ fn layernorm_bwd_params(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
 
 const SQRT_2_OVER_PI: f32 = 0.7978845608;
 
+// tanh of the GELU argument. Clamped because some GPUs (SwiftShader in browsers) build tanh from
+// exp and return NaN once exp overflows; tanh(10) already rounds to 1 in f32, so the clamp
+// changes no result. A NaN x still propagates through the products around it.
+fn gelu_tanh(x: f32) -> f32 {
+    return tanh(clamp(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x), -10.0, 10.0));
+}
+
 // GELU (tanh form): in0 = x; out0 = y.
 @compute @workgroup_size(256)
 fn gelu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -115,7 +122,7 @@ fn gelu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         return;
     }
     let x = in0[e];
-    out0[e] = 0.5 * x * (1.0 + tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)));
+    out0[e] = 0.5 * x * (1.0 + gelu_tanh(x));
 }
 
 // in0 = x, in1 = dy; out0 = dx.
@@ -127,7 +134,7 @@ fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         return;
     }
     let x = in0[e];
-    let t = tanh(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x));
+    let t = gelu_tanh(x);
     let du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
     out0[e] = in1[e] * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du);
 }

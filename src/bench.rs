@@ -6,7 +6,7 @@
 //! original inputs, so large sizes stay cheap to check.
 
 use crate::algorithm::{Algorithm, MatmulShape};
-use crate::backend::Backend;
+use crate::backend::{Backend, reference};
 use crate::error::Result;
 use crate::measure;
 
@@ -32,6 +32,10 @@ pub struct MatmulRecord {
     pub error_rows: usize,
     /// The range DESIGN.md's contract expects on N(0,1) inputs.
     pub expected_error: (f64, f64),
+    /// Elements of C outside the contract's tolerance of the host reference implementation of
+    /// the same algorithm (`mantissa report`'s check); none where the size was over the
+    /// bench's `contract_check_limit`.
+    pub contract_breaks: Option<usize>,
 }
 
 /// What to measure.
@@ -44,6 +48,9 @@ pub struct MatmulBench {
     /// Rows of C whose error is measured.
     pub error_rows: usize,
     pub seed: u64,
+    /// Products of up to this many multiply-adds are also checked element by element against
+    /// the host reference implementation of the algorithm (0: never).
+    pub contract_check_limit: u64,
 }
 
 impl MatmulBench {
@@ -65,6 +72,12 @@ impl MatmulBench {
                 let c = backend.matmul(&shape, algorithm, &a, &b).await?;
                 let (relative_error, max_ulp_error, rows) =
                     sampled_error(&shape, &a, &b, &c, self.error_rows);
+                let contract_breaks =
+                    ((m * n * k) as u64 <= self.contract_check_limit).then(|| {
+                        let want = reference::matmul(&shape, algorithm, &a, &b);
+                        let abs = measure::abs_product(&shape, &a, &b);
+                        measure::compare_to_reference(algorithm, &shape, &c, &want, &abs).1
+                    });
                 let (bytes_a, bytes_b) = algorithm.bytes_per_element();
                 let record = MatmulRecord {
                     backend: backend.name(),
@@ -83,6 +96,7 @@ impl MatmulBench {
                     max_ulp_error,
                     error_rows: rows,
                     expected_error: algorithm.expected_error_n01(),
+                    contract_breaks,
                 };
                 each(&record);
                 out.push(record);

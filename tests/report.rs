@@ -132,7 +132,7 @@ impl Backend for Faulty {
 
 #[test]
 fn report_fails_when_a_backend_breaks_the_contract() {
-    let backends: Vec<Box<dyn Backend>> = vec![Box::new(Reference), Box::new(Faulty)];
+    let backends: Vec<&dyn Backend> = vec![&Reference, &Faulty];
     let report = report::run_on(
         &backends,
         vec![],

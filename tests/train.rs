@@ -7,7 +7,7 @@ mod common;
 
 use mantissa::backend::Reference;
 use mantissa::measure;
-use mantissa::policy::{PrecisionClass, Preset};
+use mantissa::policy::Preset;
 use mantissa::train::model::Fp8Mode;
 use mantissa::train::ops;
 use mantissa::train::*;
@@ -147,17 +147,11 @@ fn corpus() -> Corpus {
 }
 
 fn options(corpus: &Corpus, preset: Preset, seed: u64) -> TrainOptions {
-    TrainOptions {
-        config: GptConfig::named("tiny", corpus.vocab.len()).unwrap(),
+    TrainOptions::new(
+        GptConfig::named("tiny", corpus.vocab.len()).unwrap(),
         preset,
-        matmul_precision: PrecisionClass::Highest,
-        algorithm: None,
-        fp8_current: false,
-        autocast_overrides: String::new(),
         seed,
-        adamw: ops::AdamW::default(),
-        grad_clip: 1.0,
-    }
+    )
 }
 
 #[test]

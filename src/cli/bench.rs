@@ -79,6 +79,7 @@ pub fn run(args: Args) -> Result<()> {
         repetitions: args.reps.max(1),
         error_rows: args.error_rows,
         seed: 42,
+        contract_check_limit: 0,
     };
     let mut records: Vec<MatmulRecord> = Vec::new();
     let mut table = Table::new(&[

@@ -318,16 +318,10 @@ pub fn sample(args: SampleArgs) -> Result<()> {
     let ck = Checkpoint::load(&args.checkpoint, &config, &corpus.vocab)?;
     let preset: Preset = ck.meta.preset.parse()?;
     let backend = backend::open(args.backend.parse::<BackendChoice>()?).block_on()?;
+    // Sampling needs no fp8 history: current scaling.
     let options = TrainOptions {
-        config,
-        preset,
-        matmul_precision: PrecisionClass::Highest,
-        algorithm: None,
         fp8_current: true,
-        autocast_overrides: String::new(),
-        seed: meta.seed,
-        adamw: AdamW::default(),
-        grad_clip: 1.0,
+        ..TrainOptions::new(config, preset, meta.seed)
     };
     let mut trainer = Trainer::new(backend.as_ref(), &corpus, options)?;
     ck.restore(&mut trainer)?;

@@ -291,6 +291,7 @@ pub fn render_html(report: &Report) -> String {
 }
 
 /// One loss curve of a chart: the training loss per step, and evaluation points if any.
+#[derive(Clone, Debug, serde::Deserialize)]
 pub struct LossCurve {
     pub label: String,
     pub losses: Vec<(u32, f64)>,

@@ -177,12 +177,13 @@ async fn open_backends(kinds: &[BackendKind]) -> (Vec<Box<dyn Backend>>, Vec<Ski
 /// per step.
 pub async fn run(config: &ReportConfig, progress: impl FnMut(&str)) -> Result<Report> {
     let (backends, skipped) = open_backends(&config.kinds).await;
+    let backends: Vec<&dyn Backend> = backends.iter().map(|b| b.as_ref()).collect();
     run_on(&backends, skipped, config, progress).await
 }
 
 /// Runs the report on the given backends (the reference result is always the host module's).
 pub async fn run_on(
-    backends: &[Box<dyn Backend>],
+    backends: &[&dyn Backend],
     skipped: Vec<Skipped>,
     config: &ReportConfig,
     mut progress: impl FnMut(&str),
@@ -222,9 +223,7 @@ pub async fn run_on(
     for b in backends {
         if b.kind() != BackendKind::Reference {
             progress(&format!("casts on {}", b.name()));
-            report
-                .casts
-                .extend(cast_checks(b.as_ref(), config.seed).await?);
+            report.casts.extend(cast_checks(*b, config.seed).await?);
         }
     }
     let largest = config
@@ -289,7 +288,7 @@ pub async fn run_on(
                         ));
                         report
                             .training
-                            .push(train_line(b.as_ref(), &corpus, preset, config).await?);
+                            .push(train_line(*b, &corpus, preset, config).await?);
                     }
                 }
             }
@@ -342,7 +341,9 @@ fn count_mismatches<T: Copy>(
     }
 }
 
-async fn cast_checks(b: &dyn Backend, seed: u64) -> Result<Vec<CastCheck>> {
+/// Every cast, decode, split and amax of `b` against the host formats, on boundary values
+/// and random bit patterns.
+pub async fn cast_checks(b: &dyn Backend, seed: u64) -> Result<Vec<CastCheck>> {
     let values = cast_values(seed);
     let show = |x: f32| format!("{x:e} ({:#010x})", x.to_bits());
     let mut out = Vec::new();
@@ -427,17 +428,11 @@ async fn train_line(
     preset: Preset,
     config: &ReportConfig,
 ) -> Result<TrainingLine> {
-    let options = TrainOptions {
-        config: GptConfig::named("tiny", corpus.vocab.len())?,
+    let options = TrainOptions::new(
+        GptConfig::named("tiny", corpus.vocab.len())?,
         preset,
-        matmul_precision: PrecisionClass::Highest,
-        algorithm: None,
-        fp8_current: false,
-        autocast_overrides: String::new(),
-        seed: config.seed,
-        adamw: crate::train::ops::AdamW::default(),
-        grad_clip: 1.0,
-    };
+        config.seed,
+    );
     let mut trainer = Trainer::new(backend, corpus, options)?;
     let mut line = TrainingLine {
         backend: backend.name(),

@@ -30,6 +30,24 @@ pub struct TrainOptions {
     pub grad_clip: f32,
 }
 
+impl TrainOptions {
+    /// `preset` on `config` with everything else as nanoGPT and Lightning default it: matmul
+    /// precision `highest`, no pinned algorithm, delayed fp8 scaling, AdamW defaults, clip 1.0.
+    pub fn new(config: GptConfig, preset: Preset, seed: u64) -> TrainOptions {
+        TrainOptions {
+            config,
+            preset,
+            matmul_precision: PrecisionClass::Highest,
+            algorithm: None,
+            fp8_current: false,
+            autocast_overrides: String::new(),
+            seed,
+            adamw: AdamW::default(),
+            grad_clip: 1.0,
+        }
+    }
+}
+
 /// One optimizer step, as the log shows it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct StepRecord {

@@ -31,8 +31,14 @@ impl AdapterSummary {
         let info = adapter.get_info();
         let features = adapter.features();
         let limits = adapter.limits();
+        // Browsers may hide the adapter's name (privacy): say what kind of adapter it is.
+        let name = if info.name.trim().is_empty() {
+            format!("unnamed {:?} adapter", info.device_type)
+        } else {
+            info.name
+        };
         AdapterSummary {
-            name: info.name,
+            name,
             backend: format!("{:?}", info.backend),
             device_type: format!("{:?}", info.device_type),
             driver: format!("{} {}", info.driver, info.driver_info)

@@ -68,7 +68,7 @@ impl TrainOp {
 }
 
 /// How f16 operands are read: as `f16` values (`enable f16;`, needs SHADER_F16) or as packed
-/// u32 words decoded with `unpack2x16float` (core WGSL, works everywhere).
+/// u32 words decoded in integer arithmetic (core WGSL, works everywhere).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum F16Read {
     Native,
@@ -110,9 +110,11 @@ impl Operand {
                 )
             }
             Operand::F16(F16Read::Native) => format!("return f32({array}[idx]);"),
-            Operand::F16(F16Read::Packed) => {
-                format!("return unpack2x16float({array}[idx >> 1u])[idx & 1u];")
-            }
+            // Decoded in integers, not by unpack2x16float: SwiftShader flushes f16 subnormals
+            // there, and the contract says they are values.
+            Operand::F16(F16Read::Packed) => format!(
+                "return bitcast<f32>(decode_format(unpack_code({array}[idx >> 1u], idx, FMT_F16), FMT_F16));"
+            ),
             Operand::Fp8(f) => format!(
                 "return bitcast<f32>(decode_format(unpack_code({array}[idx >> 2u], idx, {id}u), {id}u));",
                 id = format_id(f)
