@@ -29,7 +29,7 @@ build() {
     version=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3 }' Cargo.lock)
     if ! wasm-bindgen --version 2>/dev/null | grep -q " $version\$"; then
         echo "web: installing wasm-bindgen-cli $version" >&2
-        cargo install -q wasm-bindgen-cli --version "$version"
+        cargo install -q --force wasm-bindgen-cli --version "$version"
     fi
     cargo build -q -p mantissa-web --target wasm32-unknown-unknown --release
     rm -rf "$out"

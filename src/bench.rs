@@ -23,6 +23,8 @@ pub struct MatmulRecord {
     pub tflops: f64,
     pub clock: &'static str,
     pub repetitions: usize,
+    /// The kernel variant that ran (wgpu: its tile, and whether the autotuner chose it).
+    pub variant: String,
     /// Bytes one element of A and of B occupies on the device (split: all planes).
     pub bytes_per_element_a: usize,
     pub bytes_per_element_b: usize,
@@ -90,6 +92,7 @@ impl MatmulBench {
                     tflops: shape.flops() / timing.seconds / 1e12,
                     clock: timing.clock,
                     repetitions: timing.repetitions,
+                    variant: timing.variant.clone(),
                     bytes_per_element_a: bytes_a,
                     bytes_per_element_b: bytes_b,
                     relative_error,

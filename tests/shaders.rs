@@ -48,3 +48,24 @@ fn validation_reports_errors_with_their_location() {
         .map_err(|e| e.emit_to_string(broken));
     assert!(err.is_err_and(|e| e.contains("1.5") || e.contains("type")));
 }
+
+#[test]
+fn every_autotuner_tile_validates() {
+    use mantissa::backend::wgpu::shaders::{F16Read, MatmulVariant, Tile};
+    use mantissa::{Algorithm, Format};
+    // The largest limits a native device offers here; browsers get the subset within 256
+    // invocations and 16 KiB.
+    for alg in [
+        Algorithm::F32,
+        Algorithm::Bf16x9,
+        Algorithm::fp8(Format::E5m2, Format::E4m3),
+    ] {
+        let v = MatmulVariant::for_algorithm(&alg, F16Read::Packed);
+        for tile in Tile::candidates(v.parts, 1024, 32 * 1024) {
+            let k = Kernel::Matmul(v.with_tile(tile));
+            if let Err(e) = validate(&k) {
+                panic!("{}:\n{e}", k.label());
+            }
+        }
+    }
+}

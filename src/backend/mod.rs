@@ -104,13 +104,15 @@ impl Fp8Scales {
 }
 
 /// Timing of a repeated matmul, as a benchmark reports it.
-#[derive(Clone, Copy, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct MatmulTiming {
     /// Median seconds of one matmul (operand preparation on the device included).
     pub seconds: f64,
     /// How the time was taken: "gpu-timestamps" or "wall-clock".
     pub clock: &'static str,
     pub repetitions: usize,
+    /// Which kernel variant ran ("tile 64x64x16 (autotuned)"; "host" on the reference).
+    pub variant: String,
 }
 
 /// The one seam between policy and hardware. Operands and results are row-major f32 on the host;
@@ -166,6 +168,7 @@ pub trait Backend: Send + Sync {
             seconds: median(&mut times),
             clock: "wall-clock",
             repetitions: times.len(),
+            variant: "host".into(),
         })
     }
 

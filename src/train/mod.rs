@@ -6,8 +6,10 @@
 //! - `data.rs`: the character corpus and seeded batches
 //! - `trainer.rs`: presets, master weights, loss scaling, AdamW, evaluation
 //!
-//! Matmuls run on the chosen backend through the `Backend` trait; the other ops run on the
-//! host for now (the device-resident step plan of DESIGN.md is the next step).
+//! Every op (matmuls, layer norm, GELU, causal softmax, cross entropy, embeddings, AdamW, the
+//! fused unscale and finite check) runs on the chosen backend through the async `Backend`
+//! trait, one round trip per op; head permutations, bias sums, residual adds and format rounding
+//! run on the host (the device-resident step plan of DESIGN.md is the next step).
 
 pub mod checkpoint;
 pub mod data;

@@ -38,6 +38,7 @@ pub fn wgpu_packed_f16() -> &'static Present {
             f16: F16Path::Packed,
             runtime_checks: false,
             poison_outputs: true,
+            ..WgpuOptions::default()
         })
     })
 }
@@ -50,6 +51,7 @@ pub fn wgpu_checked() -> &'static Present {
             f16: F16Path::Auto,
             runtime_checks: true,
             poison_outputs: true,
+            ..WgpuOptions::default()
         })
     })
 }
@@ -87,4 +89,19 @@ pub fn seed(test: &str) -> u64 {
         });
     eprintln!("{test}: MANTISSA_TEST_SEED={seed}");
     seed
+}
+
+/// A fresh wgpu backend (for tests that need its own API), or None after printing why it is
+/// skipped; in CI a missing adapter fails instead, as in `on`.
+pub fn fresh_wgpu(test: &str, options: WgpuOptions) -> Option<WgpuBackend> {
+    match WgpuBackend::open_nth(0, options).block_on() {
+        Ok(b) => Some(b),
+        Err(why) => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("{test}: backend required in CI but absent: {why}");
+            }
+            eprintln!("SKIPPED {test}: backend absent: {why}");
+            None
+        }
+    }
 }

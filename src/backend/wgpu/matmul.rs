@@ -5,7 +5,7 @@
 use super::buffer::{self, BufferPool, Dispatch, check_binding, upload};
 use super::device::Gpu;
 use super::ops::{self, Grouping, packed_words};
-use super::shaders::{F16Read, Kernel, MatmulVariant, Operand};
+use super::shaders::{F16Read, Kernel, MatmulVariant, Operand, Tile};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::Result;
 use bytemuck::{Pod, Zeroable};
@@ -66,17 +66,23 @@ impl Side {
     }
 }
 
-/// Checks sizes and records the matmul of the f32 operands already on the device.
+/// Checks sizes and records the matmul of the f32 operands already on the device, on `tile`
+/// (the variant's default tile when none).
+#[allow(clippy::too_many_arguments)]
 pub fn record(
     gpu: &Gpu,
     pool: &BufferPool,
     shape: &MatmulShape,
     algorithm: &Algorithm,
     f16: F16Read,
+    tile: Option<Tile>,
     a: &wgpu::Buffer,
     b: &wgpu::Buffer,
 ) -> Result<MatmulRun> {
-    let variant = MatmulVariant::for_algorithm(algorithm, f16);
+    let mut variant = MatmulVariant::for_algorithm(algorithm, f16);
+    if let Some(t) = tile {
+        variant = variant.with_tile(t);
+    }
     check_binding(gpu, "result C", shape.c_len() as u64 * 4)?;
     let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
 

@@ -7,6 +7,7 @@
 //! - `ops.rs`: element kernels (casts, quantization, amax/scales, split)
 //! - `matmul.rs`: operand preparation and the tiled matmul
 
+pub mod autotune;
 pub mod buffer;
 pub mod device;
 pub mod matmul;
@@ -14,9 +15,10 @@ pub mod ops;
 pub mod shaders;
 pub mod train;
 
+use self::autotune::{AutotuneMode, Autotuner};
 use self::buffer::{BufferPool, Timer, check_binding, read_words, submit, upload};
 use self::device::Gpu;
-use self::shaders::{F16Read, TrainOp};
+use self::shaders::{F16Read, MatmulVariant, Tile, TrainOp};
 use self::train::{Out, TrainParams, ids_as_f32};
 use super::{Backend, BackendKind, MatmulTiming, median};
 use crate::algorithm::{Algorithm, MatmulShape};
@@ -65,6 +67,8 @@ pub struct WgpuOptions {
     /// Fill outputs with NaN before kernels run, so an element a kernel fails to write shows
     /// up (tests use this; pooled buffers would otherwise hold an earlier, plausible result).
     pub poison_outputs: bool,
+    /// Matmul tile autotuning (`autotune.rs`); off unless asked for (the CLI asks for `fast`).
+    pub autotune: AutotuneMode,
 }
 
 impl Default for WgpuOptions {
@@ -73,14 +77,22 @@ impl Default for WgpuOptions {
             f16: F16Path::Auto,
             runtime_checks: false,
             poison_outputs: false,
+            autotune: AutotuneMode::Off,
         }
     }
 }
 
 impl WgpuOptions {
-    /// Options from `MANTISSA_F16` and `MANTISSA_WGSL_CHECKS` (on/off).
+    /// Options from `MANTISSA_F16`, `MANTISSA_WGSL_CHECKS` (on/off) and `MANTISSA_AUTOTUNE`
+    /// (off/fast/full; fast when unset).
     pub fn from_env() -> Result<WgpuOptions> {
-        let mut o = WgpuOptions::default();
+        let mut o = WgpuOptions {
+            autotune: AutotuneMode::Fast,
+            ..WgpuOptions::default()
+        };
+        if let Ok(v) = std::env::var(autotune::AUTOTUNE_ENV) {
+            o.autotune = v.parse()?;
+        }
         if let Ok(v) = std::env::var("MANTISSA_F16") {
             o.f16 = v.parse()?;
         }
@@ -97,6 +109,7 @@ pub struct WgpuBackend {
     pool: BufferPool,
     f16: F16Read,
     poison: bool,
+    tuner: Autotuner,
 }
 
 impl WgpuBackend {
@@ -141,7 +154,77 @@ impl WgpuBackend {
             pool: BufferPool::default(),
             f16,
             poison: options.poison_outputs,
+            tuner: Autotuner::new(options.autotune, Autotuner::default_path()),
         })
+    }
+
+    /// The same backend with another autotuner (tests and tools that pick the cache file).
+    pub fn with_tuner(mut self, tuner: Autotuner) -> WgpuBackend {
+        self.tuner = tuner;
+        self
+    }
+
+    /// The tiles the autotuner may choose from for `algorithm` on this device, default first.
+    pub fn tile_candidates(&self, algorithm: &Algorithm) -> Vec<Tile> {
+        let v = MatmulVariant::for_algorithm(algorithm, self.f16);
+        Tile::candidates(
+            v.parts,
+            self.gpu.limits.max_compute_invocations_per_workgroup,
+            self.gpu.limits.max_compute_workgroup_storage_size,
+        )
+    }
+
+    /// C = op(A) . op(B) on a given tile, bypassing the autotuner: every tile must give the
+    /// same bits (tests check it), and experiments time them.
+    pub async fn matmul_on_tile(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        tile: Tile,
+        a: &[f32],
+        b: &[f32],
+    ) -> Result<Vec<f32>> {
+        shape.check(a.len(), b.len())?;
+        if shape.c_len() == 0 || shape.k == 0 {
+            return Ok(vec![0.0; shape.c_len()]);
+        }
+        let (ab, bb) = self.upload_operands(a, b).await?;
+        self.multiply(shape, algorithm, tile, &ab, &bb).await
+    }
+
+    /// The matmul of operands on the device, on `tile`, read back.
+    async fn multiply(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        tile: Tile,
+        a: &wgpu::Buffer,
+        b: &wgpu::Buffer,
+    ) -> Result<Vec<f32>> {
+        let run = self
+            .gpu
+            .scoped("matmul", || {
+                let run = matmul::record(
+                    &self.gpu,
+                    &self.pool,
+                    shape,
+                    algorithm,
+                    self.f16,
+                    Some(tile),
+                    a,
+                    b,
+                )?;
+                if self.poison {
+                    self.poison(&run.c, shape.c_len());
+                }
+                let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
+                submit(&self.gpu, &clears, &run.dispatches, None);
+                Ok(run)
+            })
+            .await?;
+        let words = read_words(&self.gpu, &run.c, shape.c_len()).await;
+        self.pool.give(run.temporaries.into_iter().chain([run.c]));
+        Ok(bytemuck::cast_slice(&words?).to_vec())
     }
 
     pub fn summary(&self) -> &AdapterSummary {
@@ -163,6 +246,18 @@ impl WgpuBackend {
         self.gpu
             .queue
             .write_buffer(buffer, 0, bytemuck::cast_slice(&nan));
+    }
+
+    /// Both matmul operands, as f32 on the device.
+    async fn upload_operands(&self, a: &[f32], b: &[f32]) -> Result<(wgpu::Buffer, wgpu::Buffer)> {
+        self.gpu
+            .scoped("matmul operands", || {
+                Ok((
+                    self.upload_f32("operand A", a)?,
+                    self.upload_f32("operand B", b)?,
+                ))
+            })
+            .await
     }
 
     fn upload_f32(&self, what: &str, x: &[f32]) -> Result<wgpu::Buffer> {
@@ -264,24 +359,9 @@ impl Backend for WgpuBackend {
         if shape.c_len() == 0 || shape.k == 0 {
             return Ok(vec![0.0; shape.c_len()]);
         }
-        let run = self
-            .gpu
-            .scoped("matmul", || {
-                let ab = self.upload_f32("operand A", a)?;
-                let bb = self.upload_f32("operand B", b)?;
-                let run =
-                    matmul::record(&self.gpu, &self.pool, shape, algorithm, self.f16, &ab, &bb)?;
-                if self.poison {
-                    self.poison(&run.c, shape.c_len());
-                }
-                let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
-                submit(&self.gpu, &clears, &run.dispatches, None);
-                Ok(run)
-            })
-            .await?;
-        let words = read_words(&self.gpu, &run.c, shape.c_len()).await;
-        self.pool.give(run.temporaries.into_iter().chain([run.c]));
-        Ok(bytemuck::cast_slice(&words?).to_vec())
+        let (ab, bb) = self.upload_operands(a, b).await?;
+        let (tile, _) = self.tile_for(shape, algorithm, &ab, &bb).await?;
+        self.multiply(shape, algorithm, tile, &ab, &bb).await
     }
 
     async fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> Result<Vec<u32>> {
@@ -681,12 +761,21 @@ impl Backend for WgpuBackend {
         repetitions: usize,
     ) -> Result<MatmulTiming> {
         shape.check(a.len(), b.len())?;
+        let (ab, bb) = self.upload_operands(a, b).await?;
+        let (tile, tuned) = self.tile_for(shape, algorithm, &ab, &bb).await?;
         let run = self
             .gpu
             .scoped("timed matmul", || {
-                let ab = self.upload_f32("operand A", a)?;
-                let bb = self.upload_f32("operand B", b)?;
-                matmul::record(&self.gpu, &self.pool, shape, algorithm, self.f16, &ab, &bb)
+                matmul::record(
+                    &self.gpu,
+                    &self.pool,
+                    shape,
+                    algorithm,
+                    self.f16,
+                    Some(tile),
+                    &ab,
+                    &bb,
+                )
             })
             .await?;
         let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
@@ -721,6 +810,7 @@ impl Backend for WgpuBackend {
             seconds: median(&mut times),
             clock,
             repetitions: times.len(),
+            variant: format!("tile {tile}{}", if tuned { " (autotuned)" } else { "" }),
         })
     }
 }

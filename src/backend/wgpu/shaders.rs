@@ -5,6 +5,7 @@
 
 use crate::algorithm::Algorithm;
 use crate::format::Format;
+use std::fmt;
 
 const FORMATS: &str = include_str!("../../../shaders/formats.wgsl");
 const CAST: &str = include_str!("../../../shaders/cast.wgsl");
@@ -139,11 +140,60 @@ pub fn format_id(format: Format) -> u32 {
 }
 
 /// Workgroup tile of the matmul kernel (each invocation computes 4x4 outputs).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Tile {
     pub bm: u32,
     pub bn: u32,
     pub bk: u32,
+}
+
+impl Tile {
+    /// The tile used without autotuning: 64x64, with a k step that keeps workgroup memory
+    /// within WebGPU's 16 KiB default for 1 to 3 planes.
+    pub fn default_for(parts: u32) -> Tile {
+        Tile {
+            bm: 64,
+            bn: 64,
+            bk: if parts > 1 { 8 } else { 16 },
+        }
+    }
+
+    /// Invocations per workgroup (4x4 outputs each).
+    pub fn threads(self) -> u32 {
+        (self.bm / 4) * (self.bn / 4)
+    }
+
+    /// Bytes of workgroup memory for operands of `parts` planes.
+    pub fn workgroup_bytes(self, parts: u32) -> u32 {
+        parts * self.bk * (self.bm + self.bn) * 4
+    }
+
+    /// Every tile the autotuner may try for operands of `parts` planes on a device with these
+    /// limits, the default first. Each computes bit for bit the same result (every output
+    /// element sums its k terms in order whatever the tile), so the choice is speed alone.
+    pub fn candidates(parts: u32, max_threads: u32, max_workgroup_bytes: u32) -> Vec<Tile> {
+        let mut out = vec![Tile::default_for(parts)];
+        for bm in [32, 64, 128] {
+            for bn in [32, 64, 128] {
+                for bk in [8, 16, 32] {
+                    let t = Tile { bm, bn, bk };
+                    if t.threads() <= max_threads
+                        && t.workgroup_bytes(parts) <= max_workgroup_bytes
+                        && !out.contains(&t)
+                    {
+                        out.push(t);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+impl fmt::Display for Tile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}x{}x{}", self.bm, self.bn, self.bk)
+    }
 }
 
 /// One compiled variant of the matmul kernel.
@@ -170,20 +220,7 @@ impl MatmulVariant {
         };
         let (fa, fb) = algorithm.operand_formats();
         let parts = algorithm.split_parts().max(1) as u32;
-        // Split operands carry 2-3 planes: a shorter k step keeps workgroup memory <= 16 KiB.
-        let tile = if parts > 1 {
-            Tile {
-                bm: 64,
-                bn: 64,
-                bk: 8,
-            }
-        } else {
-            Tile {
-                bm: 64,
-                bn: 64,
-                bk: 16,
-            }
-        };
+        let tile = Tile::default_for(parts);
         MatmulVariant {
             a: operand(fa),
             b: operand(fb),
@@ -204,7 +241,12 @@ impl MatmulVariant {
     }
 
     pub fn workgroup_bytes(&self) -> u32 {
-        self.parts * self.tile.bk * (self.tile.bm + self.tile.bn) * 4
+        self.tile.workgroup_bytes(self.parts)
+    }
+
+    /// The same variant on another tile.
+    pub fn with_tile(self, tile: Tile) -> MatmulVariant {
+        MatmulVariant { tile, ..self }
     }
 }
 

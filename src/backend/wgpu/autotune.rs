@@ -1,0 +1,285 @@
+//! The matmul autotuner: times candidate tiles once per (adapter, driver, kernel variant, shape
+//! class) on the operands of the first matmul of that class, keeps the fastest, and persists the
+//! choice in a JSON cache file so later runs start tuned.
+//!
+//! Every tile computes bit for bit the same result (each output sums its k terms in order,
+//! whatever the tile), so tuning changes speed only; `tests/conformance.rs` checks that.
+//!
+//! `MANTISSA_AUTOTUNE`: `off` (default tiles), `fast` (the default and its neighbours: one
+//! dimension halved or doubled; one timed run each), `full` (every tile the device's limits
+//! allow; median of three runs). The cache lives in `MANTISSA_CACHE_DIR`, else
+//! `$XDG_CACHE_HOME/mantissa`, else `~/.cache/mantissa` (`autotune.json`); in the browser it
+//! is kept in memory for the page's life.
+
+use super::WgpuBackend;
+use super::buffer::{Timer, submit};
+use super::matmul;
+use super::shaders::{MatmulVariant, Tile};
+use crate::algorithm::{Algorithm, MatmulShape};
+use crate::error::{Error, Result};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use web_time::Instant;
+
+/// How hard the autotuner tries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum AutotuneMode {
+    #[default]
+    Off,
+    Fast,
+    Full,
+}
+
+impl std::str::FromStr for AutotuneMode {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "off" | "0" | "no" => Ok(AutotuneMode::Off),
+            "fast" | "on" | "1" | "yes" => Ok(AutotuneMode::Fast),
+            "full" => Ok(AutotuneMode::Full),
+            _ => Err(Error::UnknownName {
+                kind: "autotune mode",
+                given: s.to_string(),
+                valid: ["off", "fast", "full"].map(String::from).to_vec(),
+            }),
+        }
+    }
+}
+
+/// The environment variable that sets the mode.
+pub const AUTOTUNE_ENV: &str = "MANTISSA_AUTOTUNE";
+
+/// A tuned tile and whether it came from a full search (a `full` request re-tunes a `fast`
+/// choice).
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
+struct Choice {
+    tile: Tile,
+    full: bool,
+}
+
+/// Tuned tiles by key, and where they persist.
+pub struct Autotuner {
+    pub mode: AutotuneMode,
+    path: Option<PathBuf>,
+    tiles: Mutex<BTreeMap<String, Choice>>,
+}
+
+impl Autotuner {
+    /// A tuner in `mode`, starting from the cache file at `path` when it exists and parses
+    /// (a corrupt cache is ignored and rewritten, never trusted).
+    pub fn new(mode: AutotuneMode, path: Option<PathBuf>) -> Autotuner {
+        let tiles = path
+            .as_ref()
+            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default();
+        Autotuner {
+            mode,
+            path,
+            tiles: Mutex::new(tiles),
+        }
+    }
+
+    /// The default cache file (none in the browser, or without a home directory).
+    pub fn default_path() -> Option<PathBuf> {
+        if cfg!(target_arch = "wasm32") {
+            return None;
+        }
+        let env = |k: &str| {
+            std::env::var_os(k)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        env("MANTISSA_CACHE_DIR")
+            .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("mantissa")))
+            .or_else(|| env("HOME").map(|d| d.join(".cache").join("mantissa")))
+            .map(|d| d.join("autotune.json"))
+    }
+
+    /// The stored tile for `key`, when it was tuned at least as thoroughly as asked now.
+    fn get(&self, key: &str) -> Option<Tile> {
+        let choice = self.tiles.lock().ok()?.get(key).copied()?;
+        (choice.full || self.mode != AutotuneMode::Full).then_some(choice.tile)
+    }
+
+    /// Records a choice and rewrites the cache file atomically. A cache that cannot be written
+    /// costs a re-tune next run, not this run's result.
+    fn put(&self, key: String, tile: Tile) {
+        let Ok(mut tiles) = self.tiles.lock() else {
+            return;
+        };
+        let full = self.mode == AutotuneMode::Full;
+        tiles.insert(key, Choice { tile, full });
+        if let (Some(path), Ok(text)) = (&self.path, serde_json::to_string_pretty(&*tiles)) {
+            let tmp = path.with_extension("json.tmp");
+            let written = path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|_| std::fs::write(&tmp, text))
+                .and_then(|_| std::fs::rename(&tmp, path));
+            if written.is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+        }
+    }
+}
+
+/// Sizes are bucketed to the next power of two: one tuning serves a class of shapes.
+fn shape_class(shape: &MatmulShape) -> String {
+    let b = |x: usize| x.max(1).next_power_of_two();
+    format!(
+        "{}x{}x{}x{}{}{}",
+        b(shape.batch),
+        b(shape.m),
+        b(shape.n),
+        b(shape.k),
+        if shape.a_transposed { "t" } else { "n" },
+        if shape.b_transposed { "t" } else { "n" },
+    )
+}
+
+impl WgpuBackend {
+    /// The tile for this matmul, tuning it first when the mode asks and the class is new, and
+    /// whether it was tuned. `a` and `b` are the f32 operands already on the device.
+    pub(crate) async fn tile_for(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        a: &wgpu::Buffer,
+        b: &wgpu::Buffer,
+    ) -> Result<(Tile, bool)> {
+        let variant = MatmulVariant::for_algorithm(algorithm, self.f16);
+        let default = variant.tile;
+        if self.tuner.mode == AutotuneMode::Off {
+            return Ok((default, false));
+        }
+        let s = &self.gpu.summary;
+        let key = format!(
+            "{} | {} | {:?} {:?} parts {} levels {} fp8 {} rowwise {} | {}",
+            s.name,
+            s.driver,
+            variant.a,
+            variant.b,
+            variant.parts,
+            variant.levels,
+            variant.fp8,
+            variant.rowwise,
+            shape_class(shape)
+        );
+        if let Some(t) = self.tuner.get(&key) {
+            return Ok((t, true));
+        }
+        let candidates: Vec<Tile> = Tile::candidates(
+            variant.parts,
+            self.gpu.limits.max_compute_invocations_per_workgroup,
+            self.gpu.limits.max_compute_workgroup_storage_size,
+        )
+        .into_iter()
+        .filter(|t| self.tuner.mode == AutotuneMode::Full || neighbour(*t, default))
+        .collect();
+        let repetitions = if self.tuner.mode == AutotuneMode::Full {
+            3
+        } else {
+            1
+        };
+        let mut best = (f64::INFINITY, default);
+        for tile in candidates {
+            let seconds = self
+                .time_tile(shape, algorithm, tile, a, b, repetitions)
+                .await?;
+            if seconds < best.0 {
+                best = (seconds, tile);
+            }
+        }
+        self.tuner.put(key, best.1);
+        Ok((best.1, true))
+    }
+
+    /// Median seconds of `repetitions` runs of the matmul on `tile`, after one warm-up.
+    async fn time_tile(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        tile: Tile,
+        a: &wgpu::Buffer,
+        b: &wgpu::Buffer,
+        repetitions: usize,
+    ) -> Result<f64> {
+        let run = self
+            .gpu
+            .scoped("autotuning matmul", || {
+                matmul::record(
+                    &self.gpu,
+                    &self.pool,
+                    shape,
+                    algorithm,
+                    self.f16,
+                    Some(tile),
+                    a,
+                    b,
+                )
+            })
+            .await?;
+        let timer = Timer::new(&self.gpu);
+        let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
+        let mut times = Vec::new();
+        for rep in 0..=repetitions {
+            let start = Instant::now();
+            self.gpu
+                .scoped("autotuning matmul", || {
+                    submit(&self.gpu, &clears, &run.dispatches, timer.as_ref());
+                    Ok(())
+                })
+                .await?;
+            self.gpu.idle().await?;
+            let wall = start.elapsed().as_secs_f64();
+            let t = match &timer {
+                Some(t) => t.read_seconds(&self.gpu).await?,
+                None => wall,
+            };
+            if rep > 0 {
+                times.push(t);
+            }
+        }
+        self.pool.give(run.temporaries.into_iter().chain([run.c]));
+        Ok(crate::backend::median(&mut times))
+    }
+}
+
+/// Whether `t` differs from `d` in at most one dimension, by a factor of two.
+fn neighbour(t: Tile, d: Tile) -> bool {
+    let step = |x: u32, y: u32| x == y * 2 || y == x * 2;
+    let same = [(t.bm, d.bm), (t.bn, d.bn), (t.bk, d.bk)];
+    let equal = same.iter().filter(|(x, y)| x == y).count();
+    equal == 3 || (equal == 2 && same.iter().any(|&(x, y)| step(x, y)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fast_mode_tries_the_default_and_its_neighbours() {
+        let d = Tile::default_for(1);
+        let all = Tile::candidates(1, 256, 16384);
+        let fast: Vec<Tile> = all.iter().copied().filter(|t| neighbour(*t, d)).collect();
+        assert_eq!(fast[0], d);
+        assert!(fast.len() >= 4 && fast.len() < all.len(), "{fast:?}");
+        assert!(
+            all.iter()
+                .all(|t| t.threads() <= 256 && t.workgroup_bytes(1) <= 16384)
+        );
+    }
+
+    #[test]
+    fn shape_classes_bucket_by_powers_of_two() {
+        let a = MatmulShape::new(100, 120, 250);
+        let b = MatmulShape::new(128, 65, 256);
+        assert_eq!(shape_class(&a), shape_class(&b));
+        assert_ne!(
+            shape_class(&a),
+            shape_class(&MatmulShape::new(100, 120, 300))
+        );
+    }
+}
