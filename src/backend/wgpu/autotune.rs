@@ -112,7 +112,8 @@ impl Autotuner {
         let full = self.mode == AutotuneMode::Full;
         tiles.insert(key, Choice { tile, full });
         if let (Some(path), Ok(text)) = (&self.path, serde_json::to_string_pretty(&*tiles)) {
-            let tmp = path.with_extension("json.tmp");
+            // One temporary per process: concurrent runs each rename a whole file.
+            let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
             let written = path
                 .parent()
                 .map_or(Ok(()), std::fs::create_dir_all)
