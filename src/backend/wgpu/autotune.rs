@@ -12,15 +12,12 @@
 //! is kept in memory for the page's life.
 
 use super::WgpuBackend;
-use super::buffer::{Timer, submit};
-use super::matmul;
 use super::shaders::{MatmulVariant, Tile};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
-use web_time::Instant;
 
 /// How hard the autotuner tries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -186,8 +183,8 @@ impl WgpuBackend {
         };
         let mut best = (f64::INFINITY, default);
         for tile in candidates {
-            let seconds = self
-                .time_tile(shape, algorithm, tile, a, b, repetitions)
+            let (seconds, _, _) = self
+                .time_on_tile(shape, algorithm, tile, a, b, repetitions)
                 .await?;
             if seconds < best.0 {
                 best = (seconds, tile);
@@ -195,56 +192,6 @@ impl WgpuBackend {
         }
         self.tuner.put(key, best.1);
         Ok((best.1, true))
-    }
-
-    /// Median seconds of `repetitions` runs of the matmul on `tile`, after one warm-up.
-    async fn time_tile(
-        &self,
-        shape: &MatmulShape,
-        algorithm: &Algorithm,
-        tile: Tile,
-        a: &wgpu::Buffer,
-        b: &wgpu::Buffer,
-        repetitions: usize,
-    ) -> Result<f64> {
-        let run = self
-            .gpu
-            .scoped("autotuning matmul", || {
-                matmul::record(
-                    &self.gpu,
-                    &self.pool,
-                    shape,
-                    algorithm,
-                    self.f16,
-                    Some(tile),
-                    a,
-                    b,
-                )
-            })
-            .await?;
-        let timer = Timer::new(&self.gpu);
-        let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
-        let mut times = Vec::new();
-        for rep in 0..=repetitions {
-            let start = Instant::now();
-            self.gpu
-                .scoped("autotuning matmul", || {
-                    submit(&self.gpu, &clears, &run.dispatches, timer.as_ref());
-                    Ok(())
-                })
-                .await?;
-            self.gpu.idle().await?;
-            let wall = start.elapsed().as_secs_f64();
-            let t = match &timer {
-                Some(t) => t.read_seconds(&self.gpu).await?,
-                None => wall,
-            };
-            if rep > 0 {
-                times.push(t);
-            }
-        }
-        self.pool.give(run.temporaries.into_iter().chain([run.c]));
-        Ok(crate::backend::median(&mut times))
     }
 }
 

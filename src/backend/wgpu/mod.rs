@@ -227,6 +227,63 @@ impl WgpuBackend {
         Ok(bytemuck::cast_slice(&words?).to_vec())
     }
 
+    /// Times `repetitions` runs of the matmul of device operands on `tile`, after one warm-up
+    /// run (pipelines, first-touch allocation): the median seconds, the clock ("gpu-timestamps"
+    /// or "wall-clock") and the runs timed.
+    async fn time_on_tile(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        tile: Tile,
+        a: &wgpu::Buffer,
+        b: &wgpu::Buffer,
+        repetitions: usize,
+    ) -> Result<(f64, &'static str, usize)> {
+        let run = self
+            .gpu
+            .scoped("timed matmul", || {
+                matmul::record(
+                    &self.gpu,
+                    &self.pool,
+                    shape,
+                    algorithm,
+                    self.f16,
+                    Some(tile),
+                    a,
+                    b,
+                )
+            })
+            .await?;
+        let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
+        let timer = Timer::new(&self.gpu);
+        let mut times = Vec::new();
+        for rep in 0..=repetitions {
+            let start = Instant::now();
+            self.gpu
+                .scoped("timed matmul", || {
+                    submit(&self.gpu, &clears, &run.dispatches, timer.as_ref());
+                    Ok(())
+                })
+                .await?;
+            self.gpu.idle().await?;
+            let wall = start.elapsed().as_secs_f64();
+            let t = match &timer {
+                Some(t) => t.read_seconds(&self.gpu).await?,
+                None => wall,
+            };
+            if rep > 0 {
+                times.push(t);
+            }
+        }
+        self.pool.give(run.temporaries.into_iter().chain([run.c]));
+        let clock = if timer.is_some() {
+            "gpu-timestamps"
+        } else {
+            "wall-clock"
+        };
+        Ok((median(&mut times), clock, times.len()))
+    }
+
     pub fn summary(&self) -> &AdapterSummary {
         &self.gpu.summary
     }
@@ -763,53 +820,13 @@ impl Backend for WgpuBackend {
         shape.check(a.len(), b.len())?;
         let (ab, bb) = self.upload_operands(a, b).await?;
         let (tile, tuned) = self.tile_for(shape, algorithm, &ab, &bb).await?;
-        let run = self
-            .gpu
-            .scoped("timed matmul", || {
-                matmul::record(
-                    &self.gpu,
-                    &self.pool,
-                    shape,
-                    algorithm,
-                    self.f16,
-                    Some(tile),
-                    &ab,
-                    &bb,
-                )
-            })
+        let (seconds, clock, repetitions) = self
+            .time_on_tile(shape, algorithm, tile, &ab, &bb, repetitions.max(1))
             .await?;
-        let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
-        let timer = Timer::new(&self.gpu);
-        let mut times = Vec::new();
-        // One warm-up run (pipelines, first-touch allocation), then the timed ones.
-        for rep in 0..=repetitions.max(1) {
-            let start = Instant::now();
-            self.gpu
-                .scoped("timed matmul", || {
-                    submit(&self.gpu, &clears, &run.dispatches, timer.as_ref());
-                    Ok(())
-                })
-                .await?;
-            self.gpu.idle().await?;
-            let wall = start.elapsed().as_secs_f64();
-            let t = match &timer {
-                Some(t) => t.read_seconds(&self.gpu).await?,
-                None => wall,
-            };
-            if rep > 0 {
-                times.push(t);
-            }
-        }
-        self.pool.give(run.temporaries.into_iter().chain([run.c]));
-        let clock = if timer.is_some() {
-            "gpu-timestamps"
-        } else {
-            "wall-clock"
-        };
         Ok(MatmulTiming {
-            seconds: median(&mut times),
+            seconds,
             clock,
-            repetitions: times.len(),
+            repetitions,
             variant: format!("tile {tile}{}", if tuned { " (autotuned)" } else { "" }),
         })
     }
