@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test suite: unit tests, shader validation (naga, every kernel variant), the conformance
 # suite on every backend present (lavapipe where there is no GPU), the CLI, and the portability
-# report as a gate (exit 3 on any contract break), and the browser demo in headless Chromium
-# (WebGPU on SwiftShader: scripts/web.sh test). Ends with one summary line.
+# report as a gate (exit 3 on any contract break), the cooperative-matrix kernels and the
+# conformance suite again on Mesa 26's lavapipe, which has cooperative matrices
+# (scripts/lavapipe-coop.sh), and the browser demo in headless Chromium (WebGPU on SwiftShader:
+# scripts/web.sh test). Ends with one summary line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
@@ -10,6 +12,12 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --all-targets "$@" 2>&1 | tee "$log"
 ./target/debug/mantissa report --backends reference,wgpu --train-steps 20 --out target/report
+if command -v dpkg-deb >/dev/null && [ "$(uname -m)" = x86_64 ]; then
+    bash scripts/lavapipe-coop.sh cargo test --test coop --test conformance "$@" 2>&1 | tee -a "$log"
+    echo "cooperative matrices: passed" >> "$log"
+else
+    echo "SKIPPED cooperative matrices: scripts/lavapipe-coop.sh needs Debian's dpkg-deb on x86_64" | tee -a "$log"
+fi
 if command -v apt-get >/dev/null || command -v chromium >/dev/null; then
     bash scripts/web.sh test --native target/debug/mantissa 2>&1 | tee -a "$log"
 else
@@ -17,4 +25,5 @@ else
 fi
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      /^web test: PASSED/ { web = "browser: passed" } /^SKIPPED browser/ { web = "browser: skipped" }
-     END { printf "tests: %d passed, %d failed; %s\n", p, f, web }' "$log"
+     /^cooperative matrices: passed/ { coop = "coop matrices: passed" } /^SKIPPED cooperative/ { coop = "coop matrices: skipped" }
+     END { printf "tests: %d passed, %d failed; %s; %s\n", p, f, coop, web }' "$log"

@@ -184,3 +184,68 @@ fn unpack_code(w: u32, e: u32, fmt: u32) -> u32 {
 fn flat_index(wg: vec3<u32>, num_wg: vec3<u32>, lid: u32) -> u32 {
     return (wg.y * num_wg.x + wg.x) * 256u + lid;
 }
+
+// The bf16 split (DESIGN.md): each difference is exact in f32 and computed in integers
+// (`sub_exact`), so GPUs that flush subnormal arithmetic (SwiftShader in browsers) give the same
+// bits. Where h is not finite, m = l = 0.
+
+// x - y (f32 bits) where y is x rounded to fewer significant bits: same sign, exponents at most
+// one apart, so the difference is exactly representable. +0 when they are equal (as IEEE's x - x).
+fn sub_exact(x: u32, y: u32) -> u32 {
+    let ex = (x >> 23u) & 0xffu;
+    let ey = (y >> 23u) & 0xffu;
+    let sx = (x & 0x7fffffu) | select(0u, 0x800000u, ex != 0u);
+    let sy = (y & 0x7fffffu) | select(0u, 0x800000u, ey != 0u);
+    // Both as integers times 2^(b - 150), b the smaller effective exponent.
+    let bx = max(ex, 1u);
+    let by = max(ey, 1u);
+    let b = min(bx, by);
+    var d = i32(sx << (bx - b)) - i32(sy << (by - b));
+    if (d == 0) {
+        return 0u;
+    }
+    var sign = x & 0x80000000u;
+    if (d < 0) {
+        sign ^= 0x80000000u;
+        d = -d;
+    }
+    let ud = u32(d);
+    let lead = firstLeadingBit(ud);
+    if (i32(b) + i32(lead) - 23 >= 1) {
+        // Normal: the leading bit becomes the implicit one (right shifts drop zeros only).
+        let e = u32(i32(b) + i32(lead) - 23);
+        var sig = ud << (23u - min(lead, 23u));
+        if (lead > 23u) {
+            sig = ud >> (lead - 23u);
+        }
+        return sign | (e << 23u) | (sig & 0x7fffffu);
+    }
+    // Subnormal: ud * 2^(b - 150) = (ud << (b - 1)) * 2^-149.
+    return sign | (ud << (b - 1u));
+}
+
+fn split_one(x: u32) -> vec3<u32> {
+    let l = layout_of(FMT_BF16);
+    let h = encode_bits(x, l, false);
+    if ((h & 0x7f80u) == 0x7f80u) {
+        return vec3<u32>(h, 0u, 0u);
+    }
+    let r1 = sub_exact(x, h << 16u);
+    let m = encode_bits(r1, l, false);
+    let r2 = sub_exact(r1, m << 16u);
+    return vec3<u32>(h, m, encode_bits(r2, l, false));
+}
+
+// Cooperative-matrix operands are f16 scaled by 2^s per line (row of A, column of B), s chosen
+// from the line's largest finite magnitude `amax` (f32 bits) so that it lands in [2^14, 2^15):
+// bf16 values then stay below f16's max, and values down to 2^-31 of the largest are exact.
+fn shift_for_amax(amax: u32) -> i32 {
+    if (amax == 0u) {
+        return 0;
+    }
+    var e = i32(amax >> 23u) - 127;
+    if ((amax >> 23u) == 0u) {
+        e = i32(firstLeadingBit(amax)) - 149;
+    }
+    return 14 - e;
+}

@@ -8,6 +8,9 @@
 //   const FP8: bool, ROWWISE: bool
 //   alias A_T, B_T              element type of the operand arrays (u32, or f16 natively)
 //   fn fetch_a(idx: u32) -> f32 and fn fetch_b(idx: u32) -> f32: decode one stored element
+//   const MASKED: bool, fn flagged(line: u32) -> bool: as the fallback of the cooperative-matrix
+//                               kernel, compute only outputs whose row of A or column of B is
+//                               flagged (coop_pack.wgsl); the flags are binding 5
 // Workgroup size is (BN / 4, BM / 4).
 
 struct MatmulParams {
@@ -31,6 +34,11 @@ struct MatmulParams {
     sa_batch: u32,
     sb_batch: u32,
     sb_offset: u32,
+    // MASKED: where B's lines start in the flags (A's lines: batch * m + row).
+    b_lines: u32,
+    _pad1: u32,
+    _pad2: u32,
+    _pad3: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: MatmulParams;
@@ -48,6 +56,9 @@ const F32_MAX: f32 = 0x1.fffffep+127f;
 // [part][kk][i / 4]: four consecutive rows (columns) of one k as a vec4.
 var<workgroup> a_tile: array<vec4<f32>, PARTS * BK * BM / 4u>;
 var<workgroup> b_tile: array<vec4<f32>, PARTS * BK * BN / 4u>;
+// MASKED: whether any line of this workgroup's tile is flagged.
+var<workgroup> tile_hits: atomic<u32>;
+var<workgroup> tile_flagged: u32;
 
 // acc[r] += a[r] * b: the 4x4 outer product of a row block and a column block.
 fn outer(acc: ptr<function, array<vec4<f32>, 4>>, a: vec4<f32>, b: vec4<f32>) {
@@ -95,6 +106,33 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
     var acc2: array<vec4<f32>, 4>;
     var acc3: array<vec4<f32>, 4>;
     var acc4: array<vec4<f32>, 4>;
+
+    if (MASKED) {
+        if (lindex == 0u) {
+            atomicStore(&tile_hits, 0u);
+        }
+        workgroupBarrier();
+        for (var t = lindex; t < BM + BN; t += THREADS) {
+            var hit = false;
+            if (t < BM) {
+                hit = row0 + t < params.m && flagged(batch * params.m + row0 + t);
+            } else {
+                let col = col0 + t - BM;
+                hit = col < params.n && flagged(params.b_lines + batch * params.n + col);
+            }
+            if (hit) {
+                atomicOr(&tile_hits, 1u);
+            }
+        }
+        workgroupBarrier();
+        if (lindex == 0u) {
+            tile_flagged = atomicLoad(&tile_hits);
+        }
+        // Uniform across the workgroup, so the barriers below stay in uniform control flow.
+        if (workgroupUniformLoad(&tile_flagged) == 0u) {
+            return;
+        }
+    }
 
     for (var k0 = 0u; k0 < params.k; k0 += BK) {
         // A tile: consecutive invocations take consecutive k (contiguous for row-major A).
@@ -164,6 +202,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
         if (row >= params.m) {
             continue;
         }
+        let row_flagged = flagged(batch * params.m + row);
         // Levels summed smallest first.
         var v = acc0[r];
         if (LEVELS == 2u) {
@@ -175,7 +214,8 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
         }
         for (var c = 0u; c < 4u; c++) {
             let col = col0 + lid.x * 4u + c;
-            if (col < params.n) {
+            let mine = !MASKED || row_flagged || flagged(params.b_lines + batch * params.n + col);
+            if (col < params.n && mine) {
                 var out = v[c];
                 if (FP8) {
                     let sa = scales[batch * params.sa_batch + select(0u, row, ROWWISE)];

@@ -74,12 +74,15 @@ impl Capabilities {
 }
 
 impl PrecisionClass {
-    /// `highest` -> f32. `high` -> tf32 where the backend accelerates it, else f32. `medium` ->
+    /// `highest` -> f32. `high` -> tf32 where the backend accelerates it, else bf16x3 where
+    /// accelerated (cooperative matrices have no tf32), else f32. `medium` ->
     /// bf16 where accelerated, else `high`'s choice. (DESIGN.md, "Precision classes".)
     pub fn resolve(self, caps: &Capabilities) -> Algorithm {
         match self {
             PrecisionClass::Highest => Algorithm::F32,
             PrecisionClass::High if caps.accelerates(Algorithm::Tf32) => Algorithm::Tf32,
+            // Without tf32 (WGSL on cooperative matrices): bf16x3 is at least as accurate.
+            PrecisionClass::High if caps.accelerates(Algorithm::Bf16x3) => Algorithm::Bf16x3,
             PrecisionClass::High => Algorithm::F32,
             PrecisionClass::Medium if caps.accelerates(Algorithm::Bf16) => Algorithm::Bf16,
             PrecisionClass::Medium => PrecisionClass::High.resolve(caps),

@@ -27,6 +27,12 @@ fn precision_classes_resolve_by_capabilities() {
         accelerated: vec![Algorithm::Tf32],
     };
     assert_eq!(PrecisionClass::Medium.resolve(&tf32_only), Algorithm::Tf32);
+    // WGSL on cooperative matrices: f16 operands, no tf32, so high is bf16x3.
+    let coop = Capabilities {
+        accelerated: vec![Algorithm::F16, Algorithm::Bf16, Algorithm::Bf16x3],
+    };
+    assert_eq!(PrecisionClass::High.resolve(&coop), Algorithm::Bf16x3);
+    assert_eq!(PrecisionClass::Medium.resolve(&coop), Algorithm::Bf16);
 }
 
 #[test]

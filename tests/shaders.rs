@@ -69,3 +69,40 @@ fn every_autotuner_tile_validates() {
         }
     }
 }
+
+#[test]
+fn every_cooperative_block_validates() {
+    use mantissa::Algorithm;
+    use mantissa::backend::wgpu::shaders::{Coop, MatmulVariant, Tile};
+    // 8x8 tiles on subgroups of 8 (lavapipe; Apple has 8x8 on 32) and 16x16 on 32 (NVIDIA).
+    for coop in [
+        Coop {
+            size: 8,
+            subgroup: 8,
+        },
+        Coop {
+            size: 16,
+            subgroup: 32,
+        },
+    ] {
+        for alg in [Algorithm::F16, Algorithm::Bf16x9] {
+            let v = MatmulVariant::coop(&alg, coop).expect("a cooperative variant");
+            for tile in Tile::coop_candidates(coop.size, 32 * 1024) {
+                let k = Kernel::Matmul(v.with_tile(tile));
+                if let Err(e) = validate(&k) {
+                    panic!("{}:\n{e}", k.label());
+                }
+            }
+        }
+    }
+    assert!(
+        MatmulVariant::coop(
+            &Algorithm::F32,
+            Coop {
+                size: 16,
+                subgroup: 32
+            }
+        )
+        .is_none()
+    );
+}

@@ -111,7 +111,8 @@ pub struct MatmulTiming {
     /// How the time was taken: "gpu-timestamps" or "wall-clock".
     pub clock: &'static str,
     pub repetitions: usize,
-    /// Which kernel variant ran ("tile 64x64x16 (autotuned)"; "host" on the reference).
+    /// Which kernel variant ran ("simt, tile 64x64x16 (autotuned)", "coop-matrix 16x16x16,
+    /// subgroup 32, block 32x32x16"; "host" on the reference).
     pub variant: String,
 }
 

@@ -37,6 +37,7 @@ pub fn run(_: Args) -> Result<()> {
         "type",
         "f16",
         "subgroups",
+        "coop matrix",
         "timestamps",
         "max binding",
         "wg memory",
@@ -49,7 +50,16 @@ pub fn run(_: Args) -> Result<()> {
             a.backend.clone(),
             a.device_type.clone(),
             yes(a.shader_f16),
-            yes(a.subgroups),
+            if a.subgroup_size > 0 {
+                format!("{} ({})", yes(a.subgroups), a.subgroup_size)
+            } else {
+                yes(a.subgroups)
+            },
+            if a.cooperative_matrix.is_empty() {
+                "no".into()
+            } else {
+                a.cooperative_matrix.join(", ")
+            },
             yes(a.timestamps),
             format!("{} MiB", a.max_storage_binding_bytes >> 20),
             format!("{} KiB", a.max_workgroup_storage_bytes >> 10),
@@ -63,10 +73,15 @@ pub fn run(_: Args) -> Result<()> {
         for (i, a) in adapters.iter().enumerate() {
             match backend::wgpu::WgpuBackend::open_nth(i, options).block_on() {
                 Ok(b) => println!(
-                    "  #{i} {}: precision classes {}; f16 read as {:?}; runtime checks {}",
+                    "  #{i} {}: precision classes {}; f16 read as {:?}; matmul kernels {}; runtime checks {}",
                     a.name,
                     classes(&b),
                     b.f16_read(),
+                    if b.uses_coop() {
+                        "cooperative-matrix (f16, bf16, bf16x3/6/9) + SIMT"
+                    } else {
+                        "SIMT"
+                    },
                     if b.runtime_checks() { "on" } else { "off" }
                 ),
                 Err(e) => println!("  #{i} {}: could not open: {e}", a.name),

@@ -12,7 +12,7 @@
 //! is kept in memory for the page's life.
 
 use super::WgpuBackend;
-use super::shaders::{MatmulVariant, Tile};
+use super::shaders::Tile;
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
@@ -147,16 +147,17 @@ impl WgpuBackend {
         a: &wgpu::Buffer,
         b: &wgpu::Buffer,
     ) -> Result<(Tile, bool)> {
-        let variant = MatmulVariant::for_algorithm(algorithm, self.f16);
+        let variant = self.variant(algorithm);
         let default = variant.tile;
         if self.tuner.mode == AutotuneMode::Off {
             return Ok((default, false));
         }
         let s = &self.gpu.summary;
         let key = format!(
-            "{} | {} | {:?} {:?} parts {} levels {} fp8 {} rowwise {} | {}",
+            "{} | {} | {}{:?} {:?} parts {} levels {} fp8 {} rowwise {} | {}",
             s.name,
             s.driver,
+            if variant.coop.is_some() { "coop " } else { "" },
             variant.a,
             variant.b,
             variant.parts,
@@ -168,14 +169,11 @@ impl WgpuBackend {
         if let Some(t) = self.tuner.get(&key) {
             return Ok((t, true));
         }
-        let candidates: Vec<Tile> = Tile::candidates(
-            variant.parts,
-            self.gpu.limits.max_compute_invocations_per_workgroup,
-            self.gpu.limits.max_compute_workgroup_storage_size,
-        )
-        .into_iter()
-        .filter(|t| self.tuner.mode == AutotuneMode::Full || neighbour(*t, default))
-        .collect();
+        let candidates: Vec<Tile> = self
+            .tile_candidates(algorithm)
+            .into_iter()
+            .filter(|t| self.tuner.mode == AutotuneMode::Full || neighbour(*t, default))
+            .collect();
         let repetitions = if self.tuner.mode == AutotuneMode::Full {
             3
         } else {

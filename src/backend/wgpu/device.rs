@@ -1,6 +1,6 @@
 //! Adapter choice, the device, the pipeline cache and error capture.
 
-use super::shaders::Kernel;
+use super::shaders::{Coop, Kernel};
 use crate::error::{Error, Result};
 use std::collections::HashMap;
 use std::future::Future;
@@ -19,7 +19,11 @@ pub struct AdapterSummary {
     pub driver: String,
     pub shader_f16: bool,
     pub subgroups: bool,
+    /// Subgroup size when the adapter has one fixed size (min = max), else 0.
+    pub subgroup_size: u32,
     pub timestamps: bool,
+    /// Cooperative-matrix configurations wgpu can use ("16x16x16 f16->f32").
+    pub cooperative_matrix: Vec<String>,
     pub max_storage_binding_bytes: u64,
     pub max_buffer_bytes: u64,
     pub max_workgroup_storage_bytes: u32,
@@ -46,13 +50,67 @@ impl AdapterSummary {
                 .to_string(),
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups: features.contains(wgpu::Features::SUBGROUP),
+            subgroup_size: if info.subgroup_min_size == info.subgroup_max_size {
+                info.subgroup_max_size
+            } else {
+                0
+            },
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            cooperative_matrix: cooperative_configs(adapter)
+                .iter()
+                .map(|c| {
+                    format!(
+                        "{}x{}x{} {:?}->{:?}",
+                        c.m_size, c.n_size, c.k_size, c.ab_type, c.cr_type
+                    )
+                    .to_lowercase()
+                })
+                .collect(),
             max_storage_binding_bytes: limits.max_storage_buffer_binding_size,
             max_buffer_bytes: limits.max_buffer_size,
             max_workgroup_storage_bytes: limits.max_compute_workgroup_storage_size,
             max_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,
         }
     }
+}
+
+/// The adapter's cooperative-matrix configurations, when wgpu can use them at all.
+fn cooperative_configs(adapter: &wgpu::Adapter) -> Vec<wgpu::CooperativeMatrixProperties> {
+    if adapter
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+    {
+        adapter.cooperative_matrix_properties()
+    } else {
+        Vec::new()
+    }
+}
+
+/// The cooperative-matrix configuration the matmul kernels use here: square tiles with f16
+/// operands and f32 accumulators (16x16x16 preferred, else 8x8x8), on a subgroup of one fixed
+/// size (the kernel's workgroup is one subgroup), with shader-f16.
+fn coop_of(adapter: &wgpu::Adapter) -> Option<Coop> {
+    let info = adapter.get_info();
+    if info.subgroup_min_size != info.subgroup_max_size
+        || info.subgroup_max_size == 0
+        || !adapter.features().contains(wgpu::Features::SHADER_F16)
+    {
+        return None;
+    }
+    let configs = cooperative_configs(adapter);
+    [16, 8]
+        .into_iter()
+        .find(|&t| {
+            configs.iter().any(|c| {
+                (c.m_size, c.n_size, c.k_size) == (t, t, t)
+                    && c.ab_type == wgpu::CooperativeScalarType::F16
+                    && c.cr_type == wgpu::CooperativeScalarType::F32
+            })
+        })
+        .map(|size| Coop {
+            size,
+            subgroup: info.subgroup_max_size,
+        })
 }
 
 /// Environment variable that restricts adapters to those whose name contains its value.
@@ -111,6 +169,10 @@ fn bindings(kernel: &Kernel) -> &'static [Binding] {
         Kernel::Encode | Kernel::Decode | Kernel::Quantize => &[Uniform, Read, ReadWrite, Read],
         Kernel::Amax | Kernel::ScaleFromAmax => &[Uniform, Read, ReadWrite, ReadWrite],
         Kernel::SplitBf16 => &[Uniform, Read, ReadWrite],
+        Kernel::CoopPack => &[Uniform, Read, ReadWrite, Read, ReadWrite],
+        // + amax_bits and flags (cooperative), or flags (SIMT fallback).
+        Kernel::Matmul(v) if v.coop.is_some() => &[Uniform, Read, Read, ReadWrite, Read, Read],
+        Kernel::Matmul(v) if v.masked => &[Uniform, Read, Read, ReadWrite, Read, Read],
         Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read],
         Kernel::Train(_) => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
     }
@@ -131,6 +193,8 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// Whether shaders keep wgpu's runtime bounds checks (as browsers always do).
     pub runtime_checks: bool,
+    /// The cooperative-matrix shape, where the device offers one mantissa can use.
+    pub coop: Option<Coop>,
     pipelines: Mutex<HashMap<Kernel, Arc<Pipeline>>>,
     /// Pipelines built but whose error scope has not been read yet (see `pipeline`).
     unchecked_builds: Mutex<Vec<(Kernel, ScopeCheck)>>,
@@ -141,7 +205,11 @@ impl Gpu {
     /// Opens a device on `adapter` with every limit it offers and the features mantissa uses.
     pub async fn open(adapter: &wgpu::Adapter, runtime_checks: bool) -> Result<Gpu> {
         let summary = AdapterSummary::of(adapter);
-        let wanted = wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY;
+        let coop = coop_of(adapter);
+        let mut wanted = wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY;
+        if coop.is_some() {
+            wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let features = adapter.features() & wanted;
         let limits = adapter.limits();
         let (device, queue) = adapter
@@ -149,7 +217,14 @@ impl Gpu {
                 label: Some("mantissa"),
                 required_features: features,
                 required_limits: limits.clone(),
-                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                experimental_features: if coop.is_some() {
+                    // SAFETY: the one experimental feature requested is cooperative matrices;
+                    // their kernels are validated by naga and checked against the host
+                    // reference in the test suite (tests/coop.rs).
+                    unsafe { wgpu::ExperimentalFeatures::enabled() }
+                } else {
+                    wgpu::ExperimentalFeatures::disabled()
+                },
                 memory_hints: wgpu::MemoryHints::Performance,
                 trace: wgpu::Trace::Off,
             })
@@ -173,6 +248,7 @@ impl Gpu {
             features,
             limits,
             runtime_checks,
+            coop,
             pipelines: Mutex::new(HashMap::new()),
             unchecked_builds: Mutex::new(Vec::new()),
             uncaptured,
@@ -275,6 +351,13 @@ impl Gpu {
                 feature: "shader-f16",
                 adapter: self.summary.name.clone(),
                 fallback: "packed f16 (MANTISSA_F16=packed)",
+            });
+        }
+        if matches!(kernel, Kernel::Matmul(v) if v.coop.is_some()) && self.coop.is_none() {
+            return Err(Error::MissingFeature {
+                feature: "cooperative matrices (f16 -> f32)",
+                adapter: self.summary.name.clone(),
+                fallback: "the SIMT kernels (MANTISSA_COOP=off)",
             });
         }
         let pipeline = Arc::new(self.build(kernel)?);

@@ -5,7 +5,7 @@
 use super::buffer::{self, BufferPool, Dispatch, check_binding, upload};
 use super::device::Gpu;
 use super::ops::{self, Grouping, packed_words};
-use super::shaders::{F16Read, Kernel, MatmulVariant, Operand, Tile};
+use super::shaders::{Coop, F16Read, Kernel, MatmulVariant, Operand, Tile};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::Result;
 use bytemuck::{Pod, Zeroable};
@@ -29,6 +29,41 @@ struct MatmulParams {
     sa_batch: u32,
     sb_batch: u32,
     sb_offset: u32,
+    b_lines: u32,
+    _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct CoopParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    kp: u32,
+    mp: u32,
+    np: u32,
+    a_plane: u32,
+    b_plane: u32,
+    c_batch: u32,
+    b_lines: u32,
+    _pad: [u32; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct PackParams {
+    rows: u32,
+    cols: u32,
+    rows_p: u32,
+    cols_p: u32,
+    src_batch: u32,
+    src_row: u32,
+    src_col: u32,
+    plane_words: u32,
+    words: u32,
+    parts: u32,
+    by_row: u32,
+    line_offset: u32,
 }
 
 /// A matmul recorded on the device: its buffers and dispatches, ready to submit (repeatedly).
@@ -66,8 +101,10 @@ impl Side {
     }
 }
 
-/// Checks sizes and records the matmul of the f32 operands already on the device, on `tile`
-/// (the variant's default tile when none).
+/// Checks sizes and records the matmul of the f32 operands already on the device, on
+/// cooperative matrices `coop` (with its SIMT fallback or not) where the algorithm has such a
+/// variant, on
+/// `tile` (the variant's default tile when none).
 #[allow(clippy::too_many_arguments)]
 pub fn record(
     gpu: &Gpu,
@@ -75,17 +112,23 @@ pub fn record(
     shape: &MatmulShape,
     algorithm: &Algorithm,
     f16: F16Read,
+    coop: Option<(Coop, bool)>,
     tile: Option<Tile>,
     a: &wgpu::Buffer,
     b: &wgpu::Buffer,
 ) -> Result<MatmulRun> {
     let mut variant = MatmulVariant::for_algorithm(algorithm, f16);
+    let fallback = coop.is_none_or(|(_, f)| f);
+    if let Some(v) = coop.and_then(|(c, _)| MatmulVariant::coop(algorithm, c)) {
+        variant = v;
+    }
     if let Some(t) = tile {
         variant = variant.with_tile(t);
     }
     check_binding(gpu, "result C", shape.c_len() as u64 * 4)?;
-    let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
-
+    if variant.coop.is_some() {
+        return record_coop(gpu, pool, shape, algorithm, variant, fallback, a, b);
+    }
     let mut run = MatmulRun {
         clears: vec![],
         dispatches: vec![],
@@ -94,6 +137,43 @@ pub fn record(
         variant,
     };
     let scales = fp8_scales(gpu, pool, shape, algorithm, a, b, &mut run)?;
+    let scale_buffer = scales.as_ref().map(|s| s.scales.clone());
+    simt(
+        gpu,
+        pool,
+        shape,
+        algorithm,
+        variant,
+        a,
+        b,
+        &scales,
+        scale_buffer.as_ref().unwrap_or(a),
+        None,
+        &mut run,
+    )?;
+    if let Some(s) = scales {
+        run.temporaries.extend([s.scales, s.amax_bits]);
+    }
+    Ok(run)
+}
+
+/// Records the SIMT kernel (`matmul.wgsl`) on prepared operands into `run.c`; with `flags`,
+/// the masked fallback of the cooperative kernel.
+#[allow(clippy::too_many_arguments)]
+fn simt(
+    gpu: &Gpu,
+    pool: &BufferPool,
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+    variant: MatmulVariant,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+    scales: &Option<Scales>,
+    scale_buffer: &wgpu::Buffer,
+    flags: Option<&wgpu::Buffer>,
+    run: &mut MatmulRun,
+) -> Result<()> {
+    let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
     let pa = prepare(
         gpu,
         pool,
@@ -102,8 +182,8 @@ pub fn record(
         Side::A,
         variant.a,
         a,
-        &scales,
-        &mut run,
+        scales,
+        run,
     )?;
     let pb = prepare(
         gpu,
@@ -113,10 +193,9 @@ pub fn record(
         Side::B,
         variant.b,
         b,
-        &scales,
-        &mut run,
+        scales,
+        run,
     )?;
-
     let (m, n, k) = (shape.m as u32, shape.n as u32, shape.k as u32);
     let (a_row, a_col) = if shape.a_transposed { (1, m) } else { (k, 1) };
     let (b_row, b_col) = if shape.b_transposed { (1, k) } else { (n, 1) };
@@ -139,6 +218,8 @@ pub fn record(
         sa_batch,
         sb_batch,
         sb_offset: shape.batch as u32 * sa_batch,
+        b_lines: shape.batch as u32 * m,
+        _pad: [0; 3],
     };
     let uniform = buffer::uniform(gpu, &params);
     let groups = [
@@ -146,18 +227,154 @@ pub fn record(
         m.div_ceil(variant.tile.bm),
         shape.batch as u32,
     ];
-    let scale_buffer = scales.as_ref().map(|s| &s.scales).unwrap_or(a);
+    let mut buffers = vec![&uniform, &pa.buffer, &pb.buffer, &run.c, scale_buffer];
+    buffers.extend(flags);
+    run.dispatches
+        .push(Dispatch::new(gpu, pipeline, &buffers, groups));
+    run.temporaries
+        .extend([pa, pb].into_iter().filter(|p| p.pooled).map(|p| p.buffer));
+    Ok(())
+}
+
+/// Records the cooperative-matrix matmul (`coop_pack.wgsl`, `matmul_coop.wgsl`): both operands
+/// packed to padded f16 (scaled bf16 planes with per-line flags, or f16(x)), the cooperative
+/// kernel, and for scaled operands the masked SIMT kernel for the flagged lines.
+#[allow(clippy::too_many_arguments)]
+fn record_coop(
+    gpu: &Gpu,
+    pool: &BufferPool,
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+    variant: MatmulVariant,
+    fallback: bool,
+    a: &wgpu::Buffer,
+    b: &wgpu::Buffer,
+) -> Result<MatmulRun> {
+    let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
+    let tile = variant.tile;
+    let (m, n, k, batch) = (
+        shape.m as u32,
+        shape.n as u32,
+        shape.k as u32,
+        shape.batch as u32,
+    );
+    let (mp, np, kp) = (
+        m.next_multiple_of(tile.bm),
+        n.next_multiple_of(tile.bn),
+        k.next_multiple_of(tile.bk),
+    );
+    let mut run = MatmulRun {
+        clears: vec![],
+        dispatches: vec![],
+        c: pool.take(gpu, shape.c_len() as u64 * 4)?,
+        temporaries: vec![],
+        variant,
+    };
+    let scaled = variant.scaled();
+    let lines = if scaled { batch * (m + n) } else { 1 };
+    let amax_bits = pool.take(gpu, lines as u64 * 4)?;
+    let flags = pool.take(gpu, lines as u64 * 4)?;
+    run.clears.extend([amax_bits.clone(), flags.clone()]);
+    let (ga, gb) = groupings(shape, Scaling::Rowwise);
+    if scaled {
+        let amax_a = ops::amax(gpu, a, &amax_bits, shape.a_len(), ga, 0)?;
+        let amax_b = ops::amax(gpu, b, &amax_bits, shape.b_len(), gb, ga.groups())?;
+        run.dispatches.extend([amax_a, amax_b]);
+    }
+    let parts = if scaled { variant.parts } else { 0 };
+    let planes = parts.max(1);
+    let pack = |src: &wgpu::Buffer, params: PackParams, what: &str, run: &mut MatmulRun| {
+        let bytes = u64::from(planes) * u64::from(params.plane_words) * 4;
+        check_binding(gpu, what, bytes)?;
+        let dst = pool.take(gpu, bytes)?;
+        let uniform = buffer::uniform(gpu, &params);
+        run.dispatches.push(Dispatch::new(
+            gpu,
+            gpu.pipeline(&Kernel::CoopPack)?,
+            &[&uniform, src, &dst, &amax_bits, &flags],
+            Dispatch::element_groups(gpu, params.words as usize)?,
+        ));
+        Ok::<_, crate::error::Error>(dst)
+    };
+    let (a_row, a_col) = if shape.a_transposed { (1, m) } else { (k, 1) };
+    let a_words = batch * mp * kp / 2;
+    let pa = pack(
+        a,
+        PackParams {
+            rows: m,
+            cols: k,
+            rows_p: mp,
+            cols_p: kp,
+            src_batch: m * k,
+            src_row: a_row,
+            src_col: a_col,
+            plane_words: a_words,
+            words: a_words,
+            parts,
+            by_row: 1,
+            line_offset: 0,
+        },
+        "operand A as padded f16",
+        &mut run,
+    )?;
+    let (b_row, b_col) = if shape.b_transposed { (1, k) } else { (n, 1) };
+    let b_words = batch * kp * np / 2;
+    let pb = pack(
+        b,
+        PackParams {
+            rows: k,
+            cols: n,
+            rows_p: kp,
+            cols_p: np,
+            src_batch: k * n,
+            src_row: b_row,
+            src_col: b_col,
+            plane_words: b_words,
+            words: b_words,
+            parts,
+            by_row: 0,
+            line_offset: batch * m,
+        },
+        "operand B as padded f16",
+        &mut run,
+    )?;
+    let params = CoopParams {
+        m,
+        n,
+        k,
+        kp,
+        mp,
+        np,
+        a_plane: 2 * a_words,
+        b_plane: 2 * b_words,
+        c_batch: m * n,
+        b_lines: batch * m,
+        _pad: [0; 2],
+    };
+    let uniform = buffer::uniform(gpu, &params);
     run.dispatches.push(Dispatch::new(
         gpu,
         pipeline,
-        &[&uniform, &pa.buffer, &pb.buffer, &run.c, scale_buffer],
-        groups,
+        &[&uniform, &pa, &pb, &run.c, &amax_bits, &flags],
+        [np / tile.bn, mp / tile.bm, batch],
     ));
-    if let Some(s) = scales {
-        run.temporaries.extend([s.scales, s.amax_bits]);
+    run.temporaries.extend([pa, pb]);
+    if scaled && fallback {
+        simt(
+            gpu,
+            pool,
+            shape,
+            algorithm,
+            variant.fallback(),
+            a,
+            b,
+            &None,
+            &amax_bits,
+            Some(&flags),
+            &mut run,
+        )?;
     }
-    run.temporaries
-        .extend([pa, pb].into_iter().filter(|p| p.pooled).map(|p| p.buffer));
+    run.temporaries.extend([amax_bits, flags]);
     Ok(run)
 }
 

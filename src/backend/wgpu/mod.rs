@@ -18,7 +18,7 @@ pub mod train;
 use self::autotune::{AutotuneMode, Autotuner};
 use self::buffer::{BufferPool, Timer, check_binding, read_words, submit, upload};
 use self::device::Gpu;
-use self::shaders::{F16Read, MatmulVariant, Tile, TrainOp};
+use self::shaders::{Coop, F16Read, MatmulVariant, Tile, TrainOp};
 use self::train::{Out, TrainParams, ids_as_f32};
 use super::{Backend, BackendKind, MatmulTiming, median};
 use crate::algorithm::{Algorithm, MatmulShape};
@@ -69,6 +69,12 @@ pub struct WgpuOptions {
     pub poison_outputs: bool,
     /// Matmul tile autotuning (`autotune.rs`); off unless asked for (the CLI asks for `fast`).
     pub autotune: AutotuneMode,
+    /// Use cooperative matrices where the adapter offers them (`MANTISSA_COOP=auto|off`).
+    pub coop: bool,
+    /// Run the SIMT kernel for the lines the cooperative kernel cannot take exactly. Only tests
+    /// turn it off, to see which outputs the cooperative kernel computed (the rest stay
+    /// unwritten).
+    pub coop_fallback: bool,
 }
 
 impl Default for WgpuOptions {
@@ -78,13 +84,15 @@ impl Default for WgpuOptions {
             runtime_checks: false,
             poison_outputs: false,
             autotune: AutotuneMode::Off,
+            coop: true,
+            coop_fallback: true,
         }
     }
 }
 
 impl WgpuOptions {
-    /// Options from `MANTISSA_F16`, `MANTISSA_WGSL_CHECKS` (on/off) and `MANTISSA_AUTOTUNE`
-    /// (off/fast/full; fast when unset).
+    /// Options from `MANTISSA_F16`, `MANTISSA_WGSL_CHECKS` (on/off), `MANTISSA_COOP`
+    /// (auto/off) and `MANTISSA_AUTOTUNE` (off/fast/full; fast when unset).
     pub fn from_env() -> Result<WgpuOptions> {
         let mut o = WgpuOptions {
             autotune: AutotuneMode::Fast,
@@ -95,6 +103,19 @@ impl WgpuOptions {
         }
         if let Ok(v) = std::env::var("MANTISSA_F16") {
             o.f16 = v.parse()?;
+        }
+        if let Ok(v) = std::env::var("MANTISSA_COOP") {
+            o.coop = match v.trim().to_ascii_lowercase().as_str() {
+                "auto" | "on" | "1" | "yes" => true,
+                "off" | "0" | "no" => false,
+                _ => {
+                    return Err(Error::UnknownName {
+                        kind: "cooperative-matrix setting (MANTISSA_COOP)",
+                        given: v,
+                        valid: ["auto", "off"].map(String::from).to_vec(),
+                    });
+                }
+            };
         }
         if let Ok(v) = std::env::var("MANTISSA_WGSL_CHECKS") {
             o.runtime_checks = matches!(v.trim(), "1" | "on" | "true" | "yes");
@@ -108,6 +129,9 @@ pub struct WgpuBackend {
     gpu: Gpu,
     pool: BufferPool,
     f16: F16Read,
+    /// The cooperative-matrix configuration, where matmuls use it.
+    coop: Option<Coop>,
+    coop_fallback: bool,
     poison: bool,
     tuner: Autotuner,
 }
@@ -149,10 +173,14 @@ impl WgpuBackend {
                 });
             }
         };
+        // The cooperative kernels read f16 natively; MANTISSA_F16=packed keeps everything packed.
+        let coop = gpu.coop.filter(|_| options.coop && f16 == F16Read::Native);
         Ok(WgpuBackend {
             gpu,
             pool: BufferPool::default(),
             f16,
+            coop,
+            coop_fallback: options.coop_fallback,
             poison: options.poison_outputs,
             tuner: Autotuner::new(options.autotune, Autotuner::default_path()),
         })
@@ -164,14 +192,31 @@ impl WgpuBackend {
         self
     }
 
+    /// The kernel variant that computes `algorithm` here (before tile choice): cooperative
+    /// where the device offers it and the algorithm has such a variant, else SIMT.
+    pub fn variant(&self, algorithm: &Algorithm) -> MatmulVariant {
+        self.coop
+            .and_then(|c| MatmulVariant::coop(algorithm, c))
+            .unwrap_or_else(|| MatmulVariant::for_algorithm(algorithm, self.f16))
+    }
+
     /// The tiles the autotuner may choose from for `algorithm` on this device, default first.
     pub fn tile_candidates(&self, algorithm: &Algorithm) -> Vec<Tile> {
-        let v = MatmulVariant::for_algorithm(algorithm, self.f16);
+        let v = self.variant(algorithm);
+        let limits = &self.gpu.limits;
+        if v.coop.is_some() {
+            return Tile::coop_candidates(v.tile.bk, limits.max_compute_workgroup_storage_size);
+        }
         Tile::candidates(
             v.parts,
-            self.gpu.limits.max_compute_invocations_per_workgroup,
-            self.gpu.limits.max_compute_workgroup_storage_size,
+            limits.max_compute_invocations_per_workgroup,
+            limits.max_compute_workgroup_storage_size,
         )
+    }
+
+    /// Whether matmuls of eligible algorithms run on cooperative matrices here.
+    pub fn uses_coop(&self) -> bool {
+        self.coop.is_some()
     }
 
     /// C = op(A) . op(B) on a given tile, bypassing the autotuner: every tile must give the
@@ -210,6 +255,7 @@ impl WgpuBackend {
                     shape,
                     algorithm,
                     self.f16,
+                    self.coop.map(|c| (c, self.coop_fallback)),
                     Some(tile),
                     a,
                     b,
@@ -248,6 +294,7 @@ impl WgpuBackend {
                     shape,
                     algorithm,
                     self.f16,
+                    self.coop.map(|c| (c, self.coop_fallback)),
                     Some(tile),
                     a,
                     b,
@@ -399,10 +446,23 @@ impl Backend for WgpuBackend {
         )
     }
 
-    /// The WGSL kernels run on SIMT cores: nothing is faster than f32, so every precision class
-    /// resolves to f32 (the cooperative-matrix path of a later issue changes this).
+    /// SIMT kernels make nothing faster than f32. Cooperative matrices on a hardware GPU
+    /// accelerate f16 operands, so bf16 and the split algorithms on them (emulated on a CPU
+    /// adapter such as lavapipe: not an acceleration there).
     fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
+        let hardware = self.gpu.summary.device_type != format!("{:?}", wgpu::DeviceType::Cpu);
+        if self.coop.is_none() || !hardware {
+            return Capabilities::default();
+        }
+        Capabilities {
+            accelerated: vec![
+                Algorithm::F16,
+                Algorithm::Bf16,
+                Algorithm::Bf16x3,
+                Algorithm::Bf16x6,
+                Algorithm::Bf16x9,
+            ],
+        }
     }
 
     async fn matmul(
@@ -827,7 +887,17 @@ impl Backend for WgpuBackend {
             seconds,
             clock,
             repetitions,
-            variant: format!("tile {tile}{}", if tuned { " (autotuned)" } else { "" }),
+            variant: format!(
+                "{}{tile}{}",
+                match self.variant(algorithm).coop {
+                    Some(c) => format!(
+                        "coop-matrix {0}x{0}x{0}, subgroup {1}, block ",
+                        c.size, c.subgroup
+                    ),
+                    None => "simt, tile ".into(),
+                },
+                if tuned { " (autotuned)" } else { "" }
+            ),
         })
     }
 }

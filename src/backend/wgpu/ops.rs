@@ -233,6 +233,35 @@ pub fn current_scales(
     Ok([amax, scale])
 }
 
+/// Atomic amax of each group of `src` into `amax_bits[offset..]` (which must be zeroed first).
+pub fn amax(
+    gpu: &Gpu,
+    src: &wgpu::Buffer,
+    amax_bits: &wgpu::Buffer,
+    len: usize,
+    grouping: Grouping,
+    offset: usize,
+) -> Result<Dispatch> {
+    let params = ScaleParams {
+        len: len as u32,
+        batch_len: grouping.batch_len,
+        div: grouping.div,
+        modulus: grouping.modulus,
+        groups_per_batch: grouping.groups_per_batch,
+        groups: grouping.groups() as u32,
+        fmax_bits: 0,
+        offset: offset as u32,
+    };
+    let uniform = super::buffer::uniform(gpu, &params);
+    // The scales binding is not written by `amax`; amax_bits stands in for it.
+    Ok(Dispatch::new(
+        gpu,
+        gpu.pipeline(&Kernel::Amax)?,
+        &[&uniform, src, amax_bits, amax_bits],
+        Dispatch::element_groups(gpu, len)?,
+    ))
+}
+
 /// The bf16 split of `len` f32 words into `parts` packed planes; returns the dispatch and the
 /// words per plane.
 pub fn split_bf16(

@@ -12,6 +12,8 @@ const CAST: &str = include_str!("../../../shaders/cast.wgsl");
 const SCALE: &str = include_str!("../../../shaders/scale.wgsl");
 const SPLIT: &str = include_str!("../../../shaders/split.wgsl");
 const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
+const MATMUL_COOP: &str = include_str!("../../../shaders/matmul_coop.wgsl");
+const COOP_PACK: &str = include_str!("../../../shaders/coop_pack.wgsl");
 const TRAIN: &str = include_str!("../../../shaders/train.wgsl");
 
 /// The training ops of `shaders/train.wgsl` (entry points of one module).
@@ -190,10 +192,44 @@ impl Tile {
     }
 }
 
+impl Tile {
+    /// The cooperative-matrix block without autotuning: 2x2 tiles per subgroup.
+    pub fn coop_default(size: u32) -> Tile {
+        Tile {
+            bm: 2 * size,
+            bn: 2 * size,
+            bk: size,
+        }
+    }
+
+    /// Blocks the autotuner may try on the cooperative-matrix kernel (1, 2 or 4 tiles a side
+    /// per subgroup, staged in `bm * bn` f32 of workgroup memory), the default first.
+    pub fn coop_candidates(size: u32, max_workgroup_bytes: u32) -> Vec<Tile> {
+        let mut out = vec![Tile::coop_default(size)];
+        for bm in [1, 2, 4].map(|t| t * size) {
+            for bn in [1, 2, 4].map(|t| t * size) {
+                let t = Tile { bm, bn, bk: size };
+                if bm * bn * 4 <= max_workgroup_bytes && !out.contains(&t) {
+                    out.push(t);
+                }
+            }
+        }
+        out
+    }
+}
+
 impl fmt::Display for Tile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}x{}x{}", self.bm, self.bn, self.bk)
     }
+}
+
+/// A cooperative-matrix configuration: square `size` x `size` x `size` tiles (16 on NVIDIA, 8
+/// on Apple and lavapipe), f16 operands, f32 accumulators, on subgroups of `subgroup` lanes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Coop {
+    pub size: u32,
+    pub subgroup: u32,
 }
 
 /// One compiled variant of the matmul kernel.
@@ -206,6 +242,10 @@ pub struct MatmulVariant {
     pub fp8: bool,
     pub rowwise: bool,
     pub tile: Tile,
+    /// On cooperative matrices (`matmul_coop.wgsl`); else SIMT.
+    pub coop: Option<Coop>,
+    /// SIMT fallback of the cooperative kernel: only outputs of flagged lines.
+    pub masked: bool,
 }
 
 impl MatmulVariant {
@@ -232,16 +272,70 @@ impl MatmulVariant {
                 Some(crate::algorithm::Scaling::Rowwise)
             ),
             tile,
+            coop: None,
+            masked: false,
         }
     }
 
+    /// The cooperative-matrix variant of `algorithm` on `coop`, for the
+    /// algorithms whose operands are exact in f16: `f16`, and `bf16` and the split algorithms
+    /// (bf16 planes scaled per line into f16's range, lines that do not fit go to the SIMT
+    /// kernel). Others have no such variant.
+    pub fn coop(algorithm: &Algorithm, coop: Coop) -> Option<MatmulVariant> {
+        let (fa, fb) = algorithm.operand_formats();
+        let operand = match (fa, fb) {
+            (Format::F16, Format::F16) if !algorithm.is_split() => Operand::F16(F16Read::Native),
+            (Format::Bf16, Format::Bf16) => Operand::Bf16,
+            _ => return None,
+        };
+        Some(MatmulVariant {
+            a: operand,
+            b: operand,
+            parts: algorithm.split_parts().max(1) as u32,
+            levels: algorithm.split_levels() as u32,
+            fp8: false,
+            rowwise: false,
+            tile: Tile::coop_default(coop.size),
+            coop: Some(coop),
+            masked: false,
+        })
+    }
+
+    /// Whether the cooperative kernel scales bf16 planes per line (and so needs the SIMT
+    /// fallback for flagged lines).
+    pub fn scaled(&self) -> bool {
+        self.coop.is_some() && self.a == Operand::Bf16
+    }
+
     pub fn uses_f16(&self) -> bool {
-        matches!(self.a, Operand::F16(F16Read::Native))
+        self.coop.is_some()
+            || matches!(self.a, Operand::F16(F16Read::Native))
             || matches!(self.b, Operand::F16(F16Read::Native))
     }
 
     pub fn workgroup_bytes(&self) -> u32 {
-        self.tile.workgroup_bytes(self.parts)
+        match self.coop {
+            Some(_) => self.tile.bm * self.tile.bn * 4,
+            None => self.tile.workgroup_bytes(self.parts),
+        }
+    }
+
+    /// Invocations per workgroup.
+    pub fn threads(&self) -> u32 {
+        self.coop
+            .map_or_else(|| self.tile.threads(), |c| c.subgroup)
+    }
+
+    /// The SIMT variant that computes the lines a cooperative variant flags.
+    pub fn fallback(&self) -> MatmulVariant {
+        MatmulVariant {
+            a: Operand::Bf16,
+            b: Operand::Bf16,
+            tile: Tile::default_for(self.parts),
+            coop: None,
+            masked: true,
+            ..*self
+        }
     }
 
     /// The same variant on another tile.
@@ -259,6 +353,7 @@ pub enum Kernel {
     Amax,
     ScaleFromAmax,
     SplitBf16,
+    CoopPack,
     Matmul(MatmulVariant),
     Train(TrainOp),
 }
@@ -272,6 +367,8 @@ impl Kernel {
             Kernel::Amax => "amax",
             Kernel::ScaleFromAmax => "scale_from_amax",
             Kernel::SplitBf16 => "split_bf16",
+            Kernel::CoopPack => "coop_pack",
+            Kernel::Matmul(v) if v.coop.is_some() => "matmul_coop",
             Kernel::Matmul(_) => "matmul",
             Kernel::Train(op) => op.entry_point(),
         }
@@ -285,10 +382,27 @@ impl Kernel {
             }
             Kernel::Amax | Kernel::ScaleFromAmax => format!("scale.{}", self.entry_point()),
             Kernel::SplitBf16 => "split.split_bf16".into(),
+            Kernel::CoopPack => "coop_pack.coop_pack".into(),
             Kernel::Train(op) => format!("train.{}", op.entry_point()),
             Kernel::Matmul(v) => format!(
-                "matmul[{:?} x {:?}, parts {}, levels {}, fp8 {}, rowwise {}, tile {}x{}x{}]",
-                v.a, v.b, v.parts, v.levels, v.fp8, v.rowwise, v.tile.bm, v.tile.bn, v.tile.bk
+                "{}[{:?} x {:?}, parts {}, levels {}, fp8 {}, rowwise {}, tile {}{}]",
+                if v.coop.is_some() {
+                    "matmul_coop"
+                } else {
+                    "matmul"
+                },
+                v.a,
+                v.b,
+                v.parts,
+                v.levels,
+                v.fp8,
+                v.rowwise,
+                v.tile,
+                match (v.coop, v.masked) {
+                    (Some(c), _) => format!(", {0}x{0}x{0}, subgroup {1}", c.size, c.subgroup),
+                    (None, true) => ", masked".into(),
+                    _ => String::new(),
+                }
             ),
         }
     }
@@ -303,6 +417,8 @@ impl Kernel {
             Kernel::Encode | Kernel::Decode | Kernel::Quantize => CAST,
             Kernel::Amax | Kernel::ScaleFromAmax => SCALE,
             Kernel::SplitBf16 => SPLIT,
+            Kernel::CoopPack => COOP_PACK,
+            Kernel::Matmul(v) if v.coop.is_some() => MATMUL_COOP,
             Kernel::Matmul(_) => MATMUL,
             Kernel::Train(_) => TRAIN,
         };
@@ -310,7 +426,18 @@ impl Kernel {
         if self.needs_f16() {
             header.push_str("enable f16;\n\n");
         }
-        if let Kernel::Matmul(v) = self {
+        if let Kernel::Matmul(v @ MatmulVariant { coop: Some(c), .. }) = self {
+            header.push_str(&format!(
+                "enable wgpu_cooperative_matrix;\n\nconst BM: u32 = {}u;\nconst BN: u32 = {}u;\n\
+                 const T: u32 = {}u;\nconst SG: u32 = {}u;\nconst SCALED: bool = {};\n\n",
+                v.tile.bm,
+                v.tile.bn,
+                c.size,
+                c.subgroup,
+                v.scaled()
+            ));
+            header.push_str(&coop_block(v));
+        } else if let Kernel::Matmul(v) = self {
             header.push_str(&format!(
                 "const BM: u32 = {}u;\nconst BN: u32 = {}u;\nconst BK: u32 = {}u;\nconst PARTS: u32 = {}u;\n\
                  const LEVELS: u32 = {}u;\nconst FP8: bool = {};\nconst ROWWISE: bool = {};\n\
@@ -327,6 +454,13 @@ impl Kernel {
             ));
             header.push_str(&v.a.fetch_fn("fetch_a", "a_data"));
             header.push_str(&v.b.fetch_fn("fetch_b", "b_data"));
+            header.push_str(if v.masked {
+                "const MASKED: bool = true;\n\
+                 @group(0) @binding(5) var<storage, read> flags: array<u32>;\n\
+                 fn flagged(line: u32) -> bool {\n    return flags[line] != 0u;\n}\n"
+            } else {
+                "const MASKED: bool = false;\nfn flagged(line: u32) -> bool {\n    return false;\n}\n"
+            });
         }
         format!("// generated header\n{header}\n{FORMATS}\n{family}")
     }
@@ -340,8 +474,30 @@ impl Kernel {
             Kernel::Amax,
             Kernel::ScaleFromAmax,
             Kernel::SplitBf16,
+            Kernel::CoopPack,
         ];
         kernels.extend(TrainOp::ALL.map(Kernel::Train));
+        // Cooperative variants for lavapipe's (and Apple's) 8x8 and NVIDIA's 16x16 tiles, and
+        // their fallbacks.
+        for alg in Algorithm::ALL {
+            for c in [
+                Coop {
+                    size: 8,
+                    subgroup: 8,
+                },
+                Coop {
+                    size: 16,
+                    subgroup: 32,
+                },
+            ] {
+                if let Some(v) = MatmulVariant::coop(&alg, c) {
+                    kernels.push(Kernel::Matmul(v));
+                    if v.scaled() && !kernels.contains(&Kernel::Matmul(v.fallback())) {
+                        kernels.push(Kernel::Matmul(v.fallback()));
+                    }
+                }
+            }
+        }
         for f16 in [F16Read::Native, F16Read::Packed] {
             for alg in Algorithm::ALL {
                 for scaling in [
@@ -360,6 +516,129 @@ impl Kernel {
         }
         kernels
     }
+}
+
+/// The split levels as products of planes (0 = h, 1 = m, 2 = l), DESIGN.md: L0 = hh; L1 = hm +
+/// mh; L2 = mm + hl + lh; L3 = ml + lm; L4 = ll. `levels` is 0 (no split: L0 only), 2, 3 or 5.
+fn level_terms(levels: u32) -> &'static [&'static [(usize, usize)]] {
+    const ALL: [&[(usize, usize)]; 5] = [
+        &[(0, 0)],
+        &[(0, 1), (1, 0)],
+        &[(1, 1), (0, 2), (2, 0)],
+        &[(1, 2), (2, 1)],
+        &[(2, 2)],
+    ];
+    &ALL[..(levels.max(1) as usize)]
+}
+
+/// Partial sums on cooperative matrices are promoted into f32 totals every this many of K.
+const COOP_PROMOTE_K: u32 = 256;
+
+/// `fn coop_block(a0, b0)` of a cooperative variant, unrolled over its tiles and levels (one
+/// named accumulator each: WGSL has no arrays of cooperative matrices to index). Every index is
+/// bound with `let` before a load or store: naga 30's SPIR-V writer needs that (FACTS.md).
+fn coop_block(v: &MatmulVariant) -> String {
+    use std::fmt::Write;
+    let t = v.coop.map_or(16, |c| c.size);
+    let (tm, tn) = (v.tile.bm / t, v.tile.bn / t);
+    let mat = format!("coop_mat{t}x{t}");
+    let levels = level_terms(v.levels);
+    let planes = levels
+        .iter()
+        .flat_map(|l| l.iter().map(|&(a, b)| a.max(b)))
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let tiles = || (0..tm).flat_map(move |r| (0..tn).map(move |c| (r, c)));
+    let mut f = String::new();
+    let w = &mut f;
+    let zero = format!("{mat}<f32, C>()");
+    let _ = writeln!(w, "fn coop_block(a0: u32, b0: u32) {{");
+    for l in 0..levels.len() {
+        for (r, c) in tiles() {
+            let _ = writeln!(w, "    var total_{l}_{r}_{c} = {zero};");
+        }
+    }
+    let _ = writeln!(
+        w,
+        "    for (var k1 = 0u; k1 < params.kp; k1 += {COOP_PROMOTE_K}u) {{"
+    );
+    for l in 0..levels.len() {
+        for (r, c) in tiles() {
+            let _ = writeln!(w, "        var part_{l}_{r}_{c} = {zero};");
+        }
+    }
+    let _ = writeln!(
+        w,
+        "        let k_end = min(k1 + {COOP_PROMOTE_K}u, params.kp);
+                 for (var k0 = k1; k0 < k_end; k0 += {t}u) {{"
+    );
+    for p in 0..planes {
+        for r in 0..tm {
+            let _ = writeln!(
+                w,
+                "            let ia_{p}_{r} = a0 + {p}u * params.a_plane + {}u * params.kp + k0;
+                             let a_{p}_{r} = coopLoadT<{mat}<f16, A>>(&a_data[ia_{p}_{r}], params.kp);",
+                t * r
+            );
+        }
+        for c in 0..tn {
+            let _ = writeln!(
+                w,
+                "            let ib_{p}_{c} = b0 + {p}u * params.b_plane + k0 * params.np + {}u;
+                             let b_{p}_{c} = coopLoadT<{mat}<f16, B>>(&b_data[ib_{p}_{c}], params.np);",
+                t * c
+            );
+        }
+    }
+    for (l, terms) in levels.iter().enumerate() {
+        for (r, c) in tiles() {
+            for &(pa, pb) in terms.iter() {
+                let _ = writeln!(
+                    w,
+                    "            part_{l}_{r}_{c} = coopMultiplyAdd(a_{pa}_{r}, b_{pb}_{c}, part_{l}_{r}_{c});"
+                );
+            }
+        }
+    }
+    let _ = writeln!(w, "        }}");
+    for l in 0..levels.len() {
+        for (r, c) in tiles() {
+            let _ = writeln!(
+                w,
+                "        total_{l}_{r}_{c} = total_{l}_{r}_{c} + part_{l}_{r}_{c};"
+            );
+        }
+    }
+    let _ = writeln!(w, "    }}");
+    for (r, c) in tiles() {
+        // Smallest level first. Scaled planes carry 2^(8p) more than plane 0 (coop_pack.wgsl),
+        // so level l's terms all carry 2^(8l): undone exactly before the sum.
+        let level = |l: usize| {
+            if v.scaled() && l > 0 {
+                format!("(total_{l}_{r}_{c} * 0x1p-{}f)", 8 * l)
+            } else {
+                format!("total_{l}_{r}_{c}")
+            }
+        };
+        let mut sum = level(levels.len() - 1);
+        for l in (0..levels.len() - 1).rev() {
+            sum = format!("({sum} + {})", level(l));
+        }
+        let _ = writeln!(
+            w,
+            "    let sum_{r}_{c} = {sum};
+    let at_{r}_{c} = {}u;
+                 coopStoreT(sum_{r}_{c}, &staging[at_{r}_{c}], BN);",
+            t * r * v.tile.bn + t * c
+        );
+    }
+    let _ = writeln!(
+        w,
+        "}}
+"
+    );
+    f
 }
 
 /// Parses and validates a kernel's WGSL with naga, and writes SPIR-V from it (the path wgpu

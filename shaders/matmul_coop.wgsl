@@ -1,0 +1,77 @@
+// matmul_coop.wgsl: C = A . B on cooperative matrices (tensor cores where the hardware has
+// them): T x T x T f16 tiles (T = 16 on NVIDIA, 8 on Apple and lavapipe), f32 accumulators. One subgroup is one workgroup and computes a
+// BM x BN block of C. Needs formats.wgsl; operands come from coop_pack.wgsl.
+//
+// The loader splices in, per variant:
+//   enable f16; enable wgpu_cooperative_matrix;
+//   const BM, BN: u32           block of C per workgroup (multiples of T)
+//   const T: u32                the cooperative tile size
+//   const SG: u32               the subgroup size (the workgroup size)
+//   const SCALED: bool          operands scaled per line by coop_pack (bf16 planes), else f16(x)
+//   fn coop_block(a0, b0)       the block's products into `staging`: one accumulator per split
+//                               level and tile, promoted into an f32 total every 256 of K (tensor
+//                               cores do not accumulate long sums in exact f32), levels summed
+//                               smallest first (DESIGN.md)
+
+struct CoopParams {
+    m: u32,
+    n: u32,
+    k: u32,
+    // K padded to T, rows of A padded to BM, columns of B padded to BN.
+    kp: u32,
+    mp: u32,
+    np: u32,
+    // Elements per operand plane.
+    a_plane: u32,
+    b_plane: u32,
+    c_batch: u32,
+    // Where B's lines start in amax_bits and flags (A's lines: batch * m + row).
+    b_lines: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: CoopParams;
+@group(0) @binding(1) var<storage, read> a_data: array<f16>;
+@group(0) @binding(2) var<storage, read> b_data: array<f16>;
+@group(0) @binding(3) var<storage, read_write> c_data: array<f32>;
+@group(0) @binding(4) var<storage, read> amax_bits: array<u32>;
+@group(0) @binding(5) var<storage, read> flags: array<u32>;
+
+var<workgroup> staging: array<f32, BM * BN>;
+
+// x * 2^e for |e| up to ~330 (WGSL's ldexp is defined for exponents within f32's range).
+fn ldexp_wide(x: f32, e: i32) -> f32 {
+    let e1 = e / 3;
+    let e2 = (e - e1) / 2;
+    return ldexp(ldexp(ldexp(x, e1), e2), e - e1 - e2);
+}
+
+@compute @workgroup_size(SG, 1, 1)
+fn matmul_coop(@builtin(workgroup_id) wg: vec3<u32>,
+               @builtin(local_invocation_index) lindex: u32) {
+    let batch = wg.z;
+    let row0 = wg.y * BM;
+    let col0 = wg.x * BN;
+    coop_block(batch * params.mp * params.kp + row0 * params.kp,
+               batch * params.kp * params.np + col0);
+    workgroupBarrier();
+    for (var t = lindex; t < BM * BN; t += SG) {
+        let row = row0 + t / BN;
+        let col = col0 + t % BN;
+        if (row >= params.m || col >= params.n) {
+            continue;
+        }
+        var out = staging[t];
+        if (SCALED) {
+            let la = batch * params.m + row;
+            let lb = params.b_lines + batch * params.n + col;
+            // A flagged line is the SIMT kernel's (coop_pack.wgsl).
+            if (flags[la] != 0u || flags[lb] != 0u) {
+                continue;
+            }
+            out = ldexp_wide(out, -(shift_for_amax(amax_bits[la]) + shift_for_amax(amax_bits[lb])));
+        }
+        c_data[batch * params.c_batch + row * params.n + col] = out;
+    }
+}

@@ -1,0 +1,244 @@
+//! The cooperative-matrix matmul (`shaders/coop_pack.wgsl`, `shaders/matmul_coop.wgsl`) against
+//! the host reference, on an adapter that offers cooperative matrices: on any machine through
+//! `bash scripts/lavapipe-coop.sh cargo test --test coop` (Mesa 26's lavapipe, 8x8x8 tiles),
+//! and on NVIDIA GPUs (16x16x16). Skipped, with the reason printed, where the adapter has none.
+//! The conformance suite (tests/conformance.rs) runs on the same path there too.
+
+mod common;
+
+use mantissa::backend::Backend;
+use mantissa::backend::reference as host;
+use mantissa::backend::wgpu::shaders::Tile;
+use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
+use mantissa::{Algorithm, MatmulShape, measure};
+use pollster::FutureExt as _;
+
+const COOP_ALGORITHMS: [Algorithm; 5] = [
+    Algorithm::F16,
+    Algorithm::Bf16,
+    Algorithm::Bf16x3,
+    Algorithm::Bf16x6,
+    Algorithm::Bf16x9,
+];
+
+/// The wgpu backend when it runs matmuls on cooperative matrices (with or without the SIMT
+/// fallback for flagged lines), else None (printed).
+fn coop_backend(test: &str, fallback: bool) -> Option<WgpuBackend> {
+    let options = WgpuOptions {
+        poison_outputs: true,
+        coop_fallback: fallback,
+        ..WgpuOptions::default()
+    };
+    let b = common::fresh_wgpu(test, options)?;
+    if !b.uses_coop() {
+        eprintln!(
+            "SKIPPED {test}: {} offers no cooperative matrices mantissa can use (coop matrix: {:?}); \
+             run it through scripts/lavapipe-coop.sh",
+            b.summary().name,
+            b.summary().cooperative_matrix
+        );
+        return None;
+    }
+    Some(b)
+}
+
+fn check(
+    b: &WgpuBackend,
+    alg: &Algorithm,
+    shape: &MatmulShape,
+    a: &[f32],
+    bm: &[f32],
+    what: &str,
+) -> Vec<f32> {
+    let got = b
+        .matmul(shape, alg, a, bm)
+        .block_on()
+        .unwrap_or_else(|e| panic!("{alg} {what}: {e}"));
+    let want = host::matmul(shape, alg, a, bm);
+    let abs = measure::abs_product(shape, a, bm);
+    let (mismatches, count) = measure::compare_to_reference(alg, shape, &got, &want, &abs);
+    assert!(
+        count == 0,
+        "{alg} {what} {shape:?}: {count} of {} elements break the contract, e.g. {}",
+        got.len(),
+        mismatches
+            .iter()
+            .map(|m| m.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+    got
+}
+
+fn check_on_tile(b: &WgpuBackend, alg: &Algorithm, tile: Tile, shape: &MatmulShape, seed: u64) {
+    let a = measure::normal(shape.a_len(), seed);
+    let bm = measure::normal(shape.b_len(), seed + 1);
+    let got = b
+        .matmul_on_tile(shape, alg, tile, &a, &bm)
+        .block_on()
+        .expect("matmul");
+    let want = host::matmul(shape, alg, &a, &bm);
+    let abs = measure::abs_product(shape, &a, &bm);
+    let (m, count) = measure::compare_to_reference(alg, shape, &got, &want, &abs);
+    assert!(
+        count == 0,
+        "{alg} block {tile} {shape:?}: {count} break the contract: {m:?}"
+    );
+}
+
+/// Sizes off every tile multiple, K beyond one promotion interval (256), batched and transposed.
+fn shapes() -> [MatmulShape; 2] {
+    [
+        MatmulShape::new(37, 29, 300),
+        MatmulShape {
+            batch: 2,
+            m: 19,
+            n: 41,
+            k: 23,
+            a_transposed: true,
+            b_transposed: true,
+        },
+    ]
+}
+
+#[test]
+fn coop_kernels_match_the_reference() {
+    let Some(b) = coop_backend("coop_kernels_match_the_reference", true) else {
+        return;
+    };
+    let seed = common::seed("coop_kernels_match_the_reference");
+    for alg in COOP_ALGORITHMS {
+        let v = b.variant(&alg);
+        assert!(v.coop.is_some(), "{alg} should run on cooperative matrices");
+        for (s, shape) in shapes().iter().enumerate() {
+            check_on_tile(&b, &alg, v.tile, shape, seed + 2 * s as u64);
+        }
+    }
+}
+
+#[test]
+fn every_coop_block_matches_the_reference() {
+    let Some(b) = coop_backend("every_coop_block_matches_the_reference", true) else {
+        return;
+    };
+    let seed = common::seed("every_coop_block_matches_the_reference");
+    // The fewest and the most accumulators per block.
+    for alg in [Algorithm::F16, Algorithm::Bf16x9] {
+        for tile in b.tile_candidates(&alg) {
+            check_on_tile(&b, &alg, tile, &shapes()[0], seed);
+        }
+    }
+}
+
+#[test]
+fn the_coop_kernel_computes_every_output_of_in_range_lines() {
+    // Without the SIMT fallback, outputs of flagged lines stay unwritten (NaN-poisoned): this
+    // shows which outputs the cooperative kernel computed itself.
+    let test = "the_coop_kernel_computes_every_output_of_in_range_lines";
+    let Some(b) = coop_backend(test, false) else {
+        return;
+    };
+    let seed = common::seed(test);
+    // N(0,1) data: every line within range, so every output is the cooperative kernel's.
+    let shape = MatmulShape::new(64, 48, 512);
+    let a = measure::normal(shape.a_len(), seed);
+    let bm = measure::normal(shape.b_len(), seed + 1);
+    for alg in COOP_ALGORITHMS {
+        check(&b, &alg, &shape, &a, &bm, "N(0,1), no fallback");
+    }
+    // Row 3 spans 2^60 (its small values' low bits do not fit f16), row 7 holds inf, column 5
+    // NaN: those outputs are left to the fallback; every other one is computed here.
+    let shape = MatmulShape::new(24, 20, 40);
+    let mut a = measure::normal(shape.a_len(), seed + 2);
+    let mut bm = measure::normal(shape.b_len(), seed + 3);
+    a[3 * shape.k] = 1e18;
+    a[7 * shape.k + 2] = f32::INFINITY;
+    bm[10 * shape.n + 5] = f32::NAN;
+    for alg in COOP_ALGORITHMS.into_iter().filter(|a| *a != Algorithm::F16) {
+        let got = b.matmul(&shape, &alg, &a, &bm).block_on().expect("matmul");
+        let want = host::matmul(&shape, &alg, &a, &bm);
+        for i in 0..shape.m {
+            for j in 0..shape.n {
+                let (g, w) = (got[i * shape.n + j], want[i * shape.n + j]);
+                if i == 3 || i == 7 || j == 5 {
+                    assert!(
+                        g.is_nan(),
+                        "{alg} C[{i},{j}] = {g}: a flagged line, left to the fallback"
+                    );
+                } else {
+                    let tol = 1e-5 * (1.0 + w.abs());
+                    assert!(
+                        (g - w).abs() <= tol,
+                        "{alg} C[{i},{j}] = {g}, reference {w}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn lines_beyond_f16_range_fall_back_to_simt() {
+    let Some(b) = coop_backend("lines_beyond_f16_range_fall_back_to_simt", true) else {
+        return;
+    };
+    let seed = common::seed("lines_beyond_f16_range_fall_back_to_simt");
+    let shape = MatmulShape::new(24, 20, 40);
+    let mut a = measure::normal(shape.a_len(), seed);
+    let mut bm = measure::normal(shape.b_len(), seed + 1);
+    // Row 3: a dynamic range of 2^60 (its small values are not exact in f16 after scaling).
+    // Row 7: +inf. Column 5: NaN. Row 11: huge but uniform (scaling alone handles it).
+    // Column 9: values whose l plane underflows f16 after scaling.
+    a[3 * shape.k] = 1e18;
+    a[3 * shape.k + 1] = 1e-3;
+    a[7 * shape.k + 2] = f32::INFINITY;
+    bm[10 * shape.n + 5] = f32::NAN;
+    for p in 0..shape.k {
+        a[11 * shape.k + p] *= 1e30;
+        bm[p * shape.n + 9] = 1.0 + (p as f32) * 1.0e-7;
+    }
+    for alg in COOP_ALGORITHMS {
+        let c = check(&b, &alg, &shape, &a, &bm, "lines beyond f16's range");
+        if alg != Algorithm::F16 {
+            assert!(
+                c[7 * shape.n].is_infinite() || c[7 * shape.n].is_nan(),
+                "{alg}: inf row"
+            );
+            assert!(c[5].is_nan(), "{alg}: NaN column");
+        }
+    }
+}
+
+#[test]
+fn coop_and_simt_agree_within_the_contract() {
+    let Some(coop) = coop_backend("coop_and_simt_agree_within_the_contract", true) else {
+        return;
+    };
+    let simt = common::fresh_wgpu(
+        "coop_and_simt_agree_within_the_contract",
+        WgpuOptions {
+            coop: false,
+            ..WgpuOptions::default()
+        },
+    )
+    .expect("the same adapter without cooperative matrices");
+    assert!(!simt.uses_coop());
+    let seed = common::seed("coop_and_simt_agree_within_the_contract");
+    let shape = MatmulShape::new(64, 48, 512);
+    let a = measure::normal(shape.a_len(), seed);
+    let bm = measure::normal(shape.b_len(), seed + 1);
+    let exact = measure::exact_product(&shape, &a, &bm);
+    for alg in COOP_ALGORITHMS {
+        let c1 = check(&coop, &alg, &shape, &a, &bm, "coop");
+        let c2 = check(&simt, &alg, &shape, &a, &bm, "simt");
+        let (e1, e2) = (
+            measure::relative_error(&c1, &exact),
+            measure::relative_error(&c2, &exact),
+        );
+        eprintln!("{alg}: relative error coop {e1:.2e}, simt {e2:.2e}");
+        assert!(
+            e1 <= 2.0 * e2 + 1e-9,
+            "{alg}: coop error {e1:e} vs simt {e2:e}"
+        );
+    }
+}
