@@ -28,6 +28,9 @@ run $m info
 run $m bench matmul --sizes 4096,8192 --algorithms all --backends wgpu --reps 10 --json "$out/bench-unchecked.json"
 MANTISSA_WGSL_CHECKS=on run $m bench matmul --sizes 4096 --algorithms f32,bf16x3 --backends wgpu --reps 5 --json "$out/bench-checked.json"
 run $m bench matmul --sizes 8192x1x8192 --algorithms f32,e4m3 --backends wgpu --reps 10 --json "$out/bench-matvec.json"
+# Cooperative matrices (16x16x16 on NVIDIA) against the SIMT kernels, and every tile tuned.
+MANTISSA_COOP=off run $m bench matmul --sizes 4096 --algorithms f16,bf16,bf16x3,bf16x6 --backends wgpu --reps 5 --json "$out/bench-simt.json"
+MANTISSA_AUTOTUNE=full run $m bench matmul --sizes 4096,8192 --algorithms f32,f16,bf16x3 --backends wgpu --reps 5 --json "$out/bench-tuned.json"
 if [ -d .anchors ]; then
     run python3 .anchors/torch_matmul.py
 fi
