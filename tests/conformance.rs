@@ -10,7 +10,6 @@ mod common;
 
 use mantissa::algorithm::{Algorithm, MatmulShape, Scaling};
 use mantissa::backend::Backend;
-use mantissa::backend::reference as host;
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
 use pollster::FutureExt as _;
@@ -105,34 +104,7 @@ fn casts(b: &dyn Backend) {
     check_split_and_amax(b, seed);
 }
 
-/// Compares a backend's matmul with the reference's on one shape and input set.
-fn check_matmul(
-    b: &dyn Backend,
-    alg: &Algorithm,
-    shape: &MatmulShape,
-    a: &[f32],
-    bm: &[f32],
-    what: &str,
-) {
-    let got = b
-        .matmul(shape, alg, a, bm)
-        .block_on()
-        .unwrap_or_else(|e| panic!("{} {alg} {what}: {e}", b.name()));
-    let want = host::matmul(shape, alg, a, bm);
-    let abs = measure::abs_product(shape, a, bm);
-    let (mismatches, count) = measure::compare_to_reference(alg, shape, &got, &want, &abs);
-    assert!(
-        count == 0,
-        "{} {alg} {what} {shape:?}: {count} of {} elements break the contract, e.g. {}",
-        b.name(),
-        got.len(),
-        mismatches
-            .iter()
-            .map(|m| m.to_string())
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
-}
+use common::check_matmul;
 
 fn shapes() -> Vec<MatmulShape> {
     let mut v = vec![

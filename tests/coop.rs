@@ -42,34 +42,6 @@ fn coop_backend(test: &str, fallback: bool) -> Option<WgpuBackend> {
     Some(b)
 }
 
-fn check(
-    b: &WgpuBackend,
-    alg: &Algorithm,
-    shape: &MatmulShape,
-    a: &[f32],
-    bm: &[f32],
-    what: &str,
-) -> Vec<f32> {
-    let got = b
-        .matmul(shape, alg, a, bm)
-        .block_on()
-        .unwrap_or_else(|e| panic!("{alg} {what}: {e}"));
-    let want = host::matmul(shape, alg, a, bm);
-    let abs = measure::abs_product(shape, a, bm);
-    let (mismatches, count) = measure::compare_to_reference(alg, shape, &got, &want, &abs);
-    assert!(
-        count == 0,
-        "{alg} {what} {shape:?}: {count} of {} elements break the contract, e.g. {}",
-        got.len(),
-        mismatches
-            .iter()
-            .map(|m| m.to_string())
-            .collect::<Vec<_>>()
-            .join("; ")
-    );
-    got
-}
-
 fn check_on_tile(b: &WgpuBackend, alg: &Algorithm, tile: Tile, shape: &MatmulShape, seed: u64) {
     let a = measure::normal(shape.a_len(), seed);
     let bm = measure::normal(shape.b_len(), seed + 1);
@@ -77,12 +49,14 @@ fn check_on_tile(b: &WgpuBackend, alg: &Algorithm, tile: Tile, shape: &MatmulSha
         .matmul_on_tile(shape, alg, tile, &a, &bm)
         .block_on()
         .expect("matmul");
-    let want = host::matmul(shape, alg, &a, &bm);
-    let abs = measure::abs_product(shape, &a, &bm);
-    let (m, count) = measure::compare_to_reference(alg, shape, &got, &want, &abs);
-    assert!(
-        count == 0,
-        "{alg} block {tile} {shape:?}: {count} break the contract: {m:?}"
+    common::assert_contract(
+        &b.name(),
+        alg,
+        shape,
+        &a,
+        &bm,
+        &got,
+        &format!("block {tile}"),
     );
 }
 
@@ -144,7 +118,7 @@ fn the_coop_kernel_computes_every_output_of_in_range_lines() {
     let a = measure::normal(shape.a_len(), seed);
     let bm = measure::normal(shape.b_len(), seed + 1);
     for alg in COOP_ALGORITHMS {
-        check(&b, &alg, &shape, &a, &bm, "N(0,1), no fallback");
+        common::check_matmul(&b, &alg, &shape, &a, &bm, "N(0,1), no fallback");
     }
     // Row 3 spans 2^60 (its small values' low bits do not fit f16), row 7 holds inf, column 5
     // NaN: those outputs are left to the fallback; every other one is computed here.
@@ -198,7 +172,7 @@ fn lines_beyond_f16_range_fall_back_to_simt() {
         bm[p * shape.n + 9] = 1.0 + (p as f32) * 1.0e-7;
     }
     for alg in COOP_ALGORITHMS {
-        let c = check(&b, &alg, &shape, &a, &bm, "lines beyond f16's range");
+        let c = common::check_matmul(&b, &alg, &shape, &a, &bm, "lines beyond f16's range");
         if alg != Algorithm::F16 {
             assert!(
                 c[7 * shape.n].is_infinite() || c[7 * shape.n].is_nan(),
@@ -229,8 +203,8 @@ fn coop_and_simt_agree_within_the_contract() {
     let bm = measure::normal(shape.b_len(), seed + 1);
     let exact = measure::exact_product(&shape, &a, &bm);
     for alg in COOP_ALGORITHMS {
-        let c1 = check(&coop, &alg, &shape, &a, &bm, "coop");
-        let c2 = check(&simt, &alg, &shape, &a, &bm, "simt");
+        let c1 = common::check_matmul(&coop, &alg, &shape, &a, &bm, "coop");
+        let c2 = common::check_matmul(&simt, &alg, &shape, &a, &bm, "simt");
         let (e1, e2) = (
             measure::relative_error(&c1, &exact),
             measure::relative_error(&c2, &exact),

@@ -3,8 +3,11 @@
 
 #![allow(dead_code)]
 
+use mantissa::algorithm::{Algorithm, MatmulShape};
+use mantissa::backend::reference as host;
 use mantissa::backend::wgpu::{F16Path, WgpuBackend, WgpuOptions};
 use mantissa::backend::{Backend, Reference};
+use mantissa::measure;
 use pollster::FutureExt as _;
 use std::sync::OnceLock;
 
@@ -104,4 +107,48 @@ pub fn fresh_wgpu(test: &str, options: WgpuOptions) -> Option<WgpuBackend> {
             None
         }
     }
+}
+
+/// Asserts that `got`, `who`'s C = A.B under `alg`, keeps the numerics contract against the
+/// host reference (measure::compare_to_reference).
+#[allow(clippy::too_many_arguments)]
+pub fn assert_contract(
+    who: &str,
+    alg: &Algorithm,
+    shape: &MatmulShape,
+    a: &[f32],
+    b: &[f32],
+    got: &[f32],
+    what: &str,
+) {
+    let want = host::matmul(shape, alg, a, b);
+    let abs = measure::abs_product(shape, a, b);
+    let (mismatches, count) = measure::compare_to_reference(alg, shape, got, &want, &abs);
+    assert!(
+        count == 0,
+        "{who} {alg} {what} {shape:?}: {count} of {} elements break the contract, e.g. {}",
+        got.len(),
+        mismatches
+            .iter()
+            .map(|m| m.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
+    );
+}
+
+/// A backend's matmul, checked against the reference's on one shape and input set.
+pub fn check_matmul(
+    backend: &dyn Backend,
+    alg: &Algorithm,
+    shape: &MatmulShape,
+    a: &[f32],
+    b: &[f32],
+    what: &str,
+) -> Vec<f32> {
+    let got = backend
+        .matmul(shape, alg, a, b)
+        .block_on()
+        .unwrap_or_else(|e| panic!("{} {alg} {what}: {e}", backend.name()));
+    assert_contract(&backend.name(), alg, shape, a, b, &got, what);
+    got
 }

@@ -50,6 +50,21 @@ struct ScaleParams {
     offset: u32,
 }
 
+impl ScaleParams {
+    fn new(len: usize, grouping: Grouping, fmax_bits: u32, offset: usize) -> ScaleParams {
+        ScaleParams {
+            len: len as u32,
+            batch_len: grouping.batch_len,
+            div: grouping.div,
+            modulus: grouping.modulus,
+            groups_per_batch: grouping.groups_per_batch,
+            groups: grouping.groups() as u32,
+            fmax_bits,
+            offset: offset as u32,
+        }
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct SplitParams {
@@ -206,16 +221,7 @@ pub fn current_scales(
     grouping: Grouping,
     offset: usize,
 ) -> Result<[Dispatch; 2]> {
-    let params = ScaleParams {
-        len: len as u32,
-        batch_len: grouping.batch_len,
-        div: grouping.div,
-        modulus: grouping.modulus,
-        groups_per_batch: grouping.groups_per_batch,
-        groups: grouping.groups() as u32,
-        fmax_bits: format.max().to_bits(),
-        offset: offset as u32,
-    };
+    let params = ScaleParams::new(len, grouping, format.max().to_bits(), offset);
     let uniform = super::buffer::uniform(gpu, &params);
     let buffers = [&uniform, src, amax_bits, scales];
     let amax = Dispatch::new(
@@ -242,16 +248,7 @@ pub fn amax(
     grouping: Grouping,
     offset: usize,
 ) -> Result<Dispatch> {
-    let params = ScaleParams {
-        len: len as u32,
-        batch_len: grouping.batch_len,
-        div: grouping.div,
-        modulus: grouping.modulus,
-        groups_per_batch: grouping.groups_per_batch,
-        groups: grouping.groups() as u32,
-        fmax_bits: 0,
-        offset: offset as u32,
-    };
+    let params = ScaleParams::new(len, grouping, 0, offset);
     let uniform = super::buffer::uniform(gpu, &params);
     // The scales binding is not written by `amax`; amax_bits stands in for it.
     Ok(Dispatch::new(
