@@ -161,17 +161,15 @@ fn model_gradient_matches_a_directional_derivative() {
     o.config.n_embd = 16;
     o.config.block_size = 8;
     o.config.batch_size = 2;
-    let t = Trainer::new(&Reference, &corpus, o).unwrap();
+    let mut t = Trainer::new(&Reference, &corpus, o).unwrap();
     let (ids, targets) = corpus.batch(false, 2, 8, 3, 0).unwrap();
-    let mut p = t.precision.clone();
-    let out = t
+    let params = t.state().block_on().unwrap().params;
+    let (_, grads) = t
         .gpt
-        .run(&t.params, &ids, &targets, &mut p, 1.0, Pass::Backward)
+        .loss_and_gradients(&t.precision, &params, &ids, &targets)
         .block_on()
         .unwrap();
-    let grads = out.grads.unwrap();
-    let dir: Vec<Vec<f32>> = t
-        .params
+    let dir: Vec<Vec<f32>> = params
         .iter()
         .enumerate()
         .map(|(i, q)| measure::normal(q.len(), 50 + i as u64))
@@ -184,17 +182,15 @@ fn model_gradient_matches_a_directional_derivative() {
         .sum();
     let eps = 1e-3f32;
     let shifted = |s: f32| -> f64 {
-        let q: Vec<Vec<f32>> = t
-            .params
+        let q: Vec<Vec<f32>> = params
             .iter()
             .zip(&dir)
             .map(|(w, d)| w.iter().zip(d).map(|(w, d)| w + s * d).collect())
             .collect();
         t.gpt
-            .run(&q, &ids, &targets, &mut p.clone(), 1.0, Pass::Loss)
+            .loss(&t.precision, &q, &ids, &targets)
             .block_on()
             .unwrap()
-            .loss
     };
     let numeric = (shifted(eps) - shifted(-eps)) / (2.0 * eps as f64);
     assert!(
@@ -245,24 +241,19 @@ fn an_inf_gradient_skips_the_step_and_halves_the_scale() {
     let corpus = corpus();
     let mut t = Trainer::new(&Reference, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
     t.step().block_on().unwrap();
-    let (params, m, v, applied) = (
-        t.params.clone(),
-        t.adam_m.clone(),
-        t.adam_v.clone(),
-        t.applied,
-    );
+    let (state, applied) = (t.state().block_on().unwrap(), t.applied);
     let scale = t.scaler.unwrap().scale;
-    let r = t.step_with(|g| g[3][0] = f32::INFINITY).block_on().unwrap();
+    let r = t.step_injecting(f32::INFINITY).block_on().unwrap();
     assert!(r.skipped);
     assert_eq!(t.scaler.unwrap().scale, scale / 2.0);
     assert_eq!(
-        (&t.params, &t.adam_m, &t.adam_v, t.applied),
-        (&params, &m, &v, applied),
+        (t.state().block_on().unwrap(), t.applied),
+        (state.clone(), applied),
         "weights and optimizer state untouched"
     );
     let r = t.step().block_on().unwrap();
     assert!(!r.skipped);
-    assert_ne!(t.params, params);
+    assert_ne!(t.state().block_on().unwrap().params, state.params);
 }
 
 #[test]
@@ -270,7 +261,7 @@ fn a_nan_without_loss_scaling_stops_with_the_step_and_a_suggestion() {
     let corpus = corpus();
     let mut t = Trainer::new(&Reference, &corpus, options(&corpus, Preset::True32, 5)).unwrap();
     let err = t
-        .step_with(|g| g[0][0] = f32::NAN)
+        .step_injecting(f32::NAN)
         .block_on()
         .unwrap_err()
         .to_string();
@@ -326,12 +317,13 @@ fn resuming_from_a_checkpoint_reproduces_the_run() {
     for _ in 0..3 {
         first.step().block_on().unwrap();
     }
-    Checkpoint::save(&first, &path).unwrap();
+    Checkpoint::save(&mut first, &path).block_on().unwrap();
     let mut resumed =
         Trainer::new(&Reference, &corpus, options(&corpus, Preset::Mixed16, 9)).unwrap();
     Checkpoint::load(&path, &resumed.gpt.config, &corpus.vocab)
         .unwrap()
         .restore(&mut resumed)
+        .block_on()
         .unwrap();
     let rest: Vec<f64> = (0..3)
         .map(|_| resumed.step().block_on().unwrap().loss)
@@ -344,8 +336,8 @@ fn bad_checkpoints_are_refused() {
     let corpus = corpus();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ck.safetensors");
-    let t = Trainer::new(&Reference, &corpus, options(&corpus, Preset::True32, 1)).unwrap();
-    Checkpoint::save(&t, &path).unwrap();
+    let mut t = Trainer::new(&Reference, &corpus, options(&corpus, Preset::True32, 1)).unwrap();
+    Checkpoint::save(&mut t, &path).block_on().unwrap();
     let config = t.gpt.config.clone();
     let full = std::fs::read(&path).unwrap();
     let truncated = dir.path().join("truncated.safetensors");
@@ -369,6 +361,7 @@ fn bad_checkpoints_are_refused() {
     let err = Checkpoint::load(&path, &config, &corpus.vocab)
         .unwrap()
         .restore(&mut t2)
+        .block_on()
         .expect_err("other preset")
         .to_string();
     assert!(err.contains("32-true"), "{err}");
@@ -386,4 +379,208 @@ fn corpus_errors_are_clear() {
             .to_string()
             .contains("too short")
     );
+}
+
+#[test]
+fn plan_copies_are_the_head_permutations() {
+    use mantissa::train::plan::Strided;
+    let (b, t, h, d) = (2, 3, 2, 4);
+    let n = b * t * h * d;
+    let qkv = measure::normal(3 * n, 7);
+    let heads = ops::split_heads(&qkv, b, t, h, d);
+    let mut merged = vec![0.0; 3 * n];
+    for (part, want) in heads.iter().enumerate() {
+        let mut got = vec![0.0; n];
+        Strided::split_head(part, b, t, h, d).apply(&qkv, &mut got);
+        assert_eq!(&got, want, "split part {part}");
+        Strided::merge_head(part, b, t, h, d).apply(&got, &mut merged);
+    }
+    assert_eq!(merged, qkv);
+    let mut rows = vec![0.0; n];
+    Strided::heads_to_rows(b, t, h, d).apply(&heads[0], &mut rows);
+    assert_eq!(rows, ops::heads_to_rows(&heads[0], b, t, h, d));
+    let mut back = vec![0.0; n];
+    Strided::rows_to_heads(b, t, h, d).apply(&rows, &mut back);
+    assert_eq!(back, heads[0]);
+}
+
+/// Largest |a - b| / max(|b|, floor) over two states.
+fn state_gap(a: &[Vec<f32>], b: &[Vec<f32>], floor: f32) -> f32 {
+    a.iter()
+        .flatten()
+        .zip(b.iter().flatten())
+        .map(|(x, y)| (x - y).abs() / y.abs().max(floor))
+        .fold(0.0, f32::max)
+}
+
+/// The device-resident plan (one submission per step, every op a kernel) against the host
+/// interpreter of the same plan on the same backend: per-step losses, gradients and the
+/// weights and moments after the updates, under f32, both mixed presets, a "true" preset and
+/// fp8 with delayed scaling.
+#[test]
+fn resident_plan_matches_the_host_interpreter() {
+    common::on(
+        common::wgpu(),
+        "resident_plan_matches_the_host_interpreter",
+        |b| {
+            let corpus = corpus();
+            for preset in [
+                Preset::True32,
+                Preset::MixedBf16,
+                Preset::Mixed16,
+                Preset::TrueBf16,
+                Preset::TransformerEngine,
+            ] {
+                let mut o = options(&corpus, preset, 21);
+                o.resident = true;
+                let mut resident = Trainer::new(b, &corpus, o.clone()).unwrap();
+                assert!(
+                    resident.executor().contains("device-resident"),
+                    "{}",
+                    resident.executor()
+                );
+                o.resident = false;
+                let mut host = Trainer::new(b, &corpus, o).unwrap();
+                for step in 0..3 {
+                    let (r, h) = (
+                        resident.step().block_on().unwrap(),
+                        host.step().block_on().unwrap(),
+                    );
+                    assert!(
+                        (r.loss - h.loss).abs() < 1e-3 * h.loss,
+                        "{preset} step {step}: loss {} resident, {} host",
+                        r.loss,
+                        h.loss
+                    );
+                    assert!(
+                        (r.grad_norm - h.grad_norm).abs() < 2e-2 * h.grad_norm,
+                        "{preset} step {step}: gradient norm {} resident, {} host",
+                        r.grad_norm,
+                        h.grad_norm
+                    );
+                    assert_eq!((r.skipped, resident.applied), (h.skipped, host.applied));
+                }
+                let (gr, gh) = (
+                    resident.gradients().block_on().unwrap(),
+                    host.gradients().block_on().unwrap(),
+                );
+                let scale = gh.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+                let gap = state_gap(&gr, &gh, scale);
+                assert!(
+                    gap < 5e-2,
+                    "{preset}: gradients differ by {gap} of the largest"
+                );
+                let (sr, sh) = (
+                    resident.state().block_on().unwrap(),
+                    host.state().block_on().unwrap(),
+                );
+                // AdamW's first updates are about lr * sign(g): a gradient element near zero whose
+                // sign rounds the other way moves its weight by 2 lr. Most weights must agree
+                // closely, and none may be further apart than that.
+                let diffs: Vec<f32> = sr
+                    .params
+                    .iter()
+                    .flatten()
+                    .zip(sh.params.iter().flatten())
+                    .map(|(x, y)| (x - y).abs())
+                    .collect();
+                let lr = 1e-3f32;
+                let max = diffs.iter().copied().fold(0.0, f32::max);
+                let far =
+                    diffs.iter().filter(|&&d| d > lr / 10.0).count() as f64 / diffs.len() as f64;
+                eprintln!(
+                    "{preset}: weights: max |diff| {max:e}, {:.3}% beyond lr/10",
+                    far * 100.0
+                );
+                assert!(
+                    max <= 6.0 * lr * 1.01,
+                    "{preset}: a weight moved {max} apart"
+                );
+                assert!(
+                    far < 0.02,
+                    "{preset}: {:.2}% of the weights differ by over lr/10",
+                    far * 100.0
+                );
+                let gap = state_gap(&sr.adam_v, &sh.adam_v, 1e-8);
+                assert!(gap < 0.2, "{preset}: second moments differ by {gap}");
+                if let (Some(Fp8Mode::Delayed(a)), Some(Fp8Mode::Delayed(h))) =
+                    (&resident.precision.fp8, &host.precision.fp8)
+                {
+                    for (a, h) in a.iter().zip(h) {
+                        assert_eq!(a.input.history.len(), 3);
+                        let rel = (a.grad.scale - h.grad.scale).abs() / h.grad.scale;
+                        assert!(
+                            rel < 0.2,
+                            "fp8 gradient scales {} and {}",
+                            a.grad.scale,
+                            h.grad.scale
+                        );
+                    }
+                }
+            }
+        },
+    );
+}
+
+/// GradScaler's skip on the device: an inf injected into a scaled gradient leaves the resident
+/// weights and moments bit for bit as they were and halves the scale; a checkpoint read back
+/// from the device resumes the run exactly.
+#[test]
+fn resident_plan_skips_non_finite_steps_and_resumes() {
+    common::on(
+        common::wgpu(),
+        "resident_plan_skips_non_finite_steps_and_resumes",
+        |b| {
+            let corpus = corpus();
+            let mut t = Trainer::new(b, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
+            t.step().block_on().unwrap();
+            let (state, applied) = (t.state().block_on().unwrap(), t.applied);
+            let scale = t.scaler.unwrap().scale;
+            let r = t.step_injecting(f32::INFINITY).block_on().unwrap();
+            assert!(r.skipped);
+            assert_eq!(t.scaler.unwrap().scale, scale / 2.0);
+            assert_eq!(
+                (t.state().block_on().unwrap(), t.applied),
+                (state, applied),
+                "weights and optimizer state untouched on the device"
+            );
+
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("ck.safetensors");
+            Checkpoint::save(&mut t, &path).block_on().unwrap();
+            let straight: Vec<f64> = (0..2).map(|_| t.step().block_on().unwrap().loss).collect();
+            let mut resumed =
+                Trainer::new(b, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
+            Checkpoint::load(&path, &resumed.gpt.config, &corpus.vocab)
+                .unwrap()
+                .restore(&mut resumed)
+                .block_on()
+                .unwrap();
+            let rest: Vec<f64> = (0..2)
+                .map(|_| resumed.step().block_on().unwrap().loss)
+                .collect();
+            assert_eq!(rest, straight);
+        },
+    );
+}
+
+#[test]
+fn executors_refuse_batches_of_the_wrong_shape() {
+    let corpus = corpus();
+    let t = Trainer::new(&Reference, &corpus, options(&corpus, Preset::True32, 1)).unwrap();
+    let plan = t.gpt.plan(&t.precision, 2, 8).unwrap();
+    let scalars = vec![0.0; plan.scalar_count()];
+    let mut exec = mantissa::train::exec::executor(&Reference, plan, true).unwrap();
+    let err = exec
+        .run(Section::Step, &[1, 2, 3], &[1, 2, 3], &scalars)
+        .block_on()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("16 tokens"), "{err}");
+    let err = exec
+        .run(Section::Step, &[0; 16], &[0; 16], &[])
+        .block_on()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("scalars"), "{err}");
 }

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
 use crate::policy::{Capabilities, PrecisionClass};
 use crate::train::ops::{self, AdamW};
+use crate::train::{Plan, StepExecutor};
 use std::fmt;
 use std::str::FromStr;
 use web_time::Instant;
@@ -278,6 +279,14 @@ pub trait Backend: Send + Sync {
     /// Fused unscale and finite check: g *= inverse_scale in place; whether all are finite.
     async fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
         Ok(ops::unscale_check(g, inverse_scale))
+    }
+
+    /// A device-resident executor of a training step plan: every tensor kept on the device,
+    /// each step one submission. None where the backend has none (the host interpreter then
+    /// runs the plan through the ops above).
+    fn resident_executor<'a>(&'a self, plan: &Plan) -> Result<Option<Box<dyn StepExecutor + 'a>>> {
+        let _ = plan;
+        Ok(None)
     }
 
     /// The algorithm a precision class resolves to on this backend.

@@ -63,6 +63,10 @@ pub struct TrainArgs {
     /// Resume from a checkpoint (one preset only).
     #[arg(long)]
     resume: Option<PathBuf>,
+    /// resident: the step plan lives on the device, one submission per step (where the
+    /// backend has such an executor); host: the plan's ops one round trip at a time.
+    #[arg(long, default_value = "resident")]
+    executor: String,
 }
 
 #[derive(clap::Args)]
@@ -100,6 +104,9 @@ struct Run {
     val: Vec<(u32, f64)>,
     stopped: Option<String>,
     unigram_entropy: f64,
+    /// How the steps ran, and the bytes the step plan's tensors take on the device.
+    executor: String,
+    device_bytes: u64,
 }
 
 pub fn train(args: TrainArgs) -> Result<()> {
@@ -123,6 +130,17 @@ pub fn train(args: TrainArgs) -> Result<()> {
                 kind: "fp8 scaling",
                 given: other.into(),
                 valid: vec!["delayed".into(), "current".into()],
+            });
+        }
+    };
+    let resident = match args.executor.as_str() {
+        "resident" => true,
+        "host" => false,
+        other => {
+            return Err(Error::UnknownName {
+                kind: "executor",
+                given: other.into(),
+                valid: vec!["resident".into(), "host".into()],
             });
         }
     };
@@ -160,10 +178,11 @@ pub fn train(args: TrainArgs) -> Result<()> {
                 ..AdamW::default()
             },
             grad_clip: 1.0,
+            resident,
         };
         let mut trainer = Trainer::new(backend.as_ref(), &corpus, options)?;
         if let Some(ck) = resume.take() {
-            ck.restore(&mut trainer)?;
+            ck.restore(&mut trainer).block_on()?;
             println!("resumed {preset} at step {}", trainer.step);
         }
         println!(
@@ -172,6 +191,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
             trainer.precision.compute,
             describe(&trainer)
         );
+        println!("   {}", trainer.executor());
         let mut run = Run {
             preset: preset.to_string(),
             backend: backend.name(),
@@ -182,6 +202,8 @@ pub fn train(args: TrainArgs) -> Result<()> {
             val: vec![],
             stopped: None,
             unigram_entropy: corpus.unigram_entropy(),
+            executor: trainer.executor(),
+            device_bytes: trainer.device_bytes(),
         };
         let bar = indicatif::ProgressBar::new(args.steps as u64);
         bar.set_style(
@@ -210,12 +232,19 @@ pub fn train(args: TrainArgs) -> Result<()> {
                 bar.suspend(|| println!("{}", log_line(&record, val)));
             }
             if args.checkpoint_every > 0 && step % args.checkpoint_every == 0 {
-                Checkpoint::save(&trainer, &checkpoint)?;
+                Checkpoint::save(&mut trainer, &checkpoint).block_on()?;
             }
         }
         bar.finish_and_clear();
+        run.device_bytes = trainer.device_bytes();
+        if run.device_bytes > 0 {
+            println!(
+                "   device memory of the step plan: {:.1} MiB",
+                run.device_bytes as f64 / (1u64 << 20) as f64
+            );
+        }
         if run.stopped.is_none() {
-            Checkpoint::save(&trainer, &checkpoint)?;
+            Checkpoint::save(&mut trainer, &checkpoint).block_on()?;
             println!("saved {}", checkpoint.display());
         }
         runs.push(run);
@@ -324,7 +353,7 @@ pub fn sample(args: SampleArgs) -> Result<()> {
         ..TrainOptions::new(config, preset, meta.seed)
     };
     let mut trainer = Trainer::new(backend.as_ref(), &corpus, options)?;
-    ck.restore(&mut trainer)?;
+    ck.restore(&mut trainer).block_on()?;
     let text = trainer
         .sample(&args.prompt, args.tokens, args.temperature, args.seed)
         .block_on()?;

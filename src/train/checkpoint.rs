@@ -3,7 +3,7 @@
 //! checkpoint; loading validates everything before anything is used.
 
 use super::model::GptConfig;
-use super::trainer::Trainer;
+use super::trainer::{TrainState, Trainer};
 use crate::error::{Error, Result};
 use crate::policy::Preset;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
@@ -41,8 +41,9 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Saves `trainer` to `path` atomically.
-    pub fn save(trainer: &Trainer, path: &Path) -> Result<()> {
+    /// Saves `trainer` (its state read back from the device) to `path` atomically.
+    pub async fn save(trainer: &mut Trainer<'_>, path: &Path) -> Result<()> {
+        let state = trainer.state().await?;
         let cfg = &trainer.gpt.config;
         let meta = CheckpointMeta {
             format: FORMAT.into(),
@@ -64,7 +65,7 @@ impl Checkpoint {
         let bytes: Vec<(String, Vec<usize>, &[u8])> =
             shapes
                 .iter()
-                .zip(&trainer.params)
+                .zip(&state.params)
                 .map(|((n, s), p)| {
                     (
                         format!("param.{n}"),
@@ -73,12 +74,12 @@ impl Checkpoint {
                     )
                 })
                 .chain(
-                    shapes.iter().zip(&trainer.adam_m).map(|((n, s), p)| {
+                    shapes.iter().zip(&state.adam_m).map(|((n, s), p)| {
                         (format!("adam_m.{n}"), s.clone(), bytemuck::cast_slice(p))
                     }),
                 )
                 .chain(
-                    shapes.iter().zip(&trainer.adam_v).map(|((n, s), p)| {
+                    shapes.iter().zip(&state.adam_v).map(|((n, s), p)| {
                         (format!("adam_v.{n}"), s.clone(), bytemuck::cast_slice(p))
                     }),
                 )
@@ -170,7 +171,7 @@ impl Checkpoint {
     }
 
     /// Puts the checkpoint's state into `trainer` (which must run the checkpoint's preset).
-    pub fn restore(self, trainer: &mut Trainer) -> Result<()> {
+    pub async fn restore(self, trainer: &mut Trainer<'_>) -> Result<()> {
         let preset: Preset = self.meta.preset.parse()?;
         if preset != trainer.options.preset {
             return Err(Error::invalid(
@@ -181,9 +182,13 @@ impl Checkpoint {
                 ),
             ));
         }
-        trainer.params = self.params;
-        trainer.adam_m = self.adam_m;
-        trainer.adam_v = self.adam_v;
+        trainer
+            .set_state(&TrainState {
+                params: self.params,
+                adam_m: self.adam_m,
+                adam_v: self.adam_v,
+            })
+            .await?;
         trainer.step = self.meta.step;
         trainer.applied = self.meta.applied;
         if let (Some(s), Some(scale), Some(tracker)) = (

@@ -2,22 +2,25 @@
 //!
 //! - `ops.rs`: the training ops (layer norm, GELU, causal softmax, cross entropy, embeddings,
 //!   AdamW), forward and backward, as the host reference defines them
-//! - `model.rs`: the GPT, its configs, forward and backward under a `Precision`
+//! - `plan.rs`: the step plan, ops on numbered tensors, and the scalar and stats slots that are
+//!   all a step exchanges with the host
+//! - `model.rs`: the GPT, its configs, and the plan of its step under a `Precision`
+//! - `exec.rs`: the executor trait and the host interpreter (the backends' ops one by one);
+//!   device-resident executors live with their backend (`backend::wgpu::plan`)
 //! - `data.rs`: the character corpus and seeded batches
-//! - `trainer.rs`: presets, master weights, loss scaling, AdamW, evaluation
-//!
-//! Every op (matmuls, layer norm, GELU, causal softmax, cross entropy, embeddings, AdamW, the
-//! fused unscale and finite check) runs on the chosen backend through the async `Backend`
-//! trait, one round trip per op; head permutations, bias sums, residual adds and format rounding
-//! run on the host (the device-resident step plan of DESIGN.md is the next step).
+//! - `trainer.rs`: presets, master weights, loss scaling, fp8 histories, evaluation, sampling
 
 pub mod checkpoint;
 pub mod data;
+pub mod exec;
 pub mod model;
 pub mod ops;
+pub mod plan;
 pub mod trainer;
 
 pub use checkpoint::Checkpoint;
 pub use data::Corpus;
-pub use model::{Gpt, GptConfig, Pass, Precision};
-pub use trainer::{StepRecord, TrainOptions, Trainer};
+pub use exec::StepExecutor;
+pub use model::{Gpt, GptConfig, Precision};
+pub use plan::{Plan, Section};
+pub use trainer::{StepRecord, TrainOptions, TrainState, Trainer};

@@ -2,17 +2,19 @@
 //! causal multi-head self-attention and a GELU MLP, a final LayerNorm, and a head tied to the
 //! token embedding.
 //!
-//! Matmuls go through the `Backend` trait with the algorithm the precision policy chose, and so
-//! do embeddings, layer norm, GELU, causal softmax and cross entropy (device kernels on wgpu,
-//! the host reference elsewhere); head permutations, bias sums, residual adds and the autocast
-//! rounding run on the host. Autocast is emulated by rounding each tensor to the format it would be
-//! held in (`Precision`).
+//! `Gpt::plan` records one training step (forward, backward, unscale and check, AdamW) as a
+//! `Plan` of ops on tensors, once per (model, precision, batch shape); an executor runs it on a
+//! backend. Matmul-like ops use the algorithm the precision policy chose; autocast is emulated
+//! by rounding each tensor to the format it would be held in (`Precision`).
 
-use super::ops::{self, round_to};
+use super::exec::{HostExecutor, StepExecutor};
+use super::ops::AdamW;
+use super::plan::{Op, Plan, PlanBuilder, Section, Stats, Strided, TensorId, TensorKind, scalar};
+use super::trainer::step_scalars;
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
-use crate::format::{self, Format};
+use crate::format::Format;
 use crate::measure;
 use crate::policy::DelayedScaling;
 
@@ -180,21 +182,24 @@ pub struct Precision {
     pub layer_norm: Format,
     /// fp8 linear layers (transformer-engine), with e4m3 forward and e5m2 gradients.
     pub fp8: Option<Fp8Mode>,
+    /// Format of the weights and AdamW moments (f32 master weights, or 16-bit in "true"
+    /// presets).
+    pub weights: Format,
 }
 
-/// What the forward pass keeps for the backward pass, per block.
+/// What the forward pass keeps for the backward pass, per block (tensor ids).
 struct BlockCache {
-    x_in: Vec<f32>,
-    ln1: (Vec<f32>, Vec<f32>, Vec<f32>),
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    att: Vec<f32>,
-    y_rows: Vec<f32>,
-    x_mid: Vec<f32>,
-    ln2: (Vec<f32>, Vec<f32>, Vec<f32>),
-    fc: Vec<f32>,
-    gelu: Vec<f32>,
+    x_in: TensorId,
+    ln1: (TensorId, TensorId),
+    q: TensorId,
+    k: TensorId,
+    v: TensorId,
+    att: TensorId,
+    y_rows: TensorId,
+    x_mid: TensorId,
+    ln2: (TensorId, TensorId),
+    fc: TensorId,
+    gelu: TensorId,
 }
 
 /// The GPT on a backend.
@@ -203,85 +208,270 @@ pub struct Gpt<'a> {
     pub backend: &'a dyn Backend,
 }
 
-/// Which fp8 tensor of a linear layer's three a matmul operand is.
-#[derive(Clone, Copy)]
+/// Which fp8 tensor of a linear layer's three a matmul operand is (the index of its scale and
+/// amax slots).
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Fp8Role {
-    Input,
-    Weight,
-    Grad,
+    Input = 0,
+    Weight = 1,
+    Grad = 2,
 }
 
-impl Gpt<'_> {
-    async fn mm(
-        &self,
+impl Fp8Role {
+    fn format(self) -> Format {
+        if self == Fp8Role::Grad {
+            Format::E5m2
+        } else {
+            Format::E4m3
+        }
+    }
+}
+
+/// Records the model's ops into a plan.
+struct Recorder<'p> {
+    g: PlanBuilder,
+    p: &'p Precision,
+    stats: Stats,
+    state: Vec<[TensorId; 4]>,
+}
+
+impl Recorder<'_> {
+    fn param(&self, i: usize) -> TensorId {
+        self.state[i][0]
+    }
+
+    fn grad(&self, i: usize) -> TensorId {
+        self.state[i][1]
+    }
+
+    /// A matmul into `out` (a fresh tensor when none), held in the compute format.
+    fn mm_into(
+        &mut self,
         shape: MatmulShape,
-        alg: &Algorithm,
-        a: &[f32],
-        b: &[f32],
-        out: Format,
-    ) -> Result<Vec<f32>> {
-        let mut c = self.backend.matmul(&shape, alg, a, b).await?;
-        round_to(&mut c, out);
-        Ok(c)
+        algorithm: Algorithm,
+        scales: Option<[usize; 2]>,
+        (a, b): (TensorId, TensorId),
+        out: Option<TensorId>,
+    ) -> TensorId {
+        let out = out.unwrap_or_else(|| self.g.temp(shape.c_len()));
+        self.g.push(Op::Matmul {
+            shape,
+            algorithm,
+            a,
+            b,
+            out,
+            scales,
+        });
+        self.g.round(out, self.p.compute);
+        out
+    }
+
+    fn mm(&mut self, shape: MatmulShape, a: TensorId, b: TensorId) -> TensorId {
+        self.mm_into(shape, self.p.matmul, None, (a, b), None)
     }
 
     /// A matmul of linear layer `layer` (0..4 n_layer): fp8 where the preset says so, with the
-    /// scales of the operands' roles, recording their amax for delayed scaling.
-    #[allow(clippy::too_many_arguments)]
-    async fn linear_mm(
-        &self,
-        p: &mut Precision,
+    /// scales of the operands' roles; delayed scaling records each tensor's amax once per step
+    /// (input and weight in the forward matmul, the gradient where it meets the weight).
+    fn linear_mm(
+        &mut self,
         layer: usize,
         roles: (Fp8Role, Fp8Role),
         shape: MatmulShape,
-        a: &[f32],
-        b: &[f32],
-    ) -> Result<Vec<f32>> {
-        let compute = p.compute;
-        let alg = match &mut p.fp8 {
-            None => p.matmul,
-            Some(mode) => {
-                let fmt = |r: Fp8Role| {
-                    if matches!(r, Fp8Role::Grad) {
-                        Format::E5m2
-                    } else {
-                        Format::E4m3
+        (a, b): (TensorId, TensorId),
+        out: Option<TensorId>,
+    ) -> TensorId {
+        let (algorithm, scales) = match &self.p.fp8 {
+            None => (self.p.matmul, None),
+            Some(Fp8Mode::Current) => (Algorithm::fp8(roles.0.format(), roles.1.format()), None),
+            Some(Fp8Mode::Delayed(_)) => {
+                let slot = |r: Fp8Role| scalar::FP8 + 3 * layer + r as usize;
+                let amax = |r: Fp8Role| self.stats.amax(layer, r as usize);
+                match roles {
+                    (Fp8Role::Input, Fp8Role::Weight) => {
+                        let (sa, sb) = (amax(Fp8Role::Input), amax(Fp8Role::Weight));
+                        self.g.push(Op::Amax { x: a, slot: sa });
+                        self.g.push(Op::Amax { x: b, slot: sb });
                     }
-                };
-                match mode {
-                    Fp8Mode::Current => Algorithm::fp8(fmt(roles.0), fmt(roles.1)),
-                    Fp8Mode::Delayed(states) => {
-                        let state = &mut states[layer];
-                        let pick = |s: &mut Fp8Linear, r: Fp8Role| -> f32 {
-                            match r {
-                                Fp8Role::Input => s.input.scale,
-                                Fp8Role::Weight => s.weight.scale,
-                                Fp8Role::Grad => s.grad.scale,
-                            }
-                        };
-                        let (sa, sb) = (pick(state, roles.0), pick(state, roles.1));
-                        // Each tensor's amax enters its history once per step: input and weight
-                        // in the forward matmul, the gradient where it meets the weight.
-                        match roles {
-                            (Fp8Role::Input, Fp8Role::Weight) => {
-                                state.input.record(format::amax(a.iter().copied()));
-                                state.weight.record(format::amax(b.iter().copied()));
-                            }
-                            (Fp8Role::Grad, Fp8Role::Weight) => {
-                                state.grad.record(format::amax(a.iter().copied()));
-                            }
-                            _ => {}
-                        }
-                        Algorithm::Fp8 {
-                            a: fmt(roles.0),
-                            b: fmt(roles.1),
-                            scaling: Scaling::Given { a: sa, b: sb },
-                        }
+                    (Fp8Role::Grad, Fp8Role::Weight) => {
+                        let s = amax(Fp8Role::Grad);
+                        self.g.push(Op::Amax { x: a, slot: s });
                     }
+                    _ => {}
                 }
+                (
+                    Algorithm::Fp8 {
+                        a: roles.0.format(),
+                        b: roles.1.format(),
+                        scaling: Scaling::Given { a: 1.0, b: 1.0 },
+                    },
+                    Some([slot(roles.0), slot(roles.1)]),
+                )
             }
         };
-        self.mm(shape, &alg, a, b, compute).await
+        self.mm_into(shape, algorithm, scales, (a, b), out)
+    }
+
+    /// y = x . W + b, held in the compute format.
+    fn linear_fwd(&mut self, lin: &Linear, x: TensorId) -> TensorId {
+        let n = self.g.len(x) / lin.din;
+        let w = self.param(lin.w);
+        let y = self.linear_mm(
+            lin.layer,
+            (Fp8Role::Input, Fp8Role::Weight),
+            MatmulShape::new(n, lin.dout, lin.din),
+            (x, w),
+            None,
+        );
+        let bias = self.param(lin.b);
+        self.g.push(Op::Add { x: bias, y });
+        self.g.round(y, self.p.compute);
+        y
+    }
+
+    /// Backward of `linear_fwd`: dW = x^T . dy and db = column sums of dy into the gradients;
+    /// returns dx = dy . W^T.
+    fn linear_bwd(&mut self, lin: &Linear, x: TensorId, dy: TensorId) -> TensorId {
+        let n = self.g.len(x) / lin.din;
+        let (db, dw, w) = (self.grad(lin.b), self.grad(lin.w), self.param(lin.w));
+        self.g.push(Op::ColumnSums {
+            x: dy,
+            out: db,
+            c: lin.dout,
+        });
+        self.linear_mm(
+            lin.layer,
+            (Fp8Role::Input, Fp8Role::Grad),
+            transposed_a(lin.din, lin.dout, n),
+            (x, dy),
+            Some(dw),
+        );
+        self.linear_mm(
+            lin.layer,
+            (Fp8Role::Grad, Fp8Role::Weight),
+            transposed_b(n, lin.din, lin.dout),
+            (dy, w),
+            None,
+        )
+    }
+
+    /// Layer norm with parameters (g, b) over the width, its output narrowed as the preset
+    /// says: (y, per-row (mean, rstd)).
+    fn norm(&mut self, x: TensorId, (g, b): (usize, usize), c: usize) -> (TensorId, TensorId) {
+        let len = self.g.len(x);
+        let (out, stats) = (self.g.temp(len), self.g.temp(2 * len / c));
+        let (g, b) = (self.param(g), self.param(b));
+        self.g.push(Op::LayerNorm {
+            x,
+            g,
+            b,
+            out,
+            stats,
+            c,
+        });
+        self.g.round(out, self.p.layer_norm.narrower(self.p.stream));
+        (out, stats)
+    }
+
+    /// Backward of `x + f(norm(x))` given d(norm output) and the gradient `residual` that passes
+    /// around the block: dg and db of the norm (g, b) into the gradients; returns dx.
+    fn norm_residual_bwd(
+        &mut self,
+        (g, b): (usize, usize),
+        dnorm: TensorId,
+        x: TensorId,
+        stats: TensorId,
+        residual: TensorId,
+        c: usize,
+    ) -> TensorId {
+        let dx = self.g.temp(self.g.len(x));
+        let (dg, db, g) = (self.grad(g), self.grad(b), self.param(g));
+        self.g.push(Op::LayerNormBwd {
+            dy: dnorm,
+            x,
+            g,
+            stats,
+            dx,
+            dg,
+            db,
+            c,
+        });
+        self.g.push(Op::Add { x: residual, y: dx });
+        self.g.round(dx, self.p.stream);
+        dx
+    }
+}
+
+impl Gpt<'_> {
+    /// The loss and the gradients (loss scale 1, no update) of `params` on a batch of whole
+    /// sequences, through the host interpreter on this backend.
+    pub async fn loss_and_gradients(
+        &self,
+        p: &Precision,
+        params: &[Vec<f32>],
+        ids: &[u32],
+        targets: &[u32],
+    ) -> Result<(f64, Vec<Vec<f32>>)> {
+        let (mut host, scalars) = self.interpreter(p, params, ids, targets).await?;
+        let stats = host.run(Section::Gradients, ids, targets, &scalars).await?;
+        let mut grads = Vec::new();
+        for [_, g, _, _] in host.plan().state.clone() {
+            grads.push(host.read(g).await?);
+        }
+        Ok((stats[Stats::LOSS], grads))
+    }
+
+    /// The loss of `params` on a batch of whole sequences.
+    pub async fn loss(
+        &self,
+        p: &Precision,
+        params: &[Vec<f32>],
+        ids: &[u32],
+        targets: &[u32],
+    ) -> Result<f64> {
+        let (mut host, scalars) = self.interpreter(p, params, ids, targets).await?;
+        let stats = host.run(Section::Forward, ids, targets, &scalars).await?;
+        Ok(stats[Stats::LOSS])
+    }
+
+    /// The logits (tokens x vocabulary) of one sequence of at most the context.
+    pub async fn logits(
+        &self,
+        p: &Precision,
+        params: &[Vec<f32>],
+        ids: &[u32],
+    ) -> Result<Vec<f32>> {
+        let (mut host, scalars) = self.interpreter(p, params, ids, ids).await?;
+        host.run(Section::Forward, ids, ids, &scalars).await?;
+        let logits = host.plan().logits;
+        host.read(logits).await
+    }
+
+    /// A host interpreter of this batch's plan holding `params`, and unit scalars.
+    async fn interpreter(
+        &self,
+        p: &Precision,
+        params: &[Vec<f32>],
+        ids: &[u32],
+        targets: &[u32],
+    ) -> Result<(HostExecutor<'_>, Vec<f32>)> {
+        let t = ids.len().min(self.config.block_size);
+        self.check_batch(ids, targets, t)?;
+        let plan = self.plan(p, ids.len() / t, t)?;
+        if params.len() != plan.state.len() {
+            return Err(Error::LengthMismatch {
+                what: "parameter tensors",
+                expected: plan.state.len(),
+                got: params.len(),
+            });
+        }
+        let scalars = step_scalars(&plan, p, &AdamW::default(), 0.0, (1.0, 0.0, 1));
+        let ids_of = plan.state.clone();
+        let mut host = HostExecutor::new(self.backend, plan);
+        for ([id, ..], values) in ids_of.iter().zip(params) {
+            host.write(*id, values).await?;
+        }
+        Ok((host, scalars))
     }
 
     /// The four linear layers of block `l`: attention in-projection, out-projection, MLP in, MLP out.
@@ -302,185 +492,142 @@ impl Gpt<'_> {
         ]
     }
 
-    /// y = x . W + b, held in the compute format.
-    async fn linear_fwd(
-        &self,
-        p: &mut Precision,
-        params: &[Vec<f32>],
-        lin: &Linear,
-        x: &[f32],
-    ) -> Result<Vec<f32>> {
-        let n = x.len() / lin.din;
-        let roles = (Fp8Role::Input, Fp8Role::Weight);
-        let mut y = self
-            .linear_mm(
-                p,
-                lin.layer,
-                roles,
-                MatmulShape::new(n, lin.dout, lin.din),
-                x,
-                &params[lin.w],
-            )
-            .await?;
-        ops::add_bias(&mut y, &params[lin.b]);
-        round_to(&mut y, p.compute);
-        Ok(y)
-    }
-
-    /// Backward of `linear_fwd`: stores dW = x^T . dy and db = column sums of dy, returns
-    /// dx = dy . W^T.
-    async fn linear_bwd(
-        &self,
-        p: &mut Precision,
-        params: &[Vec<f32>],
-        lin: &Linear,
-        x: &[f32],
-        dy: &[f32],
-        grads: &mut [Vec<f32>],
-    ) -> Result<Vec<f32>> {
-        let n = x.len() / lin.din;
-        grads[lin.b] = ops::column_sums(dy, lin.dout);
-        let dw_shape = transposed_a(lin.din, lin.dout, n);
-        grads[lin.w] = self
-            .linear_mm(
-                p,
-                lin.layer,
-                (Fp8Role::Input, Fp8Role::Grad),
-                dw_shape,
-                x,
-                dy,
-            )
-            .await?;
-        let dx_shape = transposed_b(n, lin.din, lin.dout);
-        self.linear_mm(
-            p,
-            lin.layer,
-            (Fp8Role::Grad, Fp8Role::Weight),
-            dx_shape,
-            dy,
-            &params[lin.w],
-        )
-        .await
-    }
-
-    /// Layer norm over the width, its output narrowed as the preset says: (y, mean, rstd).
-    async fn norm(
-        &self,
-        p: &Precision,
-        x: &[f32],
-        g: &[f32],
-        b: &[f32],
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        let mut out = self
-            .backend
-            .layernorm_fwd(x, g, b, self.config.n_embd)
-            .await?;
-        round_to(&mut out.0, p.layer_norm.narrower(p.stream));
-        Ok(out)
-    }
-
-    /// Backward of `x + f(norm(x))` given d(norm output) and the gradient `residual` that passes
-    /// around the block: stores dg and db of the norm `(g, b)`, returns dx.
-    #[allow(clippy::too_many_arguments)]
-    async fn norm_residual_bwd(
-        &self,
-        params: &[Vec<f32>],
-        (g, b): (usize, usize),
-        dnorm: &[f32],
-        x: &[f32],
-        stats: &(Vec<f32>, Vec<f32>, Vec<f32>),
-        residual: &[f32],
-        stream: Format,
-        grads: &mut [Vec<f32>],
-    ) -> Result<Vec<f32>> {
-        let (mut dx, dg, db) = self
-            .backend
-            .layernorm_bwd(dnorm, x, &params[g], &stats.1, &stats.2, self.config.n_embd)
-            .await?;
-        grads[g] = dg;
-        grads[b] = db;
-        add_residual(&mut dx, residual, stream);
-        Ok(dx)
-    }
-
-    /// Runs the model on a batch of whole sequences: the loss, and per `pass` the logits or the
-    /// gradients of `loss * loss_scale`.
-    pub async fn run(
-        &self,
-        params: &[Vec<f32>],
-        ids: &[u32],
-        targets: &[u32],
-        p: &mut Precision,
-        loss_scale: f32,
-        pass: Pass,
-    ) -> Result<Output> {
-        let cfg = &self.config;
-        let (c, v, h, d) = (cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.head_dim());
-        let n = ids.len();
-        let t = cfg.block_size.min(n);
-        if n == 0 || !n.is_multiple_of(t) || targets.len() != n {
+    /// Checks a batch of `sequences` sequences of `t` tokens against the model.
+    pub fn check_batch(&self, ids: &[u32], targets: &[u32], t: usize) -> Result<()> {
+        let v = self.config.vocab_size;
+        if t == 0 || t > self.config.block_size || ids.is_empty() || !ids.len().is_multiple_of(t) {
             return Err(Error::invalid(
                 "batch",
-                format!("{n} tokens do not make whole sequences of {t}"),
+                format!(
+                    "{} tokens do not make whole sequences of {t} (context {})",
+                    ids.len(),
+                    self.config.block_size
+                ),
             ));
         }
-        let b = n / t;
+        if targets.len() != ids.len() {
+            return Err(Error::invalid(
+                "batch",
+                format!("{} targets for {} tokens", targets.len(), ids.len()),
+            ));
+        }
         if let Some(bad) = ids.iter().chain(targets).find(|&&i| i as usize >= v) {
             return Err(Error::invalid(
                 "batch",
                 format!("token id {bad} is outside the vocabulary of {v}"),
             ));
         }
+        Ok(())
+    }
+
+    /// The plan of one step on batches of `sequences` sequences of `t` tokens: the forward pass
+    /// to the loss, the backward pass to the gradients of `loss * loss scale`, the unscale and
+    /// finite check, and the AdamW update (held in `p.weights`).
+    pub fn plan(&self, p: &Precision, sequences: usize, t: usize) -> Result<Plan> {
+        let cfg = &self.config;
+        let (c, v, h, d) = (cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.head_dim());
+        if t == 0 || t > cfg.block_size || sequences == 0 {
+            return Err(Error::invalid(
+                "batch",
+                format!(
+                    "{sequences} sequences of {t} tokens (context {})",
+                    cfg.block_size
+                ),
+            ));
+        }
+        let (b, n) = (sequences, sequences * t);
+        let stats = Stats {
+            grads: cfg.parameter_shapes().len(),
+            linears: 4 * cfg.n_layer,
+        };
+        let mut g = PlanBuilder::default();
+        let state: Vec<[TensorId; 4]> = cfg
+            .parameter_shapes()
+            .iter()
+            .enumerate()
+            .map(|(i, (_, shape))| {
+                let len = shape.iter().product();
+                [
+                    g.tensor(len, TensorKind::Param(i)),
+                    g.tensor(len, TensorKind::Grad(i)),
+                    g.tensor(len, TensorKind::Moment1(i)),
+                    g.tensor(len, TensorKind::Moment2(i)),
+                ]
+            })
+            .collect();
+        let tokens = g.tensor(n, TensorKind::Tokens);
+        let targets = g.tensor(n, TensorKind::Targets);
+        let positions = g.constant((0..n).map(|i| f32::from_bits((i % t) as u32)).collect());
+        let mut r = Recorder { g, p, stats, state };
         let scale = 1.0 / (d as f64).sqrt();
         let (stream, compute) = (p.stream, p.compute);
 
         // Embeddings: token + position, in the stream format.
-        let mut x = self.backend.embedding_fwd(&params[0], ids, c).await?;
-        let pos: Vec<u32> = (0..n).map(|i| (i % t) as u32).collect();
-        let wpe = self.backend.embedding_fwd(&params[1], &pos, c).await?;
-        for (xi, pi) in x.iter_mut().zip(&wpe) {
-            *xi += pi;
-        }
-        round_to(&mut x, stream);
+        let (wte, wpe) = (r.param(0), r.param(1));
+        let x = r.g.temp(n * c);
+        let pe = r.g.temp(n * c);
+        r.g.push(Op::Embedding {
+            table: wte,
+            ids: tokens,
+            out: x,
+            c,
+        });
+        r.g.push(Op::Embedding {
+            table: wpe,
+            ids: positions,
+            out: pe,
+            c,
+        });
+        r.g.push(Op::Add { x: pe, y: x });
+        r.g.round(x, stream);
 
+        let mut x = x;
         let mut caches = Vec::with_capacity(cfg.n_layer);
         for l in 0..cfg.n_layer {
-            let w = |o: usize| &params[layer_param(l, o)];
             let [attn, proj, fc, fc2] = self.linears(l);
-            let x_in = x.clone();
-            let ln1 = self.norm(p, &x, w(LN1_G), w(LN1_B)).await?;
-            let qkv = self.linear_fwd(p, params, &attn, &ln1.0).await?;
-            let [q, k, vv] = ops::split_heads(&qkv, b, t, h, d);
-            let scores = self
-                .mm(bmm(b * h, t, t, d, false, true), &p.matmul, &q, &k, compute)
-                .await?;
-            let mut att = self.backend.causal_softmax_fwd(&scores, t, scale).await?;
-            round_to(&mut att, p.softmax.narrower(stream));
-            let y = self
-                .mm(
-                    bmm(b * h, t, d, t, false, false),
-                    &p.matmul,
-                    &att,
-                    &vv,
-                    compute,
-                )
-                .await?;
-            let y_rows = ops::heads_to_rows(&y, b, t, h, d);
-            add_residual(
-                &mut x,
-                &self.linear_fwd(p, params, &proj, &y_rows).await?,
-                stream,
-            );
-            let x_mid = x.clone();
-            let ln2 = self.norm(p, &x, w(LN2_G), w(LN2_B)).await?;
-            let fc_out = self.linear_fwd(p, params, &fc, &ln2.0).await?;
-            let mut gelu = self.backend.gelu_fwd(&fc_out).await?;
-            round_to(&mut gelu, compute);
-            add_residual(
-                &mut x,
-                &self.linear_fwd(p, params, &fc2, &gelu).await?,
-                stream,
-            );
+            let x_in = x;
+            let ln1 = r.norm(x, (layer_param(l, LN1_G), layer_param(l, LN1_B)), c);
+            let qkv = r.linear_fwd(&attn, ln1.0);
+            let [q, k, vv] = [0, 1, 2].map(|part| {
+                let out = r.g.temp(n * c);
+                r.g.push(Op::Copy {
+                    x: qkv,
+                    out,
+                    map: Strided::split_head(part, b, t, h, d),
+                });
+                out
+            });
+            let scores = r.mm(bmm(b * h, t, t, d, false, true), q, k);
+            let att = r.g.temp(b * h * t * t);
+            r.g.push(Op::Softmax {
+                x: scores,
+                out: att,
+                t,
+                scale,
+            });
+            r.g.round(att, p.softmax.narrower(stream));
+            let y = r.mm(bmm(b * h, t, d, t, false, false), att, vv);
+            let y_rows = r.g.temp(n * c);
+            r.g.push(Op::Copy {
+                x: y,
+                out: y_rows,
+                map: Strided::heads_to_rows(b, t, h, d),
+            });
+            // x_mid = x_in + proj(y), in the stream format.
+            let x_mid = r.linear_fwd(&proj, y_rows);
+            r.g.push(Op::Add { x: x_in, y: x_mid });
+            r.g.round(x_mid, stream);
+            let ln2 = r.norm(x_mid, (layer_param(l, LN2_G), layer_param(l, LN2_B)), c);
+            let fc_out = r.linear_fwd(&fc, ln2.0);
+            let gelu = r.g.temp(n * 4 * c);
+            r.g.push(Op::Gelu {
+                x: fc_out,
+                out: gelu,
+            });
+            r.g.round(gelu, compute);
+            x = r.linear_fwd(&fc2, gelu);
+            r.g.push(Op::Add { x: x_mid, y: x });
+            r.g.round(x, stream);
             caches.push(BlockCache {
                 x_in,
                 ln1,
@@ -495,190 +642,162 @@ impl Gpt<'_> {
                 gelu,
             });
         }
-        let nl = params.len() - 2;
-        let lnf = self.norm(p, &x, &params[nl], &params[nl + 1]).await?;
+        let nl = r.state.len() - 2;
+        let lnf = r.norm(x, (nl, nl + 1), c);
         // Head tied to the token embedding: logits = lnf . wte^T, in the compute format.
-        let head = bmm(1, n, v, c, false, true);
-        let logits = self
-            .mm(head, &p.matmul, &lnf.0, &params[0], compute)
-            .await?;
-        let (loss, probs) = self.backend.cross_entropy_fwd(&logits, targets, v).await?;
-        match pass {
-            Pass::Loss => {
-                return Ok(Output {
-                    loss,
-                    grads: None,
-                    logits: None,
-                });
-            }
-            Pass::Logits => {
-                return Ok(Output {
-                    loss,
-                    grads: None,
-                    logits: Some(logits),
-                });
-            }
-            Pass::Backward => {}
-        }
+        let logits = r.mm(bmm(1, n, v, c, false, true), lnf.0, wte);
+        let probs = r.g.temp(n * v);
+        r.g.push(Op::CrossEntropy {
+            logits,
+            targets,
+            probs,
+            v,
+        });
+        let forward = r.g.ops.len();
 
         // Backward, in reverse; gradients are held in the stream format (16-bit in "true"
         // presets) and matmul gradients in the compute format.
-        let mut grads: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
-        let mut dlogits = self
-            .backend
-            .cross_entropy_bwd(&probs, targets, v, loss_scale as f64)
-            .await?;
-        round_to(&mut dlogits, compute);
-        let mut dx = self
-            .mm(
-                MatmulShape::new(n, c, v),
-                &p.matmul,
-                &dlogits,
-                &params[0],
-                compute,
-            )
-            .await?;
-        grads[0] = self
-            .mm(
-                bmm(1, v, c, n, true, false),
-                &p.matmul,
-                &dlogits,
-                &lnf.0,
-                compute,
-            )
-            .await?;
-        let (dxl, dg, db) = self
-            .backend
-            .layernorm_bwd(&dx, &x, &params[nl], &lnf.1, &lnf.2, c)
-            .await?;
-        dx = dxl;
-        round_to(&mut dx, stream);
-        grads[nl] = dg;
-        grads[nl + 1] = db;
+        let dlogits = r.g.temp(n * v);
+        r.g.push(Op::CrossEntropyBwd {
+            probs,
+            targets,
+            out: dlogits,
+            v,
+        });
+        r.g.round(dlogits, compute);
+        let dx = r.mm(MatmulShape::new(n, c, v), dlogits, wte);
+        let dwte = r.grad(0);
+        r.mm_into(
+            bmm(1, v, c, n, true, false),
+            p.matmul,
+            None,
+            (dlogits, lnf.0),
+            Some(dwte),
+        );
+        let dxl = r.g.temp(n * c);
+        let (lnf_g, dg, db) = (r.param(nl), r.grad(nl), r.grad(nl + 1));
+        r.g.push(Op::LayerNormBwd {
+            dy: dx,
+            x,
+            g: lnf_g,
+            stats: lnf.1,
+            dx: dxl,
+            dg,
+            db,
+            c,
+        });
+        r.g.round(dxl, stream);
+        let mut dx = dxl;
 
         for l in (0..cfg.n_layer).rev() {
             let cache = &caches[l];
             let [attn, proj, fc, fc2] = self.linears(l);
             // MLP: x = x_mid + fc2(gelu(fc(ln2(x_mid)))).
-            let dgelu = self
-                .linear_bwd(p, params, &fc2, &cache.gelu, &dx, &mut grads)
-                .await?;
-            let mut dfc = self.backend.gelu_bwd(&cache.fc, &dgelu).await?;
-            round_to(&mut dfc, compute);
-            let dln2 = self
-                .linear_bwd(p, params, &fc, &cache.ln2.0, &dfc, &mut grads)
-                .await?;
+            let dgelu = r.linear_bwd(&fc2, cache.gelu, dx);
+            let dfc = r.g.temp(n * 4 * c);
+            r.g.push(Op::GeluBwd {
+                x: cache.fc,
+                dy: dgelu,
+                out: dfc,
+            });
+            r.g.round(dfc, compute);
+            let dln2 = r.linear_bwd(&fc, cache.ln2.0, dfc);
             let ln2 = (layer_param(l, LN2_G), layer_param(l, LN2_B));
-            let dxm = self
-                .norm_residual_bwd(
-                    params,
-                    ln2,
-                    &dln2,
-                    &cache.x_mid,
-                    &cache.ln2,
-                    &dx,
-                    stream,
-                    &mut grads,
-                )
-                .await?;
+            let dxm = r.norm_residual_bwd(ln2, dln2, cache.x_mid, cache.ln2.1, dx, c);
             // Attention: x_mid = x_in + proj(attn(ln1(x_in))).
-            let dy_rows = self
-                .linear_bwd(p, params, &proj, &cache.y_rows, &dxm, &mut grads)
-                .await?;
-            let dy = ops::rows_to_heads(&dy_rows, b, t, h, d);
+            let dy_rows = r.linear_bwd(&proj, cache.y_rows, dxm);
+            let dy = r.g.temp(n * c);
+            r.g.push(Op::Copy {
+                x: dy_rows,
+                out: dy,
+                map: Strided::rows_to_heads(b, t, h, d),
+            });
             let bh = b * h;
-            let datt = self
-                .mm(
-                    bmm(bh, t, t, d, false, true),
-                    &p.matmul,
-                    &dy,
-                    &cache.v,
-                    compute,
-                )
-                .await?;
-            let dv = self
-                .mm(
-                    bmm(bh, t, d, t, true, false),
-                    &p.matmul,
-                    &cache.att,
-                    &dy,
-                    compute,
-                )
-                .await?;
-            let mut dscores = self
-                .backend
-                .causal_softmax_bwd(&cache.att, &datt, t, scale)
-                .await?;
-            round_to(&mut dscores, compute);
-            let dq = self
-                .mm(
-                    bmm(bh, t, d, t, false, false),
-                    &p.matmul,
-                    &dscores,
-                    &cache.k,
-                    compute,
-                )
-                .await?;
-            let dk = self
-                .mm(
-                    bmm(bh, t, d, t, true, false),
-                    &p.matmul,
-                    &dscores,
-                    &cache.q,
-                    compute,
-                )
-                .await?;
-            let dqkv = ops::merge_qkv([&dq, &dk, &dv], b, t, h, d);
-            let dln1 = self
-                .linear_bwd(p, params, &attn, &cache.ln1.0, &dqkv, &mut grads)
-                .await?;
+            let datt = r.mm(bmm(bh, t, t, d, false, true), dy, cache.v);
+            let dv = r.mm(bmm(bh, t, d, t, true, false), cache.att, dy);
+            let dscores = r.g.temp(bh * t * t);
+            r.g.push(Op::SoftmaxBwd {
+                p: cache.att,
+                dp: datt,
+                out: dscores,
+                t,
+                scale,
+            });
+            r.g.round(dscores, compute);
+            let dq = r.mm(bmm(bh, t, d, t, false, false), dscores, cache.k);
+            let dk = r.mm(bmm(bh, t, d, t, true, false), dscores, cache.q);
+            let dqkv = r.g.temp(n * 3 * c);
+            for (part, x) in [dq, dk, dv].into_iter().enumerate() {
+                r.g.push(Op::Copy {
+                    x,
+                    out: dqkv,
+                    map: Strided::merge_head(part, b, t, h, d),
+                });
+            }
+            let dln1 = r.linear_bwd(&attn, cache.ln1.0, dqkv);
             let ln1 = (layer_param(l, LN1_G), layer_param(l, LN1_B));
-            dx = self
-                .norm_residual_bwd(
-                    params,
-                    ln1,
-                    &dln1,
-                    &cache.x_in,
-                    &cache.ln1,
-                    &dxm,
-                    stream,
-                    &mut grads,
-                )
-                .await?;
+            dx = r.norm_residual_bwd(ln1, dln1, cache.x_in, cache.ln1.1, dxm, c);
         }
         // Embeddings: scatter-add into the token table (which also holds the head's gradient).
-        let dwte = self.backend.embedding_bwd(&dx, ids, v, c).await?;
-        for (g, e) in grads[0].iter_mut().zip(&dwte) {
-            *g += e;
+        let scatter = r.g.temp(v * c);
+        r.g.push(Op::EmbeddingBwd {
+            dout: dx,
+            ids: tokens,
+            out: scatter,
+            rows: v,
+            c,
+        });
+        r.g.push(Op::Add {
+            x: scatter,
+            y: dwte,
+        });
+        let dwpe = r.grad(1);
+        r.g.push(Op::EmbeddingBwd {
+            dout: dx,
+            ids: positions,
+            out: dwpe,
+            rows: cfg.block_size,
+            c,
+        });
+        for i in 0..r.state.len() {
+            let grad = r.grad(i);
+            r.g.round(grad, stream);
         }
-        grads[1] = self
-            .backend
-            .embedding_bwd(&dx, &pos, cfg.block_size, c)
-            .await?;
-        for g in grads.iter_mut() {
-            round_to(g, stream);
+
+        // GradScaler's unscale and check, then AdamW where every gradient is finite. Without
+        // master weights the weights and the optimizer state live in 16-bit.
+        for i in 0..r.state.len() {
+            let grad = r.grad(i);
+            r.g.push(Op::UnscaleCheck { grad, index: i });
         }
-        Ok(Output {
-            loss,
-            grads: Some(grads),
-            logits: None,
+        let gradients = r.g.ops.len();
+        let decays = cfg.decays();
+        for (i, &[param, grad, m, v]) in r.state.clone().iter().enumerate() {
+            r.g.push(Op::AdamW {
+                param,
+                grad,
+                m,
+                v,
+                decay: decays[i],
+            });
+            for x in [param, m, v] {
+                r.g.round(x, p.weights);
+            }
+        }
+        Ok(Plan {
+            tensors: r.g.tensors,
+            ops: r.g.ops,
+            forward,
+            gradients,
+            rows: n,
+            tokens,
+            targets,
+            logits,
+            state: r.state,
+            constants: r.g.constants,
+            stats: r.stats,
         })
     }
-}
-
-/// What a run of the model computes besides the loss.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pass {
-    Loss,
-    Logits,
-    Backward,
-}
-
-/// The results of a run.
-pub struct Output {
-    pub loss: f64,
-    pub grads: Option<Vec<Vec<f32>>>,
-    pub logits: Option<Vec<f32>>,
 }
 
 /// A linear layer of a block: its index among the fp8 states, parameter slots and widths.
@@ -707,14 +826,6 @@ fn bmm(
         a_transposed,
         b_transposed,
     }
-}
-
-/// x += y, held in the stream format (the residual stream and its gradient).
-fn add_residual(x: &mut [f32], y: &[f32], stream: Format) {
-    for (a, b) in x.iter_mut().zip(y) {
-        *a += b;
-    }
-    round_to(x, stream);
 }
 
 /// A^T . B for A stored rows x m (the weight gradient x^T . dy): m x n result, k = rows.

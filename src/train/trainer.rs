@@ -1,8 +1,10 @@
 //! The training loop: presets, master weights, dynamic loss scaling, AdamW, evaluation.
 
 use super::data::Corpus;
-use super::model::{Fp8Linear, Fp8Mode, Gpt, GptConfig, Pass, Precision};
+use super::exec::{self, StepExecutor};
+use super::model::{Fp8Linear, Fp8Mode, Gpt, GptConfig, Precision};
 use super::ops::{AdamW, round_to};
+use super::plan::{Plan, Section, Stats, scalar};
 use crate::algorithm::Algorithm;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
@@ -28,6 +30,9 @@ pub struct TrainOptions {
     pub adamw: AdamW,
     /// Clip the global gradient norm to this (nanoGPT: 1.0); 0 disables.
     pub grad_clip: f32,
+    /// Run the step plan device-resident where the backend can (else the host interpreter,
+    /// one round trip per op).
+    pub resident: bool,
 }
 
 impl TrainOptions {
@@ -44,6 +49,7 @@ impl TrainOptions {
             seed,
             adamw: AdamW::default(),
             grad_clip: 1.0,
+            resident: true,
         }
     }
 }
@@ -68,18 +74,26 @@ pub struct Trainer<'a> {
     pub options: TrainOptions,
     pub spec: PresetSpec,
     pub precision: Precision,
-    /// The weights the optimizer updates: f32 master weights, or 16-bit in "true" presets.
-    pub params: Vec<Vec<f32>>,
-    pub adam_m: Vec<Vec<f32>>,
-    pub adam_v: Vec<Vec<f32>>,
     /// Steps run (skipped ones included) and optimizer steps applied.
     pub step: u32,
     pub applied: u32,
     pub scaler: Option<LossScaler>,
-    decays: Vec<bool>,
+    /// Runs the step plan and holds the weights (f32 master weights, or 16-bit in "true"
+    /// presets) and the AdamW moments.
+    exec: Box<dyn StepExecutor + 'a>,
+}
+
+/// Weights and AdamW moments, per parameter (`GptConfig::parameter_shapes` order).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainState {
+    pub params: Vec<Vec<f32>>,
+    pub adam_m: Vec<Vec<f32>>,
+    pub adam_v: Vec<Vec<f32>>,
 }
 
 impl<'a> Trainer<'a> {
+    /// Builds the step plan of `options` and its executor on `backend` (device-resident where
+    /// the backend has one and `options.resident`), with nanoGPT's initial weights.
     pub fn new(
         backend: &'a dyn Backend,
         corpus: &'a Corpus,
@@ -87,27 +101,26 @@ impl<'a> Trainer<'a> {
     ) -> Result<Trainer<'a>> {
         let spec = options.preset.spec();
         let precision = precision_for(backend, &spec, &options)?;
-        let mut params = options.config.init(options.seed);
-        let zeros: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
-        for p in params.iter_mut() {
-            round_to(p, spec.params);
+        let gpt = Gpt {
+            config: options.config.clone(),
+            backend,
+        };
+        let cfg = &options.config;
+        let mut plan = gpt.plan(&precision, cfg.batch_size, cfg.block_size)?;
+        for (i, mut p) in cfg.init(options.seed).into_iter().enumerate() {
+            round_to(&mut p, spec.params);
+            plan.constants.push((plan.state[i][0], p));
         }
-        let decays = options.config.decays();
+        let exec = exec::executor(backend, plan, options.resident)?;
         Ok(Trainer {
-            gpt: Gpt {
-                config: options.config.clone(),
-                backend,
-            },
+            gpt,
             corpus,
             scaler: spec.loss_scaling.map(LossScaler::new),
             spec,
             precision,
-            params,
-            adam_m: zeros.clone(),
-            adam_v: zeros,
             step: 0,
             applied: 0,
-            decays,
+            exec,
             options,
         })
     }
@@ -116,14 +129,69 @@ impl<'a> Trainer<'a> {
         self.gpt.config.batch_size * self.gpt.config.block_size
     }
 
-    /// One training step.
-    pub async fn step(&mut self) -> Result<StepRecord> {
-        self.step_with(|_| {}).await
+    /// How the steps run ("device-resident on ..., one submission per step").
+    pub fn executor(&self) -> String {
+        self.exec.describe()
     }
 
-    /// One training step, with `hook` applied to the (scaled) gradients before they are
-    /// checked: tests inject inf through it.
-    pub async fn step_with(&mut self, hook: impl FnOnce(&mut [Vec<f32>])) -> Result<StepRecord> {
+    /// Bytes of the step plan's tensors on the device (0 where the host holds them).
+    pub fn device_bytes(&self) -> u64 {
+        self.exec.device_bytes()
+    }
+
+    /// The weights and AdamW moments (read back from the device).
+    pub async fn state(&mut self) -> Result<TrainState> {
+        let ids = self.exec.plan().state.clone();
+        let mut state = TrainState {
+            params: vec![],
+            adam_m: vec![],
+            adam_v: vec![],
+        };
+        for [p, _, m, v] in ids {
+            state.params.push(self.exec.read(p).await?);
+            state.adam_m.push(self.exec.read(m).await?);
+            state.adam_v.push(self.exec.read(v).await?);
+        }
+        Ok(state)
+    }
+
+    /// Replaces the weights and AdamW moments.
+    pub async fn set_state(&mut self, state: &TrainState) -> Result<()> {
+        let ids = self.exec.plan().state.clone();
+        let tensors = [&state.params, &state.adam_m, &state.adam_v];
+        if tensors.iter().any(|t| t.len() != ids.len()) {
+            return Err(Error::LengthMismatch {
+                what: "training state tensors",
+                expected: ids.len(),
+                got: state.params.len(),
+            });
+        }
+        for (i, [p, _, m, v]) in ids.into_iter().enumerate() {
+            self.exec.write(p, &state.params[i]).await?;
+            self.exec.write(m, &state.adam_m[i]).await?;
+            self.exec.write(v, &state.adam_v[i]).await?;
+        }
+        Ok(())
+    }
+
+    /// The gradients of the last step (unscaled, before clipping), per parameter.
+    pub async fn gradients(&mut self) -> Result<Vec<Vec<f32>>> {
+        let ids = self.exec.plan().state.clone();
+        let mut grads = Vec::with_capacity(ids.len());
+        for [_, g, _, _] in ids {
+            grads.push(self.exec.read(g).await?);
+        }
+        Ok(grads)
+    }
+
+    /// One training step.
+    pub async fn step(&mut self) -> Result<StepRecord> {
+        self.step_injecting(0.0).await
+    }
+
+    /// One training step with `poison` added to the first element of the first (scaled)
+    /// gradient before the check: tests inject inf and NaN faults through it.
+    pub async fn step_injecting(&mut self, poison: f32) -> Result<StepRecord> {
         let start = Instant::now();
         let cfg = &self.gpt.config;
         let (ids, targets) = self.corpus.batch(
@@ -133,32 +201,32 @@ impl<'a> Trainer<'a> {
             self.options.seed,
             self.step as u64,
         )?;
+        self.gpt.check_batch(&ids, &targets, cfg.block_size)?;
         let scale = self.scaler.map(|s| s.scale).unwrap_or(1.0);
-        let out = self
-            .gpt
-            .run(
-                &self.params,
-                &ids,
-                &targets,
-                &mut self.precision,
-                scale,
-                Pass::Backward,
-            )
+        let scalars = step_scalars(
+            self.exec.plan(),
+            &self.precision,
+            &self.options.adamw,
+            self.options.grad_clip,
+            (scale, poison, self.applied + 1),
+        );
+        let stats = self
+            .exec
+            .run(Section::Step, &ids, &targets, &scalars)
             .await?;
-        let (loss, mut grads) = (out.loss, out.grads.unwrap_or_default());
-        hook(&mut grads);
+        let layout = self.exec.plan().stats;
+        let loss = stats[Stats::LOSS];
         self.step += 1;
-        // Unscale in f32 and check (one fused op per gradient tensor).
-        let inverse = 1.0 / scale;
-        let mut finite = true;
-        for g in grads.iter_mut() {
-            finite &= self.gpt.backend.unscale_check(g, inverse).await?;
+        // Delayed scaling: this step's amaxes enter the histories; the next step's scales follow.
+        if let Some(Fp8Mode::Delayed(states)) = &mut self.precision.fp8 {
+            for (l, st) in states.iter_mut().enumerate() {
+                st.input.record(stats[layout.amax(l, 0)] as f32);
+                st.weight.record(stats[layout.amax(l, 1)] as f32);
+                st.grad.record(stats[layout.amax(l, 2)] as f32);
+            }
         }
-        let norm2: f64 = grads
-            .iter()
-            .flatten()
-            .map(|&x| (x as f64) * (x as f64))
-            .sum();
+        // The executor applied AdamW exactly where every gradient was finite.
+        let finite = exec::update_factor(&layout, &stats, 0.0).is_some();
         let decision = match self.scaler.as_mut() {
             Some(s) => s.update(finite),
             None if !finite || !loss.is_finite() => {
@@ -178,29 +246,8 @@ impl<'a> Trainer<'a> {
             }
             None => StepDecision::Apply,
         };
-        let grad_norm = norm2.sqrt();
         if decision == StepDecision::Apply {
-            let clip = self.options.grad_clip as f64;
-            if clip > 0.0 && grad_norm > clip {
-                let f = (clip / grad_norm) as f32;
-                grads.iter_mut().flatten().for_each(|x| *x *= f);
-            }
             self.applied += 1;
-            let state = self
-                .params
-                .iter_mut()
-                .zip(self.adam_m.iter_mut())
-                .zip(self.adam_v.iter_mut());
-            for (((p, m), v), (g, &decay)) in state.zip(grads.iter().zip(&self.decays)) {
-                self.gpt
-                    .backend
-                    .adamw(&self.options.adamw, p, g, m, v, self.applied, decay)
-                    .await?;
-                // Without master weights the weights and the optimizer state live in 16-bit.
-                for t in [p, m, v] {
-                    round_to(t, self.spec.params);
-                }
-            }
         }
         let dt = start.elapsed().as_secs_f64();
         Ok(StepRecord {
@@ -208,7 +255,7 @@ impl<'a> Trainer<'a> {
             loss,
             skipped: decision == StepDecision::Skip,
             loss_scale: self.scaler.map(|s| s.scale),
-            grad_norm,
+            grad_norm: exec::grad_norm(&layout, &stats),
             dt_ms: dt * 1e3,
             tokens_per_s: self.tokens_per_step() as f64 / dt,
         })
@@ -234,20 +281,10 @@ impl<'a> Trainer<'a> {
         }
         let start = ids.len();
         let (t, v) = (self.gpt.config.block_size, self.gpt.config.vocab_size);
+        let params = self.state().await?.params;
         for _ in 0..count {
             let context = &ids[ids.len().saturating_sub(t)..];
-            let out = self
-                .gpt
-                .run(
-                    &self.params,
-                    context,
-                    context,
-                    &mut self.precision,
-                    1.0,
-                    Pass::Logits,
-                )
-                .await?;
-            let logits = out.logits.unwrap_or_default();
+            let logits = self.gpt.logits(&self.precision, &params, context).await?;
             let last = &logits[(context.len() - 1) * v..context.len() * v];
             let next = if temperature <= 0.0 {
                 last.iter()
@@ -287,21 +324,54 @@ impl<'a> Trainer<'a> {
                 self.options.seed,
                 i as u64,
             )?;
-            total += self
-                .gpt
-                .run(
-                    &self.params,
-                    &ids,
-                    &targets,
-                    &mut self.precision,
-                    1.0,
-                    Pass::Loss,
-                )
-                .await?
-                .loss;
+            let scalars = step_scalars(
+                self.exec.plan(),
+                &self.precision,
+                &self.options.adamw,
+                self.options.grad_clip,
+                (1.0, 0.0, self.applied + 1),
+            );
+            let stats = self
+                .exec
+                .run(Section::Forward, &ids, &targets, &scalars)
+                .await?;
+            total += stats[Stats::LOSS];
         }
         Ok(total / batches.max(1) as f64)
     }
+}
+
+/// The scalars of a step of `plan`: AdamW's hyper-parameters and bias corrections at step t,
+/// the clip, the loss scale (and its inverse), `poison` for the first gradient element, and the
+/// fp8 scales of delayed scaling.
+pub(crate) fn step_scalars(
+    plan: &Plan,
+    precision: &Precision,
+    o: &AdamW,
+    clip: f32,
+    (loss_scale, poison, t): (f32, f32, u32),
+) -> Vec<f32> {
+    let mut s = vec![0.0; plan.scalar_count()];
+    s[scalar::DLOSS_PER_ROW] = (loss_scale as f64 / plan.rows as f64) as f32;
+    s[scalar::INVERSE_SCALE] = 1.0 / loss_scale;
+    s[scalar::POISON] = poison;
+    s[scalar::LR] = o.lr;
+    s[scalar::BETA1] = o.beta1;
+    s[scalar::BETA2] = o.beta2;
+    s[scalar::EPS] = o.eps;
+    s[scalar::WEIGHT_DECAY] = o.weight_decay;
+    s[scalar::BIAS_CORRECTION1] = (1.0 - (o.beta1 as f64).powi(t as i32)) as f32;
+    s[scalar::BIAS_CORRECTION2] = (1.0 - (o.beta2 as f64).powi(t as i32)) as f32;
+    s[scalar::CLIP] = clip;
+    s[scalar::STEP] = t as f32;
+    s[scalar::LOSS_SCALE] = loss_scale;
+    if let Some(Fp8Mode::Delayed(states)) = &precision.fp8 {
+        for (l, st) in states.iter().enumerate() {
+            let at = scalar::FP8 + 3 * l;
+            s[at..at + 3].copy_from_slice(&[st.input.scale, st.weight.scale, st.grad.scale]);
+        }
+    }
+    s
 }
 
 /// The formats of each op under a preset, the matmul precision class and the overrides.
@@ -349,5 +419,6 @@ fn precision_for(backend: &dyn Backend, spec: &PresetSpec, o: &TrainOptions) -> 
         softmax: autocast.format_for(Op::Softmax, stream),
         layer_norm: autocast.format_for(Op::LayerNorm, stream),
         fp8,
+        weights: spec.params,
     })
 }

@@ -175,6 +175,10 @@ fn bindings(kernel: &Kernel) -> &'static [Binding] {
         Kernel::Matmul(v) if v.masked => &[Uniform, Read, Read, ReadWrite, Read, Read],
         Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read],
         Kernel::Train(_) => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
+        // scalars, stats, x, y, z, w.
+        Kernel::Step(_) => &[
+            Uniform, Read, ReadWrite, Read, ReadWrite, ReadWrite, ReadWrite,
+        ],
     }
 }
 

@@ -74,6 +74,9 @@ pub struct MatmulRun {
     /// Pooled temporaries, returned to the pool when the run is done.
     pub temporaries: Vec<wgpu::Buffer>,
     pub variant: MatmulVariant,
+    /// Given fp8 scales: the buffer holding A's scale for each of its `.1` groups, then B's
+    /// for its `.2` (a step plan rewrites them before each step).
+    pub given_scales: Option<(wgpu::Buffer, usize, usize)>,
 }
 
 /// One operand as the matmul kernel reads it.
@@ -101,10 +104,10 @@ impl Side {
     }
 }
 
-/// Checks sizes and records the matmul of the f32 operands already on the device, on
-/// cooperative matrices `coop` (with its SIMT fallback or not) where the algorithm has such a
-/// variant, on
-/// `tile` (the variant's default tile when none).
+/// Checks sizes and records the matmul of the f32 operands already on the device into `out`
+/// (a pooled buffer when none), on cooperative matrices `coop` (with its SIMT fallback or
+/// not) where the algorithm has such a variant, on `tile` (the variant's default tile when
+/// none).
 #[allow(clippy::too_many_arguments)]
 pub fn record(
     gpu: &Gpu,
@@ -116,6 +119,7 @@ pub fn record(
     tile: Option<Tile>,
     a: &wgpu::Buffer,
     b: &wgpu::Buffer,
+    out: Option<&wgpu::Buffer>,
 ) -> Result<MatmulRun> {
     let mut variant = MatmulVariant::for_algorithm(algorithm, f16);
     let fallback = coop.is_none_or(|(_, f)| f);
@@ -126,15 +130,20 @@ pub fn record(
         variant = variant.with_tile(t);
     }
     check_binding(gpu, "result C", shape.c_len() as u64 * 4)?;
+    let c = match out {
+        Some(c) => c.clone(),
+        None => pool.take(gpu, shape.c_len() as u64 * 4)?,
+    };
     if variant.coop.is_some() {
-        return record_coop(gpu, pool, shape, algorithm, variant, fallback, a, b);
+        return record_coop(gpu, pool, shape, algorithm, variant, fallback, (a, b), c);
     }
     let mut run = MatmulRun {
         clears: vec![],
         dispatches: vec![],
-        c: pool.take(gpu, shape.c_len() as u64 * 4)?,
+        c,
         temporaries: vec![],
         variant,
+        given_scales: None,
     };
     let scales = fp8_scales(gpu, pool, shape, algorithm, a, b, &mut run)?;
     let scale_buffer = scales.as_ref().map(|s| s.scales.clone());
@@ -247,8 +256,8 @@ fn record_coop(
     algorithm: &Algorithm,
     variant: MatmulVariant,
     fallback: bool,
-    a: &wgpu::Buffer,
-    b: &wgpu::Buffer,
+    (a, b): (&wgpu::Buffer, &wgpu::Buffer),
+    c: wgpu::Buffer,
 ) -> Result<MatmulRun> {
     let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
     let tile = variant.tile;
@@ -266,9 +275,10 @@ fn record_coop(
     let mut run = MatmulRun {
         clears: vec![],
         dispatches: vec![],
-        c: pool.take(gpu, shape.c_len() as u64 * 4)?,
+        c,
         temporaries: vec![],
         variant,
+        given_scales: None,
     };
     let scaled = variant.scaled();
     let lines = if scaled { batch * (m + n) } else { 1 };
@@ -408,10 +418,9 @@ fn fp8_scales(
     if let Scaling::Given { a: sa, b: sb } = scaling {
         let mut values = vec![sa.to_bits(); ga.groups()];
         values.extend(std::iter::repeat_n(sb.to_bits(), gb.groups()));
-        return Ok(Some(Scales {
-            scales: upload(gpu, "mantissa.scales", &values),
-            amax_bits,
-        }));
+        let scales = upload(gpu, "mantissa.scales", &values);
+        run.given_scales = Some((scales.clone(), ga.groups(), gb.groups()));
+        return Ok(Some(Scales { scales, amax_bits }));
     }
     let scales = pool.take(gpu, total as u64 * 4)?;
     run.clears.push(amax_bits.clone());

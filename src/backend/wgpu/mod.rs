@@ -12,6 +12,7 @@ pub mod buffer;
 pub mod device;
 pub mod matmul;
 pub mod ops;
+pub mod plan;
 pub mod shaders;
 pub mod train;
 
@@ -259,6 +260,7 @@ impl WgpuBackend {
                     Some(tile),
                     a,
                     b,
+                    None,
                 )?;
                 if self.poison {
                     self.poison(&run.c, shape.c_len());
@@ -298,6 +300,7 @@ impl WgpuBackend {
                     Some(tile),
                     a,
                     b,
+                    None,
                 )
             })
             .await?;
@@ -449,6 +452,13 @@ impl Backend for WgpuBackend {
     /// SIMT kernels make nothing faster than f32. Cooperative matrices on a hardware GPU
     /// accelerate f16 operands, so bf16 and the split algorithms on them (emulated on a CPU
     /// adapter such as lavapipe: not an acceleration there).
+    fn resident_executor<'a>(
+        &'a self,
+        plan: &crate::train::Plan,
+    ) -> Result<Option<Box<dyn crate::train::StepExecutor + 'a>>> {
+        Ok(Some(Box::new(plan::ResidentPlan::new(self, plan.clone()))))
+    }
+
     fn capabilities(&self) -> Capabilities {
         let hardware = self.gpu.summary.device_type != format!("{:?}", wgpu::DeviceType::Cpu);
         if self.coop.is_none() || !hardware {

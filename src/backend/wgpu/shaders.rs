@@ -15,6 +15,7 @@ const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
 const MATMUL_COOP: &str = include_str!("../../../shaders/matmul_coop.wgsl");
 const COOP_PACK: &str = include_str!("../../../shaders/coop_pack.wgsl");
 const TRAIN: &str = include_str!("../../../shaders/train.wgsl");
+const STEP: &str = include_str!("../../../shaders/step.wgsl");
 
 /// The training ops of `shaders/train.wgsl` (entry points of one module).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,6 +67,45 @@ impl TrainOp {
             TrainOp::EmbeddingFwd => "embedding_fwd",
             TrainOp::EmbeddingBwd => "embedding_bwd",
             TrainOp::UnscaleCheck => "unscale_check",
+        }
+    }
+}
+
+/// The kernels of the device-resident step plan (`shaders/step.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepOp {
+    Round,
+    Add,
+    ColumnSums,
+    StridedCopy,
+    MeanToStat,
+    UnscaleCheck,
+    Adamw,
+    CrossEntropyBwd,
+}
+
+impl StepOp {
+    pub const ALL: [StepOp; 8] = [
+        StepOp::Round,
+        StepOp::Add,
+        StepOp::ColumnSums,
+        StepOp::StridedCopy,
+        StepOp::MeanToStat,
+        StepOp::UnscaleCheck,
+        StepOp::Adamw,
+        StepOp::CrossEntropyBwd,
+    ];
+
+    pub fn entry_point(self) -> &'static str {
+        match self {
+            StepOp::Round => "round_to_format",
+            StepOp::Add => "add",
+            StepOp::ColumnSums => "column_sums",
+            StepOp::StridedCopy => "strided_copy",
+            StepOp::MeanToStat => "mean_to_stat",
+            StepOp::UnscaleCheck => "unscale_check",
+            StepOp::Adamw => "adamw",
+            StepOp::CrossEntropyBwd => "cross_entropy_bwd",
         }
     }
 }
@@ -356,6 +396,7 @@ pub enum Kernel {
     CoopPack,
     Matmul(MatmulVariant),
     Train(TrainOp),
+    Step(StepOp),
 }
 
 impl Kernel {
@@ -371,6 +412,7 @@ impl Kernel {
             Kernel::Matmul(v) if v.coop.is_some() => "matmul_coop",
             Kernel::Matmul(_) => "matmul",
             Kernel::Train(op) => op.entry_point(),
+            Kernel::Step(op) => op.entry_point(),
         }
     }
 
@@ -384,6 +426,7 @@ impl Kernel {
             Kernel::SplitBf16 => "split.split_bf16".into(),
             Kernel::CoopPack => "coop_pack.coop_pack".into(),
             Kernel::Train(op) => format!("train.{}", op.entry_point()),
+            Kernel::Step(op) => format!("step.{}", op.entry_point()),
             Kernel::Matmul(v) => format!(
                 "{}[{:?} x {:?}, parts {}, levels {}, fp8 {}, rowwise {}, tile {}{}]",
                 if v.coop.is_some() {
@@ -421,6 +464,7 @@ impl Kernel {
             Kernel::Matmul(v) if v.coop.is_some() => MATMUL_COOP,
             Kernel::Matmul(_) => MATMUL,
             Kernel::Train(_) => TRAIN,
+            Kernel::Step(_) => STEP,
         };
         let mut header = String::new();
         if self.needs_f16() {
@@ -477,6 +521,7 @@ impl Kernel {
             Kernel::CoopPack,
         ];
         kernels.extend(TrainOp::ALL.map(Kernel::Train));
+        kernels.extend(StepOp::ALL.map(Kernel::Step));
         // Cooperative variants for lavapipe's (and Apple's) 8x8 and NVIDIA's 16x16 tiles, and
         // their fallbacks.
         for alg in Algorithm::ALL {

@@ -1,6 +1,6 @@
 //! The training ops on wgpu (`shaders/train.wgsl`): one launcher for every entry point, and the
 //! Backend overrides built on it. Each call uploads its operands and reads its results back;
-//! the device-resident step plan will chain the same dispatches without the round trips.
+//! the device-resident step plan (`plan.rs`) binds the same kernels to resident tensors.
 
 use super::WgpuBackend;
 use super::buffer::{Dispatch, check_binding, read_words, submit, upload};

@@ -1,0 +1,217 @@
+// step.wgsl: the kernels of the device-resident step plan besides matmul and train.wgsl's ops:
+// rounding, adds, column sums, strided copies, the loss reduction, GradScaler's unscale and
+// check, and the gated AdamW update (host reference: src/train/exec.rs).
+// Bindings: 0 params; 1 the step's scalars (written by the host before each step, slots as in
+// src/train/plan.rs `scalar`); 2 the step's stats (written here, read back after the step);
+// 3 x (read); 4 y (written); 5, 6 z and w (extra operands).
+
+struct StepParams {
+    // Elements (or rows, or columns) the kernel covers.
+    n: u32,
+    // Row length, or the length of a repeated operand.
+    c: u32,
+    // Format id of `round`.
+    format: u32,
+    // A stats slot.
+    slot: u32,
+    // Strided copy: extents, source strides, destination strides; (src offset, dst offset, -, -).
+    dims: vec4<u32>,
+    src: vec4<u32>,
+    dst: vec4<u32>,
+    extra: vec4<u32>,
+}
+
+@group(0) @binding(0) var<uniform> params: StepParams;
+@group(0) @binding(1) var<storage, read> scalars: array<f32>;
+@group(0) @binding(2) var<storage, read_write> stats: array<f32>;
+@group(0) @binding(3) var<storage, read> x: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<storage, read_write> z: array<f32>;
+@group(0) @binding(6) var<storage, read_write> w: array<f32>;
+
+// Scalar slots (src/train/plan.rs).
+const DLOSS_PER_ROW: u32 = 0u;
+const INVERSE_SCALE: u32 = 1u;
+const POISON: u32 = 2u;
+const LR: u32 = 3u;
+const BETA1: u32 = 4u;
+const BETA2: u32 = 5u;
+const EPS: u32 = 6u;
+const WEIGHT_DECAY: u32 = 7u;
+const BIAS_CORRECTION1: u32 = 8u;
+const BIAS_CORRECTION2: u32 = 9u;
+const CLIP: u32 = 10u;
+
+// y rounded to `format` in place, through the integer encoder (no GPU float conversion).
+@compute @workgroup_size(256)
+fn round_to_format(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let code = encode_format(bitcast<u32>(y[e]), params.format, false);
+    y[e] = bitcast<f32>(decode_format(code, params.format));
+}
+
+// y += x, x repeated every c elements (c = n: elementwise; c = width: a bias per row).
+@compute @workgroup_size(256)
+fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+       @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    y[e] = y[e] + x[e % params.c];
+}
+
+// y[j] = sum over the n / c rows of x[row, j], one invocation per column j < c.
+@compute @workgroup_size(256)
+fn column_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let j = flat_index(wg, nwg, lid);
+    let c = params.c;
+    if (j >= c) {
+        return;
+    }
+    var s = 0.0;
+    for (var r = 0u; r < params.n / c; r++) {
+        s += x[r * c + j];
+    }
+    y[j] = s;
+}
+
+// y[dst(e)] = x[src(e)] over the 4-d index space `dims` (row-major, last fastest).
+@compute @workgroup_size(256)
+fn strided_copy(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let d = params.dims;
+    let i3 = e % d.w;
+    let i2 = (e / d.w) % d.z;
+    let i1 = (e / (d.w * d.z)) % d.y;
+    let i0 = e / (d.w * d.z * d.y);
+    let i = vec4<u32>(i0, i1, i2, i3);
+    let s = params.extra.x + dot(i, params.src);
+    let t = params.extra.y + dot(i, params.dst);
+    y[t] = x[s];
+}
+
+var<workgroup> partial: array<f32, 256>;
+var<workgroup> bad: array<u32, 256>;
+
+// Sums partial[0..256) and bad[0..256) into their first elements (all invocations call it).
+fn reduce_workgroup(lid: u32) {
+    for (var stride = 128u; stride > 0u; stride = stride / 2u) {
+        workgroupBarrier();
+        if (lid < stride) {
+            partial[lid] += partial[lid + stride];
+            bad[lid] = bad[lid] | bad[lid + stride];
+        }
+    }
+    workgroupBarrier();
+}
+
+// stats[slot] = mean of x[0..n) (the loss: the mean of the rows' losses). One workgroup.
+@compute @workgroup_size(256)
+fn mean_to_stat(@builtin(local_invocation_index) lid: u32) {
+    var s = 0.0;
+    for (var e = lid; e < params.n; e += 256u) {
+        s += x[e];
+    }
+    partial[lid] = s;
+    bad[lid] = 0u;
+    reduce_workgroup(lid);
+    if (lid == 0u) {
+        stats[params.slot] = partial[0] / f32(params.n);
+    }
+}
+
+// GradScaler's unscale of one gradient y (one workgroup): y *= 1 / scale, the first element
+// of gradient 0 (c = 1) first gets the POISON scalar; stats[slot] = 1 if any result is inf or
+// NaN, stats[extra.x] = the squared norm.
+@compute @workgroup_size(256)
+fn unscale_check(@builtin(local_invocation_index) lid: u32) {
+    var s = 0.0;
+    var nonfinite = 0u;
+    let inverse = scalars[INVERSE_SCALE];
+    for (var e = lid; e < params.n; e += 256u) {
+        var g = y[e];
+        if (params.c == 1u && e == 0u) {
+            g = g + scalars[POISON];
+        }
+        g = g * inverse;
+        y[e] = g;
+        if ((bitcast<u32>(g) & 0x7f800000u) == 0x7f800000u) {
+            nonfinite = 1u;
+        }
+        s += g * g;
+    }
+    partial[lid] = s;
+    bad[lid] = nonfinite;
+    reduce_workgroup(lid);
+    if (lid == 0u) {
+        stats[params.slot] = f32(bad[0]);
+        stats[params.extra.x] = partial[0];
+    }
+}
+
+// AdamW on parameter y with gradient x and moments z, w, skipped unless every gradient's flag
+// (stats[1 .. 1 + count)) is clear; gradients clipped to the global norm CLIP (squared norms at
+// stats[1 + count .. 1 + 2 count)). count = extra.x, weight decay where extra.y = 1.
+@compute @workgroup_size(256)
+fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let count = params.extra.x;
+    var norm_sq = 0.0;
+    for (var i = 0u; i < count; i++) {
+        if (stats[1u + i] != 0.0) {
+            return;
+        }
+        norm_sq += stats[1u + count + i];
+    }
+    let norm = sqrt(norm_sq);
+    let clip = scalars[CLIP];
+    var factor = 1.0;
+    if (clip > 0.0 && norm > clip) {
+        factor = clip / norm;
+    }
+    let lr = scalars[LR];
+    let beta1 = scalars[BETA1];
+    let beta2 = scalars[BETA2];
+    let g = x[e] * factor;
+    let m = beta1 * z[e] + (1.0 - beta1) * g;
+    let v = beta2 * w[e] + (1.0 - beta2) * g * g;
+    z[e] = m;
+    w[e] = v;
+    var wd = 0.0;
+    if (params.extra.y != 0u) {
+        wd = lr * scalars[WEIGHT_DECAY];
+    }
+    let denom = sqrt(v / scalars[BIAS_CORRECTION2]) + scalars[EPS];
+    y[e] = y[e] * (1.0 - wd) - (lr / scalars[BIAS_CORRECTION1]) * m / denom;
+}
+
+// Cross-entropy gradient of the scaled mean loss: y = (x - onehot(z)) * DLOSS_PER_ROW per row
+// of c logits; x = probabilities, z = targets (u32 ids as f32 bits).
+@compute @workgroup_size(256)
+fn cross_entropy_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let r = e / params.c;
+    var onehot = 0.0;
+    if (bitcast<u32>(z[r]) == e % params.c) {
+        onehot = 1.0;
+    }
+    y[e] = (x[e] - onehot) * scalars[DLOSS_PER_ROW];
+}

@@ -1,0 +1,681 @@
+//! The device-resident step plan on wgpu: every tensor of a `Plan` gets its own buffer, every
+//! op its dispatches (bind groups and uniforms built once), and a step is one submission of
+//! them all; the host writes the step's tokens, targets and scalars before it and reads back
+//! only the stats after it (loss, finite flags, squared norms, fp8 amaxes: a few hundred bytes).
+//!
+//! The plan is compiled on its first use (pipelines, tiles from the autotuner, buffers), so
+//! that every build error surfaces through the async error scopes as an `Error`.
+
+use super::WgpuBackend;
+use super::buffer::{Dispatch, STORAGE, check_binding, read_words, submit, uniform};
+use super::matmul;
+use super::ops::{self, Grouping};
+use super::shaders::{Kernel, StepOp, TrainOp, format_id};
+use super::train::TrainParams;
+use crate::error::{Error, Result};
+use crate::train::exec::{StepExecutor, check_inputs, check_write, tensor_len};
+use crate::train::plan::{Op, Plan, Section, Strided, TensorId};
+use bytemuck::{Pod, Zeroable};
+use std::collections::HashMap;
+
+/// The uniform of the step kernels (`StepParams` in step.wgsl).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Pod, Zeroable)]
+struct StepParams {
+    n: u32,
+    c: u32,
+    format: u32,
+    slot: u32,
+    dims: [u32; 4],
+    src: [u32; 4],
+    dst: [u32; 4],
+    extra: [u32; 4],
+}
+
+/// A plan compiled for the device.
+struct Compiled {
+    tensors: Vec<wgpu::Buffer>,
+    scalars: wgpu::Buffer,
+    stats: wgpu::Buffer,
+    dispatches: Vec<Dispatch>,
+    /// Dispatches of the forward pass, and up to the checked gradients.
+    forward: usize,
+    gradients: usize,
+    /// Zeroed at the start of every step (stats, current-scaling amaxes).
+    clears: Vec<wgpu::Buffer>,
+    /// Given fp8 scales to rewrite before each step: buffer, groups of A and B, scalar slots.
+    given: Vec<(wgpu::Buffer, usize, usize, [usize; 2])>,
+    /// Buffers the dispatches use besides the tensors (kernel temporaries), kept for the
+    /// plan's life.
+    temporaries: Vec<wgpu::Buffer>,
+}
+
+/// The executor of a plan on a wgpu device.
+pub struct ResidentPlan<'a> {
+    backend: &'a WgpuBackend,
+    plan: Plan,
+    compiled: Option<Compiled>,
+    /// Values written before the plan was compiled (uploaded by the compile).
+    pending: HashMap<TensorId, Vec<f32>>,
+}
+
+impl<'a> ResidentPlan<'a> {
+    pub fn new(backend: &'a WgpuBackend, plan: Plan) -> ResidentPlan<'a> {
+        let pending = plan.constants.iter().cloned().collect();
+        ResidentPlan {
+            backend,
+            plan,
+            compiled: None,
+            pending,
+        }
+    }
+
+    async fn compiled(&mut self) -> Result<&Compiled> {
+        if self.compiled.is_none() {
+            let c = self.compile().await?;
+            self.pending.clear();
+            self.compiled = Some(c);
+        }
+        self.compiled
+            .as_ref()
+            .ok_or_else(|| Error::invalid("step plan", "not compiled"))
+    }
+
+    async fn compile(&self) -> Result<Compiled> {
+        let gpu = &self.backend.gpu;
+        for t in &self.plan.tensors {
+            check_binding(gpu, "a step plan tensor", t.len as u64 * 4)?;
+        }
+        let storage = |label: &str, bytes: u64| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes.max(4).div_ceil(4) * 4,
+                usage: STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        let plan = &self.plan;
+        let (tensors, scalars, stats) = gpu
+            .scoped("allocating the step plan", || {
+                let tensors: Vec<wgpu::Buffer> = plan
+                    .tensors
+                    .iter()
+                    .map(|t| storage("mantissa.plan.tensor", t.len as u64 * 4))
+                    .collect();
+                for (id, values) in &self.pending {
+                    gpu.queue
+                        .write_buffer(&tensors[*id], 0, bytemuck::cast_slice(values));
+                }
+                let scalars = storage("mantissa.plan.scalars", plan.scalar_count() as u64 * 4);
+                let stats = storage("mantissa.plan.stats", plan.stats.len() as u64 * 4);
+                Ok((tensors, scalars, stats))
+            })
+            .await?;
+        let mut c = Compiled {
+            tensors,
+            clears: vec![stats.clone()],
+            scalars,
+            stats,
+            dispatches: vec![],
+            forward: 0,
+            gradients: 0,
+            given: vec![],
+            temporaries: vec![],
+        };
+        let dummies = Dummies {
+            read: storage("mantissa.plan.unused", 4),
+            write: [0, 1, 2].map(|_| storage("mantissa.plan.unused", 4)),
+        };
+        for (i, op) in plan.ops.iter().enumerate() {
+            if i == plan.forward {
+                c.forward = c.dispatches.len();
+            }
+            if i == plan.gradients {
+                c.gradients = c.dispatches.len();
+            }
+            let tile = match op {
+                Op::Matmul {
+                    shape,
+                    algorithm,
+                    a,
+                    b,
+                    ..
+                } => Some(
+                    self.backend
+                        .tile_for(shape, algorithm, &c.tensors[*a], &c.tensors[*b])
+                        .await?
+                        .0,
+                ),
+                _ => None,
+            };
+            let what = format!("step plan op {i} ({})", op.name());
+            let recorded = gpu
+                .scoped(&what, || self.record(op, tile, &c, &dummies))
+                .await?;
+            c.dispatches.extend(recorded.dispatches);
+            c.clears.extend(recorded.clears);
+            c.given.extend(recorded.given);
+            c.temporaries.extend(recorded.temporaries);
+        }
+        if plan.ops.len() == plan.forward {
+            c.forward = c.dispatches.len();
+        }
+        if plan.ops.len() == plan.gradients {
+            c.gradients = c.dispatches.len();
+        }
+        Ok(c)
+    }
+
+    /// The dispatches of one op.
+    fn record(
+        &self,
+        op: &Op,
+        tile: Option<super::shaders::Tile>,
+        c: &Compiled,
+        dummies: &Dummies,
+    ) -> Result<Recorded> {
+        let backend = self.backend;
+        let gpu = &backend.gpu;
+        let t = &c.tensors;
+        let len = |id: TensorId| self.plan.tensors[id].len;
+        let mut r = Recorded::default();
+        let train = |op: TrainOp,
+                     p: TrainParams,
+                     ins: [Option<TensorId>; 3],
+                     outs: [Option<TensorId>; 3],
+                     items: usize|
+         -> Result<Dispatch> {
+            let u = uniform(gpu, &p);
+            let ins = ins.map(|i| i.map(|i| &t[i]).unwrap_or(&dummies.read));
+            let mut w = dummies.write.iter();
+            let outs = outs.map(|o| match o {
+                Some(o) => &t[o],
+                None => w.next().unwrap_or(&dummies.write[0]),
+            });
+            Ok(Dispatch::new(
+                gpu,
+                gpu.pipeline(&Kernel::Train(op))?,
+                &[&u, ins[0], ins[1], ins[2], outs[0], outs[1], outs[2]],
+                Dispatch::element_groups(gpu, items)?,
+            ))
+        };
+        let step = |op: StepOp,
+                    p: StepParams,
+                    x: Option<TensorId>,
+                    outs: [Option<TensorId>; 3],
+                    groups: Option<usize>|
+         -> Result<Dispatch> {
+            let u = uniform(gpu, &p);
+            let x = x.map(|i| &t[i]).unwrap_or(&dummies.read);
+            let outs = outs
+                .iter()
+                .zip(&dummies.write)
+                .map(|(o, d)| o.map(|o| &t[o]).unwrap_or(d))
+                .collect::<Vec<_>>();
+            Ok(Dispatch::new(
+                gpu,
+                gpu.pipeline(&Kernel::Step(op))?,
+                &[&u, &c.scalars, &c.stats, x, outs[0], outs[1], outs[2]],
+                match groups {
+                    Some(items) => Dispatch::element_groups(gpu, items)?,
+                    None => [1, 1, 1],
+                },
+            ))
+        };
+        let rows_of = |id: TensorId, width: usize| len(id) / width.max(1);
+        let d = match *op {
+            Op::Embedding { table, ids, out, c } => vec![train(
+                TrainOp::EmbeddingFwd,
+                TrainParams {
+                    n: len(out) as u32,
+                    c: c as u32,
+                    ..Default::default()
+                },
+                [Some(table), Some(ids), None],
+                [Some(out), None, None],
+                len(out),
+            )?],
+            Op::EmbeddingBwd {
+                dout,
+                ids,
+                out,
+                rows,
+                c,
+            } => vec![train(
+                TrainOp::EmbeddingBwd,
+                TrainParams {
+                    n: (rows * c) as u32,
+                    c: c as u32,
+                    step: len(ids) as u32,
+                    ..Default::default()
+                },
+                [Some(dout), Some(ids), None],
+                [Some(out), None, None],
+                rows * c,
+            )?],
+            Op::LayerNorm {
+                x,
+                g,
+                b,
+                out,
+                stats,
+                c,
+            } => {
+                let rows = rows_of(x, c);
+                vec![train(
+                    TrainOp::LayernormFwd,
+                    TrainParams {
+                        n: rows as u32,
+                        c: c as u32,
+                        ..Default::default()
+                    },
+                    [Some(x), Some(g), Some(b)],
+                    [Some(out), Some(stats), None],
+                    rows,
+                )?]
+            }
+            Op::LayerNormBwd {
+                dy,
+                x,
+                g,
+                stats,
+                dx,
+                dg,
+                db,
+                c,
+            } => {
+                let rows = rows_of(x, c);
+                let p = TrainParams {
+                    n: rows as u32,
+                    c: c as u32,
+                    ..Default::default()
+                };
+                vec![
+                    train(
+                        TrainOp::LayernormBwdX,
+                        p,
+                        [Some(dy), Some(x), Some(g)],
+                        [Some(dx), Some(stats), None],
+                        rows,
+                    )?,
+                    train(
+                        TrainOp::LayernormBwdParams,
+                        p,
+                        [Some(dy), Some(x), None],
+                        [Some(dg), Some(stats), Some(db)],
+                        c,
+                    )?,
+                ]
+            }
+            Op::Gelu { x, out } => vec![train(
+                TrainOp::GeluFwd,
+                TrainParams {
+                    n: len(x) as u32,
+                    ..Default::default()
+                },
+                [Some(x), None, None],
+                [Some(out), None, None],
+                len(x),
+            )?],
+            Op::GeluBwd { x, dy, out } => vec![train(
+                TrainOp::GeluBwd,
+                TrainParams {
+                    n: len(x) as u32,
+                    ..Default::default()
+                },
+                [Some(x), Some(dy), None],
+                [Some(out), None, None],
+                len(x),
+            )?],
+            Op::Softmax { x, out, t, scale } => {
+                let rows = rows_of(x, t);
+                vec![train(
+                    TrainOp::CausalSoftmaxFwd,
+                    softmax_params(rows, t, scale),
+                    [Some(x), None, None],
+                    [Some(out), None, None],
+                    rows,
+                )?]
+            }
+            Op::SoftmaxBwd {
+                p,
+                dp,
+                out,
+                t,
+                scale,
+            } => {
+                let rows = rows_of(p, t);
+                vec![train(
+                    TrainOp::CausalSoftmaxBwd,
+                    softmax_params(rows, t, scale),
+                    [Some(p), Some(dp), None],
+                    [Some(out), None, None],
+                    rows,
+                )?]
+            }
+            Op::CrossEntropy {
+                logits,
+                targets,
+                probs,
+                v,
+            } => {
+                let rows = rows_of(logits, v);
+                let losses = storage_of(gpu, rows)?;
+                let p = TrainParams {
+                    n: rows as u32,
+                    c: v as u32,
+                    ..Default::default()
+                };
+                let u = uniform(gpu, &p);
+                let fwd = Dispatch::new(
+                    gpu,
+                    gpu.pipeline(&Kernel::Train(TrainOp::CrossEntropyFwd))?,
+                    &[
+                        &u,
+                        &t[logits],
+                        &t[targets],
+                        &dummies.read,
+                        &t[probs],
+                        &losses,
+                        &dummies.write[0],
+                    ],
+                    Dispatch::element_groups(gpu, rows)?,
+                );
+                let sp = StepParams {
+                    n: rows as u32,
+                    slot: crate::train::plan::Stats::LOSS as u32,
+                    ..Default::default()
+                };
+                let u = uniform(gpu, &sp);
+                let mean = Dispatch::new(
+                    gpu,
+                    gpu.pipeline(&Kernel::Step(StepOp::MeanToStat))?,
+                    &[
+                        &u,
+                        &c.scalars,
+                        &c.stats,
+                        &losses,
+                        &dummies.write[0],
+                        &dummies.write[1],
+                        &dummies.write[2],
+                    ],
+                    [1, 1, 1],
+                );
+                r.temporaries.push(losses);
+                vec![fwd, mean]
+            }
+            Op::CrossEntropyBwd {
+                probs,
+                targets,
+                out,
+                v,
+            } => vec![step(
+                StepOp::CrossEntropyBwd,
+                StepParams {
+                    n: len(probs) as u32,
+                    c: v as u32,
+                    ..Default::default()
+                },
+                Some(probs),
+                [Some(out), Some(targets), None],
+                Some(len(probs)),
+            )?],
+            Op::Matmul {
+                ref shape,
+                algorithm,
+                a,
+                b,
+                out,
+                scales,
+            } => {
+                shape.check(len(a), len(b))?;
+                if shape.c_len() == 0 || shape.k == 0 {
+                    // An empty sum: the zero-initialised output stands.
+                    return Ok(r);
+                }
+                let run = matmul::record(
+                    gpu,
+                    &backend.pool,
+                    shape,
+                    &algorithm,
+                    backend.f16,
+                    backend.coop.map(|co| (co, backend.coop_fallback)),
+                    tile,
+                    &t[a],
+                    &t[b],
+                    Some(&t[out]),
+                )?;
+                if let (Some((buffer, ga, gb)), Some(slots)) = (run.given_scales, scales) {
+                    r.given.push((buffer, ga, gb, slots));
+                }
+                r.clears.extend(run.clears);
+                r.temporaries.extend(run.temporaries);
+                run.dispatches
+            }
+            Op::Round { x, format } => vec![step(
+                StepOp::Round,
+                StepParams {
+                    n: len(x) as u32,
+                    format: format_id(format),
+                    ..Default::default()
+                },
+                None,
+                [Some(x), None, None],
+                Some(len(x)),
+            )?],
+            Op::Add { x, y } => vec![step(
+                StepOp::Add,
+                StepParams {
+                    n: len(y) as u32,
+                    c: len(x).max(1) as u32,
+                    ..Default::default()
+                },
+                Some(x),
+                [Some(y), None, None],
+                Some(len(y)),
+            )?],
+            Op::ColumnSums { x, out, c } => vec![step(
+                StepOp::ColumnSums,
+                StepParams {
+                    n: len(x) as u32,
+                    c: c as u32,
+                    ..Default::default()
+                },
+                Some(x),
+                [Some(out), None, None],
+                Some(c),
+            )?],
+            Op::Copy { x, out, map } => vec![step(
+                StepOp::StridedCopy,
+                copy_params(&map),
+                Some(x),
+                [Some(out), None, None],
+                Some(map.len()),
+            )?],
+            Op::Amax { x, slot } => vec![ops::amax(
+                gpu,
+                &t[x],
+                &c.stats,
+                len(x),
+                Grouping::per_batch(1, len(x)),
+                slot,
+            )?],
+            Op::UnscaleCheck { grad, index } => vec![step(
+                StepOp::UnscaleCheck,
+                StepParams {
+                    n: len(grad) as u32,
+                    c: (index == 0) as u32,
+                    slot: self.plan.stats.flag(index) as u32,
+                    extra: [self.plan.stats.norm_sq(index) as u32, 0, 0, 0],
+                    ..Default::default()
+                },
+                None,
+                [Some(grad), None, None],
+                None,
+            )?],
+            Op::AdamW {
+                param,
+                grad,
+                m,
+                v,
+                decay,
+            } => vec![step(
+                StepOp::Adamw,
+                StepParams {
+                    n: len(param) as u32,
+                    extra: [self.plan.stats.grads as u32, decay as u32, 0, 0],
+                    ..Default::default()
+                },
+                Some(grad),
+                [Some(param), Some(m), Some(v)],
+                Some(len(param)),
+            )?],
+        };
+        r.dispatches.extend(d);
+        Ok(r)
+    }
+}
+
+/// Bound where an op leaves a binding unused (distinct writable ones, since one buffer may
+/// not be bound writable twice beside a read-only use).
+struct Dummies {
+    read: wgpu::Buffer,
+    write: [wgpu::Buffer; 3],
+}
+
+/// What recording one op adds to the compiled plan.
+#[derive(Default)]
+struct Recorded {
+    dispatches: Vec<Dispatch>,
+    clears: Vec<wgpu::Buffer>,
+    given: Vec<(wgpu::Buffer, usize, usize, [usize; 2])>,
+    temporaries: Vec<wgpu::Buffer>,
+}
+
+fn storage_of(gpu: &super::device::Gpu, words: usize) -> Result<wgpu::Buffer> {
+    check_binding(gpu, "step plan temporary", words as u64 * 4)?;
+    Ok(gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("mantissa.plan.temporary"),
+        size: words.max(1) as u64 * 4,
+        usage: STORAGE,
+        mapped_at_creation: false,
+    }))
+}
+
+fn softmax_params(rows: usize, t: usize, scale: f64) -> TrainParams {
+    TrainParams {
+        n: rows as u32,
+        c: t as u32,
+        f: [scale as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        ..Default::default()
+    }
+}
+
+fn copy_params(map: &Strided) -> StepParams {
+    StepParams {
+        n: map.len() as u32,
+        dims: map.dims,
+        src: map.src,
+        dst: map.dst,
+        extra: [map.src_offset, map.dst_offset, 0, 0],
+        ..Default::default()
+    }
+}
+
+#[async_trait::async_trait]
+impl StepExecutor for ResidentPlan<'_> {
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "device-resident on {}: {} ops, one submission per step, {:.1} MiB of tensors",
+            self.backend.gpu.name(),
+            self.plan.ops.len(),
+            self.plan.tensor_bytes() as f64 / (1u64 << 20) as f64
+        )
+    }
+
+    async fn run(
+        &mut self,
+        section: Section,
+        tokens: &[u32],
+        targets: &[u32],
+        scalars: &[f32],
+    ) -> Result<Vec<f64>> {
+        check_inputs(&self.plan, tokens, targets, scalars)?;
+        let (tokens_id, targets_id, count) =
+            (self.plan.tokens, self.plan.targets, self.plan.stats.len());
+        self.compiled().await?;
+        let (gpu, c) = match &self.compiled {
+            Some(c) => (&self.backend.gpu, c),
+            None => return Err(Error::invalid("step plan", "not compiled")),
+        };
+        let end = match section {
+            Section::Forward => c.forward,
+            Section::Gradients => c.gradients,
+            Section::Step => c.dispatches.len(),
+        };
+        gpu.scoped("a training step", || {
+            let q = &gpu.queue;
+            q.write_buffer(&c.tensors[tokens_id], 0, bytemuck::cast_slice(tokens));
+            q.write_buffer(&c.tensors[targets_id], 0, bytemuck::cast_slice(targets));
+            q.write_buffer(&c.scalars, 0, bytemuck::cast_slice(scalars));
+            for (buffer, ga, gb, [sa, sb]) in &c.given {
+                let mut values = vec![scalars[*sa]; *ga];
+                values.extend(std::iter::repeat_n(scalars[*sb], *gb));
+                q.write_buffer(buffer, 0, bytemuck::cast_slice(&values));
+            }
+            let clears: Vec<&wgpu::Buffer> = c.clears.iter().collect();
+            submit(gpu, &clears, &c.dispatches[..end], None);
+            Ok(())
+        })
+        .await?;
+        let words = read_words(gpu, &c.stats, count).await?;
+        Ok(words.iter().map(|&w| f32::from_bits(w) as f64).collect())
+    }
+
+    async fn read(&mut self, id: TensorId) -> Result<Vec<f32>> {
+        let len = tensor_len(&self.plan, id)?;
+        if self.compiled.is_none() {
+            // Not on the device yet: what was written, else zeros.
+            return Ok(self
+                .pending
+                .get(&id)
+                .cloned()
+                .unwrap_or_else(|| vec![0.0; len]));
+        }
+        let backend = self.backend;
+        let c = self.compiled().await?;
+        let words = read_words(&backend.gpu, &c.tensors[id], len).await?;
+        Ok(bytemuck::cast_slice(&words).to_vec())
+    }
+
+    async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()> {
+        check_write(&self.plan, id, values)?;
+        match &self.compiled {
+            None => {
+                self.pending.insert(id, values.to_vec());
+            }
+            Some(c) => {
+                let gpu = &self.backend.gpu;
+                gpu.scoped("writing a plan tensor", || {
+                    gpu.queue
+                        .write_buffer(&c.tensors[id], 0, bytemuck::cast_slice(values));
+                    Ok(())
+                })
+                .await?
+            }
+        }
+        Ok(())
+    }
+
+    fn device_bytes(&self) -> u64 {
+        let tensors = self.plan.tensor_bytes();
+        match &self.compiled {
+            Some(c) => tensors + c.temporaries.iter().map(|b| b.size()).sum::<u64>(),
+            None => tensors,
+        }
+    }
+}

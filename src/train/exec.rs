@@ -1,0 +1,391 @@
+//! Executors of a step plan: the trait every backend's executor implements, and the host
+//! interpreter, which runs a plan through any backend's ops one round trip at a time (the
+//! reference backend's executor, and the cross-check of device-resident ones).
+
+use super::ops::{AdamW, round_to};
+use super::plan::{Op, Plan, Section, Stats, TensorId, scalar};
+use crate::algorithm::{Algorithm, Scaling};
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::format;
+
+/// Runs a plan, holding its tensors (parameters and optimizer state included) between steps.
+#[async_trait::async_trait]
+pub trait StepExecutor: Send {
+    fn plan(&self) -> &Plan;
+    /// How the executor runs ("device-resident, one submission per step").
+    fn describe(&self) -> String;
+    /// Runs `section` of the plan on a batch with the step's scalars; returns the stats.
+    async fn run(
+        &mut self,
+        section: Section,
+        tokens: &[u32],
+        targets: &[u32],
+        scalars: &[f32],
+    ) -> Result<Vec<f64>>;
+    async fn read(&mut self, id: TensorId) -> Result<Vec<f32>>;
+    async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()>;
+    /// Bytes the executor holds on its device (0 on the host).
+    fn device_bytes(&self) -> u64;
+}
+
+/// The executor of `plan` on `backend`: its device-resident one where it has one and
+/// `resident`, else the host interpreter over its ops.
+pub fn executor<'a>(
+    backend: &'a dyn Backend,
+    plan: Plan,
+    resident: bool,
+) -> Result<Box<dyn StepExecutor + 'a>> {
+    if resident && let Some(e) = backend.resident_executor(&plan)? {
+        return Ok(e);
+    }
+    Ok(Box::new(HostExecutor::new(backend, plan)))
+}
+
+/// Checks the inputs of a run against the plan.
+pub fn check_inputs(plan: &Plan, tokens: &[u32], targets: &[u32], scalars: &[f32]) -> Result<()> {
+    let want = plan.tensors[plan.tokens].len;
+    if tokens.len() != want || targets.len() != want {
+        return Err(Error::invalid(
+            "batch",
+            format!(
+                "the step plan takes {want} tokens and targets, got {} and {}",
+                tokens.len(),
+                targets.len()
+            ),
+        ));
+    }
+    if scalars.len() != plan.scalar_count() {
+        return Err(Error::LengthMismatch {
+            what: "step scalars",
+            expected: plan.scalar_count(),
+            got: scalars.len(),
+        });
+    }
+    Ok(())
+}
+
+/// The length of tensor `id` of `plan`.
+pub fn tensor_len(plan: &Plan, id: TensorId) -> Result<usize> {
+    plan.tensors.get(id).map(|t| t.len).ok_or_else(|| {
+        Error::invalid(
+            "step plan",
+            format!("no tensor {id} (the plan has {})", plan.tensors.len()),
+        )
+    })
+}
+
+/// Checks values written into tensor `id` of `plan`.
+pub fn check_write(plan: &Plan, id: TensorId, values: &[f32]) -> Result<()> {
+    let len = tensor_len(plan, id)?;
+    if values.len() != len {
+        return Err(Error::LengthMismatch {
+            what: "plan tensor",
+            expected: len,
+            got: values.len(),
+        });
+    }
+    Ok(())
+}
+
+/// The host interpreter: tensors in host memory, each op one call of the backend's ops (or a
+/// host loop for the data movement ops).
+pub struct HostExecutor<'a> {
+    backend: &'a dyn Backend,
+    plan: Plan,
+    tensors: Vec<Vec<f32>>,
+}
+
+impl<'a> HostExecutor<'a> {
+    pub fn new(backend: &'a dyn Backend, plan: Plan) -> HostExecutor<'a> {
+        let mut tensors = vec![Vec::new(); plan.tensors.len()];
+        for (id, values) in &plan.constants {
+            tensors[*id] = values.clone();
+        }
+        HostExecutor {
+            backend,
+            plan,
+            tensors,
+        }
+    }
+
+    /// Tensor `id`, allocated (zeros) on first use.
+    fn slot(&mut self, id: TensorId) -> &mut Vec<f32> {
+        let len = self.plan.tensors[id].len;
+        let t = &mut self.tensors[id];
+        if t.len() != len {
+            t.resize(len, 0.0);
+        }
+        t
+    }
+
+    fn ids(&self, id: TensorId) -> &[u32] {
+        bytemuck::cast_slice(&self.tensors[id])
+    }
+
+    async fn exec(&mut self, op: &Op, scalars: &[f32], stats: &mut [f64]) -> Result<()> {
+        let b = self.backend;
+        match *op {
+            Op::Embedding { table, ids, out, c } => {
+                let y = b
+                    .embedding_fwd(&self.tensors[table], self.ids(ids), c)
+                    .await?;
+                self.tensors[out] = y;
+            }
+            Op::EmbeddingBwd {
+                dout,
+                ids,
+                out,
+                rows,
+                c,
+            } => {
+                let y = b
+                    .embedding_bwd(&self.tensors[dout], self.ids(ids), rows, c)
+                    .await?;
+                self.tensors[out] = y;
+            }
+            Op::LayerNorm {
+                x,
+                g,
+                b: beta,
+                out,
+                stats: st,
+                c,
+            } => {
+                let t = &self.tensors;
+                let (y, mean, rstd) = b.layernorm_fwd(&t[x], &t[g], &t[beta], c).await?;
+                self.tensors[out] = y;
+                self.tensors[st] = mean.iter().zip(&rstd).flat_map(|(&m, &r)| [m, r]).collect();
+            }
+            Op::LayerNormBwd {
+                dy,
+                x,
+                g,
+                stats: st,
+                dx,
+                dg,
+                db,
+                c,
+            } => {
+                let t = &self.tensors;
+                let mean: Vec<f32> = t[st].iter().step_by(2).copied().collect();
+                let rstd: Vec<f32> = t[st].iter().skip(1).step_by(2).copied().collect();
+                let (x_grad, g_grad, b_grad) = b
+                    .layernorm_bwd(&t[dy], &t[x], &t[g], &mean, &rstd, c)
+                    .await?;
+                self.tensors[dx] = x_grad;
+                self.tensors[dg] = g_grad;
+                self.tensors[db] = b_grad;
+            }
+            Op::Gelu { x, out } => self.tensors[out] = b.gelu_fwd(&self.tensors[x]).await?,
+            Op::GeluBwd { x, dy, out } => {
+                self.tensors[out] = b.gelu_bwd(&self.tensors[x], &self.tensors[dy]).await?
+            }
+            Op::Softmax { x, out, t, scale } => {
+                self.tensors[out] = b.causal_softmax_fwd(&self.tensors[x], t, scale).await?
+            }
+            Op::SoftmaxBwd {
+                p,
+                dp,
+                out,
+                t,
+                scale,
+            } => {
+                let s = &self.tensors;
+                self.tensors[out] = b.causal_softmax_bwd(&s[p], &s[dp], t, scale).await?
+            }
+            Op::CrossEntropy {
+                logits,
+                targets,
+                probs,
+                v,
+            } => {
+                let (loss, p) = b
+                    .cross_entropy_fwd(&self.tensors[logits], self.ids(targets), v)
+                    .await?;
+                self.tensors[probs] = p;
+                stats[Stats::LOSS] = loss;
+            }
+            Op::CrossEntropyBwd {
+                probs,
+                targets,
+                out,
+                v,
+            } => {
+                // The backend divides by the rows itself: pass it the loss scale.
+                let dloss = scalars[scalar::LOSS_SCALE] as f64;
+                self.tensors[out] = b
+                    .cross_entropy_bwd(&self.tensors[probs], self.ids(targets), v, dloss)
+                    .await?;
+            }
+            Op::Matmul {
+                ref shape,
+                algorithm,
+                a,
+                b: rhs,
+                out,
+                scales,
+            } => {
+                let algorithm = match (algorithm, scales) {
+                    (Algorithm::Fp8 { a: fa, b: fb, .. }, Some([sa, sb])) => Algorithm::Fp8 {
+                        a: fa,
+                        b: fb,
+                        scaling: Scaling::Given {
+                            a: scalars[sa],
+                            b: scalars[sb],
+                        },
+                    },
+                    (alg, _) => alg,
+                };
+                let c = b
+                    .matmul(shape, &algorithm, &self.tensors[a], &self.tensors[rhs])
+                    .await?;
+                self.tensors[out] = c;
+            }
+            Op::Round { x, format } => round_to(self.slot(x), format),
+            Op::Add { x, y } => {
+                let mut target = std::mem::take(self.slot(y));
+                let src = &self.tensors[x];
+                if !src.is_empty() {
+                    for (i, t) in target.iter_mut().enumerate() {
+                        *t += src[i % src.len()];
+                    }
+                }
+                self.tensors[y] = target;
+            }
+            Op::ColumnSums { x, out, c } => {
+                self.tensors[out] = super::ops::column_sums(&self.tensors[x], c);
+            }
+            Op::Copy { x, out, map } => {
+                let mut target = std::mem::take(self.slot(out));
+                map.apply(&self.tensors[x], &mut target);
+                self.tensors[out] = target;
+            }
+            Op::Amax { x, slot } => {
+                let a = format::amax(self.tensors[x].iter().copied()) as f64;
+                stats[slot] = stats[slot].max(a);
+            }
+            Op::UnscaleCheck { grad, index } => {
+                let mut g = std::mem::take(self.slot(grad));
+                if index == 0
+                    && let Some(first) = g.first_mut()
+                {
+                    *first += scalars[scalar::POISON];
+                }
+                let finite = b
+                    .unscale_check(&mut g, scalars[scalar::INVERSE_SCALE])
+                    .await?;
+                stats[self.plan.stats.flag(index)] = if finite { 0.0 } else { 1.0 };
+                stats[self.plan.stats.norm_sq(index)] =
+                    g.iter().map(|&x| x as f64 * x as f64).sum();
+                self.tensors[grad] = g;
+            }
+            Op::AdamW {
+                param,
+                grad,
+                m,
+                v,
+                decay,
+            } => {
+                let Some(factor) = update_factor(&self.plan.stats, stats, scalars[scalar::CLIP])
+                else {
+                    return Ok(());
+                };
+                let opt = AdamW {
+                    lr: scalars[scalar::LR],
+                    beta1: scalars[scalar::BETA1],
+                    beta2: scalars[scalar::BETA2],
+                    eps: scalars[scalar::EPS],
+                    weight_decay: scalars[scalar::WEIGHT_DECAY],
+                };
+                let mut g = self.tensors[grad].clone();
+                if factor != 1.0 {
+                    g.iter_mut().for_each(|x| *x *= factor);
+                }
+                let mut p = std::mem::take(self.slot(param));
+                let mut mm = std::mem::take(self.slot(m));
+                let mut vv = std::mem::take(self.slot(v));
+                let step = scalars[scalar::STEP] as u32;
+                let done = b
+                    .adamw(&opt, &mut p, &g, &mut mm, &mut vv, step, decay)
+                    .await;
+                self.tensors[param] = p;
+                self.tensors[m] = mm;
+                self.tensors[v] = vv;
+                done?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The factor AdamW multiplies the gradients by: None where a gradient is not finite (the
+/// step is skipped), else the global-norm clip factor (1 when within `clip` or `clip` is 0).
+pub fn update_factor(layout: &Stats, stats: &[f64], clip: f32) -> Option<f32> {
+    if (0..layout.grads).any(|i| stats[layout.flag(i)] != 0.0) {
+        return None;
+    }
+    let norm = grad_norm(layout, stats);
+    let clip = clip as f64;
+    Some(if clip > 0.0 && norm > clip {
+        (clip / norm) as f32
+    } else {
+        1.0
+    })
+}
+
+/// The global norm of the unscaled gradients.
+pub fn grad_norm(layout: &Stats, stats: &[f64]) -> f64 {
+    (0..layout.grads)
+        .map(|i| stats[layout.norm_sq(i)])
+        .sum::<f64>()
+        .sqrt()
+}
+
+#[async_trait::async_trait]
+impl StepExecutor for HostExecutor<'_> {
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "host interpreter over {}, one round trip per op",
+            self.backend.name()
+        )
+    }
+
+    async fn run(
+        &mut self,
+        section: Section,
+        tokens: &[u32],
+        targets: &[u32],
+        scalars: &[f32],
+    ) -> Result<Vec<f64>> {
+        check_inputs(&self.plan, tokens, targets, scalars)?;
+        self.tensors[self.plan.tokens] = bytemuck::cast_slice(tokens).to_vec();
+        self.tensors[self.plan.targets] = bytemuck::cast_slice(targets).to_vec();
+        let mut stats = vec![0.0; self.plan.stats.len()];
+        let count = self.plan.ops_of(section).len();
+        for i in 0..count {
+            let op = self.plan.ops[i].clone();
+            self.exec(&op, scalars, &mut stats).await?;
+        }
+        Ok(stats)
+    }
+
+    async fn read(&mut self, id: TensorId) -> Result<Vec<f32>> {
+        tensor_len(&self.plan, id)?;
+        Ok(self.slot(id).clone())
+    }
+
+    async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()> {
+        check_write(&self.plan, id, values)?;
+        self.tensors[id] = values.to_vec();
+        Ok(())
+    }
+
+    fn device_bytes(&self) -> u64 {
+        0
+    }
+}

@@ -1,0 +1,441 @@
+//! The step plan: one step of the model (forward, backward, optimizer update) as a list of ops
+//! on numbered tensors, built once per (model, precision, batch shape) and run by an executor:
+//! the host interpreter (`exec::HostExecutor`, a backend's ops one round trip at a time) or a
+//! device executor that keeps every tensor resident and replays the step as one submission
+//! (`backend::wgpu::plan`).
+//!
+//! What changes from step to step enters through two small arrays: `scalar` slots the host
+//! writes before a step (loss scale, AdamW bias corrections, fp8 scales) and `Stats` slots the
+//! device writes during it (loss, finite flags, squared gradient norms, fp8 amaxes), the only
+//! thing read back.
+
+use crate::algorithm::{Algorithm, MatmulShape};
+use crate::format::Format;
+
+/// A tensor of the plan (an index into `Plan::tensors`).
+pub type TensorId = usize;
+
+/// What a tensor holds, and so how long it lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorKind {
+    /// Trained state, kept across steps: parameter i, its AdamW moments, its gradient.
+    Param(usize),
+    Moment1(usize),
+    Moment2(usize),
+    Grad(usize),
+    /// The step's token ids and targets (u32 ids as f32 bit patterns).
+    Tokens,
+    Targets,
+    /// Fixed when the plan is built (`Plan::constants`).
+    Constant,
+    /// Produced and consumed within a step.
+    Temp,
+}
+
+#[derive(Clone, Debug)]
+pub struct TensorInfo {
+    pub len: usize,
+    pub kind: TensorKind,
+}
+
+/// A strided copy over a 4-d index space (the attention head permutations): element
+/// (i0, i1, i2, i3) < dims moves from `src_offset + sum(i * src)` to `dst_offset + sum(i * dst)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strided {
+    pub dims: [u32; 4],
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    pub src_offset: u32,
+    pub dst_offset: u32,
+}
+
+impl Strided {
+    pub fn len(&self) -> usize {
+        self.dims.iter().map(|&d| d as usize).product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Row-major strides of `dims`.
+    pub fn dense(dims: [u32; 4]) -> [u32; 4] {
+        [dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1]
+    }
+
+    /// The source and destination index of element `e` (row-major over `dims`).
+    pub fn indices(&self, e: usize) -> (usize, usize) {
+        let mut rest = e;
+        let (mut s, mut d) = (self.src_offset as usize, self.dst_offset as usize);
+        for axis in (0..4).rev() {
+            let n = self.dims[axis] as usize;
+            let i = rest % n;
+            rest /= n;
+            s += i * self.src[axis] as usize;
+            d += i * self.dst[axis] as usize;
+        }
+        (s, d)
+    }
+
+    /// (B, T, 3C) -> one of q, k, v as (B, H, T, D).
+    pub fn split_head(part: usize, b: usize, t: usize, h: usize, d: usize) -> Strided {
+        let (b, t, h, d, c) = (b as u32, t as u32, h as u32, d as u32, (h * d) as u32);
+        let dims = [b, h, t, d];
+        Strided {
+            dims,
+            src: [t * 3 * c, d, 3 * c, 1],
+            dst: Strided::dense(dims),
+            src_offset: part as u32 * c,
+            dst_offset: 0,
+        }
+    }
+
+    /// The inverse of `split_head`: q, k or v (B, H, T, D) into its third of (B, T, 3C).
+    pub fn merge_head(part: usize, b: usize, t: usize, h: usize, d: usize) -> Strided {
+        let s = Strided::split_head(part, b, t, h, d);
+        Strided {
+            src: s.dst,
+            dst: s.src,
+            src_offset: s.dst_offset,
+            dst_offset: s.src_offset,
+            ..s
+        }
+    }
+
+    /// (B, H, T, D) -> (B, T, H * D).
+    pub fn heads_to_rows(b: usize, t: usize, h: usize, d: usize) -> Strided {
+        let (b, t, h, d) = (b as u32, t as u32, h as u32, d as u32);
+        let dims = [b, h, t, d];
+        Strided {
+            dims,
+            src: Strided::dense(dims),
+            dst: [t * h * d, d, h * d, 1],
+            src_offset: 0,
+            dst_offset: 0,
+        }
+    }
+
+    /// (B, T, H * D) -> (B, H, T, D).
+    pub fn rows_to_heads(b: usize, t: usize, h: usize, d: usize) -> Strided {
+        let s = Strided::heads_to_rows(b, t, h, d);
+        Strided {
+            src: s.dst,
+            dst: s.src,
+            ..s
+        }
+    }
+
+    /// The host copy.
+    pub fn apply(&self, x: &[f32], out: &mut [f32]) {
+        for e in 0..self.len() {
+            let (s, d) = self.indices(e);
+            out[d] = x[s];
+        }
+    }
+}
+
+/// One op of a plan. Ops read and write tensors by id; the comments give what the op computes
+/// (the host reference is `train::ops`).
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// out = rows of `table` (c wide) picked by `ids`.
+    Embedding {
+        table: TensorId,
+        ids: TensorId,
+        out: TensorId,
+        c: usize,
+    },
+    /// out (rows x c) = scatter-add of the rows of `dout` by `ids`.
+    EmbeddingBwd {
+        dout: TensorId,
+        ids: TensorId,
+        out: TensorId,
+        rows: usize,
+        c: usize,
+    },
+    /// Layer norm over rows of c; `stats` holds (mean, rstd) per row.
+    LayerNorm {
+        x: TensorId,
+        g: TensorId,
+        b: TensorId,
+        out: TensorId,
+        stats: TensorId,
+        c: usize,
+    },
+    LayerNormBwd {
+        dy: TensorId,
+        x: TensorId,
+        g: TensorId,
+        stats: TensorId,
+        dx: TensorId,
+        dg: TensorId,
+        db: TensorId,
+        c: usize,
+    },
+    Gelu {
+        x: TensorId,
+        out: TensorId,
+    },
+    GeluBwd {
+        x: TensorId,
+        dy: TensorId,
+        out: TensorId,
+    },
+    /// Causal softmax of `scale * x` per row of t.
+    Softmax {
+        x: TensorId,
+        out: TensorId,
+        t: usize,
+        scale: f64,
+    },
+    SoftmaxBwd {
+        p: TensorId,
+        dp: TensorId,
+        out: TensorId,
+        t: usize,
+        scale: f64,
+    },
+    /// Probabilities per row of v, and the sum of the rows' losses into `Stats::LOSS`.
+    CrossEntropy {
+        logits: TensorId,
+        targets: TensorId,
+        probs: TensorId,
+        v: usize,
+    },
+    /// out = (probs - onehot(targets)) * scalar `DLOSS_PER_ROW`.
+    CrossEntropyBwd {
+        probs: TensorId,
+        targets: TensorId,
+        out: TensorId,
+        v: usize,
+    },
+    /// out = op(a) . op(b) under `algorithm`; an fp8 algorithm with given scales takes them
+    /// from the scalar slots `scales` (delayed scaling: they change every step).
+    Matmul {
+        shape: MatmulShape,
+        algorithm: Algorithm,
+        a: TensorId,
+        b: TensorId,
+        out: TensorId,
+        scales: Option<[usize; 2]>,
+    },
+    /// x rounded to `format` in place (autocast holds x in `format`).
+    Round {
+        x: TensorId,
+        format: Format,
+    },
+    /// y += x, x repeated over y when shorter (a bias added to every row).
+    Add {
+        x: TensorId,
+        y: TensorId,
+    },
+    /// out[j] = sum over rows of x[row, j] (bias gradients).
+    ColumnSums {
+        x: TensorId,
+        out: TensorId,
+        c: usize,
+    },
+    /// out[map.dst(e)] = x[map.src(e)].
+    Copy {
+        x: TensorId,
+        out: TensorId,
+        map: Strided,
+    },
+    /// Stats slot `slot` = largest finite |x| (fp8 delayed scaling's amax).
+    Amax {
+        x: TensorId,
+        slot: usize,
+    },
+    /// GradScaler's unscale of gradient `index`: g *= scalar `INVERSE_SCALE` (gradient 0's
+    /// first element also gets scalar `POISON`, 0 except when a test injects a fault), and its
+    /// finite flag and squared norm into the stats.
+    UnscaleCheck {
+        grad: TensorId,
+        index: usize,
+    },
+    /// AdamW update of one parameter, applied only where every gradient is finite, with the
+    /// gradient clipped to the global norm scalar `CLIP` (0: no clipping).
+    AdamW {
+        param: TensorId,
+        grad: TensorId,
+        m: TensorId,
+        v: TensorId,
+        decay: bool,
+    },
+}
+
+impl Op {
+    /// Name of the op in errors and profiles.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Embedding { .. } => "embedding",
+            Op::EmbeddingBwd { .. } => "embedding backward",
+            Op::LayerNorm { .. } => "layer norm",
+            Op::LayerNormBwd { .. } => "layer norm backward",
+            Op::Gelu { .. } => "gelu",
+            Op::GeluBwd { .. } => "gelu backward",
+            Op::Softmax { .. } => "causal softmax",
+            Op::SoftmaxBwd { .. } => "causal softmax backward",
+            Op::CrossEntropy { .. } => "cross entropy",
+            Op::CrossEntropyBwd { .. } => "cross entropy backward",
+            Op::Matmul { .. } => "matmul",
+            Op::Round { .. } => "round",
+            Op::Add { .. } => "add",
+            Op::ColumnSums { .. } => "column sums",
+            Op::Copy { .. } => "strided copy",
+            Op::Amax { .. } => "amax",
+            Op::UnscaleCheck { .. } => "unscale and check",
+            Op::AdamW { .. } => "adamw",
+        }
+    }
+}
+
+/// Slots of the scalars the host writes before each step.
+pub mod scalar {
+    /// Loss scale / rows (the cross-entropy gradient of the scaled mean loss).
+    pub const DLOSS_PER_ROW: usize = 0;
+    /// 1 / loss scale.
+    pub const INVERSE_SCALE: usize = 1;
+    /// Added to the first element of gradient 0 before the check (fault injection; else 0).
+    pub const POISON: usize = 2;
+    pub const LR: usize = 3;
+    pub const BETA1: usize = 4;
+    pub const BETA2: usize = 5;
+    pub const EPS: usize = 6;
+    pub const WEIGHT_DECAY: usize = 7;
+    /// AdamW's bias corrections 1 - beta^t, computed in f64 on the host.
+    pub const BIAS_CORRECTION1: usize = 8;
+    pub const BIAS_CORRECTION2: usize = 9;
+    /// Global gradient-norm clip (0: none).
+    pub const CLIP: usize = 10;
+    /// The AdamW step t (1-based), for executors that pass it to `Backend::adamw`.
+    pub const STEP: usize = 11;
+    /// The loss scale itself, for executors that pass it to `Backend::cross_entropy_bwd`.
+    pub const LOSS_SCALE: usize = 12;
+    /// fp8 scales: three per linear layer (input, weight, gradient).
+    pub const FP8: usize = 13;
+}
+
+/// Where each statistic of a step lies in the stats array.
+#[derive(Clone, Copy, Debug)]
+pub struct Stats {
+    /// Gradient tensors (parameters).
+    pub grads: usize,
+    /// fp8 linear layers with amax slots.
+    pub linears: usize,
+}
+
+impl Stats {
+    /// Sum of the rows' cross-entropy losses.
+    pub const LOSS: usize = 0;
+    /// 1 where gradient i holds inf or NaN, else 0.
+    pub fn flag(&self, i: usize) -> usize {
+        1 + i
+    }
+    /// Squared norm of (unscaled) gradient i.
+    pub fn norm_sq(&self, i: usize) -> usize {
+        1 + self.grads + i
+    }
+    /// amax of linear layer `layer`'s input (role 0), weight (1) or gradient (2).
+    pub fn amax(&self, layer: usize, role: usize) -> usize {
+        1 + 2 * self.grads + 3 * layer + role
+    }
+    pub fn len(&self) -> usize {
+        1 + 2 * self.grads + 3 * self.linears
+    }
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+}
+
+/// How far a run of the plan goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Section {
+    /// The forward pass: loss (and logits).
+    Forward,
+    /// Forward, backward, unscale and finite check: the gradients, no update.
+    Gradients,
+    /// Forward, backward and the optimizer update.
+    Step,
+}
+
+/// A built plan.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    pub tensors: Vec<TensorInfo>,
+    pub ops: Vec<Op>,
+    /// `ops[..forward]` is the forward pass, `ops[..gradients]` goes on to the unscaled, checked
+    /// gradients.
+    pub forward: usize,
+    pub gradients: usize,
+    /// Rows of the batch (tokens), the loss's denominator.
+    pub rows: usize,
+    pub tokens: TensorId,
+    pub targets: TensorId,
+    pub logits: TensorId,
+    /// Per parameter: (parameter, gradient, first moment, second moment).
+    pub state: Vec<[TensorId; 4]>,
+    pub constants: Vec<(TensorId, Vec<f32>)>,
+    pub stats: Stats,
+}
+
+impl Plan {
+    pub fn scalar_count(&self) -> usize {
+        scalar::FP8 + 3 * self.stats.linears
+    }
+
+    /// The ops a run of `section` executes.
+    pub fn ops_of(&self, section: Section) -> &[Op] {
+        match section {
+            Section::Forward => &self.ops[..self.forward],
+            Section::Gradients => &self.ops[..self.gradients],
+            Section::Step => &self.ops,
+        }
+    }
+
+    /// Bytes of every tensor of the plan (device memory of a resident executor, temporaries of
+    /// the kernels aside).
+    pub fn tensor_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.len as u64 * 4).sum()
+    }
+}
+
+/// Records a plan.
+#[derive(Default)]
+pub struct PlanBuilder {
+    pub tensors: Vec<TensorInfo>,
+    pub ops: Vec<Op>,
+    pub constants: Vec<(TensorId, Vec<f32>)>,
+}
+
+impl PlanBuilder {
+    pub fn tensor(&mut self, len: usize, kind: TensorKind) -> TensorId {
+        self.tensors.push(TensorInfo { len, kind });
+        self.tensors.len() - 1
+    }
+
+    pub fn temp(&mut self, len: usize) -> TensorId {
+        self.tensor(len, TensorKind::Temp)
+    }
+
+    pub fn constant(&mut self, values: Vec<f32>) -> TensorId {
+        let id = self.tensor(values.len(), TensorKind::Constant);
+        self.constants.push((id, values));
+        id
+    }
+
+    pub fn len(&self, id: TensorId) -> usize {
+        self.tensors[id].len
+    }
+
+    pub fn push(&mut self, op: Op) {
+        self.ops.push(op);
+    }
+
+    /// Rounds x to `format` in place (nothing for f32).
+    pub fn round(&mut self, x: TensorId, format: Format) {
+        if format != Format::F32 {
+            self.push(Op::Round { x, format });
+        }
+    }
+}
