@@ -298,13 +298,15 @@ impl<'a> HostExecutor<'a> {
                     eps: scalars[scalar::EPS],
                     weight_decay: scalars[scalar::WEIGHT_DECAY],
                 };
-                let mut g = self.tensors[grad].clone();
-                if factor != 1.0 {
-                    g.iter_mut().for_each(|x| *x *= factor);
-                }
                 let mut p = std::mem::take(self.slot(param));
                 let mut mm = std::mem::take(self.slot(m));
                 let mut vv = std::mem::take(self.slot(v));
+                // Copy the gradient only where the clip scales it.
+                let g: std::borrow::Cow<[f32]> = if factor == 1.0 {
+                    self.tensors[grad].as_slice().into()
+                } else {
+                    self.tensors[grad].iter().map(|x| x * factor).collect()
+                };
                 let step = scalars[scalar::STEP] as u32;
                 let done = b
                     .adamw(&opt, &mut p, &g, &mut mm, &mut vv, step, decay)
