@@ -14,3 +14,5 @@ if ! have_vulkan_driver; then
 fi
 # The Vulkan loader's window-system probes complain when this is unset; compute needs none.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
+# NVRTC, so that the tests compile the CUDA kernels even without a GPU.
+source "$(dirname "${BASH_SOURCE[0]}")/nvrtc.sh"

@@ -451,3 +451,4 @@ tests_for!(reference: matmul_edges, matmul_error_bands, matmul_bad_input, train_
 tests_for!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, train_ops);
 tests_for!(wgpu_packed_f16: matmul_random, matmul_edges);
 tests_for!(wgpu_checked: casts, matmul_edges, train_ops);
+tests_for!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, train_ops);

@@ -6,6 +6,8 @@
 //! (never plausible data), and never panics on user input. Adding a backend means implementing
 //! this trait and passing the conformance suite in `tests/`.
 
+#[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+pub mod cuda;
 pub mod reference;
 pub mod wgpu;
 
@@ -330,9 +332,13 @@ pub async fn open(choice: BackendChoice) -> Result<Box<dyn Backend>> {
         BackendChoice::Only(BackendKind::Wgpu) => {
             Ok(Box::new(wgpu::WgpuBackend::open_best().await?))
         }
-        BackendChoice::Only(BackendKind::Cuda) => Err(cuda_unavailable()),
+        BackendChoice::Only(BackendKind::Cuda) => open_cuda(),
         BackendChoice::Auto => {
-            let mut tried = vec![format!("cuda: {}", cuda_unavailable())];
+            let mut tried = vec![];
+            match open_cuda() {
+                Ok(b) => return Ok(b),
+                Err(e) => tried.push(format!("cuda: {}", cuda_reason(e))),
+            }
             match wgpu::WgpuBackend::open_best().await {
                 Ok(b) => return Ok(Box::new(b)),
                 Err(e) => tried.push(format!("wgpu: {e}")),
@@ -349,9 +355,28 @@ pub async fn open(choice: BackendChoice) -> Result<Box<dyn Backend>> {
     }
 }
 
-fn cuda_unavailable() -> Error {
-    Error::BackendUnavailable {
+/// The CUDA backend on device 0, or why there is none.
+#[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+pub fn open_cuda() -> Result<Box<dyn Backend>> {
+    Ok(Box::new(cuda::CudaBackend::open(0)?))
+}
+
+/// The CUDA backend on device 0, or why there is none.
+#[cfg(not(all(feature = "cuda", not(target_arch = "wasm32"))))]
+pub fn open_cuda() -> Result<Box<dyn Backend>> {
+    Err(Error::BackendUnavailable {
         backend: "cuda".into(),
-        why: "this build has no CUDA backend yet (the cudarc fast path is a separate issue)".into(),
+        why: if cfg!(target_arch = "wasm32") {
+            "CUDA does not run in the browser".into()
+        } else {
+            "this build has no CUDA backend (built without the `cuda` feature)".into()
+        },
+    })
+}
+
+fn cuda_reason(e: Error) -> String {
+    match e {
+        Error::BackendUnavailable { why, .. } => why,
+        other => other.to_string(),
     }
 }

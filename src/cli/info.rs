@@ -19,10 +19,19 @@ fn classes(b: &dyn Backend) -> String {
 
 pub fn run(_: Args) -> Result<()> {
     println!("mantissa {}", env!("CARGO_PKG_VERSION"));
-    println!("backends compiled in: reference, wgpu (cuda: not in this build)");
+    println!(
+        "backends compiled in: reference, wgpu{}",
+        if cfg!(feature = "cuda") {
+            ", cuda"
+        } else {
+            " (cuda: not in this build)"
+        }
+    );
     println!();
     println!("reference: {}", Reference.device_name());
     println!("  precision classes: {}", classes(&Reference));
+    println!();
+    cuda();
     println!();
     let adapters = backend::wgpu::list_adapters().block_on();
     if adapters.is_empty() {
@@ -93,15 +102,47 @@ pub fn run(_: Args) -> Result<()> {
         Ok(b) => println!(
             "--backend auto picks: {} ({})",
             b.name(),
-            if b.kind() == BackendKind::Wgpu {
-                "WGSL"
-            } else {
-                "host"
+            match b.kind() {
+                BackendKind::Wgpu => "WGSL",
+                BackendKind::Cuda => "CUDA",
+                BackendKind::Reference => "host",
             }
         ),
         Err(e) => println!("--backend auto: {e}"),
     }
     Ok(())
+}
+
+/// The CUDA device, or why there is none.
+#[cfg(feature = "cuda")]
+fn cuda() {
+    use crate::algorithm::Algorithm;
+    use crate::backend::cuda::{self, CudaBackend};
+    match CudaBackend::open(0) {
+        Ok(b) => {
+            let info = b.info();
+            println!("cuda: {}", b.device_name());
+            println!(
+                "  compute capability {}.{}, {} multiprocessors, {:.1} GiB; kernels compiled by NVRTC for sm_{}{}",
+                info.compute_capability.0,
+                info.compute_capability.1,
+                info.multiprocessors,
+                info.memory_bytes as f64 / (1u64 << 30) as f64,
+                info.compute_capability.0,
+                info.compute_capability.1
+            );
+            println!("  precision classes: {}", classes(&b));
+            for alg in Algorithm::ALL {
+                println!("  {:<10} {}", alg.to_string(), cuda::variant(&alg));
+            }
+        }
+        Err(e) => println!("cuda: absent: {e}"),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda() {
+    println!("cuda: not in this build (built without the `cuda` feature)");
 }
 
 fn yes(b: bool) -> String {

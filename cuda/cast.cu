@@ -1,0 +1,51 @@
+// cast.cu: casts between f32 and the stored formats, the bf16 split, and fp8 quantization with
+// scales. Needs formats.cuh. The CUDA twin of shaders/cast.wgsl and shaders/split.wgsl.
+
+// f32 -> one code of `fmt` per element (Backend::encode).
+extern "C" __global__ void encode(const u32* x, u32* out, i64 n, u32 fmt, u32 saturate) {
+    FOR_EACH(e, n) out[e] = encode_format(x[e], fmt, saturate != 0u);
+}
+
+// Codes of `fmt` -> f32 bits (Backend::decode).
+extern "C" __global__ void decode(const u32* codes, u32* out, i64 n, u32 fmt) {
+    FOR_EACH(e, n) out[e] = decode_format(codes[e], fmt);
+}
+
+// f32 -> f32 rounded to `fmt` (tf32 operands of the tf32 GEMM).
+extern "C" __global__ void round_to(const u32* x, u32* out, i64 n, u32 fmt) {
+    FOR_EACH(e, n) out[e] = decode_format(encode_format(x[e], fmt, false), fmt);
+}
+
+// f32 -> 16-bit codes (bf16 or f16 GEMM operands).
+extern "C" __global__ void encode_16(const u32* x, u16* out, i64 n, u32 fmt) {
+    FOR_EACH(e, n) out[e] = (u16)encode_format(x[e], fmt, false);
+}
+
+// The bf16 split into three planes of codes, one u32 each (Backend::split_bf16).
+extern "C" __global__ void split_bf16(const float* x, u32* planes, i64 n) {
+    FOR_EACH(e, n) {
+        Split s = split_bf16_one(x[e]);
+        planes[e] = s.h;
+        planes[n + e] = s.m;
+        planes[2 * n + e] = s.l;
+    }
+}
+
+// f32 -> sat_cast(x * s) in fp8 `fmt`, s = scales[group], written as the f16 code of the same
+// value (every e4m3 and e5m2 value is an f16 value), so that f16 tensor cores multiply them
+// exactly. A non-finite x gives NaN so that every output it touches is NaN (DESIGN.md).
+extern "C" __global__ void quantize_to_f16(const float* x, u16* out, i64 n, u32 fmt,
+                                           const float* scales, u32 batch_len, u32 div,
+                                           u32 modulus, u32 groups_per_batch) {
+    Groups g = {batch_len, div, modulus, groups_per_batch};
+    Layout l = layout_of(fmt);
+    FOR_EACH(e, n) {
+        float v = x[e];
+        u32 bits = __float_as_uint(v);
+        u32 code = nan_code(l) | ((bits >> 31) << (l.ebits + l.mbits));
+        if ((bits & 0x7f800000u) != 0x7f800000u) {
+            code = encode_bits(__float_as_uint(__fmul_rn(v, scales[group_of(e, g)])), l, true);
+        }
+        out[e] = (u16)encode_bits(decode_bits(code, l), layout_of(FMT_F16), false);
+    }
+}

@@ -1,0 +1,223 @@
+//! The kernels of `cuda/`, compiled by NVRTC at run time for the device's architecture (nothing
+//! needs nvcc at build time) and loaded once per backend.
+//!
+//! Every module is `formats.cuh` followed by one `.cu` file, as the WGSL loader splices
+//! `formats.wgsl`. Options keep float arithmetic IEEE (no flush to zero, divisions and square
+//! roots rounded to nearest, no contraction into FMAs): the casts must match the host bit for bit.
+
+use crate::error::{Error, Result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
+use cudarc::nvrtc::Ptx;
+use cudarc::nvrtc::result as nvrtc;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::sync::{Arc, Mutex};
+
+const FORMATS: &str = include_str!("../../../cuda/formats.cuh");
+
+/// One kernel module: a `.cu` file and the defines it is compiled with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Module {
+    /// cast.cu: encode, decode, round_to, encode_16, split_bf16, quantize_to_f16.
+    Cast,
+    /// scale.cu: amax, scale_from_amax, descale.
+    Scale,
+    /// matmul_split_bf16.cu with LEVELS = 2 (bf16x3), 3 (bf16x6) or 5 (bf16x9).
+    SplitMatmul { levels: usize },
+}
+
+impl Module {
+    /// Every module variant the backend can load (what the NVRTC test compiles).
+    pub const ALL: [Module; 5] = [
+        Module::Cast,
+        Module::Scale,
+        Module::SplitMatmul { levels: 2 },
+        Module::SplitMatmul { levels: 3 },
+        Module::SplitMatmul { levels: 5 },
+    ];
+
+    pub fn file(self) -> &'static str {
+        match self {
+            Module::Cast => "cast.cu",
+            Module::Scale => "scale.cu",
+            Module::SplitMatmul { .. } => "matmul_split_bf16.cu",
+        }
+    }
+
+    fn text(self) -> &'static str {
+        match self {
+            Module::Cast => include_str!("../../../cuda/cast.cu"),
+            Module::Scale => include_str!("../../../cuda/scale.cu"),
+            Module::SplitMatmul { .. } => include_str!("../../../cuda/matmul_split_bf16.cu"),
+        }
+    }
+
+    fn defines(self) -> Vec<String> {
+        match self {
+            Module::SplitMatmul { levels } => vec![format!("-DLEVELS={levels}")],
+            _ => vec![],
+        }
+    }
+
+    /// The source NVRTC compiles: formats.cuh, then the module's file (with `#line` so that
+    /// compiler messages name the right file and line).
+    pub fn source(self) -> String {
+        format!(
+            "#line 1 \"formats.cuh\"\n{FORMATS}\n#line 1 \"{}\"\n{}",
+            self.file(),
+            self.text()
+        )
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Module::SplitMatmul { levels } => format!("{} (LEVELS={levels})", self.file()),
+            _ => self.file().to_string(),
+        }
+    }
+}
+
+/// Whether the NVRTC library can be loaded here (cudarc panics on first use otherwise).
+pub fn nvrtc_present() -> bool {
+    // SAFETY: only tries to open the shared library.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
+/// What NVRTC produces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// Machine code for the device's own architecture (sm_XY). What the backend loads: the
+    /// driver need not JIT it, so an NVRTC newer than the driver works (CUDA's minor-version
+    /// compatibility covers binaries, not PTX).
+    Cubin,
+    /// PTX for compute_XY (to read, or for a driver to JIT).
+    Ptx,
+}
+
+/// Compiles `module` for compute capability `cc` (major, minor). Works without a GPU: NVRTC is
+/// a compiler library (the cubin path runs ptxas inside it too), which is how the test suite
+/// checks the kernels on any machine that has it.
+pub fn compile(module: Module, cc: (i32, i32), target: Target) -> Result<Vec<u8>> {
+    if !nvrtc_present() {
+        return Err(Error::BackendUnavailable {
+            backend: "cuda".into(),
+            why: "the NVRTC library (libnvrtc.so) is not installed".into(),
+        });
+    }
+    let arch = match target {
+        Target::Cubin => format!("--gpu-architecture=sm_{}{}", cc.0, cc.1),
+        Target::Ptx => format!("--gpu-architecture=compute_{}{}", cc.0, cc.1),
+    };
+    let mut options = vec![
+        arch,
+        "--std=c++17".to_string(),
+        // IEEE float arithmetic: the casts must match the host bit for bit.
+        "--ftz=false".to_string(),
+        "--prec-div=true".to_string(),
+        "--prec-sqrt=true".to_string(),
+        "--fmad=false".to_string(),
+    ];
+    options.extend(module.defines());
+    let failed = |log: String| Error::ShaderCompile {
+        kernel: module.describe(),
+        log,
+    };
+    let source = CString::new(module.source()).map_err(|e| failed(e.to_string()))?;
+    let name = CString::new(module.file()).map_err(|e| failed(e.to_string()))?;
+    let program =
+        nvrtc::create_program(&source, Some(&name)).map_err(|e| failed(format!("{e:?}")))?;
+    // SAFETY: `program` was created above and is destroyed once, at the end; `source` and
+    // `name` outlive it.
+    unsafe {
+        let compiled = nvrtc::compile_program(program, &options);
+        let output = match compiled {
+            Err(e) => {
+                let log = nvrtc::get_program_log(program)
+                    .map(|l| c_text(&l))
+                    .unwrap_or_default();
+                Err(failed(format!(
+                    "{e:?}\n{}\n(options: {})",
+                    log.trim(),
+                    options.join(" ")
+                )))
+            }
+            Ok(()) => match target {
+                Target::Ptx => nvrtc::get_ptx(program)
+                    .map(|p| c_text(&p).into_bytes())
+                    .map_err(|e| failed(format!("{e:?}"))),
+                Target::Cubin => cubin(program).map_err(|e| failed(format!("{e:?}"))),
+            },
+        };
+        let _ = nvrtc::destroy_program(program);
+        output
+    }
+}
+
+/// The text of a NUL-terminated buffer from NVRTC.
+fn c_text(buffer: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = buffer
+        .iter()
+        .map(|&c| c as u8)
+        .take_while(|&b| b != 0)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// # Safety
+/// `program` must be a compiled NVRTC program that has not been destroyed.
+unsafe fn cubin(
+    program: cudarc::nvrtc::sys::nvrtcProgram,
+) -> std::result::Result<Vec<u8>, nvrtc::NvrtcError> {
+    let mut size = 0usize;
+    // SAFETY: as the caller promises; the buffer has the size NVRTC reports.
+    unsafe {
+        cudarc::nvrtc::sys::nvrtcGetCUBINSize(program, &mut size).result()?;
+        let mut data = vec![0u8; size];
+        cudarc::nvrtc::sys::nvrtcGetCUBIN(program, data.as_mut_ptr() as *mut _).result()?;
+        Ok(data)
+    }
+}
+
+/// The modules of one device, compiled and loaded on first use.
+pub(super) struct Kernels {
+    ctx: Arc<CudaContext>,
+    cc: (i32, i32),
+    device: String,
+    loaded: Mutex<HashMap<Module, Arc<CudaModule>>>,
+}
+
+impl Kernels {
+    pub(super) fn new(ctx: Arc<CudaContext>, cc: (i32, i32), device: String) -> Kernels {
+        Kernels {
+            ctx,
+            cc,
+            device,
+            loaded: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The kernel `name` of `module`.
+    pub(super) fn function(&self, module: Module, name: &str) -> Result<CudaFunction> {
+        let loaded = {
+            let mut cache = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+            match cache.get(&module) {
+                Some(m) => m.clone(),
+                None => {
+                    let cubin = compile(module, self.cc, Target::Cubin)?;
+                    let m = self.ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| {
+                        Error::Device {
+                            device: self.device.clone(),
+                            message: format!("loading {}: {e:?}", module.describe()),
+                        }
+                    })?;
+                    cache.insert(module, m.clone());
+                    m
+                }
+            }
+        };
+        loaded.load_function(name).map_err(|e| Error::Device {
+            device: self.device.clone(),
+            message: format!("kernel {name} of {}: {e:?}", module.describe()),
+        })
+    }
+}

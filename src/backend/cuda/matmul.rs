@@ -1,0 +1,353 @@
+//! Matmul on the CUDA backend, one path per algorithm (the module docs of `cuda` say which).
+//! Row-major operands meet column-major cuBLAS as C^T = op(B)^T . op(A)^T: B's buffer is
+//! cuBLAS's first operand and A's its second, so nothing is transposed in memory.
+
+use super::{CudaBackend, Module, format_id};
+use crate::algorithm::{Algorithm, MatmulShape, Scaling};
+use crate::error::{Error, Result};
+use crate::format::Format;
+use cudarc::cublas::sys::{
+    cublasComputeType_t as Compute, cublasGemmAlgo_t, cublasOperation_t as Op,
+    cudaDataType_t as Type,
+};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+
+/// C = op(A) . op(B) under `algorithm`, operands and result on the device.
+pub(super) fn run(
+    cb: &CudaBackend,
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+    a: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    c: &mut CudaSlice<f32>,
+) -> Result<()> {
+    if shape.c_len() == 0 {
+        return Ok(());
+    }
+    for (what, v) in [
+        ("m", shape.m),
+        ("n", shape.n),
+        ("k", shape.k),
+        ("batch", shape.batch),
+    ] {
+        if v > i32::MAX as usize {
+            return Err(Error::invalid(
+                "matmul shape",
+                format!("{what} = {v} exceeds cuBLAS's 32-bit sizes"),
+            ));
+        }
+    }
+    match *algorithm {
+        Algorithm::F32 => gemm(
+            cb,
+            shape,
+            Type::CUDA_R_32F,
+            a,
+            b,
+            c,
+            Compute::CUBLAS_COMPUTE_32F,
+        ),
+        Algorithm::Tf32 => {
+            let (ra, rb) = (round(cb, a, Format::Tf32)?, round(cb, b, Format::Tf32)?);
+            let compute = Compute::CUBLAS_COMPUTE_32F_FAST_TF32;
+            gemm(cb, shape, Type::CUDA_R_32F, &ra, &rb, c, compute)
+        }
+        Algorithm::Bf16 | Algorithm::F16 => {
+            let (format, ty) = match algorithm {
+                Algorithm::Bf16 => (Format::Bf16, Type::CUDA_R_16BF),
+                _ => (Format::F16, Type::CUDA_R_16F),
+            };
+            let (ea, eb) = (encode_16(cb, a, format)?, encode_16(cb, b, format)?);
+            gemm(cb, shape, ty, &ea, &eb, c, Compute::CUBLAS_COMPUTE_32F)
+        }
+        Algorithm::Bf16x3 | Algorithm::Bf16x6 | Algorithm::Bf16x9 => {
+            split_matmul(cb, shape, algorithm.split_levels(), a, b, c)
+        }
+        Algorithm::Fp8 {
+            a: fa,
+            b: fb,
+            scaling,
+        } => fp8(cb, shape, (fa, fb), scaling, a, b, c),
+    }
+}
+
+/// Which kernels run an algorithm on this backend (benchmarks and `mantissa info` show it).
+pub fn variant(algorithm: &Algorithm) -> String {
+    match algorithm {
+        Algorithm::F32 => "cuBLAS SGEMM (CUDA cores)".into(),
+        Algorithm::Tf32 => "cuBLAS, TF32 tensor cores".into(),
+        Algorithm::Bf16 => "cuBLAS, bf16 tensor cores, f32 out".into(),
+        Algorithm::F16 => "cuBLAS, f16 tensor cores, f32 out".into(),
+        a if a.is_split() => format!(
+            "matmul_split_bf16.cu, {} levels, mma.sync m16n8k16, tile 64x64x32, promoted every 256",
+            a.split_levels()
+        ),
+        _ => {
+            "quantized to fp8 values held as f16 (exact), cuBLAS f16 tensor cores, descaled".into()
+        }
+    }
+}
+
+/// One strided-batched cublasGemmEx with f32 output; `ty` is the operands' type.
+fn gemm<T>(
+    cb: &CudaBackend,
+    s: &MatmulShape,
+    ty: Type,
+    a: &CudaSlice<T>,
+    b: &CudaSlice<T>,
+    c: &mut CudaSlice<f32>,
+    compute: Compute,
+) -> Result<()> {
+    if s.k == 0 {
+        // C was allocated zeroed, and an empty sum is 0.
+        return Ok(());
+    }
+    let (m, n, k) = (s.m as i32, s.n as i32, s.k as i32);
+    let (op_b, ld_b) = if s.b_transposed {
+        (Op::CUBLAS_OP_T, k)
+    } else {
+        (Op::CUBLAS_OP_N, n)
+    };
+    let (op_a, ld_a) = if s.a_transposed {
+        (Op::CUBLAS_OP_T, m)
+    } else {
+        (Op::CUBLAS_OP_N, k)
+    };
+    let (alpha, beta) = (1f32, 0f32);
+    let stream = cb.stream.as_ref();
+    let (pa, _ra) = a.device_ptr(stream);
+    let (pb, _rb) = b.device_ptr(stream);
+    let (pc, _rc) = c.device_ptr_mut(stream);
+    // SAFETY: the buffers hold batch * (k*n, m*k, m*n) elements of `ty` / f32 (shape.check and
+    // the allocations above), the leading dimensions and strides follow from the shape, and
+    // alpha/beta are host f32 as COMPUTE_32F* expects.
+    unsafe {
+        cudarc::cublas::result::gemm_strided_batched_ex(
+            *cb.blas.handle(),
+            op_b,
+            op_a,
+            n,
+            m,
+            k,
+            &alpha as *const f32 as *const _,
+            pb as *const _,
+            ty,
+            ld_b,
+            (s.k * s.n) as i64,
+            pa as *const _,
+            ty,
+            ld_a,
+            (s.m * s.k) as i64,
+            &beta as *const f32 as *const _,
+            pc as *mut _,
+            Type::CUDA_R_32F,
+            n,
+            (s.m * s.n) as i64,
+            s.batch as i32,
+            compute,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(|e| cb.device_error("cublasGemmEx", e))
+}
+
+fn round(cb: &CudaBackend, x: &CudaSlice<f32>, format: Format) -> Result<CudaSlice<f32>> {
+    let mut out = cb.zeros::<f32>(x.len())?;
+    let (n, fmt) = (x.len() as i64, format_id(format));
+    launch_1d!(cb, Module::Cast, "round_to", x.len(); x, &mut out, &n, &fmt)?;
+    Ok(out)
+}
+
+fn encode_16(cb: &CudaBackend, x: &CudaSlice<f32>, format: Format) -> Result<CudaSlice<u16>> {
+    let mut out = cb.zeros::<u16>(x.len())?;
+    let (n, fmt) = (x.len() as i64, format_id(format));
+    launch_1d!(cb, Module::Cast, "encode_16", x.len(); x, &mut out, &n, &fmt)?;
+    Ok(out)
+}
+
+/// The fused split-bf16 kernel: one block per 64 x 64 tile of C and batch.
+fn split_matmul(
+    cb: &CudaBackend,
+    s: &MatmulShape,
+    levels: usize,
+    a: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    c: &mut CudaSlice<f32>,
+) -> Result<()> {
+    const TILE: usize = 64;
+    if s.batch > 65535 || s.m.div_ceil(TILE) > 65535 {
+        return Err(Error::invalid(
+            "matmul shape",
+            format!(
+                "batch {} or m {} exceeds the split kernel's grid",
+                s.batch, s.m
+            ),
+        ));
+    }
+    let f = cb
+        .kernels
+        .function(Module::SplitMatmul { levels }, "matmul_split_bf16")?;
+    let (m, n, k) = (s.m as i64, s.n as i64, s.k as i64);
+    // Strides of A's (i, p) and B's (p, j), and of a batch.
+    let (a_row, a_col) = if s.a_transposed { (1, m) } else { (k, 1) };
+    let (b_row, b_col) = if s.b_transposed { (1, k) } else { (n, 1) };
+    let (a_batch, b_batch) = (m * k, k * n);
+    let dims = (s.m as u32, s.n as u32, s.k as u32);
+    let mut launch = cb.stream.launch_builder(&f);
+    launch
+        .arg(a)
+        .arg(b)
+        .arg(c)
+        .arg(&dims.0)
+        .arg(&dims.1)
+        .arg(&dims.2)
+        .arg(&a_row)
+        .arg(&a_col)
+        .arg(&a_batch)
+        .arg(&b_row)
+        .arg(&b_col)
+        .arg(&b_batch);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            s.n.div_ceil(TILE) as u32,
+            s.m.div_ceil(TILE) as u32,
+            s.batch as u32,
+        ),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the kernel reads A and B only at indices below batch * m * k and batch * k * n
+    // (bounds-checked per element) and writes C below batch * m * n.
+    unsafe { launch.launch(cfg) }
+        .map(|_| ())
+        .map_err(|e| cb.device_error("matmul_split_bf16", e))
+}
+
+/// Which scale group an element of an operand falls in (cuda/formats.cuh, `Groups`).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Groups {
+    batch_len: u32,
+    div: u32,
+    modulus: u32,
+    per_batch: u32,
+}
+
+impl Groups {
+    /// One group for all `len` values.
+    pub(super) fn whole(len: usize) -> Groups {
+        Groups {
+            batch_len: len.max(1) as u32,
+            div: len.max(1) as u32,
+            modulus: 1,
+            per_batch: 1,
+        }
+    }
+
+    /// One group per batch of `rows x cols` (tensorwise scaling), or per line: per row of a
+    /// row-major `rows x cols` matrix (`along_rows`) or per column.
+    fn of(rows: usize, cols: usize, lines: Option<bool>) -> Groups {
+        let batch_len = (rows * cols).max(1) as u32;
+        match lines {
+            None => Groups {
+                batch_len,
+                div: batch_len,
+                modulus: 1,
+                per_batch: 1,
+            },
+            Some(true) => Groups {
+                batch_len,
+                div: cols.max(1) as u32,
+                modulus: rows.max(1) as u32,
+                per_batch: rows.max(1) as u32,
+            },
+            Some(false) => Groups {
+                batch_len,
+                div: 1,
+                modulus: cols.max(1) as u32,
+                per_batch: cols.max(1) as u32,
+            },
+        }
+    }
+}
+
+/// amax of every group of `x` (its first `len` values) into `bits` (f32 bits, zeroed).
+pub(super) fn amax_groups(
+    cb: &CudaBackend,
+    x: &CudaSlice<f32>,
+    len: usize,
+    bits: &mut CudaSlice<u32>,
+    g: Groups,
+) -> Result<()> {
+    let n = len as i64;
+    launch_1d!(cb, Module::Scale, "amax", len; x, &n, bits, &g.batch_len, &g.div, &g.modulus, &g.per_batch)
+}
+
+/// fp8: scales (current, per tensor or per line; or given), quantization into f16 codes of
+/// the fp8 values, an f16 GEMM, and the division by the scales.
+fn fp8(
+    cb: &CudaBackend,
+    s: &MatmulShape,
+    (fa, fb): (Format, Format),
+    scaling: Scaling,
+    a: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    c: &mut CudaSlice<f32>,
+) -> Result<()> {
+    // A's rows are its stored rows unless transposed (then its stored columns); B's columns are
+    // its stored columns unless transposed (then its stored rows).
+    let rowwise = scaling == Scaling::Rowwise;
+    let (a_rows, a_cols) = if s.a_transposed {
+        (s.k, s.m)
+    } else {
+        (s.m, s.k)
+    };
+    let (b_rows, b_cols) = if s.b_transposed {
+        (s.n, s.k)
+    } else {
+        (s.k, s.n)
+    };
+    let ga = Groups::of(a_rows, a_cols, rowwise.then_some(!s.a_transposed));
+    let gb = Groups::of(b_rows, b_cols, rowwise.then_some(s.b_transposed));
+    let scales = |x: &CudaSlice<f32>, g: Groups, format: Format, given: Option<f32>| {
+        let count = s.batch * g.per_batch as usize;
+        if let Some(v) = given {
+            return cb.upload(&vec![v; count]);
+        }
+        let mut bits = cb.zeros::<u32>(count)?;
+        amax_groups(cb, x, x.len(), &mut bits, g)?;
+        let mut out = cb.zeros::<f32>(count)?;
+        let (groups, fmax) = (count as u32, format.max());
+        launch_1d!(cb, Module::Scale, "scale_from_amax", count; &bits, &mut out, &groups, &fmax)?;
+        Ok(out)
+    };
+    let (given_a, given_b) = match scaling {
+        Scaling::Given { a, b } => (Some(a), Some(b)),
+        _ => (None, None),
+    };
+    let sa = scales(a, ga, fa, given_a)?;
+    let sb = scales(b, gb, fb, given_b)?;
+    let quantize = |x: &CudaSlice<f32>, format: Format, scales: &CudaSlice<f32>, g: Groups| {
+        let mut out = cb.zeros::<u16>(x.len())?;
+        let (n, fmt) = (x.len() as i64, format_id(format));
+        launch_1d!(cb, Module::Cast, "quantize_to_f16", x.len(); x, &mut out, &n, &fmt, scales, &g.batch_len, &g.div, &g.modulus, &g.per_batch)?;
+        Ok::<_, Error>(out)
+    };
+    let qa = quantize(a, fa, &sa, ga)?;
+    let qb = quantize(b, fb, &sb, gb)?;
+    gemm(
+        cb,
+        s,
+        Type::CUDA_R_16F,
+        &qa,
+        &qb,
+        c,
+        Compute::CUBLAS_COMPUTE_32F,
+    )?;
+    let n = s.c_len() as i64;
+    let (rows, cols) = (s.m as u32, s.n as u32);
+    let (a_groups, b_groups) = (
+        if rowwise { rows } else { 1 },
+        if rowwise { cols } else { 1 },
+    );
+    launch_1d!(cb, Module::Scale, "descale", s.c_len(); c, &n, &rows, &cols, &sa, &a_groups, &sb, &b_groups)
+}

@@ -1,0 +1,360 @@
+//! The CUDA fast path: cuBLAS GEMMs on tensor cores and NVRTC-compiled kernels (`cuda/*.cu`),
+//! through cudarc with the CUDA libraries loaded at run time.
+//!
+//! The crate builds and runs where no CUDA exists: `probe` opens each library before anything
+//! touches it (cudarc panics on first use of a missing one), and `open` turns every failure,
+//! panics of the bindings included, into `BackendUnavailable`, so `--backend auto` falls back to
+//! wgpu with the reason. Devices older than compute capability 8.0 are refused: the split and
+//! bf16 algorithms need bf16 tensor cores (mma.sync m16n8k16), and wgpu runs those GPUs.
+//!
+//! Numerics (DESIGN.md's contract; the conformance suite checks it on a GPU):
+//! - operands are rounded, split and quantized by our kernels, bit for bit as the host;
+//! - f32 is cuBLAS SGEMM (not cuBLASLt, whose f32 path is TF32);
+//! - tf32, bf16, f16: operands rounded by us, then cuBLAS with that compute type, f32 output
+//!   (the tensor core's own tf32 truncation then sees values that are already tf32);
+//! - bf16x3/x6/x9: one fused kernel (`matmul_split_bf16.cu`), levels on their own
+//!   accumulators, promoted to f32 every 256 of K;
+//! - fp8: quantized with our scales into f16 codes (every e4m3 and e5m2 value is an f16
+//!   value, so f16 tensor cores multiply them exactly), an f16 GEMM, then the descale.
+
+/// Launches the elementwise kernel `$name` of `$module` over `$n` elements with the arguments
+/// in order (a grid-stride loop; nothing is launched for 0 elements).
+macro_rules! launch_1d {
+    ($cb:expr, $module:expr, $name:expr, $n:expr; $($arg:expr),* $(,)?) => {{
+        let cb: &CudaBackend = $cb;
+        let n: usize = $n;
+        if n > 0 {
+            let f = cb.kernels.function($module, $name)?;
+            let mut builder = cb.stream.launch_builder(&f);
+            $( builder.arg($arg); )*
+            // SAFETY: every kernel of cuda/ checks its bounds against the element count among
+            // its arguments, and the callers pass buffers of at least that length.
+            unsafe { builder.launch(CudaBackend::config_1d(n)) }
+                .map_err(|e| cb.device_error($name, e))?;
+        }
+        Ok::<(), Error>(())
+    }};
+}
+
+mod kernels;
+mod matmul;
+
+pub use kernels::{Module, Target, compile, nvrtc_present};
+pub use matmul::variant;
+
+use super::{Backend, BackendKind, MatmulTiming};
+use crate::algorithm::{Algorithm, MatmulShape};
+use crate::error::{Error, Result};
+use crate::format::{Format, Overflow};
+use crate::policy::Capabilities;
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
+use kernels::Kernels;
+use std::sync::Arc;
+
+/// The oldest compute capability the backend runs on (Ampere: bf16 tensor cores).
+pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
+
+/// What `mantissa info` shows of a CUDA device.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct DeviceInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub compute_capability: (i32, i32),
+    pub memory_bytes: usize,
+    pub multiprocessors: i32,
+}
+
+/// Checks that every CUDA library the backend uses can be loaded, without touching them.
+pub fn probe() -> std::result::Result<(), String> {
+    // SAFETY: each call only tries to open a shared library.
+    let libraries = unsafe {
+        [
+            (
+                cudarc::driver::sys::is_culib_present(),
+                "the CUDA driver (libcuda.so): no NVIDIA driver installed",
+            ),
+            (
+                cudarc::nvrtc::sys::is_culib_present(),
+                "NVRTC (libnvrtc.so): install the CUDA toolkit, or pip's nvidia-cuda-nvrtc and add its lib directory to LD_LIBRARY_PATH",
+            ),
+            (
+                cudarc::cublas::sys::is_culib_present(),
+                "cuBLAS (libcublas.so): install the CUDA toolkit, or pip's nvidia-cublas and add its lib directory to LD_LIBRARY_PATH",
+            ),
+        ]
+    };
+    match libraries.iter().find(|(present, _)| !present) {
+        Some((_, missing)) => Err(format!("cannot load {missing}")),
+        None => Ok(()),
+    }
+}
+
+fn unavailable(why: impl Into<String>) -> Error {
+    Error::BackendUnavailable {
+        backend: "cuda".into(),
+        why: why.into(),
+    }
+}
+
+/// The CUDA backend on one device: a context, one stream, a cuBLAS handle and the kernels.
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    kernels: Kernels,
+    info: DeviceInfo,
+}
+
+impl CudaBackend {
+    /// Opens device `ordinal`, or says why it cannot.
+    pub fn open(ordinal: usize) -> Result<CudaBackend> {
+        probe().map_err(unavailable)?;
+        // The bindings panic where a library lacks a symbol they expect (another CUDA version).
+        std::panic::catch_unwind(|| Self::open_probed(ordinal)).unwrap_or_else(|_| {
+            Err(unavailable(
+                "the CUDA libraries failed to initialise (a version this build does not know?)",
+            ))
+        })
+    }
+
+    fn open_probed(ordinal: usize) -> Result<CudaBackend> {
+        let count = CudaContext::device_count()
+            .map_err(|e| unavailable(format!("the CUDA driver did not initialise: {e:?}")))?;
+        if ordinal >= count.max(0) as usize {
+            return Err(unavailable(format!(
+                "no CUDA device {ordinal} (the driver sees {count})"
+            )));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| unavailable(format!("{e:?}")))?;
+        let attribute = |a| ctx.attribute(a).unwrap_or(0);
+        use cudarc::driver::sys::CUdevice_attribute as A;
+        let info = DeviceInfo {
+            ordinal,
+            name: ctx.name().unwrap_or_else(|_| "CUDA device".into()),
+            compute_capability: ctx
+                .compute_capability()
+                .map_err(|e| unavailable(format!("{e:?}")))?,
+            memory_bytes: ctx.total_mem().unwrap_or(0),
+            multiprocessors: attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+        };
+        if info.compute_capability < MIN_COMPUTE_CAPABILITY {
+            return Err(unavailable(format!(
+                "{} has compute capability {}.{}; the CUDA backend needs {}.{} (bf16 tensor cores); wgpu runs this GPU",
+                info.name,
+                info.compute_capability.0,
+                info.compute_capability.1,
+                MIN_COMPUTE_CAPABILITY.0,
+                MIN_COMPUTE_CAPABILITY.1
+            )));
+        }
+        let stream = ctx.default_stream();
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| unavailable(format!("cuBLAS did not initialise: {e:?}")))?;
+        let kernels = Kernels::new(ctx.clone(), info.compute_capability, info.name.clone());
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            blas,
+            kernels,
+            info,
+        })
+    }
+
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn device_error(&self, what: &str, e: impl std::fmt::Debug) -> Error {
+        let message = format!("{e:?}");
+        let hint = if message.contains("OUT_OF_MEMORY") || message.contains("ALLOC_FAILED") {
+            format!(
+                " (out of device memory: {:.1} GiB in all)",
+                self.info.memory_bytes as f64 / (1u64 << 30) as f64
+            )
+        } else {
+            String::new()
+        };
+        Error::Device {
+            device: self.info.name.clone(),
+            message: format!("{what}: {message}{hint}"),
+        }
+    }
+
+    fn upload<T: DeviceRepr>(&self, x: &[T]) -> Result<CudaSlice<T>> {
+        self.stream
+            .clone_htod(x)
+            .map_err(|e| self.device_error("upload", e))
+    }
+
+    fn zeros<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        self.stream
+            .alloc_zeros(len.max(1))
+            .map_err(|e| self.device_error(&format!("allocating {len} values"), e))
+    }
+
+    fn download<T: DeviceRepr>(&self, x: &CudaSlice<T>, len: usize) -> Result<Vec<T>> {
+        let mut v = self
+            .stream
+            .clone_dtoh(x)
+            .map_err(|e| self.device_error("download", e))?;
+        self.stream
+            .synchronize()
+            .map_err(|e| self.device_error("synchronize", e))?;
+        v.truncate(len);
+        Ok(v)
+    }
+
+    /// The launch of an elementwise kernel (a grid-stride loop over `n` elements).
+    fn config_1d(n: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (n.div_ceil(256).min(1 << 20) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    fn to_bits(x: &[f32]) -> &[u32] {
+        bytemuck::cast_slice(x)
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for CudaBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cuda
+    }
+
+    fn name(&self) -> String {
+        format!("cuda:{}", self.info.name)
+    }
+
+    fn device_name(&self) -> String {
+        let (major, minor) = self.info.compute_capability;
+        format!(
+            "{} (sm_{major}{minor}, {:.1} GiB, {} SMs)",
+            self.info.name,
+            self.info.memory_bytes as f64 / (1u64 << 30) as f64,
+            self.info.multiprocessors
+        )
+    }
+
+    /// Tensor cores run every algorithm but f32 (fp8 as exact f16 products).
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            accelerated: Algorithm::ALL
+                .into_iter()
+                .filter(|a| *a != Algorithm::F32)
+                .collect(),
+        }
+    }
+
+    async fn matmul(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        a: &[f32],
+        b: &[f32],
+    ) -> Result<Vec<f32>> {
+        shape.check(a.len(), b.len())?;
+        let (a, b) = (self.upload(a)?, self.upload(b)?);
+        let mut c = self.zeros::<f32>(shape.c_len())?;
+        matmul::run(self, shape, algorithm, &a, &b, &mut c)?;
+        self.download(&c, shape.c_len())
+    }
+
+    async fn time_matmul(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        a: &[f32],
+        b: &[f32],
+        repetitions: usize,
+    ) -> Result<MatmulTiming> {
+        shape.check(a.len(), b.len())?;
+        let (a, b) = (self.upload(a)?, self.upload(b)?);
+        let mut c = self.zeros::<f32>(shape.c_len())?;
+        // One untimed run compiles the kernels and warms cuBLAS's heuristics.
+        matmul::run(self, shape, algorithm, &a, &b, &mut c)?;
+        let mut times = Vec::with_capacity(repetitions.max(1));
+        for _ in 0..repetitions.max(1) {
+            let event = |what| {
+                self.ctx
+                    .new_event(None)
+                    .map_err(|e| self.device_error(what, e))
+            };
+            let (start, end) = (event("timer")?, event("timer")?);
+            start
+                .record(&self.stream)
+                .map_err(|e| self.device_error("timer", e))?;
+            matmul::run(self, shape, algorithm, &a, &b, &mut c)?;
+            end.record(&self.stream)
+                .map_err(|e| self.device_error("timer", e))?;
+            end.synchronize()
+                .map_err(|e| self.device_error("timer", e))?;
+            let ms = start
+                .elapsed_ms(&end)
+                .map_err(|e| self.device_error("timer", e))?;
+            times.push(ms as f64 / 1e3);
+        }
+        Ok(MatmulTiming {
+            seconds: super::median(&mut times),
+            clock: "cuda-events",
+            repetitions: times.len(),
+            variant: matmul::variant(algorithm),
+        })
+    }
+
+    async fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> Result<Vec<u32>> {
+        let input = self.upload(Self::to_bits(x))?;
+        let mut out = self.zeros::<u32>(x.len())?;
+        let (n, fmt, saturate) = (x.len() as i64, format_id(format), overflow_flag(overflow));
+        launch_1d!(self, Module::Cast, "encode", x.len(); &input, &mut out, &n, &fmt, &saturate)?;
+        self.download(&out, x.len())
+    }
+
+    async fn decode(&self, format: Format, bits: &[u32]) -> Result<Vec<f32>> {
+        let input = self.upload(bits)?;
+        let mut out = self.zeros::<f32>(bits.len())?;
+        let (n, fmt) = (bits.len() as i64, format_id(format));
+        launch_1d!(self, Module::Cast, "decode", bits.len(); &input, &mut out, &n, &fmt)?;
+        self.download(&out, bits.len())
+    }
+
+    async fn split_bf16(&self, x: &[f32]) -> Result<[Vec<u32>; 3]> {
+        let input = self.upload(x)?;
+        let mut planes = self.zeros::<u32>(3 * x.len())?;
+        let n = x.len() as i64;
+        launch_1d!(self, Module::Cast, "split_bf16", x.len(); &input, &mut planes, &n)?;
+        let all = self.download(&planes, 3 * x.len())?;
+        let plane = |p: usize| all[p * x.len()..(p + 1) * x.len()].to_vec();
+        Ok([plane(0), plane(1), plane(2)])
+    }
+
+    async fn amax(&self, x: &[f32]) -> Result<f32> {
+        let input = self.upload(x)?;
+        let mut bits = self.zeros::<u32>(1)?;
+        matmul::amax_groups(
+            self,
+            &input,
+            x.len(),
+            &mut bits,
+            matmul::Groups::whole(x.len()),
+        )?;
+        Ok(f32::from_bits(self.download(&bits, 1)?[0]))
+    }
+}
+
+/// `Format`'s index, as formats.cuh numbers the formats.
+fn format_id(format: Format) -> u32 {
+    Format::ALL
+        .iter()
+        .position(|f| *f == format)
+        .expect("every format is in Format::ALL") as u32
+}
+
+fn overflow_flag(overflow: Overflow) -> u32 {
+    u32::from(overflow == Overflow::Saturate)
+}
