@@ -16,3 +16,10 @@ fi
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 # NVRTC, so that the tests compile the CUDA kernels even without a GPU.
 source "$(dirname "${BASH_SOURCE[0]}")/nvrtc.sh"
+# A C++ compiler, for the test that runs the CUDA elementwise kernels on the host.
+if ! command -v c++ >/dev/null; then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq g++ >/dev/null
+fi
