@@ -8,7 +8,9 @@
 #   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
 #   apt-get $o update && (cd .gl && apt-get $o download libvulkan1)
 #   cargo build --release
-# Then run with carry [".gl", ".anchors", "target/release/mantissa"]:
+#   cargo test --release --test conformance --no-run   # then: mkdir -p .bin && cp the
+#     target/release/deps/conformance-* executable it names to .bin/conformance
+# Then run with carry [".gl", ".anchors", ".bin", "target/release/mantissa"]:
 #   bash scripts/gpu-checks.sh
 # Everything lands in $OUT (or ./gpu-checks when OUT is unset).
 set -uo pipefail
@@ -21,10 +23,19 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
     export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi
+# CUDA from PyTorch's pip wheels (cuBLAS, NVRTC): put their lib directories on the path.
+nv_libs=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/*/lib/*.so*")})))' 2>/dev/null)
+[ -n "$nv_libs" ] && export LD_LIBRARY_PATH="$nv_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 m=./target/release/mantissa
 run() { echo "== $*"; "$@" 2>&1 | tee -a "$out/log.txt"; }
 run nvidia-smi
 run $m info
+# The conformance suite on the CUDA backend (and wgpu on the GPU).
+if [ -x .bin/conformance ]; then
+    run .bin/conformance cuda:: --test-threads 1
+    run .bin/conformance wgpu:: --test-threads 1
+fi
+run $m bench matmul --sizes 4096,8192 --algorithms all --backends cuda --reps 10 --json "$out/bench-cuda.json"
 run $m bench matmul --sizes 4096,8192 --algorithms all --backends wgpu --reps 10 --json "$out/bench-unchecked.json"
 MANTISSA_WGSL_CHECKS=on run $m bench matmul --sizes 4096 --algorithms f32,bf16x3 --backends wgpu --reps 5 --json "$out/bench-checked.json"
 run $m bench matmul --sizes 8192x1x8192 --algorithms f32,e4m3 --backends wgpu --reps 10 --json "$out/bench-matvec.json"
@@ -36,6 +47,7 @@ if [ -d .anchors ]; then
 fi
 run $m report --backends all --sizes 256,1000x700x1500 --train-steps 100 --out "$out/report"
 run $m train --config small --precision 32-true,16-mixed,bf16-mixed,16-true,bf16-true --steps 300 --eval-interval 50 --backend wgpu --out "$out/train"
+run $m train --config small --precision bf16-mixed --steps 50 --backend cuda --out "$out/train-cuda"
 if [ -d .anchors ]; then
     run python3 .anchors/torch_gpt.py
 fi

@@ -11,6 +11,8 @@ source scripts/setup.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 cargo test --all-targets "$@" 2>&1 | tee "$log"
+# The conformance tests of an absent CUDA backend pass as skipped; say why once, here.
+./target/debug/mantissa info 2>/dev/null | grep '^cuda:' | tee -a "$log" || true
 ./target/debug/mantissa report --backends reference,wgpu --train-steps 20 --out target/report
 if command -v dpkg-deb >/dev/null && [ "$(uname -m)" = x86_64 ]; then
     bash scripts/lavapipe-coop.sh cargo test --test coop --test conformance "$@" 2>&1 | tee -a "$log"
@@ -26,4 +28,5 @@ fi
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      /^web test: PASSED/ { web = "browser: passed" } /^SKIPPED browser/ { web = "browser: skipped" }
      /^cooperative matrices: passed/ { coop = "coop matrices: passed" } /^SKIPPED cooperative/ { coop = "coop matrices: skipped" }
-     END { printf "tests: %d passed, %d failed; %s; %s\n", p, f, coop, web }' "$log"
+     /^cuda: absent/ { cuda = "cuda: skipped (absent)" } /^cuda: [^a]/ { cuda = "cuda: ran" }
+     END { printf "tests: %d passed, %d failed; %s; %s; %s\n", p, f, coop, web, cuda }' "$log"
