@@ -8,8 +8,9 @@
 #   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
 #   apt-get $o update && (cd .gl && apt-get $o download libvulkan1)
 #   cargo build --release
-#   cargo test --release --test conformance --no-run   # then: mkdir -p .bin && cp the
-#     target/release/deps/conformance-* executable it names to .bin/conformance
+#   cargo test --release --test conformance --test train --no-run   # then: mkdir -p .bin and
+#     copy the target/release/deps/conformance-* and train-* executables it names to
+#     .bin/conformance and .bin/train
 # Then run with carry [".gl", ".anchors", ".bin", "target/release/mantissa"]:
 #   bash scripts/gpu-checks.sh
 # Everything lands in $OUT (or ./gpu-checks when OUT is unset).
@@ -35,6 +36,10 @@ if [ -x .bin/conformance ]; then
     run .bin/conformance cuda:: --test-threads 1
     run .bin/conformance wgpu:: --test-threads 1
 fi
+# The resident step plans against the host interpreter, and learning, on CUDA and wgpu.
+if [ -x .bin/train ]; then
+    run .bin/train resident loss_falls --test-threads 1
+fi
 run $m bench matmul --sizes 4096,8192 --algorithms all --backends cuda --reps 10 --json "$out/bench-cuda.json"
 run $m bench matmul --sizes 4096,8192 --algorithms all --backends wgpu --reps 10 --json "$out/bench-unchecked.json"
 MANTISSA_WGSL_CHECKS=on run $m bench matmul --sizes 4096 --algorithms f32,bf16x3 --backends wgpu --reps 5 --json "$out/bench-checked.json"
@@ -47,7 +52,7 @@ if [ -d .anchors ]; then
 fi
 run $m report --backends all --sizes 256,1000x700x1500 --train-steps 100 --out "$out/report"
 run $m train --config small --precision 32-true,16-mixed,bf16-mixed,16-true,bf16-true --steps 300 --eval-interval 50 --backend wgpu --out "$out/train"
-run $m train --config small --precision bf16-mixed --steps 50 --backend cuda --out "$out/train-cuda"
+run $m train --config small --precision 32-true,16-mixed,bf16-mixed,16-true,bf16-true --steps 300 --eval-interval 50 --backend cuda --out "$out/train-cuda"
 if [ -d .anchors ]; then
     run python3 .anchors/torch_gpt.py
 fi

@@ -12,6 +12,7 @@
 pub mod algorithm;
 pub mod backend;
 pub mod bench;
+pub mod cache;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cli;
 pub mod error;

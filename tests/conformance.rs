@@ -295,16 +295,6 @@ fn matmul_too_large(b: &dyn Backend) {
 }
 
 /// |got - want| <= tol (1 + |want|) elementwise.
-fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        assert!(
-            (g - w).abs() <= tol * (1.0 + w.abs()),
-            "{what}[{i}]: {g} vs reference {w}"
-        );
-    }
-}
-
 /// The training ops against the host reference (`train::ops`) on odd shapes.
 fn train_ops(b: &dyn Backend) {
     use mantissa::train::ops;
@@ -315,24 +305,24 @@ fn train_ops(b: &dyn Backend) {
     let dy = measure::normal(rows * c, seed + 3);
     let (y, mean, rstd) = b.layernorm_fwd(&x, &g, &bias, c).block_on().unwrap();
     let (wy, wm, wr) = ops::layernorm_fwd(&x, &g, &bias, c);
-    close("layernorm y", &y, &wy, 1e-5);
-    close("layernorm mean", &mean, &wm, 1e-5);
-    close("layernorm rstd", &rstd, &wr, 1e-5);
+    common::close("layernorm y", &y, &wy, 1e-5);
+    common::close("layernorm mean", &mean, &wm, 1e-5);
+    common::close("layernorm rstd", &rstd, &wr, 1e-5);
     let (dx, dg, db) = b
         .layernorm_bwd(&dy, &x, &g, &wm, &wr, c)
         .block_on()
         .unwrap();
     let (wdx, wdg, wdb) = ops::layernorm_bwd(&dy, &x, &g, &wm, &wr, c);
-    close("layernorm dx", &dx, &wdx, 1e-4);
-    close("layernorm dg", &dg, &wdg, 1e-4);
-    close("layernorm db", &db, &wdb, 1e-4);
-    close(
+    common::close("layernorm dx", &dx, &wdx, 1e-4);
+    common::close("layernorm dg", &dg, &wdg, 1e-4);
+    common::close("layernorm db", &db, &wdb, 1e-4);
+    common::close(
         "gelu",
         &b.gelu_fwd(&x).block_on().unwrap(),
         &ops::gelu_fwd(&x),
         1e-5,
     );
-    close(
+    common::close(
         "gelu bwd",
         &b.gelu_bwd(&x, &dy).block_on().unwrap(),
         &ops::gelu_bwd(&x, &dy),
@@ -342,8 +332,8 @@ fn train_ops(b: &dyn Backend) {
     let s = measure::normal(3 * t * t, seed + 4);
     let dp = measure::normal(3 * t * t, seed + 5);
     let p = b.causal_softmax_fwd(&s, t, 0.3).block_on().unwrap();
-    close("softmax", &p, &ops::causal_softmax_fwd(&s, t, 0.3), 1e-5);
-    close(
+    common::close("softmax", &p, &ops::causal_softmax_fwd(&s, t, 0.3), 1e-5);
+    common::close(
         "softmax bwd",
         &b.causal_softmax_bwd(&p, &dp, t, 0.3).block_on().unwrap(),
         &ops::causal_softmax_bwd(&p, &dp, t, 0.3),
@@ -364,8 +354,8 @@ fn train_ops(b: &dyn Backend) {
         (loss - wloss).abs() <= 1e-5 * wloss,
         "cross entropy {loss} vs {wloss}"
     );
-    close("cross entropy probs", &probs, &wprobs, 1e-5);
-    close(
+    common::close("cross entropy probs", &probs, &wprobs, 1e-5);
+    common::close(
         "cross entropy bwd",
         &b.cross_entropy_bwd(&wprobs, &targets, v, 1024.0)
             .block_on()
@@ -385,9 +375,9 @@ fn train_ops(b: &dyn Backend) {
         .block_on()
         .unwrap();
     opt.step(&mut p2, &grad, &mut m2, &mut v2, 3, true);
-    close("adamw p", &p1, &p2, 1e-6);
-    close("adamw m", &m1, &m2, 1e-6);
-    close("adamw v", &v1, &v2, 1e-6);
+    common::close("adamw p", &p1, &p2, 1e-6);
+    common::close("adamw m", &m1, &m2, 1e-6);
+    common::close("adamw v", &v1, &v2, 1e-6);
     let (vocab, width) = (11, 7);
     let table = measure::normal(vocab * width, seed + 9);
     let ids: Vec<u32> = (0..29u32).map(|i| (i * 5 + 1) % vocab as u32).collect();
@@ -398,7 +388,7 @@ fn train_ops(b: &dyn Backend) {
         "embedding gather is exact"
     );
     let dout = measure::normal(ids.len() * width, seed + 10);
-    close(
+    common::close(
         "embedding scatter-add",
         &b.embedding_bwd(&dout, &ids, vocab, width)
             .block_on()

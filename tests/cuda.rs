@@ -46,6 +46,35 @@ fn every_cuda_kernel_compiles_with_nvrtc() {
     }
 }
 
+/// Compiled cubins are cached on disk under a name that says the module and architecture and a
+/// hash of what shapes the binary: every module and architecture gets its own file.
+#[test]
+fn cubin_cache_paths_are_distinct_per_module_and_architecture() {
+    if !cuda::nvrtc_present() {
+        eprintln!("SKIPPED cubin cache paths: libnvrtc.so not found");
+        return;
+    }
+    let mut seen = std::collections::HashSet::new();
+    for cc in ARCHITECTURES {
+        for module in Module::ALL {
+            let Some(path) = cuda::cubin_cache_path(module, cc) else {
+                eprintln!("SKIPPED cubin cache paths: no cache directory (HOME unset)");
+                return;
+            };
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            assert!(
+                name.contains(&format!("sm{}{}", cc.0, cc.1)) && name.ends_with(".cubin"),
+                "{name}"
+            );
+            assert!(
+                name.starts_with(module.file().trim_end_matches(".cu")),
+                "{name}"
+            );
+            assert!(seen.insert(path), "{name} twice");
+        }
+    }
+}
+
 // The elementwise kernels run on the host (tests/cuda_host/harness.cpp compiles cast.cu and
 // scale.cu as C++ with CUDA's built-ins defined), against the host reference: the CUDA port of
 // the formats is checked bit for bit on every machine with a C++ compiler.
@@ -66,7 +95,15 @@ fn harness() -> Option<&'static PathBuf> {
         let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cuda_host/harness.cpp");
         let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
         let status = Command::new(&compiler)
-            .args(["-std=c++17", "-O2", "-ffp-contract=off", "-o"])
+            // No contraction (NVRTC runs with --fmad=false); the split kernel reads pairs of
+            // u16 through u32 pointers, as CUDA allows.
+            .args([
+                "-std=c++17",
+                "-O2",
+                "-ffp-contract=off",
+                "-fno-strict-aliasing",
+                "-o",
+            ])
             .arg(&out)
             .arg(src)
             .status()
@@ -267,6 +304,301 @@ fn cuda_fp8_scaling_kernels_match_the_host_reference() {
                     scales[group(e)]
                 );
             }
+        }
+    }
+}
+
+/// Runs a train.cu kernel on the host over the concatenation of `inputs`.
+fn run_f32(h: &PathBuf, kernel: &str, args: &[String], inputs: &[&[f32]]) -> Vec<f32> {
+    let input: Vec<u32> = inputs.iter().flat_map(|x| bits(x)).collect();
+    run(h, kernel, args, &input)
+        .into_iter()
+        .map(f32::from_bits)
+        .collect()
+}
+
+fn strings(values: &[usize]) -> Vec<String> {
+    values.iter().map(|v| v.to_string()).collect()
+}
+
+fn id_bits(ids: &[u32]) -> Vec<f32> {
+    ids.iter().map(|&i| f32::from_bits(i)).collect()
+}
+
+/// train.cu's kernels (block reductions included: the harness runs every thread of a block as
+/// a coroutine) against `train::ops`, with the tolerances of the conformance suite, on shapes
+/// that are not multiples of the blocks, warps or chunks.
+#[test]
+fn cuda_training_kernels_match_the_host_reference() {
+    use mantissa::train::ops;
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_training_kernels_match_the_host_reference");
+    let close = common::close;
+    // Layer norm: rows wider than a block (300 > 128 threads) and narrower (50), and more rows
+    // than a chunk of the column reductions (300 > 256).
+    for (rows, c) in [(37, 300), (300, 50)] {
+        let x = measure::normal(rows * c, seed);
+        let (g, b) = (measure::normal(c, seed + 1), measure::normal(c, seed + 2));
+        let dy = measure::normal(rows * c, seed + 3);
+        let out = run_f32(h, "layernorm_fwd", &strings(&[rows, c]), &[&x, &g, &b]);
+        let (y, mean, rstd) = ops::layernorm_fwd(&x, &g, &b, c);
+        let stats: Vec<f32> = mean.iter().zip(&rstd).flat_map(|(&m, &r)| [m, r]).collect();
+        close("layernorm y", &out[..rows * c], &y, 1e-5);
+        close("layernorm stats", &out[rows * c..], &stats, 1e-5);
+        let out = run_f32(
+            h,
+            "layernorm_bwd",
+            &strings(&[rows, c]),
+            &[&dy, &x, &g, &stats],
+        );
+        let (dx, dg, db) = ops::layernorm_bwd(&dy, &x, &g, &mean, &rstd, c);
+        close("layernorm dx", &out[..rows * c], &dx, 1e-4);
+        close("layernorm dg", &out[rows * c..rows * c + c], &dg, 1e-4);
+        close("layernorm db", &out[rows * c + c..], &db, 1e-4);
+        let sums = run_f32(h, "column_sums", &strings(&[rows, c]), &[&x]);
+        close("column sums", &sums, &ops::column_sums(&x, c), 1e-5);
+    }
+    let x = measure::normal(1001, seed + 4);
+    let dy = measure::normal(1001, seed + 5);
+    let n = strings(&[x.len()]);
+    close(
+        "gelu",
+        &run_f32(h, "gelu_fwd", &n, &[&x]),
+        &ops::gelu_fwd(&x),
+        1e-5,
+    );
+    close(
+        "gelu bwd",
+        &run_f32(h, "gelu_bwd", &n, &[&x, &dy]),
+        &ops::gelu_bwd(&x, &dy),
+        1e-5,
+    );
+    // Softmax rows shorter and longer than a block; heads of t x t.
+    for (heads, t) in [(3, 13), (1, 150)] {
+        let rows = heads * t;
+        let s = measure::normal(rows * t, seed + 6);
+        let dp = measure::normal(rows * t, seed + 7);
+        let args = [rows.to_string(), t.to_string(), "0.3".into()];
+        let p = run_f32(h, "softmax_fwd", &args, &[&s]);
+        close("softmax", &p, &ops::causal_softmax_fwd(&s, t, 0.3), 1e-5);
+        close(
+            "softmax bwd",
+            &run_f32(h, "softmax_bwd", &args, &[&p, &dp]),
+            &ops::causal_softmax_bwd(&p, &dp, t, 0.3),
+            1e-5,
+        );
+    }
+    let (rows, v) = (37, 76);
+    let logits: Vec<f32> = measure::normal(rows * v, seed + 8)
+        .iter()
+        .map(|x| 3.0 * x)
+        .collect();
+    let targets: Vec<u32> = (0..rows as u32).map(|r| (r * 7 + 3) % v as u32).collect();
+    let out = run_f32(
+        h,
+        "cross_entropy_fwd",
+        &strings(&[rows, v]),
+        &[&logits, &id_bits(&targets)],
+    );
+    let (loss, probs) = ops::cross_entropy_fwd(&logits, &targets, v);
+    close("cross entropy probs", &out[..rows * v], &probs, 1e-5);
+    let got = out[rows * v] as f64;
+    assert!(
+        (got - loss).abs() <= 1e-5 * loss,
+        "cross entropy {got} vs {loss}"
+    );
+    let dloss = 1024.0;
+    let args = [
+        rows.to_string(),
+        v.to_string(),
+        ((dloss / rows as f64) as f32).to_string(),
+    ];
+    close(
+        "cross entropy bwd",
+        &run_f32(h, "cross_entropy_bwd", &args, &[&probs, &id_bits(&targets)]),
+        &ops::cross_entropy_bwd(&probs, &targets, v, dloss),
+        1e-5,
+    );
+    // Embeddings: a row narrower and one wider than a block.
+    for (vocab, width) in [(11, 7), (5, 200)] {
+        let table = measure::normal(vocab * width, seed + 9);
+        let ids: Vec<u32> = (0..29u32).map(|i| (i * 5 + 1) % vocab as u32).collect();
+        let args = strings(&[vocab, width, ids.len()]);
+        assert_eq!(
+            run_f32(h, "embedding_fwd", &args, &[&table, &id_bits(&ids)]),
+            ops::embedding_fwd(&table, &ids, width),
+            "embedding gather is exact"
+        );
+        let dout = measure::normal(ids.len() * width, seed + 10);
+        close(
+            "embedding scatter-add",
+            &run_f32(h, "embedding_bwd", &args, &[&dout, &id_bits(&ids)]),
+            &ops::embedding_bwd(&dout, &ids, vocab, width),
+            1e-6,
+        );
+    }
+    // Adds: a bias per row, and elementwise.
+    let (y, bias) = (
+        measure::normal(37 * 50, seed + 11),
+        measure::normal(50, seed + 12),
+    );
+    let mut want = y.clone();
+    ops::add_bias(&mut want, &bias);
+    assert_eq!(
+        run_f32(h, "add", &strings(&[y.len(), 50]), &[&bias, &y]),
+        want
+    );
+    let x = measure::normal(y.len(), seed + 17);
+    let mut want = y.clone();
+    want.iter_mut().zip(&x).for_each(|(a, b)| *a += b);
+    assert_eq!(
+        run_f32(h, "add", &strings(&[y.len(), y.len()]), &[&x, &y]),
+        want
+    );
+    // The head permutations.
+    let (b, t, heads, d) = (2, 5, 3, 4);
+    let qkv = measure::normal(b * t * 3 * heads * d, seed + 13);
+    let split = mantissa::train::plan::Strided::split_head(1, b, t, heads, d);
+    let mut want = vec![0.0; split.len()];
+    split.apply(&qkv, &mut want);
+    let mut args: Vec<u32> = [split.dims, split.src, split.dst].concat();
+    args.extend([split.src_offset, split.dst_offset, split.len() as u32]);
+    let args: Vec<String> = args.iter().map(|v| v.to_string()).collect();
+    assert_eq!(run_f32(h, "strided_copy", &args, &[&qkv]), want);
+    // GradScaler's unscale: exact; the flag for inf, NaN and an injected fault; the norm.
+    for n in [3001, 70_000] {
+        let g = measure::normal(n, seed + 14);
+        let mut want = g.clone();
+        assert!(ops::unscale_check(&mut want, 1.0 / 1024.0));
+        let inverse = (1.0f32 / 1024.0).to_string();
+        let out = run_f32(
+            h,
+            "unscale",
+            &["0".into(), inverse.clone(), "0".into()],
+            &[&g],
+        );
+        assert_eq!(
+            &out[..n],
+            &want[..],
+            "unscaling is one exact multiplication"
+        );
+        assert_eq!(out[n], 0.0, "finite gradients flagged");
+        let norm: f64 = want.iter().map(|&x| x as f64 * x as f64).sum();
+        assert!(
+            ((out[n + 1] as f64) - norm).abs() <= 1e-5 * norm,
+            "squared norm {} vs {norm}",
+            out[n + 1]
+        );
+        for (at, bad) in [(1234, f32::INFINITY), (n - 1, f32::NAN)] {
+            let mut g = g.clone();
+            g[at] = bad;
+            let out = run_f32(
+                h,
+                "unscale",
+                &["0".into(), inverse.clone(), "0".into()],
+                &[&g],
+            );
+            assert_eq!(out[n], 1.0, "{bad} at {at} flagged");
+        }
+        let poisoned = ["1".into(), inverse, "inf".into()];
+        assert_eq!(
+            run_f32(h, "unscale", &poisoned, &[&g])[n],
+            1.0,
+            "fault injected"
+        );
+    }
+    // AdamW: the update, the clip, and the skip on a flagged gradient.
+    let opt = ops::AdamW::default();
+    let n = 1001;
+    let (p, g) = (measure::normal(n, seed + 15), measure::normal(n, seed + 16));
+    let (m, v) = (vec![0.01f32; n], vec![0.001f32; n]);
+    let t = 3;
+    let mut scalars = [0f32; 11];
+    scalars[mantissa::train::plan::scalar::LR] = opt.lr;
+    scalars[mantissa::train::plan::scalar::BETA1] = opt.beta1;
+    scalars[mantissa::train::plan::scalar::BETA2] = opt.beta2;
+    scalars[mantissa::train::plan::scalar::EPS] = opt.eps;
+    scalars[mantissa::train::plan::scalar::WEIGHT_DECAY] = opt.weight_decay;
+    scalars[mantissa::train::plan::scalar::BIAS_CORRECTION1] =
+        (1.0 - (opt.beta1 as f64).powi(t)) as f32;
+    scalars[mantissa::train::plan::scalar::BIAS_CORRECTION2] =
+        (1.0 - (opt.beta2 as f64).powi(t)) as f32;
+    // Two gradients in the stats (this one and another), squared norms 16 and 9: norm 5.
+    let stats = [0.0, 0.0, 0.0, 16.0, 9.0];
+    for (clip, flag, decay) in [(0.0, 0.0, true), (2.5, 0.0, false), (0.0, 1.0, true)] {
+        scalars[mantissa::train::plan::scalar::CLIP] = clip;
+        let mut st = stats;
+        st[2] = flag;
+        let out = run_f32(
+            h,
+            "adamw",
+            &strings(&[n, 2, decay as usize]),
+            &[&p, &g, &m, &v, &st, &scalars],
+        );
+        let (mut wp, mut wm, mut wv) = (p.clone(), m.clone(), v.clone());
+        if flag == 0.0 {
+            let factor = if clip > 0.0 { clip / 5.0 } else { 1.0 };
+            let g: Vec<f32> = g.iter().map(|x| x * factor).collect();
+            opt.step(&mut wp, &g, &mut wm, &mut wv, t as u32, decay);
+        }
+        let what = format!("adamw clip {clip} flag {flag}");
+        close(&format!("{what} p"), &out[..n], &wp, 1e-6);
+        close(&format!("{what} m"), &out[n..2 * n], &wm, 1e-6);
+        close(&format!("{what} v"), &out[2 * n..], &wv, 1e-6);
+    }
+}
+
+/// The fused split-bf16 tensor-core kernel, whole, on the host: the harness emulates the warp's
+/// `mma.sync.m16n8k16` with the PTX ISA's fragment layouts, so the tiling, the split on the tile
+/// load, the per-level accumulators, the promotion every 256 of K, the strides of transposed and
+/// batched operands and the edge tiles are checked against the host reference's contract.
+#[test]
+fn cuda_split_kernel_meets_the_contract_on_the_host() {
+    use mantissa::algorithm::{Algorithm, MatmulShape};
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_split_kernel_meets_the_contract_on_the_host");
+    let mut transposed = MatmulShape::new(33, 20, 40);
+    transposed.batch = 2;
+    transposed.a_transposed = true;
+    transposed.b_transposed = true;
+    let mut b_transposed = MatmulShape::new(17, 70, 90);
+    b_transposed.b_transposed = true;
+    // K = 300 crosses a promotion (256); 70 x 45 leaves partial tiles.
+    let shapes = [MatmulShape::new(70, 45, 300), transposed, b_transposed];
+    for (s, shape) in shapes.iter().enumerate() {
+        let seed = seed + 10 * s as u64;
+        let mut a = measure::wide_range(shape.a_len(), seed);
+        let b = measure::normal(shape.b_len(), seed + 1);
+        if s == 0 {
+            // A row with inf, one with NaN, f32 subnormals: the split's rules for them.
+            a[3 * shape.k + 5] = f32::INFINITY;
+            a[7 * shape.k] = f32::NAN;
+            a[11 * shape.k + 2] = 1e-40;
+        }
+        for (alg, levels) in [
+            (Algorithm::Bf16x3, 2),
+            (Algorithm::Bf16x6, 3),
+            (Algorithm::Bf16x9, 5),
+        ] {
+            let args = [
+                levels,
+                shape.m,
+                shape.n,
+                shape.k,
+                shape.batch,
+                shape.a_transposed as usize,
+                shape.b_transposed as usize,
+            ];
+            let got = run_f32(h, "split_matmul", &strings(&args), &[&a, &b]);
+            common::assert_contract(
+                "cuda split kernel (host)",
+                &alg,
+                shape,
+                &a,
+                &b,
+                &got,
+                "wide range",
+            );
         }
     }
 }

@@ -220,7 +220,17 @@ fn loss_falls_below_the_unigram_entropy() {
 /// GELU, softmax, cross-entropy and AdamW kernels run on the device.
 #[test]
 fn loss_falls_on_wgpu() {
-    common::on(common::wgpu(), "loss_falls_on_wgpu", |b| {
+    loss_falls_on(common::wgpu(), "loss_falls_on_wgpu");
+}
+
+#[test]
+fn loss_falls_on_cuda() {
+    loss_falls_on(common::cuda(), "loss_falls_on_cuda");
+}
+
+/// bf16-mixed through the backend's resident plan learns.
+fn loss_falls_on(backend: &'static common::Present, test: &str) {
+    common::on(backend, test, |b| {
         let corpus = corpus();
         let entropy = corpus.unigram_entropy();
         let mut t = Trainer::new(b, &corpus, options(&corpus, Preset::MixedBf16, 11)).unwrap();
@@ -419,107 +429,114 @@ fn state_gap(a: &[Vec<f32>], b: &[Vec<f32>], floor: f32) -> f32 {
 /// fp8 with delayed scaling.
 #[test]
 fn resident_plan_matches_the_host_interpreter() {
-    common::on(
-        common::wgpu(),
-        "resident_plan_matches_the_host_interpreter",
-        |b| {
-            let corpus = corpus();
-            for preset in [
-                Preset::True32,
-                Preset::MixedBf16,
-                Preset::Mixed16,
-                Preset::TrueBf16,
-                Preset::TransformerEngine,
-            ] {
-                let mut o = options(&corpus, preset, 21);
-                o.resident = true;
-                let mut resident = Trainer::new(b, &corpus, o.clone()).unwrap();
-                assert!(
-                    resident.executor().contains("device-resident"),
-                    "{}",
-                    resident.executor()
+    resident_matches_host(common::wgpu(), "resident_plan_matches_the_host_interpreter");
+}
+
+#[test]
+fn resident_plan_matches_the_host_interpreter_cuda() {
+    resident_matches_host(
+        common::cuda(),
+        "resident_plan_matches_the_host_interpreter_cuda",
+    );
+}
+
+fn resident_matches_host(backend: &'static common::Present, test: &str) {
+    common::on(backend, test, |b| {
+        let corpus = corpus();
+        for preset in [
+            Preset::True32,
+            Preset::MixedBf16,
+            Preset::Mixed16,
+            Preset::TrueBf16,
+            Preset::TransformerEngine,
+        ] {
+            let mut o = options(&corpus, preset, 21);
+            o.resident = true;
+            let mut resident = Trainer::new(b, &corpus, o.clone()).unwrap();
+            assert!(
+                resident.executor().contains("device-resident"),
+                "{}",
+                resident.executor()
+            );
+            o.resident = false;
+            let mut host = Trainer::new(b, &corpus, o).unwrap();
+            for step in 0..3 {
+                let (r, h) = (
+                    resident.step().block_on().unwrap(),
+                    host.step().block_on().unwrap(),
                 );
-                o.resident = false;
-                let mut host = Trainer::new(b, &corpus, o).unwrap();
-                for step in 0..3 {
-                    let (r, h) = (
-                        resident.step().block_on().unwrap(),
-                        host.step().block_on().unwrap(),
-                    );
+                assert!(
+                    (r.loss - h.loss).abs() < 1e-3 * h.loss,
+                    "{preset} step {step}: loss {} resident, {} host",
+                    r.loss,
+                    h.loss
+                );
+                assert!(
+                    (r.grad_norm - h.grad_norm).abs() < 2e-2 * h.grad_norm,
+                    "{preset} step {step}: gradient norm {} resident, {} host",
+                    r.grad_norm,
+                    h.grad_norm
+                );
+                assert_eq!((r.skipped, resident.applied), (h.skipped, host.applied));
+            }
+            let (gr, gh) = (
+                resident.gradients().block_on().unwrap(),
+                host.gradients().block_on().unwrap(),
+            );
+            let scale = gh.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+            let gap = state_gap(&gr, &gh, scale);
+            assert!(
+                gap < 5e-2,
+                "{preset}: gradients differ by {gap} of the largest"
+            );
+            let (sr, sh) = (
+                resident.state().block_on().unwrap(),
+                host.state().block_on().unwrap(),
+            );
+            // AdamW's first updates are about lr * sign(g): a gradient element near zero whose
+            // sign rounds the other way moves its weight by 2 lr. Most weights must agree
+            // closely, and none may be further apart than that.
+            let diffs: Vec<f32> = sr
+                .params
+                .iter()
+                .flatten()
+                .zip(sh.params.iter().flatten())
+                .map(|(x, y)| (x - y).abs())
+                .collect();
+            let lr = 1e-3f32;
+            let max = diffs.iter().copied().fold(0.0, f32::max);
+            let far = diffs.iter().filter(|&&d| d > lr / 10.0).count() as f64 / diffs.len() as f64;
+            eprintln!(
+                "{preset}: weights: max |diff| {max:e}, {:.3}% beyond lr/10",
+                far * 100.0
+            );
+            assert!(
+                max <= 6.0 * lr * 1.01,
+                "{preset}: a weight moved {max} apart"
+            );
+            assert!(
+                far < 0.02,
+                "{preset}: {:.2}% of the weights differ by over lr/10",
+                far * 100.0
+            );
+            let gap = state_gap(&sr.adam_v, &sh.adam_v, 1e-8);
+            assert!(gap < 0.2, "{preset}: second moments differ by {gap}");
+            if let (Some(Fp8Mode::Delayed(a)), Some(Fp8Mode::Delayed(h))) =
+                (&resident.precision.fp8, &host.precision.fp8)
+            {
+                for (a, h) in a.iter().zip(h) {
+                    assert_eq!(a.input.history.len(), 3);
+                    let rel = (a.grad.scale - h.grad.scale).abs() / h.grad.scale;
                     assert!(
-                        (r.loss - h.loss).abs() < 1e-3 * h.loss,
-                        "{preset} step {step}: loss {} resident, {} host",
-                        r.loss,
-                        h.loss
+                        rel < 0.2,
+                        "fp8 gradient scales {} and {}",
+                        a.grad.scale,
+                        h.grad.scale
                     );
-                    assert!(
-                        (r.grad_norm - h.grad_norm).abs() < 2e-2 * h.grad_norm,
-                        "{preset} step {step}: gradient norm {} resident, {} host",
-                        r.grad_norm,
-                        h.grad_norm
-                    );
-                    assert_eq!((r.skipped, resident.applied), (h.skipped, host.applied));
-                }
-                let (gr, gh) = (
-                    resident.gradients().block_on().unwrap(),
-                    host.gradients().block_on().unwrap(),
-                );
-                let scale = gh.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
-                let gap = state_gap(&gr, &gh, scale);
-                assert!(
-                    gap < 5e-2,
-                    "{preset}: gradients differ by {gap} of the largest"
-                );
-                let (sr, sh) = (
-                    resident.state().block_on().unwrap(),
-                    host.state().block_on().unwrap(),
-                );
-                // AdamW's first updates are about lr * sign(g): a gradient element near zero whose
-                // sign rounds the other way moves its weight by 2 lr. Most weights must agree
-                // closely, and none may be further apart than that.
-                let diffs: Vec<f32> = sr
-                    .params
-                    .iter()
-                    .flatten()
-                    .zip(sh.params.iter().flatten())
-                    .map(|(x, y)| (x - y).abs())
-                    .collect();
-                let lr = 1e-3f32;
-                let max = diffs.iter().copied().fold(0.0, f32::max);
-                let far =
-                    diffs.iter().filter(|&&d| d > lr / 10.0).count() as f64 / diffs.len() as f64;
-                eprintln!(
-                    "{preset}: weights: max |diff| {max:e}, {:.3}% beyond lr/10",
-                    far * 100.0
-                );
-                assert!(
-                    max <= 6.0 * lr * 1.01,
-                    "{preset}: a weight moved {max} apart"
-                );
-                assert!(
-                    far < 0.02,
-                    "{preset}: {:.2}% of the weights differ by over lr/10",
-                    far * 100.0
-                );
-                let gap = state_gap(&sr.adam_v, &sh.adam_v, 1e-8);
-                assert!(gap < 0.2, "{preset}: second moments differ by {gap}");
-                if let (Some(Fp8Mode::Delayed(a)), Some(Fp8Mode::Delayed(h))) =
-                    (&resident.precision.fp8, &host.precision.fp8)
-                {
-                    for (a, h) in a.iter().zip(h) {
-                        assert_eq!(a.input.history.len(), 3);
-                        let rel = (a.grad.scale - h.grad.scale).abs() / h.grad.scale;
-                        assert!(
-                            rel < 0.2,
-                            "fp8 gradient scales {} and {}",
-                            a.grad.scale,
-                            h.grad.scale
-                        );
-                    }
                 }
             }
-        },
-    );
+        }
+    });
 }
 
 /// GradScaler's skip on the device: an inf injected into a scaled gradient leaves the resident
@@ -527,41 +544,51 @@ fn resident_plan_matches_the_host_interpreter() {
 /// from the device resumes the run exactly.
 #[test]
 fn resident_plan_skips_non_finite_steps_and_resumes() {
-    common::on(
+    resident_skips_and_resumes(
         common::wgpu(),
         "resident_plan_skips_non_finite_steps_and_resumes",
-        |b| {
-            let corpus = corpus();
-            let mut t = Trainer::new(b, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
-            t.step().block_on().unwrap();
-            let (state, applied) = (t.state().block_on().unwrap(), t.applied);
-            let scale = t.scaler.unwrap().scale;
-            let r = t.step_injecting(f32::INFINITY).block_on().unwrap();
-            assert!(r.skipped);
-            assert_eq!(t.scaler.unwrap().scale, scale / 2.0);
-            assert_eq!(
-                (t.state().block_on().unwrap(), t.applied),
-                (state, applied),
-                "weights and optimizer state untouched on the device"
-            );
-
-            let dir = tempfile::tempdir().unwrap();
-            let path = dir.path().join("ck.safetensors");
-            Checkpoint::save(&mut t, &path).block_on().unwrap();
-            let straight: Vec<f64> = (0..2).map(|_| t.step().block_on().unwrap().loss).collect();
-            let mut resumed =
-                Trainer::new(b, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
-            Checkpoint::load(&path, &resumed.gpt.config, &corpus.vocab)
-                .unwrap()
-                .restore(&mut resumed)
-                .block_on()
-                .unwrap();
-            let rest: Vec<f64> = (0..2)
-                .map(|_| resumed.step().block_on().unwrap().loss)
-                .collect();
-            assert_eq!(rest, straight);
-        },
     );
+}
+
+#[test]
+fn resident_plan_skips_non_finite_steps_and_resumes_cuda() {
+    resident_skips_and_resumes(
+        common::cuda(),
+        "resident_plan_skips_non_finite_steps_and_resumes_cuda",
+    );
+}
+
+fn resident_skips_and_resumes(backend: &'static common::Present, test: &str) {
+    common::on(backend, test, |b| {
+        let corpus = corpus();
+        let mut t = Trainer::new(b, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
+        t.step().block_on().unwrap();
+        let (state, applied) = (t.state().block_on().unwrap(), t.applied);
+        let scale = t.scaler.unwrap().scale;
+        let r = t.step_injecting(f32::INFINITY).block_on().unwrap();
+        assert!(r.skipped);
+        assert_eq!(t.scaler.unwrap().scale, scale / 2.0);
+        assert_eq!(
+            (t.state().block_on().unwrap(), t.applied),
+            (state, applied),
+            "weights and optimizer state untouched on the device"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ck.safetensors");
+        Checkpoint::save(&mut t, &path).block_on().unwrap();
+        let straight: Vec<f64> = (0..2).map(|_| t.step().block_on().unwrap().loss).collect();
+        let mut resumed = Trainer::new(b, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
+        Checkpoint::load(&path, &resumed.gpt.config, &corpus.vocab)
+            .unwrap()
+            .restore(&mut resumed)
+            .block_on()
+            .unwrap();
+        let rest: Vec<f64> = (0..2)
+            .map(|_| resumed.step().block_on().unwrap().loss)
+            .collect();
+        assert_eq!(rest, straight);
+    });
 }
 
 #[test]

@@ -159,3 +159,14 @@ pub fn check_matmul(
     assert_contract(&backend.name(), alg, shape, a, b, &got, what);
     got
 }
+
+/// Every `got[i]` within `tol * (1 + |want[i]|)` of `want[i]`.
+pub fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}[{i}]: {g} vs reference {w}"
+        );
+    }
+}

@@ -22,15 +22,19 @@ pub enum Module {
     Cast,
     /// scale.cu: amax, scale_from_amax, descale.
     Scale,
+    /// train.cu: the training step's ops besides matmul (layer norm, softmax, cross entropy,
+    /// GELU, embeddings, column sums, copies, GradScaler's unscale, AdamW).
+    Train,
     /// matmul_split_bf16.cu with LEVELS = 2 (bf16x3), 3 (bf16x6) or 5 (bf16x9).
     SplitMatmul { levels: usize },
 }
 
 impl Module {
     /// Every module variant the backend can load (what the NVRTC test compiles).
-    pub const ALL: [Module; 5] = [
+    pub const ALL: [Module; 6] = [
         Module::Cast,
         Module::Scale,
+        Module::Train,
         Module::SplitMatmul { levels: 2 },
         Module::SplitMatmul { levels: 3 },
         Module::SplitMatmul { levels: 5 },
@@ -40,6 +44,7 @@ impl Module {
         match self {
             Module::Cast => "cast.cu",
             Module::Scale => "scale.cu",
+            Module::Train => "train.cu",
             Module::SplitMatmul { .. } => "matmul_split_bf16.cu",
         }
     }
@@ -48,6 +53,7 @@ impl Module {
         match self {
             Module::Cast => include_str!("../../../cuda/cast.cu"),
             Module::Scale => include_str!("../../../cuda/scale.cu"),
+            Module::Train => include_str!("../../../cuda/train.cu"),
             Module::SplitMatmul { .. } => include_str!("../../../cuda/matmul_split_bf16.cu"),
         }
     }
@@ -104,20 +110,7 @@ pub fn compile(module: Module, cc: (i32, i32), target: Target) -> Result<Vec<u8>
             why: "the NVRTC library (libnvrtc.so) is not installed".into(),
         });
     }
-    let arch = match target {
-        Target::Cubin => format!("--gpu-architecture=sm_{}{}", cc.0, cc.1),
-        Target::Ptx => format!("--gpu-architecture=compute_{}{}", cc.0, cc.1),
-    };
-    let mut options = vec![
-        arch,
-        "--std=c++17".to_string(),
-        // IEEE float arithmetic: the casts must match the host bit for bit.
-        "--ftz=false".to_string(),
-        "--prec-div=true".to_string(),
-        "--prec-sqrt=true".to_string(),
-        "--fmad=false".to_string(),
-    ];
-    options.extend(module.defines());
+    let options = options(module, cc, target);
     let failed = |log: String| Error::ShaderCompile {
         kernel: module.describe(),
         log,
@@ -151,6 +144,57 @@ pub fn compile(module: Module, cc: (i32, i32), target: Target) -> Result<Vec<u8>
         let _ = nvrtc::destroy_program(program);
         output
     }
+}
+
+/// NVRTC's options for `module` on compute capability `cc`.
+fn options(module: Module, cc: (i32, i32), target: Target) -> Vec<String> {
+    let arch = match target {
+        Target::Cubin => format!("--gpu-architecture=sm_{}{}", cc.0, cc.1),
+        Target::Ptx => format!("--gpu-architecture=compute_{}{}", cc.0, cc.1),
+    };
+    let mut options = vec![
+        arch,
+        "--std=c++17".to_string(),
+        // IEEE float arithmetic: the casts must match the host bit for bit.
+        "--ftz=false".to_string(),
+        "--prec-div=true".to_string(),
+        "--prec-sqrt=true".to_string(),
+        "--fmad=false".to_string(),
+    ];
+    options.extend(module.defines());
+    options
+}
+
+/// NVRTC's version (major, minor), 0.0 where it does not say.
+fn nvrtc_version() -> (i32, i32) {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC writes two ints; only called once the library is known to load.
+    let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    (major, minor)
+}
+
+/// Where the cubin of `module` for `cc` is cached: named by the module and architecture, and a
+/// hash of everything that shapes the binary (source, options, NVRTC's version), so that an
+/// edited kernel or another NVRTC never loads a stale binary. The hash is std's, which may
+/// change between Rust releases: that costs one recompile.
+pub fn cubin_cache_path(module: Module, cc: (i32, i32)) -> Option<std::path::PathBuf> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    module.source().hash(&mut h);
+    options(module, cc, Target::Cubin).hash(&mut h);
+    nvrtc_version().hash(&mut h);
+    let name = module
+        .describe()
+        .replace([' ', '(', ')', '='], "")
+        .replace(".cu", "-");
+    crate::cache::dir().map(|d| {
+        d.join("cuda").join(format!(
+            "{name}sm{}{}-{:016x}.cubin",
+            cc.0,
+            cc.1,
+            h.finish()
+        ))
+    })
 }
 
 /// The text of a NUL-terminated buffer from NVRTC.
@@ -196,6 +240,26 @@ impl Kernels {
         }
     }
 
+    /// The module's cubin from the cache when it holds one that loads, else compiled (and
+    /// cached; a cache that cannot be written costs a compile next run).
+    fn load(&self, module: Module) -> Result<Arc<CudaModule>> {
+        let path = cubin_cache_path(module, self.cc);
+        let cached = path.as_ref().and_then(|p| std::fs::read(p).ok());
+        // A torn or foreign file fails to load, and is replaced.
+        let load = |bytes: Vec<u8>| self.ctx.load_module(Ptx::from_binary(bytes));
+        if let Some(m) = cached.and_then(|bytes| load(bytes).ok()) {
+            return Ok(m);
+        }
+        let cubin = compile(module, self.cc, Target::Cubin)?;
+        if let Some(p) = &path {
+            let _ = crate::cache::write_atomic(p, &cubin);
+        }
+        load(cubin).map_err(|e| Error::Device {
+            device: self.device.clone(),
+            message: format!("loading {}: {e:?}", module.describe()),
+        })
+    }
+
     /// The kernel `name` of `module`.
     pub(super) fn function(&self, module: Module, name: &str) -> Result<CudaFunction> {
         let loaded = {
@@ -203,13 +267,7 @@ impl Kernels {
             match cache.get(&module) {
                 Some(m) => m.clone(),
                 None => {
-                    let cubin = compile(module, self.cc, Target::Cubin)?;
-                    let m = self.ctx.load_module(Ptx::from_binary(cubin)).map_err(|e| {
-                        Error::Device {
-                            device: self.device.clone(),
-                            message: format!("loading {}: {e:?}", module.describe()),
-                        }
-                    })?;
+                    let m = self.load(module)?;
                     cache.insert(module, m.clone());
                     m
                 }

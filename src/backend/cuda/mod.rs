@@ -17,20 +17,28 @@
 //! - fp8: quantized with our scales into f16 codes (every e4m3 and e5m2 value is an f16
 //!   value, so f16 tensor cores multiply them exactly), an f16 GEMM, then the descale.
 
+/// Launches kernel `$name` of `$module` with launch configuration `$cfg` and the arguments in
+/// order.
+macro_rules! launch {
+    ($cb:expr, $module:expr, $name:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
+        let cb: &CudaBackend = $cb;
+        let f = cb.kernels.function($module, $name)?;
+        let mut builder = cb.stream.launch_builder(&f);
+        $( builder.arg($arg); )*
+        // SAFETY: every kernel of cuda/ checks its bounds against the sizes among its
+        // arguments, and the callers pass buffers of at least those sizes.
+        unsafe { builder.launch($cfg) }.map_err(|e| cb.device_error($name, e))?;
+        Ok::<(), Error>(())
+    }};
+}
+
 /// Launches the elementwise kernel `$name` of `$module` over `$n` elements with the arguments
 /// in order (a grid-stride loop; nothing is launched for 0 elements).
 macro_rules! launch_1d {
     ($cb:expr, $module:expr, $name:expr, $n:expr; $($arg:expr),* $(,)?) => {{
-        let cb: &CudaBackend = $cb;
         let n: usize = $n;
         if n > 0 {
-            let f = cb.kernels.function($module, $name)?;
-            let mut builder = cb.stream.launch_builder(&f);
-            $( builder.arg($arg); )*
-            // SAFETY: every kernel of cuda/ checks its bounds against the element count among
-            // its arguments, and the callers pass buffers of at least that length.
-            unsafe { builder.launch(CudaBackend::config_1d(n)) }
-                .map_err(|e| cb.device_error($name, e))?;
+            launch!($cb, $module, $name, CudaBackend::config_1d(n); $($arg),*)?;
         }
         Ok::<(), Error>(())
     }};
@@ -38,9 +46,13 @@ macro_rules! launch_1d {
 
 mod kernels;
 mod matmul;
+mod ops;
+mod plan;
+mod train;
 
-pub use kernels::{Module, Target, compile, nvrtc_present};
+pub use kernels::{Module, Target, compile, cubin_cache_path, nvrtc_present};
 pub use matmul::variant;
+pub use plan::CudaPlan;
 
 use super::{Backend, BackendKind, MatmulTiming};
 use crate::algorithm::{Algorithm, MatmulShape};
@@ -150,6 +162,9 @@ impl CudaBackend {
                 MIN_COMPUTE_CAPABILITY.1
             )));
         }
+        // SAFETY: the backend uses one stream, which orders every use of every buffer; cudarc's
+        // per-buffer events (for work spread over several streams) would only cost time.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| unavailable(format!("cuBLAS did not initialise: {e:?}")))?;
@@ -344,6 +359,109 @@ impl Backend for CudaBackend {
             matmul::Groups::whole(x.len()),
         )?;
         Ok(f32::from_bits(self.download(&bits, 1)?[0]))
+    }
+
+    // The training ops run train.cu's kernels (ops.rs).
+
+    async fn layernorm_fwd(
+        &self,
+        x: &[f32],
+        g: &[f32],
+        b: &[f32],
+        c: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        self.op_layernorm_fwd(x, g, b, c)
+    }
+
+    async fn layernorm_bwd(
+        &self,
+        dy: &[f32],
+        x: &[f32],
+        g: &[f32],
+        mean: &[f32],
+        rstd: &[f32],
+        c: usize,
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        self.op_layernorm_bwd(dy, x, g, mean, rstd, c)
+    }
+
+    async fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>> {
+        self.op_gelu(x, None)
+    }
+
+    async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>> {
+        self.op_gelu(x, Some(dy))
+    }
+
+    async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
+        self.op_softmax(scores, None, t, scale)
+    }
+
+    async fn causal_softmax_bwd(
+        &self,
+        p: &[f32],
+        dp: &[f32],
+        t: usize,
+        scale: f64,
+    ) -> Result<Vec<f32>> {
+        self.op_softmax(p, Some(dp), t, scale)
+    }
+
+    async fn cross_entropy_fwd(
+        &self,
+        logits: &[f32],
+        targets: &[u32],
+        v: usize,
+    ) -> Result<(f64, Vec<f32>)> {
+        self.op_cross_entropy_fwd(logits, targets, v)
+    }
+
+    async fn cross_entropy_bwd(
+        &self,
+        probs: &[f32],
+        targets: &[u32],
+        v: usize,
+        dloss: f64,
+    ) -> Result<Vec<f32>> {
+        self.op_cross_entropy_bwd(probs, targets, v, dloss)
+    }
+
+    async fn adamw(
+        &self,
+        opt: &crate::train::ops::AdamW,
+        p: &mut [f32],
+        g: &[f32],
+        m: &mut [f32],
+        v: &mut [f32],
+        t: u32,
+        decay: bool,
+    ) -> Result<()> {
+        self.op_adamw(opt, p, g, m, v, t, decay)
+    }
+
+    async fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
+        self.op_embedding_fwd(table, ids, c)
+    }
+
+    async fn embedding_bwd(
+        &self,
+        dout: &[f32],
+        ids: &[u32],
+        rows: usize,
+        c: usize,
+    ) -> Result<Vec<f32>> {
+        self.op_embedding_bwd(dout, ids, rows, c)
+    }
+
+    async fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
+        self.op_unscale_check(g, inverse_scale)
+    }
+
+    fn resident_executor<'a>(
+        &'a self,
+        plan: &crate::train::Plan,
+    ) -> Result<Option<Box<dyn crate::train::StepExecutor + 'a>>> {
+        Ok(Some(Box::new(CudaPlan::new(self, plan.clone())?)))
     }
 }
 

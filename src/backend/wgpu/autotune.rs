@@ -8,8 +8,8 @@
 //! `MANTISSA_AUTOTUNE`: `off` (default tiles), `fast` (the default and its neighbours: one
 //! dimension halved or doubled; one timed run each), `full` (every tile the device's limits
 //! allow; median of three runs). The cache lives in `MANTISSA_CACHE_DIR`, else
-//! `$XDG_CACHE_HOME/mantissa`, else `~/.cache/mantissa` (`autotune.json`); in the browser it
-//! is kept in memory for the page's life.
+//! `$XDG_CACHE_HOME/mantissa`, else `~/.cache/mantissa` (`autotune.json`); in the browser the
+//! demo keeps it in the page's localStorage (any `TileStore` serves).
 
 use super::WgpuBackend;
 use super::shaders::Tile;
@@ -55,43 +55,72 @@ struct Choice {
     full: bool,
 }
 
+/// Where tuned tiles persist between runs: a JSON text read when the tuner starts and written
+/// after every new choice. Natively a file (`FileStore`); in the browser the page's
+/// localStorage (web/src/lib.rs).
+pub trait TileStore: Send + Sync {
+    fn load(&self) -> Option<String>;
+    /// Best effort: a store that cannot be written costs a re-tune next run, not this run's
+    /// result.
+    fn save(&self, json: &str);
+}
+
+/// Tiles in a JSON file, rewritten atomically.
+pub struct FileStore(pub PathBuf);
+
+impl TileStore for FileStore {
+    fn load(&self) -> Option<String> {
+        std::fs::read_to_string(&self.0).ok()
+    }
+
+    fn save(&self, json: &str) {
+        let _ = crate::cache::write_atomic(&self.0, json.as_bytes());
+    }
+}
+
 /// Tuned tiles by key, and where they persist.
 pub struct Autotuner {
     pub mode: AutotuneMode,
-    path: Option<PathBuf>,
+    store: Option<Box<dyn TileStore>>,
     tiles: Mutex<BTreeMap<String, Choice>>,
+    /// Choices the store held when the tuner started.
+    loaded: usize,
 }
 
 impl Autotuner {
     /// A tuner in `mode`, starting from the cache file at `path` when it exists and parses
     /// (a corrupt cache is ignored and rewritten, never trusted).
     pub fn new(mode: AutotuneMode, path: Option<PathBuf>) -> Autotuner {
-        let tiles = path
+        Autotuner::with_store(
+            mode,
+            path.map(|p| Box::new(FileStore(p)) as Box<dyn TileStore>),
+        )
+    }
+
+    /// A tuner in `mode` persisting its choices in `store` (none: kept for the process's life).
+    pub fn with_store(mode: AutotuneMode, store: Option<Box<dyn TileStore>>) -> Autotuner {
+        let tiles: BTreeMap<String, Choice> = store
             .as_ref()
-            .and_then(|p| std::fs::read_to_string(p).ok())
+            .and_then(|s| s.load())
             .and_then(|text| serde_json::from_str(&text).ok())
             .unwrap_or_default();
         Autotuner {
             mode,
-            path,
+            store,
+            loaded: tiles.len(),
             tiles: Mutex::new(tiles),
         }
     }
 
     /// The default cache file (none in the browser, or without a home directory).
     pub fn default_path() -> Option<PathBuf> {
-        if cfg!(target_arch = "wasm32") {
-            return None;
-        }
-        let env = |k: &str| {
-            std::env::var_os(k)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        };
-        env("MANTISSA_CACHE_DIR")
-            .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("mantissa")))
-            .or_else(|| env("HOME").map(|d| d.join(".cache").join("mantissa")))
-            .map(|d| d.join("autotune.json"))
+        crate::cache::dir().map(|d| d.join("autotune.json"))
+    }
+
+    /// (choices held now, choices the store held at the start).
+    pub fn entries(&self) -> (usize, usize) {
+        let now = self.tiles.lock().map(|t| t.len()).unwrap_or(0);
+        (now, self.loaded)
     }
 
     /// The stored tile for `key`, when it was tuned at least as thoroughly as asked now.
@@ -100,25 +129,15 @@ impl Autotuner {
         (choice.full || self.mode != AutotuneMode::Full).then_some(choice.tile)
     }
 
-    /// Records a choice and rewrites the cache file atomically. A cache that cannot be written
-    /// costs a re-tune next run, not this run's result.
+    /// Records a choice and saves every choice to the store.
     fn put(&self, key: String, tile: Tile) {
         let Ok(mut tiles) = self.tiles.lock() else {
             return;
         };
         let full = self.mode == AutotuneMode::Full;
         tiles.insert(key, Choice { tile, full });
-        if let (Some(path), Ok(text)) = (&self.path, serde_json::to_string_pretty(&*tiles)) {
-            // One temporary per process: concurrent runs each rename a whole file.
-            let tmp = path.with_extension(format!("json.{}.tmp", std::process::id()));
-            let written = path
-                .parent()
-                .map_or(Ok(()), std::fs::create_dir_all)
-                .and_then(|_| std::fs::write(&tmp, text))
-                .and_then(|_| std::fs::rename(&tmp, path));
-            if written.is_err() {
-                let _ = std::fs::remove_file(&tmp);
-            }
+        if let (Some(store), Ok(text)) = (&self.store, serde_json::to_string_pretty(&*tiles)) {
+            store.save(&text);
         }
     }
 }

@@ -187,6 +187,11 @@ impl WgpuBackend {
         })
     }
 
+    /// The autotuner's (choices held, choices loaded from its store at the start).
+    pub fn autotune_entries(&self) -> (usize, usize) {
+        self.tuner.entries()
+    }
+
     /// The same backend with another autotuner (tests and tools that pick the cache file).
     pub fn with_tuner(mut self, tuner: Autotuner) -> WgpuBackend {
         self.tuner = tuner;

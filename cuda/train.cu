@@ -1,0 +1,364 @@
+// train.cu: the ops of the training step plan besides matmul, rounding and amax (which cast.cu
+// and scale.cu serve). Needs formats.cuh. Host reference: src/train/ops.rs and the host
+// interpreter in src/train/exec.rs; the WGSL twins are shaders/train.wgsl and step.wgsl.
+//
+// Row ops (layer norm, softmax, cross entropy) run one block per row and reduce with warp
+// shuffles. Column reductions (bias and layer-norm parameter gradients) write one partial sum
+// per chunk of rows and a second kernel adds the chunks in order; the embedding scatter-add is
+// a gather over the tokens. No float atomics anywhere: a step rerun gives the same bits, which
+// is what makes a resumed run reproduce an uninterrupted one.
+
+// Scalar slots the host writes before a step (src/train/plan.rs `scalar`).
+#define DLOSS_PER_ROW 0
+#define INVERSE_SCALE 1
+#define POISON 2
+#define LR 3
+#define BETA1 4
+#define BETA2 5
+#define EPS 6
+#define WEIGHT_DECAY 7
+#define BIAS_CORRECTION1 8
+#define BIAS_CORRECTION2 9
+#define CLIP 10
+
+// Rows per chunk of the column reductions (the launcher sizes the grid with the same value).
+#define CHUNK_ROWS 256u
+
+#define FULL_MASK 0xffffffffu
+#define NEG_INF __uint_as_float(0xff800000u)
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+    return v;
+}
+
+// The sum of `v` over the block, in every thread (blockDim.x a multiple of 32). Every warp adds
+// the warps' partials in the same order, so all threads get the same bits. Every thread of the
+// block must call it.
+__device__ float block_sum(float v) {
+    __shared__ float partial[32];
+    v = warp_sum(v);
+    __syncthreads();  // the previous call's readers are done with `partial`
+    if ((threadIdx.x & 31u) == 0u) partial[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = (threadIdx.x & 31u) < (blockDim.x >> 5) ? partial[threadIdx.x & 31u] : 0.0f;
+    return warp_sum(t);
+}
+
+__device__ float block_max(float v) {
+    __shared__ float partial[32];
+    v = warp_max(v);
+    __syncthreads();
+    if ((threadIdx.x & 31u) == 0u) partial[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float t = (threadIdx.x & 31u) < (blockDim.x >> 5) ? partial[threadIdx.x & 31u] : NEG_INF;
+    return warp_max(t);
+}
+
+__device__ __forceinline__ bool is_finite_bits(float v) {
+    return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
+}
+
+// ---- embeddings ----
+
+// out[r, i] = table[ids[r], i]; n = rows * c.
+extern "C" __global__ void embedding_fwd(const float* table, const u32* ids, float* out, i64 n,
+                                         u32 c) {
+    FOR_EACH(e, n) out[e] = table[(i64)ids[e / c] * c + e % c];
+}
+
+// The scatter-add as a gather: block `row` of the table sums the rows of dout whose id is
+// `row`, in token order. Columns strided over the block.
+extern "C" __global__ void embedding_bwd(const float* dout, const u32* ids, float* out, u32 c,
+                                         u32 tokens) {
+    u32 row = blockIdx.x;
+    for (u32 i = threadIdx.x; i < c; i += blockDim.x) {
+        float sum = 0.0f;
+        for (u32 r = 0; r < tokens; r++) {
+            if (ids[r] == row) sum += dout[(i64)r * c + i];
+        }
+        out[(i64)row * c + i] = sum;
+    }
+}
+
+// ---- layer norm (eps 1e-5), one block per row of c ----
+
+extern "C" __global__ void layernorm_fwd(const float* x, const float* g, const float* b,
+                                         float* y, float* stats, u32 c) {
+    const float* xr = x + (i64)blockIdx.x * c;
+    float s = 0.0f;
+    for (u32 i = threadIdx.x; i < c; i += blockDim.x) s += xr[i];
+    float mean = block_sum(s) / (float)c;
+    float q = 0.0f;
+    for (u32 i = threadIdx.x; i < c; i += blockDim.x) {
+        float d = xr[i] - mean;
+        q += d * d;
+    }
+    float rstd = 1.0f / sqrtf(block_sum(q) / (float)c + 1e-5f);
+    float* yr = y + (i64)blockIdx.x * c;
+    for (u32 i = threadIdx.x; i < c; i += blockDim.x) yr[i] = (xr[i] - mean) * rstd * g[i] + b[i];
+    if (threadIdx.x == 0u) {
+        stats[2 * (i64)blockIdx.x] = mean;
+        stats[2 * (i64)blockIdx.x + 1] = rstd;
+    }
+}
+
+// dx of one row: dx = rstd * (d - mean(d) - xhat * mean(d * xhat)), d = dy * g.
+extern "C" __global__ void layernorm_bwd_x(const float* dy, const float* x, const float* g,
+                                           const float* stats, float* dx, u32 c) {
+    i64 base = (i64)blockIdx.x * c;
+    float mean = stats[2 * (i64)blockIdx.x], rstd = stats[2 * (i64)blockIdx.x + 1];
+    float sd = 0.0f, sdx = 0.0f;
+    for (u32 i = threadIdx.x; i < c; i += blockDim.x) {
+        float xhat = (x[base + i] - mean) * rstd;
+        float d = dy[base + i] * g[i];
+        sd += d;
+        sdx += d * xhat;
+    }
+    sd = block_sum(sd) / (float)c;
+    sdx = block_sum(sdx) / (float)c;
+    for (u32 i = threadIdx.x; i < c; i += blockDim.x) {
+        float xhat = (x[base + i] - mean) * rstd;
+        float d = dy[base + i] * g[i];
+        dx[base + i] = rstd * (d - sd - xhat * sdx);
+    }
+}
+
+// ---- column reductions: blocks of 32 columns x 8 row lanes, one chunk of rows per blockIdx.y
+
+// Sums this thread's rows of the chunk for column `col`, then the 8 row lanes in order; the
+// result is in threadIdx.y == 0. `value(r)` gives the element of row r.
+template <typename F>
+__device__ float chunk_column_sum(u32 rows, F value) {
+    __shared__ float lanes[8][32];
+    u32 start = blockIdx.y * CHUNK_ROWS;
+    u32 end = min(start + CHUNK_ROWS, rows);
+    float s = 0.0f;
+    for (u32 r = start + threadIdx.y; r < end; r += 8u) s += value(r);
+    __syncthreads();
+    lanes[threadIdx.y][threadIdx.x] = s;
+    __syncthreads();
+    float t = 0.0f;
+    if (threadIdx.y == 0u) {
+        for (u32 k = 0; k < 8u; k++) t += lanes[k][threadIdx.x];
+    }
+    return t;
+}
+
+// partial[chunk, j] = sum over the chunk's rows of x[row, j].
+extern "C" __global__ void column_partials(const float* x, float* partial, u32 rows, u32 c) {
+    u32 j = blockIdx.x * 32u + threadIdx.x;
+    u32 jj = min(j, c - 1u);  // out-of-range columns compute a copy and write nothing
+    float t = chunk_column_sum(rows, [&](u32 r) { return x[(i64)r * c + jj]; });
+    if (threadIdx.y == 0u && j < c) partial[(i64)blockIdx.y * c + j] = t;
+}
+
+// Partials of layer norm's dg = sum dy * xhat and db = sum dy per column (dg's chunks first,
+// then db's: 2 * chunks * c values).
+extern "C" __global__ void layernorm_bwd_partials(const float* dy, const float* x,
+                                                  const float* stats, float* partial, u32 rows,
+                                                  u32 c) {
+    u32 j = blockIdx.x * 32u + threadIdx.x;
+    u32 jj = min(j, c - 1u);
+    float dg = chunk_column_sum(rows, [&](u32 r) {
+        i64 e = (i64)r * c + jj;
+        return dy[e] * ((x[e] - stats[2 * (i64)r]) * stats[2 * (i64)r + 1]);
+    });
+    float db = chunk_column_sum(rows, [&](u32 r) { return dy[(i64)r * c + jj]; });
+    if (threadIdx.y == 0u && j < c) {
+        partial[(i64)blockIdx.y * c + j] = dg;
+        partial[(i64)(gridDim.y + blockIdx.y) * c + j] = db;
+    }
+}
+
+// out[j] = sum over chunks of partial[chunk, j], in chunk order.
+extern "C" __global__ void sum_partials(const float* partial, float* out, u32 chunks, u32 c) {
+    FOR_EACH(j, c) {
+        float s = 0.0f;
+        for (u32 k = 0; k < chunks; k++) s += partial[(i64)k * c + j];
+        out[j] = s;
+    }
+}
+
+// ---- GELU (tanh form) ----
+
+#define SQRT_2_OVER_PI 0.7978845608f
+
+extern "C" __global__ void gelu_fwd(const float* x, float* y, i64 n) {
+    FOR_EACH(e, n) {
+        float v = x[e];
+        y[e] = 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v)));
+    }
+}
+
+extern "C" __global__ void gelu_bwd(const float* x, const float* dy, float* dx, i64 n) {
+    FOR_EACH(e, n) {
+        float v = x[e];
+        float t = tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v));
+        float du = SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * v * v);
+        dx[e] = dy[e] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+    }
+}
+
+// ---- causal softmax of scale * scores, one block per row of t (row i of each t x t block
+// sees columns 0..=i; the masked probabilities are 0) ----
+
+extern "C" __global__ void causal_softmax_fwd(const float* x, float* p, u32 t, float scale) {
+    i64 base = (i64)blockIdx.x * t;
+    u32 i = blockIdx.x % t;
+    float m = NEG_INF;
+    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, x[base + j] * scale);
+    m = block_max(m);
+    float s = 0.0f;
+    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) s += expf(x[base + j] * scale - m);
+    s = block_sum(s);
+    for (u32 j = threadIdx.x; j < t; j += blockDim.x)
+        p[base + j] = j <= i ? expf(x[base + j] * scale - m) / s : 0.0f;
+}
+
+// d(scores) = scale * p * (dp - sum(p * dp)).
+extern "C" __global__ void causal_softmax_bwd(const float* p, const float* dp, float* ds, u32 t,
+                                              float scale) {
+    i64 base = (i64)blockIdx.x * t;
+    u32 i = blockIdx.x % t;
+    float dot = 0.0f;
+    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) dot += p[base + j] * dp[base + j];
+    dot = block_sum(dot);
+    for (u32 j = threadIdx.x; j < t; j += blockDim.x)
+        ds[base + j] = j <= i ? scale * p[base + j] * (dp[base + j] - dot) : 0.0f;
+}
+
+// ---- cross entropy ----
+
+// Per row of v logits: the probabilities, and the row's loss into losses[row].
+extern "C" __global__ void cross_entropy_fwd(const float* logits, const u32* targets,
+                                             float* probs, float* losses, u32 v) {
+    i64 base = (i64)blockIdx.x * v;
+    float m = NEG_INF;
+    for (u32 i = threadIdx.x; i < v; i += blockDim.x) m = fmaxf(m, logits[base + i]);
+    m = block_max(m);
+    float s = 0.0f;
+    for (u32 i = threadIdx.x; i < v; i += blockDim.x) s += expf(logits[base + i] - m);
+    s = block_sum(s);
+    for (u32 i = threadIdx.x; i < v; i += blockDim.x) probs[base + i] = expf(logits[base + i] - m) / s;
+    if (threadIdx.x == 0u) losses[blockIdx.x] = logf(s) + m - logits[base + targets[blockIdx.x]];
+}
+
+// stats[slot] = mean of x[0..n) (the mean loss). One block.
+extern "C" __global__ void mean_to_stat(const float* x, float* stats, u32 n, u32 slot) {
+    float s = 0.0f;
+    for (u32 e = threadIdx.x; e < n; e += blockDim.x) s += x[e];
+    s = block_sum(s);
+    if (threadIdx.x == 0u) stats[slot] = s / (float)n;
+}
+
+// d = (p - onehot(target)) * scalars[DLOSS_PER_ROW] per row of v.
+extern "C" __global__ void cross_entropy_bwd(const float* probs, const u32* targets, float* d,
+                                             const float* scalars, i64 n, u32 v) {
+    float k = scalars[DLOSS_PER_ROW];
+    FOR_EACH(e, n) {
+        float onehot = targets[e / v] == (u32)(e % v) ? 1.0f : 0.0f;
+        d[e] = (probs[e] - onehot) * k;
+    }
+}
+
+// ---- data movement ----
+
+// y += x, x repeated every c elements (c = n: elementwise; c = width: a bias per row).
+extern "C" __global__ void add(const float* x, float* y, i64 n, u32 c) {
+    FOR_EACH(e, n) y[e] += x[e % c];
+}
+
+// A 4-d strided copy (src/train/plan.rs `Strided`): element (i0..i3) < dims moves from
+// src_offset + i . src to dst_offset + i . dst.
+struct Strided {
+    u32 dims[4];
+    u32 src[4];
+    u32 dst[4];
+    u32 src_offset;
+    u32 dst_offset;
+};
+
+extern "C" __global__ void strided_copy(const float* x, float* y, i64 n, Strided map) {
+    FOR_EACH(e, n) {
+        i64 rest = e, s = map.src_offset, d = map.dst_offset;
+        for (int axis = 3; axis >= 0; axis--) {
+            i64 i = rest % map.dims[axis];
+            rest /= map.dims[axis];
+            s += i * map.src[axis];
+            d += i * map.dst[axis];
+        }
+        y[d] = x[s];
+    }
+}
+
+// ---- GradScaler and AdamW ----
+
+// Unscale of one gradient: g = (g [+ POISON on element 0 if `poisoned`]) * INVERSE_SCALE in
+// place; per block, the squared norm and whether any result is inf or NaN into partial[2 b],
+// partial[2 b + 1] (the grid-stride split is fixed by the launch, so the sums are too).
+extern "C" __global__ void unscale_partials(float* g, float* partial, const float* scalars,
+                                            i64 n, u32 poisoned) {
+    float inverse = scalars[INVERSE_SCALE];
+    float s = 0.0f, bad = 0.0f;
+    FOR_EACH(e, n) {
+        float v = g[e];
+        if (poisoned != 0u && e == 0) v += scalars[POISON];
+        v *= inverse;
+        g[e] = v;
+        if (!is_finite_bits(v)) bad = 1.0f;
+        s += v * v;
+    }
+    s = block_sum(s);
+    bad = block_max(bad);
+    if (threadIdx.x == 0u) {
+        partial[2 * blockIdx.x] = s;
+        partial[2 * blockIdx.x + 1] = bad;
+    }
+}
+
+// stats[flag] = whether any block saw a non-finite value, stats[norm] = the squared norm
+// (blocks added in order). One thread.
+extern "C" __global__ void unscale_finish(const float* partial, u32 blocks, float* stats,
+                                          u32 flag, u32 norm) {
+    if (blockIdx.x != 0u || threadIdx.x != 0u) return;
+    float s = 0.0f, bad = 0.0f;
+    for (u32 b = 0; b < blocks; b++) {
+        s += partial[2 * b];
+        bad = fmaxf(bad, partial[2 * b + 1]);
+    }
+    stats[flag] = bad;
+    stats[norm] = s;
+}
+
+// AdamW on p with gradient g and moments m, v; skipped unless every gradient's finite flag
+// (stats[1 .. 1 + count)) is clear; the gradient clipped to the global norm CLIP (squared
+// norms at stats[1 + count .. 1 + 2 count)).
+extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v,
+                                 const float* stats, const float* scalars, i64 n, u32 count,
+                                 u32 decay) {
+    float norm_sq = 0.0f;
+    for (u32 i = 0; i < count; i++) {
+        if (stats[1 + i] != 0.0f) return;
+        norm_sq += stats[1 + count + i];
+    }
+    float norm = sqrtf(norm_sq), clip = scalars[CLIP];
+    float factor = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
+    float lr = scalars[LR], beta1 = scalars[BETA1], beta2 = scalars[BETA2];
+    float wd = decay != 0u ? lr * scalars[WEIGHT_DECAY] : 0.0f;
+    float step = lr / scalars[BIAS_CORRECTION1];
+    float bc2 = scalars[BIAS_CORRECTION2], eps = scalars[EPS];
+    FOR_EACH(e, n) {
+        float ge = g[e] * factor;
+        float me = beta1 * m[e] + (1.0f - beta1) * ge;
+        float ve = beta2 * v[e] + (1.0f - beta2) * ge * ge;
+        m[e] = me;
+        v[e] = ve;
+        p[e] = p[e] * (1.0f - wd) - step * me / (sqrtf(ve / bc2) + eps);
+    }
+}

@@ -1,0 +1,349 @@
+//! The device-resident step plan on CUDA: every tensor of a `Plan` allocated once on the device,
+//! every op launched on the backend's one stream (train.cu kernels, cuBLAS and the split kernel
+//! for the matmuls), and a step synchronised once, when its stats come back: the host writes
+//! the step's tokens, targets and scalars before it and reads only the stats after it.
+//!
+//! The launches are not captured into a CUDA graph: the fp8 matmuls of delayed scaling take
+//! their scales from the step's scalars as launch arguments, and the launches are queued
+//! asynchronously anyway, so the host is never on the step's critical path except for their
+//! enqueue cost (a few microseconds each, a few hundred per step).
+
+use super::CudaBackend;
+use super::matmul;
+use super::train::{self as launch, Ptr, scratch};
+use crate::algorithm::{Algorithm, Scaling};
+use crate::error::{Error, Result};
+use crate::train::exec::{StepExecutor, check_inputs, check_write, tensor_len};
+use crate::train::plan::{Op, Plan, Section, TensorId};
+use cudarc::driver::CudaSlice;
+
+/// The executor of a plan on a CUDA device.
+pub struct CudaPlan<'a> {
+    cb: &'a CudaBackend,
+    plan: Plan,
+    tensors: Vec<CudaSlice<f32>>,
+    scalars: CudaSlice<f32>,
+    stats: CudaSlice<f32>,
+    /// Shared by the ops that need temporaries (they run one after the other on one stream).
+    scratch: CudaSlice<f32>,
+    /// Stands in for a matmul's output while that output is lent to `matmul::run`.
+    spare: CudaSlice<f32>,
+    /// Largest token id the embeddings accept, and target id the cross entropy accepts: checked
+    /// on the host, since a bad id would read outside a table on the device.
+    token_rows: usize,
+    target_classes: usize,
+}
+
+impl<'a> CudaPlan<'a> {
+    /// Allocates the plan's tensors (constants uploaded, the rest zero).
+    pub fn new(cb: &'a CudaBackend, plan: Plan) -> Result<CudaPlan<'a>> {
+        let mut tensors = Vec::with_capacity(plan.tensors.len());
+        for t in &plan.tensors {
+            tensors.push(cb.zeros::<f32>(t.len)?);
+        }
+        for (id, values) in &plan.constants {
+            check_write(&plan, *id, values)?;
+            cb.stream
+                .memcpy_htod(values.as_slice(), &mut tensors[*id])
+                .map_err(|e| cb.device_error("uploading a plan constant", e))?;
+        }
+        let (mut token_rows, mut target_classes) = (usize::MAX, usize::MAX);
+        let mut work = 0usize;
+        let len = |id: TensorId| plan.tensors[id].len;
+        for op in &plan.ops {
+            match *op {
+                Op::Embedding { table, ids, c, .. } if ids == plan.tokens => {
+                    token_rows = token_rows.min(len(table) / c.max(1));
+                }
+                Op::EmbeddingBwd { ids, rows, .. } if ids == plan.tokens => {
+                    token_rows = token_rows.min(rows);
+                }
+                Op::CrossEntropy {
+                    logits, targets, v, ..
+                } => {
+                    if targets == plan.targets {
+                        target_classes = target_classes.min(v);
+                    }
+                    work = work.max(scratch::cross_entropy(len(logits) / v.max(1)));
+                }
+                Op::LayerNormBwd { x, c, .. } => {
+                    work = work.max(scratch::layernorm_bwd(len(x) / c.max(1), c));
+                }
+                Op::ColumnSums { x, c, .. } => {
+                    work = work.max(scratch::column_sums(len(x) / c.max(1), c));
+                }
+                Op::UnscaleCheck { grad, .. } => work = work.max(scratch::unscale(len(grad))),
+                _ => {}
+            }
+        }
+        Ok(CudaPlan {
+            cb,
+            scalars: cb.zeros::<f32>(plan.scalar_count())?,
+            stats: cb.zeros::<f32>(plan.stats.len())?,
+            scratch: cb.zeros::<f32>(work)?,
+            spare: cb.zeros::<f32>(1)?,
+            tensors,
+            plan,
+            token_rows,
+            target_classes,
+        })
+    }
+
+    fn p(&self, id: TensorId) -> Ptr {
+        self.cb.ptr(&self.tensors[id])
+    }
+
+    fn len(&self, id: TensorId) -> usize {
+        self.plan.tensors[id].len
+    }
+
+    fn rows(&self, id: TensorId, width: usize) -> usize {
+        self.len(id) / width.max(1)
+    }
+
+    /// Launches one op; `host_scalars` are the step's scalars (fp8 given scales are launch
+    /// arguments of the matmul).
+    fn launch(&mut self, op: &Op, host_scalars: &[f32]) -> Result<()> {
+        let cb = self.cb;
+        let (scalars, stats, work) = (
+            cb.ptr(&self.scalars),
+            cb.ptr(&self.stats),
+            cb.ptr(&self.scratch),
+        );
+        let layout = self.plan.stats;
+        match *op {
+            Op::Embedding { table, ids, out, c } => {
+                let tokens = self.len(ids);
+                launch::embedding_fwd(cb, self.p(table), self.p(ids), self.p(out), tokens, c)
+            }
+            Op::EmbeddingBwd {
+                dout,
+                ids,
+                out,
+                rows,
+                c,
+            } => {
+                let tokens = self.len(ids);
+                let (d, i, o) = (self.p(dout), self.p(ids), self.p(out));
+                launch::embedding_bwd(cb, d, i, o, (rows, c, tokens))
+            }
+            Op::LayerNorm {
+                x,
+                g,
+                b,
+                out,
+                stats: st,
+                c,
+            } => {
+                let ptrs = [x, g, b, out, st].map(|id| self.p(id));
+                launch::layernorm_fwd(cb, ptrs, self.rows(x, c), c)
+            }
+            Op::LayerNormBwd {
+                dy,
+                x,
+                g,
+                stats: st,
+                dx,
+                dg,
+                db,
+                c,
+            } => {
+                let ptrs = [dy, x, g, st, dx, dg, db].map(|id| self.p(id));
+                launch::layernorm_bwd(cb, ptrs, self.rows(x, c), c, work)
+            }
+            Op::Gelu { x, out } => launch::gelu_fwd(cb, self.p(x), self.p(out), self.len(x)),
+            Op::GeluBwd { x, dy, out } => {
+                launch::gelu_bwd(cb, self.p(x), self.p(dy), self.p(out), self.len(x))
+            }
+            Op::Softmax { x, out, t, scale } => {
+                let shape = (self.rows(x, t), t, scale);
+                launch::softmax_fwd(cb, self.p(x), self.p(out), shape)
+            }
+            Op::SoftmaxBwd {
+                p,
+                dp,
+                out,
+                t,
+                scale,
+            } => {
+                let shape = (self.rows(p, t), t, scale);
+                launch::softmax_bwd(cb, self.p(p), self.p(dp), self.p(out), shape)
+            }
+            Op::CrossEntropy {
+                logits,
+                targets,
+                probs,
+                v,
+            } => {
+                let ptrs = [self.p(logits), self.p(targets), self.p(probs), stats];
+                let slot = crate::train::plan::Stats::LOSS;
+                launch::cross_entropy_fwd(cb, ptrs, slot, self.rows(logits, v), v, work)
+            }
+            Op::CrossEntropyBwd {
+                probs,
+                targets,
+                out,
+                v,
+            } => {
+                let ptrs = [self.p(probs), self.p(targets), self.p(out), scalars];
+                launch::cross_entropy_bwd(cb, ptrs, self.rows(probs, v), v)
+            }
+            Op::Matmul {
+                ref shape,
+                algorithm,
+                a,
+                b,
+                out,
+                scales,
+            } => {
+                shape.check(self.len(a), self.len(b))?;
+                let algorithm = match (algorithm, scales) {
+                    (Algorithm::Fp8 { a: fa, b: fb, .. }, Some([sa, sb])) => Algorithm::Fp8 {
+                        a: fa,
+                        b: fb,
+                        scaling: Scaling::Given {
+                            a: host_scalars[sa],
+                            b: host_scalars[sb],
+                        },
+                    },
+                    (alg, _) => alg,
+                };
+                // The output is lent out of the tensor list while the operands are borrowed.
+                std::mem::swap(&mut self.tensors[out], &mut self.spare);
+                let done = matmul::run(
+                    cb,
+                    shape,
+                    &algorithm,
+                    &self.tensors[a],
+                    &self.tensors[b],
+                    &mut self.spare,
+                );
+                std::mem::swap(&mut self.tensors[out], &mut self.spare);
+                done
+            }
+            Op::Round { x, format } => launch::round(cb, self.p(x), self.len(x), format),
+            Op::Add { x, y } => launch::add(cb, self.p(x), self.p(y), self.len(y), self.len(x)),
+            Op::ColumnSums { x, out, c } => {
+                launch::column_sums(cb, self.p(x), self.p(out), self.rows(x, c), c, work)
+            }
+            Op::Copy { x, out, ref map } => launch::strided_copy(cb, self.p(x), self.p(out), map),
+            Op::Amax { x, slot } => launch::amax_into(cb, self.p(x), self.len(x), stats, slot),
+            Op::UnscaleCheck { grad, index } => {
+                let slots = (layout.flag(index), layout.norm_sq(index));
+                let ptrs = [self.p(grad), scalars, stats];
+                launch::unscale(cb, ptrs, self.len(grad), index == 0, slots, work)
+            }
+            Op::AdamW {
+                param,
+                grad,
+                m,
+                v,
+                decay,
+            } => {
+                let ptrs = [
+                    self.p(param),
+                    self.p(grad),
+                    self.p(m),
+                    self.p(v),
+                    stats,
+                    scalars,
+                ];
+                launch::adamw(cb, ptrs, self.len(param), layout.grads, decay)
+            }
+        }
+    }
+
+    /// Refuses ids the device would read outside a table with.
+    fn check_ids(&self, tokens: &[u32], targets: &[u32]) -> Result<()> {
+        let bad = |ids: &[u32], limit: usize, what: &str| match ids
+            .iter()
+            .find(|&&i| i as usize >= limit)
+        {
+            Some(i) => Err(Error::invalid(
+                "batch",
+                format!("{what} id {i} is outside the model's {limit}"),
+            )),
+            None => Ok(()),
+        };
+        bad(tokens, self.token_rows, "token")?;
+        bad(targets, self.target_classes, "target")
+    }
+}
+
+#[async_trait::async_trait]
+impl StepExecutor for CudaPlan<'_> {
+    fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "device-resident on {}: {} ops launched on one stream, one synchronisation per step, {:.1} MiB of tensors",
+            self.cb.info.name,
+            self.plan.ops.len(),
+            self.plan.tensor_bytes() as f64 / (1u64 << 20) as f64
+        )
+    }
+
+    async fn run(
+        &mut self,
+        section: Section,
+        tokens: &[u32],
+        targets: &[u32],
+        scalars: &[f32],
+    ) -> Result<Vec<f64>> {
+        check_inputs(&self.plan, tokens, targets, scalars)?;
+        self.check_ids(tokens, targets)?;
+        let cb = self.cb;
+        let upload = |what: &str, values: &[f32], to: &mut CudaSlice<f32>| {
+            cb.stream
+                .memcpy_htod(values, to)
+                .map_err(|e| cb.device_error(what, e))
+        };
+        let (tokens_id, targets_id) = (self.plan.tokens, self.plan.targets);
+        upload(
+            "tokens",
+            bytemuck::cast_slice(tokens),
+            &mut self.tensors[tokens_id],
+        )?;
+        upload(
+            "targets",
+            bytemuck::cast_slice(targets),
+            &mut self.tensors[targets_id],
+        )?;
+        upload("scalars", scalars, &mut self.scalars)?;
+        cb.stream
+            .memset_zeros(&mut self.stats)
+            .map_err(|e| cb.device_error("clearing the stats", e))?;
+        let count = self.plan.ops_of(section).len();
+        for i in 0..count {
+            let op = self.plan.ops[i].clone();
+            self.launch(&op, scalars).map_err(|e| match e {
+                Error::Device { device, message } => Error::Device {
+                    device,
+                    message: format!("step plan op {i} ({}): {message}", op.name()),
+                },
+                e => e,
+            })?;
+        }
+        let stats = cb.download(&self.stats, self.plan.stats.len())?;
+        Ok(stats.into_iter().map(|v| v as f64).collect())
+    }
+
+    async fn read(&mut self, id: TensorId) -> Result<Vec<f32>> {
+        let len = tensor_len(&self.plan, id)?;
+        self.cb.download(&self.tensors[id], len)
+    }
+
+    async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()> {
+        check_write(&self.plan, id, values)?;
+        let cb = self.cb;
+        cb.stream
+            .memcpy_htod(values, &mut self.tensors[id])
+            .map_err(|e| cb.device_error("writing a plan tensor", e))
+    }
+
+    fn device_bytes(&self) -> u64 {
+        self.plan.tensor_bytes() + self.scratch.len() as u64 * 4
+    }
+}

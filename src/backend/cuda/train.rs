@@ -1,0 +1,334 @@
+//! Launchers of `cuda/train.cu` (and of the casts and amax the step needs), on device pointers:
+//! one set of launches serves both the `Backend` training ops (operands uploaded for the call)
+//! and the device-resident step plan (`plan.rs`, tensors kept on the device).
+//!
+//! The launch geometry lives here and nowhere else; tests/cuda_host/harness.cpp runs the kernels
+//! with the same geometry on the host.
+
+use super::{CudaBackend, Module, format_id};
+use crate::error::{Error, Result};
+use crate::format::Format;
+use crate::train::plan::Strided;
+use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, sys::CUdeviceptr};
+
+/// A device address (of f32 values unless said otherwise).
+pub(super) type Ptr = CUdeviceptr;
+
+/// Threads of the row kernels (one block per row).
+const ROW_THREADS: u32 = 128;
+/// Rows per chunk of the column reductions (`CHUNK_ROWS` in train.cu).
+const CHUNK_ROWS: usize = 256;
+/// Elements per block of the unscale reduction, and its most blocks.
+const UNSCALE_PER_BLOCK: usize = 1024;
+const UNSCALE_BLOCKS: usize = 256;
+
+/// `Strided` as train.cu takes it (by value).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct StridedArg {
+    dims: [u32; 4],
+    src: [u32; 4],
+    dst: [u32; 4],
+    src_offset: u32,
+    dst_offset: u32,
+}
+
+// SAFETY: a plain #[repr(C)] struct of u32s, laid out as train.cu's `Strided`.
+unsafe impl DeviceRepr for StridedArg {}
+
+impl CudaBackend {
+    /// The address of a device buffer (one stream, so no event tracking is needed).
+    pub(super) fn ptr<T>(&self, x: &impl DevicePtr<T>) -> Ptr {
+        x.device_ptr(&self.stream).0
+    }
+
+    fn rows_config(rows: usize) -> Result<LaunchConfig> {
+        Ok(LaunchConfig {
+            grid_dim: (grid_size("rows", rows)?, 1, 1),
+            block_dim: (ROW_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        })
+    }
+}
+
+fn grid_size(what: &str, n: usize) -> Result<u32> {
+    if n > i32::MAX as usize {
+        return Err(Error::invalid(
+            "training op",
+            format!("{n} {what} exceed a CUDA grid"),
+        ));
+    }
+    Ok(n as u32)
+}
+
+fn chunks(rows: usize) -> usize {
+    rows.div_ceil(CHUNK_ROWS).max(1)
+}
+
+fn unscale_blocks(n: usize) -> usize {
+    n.div_ceil(UNSCALE_PER_BLOCK).clamp(1, UNSCALE_BLOCKS)
+}
+
+/// Scratch values (f32) an op needs besides its operands.
+pub(super) mod scratch {
+    /// Column sums of `rows x c`.
+    pub fn column_sums(rows: usize, c: usize) -> usize {
+        super::chunks(rows) * c
+    }
+    /// Layer norm's backward (dg and db partials).
+    pub fn layernorm_bwd(rows: usize, c: usize) -> usize {
+        2 * super::chunks(rows) * c
+    }
+    /// Cross entropy (a loss per row).
+    pub fn cross_entropy(rows: usize) -> usize {
+        rows
+    }
+    /// The unscale of `n` gradient values.
+    pub fn unscale(n: usize) -> usize {
+        2 * super::unscale_blocks(n)
+    }
+}
+
+pub(super) fn embedding_fwd(
+    cb: &CudaBackend,
+    table: Ptr,
+    ids: Ptr,
+    out: Ptr,
+    tokens: usize,
+    c: usize,
+) -> Result<()> {
+    let (n, c) = ((tokens * c) as i64, c as u32);
+    launch_1d!(cb, Module::Train, "embedding_fwd", tokens * c as usize; &table, &ids, &out, &n, &c)
+}
+
+pub(super) fn embedding_bwd(
+    cb: &CudaBackend,
+    dout: Ptr,
+    ids: Ptr,
+    out: Ptr,
+    (rows, c, tokens): (usize, usize, usize),
+) -> Result<()> {
+    if rows == 0 || c == 0 {
+        return Ok(());
+    }
+    let (c, tokens) = (c as u32, grid_size("tokens", tokens)?);
+    launch!(cb, Module::Train, "embedding_bwd", CudaBackend::rows_config(rows)?; &dout, &ids, &out, &c, &tokens)
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn layernorm_fwd(
+    cb: &CudaBackend,
+    [x, g, b, y, stats]: [Ptr; 5],
+    rows: usize,
+    c: usize,
+) -> Result<()> {
+    if rows == 0 || c == 0 {
+        return Ok(());
+    }
+    let c = c as u32;
+    launch!(cb, Module::Train, "layernorm_fwd", CudaBackend::rows_config(rows)?; &x, &g, &b, &y, &stats, &c)
+}
+
+/// dx, then dg and db through per-chunk partials in `scratch` (`scratch::layernorm_bwd`).
+pub(super) fn layernorm_bwd(
+    cb: &CudaBackend,
+    [dy, x, g, stats, dx, dg, db]: [Ptr; 7],
+    rows: usize,
+    c: usize,
+    scratch: Ptr,
+) -> Result<()> {
+    if rows == 0 || c == 0 {
+        return Ok(());
+    }
+    let (c32, rows32) = (c as u32, rows as u32);
+    launch!(cb, Module::Train, "layernorm_bwd_x", CudaBackend::rows_config(rows)?; &dy, &x, &g, &stats, &dx, &c32)?;
+    let chunks = chunks(rows);
+    launch!(cb, Module::Train, "layernorm_bwd_partials", column_config(c, chunks)?; &dy, &x, &stats, &scratch, &rows32, &c32)?;
+    let chunks32 = chunks as u32;
+    let db_partials = scratch + (chunks * c * 4) as u64;
+    launch_1d!(cb, Module::Train, "sum_partials", c; &scratch, &dg, &chunks32, &c32)?;
+    launch_1d!(cb, Module::Train, "sum_partials", c; &db_partials, &db, &chunks32, &c32)
+}
+
+fn column_config(c: usize, chunks: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (
+            grid_size("columns", c.div_ceil(32))?,
+            grid_size("row chunks", chunks).and_then(|g| {
+                if g > 65535 {
+                    Err(Error::invalid(
+                        "training op",
+                        "too many rows for a column reduction",
+                    ))
+                } else {
+                    Ok(g)
+                }
+            })?,
+            1,
+        ),
+        block_dim: (32, 8, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// out[j] = sum over rows of x[row, j], through `scratch` (`scratch::column_sums`).
+pub(super) fn column_sums(
+    cb: &CudaBackend,
+    x: Ptr,
+    out: Ptr,
+    rows: usize,
+    c: usize,
+    scratch: Ptr,
+) -> Result<()> {
+    if c == 0 {
+        return Ok(());
+    }
+    let (c32, rows32, chunks) = (c as u32, rows as u32, chunks(rows));
+    launch!(cb, Module::Train, "column_partials", column_config(c, chunks)?; &x, &scratch, &rows32, &c32)?;
+    let chunks32 = chunks as u32;
+    launch_1d!(cb, Module::Train, "sum_partials", c; &scratch, &out, &chunks32, &c32)
+}
+
+pub(super) fn gelu_fwd(cb: &CudaBackend, x: Ptr, y: Ptr, n: usize) -> Result<()> {
+    let len = n as i64;
+    launch_1d!(cb, Module::Train, "gelu_fwd", n; &x, &y, &len)
+}
+
+pub(super) fn gelu_bwd(cb: &CudaBackend, x: Ptr, dy: Ptr, dx: Ptr, n: usize) -> Result<()> {
+    let len = n as i64;
+    launch_1d!(cb, Module::Train, "gelu_bwd", n; &x, &dy, &dx, &len)
+}
+
+pub(super) fn softmax_fwd(
+    cb: &CudaBackend,
+    x: Ptr,
+    p: Ptr,
+    (rows, t, scale): (usize, usize, f64),
+) -> Result<()> {
+    if rows == 0 || t == 0 {
+        return Ok(());
+    }
+    let (t, scale) = (t as u32, scale as f32);
+    launch!(cb, Module::Train, "causal_softmax_fwd", CudaBackend::rows_config(rows)?; &x, &p, &t, &scale)
+}
+
+pub(super) fn softmax_bwd(
+    cb: &CudaBackend,
+    p: Ptr,
+    dp: Ptr,
+    ds: Ptr,
+    (rows, t, scale): (usize, usize, f64),
+) -> Result<()> {
+    if rows == 0 || t == 0 {
+        return Ok(());
+    }
+    let (t, scale) = (t as u32, scale as f32);
+    launch!(cb, Module::Train, "causal_softmax_bwd", CudaBackend::rows_config(rows)?; &p, &dp, &ds, &t, &scale)
+}
+
+/// Probabilities, and the mean of the rows' losses into stats[slot]; `scratch` holds the rows'
+/// losses (`scratch::cross_entropy`).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn cross_entropy_fwd(
+    cb: &CudaBackend,
+    [logits, targets, probs, stats]: [Ptr; 4],
+    slot: usize,
+    rows: usize,
+    v: usize,
+    scratch: Ptr,
+) -> Result<()> {
+    if rows == 0 || v == 0 {
+        return Ok(());
+    }
+    let v32 = v as u32;
+    launch!(cb, Module::Train, "cross_entropy_fwd", CudaBackend::rows_config(rows)?; &logits, &targets, &probs, &scratch, &v32)?;
+    let (rows32, slot) = (rows as u32, slot as u32);
+    launch!(cb, Module::Train, "mean_to_stat", one_block(256); &scratch, &stats, &rows32, &slot)
+}
+
+fn one_block(threads: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// d = (probs - onehot(targets)) * scalars[DLOSS_PER_ROW].
+pub(super) fn cross_entropy_bwd(
+    cb: &CudaBackend,
+    [probs, targets, d, scalars]: [Ptr; 4],
+    rows: usize,
+    v: usize,
+) -> Result<()> {
+    let (n, v32) = ((rows * v) as i64, v as u32);
+    launch_1d!(cb, Module::Train, "cross_entropy_bwd", rows * v; &probs, &targets, &d, &scalars, &n, &v32)
+}
+
+/// y += x, x of length `c` repeated over the `n` values of y.
+pub(super) fn add(cb: &CudaBackend, x: Ptr, y: Ptr, n: usize, c: usize) -> Result<()> {
+    let (len, c) = (n as i64, c.max(1) as u32);
+    launch_1d!(cb, Module::Train, "add", n; &x, &y, &len, &c)
+}
+
+pub(super) fn strided_copy(cb: &CudaBackend, x: Ptr, y: Ptr, map: &Strided) -> Result<()> {
+    let arg = StridedArg {
+        dims: map.dims,
+        src: map.src,
+        dst: map.dst,
+        src_offset: map.src_offset,
+        dst_offset: map.dst_offset,
+    };
+    let n = map.len() as i64;
+    launch_1d!(cb, Module::Train, "strided_copy", map.len(); &x, &y, &n, &arg)
+}
+
+/// GradScaler's unscale of `n` gradient values in place, POISON added to the first if
+/// `poisoned`; the finite flag and squared norm into stats[flag] and stats[norm]. `scratch`:
+/// `scratch::unscale(n)`.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn unscale(
+    cb: &CudaBackend,
+    [g, scalars, stats]: [Ptr; 3],
+    n: usize,
+    poisoned: bool,
+    (flag, norm): (usize, usize),
+    scratch: Ptr,
+) -> Result<()> {
+    let blocks = unscale_blocks(n);
+    let cfg = LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (len, poisoned) = (n as i64, poisoned as u32);
+    launch!(cb, Module::Train, "unscale_partials", cfg; &g, &scratch, &scalars, &len, &poisoned)?;
+    let (blocks, flag, norm) = (blocks as u32, flag as u32, norm as u32);
+    launch!(cb, Module::Train, "unscale_finish", one_block(32); &scratch, &blocks, &stats, &flag, &norm)
+}
+
+/// AdamW on `n` values, gated on the `count` gradients' flags in stats (see train.cu).
+pub(super) fn adamw(
+    cb: &CudaBackend,
+    [p, g, m, v, stats, scalars]: [Ptr; 6],
+    n: usize,
+    count: usize,
+    decay: bool,
+) -> Result<()> {
+    let (len, count, decay) = (n as i64, count as u32, decay as u32);
+    launch_1d!(cb, Module::Train, "adamw", n; &p, &g, &m, &v, &stats, &scalars, &len, &count, &decay)
+}
+
+/// x rounded to `format` in place.
+pub(super) fn round(cb: &CudaBackend, x: Ptr, n: usize, format: Format) -> Result<()> {
+    let (len, fmt) = (n as i64, format_id(format));
+    launch_1d!(cb, Module::Cast, "round_to", n; &x, &x, &len, &fmt)
+}
+
+/// The bits of stats[slot] = max(themselves, the largest finite |x|) (stats zeroed per step).
+pub(super) fn amax_into(cb: &CudaBackend, x: Ptr, n: usize, stats: Ptr, slot: usize) -> Result<()> {
+    let len = n as i64;
+    let at = stats + (slot * 4) as u64;
+    let (batch_len, div, modulus, per_batch) = (n.max(1) as u32, n.max(1) as u32, 1u32, 1u32);
+    launch_1d!(cb, Module::Scale, "amax", n; &x, &len, &at, &batch_len, &div, &modulus, &per_batch)
+}

@@ -1,0 +1,39 @@
+//! The on-disk cache shared by the backends (autotuned tiles, compiled CUDA kernels): the
+//! directory `MANTISSA_CACHE_DIR`, else `$XDG_CACHE_HOME/mantissa`, else `~/.cache/mantissa`;
+//! none in the browser or without a home directory. A cache that cannot be read or written
+//! costs work next time, never a result.
+
+use std::path::{Path, PathBuf};
+
+/// The cache directory, when there is one.
+pub fn dir() -> Option<PathBuf> {
+    if cfg!(target_arch = "wasm32") {
+        return None;
+    }
+    let env = |k: &str| {
+        std::env::var_os(k)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    env("MANTISSA_CACHE_DIR")
+        .or_else(|| env("XDG_CACHE_HOME").map(|d| d.join("mantissa")))
+        .or_else(|| env("HOME").map(|d| d.join(".cache").join("mantissa")))
+}
+
+/// Writes `bytes` to `path` through a temporary renamed over it, so that a reader (another
+/// process included) sees the old file or the whole new one, never a torn one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    // One temporary per process: concurrent writers each rename a whole file.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".{}.tmp", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    let written = path
+        .parent()
+        .map_or(Ok(()), std::fs::create_dir_all)
+        .and_then(|_| std::fs::write(&tmp, bytes))
+        .and_then(|_| std::fs::rename(&tmp, path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
