@@ -11,6 +11,7 @@ against the same contract as the native tests:
 - every cast, decode, split and amax kernel bit for bit equal to the host, and every algorithm
   on every input family of `mantissa report` (subnormals, overflow, NaN, inf, odd sizes) within
   the contract of the host reference;
+- the autotuner keeps its tile choices in localStorage, and a reopened engine starts from them;
 - training: the browser's GPU losses per step equal the native host reference's (same preset,
   same seed) within a tolerance for accumulation order, 16-mixed learns, 16-true stops at the
   step the reference stops.
@@ -139,6 +140,12 @@ def check(results, native, steps):
                f"{len(want)} native)")
         expect(bool(run["stopped"]) == bool(want_stopped),
                f"{preset}: stops in the browser ({run['stopped']!r}) iff natively ({want_stopped!r})")
+    tuned = results.get("autotune") or {}
+    again = results.get("autotune_reopened") or {}
+    expect(tuned.get("entries", 0) > 0 and tuned.get("stored") is True,
+           f"autotuner: {tuned.get('entries')} tiles chosen, kept in localStorage")
+    expect(again.get("loaded", 0) >= tuned.get("entries", 0) > 0,
+           f"a reopened engine starts with the stored tiles ({again.get('loaded')} loaded)")
     mixed = runs.get("16-mixed")
     if mixed and mixed["steps"]:
         first, last = mixed["steps"][0]["loss"], mixed["steps"][-1]["loss"]

@@ -11,6 +11,7 @@
 
 use js_sys::Promise;
 use mantissa::backend::Backend;
+use mantissa::backend::wgpu::autotune::{AutotuneMode, Autotuner, TileStore};
 use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
 use mantissa::bench::MatmulBench;
 use mantissa::policy::PrecisionClass;
@@ -38,6 +39,31 @@ fn start() {
     console_error_panic_hook::set_once();
 }
 
+/// Tuned matmul tiles in the page's localStorage, so that a reload (or another page of the same
+/// origin) starts tuned. Nothing is captured: the storage is looked up on each use, so the
+/// store is `Send + Sync` as the autotuner wants. Storage may be absent or full: best effort.
+struct LocalStorage;
+
+impl LocalStorage {
+    const KEY: &str = "mantissa.autotune";
+
+    fn storage() -> Option<web_sys::Storage> {
+        web_sys::window()?.local_storage().ok()?
+    }
+}
+
+impl TileStore for LocalStorage {
+    fn load(&self) -> Option<String> {
+        Self::storage()?.get_item(Self::KEY).ok()?
+    }
+
+    fn save(&self, json: &str) {
+        if let Some(s) = Self::storage() {
+            let _ = s.set_item(Self::KEY, json);
+        }
+    }
+}
+
 /// The engine on the page's adapter. The backend and the corpus live as long as the page.
 #[wasm_bindgen]
 pub struct Engine {
@@ -52,13 +78,31 @@ impl Engine {
     pub async fn open() -> Result<Engine, JsValue> {
         let options = WgpuOptions {
             runtime_checks: true,
+            autotune: AutotuneMode::Fast,
             ..WgpuOptions::default()
         };
-        let backend = WgpuBackend::open_nth(0, options).await.map_err(js_error)?;
+        let backend = WgpuBackend::open_nth(0, options)
+            .await
+            .map_err(js_error)?
+            .with_tuner(Autotuner::with_store(
+                AutotuneMode::Fast,
+                Some(Box::new(LocalStorage)),
+            ));
         Ok(Engine {
             backend: Box::leak(Box::new(backend)),
             corpus: None,
         })
+    }
+
+    /// The autotuner's state: tiles chosen, and how many came from localStorage when the engine
+    /// opened (JSON).
+    pub fn autotune(&self) -> Result<JsValue, JsValue> {
+        let (entries, loaded) = self.backend.autotune_entries();
+        to_json(&json!({
+            "entries": entries,
+            "loaded": loaded,
+            "stored": LocalStorage.load().is_some(),
+        }))
     }
 
     /// The adapter, its features and how each precision class resolves on it (JSON).

@@ -108,7 +108,9 @@ async function runMatmul(engine, n, reps) {
     }
     publish();
   }
-  $("matmul-status").textContent = `done (inputs seeded ${seed})`;
+  results.autotune = JSON.parse(engine.autotune());
+  const t = results.autotune;
+  $("matmul-status").textContent = `done (inputs seeded ${seed}; ${t.entries} tuned tiles, ${t.loaded} of them from this browser's storage)`;
   $("run-matmul").disabled = false;
 }
 
@@ -273,6 +275,13 @@ async function main() {
   await runMatmul(engine, Number($("size").value), reps);
   if (params.has("auto")) {
     await runTraining(engine, [$("preset-a").value, $("preset-b").value], Number($("steps").value));
+    results.autotune = JSON.parse(engine.autotune());
+    // A second engine starts from the tiles the first stored, as a reload would.
+    try {
+      results.autotune_reopened = JSON.parse((await Engine.open()).autotune());
+    } catch (e) {
+      fail("reopening the engine", e);
+    }
   }
   results.status = "done";
   publish();
