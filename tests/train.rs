@@ -317,28 +317,28 @@ fn resuming_from_a_checkpoint_reproduces_the_run() {
     let corpus = corpus();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ck.safetensors");
-    let mut straight =
-        Trainer::new(&Reference, &corpus, options(&corpus, Preset::Mixed16, 9)).unwrap();
-    let losses: Vec<f64> = (0..6)
-        .map(|_| straight.step().block_on().unwrap().loss)
-        .collect();
-    let mut first =
-        Trainer::new(&Reference, &corpus, options(&corpus, Preset::Mixed16, 9)).unwrap();
-    for _ in 0..3 {
-        first.step().block_on().unwrap();
+    // GradScaler's state, and fp8 delayed scaling's amax histories and scales, travel too.
+    for preset in [Preset::Mixed16, Preset::TransformerEngine] {
+        let mut straight = Trainer::new(&Reference, &corpus, options(&corpus, preset, 9)).unwrap();
+        let losses: Vec<f64> = (0..6)
+            .map(|_| straight.step().block_on().unwrap().loss)
+            .collect();
+        let mut first = Trainer::new(&Reference, &corpus, options(&corpus, preset, 9)).unwrap();
+        for _ in 0..3 {
+            first.step().block_on().unwrap();
+        }
+        Checkpoint::save(&mut first, &path).block_on().unwrap();
+        let mut resumed = Trainer::new(&Reference, &corpus, options(&corpus, preset, 9)).unwrap();
+        Checkpoint::load(&path, &resumed.gpt.config, &corpus.vocab)
+            .unwrap()
+            .restore(&mut resumed)
+            .block_on()
+            .unwrap();
+        let rest: Vec<f64> = (0..3)
+            .map(|_| resumed.step().block_on().unwrap().loss)
+            .collect();
+        assert_eq!(rest, losses[3..].to_vec(), "{preset}");
     }
-    Checkpoint::save(&mut first, &path).block_on().unwrap();
-    let mut resumed =
-        Trainer::new(&Reference, &corpus, options(&corpus, Preset::Mixed16, 9)).unwrap();
-    Checkpoint::load(&path, &resumed.gpt.config, &corpus.vocab)
-        .unwrap()
-        .restore(&mut resumed)
-        .block_on()
-        .unwrap();
-    let rest: Vec<f64> = (0..3)
-        .map(|_| resumed.step().block_on().unwrap().loss)
-        .collect();
-    assert_eq!(rest, losses[3..].to_vec());
 }
 
 #[test]
@@ -375,6 +375,36 @@ fn bad_checkpoints_are_refused() {
         .expect_err("other preset")
         .to_string();
     assert!(err.contains("32-true"), "{err}");
+    // fp8 state that no run produces, or for another number of layers: refused, and the
+    // trainer keeps its own weights.
+    let mut te = Trainer::new(
+        &Reference,
+        &corpus,
+        options(&corpus, Preset::TransformerEngine, 1),
+    )
+    .unwrap();
+    te.step().block_on().unwrap();
+    let fp8_path = dir.path().join("fp8.safetensors");
+    Checkpoint::save(&mut te, &fp8_path).block_on().unwrap();
+    let before = te.state().block_on().unwrap();
+    let mut bad = Checkpoint::load(&fp8_path, &config, &corpus.vocab).unwrap();
+    bad.meta.fp8.as_mut().expect("fp8 state saved")[0][1].scale = -1.0;
+    bad.params[0][0] += 1.0;
+    let err = bad
+        .restore(&mut te)
+        .block_on()
+        .expect_err("bad fp8 scale")
+        .to_string();
+    assert!(err.contains("fp8 scale -1"), "{err}");
+    let mut short = Checkpoint::load(&fp8_path, &config, &corpus.vocab).unwrap();
+    short.meta.fp8.as_mut().unwrap().pop();
+    let err = short
+        .restore(&mut te)
+        .block_on()
+        .expect_err("fp8 layers")
+        .to_string();
+    assert!(err.contains("linear layers"), "{err}");
+    assert_eq!(te.state().block_on().unwrap(), before, "nothing restored");
 }
 
 #[test]

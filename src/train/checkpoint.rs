@@ -2,10 +2,10 @@
 //! Written atomically (temporary file, fsync, rename), so a crash never leaves a truncated
 //! checkpoint; loading validates everything before anything is used.
 
-use super::model::GptConfig;
+use super::model::{Fp8Mode, GptConfig};
 use super::trainer::{TrainState, Trainer};
 use crate::error::{Error, Result};
-use crate::policy::Preset;
+use crate::policy::{DelayedScaling, Preset};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::collections::HashMap;
 use std::io::Write;
@@ -30,6 +30,42 @@ pub struct CheckpointMeta {
     pub applied: u32,
     pub loss_scale: Option<f32>,
     pub growth_tracker: Option<u32>,
+    /// fp8 delayed scaling: per linear layer, the state of its input, weight and gradient
+    /// (absent in checkpoints of other presets, and of earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fp8: Option<Vec<[SavedScaling; 3]>>,
+}
+
+/// The delayed-scaling state of one fp8 tensor, as a checkpoint keeps it (JSON numbers
+/// round-trip f32 exactly).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SavedScaling {
+    pub history: Vec<f32>,
+    pub scale: f32,
+}
+
+impl SavedScaling {
+    fn of(s: &DelayedScaling) -> SavedScaling {
+        SavedScaling {
+            history: s.history.iter().copied().collect(),
+            scale: s.scale,
+        }
+    }
+
+    /// Puts the saved state into `s`, refusing values no run produces; a history longer than
+    /// this run keeps keeps its newest entries.
+    fn restore(&self, s: &mut DelayedScaling) -> std::result::Result<(), String> {
+        if !(self.scale.is_finite() && self.scale > 0.0) {
+            return Err(format!("fp8 scale {}", self.scale));
+        }
+        if let Some(bad) = self.history.iter().find(|a| !(a.is_finite() && **a >= 0.0)) {
+            return Err(format!("fp8 amax {bad}"));
+        }
+        let skip = self.history.len().saturating_sub(s.history_len);
+        s.history = self.history[skip..].iter().copied().collect();
+        s.scale = self.scale;
+        Ok(())
+    }
 }
 
 /// The tensors and state of a checkpoint, validated.
@@ -60,6 +96,15 @@ impl Checkpoint {
             applied: trainer.applied,
             loss_scale: trainer.scaler.map(|s| s.scale),
             growth_tracker: trainer.scaler.map(|s| s.growth_tracker),
+            fp8: match &trainer.precision.fp8 {
+                Some(Fp8Mode::Delayed(states)) => Some(
+                    states
+                        .iter()
+                        .map(|l| [&l.input, &l.weight, &l.grad].map(SavedScaling::of))
+                        .collect(),
+                ),
+                _ => None,
+            },
         };
         let shapes = cfg.parameter_shapes();
         let bytes: Vec<(String, Vec<usize>, &[u8])> =
@@ -182,6 +227,30 @@ impl Checkpoint {
                 ),
             ));
         }
+        // Check the fp8 state before anything changes.
+        let mut fp8 = trainer.precision.fp8.clone();
+        if let (Some(Fp8Mode::Delayed(states)), Some(saved)) = (&mut fp8, &self.meta.fp8) {
+            if saved.len() != states.len() {
+                return Err(Error::invalid(
+                    "resume",
+                    format!(
+                        "the checkpoint holds fp8 state for {} linear layers, this model has {}",
+                        saved.len(),
+                        states.len()
+                    ),
+                ));
+            }
+            for (l, s) in states.iter_mut().zip(saved) {
+                for (state, saved) in [&mut l.input, &mut l.weight, &mut l.grad]
+                    .into_iter()
+                    .zip(s)
+                {
+                    saved.restore(state).map_err(|why| {
+                        Error::invalid("resume", format!("the checkpoint's {why} is not usable"))
+                    })?;
+                }
+            }
+        }
         trainer
             .set_state(&TrainState {
                 params: self.params,
@@ -199,6 +268,7 @@ impl Checkpoint {
             s.scale = scale;
             s.growth_tracker = tracker;
         }
+        trainer.precision.fp8 = fp8;
         Ok(())
     }
 }
