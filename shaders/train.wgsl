@@ -1,4 +1,6 @@
-// train.wgsl: the training ops besides matmul (the host reference is src/train/ops.rs).
+// train.wgsl: the training ops besides matmul (the host reference is src/train/ops.rs); the
+// cross-entropy backward, GradScaler's unscale and AdamW are step.wgsl's, for both the per-op
+// path and the resident plan.
 // Row ops (layer norm, softmax, cross entropy) take one invocation per row and reduce in f32;
 // elementwise ops one invocation per element. Bindings: 0 params; 1-3 inputs; 4-6 outputs.
 
@@ -7,19 +9,10 @@ struct TrainParams {
     n: u32,
     // Row length (layer norm width, vocabulary, context t for softmax).
     c: u32,
-    // AdamW step (1-based); 1 where weight decay applies, else 0.
-    step: u32,
-    decay: u32,
-    // Op-specific scalars: softmax scale; cross-entropy dloss / rows; AdamW lr, beta1, beta2,
-    // eps, weight decay, bias corrections.
-    f0: f32,
-    f1: f32,
-    f2: f32,
-    f3: f32,
-    f4: f32,
-    f5: f32,
-    f6: f32,
-    _pad: u32,
+    // Tokens of the embedding scatter-add.
+    tokens: u32,
+    // Softmax scale.
+    scale: f32,
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
@@ -139,7 +132,7 @@ fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     out0[e] = in1[e] * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du);
 }
 
-// Causal softmax of f0 * scores per row of t = c (row i of each t x t block sees 0..=i):
+// Causal softmax of scale * scores per row of t = c (row i of each t x t block sees 0..=i):
 // in0 = scores; out0 = probabilities (0 where masked).
 @compute @workgroup_size(256)
 fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -153,22 +146,22 @@ fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     let base = row * t;
     var m = -3.4e38;
     for (var j = 0u; j <= i; j++) {
-        m = max(m, in0[base + j] * params.f0);
+        m = max(m, in0[base + j] * params.scale);
     }
     var sum = 0.0;
     for (var j = 0u; j <= i; j++) {
-        sum += exp(in0[base + j] * params.f0 - m);
+        sum += exp(in0[base + j] * params.scale - m);
     }
     for (var j = 0u; j < t; j++) {
         var p = 0.0;
         if (j <= i) {
-            p = exp(in0[base + j] * params.f0 - m) / sum;
+            p = exp(in0[base + j] * params.scale - m) / sum;
         }
         out0[base + j] = p;
     }
 }
 
-// in0 = p, in1 = dp; out0 = d(scores) = f0 * p * (dp - sum(p * dp)).
+// in0 = p, in1 = dp; out0 = d(scores) = scale * p * (dp - sum(p * dp)).
 @compute @workgroup_size(256)
 fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
@@ -186,7 +179,7 @@ fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     for (var j = 0u; j < t; j++) {
         var d = 0.0;
         if (j <= i) {
-            d = params.f0 * in0[base + j] * (in1[base + j] - dot);
+            d = params.scale * in0[base + j] * (in1[base + j] - dot);
         }
         out0[base + j] = d;
     }
@@ -218,44 +211,6 @@ fn cross_entropy_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     out1[r] = log(sum) + m - in0[base + label];
 }
 
-// dlogits = (p - onehot(target)) * f0 (f0 = dloss / rows): in0 = p, in1 = targets; out0.
-@compute @workgroup_size(256)
-fn cross_entropy_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                     @builtin(local_invocation_index) lid: u32) {
-    let e = flat_index(wg, nwg, lid);
-    if (e >= params.n * params.c) {
-        return;
-    }
-    let r = e / params.c;
-    var onehot = 0.0;
-    if (bitcast<u32>(in1[r]) == e % params.c) {
-        onehot = 1.0;
-    }
-    out0[e] = (in0[e] - onehot) * params.f0;
-}
-
-// AdamW: in0 = gradient; out0 = parameters, out1 = m, out2 = v. f0 = lr, f1 = beta1,
-// f2 = beta2, f3 = eps, f4 = weight decay, f5 = 1 - beta1^t, f6 = 1 - beta2^t.
-@compute @workgroup_size(256)
-fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-         @builtin(local_invocation_index) lid: u32) {
-    let e = flat_index(wg, nwg, lid);
-    if (e >= params.n) {
-        return;
-    }
-    let g = in0[e];
-    let m = params.f1 * out1[e] + (1.0 - params.f1) * g;
-    let v = params.f2 * out2[e] + (1.0 - params.f2) * g * g;
-    out1[e] = m;
-    out2[e] = v;
-    var wd = 0.0;
-    if (params.decay != 0u) {
-        wd = params.f0 * params.f4;
-    }
-    let denom = sqrt(v / params.f6) + params.f3;
-    out0[e] = out0[e] * (1.0 - wd) - (params.f0 / params.f5) * m / denom;
-}
-
 // Embedding gather: out0[r, i] = in0[id(r), i]; in1 = ids (f32 bits of u32), c = width,
 // n = rows * c.
 @compute @workgroup_size(256)
@@ -270,7 +225,7 @@ fn embedding_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
 }
 
 // Embedding scatter-add as a gather, so no float atomics are needed: table entry (row, i) sums
-// dout over the tokens whose id is `row`. in0 = dout, in1 = ids; step = tokens; n = rows * c.
+// dout over the tokens whose id is `row`. in0 = dout, in1 = ids; tokens of them; n = rows * c.
 @compute @workgroup_size(256)
 fn embedding_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
@@ -281,26 +236,10 @@ fn embedding_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     let row = e / params.c;
     let i = e % params.c;
     var sum = 0.0;
-    for (var r = 0u; r < params.step; r++) {
+    for (var r = 0u; r < params.tokens; r++) {
         if (bitcast<u32>(in1[r]) == row) {
             sum += in0[r * params.c + i];
         }
     }
     out0[e] = sum;
-}
-
-// Fused unscale and finite check: out0 = grads * f0 in place; out1[0] becomes 1 if any result
-// is inf or NaN (every writer writes the same value, so the race is benign).
-@compute @workgroup_size(256)
-fn unscale_check(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                 @builtin(local_invocation_index) lid: u32) {
-    let e = flat_index(wg, nwg, lid);
-    if (e >= params.n) {
-        return;
-    }
-    let g = out0[e] * params.f0;
-    out0[e] = g;
-    if ((bitcast<u32>(g) & 0x7f800000u) == 0x7f800000u) {
-        out1[0] = 1.0;
-    }
 }

@@ -17,16 +17,17 @@ pub mod shaders;
 pub mod train;
 
 use self::autotune::{AutotuneMode, Autotuner};
-use self::buffer::{BufferPool, Timer, check_binding, read_words, submit, upload};
+use self::buffer::{BufferPool, Dispatch, Timer, check_binding, read_words, submit, upload};
 use self::device::Gpu;
-use self::shaders::{Coop, F16Read, MatmulVariant, Tile, TrainOp};
-use self::train::{Out, TrainParams, ids_as_f32};
+use self::shaders::{Coop, F16Read, MatmulVariant, StepOp, Tile, TrainOp};
+use self::train::{Out, StepParams, TrainParams, ids_as_f32, step_scalars};
 use super::{Backend, BackendKind, MatmulTiming, median};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
 use crate::policy::Capabilities;
 use crate::train::ops::AdamW;
+use crate::train::plan::scalar;
 use web_time::Instant;
 
 pub use device::{AdapterSummary, list_adapters};
@@ -676,7 +677,7 @@ impl Backend for WgpuBackend {
         let p = TrainParams {
             n: rows as u32,
             c: t as u32,
-            f: [scale as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            scale: scale as f32,
             ..Default::default()
         };
         let [y, ..] = self
@@ -702,7 +703,7 @@ impl Backend for WgpuBackend {
         let p = TrainParams {
             n: rows as u32,
             c: t as u32,
-            f: [scale as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            scale: scale as f32,
             ..Default::default()
         };
         let [ds, ..] = self
@@ -751,21 +752,21 @@ impl Backend for WgpuBackend {
         dloss: f64,
     ) -> Result<Vec<f32>> {
         let rows = targets.len();
-        let scale = (dloss / rows.max(1) as f64) as f32;
-        let p = TrainParams {
-            n: rows as u32,
+        let per_row = (dloss / rows.max(1) as f64) as f32;
+        let p = StepParams {
+            n: probs.len() as u32,
             c: v as u32,
-            f: [scale, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
             ..Default::default()
         };
         let ids = ids_as_f32(targets);
-        let [d, ..] = self
-            .train_op(
-                TrainOp::CrossEntropyBwd,
+        let [_, d, ..] = self
+            .step_op(
+                StepOp::CrossEntropyBwd,
                 p,
-                [probs, &ids, &[]],
-                [Out::Fresh(probs.len()), Out::Unused, Out::Unused],
-                probs.len(),
+                &step_scalars(&[(scalar::DLOSS_PER_ROW, per_row)]),
+                (0, probs),
+                [Out::Fresh(probs.len()), Out::Init(&ids), Out::Unused],
+                Dispatch::element_groups(&self.gpu, probs.len())?,
             )
             .await?;
         Ok(d)
@@ -804,7 +805,7 @@ impl Backend for WgpuBackend {
         let p = TrainParams {
             n: n as u32,
             c: c as u32,
-            step: ids.len() as u32,
+            tokens: ids.len() as u32,
             ..Default::default()
         };
         let ids = ids_as_f32(ids);
@@ -824,22 +825,25 @@ impl Backend for WgpuBackend {
         if g.is_empty() {
             return Ok(true);
         }
-        let p = TrainParams {
+        // The step kernel: flag into stats slot 0, squared norm into slot 1.
+        let p = StepParams {
             n: g.len() as u32,
-            f: [inverse_scale, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+            slot: 0,
+            extra: [1, 0, 0, 0],
             ..Default::default()
         };
-        let [scaled, flag, _] = self
-            .train_op(
-                TrainOp::UnscaleCheck,
+        let [stats, scaled, ..] = self
+            .step_op(
+                StepOp::UnscaleCheck,
                 p,
-                [&[], &[], &[]],
-                [Out::Init(g), Out::Fresh(1), Out::Unused],
-                g.len(),
+                &step_scalars(&[(scalar::INVERSE_SCALE, inverse_scale)]),
+                (2, &[]),
+                [Out::Init(g), Out::Unused, Out::Unused],
+                [1, 1, 1],
             )
             .await?;
         g.copy_from_slice(&scaled);
-        Ok(flag[0] == 0.0)
+        Ok(stats[0] == 0.0)
     }
 
     async fn adamw(
@@ -852,30 +856,30 @@ impl Backend for WgpuBackend {
         t: u32,
         decay: bool,
     ) -> Result<()> {
-        let bc1 = 1.0 - (opt.beta1 as f64).powi(t as i32);
-        let bc2 = 1.0 - (opt.beta2 as f64).powi(t as i32);
-        let params = TrainParams {
+        let bias = |beta: f32| (1.0 - (beta as f64).powi(t as i32)) as f32;
+        let scalars = step_scalars(&[
+            (scalar::LR, opt.lr),
+            (scalar::BETA1, opt.beta1),
+            (scalar::BETA2, opt.beta2),
+            (scalar::EPS, opt.eps),
+            (scalar::WEIGHT_DECAY, opt.weight_decay),
+            (scalar::BIAS_CORRECTION1, bias(opt.beta1)),
+            (scalar::BIAS_CORRECTION2, bias(opt.beta2)),
+        ]);
+        // No gradient flags to gate on (count 0): the update always applies.
+        let params = StepParams {
             n: p.len() as u32,
-            step: t,
-            decay: decay as u32,
-            f: [
-                opt.lr,
-                opt.beta1,
-                opt.beta2,
-                opt.eps,
-                opt.weight_decay,
-                bc1 as f32,
-                bc2 as f32,
-            ],
+            extra: [0, decay as u32, 0, 0],
             ..Default::default()
         };
-        let [np, nm, nv] = self
-            .train_op(
-                TrainOp::Adamw,
+        let [_, np, nm, nv] = self
+            .step_op(
+                StepOp::Adamw,
                 params,
-                [g, &[], &[]],
+                &scalars,
+                (1, g),
                 [Out::Init(p), Out::Init(m), Out::Init(v)],
-                p.len(),
+                Dispatch::element_groups(&self.gpu, p.len())?,
             )
             .await?;
         p.copy_from_slice(&np);

@@ -11,26 +11,11 @@ use super::buffer::{Dispatch, STORAGE, check_binding, read_words, submit, unifor
 use super::matmul;
 use super::ops::{self, Grouping};
 use super::shaders::{Kernel, StepOp, TrainOp, format_id};
-use super::train::TrainParams;
+use super::train::{StepParams, TrainParams};
 use crate::error::{Error, Result};
 use crate::train::exec::{StepExecutor, check_inputs, check_write, tensor_len};
 use crate::train::plan::{Op, Plan, Section, Strided, TensorId};
-use bytemuck::{Pod, Zeroable};
 use std::collections::HashMap;
-
-/// The uniform of the step kernels (`StepParams` in step.wgsl).
-#[repr(C)]
-#[derive(Clone, Copy, Default, Pod, Zeroable)]
-struct StepParams {
-    n: u32,
-    c: u32,
-    format: u32,
-    slot: u32,
-    dims: [u32; 4],
-    src: [u32; 4],
-    dst: [u32; 4],
-    extra: [u32; 4],
-}
 
 /// A plan compiled for the device.
 struct Compiled {
@@ -246,7 +231,7 @@ impl<'a> ResidentPlan<'a> {
                 TrainParams {
                     n: (rows * c) as u32,
                     c: c as u32,
-                    step: len(ids) as u32,
+                    tokens: len(ids) as u32,
                     ..Default::default()
                 },
                 [Some(dout), Some(ids), None],
@@ -566,7 +551,7 @@ fn softmax_params(rows: usize, t: usize, scale: f64) -> TrainParams {
     TrainParams {
         n: rows as u32,
         c: t as u32,
-        f: [scale as f32, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+        scale: scale as f32,
         ..Default::default()
     }
 }

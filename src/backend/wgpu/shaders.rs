@@ -28,15 +28,12 @@ pub enum TrainOp {
     CausalSoftmaxFwd,
     CausalSoftmaxBwd,
     CrossEntropyFwd,
-    CrossEntropyBwd,
-    Adamw,
     EmbeddingFwd,
     EmbeddingBwd,
-    UnscaleCheck,
 }
 
 impl TrainOp {
-    pub const ALL: [TrainOp; 13] = [
+    pub const ALL: [TrainOp; 10] = [
         TrainOp::LayernormFwd,
         TrainOp::LayernormBwdX,
         TrainOp::LayernormBwdParams,
@@ -45,11 +42,8 @@ impl TrainOp {
         TrainOp::CausalSoftmaxFwd,
         TrainOp::CausalSoftmaxBwd,
         TrainOp::CrossEntropyFwd,
-        TrainOp::CrossEntropyBwd,
-        TrainOp::Adamw,
         TrainOp::EmbeddingFwd,
         TrainOp::EmbeddingBwd,
-        TrainOp::UnscaleCheck,
     ];
 
     pub fn entry_point(self) -> &'static str {
@@ -62,11 +56,8 @@ impl TrainOp {
             TrainOp::CausalSoftmaxFwd => "causal_softmax_fwd",
             TrainOp::CausalSoftmaxBwd => "causal_softmax_bwd",
             TrainOp::CrossEntropyFwd => "cross_entropy_fwd",
-            TrainOp::CrossEntropyBwd => "cross_entropy_bwd",
-            TrainOp::Adamw => "adamw",
             TrainOp::EmbeddingFwd => "embedding_fwd",
             TrainOp::EmbeddingBwd => "embedding_bwd",
-            TrainOp::UnscaleCheck => "unscale_check",
         }
     }
 }

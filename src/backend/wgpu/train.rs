@@ -4,30 +4,103 @@
 
 use super::WgpuBackend;
 use super::buffer::{Dispatch, check_binding, read_words, submit, upload};
-use super::shaders::{Kernel, TrainOp};
+use super::shaders::{Kernel, StepOp, TrainOp};
 use crate::error::Result;
 use bytemuck::{Pod, Zeroable};
 
-/// The uniform of every train kernel (see `TrainParams` in train.wgsl).
+/// The uniform of the train kernels (`TrainParams` in train.wgsl).
 #[repr(C)]
 #[derive(Clone, Copy, Default, Pod, Zeroable)]
 pub struct TrainParams {
+    /// Elements, or rows for row ops.
     pub n: u32,
+    /// Row length (layer norm width, vocabulary, context t of the softmax).
     pub c: u32,
-    pub step: u32,
-    pub decay: u32,
-    pub f: [f32; 7],
-    pub _pad: u32,
+    /// Tokens of the embedding scatter-add.
+    pub tokens: u32,
+    /// The softmax scale.
+    pub scale: f32,
 }
 
-/// An output buffer of a train kernel: fresh (zeroed) of a length, or holding initial values.
+/// The uniform of the step kernels (`StepParams` in step.wgsl).
+#[repr(C)]
+#[derive(Clone, Copy, Default, Pod, Zeroable)]
+pub struct StepParams {
+    pub n: u32,
+    pub c: u32,
+    pub format: u32,
+    pub slot: u32,
+    pub dims: [u32; 4],
+    pub src: [u32; 4],
+    pub dst: [u32; 4],
+    pub extra: [u32; 4],
+}
+
+/// An output buffer of a kernel: fresh (zeroed) of a length, or holding initial values.
 pub enum Out<'a> {
     Fresh(usize),
     Init(&'a [f32]),
     Unused,
 }
 
+/// A binding of a one-shot kernel run after its uniform: an input (read-only) or an output.
+pub enum Bind<'a> {
+    In(&'a [f32]),
+    Out(Out<'a>),
+}
+
 impl WgpuBackend {
+    /// Runs `kernel` once on uploaded operands: the uniform `params`, then `binds` in binding
+    /// order, over `groups` workgroups; returns the outputs (the `Bind::Out`s, in order).
+    pub(crate) async fn run_once<P: Pod>(
+        &self,
+        kernel: Kernel,
+        params: &P,
+        binds: [Bind<'_>; 6],
+        groups: [u32; 3],
+    ) -> Result<Vec<Vec<f32>>> {
+        let gpu = &self.gpu;
+        let what = kernel.entry_point();
+        for b in &binds {
+            if let Bind::In(x) | Bind::Out(Out::Init(x)) = b {
+                check_binding(gpu, what, x.len() as u64 * 4)?;
+            }
+        }
+        let outs = gpu
+            .scoped(what, || {
+                let buffers: Vec<(wgpu::Buffer, Option<usize>)> = binds
+                    .iter()
+                    .map(|b| {
+                        let (words, len): (&[u32], Option<usize>) = match b {
+                            Bind::In(x) => (bytemuck::cast_slice(x), None),
+                            Bind::Out(Out::Init(x)) => (bytemuck::cast_slice(x), Some(x.len())),
+                            Bind::Out(Out::Fresh(n)) => return (zeros(gpu, what, *n), Some(*n)),
+                            Bind::Out(Out::Unused) => (&[], Some(0)),
+                        };
+                        (upload(gpu, what, words), len)
+                    })
+                    .collect();
+                let uniform = super::buffer::uniform(gpu, params);
+                let mut bound = vec![&uniform];
+                bound.extend(buffers.iter().map(|(b, _)| b));
+                let dispatch = Dispatch::new(gpu, gpu.pipeline(&kernel)?, &bound, groups);
+                submit(gpu, &[], &[dispatch], None);
+                Ok(buffers)
+            })
+            .await?;
+        let mut results = Vec::new();
+        for (b, len) in &outs {
+            match len {
+                Some(0) => results.push(Vec::new()),
+                Some(n) => {
+                    results.push(bytemuck::cast_slice(&read_words(gpu, b, *n).await?).to_vec())
+                }
+                None => {}
+            }
+        }
+        Ok(results)
+    }
+
     /// Runs one train kernel over `items` invocations and returns its three outputs.
     pub(crate) async fn train_op(
         &self,
@@ -37,54 +110,57 @@ impl WgpuBackend {
         outputs: [Out<'_>; 3],
         items: usize,
     ) -> Result<[Vec<f32>; 3]> {
-        let gpu = &self.gpu;
-        for x in inputs {
-            check_binding(gpu, op.entry_point(), x.len() as u64 * 4)?;
-        }
-        let (outs, lens) = gpu
-            .scoped(op.entry_point(), || {
-                let ins: Vec<wgpu::Buffer> = inputs
-                    .iter()
-                    .map(|x| upload(gpu, op.entry_point(), bytemuck::cast_slice(x)))
-                    .collect();
-                let lens: Vec<usize> = outputs
-                    .iter()
-                    .map(|o| match o {
-                        Out::Fresh(n) => *n,
-                        Out::Init(x) => x.len(),
-                        Out::Unused => 0,
-                    })
-                    .collect();
-                let outs: Vec<wgpu::Buffer> = outputs
-                    .iter()
-                    .map(|o| match o {
-                        Out::Init(x) => upload(gpu, op.entry_point(), bytemuck::cast_slice(x)),
-                        Out::Fresh(n) => upload(gpu, op.entry_point(), &vec![0u32; *n]),
-                        Out::Unused => upload(gpu, op.entry_point(), &[]),
-                    })
-                    .collect();
-                let uniform = super::buffer::uniform(gpu, &params);
-                let pipeline = gpu.pipeline(&Kernel::Train(op))?;
-                let dispatch = Dispatch::new(
-                    gpu,
-                    pipeline,
-                    &[
-                        &uniform, &ins[0], &ins[1], &ins[2], &outs[0], &outs[1], &outs[2],
-                    ],
-                    Dispatch::element_groups(gpu, items)?,
-                );
-                submit(gpu, &[], &[dispatch], None);
-                Ok((outs, lens))
-            })
+        let [i0, i1, i2] = inputs.map(Bind::In);
+        let [o0, o1, o2] = outputs.map(Bind::Out);
+        let groups = Dispatch::element_groups(&self.gpu, items)?;
+        let outs = self
+            .run_once(Kernel::Train(op), &params, [i0, i1, i2, o0, o1, o2], groups)
             .await?;
-        let mut results: [Vec<f32>; 3] = Default::default();
-        for (i, (b, &len)) in outs.iter().zip(&lens).enumerate() {
-            if len > 0 {
-                results[i] = bytemuck::cast_slice(&read_words(gpu, b, len).await?).to_vec();
-            }
-        }
-        Ok(results)
+        let mut outs = outs.into_iter();
+        Ok([(); 3].map(|_| outs.next().unwrap_or_default()))
     }
+
+    /// Runs one step kernel (step.wgsl) on `scalars` (the plan's scalar slots) and returns the
+    /// stats (`stats` values, zeroed first) and its outputs y, z, w.
+    pub(crate) async fn step_op(
+        &self,
+        op: StepOp,
+        params: StepParams,
+        scalars: &[f32],
+        (stats, x): (usize, &[f32]),
+        outputs: [Out<'_>; 3],
+        groups: [u32; 3],
+    ) -> Result<[Vec<f32>; 4]> {
+        let [y, z, w] = outputs.map(Bind::Out);
+        let binds = [
+            Bind::In(scalars),
+            Bind::Out(Out::Fresh(stats)),
+            Bind::In(x),
+            y,
+            z,
+            w,
+        ];
+        let outs = self
+            .run_once(Kernel::Step(op), &params, binds, groups)
+            .await?;
+        let mut outs = outs.into_iter();
+        Ok([(); 4].map(|_| outs.next().unwrap_or_default()))
+    }
+}
+
+/// A zeroed storage buffer of `n` words (at least one).
+fn zeros(gpu: &super::device::Gpu, label: &str, n: usize) -> wgpu::Buffer {
+    upload(gpu, label, &vec![0u32; n.max(1)])
+}
+
+/// A scalars array of the step plan (src/train/plan.rs `scalar`) with the given slots set, for
+/// the step kernels run as one-shot ops.
+pub fn step_scalars(slots: &[(usize, f32)]) -> Vec<f32> {
+    let mut s = vec![0f32; crate::train::plan::scalar::FP8];
+    for &(slot, v) in slots {
+        s[slot] = v;
+    }
+    s
 }
 
 /// Token ids as the f32 bit patterns the kernels read them as.
