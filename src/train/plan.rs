@@ -314,6 +314,31 @@ pub mod scalar {
     pub const LOSS_SCALE: usize = 12;
     /// fp8 scales: three per linear layer (input, weight, gradient).
     pub const FP8: usize = 13;
+
+    /// A scalars array (without fp8 slots) with `slots` set: how the per-op paths run the
+    /// step kernels, which read their parameters from the scalars.
+    pub fn with(slots: &[(usize, f32)]) -> Vec<f32> {
+        let mut s = vec![0f32; FP8];
+        for &(slot, v) in slots {
+            s[slot] = v;
+        }
+        s
+    }
+
+    /// AdamW's slots at step `t` (1-based): hyper-parameters and the bias corrections
+    /// 1 - beta^t, computed in f64.
+    pub fn adamw(o: &crate::train::ops::AdamW, t: u32) -> [(usize, f32); 7] {
+        let bias = |beta: f32| (1.0 - (beta as f64).powi(t as i32)) as f32;
+        [
+            (LR, o.lr),
+            (BETA1, o.beta1),
+            (BETA2, o.beta2),
+            (EPS, o.eps),
+            (WEIGHT_DECAY, o.weight_decay),
+            (BIAS_CORRECTION1, bias(o.beta1)),
+            (BIAS_CORRECTION2, bias(o.beta2)),
+        ]
+    }
 }
 
 /// Where each statistic of a step lies in the stats array.

@@ -355,13 +355,9 @@ pub(crate) fn step_scalars(
     s[scalar::DLOSS_PER_ROW] = (loss_scale as f64 / plan.rows as f64) as f32;
     s[scalar::INVERSE_SCALE] = 1.0 / loss_scale;
     s[scalar::POISON] = poison;
-    s[scalar::LR] = o.lr;
-    s[scalar::BETA1] = o.beta1;
-    s[scalar::BETA2] = o.beta2;
-    s[scalar::EPS] = o.eps;
-    s[scalar::WEIGHT_DECAY] = o.weight_decay;
-    s[scalar::BIAS_CORRECTION1] = (1.0 - (o.beta1 as f64).powi(t as i32)) as f32;
-    s[scalar::BIAS_CORRECTION2] = (1.0 - (o.beta2 as f64).powi(t as i32)) as f32;
+    for (slot, v) in scalar::adamw(o, t) {
+        s[slot] = v;
+    }
     s[scalar::CLIP] = clip;
     s[scalar::STEP] = t as f32;
     s[scalar::LOSS_SCALE] = loss_scale;

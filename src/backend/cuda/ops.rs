@@ -36,13 +36,9 @@ fn rows_of(what: &'static str, len: usize, c: usize) -> Result<usize> {
 }
 
 impl CudaBackend {
-    /// A scalars array (src/train/plan.rs `scalar`) with the given slots set.
+    /// A scalars array (src/train/plan.rs `scalar`) on the device with `slots` set.
     fn scalars(&self, slots: &[(usize, f32)]) -> Result<CudaSlice<f32>> {
-        let mut s = vec![0f32; scalar::FP8];
-        for &(slot, v) in slots {
-            s[slot] = v;
-        }
-        self.upload(&s)
+        self.upload(&scalar::with(slots))
     }
 
     pub(super) fn op_layernorm_fwd(
@@ -220,16 +216,7 @@ impl CudaBackend {
         ] {
             length(what, n, len)?;
         }
-        let bias = |beta: f32| (1.0 - (beta as f64).powi(t as i32)) as f32;
-        let s = self.scalars(&[
-            (scalar::LR, opt.lr),
-            (scalar::BETA1, opt.beta1),
-            (scalar::BETA2, opt.beta2),
-            (scalar::EPS, opt.eps),
-            (scalar::WEIGHT_DECAY, opt.weight_decay),
-            (scalar::BIAS_CORRECTION1, bias(opt.beta1)),
-            (scalar::BIAS_CORRECTION2, bias(opt.beta2)),
-        ])?;
+        let s = self.scalars(&scalar::adamw(opt, t))?;
         // No gradient flags to gate on (count 0): the update always applies.
         let stats = self.zeros::<f32>(1)?;
         let bufs = [

@@ -20,7 +20,7 @@ use self::autotune::{AutotuneMode, Autotuner};
 use self::buffer::{BufferPool, Dispatch, Timer, check_binding, read_words, submit, upload};
 use self::device::Gpu;
 use self::shaders::{Coop, F16Read, MatmulVariant, StepOp, Tile, TrainOp};
-use self::train::{Out, StepParams, TrainParams, ids_as_f32, step_scalars};
+use self::train::{Out, StepParams, TrainParams, ids_as_f32};
 use super::{Backend, BackendKind, MatmulTiming, median};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
@@ -763,7 +763,7 @@ impl Backend for WgpuBackend {
             .step_op(
                 StepOp::CrossEntropyBwd,
                 p,
-                &step_scalars(&[(scalar::DLOSS_PER_ROW, per_row)]),
+                &scalar::with(&[(scalar::DLOSS_PER_ROW, per_row)]),
                 (0, probs),
                 [Out::Fresh(probs.len()), Out::Init(&ids), Out::Unused],
                 Dispatch::element_groups(&self.gpu, probs.len())?,
@@ -836,7 +836,7 @@ impl Backend for WgpuBackend {
             .step_op(
                 StepOp::UnscaleCheck,
                 p,
-                &step_scalars(&[(scalar::INVERSE_SCALE, inverse_scale)]),
+                &scalar::with(&[(scalar::INVERSE_SCALE, inverse_scale)]),
                 (2, &[]),
                 [Out::Init(g), Out::Unused, Out::Unused],
                 [1, 1, 1],
@@ -856,16 +856,7 @@ impl Backend for WgpuBackend {
         t: u32,
         decay: bool,
     ) -> Result<()> {
-        let bias = |beta: f32| (1.0 - (beta as f64).powi(t as i32)) as f32;
-        let scalars = step_scalars(&[
-            (scalar::LR, opt.lr),
-            (scalar::BETA1, opt.beta1),
-            (scalar::BETA2, opt.beta2),
-            (scalar::EPS, opt.eps),
-            (scalar::WEIGHT_DECAY, opt.weight_decay),
-            (scalar::BIAS_CORRECTION1, bias(opt.beta1)),
-            (scalar::BIAS_CORRECTION2, bias(opt.beta2)),
-        ]);
+        let scalars = scalar::with(&scalar::adamw(opt, t));
         // No gradient flags to gate on (count 0): the update always applies.
         let params = StepParams {
             n: p.len() as u32,

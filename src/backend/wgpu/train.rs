@@ -153,16 +153,6 @@ fn zeros(gpu: &super::device::Gpu, label: &str, n: usize) -> wgpu::Buffer {
     upload(gpu, label, &vec![0u32; n.max(1)])
 }
 
-/// A scalars array of the step plan (src/train/plan.rs `scalar`) with the given slots set, for
-/// the step kernels run as one-shot ops.
-pub fn step_scalars(slots: &[(usize, f32)]) -> Vec<f32> {
-    let mut s = vec![0f32; crate::train::plan::scalar::FP8];
-    for &(slot, v) in slots {
-        s[slot] = v;
-    }
-    s
-}
-
 /// Token ids as the f32 bit patterns the kernels read them as.
 pub fn ids_as_f32(ids: &[u32]) -> Vec<f32> {
     ids.iter().map(|&i| f32::from_bits(i)).collect()
