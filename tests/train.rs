@@ -641,3 +641,84 @@ fn executors_refuse_batches_of_the_wrong_shape() {
         .to_string();
     assert!(err.contains("scalars"), "{err}");
 }
+
+/// Temporaries share device buffers only where that cannot change a result: every temporary is
+/// written whole before the step reads it, tensors of one op never share, tensors sharing a
+/// buffer live at disjoint times, and trained state, inputs, constants and the logits keep
+/// their own. (The resident-plan tests above run the shared storage against the host.)
+#[test]
+fn plan_storage_shares_only_disjoint_temporaries() {
+    use mantissa::train::plan::{Op, Storage, TensorKind};
+    let corpus = corpus();
+    for preset in [Preset::True32, Preset::MixedBf16, Preset::TransformerEngine] {
+        let t = Trainer::new(&Reference, &corpus, options(&corpus, preset, 1)).unwrap();
+        let c = &t.gpt.config;
+        let plan = t
+            .gpt
+            .plan(&t.precision, c.batch_size, c.block_size)
+            .unwrap();
+        let storage = Storage::shared(&plan);
+        let n = plan.tensors.len();
+        let (mut first, mut last, mut written) = (vec![usize::MAX; n], vec![0; n], vec![0; n]);
+        for (i, op) in plan.ops.iter().enumerate() {
+            let (reads, writes) = op.reads_writes();
+            for &x in &reads {
+                if plan.tensors[x].kind == TensorKind::Temp {
+                    assert!(
+                        written[x] >= plan.tensors[x].len,
+                        "{preset}: op {i} ({}) reads temporary {x} before the step wrote it",
+                        op.name()
+                    );
+                }
+            }
+            let mut slots: Vec<usize> = reads
+                .iter()
+                .chain(&writes)
+                .map(|&x| storage.slot_of[x])
+                .collect();
+            let distinct: std::collections::BTreeSet<_> = reads.iter().chain(&writes).collect();
+            slots.sort();
+            slots.dedup();
+            assert_eq!(
+                slots.len(),
+                distinct.len(),
+                "{preset}: op {i} shares a buffer"
+            );
+            for &x in reads.iter().chain(&writes) {
+                first[x] = first[x].min(i);
+                last[x] = i;
+            }
+            for &x in &writes {
+                written[x] += match op {
+                    Op::Copy { map, .. } => map.len(),
+                    _ => plan.tensors[x].len,
+                };
+            }
+        }
+        for x in 0..n {
+            assert!(storage.slots[storage.slot_of[x]] >= plan.tensors[x].len);
+            for y in x + 1..n {
+                if storage.slot_of[x] != storage.slot_of[y] {
+                    continue;
+                }
+                for z in [x, y] {
+                    assert!(
+                        plan.tensors[z].kind == TensorKind::Temp && z != plan.logits,
+                        "{preset}: tensor {z} ({:?}) shares a buffer",
+                        plan.tensors[z].kind
+                    );
+                }
+                assert!(
+                    last[x] < first[y] || last[y] < first[x],
+                    "{preset}: tensors {x} and {y} share a buffer while both live"
+                );
+            }
+        }
+        let (shared, separate) = (storage.bytes(), plan.tensor_bytes());
+        eprintln!("{preset}: {shared} bytes shared, {separate} separate");
+        assert!(
+            shared < separate * 7 / 10,
+            "{preset}: {shared} of {separate} bytes"
+        );
+    }
+}

@@ -290,6 +290,170 @@ impl Op {
     }
 }
 
+impl Op {
+    /// The tensors the op reads and the ones it writes (a tensor updated in place is in both).
+    pub fn reads_writes(&self) -> (Vec<TensorId>, Vec<TensorId>) {
+        match *self {
+            Op::Embedding {
+                table, ids, out, ..
+            } => (vec![table, ids], vec![out]),
+            Op::EmbeddingBwd { dout, ids, out, .. } => (vec![dout, ids], vec![out]),
+            Op::LayerNorm {
+                x,
+                g,
+                b,
+                out,
+                stats,
+                ..
+            } => (vec![x, g, b], vec![out, stats]),
+            Op::LayerNormBwd {
+                dy,
+                x,
+                g,
+                stats,
+                dx,
+                dg,
+                db,
+                ..
+            } => (vec![dy, x, g, stats], vec![dx, dg, db]),
+            Op::Gelu { x, out } => (vec![x], vec![out]),
+            Op::GeluBwd { x, dy, out } => (vec![x, dy], vec![out]),
+            Op::Softmax { x, out, .. } => (vec![x], vec![out]),
+            Op::SoftmaxBwd { p, dp, out, .. } => (vec![p, dp], vec![out]),
+            Op::CrossEntropy {
+                logits,
+                targets,
+                probs,
+                ..
+            } => (vec![logits, targets], vec![probs]),
+            Op::CrossEntropyBwd {
+                probs,
+                targets,
+                out,
+                ..
+            } => (vec![probs, targets], vec![out]),
+            Op::Matmul { a, b, out, .. } => (vec![a, b], vec![out]),
+            Op::Round { x, .. } => (vec![x], vec![x]),
+            Op::Add { x, y } => (vec![x, y], vec![y]),
+            Op::ColumnSums { x, out, .. } => (vec![x], vec![out]),
+            Op::Copy { x, out, .. } => (vec![x], vec![out]),
+            Op::Amax { x, .. } => (vec![x], vec![]),
+            Op::UnscaleCheck { grad, .. } => (vec![grad], vec![grad]),
+            Op::AdamW {
+                param, grad, m, v, ..
+            } => (vec![param, grad, m, v], vec![param, m, v]),
+        }
+    }
+}
+
+/// Where a plan's tensors live on a device: temporaries whose lives within a step do not
+/// overlap share one buffer (a slot), so a step needs the memory of its widest point, not of
+/// every intermediate at once. Everything else (trained state, tokens, constants, the logits the
+/// host reads) keeps a buffer of its own.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Storage {
+    /// The slot of each tensor.
+    pub slot_of: Vec<usize>,
+    /// Elements (f32) of each slot.
+    pub slots: Vec<usize>,
+}
+
+impl Storage {
+    /// One slot per tensor (no sharing).
+    pub fn separate(plan: &Plan) -> Storage {
+        Storage {
+            slot_of: (0..plan.tensors.len()).collect(),
+            slots: plan.tensors.iter().map(|t| t.len).collect(),
+        }
+    }
+
+    /// Bytes of all slots.
+    pub fn bytes(&self) -> u64 {
+        self.slots.iter().map(|&n| n as u64 * 4).sum()
+    }
+
+    /// Temporaries share slots where their lives (first to last op using them, over the whole
+    /// step) are disjoint. A temporary shares only if the step writes it before reading it:
+    /// its first op writes it whole, or strided copies cover it before its first read; one that
+    /// would read a stale value (none in this model) keeps its own buffer, as before.
+    pub fn shared(plan: &Plan) -> Storage {
+        let n = plan.tensors.len();
+        let (mut first, mut last) = (vec![usize::MAX; n], vec![0usize; n]);
+        let mut written = vec![0usize; n];
+        let mut shareable = vec![true; n];
+        for (i, op) in plan.ops.iter().enumerate() {
+            let (reads, writes) = op.reads_writes();
+            for &t in &reads {
+                // Read before the step wrote it whole: it must keep its value between steps.
+                if written[t] < plan.tensors[t].len {
+                    shareable[t] = false;
+                }
+            }
+            for &t in reads.iter().chain(&writes) {
+                first[t] = first[t].min(i);
+                last[t] = i;
+            }
+            for &t in &writes {
+                written[t] += match op {
+                    Op::Copy { map, .. } => map.len(),
+                    _ => plan.tensors[t].len,
+                };
+            }
+        }
+        let mut temps: Vec<TensorId> = (0..n)
+            .filter(|&t| {
+                plan.tensors[t].kind == TensorKind::Temp
+                    && t != plan.logits
+                    && shareable[t]
+                    && first[t] != usize::MAX
+            })
+            .collect();
+        temps.sort_by_key(|&t| (first[t], t));
+        let mut storage = Storage::separate(plan);
+        storage.slots.clear();
+        let mut slot_of = vec![usize::MAX; n];
+        // (slot, free from op index) of the slots holding temporaries.
+        let mut busy_until: Vec<usize> = Vec::new();
+        let mut temp_slots: Vec<usize> = Vec::new();
+        for &t in &temps {
+            let len = plan.tensors[t].len;
+            // The free slot that fits best: the smallest that holds it, else the largest.
+            let free = temp_slots
+                .iter()
+                .copied()
+                .filter(|&s| busy_until[s] < first[t])
+                .min_by_key(|&s| {
+                    let size = storage.slots[s];
+                    if size >= len {
+                        (0, size)
+                    } else {
+                        (1, usize::MAX - size)
+                    }
+                });
+            let s = match free {
+                Some(s) => s,
+                None => {
+                    storage.slots.push(0);
+                    busy_until.push(0);
+                    temp_slots.push(storage.slots.len() - 1);
+                    storage.slots.len() - 1
+                }
+            };
+            storage.slots[s] = storage.slots[s].max(len);
+            busy_until[s] = last[t];
+            slot_of[t] = s;
+        }
+        for (t, slot) in slot_of.iter_mut().enumerate() {
+            if *slot == usize::MAX {
+                storage.slots.push(plan.tensors[t].len);
+                *slot = storage.slots.len() - 1;
+            }
+        }
+        storage.slot_of = slot_of;
+        storage
+    }
+}
+
 /// Slots of the scalars the host writes before each step.
 pub mod scalar {
     /// Loss scale / rows (the cross-entropy gradient of the scaled mean loss).

@@ -48,7 +48,10 @@ pub(super) fn run(
             Compute::CUBLAS_COMPUTE_32F,
         ),
         Algorithm::Tf32 => {
-            let (ra, rb) = (round(cb, a, Format::Tf32)?, round(cb, b, Format::Tf32)?);
+            let (ra, rb) = (
+                round(cb, a, shape.a_len(), Format::Tf32)?,
+                round(cb, b, shape.b_len(), Format::Tf32)?,
+            );
             let compute = Compute::CUBLAS_COMPUTE_32F_FAST_TF32;
             gemm(cb, shape, Type::CUDA_R_32F, &ra, &rb, c, compute)
         }
@@ -57,7 +60,10 @@ pub(super) fn run(
                 Algorithm::Bf16 => (Format::Bf16, Type::CUDA_R_16BF),
                 _ => (Format::F16, Type::CUDA_R_16F),
             };
-            let (ea, eb) = (encode_16(cb, a, format)?, encode_16(cb, b, format)?);
+            let (ea, eb) = (
+                encode_16(cb, a, shape.a_len(), format)?,
+                encode_16(cb, b, shape.b_len(), format)?,
+            );
             gemm(cb, shape, ty, &ea, &eb, c, Compute::CUBLAS_COMPUTE_32F)
         }
         Algorithm::Bf16x3 | Algorithm::Bf16x6 | Algorithm::Bf16x9 => {
@@ -151,17 +157,29 @@ fn gemm<T>(
     .map_err(|e| cb.device_error("cublasGemmEx", e))
 }
 
-fn round(cb: &CudaBackend, x: &CudaSlice<f32>, format: Format) -> Result<CudaSlice<f32>> {
-    let mut out = cb.zeros::<f32>(x.len())?;
-    let (n, fmt) = (x.len() as i64, format_id(format));
-    launch_1d!(cb, Module::Cast, "round_to", x.len(); x, &mut out, &n, &fmt)?;
+/// The first `len` values of x rounded to `format` (operands are addressed by the shape's
+/// lengths, never the buffers': a resident plan's buffers may be larger than its tensors).
+fn round(
+    cb: &CudaBackend,
+    x: &CudaSlice<f32>,
+    len: usize,
+    format: Format,
+) -> Result<CudaSlice<f32>> {
+    let mut out = cb.zeros::<f32>(len)?;
+    let (n, fmt) = (len as i64, format_id(format));
+    launch_1d!(cb, Module::Cast, "round_to", len; x, &mut out, &n, &fmt)?;
     Ok(out)
 }
 
-fn encode_16(cb: &CudaBackend, x: &CudaSlice<f32>, format: Format) -> Result<CudaSlice<u16>> {
-    let mut out = cb.zeros::<u16>(x.len())?;
-    let (n, fmt) = (x.len() as i64, format_id(format));
-    launch_1d!(cb, Module::Cast, "encode_16", x.len(); x, &mut out, &n, &fmt)?;
+fn encode_16(
+    cb: &CudaBackend,
+    x: &CudaSlice<f32>,
+    len: usize,
+    format: Format,
+) -> Result<CudaSlice<u16>> {
+    let mut out = cb.zeros::<u16>(len)?;
+    let (n, fmt) = (len as i64, format_id(format));
+    launch_1d!(cb, Module::Cast, "encode_16", len; x, &mut out, &n, &fmt)?;
     Ok(out)
 }
 
@@ -308,13 +326,13 @@ fn fp8(
     };
     let ga = Groups::of(a_rows, a_cols, rowwise.then_some(!s.a_transposed));
     let gb = Groups::of(b_rows, b_cols, rowwise.then_some(s.b_transposed));
-    let scales = |x: &CudaSlice<f32>, g: Groups, format: Format, given: Option<f32>| {
+    let scales = |x: &CudaSlice<f32>, len: usize, g: Groups, format: Format, given: Option<f32>| {
         let count = s.batch * g.per_batch as usize;
         if let Some(v) = given {
             return cb.upload(&vec![v; count]);
         }
         let mut bits = cb.zeros::<u32>(count)?;
-        amax_groups(cb, x, x.len(), &mut bits, g)?;
+        amax_groups(cb, x, len, &mut bits, g)?;
         let mut out = cb.zeros::<f32>(count)?;
         let (groups, fmax) = (count as u32, format.max());
         launch_1d!(cb, Module::Scale, "scale_from_amax", count; &bits, &mut out, &groups, &fmax)?;
@@ -324,16 +342,20 @@ fn fp8(
         Scaling::Given { a, b } => (Some(a), Some(b)),
         _ => (None, None),
     };
-    let sa = scales(a, ga, fa, given_a)?;
-    let sb = scales(b, gb, fb, given_b)?;
-    let quantize = |x: &CudaSlice<f32>, format: Format, scales: &CudaSlice<f32>, g: Groups| {
-        let mut out = cb.zeros::<u16>(x.len())?;
-        let (n, fmt) = (x.len() as i64, format_id(format));
-        launch_1d!(cb, Module::Cast, "quantize_to_f16", x.len(); x, &mut out, &n, &fmt, scales, &g.batch_len, &g.div, &g.modulus, &g.per_batch)?;
+    let sa = scales(a, s.a_len(), ga, fa, given_a)?;
+    let sb = scales(b, s.b_len(), gb, fb, given_b)?;
+    let quantize = |x: &CudaSlice<f32>,
+                    len: usize,
+                    format: Format,
+                    scales: &CudaSlice<f32>,
+                    g: Groups| {
+        let mut out = cb.zeros::<u16>(len)?;
+        let (n, fmt) = (len as i64, format_id(format));
+        launch_1d!(cb, Module::Cast, "quantize_to_f16", len; x, &mut out, &n, &fmt, scales, &g.batch_len, &g.div, &g.modulus, &g.per_batch)?;
         Ok::<_, Error>(out)
     };
-    let qa = quantize(a, fa, &sa, ga)?;
-    let qb = quantize(b, fb, &sb, gb)?;
+    let qa = quantize(a, s.a_len(), fa, &sa, ga)?;
+    let qb = quantize(b, s.b_len(), fb, &sb, gb)?;
     gemm(
         cb,
         s,

@@ -14,14 +14,16 @@ use super::train::{self as launch, Ptr, scratch};
 use crate::algorithm::{Algorithm, Scaling};
 use crate::error::{Error, Result};
 use crate::train::exec::{StepExecutor, check_inputs, check_write, tensor_len};
-use crate::train::plan::{Op, Plan, Section, TensorId};
+use crate::train::plan::{Op, Plan, Section, Storage, TensorId};
 use cudarc::driver::CudaSlice;
 
 /// The executor of a plan on a CUDA device.
 pub struct CudaPlan<'a> {
     cb: &'a CudaBackend,
     plan: Plan,
-    tensors: Vec<CudaSlice<f32>>,
+    /// Where each tensor lives: temporaries with disjoint lives share a buffer.
+    storage: Storage,
+    buffers: Vec<CudaSlice<f32>>,
     scalars: CudaSlice<f32>,
     stats: CudaSlice<f32>,
     /// Shared by the ops that need temporaries (they run one after the other on one stream).
@@ -35,16 +37,17 @@ pub struct CudaPlan<'a> {
 }
 
 impl<'a> CudaPlan<'a> {
-    /// Allocates the plan's tensors (constants uploaded, the rest zero).
+    /// Allocates the plan's buffers (constants uploaded, the rest zero).
     pub fn new(cb: &'a CudaBackend, plan: Plan) -> Result<CudaPlan<'a>> {
-        let mut tensors = Vec::with_capacity(plan.tensors.len());
-        for t in &plan.tensors {
-            tensors.push(cb.zeros::<f32>(t.len)?);
+        let storage = Storage::shared(&plan);
+        let mut buffers = Vec::with_capacity(storage.slots.len());
+        for &len in &storage.slots {
+            buffers.push(cb.zeros::<f32>(len)?);
         }
         for (id, values) in &plan.constants {
             check_write(&plan, *id, values)?;
             cb.stream
-                .memcpy_htod(values.as_slice(), &mut tensors[*id])
+                .memcpy_htod(values.as_slice(), &mut buffers[storage.slot_of[*id]])
                 .map_err(|e| cb.device_error("uploading a plan constant", e))?;
         }
         let (mut token_rows, mut target_classes) = (usize::MAX, usize::MAX);
@@ -82,7 +85,8 @@ impl<'a> CudaPlan<'a> {
             stats: cb.zeros::<f32>(plan.stats.len())?,
             scratch: cb.zeros::<f32>(work)?,
             spare: cb.zeros::<f32>(1)?,
-            tensors,
+            storage,
+            buffers,
             plan,
             token_rows,
             target_classes,
@@ -90,7 +94,15 @@ impl<'a> CudaPlan<'a> {
     }
 
     fn p(&self, id: TensorId) -> Ptr {
-        self.cb.ptr(&self.tensors[id])
+        self.cb.ptr(self.buffer(id))
+    }
+
+    fn buffer(&self, id: TensorId) -> &CudaSlice<f32> {
+        &self.buffers[self.storage.slot_of[id]]
+    }
+
+    fn buffer_mut(&mut self, id: TensorId) -> &mut CudaSlice<f32> {
+        &mut self.buffers[self.storage.slot_of[id]]
     }
 
     fn len(&self, id: TensorId) -> usize {
@@ -208,17 +220,20 @@ impl<'a> CudaPlan<'a> {
                     },
                     (alg, _) => alg,
                 };
-                // The output is lent out of the tensor list while the operands are borrowed.
-                std::mem::swap(&mut self.tensors[out], &mut self.spare);
+                // The output's buffer is lent out of the list while the operands' are borrowed
+                // (tensors of one op never share a buffer).
+                let slot = self.storage.slot_of[out];
+                std::mem::swap(&mut self.buffers[slot], &mut self.spare);
+                let (sa, sb) = (self.storage.slot_of[a], self.storage.slot_of[b]);
                 let done = matmul::run(
                     cb,
                     shape,
                     &algorithm,
-                    &self.tensors[a],
-                    &self.tensors[b],
+                    &self.buffers[sa],
+                    &self.buffers[sb],
                     &mut self.spare,
                 );
-                std::mem::swap(&mut self.tensors[out], &mut self.spare);
+                std::mem::swap(&mut self.buffers[slot], &mut self.spare);
                 done
             }
             Op::Round { x, format } => launch::round(cb, self.p(x), self.len(x), format),
@@ -278,9 +293,10 @@ impl StepExecutor for CudaPlan<'_> {
 
     fn describe(&self) -> String {
         format!(
-            "device-resident on {}: {} ops launched on one stream, one synchronisation per step, {:.1} MiB of tensors",
+            "device-resident on {}: {} ops launched on one stream, one synchronisation per step, {:.1} MiB of tensors ({:.1} MiB unshared)",
             self.cb.info.name,
             self.plan.ops.len(),
+            self.storage.bytes() as f64 / (1u64 << 20) as f64,
             self.plan.tensor_bytes() as f64 / (1u64 << 20) as f64
         )
     }
@@ -304,12 +320,12 @@ impl StepExecutor for CudaPlan<'_> {
         upload(
             "tokens",
             bytemuck::cast_slice(tokens),
-            &mut self.tensors[tokens_id],
+            self.buffer_mut(tokens_id),
         )?;
         upload(
             "targets",
             bytemuck::cast_slice(targets),
-            &mut self.tensors[targets_id],
+            self.buffer_mut(targets_id),
         )?;
         upload("scalars", scalars, &mut self.scalars)?;
         cb.stream
@@ -332,18 +348,18 @@ impl StepExecutor for CudaPlan<'_> {
 
     async fn read(&mut self, id: TensorId) -> Result<Vec<f32>> {
         let len = tensor_len(&self.plan, id)?;
-        self.cb.download(&self.tensors[id], len)
+        self.cb.download(self.buffer(id), len)
     }
 
     async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()> {
         check_write(&self.plan, id, values)?;
         let cb = self.cb;
         cb.stream
-            .memcpy_htod(values, &mut self.tensors[id])
+            .memcpy_htod(values, self.buffer_mut(id))
             .map_err(|e| cb.device_error("writing a plan tensor", e))
     }
 
     fn device_bytes(&self) -> u64 {
-        self.plan.tensor_bytes() + self.scratch.len() as u64 * 4
+        self.storage.bytes() + self.scratch.len() as u64 * 4
     }
 }

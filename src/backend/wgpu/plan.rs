@@ -14,7 +14,7 @@ use super::shaders::{Kernel, StepOp, TrainOp, format_id};
 use super::train::{StepParams, TrainParams};
 use crate::error::{Error, Result};
 use crate::train::exec::{StepExecutor, check_inputs, check_write, tensor_len};
-use crate::train::plan::{Op, Plan, Section, Strided, TensorId};
+use crate::train::plan::{Op, Plan, Section, Storage, Strided, TensorId};
 use std::collections::HashMap;
 
 /// A plan compiled for the device.
@@ -39,6 +39,7 @@ struct Compiled {
 pub struct ResidentPlan<'a> {
     backend: &'a WgpuBackend,
     plan: Plan,
+    storage: Storage,
     compiled: Option<Compiled>,
     /// Values written before the plan was compiled (uploaded by the compile).
     pending: HashMap<TensorId, Vec<f32>>,
@@ -49,6 +50,7 @@ impl<'a> ResidentPlan<'a> {
         let pending = plan.constants.iter().cloned().collect();
         ResidentPlan {
             backend,
+            storage: Storage::shared(&plan),
             plan,
             compiled: None,
             pending,
@@ -71,6 +73,7 @@ impl<'a> ResidentPlan<'a> {
         for t in &self.plan.tensors {
             check_binding(gpu, "a step plan tensor", t.len as u64 * 4)?;
         }
+        let slots = &self.storage.slots;
         let storage = |label: &str, bytes: u64| {
             gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
@@ -82,10 +85,16 @@ impl<'a> ResidentPlan<'a> {
         let plan = &self.plan;
         let (tensors, scalars, stats) = gpu
             .scoped("allocating the step plan", || {
-                let tensors: Vec<wgpu::Buffer> = plan
-                    .tensors
+                // Temporaries with disjoint lives share a buffer (`Storage::shared`).
+                let buffers: Vec<wgpu::Buffer> = slots
                     .iter()
-                    .map(|t| storage("mantissa.plan.tensor", t.len as u64 * 4))
+                    .map(|&n| storage("mantissa.plan.tensor", n as u64 * 4))
+                    .collect();
+                let tensors: Vec<wgpu::Buffer> = self
+                    .storage
+                    .slot_of
+                    .iter()
+                    .map(|&s| buffers[s].clone())
                     .collect();
                 for (id, values) in &self.pending {
                     gpu.queue
@@ -575,9 +584,10 @@ impl StepExecutor for ResidentPlan<'_> {
 
     fn describe(&self) -> String {
         format!(
-            "device-resident on {}: {} ops, one submission per step, {:.1} MiB of tensors",
+            "device-resident on {}: {} ops, one submission per step, {:.1} MiB of tensors ({:.1} MiB unshared)",
             self.backend.gpu.name(),
             self.plan.ops.len(),
+            self.storage.bytes() as f64 / (1u64 << 20) as f64,
             self.plan.tensor_bytes() as f64 / (1u64 << 20) as f64
         )
     }
@@ -657,7 +667,7 @@ impl StepExecutor for ResidentPlan<'_> {
     }
 
     fn device_bytes(&self) -> u64 {
-        let tensors = self.plan.tensor_bytes();
+        let tensors = self.storage.bytes();
         match &self.compiled {
             Some(c) => tensors + c.temporaries.iter().map(|b| b.size()).sum::<u64>(),
             None => tensors,
