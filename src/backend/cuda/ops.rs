@@ -51,11 +51,12 @@ impl CudaBackend {
         let rows = rows_of("layer norm", x.len(), c)?;
         length("layer norm gain", c, g.len())?;
         length("layer norm bias", c, b.len())?;
-        let (dx, dg, db) = (self.upload(x)?, self.upload(g)?, self.upload(b)?);
+        let ins = [self.upload(x)?, self.upload(g)?, self.upload(b)?];
         let y = self.zeros::<f32>(x.len())?;
         let stats = self.zeros::<f32>(2 * rows)?;
         let p = |s: &CudaSlice<f32>| self.ptr(s);
-        launch::layernorm_fwd(self, [p(&dx), p(&dg), p(&db), p(&y), p(&stats)], rows, c)?;
+        let ptrs = [p(&ins[0]), p(&ins[1]), p(&ins[2]), p(&y), p(&stats)];
+        launch::layernorm_fwd(self, ptrs, rows, c)?;
         let st = self.download(&stats, 2 * rows)?;
         Ok((
             self.download(&y, x.len())?,
