@@ -3,8 +3,7 @@
 //! reference backend's executor, and the cross-check of device-resident ones).
 
 use super::ops::{AdamW, round_to};
-use super::plan::{Op, Plan, Section, Stats, TensorId, scalar};
-use crate::algorithm::{Algorithm, Scaling};
+use super::plan::{Op, Plan, Section, Stats, TensorId, scalar, step_algorithm};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::format;
@@ -226,17 +225,7 @@ impl<'a> HostExecutor<'a> {
                 out,
                 scales,
             } => {
-                let algorithm = match (algorithm, scales) {
-                    (Algorithm::Fp8 { a: fa, b: fb, .. }, Some([sa, sb])) => Algorithm::Fp8 {
-                        a: fa,
-                        b: fb,
-                        scaling: Scaling::Given {
-                            a: scalars[sa],
-                            b: scalars[sb],
-                        },
-                    },
-                    (alg, _) => alg,
-                };
+                let algorithm = step_algorithm(algorithm, scales, scalars);
                 let c = b
                     .matmul(shape, &algorithm, &self.tensors[a], &self.tensors[rhs])
                     .await?;

@@ -454,6 +454,26 @@ impl Storage {
     }
 }
 
+/// The algorithm a `Matmul` op runs in a step: an fp8 algorithm with scalar slots takes its
+/// given scales from the step's scalars (delayed scaling), anything else runs as recorded.
+pub fn step_algorithm(
+    algorithm: Algorithm,
+    scales: Option<[usize; 2]>,
+    scalars: &[f32],
+) -> Algorithm {
+    match (algorithm, scales) {
+        (Algorithm::Fp8 { a, b, .. }, Some([sa, sb])) => Algorithm::Fp8 {
+            a,
+            b,
+            scaling: crate::algorithm::Scaling::Given {
+                a: scalars[sa],
+                b: scalars[sb],
+            },
+        },
+        (alg, _) => alg,
+    }
+}
+
 /// Slots of the scalars the host writes before each step.
 pub mod scalar {
     /// Loss scale / rows (the cross-entropy gradient of the scaled mean loss).

@@ -11,10 +11,9 @@
 use super::CudaBackend;
 use super::matmul;
 use super::train::{self as launch, Ptr, scratch};
-use crate::algorithm::{Algorithm, Scaling};
 use crate::error::{Error, Result};
 use crate::train::exec::{StepExecutor, check_inputs, check_write, tensor_len};
-use crate::train::plan::{Op, Plan, Section, Storage, TensorId};
+use crate::train::plan::{Op, Plan, Section, Storage, TensorId, step_algorithm};
 use cudarc::driver::CudaSlice;
 
 /// The executor of a plan on a CUDA device.
@@ -209,17 +208,7 @@ impl<'a> CudaPlan<'a> {
                 scales,
             } => {
                 shape.check(self.len(a), self.len(b))?;
-                let algorithm = match (algorithm, scales) {
-                    (Algorithm::Fp8 { a: fa, b: fb, .. }, Some([sa, sb])) => Algorithm::Fp8 {
-                        a: fa,
-                        b: fb,
-                        scaling: Scaling::Given {
-                            a: host_scalars[sa],
-                            b: host_scalars[sb],
-                        },
-                    },
-                    (alg, _) => alg,
-                };
+                let algorithm = step_algorithm(algorithm, scales, host_scalars);
                 // The output's buffer is lent out of the list while the operands' are borrowed
                 // (tensors of one op never share a buffer).
                 let slot = self.storage.slot_of[out];
