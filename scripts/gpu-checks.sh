@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# The GPU checks owed by sessions without a GPU, in one call on the lent GPU machine (the
-# `device` tool runs commands in a copy of this repo there; see ../shared/FACTS.md).
+# The GPU checks owed by sessions without a GPU, run on the lent GPU machine (the `device` tool
+# runs commands in a copy of this repo there; see ../shared/FACTS.md), in stages that each fit
+# one device call:
+#   bash scripts/gpu-checks.sh correct   # conformance (CUDA, wgpu/Vulkan), resident step plans
+#   bash scripts/gpu-checks.sh cuda      # the CUDA conformance suite and matmul benchmarks
+#   bash scripts/gpu-checks.sh bench     # wgpu matmul benchmarks and the PyTorch anchors
+#   bash scripts/gpu-checks.sh tune      # a full autotune, and matrix-vector shapes
+#   bash scripts/gpu-checks.sh train     # report, training on both backends, PyTorch anchor
 #
 # Prepare here, once per session (all under folders that .git/info/exclude ignores):
-#   echo /.gl/ >> .git/info/exclude; echo /.anchors/ >> .git/info/exclude
+#   printf '/.gl/\n/.anchors/\n/.bin/\n' >> .git/info/exclude
 #   mkdir -p .gl /tmp/amd64/partial .anchors && cp ../shared/anchors/*.py .anchors/
 #   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
 #   apt-get $o update && (cd .gl && apt-get $o download libvulkan1)
@@ -11,48 +17,65 @@
 #   cargo test --release --test conformance --test train --no-run   # then: mkdir -p .bin and
 #     copy the target/release/deps/conformance-* and train-* executables it names to
 #     .bin/conformance and .bin/train
-# Then run with carry [".gl", ".anchors", ".bin", "target/release/mantissa"]:
-#   bash scripts/gpu-checks.sh
-# Everything lands in $OUT (or ./gpu-checks when OUT is unset).
+# Then run with carry [".gl", ".anchors", ".bin", "target/release/mantissa"].
+# Every step has its own time limit, so one that hangs costs only itself; all output lands in
+# $OUT (or ./gpu-checks when OUT is unset).
 set -uo pipefail
 cd "$(dirname "$0")/.."
+stage="${1:-correct}"
 out="${OUT:-gpu-checks}"
 mkdir -p "$out"
 for f in .gl/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done
 ldconfig
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
-if [ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
-    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-fi
+# The driver's own ICD file names libGLX_nvidia, which finds no display in a headless container
+# and returns no vkCreateInstance; the EGL library is the headless entry to the same driver.
+printf '{"file_format_version":"1.0.1","ICD":{"library_path":"libEGL_nvidia.so.0","api_version":"1.3.0"}}' >/tmp/nvidia_headless_icd.json
+export VK_DRIVER_FILES=/tmp/nvidia_headless_icd.json
 # CUDA from PyTorch's pip wheels (cuBLAS, NVRTC): put their lib directories on the path.
-nv_libs=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/*/lib/*.so*")})))' 2>/dev/null)
+nv_libs=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/*/lib/*.so*") + glob.glob(d + "/*/*/lib/*.so*")})))' 2>/dev/null)
 [ -n "$nv_libs" ] && export LD_LIBRARY_PATH="$nv_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 m=./target/release/mantissa
-run() { echo "== $*"; "$@" 2>&1 | tee -a "$out/log.txt"; }
-run nvidia-smi
-run $m info
-# The conformance suite on the CUDA backend (and wgpu on the GPU).
-if [ -x .bin/conformance ]; then
-    run .bin/conformance cuda:: --test-threads 1
-    run .bin/conformance wgpu:: --test-threads 1
-fi
-# The resident step plans against the host interpreter, and learning, on CUDA and wgpu.
-if [ -x .bin/train ]; then
-    run .bin/train resident loss_falls --test-threads 1
-fi
-run $m bench matmul --sizes 4096,8192 --algorithms all --backends cuda --reps 10 --json "$out/bench-cuda.json"
-run $m bench matmul --sizes 4096,8192 --algorithms all --backends wgpu --reps 10 --json "$out/bench-unchecked.json"
-MANTISSA_WGSL_CHECKS=on run $m bench matmul --sizes 4096 --algorithms f32,bf16x3 --backends wgpu --reps 5 --json "$out/bench-checked.json"
-run $m bench matmul --sizes 8192x1x8192 --algorithms f32,e4m3 --backends wgpu --reps 10 --json "$out/bench-matvec.json"
-# Cooperative matrices (16x16x16 on NVIDIA) against the SIMT kernels, and every tile tuned.
-MANTISSA_COOP=off run $m bench matmul --sizes 4096 --algorithms f16,bf16,bf16x3,bf16x6 --backends wgpu --reps 5 --json "$out/bench-simt.json"
-MANTISSA_AUTOTUNE=full run $m bench matmul --sizes 4096,8192 --algorithms f32,f16,bf16x3 --backends wgpu --reps 5 --json "$out/bench-tuned.json"
-if [ -d .anchors ]; then
-    run python3 .anchors/torch_matmul.py
-fi
-run $m report --backends all --sizes 256,1000x700x1500 --train-steps 100 --out "$out/report"
-run $m train --config small --precision 32-true,16-mixed,bf16-mixed,16-true,bf16-true --steps 300 --eval-interval 50 --backend wgpu --out "$out/train"
-run $m train --config small --precision 32-true,16-mixed,bf16-mixed,16-true,bf16-true --steps 300 --eval-interval 50 --backend cuda --out "$out/train-cuda"
-if [ -d .anchors ]; then
-    run python3 .anchors/torch_gpt.py
-fi
+# run SECONDS CMD...: one step, limited, logged (with its exit status) to $out/log.txt.
+run() {
+    local limit=$1; shift
+    echo "== [$(date +%T)] $*" | tee -a "$out/log.txt"
+    timeout --kill-after=5 "$limit" "$@" 2>&1 | tee -a "$out/log.txt"
+    echo "== exit ${PIPESTATUS[0]}" | tee -a "$out/log.txt"
+}
+case "$stage" in
+correct)
+    run 20 nvidia-smi
+    run 60 $m info
+    if [ -x .bin/conformance ]; then
+        [ "${ONLY:-}" = wgpu ] || run 150 .bin/conformance cuda:: --test-threads 1
+        run 200 .bin/conformance wgpu --test-threads 1
+    fi
+    if [ -x .bin/train ]; then
+        run 120 .bin/train resident loss_falls ${ONLY:+--skip cuda} --test-threads 1
+    fi
+    ;;
+cuda)
+    [ -x .bin/conformance ] && run 150 .bin/conformance cuda:: --test-threads 1
+    run 150 $m bench matmul --sizes 4096,8192 --algorithms all --backends cuda --reps 10 --json "$out/bench-cuda.json"
+    ;;
+bench)
+    run 150 $m bench matmul --sizes 4096,8192 --algorithms all --backends wgpu --reps 10 --json "$out/bench-wgpu.json"
+    MANTISSA_WGSL_CHECKS=on run 60 $m bench matmul --sizes 4096 --algorithms f32,bf16x3 --backends wgpu --reps 5 --json "$out/bench-checked.json"
+    MANTISSA_COOP=off run 60 $m bench matmul --sizes 4096 --algorithms f16,bf16,bf16x3 --backends wgpu --reps 5 --json "$out/bench-simt.json"
+    [ -d .anchors ] && run 120 python3 .anchors/torch_matmul.py
+    ;;
+tune)
+    MANTISSA_AUTOTUNE=full run 300 $m bench matmul --sizes 4096,8192 --algorithms f32,f16,bf16x3 --backends wgpu --reps 5 --json "$out/bench-tuned.json"
+    MANTISSA_WGSL_CHECKS=on MANTISSA_AUTOTUNE=full run 200 $m bench matmul --sizes 4096 --algorithms f32,f16,bf16x3 --backends wgpu --reps 5 --json "$out/bench-tuned-checked.json"
+    [ -d .anchors ] && run 120 python3 .anchors/torch_matmul.py
+    run 60 $m bench matmul --sizes 8192x1x8192 --algorithms f32,e4m3 --backends wgpu,cuda --reps 10 --json "$out/bench-matvec.json"
+    ;;
+train)
+    run 150 $m report --backends all --sizes 256,1000x700x1500 --train-steps 100 --out "$out/report"
+    run 150 $m train --config small --precision 32-true,bf16-mixed,16-mixed,bf16-true --steps 300 --eval-interval 100 --backend cuda --out "$out/train-cuda"
+    run 150 $m train --config small --precision 32-true,bf16-mixed,16-mixed,bf16-true --steps 300 --eval-interval 100 --backend wgpu --out "$out/train-wgpu"
+    [ -d .anchors ] && run 120 python3 .anchors/torch_gpt.py
+    ;;
+*) echo "unknown stage '$stage' (correct, cuda, bench, tune, train)" >&2; exit 2 ;;
+esac

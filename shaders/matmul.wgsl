@@ -1,8 +1,10 @@
-// matmul.wgsl: C = op(A) . op(B) for every algorithm, tiled in workgroup memory with a 4x4
-// register block per invocation. Needs formats.wgsl.
+// matmul.wgsl: C = op(A) . op(B) for every algorithm, tiled in workgroup memory with a 4x4 or
+// 8x8 register block per invocation. Needs formats.wgsl.
 //
 // The loader (src/backend/wgpu/shaders.rs) splices in, per variant:
 //   const BM, BN, BK: u32       workgroup tile (BM x BN outputs, BK of the inner dimension)
+//   const REG: u32              outputs per invocation: REG x REG, 4 or 8 (8 only for
+//                               LEVELS <= 1): four 4x4 blocks, rows (columns) BM/2 (BN/2) apart
 //   const PARTS: u32            operand planes: 1, or 2/3 bf16 planes (h, m, l) for split
 //   const LEVELS: u32           split levels: 0 (no split), 2 (bf16x3), 3 (bf16x6), 5 (bf16x9)
 //   const FP8: bool, ROWWISE: bool
@@ -11,7 +13,7 @@
 //   const MASKED: bool, fn flagged(line: u32) -> bool: as the fallback of the cooperative-matrix
 //                               kernel, compute only outputs whose row of A or column of B is
 //                               flagged (coop_pack.wgsl); the flags are binding 5
-// Workgroup size is (BN / 4, BM / 4).
+// Workgroup size is (BN / REG, BM / REG).
 
 struct MatmulParams {
     m: u32,
@@ -47,8 +49,10 @@ struct MatmulParams {
 @group(0) @binding(3) var<storage, read_write> c_data: array<f32>;
 @group(0) @binding(4) var<storage, read> scales: array<f32>;
 
-const WG_X: u32 = BN / 4u;
-const WG_Y: u32 = BM / 4u;
+const WG_X: u32 = BN / REG;
+const WG_Y: u32 = BM / REG;
+// Four 4x4 blocks per invocation: a quarter of the workgroup-memory reads per multiply-add.
+const WIDE: bool = REG == 8u;
 const THREADS: u32 = WG_X * WG_Y;
 // Exactly the largest finite f32 (Tint rejects decimal literals that round up to it).
 const F32_MAX: f32 = 0x1.fffffep+127f;
@@ -106,6 +110,10 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
     var acc2: array<vec4<f32>, 4>;
     var acc3: array<vec4<f32>, 4>;
     var acc4: array<vec4<f32>, 4>;
+    // WIDE: the blocks at (+BN/2 columns), (+BM/2 rows) and both.
+    var acc_r: array<vec4<f32>, 4>;
+    var acc_d: array<vec4<f32>, 4>;
+    var acc_rd: array<vec4<f32>, 4>;
 
     if (MASKED) {
         if (lindex == 0u) {
@@ -173,6 +181,13 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
             let ah = a_at(0u, kk, lid.y);
             let bh = b_at(0u, kk, lid.x);
             outer(&acc0, ah, bh);
+            if (WIDE) {
+                let ah2 = a_at(0u, kk, lid.y + WG_Y);
+                let bh2 = b_at(0u, kk, lid.x + WG_X);
+                outer(&acc_r, ah, bh2);
+                outer(&acc_d, ah2, bh);
+                outer(&acc_rd, ah2, bh2);
+            }
             if (LEVELS >= 2u) {
                 let ah0 = finite_or_zero(ah);
                 let bh0 = finite_or_zero(bh);
@@ -197,13 +212,9 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
         workgroupBarrier();
     }
 
+    // Levels summed smallest first.
+    var sum: array<vec4<f32>, 4>;
     for (var r = 0u; r < 4u; r++) {
-        let row = row0 + lid.y * 4u + r;
-        if (row >= params.m) {
-            continue;
-        }
-        let row_flagged = flagged(batch * params.m + row);
-        // Levels summed smallest first.
         var v = acc0[r];
         if (LEVELS == 2u) {
             v = acc1[r] + acc0[r];
@@ -212,11 +223,29 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
         } else if (LEVELS == 5u) {
             v = (((acc4[r] + acc3[r]) + acc2[r]) + acc1[r]) + acc0[r];
         }
+        sum[r] = v;
+    }
+    store_block(batch, row0 + lid.y * 4u, col0 + lid.x * 4u, sum);
+    if (WIDE) {
+        store_block(batch, row0 + lid.y * 4u, col0 + (lid.x + WG_X) * 4u, acc_r);
+        store_block(batch, row0 + (lid.y + WG_Y) * 4u, col0 + lid.x * 4u, acc_d);
+        store_block(batch, row0 + (lid.y + WG_Y) * 4u, col0 + (lid.x + WG_X) * 4u, acc_rd);
+    }
+}
+
+// The 4x4 block of C at (row, col): bounds, the MASKED selection and fp8 descaling.
+fn store_block(batch: u32, row_start: u32, col_start: u32, v: array<vec4<f32>, 4>) {
+    for (var r = 0u; r < 4u; r++) {
+        let row = row_start + r;
+        if (row >= params.m) {
+            continue;
+        }
+        let row_flagged = flagged(batch * params.m + row);
         for (var c = 0u; c < 4u; c++) {
-            let col = col0 + lid.x * 4u + c;
+            let col = col_start + c;
             let mine = !MASKED || row_flagged || flagged(params.b_lines + batch * params.n + col);
             if (col < params.n && mine) {
-                var out = v[c];
+                var out = v[r][c];
                 if (FP8) {
                     let sa = scales[batch * params.sa_batch + select(0u, row, ROWWISE)];
                     let sb = scales[params.sb_offset + batch * params.sb_batch + select(0u, col, ROWWISE)];

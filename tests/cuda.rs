@@ -308,6 +308,49 @@ fn cuda_fp8_scaling_kernels_match_the_host_reference() {
     }
 }
 
+// The descaling of an fp8 product, acc / (sa * sb), stays finite wherever the quotient is: a
+// product near f32's max with a tiny scale must not overflow on the way (it did on the H100
+// when the kernel divided by one scale and then the other).
+#[test]
+fn cuda_unscale_is_the_quotient_by_both_scales() {
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_unscale_is_the_quotient_by_both_scales");
+    let acc = measure::wide_range(600, seed);
+    let amax = measure::wide_range(1200, seed ^ 0x5eed);
+    let scale = |i: usize| format::scale_for_amax(amax[i].abs(), Format::E4m3);
+    let mut triples: Vec<(f32, f32, f32)> = (0..600)
+        .map(|i| (acc[i], scale(2 * i), scale(2 * i + 1)))
+        .collect();
+    triples.extend([
+        (1.4e7, 448.0 / 1e38, 448.0 / 1e3), // the H100 case: the result is ~3e37
+        (-2.5e5, 448.0 / 3e38, 448.0 / 3e38), // overflows for real: inf
+        (3.0, 448.0 / 1e-30, 448.0 / 1e-12), // underflows to a subnormal, then to 0
+        (0.0, 1e-30, 1e30),
+        (f32::NAN, 1.0, 1.0),
+        (f32::INFINITY, 2.0, 0.5),
+    ]);
+    let input: Vec<f32> = triples.iter().flat_map(|&(a, x, y)| [a, x, y]).collect();
+    let got = run(h, "unscale", &[], &bits(&input));
+    for (i, &(acc, sa, sb)) in triples.iter().enumerate() {
+        let got = f32::from_bits(got[i]);
+        let want = (acc as f64 / (sa as f64 * sb as f64)) as f32;
+        if want.is_nan() || !want.is_finite() {
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "{acc:e} / ({sa:e} * {sb:e}): {got:e}, want {want:e}"
+            );
+            continue;
+        }
+        // Two roundings (the mantissas' product, the quotient), exact exponent steps: within
+        // 2 ulp, or 2 of the smallest subnormal where the result is subnormal.
+        let ulp = (f32::from_bits(want.abs().to_bits() + 1) - want.abs()).max(f32::from_bits(1));
+        assert!(
+            ((got - want).abs() as f64) <= 2.0 * ulp as f64,
+            "{acc:e} / ({sa:e} * {sb:e}): {got:e}, want {want:e}"
+        );
+    }
+}
+
 /// Runs a train.cu kernel on the host over the concatenation of `inputs`.
 fn run_f32(h: &PathBuf, kernel: &str, args: &[String], inputs: &[&[f32]]) -> Vec<f32> {
     let input: Vec<u32> = inputs.iter().flat_map(|x| bits(x)).collect();

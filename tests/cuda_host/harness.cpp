@@ -132,6 +132,9 @@ static inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
 
 #include "../../cuda/formats.cuh"
 #include "../../cuda/cast.cu"
+// A span that is not a multiple of the block or of a row, so that spans start mid-group and
+// the grid-stride loop over spans runs (the launch below: 2 blocks of 16).
+#define AMAX_SPAN 40
 #include "../../cuda/scale.cu"
 #include "../../cuda/train.cu"
 
@@ -452,7 +455,15 @@ int main(int argc, char** argv) {
     } else if (k == "amax" && argc == 7) {
         // BATCH_LEN DIV MODULUS GROUPS_PER_BATCH GROUPS
         out.assign(arg(argv, 6), 0u);
-        amax(fin, n, out.data(), arg(argv, 2), arg(argv, 3), arg(argv, 4), arg(argv, 5));
+        emu::launch({2, 1, 1}, {16, 1, 1}, [&] {
+            amax(fin, n, out.data(), arg(argv, 2), arg(argv, 3), arg(argv, 4), arg(argv, 5));
+        });
+    } else if (k == "unscale" && argc == 2) {
+        // (acc, sa, sb) triples in; one result each, the rest of `out` zero.
+        std::vector<u32> r(in.size(), 0u);
+        for (i64 e = 0; e + 2 < n; e += 3)
+            r[e / 3] = __float_as_uint(unscale(fin[e], fin[e + 1], fin[e + 2]));
+        out = r;
     } else if (k == "scale_from_amax" && argc == 3) {
         std::vector<float> s(in.size());
         scale_from_amax(in.data(), s.data(), (u32)n, farg(argv, 2));

@@ -297,7 +297,7 @@ pub(super) fn amax_groups(
     g: Groups,
 ) -> Result<()> {
     let n = len as i64;
-    launch_1d!(cb, Module::Scale, "amax", len; x, &n, bits, &g.batch_len, &g.div, &g.modulus, &g.per_batch)
+    launch!(cb, Module::Scale, "amax", CudaBackend::config_amax(len); x, &n, bits, &g.batch_len, &g.div, &g.modulus, &g.per_batch)
 }
 
 /// fp8: scales (current, per tensor or per line; or given), quantization into f16 codes of

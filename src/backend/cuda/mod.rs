@@ -231,6 +231,17 @@ impl CudaBackend {
         }
     }
 
+    /// The launch of scale.cu's `amax` over `n` elements: blocks of 256 threads, each taking
+    /// spans of `AMAX_SPAN` (4096) consecutive elements.
+    fn config_amax(n: usize) -> LaunchConfig {
+        const AMAX_SPAN: usize = 4096;
+        LaunchConfig {
+            grid_dim: (n.div_ceil(AMAX_SPAN).clamp(1, 1 << 16) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
     fn to_bits(x: &[f32]) -> &[u32] {
         bytemuck::cast_slice(x)
     }
@@ -297,7 +308,7 @@ impl Backend for CudaBackend {
         for _ in 0..repetitions.max(1) {
             let event = |what| {
                 self.ctx
-                    .new_event(None)
+                    .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
                     .map_err(|e| self.device_error(what, e))
             };
             let (start, end) = (event("timer")?, event("timer")?);

@@ -330,5 +330,5 @@ pub(super) fn amax_into(cb: &CudaBackend, x: Ptr, n: usize, stats: Ptr, slot: us
     let len = n as i64;
     let at = stats + (slot * 4) as u64;
     let (batch_len, div, modulus, per_batch) = (n.max(1) as u32, n.max(1) as u32, 1u32, 1u32);
-    launch_1d!(cb, Module::Scale, "amax", n; &x, &len, &at, &batch_len, &div, &modulus, &per_batch)
+    launch!(cb, Module::Scale, "amax", CudaBackend::config_amax(n); &x, &len, &at, &batch_len, &div, &modulus, &per_batch)
 }

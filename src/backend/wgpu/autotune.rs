@@ -173,9 +173,15 @@ impl WgpuBackend {
         }
         let s = &self.gpu.summary;
         let key = format!(
-            "{} | {} | {}{:?} {:?} parts {} levels {} fp8 {} rowwise {} | {}",
+            "{} | {} | {}{}{:?} {:?} parts {} levels {} fp8 {} rowwise {} | {}",
             s.name,
             s.driver,
+            // Runtime checks change which tile is fastest.
+            if self.gpu.runtime_checks {
+                "checked "
+            } else {
+                ""
+            },
             if variant.coop.is_some() { "coop " } else { "" },
             variant.a,
             variant.b,

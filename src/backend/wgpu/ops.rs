@@ -228,7 +228,7 @@ pub fn current_scales(
         gpu,
         gpu.pipeline(&Kernel::Amax)?,
         &buffers,
-        Dispatch::element_groups(gpu, len)?,
+        amax_groups(gpu, len)?,
     );
     let scale = Dispatch::new(
         gpu,
@@ -237,6 +237,12 @@ pub fn current_scales(
         Dispatch::element_groups(gpu, grouping.groups())?,
     );
     Ok([amax, scale])
+}
+
+/// Workgroups of scale.wgsl's `amax` over `len` elements: one per AMAX_SPAN (4096), that is
+/// one per 16 of `element_groups`' 256.
+fn amax_groups(gpu: &Gpu, len: usize) -> Result<[u32; 3]> {
+    Dispatch::element_groups(gpu, len.div_ceil(16))
 }
 
 /// Atomic amax of each group of `src` into `amax_bits[offset..]` (which must be zeroed first).
@@ -255,7 +261,7 @@ pub fn amax(
         gpu,
         gpu.pipeline(&Kernel::Amax)?,
         &[&uniform, src, amax_bits, amax_bits],
-        Dispatch::element_groups(gpu, len)?,
+        amax_groups(gpu, len)?,
     ))
 }
 

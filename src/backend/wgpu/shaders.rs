@@ -172,12 +172,16 @@ pub fn format_id(format: Format) -> u32 {
     Format::ALL.iter().position(|f| *f == format).unwrap_or(0) as u32
 }
 
-/// Workgroup tile of the matmul kernel (each invocation computes 4x4 outputs).
+/// Workgroup tile of the matmul kernel: `bm` x `bn` outputs per workgroup, `bk` of the inner
+/// dimension per step, and `reg` x `reg` outputs per invocation (4, or 8 for single-plane
+/// operands: four 4x4 blocks, a quarter of the workgroup memory reads per multiply-add).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Tile {
     pub bm: u32,
     pub bn: u32,
     pub bk: u32,
+    #[serde(default = "Tile::default_reg")]
+    pub reg: u32,
 }
 
 impl Tile {
@@ -188,12 +192,17 @@ impl Tile {
             bm: 64,
             bn: 64,
             bk: if parts > 1 { 8 } else { 16 },
+            reg: 4,
         }
     }
 
-    /// Invocations per workgroup (4x4 outputs each).
+    fn default_reg() -> u32 {
+        4
+    }
+
+    /// Invocations per workgroup.
     pub fn threads(self) -> u32 {
-        (self.bm / 4) * (self.bn / 4)
+        (self.bm / self.reg) * (self.bn / self.reg)
     }
 
     /// Bytes of workgroup memory for operands of `parts` planes.
@@ -204,17 +213,25 @@ impl Tile {
     /// Every tile the autotuner may try for operands of `parts` planes on a device with these
     /// limits, the default first. Each computes bit for bit the same result (every output
     /// element sums its k terms in order whatever the tile), so the choice is speed alone.
+    /// 8x8 register blocks serve single-plane operands only (split levels would need four
+    /// times the accumulators).
     pub fn candidates(parts: u32, max_threads: u32, max_workgroup_bytes: u32) -> Vec<Tile> {
         let mut out = vec![Tile::default_for(parts)];
-        for bm in [32, 64, 128] {
-            for bn in [32, 64, 128] {
-                for bk in [8, 16, 32] {
-                    let t = Tile { bm, bn, bk };
-                    if t.threads() <= max_threads
-                        && t.workgroup_bytes(parts) <= max_workgroup_bytes
-                        && !out.contains(&t)
-                    {
-                        out.push(t);
+        let regs: &[u32] = if parts == 1 { &[4, 8] } else { &[4] };
+        for &reg in regs {
+            for bm in [32, 64, 128] {
+                for bn in [32, 64, 128] {
+                    for bk in [8, 16, 32] {
+                        let t = Tile { bm, bn, bk, reg };
+                        if bm >= 2 * reg
+                            && bn >= 2 * reg
+                            && t.threads() >= 32
+                            && t.threads() <= max_threads
+                            && t.workgroup_bytes(parts) <= max_workgroup_bytes
+                            && !out.contains(&t)
+                        {
+                            out.push(t);
+                        }
                     }
                 }
             }
@@ -230,6 +247,7 @@ impl Tile {
             bm: 2 * size,
             bn: 2 * size,
             bk: size,
+            reg: 4,
         }
     }
 
@@ -239,7 +257,12 @@ impl Tile {
         let mut out = vec![Tile::coop_default(size)];
         for bm in [1, 2, 4].map(|t| t * size) {
             for bn in [1, 2, 4].map(|t| t * size) {
-                let t = Tile { bm, bn, bk: size };
+                let t = Tile {
+                    bm,
+                    bn,
+                    bk: size,
+                    reg: 4,
+                };
                 if bm * bn * 4 <= max_workgroup_bytes && !out.contains(&t) {
                     out.push(t);
                 }
@@ -251,7 +274,11 @@ impl Tile {
 
 impl fmt::Display for Tile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}x{}x{}", self.bm, self.bn, self.bk)
+        write!(f, "{}x{}x{}", self.bm, self.bn, self.bk)?;
+        if self.reg != 4 {
+            write!(f, " reg {0}x{0}", self.reg)?;
+        }
+        Ok(())
     }
 }
 
@@ -474,12 +501,13 @@ impl Kernel {
             header.push_str(&coop_block(v));
         } else if let Kernel::Matmul(v) = self {
             header.push_str(&format!(
-                "const BM: u32 = {}u;\nconst BN: u32 = {}u;\nconst BK: u32 = {}u;\nconst PARTS: u32 = {}u;\n\
-                 const LEVELS: u32 = {}u;\nconst FP8: bool = {};\nconst ROWWISE: bool = {};\n\
+                "const BM: u32 = {}u;\nconst BN: u32 = {}u;\nconst BK: u32 = {}u;\nconst REG: u32 = {}u;\n\
+                 const PARTS: u32 = {}u;\nconst LEVELS: u32 = {}u;\nconst FP8: bool = {};\nconst ROWWISE: bool = {};\n\
                  alias A_T = {};\nalias B_T = {};\n\n",
                 v.tile.bm,
                 v.tile.bn,
                 v.tile.bk,
+                v.tile.reg,
                 v.parts,
                 v.levels,
                 v.fp8,
