@@ -1,14 +1,17 @@
 // matmul_coop.wgsl: C = A . B on cooperative matrices (tensor cores where the hardware has
-// them): T x T x T f16 tiles (T = 16 on NVIDIA, 8 on Apple and lavapipe), f32 accumulators. One subgroup is one workgroup and computes a
-// BM x BN block of C. Needs formats.wgsl; operands come from coop_pack.wgsl.
+// them): T x T x T f16 tiles (T = 16 on NVIDIA, 8 on Apple and lavapipe), f32 accumulators. A
+// workgroup of one or more subgroups computes a BM x BN block of C (with several, each K step of
+// the operands is staged in workgroup memory and shared). Needs formats.wgsl; operands come
+// from coop_pack.wgsl.
 //
 // The loader splices in, per variant:
 //   enable f16; enable wgpu_cooperative_matrix;
 //   const BM, BN: u32           block of C per workgroup (multiples of T)
 //   const T: u32                the cooperative tile size
-//   const SG: u32               the subgroup size (the workgroup size)
+//   const SG: u32               the subgroup size
+//   const WG: u32               the workgroup size: SG times the subgroups per workgroup
 //   const SCALED: bool          operands scaled per line by coop_pack (bf16 planes), else f16(x)
-//   fn coop_block(a0, b0)       the block's products into `staging`: one accumulator per split
+//   fn coop_block(a0, b0, lindex) the block's products into `staging`: one accumulator per split
 //                               level and tile, promoted into an f32 total every 256 of K (tensor
 //                               cores do not accumulate long sums in exact f32), levels summed
 //                               smallest first (DESIGN.md)
@@ -47,16 +50,16 @@ fn ldexp_wide(x: f32, e: i32) -> f32 {
     return ldexp(ldexp(ldexp(x, e1), e2), e - e1 - e2);
 }
 
-@compute @workgroup_size(SG, 1, 1)
+@compute @workgroup_size(WG, 1, 1)
 fn matmul_coop(@builtin(workgroup_id) wg: vec3<u32>,
                @builtin(local_invocation_index) lindex: u32) {
     let batch = wg.z;
     let row0 = wg.y * BM;
     let col0 = wg.x * BN;
     coop_block(batch * params.mp * params.kp + row0 * params.kp,
-               batch * params.kp * params.np + col0);
+               batch * params.kp * params.np + col0, lindex);
     workgroupBarrier();
-    for (var t = lindex; t < BM * BN; t += SG) {
+    for (var t = lindex; t < BM * BN; t += WG) {
         let row = row0 + t / BN;
         let col = col0 + t % BN;
         if (row >= params.m || col >= params.n) {

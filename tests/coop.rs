@@ -98,7 +98,10 @@ fn every_coop_block_matches_the_reference() {
     let seed = common::seed("every_coop_block_matches_the_reference");
     // The fewest and the most accumulators per block.
     for alg in [Algorithm::F16, Algorithm::Bf16x9] {
-        for tile in b.tile_candidates(&alg) {
+        let tiles = b.tile_candidates(&alg);
+        // Blocks of one subgroup and blocks staged through workgroup memory for several.
+        assert!(tiles.iter().any(|t| t.warps == 1) && tiles.iter().any(|t| t.warps > 1));
+        for tile in tiles {
             check_on_tile(&b, &alg, tile, &shapes()[0], seed);
         }
     }

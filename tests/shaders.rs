@@ -87,7 +87,9 @@ fn every_cooperative_block_validates() {
     ] {
         for alg in [Algorithm::F16, Algorithm::Bf16x9] {
             let v = MatmulVariant::coop(&alg, coop).expect("a cooperative variant");
-            for tile in Tile::coop_candidates(coop.size, 32 * 1024) {
+            for tile in
+                Tile::coop_candidates(coop.size, coop.subgroup, v.parts.max(1), 48 * 1024, 1024)
+            {
                 let k = Kernel::Matmul(v.with_tile(tile));
                 if let Err(e) = validate(&k) {
                     panic!("{}:\n{e}", k.label());

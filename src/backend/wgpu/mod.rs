@@ -211,8 +211,14 @@ impl WgpuBackend {
     pub fn tile_candidates(&self, algorithm: &Algorithm) -> Vec<Tile> {
         let v = self.variant(algorithm);
         let limits = &self.gpu.limits;
-        if v.coop.is_some() {
-            return Tile::coop_candidates(v.tile.bk, limits.max_compute_workgroup_storage_size);
+        if let Some(c) = v.coop {
+            return Tile::coop_candidates(
+                c.size,
+                c.subgroup,
+                v.parts.max(1),
+                limits.max_compute_workgroup_storage_size,
+                limits.max_compute_invocations_per_workgroup,
+            );
         }
         Tile::candidates(
             v.parts,

@@ -182,6 +182,11 @@ pub struct Tile {
     pub bk: u32,
     #[serde(default = "Tile::default_reg")]
     pub reg: u32,
+    /// Cooperative kernel only: subgroups per workgroup. 1: the subgroup reads its tiles
+    /// straight from storage; more: each K step of A and B is staged once in workgroup memory
+    /// and the subgroups share it (each computing its part of the block).
+    #[serde(default = "Tile::one")]
+    pub warps: u32,
 }
 
 impl Tile {
@@ -193,11 +198,16 @@ impl Tile {
             bn: 64,
             bk: if parts > 1 { 8 } else { 16 },
             reg: 4,
+            warps: 1,
         }
     }
 
     fn default_reg() -> u32 {
         4
+    }
+
+    fn one() -> u32 {
+        1
     }
 
     /// Invocations per workgroup.
@@ -222,7 +232,13 @@ impl Tile {
             for bm in [32, 64, 128] {
                 for bn in [32, 64, 128] {
                     for bk in [8, 16, 32] {
-                        let t = Tile { bm, bn, bk, reg };
+                        let t = Tile {
+                            bm,
+                            bn,
+                            bk,
+                            reg,
+                            warps: 1,
+                        };
                         if bm >= 2 * reg
                             && bn >= 2 * reg
                             && t.threads() >= 32
@@ -248,23 +264,75 @@ impl Tile {
             bn: 2 * size,
             bk: size,
             reg: 4,
+            warps: 1,
         }
     }
 
-    /// Blocks the autotuner may try on the cooperative-matrix kernel (1, 2 or 4 tiles a side
-    /// per subgroup, staged in `bm * bn` f32 of workgroup memory), the default first.
-    pub fn coop_candidates(size: u32, max_workgroup_bytes: u32) -> Vec<Tile> {
+    /// How the subgroups of a cooperative block split it: (rows, columns) of subgroups, each
+    /// taking an equal rectangle of whole tiles, the squarest such; None if `warps` does not
+    /// divide the block's tiles.
+    pub fn coop_warp_grid(self) -> Option<(u32, u32)> {
+        let (tr, tc) = (self.bm / self.bk, self.bn / self.bk);
+        (1..=self.warps)
+            .filter(|wr| self.warps.is_multiple_of(*wr))
+            .map(|wr| (wr, self.warps / wr))
+            .filter(|&(wr, wc)| tr.is_multiple_of(wr) && tc.is_multiple_of(wc))
+            .min_by_key(|&(wr, wc)| (tr / wr).abs_diff(tc / wc))
+    }
+
+    /// Workgroup bytes of a cooperative block over `planes` operand planes: the f32 staging of
+    /// the block, and with several subgroups the f16 A and B tiles of one K step (rows padded
+    /// by 8 halves against bank conflicts).
+    pub fn coop_workgroup_bytes(self, planes: u32) -> u32 {
+        let staged = if self.warps > 1 {
+            planes * (self.bm * (self.bk + 8) + self.bk * (self.bn + 8)) * 2
+        } else {
+            0
+        };
+        self.bm * self.bn * 4 + staged
+    }
+
+    /// Blocks the autotuner may try on the cooperative-matrix kernel, the default first: one
+    /// subgroup with 1, 2 or 4 tiles a side; or 4 or 8 subgroups sharing a block of 4 or 8
+    /// tiles a side staged through workgroup memory.
+    pub fn coop_candidates(
+        size: u32,
+        subgroup: u32,
+        planes: u32,
+        max_workgroup_bytes: u32,
+        max_threads: u32,
+    ) -> Vec<Tile> {
         let mut out = vec![Tile::coop_default(size)];
+        let mut push = |t: Tile| {
+            if t.coop_workgroup_bytes(planes) <= max_workgroup_bytes
+                && t.warps * subgroup <= max_threads
+                && t.coop_warp_grid().is_some()
+                && !out.contains(&t)
+            {
+                out.push(t);
+            }
+        };
         for bm in [1, 2, 4].map(|t| t * size) {
             for bn in [1, 2, 4].map(|t| t * size) {
-                let t = Tile {
+                push(Tile {
                     bm,
                     bn,
                     bk: size,
                     reg: 4,
-                };
-                if bm * bn * 4 <= max_workgroup_bytes && !out.contains(&t) {
-                    out.push(t);
+                    warps: 1,
+                });
+            }
+        }
+        for warps in [4, 8] {
+            for bm in [4, 8].map(|t| t * size) {
+                for bn in [4, 8].map(|t| t * size) {
+                    push(Tile {
+                        bm,
+                        bn,
+                        bk: size,
+                        reg: 4,
+                        warps,
+                    });
                 }
             }
         }
@@ -277,6 +345,9 @@ impl fmt::Display for Tile {
         write!(f, "{}x{}x{}", self.bm, self.bn, self.bk)?;
         if self.reg != 4 {
             write!(f, " reg {0}x{0}", self.reg)?;
+        }
+        if self.warps != 1 {
+            write!(f, " {} subgroups", self.warps)?;
         }
         Ok(())
     }
@@ -373,7 +444,7 @@ impl MatmulVariant {
 
     pub fn workgroup_bytes(&self) -> u32 {
         match self.coop {
-            Some(_) => self.tile.bm * self.tile.bn * 4,
+            Some(_) => self.tile.coop_workgroup_bytes(self.parts),
             None => self.tile.workgroup_bytes(self.parts),
         }
     }
@@ -381,7 +452,7 @@ impl MatmulVariant {
     /// Invocations per workgroup.
     pub fn threads(&self) -> u32 {
         self.coop
-            .map_or_else(|| self.tile.threads(), |c| c.subgroup)
+            .map_or_else(|| self.tile.threads(), |c| c.subgroup * self.tile.warps)
     }
 
     /// The SIMT variant that computes the lines a cooperative variant flags.
@@ -491,11 +562,12 @@ impl Kernel {
         if let Kernel::Matmul(v @ MatmulVariant { coop: Some(c), .. }) = self {
             header.push_str(&format!(
                 "enable wgpu_cooperative_matrix;\n\nconst BM: u32 = {}u;\nconst BN: u32 = {}u;\n\
-                 const T: u32 = {}u;\nconst SG: u32 = {}u;\nconst SCALED: bool = {};\n\n",
+                 const T: u32 = {}u;\nconst SG: u32 = {}u;\nconst WG: u32 = {}u;\nconst SCALED: bool = {};\n\n",
                 v.tile.bm,
                 v.tile.bn,
                 c.size,
                 c.subgroup,
+                c.subgroup * v.tile.warps,
                 v.scaled()
             ));
             header.push_str(&coop_block(v));
@@ -598,13 +670,18 @@ fn level_terms(levels: u32) -> &'static [&'static [(usize, usize)]] {
 /// Partial sums on cooperative matrices are promoted into f32 totals every this many of K.
 const COOP_PROMOTE_K: u32 = 256;
 
-/// `fn coop_block(a0, b0)` of a cooperative variant, unrolled over its tiles and levels (one
-/// named accumulator each: WGSL has no arrays of cooperative matrices to index). Every index is
-/// bound with `let` before a load or store: naga 30's SPIR-V writer needs that (FACTS.md).
+/// `fn coop_block(a0, b0, lindex)` of a cooperative variant, unrolled over its tiles and
+/// levels (one named accumulator each: WGSL has no arrays of cooperative matrices to index).
+/// Every index is bound with `let` before a load or store: naga 30's SPIR-V writer needs that
+/// (FACTS.md). With several subgroups (`tile.warps`), each K step of A and B is first copied
+/// into workgroup memory by the whole workgroup, and each subgroup loads its tiles from there.
 fn coop_block(v: &MatmulVariant) -> String {
     use std::fmt::Write;
     let t = v.coop.map_or(16, |c| c.size);
-    let (tm, tn) = (v.tile.bm / t, v.tile.bn / t);
+    let staged = v.tile.warps > 1;
+    let (wr, wc) = v.tile.coop_warp_grid().unwrap_or((1, 1));
+    // Tiles per subgroup, a side.
+    let (tm, tn) = (v.tile.bm / t / wr, v.tile.bn / t / wc);
     let mat = format!("coop_mat{t}x{t}");
     let levels = level_terms(v.levels);
     let planes = levels
@@ -617,7 +694,32 @@ fn coop_block(v: &MatmulVariant) -> String {
     let mut f = String::new();
     let w = &mut f;
     let zero = format!("{mat}<f32, C>()");
-    let _ = writeln!(w, "fn coop_block(a0: u32, b0: u32) {{");
+    if staged {
+        // Row strides of the staged tiles, padded by 8 halves against bank conflicts.
+        let _ = writeln!(
+            w,
+            "const SA: u32 = {sa}u;
+const SB: u32 = {sb}u;
+var<workgroup> a_stage: array<f16, {a_len}>;
+var<workgroup> b_stage: array<f16, {b_len}>;
+",
+            sa = t + 8,
+            sb = v.tile.bn + 8,
+            a_len = planes as u32 * v.tile.bm * (t + 8),
+            b_len = planes as u32 * t * (v.tile.bn + 8),
+        );
+    }
+    let _ = writeln!(w, "fn coop_block(a0: u32, b0: u32, lindex: u32) {{");
+    if staged {
+        let _ = writeln!(
+            w,
+            "    let warp = lindex / SG;
+    let row_tile0 = (warp / {wc}u) * {tm}u;
+    let col_tile0 = (warp % {wc}u) * {tn}u;"
+        );
+    } else {
+        let _ = writeln!(w, "    let row_tile0 = 0u;\n    let col_tile0 = 0u;");
+    }
     for l in 0..levels.len() {
         for (r, c) in tiles() {
             let _ = writeln!(w, "    var total_{l}_{r}_{c} = {zero};");
@@ -637,22 +739,63 @@ fn coop_block(v: &MatmulVariant) -> String {
         "        let k_end = min(k1 + {COOP_PROMOTE_K}u, params.kp);
                  for (var k0 = k1; k0 < k_end; k0 += {t}u) {{"
     );
+    if staged {
+        // The padded operands need no bounds checks: rows to BM, columns to BN, K to T.
+        let _ = writeln!(
+            w,
+            "            for (var e = lindex; e < BM * T; e += WG) {{
+                let r = e / T;
+                let kk = e % T;
+                for (var p = 0u; p < {planes}u; p++) {{
+                    let src_a = a0 + p * params.a_plane + r * params.kp + k0 + kk;
+                    let dst_a = p * BM * SA + r * SA + kk;
+                    a_stage[dst_a] = a_data[src_a];
+                }}
+            }}
+            for (var e = lindex; e < T * BN; e += WG) {{
+                let kk = e / BN;
+                let c = e % BN;
+                for (var p = 0u; p < {planes}u; p++) {{
+                    let src_b = b0 + p * params.b_plane + (k0 + kk) * params.np + c;
+                    let dst_b = p * T * SB + kk * SB + c;
+                    b_stage[dst_b] = b_data[src_b];
+                }}
+            }}
+            workgroupBarrier();"
+        );
+    }
     for p in 0..planes {
         for r in 0..tm {
-            let _ = writeln!(
-                w,
-                "            let ia_{p}_{r} = a0 + {p}u * params.a_plane + {}u * params.kp + k0;
+            if staged {
+                let _ = writeln!(
+                    w,
+                    "            let ia_{p}_{r} = {p}u * BM * SA + (row_tile0 + {r}u) * {t}u * SA;
+                             let a_{p}_{r} = coopLoadT<{mat}<f16, A>>(&a_stage[ia_{p}_{r}], SA);"
+                );
+            } else {
+                let _ = writeln!(
+                    w,
+                    "            let ia_{p}_{r} = a0 + {p}u * params.a_plane + {}u * params.kp + k0;
                              let a_{p}_{r} = coopLoadT<{mat}<f16, A>>(&a_data[ia_{p}_{r}], params.kp);",
-                t * r
-            );
+                    t * r
+                );
+            }
         }
         for c in 0..tn {
-            let _ = writeln!(
-                w,
-                "            let ib_{p}_{c} = b0 + {p}u * params.b_plane + k0 * params.np + {}u;
+            if staged {
+                let _ = writeln!(
+                    w,
+                    "            let ib_{p}_{c} = {p}u * T * SB + (col_tile0 + {c}u) * {t}u;
+                             let b_{p}_{c} = coopLoadT<{mat}<f16, B>>(&b_stage[ib_{p}_{c}], SB);"
+                );
+            } else {
+                let _ = writeln!(
+                    w,
+                    "            let ib_{p}_{c} = b0 + {p}u * params.b_plane + k0 * params.np + {}u;
                              let b_{p}_{c} = coopLoadT<{mat}<f16, B>>(&b_data[ib_{p}_{c}], params.np);",
-                t * c
-            );
+                    t * c
+                );
+            }
         }
     }
     for (l, terms) in levels.iter().enumerate() {
@@ -664,6 +807,10 @@ fn coop_block(v: &MatmulVariant) -> String {
                 );
             }
         }
+    }
+    if staged {
+        // The next K step overwrites the stage.
+        let _ = writeln!(w, "            workgroupBarrier();");
     }
     let _ = writeln!(w, "        }}");
     for l in 0..levels.len() {
@@ -692,9 +839,8 @@ fn coop_block(v: &MatmulVariant) -> String {
         let _ = writeln!(
             w,
             "    let sum_{r}_{c} = {sum};
-    let at_{r}_{c} = {}u;
-                 coopStoreT(sum_{r}_{c}, &staging[at_{r}_{c}], BN);",
-            t * r * v.tile.bn + t * c
+    let at_{r}_{c} = (row_tile0 + {r}u) * {t}u * BN + (col_tile0 + {c}u) * {t}u;
+                 coopStoreT(sum_{r}_{c}, &staging[at_{r}_{c}], BN);"
         );
     }
     let _ = writeln!(
