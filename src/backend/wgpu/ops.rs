@@ -239,10 +239,13 @@ pub fn current_scales(
     Ok([amax, scale])
 }
 
-/// Workgroups of scale.wgsl's `amax` over `len` elements: one per AMAX_SPAN (4096), that is
-/// one per 16 of `element_groups`' 256.
+/// Elements per workgroup of scale.wgsl's `amax` (its AMAX_SPAN).
+const AMAX_SPAN: usize = 4096;
+
+/// Workgroups of scale.wgsl's `amax` over `len` elements: one per span (`element_groups`
+/// counts one per 256 items).
 fn amax_groups(gpu: &Gpu, len: usize) -> Result<[u32; 3]> {
-    Dispatch::element_groups(gpu, len.div_ceil(16))
+    Dispatch::element_groups(gpu, len.div_ceil(AMAX_SPAN / 256))
 }
 
 /// Atomic amax of each group of `src` into `amax_bits[offset..]` (which must be zeroed first).

@@ -239,9 +239,7 @@ impl Tile {
                             reg,
                             warps: 1,
                         };
-                        if bm >= 2 * reg
-                            && bn >= 2 * reg
-                            && t.threads() >= 32
+                        if t.threads() >= 32
                             && t.threads() <= max_threads
                             && t.workgroup_bytes(parts) <= max_workgroup_bytes
                             && !out.contains(&t)
