@@ -7,7 +7,13 @@
 //! - [`format`]: bit-exact number formats and `finfo`.
 //! - [`algorithm`]: matmul algorithms and their specification.
 //! - [`policy`]: precision classes, presets, autocast, loss scaling, fp8 recipes.
-//! - [`backend`]: the Backend trait, the host reference, the wgpu backend, run-time choice.
+//! - [`plan`]: the step program (ops on numbered tensors) and the executor contract.
+//! - [`backend`]: the Backend trait, the host reference, the wgpu and CUDA backends, run-time
+//!   choice.
+//! - [`train`]: the GPT, its training loop and checkpoints, above the backends.
+//!
+//! Layers, top to bottom (no import runs back up; docs/design.md draws them):
+//! cli, web -> report, bench -> train -> backend -> plan -> policy -> algorithm -> format.
 
 pub mod algorithm;
 pub mod backend;
@@ -19,6 +25,7 @@ pub mod error;
 pub mod format;
 pub mod measure;
 pub mod npy;
+pub mod plan;
 pub mod policy;
 pub mod report;
 pub mod train;

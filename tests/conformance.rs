@@ -297,7 +297,7 @@ fn matmul_too_large(b: &dyn Backend) {
 /// |got - want| <= tol (1 + |want|) elementwise.
 /// The training ops against the host reference (`train::ops`) on odd shapes.
 fn train_ops(b: &dyn Backend) {
-    use mantissa::train::ops;
+    use mantissa::backend::reference::ops;
     let seed = common::seed("train_ops");
     let (rows, c) = (37, 50);
     let x = measure::normal(rows * c, seed);
@@ -363,7 +363,7 @@ fn train_ops(b: &dyn Backend) {
         &ops::cross_entropy_bwd(&wprobs, &targets, v, 1024.0),
         1e-5,
     );
-    let opt = ops::AdamW::default();
+    let opt = mantissa::plan::AdamW::default();
     let grad = measure::normal(1001, seed + 7);
     let (mut p1, mut m1, mut v1) = (
         measure::normal(1001, seed + 8),
@@ -374,7 +374,7 @@ fn train_ops(b: &dyn Backend) {
     b.adamw(&opt, &mut p1, &grad, &mut m1, &mut v1, 3, true)
         .block_on()
         .unwrap();
-    opt.step(&mut p2, &grad, &mut m2, &mut v2, 3, true);
+    ops::adamw(&opt, &mut p2, &grad, &mut m2, &mut v2, 3, true);
     common::close("adamw p", &p1, &p2, 1e-6);
     common::close("adamw m", &m1, &m2, 1e-6);
     common::close("adamw v", &v1, &v2, 1e-6);

@@ -373,7 +373,7 @@ fn id_bits(ids: &[u32]) -> Vec<f32> {
 /// that are not multiples of the blocks, warps or chunks.
 #[test]
 fn cuda_training_kernels_match_the_host_reference() {
-    use mantissa::train::ops;
+    use mantissa::backend::reference::ops;
     let Some(h) = harness() else { return };
     let seed = common::seed("cuda_training_kernels_match_the_host_reference");
     let close = common::close;
@@ -501,7 +501,7 @@ fn cuda_training_kernels_match_the_host_reference() {
     // The head permutations.
     let (b, t, heads, d) = (2, 5, 3, 4);
     let qkv = measure::normal(b * t * 3 * heads * d, seed + 13);
-    let split = mantissa::train::plan::Strided::split_head(1, b, t, heads, d);
+    let split = mantissa::plan::Strided::split_head(1, b, t, heads, d);
     let mut want = vec![0.0; split.len()];
     split.apply(&qkv, &mut want);
     let mut args: Vec<u32> = [split.dims, split.src, split.dst].concat();
@@ -551,25 +551,25 @@ fn cuda_training_kernels_match_the_host_reference() {
         );
     }
     // AdamW: the update, the clip, and the skip on a flagged gradient.
-    let opt = ops::AdamW::default();
+    let opt = mantissa::plan::AdamW::default();
     let n = 1001;
     let (p, g) = (measure::normal(n, seed + 15), measure::normal(n, seed + 16));
     let (m, v) = (vec![0.01f32; n], vec![0.001f32; n]);
     let t = 3;
     let mut scalars = [0f32; 11];
-    scalars[mantissa::train::plan::scalar::LR] = opt.lr;
-    scalars[mantissa::train::plan::scalar::BETA1] = opt.beta1;
-    scalars[mantissa::train::plan::scalar::BETA2] = opt.beta2;
-    scalars[mantissa::train::plan::scalar::EPS] = opt.eps;
-    scalars[mantissa::train::plan::scalar::WEIGHT_DECAY] = opt.weight_decay;
-    scalars[mantissa::train::plan::scalar::BIAS_CORRECTION1] =
+    scalars[mantissa::plan::scalar::LR] = opt.lr;
+    scalars[mantissa::plan::scalar::BETA1] = opt.beta1;
+    scalars[mantissa::plan::scalar::BETA2] = opt.beta2;
+    scalars[mantissa::plan::scalar::EPS] = opt.eps;
+    scalars[mantissa::plan::scalar::WEIGHT_DECAY] = opt.weight_decay;
+    scalars[mantissa::plan::scalar::BIAS_CORRECTION1] =
         (1.0 - (opt.beta1 as f64).powi(t)) as f32;
-    scalars[mantissa::train::plan::scalar::BIAS_CORRECTION2] =
+    scalars[mantissa::plan::scalar::BIAS_CORRECTION2] =
         (1.0 - (opt.beta2 as f64).powi(t)) as f32;
     // Two gradients in the stats (this one and another), squared norms 16 and 9: norm 5.
     let stats = [0.0, 0.0, 0.0, 16.0, 9.0];
     for (clip, flag, decay) in [(0.0, 0.0, true), (2.5, 0.0, false), (0.0, 1.0, true)] {
-        scalars[mantissa::train::plan::scalar::CLIP] = clip;
+        scalars[mantissa::plan::scalar::CLIP] = clip;
         let mut st = stats;
         st[2] = flag;
         let out = run_f32(
@@ -582,7 +582,7 @@ fn cuda_training_kernels_match_the_host_reference() {
         if flag == 0.0 {
             let factor = if clip > 0.0 { clip / 5.0 } else { 1.0 };
             let g: Vec<f32> = g.iter().map(|x| x * factor).collect();
-            opt.step(&mut wp, &g, &mut wm, &mut wv, t as u32, decay);
+            ops::adamw(&opt, &mut wp, &g, &mut wm, &mut wv, t as u32, decay);
         }
         let what = format!("adamw clip {clip} flag {flag}");
         close(&format!("{what} p"), &out[..n], &wp, 1e-6);

@@ -7,9 +7,9 @@ mod common;
 
 use mantissa::backend::Reference;
 use mantissa::measure;
-use mantissa::policy::Preset;
-use mantissa::train::model::Fp8Mode;
-use mantissa::train::ops;
+use mantissa::policy::{Fp8State, Preset};
+use mantissa::backend::reference::ops;
+use mantissa::plan::Section;
 use mantissa::train::*;
 use pollster::FutureExt as _;
 
@@ -166,7 +166,7 @@ fn model_gradient_matches_a_directional_derivative() {
     let params = t.state().block_on().unwrap().params;
     let (_, grads) = t
         .gpt
-        .loss_and_gradients(&t.precision, &params, &ids, &targets)
+        .loss_and_gradients(&t.precision, &[], &params, &ids, &targets)
         .block_on()
         .unwrap();
     let dir: Vec<Vec<f32>> = params
@@ -188,7 +188,7 @@ fn model_gradient_matches_a_directional_derivative() {
             .map(|(w, d)| w.iter().zip(d).map(|(w, d)| w + s * d).collect())
             .collect();
         t.gpt
-            .loss(&t.precision, &q, &ids, &targets)
+            .loss(&t.precision, &[], &q, &ids, &targets)
             .block_on()
             .unwrap()
     };
@@ -293,7 +293,7 @@ fn fp8_delayed_scaling_records_amax_histories() {
     for _ in 0..3 {
         t.step().block_on().unwrap();
     }
-    let Some(Fp8Mode::Delayed(states)) = &t.precision.fp8 else {
+    let Some(Fp8State { layers: states }) = &t.fp8 else {
         panic!("transformer-engine uses delayed scaling")
     };
     assert_eq!(states.len(), 4 * t.gpt.config.n_layer);
@@ -423,7 +423,7 @@ fn corpus_errors_are_clear() {
 
 #[test]
 fn plan_copies_are_the_head_permutations() {
-    use mantissa::train::plan::Strided;
+    use mantissa::plan::Strided;
     let (b, t, h, d) = (2, 3, 2, 4);
     let n = b * t * h * d;
     let qkv = measure::normal(3 * n, 7);
@@ -551,8 +551,8 @@ fn resident_matches_host(backend: &'static common::Present, test: &str) {
             );
             let gap = state_gap(&sr.adam_v, &sh.adam_v, 1e-8);
             assert!(gap < 0.2, "{preset}: second moments differ by {gap}");
-            if let (Some(Fp8Mode::Delayed(a)), Some(Fp8Mode::Delayed(h))) =
-                (&resident.precision.fp8, &host.precision.fp8)
+            if let (Some(Fp8State { layers: a }), Some(Fp8State { layers: h })) =
+                (&resident.fp8, &host.fp8)
             {
                 for (a, h) in a.iter().zip(h) {
                     assert_eq!(a.input.history.len(), 3);
@@ -627,7 +627,7 @@ fn executors_refuse_batches_of_the_wrong_shape() {
     let t = Trainer::new(&Reference, &corpus, options(&corpus, Preset::True32, 1)).unwrap();
     let plan = t.gpt.plan(&t.precision, 2, 8).unwrap();
     let scalars = vec![0.0; plan.scalar_count()];
-    let mut exec = mantissa::train::exec::executor(&Reference, plan, true).unwrap();
+    let mut exec = mantissa::backend::executor(&Reference, plan, true).unwrap();
     let err = exec
         .run(Section::Step, &[1, 2, 3], &[1, 2, 3], &scalars)
         .block_on()
@@ -648,7 +648,7 @@ fn executors_refuse_batches_of_the_wrong_shape() {
 /// their own. (The resident-plan tests above run the shared storage against the host.)
 #[test]
 fn plan_storage_shares_only_disjoint_temporaries() {
-    use mantissa::train::plan::{Op, Storage, TensorKind};
+    use mantissa::plan::{Op, Storage, TensorKind};
     let corpus = corpus();
     for preset in [Preset::True32, Preset::MixedBf16, Preset::TransformerEngine] {
         let t = Trainer::new(&Reference, &corpus, options(&corpus, preset, 1)).unwrap();

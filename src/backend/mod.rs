@@ -6,6 +6,17 @@
 //! (never plausible data), and never panics on user input. Adding a backend means implementing
 //! this trait and passing the conformance suite in `tests/`.
 
+//!
+//! Layers: this module sits below `train` and above `plan` (the step program a backend's
+//! executor runs), `policy`, `algorithm` and `format`; it imports nothing from `train`.
+//!
+//! - `choice.rs`: the run-time choice of a backend and of a plan's executor
+//! - `reference/`: the host truth (matmul, training ops, the plan interpreter)
+//! - `wgpu/`, `cuda/`: the device backends, with the same file names for the same roles
+//!   (`ops.rs`: the trait's training ops; `train.rs`: the training kernel launches shared by
+//!   `ops.rs` and the resident `plan.rs`; `cast.rs`: element kernels; `matmul.rs`)
+
+pub mod choice;
 #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
 pub mod cuda;
 pub mod reference;
@@ -14,15 +25,15 @@ pub mod wgpu;
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
+use crate::plan::{AdamW, Plan, StepExecutor};
 use crate::policy::{Capabilities, PrecisionClass};
-use crate::train::ops::{self, AdamW};
-use crate::train::{Plan, StepExecutor};
 use std::fmt;
 use std::str::FromStr;
 use web_time::Instant;
 
 /// Implementors of `Backend` mark their impl with this attribute (the trait's async ops).
 pub use async_trait::async_trait;
+pub use choice::{BACKEND_ENV, executor, open, open_cuda};
 pub use reference::Reference;
 
 /// The kinds of backend mantissa knows.
@@ -176,9 +187,9 @@ pub trait Backend: Send + Sync {
         })
     }
 
-    // Training ops (the op set of the training executor besides matmul). The defaults run the
-    // host reference (`train::ops`); device backends override them with kernels. Shapes are
-    // those of `train::ops`.
+    // Training ops (the op set of the training executor besides matmul), with the shapes of
+    // `reference::ops`. No host defaults: a device backend that forgot one fails to compile
+    // rather than running it on the CPU.
 
     /// Layer norm over rows of `c`: (y, per-row mean, per-row rstd).
     async fn layernorm_fwd(
@@ -187,9 +198,7 @@ pub trait Backend: Send + Sync {
         g: &[f32],
         b: &[f32],
         c: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        Ok(ops::layernorm_fwd(x, g, b, c))
-    }
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
     /// (dx, dg, db).
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     async fn layernorm_bwd(
@@ -200,45 +209,31 @@ pub trait Backend: Send + Sync {
         mean: &[f32],
         rstd: &[f32],
         c: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        Ok(ops::layernorm_bwd(dy, x, g, mean, rstd, c))
-    }
-    async fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>> {
-        Ok(ops::gelu_fwd(x))
-    }
-    async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>> {
-        Ok(ops::gelu_bwd(x, dy))
-    }
-    async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
-        Ok(ops::causal_softmax_fwd(scores, t, scale))
-    }
+    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
+    async fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>>;
+    async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>>;
+    async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>>;
     async fn causal_softmax_bwd(
         &self,
         p: &[f32],
         dp: &[f32],
         t: usize,
         scale: f64,
-    ) -> Result<Vec<f32>> {
-        Ok(ops::causal_softmax_bwd(p, dp, t, scale))
-    }
+    ) -> Result<Vec<f32>>;
     /// Mean loss and the probabilities.
     async fn cross_entropy_fwd(
         &self,
         logits: &[f32],
         targets: &[u32],
         v: usize,
-    ) -> Result<(f64, Vec<f32>)> {
-        Ok(ops::cross_entropy_fwd(logits, targets, v))
-    }
+    ) -> Result<(f64, Vec<f32>)>;
     async fn cross_entropy_bwd(
         &self,
         probs: &[f32],
         targets: &[u32],
         v: usize,
         dloss: f64,
-    ) -> Result<Vec<f32>> {
-        Ok(ops::cross_entropy_bwd(probs, targets, v, dloss))
-    }
+    ) -> Result<Vec<f32>>;
     /// One AdamW update of `p` (and its moments) at step `t`.
     #[allow(clippy::too_many_arguments)]
     async fn adamw(
@@ -250,16 +245,9 @@ pub trait Backend: Send + Sync {
         v: &mut [f32],
         t: u32,
         decay: bool,
-    ) -> Result<()> {
-        opt.step(p, g, m, v, t, decay);
-        Ok(())
-    }
-
+    ) -> Result<()>;
     /// Rows of `table` (rows x c) gathered by `ids`.
-    async fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
-        check_ids(ids, table.len() / c.max(1))?;
-        Ok(ops::embedding_fwd(table, ids, c))
-    }
+    async fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>>;
     /// Scatter-add of `dout` rows into a `rows x c` gradient table.
     async fn embedding_bwd(
         &self,
@@ -267,29 +255,14 @@ pub trait Backend: Send + Sync {
         ids: &[u32],
         rows: usize,
         c: usize,
-    ) -> Result<Vec<f32>> {
-        check_ids(ids, rows)?;
-        if dout.len() != ids.len() * c {
-            return Err(Error::LengthMismatch {
-                what: "embedding gradient",
-                expected: ids.len() * c,
-                got: dout.len(),
-            });
-        }
-        Ok(ops::embedding_bwd(dout, ids, rows, c))
-    }
+    ) -> Result<Vec<f32>>;
     /// Fused unscale and finite check: g *= inverse_scale in place; whether all are finite.
-    async fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
-        Ok(ops::unscale_check(g, inverse_scale))
-    }
+    async fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool>;
 
-    /// A device-resident executor of a training step plan: every tensor kept on the device,
-    /// each step one submission. None where the backend has none (the host interpreter then
-    /// runs the plan through the ops above).
-    fn resident_executor<'a>(&'a self, plan: &Plan) -> Result<Option<Box<dyn StepExecutor + 'a>>> {
-        let _ = plan;
-        Ok(None)
-    }
+    /// The backend's own executor of a training step plan, its tensors kept where the backend
+    /// computes (device-resident on a GPU, each step one submission; host memory on the
+    /// reference).
+    fn resident_executor<'a>(&'a self, plan: Plan) -> Result<Box<dyn StepExecutor + 'a>>;
 
     /// The algorithm a precision class resolves to on this backend.
     fn resolve(&self, class: PrecisionClass) -> Algorithm {
@@ -308,75 +281,10 @@ pub(crate) fn check_ids(ids: &[u32], rows: usize) -> Result<()> {
     }
 }
 
-pub(crate) fn median(values: &mut [f64]) -> f64 {
+pub fn median(values: &mut [f64]) -> f64 {
     if values.is_empty() {
         return f64::NAN;
     }
     values.sort_by(|a, b| a.total_cmp(b));
     values[values.len() / 2]
-}
-
-/// The environment variable that overrides `--backend auto`.
-pub const BACKEND_ENV: &str = "MANTISSA_BACKEND";
-
-/// Opens the backend the user asked for. `Auto` (and `MANTISSA_BACKEND` when set) picks CUDA
-/// when it is compiled in and a device exists, else the best wgpu adapter (discrete, then
-/// integrated, then software), else an error saying what was tried and how to fix it.
-pub async fn open(choice: BackendChoice) -> Result<Box<dyn Backend>> {
-    let choice = match (choice, std::env::var(BACKEND_ENV)) {
-        (BackendChoice::Auto, Ok(v)) if !v.trim().is_empty() => v.parse()?,
-        (c, _) => c,
-    };
-    match choice {
-        BackendChoice::Only(BackendKind::Reference) => Ok(Box::new(Reference)),
-        BackendChoice::Only(BackendKind::Wgpu) => {
-            Ok(Box::new(wgpu::WgpuBackend::open_best().await?))
-        }
-        BackendChoice::Only(BackendKind::Cuda) => open_cuda(),
-        BackendChoice::Auto => {
-            let mut tried = vec![];
-            match open_cuda() {
-                Ok(b) => return Ok(b),
-                Err(e) => tried.push(format!("cuda: {}", cuda_reason(e))),
-            }
-            match wgpu::WgpuBackend::open_best().await {
-                Ok(b) => return Ok(Box::new(b)),
-                Err(e) => tried.push(format!("wgpu: {e}")),
-            }
-            Err(Error::BackendUnavailable {
-                backend: "auto".into(),
-                why: format!(
-                    "no GPU backend found ({}). Install a Vulkan driver (on Debian: apt-get install \
-                     mesa-vulkan-drivers libvulkan1 for the lavapipe software GPU) or pass --backend reference",
-                    tried.join("; ")
-                ),
-            })
-        }
-    }
-}
-
-/// The CUDA backend on device 0, or why there is none.
-#[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-pub fn open_cuda() -> Result<Box<dyn Backend>> {
-    Ok(Box::new(cuda::CudaBackend::open(0)?))
-}
-
-/// The CUDA backend on device 0, or why there is none.
-#[cfg(not(all(feature = "cuda", not(target_arch = "wasm32"))))]
-pub fn open_cuda() -> Result<Box<dyn Backend>> {
-    Err(Error::BackendUnavailable {
-        backend: "cuda".into(),
-        why: if cfg!(target_arch = "wasm32") {
-            "CUDA does not run in the browser".into()
-        } else {
-            "this build has no CUDA backend (built without the `cuda` feature)".into()
-        },
-    })
-}
-
-fn cuda_reason(e: Error) -> String {
-    match e {
-        Error::BackendUnavailable { why, .. } => why,
-        other => other.to_string(),
-    }
 }

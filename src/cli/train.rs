@@ -5,7 +5,8 @@ use crate::algorithm::Algorithm;
 use crate::backend::{self, BackendChoice};
 use crate::error::{Error, Result};
 use crate::policy::{PrecisionClass, Preset};
-use crate::train::{Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer, ops::AdamW};
+use crate::plan::AdamW;
+use crate::train::{Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer};
 use pollster::FutureExt as _;
 use std::path::PathBuf;
 

@@ -2,10 +2,10 @@
 //! Written atomically (temporary file, fsync, rename), so a crash never leaves a truncated
 //! checkpoint; loading validates everything before anything is used.
 
-use super::model::{Fp8Mode, GptConfig};
+use super::model::GptConfig;
 use super::trainer::{TrainState, Trainer};
 use crate::error::{Error, Result};
-use crate::policy::{DelayedScaling, Preset};
+use crate::policy::{DelayedScaling, Fp8State, Preset};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::collections::HashMap;
 use std::io::Write;
@@ -96,15 +96,13 @@ impl Checkpoint {
             applied: trainer.applied,
             loss_scale: trainer.scaler.map(|s| s.scale),
             growth_tracker: trainer.scaler.map(|s| s.growth_tracker),
-            fp8: match &trainer.precision.fp8 {
-                Some(Fp8Mode::Delayed(states)) => Some(
-                    states
-                        .iter()
-                        .map(|l| [&l.input, &l.weight, &l.grad].map(SavedScaling::of))
-                        .collect(),
-                ),
-                _ => None,
-            },
+            fp8: trainer.fp8.as_ref().map(|state| {
+                state
+                    .layers
+                    .iter()
+                    .map(|l| l.roles().map(SavedScaling::of))
+                    .collect()
+            }),
         };
         let shapes = cfg.parameter_shapes();
         let bytes: Vec<(String, Vec<usize>, &[u8])> =
@@ -228,8 +226,8 @@ impl Checkpoint {
             ));
         }
         // Check the fp8 state before anything changes.
-        let mut fp8 = trainer.precision.fp8.clone();
-        if let (Some(Fp8Mode::Delayed(states)), Some(saved)) = (&mut fp8, &self.meta.fp8) {
+        let mut fp8 = trainer.fp8.clone();
+        if let (Some(Fp8State { layers: states }), Some(saved)) = (&mut fp8, &self.meta.fp8) {
             if saved.len() != states.len() {
                 return Err(Error::invalid(
                     "resume",
@@ -241,9 +239,7 @@ impl Checkpoint {
                 ));
             }
             for (l, s) in states.iter_mut().zip(saved) {
-                for (state, saved) in [&mut l.input, &mut l.weight, &mut l.grad]
-                    .into_iter()
-                    .zip(s)
+                for (state, saved) in l.roles_mut().into_iter().zip(s)
                 {
                     saved.restore(state).map_err(|why| {
                         Error::invalid("resume", format!("the checkpoint's {why} is not usable"))
@@ -268,7 +264,7 @@ impl Checkpoint {
             s.scale = scale;
             s.growth_tracker = tracker;
         }
-        trainer.precision.fp8 = fp8;
+        trainer.fp8 = fp8;
         Ok(())
     }
 }

@@ -7,16 +7,17 @@
 //! backend. Matmul-like ops use the algorithm the precision policy chose; autocast is emulated
 //! by rounding each tensor to the format it would be held in (`Precision`).
 
-use super::exec::{HostExecutor, StepExecutor};
-use super::ops::AdamW;
-use super::plan::{Op, Plan, PlanBuilder, Section, Stats, Strided, TensorId, TensorKind, scalar};
-use super::trainer::step_scalars;
-use crate::algorithm::{Algorithm, MatmulShape, Scaling};
+use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::Backend;
+use crate::backend::reference::HostExecutor;
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::measure;
-use crate::policy::DelayedScaling;
+use crate::plan::scalar::{self, StepScalars};
+use crate::plan::{
+    AdamW, Op, Plan, PlanBuilder, Section, StepExecutor, Stats, Strided, TensorId, TensorKind,
+};
+use crate::policy::{Fp8Role, Precision};
 
 /// Model and batch shape.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -150,43 +151,6 @@ const FC_B: usize = 9;
 const FC2_W: usize = 10;
 const FC2_B: usize = 11;
 
-/// fp8 state of one linear layer: delayed scaling of its input, weight and output gradient.
-#[derive(Clone, Debug)]
-pub struct Fp8Linear {
-    pub input: DelayedScaling,
-    pub weight: DelayedScaling,
-    pub grad: DelayedScaling,
-}
-
-/// How the linear layers of a step compute in fp8.
-#[derive(Clone, Debug)]
-pub enum Fp8Mode {
-    /// Scales from amax histories, one state per linear layer (4 per block).
-    Delayed(Vec<Fp8Linear>),
-    /// Scales from the current tensors (tensorwise, just in time).
-    Current,
-}
-
-/// The formats of one step (what autocast and the preset decide).
-#[derive(Clone, Debug)]
-pub struct Precision {
-    /// Algorithm of the matmul-like ops (linear, attention scores and values, head).
-    pub matmul: Algorithm,
-    /// Format matmul-like outputs and their elementwise successors (GELU) are held in.
-    pub compute: Format,
-    /// Format of everything else (residual stream, LayerNorm and softmax outputs, gradients):
-    /// f32 in mixed presets, the 16-bit format in "true" presets.
-    pub stream: Format,
-    /// Formats of the f32-class ops (softmax, layer norm, cross entropy), after overrides.
-    pub softmax: Format,
-    pub layer_norm: Format,
-    /// fp8 linear layers (transformer-engine), with e4m3 forward and e5m2 gradients.
-    pub fp8: Option<Fp8Mode>,
-    /// Format of the weights and AdamW moments (f32 master weights, or 16-bit in "true"
-    /// presets).
-    pub weights: Format,
-}
-
 /// What the forward pass keeps for the backward pass, per block (tensor ids).
 struct BlockCache {
     x_in: TensorId,
@@ -206,25 +170,6 @@ struct BlockCache {
 pub struct Gpt<'a> {
     pub config: GptConfig,
     pub backend: &'a dyn Backend,
-}
-
-/// Which fp8 tensor of a linear layer's three a matmul operand is (the index of its scale and
-/// amax slots).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Fp8Role {
-    Input = 0,
-    Weight = 1,
-    Grad = 2,
-}
-
-impl Fp8Role {
-    fn format(self) -> Format {
-        if self == Fp8Role::Grad {
-            Format::E5m2
-        } else {
-            Format::E4m3
-        }
-    }
 }
 
 /// Records the model's ops into a plan.
@@ -281,34 +226,25 @@ impl Recorder<'_> {
         (a, b): (TensorId, TensorId),
         out: Option<TensorId>,
     ) -> TensorId {
-        let (algorithm, scales) = match &self.p.fp8 {
-            None => (self.p.matmul, None),
-            Some(Fp8Mode::Current) => (Algorithm::fp8(roles.0.format(), roles.1.format()), None),
-            Some(Fp8Mode::Delayed(_)) => {
-                let slot = |r: Fp8Role| scalar::FP8 + 3 * layer + r as usize;
-                let amax = |r: Fp8Role| self.stats.amax(layer, r as usize);
-                match roles {
-                    (Fp8Role::Input, Fp8Role::Weight) => {
-                        let (sa, sb) = (amax(Fp8Role::Input), amax(Fp8Role::Weight));
-                        self.g.push(Op::Amax { x: a, slot: sa });
-                        self.g.push(Op::Amax { x: b, slot: sb });
-                    }
-                    (Fp8Role::Grad, Fp8Role::Weight) => {
-                        let s = amax(Fp8Role::Grad);
-                        self.g.push(Op::Amax { x: a, slot: s });
-                    }
-                    _ => {}
+        let algorithm = self.p.linear_algorithm(roles);
+        let mut scales = None;
+        if self.p.delayed_fp8() {
+            let slot = |r: Fp8Role| scalar::FP8 + 3 * layer + r as usize;
+            let amax = |r: Fp8Role| self.stats.amax(layer, r as usize);
+            match roles {
+                (Fp8Role::Input, Fp8Role::Weight) => {
+                    let (sa, sb) = (amax(Fp8Role::Input), amax(Fp8Role::Weight));
+                    self.g.push(Op::Amax { x: a, slot: sa });
+                    self.g.push(Op::Amax { x: b, slot: sb });
                 }
-                (
-                    Algorithm::Fp8 {
-                        a: roles.0.format(),
-                        b: roles.1.format(),
-                        scaling: Scaling::Given { a: 1.0, b: 1.0 },
-                    },
-                    Some([slot(roles.0), slot(roles.1)]),
-                )
+                (Fp8Role::Grad, Fp8Role::Weight) => {
+                    let s = amax(Fp8Role::Grad);
+                    self.g.push(Op::Amax { x: a, slot: s });
+                }
+                _ => {}
             }
-        };
+            scales = Some([slot(roles.0), slot(roles.1)]);
+        }
         self.mm_into(shape, algorithm, scales, (a, b), out)
     }
 
@@ -408,11 +344,12 @@ impl Gpt<'_> {
     pub async fn loss_and_gradients(
         &self,
         p: &Precision,
+        fp8: &[[f32; 3]],
         params: &[Vec<f32>],
         ids: &[u32],
         targets: &[u32],
     ) -> Result<(f64, Vec<Vec<f32>>)> {
-        let (mut host, scalars) = self.interpreter(p, params, ids, targets).await?;
+        let (mut host, scalars) = self.interpreter(p, fp8, params, ids, targets).await?;
         let stats = host.run(Section::Gradients, ids, targets, &scalars).await?;
         let mut grads = Vec::new();
         for [_, g, _, _] in host.plan().state.clone() {
@@ -425,11 +362,12 @@ impl Gpt<'_> {
     pub async fn loss(
         &self,
         p: &Precision,
+        fp8: &[[f32; 3]],
         params: &[Vec<f32>],
         ids: &[u32],
         targets: &[u32],
     ) -> Result<f64> {
-        let (mut host, scalars) = self.interpreter(p, params, ids, targets).await?;
+        let (mut host, scalars) = self.interpreter(p, fp8, params, ids, targets).await?;
         let stats = host.run(Section::Forward, ids, targets, &scalars).await?;
         Ok(stats[Stats::LOSS])
     }
@@ -438,19 +376,22 @@ impl Gpt<'_> {
     pub async fn logits(
         &self,
         p: &Precision,
+        fp8: &[[f32; 3]],
         params: &[Vec<f32>],
         ids: &[u32],
     ) -> Result<Vec<f32>> {
-        let (mut host, scalars) = self.interpreter(p, params, ids, ids).await?;
+        let (mut host, scalars) = self.interpreter(p, fp8, params, ids, ids).await?;
         host.run(Section::Forward, ids, ids, &scalars).await?;
         let logits = host.plan().logits;
         host.read(logits).await
     }
 
-    /// A host interpreter of this batch's plan holding `params`, and unit scalars.
+    /// A host interpreter of this batch's plan holding `params`, and unit scalars (`fp8`:
+    /// delayed scaling's scales per linear layer; unit scales where empty).
     async fn interpreter(
         &self,
         p: &Precision,
+        fp8: &[[f32; 3]],
         params: &[Vec<f32>],
         ids: &[u32],
         targets: &[u32],
@@ -465,7 +406,15 @@ impl Gpt<'_> {
                 got: params.len(),
             });
         }
-        let scalars = step_scalars(&plan, p, &AdamW::default(), 0.0, (1.0, 0.0, 1));
+        let scalars = StepScalars {
+            adamw: &AdamW::default(),
+            clip: 0.0,
+            loss_scale: 1.0,
+            poison: 0.0,
+            t: 1,
+            fp8,
+        }
+        .array(plan.rows, plan.scalar_count());
         let ids_of = plan.state.clone();
         let mut host = HostExecutor::new(self.backend, plan);
         for ([id, ..], values) in ids_of.iter().zip(params) {

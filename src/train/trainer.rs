@@ -1,16 +1,17 @@
 //! The training loop: presets, master weights, dynamic loss scaling, AdamW, evaluation.
 
 use super::data::Corpus;
-use super::exec::{self, StepExecutor};
-use super::model::{Fp8Linear, Fp8Mode, Gpt, GptConfig, Precision};
-use super::ops::{AdamW, round_to};
-use super::plan::{Plan, Section, Stats, scalar};
+use super::model::{Gpt, GptConfig};
 use crate::algorithm::Algorithm;
-use crate::backend::Backend;
+use crate::backend::reference::ops::round_to;
+use crate::backend::{self, Backend};
 use crate::error::{Error, Result};
-use crate::format::Format;
+use crate::plan::exec::{grad_norm, update_factor};
+use crate::plan::scalar::StepScalars;
+use crate::plan::{AdamW, Section, StepExecutor, Stats};
+use crate::policy::precision::PrecisionRequest;
 use crate::policy::{
-    Autocast, DelayedScaling, LossScaler, Op, PrecisionClass, Preset, PresetSpec, StepDecision,
+    Fp8Role, Fp8State, LossScaler, Precision, PrecisionClass, Preset, PresetSpec, StepDecision,
 };
 use web_time::Instant;
 
@@ -54,6 +55,19 @@ impl TrainOptions {
     }
 }
 
+impl TrainOptions {
+    /// What these options ask of the precision policy.
+    pub fn precision_request(&self) -> PrecisionRequest<'_> {
+        PrecisionRequest {
+            preset: self.preset,
+            matmul_precision: self.matmul_precision,
+            algorithm: self.algorithm,
+            fp8_current: self.fp8_current,
+            autocast_overrides: &self.autocast_overrides,
+        }
+    }
+}
+
 /// One optimizer step, as the log shows it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct StepRecord {
@@ -74,6 +88,8 @@ pub struct Trainer<'a> {
     pub options: TrainOptions,
     pub spec: PresetSpec,
     pub precision: Precision,
+    /// Delayed fp8 scaling's amax histories and scales (the one mutable precision state).
+    pub fp8: Option<Fp8State>,
     /// Steps run (skipped ones included) and optimizer steps applied.
     pub step: u32,
     pub applied: u32,
@@ -100,7 +116,11 @@ impl<'a> Trainer<'a> {
         options: TrainOptions,
     ) -> Result<Trainer<'a>> {
         let spec = options.preset.spec();
-        let precision = precision_for(backend, &spec, &options)?;
+        let precision = Precision::decide(&options.precision_request(), &backend.capabilities())?;
+        let fp8 = match &precision.fp8 {
+            Some(recipe) => Fp8State::new(recipe, 4 * options.config.n_layer)?,
+            None => None,
+        };
         let gpt = Gpt {
             config: options.config.clone(),
             backend,
@@ -111,13 +131,14 @@ impl<'a> Trainer<'a> {
             round_to(&mut p, spec.params);
             plan.constants.push((plan.state[i][0], p));
         }
-        let exec = exec::executor(backend, plan, options.resident)?;
+        let exec = backend::executor(backend, plan, options.resident)?;
         Ok(Trainer {
             gpt,
             corpus,
             scaler: spec.loss_scaling.map(LossScaler::new),
             spec,
             precision,
+            fp8,
             step: 0,
             applied: 0,
             exec,
@@ -184,6 +205,25 @@ impl<'a> Trainer<'a> {
         Ok(grads)
     }
 
+    /// Delayed fp8 scaling's current scales per linear layer (empty without it).
+    pub fn fp8_scales(&self) -> Vec<[f32; 3]> {
+        self.fp8.as_ref().map(Fp8State::scales).unwrap_or_default()
+    }
+
+    /// The scalars of the next step at `loss_scale`, with `poison` for the first gradient.
+    fn scalars(&self, loss_scale: f32, poison: f32) -> Vec<f32> {
+        let plan = self.exec.plan();
+        StepScalars {
+            adamw: &self.options.adamw,
+            clip: self.options.grad_clip,
+            loss_scale,
+            poison,
+            t: self.applied + 1,
+            fp8: &self.fp8_scales(),
+        }
+        .array(plan.rows, plan.scalar_count())
+    }
+
     /// One training step.
     pub async fn step(&mut self) -> Result<StepRecord> {
         self.step_injecting(0.0).await
@@ -203,13 +243,7 @@ impl<'a> Trainer<'a> {
         )?;
         self.gpt.check_batch(&ids, &targets, cfg.block_size)?;
         let scale = self.scaler.map(|s| s.scale).unwrap_or(1.0);
-        let scalars = step_scalars(
-            self.exec.plan(),
-            &self.precision,
-            &self.options.adamw,
-            self.options.grad_clip,
-            (scale, poison, self.applied + 1),
-        );
+        let scalars = self.scalars(scale, poison);
         let stats = self
             .exec
             .run(Section::Step, &ids, &targets, &scalars)
@@ -218,15 +252,11 @@ impl<'a> Trainer<'a> {
         let loss = stats[Stats::LOSS];
         self.step += 1;
         // Delayed scaling: this step's amaxes enter the histories; the next step's scales follow.
-        if let Some(Fp8Mode::Delayed(states)) = &mut self.precision.fp8 {
-            for (l, st) in states.iter_mut().enumerate() {
-                st.input.record(stats[layout.amax(l, 0)] as f32);
-                st.weight.record(stats[layout.amax(l, 1)] as f32);
-                st.grad.record(stats[layout.amax(l, 2)] as f32);
-            }
+        if let Some(fp8) = &mut self.fp8 {
+            fp8.record(|l, role: Fp8Role| stats[layout.amax(l, role as usize)] as f32);
         }
         // The executor applied AdamW exactly where every gradient was finite.
-        let finite = exec::update_factor(&layout, &stats, 0.0).is_some();
+        let finite = update_factor(&layout, &stats, 0.0).is_some();
         let decision = match self.scaler.as_mut() {
             Some(s) => s.update(finite),
             None if !finite || !loss.is_finite() => {
@@ -255,7 +285,7 @@ impl<'a> Trainer<'a> {
             loss,
             skipped: decision == StepDecision::Skip,
             loss_scale: self.scaler.map(|s| s.scale),
-            grad_norm: exec::grad_norm(&layout, &stats),
+            grad_norm: grad_norm(&layout, &stats),
             dt_ms: dt * 1e3,
             tokens_per_s: self.tokens_per_step() as f64 / dt,
         })
@@ -282,9 +312,10 @@ impl<'a> Trainer<'a> {
         let start = ids.len();
         let (t, v) = (self.gpt.config.block_size, self.gpt.config.vocab_size);
         let params = self.state().await?.params;
+        let fp8 = self.fp8_scales();
         for _ in 0..count {
             let context = &ids[ids.len().saturating_sub(t)..];
-            let logits = self.gpt.logits(&self.precision, &params, context).await?;
+            let logits = self.gpt.logits(&self.precision, &fp8, &params, context).await?;
             let last = &logits[(context.len() - 1) * v..context.len() * v];
             let next = if temperature <= 0.0 {
                 last.iter()
@@ -324,13 +355,7 @@ impl<'a> Trainer<'a> {
                 self.options.seed,
                 i as u64,
             )?;
-            let scalars = step_scalars(
-                self.exec.plan(),
-                &self.precision,
-                &self.options.adamw,
-                self.options.grad_clip,
-                (1.0, 0.0, self.applied + 1),
-            );
+            let scalars = self.scalars(1.0, 0.0);
             let stats = self
                 .exec
                 .run(Section::Forward, &ids, &targets, &scalars)
@@ -339,82 +364,4 @@ impl<'a> Trainer<'a> {
         }
         Ok(total / batches.max(1) as f64)
     }
-}
-
-/// The scalars of a step of `plan`: AdamW's hyper-parameters and bias corrections at step t,
-/// the clip, the loss scale (and its inverse), `poison` for the first gradient element, and the
-/// fp8 scales of delayed scaling.
-pub(crate) fn step_scalars(
-    plan: &Plan,
-    precision: &Precision,
-    o: &AdamW,
-    clip: f32,
-    (loss_scale, poison, t): (f32, f32, u32),
-) -> Vec<f32> {
-    let mut s = vec![0.0; plan.scalar_count()];
-    s[scalar::DLOSS_PER_ROW] = (loss_scale as f64 / plan.rows as f64) as f32;
-    s[scalar::INVERSE_SCALE] = 1.0 / loss_scale;
-    s[scalar::POISON] = poison;
-    for (slot, v) in scalar::adamw(o, t) {
-        s[slot] = v;
-    }
-    s[scalar::CLIP] = clip;
-    s[scalar::STEP] = t as f32;
-    s[scalar::LOSS_SCALE] = loss_scale;
-    if let Some(Fp8Mode::Delayed(states)) = &precision.fp8 {
-        for (l, st) in states.iter().enumerate() {
-            let at = scalar::FP8 + 3 * l;
-            s[at..at + 3].copy_from_slice(&[st.input.scale, st.weight.scale, st.grad.scale]);
-        }
-    }
-    s
-}
-
-/// The formats of each op under a preset, the matmul precision class and the overrides.
-fn precision_for(backend: &dyn Backend, spec: &PresetSpec, o: &TrainOptions) -> Result<Precision> {
-    let stream = if spec.master_weights || spec.compute == Format::F32 {
-        Format::F32
-    } else {
-        spec.params
-    };
-    let autocast = Autocast::new(spec.compute).with_overrides(&o.autocast_overrides)?;
-    let compute = autocast.format_for(Op::Linear, stream);
-    let matmul = match (o.algorithm, compute) {
-        (Some(a), _) => a,
-        (None, Format::F32) => backend.resolve(o.matmul_precision),
-        (None, Format::Bf16) => Algorithm::Bf16,
-        (None, Format::F16) => Algorithm::F16,
-        (None, other) => {
-            return Err(Error::invalid(
-                "autocast",
-                format!("matmul-like ops cannot compute in {other}; use f32, bf16 or f16"),
-            ));
-        }
-    };
-    let fp8 = match spec.fp8 {
-        None => None,
-        Some(_) if o.fp8_current => Some(Fp8Mode::Current),
-        Some(recipe) => {
-            let formats = recipe.formats();
-            let states = (0..4 * o.config.n_layer)
-                .map(|_| {
-                    Ok(Fp8Linear {
-                        input: DelayedScaling::new(formats.forward(), &recipe)?,
-                        weight: DelayedScaling::new(formats.forward(), &recipe)?,
-                        grad: DelayedScaling::new(formats.backward(), &recipe)?,
-                    })
-                })
-                .collect::<Result<Vec<_>>>()?;
-            Some(Fp8Mode::Delayed(states))
-        }
-    };
-    Ok(Precision {
-        matmul,
-        compute,
-        stream,
-        softmax: autocast.format_for(Op::Softmax, stream),
-        layer_norm: autocast.format_for(Op::LayerNorm, stream),
-        fp8,
-        weights: spec.params,
-    })
 }

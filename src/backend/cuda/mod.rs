@@ -439,7 +439,7 @@ impl Backend for CudaBackend {
 
     async fn adamw(
         &self,
-        opt: &crate::train::ops::AdamW,
+        opt: &crate::plan::AdamW,
         p: &mut [f32],
         g: &[f32],
         m: &mut [f32],
@@ -468,11 +468,8 @@ impl Backend for CudaBackend {
         self.op_unscale_check(g, inverse_scale)
     }
 
-    fn resident_executor<'a>(
-        &'a self,
-        plan: &crate::train::Plan,
-    ) -> Result<Option<Box<dyn crate::train::StepExecutor + 'a>>> {
-        Ok(Some(Box::new(CudaPlan::new(self, plan.clone())?)))
+    fn resident_executor<'a>(&'a self, plan: crate::plan::Plan) -> Result<Box<dyn crate::plan::StepExecutor + 'a>> {
+        Ok(Box::new(CudaPlan::new(self, plan)?))
     }
 }
 

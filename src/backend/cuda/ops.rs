@@ -1,13 +1,13 @@
 //! The `Backend` training ops on CUDA: operands uploaded, the launches of `train.rs`, results
 //! downloaded. (Training itself runs the resident plan, `plan.rs`; these serve the host
-//! interpreter and the conformance suite, which checks each kernel against `train::ops`.)
+//! interpreter and the conformance suite, which checks each kernel against `reference::ops`.)
 
 use super::CudaBackend;
 use super::train::{self as launch, scratch};
 use crate::backend::check_ids;
 use crate::error::{Error, Result};
-use crate::train::ops::AdamW;
-use crate::train::plan::scalar;
+use crate::plan::AdamW;
+use crate::plan::scalar;
 use cudarc::driver::CudaSlice;
 
 type Triple = (Vec<f32>, Vec<f32>, Vec<f32>);

@@ -12,8 +12,8 @@ use super::CudaBackend;
 use super::matmul;
 use super::train::{self as launch, Ptr, scratch};
 use crate::error::{Error, Result};
-use crate::train::exec::{StepExecutor, check_inputs, check_write, tensor_len};
-use crate::train::plan::{Op, Plan, Section, Storage, TensorId, step_algorithm};
+use crate::plan::exec::{StepExecutor, check_inputs, check_write, tensor_len};
+use crate::plan::{Op, Plan, Section, Storage, TensorId, step_algorithm};
 use cudarc::driver::CudaSlice;
 
 /// The executor of a plan on a CUDA device.
@@ -187,7 +187,7 @@ impl<'a> CudaPlan<'a> {
                 v,
             } => {
                 let ptrs = [self.p(logits), self.p(targets), self.p(probs), stats];
-                let slot = crate::train::plan::Stats::LOSS;
+                let slot = crate::plan::Stats::LOSS;
                 launch::cross_entropy_fwd(cb, ptrs, slot, self.rows(logits, v), v, work)
             }
             Op::CrossEntropyBwd {

@@ -8,7 +8,7 @@
 use super::{CudaBackend, Module, format_id};
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::train::plan::Strided;
+use crate::plan::Strided;
 use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, sys::CUdeviceptr};
 
 /// A device address (of f32 values unless said otherwise).

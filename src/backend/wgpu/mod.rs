@@ -26,8 +26,8 @@ use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
 use crate::policy::Capabilities;
-use crate::train::ops::AdamW;
-use crate::train::plan::scalar;
+use crate::plan::AdamW;
+use crate::plan::scalar;
 use web_time::Instant;
 
 pub use device::{AdapterSummary, list_adapters};
@@ -464,11 +464,8 @@ impl Backend for WgpuBackend {
     /// SIMT kernels make nothing faster than f32. Cooperative matrices on a hardware GPU
     /// accelerate f16 operands, so bf16 and the split algorithms on them (emulated on a CPU
     /// adapter such as lavapipe: not an acceleration there).
-    fn resident_executor<'a>(
-        &'a self,
-        plan: &crate::train::Plan,
-    ) -> Result<Option<Box<dyn crate::train::StepExecutor + 'a>>> {
-        Ok(Some(Box::new(plan::ResidentPlan::new(self, plan.clone()))))
+    fn resident_executor<'a>(&'a self, plan: crate::plan::Plan) -> Result<Box<dyn crate::plan::StepExecutor + 'a>> {
+        Ok(Box::new(plan::ResidentPlan::new(self, plan)))
     }
 
     fn capabilities(&self) -> Capabilities {

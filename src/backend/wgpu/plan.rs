@@ -13,8 +13,8 @@ use super::ops::{self, Grouping};
 use super::shaders::{Kernel, StepOp, TrainOp, format_id};
 use super::train::{StepParams, TrainParams};
 use crate::error::{Error, Result};
-use crate::train::exec::{StepExecutor, check_inputs, check_write, tensor_len};
-use crate::train::plan::{Op, Plan, Section, Storage, Strided, TensorId};
+use crate::plan::exec::{StepExecutor, check_inputs, check_write, tensor_len};
+use crate::plan::{Op, Plan, Section, Storage, Strided, TensorId};
 use std::collections::HashMap;
 
 /// A plan compiled for the device.
@@ -377,7 +377,7 @@ impl<'a> ResidentPlan<'a> {
                 );
                 let sp = StepParams {
                     n: rows as u32,
-                    slot: crate::train::plan::Stats::LOSS as u32,
+                    slot: crate::plan::Stats::LOSS as u32,
                     ..Default::default()
                 };
                 let u = uniform(gpu, &sp);

@@ -6,6 +6,7 @@
 //! length `c`.
 
 use crate::format::{Format, Overflow};
+use crate::plan::AdamW;
 use num_traits::Float;
 
 fn cast<T: Float>(x: f64) -> T {
@@ -304,54 +305,25 @@ pub fn round_to(x: &mut [f32], format: Format) {
     }
 }
 
-/// AdamW hyper-parameters.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub struct AdamW {
-    pub lr: f32,
-    pub beta1: f32,
-    pub beta2: f32,
-    pub eps: f32,
-    pub weight_decay: f32,
-}
-
-impl Default for AdamW {
-    /// nanoGPT's shakespeare-char settings.
-    fn default() -> Self {
-        AdamW {
-            lr: 1e-3,
-            beta1: 0.9,
-            beta2: 0.99,
-            eps: 1e-8,
-            weight_decay: 0.1,
-        }
-    }
-}
-
-impl AdamW {
-    /// One AdamW update with bias correction at step `t` (1-based); `decay` applies weight decay
-    /// (decoupled, as torch.optim.AdamW) to this tensor.
-    pub fn step(
-        &self,
-        p: &mut [f32],
-        g: &[f32],
-        m: &mut [f32],
-        v: &mut [f32],
-        t: u32,
-        decay: bool,
-    ) {
-        let bc1 = 1.0 - (self.beta1 as f64).powi(t as i32);
-        let bc2 = 1.0 - (self.beta2 as f64).powi(t as i32);
-        let step = self.lr as f64 / bc1;
-        let wd = if decay {
-            self.lr * self.weight_decay
-        } else {
-            0.0
-        };
-        for i in 0..p.len() {
-            m[i] = self.beta1 * m[i] + (1.0 - self.beta1) * g[i];
-            v[i] = self.beta2 * v[i] + (1.0 - self.beta2) * g[i] * g[i];
-            let denom = (v[i] as f64 / bc2).sqrt() + self.eps as f64;
-            p[i] = (p[i] as f64 * (1.0 - wd as f64) - step * m[i] as f64 / denom) as f32;
-        }
+/// One AdamW update of `p` (and its moments) with bias correction at step `t` (1-based);
+/// `decay` applies weight decay (decoupled, as torch.optim.AdamW) to this tensor.
+#[allow(clippy::too_many_arguments)]
+pub fn adamw(
+    opt: &AdamW,
+    p: &mut [f32],
+    g: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    t: u32,
+    decay: bool,
+) {
+    let (bc1, bc2) = opt.bias_corrections(t);
+    let step = opt.lr as f64 / bc1;
+    let wd = if decay { opt.lr * opt.weight_decay } else { 0.0 };
+    for i in 0..p.len() {
+        m[i] = opt.beta1 * m[i] + (1.0 - opt.beta1) * g[i];
+        v[i] = opt.beta2 * v[i] + (1.0 - opt.beta2) * g[i] * g[i];
+        let denom = (v[i] as f64 / bc2).sqrt() + opt.eps as f64;
+        p[i] = (p[i] as f64 * (1.0 - wd as f64) - step * m[i] as f64 / denom) as f32;
     }
 }

@@ -5,12 +5,18 @@
 //! - training presets by Lightning's names;
 //! - autocast op classes (which format each op runs in);
 //! - dynamic loss scaling with GradScaler's semantics;
-//! - fp8 scaling recipes with Transformer Engine's defaults.
+//! - fp8 scaling recipes with Transformer Engine's defaults, and their mutable amax state
+//!   (`fp8.rs`);
+//! - the formats and algorithms of every op of a training step, decided from all of the above
+//!   (`precision.rs`): nothing above this module decides precision again.
+
+pub use fp8::{AmaxCompute, DelayedScaling, Fp8Formats, Fp8Linear, Fp8Recipe, Fp8Role, Fp8State};
+pub use precision::Precision;
 
 use crate::algorithm::Algorithm;
 use crate::error::{Error, Result};
-use crate::format::{Format, scale_for_amax};
-use std::collections::{BTreeMap, VecDeque};
+use crate::format::Format;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -47,6 +53,10 @@ macro_rules! named_enum {
         }
     };
 }
+
+// After the macro, so that the submodules can use it.
+pub mod fp8;
+pub mod precision;
 
 /// PyTorch's float32 matmul precision classes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -340,140 +350,5 @@ impl LossScaler {
     /// The factor that turns scaled gradients back into true ones.
     pub fn inverse(&self) -> f32 {
         1.0 / self.scale
-    }
-}
-
-/// How fp8 formats are assigned to tensors (Transformer Engine's `Format`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Fp8Formats {
-    /// e4m3 for forward activations and weights, e5m2 for gradients.
-    Hybrid,
-    /// e4m3 everywhere.
-    E4m3,
-}
-
-named_enum!(Fp8Formats, "fp8 format recipe", [Hybrid => "hybrid", E4m3 => "e4m3"]);
-
-impl Fp8Formats {
-    pub fn forward(self) -> Format {
-        Format::E4m3
-    }
-    pub fn backward(self) -> Format {
-        match self {
-            Fp8Formats::Hybrid => Format::E5m2,
-            Fp8Formats::E4m3 => Format::E4m3,
-        }
-    }
-}
-
-/// How the amax history becomes one amax (Transformer Engine's `amax_compute_algo`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AmaxCompute {
-    Max,
-    MostRecent,
-}
-
-named_enum!(AmaxCompute, "amax compute algorithm", [Max => "max", MostRecent => "most_recent"]);
-
-/// An fp8 scaling recipe.
-#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
-pub enum Fp8Recipe {
-    /// Scales from an amax history (Transformer Engine's DelayedScaling).
-    Delayed {
-        formats: Fp8Formats,
-        history_len: usize,
-        amax_compute: AmaxCompute,
-        margin: i32,
-    },
-    /// Scales from the current tensor, just in time.
-    Current { formats: Fp8Formats },
-}
-
-impl Default for Fp8Recipe {
-    /// DelayedScaling's defaults: HYBRID, history 1024, max, margin 0.
-    fn default() -> Self {
-        Fp8Recipe::Delayed {
-            formats: Fp8Formats::Hybrid,
-            history_len: 1024,
-            amax_compute: AmaxCompute::Max,
-            margin: 0,
-        }
-    }
-}
-
-impl Fp8Recipe {
-    pub fn current() -> Fp8Recipe {
-        Fp8Recipe::Current {
-            formats: Fp8Formats::Hybrid,
-        }
-    }
-
-    pub fn formats(&self) -> Fp8Formats {
-        match self {
-            Fp8Recipe::Delayed { formats, .. } | Fp8Recipe::Current { formats } => *formats,
-        }
-    }
-}
-
-/// The delayed-scaling state of one fp8 tensor: an amax history and the scale it gives.
-#[derive(Clone, Debug, PartialEq, serde::Serialize)]
-pub struct DelayedScaling {
-    pub format: Format,
-    pub history_len: usize,
-    pub amax_compute: AmaxCompute,
-    pub margin: i32,
-    pub history: VecDeque<f32>,
-    /// The scale the next step quantizes with.
-    pub scale: f32,
-}
-
-impl DelayedScaling {
-    pub fn new(format: Format, recipe: &Fp8Recipe) -> Result<DelayedScaling> {
-        match *recipe {
-            Fp8Recipe::Delayed {
-                history_len,
-                amax_compute,
-                margin,
-                ..
-            } if history_len > 0 => Ok(DelayedScaling {
-                format,
-                history_len,
-                amax_compute,
-                margin,
-                history: VecDeque::with_capacity(history_len),
-                scale: 1.0,
-            }),
-            Fp8Recipe::Delayed { .. } => Err(Error::invalid(
-                "fp8 recipe",
-                "amax history length must be at least 1",
-            )),
-            Fp8Recipe::Current { .. } => Err(Error::invalid(
-                "fp8 recipe",
-                "current scaling keeps no amax history",
-            )),
-        }
-    }
-
-    /// Records this step's amax and computes the scale for the next step:
-    /// s = FMAX / amax / 2^margin, amax taken from the history by `amax_compute`.
-    /// A non-finite amax (an overflowing step) is not recorded.
-    pub fn record(&mut self, amax: f32) -> f32 {
-        if amax.is_finite() {
-            if self.history.len() == self.history_len {
-                self.history.pop_front();
-            }
-            self.history.push_back(amax.abs());
-        }
-        let amax = match self.amax_compute {
-            AmaxCompute::Max => self.history.iter().copied().fold(0.0, f32::max),
-            AmaxCompute::MostRecent => self.history.back().copied().unwrap_or(0.0),
-        };
-        let scale = scale_for_amax(amax, self.format) / 2f32.powi(self.margin);
-        self.scale = if amax > 0.0 && scale.is_finite() {
-            scale
-        } else {
-            self.scale
-        };
-        self.scale
     }
 }

@@ -1,13 +1,27 @@
-//! The step plan: one step of the model (forward, backward, optimizer update) as a list of ops
-//! on numbered tensors, built once per (model, precision, batch shape) and run by an executor:
-//! the host interpreter (`exec::HostExecutor`, a backend's ops one round trip at a time) or a
-//! device executor that keeps every tensor resident and replays the step as one submission
-//! (`backend::wgpu::plan`).
+//! The step program: one step of a model (forward, backward, optimizer update) as a list of
+//! ops on numbered tensors, built once per (model, precision, batch shape) and run by an
+//! executor (`exec::StepExecutor`): the host interpreter (`backend::reference::interp`, a
+//! backend's ops one round trip at a time) or a device executor that keeps every tensor
+//! resident and replays the step as one submission (`backend::wgpu::plan`,
+//! `backend::cuda::plan`).
+//!
+//! This layer sits below the backends and above the algorithms and formats: it names what a
+//! step computes, never how a device computes it, and imports nothing from `backend` or `train`.
+//!
+//! - `mod.rs`: tensors, ops, sections, stats slots, storage sharing
+//! - `scalar.rs`: the scalar slots the host writes before a step (AdamW, loss scale, fp8 scales)
+//! - `exec.rs`: the executor contract every backend's executor implements
 //!
 //! What changes from step to step enters through two small arrays: `scalar` slots the host
 //! writes before a step (loss scale, AdamW bias corrections, fp8 scales) and `Stats` slots the
 //! device writes during it (loss, finite flags, squared gradient norms, fp8 amaxes), the only
 //! thing read back.
+
+pub mod exec;
+pub mod scalar;
+
+pub use exec::StepExecutor;
+pub use scalar::AdamW;
 
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::format::Format;
@@ -135,7 +149,7 @@ impl Strided {
 }
 
 /// One op of a plan. Ops read and write tensors by id; the comments give what the op computes
-/// (the host reference is `train::ops`).
+/// (the host reference is `backend::reference::ops`).
 #[derive(Clone, Debug)]
 pub enum Op {
     /// out = rows of `table` (c wide) picked by `ids`.
@@ -471,57 +485,6 @@ pub fn step_algorithm(
             },
         },
         (alg, _) => alg,
-    }
-}
-
-/// Slots of the scalars the host writes before each step.
-pub mod scalar {
-    /// Loss scale / rows (the cross-entropy gradient of the scaled mean loss).
-    pub const DLOSS_PER_ROW: usize = 0;
-    /// 1 / loss scale.
-    pub const INVERSE_SCALE: usize = 1;
-    /// Added to the first element of gradient 0 before the check (fault injection; else 0).
-    pub const POISON: usize = 2;
-    pub const LR: usize = 3;
-    pub const BETA1: usize = 4;
-    pub const BETA2: usize = 5;
-    pub const EPS: usize = 6;
-    pub const WEIGHT_DECAY: usize = 7;
-    /// AdamW's bias corrections 1 - beta^t, computed in f64 on the host.
-    pub const BIAS_CORRECTION1: usize = 8;
-    pub const BIAS_CORRECTION2: usize = 9;
-    /// Global gradient-norm clip (0: none).
-    pub const CLIP: usize = 10;
-    /// The AdamW step t (1-based), for executors that pass it to `Backend::adamw`.
-    pub const STEP: usize = 11;
-    /// The loss scale itself, for executors that pass it to `Backend::cross_entropy_bwd`.
-    pub const LOSS_SCALE: usize = 12;
-    /// fp8 scales: three per linear layer (input, weight, gradient).
-    pub const FP8: usize = 13;
-
-    /// A scalars array (without fp8 slots) with `slots` set: how the per-op paths run the
-    /// step kernels, which read their parameters from the scalars.
-    pub fn with(slots: &[(usize, f32)]) -> Vec<f32> {
-        let mut s = vec![0f32; FP8];
-        for &(slot, v) in slots {
-            s[slot] = v;
-        }
-        s
-    }
-
-    /// AdamW's slots at step `t` (1-based): hyper-parameters and the bias corrections
-    /// 1 - beta^t, computed in f64.
-    pub fn adamw(o: &crate::train::ops::AdamW, t: u32) -> [(usize, f32); 7] {
-        let bias = |beta: f32| (1.0 - (beta as f64).powi(t as i32)) as f32;
-        [
-            (LR, o.lr),
-            (BETA1, o.beta1),
-            (BETA2, o.beta2),
-            (EPS, o.eps),
-            (WEIGHT_DECAY, o.weight_decay),
-            (BIAS_CORRECTION1, bias(o.beta1)),
-            (BIAS_CORRECTION2, bias(o.beta2)),
-        ]
     }
 }
 

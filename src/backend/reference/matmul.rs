@@ -1,73 +1,14 @@
-//! The host reference: every op exactly as DESIGN.md specifies it, accumulating in f64.
+//! The reference matmul: every algorithm exactly as docs/design.md specifies it, accumulated
+//! in f64.
 //!
-//! This is the truth every other backend is tested against, so it is written to be obviously
-//! right first: operands are prepared element by element with the `format` module (rounding,
-//! splitting, scaling), then each output is a plain dot product in f64 per level. Rows run in
-//! parallel (rayon).
+//! Written to be obviously right first: operands are prepared element by element with the
+//! `format` module (rounding, splitting, scaling), then each output is a plain dot product in
+//! f64 per level. Rows run in parallel (rayon).
 
-use super::{Backend, BackendKind, Fp8Scales};
 use crate::algorithm::{Algorithm, MatmulShape, SPLIT_LEVELS, Scaling};
-use crate::error::Result;
+use crate::backend::Fp8Scales;
 use crate::format::{self, Format, Overflow};
-use crate::policy::Capabilities;
 use rayon::prelude::*;
-
-/// The host reference backend.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Reference;
-
-#[async_trait::async_trait]
-impl Backend for Reference {
-    fn kind(&self) -> BackendKind {
-        BackendKind::Reference
-    }
-
-    fn name(&self) -> String {
-        "reference".into()
-    }
-
-    fn device_name(&self) -> String {
-        "host CPU, f64 accumulation".into()
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        Capabilities::default()
-    }
-
-    async fn matmul(
-        &self,
-        shape: &MatmulShape,
-        algorithm: &Algorithm,
-        a: &[f32],
-        b: &[f32],
-    ) -> Result<Vec<f32>> {
-        shape.check(a.len(), b.len())?;
-        Ok(matmul(shape, algorithm, a, b))
-    }
-
-    async fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> Result<Vec<u32>> {
-        Ok(x.par_iter().map(|&v| format.encode(v, overflow)).collect())
-    }
-
-    async fn decode(&self, format: Format, bits: &[u32]) -> Result<Vec<f32>> {
-        Ok(bits.par_iter().map(|&b| format.decode(b)).collect())
-    }
-
-    async fn split_bf16(&self, x: &[f32]) -> Result<[Vec<u32>; 3]> {
-        let parts: Vec<[f32; 3]> = x.par_iter().map(|&v| format::split_bf16(v)).collect();
-        let plane = |p: usize| {
-            parts
-                .iter()
-                .map(|s| Format::Bf16.encode(s[p], Overflow::Standard))
-                .collect()
-        };
-        Ok([plane(0), plane(1), plane(2)])
-    }
-
-    async fn amax(&self, x: &[f32]) -> Result<f32> {
-        Ok(format::amax(x.iter().copied()))
-    }
-}
 
 /// Operands of one batch, laid out for the dot products: A's logical rows (m x k) and B's
 /// logical columns (n x k), each as one plane per part (1 part, or h/m/l for split algorithms).

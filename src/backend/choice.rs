@@ -1,0 +1,86 @@
+//! The run-time choice: which backend a run uses (`open`), and which executor runs a step plan
+//! on it (`executor`).
+
+use super::reference::HostExecutor;
+use super::{Backend, BackendChoice, BackendKind, Reference};
+use crate::error::{Error, Result};
+use crate::plan::{Plan, StepExecutor};
+
+/// The executor of `plan` on `backend`: its own (device-resident) one when `resident`, else the
+/// host interpreter over its ops, one round trip per op (the cross-check of the resident one).
+pub fn executor<'a>(
+    backend: &'a dyn Backend,
+    plan: Plan,
+    resident: bool,
+) -> Result<Box<dyn StepExecutor + 'a>> {
+    if resident {
+        backend.resident_executor(plan)
+    } else {
+        Ok(Box::new(HostExecutor::new(backend, plan)))
+    }
+}
+
+/// The environment variable that overrides `--backend auto`.
+pub const BACKEND_ENV: &str = "MANTISSA_BACKEND";
+
+/// Opens the backend the user asked for. `Auto` (and `MANTISSA_BACKEND` when set) picks CUDA
+/// when it is compiled in and a device exists, else the best wgpu adapter (discrete, then
+/// integrated, then software), else an error saying what was tried and how to fix it.
+pub async fn open(choice: BackendChoice) -> Result<Box<dyn Backend>> {
+    let choice = match (choice, std::env::var(BACKEND_ENV)) {
+        (BackendChoice::Auto, Ok(v)) if !v.trim().is_empty() => v.parse()?,
+        (c, _) => c,
+    };
+    match choice {
+        BackendChoice::Only(BackendKind::Reference) => Ok(Box::new(Reference)),
+        BackendChoice::Only(BackendKind::Wgpu) => {
+            Ok(Box::new(super::wgpu::WgpuBackend::open_best().await?))
+        }
+        BackendChoice::Only(BackendKind::Cuda) => open_cuda(),
+        BackendChoice::Auto => {
+            let mut tried = vec![];
+            match open_cuda() {
+                Ok(b) => return Ok(b),
+                Err(e) => tried.push(format!("cuda: {}", cuda_reason(e))),
+            }
+            match super::wgpu::WgpuBackend::open_best().await {
+                Ok(b) => return Ok(Box::new(b)),
+                Err(e) => tried.push(format!("wgpu: {e}")),
+            }
+            Err(Error::BackendUnavailable {
+                backend: "auto".into(),
+                why: format!(
+                    "no GPU backend found ({}). Install a Vulkan driver (on Debian: apt-get install \
+                     mesa-vulkan-drivers libvulkan1 for the lavapipe software GPU) or pass --backend reference",
+                    tried.join("; ")
+                ),
+            })
+        }
+    }
+}
+
+/// The CUDA backend on device 0, or why there is none.
+#[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+pub fn open_cuda() -> Result<Box<dyn Backend>> {
+    Ok(Box::new(super::cuda::CudaBackend::open(0)?))
+}
+
+/// The CUDA backend on device 0, or why there is none.
+#[cfg(not(all(feature = "cuda", not(target_arch = "wasm32"))))]
+pub fn open_cuda() -> Result<Box<dyn Backend>> {
+    Err(Error::BackendUnavailable {
+        backend: "cuda".into(),
+        why: if cfg!(target_arch = "wasm32") {
+            "CUDA does not run in the browser".into()
+        } else {
+            "this build has no CUDA backend (built without the `cuda` feature)".into()
+        },
+    })
+}
+
+fn cuda_reason(e: Error) -> String {
+    match e {
+        Error::BackendUnavailable { why, .. } => why,
+        other => other.to_string(),
+    }
+}
