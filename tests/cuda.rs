@@ -562,10 +562,8 @@ fn cuda_training_kernels_match_the_host_reference() {
     scalars[mantissa::plan::scalar::BETA2] = opt.beta2;
     scalars[mantissa::plan::scalar::EPS] = opt.eps;
     scalars[mantissa::plan::scalar::WEIGHT_DECAY] = opt.weight_decay;
-    scalars[mantissa::plan::scalar::BIAS_CORRECTION1] =
-        (1.0 - (opt.beta1 as f64).powi(t)) as f32;
-    scalars[mantissa::plan::scalar::BIAS_CORRECTION2] =
-        (1.0 - (opt.beta2 as f64).powi(t)) as f32;
+    scalars[mantissa::plan::scalar::BIAS_CORRECTION1] = (1.0 - (opt.beta1 as f64).powi(t)) as f32;
+    scalars[mantissa::plan::scalar::BIAS_CORRECTION2] = (1.0 - (opt.beta2 as f64).powi(t)) as f32;
     // Two gradients in the stats (this one and another), squared norms 16 and 9: norm 5.
     let stats = [0.0, 0.0, 0.0, 16.0, 9.0];
     for (clip, flag, decay) in [(0.0, 0.0, true), (2.5, 0.0, false), (0.0, 1.0, true)] {

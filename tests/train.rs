@@ -6,10 +6,10 @@
 mod common;
 
 use mantissa::backend::Reference;
-use mantissa::measure;
-use mantissa::policy::{Fp8State, Preset};
 use mantissa::backend::reference::ops;
+use mantissa::measure;
 use mantissa::plan::Section;
+use mantissa::policy::{Fp8State, Preset};
 use mantissa::train::*;
 use pollster::FutureExt as _;
 

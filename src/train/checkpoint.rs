@@ -239,8 +239,7 @@ impl Checkpoint {
                 ));
             }
             for (l, s) in states.iter_mut().zip(saved) {
-                for (state, saved) in l.roles_mut().into_iter().zip(s)
-                {
+                for (state, saved) in l.roles_mut().into_iter().zip(s) {
                     saved.restore(state).map_err(|why| {
                         Error::invalid("resume", format!("the checkpoint's {why} is not usable"))
                     })?;

@@ -15,7 +15,7 @@ use crate::format::Format;
 use crate::measure;
 use crate::plan::scalar::{self, StepScalars};
 use crate::plan::{
-    AdamW, Op, Plan, PlanBuilder, Section, StepExecutor, Stats, Strided, TensorId, TensorKind,
+    AdamW, Op, Plan, PlanBuilder, Section, Stats, StepExecutor, Strided, TensorId, TensorKind,
 };
 use crate::policy::{Fp8Role, Precision};
 

@@ -8,7 +8,7 @@ use crate::backend::{self, Backend};
 use crate::error::{Error, Result};
 use crate::plan::exec::{grad_norm, update_factor};
 use crate::plan::scalar::StepScalars;
-use crate::plan::{AdamW, Section, StepExecutor, Stats};
+use crate::plan::{AdamW, Section, Stats, StepExecutor};
 use crate::policy::precision::PrecisionRequest;
 use crate::policy::{
     Fp8Role, Fp8State, LossScaler, Precision, PrecisionClass, Preset, PresetSpec, StepDecision,
@@ -315,7 +315,10 @@ impl<'a> Trainer<'a> {
         let fp8 = self.fp8_scales();
         for _ in 0..count {
             let context = &ids[ids.len().saturating_sub(t)..];
-            let logits = self.gpt.logits(&self.precision, &fp8, &params, context).await?;
+            let logits = self
+                .gpt
+                .logits(&self.precision, &fp8, &params, context)
+                .await?;
             let last = &logits[(context.len() - 1) * v..context.len() * v];
             let next = if temperature <= 0.0 {
                 last.iter()

@@ -468,7 +468,10 @@ impl Backend for CudaBackend {
         self.op_unscale_check(g, inverse_scale)
     }
 
-    fn resident_executor<'a>(&'a self, plan: crate::plan::Plan) -> Result<Box<dyn crate::plan::StepExecutor + 'a>> {
+    fn resident_executor<'a>(
+        &'a self,
+        plan: crate::plan::Plan,
+    ) -> Result<Box<dyn crate::plan::StepExecutor + 'a>> {
         Ok(Box::new(CudaPlan::new(self, plan)?))
     }
 }

@@ -319,7 +319,11 @@ pub fn adamw(
 ) {
     let (bc1, bc2) = opt.bias_corrections(t);
     let step = opt.lr as f64 / bc1;
-    let wd = if decay { opt.lr * opt.weight_decay } else { 0.0 };
+    let wd = if decay {
+        opt.lr * opt.weight_decay
+    } else {
+        0.0
+    };
     for i in 0..p.len() {
         m[i] = opt.beta1 * m[i] + (1.0 - opt.beta1) * g[i];
         v[i] = opt.beta2 * v[i] + (1.0 - opt.beta2) * g[i] * g[i];

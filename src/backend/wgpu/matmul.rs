@@ -3,8 +3,8 @@
 //! into one compute pass and submitted once.
 
 use super::buffer::{self, BufferPool, Dispatch, check_binding, upload};
+use super::cast::{self, Grouping, packed_words};
 use super::device::Gpu;
-use super::ops::{self, Grouping, packed_words};
 use super::shaders::{Coop, F16Read, Kernel, MatmulVariant, Operand, Tile};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::Result;
@@ -287,8 +287,8 @@ fn record_coop(
     run.clears.extend([amax_bits.clone(), flags.clone()]);
     let (ga, gb) = groupings(shape, Scaling::Rowwise);
     if scaled {
-        let amax_a = ops::amax(gpu, a, &amax_bits, shape.a_len(), ga, 0)?;
-        let amax_b = ops::amax(gpu, b, &amax_bits, shape.b_len(), gb, ga.groups())?;
+        let amax_a = cast::amax(gpu, a, &amax_bits, shape.a_len(), ga, 0)?;
+        let amax_b = cast::amax(gpu, b, &amax_bits, shape.b_len(), gb, ga.groups())?;
         run.dispatches.extend([amax_a, amax_b]);
     }
     let parts = if scaled { variant.parts } else { 0 };
@@ -425,8 +425,8 @@ fn fp8_scales(
     let scales = pool.take(gpu, total as u64 * 4)?;
     run.clears.push(amax_bits.clone());
     let [amax_a, scale_a] =
-        ops::current_scales(gpu, a, &amax_bits, &scales, shape.a_len(), fa, ga, 0)?;
-    let [amax_b, scale_b] = ops::current_scales(
+        cast::current_scales(gpu, a, &amax_bits, &scales, shape.a_len(), fa, ga, 0)?;
+    let [amax_b, scale_b] = cast::current_scales(
         gpu,
         b,
         &amax_bits,
@@ -496,7 +496,7 @@ fn prepare(
             bytes,
         )?;
         let dst = pool.take(gpu, bytes)?;
-        let (dispatch, plane_words) = ops::split_bf16(gpu, src, &dst, len, parts)?;
+        let (dispatch, plane_words) = cast::split_bf16(gpu, src, &dst, len, parts)?;
         run.dispatches.push(dispatch);
         return Ok(Prepared {
             buffer: dst,
@@ -515,7 +515,7 @@ fn prepare(
             let bytes = packed_words(format, len) as u64 * 4;
             let dst = pool.take(gpu, bytes)?;
             run.dispatches
-                .push(ops::encode(gpu, src, &dst, len, format, false)?);
+                .push(cast::encode(gpu, src, &dst, len, format, false)?);
             Ok(Prepared {
                 buffer: dst,
                 plane: 0,
@@ -532,7 +532,7 @@ fn prepare(
                 (gb, ga.groups())
             };
             let scales = scales.as_ref().map(|s| &s.scales).unwrap_or(src);
-            run.dispatches.push(ops::quantize(
+            run.dispatches.push(cast::quantize(
                 gpu, src, &dst, scales, len, format, grouping, offset,
             )?);
             Ok(Prepared {

@@ -4,11 +4,16 @@
 //! - `device.rs`: adapter choice, device, pipeline cache, error capture
 //! - `buffer.rs`: buffer pool, uploads, command recording, readback
 //! - `shaders.rs`: the WGSL loader (variants, generated headers, naga validation)
-//! - `ops.rs`: element kernels (casts, quantization, amax/scales, split)
+//! - `cast.rs`: element kernels (casts, quantization, amax/scales, split)
 //! - `matmul.rs`: operand preparation and the tiled matmul
+//! - `train.rs`: the training kernel launches, shared by `ops.rs` and `plan.rs`
+//! - `ops.rs`: the Backend's training ops, one upload-launch-readback each
+//! - `plan.rs`: the device-resident step plan
+//! - `autotune.rs`: the matmul tile autotuner
 
 pub mod autotune;
 pub mod buffer;
+pub mod cast;
 pub mod device;
 pub mod matmul;
 pub mod ops;
@@ -17,17 +22,15 @@ pub mod shaders;
 pub mod train;
 
 use self::autotune::{AutotuneMode, Autotuner};
-use self::buffer::{BufferPool, Dispatch, Timer, check_binding, read_words, submit, upload};
+use self::buffer::{BufferPool, Timer, check_binding, read_words, submit, upload};
 use self::device::Gpu;
-use self::shaders::{Coop, F16Read, MatmulVariant, StepOp, Tile, TrainOp};
-use self::train::{Out, StepParams, TrainParams, ids_as_f32};
+use self::shaders::{Coop, F16Read, MatmulVariant, Tile};
 use super::{Backend, BackendKind, MatmulTiming, median};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
+use crate::plan::{AdamW, Plan, StepExecutor};
 use crate::policy::Capabilities;
-use crate::plan::AdamW;
-use crate::plan::scalar;
 use web_time::Instant;
 
 pub use device::{AdapterSummary, list_adapters};
@@ -464,7 +467,7 @@ impl Backend for WgpuBackend {
     /// SIMT kernels make nothing faster than f32. Cooperative matrices on a hardware GPU
     /// accelerate f16 operands, so bf16 and the split algorithms on them (emulated on a CPU
     /// adapter such as lavapipe: not an acceleration there).
-    fn resident_executor<'a>(&'a self, plan: crate::plan::Plan) -> Result<Box<dyn crate::plan::StepExecutor + 'a>> {
+    fn resident_executor<'a>(&'a self, plan: Plan) -> Result<Box<dyn StepExecutor + 'a>> {
         Ok(Box::new(plan::ResidentPlan::new(self, plan)))
     }
 
@@ -501,11 +504,11 @@ impl Backend for WgpuBackend {
     }
 
     async fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> Result<Vec<u32>> {
-        let words = ops::packed_words(format, x.len());
+        let words = cast::packed_words(format, x.len());
         let saturate = overflow == Overflow::Saturate;
         let packed = self
             .element_op("encode", bytemuck::cast_slice(x), words, |src, dst| {
-                Ok(vec![ops::encode(
+                Ok(vec![cast::encode(
                     &self.gpu,
                     src,
                     dst,
@@ -522,20 +525,20 @@ impl Backend for WgpuBackend {
         let packed = pack(bits, format);
         let out = self
             .element_op("decode", &packed, bits.len(), |src, dst| {
-                Ok(vec![ops::decode(&self.gpu, src, dst, bits.len(), format)?])
+                Ok(vec![cast::decode(&self.gpu, src, dst, bits.len(), format)?])
             })
             .await?;
         Ok(bytemuck::cast_slice(&out).to_vec())
     }
 
     async fn split_bf16(&self, x: &[f32]) -> Result<[Vec<u32>; 3]> {
-        let plane_words = ops::packed_words(Format::Bf16, x.len());
+        let plane_words = cast::packed_words(Format::Bf16, x.len());
         let out = self
             .element_op(
                 "split_bf16",
                 bytemuck::cast_slice(x),
                 3 * plane_words,
-                |src, dst| Ok(vec![ops::split_bf16(&self.gpu, src, dst, x.len(), 3)?.0]),
+                |src, dst| Ok(vec![cast::split_bf16(&self.gpu, src, dst, x.len(), 3)?.0]),
             )
             .await?;
         let plane = |p: usize| {
@@ -558,8 +561,8 @@ impl Backend for WgpuBackend {
                 let src = self.upload_f32("amax input", x)?;
                 let amax_bits = self.pool.take(&self.gpu, 4)?;
                 let scale = self.pool.take(&self.gpu, 4)?;
-                let grouping = ops::Grouping::per_batch(1, x.len());
-                let [amax, _] = ops::current_scales(
+                let grouping = cast::Grouping::per_batch(1, x.len());
+                let [amax, _] = cast::current_scales(
                     &self.gpu,
                     &src,
                     &amax_bits,
@@ -578,6 +581,8 @@ impl Backend for WgpuBackend {
         Ok(f32::from_bits(out?[0]))
     }
 
+    // The training ops run train.wgsl's and step.wgsl's kernels (ops.rs).
+
     async fn layernorm_fwd(
         &self,
         x: &[f32],
@@ -585,23 +590,7 @@ impl Backend for WgpuBackend {
         b: &[f32],
         c: usize,
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        let rows = x.len() / c.max(1);
-        let p = TrainParams {
-            n: rows as u32,
-            c: c as u32,
-            ..Default::default()
-        };
-        let [y, stats, _] = self
-            .train_op(
-                TrainOp::LayernormFwd,
-                p,
-                [x, g, b],
-                [Out::Fresh(x.len()), Out::Fresh(2 * rows), Out::Unused],
-                rows,
-            )
-            .await?;
-        let (mean, rstd) = stats.chunks(2).map(|s| (s[0], s[1])).unzip();
-        Ok((y, mean, rstd))
+        self.op_layernorm_fwd(x, g, b, c).await
     }
 
     async fn layernorm_bwd(
@@ -613,112 +602,29 @@ impl Backend for WgpuBackend {
         rstd: &[f32],
         c: usize,
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        let rows = x.len() / c.max(1);
-        let stats: Vec<f32> = mean.iter().zip(rstd).flat_map(|(&m, &r)| [m, r]).collect();
-        let p = TrainParams {
-            n: rows as u32,
-            c: c as u32,
-            ..Default::default()
-        };
-        let [dx, ..] = self
-            .train_op(
-                TrainOp::LayernormBwdX,
-                p,
-                [dy, x, g],
-                [Out::Fresh(x.len()), Out::Init(&stats), Out::Unused],
-                rows,
-            )
-            .await?;
-        let [dg, _, db] = self
-            .train_op(
-                TrainOp::LayernormBwdParams,
-                p,
-                [dy, x, &[]],
-                [Out::Fresh(c), Out::Init(&stats), Out::Fresh(c)],
-                c,
-            )
-            .await?;
-        Ok((dx, dg, db))
+        self.op_layernorm_bwd(dy, x, g, mean, rstd, c).await
     }
 
     async fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>> {
-        let p = TrainParams {
-            n: x.len() as u32,
-            ..Default::default()
-        };
-        let [y, ..] = self
-            .train_op(
-                TrainOp::GeluFwd,
-                p,
-                [x, &[], &[]],
-                [Out::Fresh(x.len()), Out::Unused, Out::Unused],
-                x.len(),
-            )
-            .await?;
-        Ok(y)
+        self.op_gelu(x, None).await
     }
 
     async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>> {
-        let p = TrainParams {
-            n: x.len() as u32,
-            ..Default::default()
-        };
-        let [dx, ..] = self
-            .train_op(
-                TrainOp::GeluBwd,
-                p,
-                [x, dy, &[]],
-                [Out::Fresh(x.len()), Out::Unused, Out::Unused],
-                x.len(),
-            )
-            .await?;
-        Ok(dx)
+        self.op_gelu(x, Some(dy)).await
     }
 
     async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
-        let rows = scores.len() / t.max(1);
-        let p = TrainParams {
-            n: rows as u32,
-            c: t as u32,
-            scale: scale as f32,
-            ..Default::default()
-        };
-        let [y, ..] = self
-            .train_op(
-                TrainOp::CausalSoftmaxFwd,
-                p,
-                [scores, &[], &[]],
-                [Out::Fresh(scores.len()), Out::Unused, Out::Unused],
-                rows,
-            )
-            .await?;
-        Ok(y)
+        self.op_softmax(scores, None, t, scale).await
     }
 
     async fn causal_softmax_bwd(
         &self,
-        probs: &[f32],
+        p: &[f32],
         dp: &[f32],
         t: usize,
         scale: f64,
     ) -> Result<Vec<f32>> {
-        let rows = probs.len() / t.max(1);
-        let p = TrainParams {
-            n: rows as u32,
-            c: t as u32,
-            scale: scale as f32,
-            ..Default::default()
-        };
-        let [ds, ..] = self
-            .train_op(
-                TrainOp::CausalSoftmaxBwd,
-                p,
-                [probs, dp, &[]],
-                [Out::Fresh(probs.len()), Out::Unused, Out::Unused],
-                rows,
-            )
-            .await?;
-        Ok(ds)
+        self.op_softmax(p, Some(dp), t, scale).await
     }
 
     async fn cross_entropy_fwd(
@@ -727,24 +633,7 @@ impl Backend for WgpuBackend {
         targets: &[u32],
         v: usize,
     ) -> Result<(f64, Vec<f32>)> {
-        let rows = targets.len();
-        let p = TrainParams {
-            n: rows as u32,
-            c: v as u32,
-            ..Default::default()
-        };
-        let ids = ids_as_f32(targets);
-        let [probs, losses, _] = self
-            .train_op(
-                TrainOp::CrossEntropyFwd,
-                p,
-                [logits, &ids, &[]],
-                [Out::Fresh(logits.len()), Out::Fresh(rows), Out::Unused],
-                rows,
-            )
-            .await?;
-        let loss = losses.iter().map(|&l| l as f64).sum::<f64>() / rows.max(1) as f64;
-        Ok((loss, probs))
+        self.op_cross_entropy_fwd(logits, targets, v).await
     }
 
     async fn cross_entropy_bwd(
@@ -754,99 +643,7 @@ impl Backend for WgpuBackend {
         v: usize,
         dloss: f64,
     ) -> Result<Vec<f32>> {
-        let rows = targets.len();
-        let per_row = (dloss / rows.max(1) as f64) as f32;
-        let p = StepParams {
-            n: probs.len() as u32,
-            c: v as u32,
-            ..Default::default()
-        };
-        let ids = ids_as_f32(targets);
-        let [_, d, ..] = self
-            .step_op(
-                StepOp::CrossEntropyBwd,
-                p,
-                &scalar::with(&[(scalar::DLOSS_PER_ROW, per_row)]),
-                (0, probs),
-                [Out::Fresh(probs.len()), Out::Init(&ids), Out::Unused],
-                Dispatch::element_groups(&self.gpu, probs.len())?,
-            )
-            .await?;
-        Ok(d)
-    }
-
-    async fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
-        let n = ids.len() * c;
-        super::check_ids(ids, table.len() / c.max(1))?;
-        let p = TrainParams {
-            n: n as u32,
-            c: c as u32,
-            ..Default::default()
-        };
-        let ids = ids_as_f32(ids);
-        let [y, ..] = self
-            .train_op(
-                TrainOp::EmbeddingFwd,
-                p,
-                [table, &ids, &[]],
-                [Out::Fresh(n), Out::Unused, Out::Unused],
-                n,
-            )
-            .await?;
-        Ok(y)
-    }
-
-    async fn embedding_bwd(
-        &self,
-        dout: &[f32],
-        ids: &[u32],
-        rows: usize,
-        c: usize,
-    ) -> Result<Vec<f32>> {
-        super::check_ids(ids, rows)?;
-        let n = rows * c;
-        let p = TrainParams {
-            n: n as u32,
-            c: c as u32,
-            tokens: ids.len() as u32,
-            ..Default::default()
-        };
-        let ids = ids_as_f32(ids);
-        let [d, ..] = self
-            .train_op(
-                TrainOp::EmbeddingBwd,
-                p,
-                [dout, &ids, &[]],
-                [Out::Fresh(n), Out::Unused, Out::Unused],
-                n,
-            )
-            .await?;
-        Ok(d)
-    }
-
-    async fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
-        if g.is_empty() {
-            return Ok(true);
-        }
-        // The step kernel: flag into stats slot 0, squared norm into slot 1.
-        let p = StepParams {
-            n: g.len() as u32,
-            slot: 0,
-            extra: [1, 0, 0, 0],
-            ..Default::default()
-        };
-        let [stats, scaled, ..] = self
-            .step_op(
-                StepOp::UnscaleCheck,
-                p,
-                &scalar::with(&[(scalar::INVERSE_SCALE, inverse_scale)]),
-                (2, &[]),
-                [Out::Init(g), Out::Unused, Out::Unused],
-                [1, 1, 1],
-            )
-            .await?;
-        g.copy_from_slice(&scaled);
-        Ok(stats[0] == 0.0)
+        self.op_cross_entropy_bwd(probs, targets, v, dloss).await
     }
 
     async fn adamw(
@@ -859,27 +656,25 @@ impl Backend for WgpuBackend {
         t: u32,
         decay: bool,
     ) -> Result<()> {
-        let scalars = scalar::with(&scalar::adamw(opt, t));
-        // No gradient flags to gate on (count 0): the update always applies.
-        let params = StepParams {
-            n: p.len() as u32,
-            extra: [0, decay as u32, 0, 0],
-            ..Default::default()
-        };
-        let [_, np, nm, nv] = self
-            .step_op(
-                StepOp::Adamw,
-                params,
-                &scalars,
-                (1, g),
-                [Out::Init(p), Out::Init(m), Out::Init(v)],
-                Dispatch::element_groups(&self.gpu, p.len())?,
-            )
-            .await?;
-        p.copy_from_slice(&np);
-        m.copy_from_slice(&nm);
-        v.copy_from_slice(&nv);
-        Ok(())
+        self.op_adamw(opt, p, g, m, v, t, decay).await
+    }
+
+    async fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
+        self.op_embedding_fwd(table, ids, c).await
+    }
+
+    async fn embedding_bwd(
+        &self,
+        dout: &[f32],
+        ids: &[u32],
+        rows: usize,
+        c: usize,
+    ) -> Result<Vec<f32>> {
+        self.op_embedding_bwd(dout, ids, rows, c).await
+    }
+
+    async fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
+        self.op_unscale_check(g, inverse_scale).await
     }
 
     async fn time_matmul(

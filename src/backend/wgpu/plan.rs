@@ -8,13 +8,13 @@
 
 use super::WgpuBackend;
 use super::buffer::{Dispatch, STORAGE, check_binding, read_words, submit, uniform};
+use super::cast::{self, Grouping};
 use super::matmul;
-use super::ops::{self, Grouping};
-use super::shaders::{Kernel, StepOp, TrainOp, format_id};
-use super::train::{StepParams, TrainParams};
+use super::shaders::Kernel;
+use super::train::{StepLaunch, TrainLaunch, launch};
 use crate::error::{Error, Result};
 use crate::plan::exec::{StepExecutor, check_inputs, check_write, tensor_len};
-use crate::plan::{Op, Plan, Section, Storage, Strided, TensorId};
+use crate::plan::{Op, Plan, Section, Storage, TensorId};
 use std::collections::HashMap;
 
 /// A plan compiled for the device.
@@ -173,13 +173,11 @@ impl<'a> ResidentPlan<'a> {
         let t = &c.tensors;
         let len = |id: TensorId| self.plan.tensors[id].len;
         let mut r = Recorded::default();
-        let train = |op: TrainOp,
-                     p: TrainParams,
+        let train = |l: TrainLaunch,
                      ins: [Option<TensorId>; 3],
-                     outs: [Option<TensorId>; 3],
-                     items: usize|
+                     outs: [Option<TensorId>; 3]|
          -> Result<Dispatch> {
-            let u = uniform(gpu, &p);
+            let u = uniform(gpu, &l.params);
             let ins = ins.map(|i| i.map(|i| &t[i]).unwrap_or(&dummies.read));
             let mut w = dummies.write.iter();
             let outs = outs.map(|o| match o {
@@ -188,46 +186,33 @@ impl<'a> ResidentPlan<'a> {
             });
             Ok(Dispatch::new(
                 gpu,
-                gpu.pipeline(&Kernel::Train(op))?,
+                gpu.pipeline(&Kernel::Train(l.op))?,
                 &[&u, ins[0], ins[1], ins[2], outs[0], outs[1], outs[2]],
-                Dispatch::element_groups(gpu, items)?,
+                Dispatch::element_groups(gpu, l.items)?,
             ))
         };
-        let step = |op: StepOp,
-                    p: StepParams,
-                    x: Option<TensorId>,
-                    outs: [Option<TensorId>; 3],
-                    groups: Option<usize>|
-         -> Result<Dispatch> {
-            let u = uniform(gpu, &p);
+        // A step kernel: uniform, scalars, stats, x, then y, z, w.
+        let step_on =
+            |l: StepLaunch, x: &wgpu::Buffer, outs: [&wgpu::Buffer; 3]| -> Result<Dispatch> {
+                let u = uniform(gpu, &l.params);
+                Ok(Dispatch::new(
+                    gpu,
+                    gpu.pipeline(&Kernel::Step(l.op))?,
+                    &[&u, &c.scalars, &c.stats, x, outs[0], outs[1], outs[2]],
+                    l.groups(gpu)?,
+                ))
+            };
+        let step = |l: StepLaunch, x: Option<TensorId>, outs: [Option<TensorId>; 3]| {
             let x = x.map(|i| &t[i]).unwrap_or(&dummies.read);
-            let outs = outs
-                .iter()
-                .zip(&dummies.write)
-                .map(|(o, d)| o.map(|o| &t[o]).unwrap_or(d))
-                .collect::<Vec<_>>();
-            Ok(Dispatch::new(
-                gpu,
-                gpu.pipeline(&Kernel::Step(op))?,
-                &[&u, &c.scalars, &c.stats, x, outs[0], outs[1], outs[2]],
-                match groups {
-                    Some(items) => Dispatch::element_groups(gpu, items)?,
-                    None => [1, 1, 1],
-                },
-            ))
+            let [y, z, w] = [0, 1, 2].map(|i| outs[i].map(|o| &t[o]).unwrap_or(&dummies.write[i]));
+            step_on(l, x, [y, z, w])
         };
         let rows_of = |id: TensorId, width: usize| len(id) / width.max(1);
         let d = match *op {
             Op::Embedding { table, ids, out, c } => vec![train(
-                TrainOp::EmbeddingFwd,
-                TrainParams {
-                    n: len(out) as u32,
-                    c: c as u32,
-                    ..Default::default()
-                },
+                launch::embedding_fwd(len(out), c),
                 [Some(table), Some(ids), None],
                 [Some(out), None, None],
-                len(out),
             )?],
             Op::EmbeddingBwd {
                 dout,
@@ -236,16 +221,9 @@ impl<'a> ResidentPlan<'a> {
                 rows,
                 c,
             } => vec![train(
-                TrainOp::EmbeddingBwd,
-                TrainParams {
-                    n: (rows * c) as u32,
-                    c: c as u32,
-                    tokens: len(ids) as u32,
-                    ..Default::default()
-                },
+                launch::embedding_bwd(rows, c, len(ids)),
                 [Some(dout), Some(ids), None],
                 [Some(out), None, None],
-                rows * c,
             )?],
             Op::LayerNorm {
                 x,
@@ -254,20 +232,11 @@ impl<'a> ResidentPlan<'a> {
                 out,
                 stats,
                 c,
-            } => {
-                let rows = rows_of(x, c);
-                vec![train(
-                    TrainOp::LayernormFwd,
-                    TrainParams {
-                        n: rows as u32,
-                        c: c as u32,
-                        ..Default::default()
-                    },
-                    [Some(x), Some(g), Some(b)],
-                    [Some(out), Some(stats), None],
-                    rows,
-                )?]
-            }
+            } => vec![train(
+                launch::layernorm_fwd(rows_of(x, c), c),
+                [Some(x), Some(g), Some(b)],
+                [Some(out), Some(stats), None],
+            )?],
             Op::LayerNormBwd {
                 dy,
                 x,
@@ -278,75 +247,46 @@ impl<'a> ResidentPlan<'a> {
                 db,
                 c,
             } => {
-                let rows = rows_of(x, c);
-                let p = TrainParams {
-                    n: rows as u32,
-                    c: c as u32,
-                    ..Default::default()
-                };
+                let [for_x, for_params] = launch::layernorm_bwd(rows_of(x, c), c);
                 vec![
                     train(
-                        TrainOp::LayernormBwdX,
-                        p,
+                        for_x,
                         [Some(dy), Some(x), Some(g)],
                         [Some(dx), Some(stats), None],
-                        rows,
                     )?,
                     train(
-                        TrainOp::LayernormBwdParams,
-                        p,
+                        for_params,
                         [Some(dy), Some(x), None],
                         [Some(dg), Some(stats), Some(db)],
-                        c,
                     )?,
                 ]
             }
             Op::Gelu { x, out } => vec![train(
-                TrainOp::GeluFwd,
-                TrainParams {
-                    n: len(x) as u32,
-                    ..Default::default()
-                },
+                launch::gelu_fwd(len(x)),
                 [Some(x), None, None],
                 [Some(out), None, None],
-                len(x),
             )?],
             Op::GeluBwd { x, dy, out } => vec![train(
-                TrainOp::GeluBwd,
-                TrainParams {
-                    n: len(x) as u32,
-                    ..Default::default()
-                },
+                launch::gelu_bwd(len(x)),
                 [Some(x), Some(dy), None],
                 [Some(out), None, None],
-                len(x),
             )?],
-            Op::Softmax { x, out, t, scale } => {
-                let rows = rows_of(x, t);
-                vec![train(
-                    TrainOp::CausalSoftmaxFwd,
-                    softmax_params(rows, t, scale),
-                    [Some(x), None, None],
-                    [Some(out), None, None],
-                    rows,
-                )?]
-            }
+            Op::Softmax { x, out, t, scale } => vec![train(
+                launch::softmax_fwd(rows_of(x, t), t, scale),
+                [Some(x), None, None],
+                [Some(out), None, None],
+            )?],
             Op::SoftmaxBwd {
                 p,
                 dp,
                 out,
                 t,
                 scale,
-            } => {
-                let rows = rows_of(p, t);
-                vec![train(
-                    TrainOp::CausalSoftmaxBwd,
-                    softmax_params(rows, t, scale),
-                    [Some(p), Some(dp), None],
-                    [Some(out), None, None],
-                    rows,
-                )?]
-            }
+            } => vec![train(
+                launch::softmax_bwd(rows_of(p, t), t, scale),
+                [Some(p), Some(dp), None],
+                [Some(out), None, None],
+            )?],
             Op::CrossEntropy {
                 logits,
                 targets,
@@ -355,15 +295,11 @@ impl<'a> ResidentPlan<'a> {
             } => {
                 let rows = rows_of(logits, v);
                 let losses = storage_of(gpu, rows)?;
-                let p = TrainParams {
-                    n: rows as u32,
-                    c: v as u32,
-                    ..Default::default()
-                };
-                let u = uniform(gpu, &p);
+                let l = launch::cross_entropy_fwd(rows, v);
+                let u = uniform(gpu, &l.params);
                 let fwd = Dispatch::new(
                     gpu,
-                    gpu.pipeline(&Kernel::Train(TrainOp::CrossEntropyFwd))?,
+                    gpu.pipeline(&Kernel::Train(l.op))?,
                     &[
                         &u,
                         &t[logits],
@@ -373,28 +309,13 @@ impl<'a> ResidentPlan<'a> {
                         &losses,
                         &dummies.write[0],
                     ],
-                    Dispatch::element_groups(gpu, rows)?,
+                    Dispatch::element_groups(gpu, l.items)?,
                 );
-                let sp = StepParams {
-                    n: rows as u32,
-                    slot: crate::plan::Stats::LOSS as u32,
-                    ..Default::default()
-                };
-                let u = uniform(gpu, &sp);
-                let mean = Dispatch::new(
-                    gpu,
-                    gpu.pipeline(&Kernel::Step(StepOp::MeanToStat))?,
-                    &[
-                        &u,
-                        &c.scalars,
-                        &c.stats,
-                        &losses,
-                        &dummies.write[0],
-                        &dummies.write[1],
-                        &dummies.write[2],
-                    ],
-                    [1, 1, 1],
-                );
+                let mean = step_on(
+                    launch::mean_to_stat(rows, crate::plan::Stats::LOSS),
+                    &losses,
+                    [&dummies.write[0], &dummies.write[1], &dummies.write[2]],
+                )?;
                 r.temporaries.push(losses);
                 vec![fwd, mean]
             }
@@ -404,15 +325,9 @@ impl<'a> ResidentPlan<'a> {
                 out,
                 v,
             } => vec![step(
-                StepOp::CrossEntropyBwd,
-                StepParams {
-                    n: len(probs) as u32,
-                    c: v as u32,
-                    ..Default::default()
-                },
+                launch::cross_entropy_bwd(len(probs), v),
                 Some(probs),
                 [Some(out), Some(targets), None],
-                Some(len(probs)),
             )?],
             Op::Matmul {
                 ref shape,
@@ -447,46 +362,26 @@ impl<'a> ResidentPlan<'a> {
                 run.dispatches
             }
             Op::Round { x, format } => vec![step(
-                StepOp::Round,
-                StepParams {
-                    n: len(x) as u32,
-                    format: format_id(format),
-                    ..Default::default()
-                },
+                launch::round(len(x), format),
                 None,
                 [Some(x), None, None],
-                Some(len(x)),
             )?],
             Op::Add { x, y } => vec![step(
-                StepOp::Add,
-                StepParams {
-                    n: len(y) as u32,
-                    c: len(x).max(1) as u32,
-                    ..Default::default()
-                },
+                launch::add(len(y), len(x)),
                 Some(x),
                 [Some(y), None, None],
-                Some(len(y)),
             )?],
             Op::ColumnSums { x, out, c } => vec![step(
-                StepOp::ColumnSums,
-                StepParams {
-                    n: len(x) as u32,
-                    c: c as u32,
-                    ..Default::default()
-                },
+                launch::column_sums(len(x), c),
                 Some(x),
                 [Some(out), None, None],
-                Some(c),
             )?],
             Op::Copy { x, out, map } => vec![step(
-                StepOp::StridedCopy,
-                copy_params(&map),
+                launch::strided_copy(&map),
                 Some(x),
                 [Some(out), None, None],
-                Some(map.len()),
             )?],
-            Op::Amax { x, slot } => vec![ops::amax(
+            Op::Amax { x, slot } => vec![cast::amax(
                 gpu,
                 &t[x],
                 &c.stats,
@@ -494,19 +389,19 @@ impl<'a> ResidentPlan<'a> {
                 Grouping::per_batch(1, len(x)),
                 slot,
             )?],
-            Op::UnscaleCheck { grad, index } => vec![step(
-                StepOp::UnscaleCheck,
-                StepParams {
-                    n: len(grad) as u32,
-                    c: (index == 0) as u32,
-                    slot: self.plan.stats.flag(index) as u32,
-                    extra: [self.plan.stats.norm_sq(index) as u32, 0, 0, 0],
-                    ..Default::default()
-                },
-                None,
-                [Some(grad), None, None],
-                None,
-            )?],
+            Op::UnscaleCheck { grad, index } => {
+                let stats = &self.plan.stats;
+                vec![step(
+                    launch::unscale_check(
+                        len(grad),
+                        index == 0,
+                        stats.flag(index),
+                        stats.norm_sq(index),
+                    ),
+                    None,
+                    [Some(grad), None, None],
+                )?]
+            }
             Op::AdamW {
                 param,
                 grad,
@@ -514,15 +409,9 @@ impl<'a> ResidentPlan<'a> {
                 v,
                 decay,
             } => vec![step(
-                StepOp::Adamw,
-                StepParams {
-                    n: len(param) as u32,
-                    extra: [self.plan.stats.grads as u32, decay as u32, 0, 0],
-                    ..Default::default()
-                },
+                launch::adamw(len(param), self.plan.stats.grads, decay),
                 Some(grad),
                 [Some(param), Some(m), Some(v)],
-                Some(len(param)),
             )?],
         };
         r.dispatches.extend(d);
@@ -554,26 +443,6 @@ fn storage_of(gpu: &super::device::Gpu, words: usize) -> Result<wgpu::Buffer> {
         usage: STORAGE,
         mapped_at_creation: false,
     }))
-}
-
-fn softmax_params(rows: usize, t: usize, scale: f64) -> TrainParams {
-    TrainParams {
-        n: rows as u32,
-        c: t as u32,
-        scale: scale as f32,
-        ..Default::default()
-    }
-}
-
-fn copy_params(map: &Strided) -> StepParams {
-    StepParams {
-        n: map.len() as u32,
-        dims: map.dims,
-        src: map.src,
-        dst: map.dst,
-        extra: [map.src_offset, map.dst_offset, 0, 0],
-        ..Default::default()
-    }
 }
 
 #[async_trait::async_trait]

@@ -1,6 +1,7 @@
-//! The training ops on wgpu (`shaders/train.wgsl`): one launcher for every entry point, and the
-//! Backend overrides built on it. Each call uploads its operands and reads its results back;
-//! the device-resident step plan (`plan.rs`) binds the same kernels to resident tensors.
+//! The training kernel launches on wgpu (`shaders/train.wgsl`, `shaders/step.wgsl`): what each
+//! op launches (kernel, uniform, invocations) is defined here once, in `launch`, and used both by
+//! the Backend's per-op training ops (`ops.rs`: operands uploaded for the call, `run_once`) and
+//! by the device-resident step plan (`plan.rs`: the same launches bound to resident tensors).
 
 use super::WgpuBackend;
 use super::buffer::{Dispatch, check_binding, read_words, submit, upload};
@@ -34,6 +35,192 @@ pub struct StepParams {
     pub src: [u32; 4],
     pub dst: [u32; 4],
     pub extra: [u32; 4],
+}
+
+/// One launch of a train.wgsl kernel: which entry point, its uniform, and how many invocations.
+#[derive(Clone, Copy)]
+pub struct TrainLaunch {
+    pub op: TrainOp,
+    pub params: TrainParams,
+    pub items: usize,
+}
+
+/// One launch of a step.wgsl kernel; `items` None runs one workgroup (the kernels that reduce
+/// a whole tensor into the stats).
+#[derive(Clone, Copy)]
+pub struct StepLaunch {
+    pub op: StepOp,
+    pub params: StepParams,
+    pub items: Option<usize>,
+}
+
+impl StepLaunch {
+    pub fn groups(&self, gpu: &super::device::Gpu) -> Result<[u32; 3]> {
+        match self.items {
+            Some(items) => Dispatch::element_groups(gpu, items),
+            None => Ok([1, 1, 1]),
+        }
+    }
+}
+
+/// The launches of every training op (the bindings of each are in the kernel files' order).
+pub mod launch {
+    use super::{StepLaunch, StepParams, TrainLaunch, TrainParams};
+    use crate::backend::wgpu::shaders::{StepOp, TrainOp, format_id};
+    use crate::format::Format;
+    use crate::plan::Strided;
+
+    fn train(op: TrainOp, n: usize, c: usize, items: usize) -> TrainLaunch {
+        TrainLaunch {
+            op,
+            params: TrainParams {
+                n: n as u32,
+                c: c as u32,
+                ..Default::default()
+            },
+            items,
+        }
+    }
+
+    /// Gathers `n` elements (rows of `c`): table, ids -> y.
+    pub fn embedding_fwd(n: usize, c: usize) -> TrainLaunch {
+        train(TrainOp::EmbeddingFwd, n, c, n)
+    }
+
+    /// Scatter-adds `tokens` rows into `rows x c`: dout, ids -> dtable.
+    pub fn embedding_bwd(rows: usize, c: usize, tokens: usize) -> TrainLaunch {
+        let mut l = train(TrainOp::EmbeddingBwd, rows * c, c, rows * c);
+        l.params.tokens = tokens as u32;
+        l
+    }
+
+    /// x, g, b -> y, (mean, rstd) per row.
+    pub fn layernorm_fwd(rows: usize, c: usize) -> TrainLaunch {
+        train(TrainOp::LayernormFwd, rows, c, rows)
+    }
+
+    /// dy, x, g -> dx (stats read); then dy, x -> dg, db (one invocation per column).
+    pub fn layernorm_bwd(rows: usize, c: usize) -> [TrainLaunch; 2] {
+        [
+            train(TrainOp::LayernormBwdX, rows, c, rows),
+            train(TrainOp::LayernormBwdParams, rows, c, c),
+        ]
+    }
+
+    pub fn gelu_fwd(n: usize) -> TrainLaunch {
+        train(TrainOp::GeluFwd, n, 0, n)
+    }
+
+    pub fn gelu_bwd(n: usize) -> TrainLaunch {
+        train(TrainOp::GeluBwd, n, 0, n)
+    }
+
+    /// Causal softmax of `scale * x` over rows of `t`.
+    pub fn softmax_fwd(rows: usize, t: usize, scale: f64) -> TrainLaunch {
+        let mut l = train(TrainOp::CausalSoftmaxFwd, rows, t, rows);
+        l.params.scale = scale as f32;
+        l
+    }
+
+    pub fn softmax_bwd(rows: usize, t: usize, scale: f64) -> TrainLaunch {
+        let mut l = train(TrainOp::CausalSoftmaxBwd, rows, t, rows);
+        l.params.scale = scale as f32;
+        l
+    }
+
+    /// logits, targets -> probabilities, per-row losses.
+    pub fn cross_entropy_fwd(rows: usize, v: usize) -> TrainLaunch {
+        train(TrainOp::CrossEntropyFwd, rows, v, rows)
+    }
+
+    fn step(op: StepOp, params: StepParams, items: Option<usize>) -> StepLaunch {
+        StepLaunch { op, params, items }
+    }
+
+    /// The mean of `rows` per-row losses into stats slot `slot`.
+    pub fn mean_to_stat(rows: usize, slot: usize) -> StepLaunch {
+        let params = StepParams {
+            n: rows as u32,
+            slot: slot as u32,
+            ..Default::default()
+        };
+        step(StepOp::MeanToStat, params, None)
+    }
+
+    /// probs, targets -> (probs - onehot) * scalar DLOSS_PER_ROW, over `n` elements.
+    pub fn cross_entropy_bwd(n: usize, v: usize) -> StepLaunch {
+        let params = StepParams {
+            n: n as u32,
+            c: v as u32,
+            ..Default::default()
+        };
+        step(StepOp::CrossEntropyBwd, params, Some(n))
+    }
+
+    pub fn round(n: usize, format: Format) -> StepLaunch {
+        let params = StepParams {
+            n: n as u32,
+            format: format_id(format),
+            ..Default::default()
+        };
+        step(StepOp::Round, params, Some(n))
+    }
+
+    /// y (n) += x (c, repeated over y).
+    pub fn add(n: usize, c: usize) -> StepLaunch {
+        let params = StepParams {
+            n: n as u32,
+            c: c.max(1) as u32,
+            ..Default::default()
+        };
+        step(StepOp::Add, params, Some(n))
+    }
+
+    /// Column sums of `n` elements in rows of `c`.
+    pub fn column_sums(n: usize, c: usize) -> StepLaunch {
+        let params = StepParams {
+            n: n as u32,
+            c: c as u32,
+            ..Default::default()
+        };
+        step(StepOp::ColumnSums, params, Some(c))
+    }
+
+    pub fn strided_copy(map: &Strided) -> StepLaunch {
+        let params = StepParams {
+            n: map.len() as u32,
+            dims: map.dims,
+            src: map.src,
+            dst: map.dst,
+            extra: [map.src_offset, map.dst_offset, 0, 0],
+            ..Default::default()
+        };
+        step(StepOp::StridedCopy, params, Some(map.len()))
+    }
+
+    /// GradScaler's unscale of `n` gradient values, its finite flag into stats slot `flag` and
+    /// its squared norm into `norm`; `poisoned`: scalar POISON goes into the first element.
+    pub fn unscale_check(n: usize, poisoned: bool, flag: usize, norm: usize) -> StepLaunch {
+        let params = StepParams {
+            n: n as u32,
+            c: poisoned as u32,
+            slot: flag as u32,
+            extra: [norm as u32, 0, 0, 0],
+            ..Default::default()
+        };
+        step(StepOp::UnscaleCheck, params, None)
+    }
+
+    /// AdamW on `n` values, applied only where the first `gated_on` gradients' flags are clear
+    /// (0: always).
+    pub fn adamw(n: usize, gated_on: usize, decay: bool) -> StepLaunch {
+        let params = StepParams {
+            n: n as u32,
+            extra: [gated_on as u32, decay as u32, 0, 0],
+            ..Default::default()
+        };
+        step(StepOp::Adamw, params, Some(n))
+    }
 }
 
 /// An output buffer of a kernel: fresh (zeroed) of a length, or holding initial values.
@@ -101,36 +288,35 @@ impl WgpuBackend {
         Ok(results)
     }
 
-    /// Runs one train kernel over `items` invocations and returns its three outputs.
+    /// Runs one train kernel launch on uploaded operands and returns its three outputs.
     pub(crate) async fn train_op(
         &self,
-        op: TrainOp,
-        params: TrainParams,
+        launch: TrainLaunch,
         inputs: [&[f32]; 3],
         outputs: [Out<'_>; 3],
-        items: usize,
     ) -> Result<[Vec<f32>; 3]> {
         let [i0, i1, i2] = inputs.map(Bind::In);
         let [o0, o1, o2] = outputs.map(Bind::Out);
-        let groups = Dispatch::element_groups(&self.gpu, items)?;
+        let groups = Dispatch::element_groups(&self.gpu, launch.items)?;
+        let (kernel, params) = (Kernel::Train(launch.op), launch.params);
         let outs = self
-            .run_once(Kernel::Train(op), &params, [i0, i1, i2, o0, o1, o2], groups)
+            .run_once(kernel, &params, [i0, i1, i2, o0, o1, o2], groups)
             .await?;
         let mut outs = outs.into_iter();
         Ok([(); 3].map(|_| outs.next().unwrap_or_default()))
     }
 
-    /// Runs one step kernel (step.wgsl) on `scalars` (the plan's scalar slots) and returns the
-    /// stats (`stats` values, zeroed first) and its outputs y, z, w.
+    /// Runs one step kernel launch (step.wgsl) on `scalars` (the plan's scalar slots) and
+    /// returns the stats (`stats` values, zeroed first) and its outputs y, z, w.
     pub(crate) async fn step_op(
         &self,
-        op: StepOp,
-        params: StepParams,
+        launch: StepLaunch,
         scalars: &[f32],
         (stats, x): (usize, &[f32]),
         outputs: [Out<'_>; 3],
-        groups: [u32; 3],
     ) -> Result<[Vec<f32>; 4]> {
+        let groups = launch.groups(&self.gpu)?;
+        let (op, params) = (launch.op, launch.params);
         let [y, z, w] = outputs.map(Bind::Out);
         let binds = [
             Bind::In(scalars),

@@ -1,0 +1,298 @@
+//! Element kernels: casts, fp8 quantization, amax and scales, the bf16 split. Each function
+//! returns a `Dispatch` so that callers can chain several into one submission.
+
+use super::buffer::Dispatch;
+use super::device::Gpu;
+use super::shaders::{Kernel, format_id};
+use crate::error::Result;
+use crate::format::Format;
+use bytemuck::{Pod, Zeroable};
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct CastParams {
+    len: u32,
+    format: u32,
+    saturate: u32,
+    batch_len: u32,
+    div: u32,
+    modulus: u32,
+    groups_per_batch: u32,
+    scale_offset: u32,
+}
+
+impl CastParams {
+    /// A cast of `len` elements with no scale groups.
+    fn plain(len: usize, format: Format, saturate: bool) -> CastParams {
+        CastParams {
+            len: len as u32,
+            format: format_id(format),
+            saturate: saturate as u32,
+            batch_len: 1,
+            div: 1,
+            modulus: 1,
+            groups_per_batch: 1,
+            scale_offset: 0,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct ScaleParams {
+    len: u32,
+    batch_len: u32,
+    div: u32,
+    modulus: u32,
+    groups_per_batch: u32,
+    groups: u32,
+    fmax_bits: u32,
+    offset: u32,
+}
+
+impl ScaleParams {
+    fn new(len: usize, grouping: Grouping, fmax_bits: u32, offset: usize) -> ScaleParams {
+        ScaleParams {
+            len: len as u32,
+            batch_len: grouping.batch_len,
+            div: grouping.div,
+            modulus: grouping.modulus,
+            groups_per_batch: grouping.groups_per_batch,
+            groups: grouping.groups() as u32,
+            fmax_bits,
+            offset: offset as u32,
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct SplitParams {
+    len: u32,
+    plane_words: u32,
+    parts: u32,
+    _pad: u32,
+}
+
+/// Which scale group each element of a stored operand belongs to:
+/// group(e) = (e / batch_len) * groups_per_batch + ((e % batch_len) / div) % modulus.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grouping {
+    pub batch_len: u32,
+    pub div: u32,
+    pub modulus: u32,
+    pub groups_per_batch: u32,
+    pub batches: u32,
+}
+
+impl Grouping {
+    /// One group per batch of `batch_len` elements.
+    pub fn per_batch(batches: usize, batch_len: usize) -> Grouping {
+        let l = batch_len.max(1) as u32;
+        Grouping {
+            batch_len: l,
+            div: l,
+            modulus: 1,
+            groups_per_batch: 1,
+            batches: batches as u32,
+        }
+    }
+
+    /// One group per line of a row-major `rows x cols` matrix per batch: per row when
+    /// `by_row`, per column otherwise.
+    pub fn per_line(batches: usize, rows: usize, cols: usize, by_row: bool) -> Grouping {
+        let (rows, cols) = (rows.max(1) as u32, cols.max(1) as u32);
+        let (div, modulus) = if by_row { (cols, rows) } else { (1, cols) };
+        Grouping {
+            batch_len: rows * cols,
+            div,
+            modulus,
+            groups_per_batch: modulus,
+            batches: batches as u32,
+        }
+    }
+
+    pub fn groups(&self) -> usize {
+        self.batches as usize * self.groups_per_batch as usize
+    }
+}
+
+/// Words a packed array of `len` elements of `format` occupies.
+pub fn packed_words(format: Format, len: usize) -> usize {
+    let per = 4 / format.storage_bytes().min(4);
+    len.div_ceil(per)
+}
+
+/// f32 words in `src` -> packed codes of `format` in `dst`.
+pub fn encode(
+    gpu: &Gpu,
+    src: &wgpu::Buffer,
+    dst: &wgpu::Buffer,
+    len: usize,
+    format: Format,
+    saturate: bool,
+) -> Result<Dispatch> {
+    let params = CastParams::plain(len, format, saturate);
+    element_cast(
+        gpu,
+        Kernel::Encode,
+        params,
+        src,
+        dst,
+        src,
+        packed_words(format, len),
+    )
+}
+
+/// Packed codes of `format` in `src` -> f32 words in `dst`.
+pub fn decode(
+    gpu: &Gpu,
+    src: &wgpu::Buffer,
+    dst: &wgpu::Buffer,
+    len: usize,
+    format: Format,
+) -> Result<Dispatch> {
+    let params = CastParams::plain(len, format, false);
+    element_cast(gpu, Kernel::Decode, params, src, dst, src, len)
+}
+
+/// f32 words in `src` -> fp8 codes of sat_cast(x * s) in `dst`, s = scales[offset + group(e)].
+#[allow(clippy::too_many_arguments)]
+pub fn quantize(
+    gpu: &Gpu,
+    src: &wgpu::Buffer,
+    dst: &wgpu::Buffer,
+    scales: &wgpu::Buffer,
+    len: usize,
+    format: Format,
+    grouping: Grouping,
+    scale_offset: usize,
+) -> Result<Dispatch> {
+    let params = CastParams {
+        len: len as u32,
+        format: format_id(format),
+        saturate: 1,
+        batch_len: grouping.batch_len,
+        div: grouping.div,
+        modulus: grouping.modulus,
+        groups_per_batch: grouping.groups_per_batch,
+        scale_offset: scale_offset as u32,
+    };
+    element_cast(
+        gpu,
+        Kernel::Quantize,
+        params,
+        src,
+        dst,
+        scales,
+        packed_words(format, len),
+    )
+}
+
+fn element_cast(
+    gpu: &Gpu,
+    kernel: Kernel,
+    params: CastParams,
+    src: &wgpu::Buffer,
+    dst: &wgpu::Buffer,
+    scales: &wgpu::Buffer,
+    items: usize,
+) -> Result<Dispatch> {
+    let pipeline = gpu.pipeline(&kernel)?;
+    let uniform = super::buffer::uniform(gpu, &params);
+    Ok(Dispatch::new(
+        gpu,
+        pipeline,
+        &[&uniform, src, dst, scales],
+        Dispatch::element_groups(gpu, items)?,
+    ))
+}
+
+/// Two dispatches: atomic amax of each group of `src` into `amax_bits[offset..]` (which must
+/// be zeroed first), then s = FMAX / amax into `scales[offset..]`.
+#[allow(clippy::too_many_arguments)]
+pub fn current_scales(
+    gpu: &Gpu,
+    src: &wgpu::Buffer,
+    amax_bits: &wgpu::Buffer,
+    scales: &wgpu::Buffer,
+    len: usize,
+    format: Format,
+    grouping: Grouping,
+    offset: usize,
+) -> Result<[Dispatch; 2]> {
+    let params = ScaleParams::new(len, grouping, format.max().to_bits(), offset);
+    let uniform = super::buffer::uniform(gpu, &params);
+    let buffers = [&uniform, src, amax_bits, scales];
+    let amax = Dispatch::new(
+        gpu,
+        gpu.pipeline(&Kernel::Amax)?,
+        &buffers,
+        amax_groups(gpu, len)?,
+    );
+    let scale = Dispatch::new(
+        gpu,
+        gpu.pipeline(&Kernel::ScaleFromAmax)?,
+        &buffers,
+        Dispatch::element_groups(gpu, grouping.groups())?,
+    );
+    Ok([amax, scale])
+}
+
+/// Elements per workgroup of scale.wgsl's `amax` (its AMAX_SPAN).
+const AMAX_SPAN: usize = 4096;
+
+/// Workgroups of scale.wgsl's `amax` over `len` elements: one per span (`element_groups`
+/// counts one per 256 items).
+fn amax_groups(gpu: &Gpu, len: usize) -> Result<[u32; 3]> {
+    Dispatch::element_groups(gpu, len.div_ceil(AMAX_SPAN / 256))
+}
+
+/// Atomic amax of each group of `src` into `amax_bits[offset..]` (which must be zeroed first).
+pub fn amax(
+    gpu: &Gpu,
+    src: &wgpu::Buffer,
+    amax_bits: &wgpu::Buffer,
+    len: usize,
+    grouping: Grouping,
+    offset: usize,
+) -> Result<Dispatch> {
+    let params = ScaleParams::new(len, grouping, 0, offset);
+    let uniform = super::buffer::uniform(gpu, &params);
+    // The scales binding is not written by `amax`; amax_bits stands in for it.
+    Ok(Dispatch::new(
+        gpu,
+        gpu.pipeline(&Kernel::Amax)?,
+        &[&uniform, src, amax_bits, amax_bits],
+        amax_groups(gpu, len)?,
+    ))
+}
+
+/// The bf16 split of `len` f32 words into `parts` packed planes; returns the dispatch and the
+/// words per plane.
+pub fn split_bf16(
+    gpu: &Gpu,
+    src: &wgpu::Buffer,
+    dst: &wgpu::Buffer,
+    len: usize,
+    parts: usize,
+) -> Result<(Dispatch, usize)> {
+    let plane_words = packed_words(Format::Bf16, len);
+    let params = SplitParams {
+        len: len as u32,
+        plane_words: plane_words as u32,
+        parts: parts as u32,
+        _pad: 0,
+    };
+    let uniform = super::buffer::uniform(gpu, &params);
+    let pipeline = gpu.pipeline(&Kernel::SplitBf16)?;
+    Ok((
+        Dispatch::new(
+            gpu,
+            pipeline,
+            &[&uniform, src, dst],
+            Dispatch::element_groups(gpu, plane_words)?,
+        ),
+        plane_words,
+    ))
+}
