@@ -6,12 +6,7 @@
 // without --ftz and with --prec-div, so subnormals are kept and divisions rounded to nearest.
 // No headers: NVRTC then needs nothing but itself.
 
-#define FMT_F32 0u
-#define FMT_TF32 1u
-#define FMT_BF16 2u
-#define FMT_F16 3u
-#define FMT_E4M3 4u
-#define FMT_E5M2 5u
+// The format ids FMT_<NAME> come in the generated header (src/backend/defs.rs).
 
 typedef unsigned int u32;
 typedef unsigned short u16;

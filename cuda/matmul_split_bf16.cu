@@ -139,24 +139,19 @@ matmul_split_bf16(const float* A, const float* B, float* C, u32 M, u32 N, u32 K,
                     bf[pl][ni][1] = pair(Bs, pl, r, c + 8);
                 }
             }
-#define TERM(level, pa, pb)                                          \
-    _Pragma("unroll") for (int mi = 0; mi < 2; ++mi)                 \
-        _Pragma("unroll") for (int ni = 0; ni < 4; ++ni)             \
-            mma_bf16(part[level][mi][ni], af[pa][mi], bf[pb][ni]);
-            TERM(0, P_H, P_H)
-            TERM(1, P_HF, P_M)
-            TERM(1, P_M, P_HF)
-#if LEVELS >= 3
-            TERM(2, P_M, P_M)
-            TERM(2, P_HF, P_L)
-            TERM(2, P_L, P_HF)
-#endif
-#if LEVELS >= 5
-            TERM(3, P_M, P_L)
-            TERM(3, P_L, P_M)
-            TERM(4, P_L, P_L)
-#endif
+// One level term: the parts (0 = h, 1 = m, 2 = l) of the generated SPLIT_TERMS
+// (src/algorithm.rs); h is P_H in L0 and P_HF, 0 where not finite, in the lower levels. Terms
+// of levels past LEVELS are dead code; their indices are kept in bounds all the same.
+#define PLANE(level, part) ((part) == 0 ? ((level) == 0 ? P_H : P_HF) : (part) == 1 ? P_M : P_L)
+#define TERM(level, pa, pb)                                                  \
+    if ((level) < LEVELS)                                                    \
+        _Pragma("unroll") for (int mi = 0; mi < 2; ++mi)                     \
+            _Pragma("unroll") for (int ni = 0; ni < 4; ++ni)                 \
+                mma_bf16(part[(level) < LEVELS ? (level) : 0][mi][ni],       \
+                         af[PLANE(level, pa) % PLANES][mi], bf[PLANE(level, pb) % PLANES][ni]);
+            SPLIT_TERMS(TERM)
 #undef TERM
+#undef PLANE
         }
         __syncthreads();
 

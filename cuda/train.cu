@@ -1,6 +1,6 @@
 // train.cu: the ops of the training step plan besides matmul, rounding and amax (which cast.cu
-// and scale.cu serve). Needs formats.cuh. Host reference: src/train/ops.rs and the host
-// interpreter in src/train/exec.rs; the WGSL twins are shaders/train.wgsl and step.wgsl.
+// and scale.cu serve). Needs formats.cuh. Host reference: src/backend/reference/ops.rs and
+// the host interpreter in src/backend/reference/interp.rs; the WGSL twins are shaders/train.wgsl and step.wgsl.
 //
 // Row ops (layer norm, softmax, cross entropy) run one block per row and reduce with warp
 // shuffles. Column reductions (bias and layer-norm parameter gradients) write one partial sum
@@ -8,18 +8,8 @@
 // a gather over the tokens. No float atomics anywhere: a step rerun gives the same bits, which
 // is what makes a resumed run reproduce an uninterrupted one.
 
-// Scalar slots the host writes before a step (src/train/plan.rs `scalar`).
-#define DLOSS_PER_ROW 0
-#define INVERSE_SCALE 1
-#define POISON 2
-#define LR 3
-#define BETA1 4
-#define BETA2 5
-#define EPS 6
-#define WEIGHT_DECAY 7
-#define BIAS_CORRECTION1 8
-#define BIAS_CORRECTION2 9
-#define CLIP 10
+// Scalar slots the host writes before a step: S_<NAME>, generated from src/plan/scalar.rs
+// into the header (src/backend/defs.rs).
 
 // Rows per chunk of the column reductions (the launcher sizes the grid with the same value).
 #define CHUNK_ROWS 256u
@@ -257,10 +247,10 @@ extern "C" __global__ void mean_to_stat(const float* x, float* stats, u32 n, u32
     if (threadIdx.x == 0u) stats[slot] = s / (float)n;
 }
 
-// d = (p - onehot(target)) * scalars[DLOSS_PER_ROW] per row of v.
+// d = (p - onehot(target)) * scalars[S_DLOSS_PER_ROW] per row of v.
 extern "C" __global__ void cross_entropy_bwd(const float* probs, const u32* targets, float* d,
                                              const float* scalars, i64 n, u32 v) {
-    float k = scalars[DLOSS_PER_ROW];
+    float k = scalars[S_DLOSS_PER_ROW];
     FOR_EACH(e, n) {
         float onehot = targets[e / v] == (u32)(e % v) ? 1.0f : 0.0f;
         d[e] = (probs[e] - onehot) * k;
@@ -304,11 +294,11 @@ extern "C" __global__ void strided_copy(const float* x, float* y, i64 n, Strided
 // partial[2 b + 1] (the grid-stride split is fixed by the launch, so the sums are too).
 extern "C" __global__ void unscale_partials(float* g, float* partial, const float* scalars,
                                             i64 n, u32 poisoned) {
-    float inverse = scalars[INVERSE_SCALE];
+    float inverse = scalars[S_INVERSE_SCALE];
     float s = 0.0f, bad = 0.0f;
     FOR_EACH(e, n) {
         float v = g[e];
-        if (poisoned != 0u && e == 0) v += scalars[POISON];
+        if (poisoned != 0u && e == 0) v += scalars[S_POISON];
         v *= inverse;
         g[e] = v;
         if (!is_finite_bits(v)) bad = 1.0f;
@@ -347,12 +337,12 @@ extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v,
         if (stats[1 + i] != 0.0f) return;
         norm_sq += stats[1 + count + i];
     }
-    float norm = sqrtf(norm_sq), clip = scalars[CLIP];
+    float norm = sqrtf(norm_sq), clip = scalars[S_CLIP];
     float factor = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
-    float lr = scalars[LR], beta1 = scalars[BETA1], beta2 = scalars[BETA2];
-    float wd = decay != 0u ? lr * scalars[WEIGHT_DECAY] : 0.0f;
-    float step = lr / scalars[BIAS_CORRECTION1];
-    float bc2 = scalars[BIAS_CORRECTION2], eps = scalars[EPS];
+    float lr = scalars[S_LR], beta1 = scalars[S_BETA1], beta2 = scalars[S_BETA2];
+    float wd = decay != 0u ? lr * scalars[S_WEIGHT_DECAY] : 0.0f;
+    float step = lr / scalars[S_BIAS_CORRECTION1];
+    float bc2 = scalars[S_BIAS_CORRECTION2], eps = scalars[S_EPS];
     FOR_EACH(e, n) {
         float ge = g[e] * factor;
         float me = beta1 * m[e] + (1.0f - beta1) * ge;

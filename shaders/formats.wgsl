@@ -3,14 +3,7 @@
 // Integer operations only: the results must equal the host `format` module bit for bit, and
 // GPU float conversions are neither required to round to nearest even nor to keep subnormals.
 // A format is a Layout (exponent bits, mantissa bits, IEEE specials or "fn" specials); the ids
-// below are `Format`'s order in src/format/mod.rs.
-
-const FMT_F32: u32 = 0u;
-const FMT_TF32: u32 = 1u;
-const FMT_BF16: u32 = 2u;
-const FMT_F16: u32 = 3u;
-const FMT_E4M3: u32 = 4u;
-const FMT_E5M2: u32 = 5u;
+// FMT_<NAME> come in the generated header (src/backend/defs.rs, from `Format::id`).
 
 struct Layout {
     ebits: u32,
@@ -21,11 +14,11 @@ struct Layout {
 
 fn layout_of(fmt: u32) -> Layout {
     switch fmt {
-        case 1u: { return Layout(8u, 10u, true); }
-        case 2u: { return Layout(8u, 7u, true); }
-        case 3u: { return Layout(5u, 10u, true); }
-        case 4u: { return Layout(4u, 3u, false); }
-        case 5u: { return Layout(5u, 2u, true); }
+        case FMT_TF32: { return Layout(8u, 10u, true); }
+        case FMT_BF16: { return Layout(8u, 7u, true); }
+        case FMT_F16: { return Layout(5u, 10u, true); }
+        case FMT_E4M3: { return Layout(4u, 3u, false); }
+        case FMT_E5M2: { return Layout(5u, 2u, true); }
         default: { return Layout(8u, 23u, true); }
     }
 }

@@ -10,6 +10,7 @@
 //   const FP8: bool, ROWWISE: bool
 //   alias A_T, B_T              element type of the operand arrays (u32, or f16 natively)
 //   fn fetch_a(idx: u32) -> f32 and fn fetch_b(idx: u32) -> f32: decode one stored element
+//   the split products of levels L1.., in place of the lower-levels marker (src/backend/defs.rs)
 //   const MASKED: bool, fn flagged(line: u32) -> bool: as the fallback of the cooperative-matrix
 //                               kernel, compute only outputs whose row of A or column of B is
 //                               flagged (coop_pack.wgsl); the flags are binding 5
@@ -189,24 +190,19 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
                 outer(&acc_rd, ah2, bh2);
             }
             if (LEVELS >= 2u) {
-                let ah0 = finite_or_zero(ah);
-                let bh0 = finite_or_zero(bh);
-                let am = a_at(1u, kk, lid.y);
-                let bm = b_at(1u, kk, lid.x);
-                outer(&acc1, ah0, bm);
-                outer(&acc1, am, bh0);
+                // Parts 0 (h, as 0 where not finite: only L0 meets inf/NaN), 1 (m), 2 (l).
+                let a0 = finite_or_zero(ah);
+                let b0 = finite_or_zero(bh);
+                let a1 = a_at(1u, kk, lid.y);
+                let b1 = b_at(1u, kk, lid.x);
+                var a2 = vec4<f32>();
+                var b2 = vec4<f32>();
                 if (LEVELS >= 3u) {
-                    let al = a_at(2u, kk, lid.y);
-                    let bl = b_at(2u, kk, lid.x);
-                    outer(&acc2, am, bm);
-                    outer(&acc2, ah0, bl);
-                    outer(&acc2, al, bh0);
-                    if (LEVELS >= 5u) {
-                        outer(&acc3, am, bl);
-                        outer(&acc3, al, bm);
-                        outer(&acc4, al, bl);
-                    }
+                    a2 = a_at(2u, kk, lid.y);
+                    b2 = b_at(2u, kk, lid.x);
                 }
+                // The products of levels L1.. (src/algorithm.rs SPLIT_LEVELS), by the loader:
+{{lower_levels}}
             }
         }
         workgroupBarrier();

@@ -29,18 +29,7 @@ struct StepParams {
 @group(0) @binding(5) var<storage, read_write> z: array<f32>;
 @group(0) @binding(6) var<storage, read_write> w: array<f32>;
 
-// Scalar slots (src/train/plan.rs).
-const DLOSS_PER_ROW: u32 = 0u;
-const INVERSE_SCALE: u32 = 1u;
-const POISON: u32 = 2u;
-const LR: u32 = 3u;
-const BETA1: u32 = 4u;
-const BETA2: u32 = 5u;
-const EPS: u32 = 6u;
-const WEIGHT_DECAY: u32 = 7u;
-const BIAS_CORRECTION1: u32 = 8u;
-const BIAS_CORRECTION2: u32 = 9u;
-const CLIP: u32 = 10u;
+// Scalar slots: S_<NAME>, generated from src/plan/scalar.rs into the header.
 
 // y rounded to `format` in place, through the integer encoder (no GPU float conversion).
 @compute @workgroup_size(256)
@@ -137,11 +126,11 @@ fn mean_to_stat(@builtin(local_invocation_index) lid: u32) {
 fn unscale_check(@builtin(local_invocation_index) lid: u32) {
     var s = 0.0;
     var nonfinite = 0u;
-    let inverse = scalars[INVERSE_SCALE];
+    let inverse = scalars[S_INVERSE_SCALE];
     for (var e = lid; e < params.n; e += 256u) {
         var g = y[e];
         if (params.c == 1u && e == 0u) {
-            g = g + scalars[POISON];
+            g = g + scalars[S_POISON];
         }
         g = g * inverse;
         y[e] = g;
@@ -178,14 +167,14 @@ fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
         norm_sq += stats[1u + count + i];
     }
     let norm = sqrt(norm_sq);
-    let clip = scalars[CLIP];
+    let clip = scalars[S_CLIP];
     var factor = 1.0;
     if (clip > 0.0 && norm > clip) {
         factor = clip / norm;
     }
-    let lr = scalars[LR];
-    let beta1 = scalars[BETA1];
-    let beta2 = scalars[BETA2];
+    let lr = scalars[S_LR];
+    let beta1 = scalars[S_BETA1];
+    let beta2 = scalars[S_BETA2];
     let g = x[e] * factor;
     let m = beta1 * z[e] + (1.0 - beta1) * g;
     let v = beta2 * w[e] + (1.0 - beta2) * g * g;
@@ -193,10 +182,10 @@ fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
     w[e] = v;
     var wd = 0.0;
     if (params.extra.y != 0u) {
-        wd = lr * scalars[WEIGHT_DECAY];
+        wd = lr * scalars[S_WEIGHT_DECAY];
     }
-    let denom = sqrt(v / scalars[BIAS_CORRECTION2]) + scalars[EPS];
-    y[e] = y[e] * (1.0 - wd) - (lr / scalars[BIAS_CORRECTION1]) * m / denom;
+    let denom = sqrt(v / scalars[S_BIAS_CORRECTION2]) + scalars[S_EPS];
+    y[e] = y[e] * (1.0 - wd) - (lr / scalars[S_BIAS_CORRECTION1]) * m / denom;
 }
 
 // Cross-entropy gradient of the scaled mean loss: y = (x - onehot(z)) * DLOSS_PER_ROW per row
@@ -213,5 +202,5 @@ fn cross_entropy_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     if (bitcast<u32>(z[r]) == e % params.c) {
         onehot = 1.0;
     }
-    y[e] = (x[e] - onehot) * scalars[DLOSS_PER_ROW];
+    y[e] = (x[e] - onehot) * scalars[S_DLOSS_PER_ROW];
 }

@@ -94,6 +94,10 @@ fn harness() -> Option<&'static PathBuf> {
         let out = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cuda_host_harness");
         let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/cuda_host/harness.cpp");
         let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
+        // The definitions the loader puts before every module, generated as NVRTC gets them.
+        let defs = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("mantissa_defs.cuh");
+        std::fs::write(&defs, mantissa::backend::defs::cuda())
+            .map_err(|e| format!("cannot write {}: {e}", defs.display()))?;
         let status = Command::new(&compiler)
             // No contraction (NVRTC runs with --fmad=false); the split kernel reads pairs of
             // u16 through u32 pointers, as CUDA allows.
@@ -102,8 +106,10 @@ fn harness() -> Option<&'static PathBuf> {
                 "-O2",
                 "-ffp-contract=off",
                 "-fno-strict-aliasing",
-                "-o",
+                "-include",
             ])
+            .arg(&defs)
+            .arg("-o")
             .arg(&out)
             .arg(src)
             .status()
@@ -148,11 +154,7 @@ fn run(harness: &PathBuf, kernel: &str, args: &[String], input: &[u32]) -> Vec<u
 }
 
 fn format_id(f: Format) -> String {
-    Format::ALL
-        .iter()
-        .position(|g| *g == f)
-        .unwrap()
-        .to_string()
+    f.id().to_string()
 }
 
 fn bits(x: &[f32]) -> Vec<u32> {

@@ -108,3 +108,45 @@ fn every_cooperative_block_validates() {
         .is_none()
     );
 }
+
+/// Format ids, scalar slots and split terms are defined once in Rust and generated into every
+/// kernel (`backend::defs`): no kernel file defines its own copy, every kernel's source carries
+/// the generated values, and the split kernels take their products from the generated lists.
+#[test]
+fn kernels_take_shared_definitions_from_the_generated_header() {
+    use mantissa::backend::defs;
+    use mantissa::format::Format;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for dir in ["shaders", "cuda"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            let text = std::fs::read_to_string(&path).unwrap();
+            for line in text.lines().map(str::trim) {
+                let defines = ["const FMT_", "#define FMT_", "const S_", "#define S_"]
+                    .iter()
+                    .any(|p| line.starts_with(p));
+                assert!(!defines, "{} defines its own {line:?}", path.display());
+            }
+        }
+    }
+    let wgsl = defs::wgsl();
+    for f in Format::ALL {
+        let want = format!("const FMT_{}: u32 = {}u;", f.name().to_uppercase(), f.id());
+        assert!(wgsl.contains(&want), "{want}");
+    }
+    for (name, slot) in mantissa::plan::scalar::SLOTS {
+        assert!(wgsl.contains(&format!("const S_{name}: u32 = {slot}u;")));
+        assert!(defs::cuda().contains(&format!("#define S_{name} {slot}u")));
+    }
+    for k in Kernel::all() {
+        let src = k.source();
+        assert!(src.starts_with("// generated header\n") && src.contains(&wgsl));
+        assert!(
+            !src.contains("{{"),
+            "{}: a template marker is left",
+            k.label()
+        );
+    }
+    let split = std::fs::read_to_string(root.join("cuda/matmul_split_bf16.cu")).unwrap();
+    assert!(split.contains("SPLIT_TERMS(TERM)") && !split.contains("TERM(0, P_H, P_H)"));
+}

@@ -19,6 +19,7 @@
 pub mod choice;
 #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
 pub mod cuda;
+pub mod defs;
 pub mod reference;
 pub mod wgpu;
 

@@ -50,6 +50,12 @@ impl Format {
         Format::E5m2,
     ];
 
+    /// The id kernels know the format by (`FMT_<NAME>` in the generated kernel header,
+    /// `backend::defs`): its position in `ALL`.
+    pub fn id(self) -> u32 {
+        self as u32
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Format::F32 => "f32",

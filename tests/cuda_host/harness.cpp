@@ -325,13 +325,13 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         emu::launch({1, 1, 1}, {256, 1, 1}, [&] { mean_to_stat(losses.data(), stats.data(), rows, 1); });
         probs.push_back(stats[1]);
         out = bits_of(probs);
-    } else if (k == "cross_entropy_bwd" && argc == 5) {  // ROWS V DLOSS_PER_ROW < probs targets
+    } else if (k == "cross_entropy_bwd" && argc == 5) {  // ROWS V S_DLOSS_PER_ROW < probs targets
         u32 rows = arg(argv, 2), v = arg(argv, 3);
         i64 n = (i64)rows * v;
         float* probs = input.f(n);
         u32* targets = input.u(rows);
         std::vector<float> scalars(16, 0.0f), d(n);
-        scalars[DLOSS_PER_ROW] = farg(argv, 4);
+        scalars[S_DLOSS_PER_ROW] = farg(argv, 4);
         emu::launch(elementwise_grid(n), element_block,
                     [&] { cross_entropy_bwd(probs, targets, d.data(), scalars.data(), n, v); });
         out = bits_of(d);
@@ -370,12 +370,12 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> y(arg(argv, 16), 0.0f);
         emu::launch(elementwise_grid(n), element_block, [&] { strided_copy(x, y.data(), n, map); });
         out = bits_of(y);
-    } else if (k == "unscale" && argc == 5) {  // POISONED INVERSE_SCALE POISON < g > g flag norm
+    } else if (k == "unscale" && argc == 5) {  // POISONED S_INVERSE_SCALE S_POISON < g > g flag norm
         i64 n = (i64)in.size();
         float* g = input.f(n);
         std::vector<float> scalars(16, 0.0f), stats(2);
-        scalars[INVERSE_SCALE] = farg(argv, 3);
-        scalars[POISON] = farg(argv, 4);
+        scalars[S_INVERSE_SCALE] = farg(argv, 3);
+        scalars[S_POISON] = farg(argv, 4);
         // The backend's geometry: up to 256 blocks of 256, at least 1024 elements each.
         u32 blocks = (u32)std::max<i64>(1, std::min<i64>((n + 1023) / 1024, 256));
         std::vector<float> partial(2 * blocks);

@@ -1,8 +1,8 @@
 //! The kernels of `cuda/`, compiled by NVRTC at run time for the device's architecture (nothing
 //! needs nvcc at build time) and loaded once per backend.
 //!
-//! Every module is `formats.cuh` followed by one `.cu` file, as the WGSL loader splices
-//! `formats.wgsl`. Options keep float arithmetic IEEE (no flush to zero, divisions and square
+//! Every module is the generated definitions (`backend::defs`), `formats.cuh`, then one `.cu`
+//! file, as the WGSL loader splices `formats.wgsl`. Options keep float arithmetic IEEE (no flush to zero, divisions and square
 //! roots rounded to nearest, no contraction into FMAs): the casts must match the host bit for bit.
 
 use crate::error::{Error, Result};
@@ -65,11 +65,13 @@ impl Module {
         }
     }
 
-    /// The source NVRTC compiles: formats.cuh, then the module's file (with `#line` so that
-    /// compiler messages name the right file and line).
+    /// The source NVRTC compiles: the generated definitions (`backend::defs`), formats.cuh,
+    /// then the module's file (with `#line` so that compiler messages name the right file and
+    /// line).
     pub fn source(self) -> String {
         format!(
-            "#line 1 \"formats.cuh\"\n{FORMATS}\n#line 1 \"{}\"\n{}",
+            "#line 1 \"defs.cuh (generated)\"\n{}\n#line 1 \"formats.cuh\"\n{FORMATS}\n#line 1 \"{}\"\n{}",
+            crate::backend::defs::cuda(),
             self.file(),
             self.text()
         )
