@@ -4,6 +4,8 @@
 # machine. Debian 12's Mesa 22 has no cooperative matrices; Mesa 26 is in trixie-backports and
 # needs trixie's C library, so this fetches those packages into target/lavapipe-coop (once) and
 # runs the command's binaries through trixie's dynamic loader, without touching the system.
+# The packages come through apt from the Debian mirror the machine's own apt sources name, with
+# trixie and trixie-backports as extra suites in a private apt state (the system's is untouched).
 #
 #   bash scripts/lavapipe-coop.sh cargo test --test conformance --test coop
 #   bash scripts/lavapipe-coop.sh run target/release/mantissa info
@@ -11,7 +13,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD/target/lavapipe-coop"
 sys="$root/root"
-mirror=http://deb.debian.org/debian
 packages="mesa-vulkan-drivers libvulkan1 libc6 libgcc-s1 libstdc++6 zlib1g libzstd1 libxshmfence1
   libxcb1 libxdmcp6 libxau6 libxcb-xfixes0 libxcb-sync1 libxcb-shm0 libxcb-randr0 libxcb-present0
   libxcb-dri3-0 libx11-xcb1 libx11-6 libwayland-client0 libffi8 libpng16-16t64 libllvm19 libz3-4
@@ -20,24 +21,29 @@ packages="mesa-vulkan-drivers libvulkan1 libc6 libgcc-s1 libstdc++6 zlib1g libzs
 
 if [ ! -f "$root/ready" ]; then
   echo "lavapipe-coop: fetching Mesa 26 lavapipe and its trixie runtime into $root"
-  if ! command -v curl >/dev/null || ! command -v xz >/dev/null; then
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq curl xz-utils >/dev/null
-  fi
-  rm -rf "$root" && mkdir -p "$root/debs" "$sys"
-  # trixie-backports last, so its newer packages (Mesa 26) win.
-  for suite in trixie trixie-backports; do
-    curl -fsSL "$mirror/dists/$suite/main/binary-amd64/Packages.xz" | xz -d \
-      | awk '/^Package: /{p=$2} /^Filename: /{print p, $2}' >> "$root/index"
-  done
+  # The machine's Debian mirror: the first URI its apt sources give for a Debian suite that is
+  # not the security archive (deb822 .sources files, then the one-line format).
+  mirror=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ && !/security/ {print $2; exit}')
+  [ -n "$mirror" ] || mirror=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null \
+    | awk '$1 == "deb" && !/security/ {for (i = 2; i <= NF; i++) if ($i ~ /:\/\//) {print $i; exit}}')
+  [ -n "$mirror" ] || { echo "lavapipe-coop: no Debian mirror in the apt sources" >&2; exit 1; }
+  rm -rf "$root" && mkdir -p "$root/debs" "$root/apt/lists/partial" "$root/apt/cache/archives/partial" "$sys"
+  mkdir -p "$root/apt/sources.d"
+  printf 'Types: deb\nURIs: %s\nSuites: trixie trixie-backports\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+    "$mirror" > "$root/apt/sources.d/trixie.sources"
+  apt=(-o Dir::Etc::SourceList=/dev/null -o Dir::Etc::SourceParts="$root/apt/sources.d"
+       -o Dir::State::Lists="$root/apt/lists" -o Dir::Cache="$root/apt/cache"
+       -o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts="$root/apt/sources.d"
+       -o APT::Architecture=amd64 -o APT::Architectures=amd64 -o APT::Sandbox::User=root)
+  apt-get "${apt[@]}" -qq update
+  # trixie-backports wins where it has the package (Mesa 26); trixie otherwise.
+  cd "$root/debs"
   for p in $packages; do
-    file=$(awk -v p="$p" '$1 == p {f=$2} END {print f}' "$root/index")
-    [ -n "$file" ] || { echo "lavapipe-coop: package $p not found" >&2; exit 1; }
-    curl -fsSL -o "$root/debs/${file##*/}" "$mirror/$file"
-    dpkg-deb -x "$root/debs/${file##*/}" "$sys"
+    apt-get "${apt[@]}" -qq download "$p/trixie-backports" 2>/dev/null || apt-get "${apt[@]}" -qq download "$p/trixie" \
+      || { echo "lavapipe-coop: package $p not found" >&2; exit 1; }
   done
+  for deb in *.deb; do dpkg-deb -x "$deb" "$sys"; done
+  cd - >/dev/null
   sed "s#\"libvulkan_lvp.so\"#\"$sys/usr/lib/x86_64-linux-gnu/libvulkan_lvp.so\"#" \
     "$sys/usr/share/vulkan/icd.d/lvp_icd.json" > "$root/lvp_icd.json"
   rm -rf "$root/debs"
