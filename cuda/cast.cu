@@ -33,7 +33,7 @@ extern "C" __global__ void split_bf16(const float* x, u32* planes, i64 n) {
 
 // f32 -> sat_cast(x * s) in fp8 `fmt`, s = scales[group], written as the f16 code of the same
 // value (every e4m3 and e5m2 value is an f16 value), so that f16 tensor cores multiply them
-// exactly. A non-finite x gives NaN so that every output it touches is NaN (DESIGN.md).
+// exactly. A non-finite x gives NaN so that every output it touches is NaN (docs/design.md).
 extern "C" __global__ void quantize_to_f16(const float* x, u16* out, i64 n, u32 fmt,
                                            const float* scales, u32 batch_len, u32 div,
                                            u32 modulus, u32 groups_per_batch) {

@@ -129,7 +129,7 @@ __device__ __forceinline__ u32 bf16_of(float x) {
 
 __device__ __forceinline__ float bf16_value(u32 code) { return __uint_as_float(code << 16); }
 
-// The bf16 split x = h + m + l (DESIGN.md): h = bf16(x), m = bf16(x - h), l = bf16(x - h - m).
+// The bf16 split x = h + m + l (docs/design.md): h = bf16(x), m = bf16(x - h), l = bf16(x - h - m).
 // The differences are exact in f32 (IEEE subtraction, subnormals kept). Where h is not finite,
 // m = l = 0. Returns the three bf16 codes.
 struct Split {

@@ -3,11 +3,11 @@
 //
 // Each block computes a BM x BN tile of C. Operands are split on the tile load (no separate
 // split pass, no bf16 planes in global memory): every f32 becomes h, m, l in shared memory,
-// plus `hf`, h with non-finite values replaced by 0, which the lower levels use (DESIGN.md:
+// plus `hf`, h with non-finite values replaced by 0, which the lower levels use (docs/design.md:
 // L1..L4 see 0 where h is not finite, so an inf meets no 0 * inf there). Each level's products
 // go through mma.sync m16n8k16 (bf16 in, f32 accumulate) into that level's own accumulators.
-// Tensor-core accumulation over a long K is not f32-exact (ANCHORS.md: the levels stall at
-// ~1e-5), so every PROMOTE of K the level partials are summed smallest first and added to an
+// Tensor-core accumulation over a long K is not f32-exact (their own accumulation
+// stalls near 1e-5 relative error over long K), so every PROMOTE of K the level partials are summed smallest first and added to an
 // f32 total in ordinary registers, then restarted.
 //
 // Operands are addressed through strides, so one kernel serves plain, transposed and batched

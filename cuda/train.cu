@@ -264,7 +264,7 @@ extern "C" __global__ void add(const float* x, float* y, i64 n, u32 c) {
     FOR_EACH(e, n) y[e] += x[e % c];
 }
 
-// A 4-d strided copy (src/train/plan.rs `Strided`): element (i0..i3) < dims moves from
+// A 4-d strided copy (src/plan/mod.rs `Strided`): element (i0..i3) < dims moves from
 // src_offset + i . src to dst_offset + i . dst.
 struct Strided {
     u32 dims[4];

@@ -1,23 +1,19 @@
 #!/usr/bin/env bash
-# The GPU checks owed by sessions without a GPU, run on the lent GPU machine (the `device` tool
-# runs commands in a copy of this repo there; see ../shared/FACTS.md), in stages that each fit
-# one device call:
+# The measurements that need an NVIDIA GPU (figures in docs/h100.md were taken on a machine with
+# an H100 80GB HBM3 by these stages), in stages that each fit in ten minutes:
 #   bash scripts/gpu-checks.sh correct   # conformance (CUDA, wgpu/Vulkan), resident step plans
 #   bash scripts/gpu-checks.sh cuda      # the CUDA conformance suite and matmul benchmarks
 #   bash scripts/gpu-checks.sh bench     # wgpu matmul benchmarks and the PyTorch anchors
 #   bash scripts/gpu-checks.sh tune      # a full autotune, and matrix-vector shapes
 #   bash scripts/gpu-checks.sh train     # report, training on both backends, PyTorch anchor
 #
-# Prepare here, once per session (all under folders that .git/info/exclude ignores):
-#   printf '/.gl/\n/.anchors/\n/.bin/\n' >> .git/info/exclude
-#   mkdir -p .gl /tmp/amd64/partial .anchors && cp ../shared/anchors/*.py .anchors/
-#   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
-#   apt-get $o update && (cd .gl && apt-get $o download libvulkan1)
+# The PyTorch comparisons are scripts/anchors/*.py (they need torch with CUDA). Where the GPU
+# machine has no Rust toolchain, build on another x86-64 Linux machine and bring the binaries:
 #   cargo build --release
-#   cargo test --release --test conformance --test train --no-run   # then: mkdir -p .bin and
-#     copy the target/release/deps/conformance-* and train-* executables it names to
-#     .bin/conformance and .bin/train
-# Then run with carry [".gl", ".anchors", ".bin", "target/release/mantissa"].
+#   cargo test --release --test conformance --test train --no-run   # then copy the
+#     target/release/deps/conformance-* and train-* executables it names to .bin/conformance
+#     and .bin/train
+# and, where the machine has no Vulkan loader, Debian's libvulkan1 .deb in .gl/ (unpacked below).
 # Every step has its own time limit, so one that hangs costs only itself; all output lands in
 # $OUT (or ./gpu-checks when OUT is unset).
 set -uo pipefail
@@ -63,19 +59,19 @@ bench)
     run 150 $m bench matmul --sizes 4096,8192 --algorithms all --backends wgpu --reps 10 --json "$out/bench-wgpu.json"
     MANTISSA_WGSL_CHECKS=on run 60 $m bench matmul --sizes 4096 --algorithms f32,bf16x3 --backends wgpu --reps 5 --json "$out/bench-checked.json"
     MANTISSA_COOP=off run 60 $m bench matmul --sizes 4096 --algorithms f16,bf16,bf16x3 --backends wgpu --reps 5 --json "$out/bench-simt.json"
-    [ -d .anchors ] && run 120 python3 .anchors/torch_matmul.py
+    run 120 python3 scripts/anchors/torch_matmul.py
     ;;
 tune)
     MANTISSA_AUTOTUNE=full run 300 $m bench matmul --sizes 4096,8192 --algorithms f32,f16,bf16x3 --backends wgpu --reps 5 --json "$out/bench-tuned.json"
     MANTISSA_WGSL_CHECKS=on MANTISSA_AUTOTUNE=full run 200 $m bench matmul --sizes 4096 --algorithms f32,f16,bf16x3 --backends wgpu --reps 5 --json "$out/bench-tuned-checked.json"
-    [ -d .anchors ] && run 120 python3 .anchors/torch_matmul.py
+    run 120 python3 scripts/anchors/torch_matmul.py
     run 60 $m bench matmul --sizes 8192x1x8192 --algorithms f32,e4m3 --backends wgpu,cuda --reps 10 --json "$out/bench-matvec.json"
     ;;
 train)
     run 150 $m report --backends all --sizes 256,1000x700x1500 --train-steps 100 --out "$out/report"
     run 150 $m train --config small --precision 32-true,bf16-mixed,16-mixed,bf16-true --steps 300 --eval-interval 100 --backend cuda --out "$out/train-cuda"
     run 150 $m train --config small --precision 32-true,bf16-mixed,16-mixed,bf16-true --steps 300 --eval-interval 100 --backend wgpu --out "$out/train-wgpu"
-    [ -d .anchors ] && run 120 python3 .anchors/torch_gpt.py
+    run 120 python3 scripts/anchors/torch_gpt.py
     ;;
 *) echo "unknown stage '$stage' (correct, cuda, bench, tune, train)" >&2; exit 2 ;;
 esac

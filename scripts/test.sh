@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 source scripts/setup.sh
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+# Tests that skip say so here (tests/common: `skip`); listed after the run.
+skipped=target/tmp/skipped.txt
+rm -f "$skipped"
 cargo test --all-targets "$@" 2>&1 | tee "$log"
 # The conformance tests of an absent CUDA backend pass as skipped; say why once, here.
 ./target/debug/mantissa info 2>/dev/null | grep '^cuda:' | tee -a "$log" || true
@@ -25,8 +28,13 @@ if command -v apt-get >/dev/null || command -v chromium >/dev/null; then
 else
     echo "SKIPPED browser test: needs Debian's chromium, chromium-driver and python3-selenium" | tee -a "$log"
 fi
+if [ -s "$skipped" ]; then
+    echo "Skipped (each test once):"
+    sort -u "$skipped" | tee -a "$log"
+fi
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      /^web test: PASSED/ { web = "browser: passed" } /^SKIPPED browser/ { web = "browser: skipped" }
      /^cooperative matrices: passed/ { coop = "coop matrices: passed" } /^SKIPPED cooperative/ { coop = "coop matrices: skipped" }
      /^cuda: absent/ { cuda = "cuda: skipped (absent)" } /^cuda: [^a]/ { cuda = "cuda: ran" }
-     END { printf "tests: %d passed, %d failed; %s; %s; %s\n", p, f, coop, web, cuda }' "$log"
+     /^SKIPPED / && !/^SKIPPED (browser|cooperative)/ { s++ }
+     END { printf "tests: %d passed, %d failed, %d skipped; %s; %s; %s\n", p - s, f, s, coop, web, cuda }' "$log"

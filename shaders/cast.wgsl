@@ -59,7 +59,7 @@ fn decode(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
 }
 
 // f32 -> fp8 codes of sat_cast(x * s), s from `scales` by group; a non-finite x gives NaN so
-// that every output it touches is NaN (DESIGN.md, fp8 scaling).
+// that every output it touches is NaN (docs/design.md, fp8 scaling).
 @compute @workgroup_size(256)
 fn quantize(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {

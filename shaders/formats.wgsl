@@ -178,7 +178,7 @@ fn flat_index(wg: vec3<u32>, num_wg: vec3<u32>, lid: u32) -> u32 {
     return (wg.y * num_wg.x + wg.x) * 256u + lid;
 }
 
-// The bf16 split (DESIGN.md): each difference is exact in f32 and computed in integers
+// The bf16 split (docs/design.md): each difference is exact in f32 and computed in integers
 // (`sub_exact`), so GPUs that flush subnormal arithmetic (SwiftShader in browsers) give the same
 // bits. Where h is not finite, m = l = 0.
 

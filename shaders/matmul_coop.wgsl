@@ -14,7 +14,7 @@
 //   fn coop_block(a0, b0, lindex) the block's products into `staging`: one accumulator per split
 //                               level and tile, promoted into an f32 total every 256 of K (tensor
 //                               cores do not accumulate long sums in exact f32), levels summed
-//                               smallest first (DESIGN.md)
+//                               smallest first (docs/design.md)
 
 struct CoopParams {
     m: u32,

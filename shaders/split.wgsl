@@ -1,4 +1,4 @@
-// split.wgsl: the bf16 split x = h + m + l (DESIGN.md) into packed bf16 planes. Needs
+// split.wgsl: the bf16 split x = h + m + l (docs/design.md) into packed bf16 planes. Needs
 // formats.wgsl, whose `split_one` computes h = bf16(x), m = bf16(x - h), l = bf16(x - h - m).
 
 struct SplitParams {

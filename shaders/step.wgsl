@@ -1,8 +1,8 @@
 // step.wgsl: the kernels of the device-resident step plan besides matmul and train.wgsl's ops:
 // rounding, adds, column sums, strided copies, the loss reduction, GradScaler's unscale and
-// check, and the gated AdamW update (host reference: src/train/exec.rs).
+// check, and the gated AdamW update (host reference: src/backend/reference/interp.rs).
 // Bindings: 0 params; 1 the step's scalars (written by the host before each step, slots as in
-// src/train/plan.rs `scalar`); 2 the step's stats (written here, read back after the step);
+// src/plan/scalar.rs, generated into the header); 2 the step's stats (written here, read back after the step);
 // 3 x (read); 4 y (written); 5, 6 z and w (extra operands).
 
 struct StepParams {

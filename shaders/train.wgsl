@@ -1,4 +1,4 @@
-// train.wgsl: the training ops besides matmul (the host reference is src/train/ops.rs); the
+// train.wgsl: the training ops besides matmul (the host reference is src/backend/reference/ops.rs); the
 // cross-entropy backward, GradScaler's unscale and AdamW are step.wgsl's, for both the per-op
 // path and the resident plan.
 // Row ops (layer norm, softmax, cross entropy) take one invocation per row and reduce in f32;

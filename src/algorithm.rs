@@ -1,4 +1,4 @@
-//! Matmul algorithms: their names and their specification (DESIGN.md, "Matmul algorithms").
+//! Matmul algorithms: their names and their specification (docs/design.md, "Matmul algorithms").
 //!
 //! An algorithm says what the f32 inputs become before they are multiplied and how the products
 //! are accumulated. Every backend computes the same function up to accumulation order; the host
@@ -9,7 +9,7 @@ use crate::format::Format;
 use std::fmt;
 use std::str::FromStr;
 
-/// How fp8 algorithms choose their scales (DESIGN.md, "fp8 scaling").
+/// How fp8 algorithms choose their scales (docs/design.md, "fp8 scaling").
 #[derive(Clone, Copy, Debug, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Scaling {
     /// One scale per operand, s = FMAX / amax(X), computed just in time.
@@ -94,7 +94,7 @@ pub enum Algorithm {
 /// One product term of a split algorithm: (part of A, part of B), parts 0 = h, 1 = m, 2 = l.
 pub type SplitTerm = (usize, usize);
 
-/// The split levels of DESIGN.md: L0 = hh; L1 = hm + mh; L2 = mm + hl + lh; L3 = ml + lm; L4 = ll.
+/// The split levels of docs/design.md: L0 = hh; L1 = hm + mh; L2 = mm + hl + lh; L3 = ml + lm; L4 = ll.
 pub const SPLIT_LEVELS: [&[SplitTerm]; 5] = [
     &[(0, 0)],
     &[(0, 1), (1, 0)],
@@ -210,7 +210,7 @@ impl Algorithm {
     /// this algorithm gives on N(0,1) inputs with inner dimension up to a few thousand. The low
     /// end proves the inputs really were rounded; the high end that nothing else was lost. Derived
     /// from the formats' unit roundoff (input rounding dominates) and f32 accumulation (~sqrt(K)
-    /// ulps); DESIGN.md quotes PyTorch's figures at n = 4096 inside each range.
+    /// ulps); docs/design.md quotes PyTorch's figures at n = 4096 inside each range.
     pub fn expected_error_n01(&self) -> (f64, f64) {
         match self {
             Algorithm::F32 => (0.0, 1e-5),

@@ -32,7 +32,7 @@ pub struct MatmulRecord {
     pub relative_error: f64,
     pub max_ulp_error: f64,
     pub error_rows: usize,
-    /// The range DESIGN.md's contract expects on N(0,1) inputs.
+    /// The range the contract of docs/design.md expects on N(0,1) inputs.
     pub expected_error: (f64, f64),
     /// Elements of C outside the contract's tolerance of the host reference implementation of
     /// the same algorithm (`mantissa report`'s check); none where the size was over the

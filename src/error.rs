@@ -34,13 +34,6 @@ pub enum Error {
         got: usize,
     },
 
-    #[error("{op} is not supported on {backend}: {why}")]
-    Unsupported {
-        op: String,
-        backend: String,
-        why: String,
-    },
-
     #[error(
         "{feature} is not offered by adapter '{adapter}' and native execution was requested; fallback: {fallback}"
     )]
@@ -64,8 +57,26 @@ pub enum Error {
     #[error("backend '{backend}' is not available: {why}")]
     BackendUnavailable { backend: String, why: String },
 
-    #[error("GPU error on '{device}': {message}")]
-    Device { device: String, message: String },
+    #[error("GPU error on '{device}' during {op}: {fault}")]
+    Device {
+        device: String,
+        op: String,
+        #[source]
+        fault: DeviceFault,
+    },
+
+    /// The device ran out of memory: told apart by the fault's type, never by its text.
+    #[error(
+        "out of device memory on '{device}' during {op}{}: {fault}; use smaller operands or a smaller batch",
+        total_bytes.map(|t| format!(" ({:.1} GiB in all)", t as f64 / (1u64 << 30) as f64)).unwrap_or_default()
+    )]
+    OutOfMemory {
+        device: String,
+        op: String,
+        total_bytes: Option<u64>,
+        #[source]
+        fault: DeviceFault,
+    },
 
     #[error("shader '{kernel}' failed to compile:\n{log}")]
     ShaderCompile { kernel: String, log: String },
@@ -77,7 +88,92 @@ pub enum Error {
     Io(#[from] std::io::Error),
 }
 
+/// What a device reported, as the reporting library's own error: kept as the source of
+/// `Error::Device` and `Error::OutOfMemory`, so callers can match on it.
+#[derive(Debug, Error)]
+pub enum DeviceFault {
+    #[error(transparent)]
+    Wgpu(#[from] wgpu::Error),
+    #[error(transparent)]
+    RequestDevice(#[from] wgpu::RequestDeviceError),
+    #[error(transparent)]
+    Poll(#[from] wgpu::PollError),
+    #[error(transparent)]
+    Map(#[from] wgpu::BufferAsyncError),
+    #[error(transparent)]
+    MapRange(#[from] wgpu::MapRangeError),
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    #[error(transparent)]
+    Cuda(#[from] cudarc::driver::DriverError),
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    #[error(transparent)]
+    Cublas(#[from] cudarc::cublas::result::CublasError),
+    /// The device stopped answering (a closed channel, a lost device) with nothing more said.
+    #[error("{0}")]
+    Lost(&'static str),
+}
+
+impl DeviceFault {
+    /// Whether the fault is the device running out of memory.
+    pub fn is_out_of_memory(&self) -> bool {
+        match self {
+            DeviceFault::Wgpu(wgpu::Error::OutOfMemory { .. }) => true,
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            DeviceFault::Cuda(e) => e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY,
+            #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+            DeviceFault::Cublas(e) => {
+                e.0 == cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED
+            }
+            _ => false,
+        }
+    }
+}
+
 impl Error {
+    /// The same error with `context` before the op it names (device faults only).
+    pub fn during(self, context: impl std::fmt::Display) -> Error {
+        match self {
+            Error::Device { device, op, fault } => Error::Device {
+                device,
+                op: format!("{context}: {op}"),
+                fault,
+            },
+            Error::OutOfMemory {
+                device,
+                op,
+                total_bytes,
+                fault,
+            } => Error::OutOfMemory {
+                device,
+                op: format!("{context}: {op}"),
+                total_bytes,
+                fault,
+            },
+            e => e,
+        }
+    }
+
+    /// A fault of `device` during `op`: `OutOfMemory` where it is one (with the device's total
+    /// memory where known), else `Device`.
+    pub fn device(
+        device: impl Into<String>,
+        op: impl Into<String>,
+        fault: impl Into<DeviceFault>,
+        total_bytes: Option<u64>,
+    ) -> Error {
+        let (device, op, fault) = (device.into(), op.into(), fault.into());
+        if fault.is_out_of_memory() {
+            Error::OutOfMemory {
+                device,
+                op,
+                total_bytes,
+                fault,
+            }
+        } else {
+            Error::Device { device, op, fault }
+        }
+    }
+
     pub fn invalid(what: &'static str, why: impl Into<String>) -> Error {
         Error::Invalid {
             what,

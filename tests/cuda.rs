@@ -83,6 +83,7 @@ mod common;
 
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
+use mantissa::measure::train_tolerance as tol;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -371,7 +372,7 @@ fn id_bits(ids: &[u32]) -> Vec<f32> {
 }
 
 /// train.cu's kernels (block reductions included: the harness runs every thread of a block as
-/// a coroutine) against `train::ops`, with the tolerances of the conformance suite, on shapes
+/// a coroutine) against `reference::ops`, with the tolerances of the conformance suite, on shapes
 /// that are not multiples of the blocks, warps or chunks.
 #[test]
 fn cuda_training_kernels_match_the_host_reference() {
@@ -388,8 +389,8 @@ fn cuda_training_kernels_match_the_host_reference() {
         let out = run_f32(h, "layernorm_fwd", &strings(&[rows, c]), &[&x, &g, &b]);
         let (y, mean, rstd) = ops::layernorm_fwd(&x, &g, &b, c);
         let stats: Vec<f32> = mean.iter().zip(&rstd).flat_map(|(&m, &r)| [m, r]).collect();
-        close("layernorm y", &out[..rows * c], &y, 1e-5);
-        close("layernorm stats", &out[rows * c..], &stats, 1e-5);
+        close("layernorm y", &out[..rows * c], &y, tol::ROW);
+        close("layernorm stats", &out[rows * c..], &stats, tol::ROW);
         let out = run_f32(
             h,
             "layernorm_bwd",
@@ -397,11 +398,16 @@ fn cuda_training_kernels_match_the_host_reference() {
             &[&dy, &x, &g, &stats],
         );
         let (dx, dg, db) = ops::layernorm_bwd(&dy, &x, &g, &mean, &rstd, c);
-        close("layernorm dx", &out[..rows * c], &dx, 1e-4);
-        close("layernorm dg", &out[rows * c..rows * c + c], &dg, 1e-4);
-        close("layernorm db", &out[rows * c + c..], &db, 1e-4);
+        close("layernorm dx", &out[..rows * c], &dx, tol::REDUCTION);
+        close(
+            "layernorm dg",
+            &out[rows * c..rows * c + c],
+            &dg,
+            tol::REDUCTION,
+        );
+        close("layernorm db", &out[rows * c + c..], &db, tol::REDUCTION);
         let sums = run_f32(h, "column_sums", &strings(&[rows, c]), &[&x]);
-        close("column sums", &sums, &ops::column_sums(&x, c), 1e-5);
+        close("column sums", &sums, &ops::column_sums(&x, c), tol::ROW);
     }
     let x = measure::normal(1001, seed + 4);
     let dy = measure::normal(1001, seed + 5);
@@ -410,13 +416,13 @@ fn cuda_training_kernels_match_the_host_reference() {
         "gelu",
         &run_f32(h, "gelu_fwd", &n, &[&x]),
         &ops::gelu_fwd(&x),
-        1e-5,
+        tol::ROW,
     );
     close(
         "gelu bwd",
         &run_f32(h, "gelu_bwd", &n, &[&x, &dy]),
         &ops::gelu_bwd(&x, &dy),
-        1e-5,
+        tol::ROW,
     );
     // Softmax rows shorter and longer than a block; heads of t x t.
     for (heads, t) in [(3, 13), (1, 150)] {
@@ -425,12 +431,17 @@ fn cuda_training_kernels_match_the_host_reference() {
         let dp = measure::normal(rows * t, seed + 7);
         let args = [rows.to_string(), t.to_string(), "0.3".into()];
         let p = run_f32(h, "softmax_fwd", &args, &[&s]);
-        close("softmax", &p, &ops::causal_softmax_fwd(&s, t, 0.3), 1e-5);
+        close(
+            "softmax",
+            &p,
+            &ops::causal_softmax_fwd(&s, t, 0.3),
+            tol::ROW,
+        );
         close(
             "softmax bwd",
             &run_f32(h, "softmax_bwd", &args, &[&p, &dp]),
             &ops::causal_softmax_bwd(&p, &dp, t, 0.3),
-            1e-5,
+            tol::ROW,
         );
     }
     let (rows, v) = (37, 76);
@@ -446,10 +457,10 @@ fn cuda_training_kernels_match_the_host_reference() {
         &[&logits, &id_bits(&targets)],
     );
     let (loss, probs) = ops::cross_entropy_fwd(&logits, &targets, v);
-    close("cross entropy probs", &out[..rows * v], &probs, 1e-5);
+    close("cross entropy probs", &out[..rows * v], &probs, tol::ROW);
     let got = out[rows * v] as f64;
     assert!(
-        (got - loss).abs() <= 1e-5 * loss,
+        (got - loss).abs() <= tol::ROW as f64 * loss,
         "cross entropy {got} vs {loss}"
     );
     let dloss = 1024.0;
@@ -462,7 +473,7 @@ fn cuda_training_kernels_match_the_host_reference() {
         "cross entropy bwd",
         &run_f32(h, "cross_entropy_bwd", &args, &[&probs, &id_bits(&targets)]),
         &ops::cross_entropy_bwd(&probs, &targets, v, dloss),
-        1e-5,
+        tol::ROW,
     );
     // Embeddings: a row narrower and one wider than a block.
     for (vocab, width) in [(11, 7), (5, 200)] {
@@ -479,7 +490,7 @@ fn cuda_training_kernels_match_the_host_reference() {
             "embedding scatter-add",
             &run_f32(h, "embedding_bwd", &args, &[&dout, &id_bits(&ids)]),
             &ops::embedding_bwd(&dout, &ids, vocab, width),
-            1e-6,
+            tol::ARITHMETIC,
         );
     }
     // Adds: a bias per row, and elementwise.
@@ -530,7 +541,7 @@ fn cuda_training_kernels_match_the_host_reference() {
         assert_eq!(out[n], 0.0, "finite gradients flagged");
         let norm: f64 = want.iter().map(|&x| x as f64 * x as f64).sum();
         assert!(
-            ((out[n + 1] as f64) - norm).abs() <= 1e-5 * norm,
+            ((out[n + 1] as f64) - norm).abs() <= tol::ROW as f64 * norm,
             "squared norm {} vs {norm}",
             out[n + 1]
         );
@@ -585,9 +596,9 @@ fn cuda_training_kernels_match_the_host_reference() {
             ops::adamw(&opt, &mut wp, &g, &mut wm, &mut wv, t as u32, decay);
         }
         let what = format!("adamw clip {clip} flag {flag}");
-        close(&format!("{what} p"), &out[..n], &wp, 1e-6);
-        close(&format!("{what} m"), &out[n..2 * n], &wm, 1e-6);
-        close(&format!("{what} v"), &out[2 * n..], &wv, 1e-6);
+        close(&format!("{what} p"), &out[..n], &wp, tol::ARITHMETIC);
+        close(&format!("{what} m"), &out[n..2 * n], &wm, tol::ARITHMETIC);
+        close(&format!("{what} v"), &out[2 * n..], &wv, tol::ARITHMETIC);
     }
 }
 

@@ -318,7 +318,7 @@ fn split_is_exact_and_keeps_non_finite_in_h() {
     assert_eq!(format::split_bf16(f32::INFINITY), [f32::INFINITY, 0.0, 0.0]);
     let [h, m, l] = format::split_bf16(f32::NAN);
     assert!(h.is_nan() && m == 0.0 && l == 0.0);
-    // A finite value whose bf16 rounding overflows becomes inf (documented in DESIGN.md).
+    // A finite value whose bf16 rounding overflows becomes inf (documented in docs/design.md).
     assert_eq!(format::split_bf16(f32::MAX), [f32::INFINITY, 0.0, 0.0]);
 }
 

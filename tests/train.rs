@@ -5,8 +5,8 @@
 
 mod common;
 
-use mantissa::backend::Reference;
 use mantissa::backend::reference::ops;
+use mantissa::backend::{Backend, Reference};
 use mantissa::measure;
 use mantissa::plan::Section;
 use mantissa::policy::{Fp8State, Preset};
@@ -216,21 +216,11 @@ fn loss_falls_below_the_unigram_entropy() {
     }
 }
 
-/// The same training on the wgpu backend (lavapipe in CI): every matmul and the layer norm,
-/// GELU, softmax, cross-entropy and AdamW kernels run on the device.
-#[test]
-fn loss_falls_on_wgpu() {
-    loss_falls_on(common::wgpu(), "loss_falls_on_wgpu");
-}
-
-#[test]
-fn loss_falls_on_cuda() {
-    loss_falls_on(common::cuda(), "loss_falls_on_cuda");
-}
-
-/// bf16-mixed through the backend's resident plan learns.
-fn loss_falls_on(backend: &'static common::Present, test: &str) {
-    common::on(backend, test, |b| {
+/// The same training on a device backend (lavapipe in CI): bf16-mixed through the backend's
+/// resident plan learns, every matmul and the layer norm, GELU, softmax, cross-entropy and
+/// AdamW kernels running on the device.
+fn loss_falls(b: &dyn Backend) {
+    {
         let corpus = corpus();
         let entropy = corpus.unigram_entropy();
         let mut t = Trainer::new(b, &corpus, options(&corpus, Preset::MixedBf16, 11)).unwrap();
@@ -243,7 +233,7 @@ fn loss_falls_on(backend: &'static common::Present, test: &str) {
             "bf16-mixed on {}: validation loss {val:.3} after 60 steps, unigram entropy {entropy:.3}",
             b.name()
         );
-    });
+    }
 }
 
 #[test]
@@ -457,21 +447,8 @@ fn state_gap(a: &[Vec<f32>], b: &[Vec<f32>], floor: f32) -> f32 {
 /// interpreter of the same plan on the same backend: per-step losses, gradients and the
 /// weights and moments after the updates, under f32, both mixed presets, a "true" preset and
 /// fp8 with delayed scaling.
-#[test]
-fn resident_plan_matches_the_host_interpreter() {
-    resident_matches_host(common::wgpu(), "resident_plan_matches_the_host_interpreter");
-}
-
-#[test]
-fn resident_plan_matches_the_host_interpreter_cuda() {
-    resident_matches_host(
-        common::cuda(),
-        "resident_plan_matches_the_host_interpreter_cuda",
-    );
-}
-
-fn resident_matches_host(backend: &'static common::Present, test: &str) {
-    common::on(backend, test, |b| {
+fn resident_plan_matches_the_host_interpreter(b: &dyn Backend) {
+    {
         let corpus = corpus();
         for preset in [
             Preset::True32,
@@ -566,30 +543,14 @@ fn resident_matches_host(backend: &'static common::Present, test: &str) {
                 }
             }
         }
-    });
+    }
 }
 
 /// GradScaler's skip on the device: an inf injected into a scaled gradient leaves the resident
 /// weights and moments bit for bit as they were and halves the scale; a checkpoint read back
 /// from the device resumes the run exactly.
-#[test]
-fn resident_plan_skips_non_finite_steps_and_resumes() {
-    resident_skips_and_resumes(
-        common::wgpu(),
-        "resident_plan_skips_non_finite_steps_and_resumes",
-    );
-}
-
-#[test]
-fn resident_plan_skips_non_finite_steps_and_resumes_cuda() {
-    resident_skips_and_resumes(
-        common::cuda(),
-        "resident_plan_skips_non_finite_steps_and_resumes_cuda",
-    );
-}
-
-fn resident_skips_and_resumes(backend: &'static common::Present, test: &str) {
-    common::on(backend, test, |b| {
+fn resident_plan_skips_non_finite_steps_and_resumes(b: &dyn Backend) {
+    {
         let corpus = corpus();
         let mut t = Trainer::new(b, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
         t.step().block_on().unwrap();
@@ -618,8 +579,21 @@ fn resident_skips_and_resumes(backend: &'static common::Present, test: &str) {
             .map(|_| resumed.step().block_on().unwrap().loss)
             .collect();
         assert_eq!(rest, straight);
-    });
+    }
 }
+
+// The device backends' training tests (the reference runs the tests above, and is what the
+// resident plans are compared with).
+backend_tests!(
+    wgpu: loss_falls,
+    resident_plan_matches_the_host_interpreter,
+    resident_plan_skips_non_finite_steps_and_resumes
+);
+backend_tests!(
+    cuda: loss_falls,
+    resident_plan_matches_the_host_interpreter,
+    resident_plan_skips_non_finite_steps_and_resumes
+);
 
 #[test]
 fn executors_refuse_batches_of_the_wrong_shape() {

@@ -80,6 +80,7 @@ pub fn main() -> i32 {
 fn exit_code(e: &Error) -> i32 {
     match e {
         Error::Device { .. }
+        | Error::OutOfMemory { .. }
         | Error::ShaderCompile { .. }
         | Error::BackendUnavailable { .. }
         | Error::Io(_) => 1,

@@ -1,7 +1,7 @@
 //! Number formats: bit-exact encode/decode on the host, and `finfo`.
 //!
 //! Every backend must agree with this module bit for bit (NaN payloads aside). Rounding is
-//! round-to-nearest-even everywhere; overflow follows DESIGN.md: inf for formats that have it,
+//! round-to-nearest-even everywhere; overflow follows docs/design.md: inf for formats that have it,
 //! NaN for e4m3 (OCP e4m3fn, which has no inf). The saturating mode maps finite and infinite
 //! overflow to the signed max and keeps NaN.
 
@@ -231,7 +231,7 @@ impl TryFrom<String> for Format {
     }
 }
 
-/// Splits an f32 into three bf16 parts, x = h + m + l (DESIGN.md): h = bf16(x), m = bf16(x - h),
+/// Splits an f32 into three bf16 parts, x = h + m + l (docs/design.md): h = bf16(x), m = bf16(x - h),
 /// l = bf16(x - h - m). Each difference is exact in f32. Where h is not finite (x is inf/NaN, or
 /// its bf16 rounding overflows), m = l = 0.
 pub fn split_bf16(x: f32) -> [f32; 3] {
@@ -246,7 +246,7 @@ pub fn split_bf16(x: f32) -> [f32; 3] {
 }
 
 /// The fp8 quantization the matmul algorithms use: `sat_cast(x * s)`; a non-finite input gives
-/// NaN so that every output it touches is NaN (DESIGN.md). Returns the quantized value as f32.
+/// NaN so that every output it touches is NaN (docs/design.md). Returns the quantized value as f32.
 pub fn quantize_scaled(x: f32, scale: f32, format: Format) -> f32 {
     if !x.is_finite() {
         return f32::NAN;

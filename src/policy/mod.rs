@@ -86,7 +86,7 @@ impl Capabilities {
 impl PrecisionClass {
     /// `highest` -> f32. `high` -> tf32 where the backend accelerates it, else bf16x3 where
     /// accelerated (cooperative matrices have no tf32), else f32. `medium` ->
-    /// bf16 where accelerated, else `high`'s choice. (DESIGN.md, "Precision classes".)
+    /// bf16 where accelerated, else `high`'s choice. (docs/design.md, "Precision classes".)
     pub fn resolve(self, caps: &Capabilities) -> Algorithm {
         match self {
             PrecisionClass::Highest => Algorithm::F32,

@@ -70,17 +70,52 @@ pub fn reference() -> &'static Present {
     B.get_or_init(|| Ok(Box::new(Reference)))
 }
 
-/// Runs `f` on the backend, or prints why it is skipped. In CI (CI=true) a missing wgpu
+/// One test per backend configuration, the backend in its name: `backend_tests!(wgpu: casts,
+/// matmul_edges)` makes `wgpu::casts` and `wgpu::matmul_edges`, each running the function of
+/// that name on `common::wgpu()` (or saying SKIPPED with the reason where it is absent). The
+/// conformance and training suites both use it; a new backend is one line in each.
+#[macro_export]
+macro_rules! backend_tests {
+    ($backend:ident: $($test:ident),+ $(,)?) => {
+        mod $backend {
+            $(
+                #[test]
+                fn $test() {
+                    let name = concat!(stringify!($backend), "::", stringify!($test));
+                    $crate::common::on($crate::common::$backend(), name, |b| super::$test(b));
+                }
+            )+
+        }
+    };
+}
+
+/// Says that `test` was skipped and why: on stderr, and in target/tmp/skipped.txt, which
+/// scripts/test.sh prints after the run (the test harness hides a passing test's output).
+pub fn skip(test: &str, why: &str) {
+    let line = format!("SKIPPED {test}: {why}");
+    eprintln!("{line}");
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("skipped.txt");
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        use std::io::Write as _;
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+/// Runs `f` on the backend, or says why it is skipped. In CI (CI=true) a missing wgpu
 /// adapter fails the test instead: CI installs lavapipe, so its absence is a broken setup.
-/// CUDA (tests named `*_cuda`) is optional everywhere: CI machines have no NVIDIA GPU.
+/// CUDA (tests under `cuda::`) is optional everywhere: CI machines have no NVIDIA GPU.
 pub fn on(backend: &'static Present, test: &str, f: impl FnOnce(&dyn Backend)) {
     match backend {
         Ok(b) => f(b.as_ref()),
         Err(why) => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") && !test.ends_with("_cuda") {
+            if std::env::var("CI").is_ok_and(|v| v == "true") && !test.starts_with("cuda::") {
                 panic!("{test}: backend required in CI but absent: {why}");
             }
-            eprintln!("SKIPPED {test}: backend absent: {why}");
+            skip(test, &format!("backend absent: {why}"));
         }
     }
 }
@@ -110,7 +145,7 @@ pub fn fresh_wgpu(test: &str, options: WgpuOptions) -> Option<WgpuBackend> {
             if std::env::var("CI").is_ok_and(|v| v == "true") {
                 panic!("{test}: backend required in CI but absent: {why}");
             }
-            eprintln!("SKIPPED {test}: backend absent: {why}");
+            skip(test, &format!("backend absent: {why}"));
             None
         }
     }

@@ -119,8 +119,7 @@ pub fn compile(module: Module, cc: (i32, i32), target: Target) -> Result<Vec<u8>
     };
     let source = CString::new(module.source()).map_err(|e| failed(e.to_string()))?;
     let name = CString::new(module.file()).map_err(|e| failed(e.to_string()))?;
-    let program =
-        nvrtc::create_program(&source, Some(&name)).map_err(|e| failed(format!("{e:?}")))?;
+    let program = nvrtc::create_program(&source, Some(&name)).map_err(|e| failed(e.to_string()))?;
     // SAFETY: `program` was created above and is destroyed once, at the end; `source` and
     // `name` outlive it.
     unsafe {
@@ -131,7 +130,7 @@ pub fn compile(module: Module, cc: (i32, i32), target: Target) -> Result<Vec<u8>
                     .map(|l| c_text(&l))
                     .unwrap_or_default();
                 Err(failed(format!(
-                    "{e:?}\n{}\n(options: {})",
+                    "{e}\n{}\n(options: {})",
                     log.trim(),
                     options.join(" ")
                 )))
@@ -139,8 +138,8 @@ pub fn compile(module: Module, cc: (i32, i32), target: Target) -> Result<Vec<u8>
             Ok(()) => match target {
                 Target::Ptx => nvrtc::get_ptx(program)
                     .map(|p| c_text(&p).into_bytes())
-                    .map_err(|e| failed(format!("{e:?}"))),
-                Target::Cubin => cubin(program).map_err(|e| failed(format!("{e:?}"))),
+                    .map_err(|e| failed(e.to_string())),
+                Target::Cubin => cubin(program).map_err(|e| failed(e.to_string())),
             },
         };
         let _ = nvrtc::destroy_program(program);
@@ -256,9 +255,13 @@ impl Kernels {
         if let Some(p) = &path {
             let _ = crate::cache::write_atomic(p, &cubin);
         }
-        load(cubin).map_err(|e| Error::Device {
-            device: self.device.clone(),
-            message: format!("loading {}: {e:?}", module.describe()),
+        load(cubin).map_err(|e| {
+            Error::device(
+                &self.device,
+                format!("loading {}", module.describe()),
+                e,
+                None,
+            )
         })
     }
 
@@ -275,9 +278,9 @@ impl Kernels {
                 }
             }
         };
-        loaded.load_function(name).map_err(|e| Error::Device {
-            device: self.device.clone(),
-            message: format!("kernel {name} of {}: {e:?}", module.describe()),
+        loaded.load_function(name).map_err(|e| {
+            let op = format!("kernel {name} of {}", module.describe());
+            Error::device(&self.device, op, e, None)
         })
     }
 }

@@ -7,7 +7,7 @@
 //! wgpu with the reason. Devices older than compute capability 8.0 are refused: the split and
 //! bf16 algorithms need bf16 tensor cores (mma.sync m16n8k16), and wgpu runs those GPUs.
 //!
-//! Numerics (DESIGN.md's contract; the conformance suite checks it on a GPU):
+//! Numerics (the contract of docs/design.md; the conformance suite checks it on a GPU):
 //! - operands are rounded, split and quantized by our kernels, bit for bit as the host;
 //! - f32 is cuBLAS SGEMM (not cuBLASLt, whose f32 path is TF32);
 //! - tf32, bf16, f16: operands rounded by us, then cuBLAS with that compute type, f32 output
@@ -56,7 +56,7 @@ pub use plan::CudaPlan;
 
 use super::{Backend, BackendKind, MatmulTiming};
 use crate::algorithm::{Algorithm, MatmulShape};
-use crate::error::{Error, Result};
+use crate::error::{DeviceFault, Error, Result};
 use crate::format::{Format, Overflow};
 use crate::policy::Capabilities;
 use cudarc::cublas::CudaBlas;
@@ -134,13 +134,13 @@ impl CudaBackend {
 
     fn open_probed(ordinal: usize) -> Result<CudaBackend> {
         let count = CudaContext::device_count()
-            .map_err(|e| unavailable(format!("the CUDA driver did not initialise: {e:?}")))?;
+            .map_err(|e| unavailable(format!("the CUDA driver did not initialise: {e}")))?;
         if ordinal >= count.max(0) as usize {
             return Err(unavailable(format!(
                 "no CUDA device {ordinal} (the driver sees {count})"
             )));
         }
-        let ctx = CudaContext::new(ordinal).map_err(|e| unavailable(format!("{e:?}")))?;
+        let ctx = CudaContext::new(ordinal).map_err(|e| unavailable(e.to_string()))?;
         let attribute = |a| ctx.attribute(a).unwrap_or(0);
         use cudarc::driver::sys::CUdevice_attribute as A;
         let info = DeviceInfo {
@@ -148,7 +148,7 @@ impl CudaBackend {
             name: ctx.name().unwrap_or_else(|_| "CUDA device".into()),
             compute_capability: ctx
                 .compute_capability()
-                .map_err(|e| unavailable(format!("{e:?}")))?,
+                .map_err(|e| unavailable(e.to_string()))?,
             memory_bytes: ctx.total_mem().unwrap_or(0),
             multiprocessors: attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
         };
@@ -167,7 +167,7 @@ impl CudaBackend {
         unsafe { ctx.disable_event_tracking() };
         let stream = ctx.default_stream();
         let blas = CudaBlas::new(stream.clone())
-            .map_err(|e| unavailable(format!("cuBLAS did not initialise: {e:?}")))?;
+            .map_err(|e| unavailable(format!("cuBLAS did not initialise: {e}")))?;
         let kernels = Kernels::new(ctx.clone(), info.compute_capability, info.name.clone());
         Ok(CudaBackend {
             ctx,
@@ -182,20 +182,15 @@ impl CudaBackend {
         &self.info
     }
 
-    fn device_error(&self, what: &str, e: impl std::fmt::Debug) -> Error {
-        let message = format!("{e:?}");
-        let hint = if message.contains("OUT_OF_MEMORY") || message.contains("ALLOC_FAILED") {
-            format!(
-                " (out of device memory: {:.1} GiB in all)",
-                self.info.memory_bytes as f64 / (1u64 << 30) as f64
-            )
-        } else {
-            String::new()
-        };
-        Error::Device {
-            device: self.info.name.clone(),
-            message: format!("{what}: {message}{hint}"),
-        }
+    /// `fault` during `what` as an error of this device: `OutOfMemory` (with the device's
+    /// memory) where the fault is one, by its code.
+    fn device_error(&self, what: &str, fault: impl Into<DeviceFault>) -> Error {
+        Error::device(
+            &self.info.name,
+            what,
+            fault,
+            Some(self.info.memory_bytes as u64),
+        )
     }
 
     fn upload<T: DeviceRepr>(&self, x: &[T]) -> Result<CudaSlice<T>> {

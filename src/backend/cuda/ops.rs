@@ -36,7 +36,7 @@ fn rows_of(what: &'static str, len: usize, c: usize) -> Result<usize> {
 }
 
 impl CudaBackend {
-    /// A scalars array (src/train/plan.rs `scalar`) on the device with `slots` set.
+    /// A scalars array (src/plan/scalar.rs) on the device with `slots` set.
     fn scalars(&self, slots: &[(usize, f32)]) -> Result<CudaSlice<f32>> {
         self.upload(&scalar::with(slots))
     }

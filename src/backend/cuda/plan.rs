@@ -323,13 +323,8 @@ impl StepExecutor for CudaPlan<'_> {
         let count = self.plan.ops_of(section).len();
         for i in 0..count {
             let op = self.plan.ops[i].clone();
-            self.launch(&op, scalars).map_err(|e| match e {
-                Error::Device { device, message } => Error::Device {
-                    device,
-                    message: format!("step plan op {i} ({}): {message}", op.name()),
-                },
-                e => e,
-            })?;
+            self.launch(&op, scalars)
+                .map_err(|e| e.during(format_args!("step plan op {i} ({})", op.name())))?;
         }
         let stats = cb.download(&self.stats, self.plan.stats.len())?;
         Ok(stats.into_iter().map(|v| v as f64).collect())

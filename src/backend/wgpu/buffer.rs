@@ -1,7 +1,7 @@
 //! Buffers: a size-class pool, uploads, one-pass command recording and async readback.
 
 use super::device::{Gpu, Pipeline};
-use crate::error::{Error, Result};
+use crate::error::{DeviceFault, Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use wgpu::util::DeviceExt;
@@ -251,25 +251,16 @@ pub async fn read_bytes(gpu: &Gpu, src: &wgpu::Buffer, bytes: u64) -> Result<Vec
     #[cfg(not(target_arch = "wasm32"))]
     gpu.device
         .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| Error::Device {
-            device: gpu.name().to_string(),
-            message: format!("waiting for the GPU: {e}"),
-        })?;
-    let mapped = rx.await.map_err(|_| Error::Device {
-        device: gpu.name().to_string(),
-        message: "the device was lost before the readback finished".into(),
-    })?;
-    mapped.map_err(|e| Error::Device {
-        device: gpu.name().to_string(),
-        message: format!("readback failed: {e}"),
-    })?;
+        .map_err(|e| Error::device(gpu.name(), "waiting for the GPU", e, None))?;
+    let lost = DeviceFault::Lost("the device was lost before the readback finished");
+    let mapped = rx
+        .await
+        .map_err(|_| Error::device(gpu.name(), "readback", lost, None))?;
+    mapped.map_err(|e| Error::device(gpu.name(), "readback", e, None))?;
     let view = staging
         .slice(..)
         .get_mapped_range()
-        .map_err(|e| Error::Device {
-            device: gpu.name().to_string(),
-            message: format!("readback failed: {e}"),
-        })?;
+        .map_err(|e| Error::device(gpu.name(), "readback", e, None))?;
     let out = view[..bytes as usize].to_vec();
     drop(view);
     staging.unmap();

@@ -1,7 +1,7 @@
 //! Adapter choice, the device, the pipeline cache and error capture.
 
 use super::shaders::{Coop, Kernel};
-use crate::error::{Error, Result};
+use crate::error::{DeviceFault, Error, Result};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
@@ -202,7 +202,7 @@ pub struct Gpu {
     pipelines: Mutex<HashMap<Kernel, Arc<Pipeline>>>,
     /// Pipelines built but whose error scope has not been read yet (see `pipeline`).
     unchecked_builds: Mutex<Vec<(Kernel, ScopeCheck)>>,
-    uncaptured: Arc<Mutex<Option<String>>>,
+    uncaptured: Arc<Mutex<Option<wgpu::Error>>>,
 }
 
 impl Gpu {
@@ -233,16 +233,13 @@ impl Gpu {
                 trace: wgpu::Trace::Off,
             })
             .await
-            .map_err(|e| Error::Device {
-                device: summary.name.clone(),
-                message: format!("could not open the device: {e}"),
-            })?;
+            .map_err(|e| Error::device(&summary.name, "opening the device", e, None))?;
         // Errors outside an error scope must not panic: record them, report them on the next op.
         let uncaptured = Arc::new(Mutex::new(None));
         let sink = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
             if let Ok(mut slot) = sink.lock() {
-                slot.get_or_insert_with(|| e.to_string());
+                slot.get_or_insert(e);
             }
         }));
         Ok(Gpu {
@@ -263,11 +260,9 @@ impl Gpu {
         &self.summary.name
     }
 
-    fn device_error(&self, message: impl Into<String>) -> Error {
-        Error::Device {
-            device: self.summary.name.clone(),
-            message: message.into(),
-        }
+    /// `fault` during `op` as an error of this device (`OutOfMemory` where it is one).
+    fn fault(&self, op: impl Into<String>, fault: impl Into<DeviceFault>) -> Error {
+        Error::device(&self.summary.name, op, fault, None)
     }
 
     /// Runs `f` (recording and submitting work, never waiting) inside validation and
@@ -288,13 +283,13 @@ impl Gpu {
         async move {
             self.check_builds().await?;
             if let Some(e) = oom.await {
-                return Err(self.device_error(format!("out of device memory during {what}: {e}")));
+                return Err(self.fault(what, e));
             }
             if let Some(e) = validation.await {
-                return Err(self.device_error(format!("{what}: {e}")));
+                return Err(self.fault(what, e));
             }
             if let Some(e) = self.uncaptured.lock().ok().and_then(|mut s| s.take()) {
-                return Err(self.device_error(format!("{what}: {e}")));
+                return Err(self.fault(what, e));
             }
             result
         }
@@ -327,15 +322,19 @@ impl Gpu {
         #[cfg(not(target_arch = "wasm32"))]
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| self.device_error(format!("waiting for the GPU: {e}")))?;
+            .map_err(|e| self.fault("waiting for the GPU", e))?;
         #[cfg(target_arch = "wasm32")]
         {
             let (tx, rx) = futures_channel::oneshot::channel();
             self.queue.on_submitted_work_done(move || {
                 let _ = tx.send(());
             });
-            rx.await
-                .map_err(|_| self.device_error("the device was lost while waiting for it"))?;
+            rx.await.map_err(|_| {
+                self.fault(
+                    "waiting for the GPU",
+                    DeviceFault::Lost("the device was lost"),
+                )
+            })?;
         }
         Ok(())
     }

@@ -682,7 +682,7 @@ const COOP_PROMOTE_K: u32 = 256;
 /// `fn coop_block(a0, b0, lindex)` of a cooperative variant, unrolled over its tiles and
 /// levels (one named accumulator each: WGSL has no arrays of cooperative matrices to index).
 /// Every index is bound with `let` before a load or store: naga 30's SPIR-V writer needs that
-/// (FACTS.md). With several subgroups (`tile.warps`), each K step of A and B is first copied
+/// for its pointers. With several subgroups (`tile.warps`), each K step of A and B is first copied
 /// into workgroup memory by the whole workgroup, and each subgroup loads its tiles from there.
 fn coop_block(v: &MatmulVariant) -> String {
     use std::fmt::Write;
