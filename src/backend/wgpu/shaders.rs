@@ -17,6 +17,8 @@ const MATMUL_COOP: &str = include_str!("../../../shaders/matmul_coop.wgsl");
 const COOP_PACK: &str = include_str!("../../../shaders/coop_pack.wgsl");
 const TRAIN: &str = include_str!("../../../shaders/train.wgsl");
 const STEP: &str = include_str!("../../../shaders/step.wgsl");
+const FETCH: &str = include_str!("../../../shaders/fetch.wgsl");
+const COOP_BLOCK: &str = include_str!("../../../shaders/coop_block.wgsl");
 
 /// The training ops of `shaders/train.wgsl` (entry points of one module).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -132,30 +134,24 @@ impl Operand {
         }
     }
 
-    /// `fn fetch_X(idx: u32) -> f32`: decodes the stored element with index `idx`.
+    /// `fn {name}(idx: u32) -> f32` over `array`: fetch.wgsl's piece for this kind.
     fn fetch_fn(self, name: &str, array: &str) -> String {
-        let body = match self {
-            Operand::F32 => format!("return bitcast<f32>({array}[idx]);"),
-            Operand::Tf32 => {
-                format!("return bitcast<f32>(encode_format({array}[idx], FMT_TF32, false));")
-            }
-            Operand::Bf16 => {
-                format!(
-                    "return bitcast<f32>(unpack_code({array}[idx >> 1u], idx, FMT_BF16) << 16u);"
-                )
-            }
-            Operand::F16(F16Read::Native) => format!("return f32({array}[idx]);"),
-            // Decoded in integers, not by unpack2x16float: SwiftShader flushes f16 subnormals
-            // there, and the contract says they are values.
-            Operand::F16(F16Read::Packed) => format!(
-                "return bitcast<f32>(decode_format(unpack_code({array}[idx >> 1u], idx, FMT_F16), FMT_F16));"
-            ),
-            Operand::Fp8(f) => format!(
-                "return bitcast<f32>(decode_format(unpack_code({array}[idx >> 2u], idx, {id}u), {id}u));",
-                id = format_id(f)
-            ),
+        let piece = match self {
+            Operand::F32 => "f32",
+            Operand::Tf32 => "tf32",
+            Operand::Bf16 => "bf16",
+            Operand::F16(F16Read::Native) => "f16_native",
+            Operand::F16(F16Read::Packed) => "f16_packed",
+            Operand::Fp8(_) => "fp8",
         };
-        format!("fn {name}(idx: u32) -> f32 {{\n    {body}\n}}\n")
+        let fmt = match self {
+            Operand::Fp8(f) => format!("FMT_{}", f.name().to_uppercase()),
+            _ => String::new(),
+        };
+        template::fill(
+            template::piece(FETCH, piece),
+            &[("name", name), ("array", array), ("fmt", &fmt)],
+        )
     }
 
     /// Elements per 32-bit word in storage.
@@ -679,13 +675,11 @@ fn level_terms(levels: u32) -> &'static [&'static [(usize, usize)]] {
 /// Partial sums on cooperative matrices are promoted into f32 totals every this many of K.
 const COOP_PROMOTE_K: u32 = 256;
 
-/// `fn coop_block(a0, b0, lindex)` of a cooperative variant, unrolled over its tiles and
-/// levels (one named accumulator each: WGSL has no arrays of cooperative matrices to index).
-/// Every index is bound with `let` before a load or store: naga 30's SPIR-V writer needs that
-/// for its pointers. With several subgroups (`tile.warps`), each K step of A and B is first copied
-/// into workgroup memory by the whole workgroup, and each subgroup loads its tiles from there.
+/// `fn coop_block(a0, b0, lindex)` of a cooperative variant: coop_block.wgsl's pieces written
+/// out over its levels, tiles and planes (one named accumulator each: WGSL has no arrays of
+/// cooperative matrices to index).
 fn coop_block(v: &MatmulVariant) -> String {
-    use std::fmt::Write;
+    use template::{fill, piece};
     let t = v.coop.map_or(16, |c| c.size);
     let staged = v.tile.warps > 1;
     let (wr, wc) = v.tile.coop_warp_grid().unwrap_or((1, 1));
@@ -700,137 +694,99 @@ fn coop_block(v: &MatmulVariant) -> String {
         .unwrap_or(0)
         + 1;
     let tiles = || (0..tm).flat_map(move |r| (0..tn).map(move |c| (r, c)));
-    let mut f = String::new();
-    let w = &mut f;
+    let n = |x: u32| x.to_string();
+    let (t_s, planes_s, promote) = (n(t), planes.to_string(), n(COOP_PROMOTE_K));
     let zero = format!("{mat}<f32, C>()");
+    let shared: [(&str, &str); 5] = [
+        ("t", &t_s),
+        ("mat", &mat),
+        ("zero", &zero),
+        ("planes", &planes_s),
+        ("promote", &promote),
+    ];
+    let put = |out: &mut String, name: &str, vars: &[(&str, &str)]| {
+        let all: Vec<(&str, &str)> = shared.iter().chain(vars).copied().collect();
+        out.push_str(&fill(piece(COOP_BLOCK, name), &all));
+    };
+    // Each accumulator piece once per level and tile.
+    let per_tile = |out: &mut String, name: &str| {
+        for l in 0..levels.len() {
+            for (r, c) in tiles() {
+                put(
+                    out,
+                    name,
+                    &[("l", &n(l as u32)), ("r", &n(r)), ("c", &n(c))],
+                );
+            }
+        }
+    };
+    let mut f = String::new();
     if staged {
-        // Row strides of the staged tiles, padded by 8 halves against bank conflicts.
-        let _ = writeln!(
-            w,
-            "const SA: u32 = {sa}u;
-const SB: u32 = {sb}u;
-var<workgroup> a_stage: array<f16, {a_len}>;
-var<workgroup> b_stage: array<f16, {b_len}>;
-",
-            sa = t + 8,
-            sb = v.tile.bn + 8,
-            a_len = planes as u32 * v.tile.bm * (t + 8),
-            b_len = planes as u32 * t * (v.tile.bn + 8),
-        );
+        let (sa, sb) = (n(t + 8), n(v.tile.bn + 8));
+        let a_len = n(planes as u32 * v.tile.bm * (t + 8));
+        let b_len = n(planes as u32 * t * (v.tile.bn + 8));
+        let vars = [
+            ("sa", &*sa),
+            ("sb", &sb),
+            ("a_len", &a_len),
+            ("b_len", &b_len),
+        ];
+        put(&mut f, "stage_memory", &vars);
     }
-    let _ = writeln!(w, "fn coop_block(a0: u32, b0: u32, lindex: u32) {{");
+    put(&mut f, "begin", &[]);
     if staged {
-        let _ = writeln!(
-            w,
-            "    let warp = lindex / SG;
-    let row_tile0 = (warp / {wc}u) * {tm}u;
-    let col_tile0 = (warp % {wc}u) * {tn}u;"
+        let (wc, tm, tn) = (n(wc), n(tm), n(tn));
+        put(
+            &mut f,
+            "origin_staged",
+            &[("wc", &wc), ("tm", &tm), ("tn", &tn)],
         );
     } else {
-        let _ = writeln!(w, "    let row_tile0 = 0u;\n    let col_tile0 = 0u;");
+        put(&mut f, "origin_single", &[]);
     }
-    for l in 0..levels.len() {
-        for (r, c) in tiles() {
-            let _ = writeln!(w, "    var total_{l}_{r}_{c} = {zero};");
-        }
-    }
-    let _ = writeln!(
-        w,
-        "    for (var k1 = 0u; k1 < params.kp; k1 += {COOP_PROMOTE_K}u) {{"
-    );
-    for l in 0..levels.len() {
-        for (r, c) in tiles() {
-            let _ = writeln!(w, "        var part_{l}_{r}_{c} = {zero};");
-        }
-    }
-    let _ = writeln!(
-        w,
-        "        let k_end = min(k1 + {COOP_PROMOTE_K}u, params.kp);
-                 for (var k0 = k1; k0 < k_end; k0 += {t}u) {{"
-    );
+    per_tile(&mut f, "total");
+    put(&mut f, "promote_loop", &[]);
+    per_tile(&mut f, "part");
+    put(&mut f, "k_loop", &[]);
     if staged {
-        // The padded operands need no bounds checks: rows to BM, columns to BN, K to T.
-        let _ = writeln!(
-            w,
-            "            for (var e = lindex; e < BM * T; e += WG) {{
-                let r = e / T;
-                let kk = e % T;
-                for (var p = 0u; p < {planes}u; p++) {{
-                    let src_a = a0 + p * params.a_plane + r * params.kp + k0 + kk;
-                    let dst_a = p * BM * SA + r * SA + kk;
-                    a_stage[dst_a] = a_data[src_a];
-                }}
-            }}
-            for (var e = lindex; e < T * BN; e += WG) {{
-                let kk = e / BN;
-                let c = e % BN;
-                for (var p = 0u; p < {planes}u; p++) {{
-                    let src_b = b0 + p * params.b_plane + (k0 + kk) * params.np + c;
-                    let dst_b = p * T * SB + kk * SB + c;
-                    b_stage[dst_b] = b_data[src_b];
-                }}
-            }}
-            workgroupBarrier();"
-        );
+        put(&mut f, "stage_copy", &[]);
     }
-    for p in 0..planes {
+    for p in 0..planes as u32 {
         for r in 0..tm {
-            if staged {
-                let _ = writeln!(
-                    w,
-                    "            let ia_{p}_{r} = {p}u * BM * SA + (row_tile0 + {r}u) * {t}u * SA;
-                             let a_{p}_{r} = coopLoadT<{mat}<f16, A>>(&a_stage[ia_{p}_{r}], SA);"
-                );
-            } else {
-                let _ = writeln!(
-                    w,
-                    "            let ia_{p}_{r} = a0 + {p}u * params.a_plane + {}u * params.kp + k0;
-                             let a_{p}_{r} = coopLoadT<{mat}<f16, A>>(&a_data[ia_{p}_{r}], params.kp);",
-                    t * r
-                );
-            }
+            let (p, row, r) = (n(p), n(t * r), n(r));
+            let vars = [("p", &*p), ("r", &r), ("row", &row)];
+            put(
+                &mut f,
+                if staged { "load_a_staged" } else { "load_a" },
+                &vars,
+            );
         }
         for c in 0..tn {
-            if staged {
-                let _ = writeln!(
-                    w,
-                    "            let ib_{p}_{c} = {p}u * T * SB + (col_tile0 + {c}u) * {t}u;
-                             let b_{p}_{c} = coopLoadT<{mat}<f16, B>>(&b_stage[ib_{p}_{c}], SB);"
-                );
-            } else {
-                let _ = writeln!(
-                    w,
-                    "            let ib_{p}_{c} = b0 + {p}u * params.b_plane + k0 * params.np + {}u;
-                             let b_{p}_{c} = coopLoadT<{mat}<f16, B>>(&b_data[ib_{p}_{c}], params.np);",
-                    t * c
-                );
-            }
+            let (p, col, c) = (n(p), n(t * c), n(c));
+            let vars = [("p", &*p), ("c", &c), ("col", &col)];
+            put(
+                &mut f,
+                if staged { "load_b_staged" } else { "load_b" },
+                &vars,
+            );
         }
     }
     for (l, terms) in levels.iter().enumerate() {
         for (r, c) in tiles() {
             for &(pa, pb) in terms.iter() {
-                let _ = writeln!(
-                    w,
-                    "            part_{l}_{r}_{c} = coopMultiplyAdd(a_{pa}_{r}, b_{pb}_{c}, part_{l}_{r}_{c});"
-                );
+                let (l, r, c) = (n(l as u32), n(r), n(c));
+                let (pa, pb) = (pa.to_string(), pb.to_string());
+                let vars = [("l", &*l), ("r", &r), ("c", &c), ("pa", &pa), ("pb", &pb)];
+                put(&mut f, "product", &vars);
             }
         }
     }
     if staged {
-        // The next K step overwrites the stage.
-        let _ = writeln!(w, "            workgroupBarrier();");
+        put(&mut f, "stage_release", &[]);
     }
-    let _ = writeln!(w, "        }}");
-    for l in 0..levels.len() {
-        for (r, c) in tiles() {
-            let _ = writeln!(
-                w,
-                "        total_{l}_{r}_{c} = total_{l}_{r}_{c} + part_{l}_{r}_{c};"
-            );
-        }
-    }
-    let _ = writeln!(w, "    }}");
+    put(&mut f, "k_loop_end", &[]);
+    per_tile(&mut f, "promote");
+    put(&mut f, "promote_loop_end", &[]);
     for (r, c) in tiles() {
         // Smallest level first. Scaled planes carry 2^(8p) more than plane 0 (coop_pack.wgsl),
         // so level l's terms all carry 2^(8l): undone exactly before the sum.
@@ -845,19 +801,40 @@ var<workgroup> b_stage: array<f16, {b_len}>;
         for l in (0..levels.len() - 1).rev() {
             sum = format!("({sum} + {})", level(l));
         }
-        let _ = writeln!(
-            w,
-            "    let sum_{r}_{c} = {sum};
-    let at_{r}_{c} = (row_tile0 + {r}u) * {t}u * BN + (col_tile0 + {c}u) * {t}u;
-                 coopStoreT(sum_{r}_{c}, &staging[at_{r}_{c}], BN);"
+        put(
+            &mut f,
+            "store",
+            &[("r", &n(r)), ("c", &n(c)), ("sum", &sum)],
         );
     }
-    let _ = writeln!(
-        w,
-        "}}
-"
-    );
+    put(&mut f, "end", &[]);
     f
+}
+
+/// Kernel templates: a `.wgsl` file of pieces, each headed `// @@name`, with `{{key}}` where
+/// the loader puts a value (the text before the first piece is the file's commentary).
+mod template {
+    /// The piece `name` of `file` (empty where there is none: naga then rejects the kernel,
+    /// and `tests/shaders.rs` names it).
+    pub fn piece<'a>(file: &'a str, name: &str) -> &'a str {
+        let head = format!("// @@{name}\n");
+        let Some(start) = file.find(&head).map(|i| i + head.len()) else {
+            return "";
+        };
+        let end = file[start..]
+            .find("// @@")
+            .map_or(file.len(), |i| start + i);
+        &file[start..end]
+    }
+
+    /// `text` with every `{{key}}` replaced by its value.
+    pub fn fill(text: &str, vars: &[(&str, &str)]) -> String {
+        let mut out = text.to_string();
+        for (key, value) in vars {
+            out = out.replace(&format!("{{{{{key}}}}}"), value);
+        }
+        out
+    }
 }
 
 /// Parses and validates a kernel's WGSL with naga, and writes SPIR-V from it (the path wgpu
