@@ -20,20 +20,12 @@ pub fn dir() -> Option<PathBuf> {
         .or_else(|| env("HOME").map(|d| d.join(".cache").join("mantissa")))
 }
 
-/// Writes `bytes` to `path` through a temporary renamed over it, so that a reader (another
-/// process included) sees the old file or the whole new one, never a torn one.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    // One temporary per process: concurrent writers each rename a whole file.
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(format!(".{}.tmp", std::process::id()));
-    let tmp = PathBuf::from(tmp);
-    let written = path
-        .parent()
-        .map_or(Ok(()), std::fs::create_dir_all)
-        .and_then(|_| std::fs::write(&tmp, bytes))
-        .and_then(|_| std::fs::rename(&tmp, path));
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+/// Writes `bytes` to `path` in the cache (its directory created first) through
+/// `output::write_bytes`: a reader, another process included, sees the old file or the whole
+/// new one, never a torn one.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> crate::Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| crate::Error::file(parent, e))?;
     }
-    written
+    crate::output::write_bytes(path, bytes)
 }

@@ -25,6 +25,7 @@ pub mod error;
 pub mod format;
 pub mod measure;
 pub mod npy;
+pub mod output;
 pub mod plan;
 pub mod policy;
 pub mod report;

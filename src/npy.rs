@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use npyz::WriterBuilder;
 use std::fs::File;
-use std::io::{BufReader, BufWriter, Write};
+use std::io::BufReader;
 use std::path::Path;
 
 /// A row-major f32 matrix.
@@ -76,30 +76,19 @@ pub fn read_matrix(path: &Path) -> Result<Matrix> {
     Matrix::new(rows, cols, data)
 }
 
-/// Writes a row-major matrix as a C-order float32 `.npy`, atomically: the data goes to a
-/// temporary file beside `path`, which is renamed over it only once complete.
+/// Writes a row-major matrix as a C-order float32 `.npy` through `output::write_file` (whole
+/// or not at all; a device such as /dev/stdout written in place).
 pub fn write_matrix(path: &Path, m: &Matrix) -> Result<()> {
-    let tmp = path.with_extension("npy.partial");
-    let result = (|| -> std::io::Result<()> {
-        let mut out = BufWriter::new(File::create(&tmp)?);
-        {
-            let mut writer = npyz::WriteOptions::<f32>::new()
-                .default_dtype()
-                .shape(&[m.rows as u64, m.cols as u64])
-                .writer(&mut out)
-                .begin_nd()?;
-            writer.extend(m.data.iter().copied())?;
-            writer.finish()?;
-        }
-        out.flush()?;
-        out.get_ref().sync_all()?;
-        Ok(())
-    })();
-    match result.and_then(|_| std::fs::rename(&tmp, path)) {
-        Ok(()) => Ok(()),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(Error::file(path, e))
-        }
-    }
+    crate::output::write_file(path, |out| {
+        let mut writer = npyz::WriteOptions::<f32>::new()
+            .default_dtype()
+            .shape(&[m.rows as u64, m.cols as u64])
+            .writer(out)
+            .begin_nd()
+            .map_err(|e| Error::file(path, e))?;
+        writer
+            .extend(m.data.iter().copied())
+            .map_err(|e| Error::file(path, e))?;
+        writer.finish().map_err(|e| Error::file(path, e))
+    })
 }

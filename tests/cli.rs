@@ -298,3 +298,46 @@ fn info_lists_backends() {
         text(&o)
     );
 }
+
+/// Output files never damage what the tool was not asked to write: a device target is written
+/// in place (run as root, a rename would replace /dev/null with a regular file), an input named
+/// like an old temporary (`OUT.partial`) is read, not emptied or deleted, and an unrelated file
+/// of that name beside the output survives.
+#[cfg(unix)]
+#[test]
+fn outputs_replace_no_device_and_delete_no_neighbour() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tempfile::tempdir().unwrap();
+    let values = measure::normal(1000, 9);
+    let bytes = bytemuck::cast_slice::<f32, u8>(&values).to_vec();
+    let output = dir.path().join("x.bf16");
+    let input = dir.path().join("x.partial");
+    std::fs::write(&input, &bytes).unwrap();
+    let neighbour = dir.path().join("x.bf16.partial");
+    std::fs::write(&neighbour, "keep me").unwrap();
+    let cast = |i: &Path, o: &Path| {
+        mantissa(&[
+            "cast",
+            "--raw",
+            "--from",
+            "f32",
+            "--to",
+            "bf16",
+            "-i",
+            i.to_str().unwrap(),
+            "-o",
+            o.to_str().unwrap(),
+        ])
+    };
+    let o = cast(&input, &output);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(std::fs::read(&input).unwrap(), bytes, "the input is intact");
+    assert_eq!(std::fs::read(&output).unwrap().len(), 2000);
+    assert_eq!(std::fs::read_to_string(&neighbour).unwrap(), "keep me");
+    let names = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(names, 3, "no temporary is left behind");
+    let o = cast(&input, Path::new("/dev/null"));
+    assert!(o.status.success(), "{}", text(&o));
+    let null = std::fs::metadata("/dev/null").unwrap();
+    assert!(null.file_type().is_char_device(), "/dev/null is still a device");
+}

@@ -134,7 +134,7 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(path) = &args.json {
         let text = serde_json::to_string_pretty(&records)
             .map_err(|e| Error::invalid("json", e.to_string()))?;
-        std::fs::write(path, text).map_err(|e| Error::file(path, e))?;
+        crate::output::write_bytes(path, text.as_bytes())?;
         eprintln!("wrote {}", path.display());
     }
     Ok(())

@@ -132,31 +132,14 @@ fn raw(
             Box::new(std::io::stdin().lock())
         }
     };
-    let tmp = output.as_ref().map(|p| p.with_extension("partial"));
-    let mut writer: Box<dyn Write> = match &tmp {
-        Some(t) => Box::new(std::io::BufWriter::new(
-            std::fs::File::create(t).map_err(|e| Error::file(t, e))?,
-        )),
-        None => Box::new(std::io::BufWriter::new(std::io::stdout().lock())),
+    let mut convert = |w: &mut dyn Write| -> Result<()> {
+        convert_stream(&mut *reader, w, from, to, overflow, in_size, out_size)?;
+        w.flush().map_err(Error::from)
     };
-    let result = convert_stream(
-        &mut reader,
-        &mut writer,
-        from,
-        to,
-        overflow,
-        in_size,
-        out_size,
-    );
-    let result = result.and_then(|_| writer.flush().map_err(Error::from));
-    drop(writer);
-    match (result, tmp, output) {
-        (Ok(()), Some(t), Some(p)) => std::fs::rename(&t, &p).map_err(|e| Error::file(&p, e)),
-        (Err(e), Some(t), _) => {
-            let _ = std::fs::remove_file(t);
-            Err(e)
-        }
-        (r, _, _) => r,
+    // A file is written whole or not at all (output.rs); `-` or none is standard output.
+    match output.filter(|p| p.as_os_str() != "-") {
+        Some(p) => crate::output::write_file(&p, convert),
+        None => convert(&mut std::io::BufWriter::new(std::io::stdout().lock())),
     }
 }
 

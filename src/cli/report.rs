@@ -226,9 +226,8 @@ pub fn run(args: Args) -> Result<i32> {
     let html_path = args.out.join("report.html");
     let json =
         serde_json::to_string_pretty(&report).map_err(|e| Error::invalid("json", e.to_string()))?;
-    std::fs::write(&json_path, json).map_err(|e| Error::file(&json_path, e))?;
-    std::fs::write(&html_path, report::render_html(&report))
-        .map_err(|e| Error::file(&html_path, e))?;
+    crate::output::write_bytes(&json_path, json.as_bytes())?;
+    crate::output::write_bytes(&html_path, report::render_html(&report).as_bytes())?;
     println!("wrote {} and {}", json_path.display(), html_path.display());
     if report.passed {
         println!("PASSED: every backend keeps the numerics contract");

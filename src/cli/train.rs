@@ -260,28 +260,23 @@ pub fn train(args: TrainArgs) -> Result<()> {
         .collect();
     println!("{}", summary.join("; "));
     let log = args.out.join("train.json");
-    std::fs::write(
-        &log,
-        serde_json::to_string_pretty(&runs).map_err(|e| Error::invalid("json", e.to_string()))?,
-    )
-    .map_err(|e| Error::file(&log, e))?;
+    let json =
+        serde_json::to_string_pretty(&runs).map_err(|e| Error::invalid("json", e.to_string()))?;
+    crate::output::write_bytes(&log, json.as_bytes())?;
     let chart = args.out.join("loss.svg");
-    std::fs::write(
-        &chart,
-        crate::report::loss_chart(
-            "training loss by precision preset (lines: train, dots: validation)",
-            &runs
-                .iter()
-                .map(|r| crate::report::LossCurve {
-                    label: r.preset.clone(),
-                    losses: r.steps.iter().map(|s| (s.step, s.loss)).collect(),
-                    points: r.val.clone(),
-                })
-                .collect::<Vec<_>>(),
-        )
-        .map_err(|e| Error::invalid("chart", e))?,
+    let svg = crate::report::loss_chart(
+        "training loss by precision preset (lines: train, dots: validation)",
+        &runs
+            .iter()
+            .map(|r| crate::report::LossCurve {
+                label: r.preset.clone(),
+                losses: r.steps.iter().map(|s| (s.step, s.loss)).collect(),
+                points: r.val.clone(),
+            })
+            .collect::<Vec<_>>(),
     )
-    .map_err(|e| Error::file(&chart, e))?;
+    .map_err(|e| Error::invalid("chart", e))?;
+    crate::output::write_bytes(&chart, svg.as_bytes())?;
     println!("wrote {} and {}", log.display(), chart.display());
     Ok(())
 }

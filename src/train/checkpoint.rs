@@ -8,7 +8,6 @@ use crate::error::{Error, Result};
 use crate::policy::{DelayedScaling, Fp8State, Preset};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::Path;
 
 const FORMAT: &str = "mantissa-checkpoint-1";
@@ -136,17 +135,7 @@ impl Checkpoint {
         let data =
             safetensors::serialize(views, Some(HashMap::from([("mantissa".to_string(), json)])))
                 .map_err(|e| Error::file(path, format!("cannot serialise: {e}")))?;
-        let tmp = path.with_extension("safetensors.partial");
-        let written = (|| -> std::io::Result<()> {
-            let mut f = std::fs::File::create(&tmp)?;
-            f.write_all(&data)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, path)
-        })();
-        written.map_err(|e| {
-            let _ = std::fs::remove_file(&tmp);
-            Error::file(path, e)
-        })
+        crate::output::write_bytes(path, &data)
     }
 
     /// Loads and validates a checkpoint for `config` (the same shapes) and `vocab`.

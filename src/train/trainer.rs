@@ -128,7 +128,7 @@ impl<'a> Trainer<'a> {
         let cfg = &options.config;
         let mut plan = gpt.plan(&precision, cfg.batch_size, cfg.block_size)?;
         for (i, mut p) in cfg.init(options.seed).into_iter().enumerate() {
-            round_to(&mut p, spec.params);
+            round_to(&mut p, precision.weights);
             plan.constants.push((plan.state[i][0], p));
         }
         let exec = backend::executor(backend, plan, options.resident)?;
