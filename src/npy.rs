@@ -16,10 +16,16 @@ pub struct Matrix {
 
 impl Matrix {
     pub fn new(rows: usize, cols: usize, data: Vec<f32>) -> Result<Matrix> {
-        if data.len() != rows * cols {
+        let expected = rows.checked_mul(cols).ok_or_else(|| {
+            Error::invalid(
+                "matrix",
+                format!("{rows}x{cols} overflows the address space"),
+            )
+        })?;
+        if data.len() != expected {
             return Err(Error::LengthMismatch {
                 what: "matrix data",
-                expected: rows * cols,
+                expected,
                 got: data.len(),
             });
         }
@@ -28,8 +34,12 @@ impl Matrix {
 }
 
 /// Reads a 2-D float32 array (C or Fortran order) into a row-major matrix.
+/// The shape in the header is checked against the file's length, with overflow-checked
+/// arithmetic, before anything is allocated.
 pub fn read_matrix(path: &Path) -> Result<Matrix> {
-    let file = File::open(path).map_err(|e| Error::file(path, e))?;
+    let mut file = File::open(path).map_err(|e| Error::file(path, e))?;
+    let file_bytes = file.metadata().map(|m| m.len()).ok();
+    check_claimed_shape(path, &mut file, file_bytes)?;
     let npy = npyz::NpyFile::new(BufReader::new(file))
         .map_err(|e| Error::file(path, format!("not a valid .npy file: {e}")))?;
     let shape = npy.shape().to_vec();
@@ -51,21 +61,38 @@ pub fn read_matrix(path: &Path) -> Result<Matrix> {
             format!("expected dtype float32 ('<f4'), found {dtype}"),
         )
     })?;
-    let mut values = Vec::with_capacity(rows * cols);
+    // The data must fit in the file: a header claiming more is refused before any allocation.
+    let fits = |n: usize| {
+        let bytes = (n as u64).checked_mul(4);
+        bytes.is_some_and(|b| file_bytes.is_none_or(|len| b <= len))
+    };
+    let count = match rows.checked_mul(cols) {
+        Some(n) if fits(n) => n,
+        _ => {
+            return Err(Error::file(
+                path,
+                format!(
+                    "the header claims {rows}x{cols} float32 values, more than the file's {} bytes hold",
+                    file_bytes.map_or("unknown".into(), |b| b.to_string())
+                ),
+            ));
+        }
+    };
+    let mut values = Vec::with_capacity(count);
     for v in reader {
         values
             .push(v.map_err(|e| Error::file(path, format!("truncated or unreadable data: {e}")))?);
     }
-    if values.len() != rows * cols {
+    if values.len() != count {
         return Err(Error::file(
             path,
-            format!("truncated: {} of {} values", values.len(), rows * cols),
+            format!("truncated: {} of {count} values", values.len()),
         ));
     }
     let data = match order {
         npyz::Order::C => values,
         npyz::Order::Fortran => {
-            let mut data = vec![0f32; rows * cols];
+            let mut data = vec![0f32; count];
             for (e, v) in values.into_iter().enumerate() {
                 let (i, j) = (e % rows, e / rows);
                 data[i * cols + j] = v;
@@ -74,6 +101,42 @@ pub fn read_matrix(path: &Path) -> Result<Matrix> {
         }
     };
     Matrix::new(rows, cols, data)
+}
+
+/// Refuses a header whose shape holds more values than the file has bytes, before the
+/// `npyz` parser multiplies the dimensions (which overflows on a forged header). A header this
+/// cannot read is left to `npyz`, whose error says what is wrong.
+fn check_claimed_shape(path: &Path, file: &mut File, file_bytes: Option<u64>) -> Result<()> {
+    use std::io::{Read, Seek};
+    let mut head = vec![0u8; 4096];
+    let n = file.read(&mut head).map_err(|e| Error::file(path, e))?;
+    file.rewind().map_err(|e| Error::file(path, e))?;
+    let text = String::from_utf8_lossy(&head[..n]);
+    let dims = text.find("'shape'").and_then(|at| {
+        let open = at + text[at..].find('(')?;
+        let close = open + text[open..].find(')')?;
+        text[open + 1..close]
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .map(|d| d.parse::<u128>().ok())
+            .collect::<Option<Vec<u128>>>()
+    });
+    let (Some(dims), Some(len)) = (dims, file_bytes) else {
+        return Ok(());
+    };
+    let bytes = dims.iter().try_fold(1u128, |acc, &d| acc.checked_mul(d));
+    if bytes.is_none_or(|b| b > len as u128) {
+        let shape: Vec<String> = dims.iter().map(u128::to_string).collect();
+        return Err(Error::file(
+            path,
+            format!(
+                "the header claims a {} array, more than the file's {len} bytes hold",
+                shape.join("x")
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Writes a row-major matrix as a C-order float32 `.npy` through `output::write_file` (whole

@@ -205,6 +205,20 @@ fn matmul_reads_c_and_fortran_order_and_checks() {
     assert!(measure::relative_error(&c.data, &exact) < 3e-5);
 }
 
+/// A float32 .npy (format 1.0) with `shape` in its header and `data` zero bytes after it.
+fn npy_with_header(shape: &str, data: usize) -> Vec<u8> {
+    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend((header.len() as u16).to_le_bytes());
+    bytes.extend(header.as_bytes());
+    bytes.extend(vec![0u8; data]);
+    bytes
+}
+
 #[test]
 fn matmul_bad_input_exits_2_and_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -234,7 +248,17 @@ fn matmul_bad_input_exits_2_and_writes_nothing() {
     let full = std::fs::read(p("a.npy")).unwrap();
     std::fs::write(p("t.npy"), &full[..full.len() - 5]).unwrap();
     std::fs::write(p("junk.npy"), b"not numpy at all").unwrap();
+    // Headers that claim more than the file holds: refused before anything is allocated,
+    // including a shape whose product wraps 64 bits (once read as 0 values and "contract: OK").
+    std::fs::write(
+        p("huge.npy"),
+        npy_with_header("(4611686018427387904, 4)", 24),
+    )
+    .unwrap();
+    std::fs::write(p("big.npy"), npy_with_header("(100000, 100000)", 24)).unwrap();
     let cases = [
+        ("huge.npy", "b.npy", "more than the file"),
+        ("big.npy", "b.npy", "more than the file"),
         ("a.npy", "b.npy", "do not match"),
         ("a.npy", "v.npy", "2-D"),
         ("d.npy", "b.npy", "float32"),
@@ -339,5 +363,8 @@ fn outputs_replace_no_device_and_delete_no_neighbour() {
     let o = cast(&input, Path::new("/dev/null"));
     assert!(o.status.success(), "{}", text(&o));
     let null = std::fs::metadata("/dev/null").unwrap();
-    assert!(null.file_type().is_char_device(), "/dev/null is still a device");
+    assert!(
+        null.file_type().is_char_device(),
+        "/dev/null is still a device"
+    );
 }
