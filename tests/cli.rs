@@ -368,3 +368,81 @@ fn outputs_replace_no_device_and_delete_no_neighbour() {
         "/dev/null is still a device"
     );
 }
+
+/// Arguments are checked before anything is created, with one line naming the flag: exit 2,
+/// never a panic or an abort.
+#[test]
+fn bad_arguments_exit_2_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("never");
+    let out = out.to_str().unwrap();
+    let cases: [(&[&str], &str); 8] = [
+        (
+            &[
+                "bench",
+                "matmul",
+                "--sizes",
+                "0x4x4",
+                "--backends",
+                "reference",
+            ],
+            "--sizes",
+        ),
+        (
+            &["bench", "matmul", "--sizes", ",", "--backends", "reference"],
+            "--sizes",
+        ),
+        (
+            &[
+                "bench",
+                "matmul",
+                "--sizes",
+                "99999999999",
+                "--backends",
+                "reference",
+            ],
+            "--sizes",
+        ),
+        (
+            &[
+                "report",
+                "--backends",
+                "reference",
+                "--sizes",
+                "4x0x4",
+                "--out",
+                out,
+            ],
+            "--sizes",
+        ),
+        (
+            &["train", "--lr", "nan", "--steps", "1", "--out", out],
+            "--lr",
+        ),
+        (&["train", "--lr=-1", "--steps", "1", "--out", out], "--lr"),
+        (
+            &[
+                "train",
+                "--eval-interval",
+                "0",
+                "--steps",
+                "1",
+                "--out",
+                out,
+            ],
+            "--eval-interval",
+        ),
+        (
+            &["sample", "--checkpoint", out, "--temperature", "nan"],
+            "--temperature",
+        ),
+    ];
+    for (args, flag) in cases {
+        let o = mantissa(args);
+        let msg = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {msg}");
+        assert!(msg.contains(flag), "{args:?}: expected {flag} in {msg}");
+        assert_eq!(msg.lines().count(), 1, "{args:?}: one line: {msg}");
+    }
+    assert!(!Path::new(out).exists(), "nothing was created");
+}

@@ -405,7 +405,7 @@ fn train_ops(b: &dyn Backend) {
             .block_on()
             .unwrap(),
         &ops::embedding_bwd(&dout, &ids, vocab, width),
-        tol::ARITHMETIC,
+        tol::ROW,
     );
     assert!(
         b.embedding_fwd(&table, &[vocab as u32], width)

@@ -46,17 +46,47 @@ struct MatmulArgs {
     json: Option<PathBuf>,
 }
 
+/// The most elements one operand (or the result) of a `--sizes` shape may have: 2^31 f32
+/// values, 8 GiB, more than any benchmark or report needs.
+const MAX_OPERAND_ELEMENTS: usize = 1 << 31;
+
+/// One `--sizes` item, N or MxNxK: every dimension at least 1, and no operand beyond
+/// `MAX_OPERAND_ELEMENTS` (checked before anything is allocated).
 pub(crate) fn parse_shape(s: &str) -> Result<(usize, usize, usize)> {
+    let bad = |why: &str| Error::invalid("--sizes", format!("'{}': {why}", s.trim()));
     let dims: Vec<usize> = s
         .split('x')
         .map(|d| d.trim().parse::<usize>())
         .collect::<std::result::Result<_, _>>()
-        .map_err(|_| Error::invalid("size", format!("'{s}': write N or MxNxK")))?;
-    match dims[..] {
-        [n] => Ok((n, n, n)),
-        [m, n, k] => Ok((m, n, k)),
-        _ => Err(Error::invalid("size", format!("'{s}': write N or MxNxK"))),
+        .map_err(|_| bad("write N or MxNxK with whole numbers"))?;
+    let (m, n, k) = match dims[..] {
+        [n] => (n, n, n),
+        [m, n, k] => (m, n, k),
+        _ => return Err(bad("write N or MxNxK")),
+    };
+    if m == 0 || n == 0 || k == 0 {
+        return Err(bad("every dimension must be at least 1"));
     }
+    let fits = |a: usize, b: usize| a.checked_mul(b).is_some_and(|e| e <= MAX_OPERAND_ELEMENTS);
+    if !(fits(m, k) && fits(k, n) && fits(m, n)) {
+        return Err(bad(&format!(
+            "an operand would exceed {MAX_OPERAND_ELEMENTS} elements"
+        )));
+    }
+    Ok((m, n, k))
+}
+
+/// The shapes of a `--sizes` list, which must name at least one.
+pub(crate) fn parse_shapes(list: &str) -> Result<Vec<(usize, usize, usize)>> {
+    let shapes = list
+        .split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(parse_shape)
+        .collect::<Result<Vec<_>>>()?;
+    if shapes.is_empty() {
+        return Err(Error::invalid("--sizes", "names no size"));
+    }
+    Ok(shapes)
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -66,12 +96,7 @@ pub fn run(args: Args) -> Result<()> {
     } else {
         parse_list(&args.algorithms)?
     };
-    let shapes = args
-        .sizes
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(parse_shape)
-        .collect::<Result<Vec<_>>>()?;
+    let shapes = parse_shapes(&args.sizes)?;
     let choices: Vec<BackendChoice> = parse_list(&args.backends)?;
     let bench = MatmulBench {
         shapes,

@@ -83,12 +83,7 @@ pub fn run(args: Args) -> Result<i32> {
             .map(Family::parse)
             .collect::<Result<_>>()?
     };
-    let shapes = args
-        .sizes
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(super::bench::parse_shape)
-        .collect::<Result<Vec<_>>>()?;
+    let shapes = super::bench::parse_shapes(&args.sizes)?;
     let config = ReportConfig {
         kinds,
         shapes,

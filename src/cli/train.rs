@@ -111,6 +111,16 @@ struct Run {
 }
 
 pub fn train(args: TrainArgs) -> Result<()> {
+    // Arguments first, before anything is created.
+    if !(args.lr.is_finite() && args.lr > 0.0) {
+        return Err(Error::invalid(
+            "--lr",
+            format!("{} is not a finite positive learning rate", args.lr),
+        ));
+    }
+    if args.eval_interval == 0 {
+        return Err(Error::invalid("--eval-interval", "must be at least 1"));
+    }
     let presets: Vec<Preset> = parse_list(&args.precision)?;
     if presets.is_empty() {
         return Err(Error::invalid("arguments", "--precision names no preset"));
@@ -320,6 +330,12 @@ fn log_line(r: &StepRecord, val: f64) -> String {
 }
 
 pub fn sample(args: SampleArgs) -> Result<()> {
+    if !(args.temperature.is_finite() && args.temperature >= 0.0) {
+        return Err(Error::invalid(
+            "--temperature",
+            format!("{} is not a finite temperature >= 0", args.temperature),
+        ));
+    }
     let corpus = Corpus::load(&args.corpus)?;
     let bytes = std::fs::read(&args.checkpoint).map_err(|e| Error::file(&args.checkpoint, e))?;
     let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| {
