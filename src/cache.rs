@@ -3,6 +3,7 @@
 //! none in the browser or without a home directory. A cache that cannot be read or written
 //! costs work next time, never a result.
 
+use crate::error::{Error, Result};
 use std::path::{Path, PathBuf};
 
 /// The cache directory, when there is one.
@@ -23,9 +24,9 @@ pub fn dir() -> Option<PathBuf> {
 /// Writes `bytes` to `path` in the cache (its directory created first) through
 /// `output::write_bytes`: a reader, another process included, sees the old file or the whole
 /// new one, never a torn one.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> crate::Result<()> {
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| crate::Error::file(parent, e))?;
+        std::fs::create_dir_all(parent).map_err(|e| Error::file(parent, e))?;
     }
     crate::output::write_bytes(path, bytes)
 }
