@@ -62,7 +62,7 @@ pub enum Error {
         device: String,
         op: String,
         #[source]
-        fault: DeviceFault,
+        fault: Box<DeviceFault>,
     },
 
     /// The device ran out of memory: told apart by the fault's type, never by its text.
@@ -75,7 +75,7 @@ pub enum Error {
         op: String,
         total_bytes: Option<u64>,
         #[source]
-        fault: DeviceFault,
+        fault: Box<DeviceFault>,
     },
 
     #[error("shader '{kernel}' failed to compile:\n{log}")]
@@ -161,7 +161,8 @@ impl Error {
         fault: impl Into<DeviceFault>,
         total_bytes: Option<u64>,
     ) -> Error {
-        let (device, op, fault) = (device.into(), op.into(), fault.into());
+        // Boxed: wgpu's errors are large, and every `Result` carries an `Error`.
+        let (device, op, fault) = (device.into(), op.into(), Box::new(fault.into()));
         if fault.is_out_of_memory() {
             Error::OutOfMemory {
                 device,
