@@ -301,6 +301,52 @@ fn matmul_too_large(b: &dyn Backend) {
     assert_eq!(c, vec![1.0, 2.0, 3.0, 4.0]);
 }
 
+/// Training ops refuse operands of the wrong length with an error, never a panic or a read past
+/// a buffer: the same checks (`backend::check`) on every backend.
+fn train_ops_bad_input(b: &dyn Backend) {
+    let x = vec![0.5f32; 12];
+    let opt = mantissa::plan::AdamW::default();
+    fn refused<T>(what: &str, r: mantissa::Result<T>) {
+        assert!(r.is_err(), "{what} accepted");
+    }
+    refused(
+        "a short gain",
+        b.layernorm_fwd(&x, &[1.0; 3], &[0.0; 4], 4).block_on(),
+    );
+    refused(
+        "rows that do not divide",
+        b.layernorm_fwd(&x, &[1.0; 5], &[0.0; 5], 5).block_on(),
+    );
+    refused(
+        "short layer-norm stats",
+        b.layernorm_bwd(&x, &x, &[1.0; 4], &[0.0; 2], &[1.0; 3], 4)
+            .block_on(),
+    );
+    refused("a short GELU gradient", b.gelu_bwd(&x, &x[..5]).block_on());
+    refused(
+        "a short softmax gradient",
+        b.causal_softmax_bwd(&x, &x[..8], 2, 1.0).block_on(),
+    );
+    refused(
+        "too few targets",
+        b.cross_entropy_fwd(&x, &[0, 1], 4).block_on(),
+    );
+    refused(
+        "a target outside the vocabulary",
+        b.cross_entropy_bwd(&x, &[0, 1, 4], 4, 1.0).block_on(),
+    );
+    let (mut p, mut m, mut v) = (x.clone(), vec![0.0; 11], vec![0.0; 12]);
+    refused(
+        "a short moment",
+        b.adamw(&opt, &mut p, &x, &mut m, &mut v, 1, true)
+            .block_on(),
+    );
+    refused(
+        "a short embedding gradient",
+        b.embedding_bwd(&x[..5], &[0, 1], 3, 3).block_on(),
+    );
+}
+
 /// The training ops against the host reference (`backend::reference::ops`) on odd shapes.
 fn train_ops(b: &dyn Backend) {
     use mantissa::backend::reference::ops;
@@ -436,8 +482,8 @@ fn train_ops(b: &dyn Backend) {
 
 // The reference is the truth the other backends are compared with: it runs only the tests
 // that check it against something else (f64 products and published error bands, bad input).
-backend_tests!(reference: matmul_error_bands, matmul_bad_input);
-backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, train_ops);
+backend_tests!(reference: matmul_error_bands, matmul_bad_input, train_ops_bad_input);
+backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, train_ops, train_ops_bad_input);
 backend_tests!(wgpu_packed_f16: matmul_random, matmul_edges);
 backend_tests!(wgpu_checked: casts, matmul_edges, train_ops);
-backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, train_ops);
+backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, train_ops, train_ops_bad_input);

@@ -16,6 +16,7 @@
 //!   (`ops.rs`: the trait's training ops; `train.rs`: the training kernel launches shared by
 //!   `ops.rs` and the resident `plan.rs`; `cast.rs`: element kernels; `matmul.rs`)
 
+pub mod check;
 pub mod choice;
 #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
 pub mod cuda;
@@ -268,17 +269,6 @@ pub trait Backend: Send + Sync {
     /// The algorithm a precision class resolves to on this backend.
     fn resolve(&self, class: PrecisionClass) -> Algorithm {
         class.resolve(&self.capabilities())
-    }
-}
-
-/// Every id must name a row of a table with `rows` rows.
-pub(crate) fn check_ids(ids: &[u32], rows: usize) -> Result<()> {
-    match ids.iter().find(|&&i| i as usize >= rows) {
-        Some(bad) => Err(Error::invalid(
-            "embedding",
-            format!("id {bad} is outside a table of {rows} rows"),
-        )),
-        None => Ok(()),
     }
 }
 

@@ -4,36 +4,13 @@
 
 use super::CudaBackend;
 use super::train::{self as launch, scratch};
-use crate::backend::check_ids;
-use crate::error::{Error, Result};
+use crate::backend::check;
+use crate::error::Result;
 use crate::plan::AdamW;
 use crate::plan::scalar;
 use cudarc::driver::CudaSlice;
 
 type Triple = (Vec<f32>, Vec<f32>, Vec<f32>);
-
-fn length(what: &'static str, expected: usize, got: usize) -> Result<()> {
-    if expected == got {
-        Ok(())
-    } else {
-        Err(Error::LengthMismatch {
-            what,
-            expected,
-            got,
-        })
-    }
-}
-
-/// Rows of a `rows x c` operand, refusing a length that is not a whole number of rows.
-fn rows_of(what: &'static str, len: usize, c: usize) -> Result<usize> {
-    if c == 0 || !len.is_multiple_of(c) {
-        return Err(Error::invalid(
-            what,
-            format!("{len} values are not rows of {c}"),
-        ));
-    }
-    Ok(len / c)
-}
 
 impl CudaBackend {
     /// A scalars array (src/plan/scalar.rs) on the device with `slots` set.
@@ -48,9 +25,7 @@ impl CudaBackend {
         b: &[f32],
         c: usize,
     ) -> Result<Triple> {
-        let rows = rows_of("layer norm", x.len(), c)?;
-        length("layer norm gain", c, g.len())?;
-        length("layer norm bias", c, b.len())?;
+        let rows = check::layernorm_fwd(x, g, b, c)?;
         let ins = [self.upload(x)?, self.upload(g)?, self.upload(b)?];
         let y = self.zeros::<f32>(x.len())?;
         let stats = self.zeros::<f32>(2 * rows)?;
@@ -75,11 +50,7 @@ impl CudaBackend {
         rstd: &[f32],
         c: usize,
     ) -> Result<Triple> {
-        let rows = rows_of("layer norm", x.len(), c)?;
-        length("layer norm gradient", x.len(), dy.len())?;
-        length("layer norm gain", c, g.len())?;
-        length("layer norm means", rows, mean.len())?;
-        length("layer norm rstds", rows, rstd.len())?;
+        let rows = check::layernorm_bwd(dy, x, g, (mean, rstd), c)?;
         let stats: Vec<f32> = mean.iter().zip(rstd).flat_map(|(&m, &r)| [m, r]).collect();
         let ins = [
             self.upload(dy)?,
@@ -114,12 +85,12 @@ impl CudaBackend {
     }
 
     pub(super) fn op_gelu(&self, x: &[f32], dy: Option<&[f32]>) -> Result<Vec<f32>> {
+        check::gelu(x, dy)?;
         let input = self.upload(x)?;
         let out = self.zeros::<f32>(x.len())?;
         match dy {
             None => launch::gelu_fwd(self, self.ptr(&input), self.ptr(&out), x.len())?,
             Some(dy) => {
-                length("gelu gradient", x.len(), dy.len())?;
                 let d = self.upload(dy)?;
                 launch::gelu_bwd(
                     self,
@@ -140,13 +111,12 @@ impl CudaBackend {
         t: usize,
         scale: f64,
     ) -> Result<Vec<f32>> {
-        let rows = rows_of("causal softmax", x.len(), t)?;
+        let rows = check::softmax(x, dp, t)?;
         let input = self.upload(x)?;
         let out = self.zeros::<f32>(x.len())?;
         match dp {
             None => launch::softmax_fwd(self, self.ptr(&input), self.ptr(&out), (rows, t, scale))?,
             Some(dp) => {
-                length("softmax gradient", x.len(), dp.len())?;
                 let d = self.upload(dp)?;
                 let (p, d, o) = (self.ptr(&input), self.ptr(&d), self.ptr(&out));
                 launch::softmax_bwd(self, p, d, o, (rows, t, scale))?
@@ -161,9 +131,7 @@ impl CudaBackend {
         targets: &[u32],
         v: usize,
     ) -> Result<(f64, Vec<f32>)> {
-        let rows = rows_of("cross entropy", logits.len(), v)?;
-        length("cross entropy targets", rows, targets.len())?;
-        check_ids(targets, v)?;
+        let rows = check::cross_entropy(logits, targets, v)?;
         let (l, t) = (self.upload(logits)?, self.upload(targets)?);
         let probs = self.zeros::<f32>(logits.len())?;
         let stats = self.zeros::<f32>(1)?;
@@ -186,9 +154,7 @@ impl CudaBackend {
         v: usize,
         dloss: f64,
     ) -> Result<Vec<f32>> {
-        let rows = rows_of("cross entropy", probs.len(), v)?;
-        length("cross entropy targets", rows, targets.len())?;
-        check_ids(targets, v)?;
+        let rows = check::cross_entropy(probs, targets, v)?;
         let (p, t) = (self.upload(probs)?, self.upload(targets)?);
         let per_row = (dloss / rows.max(1) as f64) as f32;
         let s = self.scalars(&[(scalar::DLOSS_PER_ROW, per_row)])?;
@@ -209,14 +175,8 @@ impl CudaBackend {
         t: u32,
         decay: bool,
     ) -> Result<()> {
+        check::adamw(p, g, m, v)?;
         let n = p.len();
-        for (what, len) in [
-            ("gradient", g.len()),
-            ("first moment", m.len()),
-            ("second moment", v.len()),
-        ] {
-            length(what, n, len)?;
-        }
         let s = self.scalars(&scalar::adamw(opt, t))?;
         // No gradient flags to gate on (count 0): the update always applies.
         let stats = self.zeros::<f32>(1)?;
@@ -253,8 +213,7 @@ impl CudaBackend {
         ids: &[u32],
         c: usize,
     ) -> Result<Vec<f32>> {
-        let rows = rows_of("embedding table", table.len(), c)?;
-        check_ids(ids, rows)?;
+        check::embedding_fwd(table, ids, c)?;
         let (t, i) = (self.upload(table)?, self.upload(ids)?);
         let out = self.zeros::<f32>(ids.len() * c)?;
         launch::embedding_fwd(
@@ -275,8 +234,7 @@ impl CudaBackend {
         rows: usize,
         c: usize,
     ) -> Result<Vec<f32>> {
-        check_ids(ids, rows)?;
-        length("embedding gradient", ids.len() * c, dout.len())?;
+        check::embedding_bwd(dout, ids, rows, c)?;
         let (d, i) = (self.upload(dout)?, self.upload(ids)?);
         let out = self.zeros::<f32>(rows * c)?;
         let (pd, pi, po) = (self.ptr(&d), self.ptr(&i), self.ptr(&out));

@@ -15,8 +15,8 @@ pub use interp::HostExecutor;
 pub use matmul::matmul;
 
 use crate::algorithm::{Algorithm, MatmulShape};
-use crate::backend::{Backend, BackendKind, check_ids};
-use crate::error::{Error, Result};
+use crate::backend::{Backend, BackendKind, check};
+use crate::error::Result;
 use crate::format::{self, Format, Overflow};
 use crate::plan::{AdamW, Plan, StepExecutor};
 use crate::policy::Capabilities;
@@ -87,6 +87,7 @@ impl Backend for Reference {
         b: &[f32],
         c: usize,
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        check::layernorm_fwd(x, g, b, c)?;
         Ok(ops::layernorm_fwd(x, g, b, c))
     }
 
@@ -99,6 +100,7 @@ impl Backend for Reference {
         rstd: &[f32],
         c: usize,
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        check::layernorm_bwd(dy, x, g, (mean, rstd), c)?;
         Ok(ops::layernorm_bwd(dy, x, g, mean, rstd, c))
     }
 
@@ -107,10 +109,12 @@ impl Backend for Reference {
     }
 
     async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>> {
+        check::gelu(x, Some(dy))?;
         Ok(ops::gelu_bwd(x, dy))
     }
 
     async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
+        check::softmax(scores, None, t)?;
         Ok(ops::causal_softmax_fwd(scores, t, scale))
     }
 
@@ -121,6 +125,7 @@ impl Backend for Reference {
         t: usize,
         scale: f64,
     ) -> Result<Vec<f32>> {
+        check::softmax(p, Some(dp), t)?;
         Ok(ops::causal_softmax_bwd(p, dp, t, scale))
     }
 
@@ -130,7 +135,7 @@ impl Backend for Reference {
         targets: &[u32],
         v: usize,
     ) -> Result<(f64, Vec<f32>)> {
-        check_ids(targets, v)?;
+        check::cross_entropy(logits, targets, v)?;
         Ok(ops::cross_entropy_fwd(logits, targets, v))
     }
 
@@ -141,7 +146,7 @@ impl Backend for Reference {
         v: usize,
         dloss: f64,
     ) -> Result<Vec<f32>> {
-        check_ids(targets, v)?;
+        check::cross_entropy(probs, targets, v)?;
         Ok(ops::cross_entropy_bwd(probs, targets, v, dloss))
     }
 
@@ -155,12 +160,13 @@ impl Backend for Reference {
         t: u32,
         decay: bool,
     ) -> Result<()> {
+        check::adamw(p, g, m, v)?;
         ops::adamw(opt, p, g, m, v, t, decay);
         Ok(())
     }
 
     async fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
-        check_ids(ids, table.len() / c.max(1))?;
+        check::embedding_fwd(table, ids, c)?;
         Ok(ops::embedding_fwd(table, ids, c))
     }
 
@@ -171,14 +177,7 @@ impl Backend for Reference {
         rows: usize,
         c: usize,
     ) -> Result<Vec<f32>> {
-        check_ids(ids, rows)?;
-        if dout.len() != ids.len() * c {
-            return Err(Error::LengthMismatch {
-                what: "embedding gradient",
-                expected: ids.len() * c,
-                got: dout.len(),
-            });
-        }
+        check::embedding_bwd(dout, ids, rows, c)?;
         Ok(ops::embedding_bwd(dout, ids, rows, c))
     }
 

@@ -5,7 +5,7 @@
 
 use super::WgpuBackend;
 use super::train::{Out, ids_as_f32, launch};
-use crate::backend::check_ids;
+use crate::backend::check;
 use crate::error::Result;
 use crate::plan::{AdamW, scalar};
 
@@ -17,7 +17,7 @@ impl WgpuBackend {
         b: &[f32],
         c: usize,
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        let rows = x.len() / c.max(1);
+        let rows = check::layernorm_fwd(x, g, b, c)?;
         let outs = [Out::Fresh(x.len()), Out::Fresh(2 * rows), Out::Unused];
         let [y, stats, _] = self
             .train_op(launch::layernorm_fwd(rows, c), [x, g, b], outs)
@@ -36,7 +36,7 @@ impl WgpuBackend {
         rstd: &[f32],
         c: usize,
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        let rows = x.len() / c.max(1);
+        let rows = check::layernorm_bwd(dy, x, g, (mean, rstd), c)?;
         let stats: Vec<f32> = mean.iter().zip(rstd).flat_map(|(&m, &r)| [m, r]).collect();
         let [for_x, for_params] = launch::layernorm_bwd(rows, c);
         let outs = [Out::Fresh(x.len()), Out::Init(&stats), Out::Unused];
@@ -48,6 +48,7 @@ impl WgpuBackend {
 
     /// GELU forward, or its backward where `dy` is given.
     pub(super) async fn op_gelu(&self, x: &[f32], dy: Option<&[f32]>) -> Result<Vec<f32>> {
+        check::gelu(x, dy)?;
         let outs = [Out::Fresh(x.len()), Out::Unused, Out::Unused];
         let [y, ..] = match dy {
             None => self.train_op(launch::gelu_fwd(x.len()), [x, &[], &[]], outs),
@@ -65,7 +66,7 @@ impl WgpuBackend {
         t: usize,
         scale: f64,
     ) -> Result<Vec<f32>> {
-        let rows = x.len() / t.max(1);
+        let rows = check::softmax(x, dp, t)?;
         let outs = [Out::Fresh(x.len()), Out::Unused, Out::Unused];
         let [y, ..] = match dp {
             None => self.train_op(launch::softmax_fwd(rows, t, scale), [x, &[], &[]], outs),
@@ -81,8 +82,7 @@ impl WgpuBackend {
         targets: &[u32],
         v: usize,
     ) -> Result<(f64, Vec<f32>)> {
-        check_ids(targets, v)?;
-        let rows = targets.len();
+        let rows = check::cross_entropy(logits, targets, v)?;
         let ids = ids_as_f32(targets);
         let outs = [Out::Fresh(logits.len()), Out::Fresh(rows), Out::Unused];
         let [probs, losses, _] = self
@@ -103,7 +103,7 @@ impl WgpuBackend {
         v: usize,
         dloss: f64,
     ) -> Result<Vec<f32>> {
-        check_ids(targets, v)?;
+        check::cross_entropy(probs, targets, v)?;
         let per_row = (dloss / targets.len().max(1) as f64) as f32;
         let ids = ids_as_f32(targets);
         let scalars = scalar::with(&[(scalar::DLOSS_PER_ROW, per_row)]);
@@ -125,7 +125,7 @@ impl WgpuBackend {
         ids: &[u32],
         c: usize,
     ) -> Result<Vec<f32>> {
-        check_ids(ids, table.len() / c.max(1))?;
+        check::embedding_fwd(table, ids, c)?;
         let n = ids.len() * c;
         let ids = ids_as_f32(ids);
         let outs = [Out::Fresh(n), Out::Unused, Out::Unused];
@@ -142,7 +142,7 @@ impl WgpuBackend {
         rows: usize,
         c: usize,
     ) -> Result<Vec<f32>> {
-        check_ids(ids, rows)?;
+        check::embedding_bwd(dout, ids, rows, c)?;
         let tokens = ids.len();
         let ids = ids_as_f32(ids);
         let outs = [Out::Fresh(rows * c), Out::Unused, Out::Unused];
@@ -186,6 +186,7 @@ impl WgpuBackend {
         t: u32,
         decay: bool,
     ) -> Result<()> {
+        check::adamw(p, g, m, v)?;
         let scalars = scalar::with(&scalar::adamw(opt, t));
         // No gradient flags to gate on: the update always applies.
         let outs = [Out::Init(p), Out::Init(m), Out::Init(v)];
