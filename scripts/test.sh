@@ -12,7 +12,9 @@ log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 # Tests that skip say so here (tests/common: `skip`); listed after the run.
 skipped=target/tmp/skipped.txt
-rm -f "$skipped"
+# The fuzz suite (tests/fuzz.rs) counts the inputs it tried here.
+fuzzed=target/tmp/fuzz.txt
+rm -f "$skipped" "$fuzzed"
 cargo test --all-targets "$@" 2>&1 | tee "$log"
 # The conformance tests of an absent CUDA backend pass as skipped; say why once, here.
 ./target/debug/mantissa info 2>/dev/null | grep '^cuda:' | tee -a "$log" || true
@@ -28,6 +30,10 @@ if command -v apt-get >/dev/null || command -v chromium >/dev/null; then
 else
     echo "SKIPPED browser test: needs Debian's chromium, chromium-driver and python3-selenium" | tee -a "$log"
 fi
+if [ -s "$fuzzed" ]; then
+    cat "$fuzzed"
+    awk '{ n += $(NF-1) } END { printf "fuzz: %d inputs\n", n }' "$fuzzed" | tee -a "$log"
+fi
 if [ -s "$skipped" ]; then
     echo "Skipped (each test once):"
     sort -u "$skipped" | tee -a "$log"
@@ -35,6 +41,7 @@ fi
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      /^web test: PASSED/ { web = "browser: passed" } /^SKIPPED browser/ { web = "browser: skipped" }
      /^cooperative matrices: passed/ { coop = "coop matrices: passed" } /^SKIPPED cooperative/ { coop = "coop matrices: skipped" }
+     /^fuzz: [0-9]+ inputs$/ { fuzz = "; " $0 }
      /^cuda: absent/ { cuda = "cuda: skipped (absent)" } /^cuda: [^a]/ { cuda = "cuda: ran" }
      /^SKIPPED / && !/^SKIPPED (browser|cooperative)/ { s++ }
-     END { printf "tests: %d passed, %d failed, %d skipped; %s; %s; %s\n", p - s, f, s, coop, web, cuda }' "$log"
+     END { printf "tests: %d passed, %d failed, %d skipped%s; %s; %s; %s\n", p - s, f, s, fuzz, coop, web, cuda }' "$log"

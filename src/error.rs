@@ -84,6 +84,19 @@ pub enum Error {
     #[error("{path}: {why}")]
     File { path: String, why: String },
 
+    /// A training run that cannot go on: its loss or gradients went non-finite with nothing to
+    /// absorb it (no loss scaling). `step` counts from the run's start, resumed steps included.
+    #[error("training under {preset} stopped at step {step}: {why}")]
+    Diverged {
+        preset: String,
+        step: u32,
+        why: String,
+    },
+
+    /// A result outside the numerics contract (`matmul --check`): not bad input, a wrong answer.
+    #[error("{count} element(s) break the {algorithm} contract against the reference")]
+    ContractBreak { algorithm: String, count: usize },
+
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }

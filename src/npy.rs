@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use npyz::WriterBuilder;
 use std::fs::File;
-use std::io::BufReader;
+use std::io::{BufReader, Read, Seek};
 use std::path::Path;
 
 /// A row-major f32 matrix.
@@ -37,10 +37,19 @@ impl Matrix {
 /// The shape in the header is checked against the file's length, with overflow-checked
 /// arithmetic, before anything is allocated.
 pub fn read_matrix(path: &Path) -> Result<Matrix> {
-    let mut file = File::open(path).map_err(|e| Error::file(path, e))?;
+    let file = File::open(path).map_err(|e| Error::file(path, e))?;
     let file_bytes = file.metadata().map(|m| m.len()).ok();
-    check_claimed_shape(path, &mut file, file_bytes)?;
-    let npy = npyz::NpyFile::new(BufReader::new(file))
+    read_matrix_from(BufReader::new(file), file_bytes, path)
+}
+
+/// `read_matrix` over any seekable source of `len` bytes (when known); `path` names it in errors.
+pub fn read_matrix_from(
+    mut source: impl Read + Seek,
+    file_bytes: Option<u64>,
+    path: &Path,
+) -> Result<Matrix> {
+    check_claimed_shape(path, &mut source, file_bytes)?;
+    let npy = npyz::NpyFile::new(source)
         .map_err(|e| Error::file(path, format!("not a valid .npy file: {e}")))?;
     let shape = npy.shape().to_vec();
     let order = npy.order();
@@ -106,10 +115,17 @@ pub fn read_matrix(path: &Path) -> Result<Matrix> {
 /// Refuses a header whose shape holds more values than the file has bytes, before the
 /// `npyz` parser multiplies the dimensions (which overflows on a forged header). A header this
 /// cannot read is left to `npyz`, whose error says what is wrong.
-fn check_claimed_shape(path: &Path, file: &mut File, file_bytes: Option<u64>) -> Result<()> {
-    use std::io::{Read, Seek};
-    let mut head = vec![0u8; 4096];
-    let n = file.read(&mut head).map_err(|e| Error::file(path, e))?;
+fn check_claimed_shape(
+    path: &Path,
+    file: &mut (impl Read + Seek),
+    file_bytes: Option<u64>,
+) -> Result<()> {
+    let mut head = Vec::with_capacity(4096);
+    let n = file
+        .by_ref()
+        .take(4096)
+        .read_to_end(&mut head)
+        .map_err(|e| Error::file(path, e))?;
     file.rewind().map_err(|e| Error::file(path, e))?;
     let text = String::from_utf8_lossy(&head[..n]);
     let dims = text.find("'shape'").and_then(|at| {
@@ -126,7 +142,14 @@ fn check_claimed_shape(path: &Path, file: &mut File, file_bytes: Option<u64>) ->
         return Ok(());
     };
     let bytes = dims.iter().try_fold(1u128, |acc, &d| acc.checked_mul(d));
-    if bytes.is_none_or(|b| b > len as u128) {
+    // The parser multiplies the dimensions in u64 in order, so a zero at the end does not save
+    // a product of the others that overflows (a fuzzed header found it: (16, 2^60, 0)).
+    let nonzero = dims
+        .iter()
+        .filter(|&&d| d != 0)
+        .try_fold(1u128, |acc, &d| acc.checked_mul(d));
+    let parsable = nonzero.is_some_and(|p| p.saturating_mul(8) <= u64::MAX as u128);
+    if !parsable || bytes.is_none_or(|b| b > len as u128) {
         let shape: Vec<String> = dims.iter().map(u128::to_string).collect();
         return Err(Error::file(
             path,

@@ -94,4 +94,28 @@ fn a_tuned_tile_is_persisted_and_reused() {
     assert!(
         serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&path).unwrap()).is_ok()
     );
+    // A cache that parses but holds a tile that is not among today's candidates (edited by
+    // hand, or written by another version) is re-tuned: the result stays right.
+    let mut entries: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&saved).unwrap();
+    for choice in entries.values_mut() {
+        for dim in choice["tile"].as_object_mut().unwrap().values_mut() {
+            if dim.is_number() {
+                *dim = 7.into();
+            }
+        }
+    }
+    let hostile = serde_json::to_string(&entries).unwrap();
+    std::fs::write(&path, &hostile).unwrap();
+    let b = b.with_tuner(Autotuner::new(AutotuneMode::Fast, Some(path.clone())));
+    let retuned = b
+        .matmul(&shape, &Algorithm::F32, &a, &bm)
+        .block_on()
+        .unwrap();
+    let same = retuned
+        .iter()
+        .zip(&again)
+        .all(|(x, y)| x.to_bits() == y.to_bits());
+    assert!(same, "a hostile cached tile changed the result");
+    assert_ne!(std::fs::read_to_string(&path).unwrap(), hostile);
 }

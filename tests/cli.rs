@@ -446,3 +446,97 @@ fn bad_arguments_exit_2_naming_the_flag() {
     }
     assert!(!Path::new(out).exists(), "nothing was created");
 }
+
+/// Exit codes that tell the truth about training: one preset that stops is a failed run (exit 4,
+/// the step named, resumed steps counted); a comparison of presets is the result (exit 0, the
+/// summary names the one that stopped).
+#[test]
+fn a_stopped_run_exits_4_naming_its_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().to_str().unwrap();
+    let train = |extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--config",
+            "tiny",
+            "--backend",
+            "reference",
+            "--eval-interval",
+            "100",
+            "--out",
+            out,
+        ];
+        args.extend_from_slice(extra);
+        mantissa(&args)
+    };
+    let stopped_at = |o: &Output| -> u32 {
+        let log: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("train.json")).unwrap())
+                .unwrap();
+        let at = log[0]["stopped_at"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{}", text(o)));
+        at as u32
+    };
+    // An absurd learning rate: the weights overflow and the loss goes non-finite.
+    let wild = ["--precision", "32-true", "--lr", "1e30", "--steps", "20"];
+    let o = train(&wild);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    let at = stopped_at(&o);
+    assert!((1..20).contains(&at), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("stopped at step {at}")),
+        "{}",
+        text(&o)
+    );
+    // Resumed after 3 good steps, the step counts from the run's start.
+    let o = train(&["--precision", "32-true", "--steps", "3"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let ck = dir.path().join("32-true.safetensors");
+    let o = train(&[&wild[..], &["--resume", ck.to_str().unwrap()]].concat());
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    let resumed_at = stopped_at(&o);
+    assert!(resumed_at > 3, "{}", text(&o));
+    // Compared with a preset that absorbs it (16-mixed skips and lowers its scale): exit 0.
+    let o = train(&[
+        "--precision",
+        "32-true,16-mixed",
+        "--lr",
+        "1e30",
+        "--steps",
+        "20",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("32-true: stopped at step"),
+        "{}",
+        text(&o)
+    );
+}
+
+/// `WGPU_ADAPTER_NAME` that matches nothing says so and lists the adapters that exist.
+#[test]
+fn an_adapter_filter_that_matches_nothing_lists_the_adapters() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.npy");
+    write_matrix(&a, &Matrix::new(2, 2, vec![1.0; 4]).unwrap()).unwrap();
+    let a = a.to_str().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_mantissa"))
+        .args(["matmul", a, a, "--backend", "wgpu"])
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .env("WGPU_ADAPTER_NAME", "no-such-adapter-anywhere")
+        .output()
+        .unwrap();
+    let msg = text(&o);
+    assert_ne!(o.status.code(), Some(0), "{msg}");
+    let listed = mantissa(&["info"]);
+    let any = !text(&listed).contains("wgpu found no adapter");
+    if any {
+        assert!(
+            msg.contains("'no-such-adapter-anywhere' matches none of the adapters found: '"),
+            "{msg}"
+        );
+    } else {
+        assert!(msg.contains("found no adapter"), "{msg}");
+    }
+}

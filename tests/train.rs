@@ -398,6 +398,61 @@ fn bad_checkpoints_are_refused() {
 }
 
 #[test]
+fn checkpoints_with_corrupt_bytes_or_impossible_state_are_refused() {
+    let corpus = corpus();
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Trainer::new(&Reference, &corpus, options(&corpus, Preset::Mixed16, 1)).unwrap();
+    t.step().block_on().unwrap();
+    let config = t.gpt.config.clone();
+    let load = |path: &std::path::Path| {
+        Checkpoint::load(path, &config, &corpus.vocab)
+            .err()
+            .map(|e| e.to_string())
+    };
+    let path = dir.path().join("ck.safetensors");
+    Checkpoint::save(&mut t, &path).block_on().unwrap();
+    assert_eq!(load(&path), None, "a good checkpoint loads");
+    // One flipped bit in the tensor bytes (they end the file): the checksum says so.
+    let mut bytes = std::fs::read(&path).unwrap();
+    let at = bytes.len() - 1 - common::seed("checkpoints_with_corrupt_bytes") as usize % 4096;
+    bytes[at] ^= 0x10;
+    let flipped = dir.path().join("flipped.safetensors");
+    std::fs::write(&flipped, &bytes).unwrap();
+    let err = load(&flipped).expect("a flipped bit is refused");
+    assert!(err.contains("CRC-32"), "{err}");
+    // Values no run writes, with a checksum that matches them: refused all the same.
+    let good = t.state().block_on().unwrap();
+    type Spoil = fn(&mut TrainState);
+    let cases: [(&str, Spoil); 3] = [
+        ("param.", |s| s.params[1][3] = f32::NAN),
+        ("adam_m.", |s| s.adam_m[0][0] = f32::INFINITY),
+        ("adam_v.", |s| s.adam_v[2][1] = -1.0),
+    ];
+    for (what, spoil) in cases {
+        let mut state = good.clone();
+        spoil(&mut state);
+        t.set_state(&state).block_on().unwrap();
+        let path = dir.path().join("spoilt.safetensors");
+        Checkpoint::save(&mut t, &path).block_on().unwrap();
+        let err = load(&path).unwrap_or_else(|| panic!("{what}: accepted"));
+        assert!(err.contains(what), "{what}: {err}");
+    }
+    t.set_state(&good).block_on().unwrap();
+    for scale in [0.0, -2.0, f32::INFINITY] {
+        t.scaler.as_mut().unwrap().scale = scale;
+        let path = dir.path().join("scale.safetensors");
+        Checkpoint::save(&mut t, &path).block_on().unwrap();
+        // JSON has no inf: it is written as null, and refused when the run is resumed.
+        let err = load(&path).or_else(|| {
+            let ck = Checkpoint::load(&path, &config, &corpus.vocab).unwrap();
+            ck.restore(&mut t).block_on().err().map(|e| e.to_string())
+        });
+        let err = err.unwrap_or_else(|| panic!("loss scale {scale}: accepted"));
+        assert!(err.contains("loss scale"), "{err}");
+    }
+}
+
+#[test]
 fn corpus_errors_are_clear() {
     let err = Corpus::load(std::path::Path::new("/nonexistent/corpus.txt"))
         .unwrap_err()

@@ -116,7 +116,6 @@ fn raw(
     output: Option<PathBuf>,
 ) -> Result<()> {
     let in_size = from.storage_bytes();
-    let out_size = to.storage_bytes();
     let mut reader: Box<dyn Read> = match &input {
         Some(p) => {
             let f = std::fs::File::open(p).map_err(|e| Error::file(p, e))?;
@@ -133,7 +132,7 @@ fn raw(
         }
     };
     let mut convert = |w: &mut dyn Write| -> Result<()> {
-        convert_stream(&mut *reader, w, from, to, overflow, in_size, out_size)?;
+        crate::format::convert_raw(&mut *reader, w, from, to, overflow)?;
         w.flush().map_err(Error::from)
     };
     // A file is written whole or not at all (output.rs); `-` or none is standard output.
@@ -167,48 +166,4 @@ fn stdin_file_length() -> Option<u64> {
     {
         None
     }
-}
-
-/// Converts in 64 KiB chunks: constant memory whatever the input size.
-fn convert_stream(
-    reader: &mut dyn Read,
-    writer: &mut dyn Write,
-    from: Format,
-    to: Format,
-    overflow: Overflow,
-    in_size: usize,
-    out_size: usize,
-) -> Result<()> {
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut carry = 0usize;
-    let mut total = 0u64;
-    let mut out = Vec::with_capacity(buf.len() / in_size * out_size);
-    loop {
-        let n = reader.read(&mut buf[carry..])?;
-        if n == 0 {
-            break;
-        }
-        total += n as u64;
-        let have = carry + n;
-        let whole = have / in_size * in_size;
-        out.clear();
-        for chunk in buf[..whole].chunks_exact(in_size) {
-            let mut word = [0u8; 4];
-            word[..in_size].copy_from_slice(chunk);
-            let x = from.decode(u32::from_le_bytes(word));
-            out.extend_from_slice(&to.encode(x, overflow).to_le_bytes()[..out_size]);
-        }
-        writer.write_all(&out)?;
-        buf.copy_within(whole..have, 0);
-        carry = have - whole;
-    }
-    if carry != 0 {
-        return Err(Error::invalid(
-            "raw input",
-            format!(
-                "{total} bytes is not a multiple of the element size {in_size} ({carry} bytes left over)"
-            ),
-        ));
-    }
-    Ok(())
 }

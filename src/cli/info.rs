@@ -35,9 +35,7 @@ pub fn run(_: Args) -> Result<()> {
     println!();
     let adapters = backend::wgpu::list_adapters().block_on();
     if adapters.is_empty() {
-        println!(
-            "wgpu: no adapter found (install a Vulkan driver; on Debian: apt-get install mesa-vulkan-drivers libvulkan1)"
-        );
+        println!("wgpu: {}", backend::wgpu::no_adapter_reason().block_on());
     }
     let mut t = Table::new(&[
         "#",

@@ -53,9 +53,16 @@ enum Command {
     Sample(train::SampleArgs),
 }
 
-/// Runs the tool and returns the process exit code: 0 on success, 2 for bad input (unknown
-/// names, malformed files, mismatched shapes), 1 for failures of the machine (no device,
-/// device errors), 3 when `report` finds a backend breaking the numerics contract.
+/// Exit code: a result outside the numerics contract (`report`, `matmul --check`).
+pub const EXIT_CONTRACT: i32 = 3;
+/// Exit code: a `train` run of one preset stopped (non-finite loss or gradients).
+pub const EXIT_STOPPED: i32 = 4;
+
+/// Runs the tool and returns the process exit code: 0 on success, 1 for failures of the
+/// machine (no device, device errors, out of memory, files that cannot be written), 2 for bad
+/// input (unknown names, malformed files, mismatched shapes, out-of-range arguments),
+/// `EXIT_CONTRACT` (3) when a result breaks the numerics contract, `EXIT_STOPPED` (4) when a
+/// one-preset training run stops. README.md lists them.
 pub fn main() -> i32 {
     let cli = Cli::parse();
     let result = match cli.command {
@@ -65,7 +72,7 @@ pub fn main() -> i32 {
         Command::Matmul(a) => matmul::run(a).map(|_| 0),
         Command::Bench(a) => bench::run(a).map(|_| 0),
         Command::Report(a) => report::run(a),
-        Command::Train(a) => train::train(a).map(|_| 0),
+        Command::Train(a) => train::train(a),
         Command::Sample(a) => train::sample(a).map(|_| 0),
     };
     match result {
@@ -84,6 +91,8 @@ fn exit_code(e: &Error) -> i32 {
         | Error::ShaderCompile { .. }
         | Error::BackendUnavailable { .. }
         | Error::Io(_) => 1,
+        Error::ContractBreak { .. } => EXIT_CONTRACT,
+        Error::Diverged { .. } => EXIT_STOPPED,
         _ => 2,
     }
 }

@@ -47,9 +47,6 @@ pub struct Args {
     corpus: PathBuf,
 }
 
-/// Exit status when a backend breaks the contract.
-pub const CONTRACT_BROKEN: i32 = 3;
-
 pub fn run(args: Args) -> Result<i32> {
     let kinds: Vec<BackendKind> = if args.backends.trim() == "all" {
         BackendKind::ALL.to_vec()
@@ -253,7 +250,7 @@ pub fn run(args: Args) -> Result<i32> {
             );
         }
         println!("FAILED: {} contract break(s)", report.contract_breaks);
-        Ok(CONTRACT_BROKEN)
+        Ok(super::EXIT_CONTRACT)
     }
 }
 

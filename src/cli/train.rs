@@ -104,13 +104,17 @@ struct Run {
     /// (step, validation loss)
     val: Vec<(u32, f64)>,
     stopped: Option<String>,
+    /// The step at which it stopped (counting resumed steps).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stopped_at: Option<u32>,
     unigram_entropy: f64,
     /// How the steps ran, and the bytes the step plan's tensors take on the device.
     executor: String,
     device_bytes: u64,
 }
 
-pub fn train(args: TrainArgs) -> Result<()> {
+/// Runs `mantissa train`; the exit code is `EXIT_STOPPED` when its one preset stopped.
+pub fn train(args: TrainArgs) -> Result<i32> {
     // Arguments first, before anything is created.
     if !(args.lr.is_finite() && args.lr > 0.0) {
         return Err(Error::invalid(
@@ -212,6 +216,7 @@ pub fn train(args: TrainArgs) -> Result<()> {
             steps: vec![],
             val: vec![],
             stopped: None,
+            stopped_at: None,
             unigram_entropy: corpus.unigram_entropy(),
             executor: trainer.executor(),
             device_bytes: trainer.device_bytes(),
@@ -226,11 +231,19 @@ pub fn train(args: TrainArgs) -> Result<()> {
         while trainer.step < args.steps {
             let record = match trainer.step().block_on() {
                 Ok(r) => r,
-                Err(e) => {
+                // Divergence is the run's finding (kept in the log); any other error ends the tool.
+                Err(e @ Error::Diverged { .. }) => {
                     bar.abandon();
                     println!("stopped: {e}");
-                    run.stopped = Some(e.to_string());
+                    if let Error::Diverged { step, why, .. } = &e {
+                        run.stopped_at = Some(*step);
+                        run.stopped = Some(why.clone());
+                    }
                     break;
+                }
+                Err(e) => {
+                    bar.abandon();
+                    return Err(e);
                 }
             };
             bar.set_position(record.step as u64);
@@ -263,7 +276,11 @@ pub fn train(args: TrainArgs) -> Result<()> {
     let summary: Vec<String> = runs
         .iter()
         .map(|r| match (r.stopped.as_ref(), r.val.last()) {
-            (Some(_), _) => format!("{}: stopped at step {}", r.preset, r.steps.len() + 1),
+            (Some(why), _) => format!(
+                "{}: stopped at step {} ({why})",
+                r.preset,
+                r.stopped_at.unwrap_or_default()
+            ),
             (None, Some((s, v))) => format!("{}: val loss {v:.4} at step {s}", r.preset),
             (None, None) => format!("{}: no steps", r.preset),
         })
@@ -288,7 +305,12 @@ pub fn train(args: TrainArgs) -> Result<()> {
     .map_err(|e| Error::invalid("chart", e))?;
     crate::output::write_bytes(&chart, svg.as_bytes())?;
     println!("wrote {} and {}", log.display(), chart.display());
-    Ok(())
+    // One preset that stops is a failed run; when presets are compared, the comparison is the
+    // result and its summary says which stopped.
+    Ok(match runs.as_slice() {
+        [one] if one.stopped.is_some() => super::EXIT_STOPPED,
+        _ => 0,
+    })
 }
 
 fn describe(t: &Trainer) -> String {

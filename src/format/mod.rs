@@ -7,9 +7,11 @@
 
 mod finfo;
 mod minifloat;
+mod raw;
 
 pub use finfo::Finfo;
 pub use minifloat::MiniFloat;
+pub use raw::convert_raw;
 
 use crate::error::{Error, Result};
 use std::fmt;

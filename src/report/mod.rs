@@ -14,7 +14,7 @@ pub use inputs::Family;
 
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::backend::{self, Backend, BackendKind, Reference};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::{self, Format, Overflow};
 use crate::measure;
 use crate::policy::{PrecisionClass, Preset};
@@ -445,10 +445,12 @@ async fn train_line(
     for _ in 0..config.train_steps {
         match trainer.step().await {
             Ok(r) => line.losses.push(r.loss),
-            Err(e) => {
+            // A diverged preset is a finding; a device fault is not.
+            Err(e @ Error::Diverged { .. }) => {
                 line.stopped = Some(e.to_string());
                 break;
             }
+            Err(e) => return Err(e),
         }
     }
     if line.stopped.is_none() {

@@ -1,6 +1,8 @@
 //! Checkpoints: parameters and AdamW state as safetensors, the run's state in the metadata.
 //! Written atomically (temporary file, fsync, rename), so a crash never leaves a truncated
-//! checkpoint; loading validates everything before anything is used.
+//! checkpoint; loading validates everything before anything is used: the CRC-32 of the tensor
+//! bytes, finite weights and moments (the second moment not negative), a positive finite loss
+//! scale, the shapes and the vocabulary.
 
 use super::model::GptConfig;
 use super::trainer::{TrainState, Trainer};
@@ -10,7 +12,9 @@ use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::collections::HashMap;
 use std::path::Path;
 
-const FORMAT: &str = "mantissa-checkpoint-1";
+/// Format 2 adds the checksum; format 1 (without it) still loads, with every other check.
+const FORMAT: &str = "mantissa-checkpoint-2";
+const FORMAT_1: &str = "mantissa-checkpoint-1";
 
 /// What a checkpoint holds besides the tensors.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -33,6 +37,19 @@ pub struct CheckpointMeta {
     /// (absent in checkpoints of other presets, and of earlier versions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp8: Option<Vec<[SavedScaling; 3]>>,
+    /// CRC-32 of the tensor bytes: the parameters, then AdamW's first and second moments, each
+    /// in `GptConfig::parameter_shapes` order (format 2 on).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crc32: Option<u32>,
+}
+
+/// The CRC-32 of the state's tensors in checkpoint order.
+fn checksum(params: &[Vec<f32>], adam_m: &[Vec<f32>], adam_v: &[Vec<f32>]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    for t in params.iter().chain(adam_m).chain(adam_v) {
+        h.update(bytemuck::cast_slice(t));
+    }
+    h.finalize()
 }
 
 /// The delayed-scaling state of one fp8 tensor, as a checkpoint keeps it (JSON numbers
@@ -102,6 +119,7 @@ impl Checkpoint {
                     .map(|l| l.roles().map(SavedScaling::of))
                     .collect()
             }),
+            crc32: Some(checksum(&state.params, &state.adam_m, &state.adam_v)),
         };
         let shapes = cfg.parameter_shapes();
         let bytes: Vec<(String, Vec<usize>, &[u8])> =
@@ -141,8 +159,18 @@ impl Checkpoint {
     /// Loads and validates a checkpoint for `config` (the same shapes) and `vocab`.
     pub fn load(path: &Path, config: &GptConfig, vocab: &[char]) -> Result<Checkpoint> {
         let bytes = std::fs::read(path).map_err(|e| Error::file(path, e))?;
+        Checkpoint::from_bytes(&bytes, path, config, vocab)
+    }
+
+    /// `load` over the bytes of a checkpoint file; `path` names it in errors.
+    pub fn from_bytes(
+        bytes: &[u8],
+        path: &Path,
+        config: &GptConfig,
+        vocab: &[char],
+    ) -> Result<Checkpoint> {
         let bad = |why: String| Error::file(path, format!("not a usable checkpoint: {why}"));
-        let (_, header) = SafeTensors::read_metadata(&bytes)
+        let (_, header) = SafeTensors::read_metadata(bytes)
             .map_err(|e| bad(format!("corrupt or truncated ({e})")))?;
         let json = header
             .metadata()
@@ -151,8 +179,24 @@ impl Checkpoint {
             .ok_or_else(|| bad("no mantissa metadata".into()))?;
         let meta: CheckpointMeta =
             serde_json::from_str(json).map_err(|e| bad(format!("metadata: {e}")))?;
-        if meta.format != FORMAT {
+        if meta.format != FORMAT && meta.format != FORMAT_1 {
             return Err(bad(format!("format {} (expected {FORMAT})", meta.format)));
+        }
+        if meta.format == FORMAT && meta.crc32.is_none() {
+            return Err(bad("no checksum".into()));
+        }
+        if let Some(scale) = meta.loss_scale
+            && !(scale.is_finite() && scale > 0.0)
+        {
+            return Err(bad(format!(
+                "loss scale {scale} (must be finite and positive)"
+            )));
+        }
+        if meta.applied > meta.step {
+            return Err(bad(format!(
+                "{} applied updates in {} steps",
+                meta.applied, meta.step
+            )));
         }
         let theirs = (meta.n_layer, meta.n_head, meta.n_embd, meta.block_size);
         let ours = (
@@ -172,7 +216,7 @@ impl Checkpoint {
                 "it was trained on a corpus with another vocabulary".into()
             ));
         }
-        let tensors = SafeTensors::deserialize(&bytes)
+        let tensors = SafeTensors::deserialize(bytes)
             .map_err(|e| bad(format!("corrupt or truncated ({e})")))?;
         let read = |prefix: &str| -> Result<Vec<Vec<f32>>> {
             config
@@ -194,10 +238,35 @@ impl Checkpoint {
                 })
                 .collect()
         };
+        let (params, adam_m, adam_v) = (read("param")?, read("adam_m")?, read("adam_v")?);
+        if let Some(want) = meta.crc32 {
+            let got = checksum(&params, &adam_m, &adam_v);
+            if got != want {
+                return Err(bad(format!(
+                    "its tensor bytes are corrupt (CRC-32 {got:08x}, the header says {want:08x})"
+                )));
+            }
+        }
+        // Values no run writes: a NaN or inf anywhere, or a negative second moment.
+        let names = config.parameter_shapes();
+        let bad_value = |prefix: &str, tensors: &[Vec<f32>], ok: fn(f32) -> bool| {
+            tensors.iter().zip(&names).find_map(|(t, (name, _))| {
+                let i = t.iter().position(|&x| !ok(x))?;
+                Some(bad(format!("{prefix}.{name}[{i}] is {}", t[i])))
+            })
+        };
+        let finite = |x: f32| x.is_finite();
+        let second_moment = |x: f32| x.is_finite() && x >= 0.0;
+        if let Some(e) = bad_value("param", &params, finite)
+            .or_else(|| bad_value("adam_m", &adam_m, finite))
+            .or_else(|| bad_value("adam_v", &adam_v, second_moment))
+        {
+            return Err(e);
+        }
         Ok(Checkpoint {
-            params: read("param")?,
-            adam_m: read("adam_m")?,
-            adam_v: read("adam_v")?,
+            params,
+            adam_m,
+            adam_v,
             meta,
         })
     }
@@ -212,6 +281,15 @@ impl Checkpoint {
                     "the checkpoint was trained under {preset}, this run is {}",
                     trainer.options.preset
                 ),
+            ));
+        }
+        // A preset that scales its loss needs the scale (JSON writes a non-finite one as null).
+        if trainer.scaler.is_some()
+            && (self.meta.loss_scale.is_none() || self.meta.growth_tracker.is_none())
+        {
+            return Err(Error::invalid(
+                "resume",
+                "the checkpoint holds no usable loss scale for a preset that scales its loss",
             ));
         }
         // Check the fp8 state before anything changes.

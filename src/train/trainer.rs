@@ -260,19 +260,18 @@ impl<'a> Trainer<'a> {
         let decision = match self.scaler.as_mut() {
             Some(s) => s.update(finite),
             None if !finite || !loss.is_finite() => {
-                return Err(Error::invalid(
-                    "training",
-                    format!(
-                        "{} at step {} under {} (no loss scaling): try bf16-mixed, or 16-mixed, which scales the loss",
+                return Err(Error::Diverged {
+                    preset: self.options.preset.to_string(),
+                    step: self.step,
+                    why: format!(
+                        "{} with no loss scaling; try bf16-mixed, or 16-mixed, which scales the loss",
                         if loss.is_finite() {
                             "non-finite gradients"
                         } else {
                             "NaN loss"
-                        },
-                        self.step,
-                        self.options.preset
+                        }
                     ),
-                ));
+                });
             }
             None => StepDecision::Apply,
         };

@@ -191,11 +191,13 @@ impl WgpuBackend {
             variant.rowwise,
             shape_class(shape)
         );
-        if let Some(t) = self.tuner.get(&key) {
+        let all = self.tile_candidates(algorithm);
+        // A stored tile is used only when it is one of today's candidates for this adapter: a
+        // cache edited by hand, or written by another version, is re-tuned, never trusted.
+        if let Some(t) = self.tuner.get(&key).filter(|t| all.contains(t)) {
             return Ok((t, true));
         }
-        let candidates: Vec<Tile> = self
-            .tile_candidates(algorithm)
+        let candidates: Vec<Tile> = all
             .into_iter()
             .filter(|t| self.tuner.mode == AutotuneMode::Full || neighbour(*t, default))
             .collect();

@@ -129,6 +129,22 @@ fn rank(device_type: wgpu::DeviceType) -> u8 {
 /// Every adapter wgpu finds, best first (discrete, integrated, virtual, software), filtered by
 /// `WGPU_ADAPTER_NAME` when it is set. In the browser there is one: the page's WebGPU adapter.
 pub async fn adapters() -> Vec<wgpu::Adapter> {
+    let mut found = all_adapters().await;
+    if let Some(filter) = adapter_filter() {
+        found.retain(|a| a.get_info().name.to_ascii_lowercase().contains(&filter));
+    }
+    found
+}
+
+/// `WGPU_ADAPTER_NAME`, lower-cased, when it is set.
+pub fn adapter_filter() -> Option<String> {
+    std::env::var(ADAPTER_ENV)
+        .ok()
+        .map(|f| f.to_ascii_lowercase())
+}
+
+/// Every adapter wgpu finds, best first, whatever `WGPU_ADAPTER_NAME` says.
+pub async fn all_adapters() -> Vec<wgpu::Adapter> {
     let instance =
         wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
     #[cfg(target_arch = "wasm32")]
@@ -142,12 +158,26 @@ pub async fn adapters() -> Vec<wgpu::Adapter> {
         .collect();
     #[cfg(not(target_arch = "wasm32"))]
     let mut found = instance.enumerate_adapters(wgpu::Backends::all()).await;
-    if let Ok(filter) = std::env::var(ADAPTER_ENV) {
-        let filter = filter.to_ascii_lowercase();
-        found.retain(|a| a.get_info().name.to_ascii_lowercase().contains(&filter));
-    }
     found.sort_by_key(|a| rank(a.get_info().device_type));
     found
+}
+
+/// Why no adapter was found: the filter that matched nothing (with the adapters that exist),
+/// or no driver at all.
+pub async fn no_adapter_reason() -> String {
+    let all = all_adapters().await;
+    match adapter_filter() {
+        Some(filter) if !all.is_empty() => format!(
+            "{ADAPTER_ENV}='{filter}' matches none of the adapters found: {}",
+            all.iter()
+                .map(|a| format!("'{}'", a.get_info().name))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        _ => "wgpu found no adapter (no Vulkan, Metal or DX12 driver; on Debian install \
+              mesa-vulkan-drivers and libvulkan1 for the lavapipe software GPU)"
+            .to_string(),
+    }
 }
 
 /// Summaries of every adapter, best first.

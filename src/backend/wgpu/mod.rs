@@ -33,7 +33,7 @@ use crate::plan::{AdamW, Plan, StepExecutor};
 use crate::policy::Capabilities;
 use web_time::Instant;
 
-pub use device::{AdapterSummary, list_adapters};
+pub use device::{AdapterSummary, list_adapters, no_adapter_reason};
 
 /// How f16 operands are read (`MANTISSA_F16`): `auto` reads them as `f16` where the adapter has
 /// SHADER_F16 and packed otherwise; `native` insists (an error names the missing feature);
@@ -152,9 +152,7 @@ impl WgpuBackend {
         let adapters = device::adapters().await;
         let Some(adapter) = adapters.get(index) else {
             let why = if adapters.is_empty() {
-                "wgpu found no adapter (no Vulkan, Metal or DX12 driver; on Debian install \
-                 mesa-vulkan-drivers and libvulkan1 for the lavapipe software GPU)"
-                    .to_string()
+                device::no_adapter_reason().await
             } else {
                 format!("adapter {index} requested, {} found", adapters.len())
             };
