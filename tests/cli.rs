@@ -376,7 +376,16 @@ fn bad_arguments_exit_2_naming_the_flag() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("never");
     let out = out.to_str().unwrap();
-    let cases: [(&[&str], &str); 8] = [
+    let short = dir.path().join("short.txt");
+    std::fs::write(&short, "abcdefghij".repeat(20)).unwrap();
+    let short = short.to_str().unwrap();
+    let cases: [(&[&str], &str); 9] = [
+        (
+            &[
+                "train", "--corpus", short, "--config", "small", "--steps", "1", "--out", out,
+            ],
+            "fewer than a context of 256",
+        ),
         (
             &[
                 "bench",

@@ -161,6 +161,9 @@ pub fn train(args: TrainArgs) -> Result<i32> {
     };
     let corpus = Corpus::load(&args.corpus)?;
     let config = GptConfig::named(&args.config, corpus.vocab.len())?;
+    corpus
+        .check_context(config.block_size)
+        .map_err(|e| Error::file(&args.corpus, e))?;
     let backend = backend::open(args.backend.parse::<BackendChoice>()?).block_on()?;
     std::fs::create_dir_all(&args.out).map_err(|e| Error::file(&args.out, e))?;
     // Validate the checkpoint before anything runs or is written.

@@ -66,6 +66,15 @@ impl Corpus {
             .collect()
     }
 
+    /// Refuses a corpus whose training or validation split cannot hold a context of `t`
+    /// tokens and its target (checked before a run creates anything).
+    pub fn check_context(&self, t: usize) -> Result<()> {
+        for validation in [false, true] {
+            self.batch(validation, 1, t, 0, 0)?;
+        }
+        Ok(())
+    }
+
     /// `batch` sequences of `t` tokens and their next-token targets, from a generator seeded by
     /// (seed, index): the same index always gives the same batch (resuming needs no RNG state).
     pub fn batch(
