@@ -3,7 +3,8 @@
 # suite on every backend present (lavapipe where there is no GPU), the CLI, and the portability
 # report as a gate (exit 3 on any contract break), the cooperative-matrix kernels and the
 # conformance suite again on Mesa 26's lavapipe, which has cooperative matrices
-# (scripts/lavapipe-coop.sh), and the browser demo in headless Chromium (WebGPU on SwiftShader:
+# (scripts/lavapipe-coop.sh), the Python package (its wheel installed into a fresh venv,
+# python/tests), and the browser demo in headless Chromium (WebGPU on SwiftShader:
 # scripts/web.sh test). Ends with one summary line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,22 @@ if command -v apt-get >/dev/null || command -v chromium >/dev/null; then
 else
     echo "SKIPPED browser test: needs Debian's chromium, chromium-driver and python3-selenium" | tee -a "$log"
 fi
+# The Python package: the wheel built once (maturin, the dev profile the tests use), installed
+# with its dependencies into a fresh venv, and tested there (python/tests), not in the source tree.
+if command -v python3 >/dev/null; then
+    venv=target/py-venv
+    rm -rf "$venv"
+    python3 -m venv "$venv" 2>/dev/null || { apt-get install -y -qq python3-venv >/dev/null && python3 -m venv "$venv"; }
+    "$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.7,<2" pytest
+    rm -rf target/wheels
+    "$venv/bin/maturin" build --profile dev -m python/Cargo.toml -o target/wheels 2>&1 | tail -n 2
+    "$venv/bin/pip" install -q --disable-pip-version-check target/wheels/mantissa-*.whl
+    root=$PWD
+    (cd "$venv" && XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" bin/python -m pytest -q -p no:cacheprovider "$root/python/tests") 2>&1 | tee -a "$log"
+    echo "python package: passed" >> "$log"
+else
+    echo "SKIPPED python package: no python3" | tee -a "$log"
+fi
 if [ -s "$fuzzed" ]; then
     cat "$fuzzed"
     awk '{ n += $(NF-1) } END { printf "fuzz: %d inputs\n", n }' "$fuzzed" | tee -a "$log"
@@ -42,6 +59,8 @@ awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += 
      /^web test: PASSED/ { web = "browser: passed" } /^SKIPPED browser/ { web = "browser: skipped" }
      /^cooperative matrices: passed/ { coop = "coop matrices: passed" } /^SKIPPED cooperative/ { coop = "coop matrices: skipped" }
      /^fuzz: [0-9]+ inputs$/ { fuzz = "; " $0 }
+     /^[0-9]+ passed.* in [0-9.]+s/ { py = "python: " $1 " passed" } /^python package: passed/ { pyok = 1 }
+     /^SKIPPED python/ { py = "python: skipped" }
      /^cuda: absent/ { cuda = "cuda: skipped (absent)" } /^cuda: [^a]/ { cuda = "cuda: ran" }
-     /^SKIPPED / && !/^SKIPPED (browser|cooperative)/ { s++ }
-     END { printf "tests: %d passed, %d failed, %d skipped%s; %s; %s; %s\n", p - s, f, s, fuzz, coop, web, cuda }' "$log"
+     /^SKIPPED / && !/^SKIPPED (browser|cooperative|python)/ { s++ }
+     END { printf "tests: %d passed, %d failed, %d skipped%s; %s; %s; %s; %s\n", p - s, f, s, fuzz, py, coop, web, cuda }' "$log"

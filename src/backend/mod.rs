@@ -72,24 +72,35 @@ pub enum BackendChoice {
     Only(BackendKind),
 }
 
-impl FromStr for BackendChoice {
+impl FromStr for BackendKind {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
         let key = s.trim().to_ascii_lowercase();
-        if key == "auto" {
-            return Ok(BackendChoice::Auto);
-        }
         BackendKind::ALL
             .into_iter()
             .find(|k| k.name() == key)
-            .map(BackendChoice::Only)
             .ok_or_else(|| Error::UnknownName {
                 kind: "backend",
                 given: s.to_string(),
-                valid: ["auto", "reference", "wgpu", "cuda"]
-                    .map(String::from)
-                    .to_vec(),
+                valid: BackendKind::ALL.map(|k| k.name().to_string()).to_vec(),
             })
+    }
+}
+
+impl FromStr for BackendChoice {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        if s.trim().eq_ignore_ascii_case("auto") {
+            return Ok(BackendChoice::Auto);
+        }
+        s.parse().map(BackendChoice::Only).map_err(|e| match e {
+            Error::UnknownName { kind, given, valid } => Error::UnknownName {
+                kind,
+                given,
+                valid: std::iter::once("auto".to_string()).chain(valid).collect(),
+            },
+            e => e,
+        })
     }
 }
 

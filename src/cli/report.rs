@@ -51,22 +51,18 @@ pub fn run(args: Args) -> Result<i32> {
     let kinds: Vec<BackendKind> = if args.backends.trim() == "all" {
         BackendKind::ALL.to_vec()
     } else {
-        args.backends
-            .split(',')
-            .map(|s| {
-                BackendKind::ALL
-                    .into_iter()
-                    .find(|k| k.name() == s.trim())
-                    .ok_or_else(|| Error::UnknownName {
-                        kind: "backend",
-                        given: s.to_string(),
-                        valid: ["all", "reference", "wgpu", "cuda"]
-                            .map(String::from)
-                            .to_vec(),
-                    })
-            })
-            .collect::<Result<_>>()?
+        parse_list(&args.backends).map_err(|e| match e {
+            Error::UnknownName { kind, given, valid } => Error::UnknownName {
+                kind,
+                given,
+                valid: std::iter::once("all".to_string()).chain(valid).collect(),
+            },
+            e => e,
+        })?
     };
+    if kinds.is_empty() {
+        return Err(Error::invalid("--backends", "names no backend"));
+    }
     let algorithms: Vec<Algorithm> = if args.algorithms.trim() == "all" {
         ReportConfig::default_algorithms()
     } else {

@@ -1,0 +1,416 @@
+//! `mantissa._native`: the engine for Python. Arrays cross as little-endian bytes and structured
+//! results as JSON; `python/mantissa/__init__.py` turns them into numpy arrays and dicts, so this
+//! layer stays thin and holds no numpy dependency. Every call that computes releases the GIL.
+
+use mantissa::algorithm::{Algorithm, MatmulShape, Scaling};
+use mantissa::backend::{self, Backend, BackendChoice, BackendKind};
+use mantissa::error::Error;
+use mantissa::format::{self, Format, Overflow};
+use mantissa::policy::Preset;
+use mantissa::report::{self, ReportConfig};
+use mantissa::train::{Corpus, GptConfig, TrainOptions, Trainer};
+use mantissa::{measure, plan::AdamW};
+use pollster::FutureExt as _;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Bad input is a ValueError; what goes wrong on the machine (devices, files) a RuntimeError.
+/// The message is the tool's own one line.
+fn py_err(e: Error) -> PyErr {
+    match e {
+        Error::Device { .. }
+        | Error::OutOfMemory { .. }
+        | Error::ShaderCompile { .. }
+        | Error::BackendUnavailable { .. }
+        | Error::Io(_)
+        | Error::Diverged { .. }
+        | Error::ContractBreak { .. } => PyRuntimeError::new_err(e.to_string()),
+        _ => PyValueError::new_err(e.to_string()),
+    }
+}
+
+fn floats(bytes: &[u8]) -> PyResult<Vec<f32>> {
+    if !bytes.len().is_multiple_of(4) {
+        return Err(PyValueError::new_err(
+            "float32 data must be a multiple of 4 bytes",
+        ));
+    }
+    Ok(bytemuck::pod_collect_to_vec(bytes))
+}
+
+fn parse<T: std::str::FromStr<Err = Error>>(s: &str) -> PyResult<T> {
+    s.parse().map_err(py_err)
+}
+
+/// Backends opened once per process and choice: opening a GPU costs far more than most calls.
+fn open(choice: &str) -> PyResult<Arc<dyn Backend>> {
+    static OPEN: Mutex<Option<HashMap<String, Arc<dyn Backend>>>> = Mutex::new(None);
+    let choice: BackendChoice = parse(choice)?;
+    let key = format!("{choice:?}");
+    let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
+    let cache = open.get_or_insert_with(HashMap::new);
+    if let Some(b) = cache.get(&key) {
+        return Ok(b.clone());
+    }
+    let b: Arc<dyn Backend> = Arc::from(backend::open(choice).block_on().map_err(py_err)?);
+    cache.insert(key, b.clone());
+    Ok(b)
+}
+
+/// The backends compiled in, the reference, CUDA (or why not), every wgpu adapter, and the
+/// backend `auto` picks, as JSON.
+#[pyfunction]
+fn devices_json(py: Python<'_>) -> PyResult<String> {
+    py.detach(|| {
+        let adapters = backend::wgpu::list_adapters().block_on();
+        let cuda = match backend::open(BackendChoice::Only(BackendKind::Cuda)).block_on() {
+            Ok(b) => {
+                serde_json::json!({"present": true, "name": b.name(), "device": b.device_name()})
+            }
+            Err(e) => serde_json::json!({"present": false, "reason": e.to_string()}),
+        };
+        let auto = match open("auto") {
+            Ok(b) => serde_json::json!(b.name()),
+            Err(e) => serde_json::json!(format!("none: {e}")),
+        };
+        let wgpu_reason = adapters
+            .is_empty()
+            .then(|| backend::wgpu::no_adapter_reason().block_on());
+        let json = serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "reference": {"name": "reference", "device": backend::Reference.device_name()},
+            "cuda": cuda,
+            "wgpu": adapters,
+            "wgpu_reason": wgpu_reason,
+            "auto": auto,
+        });
+        Ok(json.to_string())
+    })
+}
+
+/// torch.finfo's fields of a format, as JSON.
+#[pyfunction]
+fn finfo_json(name: &str) -> PyResult<String> {
+    let f: Format = parse(name)?;
+    let mut v =
+        serde_json::to_value(f.finfo()).map_err(|e| PyRuntimeError::new_err(e.to_string()))?;
+    v["name"] = f.name().into();
+    v["storage_bytes"] = f.storage_bytes().into();
+    Ok(v.to_string())
+}
+
+/// Encodes float32 values (bytes) into `fmt`: the codes, little-endian, in the format's storage
+/// width.
+#[pyfunction]
+fn encode<'py>(
+    py: Python<'py>,
+    data: Vec<u8>,
+    fmt: &str,
+    saturate: bool,
+) -> PyResult<Bound<'py, PyBytes>> {
+    let f: Format = parse(fmt)?;
+    let x = floats(&data)?;
+    let overflow = if saturate {
+        Overflow::Saturate
+    } else {
+        Overflow::Standard
+    };
+    let out = py.detach(|| {
+        let w = f.storage_bytes();
+        let mut out = Vec::with_capacity(x.len() * w);
+        for v in x {
+            out.extend_from_slice(&f.encode(v, overflow).to_le_bytes()[..w]);
+        }
+        out
+    });
+    Ok(PyBytes::new(py, &out))
+}
+
+/// Decodes codes of `fmt` (little-endian, storage width) to float32 bytes.
+#[pyfunction]
+fn decode<'py>(py: Python<'py>, codes: Vec<u8>, fmt: &str) -> PyResult<Bound<'py, PyBytes>> {
+    let f: Format = parse(fmt)?;
+    let w = f.storage_bytes();
+    if !codes.len().is_multiple_of(w) {
+        return Err(PyValueError::new_err(format!(
+            "{fmt} codes are {w} bytes each; {} bytes is not a whole number of them",
+            codes.len()
+        )));
+    }
+    let out = py.detach(|| {
+        let mut out = Vec::with_capacity(codes.len() / w * 4);
+        for c in codes.chunks_exact(w) {
+            let mut word = [0u8; 4];
+            word[..w].copy_from_slice(c);
+            out.extend_from_slice(&f.decode(u32::from_le_bytes(word)).to_le_bytes());
+        }
+        out
+    });
+    Ok(PyBytes::new(py, &out))
+}
+
+/// The bf16 split x = h + m + l: three planes of bf16 codes (u16, little-endian).
+#[pyfunction]
+fn split<'py>(py: Python<'py>, data: Vec<u8>) -> PyResult<[Bound<'py, PyBytes>; 3]> {
+    let x = floats(&data)?;
+    let planes = py.detach(|| {
+        let mut planes = [vec![], vec![], vec![]];
+        for v in x {
+            for (plane, part) in planes.iter_mut().zip(format::split_bf16(v)) {
+                plane.extend_from_slice(
+                    &(Format::Bf16.encode(part, Overflow::Standard) as u16).to_le_bytes(),
+                );
+            }
+        }
+        planes
+    });
+    Ok(planes.map(|p| PyBytes::new(py, &p)))
+}
+
+/// (amax, scale) per tensor (`tensorwise`: one of each) or per row of a rows x cols matrix
+/// (`rowwise`), the scale mapping amax onto the format's largest finite value.
+#[pyfunction]
+fn amax_scale(
+    data: Vec<u8>,
+    rows: usize,
+    cols: usize,
+    fmt: &str,
+    mode: &str,
+) -> PyResult<(Vec<f32>, Vec<f32>)> {
+    let f: Format = parse(fmt)?;
+    let x = floats(&data)?;
+    if rows.checked_mul(cols) != Some(x.len()) {
+        return Err(PyValueError::new_err(format!(
+            "{} values are not {rows}x{cols}",
+            x.len()
+        )));
+    }
+    let amaxes: Vec<f32> = match mode {
+        "tensorwise" => vec![format::amax(x.iter().copied())],
+        "rowwise" => x
+            .chunks(cols.max(1))
+            .map(|r| format::amax(r.iter().copied()))
+            .collect(),
+        other => {
+            return Err(py_err(Error::UnknownName {
+                kind: "scaling mode",
+                given: other.into(),
+                valid: vec!["tensorwise".into(), "rowwise".into()],
+            }));
+        }
+    };
+    let scales = amaxes
+        .iter()
+        .map(|&a| format::scale_for_amax(a, f))
+        .collect();
+    Ok((amaxes, scales))
+}
+
+/// C[b] = A[b] . B[b] (float32 bytes, row-major) under `algorithm` on `backend`. With `check`,
+/// also the reference's result of the same algorithm and the contract's verdict: the count of
+/// elements outside it and the first few, described.
+#[pyfunction]
+#[pyo3(signature = (a, b, batch, m, k, n, algorithm, backend, scales=None, check=false))]
+#[allow(clippy::too_many_arguments)]
+fn matmul<'py>(
+    py: Python<'py>,
+    a: Vec<u8>,
+    b: Vec<u8>,
+    batch: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+    algorithm: &str,
+    backend: &str,
+    scales: Option<(f32, f32)>,
+    check: bool,
+) -> PyResult<(Bound<'py, PyBytes>, usize, Vec<String>)> {
+    let mut alg: Algorithm = parse(algorithm)?;
+    if let Some((sa, sb)) = scales {
+        if !matches!(alg, Algorithm::Fp8 { .. }) {
+            return Err(PyValueError::new_err(format!(
+                "scales go with fp8 algorithms, not {alg}"
+            )));
+        }
+        if !(sa.is_finite() && sa > 0.0 && sb.is_finite() && sb > 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "scales ({sa}, {sb}) must be finite and positive"
+            )));
+        }
+        alg = alg.with_scaling(Scaling::Given { a: sa, b: sb });
+    }
+    let (a, b) = (floats(&a)?, floats(&b)?);
+    let shape = MatmulShape {
+        batch,
+        ..MatmulShape::new(m, n, k)
+    };
+    if batch.checked_mul(m).and_then(|x| x.checked_mul(k)) != Some(a.len())
+        || batch.checked_mul(k).and_then(|x| x.checked_mul(n)) != Some(b.len())
+    {
+        return Err(PyValueError::new_err(format!(
+            "operands of {} and {} values do not make a {batch} x ({m}x{k} . {k}x{n}) product",
+            a.len(),
+            b.len()
+        )));
+    }
+    let device = open(backend)?;
+    let (c, count, found) = py.detach(|| -> PyResult<_> {
+        let c = device
+            .matmul(&shape, &alg, &a, &b)
+            .block_on()
+            .map_err(py_err)?;
+        if !check {
+            return Ok((c, 0, vec![]));
+        }
+        let want = backend::reference::matmul(&shape, &alg, &a, &b);
+        let abs = measure::abs_product(&shape, &a, &b);
+        let (mismatches, count) = measure::compare_to_reference(&alg, &shape, &c, &want, &abs);
+        Ok((c, count, mismatches.iter().map(|m| m.to_string()).collect()))
+    })?;
+    Ok((PyBytes::new(py, bytemuck::cast_slice(&c)), count, found))
+}
+
+/// The portability report on `backends` ("all" or a comma list) at `sizes` (m, n, k), as JSON.
+#[pyfunction]
+#[pyo3(signature = (backends, sizes, train_steps=0, seed=1, repetitions=3, corpus=None))]
+fn report_json(
+    py: Python<'_>,
+    backends: &str,
+    sizes: Vec<(usize, usize, usize)>,
+    train_steps: u32,
+    seed: u64,
+    repetitions: usize,
+    corpus: Option<String>,
+) -> PyResult<String> {
+    let kinds: Vec<BackendKind> = if backends.trim() == "all" {
+        BackendKind::ALL.to_vec()
+    } else {
+        backends
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(parse)
+            .collect::<PyResult<_>>()?
+    };
+    if sizes.is_empty()
+        || sizes
+            .iter()
+            .any(|&(m, n, k)| m == 0 || n == 0 || k == 0 || m.max(n).max(k) > 1 << 14)
+    {
+        return Err(PyValueError::new_err(
+            "sizes: give (m, n, k) triples, each from 1 to 16384",
+        ));
+    }
+    if train_steps > 0 && corpus.is_none() {
+        return Err(PyValueError::new_err(
+            "train_steps needs a corpus (a path to a text file)",
+        ));
+    }
+    let config = ReportConfig {
+        kinds,
+        shapes: sizes,
+        algorithms: ReportConfig::default_algorithms(),
+        families: report::Family::ALL.to_vec(),
+        seed,
+        repetitions: repetitions.max(1),
+        train_steps,
+        train_presets: Preset::ALL.to_vec(),
+        corpus: corpus.unwrap_or_default().into(),
+    };
+    py.detach(|| {
+        let report = report::run(&config, |_| {}).block_on().map_err(py_err)?;
+        serde_json::to_string(&report).map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    })
+}
+
+/// Trains the char-level GPT on `corpus` under each preset for `steps` steps; per preset the
+/// per-step losses (as `mantissa train` logs them) and why it stopped, if it did, as JSON.
+#[pyfunction]
+#[pyo3(signature = (corpus, config, precision, steps, backend, seed=1337, lr=1e-3))]
+#[allow(clippy::too_many_arguments)]
+fn train_json(
+    py: Python<'_>,
+    corpus: &str,
+    config: &str,
+    precision: Vec<String>,
+    steps: u32,
+    backend: &str,
+    seed: u64,
+    lr: f32,
+) -> PyResult<String> {
+    if !(lr.is_finite() && lr > 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "lr {lr} is not a finite positive learning rate"
+        )));
+    }
+    let presets: Vec<Preset> = precision
+        .iter()
+        .map(|p| parse(p))
+        .collect::<PyResult<_>>()?;
+    if presets.is_empty() {
+        return Err(PyValueError::new_err("precision names no preset"));
+    }
+    let corpus = Corpus::load(std::path::Path::new(corpus)).map_err(py_err)?;
+    let config = GptConfig::named(config, corpus.vocab.len()).map_err(py_err)?;
+    corpus.check_context(config.block_size).map_err(py_err)?;
+    let device = open(backend)?;
+    py.detach(|| {
+        let mut runs = serde_json::Map::new();
+        for preset in presets {
+            let options = TrainOptions {
+                adamw: AdamW {
+                    lr,
+                    ..AdamW::default()
+                },
+                ..TrainOptions::new(config.clone(), preset, seed)
+            };
+            let mut trainer = Trainer::new(device.as_ref(), &corpus, options).map_err(py_err)?;
+            let mut losses = vec![];
+            let mut stopped = None;
+            // Drawn only where standard error is a terminal.
+            let bar = indicatif::ProgressBar::new(steps as u64).with_message(preset.to_string());
+            while trainer.step < steps {
+                match trainer.step().block_on() {
+                    Ok(r) => {
+                        bar.set_position(r.step as u64);
+                        losses.push(r.loss);
+                    }
+                    Err(e @ Error::Diverged { .. }) => {
+                        stopped = Some(e.to_string());
+                        break;
+                    }
+                    Err(e) => return Err(py_err(e)),
+                }
+            }
+            bar.finish_and_clear();
+            runs.insert(
+                preset.to_string(),
+                serde_json::json!({
+                    "losses": losses,
+                    "stopped": stopped,
+                    "backend": device.name(),
+                    "matmul_algorithm": trainer.precision.matmul.to_string(),
+                }),
+            );
+        }
+        Ok(serde_json::Value::Object(runs).to_string())
+    })
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_function(wrap_pyfunction!(devices_json, m)?)?;
+    m.add_function(wrap_pyfunction!(finfo_json, m)?)?;
+    m.add_function(wrap_pyfunction!(encode, m)?)?;
+    m.add_function(wrap_pyfunction!(decode, m)?)?;
+    m.add_function(wrap_pyfunction!(split, m)?)?;
+    m.add_function(wrap_pyfunction!(amax_scale, m)?)?;
+    m.add_function(wrap_pyfunction!(matmul, m)?)?;
+    m.add_function(wrap_pyfunction!(report_json, m)?)?;
+    m.add_function(wrap_pyfunction!(train_json, m)?)?;
+    Ok(())
+}
