@@ -301,7 +301,26 @@ pub struct MatmulShape {
     pub b_transposed: bool,
 }
 
+/// The most elements one operand (or the result) of a shape asked for by name (`--sizes`, the
+/// report's sizes) may have: 2^31 f32 values, 8 GiB, more than any benchmark or report needs.
+pub const MAX_OPERAND_ELEMENTS: usize = 1 << 31;
+
 impl MatmulShape {
+    /// Why m x n x k is not a shape to allocate (a zero dimension, an operand beyond
+    /// `MAX_OPERAND_ELEMENTS`), checked with overflow-checked arithmetic before anything exists.
+    pub fn check_requested(m: usize, n: usize, k: usize) -> std::result::Result<(), String> {
+        if m == 0 || n == 0 || k == 0 {
+            return Err("every dimension must be at least 1".into());
+        }
+        let fits = |a: usize, b: usize| a.checked_mul(b).is_some_and(|e| e <= MAX_OPERAND_ELEMENTS);
+        if !(fits(m, k) && fits(k, n) && fits(m, n)) {
+            return Err(format!(
+                "an operand would exceed {MAX_OPERAND_ELEMENTS} elements"
+            ));
+        }
+        Ok(())
+    }
+
     pub fn new(m: usize, n: usize, k: usize) -> MatmulShape {
         MatmulShape {
             batch: 1,

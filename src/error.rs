@@ -142,7 +142,34 @@ impl DeviceFault {
     }
 }
 
+/// What kind of failure an error is: the CLI's exit code and the Python exception type follow
+/// from it, so both front ends classify alike.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Unknown names, malformed files, mismatched shapes, arguments out of range.
+    BadInput,
+    /// No device, device faults, out of memory, files that cannot be read or written.
+    Machine,
+    /// A result outside the numerics contract.
+    ContractBreak,
+    /// A training run whose loss or gradients went non-finite.
+    Diverged,
+}
+
 impl Error {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            Error::Device { .. }
+            | Error::OutOfMemory { .. }
+            | Error::ShaderCompile { .. }
+            | Error::BackendUnavailable { .. }
+            | Error::Io(_) => ErrorClass::Machine,
+            Error::ContractBreak { .. } => ErrorClass::ContractBreak,
+            Error::Diverged { .. } => ErrorClass::Diverged,
+            _ => ErrorClass::BadInput,
+        }
+    }
+
     /// The same error with `context` before the op it names (device faults only).
     pub fn during(self, context: impl std::fmt::Display) -> Error {
         match self {

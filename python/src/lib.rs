@@ -4,7 +4,7 @@
 
 use mantissa::algorithm::{Algorithm, MatmulShape, Scaling};
 use mantissa::backend::{self, Backend, BackendChoice, BackendKind};
-use mantissa::error::Error;
+use mantissa::error::{Error, ErrorClass};
 use mantissa::format::{self, Format, Overflow};
 use mantissa::policy::Preset;
 use mantissa::report::{self, ReportConfig};
@@ -17,18 +17,12 @@ use pyo3::types::PyBytes;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Bad input is a ValueError; what goes wrong on the machine (devices, files) a RuntimeError.
-/// The message is the tool's own one line.
+/// Bad input is a ValueError; everything else (the machine, a wrong result, a diverged run) a
+/// RuntimeError, as `Error::class` sorts them. The message is the tool's own one line.
 fn py_err(e: Error) -> PyErr {
-    match e {
-        Error::Device { .. }
-        | Error::OutOfMemory { .. }
-        | Error::ShaderCompile { .. }
-        | Error::BackendUnavailable { .. }
-        | Error::Io(_)
-        | Error::Diverged { .. }
-        | Error::ContractBreak { .. } => PyRuntimeError::new_err(e.to_string()),
-        _ => PyValueError::new_err(e.to_string()),
+    match e.class() {
+        ErrorClass::BadInput => PyValueError::new_err(e.to_string()),
+        _ => PyRuntimeError::new_err(e.to_string()),
     }
 }
 
@@ -102,6 +96,21 @@ fn finfo_json(name: &str) -> PyResult<String> {
     Ok(v.to_string())
 }
 
+/// Converts raw codes between formats (`format::convert_raw`, as `mantissa cast --raw`).
+fn convert(
+    py: Python<'_>,
+    data: &[u8],
+    from: Format,
+    to: Format,
+    overflow: Overflow,
+) -> PyResult<Vec<u8>> {
+    py.detach(|| {
+        let mut out = Vec::with_capacity(data.len() / from.storage_bytes() * to.storage_bytes());
+        format::convert_raw(&mut &data[..], &mut out, from, to, overflow).map_err(py_err)?;
+        Ok(out)
+    })
+}
+
 /// Encodes float32 values (bytes) into `fmt`: the codes, little-endian, in the format's storage
 /// width.
 #[pyfunction]
@@ -111,44 +120,19 @@ fn encode<'py>(
     fmt: &str,
     saturate: bool,
 ) -> PyResult<Bound<'py, PyBytes>> {
-    let f: Format = parse(fmt)?;
-    let x = floats(&data)?;
     let overflow = if saturate {
         Overflow::Saturate
     } else {
         Overflow::Standard
     };
-    let out = py.detach(|| {
-        let w = f.storage_bytes();
-        let mut out = Vec::with_capacity(x.len() * w);
-        for v in x {
-            out.extend_from_slice(&f.encode(v, overflow).to_le_bytes()[..w]);
-        }
-        out
-    });
+    let out = convert(py, &data, Format::F32, parse(fmt)?, overflow)?;
     Ok(PyBytes::new(py, &out))
 }
 
 /// Decodes codes of `fmt` (little-endian, storage width) to float32 bytes.
 #[pyfunction]
 fn decode<'py>(py: Python<'py>, codes: Vec<u8>, fmt: &str) -> PyResult<Bound<'py, PyBytes>> {
-    let f: Format = parse(fmt)?;
-    let w = f.storage_bytes();
-    if !codes.len().is_multiple_of(w) {
-        return Err(PyValueError::new_err(format!(
-            "{fmt} codes are {w} bytes each; {} bytes is not a whole number of them",
-            codes.len()
-        )));
-    }
-    let out = py.detach(|| {
-        let mut out = Vec::with_capacity(codes.len() / w * 4);
-        for c in codes.chunks_exact(w) {
-            let mut word = [0u8; 4];
-            word[..w].copy_from_slice(c);
-            out.extend_from_slice(&f.decode(u32::from_le_bytes(word)).to_le_bytes());
-        }
-        out
-    });
+    let out = convert(py, &codes, parse(fmt)?, Format::F32, Overflow::Standard)?;
     Ok(PyBytes::new(py, &out))
 }
 
@@ -295,14 +279,12 @@ fn report_json(
             .map(parse)
             .collect::<PyResult<_>>()?
     };
-    if sizes.is_empty()
-        || sizes
-            .iter()
-            .any(|&(m, n, k)| m == 0 || n == 0 || k == 0 || m.max(n).max(k) > 1 << 14)
-    {
-        return Err(PyValueError::new_err(
-            "sizes: give (m, n, k) triples, each from 1 to 16384",
-        ));
+    if sizes.is_empty() {
+        return Err(PyValueError::new_err("sizes names no size"));
+    }
+    for &(m, n, k) in &sizes {
+        MatmulShape::check_requested(m, n, k)
+            .map_err(|why| PyValueError::new_err(format!("sizes ({m}, {n}, {k}): {why}")))?;
     }
     if train_steps > 0 && corpus.is_none() {
         return Err(PyValueError::new_err(

@@ -2,7 +2,7 @@
 
 use super::parse_list;
 use super::table::{Table, g};
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::{self, BackendChoice};
 use crate::bench::{MatmulBench, MatmulRecord};
 use crate::error::{Error, Result};
@@ -46,12 +46,8 @@ struct MatmulArgs {
     json: Option<PathBuf>,
 }
 
-/// The most elements one operand (or the result) of a `--sizes` shape may have: 2^31 f32
-/// values, 8 GiB, more than any benchmark or report needs.
-const MAX_OPERAND_ELEMENTS: usize = 1 << 31;
-
-/// One `--sizes` item, N or MxNxK: every dimension at least 1, and no operand beyond
-/// `MAX_OPERAND_ELEMENTS` (checked before anything is allocated).
+/// One `--sizes` item, N or MxNxK, checked by `MatmulShape::check_requested` before anything
+/// is allocated.
 pub(crate) fn parse_shape(s: &str) -> Result<(usize, usize, usize)> {
     let bad = |why: &str| Error::invalid("--sizes", format!("'{}': {why}", s.trim()));
     let dims: Vec<usize> = s
@@ -64,15 +60,7 @@ pub(crate) fn parse_shape(s: &str) -> Result<(usize, usize, usize)> {
         [m, n, k] => (m, n, k),
         _ => return Err(bad("write N or MxNxK")),
     };
-    if m == 0 || n == 0 || k == 0 {
-        return Err(bad("every dimension must be at least 1"));
-    }
-    let fits = |a: usize, b: usize| a.checked_mul(b).is_some_and(|e| e <= MAX_OPERAND_ELEMENTS);
-    if !(fits(m, k) && fits(k, n) && fits(m, n)) {
-        return Err(bad(&format!(
-            "an operand would exceed {MAX_OPERAND_ELEMENTS} elements"
-        )));
-    }
+    MatmulShape::check_requested(m, n, k).map_err(|why| bad(&why))?;
     Ok((m, n, k))
 }
 

@@ -9,7 +9,7 @@ mod report;
 pub mod table;
 mod train;
 
-use crate::error::Error;
+use crate::error::{Error, ErrorClass};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -85,15 +85,11 @@ pub fn main() -> i32 {
 }
 
 fn exit_code(e: &Error) -> i32 {
-    match e {
-        Error::Device { .. }
-        | Error::OutOfMemory { .. }
-        | Error::ShaderCompile { .. }
-        | Error::BackendUnavailable { .. }
-        | Error::Io(_) => 1,
-        Error::ContractBreak { .. } => EXIT_CONTRACT,
-        Error::Diverged { .. } => EXIT_STOPPED,
-        _ => 2,
+    match e.class() {
+        ErrorClass::Machine => 1,
+        ErrorClass::BadInput => 2,
+        ErrorClass::ContractBreak => EXIT_CONTRACT,
+        ErrorClass::Diverged => EXIT_STOPPED,
     }
 }
 
