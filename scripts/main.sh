@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
-cargo build --release --quiet
+# With MPI, so that `mpirun -np N ./target/release/mantissa train ...` runs data parallel.
+cargo build --release --quiet --features mpi
 ./target/release/mantissa info
 echo
 ./target/release/mantissa train --config tiny --precision 32-true,bf16-mixed,16-true --steps 100 --eval-interval 25 --out runs "$@"

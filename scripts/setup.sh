@@ -23,3 +23,14 @@ if ! command -v c++ >/dev/null; then
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq g++ >/dev/null
 fi
+# Open MPI, for data-parallel training (`mpirun -np N mantissa train`; the cargo feature `mpi`),
+# and libclang with its headers, which rsmpi's build uses to generate its bindings.
+if ! command -v mpicc >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/include/stddef.h >/dev/null 2>&1; then
+    echo "setup: installing Open MPI and libclang (data-parallel training)" >&2
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libopenmpi-dev openmpi-bin libclang-dev >/dev/null
+fi
+# mpirun refuses to run as root unless told to (CI containers run as root).
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1

@@ -3,7 +3,8 @@
 # suite on every backend present (lavapipe where there is no GPU), the CLI, and the portability
 # report as a gate (exit 3 on any contract break), the cooperative-matrix kernels and the
 # conformance suite again on Mesa 26's lavapipe, which has cooperative matrices
-# (scripts/lavapipe-coop.sh), the Python package (its wheel installed into a fresh venv,
+# (scripts/lavapipe-coop.sh), data-parallel training under mpirun (tests/mpi.rs; the `mpi`
+# feature), the Python package (its wheel installed into a fresh venv,
 # python/tests), and the browser demo in headless Chromium (WebGPU on SwiftShader:
 # scripts/web.sh test). Ends with one summary line.
 set -euo pipefail
@@ -16,12 +17,12 @@ skipped=target/tmp/skipped.txt
 # The fuzz suite (tests/fuzz.rs) counts the inputs it tried here.
 fuzzed=target/tmp/fuzz.txt
 rm -f "$skipped" "$fuzzed"
-cargo test --all-targets "$@" 2>&1 | tee "$log"
+cargo test --all-targets --features mpi "$@" 2>&1 | tee "$log"
 # The conformance tests of an absent CUDA backend pass as skipped; say why once, here.
 ./target/debug/mantissa info 2>/dev/null | grep '^cuda:' | tee -a "$log" || true
 ./target/debug/mantissa report --backends reference,wgpu --train-steps 20 --out target/report
 if command -v dpkg-deb >/dev/null && [ "$(uname -m)" = x86_64 ]; then
-    bash scripts/lavapipe-coop.sh cargo test --test coop --test conformance "$@" 2>&1 | tee -a "$log"
+    bash scripts/lavapipe-coop.sh cargo test --test coop --test conformance --features mpi "$@" 2>&1 | tee -a "$log"
     echo "cooperative matrices: passed" >> "$log"
 else
     echo "SKIPPED cooperative matrices: scripts/lavapipe-coop.sh needs Debian's dpkg-deb on x86_64" | tee -a "$log"

@@ -97,6 +97,22 @@ pub enum Error {
     #[error("{count} element(s) break the {algorithm} contract against the reference")]
     ContractBreak { algorithm: String, count: usize },
 
+    /// Another rank of a data-parallel run failed; its message, and its error's class.
+    #[error("rank {rank} failed: {message}")]
+    Rank {
+        rank: usize,
+        class: ErrorClass,
+        message: String,
+    },
+
+    /// A collective between the ranks failed (the engine's own error).
+    #[error("{engine} {op} failed: {why}")]
+    Collective {
+        engine: &'static str,
+        op: String,
+        why: String,
+    },
+
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -163,7 +179,9 @@ impl Error {
             | Error::OutOfMemory { .. }
             | Error::ShaderCompile { .. }
             | Error::BackendUnavailable { .. }
+            | Error::Collective { .. }
             | Error::Io(_) => ErrorClass::Machine,
+            Error::Rank { class, .. } => *class,
             Error::ContractBreak { .. } => ErrorClass::ContractBreak,
             Error::Diverged { .. } => ErrorClass::Diverged,
             _ => ErrorClass::BadInput,

@@ -10,10 +10,11 @@
 //! - [`plan`]: the step program (ops on numbered tensors) and the executor contract.
 //! - [`backend`]: the Backend trait, the host reference, the wgpu and CUDA backends, run-time
 //!   choice.
+//! - [`dist`]: the ranks of a data-parallel run and their collectives (MPI, NCCL).
 //! - [`train`]: the GPT, its training loop and checkpoints, above the backends.
 //!
 //! Layers, top to bottom (no import runs back up; docs/design.md draws them):
-//! cli, web -> report, bench -> train -> backend -> plan -> policy -> algorithm -> format.
+//! cli, web -> report, bench -> train -> backend -> plan -> dist, policy -> algorithm -> format.
 
 pub mod algorithm;
 pub mod backend;
@@ -21,6 +22,7 @@ pub mod bench;
 pub mod cache;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cli;
+pub mod dist;
 pub mod error;
 pub mod format;
 pub mod measure;

@@ -751,3 +751,101 @@ fn plan_storage_shares_only_disjoint_temporaries() {
         );
     }
 }
+
+/// A rank's plan of a data-parallel step (`Plan::split_for_ranks`) holds the same ops, with
+/// only what finishes the gradients (roundings, the embedding's scatter into the tied head's
+/// gradient) moved after the backward pass; run as `Backward` then `Update` on one rank it gives
+/// the very bits of the whole step, in every preset.
+#[test]
+fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
+    use mantissa::plan::{Op, TensorKind};
+    let corpus = corpus();
+    for preset in [
+        Preset::True32,
+        Preset::MixedBf16,
+        Preset::TrueBf16,
+        Preset::TransformerEngine,
+    ] {
+        let t = Trainer::new(&Reference, &corpus, options(&corpus, preset, 3)).unwrap();
+        let whole = t.gpt.plan(&t.precision, 2, 8).unwrap();
+        let mut split = whole.clone();
+        let summed = split.split_for_ranks();
+        let grads = whole.state.len();
+        assert_eq!(
+            summed.len(),
+            grads + 1,
+            "{preset}: the gradients and the scatter"
+        );
+        let part = summed[grads];
+        assert_eq!(split.tensors[part].kind, TensorKind::Partial);
+        let names = |ops: &[Op]| {
+            let mut n: Vec<String> = ops.iter().map(|o| format!("{o:?}")).collect();
+            n.sort();
+            n
+        };
+        assert_eq!(
+            names(&whole.ops),
+            names(&split.ops),
+            "{preset}: the same ops"
+        );
+        for op in &split.ops[split.backward..split.gradients] {
+            assert!(
+                matches!(
+                    op,
+                    Op::Round { .. } | Op::Add { .. } | Op::UnscaleCheck { .. }
+                ),
+                "{preset}: {op:?} after the sum"
+            );
+        }
+        for op in &split.ops[..split.backward] {
+            if let Op::Round { x, .. } = op {
+                assert!(!summed.contains(x), "{preset}: {x} rounded before the sum");
+            }
+        }
+        let (ids, targets) = corpus.batch(false, 2, 8, 3, 0).unwrap();
+        let scalars = mantissa::plan::scalar::StepScalars {
+            adamw: &mantissa::plan::AdamW::default(),
+            clip: 1.0,
+            loss_scale: 1024.0,
+            poison: 0.0,
+            t: 1,
+            ranks: 1,
+            fp8: &t.fp8_scales(),
+        }
+        .array(whole.rows, whole.scalar_count());
+        let mut a = mantissa::backend::executor(&Reference, whole.clone(), true).unwrap();
+        let mut b = mantissa::backend::executor(&Reference, split.clone(), true).unwrap();
+        for (i, p) in t.gpt.config.init(3).into_iter().enumerate() {
+            a.write(whole.state[i][0], &p).block_on().unwrap();
+            b.write(whole.state[i][0], &p).block_on().unwrap();
+        }
+        let sa = a
+            .run(Section::Step, &ids, &targets, &scalars)
+            .block_on()
+            .unwrap();
+        let sb = b
+            .run(Section::Backward, &ids, &targets, &scalars)
+            .block_on()
+            .unwrap();
+        let ub = b
+            .run(Section::Update, &ids, &targets, &scalars)
+            .block_on()
+            .unwrap();
+        assert_eq!(sa[0].to_bits(), sb[0].to_bits(), "{preset}: loss");
+        for i in 1..sa.len().min(1 + 2 * grads) {
+            assert_eq!(sa[i].to_bits(), ub[i].to_bits(), "{preset}: stat {i}");
+        }
+        for [p, g, m, v] in whole.state.clone() {
+            for id in [p, g, m, v] {
+                let (x, y) = (
+                    a.read(id).block_on().unwrap(),
+                    b.read(id).block_on().unwrap(),
+                );
+                assert!(
+                    x.iter().zip(&y).all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{preset}: tensor {id}"
+                );
+            }
+        }
+    }
+}

@@ -27,23 +27,27 @@ pub const BACKEND_ENV: &str = "MANTISSA_BACKEND";
 /// when it is compiled in and a device exists, else the best wgpu adapter (discrete, then
 /// integrated, then software), else an error saying what was tried and how to fix it.
 pub async fn open(choice: BackendChoice) -> Result<Box<dyn Backend>> {
+    open_device(choice, 0).await
+}
+
+/// `open` on the `device`-th device of the chosen kind (counted modulo the devices there are):
+/// rank `device` of a host's data-parallel ranks opens its own GPU where there are enough.
+pub async fn open_device(choice: BackendChoice, device: usize) -> Result<Box<dyn Backend>> {
     let choice = match (choice, std::env::var(BACKEND_ENV)) {
         (BackendChoice::Auto, Ok(v)) if !v.trim().is_empty() => v.parse()?,
         (c, _) => c,
     };
     match choice {
         BackendChoice::Only(BackendKind::Reference) => Ok(Box::new(Reference)),
-        BackendChoice::Only(BackendKind::Wgpu) => {
-            Ok(Box::new(super::wgpu::WgpuBackend::open_best().await?))
-        }
-        BackendChoice::Only(BackendKind::Cuda) => open_cuda(),
+        BackendChoice::Only(BackendKind::Wgpu) => Ok(Box::new(open_wgpu(device).await?)),
+        BackendChoice::Only(BackendKind::Cuda) => open_cuda_device(device),
         BackendChoice::Auto => {
             let mut tried = vec![];
-            match open_cuda() {
+            match open_cuda_device(device) {
                 Ok(b) => return Ok(b),
                 Err(e) => tried.push(format!("cuda: {}", cuda_reason(e))),
             }
-            match super::wgpu::WgpuBackend::open_best().await {
+            match open_wgpu(device).await {
                 Ok(b) => return Ok(Box::new(b)),
                 Err(e) => tried.push(format!("wgpu: {e}")),
             }
@@ -59,15 +63,27 @@ pub async fn open(choice: BackendChoice) -> Result<Box<dyn Backend>> {
     }
 }
 
-/// The CUDA backend on device 0, or why there is none.
-#[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
-pub fn open_cuda() -> Result<Box<dyn Backend>> {
-    Ok(Box::new(super::cuda::CudaBackend::open(0)?))
+/// The wgpu backend on the `device`-th adapter (best first, modulo the adapters found).
+async fn open_wgpu(device: usize) -> Result<super::wgpu::WgpuBackend> {
+    let count = super::wgpu::adapters().await.len().max(1);
+    let options = super::wgpu::WgpuOptions::from_env()?;
+    super::wgpu::WgpuBackend::open_nth(device % count, options).await
 }
 
 /// The CUDA backend on device 0, or why there is none.
-#[cfg(not(all(feature = "cuda", not(target_arch = "wasm32"))))]
 pub fn open_cuda() -> Result<Box<dyn Backend>> {
+    open_cuda_device(0)
+}
+
+/// The CUDA backend on device `device` (modulo the devices the driver sees).
+#[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+fn open_cuda_device(device: usize) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(super::cuda::CudaBackend::open_modulo(device)?))
+}
+
+/// The CUDA backend, or why there is none.
+#[cfg(not(all(feature = "cuda", not(target_arch = "wasm32"))))]
+fn open_cuda_device(_device: usize) -> Result<Box<dyn Backend>> {
     Err(Error::BackendUnavailable {
         backend: "cuda".into(),
         why: if cfg!(target_arch = "wasm32") {

@@ -35,7 +35,7 @@ use web_time::Instant;
 
 /// Implementors of `Backend` mark their impl with this attribute (the trait's async ops).
 pub use async_trait::async_trait;
-pub use choice::{BACKEND_ENV, executor, open, open_cuda};
+pub use choice::{BACKEND_ENV, executor, open, open_cuda, open_device};
 pub use reference::Reference;
 
 /// The kinds of backend mantissa knows.

@@ -96,6 +96,8 @@ pub fn run(_: Args) -> Result<()> {
         }
     }
     println!();
+    collectives();
+    println!();
     match backend::open(backend::BackendChoice::Auto).block_on() {
         Ok(b) => println!(
             "--backend auto picks: {} ({})",
@@ -141,6 +143,21 @@ fn cuda() {
 #[cfg(not(feature = "cuda"))]
 fn cuda() {
     println!("cuda: not in this build (built without the `cuda` feature)");
+}
+
+/// The engines a data-parallel run (`mpirun -np N mantissa train`) can sum gradients with.
+fn collectives() {
+    println!("collectives (data-parallel training):");
+    for (engine, state) in crate::dist::describe_engines() {
+        println!("  {engine}: {state}");
+    }
+    #[cfg(feature = "cuda")]
+    match crate::backend::cuda::nccl::version() {
+        Ok(v) => println!("  nccl: {v} (device buffers, with the CUDA backend, one GPU per rank)"),
+        Err(e) => println!("  nccl: absent: {e}"),
+    }
+    #[cfg(not(feature = "cuda"))]
+    println!("  nccl: not in this build (it comes with the `cuda` feature)");
 }
 
 fn yes(b: bool) -> String {

@@ -84,7 +84,7 @@ pub fn main() -> i32 {
     }
 }
 
-fn exit_code(e: &Error) -> i32 {
+pub(crate) fn exit_code(e: &Error) -> i32 {
     match e.class() {
         ErrorClass::Machine => 1,
         ErrorClass::BadInput => 2,

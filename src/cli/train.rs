@@ -3,6 +3,7 @@
 use super::parse_list;
 use crate::algorithm::Algorithm;
 use crate::backend::{self, BackendChoice};
+use crate::dist::{self, Collective, Reducer};
 use crate::error::{Error, Result};
 use crate::plan::AdamW;
 use crate::policy::{PrecisionClass, Preset};
@@ -14,7 +15,8 @@ use std::path::PathBuf;
 #[command(
     after_help = "Examples:\n  mantissa train --config tiny --precision 32-true,16-mixed,bf16-mixed --steps 300\n  \
     mantissa train --config small --precision bf16-mixed --steps 2000 --backend wgpu --checkpoint-every 500\n  \
-    mantissa train --config tiny --precision 16-mixed --steps 600 --resume runs/16-mixed.safetensors"
+    mantissa train --config tiny --precision 16-mixed --steps 600 --resume runs/16-mixed.safetensors\n  \
+    mpirun -np 2 mantissa train --config small --precision bf16-mixed   (data parallel; build with --features mpi)"
 )]
 pub struct TrainArgs {
     /// Model size: tiny (CI-sized) or small (nanoGPT shakespeare-char, 10.8M parameters).
@@ -52,6 +54,10 @@ pub struct TrainArgs {
     seed: u64,
     #[arg(long, default_value_t = 1e-3)]
     lr: f32,
+    /// AdamW's epsilon (PyTorch's default 1e-8; 16-bit "true" presets often need 1e-4 or more,
+    /// since their second moments underflow).
+    #[arg(long, default_value_t = 1e-8)]
+    adam_eps: f32,
     /// The training text.
     #[arg(long, default_value = "data/shakespeare.txt")]
     corpus: PathBuf,
@@ -68,6 +74,11 @@ pub struct TrainArgs {
     /// backend has such an executor); host: the plan's ops one round trip at a time.
     #[arg(long, default_value = "resident")]
     executor: String,
+    /// Under mpirun: how the ranks sum their gradients. auto: NCCL on device buffers where the
+    /// backend is CUDA with one GPU per rank, else MPI on host buffers; mpi; nccl (also on one
+    /// rank, as a check of NCCL).
+    #[arg(long, default_value = "auto")]
+    reducer: String,
 }
 
 #[derive(clap::Args)]
@@ -107,19 +118,139 @@ struct Run {
     /// The step at which it stopped (counting resumed steps).
     #[serde(skip_serializing_if = "Option::is_none")]
     stopped_at: Option<u32>,
+    /// Ranks of a data-parallel run (1 alone), and how the gradients were summed.
+    ranks: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reduction: Option<Reduction>,
     unigram_entropy: f64,
     /// How the steps ran, and the bytes the step plan's tensors take on the device.
     executor: String,
     device_bytes: u64,
 }
 
+/// How a data-parallel run summed its gradients, in the log.
+#[derive(serde::Serialize)]
+struct Reduction {
+    engine: String,
+    bytes_per_step: u64,
+    calls_per_step: usize,
+}
+
+/// `MANTISSA_INJECT_INF=STEP[@RANK]`: an inf added to the first gradient at that step (on that
+/// rank only, or on every rank), to test that loss scaling skips it on every rank alike.
+pub const INJECT_ENV: &str = "MANTISSA_INJECT_INF";
+
+fn injected(rank: usize) -> Result<Option<u32>> {
+    let Ok(spec) = std::env::var(INJECT_ENV) else {
+        return Ok(None);
+    };
+    let bad = || {
+        Error::invalid(
+            "MANTISSA_INJECT_INF",
+            format!("'{spec}' is not STEP or STEP@RANK"),
+        )
+    };
+    let (step, on) = match spec.split_once('@') {
+        Some((s, r)) => (s, Some(r.trim().parse::<usize>().map_err(|_| bad())?)),
+        None => (spec.as_str(), None),
+    };
+    let step: u32 = step.trim().parse().map_err(|_| bad())?;
+    Ok(on.is_none_or(|r| r == rank).then_some(step))
+}
+
 /// Runs `mantissa train`; the exit code is `EXIT_STOPPED` when its one preset stopped.
+///
+/// Started by mpirun, every rank runs this: rank 0 alone prints and writes files. A failure
+/// before the first step is agreed between the ranks (each exits with the failing rank's
+/// message, rank 0 printing it); a failure during the steps ends every rank through the
+/// engine's abort.
 pub fn train(args: TrainArgs) -> Result<i32> {
-    // Arguments first, before anything is created.
+    let world = dist::world()?;
+    let group = world.as_ref();
+    match train_ranks(args, group) {
+        Err(e) if group.size() > 1 && group.rank() != 0 => Ok(super::exit_code(&e)),
+        other => other,
+    }
+}
+
+/// `result`, or on a data-parallel rank, its error printed with the rank and every rank ended.
+fn or_abort<T>(group: &dyn Collective, result: Result<T>) -> Result<T> {
+    if let Err(e) = &result {
+        if group.size() > 1 {
+            eprintln!("mantissa: error: rank {}: {e}", group.rank());
+            group.abort(super::exit_code(e));
+        }
+    }
+    result
+}
+
+fn train_ranks(args: TrainArgs, group: &dyn Collective) -> Result<i32> {
+    let setup = prepare(&args, group)?;
+    // Divergence is agreed by construction (every rank sees the same stats); any other failure
+    // during the steps is this rank's alone.
+    match run_presets(&args, group, setup) {
+        Err(e) if !matches!(e, Error::Diverged { .. }) => or_abort(group, Err(e)),
+        Ok(runs) if group.rank() == 0 => write_logs(&args, &runs),
+        Ok(runs) => Ok(exit_of(&runs)),
+        Err(e) => Err(e),
+    }
+}
+
+/// What the arguments ask for, checked, and what was opened for it.
+struct Setup {
+    presets: Vec<Preset>,
+    class: PrecisionClass,
+    algorithm: Option<Algorithm>,
+    fp8_current: bool,
+    resident: bool,
+    reducer: Reducer,
+    /// The step whose first gradient gets an inf on this rank (`MANTISSA_INJECT_INF`).
+    inject: Option<u32>,
+    corpus: Corpus,
+    config: GptConfig,
+    backend: Box<dyn backend::Backend>,
+    resume: Option<Checkpoint>,
+}
+
+/// Everything before the first step, on every rank, in phases the ranks agree on (so that a
+/// rank that fails makes all of them stop with its message): the arguments, the corpus and
+/// this rank's device; the checkpoint (read by rank 0, sent to the others, checked by each);
+/// the output directory (rank 0).
+fn prepare(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
+    let setup = dist::agree(group, check_and_open(args, group))?;
+    let resume = match &args.resume {
+        Some(path) => {
+            let read = match group.rank() {
+                0 => std::fs::read(path).map_err(|e| Error::file(path, e)),
+                _ => Ok(vec![]),
+            };
+            let mut bytes = dist::agree(group, read)?;
+            group.broadcast(&mut bytes, 0)?;
+            let ck = Checkpoint::from_bytes(&bytes, path, &setup.config, &setup.corpus.vocab);
+            Some(dist::agree(group, ck)?)
+        }
+        None => None,
+    };
+    let out = match group.rank() {
+        0 => std::fs::create_dir_all(&args.out).map_err(|e| Error::file(&args.out, e)),
+        _ => Ok(()),
+    };
+    dist::agree(group, out)?;
+    Ok(Setup { resume, ..setup })
+}
+
+/// The arguments (before anything is created), the corpus, and this rank's device.
+fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
     if !(args.lr.is_finite() && args.lr > 0.0) {
         return Err(Error::invalid(
             "--lr",
             format!("{} is not a finite positive learning rate", args.lr),
+        ));
+    }
+    if !(args.adam_eps.is_finite() && args.adam_eps > 0.0) {
+        return Err(Error::invalid(
+            "--adam-eps",
+            format!("{} is not a finite positive epsilon", args.adam_eps),
         ));
     }
     if args.eval_interval == 0 {
@@ -135,8 +266,6 @@ pub fn train(args: TrainArgs) -> Result<i32> {
             "--resume continues one preset; name exactly one in --precision",
         ));
     }
-    let class: PrecisionClass = args.matmul_precision.parse()?;
-    let algorithm: Option<Algorithm> = args.algorithm.as_deref().map(str::parse).transpose()?;
     let fp8_current = match args.fp8_scaling.as_str() {
         "delayed" => false,
         "current" => true,
@@ -159,19 +288,56 @@ pub fn train(args: TrainArgs) -> Result<i32> {
             });
         }
     };
+    let class: PrecisionClass = args.matmul_precision.parse()?;
+    let algorithm: Option<Algorithm> = args.algorithm.as_deref().map(str::parse).transpose()?;
+    let reducer: Reducer = args.reducer.parse()?;
+    let inject = injected(group.rank())?;
+    let choice: BackendChoice = args.backend.parse()?;
     let corpus = Corpus::load(&args.corpus)?;
     let config = GptConfig::named(&args.config, corpus.vocab.len())?;
     corpus
         .check_context(config.block_size)
         .map_err(|e| Error::file(&args.corpus, e))?;
-    let backend = backend::open(args.backend.parse::<BackendChoice>()?).block_on()?;
-    std::fs::create_dir_all(&args.out).map_err(|e| Error::file(&args.out, e))?;
-    // Validate the checkpoint before anything runs or is written.
-    let resume = match &args.resume {
-        Some(path) => Some(Checkpoint::load(path, &config, &corpus.vocab)?),
-        None => None,
+    dist::shard(config.batch_size, group.rank(), group.size())?;
+    let backend = backend::open_device(choice, group.local_rank()).block_on()?;
+    Ok(Setup {
+        presets,
+        class,
+        algorithm,
+        fp8_current,
+        resident,
+        reducer,
+        inject,
+        corpus,
+        config,
+        backend,
+        resume: None,
+    })
+}
+
+/// Trains each preset in turn; rank 0 prints and writes checkpoints.
+fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result<Vec<Run>> {
+    let leader = group.rank() == 0;
+    let say = |line: String| {
+        if leader {
+            println!("{line}");
+        }
     };
-    println!(
+    let Setup {
+        presets,
+        class,
+        algorithm,
+        fp8_current,
+        resident,
+        reducer,
+        inject,
+        corpus,
+        config,
+        backend,
+        resume,
+    } = setup;
+    let (corpus, config, backend) = (&corpus, &config, backend.as_ref());
+    say(format!(
         "training {} ({} parameters, context {}, batch {}) on {}; unigram entropy {:.3}",
         config.name,
         config.parameter_count(),
@@ -179,7 +345,16 @@ pub fn train(args: TrainArgs) -> Result<i32> {
         config.batch_size,
         backend.device_name(),
         corpus.unigram_entropy()
-    );
+    ));
+    if group.size() > 1 {
+        say(format!(
+            "data parallel: {} ranks ({}), {} sequences of the batch each; rank 0 on {}",
+            group.size(),
+            group.engine(),
+            config.batch_size / group.size(),
+            backend.name()
+        ));
+    }
     let mut runs = Vec::new();
     let mut resume = resume;
     for preset in presets {
@@ -193,23 +368,31 @@ pub fn train(args: TrainArgs) -> Result<i32> {
             seed: args.seed,
             adamw: AdamW {
                 lr: args.lr,
+                eps: args.adam_eps,
                 ..AdamW::default()
             },
             grad_clip: 1.0,
             resident,
         };
-        let mut trainer = Trainer::new(backend.as_ref(), &corpus, options)?;
-        if let Some(ck) = resume.take() {
-            ck.restore(&mut trainer).block_on()?;
-            println!("resumed {preset} at step {}", trainer.step);
+        // Every rank builds its plan (its device may run out of memory): agreed.
+        let built =
+            Trainer::data_parallel(backend, corpus, options, group, reducer).and_then(|mut t| {
+                if let Some(ck) = resume.take() {
+                    ck.restore(&mut t).block_on()?;
+                }
+                Ok(t)
+            });
+        let mut trainer = dist::agree(group, built)?;
+        if trainer.step > 0 {
+            say(format!("resumed {preset} at step {}", trainer.step));
         }
-        println!(
+        say(format!(
             "-- {preset}: matmuls {} (compute {}), {}",
             trainer.precision.matmul,
             trainer.precision.compute,
             describe(&trainer)
-        );
-        println!("   {}", trainer.executor());
+        ));
+        say(format!("   {}", trainer.executor()));
         let mut run = Run {
             preset: preset.to_string(),
             backend: backend.name(),
@@ -220,11 +403,17 @@ pub fn train(args: TrainArgs) -> Result<i32> {
             val: vec![],
             stopped: None,
             stopped_at: None,
+            ranks: group.size(),
+            reduction: None,
             unigram_entropy: corpus.unigram_entropy(),
             executor: trainer.executor(),
             device_bytes: trainer.device_bytes(),
         };
-        let bar = indicatif::ProgressBar::new(args.steps as u64);
+        let bar = if leader {
+            indicatif::ProgressBar::new(args.steps as u64)
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
         bar.set_style(
             indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
@@ -232,12 +421,16 @@ pub fn train(args: TrainArgs) -> Result<i32> {
         bar.set_position(trainer.step as u64);
         let checkpoint = args.out.join(format!("{preset}.safetensors"));
         while trainer.step < args.steps {
-            let record = match trainer.step().block_on() {
+            let poison = match inject {
+                Some(s) if s == trainer.step + 1 => f32::INFINITY,
+                _ => 0.0,
+            };
+            let record = match trainer.step_injecting(poison).block_on() {
                 Ok(r) => r,
                 // Divergence is the run's finding (kept in the log); any other error ends the tool.
                 Err(e @ Error::Diverged { .. }) => {
                     bar.abandon();
-                    println!("stopped: {e}");
+                    say(format!("stopped: {e}"));
                     if let Error::Diverged { step, why, .. } = &e {
                         run.stopped_at = Some(*step);
                         run.stopped = Some(why.clone());
@@ -249,6 +442,21 @@ pub fn train(args: TrainArgs) -> Result<i32> {
                     return Err(e);
                 }
             };
+            if let (None, Some(r)) = (&run.reduction, &trainer.reduced) {
+                bar.suspend(|| {
+                    say(format!(
+                        "   gradients summed by {}: {:.2} MiB per step in {} call(s)",
+                        r.engine,
+                        r.bytes as f64 / (1u64 << 20) as f64,
+                        r.calls
+                    ))
+                });
+                run.reduction = Some(Reduction {
+                    engine: r.engine.clone(),
+                    bytes_per_step: r.bytes,
+                    calls_per_step: r.calls,
+                });
+            }
             bar.set_position(record.step as u64);
             bar.set_message(format!("loss {:.4}", record.loss));
             let step = record.step;
@@ -256,26 +464,31 @@ pub fn train(args: TrainArgs) -> Result<i32> {
             if step % args.eval_interval.max(1) == 0 || step == args.steps || step == 1 {
                 let val = trainer.evaluate(args.eval_batches).block_on()?;
                 run.val.push((step, val));
-                bar.suspend(|| println!("{}", log_line(&record, val)));
+                bar.suspend(|| say(log_line(&record, val)));
             }
-            if args.checkpoint_every > 0 && step % args.checkpoint_every == 0 {
+            if leader && args.checkpoint_every > 0 && step % args.checkpoint_every == 0 {
                 Checkpoint::save(&mut trainer, &checkpoint).block_on()?;
             }
         }
         bar.finish_and_clear();
         run.device_bytes = trainer.device_bytes();
         if run.device_bytes > 0 {
-            println!(
+            say(format!(
                 "   device memory of the step plan: {:.1} MiB",
                 run.device_bytes as f64 / (1u64 << 20) as f64
-            );
+            ));
         }
-        if run.stopped.is_none() {
+        if leader && run.stopped.is_none() {
             Checkpoint::save(&mut trainer, &checkpoint).block_on()?;
-            println!("saved {}", checkpoint.display());
+            say(format!("saved {}", checkpoint.display()));
         }
         runs.push(run);
     }
+    Ok(runs)
+}
+
+/// The summary line, train.json and loss.svg (rank 0); the exit code.
+fn write_logs(args: &TrainArgs, runs: &[Run]) -> Result<i32> {
     let summary: Vec<String> = runs
         .iter()
         .map(|r| match (r.stopped.as_ref(), r.val.last()) {
@@ -308,12 +521,16 @@ pub fn train(args: TrainArgs) -> Result<i32> {
     .map_err(|e| Error::invalid("chart", e))?;
     crate::output::write_bytes(&chart, svg.as_bytes())?;
     println!("wrote {} and {}", log.display(), chart.display());
-    // One preset that stops is a failed run; when presets are compared, the comparison is the
-    // result and its summary says which stopped.
-    Ok(match runs.as_slice() {
+    Ok(exit_of(runs))
+}
+
+/// One preset that stops is a failed run; when presets are compared, the comparison is the
+/// result and its summary says which stopped.
+fn exit_of(runs: &[Run]) -> i32 {
+    match runs {
         [one] if one.stopped.is_some() => super::EXIT_STOPPED,
         _ => 0,
-    })
+    }
 }
 
 fn describe(t: &Trainer) -> String {

@@ -3,7 +3,23 @@
 //! and the checks and stats arithmetic they share.
 
 use super::{Plan, Section, Stats, TensorId};
+use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
+
+/// Elements per host bucket of a gradient reduction (16 MiB of f32): few collective calls, and
+/// a bounded host copy.
+pub const BUCKET: usize = 1 << 22;
+
+/// What a gradient reduction did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reduced {
+    /// The engine and the buffers ("MPI (Open MPI v4.1.4), host buffers").
+    pub engine: String,
+    /// Bytes each rank contributed.
+    pub bytes: u64,
+    /// Collective calls made.
+    pub calls: usize,
+}
 
 /// Runs a plan, holding its tensors (parameters and optimizer state included) between steps.
 #[async_trait::async_trait]
@@ -23,6 +39,66 @@ pub trait StepExecutor: Send {
     async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()>;
     /// Bytes the executor holds on its device (0 on the host).
     fn device_bytes(&self) -> u64;
+
+    /// Sums tensors `ids` over the ranks of `group`, in place (a data-parallel step's
+    /// gradients). This default reduces host buffers through `group` (MPI), in buckets of
+    /// `BUCKET` elements; an executor whose device has its own engine (NCCL) overrides it for
+    /// `Reducer::Auto` and `Reducer::Nccl`.
+    async fn all_reduce(
+        &mut self,
+        ids: &[TensorId],
+        group: &dyn Collective,
+        reducer: Reducer,
+    ) -> Result<Reduced> {
+        if reducer == Reducer::Nccl {
+            return Err(Error::BackendUnavailable {
+                backend: "nccl".into(),
+                why: format!(
+                    "{} reduces through host buffers only (NCCL needs the CUDA backend's resident \
+                     executor); use --reducer mpi",
+                    self.describe()
+                ),
+            });
+        }
+        reduce_on_host(self, ids, group).await
+    }
+}
+
+/// Sums tensors `ids` of `exec` over the ranks of `group` through host buffers, in buckets of
+/// `BUCKET` elements.
+pub async fn reduce_on_host<E: StepExecutor + ?Sized>(
+    exec: &mut E,
+    ids: &[TensorId],
+    group: &dyn Collective,
+) -> Result<Reduced> {
+    let mut reduced = Reduced {
+        engine: format!("{}, host buffers", group.engine()),
+        bytes: 0,
+        calls: 0,
+    };
+    let mut next = 0;
+    while next < ids.len() {
+        // A bucket: whole tensors up to BUCKET elements (one larger tensor alone).
+        let (mut flat, mut members) = (Vec::new(), Vec::new());
+        while next < ids.len() {
+            let len = tensor_len(exec.plan(), ids[next])?;
+            if !flat.is_empty() && flat.len() + len > BUCKET {
+                break;
+            }
+            flat.extend(exec.read(ids[next]).await?);
+            members.push((ids[next], len));
+            next += 1;
+        }
+        group.sum_f32(&mut flat)?;
+        reduced.bytes += flat.len() as u64 * 4;
+        reduced.calls += 1;
+        let mut at = 0;
+        for (id, len) in members {
+            exec.write(id, &flat[at..at + len]).await?;
+            at += len;
+        }
+    }
+    Ok(reduced)
 }
 
 /// Checks the inputs of a run against the plan.

@@ -42,6 +42,9 @@ pub enum TensorKind {
     Targets,
     /// Fixed when the plan is built (`Plan::constants`).
     Constant,
+    /// A part of a gradient that a data-parallel step sums over its ranks before adding it in
+    /// (`Plan::split_for_ranks`): kept between the step's two runs.
+    Partial,
     /// Produced and consumed within a step.
     Temp,
 }
@@ -520,13 +523,19 @@ impl Stats {
     }
 }
 
-/// How far a run of the plan goes.
+/// Which ops of the plan a run executes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Section {
     /// The forward pass: loss (and logits).
     Forward,
+    /// Forward and backward: this batch's (scaled) gradients, before the unscale. A
+    /// data-parallel step sums them over the ranks here, then runs `Update`.
+    Backward,
     /// Forward, backward, unscale and finite check: the gradients, no update.
     Gradients,
+    /// The rest of a step after `Backward`: unscale, finite check and the optimizer update of
+    /// the gradients as they are (its stats hold no loss or amax).
+    Update,
     /// Forward, backward and the optimizer update.
     Step,
 }
@@ -536,9 +545,10 @@ pub enum Section {
 pub struct Plan {
     pub tensors: Vec<TensorInfo>,
     pub ops: Vec<Op>,
-    /// `ops[..forward]` is the forward pass, `ops[..gradients]` goes on to the unscaled, checked
-    /// gradients.
+    /// `ops[..forward]` is the forward pass, `ops[..backward]` goes on to the scaled gradients,
+    /// `ops[..gradients]` to the unscaled, checked gradients.
     pub forward: usize,
+    pub backward: usize,
     pub gradients: usize,
     /// Rows of the batch (tokens), the loss's denominator.
     pub rows: usize,
@@ -556,13 +566,84 @@ impl Plan {
         scalar::FP8 + 3 * self.stats.linears
     }
 
+    /// The indices of the ops a run of `section` executes.
+    pub fn range_of(&self, section: Section) -> std::ops::Range<usize> {
+        match section {
+            Section::Forward => 0..self.forward,
+            Section::Backward => 0..self.backward,
+            Section::Gradients => 0..self.gradients,
+            Section::Update => self.backward..self.ops.len(),
+            Section::Step => 0..self.ops.len(),
+        }
+    }
+
     /// The ops a run of `section` executes.
     pub fn ops_of(&self, section: Section) -> &[Op] {
-        match section {
-            Section::Forward => &self.ops[..self.forward],
-            Section::Gradients => &self.ops[..self.gradients],
-            Section::Step => &self.ops,
+        &self.ops[self.range_of(section)]
+    }
+
+    /// Makes this plan a rank's plan of a data-parallel step, whose ranks sum their gradients
+    /// between `Section::Backward` and `Section::Update`; returns the tensors to sum. Each
+    /// gradient's first write (a matmul's dW, a column sum's db) stays in the backward pass;
+    /// what finishes it (its roundings, and the additions of further parts, such as the token
+    /// embedding's scatter into the tied head's gradient) moves to the start of the update, and
+    /// the added parts are summed with the gradients. The ranks then round their sums once, as
+    /// one rank rounds its one product, so the step is the one-rank step up to the order of f32
+    /// additions (PyTorch's DDP instead sums gradients already rounded per rank). A gradient
+    /// finished in any other way keeps its ops where they are and is summed as it is.
+    pub fn split_for_ranks(&mut self) -> Vec<TensorId> {
+        let backward = &self.ops[..self.backward];
+        let mut first = vec![usize::MAX; self.tensors.len()];
+        for (i, op) in backward.iter().enumerate() {
+            for w in op.reads_writes().1 {
+                first[w] = first[w].min(i);
+            }
         }
+        let is_grad = |t: TensorId| matches!(self.tensors[t].kind, TensorKind::Grad(_));
+        // The ops that finish gradient g after its first write, if all are movable.
+        let mut finishing = vec![false; backward.len()];
+        let mut parts = vec![];
+        for g in (0..self.tensors.len()).filter(|&g| is_grad(g) && first[g] != usize::MAX) {
+            let later: Vec<usize> = (first[g] + 1..backward.len())
+                .filter(|&i| backward[i].reads_writes().1.contains(&g))
+                .collect();
+            let movable = later.iter().all(|&i| match backward[i] {
+                Op::Round { .. } => true,
+                // A part added in: a temporary no later op of the pass touches.
+                Op::Add { x, y } => {
+                    y == g
+                        && self.tensors[x].kind == TensorKind::Temp
+                        && backward[i + 1..]
+                            .iter()
+                            .all(|op| !op.reads_writes().0.contains(&x))
+                }
+                _ => false,
+            });
+            if movable {
+                for &i in &later {
+                    finishing[i] = true;
+                    if let Op::Add { x, .. } = backward[i] {
+                        parts.push(x);
+                    }
+                }
+            }
+        }
+        let (mut kept, mut moved) = (vec![], vec![]);
+        for (i, op) in self.ops.drain(..self.backward).enumerate() {
+            if finishing[i] {
+                moved.push(op)
+            } else {
+                kept.push(op)
+            }
+        }
+        self.backward = kept.len();
+        self.ops.splice(0..0, kept.into_iter().chain(moved));
+        for &x in &parts {
+            self.tensors[x].kind = TensorKind::Partial;
+        }
+        let mut sum: Vec<TensorId> = self.state.iter().map(|s| s[1]).collect();
+        sum.extend(parts);
+        sum
     }
 
     /// Bytes of every tensor of the plan (device memory of a resident executor, temporaries of

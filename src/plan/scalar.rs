@@ -23,8 +23,10 @@ pub const BIAS_CORRECTION2: usize = 9;
 pub const CLIP: usize = 10;
 /// The AdamW step t (1-based), for executors that pass it to `Backend::adamw`.
 pub const STEP: usize = 11;
-/// The loss scale itself, for executors that pass it to `Backend::cross_entropy_bwd`.
-pub const LOSS_SCALE: usize = 12;
+/// The loss scale over the ranks of a data-parallel step (each rank's weight in the mean loss of
+/// the global batch; the loss scale itself on one rank), for executors that pass it to
+/// `Backend::cross_entropy_bwd`, which divides by its own rows.
+pub const DLOSS: usize = 12;
 /// fp8 scales: three per linear layer (input, weight, gradient).
 pub const FP8: usize = 13;
 
@@ -42,7 +44,7 @@ pub const SLOTS: [(&str, usize); 14] = [
     ("BIAS_CORRECTION2", BIAS_CORRECTION2),
     ("CLIP", CLIP),
     ("STEP", STEP),
-    ("LOSS_SCALE", LOSS_SCALE),
+    ("DLOSS", DLOSS),
     ("FP8", FP8),
 ];
 
@@ -112,6 +114,10 @@ pub struct StepScalars<'a> {
     pub poison: f32,
     /// The AdamW step (1-based).
     pub t: u32,
+    /// Ranks of a data-parallel step (1 otherwise): this plan's rows are 1/ranks of the global
+    /// batch, whose mean loss the gradients are of, so that their sum over the ranks is the
+    /// one-rank gradient.
+    pub ranks: usize,
     /// Delayed scaling's (input, weight, gradient) scales per fp8 linear layer; unit scales
     /// for the layers it does not cover.
     pub fp8: &'a [[f32; 3]],
@@ -121,7 +127,8 @@ impl StepScalars<'_> {
     /// The scalars array of a plan with `rows` rows and `scalar_count` slots.
     pub fn array(&self, rows: usize, scalar_count: usize) -> Vec<f32> {
         let mut s = vec![0.0; scalar_count];
-        s[DLOSS_PER_ROW] = (self.loss_scale as f64 / rows as f64) as f32;
+        let ranks = self.ranks.max(1) as f64;
+        s[DLOSS_PER_ROW] = (self.loss_scale as f64 / (rows as f64 * ranks)) as f32;
         s[INVERSE_SCALE] = 1.0 / self.loss_scale;
         s[POISON] = self.poison;
         for (slot, v) in adamw(self.adamw, self.t) {
@@ -129,7 +136,7 @@ impl StepScalars<'_> {
         }
         s[CLIP] = self.clip;
         s[STEP] = self.t as f32;
-        s[LOSS_SCALE] = self.loss_scale;
+        s[DLOSS] = (self.loss_scale as f64 / ranks) as f32;
         // Unit scales where no fp8 state is given (a forward pass outside training).
         for (l, slots) in s[FP8.min(scalar_count)..].chunks_mut(3).enumerate() {
             let scales = self.fp8.get(l).copied().unwrap_or([1.0; 3]);

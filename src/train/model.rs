@@ -412,6 +412,7 @@ impl Gpt<'_> {
             loss_scale: 1.0,
             poison: 0.0,
             t: 1,
+            ranks: 1,
             fp8,
         }
         .array(plan.rows, plan.scalar_count());
@@ -715,6 +716,7 @@ impl Gpt<'_> {
 
         // GradScaler's unscale and check, then AdamW where every gradient is finite. Without
         // master weights the weights and the optimizer state live in 16-bit.
+        let backward = r.g.ops.len();
         for i in 0..r.state.len() {
             let grad = r.grad(i);
             r.g.push(Op::UnscaleCheck { grad, index: i });
@@ -737,6 +739,7 @@ impl Gpt<'_> {
             tensors: r.g.tensors,
             ops: r.g.ops,
             forward,
+            backward,
             gradients,
             rows: n,
             tokens,

@@ -5,10 +5,11 @@ use super::model::{Gpt, GptConfig};
 use crate::algorithm::Algorithm;
 use crate::backend::reference::ops::round_to;
 use crate::backend::{self, Backend};
+use crate::dist::{self, Collective, Reducer, Single};
 use crate::error::{Error, Result};
-use crate::plan::exec::{grad_norm, update_factor};
+use crate::plan::exec::{Reduced, grad_norm, update_factor};
 use crate::plan::scalar::StepScalars;
-use crate::plan::{AdamW, Section, Stats, StepExecutor};
+use crate::plan::{AdamW, Section, Stats, StepExecutor, TensorId};
 use crate::policy::precision::PrecisionRequest;
 use crate::policy::{
     Fp8Role, Fp8State, LossScaler, Precision, PrecisionClass, Preset, PresetSpec, StepDecision,
@@ -97,7 +98,17 @@ pub struct Trainer<'a> {
     /// Runs the step plan and holds the weights (f32 master weights, or 16-bit in "true"
     /// presets) and the AdamW moments.
     exec: Box<dyn StepExecutor + 'a>,
+    /// The ranks of a data-parallel run (`Single` otherwise), and how they sum gradients.
+    group: &'a dyn Collective,
+    reducer: Reducer,
+    /// The tensors a data-parallel step sums (`Plan::split_for_ranks`).
+    summed: Vec<TensorId>,
+    /// The last step's gradient reduction (None on one rank).
+    pub reduced: Option<Reduced>,
 }
+
+/// The world of a trainer that runs alone.
+static ALONE: Single = Single;
 
 /// Weights and AdamW moments, per parameter (`GptConfig::parameter_shapes` order).
 #[derive(Clone, Debug, PartialEq)]
@@ -115,6 +126,22 @@ impl<'a> Trainer<'a> {
         corpus: &'a Corpus,
         options: TrainOptions,
     ) -> Result<Trainer<'a>> {
+        Trainer::data_parallel(backend, corpus, options, &ALONE, Reducer::Mpi)
+    }
+
+    /// A trainer that is rank `group.rank()` of `group.size()` of one run: its plan takes its
+    /// slice of each global batch (`options.config.batch_size` sequences, which the ranks must
+    /// divide), and each step sums the gradients over the ranks through `reducer` before the
+    /// unscale, clip and AdamW, so that every rank applies the one-rank update. On one rank
+    /// with `Reducer::Nccl` the step still goes through the reduction (a check of the engine).
+    pub fn data_parallel(
+        backend: &'a dyn Backend,
+        corpus: &'a Corpus,
+        options: TrainOptions,
+        group: &'a dyn Collective,
+        reducer: Reducer,
+    ) -> Result<Trainer<'a>> {
+        let local = dist::shard(options.config.batch_size, group.rank(), group.size())?;
         let spec = options.preset.spec();
         let precision = Precision::decide(&options.precision_request(), &backend.capabilities())?;
         let fp8 = match &precision.fp8 {
@@ -126,11 +153,16 @@ impl<'a> Trainer<'a> {
             backend,
         };
         let cfg = &options.config;
-        let mut plan = gpt.plan(&precision, cfg.batch_size, cfg.block_size)?;
+        let mut plan = gpt.plan(&precision, local.len(), cfg.block_size)?;
         for (i, mut p) in cfg.init(options.seed).into_iter().enumerate() {
             round_to(&mut p, precision.weights);
             plan.constants.push((plan.state[i][0], p));
         }
+        let summed = if group.size() > 1 || reducer == Reducer::Nccl {
+            plan.split_for_ranks()
+        } else {
+            vec![]
+        };
         let exec = backend::executor(backend, plan, options.resident)?;
         Ok(Trainer {
             gpt,
@@ -143,11 +175,41 @@ impl<'a> Trainer<'a> {
             applied: 0,
             exec,
             options,
+            group,
+            reducer,
+            summed,
+            reduced: None,
         })
     }
 
+    /// Tokens of the global batch (every rank's).
     fn tokens_per_step(&self) -> usize {
         self.gpt.config.batch_size * self.gpt.config.block_size
+    }
+
+    /// The ranks this trainer is one of.
+    pub fn group(&self) -> &dyn Collective {
+        self.group
+    }
+
+    /// Whether steps sum their gradients over ranks (several ranks, or NCCL asked for).
+    fn reduces(&self) -> bool {
+        self.group.size() > 1 || self.reducer == Reducer::Nccl
+    }
+
+    /// This rank's slice of batch `index` of the training or validation split.
+    fn local_batch(&self, validation: bool, index: u64) -> Result<(Vec<u32>, Vec<u32>)> {
+        let cfg = &self.gpt.config;
+        let (ids, targets) = self.corpus.batch(
+            validation,
+            cfg.batch_size,
+            cfg.block_size,
+            self.options.seed,
+            index,
+        )?;
+        let rows = dist::shard(cfg.batch_size, self.group.rank(), self.group.size())?;
+        let span = rows.start * cfg.block_size..rows.end * cfg.block_size;
+        Ok((ids[span.clone()].to_vec(), targets[span].to_vec()))
     }
 
     /// How the steps run ("device-resident on ..., one submission per step").
@@ -219,6 +281,7 @@ impl<'a> Trainer<'a> {
             loss_scale,
             poison,
             t: self.applied + 1,
+            ranks: self.group.size(),
             fp8: &self.fp8_scales(),
         }
         .array(plan.rows, plan.scalar_count())
@@ -233,21 +296,18 @@ impl<'a> Trainer<'a> {
     /// gradient before the check: tests inject inf and NaN faults through it.
     pub async fn step_injecting(&mut self, poison: f32) -> Result<StepRecord> {
         let start = Instant::now();
-        let cfg = &self.gpt.config;
-        let (ids, targets) = self.corpus.batch(
-            false,
-            cfg.batch_size,
-            cfg.block_size,
-            self.options.seed,
-            self.step as u64,
-        )?;
-        self.gpt.check_batch(&ids, &targets, cfg.block_size)?;
+        let (ids, targets) = self.local_batch(false, self.step as u64)?;
+        self.gpt
+            .check_batch(&ids, &targets, self.gpt.config.block_size)?;
         let scale = self.scaler.map(|s| s.scale).unwrap_or(1.0);
-        let scalars = self.scalars(scale, poison);
-        let stats = self
-            .exec
-            .run(Section::Step, &ids, &targets, &scalars)
-            .await?;
+        let stats = if self.reduces() {
+            self.reduced_step(&ids, &targets, scale, poison).await?
+        } else {
+            let scalars = self.scalars(scale, poison);
+            self.exec
+                .run(Section::Step, &ids, &targets, &scalars)
+                .await?
+        };
         let layout = self.exec.plan().stats;
         let loss = stats[Stats::LOSS];
         self.step += 1;
@@ -288,6 +348,69 @@ impl<'a> Trainer<'a> {
             dt_ms: dt * 1e3,
             tokens_per_s: self.tokens_per_step() as f64 / dt,
         })
+    }
+
+    /// A data-parallel step: this rank's gradients, summed over the ranks, then the update of
+    /// the sum (the same on every rank). Returns the step's stats as one rank would see them:
+    /// the mean loss over the ranks, the largest amax, and the flags and norms of the summed
+    /// gradients; checks that every rank took the same decision. `poison` (a test's fault)
+    /// goes into this rank's own gradient before the sum.
+    async fn reduced_step(
+        &mut self,
+        ids: &[u32],
+        targets: &[u32],
+        scale: f32,
+        poison: f32,
+    ) -> Result<Vec<f64>> {
+        let scalars = self.scalars(scale, 0.0);
+        let mut stats = self
+            .exec
+            .run(Section::Backward, ids, targets, &scalars)
+            .await?;
+        let state = self.exec.plan().state.clone();
+        let layout = self.exec.plan().stats;
+        if poison != 0.0 {
+            let first = state[0][1];
+            let mut g = self.exec.read(first).await?;
+            g[0] += poison;
+            self.exec.write(first, &g).await?;
+        }
+        self.reduced = Some(
+            self.exec
+                .all_reduce(&self.summed, self.group, self.reducer)
+                .await?,
+        );
+        let ranks = self.group.size() as f64;
+        let mut loss = [stats[Stats::LOSS]];
+        self.group.sum_f64(&mut loss)?;
+        stats[Stats::LOSS] = loss[0] / ranks;
+        let amax = layout.amax(0, 0)..layout.len();
+        self.group.max_f64(&mut stats[amax.clone()])?;
+        let update = self
+            .exec
+            .run(Section::Update, ids, targets, &scalars)
+            .await?;
+        for i in 0..layout.grads {
+            stats[layout.flag(i)] = update[layout.flag(i)];
+            stats[layout.norm_sq(i)] = update[layout.norm_sq(i)];
+        }
+        // Identical sums give identical decisions; say so loudly if an engine's were not.
+        let skipped = update_factor(&layout, &stats, 0.0).is_none() as u8 as f64;
+        let norm = grad_norm(&layout, &stats);
+        let mut seen = [skipped, -skipped, norm, -norm];
+        self.group.max_f64(&mut seen)?;
+        if seen[0] != -seen[1] || seen[2].to_bits() != (-seen[3]).to_bits() {
+            return Err(Error::Collective {
+                engine: "data-parallel step",
+                op: format!("step {}", self.step + 1),
+                why: format!(
+                    "the ranks' summed gradients differ (skip flags {}..{}, norms {}..{}); the \
+                     reduction was not the same on every rank",
+                    -seen[1], seen[0], -seen[3], seen[2]
+                ),
+            });
+        }
+        Ok(stats)
     }
 
     /// Generates `count` characters after `prompt` (sampling at `temperature`; 0 is greedy).
@@ -347,23 +470,18 @@ impl<'a> Trainer<'a> {
 
     /// Mean validation loss over `batches` fixed batches.
     pub async fn evaluate(&mut self, batches: usize) -> Result<f64> {
-        let cfg = self.gpt.config.clone();
-        let mut total = 0.0;
+        let mut total = [0.0];
         for i in 0..batches.max(1) {
-            let (ids, targets) = self.corpus.batch(
-                true,
-                cfg.batch_size,
-                cfg.block_size,
-                self.options.seed,
-                i as u64,
-            )?;
+            let (ids, targets) = self.local_batch(true, i as u64)?;
             let scalars = self.scalars(1.0, 0.0);
             let stats = self
                 .exec
                 .run(Section::Forward, &ids, &targets, &scalars)
                 .await?;
-            total += stats[Stats::LOSS];
+            total[0] += stats[Stats::LOSS];
         }
-        Ok(total / batches.max(1) as f64)
+        // Each rank's loss is the mean over its slice: the batch's is the mean over the ranks.
+        self.group.sum_f64(&mut total)?;
+        Ok(total[0] / (batches.max(1) * self.group.size()) as f64)
     }
 }

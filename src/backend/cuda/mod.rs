@@ -46,6 +46,7 @@ macro_rules! launch_1d {
 
 mod kernels;
 mod matmul;
+pub mod nccl;
 mod ops;
 mod plan;
 mod train;
@@ -132,6 +133,17 @@ impl CudaBackend {
         })
     }
 
+    /// Opens device `device` modulo the devices the driver sees (a host's ranks spread over
+    /// its GPUs), or says why it cannot.
+    pub fn open_modulo(device: usize) -> Result<CudaBackend> {
+        probe().map_err(unavailable)?;
+        let count = std::panic::catch_unwind(CudaContext::device_count)
+            .ok()
+            .and_then(|c| c.ok())
+            .map_or(1, |n| n.max(1) as usize);
+        Self::open(device % count)
+    }
+
     fn open_probed(ordinal: usize) -> Result<CudaBackend> {
         let count = CudaContext::device_count()
             .map_err(|e| unavailable(format!("the CUDA driver did not initialise: {e}")))?;
@@ -184,6 +196,11 @@ impl CudaBackend {
 
     /// `fault` during `what` as an error of this device: `OutOfMemory` (with the device's
     /// memory) where the fault is one, by its code.
+    /// CUDA devices the driver sees.
+    pub fn device_count(&self) -> usize {
+        CudaContext::device_count().map_or(1, |n| n.max(1) as usize)
+    }
+
     fn device_error(&self, what: &str, fault: impl Into<DeviceFault>) -> Error {
         Error::device(
             &self.info.name,

@@ -10,9 +10,13 @@
 
 use super::CudaBackend;
 use super::matmul;
+use super::nccl::Nccl;
 use super::train::{self as launch, Ptr, scratch};
+use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
-use crate::plan::exec::{StepExecutor, check_inputs, check_write, tensor_len};
+use crate::plan::exec::{
+    Reduced, StepExecutor, check_inputs, check_write, reduce_on_host, tensor_len,
+};
 use crate::plan::{Op, Plan, Section, Storage, TensorId, step_algorithm};
 use cudarc::driver::CudaSlice;
 
@@ -33,6 +37,10 @@ pub struct CudaPlan<'a> {
     /// on the host, since a bad id would read outside a table on the device.
     token_rows: usize,
     target_classes: usize,
+    /// The NCCL communicator of a data-parallel run, joined at its first reduction; or why
+    /// `Reducer::Auto` went to MPI instead.
+    nccl: Option<Nccl>,
+    nccl_refused: Option<String>,
 }
 
 impl<'a> CudaPlan<'a> {
@@ -89,6 +97,8 @@ impl<'a> CudaPlan<'a> {
             plan,
             token_rows,
             target_classes,
+            nccl: None,
+            nccl_refused: None,
         })
     }
 
@@ -320,8 +330,7 @@ impl StepExecutor for CudaPlan<'_> {
         cb.stream
             .memset_zeros(&mut self.stats)
             .map_err(|e| cb.device_error("clearing the stats", e))?;
-        let count = self.plan.ops_of(section).len();
-        for i in 0..count {
+        for i in self.plan.range_of(section) {
             let op = self.plan.ops[i].clone();
             self.launch(&op, scalars)
                 .map_err(|e| e.during(format_args!("step plan op {i} ({})", op.name())))?;
@@ -345,5 +354,60 @@ impl StepExecutor for CudaPlan<'_> {
 
     fn device_bytes(&self) -> u64 {
         self.storage.bytes() + self.scratch.len() as u64 * 4
+    }
+
+    /// NCCL on the device buffers (`Auto` and `Nccl`; `Auto` goes to MPI's host buffers, with
+    /// the reason kept, when the ranks cannot form a NCCL communicator), else MPI.
+    async fn all_reduce(
+        &mut self,
+        ids: &[TensorId],
+        group: &dyn Collective,
+        reducer: Reducer,
+    ) -> Result<Reduced> {
+        if reducer != Reducer::Mpi && self.nccl.is_none() && self.nccl_refused.is_none() {
+            match Nccl::join(self.cb, group) {
+                Ok(n) => self.nccl = Some(n),
+                Err(e) if reducer == Reducer::Auto => self.nccl_refused = Some(e.to_string()),
+                Err(e) => return Err(e),
+            }
+        }
+        let nccl = match (&self.nccl, reducer) {
+            (Some(n), Reducer::Auto | Reducer::Nccl) => n,
+            _ => {
+                let mut reduced = reduce_on_host(self, ids, group).await?;
+                if let (Reducer::Auto, Some(why)) = (reducer, &self.nccl_refused) {
+                    reduced.engine.push_str(&format!(" (not NCCL: {why})"));
+                }
+                return Ok(reduced);
+            }
+        };
+        let mut slots: Vec<(usize, usize)> = Vec::with_capacity(ids.len());
+        for &id in ids {
+            slots.push((self.storage.slot_of[id], tensor_len(&self.plan, id)?));
+        }
+        slots.sort_unstable();
+        if slots.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Err(Error::invalid(
+                "gradient reduction",
+                "two of the tensors share device storage",
+            ));
+        }
+        let bytes = slots.iter().map(|&(_, len)| len as u64 * 4).sum();
+        let mut wanted = slots.iter().peekable();
+        let mut buffers = Vec::with_capacity(slots.len());
+        for (slot, buffer) in self.buffers.iter_mut().enumerate() {
+            if let Some(&&(want, len)) = wanted.peek() {
+                if want == slot {
+                    buffers.push((buffer, len));
+                    wanted.next();
+                }
+            }
+        }
+        nccl.sum(buffers)?;
+        Ok(Reduced {
+            engine: format!("NCCL {}, device buffers", nccl.version),
+            bytes,
+            calls: 1,
+        })
     }
 }

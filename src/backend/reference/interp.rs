@@ -133,8 +133,8 @@ impl<'a> HostExecutor<'a> {
                 out,
                 v,
             } => {
-                // The backend divides by the rows itself: pass it the loss scale.
-                let dloss = scalars[scalar::LOSS_SCALE] as f64;
+                // The backend divides by the rows itself: pass it the loss scale (over the ranks).
+                let dloss = scalars[scalar::DLOSS] as f64;
                 self.tensors[out] = b
                     .cross_entropy_bwd(&self.tensors[probs], self.ids(targets), v, dloss)
                     .await?;
@@ -256,8 +256,7 @@ impl StepExecutor for HostExecutor<'_> {
         self.tensors[self.plan.tokens] = bytemuck::cast_slice(tokens).to_vec();
         self.tensors[self.plan.targets] = bytemuck::cast_slice(targets).to_vec();
         let mut stats = vec![0.0; self.plan.stats.len()];
-        let count = self.plan.ops_of(section).len();
-        for i in 0..count {
+        for i in self.plan.range_of(section) {
             let op = self.plan.ops[i].clone();
             self.exec(&op, scalars, &mut stats).await?;
         }

@@ -33,7 +33,7 @@ use crate::plan::{AdamW, Plan, StepExecutor};
 use crate::policy::Capabilities;
 use web_time::Instant;
 
-pub use device::{AdapterSummary, list_adapters, no_adapter_reason};
+pub use device::{AdapterSummary, adapters, list_adapters, no_adapter_reason};
 
 /// How f16 operands are read (`MANTISSA_F16`): `auto` reads them as `f16` where the adapter has
 /// SHADER_F16 and packed otherwise; `native` insists (an error names the missing feature);

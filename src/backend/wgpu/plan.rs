@@ -23,9 +23,9 @@ struct Compiled {
     scalars: wgpu::Buffer,
     stats: wgpu::Buffer,
     dispatches: Vec<Dispatch>,
-    /// Dispatches of the forward pass, and up to the checked gradients.
-    forward: usize,
-    gradients: usize,
+    /// The first dispatch of each op, and the dispatch count last: op i records
+    /// `dispatches[first[i]..first[i + 1]]`.
+    first: Vec<usize>,
     /// Zeroed at the start of every step (stats, current-scaling amaxes).
     clears: Vec<wgpu::Buffer>,
     /// Given fp8 scales to rewrite before each step: buffer, groups of A and B, scalar slots.
@@ -111,8 +111,7 @@ impl<'a> ResidentPlan<'a> {
             scalars,
             stats,
             dispatches: vec![],
-            forward: 0,
-            gradients: 0,
+            first: vec![],
             given: vec![],
             temporaries: vec![],
         };
@@ -121,12 +120,7 @@ impl<'a> ResidentPlan<'a> {
             write: [0, 1, 2].map(|_| storage("mantissa.plan.unused", 4)),
         };
         for (i, op) in plan.ops.iter().enumerate() {
-            if i == plan.forward {
-                c.forward = c.dispatches.len();
-            }
-            if i == plan.gradients {
-                c.gradients = c.dispatches.len();
-            }
+            c.first.push(c.dispatches.len());
             let tile = match op {
                 Op::Matmul {
                     shape,
@@ -151,12 +145,7 @@ impl<'a> ResidentPlan<'a> {
             c.given.extend(recorded.given);
             c.temporaries.extend(recorded.temporaries);
         }
-        if plan.ops.len() == plan.forward {
-            c.forward = c.dispatches.len();
-        }
-        if plan.ops.len() == plan.gradients {
-            c.gradients = c.dispatches.len();
-        }
+        c.first.push(c.dispatches.len());
         Ok(c)
     }
 
@@ -476,11 +465,8 @@ impl StepExecutor for ResidentPlan<'_> {
             Some(c) => (&self.backend.gpu, c),
             None => return Err(Error::invalid("step plan", "not compiled")),
         };
-        let end = match section {
-            Section::Forward => c.forward,
-            Section::Gradients => c.gradients,
-            Section::Step => c.dispatches.len(),
-        };
+        let ops = self.plan.range_of(section);
+        let dispatches = &c.dispatches[c.first[ops.start]..c.first[ops.end]];
         gpu.scoped("a training step", || {
             let q = &gpu.queue;
             q.write_buffer(&c.tensors[tokens_id], 0, bytemuck::cast_slice(tokens));
@@ -492,7 +478,7 @@ impl StepExecutor for ResidentPlan<'_> {
                 q.write_buffer(buffer, 0, bytemuck::cast_slice(&values));
             }
             let clears: Vec<&wgpu::Buffer> = c.clears.iter().collect();
-            submit(gpu, &clears, &c.dispatches[..end], None);
+            submit(gpu, &clears, dispatches, None);
             Ok(())
         })
         .await?;
