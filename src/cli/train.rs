@@ -323,20 +323,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             println!("{line}");
         }
     };
-    let Setup {
-        presets,
-        class,
-        algorithm,
-        fp8_current,
-        resident,
-        reducer,
-        inject,
-        corpus,
-        config,
-        backend,
-        resume,
-    } = setup;
-    let (corpus, config, backend) = (&corpus, &config, backend.as_ref());
+    let (corpus, config, backend) = (&setup.corpus, &setup.config, setup.backend.as_ref());
     say(format!(
         "training {} ({} parameters, context {}, batch {}) on {}; unigram entropy {:.3}",
         config.name,
@@ -356,14 +343,14 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
         ));
     }
     let mut runs = Vec::new();
-    let mut resume = resume;
-    for preset in presets {
+    let mut resume = setup.resume;
+    for &preset in &setup.presets {
         let options = TrainOptions {
             config: config.clone(),
             preset,
-            matmul_precision: class,
-            algorithm,
-            fp8_current,
+            matmul_precision: setup.class,
+            algorithm: setup.algorithm,
+            fp8_current: setup.fp8_current,
             autocast_overrides: args.autocast_override.clone(),
             seed: args.seed,
             adamw: AdamW {
@@ -372,11 +359,11 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
                 ..AdamW::default()
             },
             grad_clip: 1.0,
-            resident,
+            resident: setup.resident,
         };
         // Every rank builds its plan (its device may run out of memory): agreed.
-        let built =
-            Trainer::data_parallel(backend, corpus, options, group, reducer).and_then(|mut t| {
+        let built = Trainer::data_parallel(backend, corpus, options, group, setup.reducer)
+            .and_then(|mut t| {
                 if let Some(ck) = resume.take() {
                     ck.restore(&mut t).block_on()?;
                 }
@@ -421,7 +408,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
         bar.set_position(trainer.step as u64);
         let checkpoint = args.out.join(format!("{preset}.safetensors"));
         while trainer.step < args.steps {
-            let poison = match inject {
+            let poison = match setup.inject {
                 Some(s) if s == trainer.step + 1 => f32::INFINITY,
                 _ => 0.0,
             };
