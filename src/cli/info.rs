@@ -148,9 +148,7 @@ fn cuda() {
 /// The engines a data-parallel run (`mpirun -np N mantissa train`) can sum gradients with.
 fn collectives() {
     println!("collectives (data-parallel training):");
-    for (engine, state) in crate::dist::describe_engines() {
-        println!("  {engine}: {state}");
-    }
+    println!("  mpi: {}", crate::dist::describe_mpi());
     #[cfg(feature = "cuda")]
     match crate::backend::cuda::nccl::version() {
         Ok(v) => println!("  nccl: {v} (device buffers, with the CUDA backend, one GPU per rank)"),

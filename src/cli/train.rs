@@ -6,6 +6,7 @@ use crate::backend::{self, BackendChoice};
 use crate::dist::{self, Collective, Reducer};
 use crate::error::{Error, Result};
 use crate::plan::AdamW;
+use crate::plan::exec::Reduced;
 use crate::policy::{PrecisionClass, Preset};
 use crate::train::{Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer};
 use pollster::FutureExt as _;
@@ -121,19 +122,11 @@ struct Run {
     /// Ranks of a data-parallel run (1 alone), and how the gradients were summed.
     ranks: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
-    reduction: Option<Reduction>,
+    reduction: Option<Reduced>,
     unigram_entropy: f64,
     /// How the steps ran, and the bytes the step plan's tensors take on the device.
     executor: String,
     device_bytes: u64,
-}
-
-/// How a data-parallel run summed its gradients, in the log.
-#[derive(serde::Serialize)]
-struct Reduction {
-    engine: String,
-    bytes_per_step: u64,
-    calls_per_step: usize,
 }
 
 /// `MANTISSA_INJECT_INF=STEP[@RANK]`: an inf added to the first gradient at that step (on that
@@ -167,32 +160,42 @@ fn injected(rank: usize) -> Result<Option<u32>> {
 pub fn train(args: TrainArgs) -> Result<i32> {
     let world = dist::world()?;
     let group = world.as_ref();
-    match train_ranks(args, group) {
-        Err(e) if group.size() > 1 && group.rank() != 0 => Ok(super::exit_code(&e)),
-        other => other,
+    let result = train_ranks(args, group);
+    if group.size() <= 1 {
+        return result;
     }
+    let code = match &result {
+        Ok(code) => *code,
+        Err(e) => {
+            if group.rank() == 0 {
+                eprintln!("mantissa: error: {e}");
+            }
+            super::exit_code(e)
+        }
+    };
+    // No rank leaves before rank 0 has printed and written: a launcher ends the whole job
+    // when any rank exits with a non-zero code.
+    group.barrier()?;
+    Ok(code)
 }
 
-/// `result`, or on a data-parallel rank, its error printed with the rank and every rank ended.
-fn or_abort<T>(group: &dyn Collective, result: Result<T>) -> Result<T> {
-    if let Err(e) = &result {
-        if group.size() > 1 {
-            eprintln!("mantissa: error: rank {}: {e}", group.rank());
-            group.abort(super::exit_code(e));
-        }
+/// A failure during the steps, this rank's alone: on a data-parallel rank it is printed with
+/// the rank and every rank is ended; alone, it is returned.
+fn abort_ranks(group: &dyn Collective, e: Error) -> Error {
+    if group.size() > 1 {
+        eprintln!("mantissa: error: rank {}: {e}", group.rank());
+        group.abort(super::exit_code(&e));
     }
-    result
+    e
 }
 
 fn train_ranks(args: TrainArgs, group: &dyn Collective) -> Result<i32> {
     let setup = prepare(&args, group)?;
-    // Divergence is agreed by construction (every rank sees the same stats); any other failure
-    // during the steps is this rank's alone.
+    // A preset that diverges is kept in its run (every rank sees the same stats), not returned.
     match run_presets(&args, group, setup) {
-        Err(e) if !matches!(e, Error::Diverged { .. }) => or_abort(group, Err(e)),
         Ok(runs) if group.rank() == 0 => write_logs(&args, &runs),
         Ok(runs) => Ok(exit_of(&runs)),
-        Err(e) => Err(e),
+        Err(e) => Err(abort_ranks(group, e)),
     }
 }
 
@@ -438,11 +441,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
                         r.calls
                     ))
                 });
-                run.reduction = Some(Reduction {
-                    engine: r.engine.clone(),
-                    bytes_per_step: r.bytes,
-                    calls_per_step: r.calls,
-                });
+                run.reduction = Some(r.clone());
             }
             bar.set_position(record.step as u64);
             bar.set_message(format!("loss {:.4}", record.loss));

@@ -37,6 +37,8 @@ pub trait Collective: Send + Sync {
     fn max_f64(&self, values: &mut [f64]) -> Result<()>;
     /// Replaces `bytes` on every rank by rank `root`'s.
     fn broadcast(&self, bytes: &mut Vec<u8>, root: usize) -> Result<()>;
+    /// Returns when every rank has called it.
+    fn barrier(&self) -> Result<()>;
     /// Ends every rank after this one failed (its message already printed); returns only where
     /// there is no other rank.
     fn abort(&self, code: i32);
@@ -113,6 +115,9 @@ impl Collective for Single {
     fn broadcast(&self, _: &mut Vec<u8>, _: usize) -> Result<()> {
         Ok(())
     }
+    fn barrier(&self) -> Result<()> {
+        Ok(())
+    }
     fn abort(&self, _: i32) {}
 }
 
@@ -149,20 +154,18 @@ pub fn world() -> Result<Box<dyn Collective>> {
     }
 }
 
-/// What `mantissa info` says about the collectives this build has.
-pub fn describe_engines() -> Vec<(String, String)> {
-    let mpi = if !HAS_MPI {
-        "not built in (cargo feature `mpi`)".to_string()
-    } else {
-        match launched_size() {
-            Some(n) => format!("built in ({}); launched as {n} rank(s)", library_version()),
-            None => format!(
-                "built in ({}); launch with mpirun -np N mantissa train ...",
-                library_version()
-            ),
-        }
-    };
-    vec![("mpi".into(), mpi)]
+/// What `mantissa info` says about MPI in this build.
+pub fn describe_mpi() -> String {
+    if !HAS_MPI {
+        return "not built in (cargo feature `mpi`)".into();
+    }
+    match launched_size() {
+        Some(n) => format!("built in ({}); launched as {n} rank(s)", library_version()),
+        None => format!(
+            "built in ({}); launch with mpirun -np N mantissa train ...",
+            library_version()
+        ),
+    }
 }
 
 /// The MPI library's own version line.

@@ -143,6 +143,9 @@ impl Collective for Mpi {
             }
         })
     }
+    fn barrier(&self) -> Result<()> {
+        self.call("a barrier", |world| world.barrier())
+    }
     fn abort(&self, code: i32) {
         if self.size > 1 {
             // Another thread may hold the lock in a collective that will never end: abort

@@ -10,11 +10,8 @@ use std::time::{Duration, Instant};
 pub const TIMEOUT_ENV: &str = "MANTISSA_COLLECTIVE_TIMEOUT";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
-#[derive(Default)]
-struct Watched {
-    /// The collective in progress: what, and when it must be done.
-    current: Option<(String, Instant)>,
-}
+/// The collective in progress: what, and when it must be done.
+type Watched = Option<(String, Instant)>;
 
 pub struct Watchdog {
     state: Arc<(Mutex<Watched>, Condvar)>,
@@ -30,7 +27,7 @@ impl Watchdog {
             .filter(|s| s.is_finite() && *s > 0.0)
             .map(Duration::from_secs_f64)
             .unwrap_or(DEFAULT_TIMEOUT);
-        let state = Arc::new((Mutex::new(Watched::default()), Condvar::new()));
+        let state = Arc::new((Mutex::new(None), Condvar::new()));
         let watched = Arc::clone(&state);
         std::thread::spawn(move || watch(&watched, rank, timeout));
         Watchdog { state, timeout }
@@ -40,12 +37,12 @@ impl Watchdog {
     pub fn guard<T>(&self, what: &str, collective: impl FnOnce() -> T) -> T {
         let (lock, wake) = &*self.state;
         if let Ok(mut w) = lock.lock() {
-            w.current = Some((what.to_string(), Instant::now() + self.timeout));
+            *w = Some((what.to_string(), Instant::now() + self.timeout));
             wake.notify_one();
         }
         let out = collective();
         if let Ok(mut w) = lock.lock() {
-            w.current = None;
+            *w = None;
         }
         out
     }
@@ -55,7 +52,7 @@ fn watch(state: &(Mutex<Watched>, Condvar), rank: usize, timeout: Duration) {
     let (lock, wake) = state;
     let Ok(mut w) = lock.lock() else { return };
     loop {
-        let wait = match &w.current {
+        let wait = match &*w {
             None => timeout,
             Some((what, deadline)) => {
                 let now = Instant::now();

@@ -10,14 +10,16 @@ use crate::error::{Error, Result};
 /// a bounded host copy.
 pub const BUCKET: usize = 1 << 22;
 
-/// What a gradient reduction did.
-#[derive(Clone, Debug, PartialEq)]
+/// What a step's gradient reduction did (train.json's `reduction`).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Reduced {
     /// The engine and the buffers ("MPI (Open MPI v4.1.4), host buffers").
     pub engine: String,
     /// Bytes each rank contributed.
+    #[serde(rename = "bytes_per_step")]
     pub bytes: u64,
     /// Collective calls made.
+    #[serde(rename = "calls_per_step")]
     pub calls: usize,
 }
 

@@ -187,11 +187,6 @@ impl<'a> Trainer<'a> {
         self.gpt.config.batch_size * self.gpt.config.block_size
     }
 
-    /// The ranks this trainer is one of.
-    pub fn group(&self) -> &dyn Collective {
-        self.group
-    }
-
     /// Whether steps sum their gradients over ranks (several ranks, or NCCL asked for).
     fn reduces(&self) -> bool {
         self.group.size() > 1 || self.reducer == Reducer::Nccl
@@ -367,12 +362,12 @@ impl<'a> Trainer<'a> {
             .exec
             .run(Section::Backward, ids, targets, &scalars)
             .await?;
-        let state = self.exec.plan().state.clone();
         let layout = self.exec.plan().stats;
-        if poison != 0.0 {
-            let first = state[0][1];
+        if let (true, Some(&[_, first, ..])) = (poison != 0.0, self.exec.plan().state.first()) {
             let mut g = self.exec.read(first).await?;
-            g[0] += poison;
+            if let Some(x) = g.first_mut() {
+                *x += poison;
+            }
             self.exec.write(first, &g).await?;
         }
         self.reduced = Some(

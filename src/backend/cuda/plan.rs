@@ -393,16 +393,16 @@ impl StepExecutor for CudaPlan<'_> {
             ));
         }
         let bytes = slots.iter().map(|&(_, len)| len as u64 * 4).sum();
-        let mut wanted = slots.iter().peekable();
-        let mut buffers = Vec::with_capacity(slots.len());
-        for (slot, buffer) in self.buffers.iter_mut().enumerate() {
-            if let Some(&&(want, len)) = wanted.peek() {
-                if want == slot {
-                    buffers.push((buffer, len));
-                    wanted.next();
-                }
-            }
-        }
+        // Disjoint borrows of the wanted slots' buffers.
+        let buffers = self
+            .buffers
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(slot, buffer)| {
+                let i = slots.binary_search_by_key(&slot, |s| s.0).ok()?;
+                Some((buffer, slots[i].1))
+            })
+            .collect();
         nccl.sum(buffers)?;
         Ok(Reduced {
             engine: format!("NCCL {}, device buffers", nccl.version),
