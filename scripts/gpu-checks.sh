@@ -6,6 +6,8 @@
 #   bash scripts/gpu-checks.sh bench     # wgpu matmul benchmarks and the PyTorch anchors
 #   bash scripts/gpu-checks.sh tune      # a full autotune, and matrix-vector shapes
 #   bash scripts/gpu-checks.sh train     # report, training on both backends, PyTorch anchor
+#   bash scripts/gpu-checks.sh steps     # step time, tokens/s, peak memory of every preset on
+#                                        # both backends (bench train), PyTorch anchor
 #   bash scripts/gpu-checks.sh dist      # NCCL on one rank against the plain step (needs
 #                                        # libnccl.so.2 on LD_LIBRARY_PATH, e.g. torch's wheel)
 #
@@ -75,10 +77,14 @@ train)
     run 150 $m train --config small --precision 32-true,bf16-mixed,16-mixed,bf16-true --steps 300 --eval-interval 100 --backend wgpu --out "$out/train-wgpu"
     run 120 python3 scripts/anchors/torch_gpt.py
     ;;
+steps)
+    run 300 $m bench train --config small --backends cuda,wgpu --warmup 3 --steps 20 --json "$out/bench-train.json"
+    run 120 python3 scripts/anchors/torch_gpt.py
+    ;;
 dist)
     run 60 $m info
     run 150 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --reducer nccl --out "$out/nccl"
     run 150 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --out "$out/alone"
     ;;
-*) echo "unknown stage '$stage' (correct, cuda, bench, tune, train, dist)" >&2; exit 2 ;;
+*) echo "unknown stage '$stage' (correct, cuda, bench, tune, train, steps, dist)" >&2; exit 2 ;;
 esac

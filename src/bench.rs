@@ -1,14 +1,18 @@
-//! The matmul benchmark harness behind `mantissa bench matmul` and `benches/matmul.rs`.
+//! The benchmark harnesses behind `mantissa bench matmul|train`, `benches/matmul.rs` and
+//! `benches/train.rs`.
 //!
-//! Throughput is timed by the backend (GPU timestamps where the adapter has them, wall clock
+//! Matmul throughput is timed by the backend (GPU timestamps where the adapter has them, wall clock
 //! otherwise) with operands resident on the device and their preparation (casts, splits, fp8
 //! scaling) included. The error is measured on a sample of rows against an f64 product of the
 //! original inputs, so large sizes stay cheap to check.
 
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::{Backend, reference};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::measure;
+use crate::plan::exec::Memory;
+use crate::policy::Preset;
+use crate::train::{Corpus, GptConfig, TrainOptions, Trainer};
 
 /// One measurement.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -135,4 +139,105 @@ fn sampled_error(
         measure::max_ulp_error(&sub_c, &exact),
         picked.len(),
     )
+}
+
+/// What `mantissa bench train` measures: whole training steps of one model under each preset,
+/// each preset from a fresh model (the same seed).
+#[derive(Clone, Debug)]
+pub struct TrainBench {
+    pub config: GptConfig,
+    pub presets: Vec<Preset>,
+    /// Steps run before timing: the first compiles the plan and tunes its matmuls.
+    pub warmup: u32,
+    /// Steps timed (the median is reported).
+    pub steps: u32,
+    pub seed: u64,
+}
+
+/// One preset's training steps on one backend.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TrainRecord {
+    pub backend: String,
+    pub device: String,
+    pub preset: String,
+    pub config: GptConfig,
+    pub parameters: usize,
+    /// How the steps ran ("device-resident on ..., one submission per step").
+    pub executor: String,
+    pub tokens_per_step: usize,
+    /// Seconds of the first step: plan compiled, matmuls tuned, buffers allocated.
+    pub first_step_seconds: f64,
+    /// Median wall-clock seconds of a timed step (batch drawn, plan run, stats read back),
+    /// and the fastest and slowest.
+    pub step_seconds: f64,
+    pub step_seconds_range: (f64, f64),
+    pub steps_timed: usize,
+    pub tokens_per_second: f64,
+    pub memory: Memory,
+    /// The loss of the last step run.
+    pub loss: f64,
+    /// Why the preset stopped before the steps were done (a divergence; timings then cover
+    /// the steps before it).
+    pub stopped: Option<String>,
+}
+
+impl TrainBench {
+    /// Runs every preset on `backend`, calling `each` as records arrive. A preset that
+    /// diverges is recorded with the steps it ran; any other failure ends the bench.
+    pub async fn run(
+        &self,
+        backend: &dyn Backend,
+        corpus: &Corpus,
+        mut each: impl FnMut(&TrainRecord),
+    ) -> Result<Vec<TrainRecord>> {
+        let mut out = Vec::new();
+        for &preset in &self.presets {
+            let options = TrainOptions::new(self.config.clone(), preset, self.seed);
+            let mut trainer = Trainer::new(backend, corpus, options)?;
+            let (mut first, mut timed, mut loss, mut stopped) = (0.0, vec![], f64::NAN, None);
+            for i in 0..self.warmup.max(1) + self.steps {
+                match trainer.step().await {
+                    Ok(r) => {
+                        loss = r.loss;
+                        if i == 0 {
+                            first = r.dt_ms / 1e3;
+                        } else if i >= self.warmup.max(1) {
+                            timed.push(r.dt_ms / 1e3);
+                        }
+                    }
+                    Err(e @ Error::Diverged { .. }) => {
+                        stopped = Some(e.to_string());
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            timed.sort_by(f64::total_cmp);
+            let median = timed.get(timed.len() / 2).copied().unwrap_or(f64::NAN);
+            let tokens = trainer.tokens_per_step();
+            let record = TrainRecord {
+                backend: backend.name(),
+                device: backend.device_name(),
+                preset: preset.to_string(),
+                config: self.config.clone(),
+                parameters: self.config.parameter_count(),
+                executor: trainer.executor(),
+                tokens_per_step: tokens,
+                first_step_seconds: first,
+                step_seconds: median,
+                step_seconds_range: (
+                    timed.first().copied().unwrap_or(f64::NAN),
+                    timed.last().copied().unwrap_or(f64::NAN),
+                ),
+                steps_timed: timed.len(),
+                tokens_per_second: tokens as f64 / median,
+                memory: trainer.memory(),
+                loss,
+                stopped,
+            };
+            each(&record);
+            out.push(record);
+        }
+        Ok(out)
+    }
 }

@@ -1,6 +1,8 @@
 //! The `mantissa` tool as a user runs it: output, files, exit codes, and nothing written on bad
 //! input.
 
+mod common;
+
 use mantissa::format::{Format, Overflow};
 use mantissa::measure;
 use mantissa::npy::{Matrix, read_matrix, write_matrix};
@@ -548,4 +550,55 @@ fn an_adapter_filter_that_matches_nothing_lists_the_adapters() {
     } else {
         assert!(msg.contains("found no adapter"), "{msg}");
     }
+}
+
+/// A training step takes little beyond its plan's tensors (temporaries sharing storage), in
+/// every preset: the reference counts its tensors in host memory, wgpu the device allocator's
+/// report (lavapipe here), as train.json records them. Unshared, the reference alone would
+/// hold 1.8x; matmul planes per op, wgpu more.
+#[test]
+fn a_training_step_takes_little_beyond_its_plan() {
+    let presets = "32-true,16-mixed,bf16-mixed,16-true,bf16-true,transformer-engine";
+    let check = |backend: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let o = mantissa(&[
+            "train",
+            "--config",
+            "tiny",
+            "--backend",
+            backend,
+            "--steps",
+            "2",
+            "--eval-batches",
+            "1",
+            "--precision",
+            presets,
+            "--out",
+            dir.path().to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let log: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.path().join("train.json")).unwrap())
+                .unwrap();
+        let runs = log.as_array().unwrap();
+        assert_eq!(runs.len(), 6);
+        for run in runs {
+            let m = &run["memory"];
+            let plan = m["plan_bytes"].as_f64().unwrap();
+            let peak = m["peak_bytes"].as_f64().unwrap();
+            assert!(
+                peak <= 1.1 * plan && peak >= 0.5 * plan,
+                "{backend} {}: peak {peak} bytes, plan {plan} ({})",
+                run["preset"],
+                m["measured_by"]
+            );
+        }
+        assert!(text(&o).contains("x the plan's tensors"), "{}", text(&o));
+    };
+    check("reference");
+    common::on(
+        common::wgpu(),
+        "cli::a_training_step_takes_little_beyond_its_plan (wgpu)",
+        |_| check("wgpu"),
+    );
 }

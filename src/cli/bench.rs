@@ -1,11 +1,14 @@
 //! `mantissa bench matmul [--sizes ..] [--algorithms ..] [--backends ..] [--json FILE]`
+//! `mantissa bench train [--config ..] [--precision ..] [--backends ..] [--json FILE]`
 
 use super::parse_list;
 use super::table::{Table, g};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::{self, BackendChoice};
-use crate::bench::{MatmulBench, MatmulRecord};
+use crate::bench::{MatmulBench, MatmulRecord, TrainBench, TrainRecord};
 use crate::error::{Error, Result};
+use crate::policy::Preset;
+use crate::train::{Corpus, GptConfig};
 use pollster::FutureExt as _;
 use std::path::PathBuf;
 
@@ -19,6 +22,38 @@ pub struct Args {
 enum What {
     /// Matmul throughput (TFLOP/s), bytes per operand element and relative error.
     Matmul(MatmulArgs),
+    /// Training steps: step time, tokens/s and peak memory per preset and backend.
+    Train(TrainArgs),
+}
+
+#[derive(clap::Args)]
+#[command(
+    after_help = "Example:\n  mantissa bench train --config small --precision 32-true,bf16-mixed --backends cuda,wgpu --json bench-train.json"
+)]
+struct TrainArgs {
+    /// Model size: tiny or small.
+    #[arg(long, default_value = "tiny")]
+    config: String,
+    /// Presets, comma-separated, or "all".
+    #[arg(long, default_value = "all")]
+    precision: String,
+    /// Backends, comma-separated: auto, reference, wgpu, cuda.
+    #[arg(long, default_value = "auto")]
+    backends: String,
+    /// Steps run before timing (the first compiles the plan and tunes its matmuls).
+    #[arg(long, default_value_t = 2)]
+    warmup: u32,
+    /// Steps timed (the median is reported).
+    #[arg(long, default_value_t = 10)]
+    steps: u32,
+    /// The training text.
+    #[arg(long, default_value = "data/shakespeare.txt")]
+    corpus: PathBuf,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Also write the records as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -78,7 +113,109 @@ pub(crate) fn parse_shapes(list: &str) -> Result<Vec<(usize, usize, usize)>> {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let What::Matmul(args) = args.what;
+    match args.what {
+        What::Matmul(args) => matmul(args),
+        What::Train(args) => train(args),
+    }
+}
+
+fn train(args: TrainArgs) -> Result<()> {
+    let presets: Vec<Preset> = if args.precision.trim() == "all" {
+        Preset::ALL.to_vec()
+    } else {
+        parse_list(&args.precision)?
+    };
+    if presets.is_empty() {
+        return Err(Error::invalid("--precision", "names no preset"));
+    }
+    if args.steps == 0 {
+        return Err(Error::invalid("--steps", "time at least one step"));
+    }
+    let choices: Vec<BackendChoice> = parse_list(&args.backends)?;
+    let corpus = Corpus::load(&args.corpus)?;
+    let config = GptConfig::named(&args.config, corpus.vocab.len())?;
+    corpus.check_context(config.block_size)?;
+    let bench = TrainBench {
+        config,
+        presets,
+        warmup: args.warmup,
+        steps: args.steps,
+        seed: args.seed,
+    };
+    let mut records: Vec<TrainRecord> = Vec::new();
+    for choice in choices {
+        let backend = backend::open(choice).block_on()?;
+        eprintln!(
+            "benchmarking training steps on {} ...",
+            backend.device_name()
+        );
+        records.extend(
+            bench
+                .run(backend.as_ref(), &corpus, |r| {
+                    eprintln!(
+                        "  {:<18} {:>9.2} ms/step  {:>10.0} tokens/s  peak {:.1} MiB{}",
+                        r.preset,
+                        r.step_seconds * 1e3,
+                        r.tokens_per_second,
+                        mib(r.memory.peak_bytes),
+                        r.stopped
+                            .as_deref()
+                            .map_or(String::new(), |s| format!("  ({s})"))
+                    );
+                })
+                .block_on()?,
+        );
+    }
+    let mut table = Table::new(&[
+        "backend",
+        "preset",
+        "ms/step",
+        "range",
+        "tokens/s",
+        "first step s",
+        "peak MiB",
+        "x plan",
+        "loss",
+    ]);
+    for r in &records {
+        table.row(vec![
+            r.backend.clone(),
+            r.preset.clone(),
+            format!("{:.2}", r.step_seconds * 1e3),
+            format!(
+                "{:.2}..{:.2}",
+                r.step_seconds_range.0 * 1e3,
+                r.step_seconds_range.1 * 1e3
+            ),
+            format!("{:.0}", r.tokens_per_second),
+            format!("{:.2}", r.first_step_seconds),
+            format!("{:.1}", mib(r.memory.peak_bytes)),
+            format!("{:.2}", r.memory.overhead()),
+            match &r.stopped {
+                None => format!("{:.4}", r.loss),
+                Some(_) => "stopped".into(),
+            },
+        ]);
+    }
+    print!("{}", table.render());
+    write_json(args.json.as_deref(), &records)
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
+}
+
+fn write_json(path: Option<&std::path::Path>, records: &impl serde::Serialize) -> Result<()> {
+    if let Some(path) = path {
+        let text = serde_json::to_string_pretty(records)
+            .map_err(|e| Error::invalid("json", e.to_string()))?;
+        crate::output::write_bytes(path, text.as_bytes())?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+fn matmul(args: MatmulArgs) -> Result<()> {
     let algorithms: Vec<Algorithm> = if args.algorithms.trim() == "all" {
         Algorithm::ALL.to_vec()
     } else {
@@ -144,11 +281,5 @@ pub fn run(args: Args) -> Result<()> {
         ]);
     }
     print!("{}", table.render());
-    if let Some(path) = &args.json {
-        let text = serde_json::to_string_pretty(&records)
-            .map_err(|e| Error::invalid("json", e.to_string()))?;
-        crate::output::write_bytes(path, text.as_bytes())?;
-        eprintln!("wrote {}", path.display());
-    }
-    Ok(())
+    write_json(args.json.as_deref(), &records)
 }

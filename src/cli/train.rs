@@ -6,7 +6,7 @@ use crate::backend::{self, BackendChoice};
 use crate::dist::{self, Collective, Reducer};
 use crate::error::{Error, Result};
 use crate::plan::AdamW;
-use crate::plan::exec::Reduced;
+use crate::plan::exec::{Memory, Reduced};
 use crate::policy::{PrecisionClass, Preset};
 use crate::train::{Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer};
 use pollster::FutureExt as _;
@@ -124,9 +124,9 @@ struct Run {
     #[serde(skip_serializing_if = "Option::is_none")]
     reduction: Option<Reduced>,
     unigram_entropy: f64,
-    /// How the steps ran, and the bytes the step plan's tensors take on the device.
+    /// How the steps ran, and the memory they took (rank 0's, in a data-parallel run).
     executor: String,
-    device_bytes: u64,
+    memory: Memory,
 }
 
 /// `MANTISSA_INJECT_INF=STEP[@RANK]`: an inf added to the first gradient at that step (on that
@@ -397,7 +397,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             reduction: None,
             unigram_entropy: corpus.unigram_entropy(),
             executor: trainer.executor(),
-            device_bytes: trainer.device_bytes(),
+            memory: trainer.memory(),
         };
         let bar = if leader {
             indicatif::ProgressBar::new(args.steps as u64)
@@ -457,13 +457,15 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             }
         }
         bar.finish_and_clear();
-        run.device_bytes = trainer.device_bytes();
-        if run.device_bytes > 0 {
-            say(format!(
-                "   device memory of the step plan: {:.1} MiB",
-                run.device_bytes as f64 / (1u64 << 20) as f64
-            ));
-        }
+        run.memory = trainer.memory();
+        let m = &run.memory;
+        say(format!(
+            "   memory: peak {:.1} MiB, {:.2}x the plan's tensors ({:.1} MiB); {}",
+            m.peak_bytes as f64 / (1u64 << 20) as f64,
+            m.overhead(),
+            m.plan_bytes as f64 / (1u64 << 20) as f64,
+            m.measured_by
+        ));
         if leader && run.stopped.is_none() {
             Checkpoint::save(&mut trainer, &checkpoint).block_on()?;
             say(format!("saved {}", checkpoint.display()));

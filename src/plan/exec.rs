@@ -23,6 +23,28 @@ pub struct Reduced {
     pub calls: usize,
 }
 
+/// The memory a step takes (train.json's `memory`, `mantissa bench train`).
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Memory {
+    /// Bytes of the plan's tensors, temporaries sharing storage where their lives allow
+    /// (`Storage::shared`): what the step needs at the least.
+    pub plan_bytes: u64,
+    /// The most the steps so far held at once: every buffer the executor allocated (the
+    /// plan's tensors, kernel temporaries, parameters of launches, staging for readback), as
+    /// `measured_by` says.
+    pub peak_bytes: u64,
+    /// Where the peak comes from ("the Vulkan allocator's report, sampled at every submission
+    /// and readback").
+    pub measured_by: String,
+}
+
+impl Memory {
+    /// The peak over the plan's tensors (1.0: nothing beyond them).
+    pub fn overhead(&self) -> f64 {
+        self.peak_bytes as f64 / self.plan_bytes.max(1) as f64
+    }
+}
+
 /// Runs a plan, holding its tensors (parameters and optimizer state included) between steps.
 #[async_trait::async_trait]
 pub trait StepExecutor: Send {
@@ -39,8 +61,8 @@ pub trait StepExecutor: Send {
     ) -> Result<Vec<f64>>;
     async fn read(&mut self, id: TensorId) -> Result<Vec<f32>>;
     async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()>;
-    /// Bytes the executor holds on its device (0 on the host).
-    fn device_bytes(&self) -> u64;
+    /// The memory the steps so far took (on the host for the host interpreter).
+    fn memory(&self) -> Memory;
 
     /// Sums tensors `ids` over the ranks of `group`, in place (a data-parallel step's
     /// gradients). This default reduces host buffers through `group` (MPI), in buckets of

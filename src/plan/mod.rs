@@ -390,42 +390,14 @@ impl Storage {
     }
 
     /// Temporaries share slots where their lives (first to last op using them, over the whole
-    /// step) are disjoint. A temporary shares only if the step writes it before reading it:
-    /// its first op writes it whole, or strided copies cover it before its first read; one that
-    /// would read a stale value (none in this model) keeps its own buffer, as before.
+    /// step: `Plan::temporary_lives`) are disjoint.
     pub fn shared(plan: &Plan) -> Storage {
         let n = plan.tensors.len();
-        let (mut first, mut last) = (vec![usize::MAX; n], vec![0usize; n]);
-        let mut written = vec![0usize; n];
-        let mut shareable = vec![true; n];
-        for (i, op) in plan.ops.iter().enumerate() {
-            let (reads, writes) = op.reads_writes();
-            for &t in &reads {
-                // Read before the step wrote it whole: it must keep its value between steps.
-                if written[t] < plan.tensors[t].len {
-                    shareable[t] = false;
-                }
-            }
-            for &t in reads.iter().chain(&writes) {
-                first[t] = first[t].min(i);
-                last[t] = i;
-            }
-            for &t in &writes {
-                written[t] += match op {
-                    Op::Copy { map, .. } => map.len(),
-                    _ => plan.tensors[t].len,
-                };
-            }
-        }
-        let mut temps: Vec<TensorId> = (0..n)
-            .filter(|&t| {
-                plan.tensors[t].kind == TensorKind::Temp
-                    && t != plan.logits
-                    && shareable[t]
-                    && first[t] != usize::MAX
-            })
-            .collect();
-        temps.sort_by_key(|&t| (first[t], t));
+        let lives = plan.temporary_lives();
+        let mut temps: Vec<TensorId> = (0..n).filter(|&t| lives[t].is_some()).collect();
+        let first = |t: TensorId| lives[t].map_or(0, |l| l.0);
+        let last = |t: TensorId| lives[t].map_or(0, |l| l.1);
+        temps.sort_by_key(|&t| (first(t), t));
         let mut storage = Storage::separate(plan);
         storage.slots.clear();
         let mut slot_of = vec![usize::MAX; n];
@@ -438,7 +410,7 @@ impl Storage {
             let free = temp_slots
                 .iter()
                 .copied()
-                .filter(|&s| busy_until[s] < first[t])
+                .filter(|&s| busy_until[s] < first(t))
                 .min_by_key(|&s| {
                     let size = storage.slots[s];
                     if size >= len {
@@ -457,7 +429,7 @@ impl Storage {
                 }
             };
             storage.slots[s] = storage.slots[s].max(len);
-            busy_until[s] = last[t];
+            busy_until[s] = last(t);
             slot_of[t] = s;
         }
         for (t, slot) in slot_of.iter_mut().enumerate() {
@@ -575,6 +547,46 @@ impl Plan {
             Section::Update => self.backward..self.ops.len(),
             Section::Step => 0..self.ops.len(),
         }
+    }
+
+    /// The first and last op using each temporary whose storage may be shared or freed between
+    /// its uses (None for every other tensor): a temporary qualifies if the step writes it
+    /// before reading it (its first op writes it whole, or strided copies cover it before its
+    /// first read); one that would read a stale value (none in this model) keeps its storage.
+    /// The logits stay too: the host reads them after the step.
+    pub fn temporary_lives(&self) -> Vec<Option<(usize, usize)>> {
+        let n = self.tensors.len();
+        let (mut first, mut last) = (vec![usize::MAX; n], vec![0usize; n]);
+        let mut written = vec![0usize; n];
+        let mut shareable = vec![true; n];
+        for (i, op) in self.ops.iter().enumerate() {
+            let (reads, writes) = op.reads_writes();
+            for &t in &reads {
+                // Read before the step wrote it whole: it must keep its value between steps.
+                if written[t] < self.tensors[t].len {
+                    shareable[t] = false;
+                }
+            }
+            for &t in reads.iter().chain(&writes) {
+                first[t] = first[t].min(i);
+                last[t] = i;
+            }
+            for &t in &writes {
+                written[t] += match op {
+                    Op::Copy { map, .. } => map.len(),
+                    _ => self.tensors[t].len,
+                };
+            }
+        }
+        (0..n)
+            .map(|t| {
+                (self.tensors[t].kind == TensorKind::Temp
+                    && t != self.logits
+                    && shareable[t]
+                    && first[t] != usize::MAX)
+                    .then_some((first[t], last[t]))
+            })
+            .collect()
     }
 
     /// The ops a run of `section` executes.

@@ -7,7 +7,7 @@ use crate::backend::reference::ops::round_to;
 use crate::backend::{self, Backend};
 use crate::dist::{self, Collective, Reducer, Single};
 use crate::error::{Error, Result};
-use crate::plan::exec::{Reduced, grad_norm, update_factor};
+use crate::plan::exec::{Memory, Reduced, grad_norm, update_factor};
 use crate::plan::scalar::StepScalars;
 use crate::plan::{AdamW, Section, Stats, StepExecutor, TensorId};
 use crate::policy::precision::PrecisionRequest;
@@ -183,7 +183,7 @@ impl<'a> Trainer<'a> {
     }
 
     /// Tokens of the global batch (every rank's).
-    fn tokens_per_step(&self) -> usize {
+    pub fn tokens_per_step(&self) -> usize {
         self.gpt.config.batch_size * self.gpt.config.block_size
     }
 
@@ -212,9 +212,9 @@ impl<'a> Trainer<'a> {
         self.exec.describe()
     }
 
-    /// Bytes of the step plan's tensors on the device (0 where the host holds them).
-    pub fn device_bytes(&self) -> u64 {
-        self.exec.device_bytes()
+    /// The memory the steps so far took (the plan's tensors, and the peak of everything).
+    pub fn memory(&self) -> Memory {
+        self.exec.memory()
     }
 
     /// The weights and AdamW moments (read back from the device).

@@ -210,6 +210,53 @@ impl CudaBackend {
         )
     }
 
+    /// Bytes the stream-ordered allocator (through which cudarc allocates where the device
+    /// has one) holds now and held at most since `reset_peak`; None without it.
+    fn pool_usage(&self) -> Option<(u64, u64)> {
+        use cudarc::driver::sys;
+        use sys::CUmemPool_attribute::{
+            CU_MEMPOOL_ATTR_USED_MEM_CURRENT as CURRENT, CU_MEMPOOL_ATTR_USED_MEM_HIGH as HIGH,
+        };
+        if !self.ctx.has_async_alloc() {
+            return None;
+        }
+        self.ctx.bind_to_thread().ok()?;
+        let (mut pool, mut now, mut high) = (std::ptr::null_mut(), 0u64, 0u64);
+        // SAFETY: the context is current; both attributes are 64-bit counters written to the
+        // u64s given.
+        unsafe {
+            sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device())
+                .result()
+                .ok()?;
+            sys::cuMemPoolGetAttribute(pool, CURRENT, (&raw mut now).cast())
+                .result()
+                .ok()?;
+            sys::cuMemPoolGetAttribute(pool, HIGH, (&raw mut high).cast())
+                .result()
+                .ok()?;
+        }
+        Some((now, high))
+    }
+
+    /// Starts the allocator's high-water mark again from what it holds now.
+    fn reset_peak(&self) {
+        use cudarc::driver::sys;
+        if !self.ctx.has_async_alloc() || self.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        let (mut pool, zero) = (std::ptr::null_mut(), 0u64);
+        // SAFETY: as in `pool_usage`; setting USED_MEM_HIGH to 0 resets it.
+        unsafe {
+            if sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device())
+                .result()
+                .is_ok()
+            {
+                let high = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+                let _ = sys::cuMemPoolSetAttribute(pool, high, (&raw const zero).cast_mut().cast());
+            }
+        }
+    }
+
     fn upload<T: DeviceRepr>(&self, x: &[T]) -> Result<CudaSlice<T>> {
         self.stream
             .clone_htod(x)

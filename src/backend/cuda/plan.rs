@@ -15,7 +15,7 @@ use super::train::{self as launch, Ptr, scratch};
 use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
 use crate::plan::exec::{
-    Reduced, StepExecutor, check_inputs, check_write, reduce_on_host, tensor_len,
+    Memory, Reduced, StepExecutor, check_inputs, check_write, reduce_on_host, tensor_len,
 };
 use crate::plan::{Op, Plan, Section, Storage, TensorId, step_algorithm};
 use cudarc::driver::CudaSlice;
@@ -41,11 +41,16 @@ pub struct CudaPlan<'a> {
     /// `Reducer::Auto` went to MPI instead.
     nccl: Option<Nccl>,
     nccl_refused: Option<String>,
+    /// What the device's stream-ordered allocator held before the plan allocated anything
+    /// (None where the device has none).
+    pool_base: Option<u64>,
 }
 
 impl<'a> CudaPlan<'a> {
     /// Allocates the plan's buffers (constants uploaded, the rest zero).
     pub fn new(cb: &'a CudaBackend, plan: Plan) -> Result<CudaPlan<'a>> {
+        cb.reset_peak();
+        let pool_base = cb.pool_usage().map(|(now, _)| now);
         let storage = Storage::shared(&plan);
         let mut buffers = Vec::with_capacity(storage.slots.len());
         for &len in &storage.slots {
@@ -99,6 +104,7 @@ impl<'a> CudaPlan<'a> {
             target_classes,
             nccl: None,
             nccl_refused: None,
+            pool_base,
         })
     }
 
@@ -352,8 +358,25 @@ impl StepExecutor for CudaPlan<'_> {
             .map_err(|e| cb.device_error("writing a plan tensor", e))
     }
 
-    fn device_bytes(&self) -> u64 {
-        self.storage.bytes() + self.scratch.len() as u64 * 4
+    fn memory(&self) -> Memory {
+        let held = self.storage.bytes() + self.scratch.len() as u64 * 4;
+        let (peak_bytes, measured_by) = match (self.pool_base, self.cb.pool_usage()) {
+            (Some(base), Some((_, high))) => (
+                high.saturating_sub(base),
+                "the CUDA stream-ordered allocator's high-water mark (USED_MEM_HIGH), less what \
+                 it held before the plan (cuBLAS's own workspace not included)"
+                    .into(),
+            ),
+            _ => (
+                held,
+                "the plan's buffers (this device has no stream-ordered allocator)".into(),
+            ),
+        };
+        Memory {
+            plan_bytes: self.storage.bytes(),
+            peak_bytes,
+            measured_by,
+        }
     }
 
     /// NCCL on the device buffers (`Auto` and `Nccl`; `Auto` goes to MPI's host buffers, with

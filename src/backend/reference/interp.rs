@@ -6,8 +6,10 @@ use super::ops::{self, round_to};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::format;
-use crate::plan::exec::{StepExecutor, check_inputs, check_write, tensor_len, update_factor};
-use crate::plan::{AdamW, Op, Plan, Section, Stats, TensorId, scalar, step_algorithm};
+use crate::plan::exec::{
+    Memory, StepExecutor, check_inputs, check_write, tensor_len, update_factor,
+};
+use crate::plan::{AdamW, Op, Plan, Section, Stats, Storage, TensorId, scalar, step_algorithm};
 
 /// The host interpreter: tensors in host memory, each op one call of the backend's ops (or a
 /// host loop for the data movement ops).
@@ -15,6 +17,10 @@ pub struct HostExecutor<'a> {
     backend: &'a dyn Backend,
     plan: Plan,
     tensors: Vec<Vec<f32>>,
+    /// The temporaries each op uses for the last time in a step, freed after it.
+    last_uses: Vec<Vec<TensorId>>,
+    /// The most bytes the tensors held at once (after any op).
+    peak: u64,
 }
 
 impl<'a> HostExecutor<'a> {
@@ -23,11 +29,23 @@ impl<'a> HostExecutor<'a> {
         for (id, values) in &plan.constants {
             tensors[*id] = values.clone();
         }
+        let mut last_uses = vec![Vec::new(); plan.ops.len()];
+        for (t, life) in plan.temporary_lives().into_iter().enumerate() {
+            if let Some((_, last)) = life {
+                last_uses[last].push(t);
+            }
+        }
         HostExecutor {
             backend,
             plan,
             tensors,
+            last_uses,
+            peak: 0,
         }
+    }
+
+    fn held_bytes(&self) -> u64 {
+        self.tensors.iter().map(|t| t.len() as u64 * 4).sum()
     }
 
     /// Tensor `id`, allocated (zeros) on first use.
@@ -259,6 +277,11 @@ impl StepExecutor for HostExecutor<'_> {
         for i in self.plan.range_of(section) {
             let op = self.plan.ops[i].clone();
             self.exec(&op, scalars, &mut stats).await?;
+            self.peak = self.peak.max(self.held_bytes());
+            // Written whole before any read in every step: nothing to keep.
+            for &t in &self.last_uses[i] {
+                self.tensors[t] = Vec::new();
+            }
         }
         Ok(stats)
     }
@@ -274,7 +297,13 @@ impl StepExecutor for HostExecutor<'_> {
         Ok(())
     }
 
-    fn device_bytes(&self) -> u64 {
-        0
+    fn memory(&self) -> Memory {
+        Memory {
+            plan_bytes: Storage::shared(&self.plan).bytes(),
+            peak_bytes: self.peak.max(self.held_bytes()),
+            measured_by: "the interpreter's tensors in host memory, summed after every op (each \
+                          temporary freed after its last use)"
+                .into(),
+        }
     }
 }

@@ -47,6 +47,14 @@ impl BufferPool {
         }))
     }
 
+    /// Takes every idle buffer out of the pool.
+    pub fn drain(&self) -> Vec<wgpu::Buffer> {
+        self.free
+            .lock()
+            .map(|mut f| f.drain().flat_map(|(_, v)| v).collect())
+            .unwrap_or_default()
+    }
+
     /// Returns buffers to the pool.
     pub fn give(&self, buffers: impl IntoIterator<Item = wgpu::Buffer>) {
         if let Ok(mut free) = self.free.lock() {

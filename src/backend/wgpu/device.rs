@@ -347,6 +347,15 @@ impl Gpu {
         first_error.map_or(Ok(()), Err)
     }
 
+    /// Bytes the device's memory allocator has handed out (every live buffer, and those
+    /// awaiting release), where the backend reports it (Vulkan and DX12; not Metal, GL or a
+    /// browser).
+    pub fn allocated_bytes(&self) -> Option<u64> {
+        self.device
+            .generate_allocator_report()
+            .map(|r| r.total_allocated_bytes)
+    }
+
     /// Resolves when the device has finished all submitted work.
     pub async fn idle(&self) -> Result<()> {
         #[cfg(not(target_arch = "wasm32"))]

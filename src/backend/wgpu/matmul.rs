@@ -71,8 +71,12 @@ pub struct MatmulRun {
     pub clears: Vec<wgpu::Buffer>,
     pub dispatches: Vec<Dispatch>,
     pub c: wgpu::Buffer,
-    /// Pooled temporaries, returned to the pool when the run is done.
+    /// Pooled buffers the run keeps between submissions (amaxes, flags, scales: cleared or
+    /// rewritten before each), returned to the pool when the run is done.
     pub temporaries: Vec<wgpu::Buffer>,
+    /// Pooled operand planes, written and read within the run's own dispatches: a run
+    /// submitted after this one may take them over (a step plan's matmuls share them).
+    pub scratch: Vec<wgpu::Buffer>,
     pub variant: MatmulVariant,
     /// Given fp8 scales: the buffer holding A's scale for each of its `.1` groups, then B's
     /// for its `.2` (a step plan rewrites them before each step).
@@ -142,6 +146,7 @@ pub fn record(
         dispatches: vec![],
         c,
         temporaries: vec![],
+        scratch: vec![],
         variant,
         given_scales: None,
     };
@@ -240,7 +245,7 @@ fn simt(
     buffers.extend(flags);
     run.dispatches
         .push(Dispatch::new(gpu, pipeline, &buffers, groups));
-    run.temporaries
+    run.scratch
         .extend([pa, pb].into_iter().filter(|p| p.pooled).map(|p| p.buffer));
     Ok(())
 }
@@ -277,6 +282,7 @@ fn record_coop(
         dispatches: vec![],
         c,
         temporaries: vec![],
+        scratch: vec![],
         variant,
         given_scales: None,
     };
@@ -368,7 +374,7 @@ fn record_coop(
         &[&uniform, &pa, &pb, &run.c, &amax_bits, &flags],
         [np / tile.bn, mp / tile.bm, batch],
     ));
-    run.temporaries.extend([pa, pb]);
+    run.scratch.extend([pa, pb]);
     if scaled && fallback {
         simt(
             gpu,

@@ -142,6 +142,15 @@ pub struct WgpuBackend {
 }
 
 impl WgpuBackend {
+    /// Frees the pool's idle buffers and flushes queued uploads, and waits until the device
+    /// has released both (a step plan's memory is then its own; a failed wait only delays
+    /// the release).
+    pub(crate) async fn release_idle(&self) {
+        drop(self.pool.drain());
+        self.gpu.queue.submit([]);
+        let _ = self.gpu.idle().await;
+    }
+
     /// The best adapter (discrete, integrated, then software), with options from the environment.
     pub async fn open_best() -> Result<WgpuBackend> {
         Self::open_nth(0, WgpuOptions::from_env()?).await
@@ -284,7 +293,12 @@ impl WgpuBackend {
             })
             .await?;
         let words = read_words(&self.gpu, &run.c, shape.c_len()).await;
-        self.pool.give(run.temporaries.into_iter().chain([run.c]));
+        self.pool.give(
+            run.temporaries
+                .into_iter()
+                .chain(run.scratch)
+                .chain([run.c]),
+        );
         Ok(bytemuck::cast_slice(&words?).to_vec())
     }
 
@@ -338,7 +352,12 @@ impl WgpuBackend {
                 times.push(t);
             }
         }
-        self.pool.give(run.temporaries.into_iter().chain([run.c]));
+        self.pool.give(
+            run.temporaries
+                .into_iter()
+                .chain(run.scratch)
+                .chain([run.c]),
+        );
         let clock = if timer.is_some() {
             "gpu-timestamps"
         } else {

@@ -7,15 +7,19 @@
 //! that every build error surfaces through the async error scopes as an `Error`.
 
 use super::WgpuBackend;
-use super::buffer::{Dispatch, STORAGE, check_binding, read_words, submit, uniform};
+use super::buffer::{BufferPool, Dispatch, STORAGE, check_binding, read_words, submit, uniform};
 use super::cast::{self, Grouping};
 use super::matmul;
 use super::shaders::Kernel;
 use super::train::{StepLaunch, TrainLaunch, launch};
 use crate::error::{Error, Result};
-use crate::plan::exec::{StepExecutor, check_inputs, check_write, tensor_len};
+use crate::plan::exec::{Memory, StepExecutor, check_inputs, check_write, tensor_len};
 use crate::plan::{Op, Plan, Section, Storage, TensorId};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// No allocator baseline taken (the adapter reports no allocator figures).
+const UNSET: u64 = u64::MAX;
 
 /// A plan compiled for the device.
 struct Compiled {
@@ -31,7 +35,8 @@ struct Compiled {
     /// Given fp8 scales to rewrite before each step: buffer, groups of A and B, scalar slots.
     given: Vec<(wgpu::Buffer, usize, usize, [usize; 2])>,
     /// Buffers the dispatches use besides the tensors (kernel temporaries), kept for the
-    /// plan's life.
+    /// plan's life: each op's own (amaxes, flags, scales, losses), and the operand planes
+    /// every matmul of the step shares (`MatmulRun::scratch`).
     temporaries: Vec<wgpu::Buffer>,
 }
 
@@ -43,6 +48,10 @@ pub struct ResidentPlan<'a> {
     compiled: Option<Compiled>,
     /// Values written before the plan was compiled (uploaded by the compile).
     pending: HashMap<TensorId, Vec<f32>>,
+    /// The device allocator's bytes before the plan allocated anything (`UNSET` where the
+    /// adapter reports none), and the most it held beyond that at any submission or readback.
+    baseline: AtomicU64,
+    peak: AtomicU64,
 }
 
 impl<'a> ResidentPlan<'a> {
@@ -54,12 +63,38 @@ impl<'a> ResidentPlan<'a> {
             plan,
             compiled: None,
             pending,
+            baseline: AtomicU64::new(UNSET),
+            peak: AtomicU64::new(0),
+        }
+    }
+
+    /// Notes the device allocator's bytes now (the first call sets the baseline).
+    fn sample_memory(&self) {
+        if let Some(now) = self.backend.gpu.allocated_bytes() {
+            let _ = self.baseline.compare_exchange(UNSET, now, Relaxed, Relaxed);
+            let base = self.baseline.load(Relaxed);
+            self.peak.fetch_max(now.saturating_sub(base), Relaxed);
+        }
+    }
+
+    /// Bytes of the buffers the plan holds (what the allocator would count, less its
+    /// alignment and the launches' parameters).
+    fn held_bytes(&self) -> u64 {
+        let tensors = self.storage.bytes();
+        match &self.compiled {
+            Some(c) => tensors + c.temporaries.iter().map(|b| b.size()).sum::<u64>(),
+            None => tensors,
         }
     }
 
     async fn compiled(&mut self) -> Result<&Compiled> {
         if self.compiled.is_none() {
+            // Idle pooled buffers (earlier one-off matmuls) are not the plan's: free them
+            // before the baseline, and the autotuner's after the compile.
+            self.backend.release_idle().await;
+            self.sample_memory();
             let c = self.compile().await?;
+            self.backend.release_idle().await;
             self.pending.clear();
             self.compiled = Some(c);
         }
@@ -115,6 +150,10 @@ impl<'a> ResidentPlan<'a> {
             given: vec![],
             temporaries: vec![],
         };
+        // The operand planes of every matmul come from this pool and go back to it after
+        // their op, so the next matmul takes them over (they are written and read within
+        // their op's dispatches, which run in order).
+        let scratch = BufferPool::default();
         let dummies = Dummies {
             read: storage("mantissa.plan.unused", 4),
             write: [0, 1, 2].map(|_| storage("mantissa.plan.unused", 4)),
@@ -138,13 +177,21 @@ impl<'a> ResidentPlan<'a> {
             };
             let what = format!("step plan op {i} ({})", op.name());
             let recorded = gpu
-                .scoped(&what, || self.record(op, tile, &c, &dummies))
+                .scoped(&what, || self.record(op, tile, &c, &dummies, &scratch))
                 .await?;
             c.dispatches.extend(recorded.dispatches);
             c.clears.extend(recorded.clears);
             c.given.extend(recorded.given);
             c.temporaries.extend(recorded.temporaries);
+            // A plane too large for the pool's size classes stays the op's own.
+            let (shared, own) = recorded
+                .scratch
+                .into_iter()
+                .partition::<Vec<_>, _>(|b| b.size().is_power_of_two());
+            scratch.give(shared);
+            c.temporaries.extend(own);
         }
+        c.temporaries.extend(scratch.drain());
         c.first.push(c.dispatches.len());
         Ok(c)
     }
@@ -156,6 +203,7 @@ impl<'a> ResidentPlan<'a> {
         tile: Option<super::shaders::Tile>,
         c: &Compiled,
         dummies: &Dummies,
+        scratch: &BufferPool,
     ) -> Result<Recorded> {
         let backend = self.backend;
         let gpu = &backend.gpu;
@@ -333,7 +381,7 @@ impl<'a> ResidentPlan<'a> {
                 }
                 let run = matmul::record(
                     gpu,
-                    &backend.pool,
+                    scratch,
                     shape,
                     &algorithm,
                     backend.f16,
@@ -348,6 +396,7 @@ impl<'a> ResidentPlan<'a> {
                 }
                 r.clears.extend(run.clears);
                 r.temporaries.extend(run.temporaries);
+                r.scratch.extend(run.scratch);
                 run.dispatches
             }
             Op::Round { x, format } => vec![step(
@@ -422,6 +471,7 @@ struct Recorded {
     clears: Vec<wgpu::Buffer>,
     given: Vec<(wgpu::Buffer, usize, usize, [usize; 2])>,
     temporaries: Vec<wgpu::Buffer>,
+    scratch: Vec<wgpu::Buffer>,
 }
 
 fn storage_of(gpu: &super::device::Gpu, words: usize) -> Result<wgpu::Buffer> {
@@ -482,7 +532,9 @@ impl StepExecutor for ResidentPlan<'_> {
             Ok(())
         })
         .await?;
+        self.sample_memory();
         let words = read_words(gpu, &c.stats, count).await?;
+        self.sample_memory();
         Ok(words.iter().map(|&w| f32::from_bits(w) as f64).collect())
     }
 
@@ -499,6 +551,7 @@ impl StepExecutor for ResidentPlan<'_> {
         let backend = self.backend;
         let c = self.compiled().await?;
         let words = read_words(&backend.gpu, &c.tensors[id], len).await?;
+        self.sample_memory();
         Ok(bytemuck::cast_slice(&words).to_vec())
     }
 
@@ -521,11 +574,25 @@ impl StepExecutor for ResidentPlan<'_> {
         Ok(())
     }
 
-    fn device_bytes(&self) -> u64 {
-        let tensors = self.storage.bytes();
-        match &self.compiled {
-            Some(c) => tensors + c.temporaries.iter().map(|b| b.size()).sum::<u64>(),
-            None => tensors,
+    fn memory(&self) -> Memory {
+        let (peak_bytes, measured_by) = match self.baseline.load(Relaxed) {
+            UNSET => (
+                self.held_bytes(),
+                "the plan's buffers (this adapter's allocator gives no report)".into(),
+            ),
+            _ => (
+                self.peak.load(Relaxed),
+                format!(
+                    "{}'s allocator report, sampled at every submission and readback, less \
+                     what was allocated before the plan",
+                    self.backend.gpu.summary.backend
+                ),
+            ),
+        };
+        Memory {
+            plan_bytes: self.storage.bytes(),
+            peak_bytes,
+            measured_by,
         }
     }
 }
