@@ -83,6 +83,26 @@ pub struct MatmulRun {
     pub given_scales: Option<(wgpu::Buffer, usize, usize)>,
 }
 
+/// Where a run's buffers come from: operand planes from `scratch` (free again once the run's
+/// own dispatches have read them), everything the run keeps between submissions (C, amaxes,
+/// flags, scales) from `kept`. A one-off matmul takes both from the backend's pool; a step
+/// plan shares `scratch` among its matmuls and never lets a kept buffer be one of them.
+#[derive(Clone, Copy)]
+pub struct Pools<'a> {
+    pub scratch: &'a BufferPool,
+    pub kept: &'a BufferPool,
+}
+
+impl<'a> Pools<'a> {
+    /// Both from one pool.
+    pub fn one(pool: &'a BufferPool) -> Pools<'a> {
+        Pools {
+            scratch: pool,
+            kept: pool,
+        }
+    }
+}
+
 /// One operand as the matmul kernel reads it.
 struct Prepared {
     buffer: wgpu::Buffer,
@@ -115,7 +135,7 @@ impl Side {
 #[allow(clippy::too_many_arguments)]
 pub fn record(
     gpu: &Gpu,
-    pool: &BufferPool,
+    pools: Pools,
     shape: &MatmulShape,
     algorithm: &Algorithm,
     f16: F16Read,
@@ -136,10 +156,10 @@ pub fn record(
     check_binding(gpu, "result C", shape.c_len() as u64 * 4)?;
     let c = match out {
         Some(c) => c.clone(),
-        None => pool.take(gpu, shape.c_len() as u64 * 4)?,
+        None => pools.kept.take(gpu, shape.c_len() as u64 * 4)?,
     };
     if variant.coop.is_some() {
-        return record_coop(gpu, pool, shape, algorithm, variant, fallback, (a, b), c);
+        return record_coop(gpu, pools, shape, algorithm, variant, fallback, (a, b), c);
     }
     let mut run = MatmulRun {
         clears: vec![],
@@ -150,11 +170,11 @@ pub fn record(
         variant,
         given_scales: None,
     };
-    let scales = fp8_scales(gpu, pool, shape, algorithm, a, b, &mut run)?;
+    let scales = fp8_scales(gpu, pools, shape, algorithm, a, b, &mut run)?;
     let scale_buffer = scales.as_ref().map(|s| s.scales.clone());
     simt(
         gpu,
-        pool,
+        pools,
         shape,
         algorithm,
         variant,
@@ -176,7 +196,7 @@ pub fn record(
 #[allow(clippy::too_many_arguments)]
 fn simt(
     gpu: &Gpu,
-    pool: &BufferPool,
+    pools: Pools,
     shape: &MatmulShape,
     algorithm: &Algorithm,
     variant: MatmulVariant,
@@ -190,7 +210,7 @@ fn simt(
     let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
     let pa = prepare(
         gpu,
-        pool,
+        pools,
         shape,
         algorithm,
         Side::A,
@@ -201,7 +221,7 @@ fn simt(
     )?;
     let pb = prepare(
         gpu,
-        pool,
+        pools,
         shape,
         algorithm,
         Side::B,
@@ -256,7 +276,7 @@ fn simt(
 #[allow(clippy::too_many_arguments)]
 fn record_coop(
     gpu: &Gpu,
-    pool: &BufferPool,
+    pools: Pools,
     shape: &MatmulShape,
     algorithm: &Algorithm,
     variant: MatmulVariant,
@@ -288,8 +308,8 @@ fn record_coop(
     };
     let scaled = variant.scaled();
     let lines = if scaled { batch * (m + n) } else { 1 };
-    let amax_bits = pool.take(gpu, lines as u64 * 4)?;
-    let flags = pool.take(gpu, lines as u64 * 4)?;
+    let amax_bits = pools.kept.take(gpu, lines as u64 * 4)?;
+    let flags = pools.kept.take(gpu, lines as u64 * 4)?;
     run.clears.extend([amax_bits.clone(), flags.clone()]);
     let (ga, gb) = groupings(shape, Scaling::Rowwise);
     if scaled {
@@ -302,7 +322,7 @@ fn record_coop(
     let pack = |src: &wgpu::Buffer, params: PackParams, what: &str, run: &mut MatmulRun| {
         let bytes = u64::from(planes) * u64::from(params.plane_words) * 4;
         check_binding(gpu, what, bytes)?;
-        let dst = pool.take(gpu, bytes)?;
+        let dst = pools.scratch.take(gpu, bytes)?;
         let uniform = buffer::uniform(gpu, &params);
         run.dispatches.push(Dispatch::new(
             gpu,
@@ -378,7 +398,7 @@ fn record_coop(
     if scaled && fallback {
         simt(
             gpu,
-            pool,
+            pools,
             shape,
             algorithm,
             variant.fallback(),
@@ -403,7 +423,7 @@ struct Scales {
 /// the device (amax, then FMAX / amax); given scales are uploaded.
 fn fp8_scales(
     gpu: &Gpu,
-    pool: &BufferPool,
+    pools: Pools,
     shape: &MatmulShape,
     algorithm: &Algorithm,
     a: &wgpu::Buffer,
@@ -420,7 +440,7 @@ fn fp8_scales(
     };
     let (ga, gb) = groupings(shape, scaling);
     let total = ga.groups() + gb.groups();
-    let amax_bits = pool.take(gpu, total as u64 * 4)?;
+    let amax_bits = pools.kept.take(gpu, total as u64 * 4)?;
     if let Scaling::Given { a: sa, b: sb } = scaling {
         let mut values = vec![sa.to_bits(); ga.groups()];
         values.extend(std::iter::repeat_n(sb.to_bits(), gb.groups()));
@@ -428,7 +448,7 @@ fn fp8_scales(
         run.given_scales = Some((scales.clone(), ga.groups(), gb.groups()));
         return Ok(Some(Scales { scales, amax_bits }));
     }
-    let scales = pool.take(gpu, total as u64 * 4)?;
+    let scales = pools.kept.take(gpu, total as u64 * 4)?;
     run.clears.push(amax_bits.clone());
     let [amax_a, scale_a] =
         cast::current_scales(gpu, a, &amax_bits, &scales, shape.a_len(), fa, ga, 0)?;
@@ -476,7 +496,7 @@ fn groupings(shape: &MatmulShape, scaling: Scaling) -> (Grouping, Grouping) {
 #[allow(clippy::too_many_arguments)]
 fn prepare(
     gpu: &Gpu,
-    pool: &BufferPool,
+    pools: Pools,
     shape: &MatmulShape,
     algorithm: &Algorithm,
     side: Side,
@@ -501,7 +521,7 @@ fn prepare(
             &format!("{} as {parts} bf16 planes", side.name()),
             bytes,
         )?;
-        let dst = pool.take(gpu, bytes)?;
+        let dst = pools.scratch.take(gpu, bytes)?;
         let (dispatch, plane_words) = cast::split_bf16(gpu, src, &dst, len, parts)?;
         run.dispatches.push(dispatch);
         return Ok(Prepared {
@@ -519,7 +539,7 @@ fn prepare(
         }),
         Operand::Bf16 | Operand::F16(_) => {
             let bytes = packed_words(format, len) as u64 * 4;
-            let dst = pool.take(gpu, bytes)?;
+            let dst = pools.scratch.take(gpu, bytes)?;
             run.dispatches
                 .push(cast::encode(gpu, src, &dst, len, format, false)?);
             Ok(Prepared {
@@ -530,7 +550,7 @@ fn prepare(
         }
         Operand::Fp8(_) => {
             let bytes = packed_words(format, len) as u64 * 4;
-            let dst = pool.take(gpu, bytes)?;
+            let dst = pools.scratch.take(gpu, bytes)?;
             let (ga, gb) = groupings(shape, algorithm.scaling().unwrap_or_default());
             let (grouping, offset) = if side == Side::A {
                 (ga, 0)

@@ -274,7 +274,7 @@ impl WgpuBackend {
             .scoped("matmul", || {
                 let run = matmul::record(
                     &self.gpu,
-                    &self.pool,
+                    matmul::Pools::one(&self.pool),
                     shape,
                     algorithm,
                     self.f16,
@@ -319,7 +319,7 @@ impl WgpuBackend {
             .scoped("timed matmul", || {
                 matmul::record(
                     &self.gpu,
-                    &self.pool,
+                    matmul::Pools::one(&self.pool),
                     shape,
                     algorithm,
                     self.f16,

@@ -152,7 +152,9 @@ impl<'a> ResidentPlan<'a> {
         };
         // The operand planes of every matmul come from this pool and go back to it after
         // their op, so the next matmul takes them over (they are written and read within
-        // their op's dispatches, which run in order).
+        // their op's dispatches, which run in order). What an op keeps between submissions
+        // (amaxes cleared at the step's start, flags, scales) is its own buffer, never one of
+        // these: an earlier op's planes would overwrite it.
         let scratch = BufferPool::default();
         let dummies = Dummies {
             read: storage("mantissa.plan.unused", 4),
@@ -381,7 +383,10 @@ impl<'a> ResidentPlan<'a> {
                 }
                 let run = matmul::record(
                     gpu,
-                    scratch,
+                    matmul::Pools {
+                        scratch,
+                        kept: &BufferPool::default(),
+                    },
                     shape,
                     &algorithm,
                     backend.f16,
