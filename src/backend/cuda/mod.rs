@@ -210,50 +210,52 @@ impl CudaBackend {
         )
     }
 
-    /// Bytes the stream-ordered allocator (through which cudarc allocates where the device
-    /// has one) holds now and held at most since `reset_peak`; None without it.
-    fn pool_usage(&self) -> Option<(u64, u64)> {
-        use cudarc::driver::sys;
-        use sys::CUmemPool_attribute::{
-            CU_MEMPOOL_ATTR_USED_MEM_CURRENT as CURRENT, CU_MEMPOOL_ATTR_USED_MEM_HIGH as HIGH,
-        };
+    /// The device's default memory pool, the context made current: cudarc's stream-ordered
+    /// allocations come from it. None where the device has no such allocator.
+    fn default_pool(&self) -> Option<cudarc::driver::sys::CUmemoryPool> {
         if !self.ctx.has_async_alloc() {
             return None;
         }
         self.ctx.bind_to_thread().ok()?;
-        let (mut pool, mut now, mut high) = (std::ptr::null_mut(), 0u64, 0u64);
-        // SAFETY: the context is current; both attributes are 64-bit counters written to the
-        // u64s given.
-        unsafe {
-            sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device())
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: the context is current and `pool` receives the handle.
+        unsafe { cudarc::driver::sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device()) }
+            .result()
+            .ok()?;
+        Some(pool)
+    }
+
+    /// Bytes the stream-ordered allocator holds now and held at most since `reset_peak`.
+    fn pool_usage(&self) -> Option<(u64, u64)> {
+        use cudarc::driver::sys::{self, CUmemPool_attribute as Attr};
+        let pool = self.default_pool()?;
+        let read = |attr: Attr| {
+            let mut value = 0u64;
+            // SAFETY: both attributes read are 64-bit counters written to `value`.
+            unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&raw mut value).cast()) }
                 .result()
-                .ok()?;
-            sys::cuMemPoolGetAttribute(pool, CURRENT, (&raw mut now).cast())
-                .result()
-                .ok()?;
-            sys::cuMemPoolGetAttribute(pool, HIGH, (&raw mut high).cast())
-                .result()
-                .ok()?;
-        }
-        Some((now, high))
+                .ok()
+                .map(|()| value)
+        };
+        Some((
+            read(Attr::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)?,
+            read(Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?,
+        ))
     }
 
     /// Starts the allocator's high-water mark again from what it holds now.
     fn reset_peak(&self) {
-        use cudarc::driver::sys;
-        if !self.ctx.has_async_alloc() || self.ctx.bind_to_thread().is_err() {
-            return;
-        }
-        let (mut pool, zero) = (std::ptr::null_mut(), 0u64);
-        // SAFETY: as in `pool_usage`; setting USED_MEM_HIGH to 0 resets it.
-        unsafe {
-            if sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device())
-                .result()
-                .is_ok()
-            {
-                let high = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
-                let _ = sys::cuMemPoolSetAttribute(pool, high, (&raw const zero).cast_mut().cast());
-            }
+        use cudarc::driver::sys::{self, CUmemPool_attribute as Attr};
+        if let Some(pool) = self.default_pool() {
+            let mut zero = 0u64;
+            // SAFETY: setting USED_MEM_HIGH (a 64-bit counter) to 0 resets it.
+            let _ = unsafe {
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    Attr::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                    (&raw mut zero).cast(),
+                )
+            };
         }
     }
 

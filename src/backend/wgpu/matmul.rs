@@ -83,6 +83,16 @@ pub struct MatmulRun {
     pub given_scales: Option<(wgpu::Buffer, usize, usize)>,
 }
 
+impl MatmulRun {
+    /// Every pooled buffer of the run, C included (to give back once it is read).
+    pub fn into_buffers(self) -> impl Iterator<Item = wgpu::Buffer> {
+        self.temporaries
+            .into_iter()
+            .chain(self.scratch)
+            .chain([self.c])
+    }
+}
+
 /// Where a run's buffers come from: operand planes from `scratch` (free again once the run's
 /// own dispatches have read them), everything the run keeps between submissions (C, amaxes,
 /// flags, scales) from `kept`. A one-off matmul takes both from the backend's pool; a step

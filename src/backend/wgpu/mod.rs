@@ -293,12 +293,7 @@ impl WgpuBackend {
             })
             .await?;
         let words = read_words(&self.gpu, &run.c, shape.c_len()).await;
-        self.pool.give(
-            run.temporaries
-                .into_iter()
-                .chain(run.scratch)
-                .chain([run.c]),
-        );
+        self.pool.give(run.into_buffers());
         Ok(bytemuck::cast_slice(&words?).to_vec())
     }
 
@@ -352,12 +347,7 @@ impl WgpuBackend {
                 times.push(t);
             }
         }
-        self.pool.give(
-            run.temporaries
-                .into_iter()
-                .chain(run.scratch)
-                .chain([run.c]),
-        );
+        self.pool.give(run.into_buffers());
         let clock = if timer.is_some() {
             "gpu-timestamps"
         } else {
