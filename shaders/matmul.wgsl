@@ -10,10 +10,13 @@
 //   const FP8: bool, ROWWISE: bool
 //   alias A_T, B_T              element type of the operand arrays (u32, or f16 natively)
 //   fn fetch_a(idx: u32) -> f32 and fn fetch_b(idx: u32) -> f32: decode one stored element
-//   the split products of levels L1.., in place of the lower-levels marker (src/backend/defs.rs)
 //   const MASKED: bool, fn flagged(line: u32) -> bool: as the fallback of the cooperative-matrix
 //                               kernel, compute only outputs whose row of A or column of B is
 //                               flagged (coop_pack.wgsl); the flags are binding 5
+//   the pieces of matmul_step.wgsl: the accumulators (a vec4 per row of each 4x4 block and
+//   level), fn k_step (one K step out of workgroup memory into the accumulators; written out
+//   per k for checked modules, so that their hot code has no loop counter and no bounds clamp
+//   that varies with k) and fn store_tiles
 // Workgroup size is (BN / REG, BM / REG).
 
 struct MatmulParams {
@@ -52,26 +55,17 @@ struct MatmulParams {
 
 const WG_X: u32 = BN / REG;
 const WG_Y: u32 = BM / REG;
-// Four 4x4 blocks per invocation: a quarter of the workgroup-memory reads per multiply-add.
-const WIDE: bool = REG == 8u;
 const THREADS: u32 = WG_X * WG_Y;
 // Exactly the largest finite f32 (Tint rejects decimal literals that round up to it).
 const F32_MAX: f32 = 0x1.fffffep+127f;
 
-// [part][kk][i / 4]: four consecutive rows (columns) of one k as a vec4.
-var<workgroup> a_tile: array<vec4<f32>, PARTS * BK * BM / 4u>;
-var<workgroup> b_tile: array<vec4<f32>, PARTS * BK * BN / 4u>;
+// [part * BK + kk][i / 4]: four consecutive rows (columns) of one k as a vec4. Indexed by a
+// constant first, so a checked module clamps only the invocation's own row (column) block.
+var<workgroup> a_tile: array<array<vec4<f32>, BM / 4u>, PARTS * BK>;
+var<workgroup> b_tile: array<array<vec4<f32>, BN / 4u>, PARTS * BK>;
 // MASKED: whether any line of this workgroup's tile is flagged.
 var<workgroup> tile_hits: atomic<u32>;
 var<workgroup> tile_flagged: u32;
-
-// acc[r] += a[r] * b: the 4x4 outer product of a row block and a column block.
-fn outer(acc: ptr<function, array<vec4<f32>, 4>>, a: vec4<f32>, b: vec4<f32>) {
-    (*acc)[0] += a.x * b;
-    (*acc)[1] += a.y * b;
-    (*acc)[2] += a.z * b;
-    (*acc)[3] += a.w * b;
-}
 
 // The lower split levels use 0 where h is not finite, so only L0 sees inf/NaN.
 fn finite_or_zero(h: vec4<f32>) -> vec4<f32> {
@@ -90,31 +84,109 @@ fn unscale(acc: f32, sa: f32, sb: f32) -> f32 {
     return ldexp(ldexp(x, half), total - half);
 }
 
-fn a_at(part: u32, kk: u32, ty: u32) -> vec4<f32> {
-    return a_tile[(part * BK + kk) * (BM / 4u) + ty];
+// Where this workgroup's tile and batch start in A, B and C.
+struct Origin {
+    batch: u32,
+    row0: u32,
+    col0: u32,
+    a_base: u32,
+    b_base: u32,
 }
 
-fn b_at(part: u32, kk: u32, tx: u32) -> vec4<f32> {
-    return b_tile[(part * BK + kk) * (BN / 4u) + tx];
+// Four rows of A from `row` on at column p of plane offset `plane` (0 outside A). Written
+// out, like everything the K step runs, so that checked modules add no loop counter.
+fn a_rows(o: Origin, row: u32, p: u32, plane: u32) -> vec4<f32> {
+    var v = vec4<f32>();
+    if (p < params.k) {
+        let base = o.a_base + p * params.a_col + plane;
+        if (row < params.m) {
+            v.x = fetch_a(base + row * params.a_row);
+        }
+        if (row + 1u < params.m) {
+            v.y = fetch_a(base + (row + 1u) * params.a_row);
+        }
+        if (row + 2u < params.m) {
+            v.z = fetch_a(base + (row + 2u) * params.a_row);
+        }
+        if (row + 3u < params.m) {
+            v.w = fetch_a(base + (row + 3u) * params.a_row);
+        }
+    }
+    return v;
+}
+
+// Four columns of B from `col` on at row p of plane offset `plane` (0 outside B).
+fn b_cols(o: Origin, col: u32, p: u32, plane: u32) -> vec4<f32> {
+    var v = vec4<f32>();
+    if (p < params.k) {
+        let base = o.b_base + p * params.b_row + plane;
+        if (col < params.n) {
+            v.x = fetch_b(base + col * params.b_col);
+        }
+        if (col + 1u < params.n) {
+            v.y = fetch_b(base + (col + 1u) * params.b_col);
+        }
+        if (col + 2u < params.n) {
+            v.z = fetch_b(base + (col + 2u) * params.b_col);
+        }
+        if (col + 3u < params.n) {
+            v.w = fetch_b(base + (col + 3u) * params.b_col);
+        }
+    }
+    return v;
+}
+
+// Slot t of the A tile (t < BM * BK / 4): four rows at one k, a vec4 per plane. Consecutive
+// slots take consecutive k (contiguous for row-major A).
+fn load_a(o: Origin, k0: u32, t: u32) {
+    if (t >= BM * BK / 4u) {
+        return;
+    }
+    let i4 = t / BK;
+    let kk = t % BK;
+    let row = o.row0 + i4 * 4u;
+    a_tile[kk][i4] = a_rows(o, row, k0 + kk, 0u);
+    if (PARTS > 1u) {
+        a_tile[BK + kk][i4] = a_rows(o, row, k0 + kk, params.a_plane);
+    }
+    if (PARTS > 2u) {
+        a_tile[2u * BK + kk][i4] = a_rows(o, row, k0 + kk, 2u * params.a_plane);
+    }
+}
+
+// Slot t of the B tile (t < BN * BK / 4): four columns at one k. Consecutive slots take
+// consecutive columns (contiguous for row-major B).
+fn load_b(o: Origin, k0: u32, t: u32) {
+    if (t >= BN * BK / 4u) {
+        return;
+    }
+    let j4 = t % (BN / 4u);
+    let kk = t / (BN / 4u);
+    let col = o.col0 + j4 * 4u;
+    b_tile[kk][j4] = b_cols(o, col, k0 + kk, 0u);
+    if (PARTS > 1u) {
+        b_tile[BK + kk][j4] = b_cols(o, col, k0 + kk, params.b_plane);
+    }
+    if (PARTS > 2u) {
+        b_tile[2u * BK + kk][j4] = b_cols(o, col, k0 + kk, 2u * params.b_plane);
+    }
+}
+
+// One K step of A and B into workgroup memory, a slot per invocation at a time.
+fn load_tiles(o: Origin, k0: u32, lindex: u32) {
+    for (var t = lindex; t < BM * BK / 4u; t += THREADS) {
+        load_a(o, k0, t);
+    }
+    for (var t = lindex; t < BN * BK / 4u; t += THREADS) {
+        load_b(o, k0, t);
+    }
 }
 
 @compute @workgroup_size(WG_X, WG_Y, 1)
 fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
           @builtin(local_invocation_index) lindex: u32) {
     let batch = wg.z;
-    let row0 = wg.y * BM;
-    let col0 = wg.x * BN;
-    let a_base = batch * params.a_batch;
-    let b_base = batch * params.b_batch;
-    var acc0: array<vec4<f32>, 4>;
-    var acc1: array<vec4<f32>, 4>;
-    var acc2: array<vec4<f32>, 4>;
-    var acc3: array<vec4<f32>, 4>;
-    var acc4: array<vec4<f32>, 4>;
-    // WIDE: the blocks at (+BN/2 columns), (+BM/2 rows) and both.
-    var acc_r: array<vec4<f32>, 4>;
-    var acc_d: array<vec4<f32>, 4>;
-    var acc_rd: array<vec4<f32>, 4>;
+    let o = Origin(batch, wg.y * BM, wg.x * BN, batch * params.a_batch, batch * params.b_batch);
 
     if (MASKED) {
         if (lindex == 0u) {
@@ -124,9 +196,9 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
         for (var t = lindex; t < BM + BN; t += THREADS) {
             var hit = false;
             if (t < BM) {
-                hit = row0 + t < params.m && flagged(batch * params.m + row0 + t);
+                hit = o.row0 + t < params.m && flagged(batch * params.m + o.row0 + t);
             } else {
-                let col = col0 + t - BM;
+                let col = o.col0 + t - BM;
                 hit = col < params.n && flagged(params.b_lines + batch * params.n + col);
             }
             if (hit) {
@@ -143,112 +215,38 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
         }
     }
 
+    // 4x4 blocks: this invocation's at (lid.y, lid.x); with REG 8 also WG_Y (WG_X) blocks on.
+    let ty = lid.y;
+    let tx = lid.x;
+    let ty2 = lid.y + WG_Y;
+    let tx2 = lid.x + WG_X;
     for (var k0 = 0u; k0 < params.k; k0 += BK) {
-        // A tile: consecutive invocations take consecutive k (contiguous for row-major A).
-        for (var t = lindex; t < BM * BK; t += THREADS) {
-            let i = t / BK;
-            let kk = t % BK;
-            let row = row0 + i;
-            let p = k0 + kk;
-            let inside = row < params.m && p < params.k;
-            let idx = a_base + row * params.a_row + p * params.a_col;
-            for (var part = 0u; part < PARTS; part++) {
-                var v = 0.0;
-                if (inside) {
-                    v = fetch_a(idx + part * params.a_plane);
-                }
-                a_tile[(part * BK + kk) * (BM / 4u) + i / 4u][i % 4u] = v;
-            }
-        }
-        // B tile: consecutive invocations take consecutive columns (contiguous for row-major B).
-        for (var t = lindex; t < BN * BK; t += THREADS) {
-            let j = t % BN;
-            let kk = t / BN;
-            let col = col0 + j;
-            let p = k0 + kk;
-            let inside = col < params.n && p < params.k;
-            let idx = b_base + p * params.b_row + col * params.b_col;
-            for (var part = 0u; part < PARTS; part++) {
-                var v = 0.0;
-                if (inside) {
-                    v = fetch_b(idx + part * params.b_plane);
-                }
-                b_tile[(part * BK + kk) * (BN / 4u) + j / 4u][j % 4u] = v;
-            }
-        }
+        load_tiles(o, k0, lindex);
         workgroupBarrier();
-
-        for (var kk = 0u; kk < BK; kk++) {
-            let ah = a_at(0u, kk, lid.y);
-            let bh = b_at(0u, kk, lid.x);
-            outer(&acc0, ah, bh);
-            if (WIDE) {
-                let ah2 = a_at(0u, kk, lid.y + WG_Y);
-                let bh2 = b_at(0u, kk, lid.x + WG_X);
-                outer(&acc_r, ah, bh2);
-                outer(&acc_d, ah2, bh);
-                outer(&acc_rd, ah2, bh2);
-            }
-            if (LEVELS >= 2u) {
-                // Parts 0 (h, as 0 where not finite: only L0 meets inf/NaN), 1 (m), 2 (l).
-                let a0 = finite_or_zero(ah);
-                let b0 = finite_or_zero(bh);
-                let a1 = a_at(1u, kk, lid.y);
-                let b1 = b_at(1u, kk, lid.x);
-                var a2 = vec4<f32>();
-                var b2 = vec4<f32>();
-                if (LEVELS >= 3u) {
-                    a2 = a_at(2u, kk, lid.y);
-                    b2 = b_at(2u, kk, lid.x);
-                }
-                // The products of levels L1.. (src/algorithm.rs SPLIT_LEVELS), by the loader:
-{{lower_levels}}
-            }
-        }
+        k_step(ty, tx, ty2, tx2);
         workgroupBarrier();
     }
-
-    // Levels summed smallest first.
-    var sum: array<vec4<f32>, 4>;
-    for (var r = 0u; r < 4u; r++) {
-        var v = acc0[r];
-        if (LEVELS == 2u) {
-            v = acc1[r] + acc0[r];
-        } else if (LEVELS == 3u) {
-            v = (acc2[r] + acc1[r]) + acc0[r];
-        } else if (LEVELS == 5u) {
-            v = (((acc4[r] + acc3[r]) + acc2[r]) + acc1[r]) + acc0[r];
-        }
-        sum[r] = v;
-    }
-    store_block(batch, row0 + lid.y * 4u, col0 + lid.x * 4u, sum);
-    if (WIDE) {
-        store_block(batch, row0 + lid.y * 4u, col0 + (lid.x + WG_X) * 4u, acc_r);
-        store_block(batch, row0 + (lid.y + WG_Y) * 4u, col0 + lid.x * 4u, acc_d);
-        store_block(batch, row0 + (lid.y + WG_Y) * 4u, col0 + (lid.x + WG_X) * 4u, acc_rd);
-    }
+    store_tiles(o, ty, tx, ty2, tx2);
 }
 
-// The 4x4 block of C at (row, col): bounds, the MASKED selection and fp8 descaling.
-fn store_block(batch: u32, row_start: u32, col_start: u32, v: array<vec4<f32>, 4>) {
-    for (var r = 0u; r < 4u; r++) {
-        let row = row_start + r;
-        if (row >= params.m) {
-            continue;
-        }
-        let row_flagged = flagged(batch * params.m + row);
-        for (var c = 0u; c < 4u; c++) {
-            let col = col_start + c;
-            let mine = !MASKED || row_flagged || flagged(params.b_lines + batch * params.n + col);
-            if (col < params.n && mine) {
-                var out = v[r][c];
-                if (FP8) {
-                    let sa = scales[batch * params.sa_batch + select(0u, row, ROWWISE)];
-                    let sb = scales[params.sb_offset + batch * params.sb_batch + select(0u, col, ROWWISE)];
-                    out = unscale(out, sa, sb);
-                }
-                c_data[batch * params.c_batch + row * params.n + col] = out;
+// Row `row` of C from column col_start on, four outputs: bounds, the MASKED selection and
+// fp8 descaling.
+fn store_row(batch: u32, row: u32, col_start: u32, v: vec4<f32>) {
+    if (row >= params.m) {
+        return;
+    }
+    let row_flagged = flagged(batch * params.m + row);
+    for (var c = 0u; c < 4u; c++) {
+        let col = col_start + c;
+        let mine = !MASKED || row_flagged || flagged(params.b_lines + batch * params.n + col);
+        if (col < params.n && mine) {
+            var out = v[c];
+            if (FP8) {
+                let sa = scales[batch * params.sa_batch + select(0u, row, ROWWISE)];
+                let sb = scales[params.sb_offset + batch * params.sb_batch + select(0u, col, ROWWISE)];
+                out = unscale(out, sa, sb);
             }
+            c_data[batch * params.c_batch + row * params.n + col] = out;
         }
     }
 }

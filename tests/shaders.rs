@@ -62,9 +62,11 @@ fn every_autotuner_tile_validates() {
     ] {
         let v = MatmulVariant::for_algorithm(&alg, F16Read::Packed);
         for tile in Tile::candidates(v.parts, 1024, 32 * 1024) {
-            let k = Kernel::Matmul(v.with_tile(tile));
-            if let Err(e) = validate(&k) {
-                panic!("{}:\n{e}", k.label());
+            for unrolled in [false, true] {
+                let k = Kernel::Matmul(v.with_tile(tile).with_unrolled(unrolled));
+                if let Err(e) = validate(&k) {
+                    panic!("{}:\n{e}", k.label());
+                }
             }
         }
     }
@@ -149,4 +151,184 @@ fn kernels_take_shared_definitions_from_the_generated_header() {
     }
     let split = std::fs::read_to_string(root.join("cuda/matmul_split_bf16.cu")).unwrap();
     assert!(split.contains("SPLIT_TERMS(TERM)") && !split.contains("TERM(0, P_H, P_H)"));
+}
+
+/// A function of a SPIR-V module: its parameters' ids and its instructions after them, each as
+/// (opcode, operands).
+struct SpirvFunction {
+    params: Vec<u32>,
+    body: Vec<(u32, Vec<u32>)>,
+}
+
+const OP_NAME: u32 = 5;
+const OP_EXT_INST_IMPORT: u32 = 11;
+const OP_EXT_INST: u32 = 12;
+const OP_FUNCTION: u32 = 54;
+const OP_FUNCTION_PARAMETER: u32 = 55;
+const OP_FUNCTION_END: u32 = 56;
+const OP_LOOP_MERGE: u32 = 246;
+const OP_BRANCH_CONDITIONAL: u32 = 250;
+const OP_SWITCH: u32 = 251;
+const GLSL_UMIN: u32 = 38;
+
+fn spirv_string(words: &[u32]) -> String {
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    String::from_utf8_lossy(&bytes[..end]).into_owned()
+}
+
+/// The module's named functions, and the id of its GLSL.std.450 instruction set.
+fn spirv_functions(words: &[u32]) -> (std::collections::HashMap<String, SpirvFunction>, u32) {
+    let mut names = std::collections::HashMap::new();
+    let mut functions = std::collections::HashMap::new();
+    let mut glsl = u32::MAX;
+    let mut current: Option<(u32, SpirvFunction)> = None;
+    let mut at = 5; // past the header
+    while at < words.len() {
+        let (count, opcode) = ((words[at] >> 16) as usize, words[at] & 0xffff);
+        assert!(
+            count > 0 && at + count <= words.len(),
+            "malformed SPIR-V at word {at}"
+        );
+        let ops = words[at + 1..at + count].to_vec();
+        match opcode {
+            OP_NAME => {
+                names.insert(ops[0], spirv_string(&ops[1..]));
+            }
+            OP_EXT_INST_IMPORT if spirv_string(&ops[1..]) == "GLSL.std.450" => glsl = ops[0],
+            OP_FUNCTION => {
+                let f = SpirvFunction {
+                    params: Vec::new(),
+                    body: Vec::new(),
+                };
+                current = Some((ops[1], f));
+            }
+            OP_FUNCTION_PARAMETER => {
+                if let Some((_, f)) = current.as_mut() {
+                    f.params.push(ops[1]);
+                }
+            }
+            OP_FUNCTION_END => {
+                if let Some((id, f)) = current.take() {
+                    functions.insert(names.get(&id).cloned().unwrap_or_default(), f);
+                }
+            }
+            _ => {
+                if let Some((_, f)) = current.as_mut() {
+                    f.body.push((opcode, ops));
+                }
+            }
+        }
+        at += count;
+    }
+    (functions, glsl)
+}
+
+/// The claim that makes the checked SIMT kernel fast (docs/wgpu.md, "Runtime checks"): with
+/// wgpu's runtime checks, naga clamps every index that is not a constant and bounds every
+/// loop, which stops drivers unrolling. The loader writes the K step out, so in the checked
+/// SPIR-V the step is straight-line code whose only clamps are on the invocation's own row and
+/// column (parameters, the same at every k: a driver computes each once), and with those
+/// clamps taken out it is the unchecked step instruction for instruction. What a tile load
+/// slot runs has no loop either (the slots themselves are a loop: memory-bound, and once per
+/// K step, not per k).
+#[test]
+fn checked_k_step_runs_the_unchecked_instructions() {
+    use mantissa::backend::wgpu::shaders::{F16Read, MatmulVariant, Tile, spirv};
+    use mantissa::{Algorithm, Format};
+    let wide = Tile {
+        bm: 128,
+        bn: 128,
+        bk: 8,
+        reg: 8,
+        warps: 1,
+    };
+    let bf16x3 = MatmulVariant::for_algorithm(&Algorithm::Bf16x3, F16Read::Packed);
+    let variants = [
+        MatmulVariant::for_algorithm(&Algorithm::F32, F16Read::Packed),
+        MatmulVariant::for_algorithm(&Algorithm::F32, F16Read::Packed).with_tile(wide),
+        MatmulVariant::for_algorithm(&Algorithm::F16, F16Read::Native),
+        MatmulVariant::for_algorithm(&Algorithm::Bf16x9, F16Read::Packed),
+        MatmulVariant::for_algorithm(
+            &Algorithm::fp8(Format::E4m3, Format::E5m2)
+                .with_scaling(mantissa::algorithm::Scaling::Rowwise),
+            F16Read::Packed,
+        ),
+        bf16x3.fallback(),
+    ];
+    for v in variants {
+        // The looped step of the same variant is what the unrolled one replaces: checked, its
+        // loop is bounded (so drivers keep it a loop).
+        let looped = spirv_functions(&spirv(&Kernel::Matmul(v), true).unwrap()).0;
+        assert_eq!(
+            looped["k_step"]
+                .body
+                .iter()
+                .filter(|i| i.0 == OP_LOOP_MERGE)
+                .count(),
+            1
+        );
+        let k = Kernel::Matmul(v.with_unrolled(true));
+        let label = k.label();
+        let (checked, glsl) = spirv_functions(&spirv(&k, true).unwrap());
+        let (unchecked, _) = spirv_functions(&spirv(&k, false).unwrap());
+        let is_clamp = |(op, ops): &(u32, Vec<u32>)| {
+            *op == OP_EXT_INST && ops[2] == glsl && ops[3] == GLSL_UMIN
+        };
+        let step = &checked["k_step"];
+        let count =
+            |f: &SpirvFunction, opcode: u32| f.body.iter().filter(|i| i.0 == opcode).count();
+        assert_eq!(
+            count(step, OP_LOOP_MERGE),
+            0,
+            "{label}: a loop in the K step"
+        );
+        assert_eq!(
+            count(step, OP_BRANCH_CONDITIONAL) + count(step, OP_SWITCH),
+            0,
+            "{label}: the K step branches"
+        );
+        let clamps: Vec<&Vec<u32>> = step
+            .body
+            .iter()
+            .filter(|i| is_clamp(i))
+            .map(|i| &i.1)
+            .collect();
+        // The checks are on (else this test would prove nothing), and each clamps a parameter.
+        assert!(
+            !clamps.is_empty(),
+            "{label}: no clamp in the checked K step"
+        );
+        for ops in &clamps {
+            assert!(
+                step.params.contains(&ops[4]),
+                "{label}: a clamp on %{} in the K step, not on the invocation's row or column",
+                ops[4]
+            );
+        }
+        let opcodes = |f: &SpirvFunction| -> Vec<u32> {
+            f.body
+                .iter()
+                .filter(|i| !is_clamp(i))
+                .map(|i| i.0)
+                .collect()
+        };
+        assert_eq!(
+            opcodes(step),
+            opcodes(&unchecked["k_step"]),
+            "{label}: the checked K step differs from the unchecked one beyond its clamps"
+        );
+        for name in ["load_a", "load_b", "a_rows", "b_cols"] {
+            assert_eq!(
+                count(&checked[name], OP_LOOP_MERGE),
+                0,
+                "{label}: a loop in {name}"
+            );
+        }
+        // The K loop itself is bounded: what the test looks for is there to be found.
+        assert!(
+            count(&checked["matmul"], OP_LOOP_MERGE) > 0,
+            "{label}: no K loop found"
+        );
+    }
 }

@@ -50,20 +50,6 @@ pub fn cuda() -> String {
     s
 }
 
-/// The split products of the SIMT matmul for `levels` levels (2, 3 or 5), as WGSL statements
-/// over the loaded parts `a{p}`/`b{p}` (part 0 of the lower levels is `a0`/`b0`: h with
-/// non-finite values replaced by 0) into the level accumulators `acc{level}`. L0 (h . h) is
-/// multiplied by the kernel itself, which also widens it.
-pub fn wgsl_lower_levels(levels: usize) -> String {
-    let mut s = String::new();
-    for (level, terms) in SPLIT_LEVELS.iter().enumerate().take(levels).skip(1) {
-        for (a, b) in terms.iter() {
-            let _ = writeln!(s, "                outer(&acc{level}, a{a}, b{b});");
-        }
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -82,7 +68,5 @@ mod tests {
         assert!(w.contains("const S_CLIP: u32 = 10u;") && c.contains("#define S_CLIP 10u"));
         let terms: usize = SPLIT_LEVELS.iter().map(|l| l.len()).sum();
         assert_eq!(c.matches(" TERM(").count(), terms, "{c}");
-        assert_eq!(wgsl_lower_levels(5).lines().count(), terms - 1);
-        assert_eq!(wgsl_lower_levels(2).lines().count(), 2);
     }
 }

@@ -217,6 +217,8 @@ fn simt(
     flags: Option<&wgpu::Buffer>,
     run: &mut MatmulRun,
 ) -> Result<()> {
+    // Checked modules get the K step written out: it is what keeps them fast.
+    let variant = variant.with_unrolled(gpu.runtime_checks);
     let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
     let pa = prepare(
         gpu,

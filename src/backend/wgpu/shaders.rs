@@ -19,6 +19,7 @@ const TRAIN: &str = include_str!("../../../shaders/train.wgsl");
 const STEP: &str = include_str!("../../../shaders/step.wgsl");
 const FETCH: &str = include_str!("../../../shaders/fetch.wgsl");
 const COOP_BLOCK: &str = include_str!("../../../shaders/coop_block.wgsl");
+const MATMUL_STEP: &str = include_str!("../../../shaders/matmul_step.wgsl");
 
 /// The training ops of `shaders/train.wgsl` (entry points of one module).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -168,9 +169,6 @@ impl Operand {
 pub fn format_id(format: Format) -> u32 {
     format.id()
 }
-
-/// Where matmul.wgsl takes the split products of its lower levels.
-const LOWER_LEVELS: &str = "{{lower_levels}}";
 
 /// Workgroup tile of the matmul kernel: `bm` x `bn` outputs per workgroup, `bk` of the inner
 /// dimension per step, and `reg` x `reg` outputs per invocation (4, or 8 for single-plane
@@ -373,6 +371,9 @@ pub struct MatmulVariant {
     pub coop: Option<Coop>,
     /// SIMT fallback of the cooperative kernel: only outputs of flagged lines.
     pub masked: bool,
+    /// SIMT: the K step written out per k rather than looped, for modules with runtime checks
+    /// (a bounded loop is not unrolled by drivers; matmul_step.wgsl).
+    pub unrolled: bool,
 }
 
 impl MatmulVariant {
@@ -401,6 +402,7 @@ impl MatmulVariant {
             tile,
             coop: None,
             masked: false,
+            unrolled: false,
         }
     }
 
@@ -425,6 +427,7 @@ impl MatmulVariant {
             tile: Tile::coop_default(coop.size),
             coop: Some(coop),
             masked: false,
+            unrolled: false,
         })
     }
 
@@ -463,6 +466,11 @@ impl MatmulVariant {
             masked: true,
             ..*self
         }
+    }
+
+    /// The same variant with its K step written out per k (`unrolled`) or looped.
+    pub fn with_unrolled(self, unrolled: bool) -> MatmulVariant {
+        MatmulVariant { unrolled, ..self }
     }
 
     /// The same variant on another tile.
@@ -532,7 +540,7 @@ impl Kernel {
                     (Some(c), _) => format!(", {0}x{0}x{0}, subgroup {1}", c.size, c.subgroup),
                     (None, true) => ", masked".into(),
                     _ => String::new(),
-                }
+                } + if v.unrolled { ", unrolled" } else { "" }
             ),
         }
     }
@@ -596,9 +604,7 @@ impl Kernel {
             });
         }
         let family = match self {
-            Kernel::Matmul(v) if v.coop.is_none() => {
-                family.replace(LOWER_LEVELS, &defs::wgsl_lower_levels(v.levels as usize))
-            }
+            Kernel::Matmul(v) if v.coop.is_none() => format!("{family}\n{}", k_step(v)),
             _ => family.to_string(),
         };
         // Directives first (WGSL wants them before any declaration), then the definitions.
@@ -652,12 +658,12 @@ impl Kernel {
                     crate::algorithm::Scaling::Tensorwise,
                     crate::algorithm::Scaling::Rowwise,
                 ] {
-                    let k = Kernel::Matmul(MatmulVariant::for_algorithm(
-                        &alg.with_scaling(scaling),
-                        f16,
-                    ));
-                    if !kernels.contains(&k) {
-                        kernels.push(k);
+                    for unrolled in [false, true] {
+                        let v = MatmulVariant::for_algorithm(&alg.with_scaling(scaling), f16);
+                        let k = Kernel::Matmul(v.with_unrolled(unrolled));
+                        if !kernels.contains(&k) {
+                            kernels.push(k);
+                        }
                     }
                 }
             }
@@ -670,6 +676,100 @@ impl Kernel {
 /// only; 2, 3 or 5) of `algorithm::SPLIT_LEVELS`.
 fn level_terms(levels: u32) -> &'static [&'static [(usize, usize)]] {
     &SPLIT_LEVELS[..(levels.max(1) as usize)]
+}
+
+/// matmul_step.wgsl's pieces written out for a SIMT variant: its accumulators (a vec4 per
+/// level, 4x4 block and row), `k_step` (every product of every level at each k of the K step:
+/// written once per k where the variant is unrolled, else in a loop over k) and
+/// `store_tiles`.
+fn k_step(v: &MatmulVariant) -> String {
+    use template::{fill, piece};
+    let put = |out: &mut String, name: &str, vars: &[(&str, &str)]| {
+        out.push_str(&fill(piece(MATMUL_STEP, name), vars));
+    };
+    let n = |x: u32| x.to_string();
+    let levels = level_terms(v.levels);
+    let tile = v.tile;
+    // The 4x4 blocks as (block row, block column); REG 8 only on single-level variants.
+    let blocks: &[(&str, &str)] = if tile.reg == 8 {
+        &[("ty", "tx"), ("ty", "tx2"), ("ty2", "tx"), ("ty2", "tx2")]
+    } else {
+        &[("ty", "tx")]
+    };
+    let each_accumulator = || {
+        (0..levels.len() as u32)
+            .flat_map(move |l| (0..blocks.len() as u32).map(move |q| (l, q)))
+            .flat_map(|(l, q)| (0..4u32).map(move |r| (l, q, r)))
+    };
+    let mut f = String::new();
+    for (l, q, r) in each_accumulator() {
+        put(
+            &mut f,
+            "accumulator",
+            &[("l", &n(l)), ("q", &n(q)), ("r", &n(r))],
+        );
+    }
+    put(&mut f, "step_begin", &[]);
+    // (the index of k, the suffix of its values): constants when unrolled, else the loop's.
+    let ks: Vec<(String, String)> = if v.unrolled {
+        (0..tile.bk).map(|kk| (format!("{kk}u"), n(kk))).collect()
+    } else {
+        put(&mut f, "k_loop", &[]);
+        vec![("kk".into(), "k".into())]
+    };
+    for (k, kk) in &ks {
+        let at: [(&str, &str); 2] = [("k", k), ("kk", kk)];
+        put(&mut f, "k_begin", &at);
+        if blocks.len() > 1 {
+            put(&mut f, "k_wide", &at);
+        }
+        if levels.len() > 1 {
+            put(&mut f, "k_split", &at);
+            for p in 1..v.parts {
+                put(&mut f, "k_plane", &[("p", &n(p)), ("k", k), ("kk", kk)]);
+            }
+        }
+        // L0 multiplies h as loaded (inf and NaN included), in every block.
+        for (q, (row, col)) in blocks.iter().enumerate() {
+            let a = format!("{}_{kk}", if *row == "ty" { "ah" } else { "ah2" });
+            let b = format!("{}_{kk}", if *col == "tx" { "bh" } else { "bh2" });
+            put(
+                &mut f,
+                "product",
+                &[("l", "0"), ("q", &n(q as u32)), ("a", &a), ("b", &b)],
+            );
+        }
+        for (l, terms) in levels.iter().enumerate().skip(1) {
+            for (pa, pb) in terms.iter() {
+                let (a, b) = (format!("a{pa}_{kk}"), format!("b{pb}_{kk}"));
+                put(
+                    &mut f,
+                    "product",
+                    &[("l", &n(l as u32)), ("q", "0"), ("a", &a), ("b", &b)],
+                );
+            }
+        }
+    }
+    if !v.unrolled {
+        put(&mut f, "k_loop_end", &[]);
+    }
+    put(&mut f, "store_begin", &[]);
+    for (q, (row, col)) in blocks.iter().enumerate() {
+        for r in 0..4u32 {
+            let acc = |l: usize| format!("acc_{l}_{q}_{r}");
+            let mut sum = acc(levels.len() - 1);
+            for l in (0..levels.len() - 1).rev() {
+                sum = format!("({sum} + {})", acc(l));
+            }
+            put(
+                &mut f,
+                "store",
+                &[("row", row), ("col", col), ("r", &n(r)), ("sum", &sum)],
+            );
+        }
+    }
+    put(&mut f, "end", &[]);
+    f
 }
 
 /// Partial sums on cooperative matrices are promoted into f32 totals every this many of K.
@@ -840,6 +940,14 @@ mod template {
 /// Parses and validates a kernel's WGSL with naga, and writes SPIR-V from it (the path wgpu
 /// takes on Vulkan), returning the first error with its location.
 pub fn validate(kernel: &Kernel) -> Result<(), String> {
+    spirv(kernel, true).map(|_| ())
+}
+
+/// The SPIR-V wgpu's Vulkan backend writes for `kernel`, with its runtime checks (`checked`:
+/// every index that is not a constant clamped, a counter on every loop, as on a device without
+/// robust buffer access) or without (a trusted module).
+pub fn spirv(kernel: &Kernel, checked: bool) -> Result<Vec<u32>, String> {
+    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
     let source = kernel.source();
     let module = naga::front::wgsl::parse_str(&source).map_err(|e| e.emit_to_string(&source))?;
     let info = naga::valid::Validator::new(
@@ -848,7 +956,23 @@ pub fn validate(kernel: &Kernel) -> Result<(), String> {
     )
     .validate(&module)
     .map_err(|e| e.emit_to_string(&source))?;
-    naga::back::spv::write_vec(&module, &info, &naga::back::spv::Options::default(), None)
-        .map_err(|e| format!("SPIR-V generation failed: {e}"))?;
-    Ok(())
+    let policy = if checked {
+        BoundsCheckPolicy::Restrict
+    } else {
+        BoundsCheckPolicy::Unchecked
+    };
+    let options = naga::back::spv::Options {
+        bounds_check_policies: BoundsCheckPolicies {
+            index: policy,
+            buffer: policy,
+            image_load: policy,
+            binding_array: BoundsCheckPolicy::Unchecked,
+        },
+        force_loop_bounding: checked,
+        // Names on functions, so that tests can find them in the module.
+        flags: naga::back::spv::WriterFlags::DEBUG | naga::back::spv::Options::default().flags,
+        ..Default::default()
+    };
+    naga::back::spv::write_vec(&module, &info, &options, None)
+        .map_err(|e| format!("SPIR-V generation failed: {e}"))
 }

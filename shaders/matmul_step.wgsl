@@ -1,0 +1,61 @@
+// matmul_step.wgsl: the pieces of matmul.wgsl the loader writes out per variant
+// (src/backend/wgpu/shaders.rs, `k_step`): each piece once per split level {{l}}, 4x4 block
+// {{q}} (0; with REG 8 also 1: BN/2 columns on, 2: BM/2 rows on, 3: both) and row {{r}} of a
+// block, with the variant's numbers in place of the other {{names}}.
+//
+// Unrolled variants (those for checked modules: browsers, MANTISSA_WGSL_CHECKS) write the K
+// step's body once per k: {{k}} is then the constant k, {{kk}} names its values. Every index is
+// a constant but the invocation's own block row (`ty`, `ty2`) and column (`tx`, `tx2`), so a
+// checked module's clamps are the same four values at every k and there is no loop to bound:
+// the checked step runs the unchecked one's instructions (tests/shaders.rs). Other variants
+// loop over k ({{k}} is `kk`), which drivers unroll themselves when nothing bounds the loop,
+// and which lavapipe compiles several times faster.
+
+// @@accumulator
+var<private> acc_{{l}}_{{q}}_{{r}}: vec4<f32>;
+
+// @@step_begin
+// The K step in workgroup memory, multiplied into the accumulators.
+fn k_step(ty: u32, tx: u32, ty2: u32, tx2: u32) {
+
+// @@k_loop
+    for (var kk = 0u; kk < BK; kk++) {
+
+// @@k_loop_end
+    }
+
+// @@k_begin
+    // k = {{k}}
+    let ah_{{kk}} = a_tile[{{k}}][ty];
+    let bh_{{kk}} = b_tile[{{k}}][tx];
+
+// @@k_wide
+    let ah2_{{kk}} = a_tile[{{k}}][ty2];
+    let bh2_{{kk}} = b_tile[{{k}}][tx2];
+
+// @@k_split
+    // The lower levels read h as 0 where it is not finite: only L0 meets inf/NaN.
+    let a0_{{kk}} = finite_or_zero(ah_{{kk}});
+    let b0_{{kk}} = finite_or_zero(bh_{{kk}});
+
+// @@k_plane
+    let a{{p}}_{{kk}} = a_tile[{{p}}u * BK + {{k}}][ty];
+    let b{{p}}_{{kk}} = b_tile[{{p}}u * BK + {{k}}][tx];
+
+// @@product
+    acc_{{l}}_{{q}}_0 += {{a}}.x * {{b}};
+    acc_{{l}}_{{q}}_1 += {{a}}.y * {{b}};
+    acc_{{l}}_{{q}}_2 += {{a}}.z * {{b}};
+    acc_{{l}}_{{q}}_3 += {{a}}.w * {{b}};
+
+// @@store_begin
+}
+
+// The accumulators into C, each 4x4 block's levels summed smallest first.
+fn store_tiles(o: Origin, ty: u32, tx: u32, ty2: u32, tx2: u32) {
+
+// @@store
+    store_row(o.batch, o.row0 + {{row}} * 4u + {{r}}u, o.col0 + {{col}} * 4u, {{sum}});
+
+// @@end
+}
