@@ -78,6 +78,22 @@ pub enum Error {
         fault: Box<DeviceFault>,
     },
 
+    /// A step plan that does not fit the device memory it may take, found before anything of
+    /// it is allocated (or when the allocation failed).
+    #[error(
+        "the step plan needs {} of device memory on '{device}' for a batch of {batch}, {available}; {advice}",
+        gib(*needed_bytes)
+    )]
+    PlanTooLarge {
+        device: String,
+        batch: usize,
+        needed_bytes: u64,
+        /// What the plan may take, in words ("only 3.5 GiB are free").
+        available: String,
+        /// What to do instead (a smaller batch that fits, and what it needs).
+        advice: String,
+    },
+
     #[error("shader '{kernel}' failed to compile:\n{log}")]
     ShaderCompile { kernel: String, log: String },
 
@@ -158,6 +174,15 @@ impl DeviceFault {
     }
 }
 
+/// Bytes in GiB or MiB, as messages show them: "3.55 GiB", "7.5 MiB".
+pub fn gib(bytes: u64) -> String {
+    if bytes >= 1 << 30 {
+        format!("{:.2} GiB", bytes as f64 / (1u64 << 30) as f64)
+    } else {
+        format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+    }
+}
+
 /// What kind of failure an error is: the CLI's exit code and the Python exception type follow
 /// from it, so both front ends classify alike.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -177,6 +202,7 @@ impl Error {
         match self {
             Error::Device { .. }
             | Error::OutOfMemory { .. }
+            | Error::PlanTooLarge { .. }
             | Error::ShaderCompile { .. }
             | Error::BackendUnavailable { .. }
             | Error::Collective { .. }

@@ -602,3 +602,73 @@ fn a_training_step_takes_little_beyond_its_plan() {
         |_| check("wgpu"),
     );
 }
+
+#[test]
+fn a_plan_over_the_memory_limit_stops_before_allocating_and_names_a_batch_that_fits() {
+    let check = |backend: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("run");
+        let train = |extra: &[&str]| {
+            let mut args = vec![
+                "train",
+                "--config",
+                "tiny",
+                "--backend",
+                backend,
+                "--steps",
+                "1",
+                "--eval-batches",
+                "1",
+                "--out",
+                out.to_str().unwrap(),
+            ];
+            args.extend_from_slice(extra);
+            mantissa(&args)
+        };
+        // tiny's 32-true plan at its batch of 16 holds 7.5 MiB of tensors.
+        let o = train(&["--memory-limit", "4MiB"]);
+        assert_eq!(o.status.code(), Some(1), "{backend}: {}", text(&o));
+        let said = text(&o);
+        for part in [
+            "needs 7.5 MiB",
+            "batch of 16",
+            "limit of 4.0 MiB",
+            "try --batch 4",
+        ] {
+            assert!(said.contains(part), "{backend}: no '{part}' in: {said}");
+        }
+        let written: Vec<_> = std::fs::read_dir(&out).map_or(vec![], |d| d.collect());
+        assert!(written.is_empty(), "{backend}: wrote {written:?}");
+        // The batch it names fits, and trains.
+        let o = train(&["--memory-limit", "4MiB", "--batch", "4"]);
+        assert!(o.status.success(), "{backend}: {}", text(&o));
+        let log: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("train.json")).unwrap())
+                .unwrap();
+        let plan = log[0]["memory"]["plan_bytes"].as_u64().unwrap();
+        assert!(plan <= 4 << 20, "{backend}: {plan} bytes");
+    };
+    check("reference");
+    common::on(
+        common::wgpu(),
+        "cli::a_plan_over_the_memory_limit_stops_before_allocating (wgpu)",
+        |_| check("wgpu"),
+    );
+    for (flag, value) in [
+        ("--memory-limit", "12zz"),
+        ("--memory-limit", "0"),
+        ("--batch", "0"),
+    ] {
+        let o = mantissa(&[
+            "train",
+            "--config",
+            "tiny",
+            "--backend",
+            "reference",
+            flag,
+            value,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {}", text(&o));
+        assert!(text(&o).contains(flag), "{}", text(&o));
+    }
+}

@@ -157,6 +157,11 @@ pub trait Backend: Send + Sync {
     fn device_name(&self) -> String;
     /// What the backend accelerates; drives the precision-class resolution.
     fn capabilities(&self) -> Capabilities;
+    /// Device memory (free, in all) in bytes, where the backend can say (CUDA; wgpu has no
+    /// such query): a step plan that cannot fit is refused before it allocates.
+    fn memory_available(&self) -> Option<(u64, u64)> {
+        None
+    }
 
     /// C = op(A) . op(B) under `algorithm`.
     async fn matmul(

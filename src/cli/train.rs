@@ -80,6 +80,14 @@ pub struct TrainArgs {
     /// rank, as a check of NCCL).
     #[arg(long, default_value = "auto")]
     reducer: String,
+    /// Sequences per step instead of the config's (tiny 16, small 64); the ranks must divide it.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// The most device memory the step plan may take, e.g. 12GiB or 500MiB (on CUDA it is also
+    /// refused beyond what the device has free); a plan over it stops before allocating and
+    /// names a batch that fits.
+    #[arg(long)]
+    memory_limit: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -213,6 +221,7 @@ struct Setup {
     config: GptConfig,
     backend: Box<dyn backend::Backend>,
     resume: Option<Checkpoint>,
+    memory_limit: Option<u64>,
 }
 
 /// Everything before the first step, on every rank, in phases the ranks agree on (so that a
@@ -297,7 +306,17 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
     let inject = injected(group.rank())?;
     let choice: BackendChoice = args.backend.parse()?;
     let corpus = Corpus::load(&args.corpus)?;
-    let config = GptConfig::named(&args.config, corpus.vocab.len())?;
+    let mut config = GptConfig::named(&args.config, corpus.vocab.len())?;
+    if let Some(batch) = args.batch {
+        if !(1..=MAX_BATCH).contains(&batch) {
+            return Err(Error::invalid(
+                "--batch",
+                format!("{batch} sequences: between 1 and {MAX_BATCH}"),
+            ));
+        }
+        config.batch_size = batch;
+    }
+    let memory_limit = args.memory_limit.as_deref().map(parse_bytes).transpose()?;
     corpus
         .check_context(config.block_size)
         .map_err(|e| Error::file(&args.corpus, e))?;
@@ -315,7 +334,45 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         config,
         backend,
         resume: None,
+        memory_limit,
     })
+}
+
+/// The largest `--batch`: far beyond any device's memory for `small`, and small enough that no
+/// size computed from it overflows.
+const MAX_BATCH: usize = 1 << 20;
+
+/// "12GiB", "500 MiB", "2.5GB", "1000000": bytes (binary units KiB..TiB, decimal KB..TB).
+fn parse_bytes(text: &str) -> Result<u64> {
+    let bad = || {
+        Error::invalid(
+            "--memory-limit",
+            format!("'{text}' is not a size such as 12GiB, 500MiB or 2000000000"),
+        )
+    };
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = (&t[..split], t[split..].trim());
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let scale = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "kib" => 1024f64,
+        "mib" => 1024f64.powi(2),
+        "gib" => 1024f64.powi(3),
+        "tib" => 1024f64.powi(4),
+        "kb" => 1e3,
+        "mb" => 1e6,
+        "gb" => 1e9,
+        "tb" => 1e12,
+        _ => return Err(bad()),
+    };
+    let bytes = value * scale;
+    if !(bytes.is_finite() && bytes >= 1.0 && bytes < u64::MAX as f64) {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
 }
 
 /// Trains each preset in turn; rank 0 prints and writes checkpoints.
@@ -363,6 +420,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             },
             grad_clip: 1.0,
             resident: setup.resident,
+            memory_limit: setup.memory_limit,
         };
         // Every rank builds its plan (its device may run out of memory): agreed.
         let built = Trainer::data_parallel(backend, corpus, options, group, setup.reducer)

@@ -6,10 +6,10 @@ use crate::algorithm::Algorithm;
 use crate::backend::reference::ops::round_to;
 use crate::backend::{self, Backend};
 use crate::dist::{self, Collective, Reducer, Single};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, gib};
 use crate::plan::exec::{Memory, Reduced, grad_norm, update_factor};
 use crate::plan::scalar::StepScalars;
-use crate::plan::{AdamW, Section, Stats, StepExecutor, TensorId};
+use crate::plan::{AdamW, Plan, Section, Stats, StepExecutor, Storage, TensorId};
 use crate::policy::precision::PrecisionRequest;
 use crate::policy::{
     Fp8Role, Fp8State, LossScaler, Precision, PrecisionClass, Preset, PresetSpec, StepDecision,
@@ -35,6 +35,9 @@ pub struct TrainOptions {
     /// Run the step plan device-resident where the backend can (else the host interpreter,
     /// one round trip per op).
     pub resident: bool,
+    /// The most device memory the step plan's tensors may take, beside what the device has
+    /// free (`--memory-limit`: to leave room on a shared GPU).
+    pub memory_limit: Option<u64>,
 }
 
 impl TrainOptions {
@@ -52,6 +55,7 @@ impl TrainOptions {
             adamw: AdamW::default(),
             grad_clip: 1.0,
             resident: true,
+            memory_limit: None,
         }
     }
 }
@@ -163,7 +167,12 @@ impl<'a> Trainer<'a> {
         } else {
             vec![]
         };
-        let exec = backend::executor(backend, plan, options.resident)?;
+        let exec = if options.resident {
+            let fits = PlanFit::check(&gpt, &precision, &options, group, &plan)?;
+            backend::executor(backend, plan, true).map_err(|e| fits.explain(e))?
+        } else {
+            backend::executor(backend, plan, false)?
+        };
         Ok(Trainer {
             gpt,
             corpus,
@@ -478,5 +487,103 @@ impl<'a> Trainer<'a> {
         // Each rank's loss is the mean over its slice: the batch's is the mean over the ranks.
         self.group.sum_f64(&mut total)?;
         Ok(total[0] / (batches.max(1) * self.group.size()) as f64)
+    }
+}
+
+/// Whether a step plan fits the device memory it may take (what the device has free, where
+/// the backend can say, and `TrainOptions::memory_limit`), checked before it allocates; and
+/// what to say if it does not fit or its allocation fails: the bytes needed and available,
+/// and the largest batch that fits (plans of smaller batches are built on the host to find
+/// it).
+struct PlanFit<'a> {
+    gpt: &'a Gpt<'a>,
+    precision: &'a Precision,
+    group: &'a dyn Collective,
+    needed: u64,
+}
+
+impl<'a> PlanFit<'a> {
+    fn check(
+        gpt: &'a Gpt<'a>,
+        precision: &'a Precision,
+        options: &TrainOptions,
+        group: &'a dyn Collective,
+        plan: &Plan,
+    ) -> Result<PlanFit<'a>> {
+        let fit = PlanFit {
+            gpt,
+            precision,
+            group,
+            needed: Storage::shared(plan).bytes(),
+        };
+        let free = gpt.backend.memory_available();
+        let limits = [
+            free.map(|(f, t)| (f, format!("and only {} of {} are free", gib(f), gib(t)))),
+            options
+                .memory_limit
+                .map(|l| (l, format!("over the limit of {} (--memory-limit)", gib(l)))),
+        ];
+        let tightest = limits.into_iter().flatten().min_by_key(|(bytes, _)| *bytes);
+        match tightest {
+            Some((cap, available)) if fit.needed > cap => Err(fit.too_large(available, Some(cap))),
+            _ => Ok(fit),
+        }
+    }
+
+    /// `e` as `PlanTooLarge` where the plan's allocation ran out of memory.
+    fn explain(&self, e: Error) -> Error {
+        match e {
+            Error::OutOfMemory { total_bytes, .. } => {
+                let available = match total_bytes {
+                    Some(t) => format!("and the device ({} in all) could not allocate it", gib(t)),
+                    None => "and the device could not allocate it".into(),
+                };
+                self.too_large(available, None)
+            }
+            e => e,
+        }
+    }
+
+    fn too_large(&self, available: String, cap: Option<u64>) -> Error {
+        let batch = self.gpt.config.batch_size;
+        let ranks = self.group.size();
+        // Batches the ranks divide, halving: the largest that fits `cap` (without a cap, half).
+        let mut smaller = Vec::new();
+        let mut b = batch / 2;
+        while b >= ranks && b.is_multiple_of(ranks) {
+            if let Some(bytes) = self.bytes_at(b / ranks) {
+                smaller.push((b, bytes));
+                if cap.is_none_or(|c| bytes <= c) {
+                    break;
+                }
+            }
+            b /= 2;
+        }
+        let advice = match smaller.last() {
+            Some(&(b, bytes)) if cap.is_none_or(|c| bytes <= c) => {
+                format!("a batch of {b} needs {}: try --batch {b}", gib(bytes))
+            }
+            Some(&(b, bytes)) => format!(
+                "even a batch of {b} needs {}: use a smaller model or more devices",
+                gib(bytes)
+            ),
+            None => "use a smaller model or more devices".into(),
+        };
+        Error::PlanTooLarge {
+            device: self.gpt.backend.name(),
+            batch,
+            needed_bytes: self.needed,
+            available,
+            advice,
+        }
+    }
+
+    /// Bytes of the step plan of `sequences` per rank, built on the host.
+    fn bytes_at(&self, sequences: usize) -> Option<u64> {
+        let plan = self
+            .gpt
+            .plan(self.precision, sequences, self.gpt.config.block_size)
+            .ok()?;
+        Some(Storage::shared(&plan).bytes())
     }
 }

@@ -529,6 +529,12 @@ impl Backend for CudaBackend {
         self.op_unscale_check(g, inverse_scale)
     }
 
+    fn memory_available(&self) -> Option<(u64, u64)> {
+        self.ctx.bind_to_thread().ok()?;
+        let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
+        Some((free as u64, total as u64))
+    }
+
     fn resident_executor<'a>(
         &'a self,
         plan: crate::plan::Plan,
