@@ -68,7 +68,8 @@ fn a_tuned_tile_is_persisted_and_reused() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("autotune.json");
     let b = b.with_tuner(Autotuner::new(AutotuneMode::Fast, Some(path.clone())));
-    let shape = MatmulShape::new(96, 80, 64);
+    // Just over the least work that is tuned (autotune::TUNE_MIN_FLOPS).
+    let shape = MatmulShape::new(160, 144, 96);
     let a = measure::normal(shape.a_len(), 1);
     let bm = measure::normal(shape.b_len(), 2);
     let timing = b
@@ -123,5 +124,18 @@ fn a_tuned_tile_is_persisted_and_reused() {
         .zip(&again)
         .all(|(x, y)| x.to_bits() == y.to_bits());
     assert!(same, "a hostile cached tile changed the result");
-    assert_ne!(std::fs::read_to_string(&path).unwrap(), hostile);
+    let retuned = std::fs::read_to_string(&path).unwrap();
+    assert_ne!(retuned, hostile);
+    // A matmul under that work takes the default tile: nothing tuned, nothing stored.
+    let small = MatmulShape::new(96, 80, 64);
+    let (a, bm) = (
+        measure::normal(small.a_len(), 3),
+        measure::normal(small.b_len(), 4),
+    );
+    let timing = b
+        .time_matmul(&small, &Algorithm::F32, &a, &bm, 1)
+        .block_on()
+        .unwrap();
+    assert!(!timing.variant.contains("autotuned"), "{}", timing.variant);
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), retuned);
 }

@@ -5,6 +5,11 @@
 //! Every tile computes bit for bit the same result (each output sums its k terms in order,
 //! whatever the tile), so tuning changes speed only; `tests/conformance.rs` checks that.
 //!
+//! Matmuls under `TUNE_MIN_FLOPS` (a 128x128x128 product) take the default tile untuned: their
+//! time is mostly the dispatch's, and each candidate costs a kernel compile, which on a
+//! software rasterizer or with runtime checks (browsers) takes far longer than the tile could
+//! ever save.
+//!
 //! `MANTISSA_AUTOTUNE`: `off` (default tiles), `fast` (the default and its neighbours: one
 //! dimension halved or doubled; one timed run each), `full` (every tile the device's limits
 //! allow; median of three runs). The cache lives in `MANTISSA_CACHE_DIR`, else
@@ -43,6 +48,9 @@ impl std::str::FromStr for AutotuneMode {
         }
     }
 }
+
+/// The least work (2mnk, times the batch) for which a matmul's tile is tuned.
+pub const TUNE_MIN_FLOPS: f64 = 2.0 * 128.0 * 128.0 * 128.0;
 
 /// The environment variable that sets the mode.
 pub const AUTOTUNE_ENV: &str = "MANTISSA_AUTOTUNE";
@@ -168,7 +176,7 @@ impl WgpuBackend {
     ) -> Result<(Tile, bool)> {
         let variant = self.variant(algorithm);
         let default = variant.tile;
-        if self.tuner.mode == AutotuneMode::Off {
+        if self.tuner.mode == AutotuneMode::Off || shape.flops() < TUNE_MIN_FLOPS {
             return Ok((default, false));
         }
         let s = &self.gpu.summary;
