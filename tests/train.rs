@@ -608,6 +608,13 @@ fn resident_plan_skips_non_finite_steps_and_resumes(b: &dyn Backend) {
     {
         let corpus = corpus();
         let mut t = Trainer::new(b, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
+        // The plan is on the device before any step (so a plan too large fails here).
+        t.prepare().block_on().unwrap();
+        let memory = t.memory();
+        assert!(
+            memory.peak_bytes >= memory.plan_bytes,
+            "prepared: {memory:?}"
+        );
         t.step().block_on().unwrap();
         let (state, applied) = (t.state().block_on().unwrap(), t.applied);
         let scale = t.scaler.unwrap().scale;

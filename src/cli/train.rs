@@ -425,6 +425,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
         // Every rank builds its plan (its device may run out of memory): agreed.
         let built = Trainer::data_parallel(backend, corpus, options, group, setup.reducer)
             .and_then(|mut t| {
+                t.prepare().block_on()?;
                 if let Some(ck) = resume.take() {
                     ck.restore(&mut t).block_on()?;
                 }

@@ -63,6 +63,12 @@ pub trait StepExecutor: Send {
     async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()>;
     /// The memory the steps so far took (on the host for the host interpreter).
     fn memory(&self) -> Memory;
+    /// Allocates the plan's buffers and builds its kernels now, where the executor would
+    /// otherwise do it at its first use (wgpu), so that a plan the device cannot hold fails
+    /// before any step. Executors that allocate when they are created have nothing to do.
+    async fn prepare(&mut self) -> Result<()> {
+        Ok(())
+    }
 
     /// Sums tensors `ids` over the ranks of `group`, in place (a data-parallel step's
     /// gradients). This default reduces host buffers through `group` (MPI), in buckets of

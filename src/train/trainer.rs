@@ -191,6 +191,22 @@ impl<'a> Trainer<'a> {
         })
     }
 
+    /// Allocates the step plan on the device and builds its kernels (tuning their tiles) now
+    /// rather than at the first step, so that a plan the device cannot hold stops here with
+    /// the bytes it needs and a batch that fits, before anything is written.
+    pub async fn prepare(&mut self) -> Result<()> {
+        let prepared = self.exec.prepare().await;
+        prepared.map_err(|e| {
+            let fit = PlanFit {
+                gpt: &self.gpt,
+                precision: &self.precision,
+                group: self.group,
+                needed: Storage::shared(self.exec.plan()).bytes(),
+            };
+            fit.explain(e)
+        })
+    }
+
     /// Tokens of the global batch (every rank's).
     pub fn tokens_per_step(&self) -> usize {
         self.gpt.config.batch_size * self.gpt.config.block_size

@@ -97,6 +97,7 @@ impl<'a> ResidentPlan<'a> {
             self.backend.release_idle().await;
             self.pending.clear();
             self.compiled = Some(c);
+            self.sample_memory();
         }
         self.compiled
             .as_ref()
@@ -541,6 +542,10 @@ impl StepExecutor for ResidentPlan<'_> {
         let words = read_words(gpu, &c.stats, count).await?;
         self.sample_memory();
         Ok(words.iter().map(|&w| f32::from_bits(w) as f64).collect())
+    }
+
+    async fn prepare(&mut self) -> Result<()> {
+        self.compiled().await.map(|_| ())
     }
 
     async fn read(&mut self, id: TensorId) -> Result<Vec<f32>> {
