@@ -31,6 +31,28 @@ extern "C" __global__ void split_bf16(const float* x, u32* planes, i64 n) {
     }
 }
 
+// The bf16 split of a matmul operand laid out for one cuBLAS GEMM per level
+// (src/backend/cuda/split.rs): element (batch, r, c) of the operand, x[batch*sb + r*sr + c*sc],
+// goes to out[batch*ob + r*orow + c*ocol + slot*os] in four planes: h (level 0's factor), h with
+// non-finite values as 0 (the lower levels' factor: their terms use 0 there), m and l. A plane
+// whose slot is 0xffffffff is not written (bf16x3 has no l). n = batches * rows * cols.
+extern "C" __global__ void split_planes(const float* x, u16* out, i64 n, u32 rows, u32 cols,
+                                        i64 sb, i64 sr, i64 sc, i64 ob, i64 orow, i64 ocol,
+                                        i64 os, u32 slot_h, u32 slot_hf, u32 slot_m,
+                                        u32 slot_l) {
+    FOR_EACH(e, n) {
+        i64 per = (i64)rows * cols, batch = e / per, r = (e % per) / cols, c = e % cols;
+        Split s = split_bf16_one(x[batch * sb + r * sr + c * sc]);
+        u16* o = out + batch * ob + r * orow + c * ocol;
+        u32 finite_h = (s.h & 0x7f80u) == 0x7f80u ? 0u : s.h;
+        const u32 slots[4] = {slot_h, slot_hf, slot_m, slot_l};
+        const u32 codes[4] = {s.h, finite_h, s.m, s.l};
+        for (int p = 0; p < 4; p++) {
+            if (slots[p] != 0xffffffffu) o[slots[p] * os] = (u16)codes[p];
+        }
+    }
+}
+
 // f32 -> sat_cast(x * s) in fp8 `fmt`, s = scales[group], written as the f16 code of the same
 // value (every e4m3 and e5m2 value is an f16 value), so that f16 tensor cores multiply them
 // exactly. A non-finite x gives NaN so that every output it touches is NaN (docs/design.md).

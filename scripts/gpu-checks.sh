@@ -58,6 +58,9 @@ correct)
 cuda)
     [ -x .bin/conformance ] && run 150 .bin/conformance cuda:: --test-threads 1
     run 150 $m bench matmul --sizes 4096,8192 --algorithms all --backends cuda --reps 10 --json "$out/bench-cuda.json"
+    # The fused split kernel against the default per-level cuBLAS GEMMs (and its conformance).
+    [ -x .bin/conformance ] && MANTISSA_CUDA_SPLIT=fused run 150 .bin/conformance cuda::matmul --test-threads 1
+    MANTISSA_CUDA_SPLIT=fused run 100 $m bench matmul --sizes 4096,8192 --algorithms bf16x3,bf16x6,bf16x9 --backends cuda --reps 10 --json "$out/bench-cuda-fused.json"
     ;;
 bench)
     run 150 $m bench matmul --sizes 4096,8192 --algorithms all --backends wgpu --reps 10 --json "$out/bench-wgpu.json"

@@ -656,3 +656,149 @@ fn cuda_split_kernel_meets_the_contract_on_the_host() {
         }
     }
 }
+
+/// Split-bf16 as cuBLAS bf16 GEMMs, one per level (src/backend/cuda/split.rs), on the host: the
+/// real `split_planes` kernel lays both operands out (transposed and batched ones included),
+/// and the backend's own GEMM calls run over those planes here (each product sum rounded to f32
+/// as the tensor core's accumulator is, beta adding in f32), then C += the lower levels. The
+/// layout, the offsets, the strides, the promotion chunks and the summation order are checked
+/// against the host reference's contract; only cuBLAS itself is left to a GPU.
+#[test]
+fn cuda_split_gemms_meet_the_contract_on_the_host() {
+    use mantissa::algorithm::{Algorithm, MatmulShape};
+    use mantissa::backend::cuda::split::{GemmCall, H, H_FINITE, L, M, Out, SplitLayout};
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_split_gemms_meet_the_contract_on_the_host");
+    let mut transposed = MatmulShape::new(33, 20, 40);
+    transposed.batch = 2;
+    transposed.a_transposed = true;
+    transposed.b_transposed = true;
+    let mut b_transposed = MatmulShape::new(17, 70, 90);
+    b_transposed.b_transposed = true;
+    // K = 600 crosses two promotions (256).
+    let shapes = [MatmulShape::new(30, 25, 600), transposed, b_transposed];
+    let bf16 = |code: u32| Format::Bf16.decode(code);
+    for (s, shape) in shapes.iter().enumerate() {
+        let seed = seed + 10 * s as u64;
+        let mut a = measure::wide_range(shape.a_len(), seed);
+        let mut b = measure::normal(shape.b_len(), seed + 1);
+        if s == 0 {
+            // Rows with inf and NaN, f32 subnormals, a column of B with -inf: the split's rules.
+            a[3 * shape.k + 5] = f32::INFINITY;
+            a[7 * shape.k] = f32::NAN;
+            a[11 * shape.k + 2] = 1e-40;
+            b[17 * shape.n + 4] = f32::NEG_INFINITY;
+        }
+        for alg in [Algorithm::Bf16x3, Algorithm::Bf16x6, Algorithm::Bf16x9] {
+            let layout = SplitLayout::of(&alg).unwrap();
+            let (a_len, b_len) = layout.plane_lens(shape).unwrap();
+            let (m, n, k, slots) = (shape.m, shape.n, shape.k, layout.slots());
+            // The strides the backend passes (src/backend/cuda/matmul.rs, split_gemms).
+            let (a_row, a_col) = if shape.a_transposed { (1, m) } else { (k, 1) };
+            let (b_row, b_col) = if shape.b_transposed { (1, k) } else { (n, 1) };
+            let split = |x: &[f32],
+                         (rows, cols): (usize, usize),
+                         source: [usize; 3],
+                         out: [usize; 4],
+                         slot: [u32; 4],
+                         len: usize| {
+                let mut args = strings(&[rows, cols, shape.batch]);
+                args.extend(strings(&source));
+                args.extend(strings(&out));
+                args.extend(slot.iter().map(|s| s.to_string()));
+                args.push(len.to_string());
+                run(h, "split_planes", &args, &bits(x))
+            };
+            let pa = split(
+                &a,
+                (m, k),
+                [m * k, a_row, a_col],
+                [m * slots * k, slots * k, 1, k],
+                layout.a_slots(),
+                a_len,
+            );
+            let pb = split(
+                &b,
+                (k, n),
+                [k * n, b_row, b_col],
+                [slots * k * n, n, 1, k * n],
+                layout.b_slots(),
+                b_len,
+            );
+            // Every plane holds the host's split, h' zero where h is not finite.
+            for (batch, i, p) in [
+                (0, 0, 0),
+                (shape.batch - 1, m - 1, k - 1),
+                (0, m / 2, k / 3),
+            ] {
+                let x = a[shape.a_index(batch, i, p)];
+                let want =
+                    format::split_bf16(x).map(|v| Format::Bf16.encode(v, Overflow::Standard));
+                let h_finite = if bf16(want[0]).is_finite() {
+                    want[0]
+                } else {
+                    0
+                };
+                let codes = [want[0], h_finite, want[1], want[2]];
+                let at = |plane: usize| {
+                    pa[batch * m * slots * k
+                        + i * slots * k
+                        + layout.a_slots()[plane] as usize * k
+                        + p]
+                };
+                for plane in [H, H_FINITE, M, L].into_iter().take(slots) {
+                    assert_eq!(at(plane), codes[plane], "{alg} A plane {plane} of {x:e}");
+                }
+            }
+            let (va, vb): (Vec<f32>, Vec<f32>) = (
+                pa.iter().map(|&c| bf16(c)).collect(),
+                pb.iter().map(|&c| bf16(c)).collect(),
+            );
+            let mut c = vec![0f32; shape.c_len()];
+            let mut lower = vec![0f32; shape.c_len()];
+            let calls: Vec<GemmCall> = layout.calls(shape).unwrap();
+            for call in &calls {
+                let (a_end, b_end) = call.extents();
+                assert!(a_end <= va.len() && b_end <= vb.len(), "{alg}: {call:?}");
+                let out = if call.out == Out::C {
+                    &mut c
+                } else {
+                    &mut lower
+                };
+                for t in 0..call.batch {
+                    for i in 0..call.m {
+                        for j in 0..call.n {
+                            let sum: f64 = (0..call.k)
+                                .map(|p| {
+                                    let x =
+                                        va[call.a_offset + t * call.a_stride + i * call.lda + p];
+                                    let y =
+                                        vb[call.b_offset + t * call.b_stride + p * call.ldb + j];
+                                    x as f64 * y as f64
+                                })
+                                .sum();
+                            let o = &mut out[t * call.c_stride + i * call.n + j];
+                            *o = if call.beta == 0.0 {
+                                sum as f32
+                            } else {
+                                sum as f32 + *o
+                            };
+                        }
+                    }
+                }
+            }
+            if layout.needs_lower() {
+                c.iter_mut().zip(&lower).for_each(|(c, l)| *c += l);
+            }
+            common::assert_contract(
+                "cuda split GEMMs (host)",
+                &alg,
+                shape,
+                &a,
+                &b,
+                &c,
+                "wide range",
+            );
+        }
+    }
+}

@@ -133,7 +133,11 @@ fn cuda() {
             );
             println!("  precision classes: {}", classes(&b));
             for alg in Algorithm::ALL {
-                println!("  {:<10} {}", alg.to_string(), cuda::variant(&alg));
+                println!(
+                    "  {:<10} {}",
+                    alg.to_string(),
+                    cuda::variant(&alg, b.split_path())
+                );
             }
         }
         Err(e) => println!("cuda: absent: {e}"),

@@ -443,6 +443,14 @@ int main(int argc, char** argv) {
     } else if (k == "split_bf16" && argc == 2) {
         out.resize(3 * in.size());
         split_bf16(fin, out.data(), n);
+    } else if (k == "split_planes" && argc == 17) {
+        // ROWS COLS BATCH SB SR SC OB OR OC OS SLOT_H SLOT_HF SLOT_M SLOT_L OUT_LEN
+        u32 rows = arg(argv, 2), cols = arg(argv, 3), batch = arg(argv, 4);
+        std::vector<u16> o16(arg(argv, 16), 0);
+        split_planes(fin, o16.data(), (i64)batch * rows * cols, rows, cols, arg(argv, 5),
+                     arg(argv, 6), arg(argv, 7), arg(argv, 8), arg(argv, 9), arg(argv, 10),
+                     arg(argv, 11), arg(argv, 12), arg(argv, 13), arg(argv, 14), arg(argv, 15));
+        out.assign(o16.begin(), o16.end());
     } else if (k == "quantize_to_f16" && argc == 8) {
         // FMT BATCH_LEN DIV MODULUS GROUPS_PER_BATCH GROUPS; the scales are the last GROUPS
         // values of the input.

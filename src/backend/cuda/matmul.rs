@@ -2,6 +2,7 @@
 //! Row-major operands meet column-major cuBLAS as C^T = op(B)^T . op(A)^T: B's buffer is
 //! cuBLAS's first operand and A's its second, so nothing is transposed in memory.
 
+use super::split::{GemmCall, H, H_FINITE, L, M, Out, SplitLayout};
 use super::{CudaBackend, Module, format_id};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::{Error, Result};
@@ -66,9 +67,10 @@ pub(super) fn run(
             );
             gemm(cb, shape, ty, &ea, &eb, c, Compute::CUBLAS_COMPUTE_32F)
         }
-        Algorithm::Bf16x3 | Algorithm::Bf16x6 | Algorithm::Bf16x9 => {
-            split_matmul(cb, shape, algorithm.split_levels(), a, b, c)
-        }
+        Algorithm::Bf16x3 | Algorithm::Bf16x6 | Algorithm::Bf16x9 => match cb.split_path {
+            SplitPath::Gemms => split_gemms(cb, shape, algorithm, a, b, c),
+            SplitPath::Fused => split_matmul(cb, shape, algorithm.split_levels(), a, b, c),
+        },
         Algorithm::Fp8 {
             a: fa,
             b: fb,
@@ -77,13 +79,55 @@ pub(super) fn run(
     }
 }
 
+/// How split-bf16 matmuls run: cuBLAS bf16 GEMMs, one per level (split.rs; the default:
+/// vendor speed without tuning), or the fused `mma.sync` kernel (`matmul_split_bf16.cu`, which
+/// promotes every level in registers). `MANTISSA_CUDA_SPLIT=gemms|fused` chooses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SplitPath {
+    #[default]
+    Gemms,
+    Fused,
+}
+
+impl SplitPath {
+    /// The path `MANTISSA_CUDA_SPLIT` names (the default where it is unset).
+    pub fn from_env() -> Result<SplitPath> {
+        std::env::var("MANTISSA_CUDA_SPLIT").map_or(Ok(SplitPath::default()), |v| v.parse())
+    }
+}
+
+impl std::str::FromStr for SplitPath {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<SplitPath> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "gemms" | "cublas" => Ok(SplitPath::Gemms),
+            "fused" => Ok(SplitPath::Fused),
+            _ => Err(Error::UnknownName {
+                kind: "split-bf16 path (MANTISSA_CUDA_SPLIT)",
+                given: s.to_string(),
+                valid: ["gemms", "fused"].map(String::from).to_vec(),
+            }),
+        }
+    }
+}
+
 /// Which kernels run an algorithm on this backend (benchmarks and `mantissa info` show it).
-pub fn variant(algorithm: &Algorithm) -> String {
+pub fn variant(algorithm: &Algorithm, split: SplitPath) -> String {
     match algorithm {
         Algorithm::F32 => "cuBLAS SGEMM (CUDA cores)".into(),
         Algorithm::Tf32 => "cuBLAS, TF32 tensor cores".into(),
         Algorithm::Bf16 => "cuBLAS, bf16 tensor cores, f32 out".into(),
         Algorithm::F16 => "cuBLAS, f16 tensor cores, f32 out".into(),
+        a if a.is_split() && split == SplitPath::Gemms => format!(
+            "split into bf16 planes, {} cuBLAS bf16 GEMMs (one per level, K concatenated), f32 \
+             out{}",
+            a.split_levels(),
+            if a.split_levels() >= 3 {
+                ", level 0 promoted every 256"
+            } else {
+                ""
+            }
+        ),
         a if a.is_split() => format!(
             "matmul_split_bf16.cu, {} levels, mma.sync m16n8k16, tile 64x64x32, promoted every 256",
             a.split_levels()
@@ -94,7 +138,8 @@ pub fn variant(algorithm: &Algorithm) -> String {
     }
 }
 
-/// One strided-batched cublasGemmEx with f32 output; `ty` is the operands' type.
+/// One strided-batched cublasGemmEx with f32 output over the shape's own operands; `ty` is the
+/// operands' type.
 fn gemm<T>(
     cb: &CudaBackend,
     s: &MatmulShape,
@@ -104,57 +149,165 @@ fn gemm<T>(
     c: &mut CudaSlice<f32>,
     compute: Compute,
 ) -> Result<()> {
-    if s.k == 0 {
+    gemm_call(cb, &GemmCall::plain(s), ty, a, b, c, compute)
+}
+
+/// Runs `call` (split.rs says what it computes) with `c` as its output.
+fn gemm_call<T>(
+    cb: &CudaBackend,
+    call: &GemmCall,
+    ty: Type,
+    a: &CudaSlice<T>,
+    b: &CudaSlice<T>,
+    c: &mut CudaSlice<f32>,
+    compute: Compute,
+) -> Result<()> {
+    if call.k == 0 {
         // C was allocated zeroed, and an empty sum is 0.
         return Ok(());
     }
-    let (m, n, k) = (s.m as i32, s.n as i32, s.k as i32);
-    let (op_b, ld_b) = if s.b_transposed {
-        (Op::CUBLAS_OP_T, k)
-    } else {
-        (Op::CUBLAS_OP_N, n)
+    let (a_end, b_end) = call.extents();
+    let c_end = (call.batch - 1) * call.c_stride + call.m * call.n;
+    if a_end > a.len() || b_end > b.len() || c_end > c.len() {
+        return Err(Error::invalid(
+            "cuBLAS GEMM",
+            format!(
+                "operands of {}, {} and {} elements reach {a_end}, {b_end} and {c_end}",
+                a.len(),
+                b.len(),
+                c.len()
+            ),
+        ));
+    }
+    let int = |what: &str, v: usize| {
+        i32::try_from(v).map_err(|_| {
+            Error::invalid(
+                "matmul shape",
+                format!("{what} = {v} exceeds cuBLAS's 32-bit sizes"),
+            )
+        })
     };
-    let (op_a, ld_a) = if s.a_transposed {
-        (Op::CUBLAS_OP_T, m)
-    } else {
-        (Op::CUBLAS_OP_N, k)
-    };
-    let (alpha, beta) = (1f32, 0f32);
+    let (m, n, k) = (int("m", call.m)?, int("n", call.n)?, int("k", call.k)?);
+    let (lda, ldb, batch) = (
+        int("lda", call.lda)?,
+        int("ldb", call.ldb)?,
+        int("batch", call.batch)?,
+    );
+    // Row-major C = A . B is column-major C^T = B^T . A^T: B is cuBLAS's first operand.
+    let op = |t: bool| if t { Op::CUBLAS_OP_T } else { Op::CUBLAS_OP_N };
+    let (alpha, beta) = (1f32, call.beta);
+    let size = std::mem::size_of::<T>() as u64;
     let stream = cb.stream.as_ref();
     let (pa, _ra) = a.device_ptr(stream);
     let (pb, _rb) = b.device_ptr(stream);
     let (pc, _rc) = c.device_ptr_mut(stream);
-    // SAFETY: the buffers hold batch * (k*n, m*k, m*n) elements of `ty` / f32 (shape.check and
-    // the allocations above), the leading dimensions and strides follow from the shape, and
-    // alpha/beta are host f32 as COMPUTE_32F* expects.
+    let (pa, pb) = (
+        pa + call.a_offset as u64 * size,
+        pb + call.b_offset as u64 * size,
+    );
+    // SAFETY: every element the call reads or writes lies within the buffers (the extents
+    // were checked above), and alpha/beta are host f32 as COMPUTE_32F* expects.
     unsafe {
         cudarc::cublas::result::gemm_strided_batched_ex(
             *cb.blas.handle(),
-            op_b,
-            op_a,
+            op(call.b_transposed),
+            op(call.a_transposed),
             n,
             m,
             k,
             &alpha as *const f32 as *const _,
             pb as *const _,
             ty,
-            ld_b,
-            (s.k * s.n) as i64,
+            ldb,
+            call.b_stride as i64,
             pa as *const _,
             ty,
-            ld_a,
-            (s.m * s.k) as i64,
+            lda,
+            call.a_stride as i64,
             &beta as *const f32 as *const _,
             pc as *mut _,
             Type::CUDA_R_32F,
             n,
-            (s.m * s.n) as i64,
-            s.batch as i32,
+            call.c_stride as i64,
+            batch,
             compute,
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }
     .map_err(|e| cb.device_error("cublasGemmEx", e))
+}
+
+/// A split-bf16 matmul as cuBLAS bf16 GEMMs, one per level (split.rs): both operands split
+/// once into their plane layouts, the level GEMMs, then C += the lower levels' sum.
+fn split_gemms(
+    cb: &CudaBackend,
+    s: &MatmulShape,
+    algorithm: &Algorithm,
+    a: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+    c: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let layout = SplitLayout::of(algorithm)
+        .ok_or_else(|| Error::invalid("split matmul", format!("{algorithm} does not split")))?;
+    if s.k == 0 {
+        return Ok(());
+    }
+    let (a_len, b_len) = layout.plane_lens(s)?;
+    let (m, n, k) = (s.m as i64, s.n as i64, s.k as i64);
+    let slots = layout.slots() as i64;
+    let mut pa = cb.zeros::<u16>(a_len)?;
+    let mut pb = cb.zeros::<u16>(b_len)?;
+    // A (m x k): row i of plane q at i * slots*k + q*k. B (k x n): plane q's rows from q*k*n.
+    let (a_row, a_col) = if s.a_transposed { (1, m) } else { (k, 1) };
+    let (b_row, b_col) = if s.b_transposed { (1, k) } else { (n, 1) };
+    let operands = [
+        (
+            a,
+            &mut pa,
+            (s.m, s.k),
+            (m * k, a_row, a_col),
+            (m * slots * k, slots * k, 1, k),
+            layout.a_slots(),
+        ),
+        (
+            b,
+            &mut pb,
+            (s.k, s.n),
+            (k * n, b_row, b_col),
+            (slots * k * n, n, 1, k * n),
+            layout.b_slots(),
+        ),
+    ];
+    for (x, planes, (rows, cols), (sb, sr, sc), (ob, or, oc, os), slot) in operands {
+        let count = s.batch * rows * cols;
+        let (count_i, rows, cols) = (count as i64, rows as u32, cols as u32);
+        launch_1d!(cb, Module::Cast, "split_planes", count;
+            x, planes, &count_i, &rows, &cols, &sb, &sr, &sc, &ob, &or, &oc, &os,
+            &slot[H], &slot[H_FINITE], &slot[M], &slot[L])?;
+    }
+    let mut lower = cb.zeros::<f32>(s.c_len())?;
+    let compute = Compute::CUBLAS_COMPUTE_32F;
+    for call in layout.calls(s)? {
+        let out = match call.out {
+            Out::C => &mut *c,
+            Out::Lower => &mut lower,
+        };
+        gemm_call(cb, &call, Type::CUDA_R_16BF, &pa, &pb, out, compute)?;
+    }
+    if layout.needs_lower() {
+        // `add` repeats x every u32 elements: C += lower in pieces that fit one.
+        const PIECE: usize = 1 << 30;
+        for start in (0..s.c_len()).step_by(PIECE) {
+            let len = PIECE.min(s.c_len() - start);
+            let (x, mut y) = (
+                lower.slice(start..start + len),
+                c.slice_mut(start..start + len),
+            );
+            let (n, width) = (len as i64, len as u32);
+            launch_1d!(cb, Module::Train, "add", len; &x, &mut y, &n, &width)?;
+        }
+    }
+    Ok(())
 }
 
 /// The first `len` values of x rounded to `format` (operands are addressed by the shape's

@@ -12,8 +12,10 @@
 //! - f32 is cuBLAS SGEMM (not cuBLASLt, whose f32 path is TF32);
 //! - tf32, bf16, f16: operands rounded by us, then cuBLAS with that compute type, f32 output
 //!   (the tensor core's own tf32 truncation then sees values that are already tf32);
-//! - bf16x3/x6/x9: one fused kernel (`matmul_split_bf16.cu`), levels on their own
-//!   accumulators, promoted to f32 every 256 of K;
+//! - bf16x3/x6/x9: operands split once into bf16 planes, then one cuBLAS bf16 GEMM per level
+//!   (K concatenated over the level's terms), levels summed smallest first in f32, level 0
+//!   promoted every 256 of K for x6 and x9 (`split.rs`); or, with `MANTISSA_CUDA_SPLIT=fused`,
+//!   one fused kernel (`matmul_split_bf16.cu`) promoting every level every 256 of K;
 //! - fp8: quantized with our scales into f16 codes (every e4m3 and e5m2 value is an f16
 //!   value, so f16 tensor cores multiply them exactly), an f16 GEMM, then the descale.
 
@@ -49,10 +51,11 @@ mod matmul;
 pub mod nccl;
 mod ops;
 mod plan;
+pub mod split;
 mod train;
 
 pub use kernels::{Module, Target, compile, cubin_cache_path, nvrtc_present};
-pub use matmul::variant;
+pub use matmul::{SplitPath, variant};
 pub use plan::CudaPlan;
 
 use super::{Backend, BackendKind, MatmulTiming};
@@ -119,6 +122,8 @@ pub struct CudaBackend {
     blas: CudaBlas,
     kernels: Kernels,
     info: DeviceInfo,
+    /// How split-bf16 matmuls run (`MANTISSA_CUDA_SPLIT`).
+    split_path: SplitPath,
 }
 
 impl CudaBackend {
@@ -187,11 +192,17 @@ impl CudaBackend {
             blas,
             kernels,
             info,
+            split_path: SplitPath::from_env()?,
         })
     }
 
     pub fn info(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// How split-bf16 matmuls run on this backend.
+    pub fn split_path(&self) -> SplitPath {
+        self.split_path
     }
 
     /// `fault` during `what` as an error of this device: `OutOfMemory` (with the device's
@@ -390,7 +401,7 @@ impl Backend for CudaBackend {
             seconds: super::median(&mut times),
             clock: "cuda-events",
             repetitions: times.len(),
-            variant: matmul::variant(algorithm),
+            variant: matmul::variant(algorithm, self.split_path),
         })
     }
 
