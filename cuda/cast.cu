@@ -53,21 +53,43 @@ extern "C" __global__ void split_planes(const float* x, u16* out, i64 n, u32 row
     }
 }
 
+// The fp8 code of sat_cast(v * scale) in layout `l`; a non-finite v gives NaN, so that every
+// output it touches is NaN (docs/design.md).
+__device__ __forceinline__ u32 fp8_code(float v, float scale, Layout l) {
+    u32 bits = __float_as_uint(v);
+    u32 code = nan_code(l) | ((bits >> 31) << (l.ebits + l.mbits));
+    if ((bits & 0x7f800000u) != 0x7f800000u) {
+        code = encode_bits(__float_as_uint(__fmul_rn(v, scale)), l, true);
+    }
+    return code;
+}
+
 // f32 -> sat_cast(x * s) in fp8 `fmt`, s = scales[group], written as the f16 code of the same
 // value (every e4m3 and e5m2 value is an f16 value), so that f16 tensor cores multiply them
-// exactly. A non-finite x gives NaN so that every output it touches is NaN (docs/design.md).
+// exactly.
 extern "C" __global__ void quantize_to_f16(const float* x, u16* out, i64 n, u32 fmt,
                                            const float* scales, u32 batch_len, u32 div,
                                            u32 modulus, u32 groups_per_batch) {
     Groups g = {batch_len, div, modulus, groups_per_batch};
     Layout l = layout_of(fmt);
     FOR_EACH(e, n) {
-        float v = x[e];
-        u32 bits = __float_as_uint(v);
-        u32 code = nan_code(l) | ((bits >> 31) << (l.ebits + l.mbits));
-        if ((bits & 0x7f800000u) != 0x7f800000u) {
-            code = encode_bits(__float_as_uint(__fmul_rn(v, scales[group_of(e, g)])), l, true);
-        }
+        u32 code = fp8_code(x[e], scales[group_of(e, g)], l);
         out[e] = (u16)encode_bits(decode_bits(code, l), layout_of(FMT_F16), false);
+    }
+}
+
+// The same quantization as fp8 bytes for cuBLASLt's fp8 GEMM (src/backend/cuda/fp8.rs): element
+// e of the stored operand, (batch, r, c) of `rows` x `cols`, goes to
+// out[batch*ob + r*orow + c*ocol] (the "TN" layout: each row of A and column of B contiguous
+// in K; the padding stays as allocated, zero).
+extern "C" __global__ void quantize_to_fp8(const float* x, u8* out, i64 n, u32 fmt,
+                                           const float* scales, u32 batch_len, u32 div,
+                                           u32 modulus, u32 groups_per_batch, u32 rows, u32 cols,
+                                           i64 ob, i64 orow, i64 ocol) {
+    Groups g = {batch_len, div, modulus, groups_per_batch};
+    Layout l = layout_of(fmt);
+    FOR_EACH(e, n) {
+        i64 per = (i64)rows * cols, batch = e / per, r = (e % per) / cols, c = e % cols;
+        out[batch * ob + r * orow + c * ocol] = (u8)fp8_code(x[e], scales[group_of(e, g)], l);
     }
 }

@@ -307,6 +307,59 @@ fn cuda_fp8_scaling_kernels_match_the_host_reference() {
                     scales[group(e)]
                 );
             }
+            // The same values as fp8 bytes in cuBLASLt's layout (src/backend/cuda/fp8.rs), the
+            // operand taken as A and as B, stored plain and transposed: each element at its
+            // place (row i of A, column j of B contiguous in K), the padding zero.
+            for (as_a, transposed) in [(true, false), (true, true), (false, false), (false, true)] {
+                let (m_or_n, k) = if as_a == transposed {
+                    (cols, rows)
+                } else {
+                    (rows, cols)
+                };
+                let g = cuda::fp8::Fp8Gemm {
+                    m: m_or_n,
+                    n: m_or_n,
+                    k,
+                    padded_k: k.div_ceil(cuda::fp8::K_ALIGN) * cuda::fp8::K_ALIGN,
+                    batch,
+                    a: f,
+                    b: f,
+                };
+                let p = if as_a {
+                    g.a_placement(transposed)
+                } else {
+                    g.b_placement(transposed)
+                };
+                assert_eq!((p.rows, p.cols), (rows, cols));
+                let len = batch * p.batch_stride;
+                let mut fp8_args = args.to_vec();
+                fp8_args.insert(0, format_id(f));
+                fp8_args.extend(strings(&[
+                    rows,
+                    cols,
+                    p.batch_stride,
+                    p.row_stride,
+                    p.col_stride,
+                    len,
+                ]));
+                let bytes = run(h, "quantize_to_fp8", &fp8_args, &input);
+                let mut placed = vec![false; len];
+                for e in 0..x.len() {
+                    let (b, r, c) = (e / (rows * cols), e % (rows * cols) / cols, e % cols);
+                    let at = b * p.batch_stride + r * p.row_stride + c * p.col_stride;
+                    placed[at] = true;
+                    let (got, want) = (f.decode(bytes[at]), Format::F16.decode(q[e]));
+                    assert!(
+                        got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                        "fp8 byte of {f} {:e} (A {as_a}, transposed {transposed}): {got:e}, f16 path {want:e}",
+                        x[e]
+                    );
+                }
+                assert!(
+                    placed.iter().zip(&bytes).all(|(&p, &b)| p || b == 0),
+                    "padding of {f} (A {as_a}, transposed {transposed}) is not zero"
+                );
+            }
         }
     }
 }

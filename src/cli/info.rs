@@ -133,11 +133,7 @@ fn cuda() {
             );
             println!("  precision classes: {}", classes(&b));
             for alg in Algorithm::ALL {
-                println!(
-                    "  {:<10} {}",
-                    alg.to_string(),
-                    cuda::variant(&alg, b.split_path())
-                );
+                println!("  {:<10} {}", alg.to_string(), cuda::variant(&b, &alg));
             }
         }
         Err(e) => println!("cuda: absent: {e}"),

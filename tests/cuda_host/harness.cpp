@@ -460,6 +460,16 @@ int main(int argc, char** argv) {
         quantize_to_f16(fin, o16.data(), n, arg(argv, 2), fin + n, arg(argv, 3), arg(argv, 4),
                         arg(argv, 5), arg(argv, 6));
         out.assign(o16.begin(), o16.end());
+    } else if (k == "quantize_to_fp8" && argc == 14) {
+        // FMT BATCH_LEN DIV MODULUS GROUPS_PER_BATCH GROUPS ROWS COLS OB OR OC OUT_LEN; the
+        // scales are the last GROUPS values of the input.
+        u32 groups = arg(argv, 7);
+        n -= groups;
+        std::vector<u8> o8(arg(argv, 13), 0);
+        quantize_to_fp8(fin, o8.data(), n, arg(argv, 2), fin + n, arg(argv, 3), arg(argv, 4),
+                        arg(argv, 5), arg(argv, 6), arg(argv, 8), arg(argv, 9), arg(argv, 10),
+                        arg(argv, 11), arg(argv, 12));
+        out.assign(o8.begin(), o8.end());
     } else if (k == "amax" && argc == 7) {
         // BATCH_LEN DIV MODULUS GROUPS_PER_BATCH GROUPS
         out.assign(arg(argv, 6), 0u);

@@ -2,6 +2,7 @@
 //! Row-major operands meet column-major cuBLAS as C^T = op(B)^T . op(A)^T: B's buffer is
 //! cuBLAS's first operand and A's its second, so nothing is transposed in memory.
 
+use super::fp8::{self, Placement};
 use super::split::{GemmCall, H, H_FINITE, L, M, Out, SplitLayout};
 use super::{CudaBackend, Module, format_id};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
@@ -112,12 +113,27 @@ impl std::str::FromStr for SplitPath {
 }
 
 /// Which kernels run an algorithm on this backend (benchmarks and `mantissa info` show it).
-pub fn variant(algorithm: &Algorithm, split: SplitPath) -> String {
+pub fn variant(cb: &CudaBackend, algorithm: &Algorithm) -> String {
+    let split = cb.split_path;
     match algorithm {
         Algorithm::F32 => "cuBLAS SGEMM (CUDA cores)".into(),
         Algorithm::Tf32 => "cuBLAS, TF32 tensor cores".into(),
         Algorithm::Bf16 => "cuBLAS, bf16 tensor cores, f32 out".into(),
         Algorithm::F16 => "cuBLAS, f16 tensor cores, f32 out".into(),
+        Algorithm::Fp8 { a, b, .. } => {
+            let square = MatmulShape::new(4096, 4096, 4096);
+            match fp8::Fp8Gemm::plan(&square, *a, *b, cb.info.compute_capability) {
+                Ok(_) if !cb.fp8_off.load(std::sync::atomic::Ordering::Relaxed) => {
+                    "quantized to fp8 (rows of A, columns of B contiguous in K, padded to 16), \
+                     cuBLASLt fp8 GEMM without fast accumulation, f32 out, descaled (n not a \
+                     multiple of 4: the f16 path)"
+                        .into()
+                }
+                _ => "quantized to fp8 values held as f16 (exact), cuBLAS f16 tensor cores, \
+                      descaled"
+                    .into(),
+            }
+        }
         a if a.is_split() && split == SplitPath::Gemms => format!(
             "split into bf16 planes, {} cuBLAS bf16 GEMMs (one per level, K concatenated), f32 \
              out{}",
@@ -128,13 +144,10 @@ pub fn variant(algorithm: &Algorithm, split: SplitPath) -> String {
                 ""
             }
         ),
-        a if a.is_split() => format!(
+        a => format!(
             "matmul_split_bf16.cu, {} levels, mma.sync m16n8k16, tile 64x64x32, promoted every 256",
             a.split_levels()
         ),
-        _ => {
-            "quantized to fp8 values held as f16 (exact), cuBLAS f16 tensor cores, descaled".into()
-        }
     }
 }
 
@@ -507,17 +520,50 @@ fn fp8(
         launch_1d!(cb, Module::Cast, "quantize_to_f16", len; x, &mut out, &n, &fmt, scales, &g.batch_len, &g.div, &g.modulus, &g.per_batch)?;
         Ok::<_, Error>(out)
     };
-    let qa = quantize(a, s.a_len(), fa, &sa, ga)?;
-    let qb = quantize(b, s.b_len(), fb, &sb, gb)?;
-    gemm(
-        cb,
-        s,
-        Type::CUDA_R_16F,
-        &qa,
-        &qb,
-        c,
-        Compute::CUBLAS_COMPUTE_32F,
-    )?;
+    // cuBLASLt's fp8 GEMM where the GPU and the shape allow (fp8.rs), else fp8 values as exact
+    // f16 codes through an f16 GEMM: the same products, the same f32 accumulation.
+    let mut on_fp8 = false;
+    if let Some((g, lt)) = cb.fp8_gemm(s, fa, fb) {
+        let place = |x: &CudaSlice<f32>,
+                     format: Format,
+                     scales: &CudaSlice<f32>,
+                     gr: Groups,
+                     p: Placement,
+                     bytes: usize| {
+            let mut out = cb.zeros::<u8>(bytes)?;
+            let len = s.batch * p.rows * p.cols;
+            let (n, fmt, rows, cols) =
+                (len as i64, format_id(format), p.rows as u32, p.cols as u32);
+            let (ob, or, oc) = (
+                p.batch_stride as i64,
+                p.row_stride as i64,
+                p.col_stride as i64,
+            );
+            launch_1d!(cb, Module::Cast, "quantize_to_fp8", len; x, &mut out, &n, &fmt, scales,
+                &gr.batch_len, &gr.div, &gr.modulus, &gr.per_batch, &rows, &cols, &ob, &or, &oc)?;
+            Ok::<_, Error>(out)
+        };
+        let (a_bytes, b_bytes) = g.lens();
+        let qa = place(a, fa, &sa, ga, g.a_placement(s.a_transposed), a_bytes)?;
+        let qb = place(b, fb, &sb, gb, g.b_placement(s.b_transposed), b_bytes)?;
+        match fp8::gemm(cb, lt, &g, &qa, &qb, c) {
+            Ok(()) => on_fp8 = true,
+            Err(e) => cb.fp8_gemm_failed(e),
+        }
+    }
+    if !on_fp8 {
+        let qa = quantize(a, s.a_len(), fa, &sa, ga)?;
+        let qb = quantize(b, s.b_len(), fb, &sb, gb)?;
+        gemm(
+            cb,
+            s,
+            Type::CUDA_R_16F,
+            &qa,
+            &qb,
+            c,
+            Compute::CUBLAS_COMPUTE_32F,
+        )?;
+    }
     let n = s.c_len() as i64;
     let (rows, cols) = (s.m as u32, s.n as u32);
     let (a_groups, b_groups) = (

@@ -16,8 +16,9 @@
 //!   (K concatenated over the level's terms), levels summed smallest first in f32, level 0
 //!   promoted every 256 of K for x6 and x9 (`split.rs`); or, with `MANTISSA_CUDA_SPLIT=fused`,
 //!   one fused kernel (`matmul_split_bf16.cu`) promoting every level every 256 of K;
-//! - fp8: quantized with our scales into f16 codes (every e4m3 and e5m2 value is an f16
-//!   value, so f16 tensor cores multiply them exactly), an f16 GEMM, then the descale.
+//! - fp8: quantized with our scales into fp8 bytes for cuBLASLt's fp8 GEMM (compute capability
+//!   8.9 and later, `fp8.rs`), else into f16 codes (every e4m3 and e5m2 value is an f16 value,
+//!   so f16 tensor cores multiply them exactly) for an f16 GEMM; then the descale.
 
 /// Launches kernel `$name` of `$module` with launch configuration `$cfg` and the arguments in
 /// order.
@@ -46,6 +47,7 @@ macro_rules! launch_1d {
     }};
 }
 
+pub mod fp8;
 mod kernels;
 mod matmul;
 pub mod nccl;
@@ -68,7 +70,8 @@ use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use kernels::Kernels;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 /// The oldest compute capability the backend runs on (Ampere: bf16 tensor cores).
 pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
@@ -124,6 +127,10 @@ pub struct CudaBackend {
     info: DeviceInfo,
     /// How split-bf16 matmuls run (`MANTISSA_CUDA_SPLIT`).
     split_path: SplitPath,
+    /// cuBLASLt, made on the first fp8 matmul that can use it (or why it could not be).
+    lt: OnceLock<std::result::Result<fp8::Lt, String>>,
+    /// Set when cuBLASLt's fp8 GEMM failed: fp8 then takes the f16 path for good.
+    fp8_off: AtomicBool,
 }
 
 impl CudaBackend {
@@ -193,6 +200,8 @@ impl CudaBackend {
             kernels,
             info,
             split_path: SplitPath::from_env()?,
+            lt: OnceLock::new(),
+            fp8_off: AtomicBool::new(false),
         })
     }
 
@@ -203,6 +212,36 @@ impl CudaBackend {
     /// How split-bf16 matmuls run on this backend.
     pub fn split_path(&self) -> SplitPath {
         self.split_path
+    }
+
+    /// The cuBLASLt fp8 GEMM of `shape`, where this GPU, the shape and cuBLASLt allow it.
+    fn fp8_gemm(
+        &self,
+        shape: &MatmulShape,
+        a: Format,
+        b: Format,
+    ) -> Option<(fp8::Fp8Gemm, &fp8::Lt)> {
+        if self.fp8_off.load(Ordering::Relaxed) {
+            return None;
+        }
+        let g = fp8::Fp8Gemm::plan(shape, a, b, self.info.compute_capability).ok()?;
+        match self.lt.get_or_init(|| fp8::Lt::new(self)) {
+            Ok(lt) => Some((g, lt)),
+            Err(why) => {
+                self.fp8_gemm_failed(why);
+                None
+            }
+        }
+    }
+
+    /// cuBLASLt's fp8 GEMM failed: said once, and fp8 takes the f16 path from now on (the same
+    /// products and accumulation, so results keep the contract).
+    fn fp8_gemm_failed(&self, why: impl std::fmt::Display) {
+        if !self.fp8_off.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "mantissa: cuBLASLt's fp8 GEMM is unavailable ({why}); fp8 matmuls take the f16 path"
+            );
+        }
     }
 
     /// `fault` during `what` as an error of this device: `OutOfMemory` (with the device's
@@ -401,7 +440,7 @@ impl Backend for CudaBackend {
             seconds: super::median(&mut times),
             clock: "cuda-events",
             repetitions: times.len(),
-            variant: matmul::variant(algorithm, self.split_path),
+            variant: matmul::variant(self, algorithm),
         })
     }
 
