@@ -175,8 +175,8 @@ fn gemm_call<T>(
     c: &mut CudaSlice<f32>,
     compute: Compute,
 ) -> Result<()> {
-    if call.k == 0 {
-        // C was allocated zeroed, and an empty sum is 0.
+    if call.k == 0 || call.m == 0 || call.n == 0 || call.batch == 0 {
+        // Nothing to compute (C was allocated zeroed, and an empty sum is 0).
         return Ok(());
     }
     let (a_end, b_end) = call.extents();
