@@ -44,9 +44,8 @@ extern "C" __global__ void split_planes(const float* x, u16* out, i64 n, u32 row
         i64 per = (i64)rows * cols, batch = e / per, r = (e % per) / cols, c = e % cols;
         Split s = split_bf16_one(x[batch * sb + r * sr + c * sc]);
         u16* o = out + batch * ob + r * orow + c * ocol;
-        u32 finite_h = (s.h & 0x7f80u) == 0x7f80u ? 0u : s.h;
         const u32 slots[4] = {slot_h, slot_hf, slot_m, slot_l};
-        const u32 codes[4] = {s.h, finite_h, s.m, s.l};
+        const u32 codes[4] = {s.h, finite_h(s), s.m, s.l};
         for (int p = 0; p < 4; p++) {
             if (slots[p] != 0xffffffffu) o[slots[p] * os] = (u16)codes[p];
         }

@@ -150,6 +150,9 @@ __device__ __forceinline__ Split split_bf16_one(float x) {
     return s;
 }
 
+// h with non-finite values as 0: the lower levels' factor (their terms use 0 there).
+__device__ __forceinline__ u32 finite_h(Split s) { return (s.h & 0x7f80u) == 0x7f80u ? 0u : s.h; }
+
 // Which scale element e of an operand uses: group = (e / batch_len) * groups_per_batch
 // + ((e % batch_len) / div) % modulus. Tensorwise, per row and per column all fit.
 struct Groups {

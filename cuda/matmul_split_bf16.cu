@@ -52,7 +52,7 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, const u32* b) {
 __device__ __forceinline__ void store_split(u16 (*tile)[BK + PAD], u32 row, u32 k, float x) {
     Split s = split_bf16_one(x);
     tile[0 * BM + row][k] = (u16)s.h;  // planes are BM (= BN) rows apart
-    tile[1 * BM + row][k] = (u16)((s.h & 0x7f80u) == 0x7f80u ? 0u : s.h);
+    tile[1 * BM + row][k] = (u16)finite_h(s);
     tile[2 * BM + row][k] = (u16)s.m;
 #if PLANES == 4
     tile[3 * BM + row][k] = (u16)s.l;

@@ -655,6 +655,37 @@ fn cuda_training_kernels_match_the_host_reference() {
     }
 }
 
+/// The split matmuls' host cases: `first` with rows of A holding inf, NaN and an f32
+/// subnormal and a column of B holding -inf (the split's rules for them), 2 x 33x20x40 with
+/// both operands transposed, and 17x70x90 with B transposed; wide-range A, N(0,1) B.
+fn split_cases(
+    first: mantissa::algorithm::MatmulShape,
+    seed: u64,
+) -> Vec<(mantissa::algorithm::MatmulShape, Vec<f32>, Vec<f32>)> {
+    let mut transposed = mantissa::algorithm::MatmulShape::new(33, 20, 40);
+    transposed.batch = 2;
+    transposed.a_transposed = true;
+    transposed.b_transposed = true;
+    let mut b_transposed = mantissa::algorithm::MatmulShape::new(17, 70, 90);
+    b_transposed.b_transposed = true;
+    [first, transposed, b_transposed]
+        .into_iter()
+        .enumerate()
+        .map(|(s, shape)| {
+            let seed = seed + 10 * s as u64;
+            let mut a = measure::wide_range(shape.a_len(), seed);
+            let mut b = measure::normal(shape.b_len(), seed + 1);
+            if s == 0 {
+                a[3 * shape.k + 5] = f32::INFINITY;
+                a[7 * shape.k] = f32::NAN;
+                a[11 * shape.k + 2] = 1e-40;
+                b[17 * shape.n + 4] = f32::NEG_INFINITY;
+            }
+            (shape, a, b)
+        })
+        .collect()
+}
+
 /// The fused split-bf16 tensor-core kernel, whole, on the host: the harness emulates the warp's
 /// `mma.sync.m16n8k16` with the PTX ISA's fragment layouts, so the tiling, the split on the tile
 /// load, the per-level accumulators, the promotion every 256 of K, the strides of transposed and
@@ -664,24 +695,9 @@ fn cuda_split_kernel_meets_the_contract_on_the_host() {
     use mantissa::algorithm::{Algorithm, MatmulShape};
     let Some(h) = harness() else { return };
     let seed = common::seed("cuda_split_kernel_meets_the_contract_on_the_host");
-    let mut transposed = MatmulShape::new(33, 20, 40);
-    transposed.batch = 2;
-    transposed.a_transposed = true;
-    transposed.b_transposed = true;
-    let mut b_transposed = MatmulShape::new(17, 70, 90);
-    b_transposed.b_transposed = true;
     // K = 300 crosses a promotion (256); 70 x 45 leaves partial tiles.
-    let shapes = [MatmulShape::new(70, 45, 300), transposed, b_transposed];
-    for (s, shape) in shapes.iter().enumerate() {
-        let seed = seed + 10 * s as u64;
-        let mut a = measure::wide_range(shape.a_len(), seed);
-        let b = measure::normal(shape.b_len(), seed + 1);
-        if s == 0 {
-            // A row with inf, one with NaN, f32 subnormals: the split's rules for them.
-            a[3 * shape.k + 5] = f32::INFINITY;
-            a[7 * shape.k] = f32::NAN;
-            a[11 * shape.k + 2] = 1e-40;
-        }
+    for (shape, a, b) in split_cases(MatmulShape::new(70, 45, 300), seed) {
+        let shape = &shape;
         for (alg, levels) in [
             (Algorithm::Bf16x3, 2),
             (Algorithm::Bf16x6, 3),
@@ -722,26 +738,10 @@ fn cuda_split_gemms_meet_the_contract_on_the_host() {
     use mantissa::backend::cuda::split::{GemmCall, H, H_FINITE, L, M, Out, SplitLayout};
     let Some(h) = harness() else { return };
     let seed = common::seed("cuda_split_gemms_meet_the_contract_on_the_host");
-    let mut transposed = MatmulShape::new(33, 20, 40);
-    transposed.batch = 2;
-    transposed.a_transposed = true;
-    transposed.b_transposed = true;
-    let mut b_transposed = MatmulShape::new(17, 70, 90);
-    b_transposed.b_transposed = true;
-    // K = 600 crosses two promotions (256).
-    let shapes = [MatmulShape::new(30, 25, 600), transposed, b_transposed];
     let bf16 = |code: u32| Format::Bf16.decode(code);
-    for (s, shape) in shapes.iter().enumerate() {
-        let seed = seed + 10 * s as u64;
-        let mut a = measure::wide_range(shape.a_len(), seed);
-        let mut b = measure::normal(shape.b_len(), seed + 1);
-        if s == 0 {
-            // Rows with inf and NaN, f32 subnormals, a column of B with -inf: the split's rules.
-            a[3 * shape.k + 5] = f32::INFINITY;
-            a[7 * shape.k] = f32::NAN;
-            a[11 * shape.k + 2] = 1e-40;
-            b[17 * shape.n + 4] = f32::NEG_INFINITY;
-        }
+    // K = 600 crosses two promotions (256).
+    for (shape, a, b) in split_cases(MatmulShape::new(30, 25, 600), seed) {
+        let shape = &shape;
         for alg in [Algorithm::Bf16x3, Algorithm::Bf16x6, Algorithm::Bf16x9] {
             let layout = SplitLayout::of(&alg).unwrap();
             let (a_len, b_len) = layout.plane_lens(shape).unwrap();

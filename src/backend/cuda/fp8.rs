@@ -55,15 +55,7 @@ impl Fp8Gemm {
         b: Format,
         cc: (i32, i32),
     ) -> std::result::Result<Fp8Gemm, String> {
-        if cc < (8, 9) {
-            return Err(format!(
-                "fp8 tensor cores need compute capability 8.9 (this GPU has {}.{})",
-                cc.0, cc.1
-            ));
-        }
-        if a == Format::E5m2 && b == Format::E5m2 {
-            return Err("cuBLASLt has no e5m2 x e5m2 GEMM".into());
-        }
+        Fp8Gemm::supported(a, b, cc)?;
         if !shape.n.is_multiple_of(4) {
             return Err(format!(
                 "C's rows (n = {}) are not a multiple of 16 bytes, as cuBLASLt's fp8 kernels need",
@@ -93,6 +85,21 @@ impl Fp8Gemm {
             a,
             b,
         })
+    }
+
+    /// Whether cuBLASLt has an fp8 GEMM for A in `a` and B in `b` on a GPU of compute
+    /// capability `cc`, whatever the shape.
+    pub fn supported(a: Format, b: Format, cc: (i32, i32)) -> std::result::Result<(), String> {
+        if cc < (8, 9) {
+            return Err(format!(
+                "fp8 tensor cores need compute capability 8.9 (this GPU has {}.{})",
+                cc.0, cc.1
+            ));
+        }
+        if a == Format::E5m2 && b == Format::E5m2 {
+            return Err("cuBLASLt has no e5m2 x e5m2 GEMM".into());
+        }
+        Ok(())
     }
 
     /// Bytes of A's and B's fp8 operands.

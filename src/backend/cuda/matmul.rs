@@ -121,8 +121,7 @@ pub fn variant(cb: &CudaBackend, algorithm: &Algorithm) -> String {
         Algorithm::Bf16 => "cuBLAS, bf16 tensor cores, f32 out".into(),
         Algorithm::F16 => "cuBLAS, f16 tensor cores, f32 out".into(),
         Algorithm::Fp8 { a, b, .. } => {
-            let square = MatmulShape::new(4096, 4096, 4096);
-            match fp8::Fp8Gemm::plan(&square, *a, *b, cb.info.compute_capability) {
+            match fp8::Fp8Gemm::supported(*a, *b, cb.info.compute_capability) {
                 Ok(_) if !cb.fp8_off.load(std::sync::atomic::Ordering::Relaxed) => {
                     "quantized to fp8 (rows of A, columns of B contiguous in K, padded to 16), \
                      cuBLASLt fp8 GEMM without fast accumulation, f32 out, descaled (n not a \
