@@ -3,7 +3,7 @@
 //! `--bench` argument) it runs one tiny size as a smoke test.
 
 use mantissa::algorithm::Algorithm;
-use mantissa::backend::{self, BackendChoice, BackendKind};
+use mantissa::backend::{self, BackendChoice, BackendKind, Operands};
 use mantissa::bench::MatmulBench;
 use pollster::FutureExt as _;
 
@@ -22,20 +22,23 @@ fn main() {
     let bench = MatmulBench {
         shapes: sizes.iter().map(|&n| (n, n, n)).collect(),
         algorithms: Algorithm::ALL.to_vec(),
+        // From f32 operands, and from operands held in their format (the product alone).
+        operands: Operands::ALL.to_vec(),
         repetitions: if measuring { 5 } else { 1 },
         error_rows: 16,
         seed: 7,
         contract_check_limit: 1 << 24,
     };
     let mut records = Vec::new();
-    for kind in [BackendKind::Wgpu, BackendKind::Reference] {
+    for kind in [BackendKind::Cuda, BackendKind::Wgpu, BackendKind::Reference] {
         match backend::open(BackendChoice::Only(kind)).block_on() {
             Ok(b) => match bench
                 .run(b.as_ref(), |r| {
                     println!(
-                        "{:<40} {:<10} n={:<5} {:>10.3} ms {:>9.4} TFLOP/s  err {:.2e}",
+                        "{:<40} {:<10} {:<8} n={:<5} {:>10.3} ms {:>9.4} TFLOP/s  err {:.2e}",
                         r.backend,
                         r.algorithm,
+                        r.operands,
                         r.n,
                         r.seconds * 1e3,
                         r.tflops,

@@ -2,7 +2,8 @@
 # The measurements that need an NVIDIA GPU (figures in docs/h100.md were taken on a machine with
 # an H100 80GB HBM3 by these stages), in stages that each fit in ten minutes:
 #   bash scripts/gpu-checks.sh correct   # conformance (CUDA, wgpu/Vulkan), resident step plans
-#   bash scripts/gpu-checks.sh cuda      # the CUDA conformance suite and matmul benchmarks
+#   bash scripts/gpu-checks.sh cuda      # the CUDA conformance suite, matmul benchmarks (from
+#                                        # f32 and prepared operands), the PyTorch anchors
 #   bash scripts/gpu-checks.sh bench     # wgpu matmul benchmarks and the PyTorch anchors
 #   bash scripts/gpu-checks.sh tune      # a full autotune, and matrix-vector shapes
 #   bash scripts/gpu-checks.sh train     # report, training on both backends, PyTorch anchor
@@ -56,11 +57,14 @@ correct)
     fi
     ;;
 cuda)
-    [ -x .bin/conformance ] && run 150 .bin/conformance cuda:: --test-threads 1
-    run 150 $m bench matmul --sizes 4096,8192 --algorithms all --backends cuda --reps 10 --json "$out/bench-cuda.json"
+    [ -x .bin/conformance ] && run 120 .bin/conformance cuda:: --test-threads 1
+    # From f32 operands (conversion included) and from operands already in their format (the
+    # GEMM alone, against PyTorch's same-dtype GEMM below).
+    run 180 $m bench matmul --sizes 4096,8192 --algorithms all --operands all --backends cuda --reps 10 --json "$out/bench-cuda.json"
     # The fused split kernel against the default per-level cuBLAS GEMMs (and its conformance).
-    [ -x .bin/conformance ] && MANTISSA_CUDA_SPLIT=fused run 150 .bin/conformance cuda::matmul --test-threads 1
-    MANTISSA_CUDA_SPLIT=fused run 100 $m bench matmul --sizes 4096,8192 --algorithms bf16x3,bf16x6,bf16x9 --backends cuda --reps 10 --json "$out/bench-cuda-fused.json"
+    [ -x .bin/conformance ] && MANTISSA_CUDA_SPLIT=fused run 60 .bin/conformance cuda::matmul_random --test-threads 1
+    MANTISSA_CUDA_SPLIT=fused run 80 $m bench matmul --sizes 4096,8192 --algorithms bf16x3,bf16x6,bf16x9 --backends cuda --reps 10 --json "$out/bench-cuda-fused.json"
+    run 120 python3 scripts/anchors/torch_matmul.py
     ;;
 bench)
     run 150 $m bench matmul --sizes 4096,8192 --algorithms all --backends wgpu --reps 10 --json "$out/bench-wgpu.json"

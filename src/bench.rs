@@ -7,7 +7,7 @@
 //! original inputs, so large sizes stay cheap to check.
 
 use crate::algorithm::{Algorithm, MatmulShape};
-use crate::backend::{Backend, reference};
+use crate::backend::{Backend, Operands, reference};
 use crate::error::{Error, Result};
 use crate::measure;
 use crate::plan::exec::Memory;
@@ -20,6 +20,9 @@ pub struct MatmulRecord {
     pub backend: String,
     pub device: String,
     pub algorithm: String,
+    /// What the timing started from: f32 operands (their preparation timed too), or operands
+    /// prepared in the algorithm's storage format (the product alone).
+    pub operands: Operands,
     pub m: usize,
     pub n: usize,
     pub k: usize,
@@ -50,6 +53,8 @@ pub struct MatmulBench {
     /// Square sizes n (m = n = k), or explicit (m, n, k).
     pub shapes: Vec<(usize, usize, usize)>,
     pub algorithms: Vec<Algorithm>,
+    /// Each (shape, algorithm) is timed from each of these.
+    pub operands: Vec<Operands>,
     pub repetitions: usize,
     /// Rows of C whose error is measured.
     pub error_rows: usize,
@@ -72,9 +77,6 @@ impl MatmulBench {
             let a = measure::normal(m * k, self.seed);
             let b = measure::normal(k * n, self.seed + 1);
             for algorithm in &self.algorithms {
-                let timing = backend
-                    .time_matmul(&shape, algorithm, &a, &b, self.repetitions)
-                    .await?;
                 let c = backend.matmul(&shape, algorithm, &a, &b).await?;
                 let (relative_error, max_ulp_error, rows) =
                     sampled_error(&shape, &a, &b, &c, self.error_rows);
@@ -84,29 +86,46 @@ impl MatmulBench {
                         let abs = measure::abs_product(&shape, &a, &b);
                         measure::compare_to_reference(algorithm, &shape, &c, &want, &abs).1
                     });
+                drop(c);
                 let (bytes_a, bytes_b) = algorithm.bytes_per_element();
-                let record = MatmulRecord {
-                    backend: backend.name(),
-                    device: backend.device_name(),
-                    algorithm: algorithm.to_string(),
-                    m,
-                    n,
-                    k,
-                    seconds: timing.seconds,
-                    tflops: shape.flops() / timing.seconds / 1e12,
-                    clock: timing.clock,
-                    repetitions: timing.repetitions,
-                    variant: timing.variant.clone(),
-                    bytes_per_element_a: bytes_a,
-                    bytes_per_element_b: bytes_b,
-                    relative_error,
-                    max_ulp_error,
-                    error_rows: rows,
-                    expected_error: algorithm.expected_error_n01(),
-                    contract_breaks,
-                };
-                each(&record);
-                out.push(record);
+                for &operands in &self.operands {
+                    let timing = backend
+                        .time_matmul(&shape, algorithm, &a, &b, self.repetitions, operands)
+                        .await?;
+                    if timing.operands != operands
+                        && out.iter().any(|r: &MatmulRecord| {
+                            r.operands == timing.operands
+                                && r.algorithm == algorithm.to_string()
+                                && (r.m, r.n, r.k) == (m, n, k)
+                        })
+                    {
+                        // The backend times one way only, and that row is there already.
+                        continue;
+                    }
+                    let record = MatmulRecord {
+                        backend: backend.name(),
+                        device: backend.device_name(),
+                        algorithm: algorithm.to_string(),
+                        operands: timing.operands,
+                        m,
+                        n,
+                        k,
+                        seconds: timing.seconds,
+                        tflops: shape.flops() / timing.seconds / 1e12,
+                        clock: timing.clock,
+                        repetitions: timing.repetitions,
+                        variant: timing.variant.clone(),
+                        bytes_per_element_a: bytes_a,
+                        bytes_per_element_b: bytes_b,
+                        relative_error,
+                        max_ulp_error,
+                        error_rows: rows,
+                        expected_error: algorithm.expected_error_n01(),
+                        contract_breaks,
+                    };
+                    each(&record);
+                    out.push(record);
+                }
             }
         }
         Ok(out)

@@ -153,6 +153,9 @@ pub enum DeviceFault {
     #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
     #[error(transparent)]
     Cublas(#[from] cudarc::cublas::result::CublasError),
+    #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
+    #[error(transparent)]
+    CublasLt(#[from] cudarc::cublaslt::result::CublasError),
     /// The device stopped answering (a closed channel, a lost device) with nothing more said.
     #[error("{0}")]
     Lost(&'static str),

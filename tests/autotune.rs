@@ -3,9 +3,9 @@
 
 mod common;
 
-use mantissa::backend::Backend;
 use mantissa::backend::wgpu::WgpuOptions;
 use mantissa::backend::wgpu::autotune::{AutotuneMode, Autotuner};
+use mantissa::backend::{Backend, Operands};
 use mantissa::{Algorithm, Format, MatmulShape, Scaling, measure};
 use pollster::FutureExt as _;
 
@@ -73,7 +73,7 @@ fn a_tuned_tile_is_persisted_and_reused() {
     let a = measure::normal(shape.a_len(), 1);
     let bm = measure::normal(shape.b_len(), 2);
     let timing = b
-        .time_matmul(&shape, &Algorithm::F32, &a, &bm, 1)
+        .time_matmul(&shape, &Algorithm::F32, &a, &bm, 1, Operands::F32)
         .block_on()
         .unwrap();
     assert!(
@@ -133,7 +133,7 @@ fn a_tuned_tile_is_persisted_and_reused() {
         measure::normal(small.b_len(), 4),
     );
     let timing = b
-        .time_matmul(&small, &Algorithm::F32, &a, &bm, 1)
+        .time_matmul(&small, &Algorithm::F32, &a, &bm, 1, Operands::F32)
         .block_on()
         .unwrap();
     assert!(!timing.variant.contains("autotuned"), "{}", timing.variant);

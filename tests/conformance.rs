@@ -487,3 +487,51 @@ backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, mat
 backend_tests!(wgpu_packed_f16: matmul_random, matmul_edges);
 backend_tests!(wgpu_checked: casts, matmul_edges, train_ops);
 backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, train_ops, train_ops_bad_input);
+
+/// The product alone over prepared operands (what the bench times from `Operands::Prepared`)
+/// computes C again bit for bit, for every algorithm and path of the CUDA backend.
+#[cfg(feature = "cuda")]
+mod prepared {
+    mod cuda {
+        use super::super::common;
+        use mantissa::algorithm::{Algorithm, MatmulShape, Scaling};
+        use mantissa::backend::cuda::CudaBackend;
+        use mantissa::format::Format;
+        use mantissa::measure;
+
+        #[test]
+        fn the_product_alone_recomputes_c() {
+            let test = "prepared::cuda::the_product_alone_recomputes_c";
+            let b = match CudaBackend::open(0) {
+                Ok(b) => b,
+                Err(e) => return common::skip(test, &format!("backend absent: {e}")),
+            };
+            let seed = common::seed(test);
+            let shape = MatmulShape {
+                batch: 2,
+                m: 70,
+                n: 44,
+                k: 300,
+                a_transposed: true,
+                b_transposed: false,
+            };
+            let mut a = measure::wide_range(shape.a_len(), seed);
+            let bm = measure::normal(shape.b_len(), seed + 1);
+            a[5] = f32::INFINITY;
+            let mut algorithms = Algorithm::ALL.to_vec();
+            algorithms.extend([
+                Algorithm::fp8(Format::E4m3, Format::E5m2).with_scaling(Scaling::Rowwise),
+                Algorithm::fp8(Format::E4m3, Format::E4m3)
+                    .with_scaling(Scaling::Given { a: 4.0, b: 0.5 }),
+            ]);
+            for alg in algorithms {
+                let (whole, again) = b.matmul_product_again(&shape, &alg, &a, &bm).unwrap();
+                let same = whole
+                    .iter()
+                    .zip(&again)
+                    .all(|(w, g)| w.to_bits() == g.to_bits());
+                assert!(same, "{alg}: the product alone differs");
+            }
+        }
+    }
+}

@@ -10,7 +10,7 @@ use mantissa::backend::Backend;
 use mantissa::backend::reference as host;
 use mantissa::backend::wgpu::shaders::Tile;
 use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
-use mantissa::{Algorithm, MatmulShape, measure};
+use mantissa::{Algorithm, Format, MatmulShape, Scaling, measure};
 use pollster::FutureExt as _;
 
 const COOP_ALGORITHMS: [Algorithm; 5] = [
@@ -222,5 +222,51 @@ fn coop_and_simt_agree_within_the_contract() {
             e1 <= 2.0 * e2 + 1e-9,
             "{alg}: coop error {e1:e} vs simt {e2:e}"
         );
+    }
+}
+
+/// What the bench times from prepared operands: the product's dispatches alone, over the
+/// operands a whole run prepared, compute C again bit for bit (no dispatch of the product
+/// depends on a clear or on a preparation it would repeat). On whatever this adapter runs:
+/// SIMT kernels on Mesa 22's lavapipe, cooperative matrices with the SIMT fallback for flagged
+/// lines on Mesa 26's (scripts/lavapipe-coop.sh).
+#[test]
+fn the_product_alone_recomputes_c_from_prepared_operands() {
+    let test = "the_product_alone_recomputes_c_from_prepared_operands";
+    let options = WgpuOptions {
+        poison_outputs: true,
+        ..WgpuOptions::default()
+    };
+    let Some(b) = common::fresh_wgpu(test, options) else {
+        return;
+    };
+    let kernels = if b.uses_coop() {
+        "cooperative matrices"
+    } else {
+        "SIMT"
+    };
+    eprintln!("{test}: {} on {kernels}", b.name());
+    let seed = common::seed(test);
+    let shape = shapes()[1];
+    // Wide range: lines beyond f16's range, flagged for the fallback on cooperative matrices.
+    let mut a = measure::wide_range(shape.a_len(), seed);
+    let bm = measure::normal(shape.b_len(), seed + 1);
+    a[5] = f32::INFINITY;
+    let mut algorithms = Algorithm::ALL.to_vec();
+    algorithms.extend([
+        Algorithm::fp8(Format::E4m3, Format::E5m2).with_scaling(Scaling::Rowwise),
+        Algorithm::fp8(Format::E4m3, Format::E4m3).with_scaling(Scaling::Given { a: 4.0, b: 0.5 }),
+    ]);
+    for alg in algorithms {
+        let tile = b.variant(&alg).tile;
+        let (whole, again) = b
+            .matmul_product_again(&shape, &alg, tile, &a, &bm)
+            .block_on()
+            .unwrap();
+        let same = whole
+            .iter()
+            .zip(&again)
+            .all(|(w, g)| w.to_bits() == g.to_bits());
+        assert!(same, "{alg} on {}: the product alone differs", b.name());
     }
 }

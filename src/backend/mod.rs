@@ -130,11 +130,61 @@ impl Fp8Scales {
     }
 }
 
+/// What a timed matmul starts from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Operands {
+    /// f32 operands on the device: their preparation (rounding, encoding, splitting, fp8
+    /// scaling and quantization) is timed with the product. What a caller with f32 data pays.
+    #[default]
+    F32,
+    /// Operands already held in the algorithm's storage format (bf16/f16 codes, tf32-rounded
+    /// values, split planes, fp8 codes with their scales), as a training step holds them: the
+    /// product alone is timed (for fp8, the descale with it). What PyTorch's same-dtype GEMM
+    /// is compared with.
+    Prepared,
+}
+
+impl Operands {
+    pub const ALL: [Operands; 2] = [Operands::F32, Operands::Prepared];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Operands::F32 => "f32",
+            Operands::Prepared => "prepared",
+        }
+    }
+}
+
+impl fmt::Display for Operands {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Operands {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Operands::ALL
+            .into_iter()
+            .find(|o| o.name() == s.trim().to_ascii_lowercase())
+            .ok_or_else(|| Error::UnknownName {
+                kind: "operands",
+                given: s.to_string(),
+                valid: Operands::ALL.map(|o| o.name().to_string()).to_vec(),
+            })
+    }
+}
+
 /// Timing of a repeated matmul, as a benchmark reports it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MatmulTiming {
-    /// Median seconds of one matmul (operand preparation on the device included).
+    /// Median seconds of one matmul.
     pub seconds: f64,
+    /// What was timed: from f32 operands (preparation included), or the product alone from
+    /// prepared ones. A backend that cannot time the product alone says `F32` whatever was
+    /// asked (the reference: one host function does both).
+    pub operands: Operands,
     /// How the time was taken: "gpu-timestamps" or "wall-clock".
     pub clock: &'static str,
     pub repetitions: usize,
@@ -181,8 +231,9 @@ pub trait Backend: Send + Sync {
     /// Largest finite magnitude (0 if none).
     async fn amax(&self, x: &[f32]) -> Result<f32>;
 
-    /// Times `repetitions` matmuls. The default times whole calls on the wall clock; device
-    /// backends override it to keep operands resident and time the device work only.
+    /// Times `repetitions` matmuls from `operands`. The default times whole calls on the wall
+    /// clock (preparation included, whatever `operands` asks); device backends override it to
+    /// keep operands resident and time the device work only.
     async fn time_matmul(
         &self,
         shape: &MatmulShape,
@@ -190,7 +241,9 @@ pub trait Backend: Send + Sync {
         a: &[f32],
         b: &[f32],
         repetitions: usize,
+        operands: Operands,
     ) -> Result<MatmulTiming> {
+        let _ = operands;
         let mut times = Vec::with_capacity(repetitions);
         for _ in 0..repetitions.max(1) {
             let start = Instant::now();
@@ -199,6 +252,7 @@ pub trait Backend: Send + Sync {
         }
         Ok(MatmulTiming {
             seconds: median(&mut times),
+            operands: Operands::F32,
             clock: "wall-clock",
             repetitions: times.len(),
             variant: "host".into(),

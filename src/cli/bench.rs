@@ -4,7 +4,7 @@
 use super::parse_list;
 use super::table::{Table, g};
 use crate::algorithm::{Algorithm, MatmulShape};
-use crate::backend::{self, BackendChoice};
+use crate::backend::{self, BackendChoice, Operands};
 use crate::bench::{MatmulBench, MatmulRecord, TrainBench, TrainRecord};
 use crate::error::{Error, Result};
 use crate::policy::Preset;
@@ -67,9 +67,15 @@ struct MatmulArgs {
     /// Algorithms, comma-separated, or "all".
     #[arg(long, default_value = "all")]
     algorithms: String,
-    /// Backends, comma-separated: auto, reference, wgpu.
+    /// Backends, comma-separated: auto, reference, wgpu, cuda.
     #[arg(long, default_value = "auto")]
     backends: String,
+    /// What each timing starts from, comma-separated, or "all": f32 (operands as f32 on the
+    /// device, their rounding/encoding/splitting/quantizing timed too) or prepared (operands
+    /// already in the algorithm's storage format, as a training step holds them: the product
+    /// alone, as PyTorch's same-dtype GEMM is timed).
+    #[arg(long, default_value = "f32")]
+    operands: String,
     /// Timed repetitions per measurement (the median is reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -223,9 +229,15 @@ fn matmul(args: MatmulArgs) -> Result<()> {
     };
     let shapes = parse_shapes(&args.sizes)?;
     let choices: Vec<BackendChoice> = parse_list(&args.backends)?;
+    let operands: Vec<Operands> = if args.operands.trim() == "all" {
+        Operands::ALL.to_vec()
+    } else {
+        parse_list(&args.operands)?
+    };
     let bench = MatmulBench {
         shapes,
         algorithms,
+        operands,
         repetitions: args.reps.max(1),
         error_rows: args.error_rows,
         seed: 42,
@@ -235,6 +247,7 @@ fn matmul(args: MatmulArgs) -> Result<()> {
     let mut table = Table::new(&[
         "backend",
         "algorithm",
+        "operands",
         "m x n x k",
         "ms",
         "TFLOP/s",
@@ -252,8 +265,9 @@ fn matmul(args: MatmulArgs) -> Result<()> {
             bench
                 .run(backend.as_ref(), |r| {
                     eprintln!(
-                        "  {:<12} {:>5}x{}x{}  {:>10.3} ms  {:>8.4} TFLOP/s  err {:.2e}",
+                        "  {:<12} {:<8} {:>5}x{}x{}  {:>10.3} ms  {:>8.4} TFLOP/s  err {:.2e}",
                         r.algorithm,
+                        r.operands,
                         r.m,
                         r.n,
                         r.k,
@@ -269,6 +283,7 @@ fn matmul(args: MatmulArgs) -> Result<()> {
         table.row(vec![
             r.backend.clone(),
             r.algorithm.clone(),
+            r.operands.to_string(),
             format!("{}x{}x{}", r.m, r.n, r.k),
             format!("{:.3}", r.seconds * 1e3),
             g(r.tflops, 3),

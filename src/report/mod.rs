@@ -13,7 +13,7 @@ pub use html::{LossCurve, loss_chart, render_html};
 pub use inputs::Family;
 
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
-use crate::backend::{self, Backend, BackendKind, Reference};
+use crate::backend::{self, Backend, BackendKind, Operands, Reference};
 use crate::error::{Error, Result};
 use crate::format::{self, Format, Overflow};
 use crate::measure;
@@ -253,7 +253,14 @@ pub async fn run_on(
                         measure::compare_to_reference(algorithm, &shape, &got, &want, &abs);
                     let tflops = if *family == Family::Normal && Some((m, n, k)) == largest {
                         let t = b
-                            .time_matmul(&shape, algorithm, &a, &bm, config.repetitions)
+                            .time_matmul(
+                                &shape,
+                                algorithm,
+                                &a,
+                                &bm,
+                                config.repetitions,
+                                Operands::F32,
+                            )
                             .await?;
                         Some(shape.flops() / t.seconds / 1e12)
                     } else {

@@ -10,9 +10,9 @@
 #![allow(clippy::await_holding_refcell_ref)]
 
 use js_sys::Promise;
-use mantissa::backend::Backend;
 use mantissa::backend::wgpu::autotune::{AutotuneMode, Autotuner, TileStore};
 use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
+use mantissa::backend::{Backend, Operands};
 use mantissa::bench::MatmulBench;
 use mantissa::policy::PrecisionClass;
 use mantissa::report;
@@ -135,6 +135,7 @@ impl Engine {
             let bench = MatmulBench {
                 shapes: vec![(n, n, n)],
                 algorithms: vec![algorithm],
+                operands: vec![Operands::F32],
                 repetitions,
                 error_rows: 32,
                 seed: seed as u64,

@@ -13,8 +13,10 @@ use cudarc::cublas::sys::{
     cudaDataType_t as Type,
 };
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use std::sync::atomic::Ordering;
 
-/// C = op(A) . op(B) under `algorithm`, operands and result on the device.
+/// C = op(A) . op(B) under `algorithm`, operands and result on the device: the operands
+/// prepared into the algorithm's storage format, then the product.
 pub(super) fn run(
     cb: &CudaBackend,
     shape: &MatmulShape,
@@ -26,6 +28,162 @@ pub(super) fn run(
     if shape.c_len() == 0 {
         return Ok(());
     }
+    let mut prepared = prepare(cb, shape, algorithm, a, b)?;
+    match product(cb, shape, algorithm, &mut prepared, c) {
+        // cuBLASLt's fp8 GEMM failed (now off, said once): the f16 path from the operands.
+        Err(_) if prepared.on_fp8_gemm() && cb.fp8_off.load(Ordering::Relaxed) => {
+            let mut prepared = prepare(cb, shape, algorithm, a, b)?;
+            product(cb, shape, algorithm, &mut prepared, c)
+        }
+        done => done,
+    }
+}
+
+/// One operand in the storage format its algorithm's GEMM reads. Preparation and product are
+/// apart so that operands already held in their format are not encoded again (the bench's
+/// prepared mode times the product alone, as PyTorch's same-dtype GEMM is timed).
+pub(super) enum Held<'a> {
+    /// f32 values as given: SGEMM's operands, and the fused split kernel's (it splits as it
+    /// loads).
+    F32(&'a CudaSlice<f32>),
+    /// tf32-rounded f32 values.
+    Tf32(CudaSlice<f32>),
+    /// bf16 codes.
+    Bf16(CudaSlice<u16>),
+    /// f16 codes: f16 values, or fp8 values (exact in f16) on the f16 path.
+    F16(CudaSlice<u16>),
+    /// bf16 planes laid out for one GEMM per level (split.rs).
+    Planes(CudaSlice<u16>),
+    /// fp8 codes in cuBLASLt's TN layout (fp8.rs).
+    Fp8(CudaSlice<u8>),
+}
+
+/// Both operands of one matmul, prepared, with what the product needs besides them.
+pub(super) struct Prepared<'a> {
+    a: Held<'a>,
+    b: Held<'a>,
+    /// fp8: the scales each operand was quantized with (C is divided by them).
+    scales: Option<Fp8Scales>,
+    /// cuBLASLt's fp8 GEMM of the operands (their layout is its).
+    fp8_gemm: Option<fp8::Fp8Gemm>,
+    /// Split GEMMs: the scratch sum of the levels below 0, made once here rather than in every
+    /// product.
+    lower: Option<CudaSlice<f32>>,
+}
+
+impl Prepared<'_> {
+    fn on_fp8_gemm(&self) -> bool {
+        self.fp8_gemm.is_some()
+    }
+}
+
+/// fp8 scales on the device, one per group of A and of B.
+pub(super) struct Fp8Scales {
+    a: CudaSlice<f32>,
+    b: CudaSlice<f32>,
+    rowwise: bool,
+}
+
+/// Prepares both operands of `shape` for `algorithm`: rounds, encodes, splits or quantizes
+/// them (fp8: after their scales), as the path that will run the product reads them.
+pub(super) fn prepare<'a>(
+    cb: &CudaBackend,
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+    a: &'a CudaSlice<f32>,
+    b: &'a CudaSlice<f32>,
+) -> Result<Prepared<'a>> {
+    check_sizes(shape)?;
+    let plain = |a, b| Prepared {
+        a,
+        b,
+        scales: None,
+        fp8_gemm: None,
+        lower: None,
+    };
+    let (la, lb) = (shape.a_len(), shape.b_len());
+    Ok(match *algorithm {
+        Algorithm::F32 => plain(Held::F32(a), Held::F32(b)),
+        Algorithm::Tf32 => plain(
+            Held::Tf32(round(cb, a, la, Format::Tf32)?),
+            Held::Tf32(round(cb, b, lb, Format::Tf32)?),
+        ),
+        Algorithm::Bf16 => plain(
+            Held::Bf16(encode_16(cb, a, la, Format::Bf16)?),
+            Held::Bf16(encode_16(cb, b, lb, Format::Bf16)?),
+        ),
+        Algorithm::F16 => plain(
+            Held::F16(encode_16(cb, a, la, Format::F16)?),
+            Held::F16(encode_16(cb, b, lb, Format::F16)?),
+        ),
+        Algorithm::Bf16x3 | Algorithm::Bf16x6 | Algorithm::Bf16x9 => match cb.split_path {
+            SplitPath::Gemms => split_planes(cb, shape, algorithm, a, b)?,
+            SplitPath::Fused => plain(Held::F32(a), Held::F32(b)),
+        },
+        Algorithm::Fp8 {
+            a: fa,
+            b: fb,
+            scaling,
+        } => fp8_prepare(cb, shape, (fa, fb), scaling, a, b)?,
+    })
+}
+
+/// C = op(A) . op(B) from operands `prepare` made for the same shape and algorithm.
+pub(super) fn product(
+    cb: &CudaBackend,
+    s: &MatmulShape,
+    algorithm: &Algorithm,
+    p: &mut Prepared,
+    c: &mut CudaSlice<f32>,
+) -> Result<()> {
+    if s.c_len() == 0 {
+        return Ok(());
+    }
+    let f32_compute = Compute::CUBLAS_COMPUTE_32F;
+    match (&p.a, &p.b) {
+        (Held::F32(a), Held::F32(b)) if algorithm.is_split() => {
+            split_matmul(cb, s, algorithm.split_levels(), a, b, c)?
+        }
+        (Held::F32(a), Held::F32(b)) => gemm(cb, s, Type::CUDA_R_32F, *a, *b, c, f32_compute)?,
+        (Held::Tf32(a), Held::Tf32(b)) => {
+            let compute = Compute::CUBLAS_COMPUTE_32F_FAST_TF32;
+            gemm(cb, s, Type::CUDA_R_32F, a, b, c, compute)?
+        }
+        (Held::Bf16(a), Held::Bf16(b)) => gemm(cb, s, Type::CUDA_R_16BF, a, b, c, f32_compute)?,
+        (Held::F16(a), Held::F16(b)) => gemm(cb, s, Type::CUDA_R_16F, a, b, c, f32_compute)?,
+        (Held::Planes(a), Held::Planes(b)) => {
+            split_gemms(cb, s, algorithm, (a, b), p.lower.as_mut(), c)?
+        }
+        (Held::Fp8(a), Held::Fp8(b)) => {
+            let (g, lt) = match (&p.fp8_gemm, cb.lt.get()) {
+                (Some(g), Some(Ok(lt))) => (g, lt),
+                _ => {
+                    return Err(Error::invalid(
+                        "fp8 GEMM",
+                        "operands prepared without cuBLASLt",
+                    ));
+                }
+            };
+            fp8::gemm(cb, lt, g, a, b, c).map_err(|e| {
+                cb.fp8_gemm_failed(e);
+                cb.device_error("cuBLASLt fp8 GEMM", e)
+            })?
+        }
+        _ => {
+            return Err(Error::invalid(
+                "matmul operands",
+                format!("not prepared for {algorithm}"),
+            ));
+        }
+    }
+    if let Some(scales) = &p.scales {
+        descale(cb, s, scales, c)?;
+    }
+    Ok(())
+}
+
+/// Refuses sizes cuBLAS's 32-bit arguments cannot hold.
+fn check_sizes(shape: &MatmulShape) -> Result<()> {
     for (what, v) in [
         ("m", shape.m),
         ("n", shape.n),
@@ -39,45 +197,7 @@ pub(super) fn run(
             ));
         }
     }
-    match *algorithm {
-        Algorithm::F32 => gemm(
-            cb,
-            shape,
-            Type::CUDA_R_32F,
-            a,
-            b,
-            c,
-            Compute::CUBLAS_COMPUTE_32F,
-        ),
-        Algorithm::Tf32 => {
-            let (ra, rb) = (
-                round(cb, a, shape.a_len(), Format::Tf32)?,
-                round(cb, b, shape.b_len(), Format::Tf32)?,
-            );
-            let compute = Compute::CUBLAS_COMPUTE_32F_FAST_TF32;
-            gemm(cb, shape, Type::CUDA_R_32F, &ra, &rb, c, compute)
-        }
-        Algorithm::Bf16 | Algorithm::F16 => {
-            let (format, ty) = match algorithm {
-                Algorithm::Bf16 => (Format::Bf16, Type::CUDA_R_16BF),
-                _ => (Format::F16, Type::CUDA_R_16F),
-            };
-            let (ea, eb) = (
-                encode_16(cb, a, shape.a_len(), format)?,
-                encode_16(cb, b, shape.b_len(), format)?,
-            );
-            gemm(cb, shape, ty, &ea, &eb, c, Compute::CUBLAS_COMPUTE_32F)
-        }
-        Algorithm::Bf16x3 | Algorithm::Bf16x6 | Algorithm::Bf16x9 => match cb.split_path {
-            SplitPath::Gemms => split_gemms(cb, shape, algorithm, a, b, c),
-            SplitPath::Fused => split_matmul(cb, shape, algorithm.split_levels(), a, b, c),
-        },
-        Algorithm::Fp8 {
-            a: fa,
-            b: fb,
-            scaling,
-        } => fp8(cb, shape, (fa, fb), scaling, a, b, c),
-    }
+    Ok(())
 }
 
 /// How split-bf16 matmuls run: cuBLAS bf16 GEMMs, one per level (split.rs; the default:
@@ -249,26 +369,23 @@ fn gemm_call<T>(
     .map_err(|e| cb.device_error("cublasGemmEx", e))
 }
 
-/// A split-bf16 matmul as cuBLAS bf16 GEMMs, one per level (split.rs): both operands split
-/// once into their plane layouts, the level GEMMs, then C += the lower levels' sum.
-fn split_gemms(
+/// Split-bf16 operands for the per-level GEMMs (split.rs): each operand split once into its
+/// plane layout.
+fn split_planes<'a>(
     cb: &CudaBackend,
     s: &MatmulShape,
     algorithm: &Algorithm,
     a: &CudaSlice<f32>,
     b: &CudaSlice<f32>,
-    c: &mut CudaSlice<f32>,
-) -> Result<()> {
-    let layout = SplitLayout::of(algorithm)
-        .ok_or_else(|| Error::invalid("split matmul", format!("{algorithm} does not split")))?;
-    if s.k == 0 {
-        return Ok(());
-    }
+) -> Result<Prepared<'a>> {
+    let layout = layout_of(algorithm)?;
     let (a_len, b_len) = layout.plane_lens(s)?;
     let (m, n, k) = (s.m as i64, s.n as i64, s.k as i64);
     let slots = layout.slots() as i64;
-    let mut pa = cb.zeros::<u16>(a_len)?;
-    let mut pb = cb.zeros::<u16>(b_len)?;
+    // SAFETY (both): split_planes writes every slot of every element, and the layout has no
+    // other elements.
+    let mut pa = unsafe { cb.uninit::<u16>(a_len)? };
+    let mut pb = unsafe { cb.uninit::<u16>(b_len)? };
     // A (m x k): row i of plane q at i * slots*k + q*k. B (k x n): plane q's rows from q*k*n.
     let (a_row, a_col) = if s.a_transposed { (1, m) } else { (k, 1) };
     let (b_row, b_col) = if s.b_transposed { (1, k) } else { (n, 1) };
@@ -297,16 +414,60 @@ fn split_gemms(
             x, planes, &count_i, &rows, &cols, &sb, &sr, &sc, &ob, &or, &oc, &os,
             &slot[H], &slot[H_FINITE], &slot[M], &slot[L])?;
     }
-    let mut lower = cb.zeros::<f32>(s.c_len())?;
-    let compute = Compute::CUBLAS_COMPUTE_32F;
-    for call in layout.calls(s)? {
-        let out = match call.out {
-            Out::C => &mut *c,
-            Out::Lower => &mut lower,
-        };
-        gemm_call(cb, &call, Type::CUDA_R_16BF, &pa, &pb, out, compute)?;
+    // SAFETY: the smallest level's GEMM writes the lower sum with beta 0 (split.rs), so
+    // cuBLAS never reads what was there before.
+    let lower = match layout.needs_lower() {
+        true => Some(unsafe { cb.uninit::<f32>(s.c_len())? }),
+        false => None,
+    };
+    Ok(Prepared {
+        a: Held::Planes(pa),
+        b: Held::Planes(pb),
+        scales: None,
+        fp8_gemm: None,
+        lower,
+    })
+}
+
+fn layout_of(algorithm: &Algorithm) -> Result<SplitLayout> {
+    SplitLayout::of(algorithm)
+        .ok_or_else(|| Error::invalid("split matmul", format!("{algorithm} does not split")))
+}
+
+/// A split-bf16 matmul as cuBLAS bf16 GEMMs over the planes, one per level, then C += the
+/// lower levels' sum.
+fn split_gemms(
+    cb: &CudaBackend,
+    s: &MatmulShape,
+    algorithm: &Algorithm,
+    (pa, pb): (&CudaSlice<u16>, &CudaSlice<u16>),
+    lower: Option<&mut CudaSlice<f32>>,
+    c: &mut CudaSlice<f32>,
+) -> Result<()> {
+    let layout = layout_of(algorithm)?;
+    if s.k == 0 {
+        // An empty sum: C is 0 (no GEMM writes it).
+        return cb
+            .stream
+            .memset_zeros(c)
+            .map_err(|e| cb.device_error("matmul", e));
     }
-    if layout.needs_lower() {
+    let compute = Compute::CUBLAS_COMPUTE_32F;
+    let mut lower = lower;
+    for call in layout.calls(s)? {
+        let out = match (call.out, lower.as_deref_mut()) {
+            (Out::C, _) => &mut *c,
+            (Out::Lower, Some(lower)) => lower,
+            (Out::Lower, None) => {
+                return Err(Error::invalid(
+                    "split matmul",
+                    "no lower-level sum prepared",
+                ));
+            }
+        };
+        gemm_call(cb, &call, Type::CUDA_R_16BF, pa, pb, out, compute)?;
+    }
+    if let Some(lower) = lower {
         // `add` repeats x every u32 elements: C += lower in pieces that fit one.
         const PIECE: usize = 1 << 30;
         for start in (0..s.c_len()).step_by(PIECE) {
@@ -330,7 +491,8 @@ fn round(
     len: usize,
     format: Format,
 ) -> Result<CudaSlice<f32>> {
-    let mut out = cb.zeros::<f32>(len)?;
+    // SAFETY: round_to writes all `len` values.
+    let mut out = unsafe { cb.uninit::<f32>(len)? };
     let (n, fmt) = (len as i64, format_id(format));
     launch_1d!(cb, Module::Cast, "round_to", len; x, &mut out, &n, &fmt)?;
     Ok(out)
@@ -342,7 +504,8 @@ fn encode_16(
     len: usize,
     format: Format,
 ) -> Result<CudaSlice<u16>> {
-    let mut out = cb.zeros::<u16>(len)?;
+    // SAFETY: encode_16 writes all `len` values.
+    let mut out = unsafe { cb.uninit::<u16>(len)? };
     let (n, fmt) = (len as i64, format_id(format));
     launch_1d!(cb, Module::Cast, "encode_16", len; x, &mut out, &n, &fmt)?;
     Ok(out)
@@ -465,17 +628,17 @@ pub(super) fn amax_groups(
     launch!(cb, Module::Scale, "amax", CudaBackend::config_amax(len); x, &n, bits, &g.batch_len, &g.div, &g.modulus, &g.per_batch)
 }
 
-/// fp8: scales (current, per tensor or per line; or given), quantization into f16 codes of
-/// the fp8 values, an f16 GEMM, and the division by the scales.
-fn fp8(
+/// fp8 operands: scales (current, per tensor or per line; or given), then quantization into
+/// fp8 bytes for cuBLASLt's fp8 GEMM where the GPU and the shape allow (fp8.rs), else into
+/// f16 codes of the fp8 values for an f16 GEMM (the same products, the same f32 accumulation).
+fn fp8_prepare<'a>(
     cb: &CudaBackend,
     s: &MatmulShape,
     (fa, fb): (Format, Format),
     scaling: Scaling,
     a: &CudaSlice<f32>,
     b: &CudaSlice<f32>,
-    c: &mut CudaSlice<f32>,
-) -> Result<()> {
+) -> Result<Prepared<'a>> {
     // A's rows are its stored rows unless transposed (then its stored columns); B's columns are
     // its stored columns unless transposed (then its stored rows).
     let rowwise = scaling == Scaling::Rowwise;
@@ -498,7 +661,8 @@ fn fp8(
         }
         let mut bits = cb.zeros::<u32>(count)?;
         amax_groups(cb, x, len, &mut bits, g)?;
-        let mut out = cb.zeros::<f32>(count)?;
+        // SAFETY: scale_from_amax writes all `count` scales.
+        let mut out = unsafe { cb.uninit::<f32>(count)? };
         let (groups, fmax) = (count as u32, format.max());
         launch_1d!(cb, Module::Scale, "scale_from_amax", count; &bits, &mut out, &groups, &fmax)?;
         Ok(out)
@@ -509,65 +673,75 @@ fn fp8(
     };
     let sa = scales(a, s.a_len(), ga, fa, given_a)?;
     let sb = scales(b, s.b_len(), gb, fb, given_b)?;
-    let quantize = |x: &CudaSlice<f32>,
-                    len: usize,
-                    format: Format,
-                    scales: &CudaSlice<f32>,
-                    g: Groups| {
-        let mut out = cb.zeros::<u16>(len)?;
-        let (n, fmt) = (len as i64, format_id(format));
-        launch_1d!(cb, Module::Cast, "quantize_to_f16", len; x, &mut out, &n, &fmt, scales, &g.batch_len, &g.div, &g.modulus, &g.per_batch)?;
-        Ok::<_, Error>(out)
-    };
-    // cuBLASLt's fp8 GEMM where the GPU and the shape allow (fp8.rs), else fp8 values as exact
-    // f16 codes through an f16 GEMM: the same products, the same f32 accumulation.
-    let mut on_fp8 = false;
-    if let Some((g, lt)) = cb.fp8_gemm(s, fa, fb) {
-        let place = |x: &CudaSlice<f32>,
-                     format: Format,
-                     scales: &CudaSlice<f32>,
-                     gr: Groups,
-                     p: Placement,
-                     bytes: usize| {
-            let mut out = cb.zeros::<u8>(bytes)?;
-            let len = s.batch * p.rows * p.cols;
-            let (n, fmt, rows, cols) =
-                (len as i64, format_id(format), p.rows as u32, p.cols as u32);
-            let (ob, or, oc) = (
-                p.batch_stride as i64,
-                p.row_stride as i64,
-                p.col_stride as i64,
-            );
-            launch_1d!(cb, Module::Cast, "quantize_to_fp8", len; x, &mut out, &n, &fmt, scales,
-                &gr.batch_len, &gr.div, &gr.modulus, &gr.per_batch, &rows, &cols, &ob, &or, &oc)?;
-            Ok::<_, Error>(out)
-        };
-        let (a_bytes, b_bytes) = g.lens();
-        let qa = place(a, fa, &sa, ga, g.a_placement(s.a_transposed), a_bytes)?;
-        let qb = place(b, fb, &sb, gb, g.b_placement(s.b_transposed), b_bytes)?;
-        match fp8::gemm(cb, lt, &g, &qa, &qb, c) {
-            Ok(()) => on_fp8 = true,
-            Err(e) => cb.fp8_gemm_failed(e),
+    let (a_held, b_held, fp8_gemm) = match cb.fp8_gemm(s, fa, fb) {
+        Some((g, _)) => {
+            let place = |x: &CudaSlice<f32>,
+                         format: Format,
+                         scales: &CudaSlice<f32>,
+                         gr: Groups,
+                         p: Placement,
+                         bytes: usize| {
+                // Zeroed: K's padding must add nothing.
+                let mut out = cb.zeros::<u8>(bytes)?;
+                let len = s.batch * p.rows * p.cols;
+                let (n, fmt, rows, cols) =
+                    (len as i64, format_id(format), p.rows as u32, p.cols as u32);
+                let (ob, or, oc) = (
+                    p.batch_stride as i64,
+                    p.row_stride as i64,
+                    p.col_stride as i64,
+                );
+                launch_1d!(cb, Module::Cast, "quantize_to_fp8", len; x, &mut out, &n, &fmt, scales,
+                    &gr.batch_len, &gr.div, &gr.modulus, &gr.per_batch, &rows, &cols, &ob, &or, &oc)?;
+                Ok::<_, Error>(Held::Fp8(out))
+            };
+            let (a_bytes, b_bytes) = g.lens();
+            let qa = place(a, fa, &sa, ga, g.a_placement(s.a_transposed), a_bytes)?;
+            let qb = place(b, fb, &sb, gb, g.b_placement(s.b_transposed), b_bytes)?;
+            (qa, qb, Some(g))
         }
-    }
-    if !on_fp8 {
-        let qa = quantize(a, s.a_len(), fa, &sa, ga)?;
-        let qb = quantize(b, s.b_len(), fb, &sb, gb)?;
-        gemm(
-            cb,
-            s,
-            Type::CUDA_R_16F,
-            &qa,
-            &qb,
-            c,
-            Compute::CUBLAS_COMPUTE_32F,
-        )?;
-    }
+        None => {
+            let quantize = |x: &CudaSlice<f32>,
+                            len: usize,
+                            format: Format,
+                            scales: &CudaSlice<f32>,
+                            g: Groups| {
+                // SAFETY: quantize_to_f16 writes all `len` values.
+                let mut out = unsafe { cb.uninit::<u16>(len)? };
+                let (n, fmt) = (len as i64, format_id(format));
+                launch_1d!(cb, Module::Cast, "quantize_to_f16", len; x, &mut out, &n, &fmt, scales, &g.batch_len, &g.div, &g.modulus, &g.per_batch)?;
+                Ok::<_, Error>(Held::F16(out))
+            };
+            let qa = quantize(a, s.a_len(), fa, &sa, ga)?;
+            let qb = quantize(b, s.b_len(), fb, &sb, gb)?;
+            (qa, qb, None)
+        }
+    };
+    Ok(Prepared {
+        a: a_held,
+        b: b_held,
+        scales: Some(Fp8Scales {
+            a: sa,
+            b: sb,
+            rowwise,
+        }),
+        fp8_gemm,
+        lower: None,
+    })
+}
+
+/// C /= (A's scale of its row) * (B's scale of its column).
+fn descale(
+    cb: &CudaBackend,
+    s: &MatmulShape,
+    scales: &Fp8Scales,
+    c: &mut CudaSlice<f32>,
+) -> Result<()> {
     let n = s.c_len() as i64;
     let (rows, cols) = (s.m as u32, s.n as u32);
-    let (a_groups, b_groups) = (
-        if rowwise { rows } else { 1 },
-        if rowwise { cols } else { 1 },
-    );
-    launch_1d!(cb, Module::Scale, "descale", s.c_len(); c, &n, &rows, &cols, &sa, &a_groups, &sb, &b_groups)
+    let (a_groups, b_groups) = match scales.rowwise {
+        true => (rows, cols),
+        false => (1, 1),
+    };
+    launch_1d!(cb, Module::Scale, "descale", s.c_len(); c, &n, &rows, &cols, &scales.a, &a_groups, &scales.b, &b_groups)
 }

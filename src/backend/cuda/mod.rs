@@ -60,7 +60,7 @@ pub use kernels::{Module, Target, compile, cubin_cache_path, nvrtc_present};
 pub use matmul::{SplitPath, variant};
 pub use plan::CudaPlan;
 
-use super::{Backend, BackendKind, MatmulTiming};
+use super::{Backend, BackendKind, MatmulTiming, Operands};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{DeviceFault, Error, Result};
 use crate::format::{Format, Overflow};
@@ -205,6 +205,30 @@ impl CudaBackend {
         })
     }
 
+    /// The matmul twice: whole, then its product alone over the operands a separate
+    /// preparation made, C poisoned in between (both Cs). The second is what `time_matmul`
+    /// times from `Operands::Prepared`; tests check that it is the first.
+    pub fn matmul_product_again(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        a: &[f32],
+        b: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        shape.check(a.len(), b.len())?;
+        let (a, b) = (self.upload(a)?, self.upload(b)?);
+        let mut c = self.zeros::<f32>(shape.c_len())?;
+        matmul::run(self, shape, algorithm, &a, &b, &mut c)?;
+        let whole = self.download(&c, shape.c_len())?;
+        let mut prepared = matmul::prepare(self, shape, algorithm, &a, &b)?;
+        let poison = vec![f32::NAN.to_bits() | 0x1234; shape.c_len().max(1)];
+        self.stream
+            .memcpy_htod(bytemuck::cast_slice::<u32, f32>(&poison), &mut c)
+            .map_err(|e| self.device_error("poison", e))?;
+        matmul::product(self, shape, algorithm, &mut prepared, &mut c)?;
+        Ok((whole, self.download(&c, shape.c_len())?))
+    }
+
     pub fn info(&self) -> &DeviceInfo {
         &self.info
     }
@@ -321,6 +345,16 @@ impl CudaBackend {
             .map_err(|e| self.device_error(&format!("allocating {len} values"), e))
     }
 
+    /// `len` values left as the allocator gives them.
+    ///
+    /// # Safety
+    /// The caller writes every value before anything reads it.
+    unsafe fn uninit<T: DeviceRepr>(&self, len: usize) -> Result<CudaSlice<T>> {
+        // SAFETY: passed on to the caller.
+        unsafe { self.stream.alloc(len.max(1)) }
+            .map_err(|e| self.device_error(&format!("allocating {len} values"), e))
+    }
+
     fn download<T: DeviceRepr>(&self, x: &CudaSlice<T>, len: usize) -> Result<Vec<T>> {
         let mut v = self
             .stream
@@ -409,12 +443,18 @@ impl Backend for CudaBackend {
         a: &[f32],
         b: &[f32],
         repetitions: usize,
+        operands: Operands,
     ) -> Result<MatmulTiming> {
         shape.check(a.len(), b.len())?;
         let (a, b) = (self.upload(a)?, self.upload(b)?);
         let mut c = self.zeros::<f32>(shape.c_len())?;
-        // One untimed run compiles the kernels and warms cuBLAS's heuristics.
+        // One untimed run compiles the kernels and warms cuBLAS's heuristics (and settles
+        // which path fp8 takes).
         matmul::run(self, shape, algorithm, &a, &b, &mut c)?;
+        let mut prepared = match operands {
+            Operands::Prepared => Some(matmul::prepare(self, shape, algorithm, &a, &b)?),
+            Operands::F32 => None,
+        };
         let mut times = Vec::with_capacity(repetitions.max(1));
         for _ in 0..repetitions.max(1) {
             let event = |what| {
@@ -426,7 +466,10 @@ impl Backend for CudaBackend {
             start
                 .record(&self.stream)
                 .map_err(|e| self.device_error("timer", e))?;
-            matmul::run(self, shape, algorithm, &a, &b, &mut c)?;
+            match &mut prepared {
+                Some(p) => matmul::product(self, shape, algorithm, p, &mut c)?,
+                None => matmul::run(self, shape, algorithm, &a, &b, &mut c)?,
+            }
             end.record(&self.stream)
                 .map_err(|e| self.device_error("timer", e))?;
             end.synchronize()
@@ -438,6 +481,7 @@ impl Backend for CudaBackend {
         }
         Ok(MatmulTiming {
             seconds: super::median(&mut times),
+            operands,
             clock: "cuda-events",
             repetitions: times.len(),
             variant: matmul::variant(self, algorithm),

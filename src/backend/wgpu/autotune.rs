@@ -19,6 +19,7 @@
 use super::WgpuBackend;
 use super::shaders::Tile;
 use crate::algorithm::{Algorithm, MatmulShape};
+use crate::backend::Operands;
 use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -217,7 +218,7 @@ impl WgpuBackend {
         let mut best = (f64::INFINITY, default);
         for tile in candidates {
             let (seconds, _, _) = self
-                .time_on_tile(shape, algorithm, tile, a, b, repetitions)
+                .time_on_tile(shape, algorithm, tile, a, b, repetitions, Operands::F32)
                 .await?;
             if seconds < best.0 {
                 best = (seconds, tile);

@@ -115,6 +115,7 @@ pub fn uniform<T: bytemuck::Pod>(gpu: &Gpu, params: &T) -> wgpu::Buffer {
 }
 
 /// One dispatch of a kernel with its bindings.
+#[derive(Clone)]
 pub struct Dispatch {
     pub pipeline: Arc<Pipeline>,
     pub bind_group: wgpu::BindGroup,

@@ -70,6 +70,11 @@ struct PackParams {
 pub struct MatmulRun {
     pub clears: Vec<wgpu::Buffer>,
     pub dispatches: Vec<Dispatch>,
+    /// Which of `dispatches` compute the product from the prepared operands (the rest, and
+    /// the clears, prepare them: scales, flags, packed or split planes). Once a run has been
+    /// submitted whole, these alone compute C again from what it left (the bench's prepared
+    /// mode).
+    pub product: Vec<usize>,
     pub c: wgpu::Buffer,
     /// Pooled buffers the run keeps between submissions (amaxes, flags, scales: cleared or
     /// rewritten before each), returned to the pool when the run is done.
@@ -84,6 +89,14 @@ pub struct MatmulRun {
 }
 
 impl MatmulRun {
+    /// The dispatches that compute the product from prepared operands.
+    pub fn product_dispatches(&self) -> Vec<Dispatch> {
+        self.product
+            .iter()
+            .map(|&i| self.dispatches[i].clone())
+            .collect()
+    }
+
     /// Every pooled buffer of the run, C included (to give back once it is read).
     pub fn into_buffers(self) -> impl Iterator<Item = wgpu::Buffer> {
         self.temporaries
@@ -174,6 +187,7 @@ pub fn record(
     let mut run = MatmulRun {
         clears: vec![],
         dispatches: vec![],
+        product: vec![],
         c,
         temporaries: vec![],
         scratch: vec![],
@@ -275,6 +289,7 @@ fn simt(
     ];
     let mut buffers = vec![&uniform, &pa.buffer, &pb.buffer, &run.c, scale_buffer];
     buffers.extend(flags);
+    run.product.push(run.dispatches.len());
     run.dispatches
         .push(Dispatch::new(gpu, pipeline, &buffers, groups));
     run.scratch
@@ -312,6 +327,7 @@ fn record_coop(
     let mut run = MatmulRun {
         clears: vec![],
         dispatches: vec![],
+        product: vec![],
         c,
         temporaries: vec![],
         scratch: vec![],
@@ -400,6 +416,7 @@ fn record_coop(
         _pad: [0; 2],
     };
     let uniform = buffer::uniform(gpu, &params);
+    run.product.push(run.dispatches.len());
     run.dispatches.push(Dispatch::new(
         gpu,
         pipeline,

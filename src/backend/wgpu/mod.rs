@@ -25,7 +25,7 @@ use self::autotune::{AutotuneMode, Autotuner};
 use self::buffer::{BufferPool, Timer, check_binding, read_words, submit, upload};
 use self::device::Gpu;
 use self::shaders::{Coop, F16Read, MatmulVariant, Tile};
-use super::{Backend, BackendKind, MatmulTiming, median};
+use super::{Backend, BackendKind, MatmulTiming, Operands, median};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
@@ -260,6 +260,54 @@ impl WgpuBackend {
         self.multiply(shape, algorithm, tile, &ab, &bb).await
     }
 
+    /// The matmul on `tile` twice: whole, then its product's dispatches alone over the
+    /// operands the whole run prepared, C poisoned in between (both Cs). The second is what
+    /// `time_matmul` times from `Operands::Prepared`; tests check that it is the first.
+    pub async fn matmul_product_again(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        tile: Tile,
+        a: &[f32],
+        b: &[f32],
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        shape.check(a.len(), b.len())?;
+        let (ab, bb) = self.upload_operands(a, b).await?;
+        let run = self
+            .gpu
+            .scoped("matmul", || {
+                let run = matmul::record(
+                    &self.gpu,
+                    matmul::Pools::one(&self.pool),
+                    shape,
+                    algorithm,
+                    self.f16,
+                    self.coop.map(|c| (c, self.coop_fallback)),
+                    Some(tile),
+                    &ab,
+                    &bb,
+                    None,
+                )?;
+                let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
+                submit(&self.gpu, &clears, &run.dispatches, None);
+                Ok(run)
+            })
+            .await?;
+        let whole = read_words(&self.gpu, &run.c, shape.c_len()).await;
+        self.poison(&run.c, shape.c_len());
+        let product = run.product_dispatches();
+        self.gpu
+            .scoped("matmul product", || {
+                submit(&self.gpu, &[], &product, None);
+                Ok(())
+            })
+            .await?;
+        let again = read_words(&self.gpu, &run.c, shape.c_len()).await;
+        self.pool.give(run.into_buffers());
+        let floats = |w: Vec<u32>| bytemuck::cast_slice(&w).to_vec();
+        Ok((floats(whole?), floats(again?)))
+    }
+
     /// The matmul of operands on the device, on `tile`, read back.
     async fn multiply(
         &self,
@@ -298,8 +346,10 @@ impl WgpuBackend {
     }
 
     /// Times `repetitions` runs of the matmul of device operands on `tile`, after one warm-up
-    /// run (pipelines, first-touch allocation): the median seconds, the clock ("gpu-timestamps"
-    /// or "wall-clock") and the runs timed.
+    /// run (pipelines, first-touch allocation; it also prepares the operands): the median
+    /// seconds, the clock ("gpu-timestamps" or "wall-clock") and the runs timed. From
+    /// `Operands::Prepared`, the timed runs are the product's dispatches alone.
+    #[allow(clippy::too_many_arguments)]
     async fn time_on_tile(
         &self,
         shape: &MatmulShape,
@@ -308,6 +358,7 @@ impl WgpuBackend {
         a: &wgpu::Buffer,
         b: &wgpu::Buffer,
         repetitions: usize,
+        operands: Operands,
     ) -> Result<(f64, &'static str, usize)> {
         let run = self
             .gpu
@@ -327,13 +378,19 @@ impl WgpuBackend {
             })
             .await?;
         let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
+        let product = run.product_dispatches();
         let timer = Timer::new(&self.gpu);
         let mut times = Vec::new();
         for rep in 0..=repetitions {
             let start = Instant::now();
             self.gpu
                 .scoped("timed matmul", || {
-                    submit(&self.gpu, &clears, &run.dispatches, timer.as_ref());
+                    match operands {
+                        Operands::Prepared if rep > 0 => {
+                            submit(&self.gpu, &[], &product, timer.as_ref())
+                        }
+                        _ => submit(&self.gpu, &clears, &run.dispatches, timer.as_ref()),
+                    }
                     Ok(())
                 })
                 .await?;
@@ -691,15 +748,25 @@ impl Backend for WgpuBackend {
         a: &[f32],
         b: &[f32],
         repetitions: usize,
+        operands: Operands,
     ) -> Result<MatmulTiming> {
         shape.check(a.len(), b.len())?;
         let (ab, bb) = self.upload_operands(a, b).await?;
         let (tile, tuned) = self.tile_for(shape, algorithm, &ab, &bb).await?;
         let (seconds, clock, repetitions) = self
-            .time_on_tile(shape, algorithm, tile, &ab, &bb, repetitions.max(1))
+            .time_on_tile(
+                shape,
+                algorithm,
+                tile,
+                &ab,
+                &bb,
+                repetitions.max(1),
+                operands,
+            )
             .await?;
         Ok(MatmulTiming {
             seconds,
+            operands,
             clock,
             repetitions,
             variant: format!(
