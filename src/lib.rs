@@ -32,6 +32,7 @@ pub mod plan;
 pub mod policy;
 pub mod report;
 pub mod train;
+pub mod tune;
 
 pub use algorithm::{Algorithm, MatmulShape, Scaling};
 pub use backend::{Backend, BackendChoice, BackendKind};

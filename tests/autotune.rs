@@ -106,7 +106,7 @@ fn a_tuned_tile_is_persisted_and_reused() {
     let mut entries: serde_json::Map<String, serde_json::Value> =
         serde_json::from_str(&saved).unwrap();
     for choice in entries.values_mut() {
-        for dim in choice["tile"].as_object_mut().unwrap().values_mut() {
+        for dim in choice["choice"].as_object_mut().unwrap().values_mut() {
             if dim.is_number() {
                 *dim = 7.into();
             }

@@ -20,149 +20,21 @@ use super::WgpuBackend;
 use super::shaders::Tile;
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::Operands;
-use crate::error::{Error, Result};
-use std::collections::BTreeMap;
+use crate::error::Result;
 use std::path::PathBuf;
-use std::sync::Mutex;
 
-/// How hard the autotuner tries.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum AutotuneMode {
-    #[default]
-    Off,
-    Fast,
-    Full,
-}
+pub use crate::tune::{
+    AUTOTUNE_ENV, AutotuneMode, FileStore, TUNE_MIN_FLOPS, TileStore, Tuner, shape_class,
+};
 
-impl std::str::FromStr for AutotuneMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "off" | "0" | "no" => Ok(AutotuneMode::Off),
-            "fast" | "on" | "1" | "yes" => Ok(AutotuneMode::Fast),
-            "full" => Ok(AutotuneMode::Full),
-            _ => Err(Error::UnknownName {
-                kind: "autotune mode",
-                given: s.to_string(),
-                valid: ["off", "fast", "full"].map(String::from).to_vec(),
-            }),
-        }
-    }
-}
-
-/// The least work (2mnk, times the batch) for which a matmul's tile is tuned.
-pub const TUNE_MIN_FLOPS: f64 = 2.0 * 128.0 * 128.0 * 128.0;
-
-/// The environment variable that sets the mode.
-pub const AUTOTUNE_ENV: &str = "MANTISSA_AUTOTUNE";
-
-/// A tuned tile and whether it came from a full search (a `full` request re-tunes a `fast`
-/// choice).
-#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
-struct Choice {
-    tile: Tile,
-    full: bool,
-}
-
-/// Where tuned tiles persist between runs: a JSON text read when the tuner starts and written
-/// after every new choice. Natively a file (`FileStore`); in the browser the page's
-/// localStorage (web/src/lib.rs).
-pub trait TileStore: Send + Sync {
-    fn load(&self) -> Option<String>;
-    /// Best effort: a store that cannot be written costs a re-tune next run, not this run's
-    /// result.
-    fn save(&self, json: &str);
-}
-
-/// Tiles in a JSON file, rewritten atomically.
-pub struct FileStore(pub PathBuf);
-
-impl TileStore for FileStore {
-    fn load(&self) -> Option<String> {
-        std::fs::read_to_string(&self.0).ok()
-    }
-
-    fn save(&self, json: &str) {
-        let _ = crate::cache::write_atomic(&self.0, json.as_bytes());
-    }
-}
-
-/// Tuned tiles by key, and where they persist.
-pub struct Autotuner {
-    pub mode: AutotuneMode,
-    store: Option<Box<dyn TileStore>>,
-    tiles: Mutex<BTreeMap<String, Choice>>,
-    /// Choices the store held when the tuner started.
-    loaded: usize,
-}
+/// The tile store of the wgpu backend.
+pub type Autotuner = Tuner<Tile>;
 
 impl Autotuner {
-    /// A tuner in `mode`, starting from the cache file at `path` when it exists and parses
-    /// (a corrupt cache is ignored and rewritten, never trusted).
-    pub fn new(mode: AutotuneMode, path: Option<PathBuf>) -> Autotuner {
-        Autotuner::with_store(
-            mode,
-            path.map(|p| Box::new(FileStore(p)) as Box<dyn TileStore>),
-        )
-    }
-
-    /// A tuner in `mode` persisting its choices in `store` (none: kept for the process's life).
-    pub fn with_store(mode: AutotuneMode, store: Option<Box<dyn TileStore>>) -> Autotuner {
-        let tiles: BTreeMap<String, Choice> = store
-            .as_ref()
-            .and_then(|s| s.load())
-            .and_then(|text| serde_json::from_str(&text).ok())
-            .unwrap_or_default();
-        Autotuner {
-            mode,
-            store,
-            loaded: tiles.len(),
-            tiles: Mutex::new(tiles),
-        }
-    }
-
     /// The default cache file (none in the browser, or without a home directory).
     pub fn default_path() -> Option<PathBuf> {
-        crate::cache::dir().map(|d| d.join("autotune.json"))
+        Tuner::<Tile>::path_in_cache("autotune.json")
     }
-
-    /// (choices held now, choices the store held at the start).
-    pub fn entries(&self) -> (usize, usize) {
-        let now = self.tiles.lock().map(|t| t.len()).unwrap_or(0);
-        (now, self.loaded)
-    }
-
-    /// The stored tile for `key`, when it was tuned at least as thoroughly as asked now.
-    fn get(&self, key: &str) -> Option<Tile> {
-        let choice = self.tiles.lock().ok()?.get(key).copied()?;
-        (choice.full || self.mode != AutotuneMode::Full).then_some(choice.tile)
-    }
-
-    /// Records a choice and saves every choice to the store.
-    fn put(&self, key: String, tile: Tile) {
-        let Ok(mut tiles) = self.tiles.lock() else {
-            return;
-        };
-        let full = self.mode == AutotuneMode::Full;
-        tiles.insert(key, Choice { tile, full });
-        if let (Some(store), Ok(text)) = (&self.store, serde_json::to_string_pretty(&*tiles)) {
-            store.save(&text);
-        }
-    }
-}
-
-/// Sizes are bucketed to the next power of two: one tuning serves a class of shapes.
-fn shape_class(shape: &MatmulShape) -> String {
-    let b = |x: usize| x.max(1).next_power_of_two();
-    format!(
-        "{}x{}x{}x{}{}{}",
-        b(shape.batch),
-        b(shape.m),
-        b(shape.n),
-        b(shape.k),
-        if shape.a_transposed { "t" } else { "n" },
-        if shape.b_transposed { "t" } else { "n" },
-    )
 }
 
 impl WgpuBackend {
@@ -251,17 +123,6 @@ mod tests {
         assert!(
             all.iter()
                 .all(|t| t.threads() <= 256 && t.workgroup_bytes(1) <= 16384)
-        );
-    }
-
-    #[test]
-    fn shape_classes_bucket_by_powers_of_two() {
-        let a = MatmulShape::new(100, 120, 250);
-        let b = MatmulShape::new(128, 65, 256);
-        assert_eq!(shape_class(&a), shape_class(&b));
-        assert_ne!(
-            shape_class(&a),
-            shape_class(&MatmulShape::new(100, 120, 300))
         );
     }
 }
