@@ -41,6 +41,13 @@ impl std::str::FromStr for AutotuneMode {
     }
 }
 
+impl AutotuneMode {
+    /// The mode `MANTISSA_AUTOTUNE` names (fast when unset).
+    pub fn from_env() -> Result<AutotuneMode> {
+        std::env::var(AUTOTUNE_ENV).map_or(Ok(AutotuneMode::Fast), |v| v.parse())
+    }
+}
+
 /// The least work (2mnk, times the batch) for which a matmul's tile is tuned.
 pub const TUNE_MIN_FLOPS: f64 = 2.0 * 128.0 * 128.0 * 128.0;
 
@@ -160,6 +167,40 @@ pub fn shape_class(shape: &MatmulShape) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
+    /// A store in memory, shared between tuners as a file would be.
+    #[derive(Clone, Default)]
+    struct Memory(Arc<Mutex<Option<String>>>);
+
+    impl TileStore for Memory {
+        fn load(&self) -> Option<String> {
+            self.0.lock().unwrap().clone()
+        }
+        fn save(&self, json: &str) {
+            *self.0.lock().unwrap() = Some(json.to_string());
+        }
+    }
+
+    #[test]
+    fn choices_persist_and_a_full_request_retunes_a_fast_choice() {
+        let store = Memory::default();
+        let fast = Tuner::<u8>::with_store(AutotuneMode::Fast, Some(Box::new(store.clone())));
+        assert_eq!(fast.get("k"), None);
+        fast.put("k".into(), 3);
+        let again = Tuner::<u8>::with_store(AutotuneMode::Fast, Some(Box::new(store.clone())));
+        assert_eq!((again.get("k"), again.entries()), (Some(3), (1, 1)));
+        let full = Tuner::<u8>::with_store(AutotuneMode::Full, Some(Box::new(store.clone())));
+        assert_eq!(
+            full.get("k"),
+            None,
+            "a fast choice does not answer a full request"
+        );
+        // A store holding another type's choices, or garbage, starts empty.
+        *store.0.lock().unwrap() = Some("{ not json".into());
+        let fresh = Tuner::<u8>::with_store(AutotuneMode::Fast, Some(Box::new(store)));
+        assert_eq!(fresh.entries(), (0, 0));
+    }
 
     #[test]
     fn shape_classes_bucket_by_powers_of_two() {

@@ -8,6 +8,7 @@ use super::{CudaBackend, Module, format_id};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::{Error, Result};
 use crate::format::Format;
+use crate::tune::{AutotuneMode, TUNE_MIN_FLOPS, shape_class};
 use cudarc::cublas::sys::{
     cublasComputeType_t as Compute, cublasGemmAlgo_t, cublasOperation_t as Op,
     cudaDataType_t as Type,
@@ -85,7 +86,8 @@ pub(super) struct Fp8Scales {
 }
 
 /// Prepares both operands of `shape` for `algorithm`: rounds, encodes, splits or quantizes
-/// them (fp8: after their scales), as the path that will run the product reads them.
+/// them (fp8: after their scales), as the path that will run the product reads them (split
+/// algorithms: the path `split_path` chooses).
 pub(super) fn prepare<'a>(
     cb: &CudaBackend,
     shape: &MatmulShape,
@@ -94,6 +96,19 @@ pub(super) fn prepare<'a>(
     b: &'a CudaSlice<f32>,
 ) -> Result<Prepared<'a>> {
     check_sizes(shape)?;
+    let path = split_path(cb, shape, algorithm, a, b)?.0;
+    prepare_on(cb, shape, algorithm, path, a, b)
+}
+
+/// `prepare` with split algorithms on `path`.
+fn prepare_on<'a>(
+    cb: &CudaBackend,
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+    path: SplitPath,
+    a: &'a CudaSlice<f32>,
+    b: &'a CudaSlice<f32>,
+) -> Result<Prepared<'a>> {
     let plain = |a, b| Prepared {
         a,
         b,
@@ -116,7 +131,7 @@ pub(super) fn prepare<'a>(
             Held::F16(encode_16(cb, a, la, Format::F16)?),
             Held::F16(encode_16(cb, b, lb, Format::F16)?),
         ),
-        Algorithm::Bf16x3 | Algorithm::Bf16x6 | Algorithm::Bf16x9 => match cb.split_path {
+        Algorithm::Bf16x3 | Algorithm::Bf16x6 | Algorithm::Bf16x9 => match path {
             SplitPath::Gemms => split_planes(cb, shape, algorithm, a, b)?,
             SplitPath::Fused => plain(Held::F32(a), Held::F32(b)),
         },
@@ -200,10 +215,13 @@ fn check_sizes(shape: &MatmulShape) -> Result<()> {
     Ok(())
 }
 
-/// How split-bf16 matmuls run: cuBLAS bf16 GEMMs, one per level (split.rs; the default:
-/// vendor speed without tuning), or the fused `mma.sync` kernel (`matmul_split_bf16.cu`, which
-/// promotes every level in registers). `MANTISSA_CUDA_SPLIT=gemms|fused` chooses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How split-bf16 matmuls run: cuBLAS bf16 GEMMs, one per level (split.rs; vendor speed
+/// without tuning), or the fused `mma.sync` kernel (`matmul_split_bf16.cu`, which promotes
+/// every level in registers). The faster is chosen per (device, algorithm, shape class) and
+/// cached (`split_path`); `MANTISSA_CUDA_SPLIT=gemms|fused` forces one, `auto` (the default)
+/// lets the tuner choose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum SplitPath {
     #[default]
     Gemms,
@@ -211,9 +229,20 @@ pub enum SplitPath {
 }
 
 impl SplitPath {
-    /// The path `MANTISSA_CUDA_SPLIT` names (the default where it is unset).
-    pub fn from_env() -> Result<SplitPath> {
-        std::env::var("MANTISSA_CUDA_SPLIT").map_or(Ok(SplitPath::default()), |v| v.parse())
+    /// The path `MANTISSA_CUDA_SPLIT` forces, if any (none: unset or `auto`).
+    pub fn from_env() -> Result<Option<SplitPath>> {
+        match std::env::var("MANTISSA_CUDA_SPLIT") {
+            Ok(v) if v.trim().eq_ignore_ascii_case("auto") => Ok(None),
+            Ok(v) => v.parse().map(Some),
+            Err(_) => Ok(None),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            SplitPath::Gemms => "gemms",
+            SplitPath::Fused => "fused",
+        }
     }
 }
 
@@ -226,23 +255,102 @@ impl std::str::FromStr for SplitPath {
             _ => Err(Error::UnknownName {
                 kind: "split-bf16 path (MANTISSA_CUDA_SPLIT)",
                 given: s.to_string(),
-                valid: ["gemms", "fused"].map(String::from).to_vec(),
+                valid: ["auto", "gemms", "fused"].map(String::from).to_vec(),
             }),
         }
     }
 }
 
-/// Which kernels run an algorithm on this backend (benchmarks and `mantissa info` show it).
+/// The split path already settled for `shape` (see `split_path`), or the tuner's key under
+/// which it is still to be tuned.
+fn settled_split_path(
+    cb: &CudaBackend,
+    s: &MatmulShape,
+    algorithm: &Algorithm,
+) -> std::result::Result<(SplitPath, bool), String> {
+    if let Some(path) = cb.split_path {
+        return Ok((path, false));
+    }
+    if !algorithm.is_split() || cb.tuner.mode == AutotuneMode::Off || s.flops() < TUNE_MIN_FLOPS {
+        return Ok((SplitPath::default(), false));
+    }
+    let (major, minor) = cb.info.compute_capability;
+    let key = format!(
+        "{} | sm_{major}{minor} | {algorithm} | {}",
+        cb.info.name,
+        shape_class(s)
+    );
+    match cb.tuner.get(&key) {
+        Some(path) => Ok((path, true)),
+        None => Err(key),
+    }
+}
+
+/// The path a split-bf16 matmul of `shape` takes, and whether the tuner chose it: the forced
+/// one; the GEMMs (untuned) when tuning is off or the product is under `TUNE_MIN_FLOPS`; else
+/// the cached choice for (device, algorithm, shape class), or, the first time, the faster of
+/// the two timed on these operands (both meet the contract: the conformance suite runs both).
+fn split_path(
+    cb: &CudaBackend,
+    s: &MatmulShape,
+    algorithm: &Algorithm,
+    a: &CudaSlice<f32>,
+    b: &CudaSlice<f32>,
+) -> Result<(SplitPath, bool)> {
+    let key = match settled_split_path(cb, s, algorithm) {
+        Ok(settled) => return Ok(settled),
+        Err(key) => key,
+    };
+    let repetitions = if cb.tuner.mode == AutotuneMode::Full {
+        3
+    } else {
+        1
+    };
+    let mut c = cb.zeros::<f32>(s.c_len())?;
+    let mut best = (f64::INFINITY, SplitPath::default());
+    for path in [SplitPath::Gemms, SplitPath::Fused] {
+        let once = |c: &mut CudaSlice<f32>| {
+            let mut p = prepare_on(cb, s, algorithm, path, a, b)?;
+            product(cb, s, algorithm, &mut p, c)
+        };
+        // One untimed run: compiles the kernel, warms cuBLAS's heuristics.
+        once(&mut c)?;
+        let mut times = cb.time_events(repetitions, || once(&mut c))?;
+        let seconds = crate::backend::median(&mut times);
+        if seconds < best.0 {
+            best = (seconds, path);
+        }
+    }
+    cb.tuner.put(key, best.1);
+    Ok((best.1, true))
+}
+
+/// Which kernels run an algorithm on this backend (`mantissa info` shows it).
 pub fn variant(cb: &CudaBackend, algorithm: &Algorithm) -> String {
-    let split = cb.split_path;
-    match algorithm {
-        Algorithm::F32 => "cuBLAS SGEMM (CUDA cores)".into(),
-        Algorithm::Tf32 => "cuBLAS, TF32 tensor cores".into(),
-        Algorithm::Bf16 => "cuBLAS, bf16 tensor cores, f32 out".into(),
-        Algorithm::F16 => "cuBLAS, f16 tensor cores, f32 out".into(),
-        Algorithm::Fp8 { a, b, .. } => {
+    describe(cb, algorithm, cb.split_path.map(|p| (p, false)))
+}
+
+/// Which kernels ran a matmul of `shape` (benchmarks show it): split algorithms name the path
+/// chosen for its shape class.
+pub(super) fn variant_of_run(
+    cb: &CudaBackend,
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+) -> String {
+    describe(cb, algorithm, settled_split_path(cb, shape, algorithm).ok())
+}
+
+/// The kernels of `algorithm`, split ones on `split` (none: chosen per shape class).
+fn describe(cb: &CudaBackend, algorithm: &Algorithm, split: Option<(SplitPath, bool)>) -> String {
+    let tuned = |t: bool| if t { " (autotuned)" } else { "" };
+    match (algorithm, split) {
+        (Algorithm::F32, _) => "cuBLAS SGEMM (CUDA cores)".into(),
+        (Algorithm::Tf32, _) => "cuBLAS, TF32 tensor cores".into(),
+        (Algorithm::Bf16, _) => "cuBLAS, bf16 tensor cores, f32 out".into(),
+        (Algorithm::F16, _) => "cuBLAS, f16 tensor cores, f32 out".into(),
+        (Algorithm::Fp8 { a, b, .. }, _) => {
             match fp8::Fp8Gemm::supported(*a, *b, cb.info.compute_capability) {
-                Ok(_) if !cb.fp8_off.load(std::sync::atomic::Ordering::Relaxed) => {
+                Ok(_) if !cb.fp8_off.load(Ordering::Relaxed) => {
                     "quantized to fp8 (rows of A, columns of B contiguous in K, padded to 16), \
                      cuBLASLt fp8 GEMM without fast accumulation, f32 out, descaled (n not a \
                      multiple of 4: the f16 path)"
@@ -253,19 +361,30 @@ pub fn variant(cb: &CudaBackend, algorithm: &Algorithm) -> String {
                     .into(),
             }
         }
-        a if a.is_split() && split == SplitPath::Gemms => format!(
+        (a, Some((SplitPath::Gemms, t))) => format!(
             "split into bf16 planes, {} cuBLAS bf16 GEMMs (one per level, K concatenated), f32 \
-             out{}",
+             out{}{}",
             a.split_levels(),
             if a.split_levels() >= 3 {
                 ", level 0 promoted every 256"
             } else {
                 ""
-            }
+            },
+            tuned(t)
         ),
-        a => format!(
-            "matmul_split_bf16.cu, {} levels, mma.sync m16n8k16, tile 64x64x32, promoted every 256",
-            a.split_levels()
+        (a, Some((SplitPath::Fused, t))) => format!(
+            "matmul_split_bf16.cu, {} levels, mma.sync m16n8k16, tile 64x64x32, promoted every \
+             256{}",
+            a.split_levels(),
+            tuned(t)
+        ),
+        (a, None) => format!(
+            "split into bf16 planes: {} per-level cuBLAS GEMMs or the fused mma.sync kernel, the \
+             faster per shape class (tuned; MANTISSA_CUDA_SPLIT={} forces one)",
+            a.split_levels(),
+            [SplitPath::Gemms, SplitPath::Fused]
+                .map(SplitPath::name)
+                .join("|")
         ),
     }
 }
@@ -744,4 +863,23 @@ fn descale(
         false => (1, 1),
     };
     launch_1d!(cb, Module::Scale, "descale", s.c_len(); c, &n, &rows, &cols, &scales.a, &a_groups, &scales.b, &b_groups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn split_paths_parse_and_persist_by_name() {
+        assert_eq!("Fused".parse::<SplitPath>().unwrap(), SplitPath::Fused);
+        assert_eq!("cublas".parse::<SplitPath>().unwrap(), SplitPath::Gemms);
+        let err = "tuned".parse::<SplitPath>().unwrap_err().to_string();
+        assert!(err.contains("auto") && err.contains("fused"), "{err}");
+        let json = serde_json::to_string(&SplitPath::Fused).unwrap();
+        assert_eq!(json, "\"fused\"");
+        assert_eq!(
+            serde_json::from_str::<SplitPath>(&json).unwrap(),
+            SplitPath::Fused
+        );
+    }
 }

@@ -65,6 +65,7 @@ use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{DeviceFault, Error, Result};
 use crate::format::{Format, Overflow};
 use crate::policy::Capabilities;
+use crate::tune::{AutotuneMode, Tuner};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
@@ -125,8 +126,10 @@ pub struct CudaBackend {
     blas: CudaBlas,
     kernels: Kernels,
     info: DeviceInfo,
-    /// How split-bf16 matmuls run (`MANTISSA_CUDA_SPLIT`).
-    split_path: SplitPath,
+    /// How split-bf16 matmuls run where `MANTISSA_CUDA_SPLIT` says (else the tuner chooses).
+    split_path: Option<SplitPath>,
+    /// The split-bf16 path tuned per (device, algorithm, shape class) (`MANTISSA_AUTOTUNE`).
+    tuner: Tuner<SplitPath>,
     /// cuBLASLt, made on the first fp8 matmul that can use it (or why it could not be).
     lt: OnceLock<std::result::Result<fp8::Lt, String>>,
     /// Set when cuBLASLt's fp8 GEMM failed: fp8 then takes the f16 path for good.
@@ -200,6 +203,10 @@ impl CudaBackend {
             kernels,
             info,
             split_path: SplitPath::from_env()?,
+            tuner: Tuner::new(
+                AutotuneMode::from_env()?,
+                Tuner::<SplitPath>::path_in_cache("cuda-tune.json"),
+            ),
             lt: OnceLock::new(),
             fp8_off: AtomicBool::new(false),
         })
@@ -233,9 +240,40 @@ impl CudaBackend {
         &self.info
     }
 
-    /// How split-bf16 matmuls run on this backend.
-    pub fn split_path(&self) -> SplitPath {
+    /// How split-bf16 matmuls run on this backend: the path `MANTISSA_CUDA_SPLIT` forces, or
+    /// none (the faster per shape class, tuned).
+    pub fn split_path(&self) -> Option<SplitPath> {
         self.split_path
+    }
+
+    /// Seconds of `repetitions` runs of `f` on the stream, each between two CUDA events.
+    fn time_events(
+        &self,
+        repetitions: usize,
+        mut f: impl FnMut() -> Result<()>,
+    ) -> Result<Vec<f64>> {
+        let mut times = Vec::with_capacity(repetitions.max(1));
+        for _ in 0..repetitions.max(1) {
+            let event = |what| {
+                self.ctx
+                    .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(|e| self.device_error(what, e))
+            };
+            let (start, end) = (event("timer")?, event("timer")?);
+            start
+                .record(&self.stream)
+                .map_err(|e| self.device_error("timer", e))?;
+            f()?;
+            end.record(&self.stream)
+                .map_err(|e| self.device_error("timer", e))?;
+            end.synchronize()
+                .map_err(|e| self.device_error("timer", e))?;
+            let ms = start
+                .elapsed_ms(&end)
+                .map_err(|e| self.device_error("timer", e))?;
+            times.push(ms as f64 / 1e3);
+        }
+        Ok(times)
     }
 
     /// The cuBLASLt fp8 GEMM of `shape`, where this GPU, the shape and cuBLASLt allow it.
@@ -455,36 +493,16 @@ impl Backend for CudaBackend {
             Operands::Prepared => Some(matmul::prepare(self, shape, algorithm, &a, &b)?),
             Operands::F32 => None,
         };
-        let mut times = Vec::with_capacity(repetitions.max(1));
-        for _ in 0..repetitions.max(1) {
-            let event = |what| {
-                self.ctx
-                    .new_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-                    .map_err(|e| self.device_error(what, e))
-            };
-            let (start, end) = (event("timer")?, event("timer")?);
-            start
-                .record(&self.stream)
-                .map_err(|e| self.device_error("timer", e))?;
-            match &mut prepared {
-                Some(p) => matmul::product(self, shape, algorithm, p, &mut c)?,
-                None => matmul::run(self, shape, algorithm, &a, &b, &mut c)?,
-            }
-            end.record(&self.stream)
-                .map_err(|e| self.device_error("timer", e))?;
-            end.synchronize()
-                .map_err(|e| self.device_error("timer", e))?;
-            let ms = start
-                .elapsed_ms(&end)
-                .map_err(|e| self.device_error("timer", e))?;
-            times.push(ms as f64 / 1e3);
-        }
+        let mut times = self.time_events(repetitions, || match &mut prepared {
+            Some(p) => matmul::product(self, shape, algorithm, p, &mut c),
+            None => matmul::run(self, shape, algorithm, &a, &b, &mut c),
+        })?;
         Ok(MatmulTiming {
             seconds: super::median(&mut times),
             operands,
             clock: "cuda-events",
             repetitions: times.len(),
-            variant: matmul::variant(self, algorithm),
+            variant: matmul::variant_of_run(self, shape, algorithm),
         })
     }
 

@@ -100,12 +100,9 @@ impl WgpuOptions {
     /// (auto/off) and `MANTISSA_AUTOTUNE` (off/fast/full; fast when unset).
     pub fn from_env() -> Result<WgpuOptions> {
         let mut o = WgpuOptions {
-            autotune: AutotuneMode::Fast,
+            autotune: AutotuneMode::from_env()?,
             ..WgpuOptions::default()
         };
-        if let Ok(v) = std::env::var(autotune::AUTOTUNE_ENV) {
-            o.autotune = v.parse()?;
-        }
         if let Ok(v) = std::env::var("MANTISSA_F16") {
             o.f16 = v.parse()?;
         }
