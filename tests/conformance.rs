@@ -494,10 +494,8 @@ backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, mat
 mod prepared {
     mod cuda {
         use super::super::common;
-        use mantissa::algorithm::{Algorithm, MatmulShape, Scaling};
+        use mantissa::algorithm::MatmulShape;
         use mantissa::backend::cuda::CudaBackend;
-        use mantissa::format::Format;
-        use mantissa::measure;
 
         #[test]
         fn the_product_alone_recomputes_c() {
@@ -515,22 +513,13 @@ mod prepared {
                 a_transposed: true,
                 b_transposed: false,
             };
-            let mut a = measure::wide_range(shape.a_len(), seed);
-            let bm = measure::normal(shape.b_len(), seed + 1);
-            a[5] = f32::INFINITY;
-            let mut algorithms = Algorithm::ALL.to_vec();
-            algorithms.extend([
-                Algorithm::fp8(Format::E4m3, Format::E5m2).with_scaling(Scaling::Rowwise),
-                Algorithm::fp8(Format::E4m3, Format::E4m3)
-                    .with_scaling(Scaling::Given { a: 4.0, b: 0.5 }),
-            ]);
+            let (a, bm, algorithms) = common::prepared_cases(&shape, seed);
             for alg in algorithms {
                 let (whole, again) = b.matmul_product_again(&shape, &alg, &a, &bm).unwrap();
-                let same = whole
-                    .iter()
-                    .zip(&again)
-                    .all(|(w, g)| w.to_bits() == g.to_bits());
-                assert!(same, "{alg}: the product alone differs");
+                assert!(
+                    common::same_bits(&whole, &again),
+                    "{alg}: the product alone differs"
+                );
             }
         }
     }

@@ -10,7 +10,7 @@ use mantissa::backend::Backend;
 use mantissa::backend::reference as host;
 use mantissa::backend::wgpu::shaders::Tile;
 use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
-use mantissa::{Algorithm, Format, MatmulShape, Scaling, measure};
+use mantissa::{Algorithm, MatmulShape, measure};
 use pollster::FutureExt as _;
 
 const COOP_ALGORITHMS: [Algorithm; 5] = [
@@ -248,25 +248,17 @@ fn the_product_alone_recomputes_c_from_prepared_operands() {
     eprintln!("{test}: {} on {kernels}", b.name());
     let seed = common::seed(test);
     let shape = shapes()[1];
-    // Wide range: lines beyond f16's range, flagged for the fallback on cooperative matrices.
-    let mut a = measure::wide_range(shape.a_len(), seed);
-    let bm = measure::normal(shape.b_len(), seed + 1);
-    a[5] = f32::INFINITY;
-    let mut algorithms = Algorithm::ALL.to_vec();
-    algorithms.extend([
-        Algorithm::fp8(Format::E4m3, Format::E5m2).with_scaling(Scaling::Rowwise),
-        Algorithm::fp8(Format::E4m3, Format::E4m3).with_scaling(Scaling::Given { a: 4.0, b: 0.5 }),
-    ]);
+    let (a, bm, algorithms) = common::prepared_cases(&shape, seed);
     for alg in algorithms {
         let tile = b.variant(&alg).tile;
         let (whole, again) = b
             .matmul_product_again(&shape, &alg, tile, &a, &bm)
             .block_on()
             .unwrap();
-        let same = whole
-            .iter()
-            .zip(&again)
-            .all(|(w, g)| w.to_bits() == g.to_bits());
-        assert!(same, "{alg} on {}: the product alone differs", b.name());
+        assert!(
+            common::same_bits(&whole, &again),
+            "{alg} on {}: the product alone differs",
+            b.name()
+        );
     }
 }

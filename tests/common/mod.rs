@@ -206,3 +206,26 @@ pub fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
         );
     }
 }
+
+/// Operands and algorithms for checking that the product alone over prepared operands
+/// computes C again (the bench's `Operands::Prepared`): A in a wide range (lines beyond f16's
+/// range, flagged for the fallback on cooperative matrices) with an inf, B normal; every
+/// algorithm, fp8 also rowwise and with given scales.
+pub fn prepared_cases(shape: &MatmulShape, seed: u64) -> (Vec<f32>, Vec<f32>, Vec<Algorithm>) {
+    use mantissa::algorithm::Scaling;
+    use mantissa::format::Format;
+    let mut a = measure::wide_range(shape.a_len(), seed);
+    let b = measure::normal(shape.b_len(), seed + 1);
+    a[5] = f32::INFINITY;
+    let mut algorithms = Algorithm::ALL.to_vec();
+    algorithms.extend([
+        Algorithm::fp8(Format::E4m3, Format::E5m2).with_scaling(Scaling::Rowwise),
+        Algorithm::fp8(Format::E4m3, Format::E4m3).with_scaling(Scaling::Given { a: 4.0, b: 0.5 }),
+    ]);
+    (a, b, algorithms)
+}
+
+/// Whether two results are the same bits everywhere.
+pub fn same_bits(x: &[f32], y: &[f32]) -> bool {
+    x.len() == y.len() && x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits())
+}

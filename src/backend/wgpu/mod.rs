@@ -273,18 +273,7 @@ impl WgpuBackend {
         let run = self
             .gpu
             .scoped("matmul", || {
-                let run = matmul::record(
-                    &self.gpu,
-                    matmul::Pools::one(&self.pool),
-                    shape,
-                    algorithm,
-                    self.f16,
-                    self.coop.map(|c| (c, self.coop_fallback)),
-                    Some(tile),
-                    &ab,
-                    &bb,
-                    None,
-                )?;
+                let run = self.record_on_tile(shape, algorithm, tile, &ab, &bb)?;
                 let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
                 submit(&self.gpu, &clears, &run.dispatches, None);
                 Ok(run)
@@ -305,6 +294,30 @@ impl WgpuBackend {
         Ok((floats(whole?), floats(again?)))
     }
 
+    /// Records the matmul of operands on the device on `tile`, with this backend's f16 read
+    /// and cooperative matrices, its buffers from the backend's pool.
+    fn record_on_tile(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        tile: Tile,
+        a: &wgpu::Buffer,
+        b: &wgpu::Buffer,
+    ) -> Result<matmul::MatmulRun> {
+        matmul::record(
+            &self.gpu,
+            matmul::Pools::one(&self.pool),
+            shape,
+            algorithm,
+            self.f16,
+            self.coop.map(|c| (c, self.coop_fallback)),
+            Some(tile),
+            a,
+            b,
+            None,
+        )
+    }
+
     /// The matmul of operands on the device, on `tile`, read back.
     async fn multiply(
         &self,
@@ -317,18 +330,7 @@ impl WgpuBackend {
         let run = self
             .gpu
             .scoped("matmul", || {
-                let run = matmul::record(
-                    &self.gpu,
-                    matmul::Pools::one(&self.pool),
-                    shape,
-                    algorithm,
-                    self.f16,
-                    self.coop.map(|c| (c, self.coop_fallback)),
-                    Some(tile),
-                    a,
-                    b,
-                    None,
-                )?;
+                let run = self.record_on_tile(shape, algorithm, tile, a, b)?;
                 if self.poison {
                     self.poison(&run.c, shape.c_len());
                 }
@@ -360,18 +362,7 @@ impl WgpuBackend {
         let run = self
             .gpu
             .scoped("timed matmul", || {
-                matmul::record(
-                    &self.gpu,
-                    matmul::Pools::one(&self.pool),
-                    shape,
-                    algorithm,
-                    self.f16,
-                    self.coop.map(|c| (c, self.coop_fallback)),
-                    Some(tile),
-                    a,
-                    b,
-                    None,
-                )
+                self.record_on_tile(shape, algorithm, tile, a, b)
             })
             .await?;
         let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
