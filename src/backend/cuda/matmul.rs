@@ -154,6 +154,17 @@ pub(super) fn product(
     if s.c_len() == 0 {
         return Ok(());
     }
+    if s.k == 0 {
+        // An empty sum: C is 0 on every path (no GEMM writes it, and C may be a reused buffer).
+        let len = c.len();
+        let mut out = c.try_slice_mut(0..s.c_len()).ok_or_else(|| {
+            Error::invalid("matmul", format!("C holds {len} values, not {}", s.c_len()))
+        })?;
+        return cb
+            .stream
+            .memset_zeros(&mut out)
+            .map_err(|e| cb.device_error("matmul", e));
+    }
     let f32_compute = Compute::CUBLAS_COMPUTE_32F;
     match (&p.a, &p.b) {
         (Held::F32(a), Held::F32(b)) if algorithm.is_split() => {
@@ -414,7 +425,7 @@ fn gemm_call<T>(
     compute: Compute,
 ) -> Result<()> {
     if call.k == 0 || call.m == 0 || call.n == 0 || call.batch == 0 {
-        // Nothing to compute (C was allocated zeroed, and an empty sum is 0).
+        // Nothing to compute (`product` zeroes C for an empty sum).
         return Ok(());
     }
     let (a_end, b_end) = call.extents();
@@ -564,13 +575,6 @@ fn split_gemms(
     c: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let layout = layout_of(algorithm)?;
-    if s.k == 0 {
-        // An empty sum: C is 0 (no GEMM writes it).
-        return cb
-            .stream
-            .memset_zeros(c)
-            .map_err(|e| cb.device_error("matmul", e));
-    }
     let compute = Compute::CUBLAS_COMPUTE_32F;
     let mut lower = lower;
     for call in layout.calls(s)? {
