@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, Ordering};
 
 /// How hard the autotuner tries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -87,7 +88,9 @@ impl TileStore for FileStore {
 
 /// Tuned choices (wgpu: tiles; CUDA: the split-bf16 path) by key, and where they persist.
 pub struct Tuner<T> {
-    pub mode: AutotuneMode,
+    /// The mode (`AutotuneMode as u8`): changeable while the backend is shared, as the browser
+    /// demo does between its tables.
+    mode: AtomicU8,
     store: Option<Box<dyn TileStore>>,
     tiles: Mutex<BTreeMap<String, Choice<T>>>,
     /// Choices the store held when the tuner started.
@@ -112,7 +115,7 @@ impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Tuner<T> {
             .and_then(|text| serde_json::from_str(&text).ok())
             .unwrap_or_default();
         Tuner {
-            mode,
+            mode: AtomicU8::new(mode as u8),
             store,
             loaded: tiles.len(),
             tiles: Mutex::new(tiles),
@@ -125,6 +128,20 @@ impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Tuner<T> {
         crate::cache::dir().map(|d| d.join(name))
     }
 
+    /// How hard the tuner tries now.
+    pub fn mode(&self) -> AutotuneMode {
+        match self.mode.load(Ordering::Relaxed) {
+            0 => AutotuneMode::Off,
+            1 => AutotuneMode::Fast,
+            _ => AutotuneMode::Full,
+        }
+    }
+
+    /// Tunes from now on in `mode`; choices already made are kept.
+    pub fn set_mode(&self, mode: AutotuneMode) {
+        self.mode.store(mode as u8, Ordering::Relaxed);
+    }
+
     /// (choices held now, choices the store held at the start).
     pub fn entries(&self) -> (usize, usize) {
         let now = self.tiles.lock().map(|t| t.len()).unwrap_or(0);
@@ -134,7 +151,7 @@ impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Tuner<T> {
     /// The stored choice for `key`, when it was tuned at least as thoroughly as asked now.
     pub fn get(&self, key: &str) -> Option<T> {
         let choice = self.tiles.lock().ok()?.get(key).copied()?;
-        (choice.full || self.mode != AutotuneMode::Full).then_some(choice.choice)
+        (choice.full || self.mode() != AutotuneMode::Full).then_some(choice.choice)
     }
 
     /// Records a choice and saves every choice to the store.
@@ -142,7 +159,7 @@ impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Tuner<T> {
         let Ok(mut tiles) = self.tiles.lock() else {
             return;
         };
-        let full = self.mode == AutotuneMode::Full;
+        let full = self.mode() == AutotuneMode::Full;
         tiles.insert(key, Choice { choice, full });
         if let (Some(store), Ok(text)) = (&self.store, serde_json::to_string_pretty(&*tiles)) {
             store.save(&text);

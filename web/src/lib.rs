@@ -94,6 +94,13 @@ impl Engine {
         })
     }
 
+    /// Sets how hard the autotuner tries from now on: "off", "fast" or "full" (tiles chosen so
+    /// far are kept; "off" runs default tiles).
+    pub fn set_autotune(&self, mode: String) -> Result<(), JsValue> {
+        self.backend.set_autotune(mode.parse().map_err(js_error)?);
+        Ok(())
+    }
+
     /// The autotuner's state: tiles chosen, and how many came from localStorage when the engine
     /// opened (JSON).
     pub fn autotune(&self) -> Result<JsValue, JsValue> {

@@ -1,7 +1,9 @@
 // The page: renders what the engine (wasm, ../src/lib.rs) computes on this adapter, and
 // publishes every result as JSON (window.mantissaResults and <pre id="results">).
 //
-// URL parameters: auto (also train on load), n (matmul size), reps, steps, a / b (presets).
+// URL parameters: auto (also train on load), n (matmul size), reps, steps, a / b (presets),
+// tune (what the autotuner tunes: "all", the default; "none"; or a comma-separated list of
+// matmul algorithms and "train"; the rest runs on default tiles).
 
 import init, { Engine, loss_chart, presets } from "./pkg/mantissa_web.js";
 
@@ -21,6 +23,13 @@ const results = {
   errors: [],
 };
 window.mantissaResults = results;
+
+const tuneList = (params.get("tune") || "all").split(",");
+// The autotuner tunes `what` (an algorithm, or "train") or leaves it on default tiles.
+function tuneFor(engine, what) {
+  const on = tuneList.includes("all") || tuneList.includes(what);
+  engine.set_autotune(on ? "fast" : "off");
+}
 
 function publish() {
   $("results").textContent = JSON.stringify(results, null, 2);
@@ -99,6 +108,7 @@ async function runMatmul(engine, n, reps) {
   for (const algorithm of Engine.algorithms()) {
     $("matmul-status").textContent = `${algorithm} at ${n}x${n}x${n}...`;
     try {
+      tuneFor(engine, algorithm);
       const record = JSON.parse(await engine.bench(algorithm, n, reps, seed));
       record.seed = seed;
       results.matmul.push(record);
@@ -191,6 +201,7 @@ function renderRuns(runs) {
 
 async function runTraining(engine, presetNames, steps) {
   $("run-train").disabled = true;
+  tuneFor(engine, "train");
   const runs = presetNames.map((preset) => {
     const session = engine.trainer(preset, TRAIN_SEED);
     return { preset, session, info: JSON.parse(session.info()), steps: [], stopped: null, val_loss: null, sample: null };
@@ -254,7 +265,12 @@ async function main() {
   for (const [id, chosen] of [["preset-a", params.get("a") || "16-true"], ["preset-b", params.get("b") || "16-mixed"]]) {
     $(id).innerHTML = names.map((p) => `<option${p === chosen ? " selected" : ""}>${p}</option>`).join("");
   }
-  if (params.get("n")) $("size").value = params.get("n");
+  if (params.get("n")) {
+    // A size the list does not offer joins it (a select silently takes no unknown value).
+    const n = String(Number(params.get("n")));
+    if (![...$("size").options].some((o) => o.value === n)) $("size").add(new Option(n));
+    $("size").value = n;
+  }
   if (params.get("steps")) $("steps").value = params.get("steps");
   const reps = Number(params.get("reps") || 3);
 

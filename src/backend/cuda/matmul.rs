@@ -282,7 +282,7 @@ fn settled_split_path(
     if let Some(path) = cb.split_path {
         return Ok((path, false));
     }
-    if !algorithm.is_split() || cb.tuner.mode == AutotuneMode::Off || s.flops() < TUNE_MIN_FLOPS {
+    if !algorithm.is_split() || cb.tuner.mode() == AutotuneMode::Off || s.flops() < TUNE_MIN_FLOPS {
         return Ok((SplitPath::default(), false));
     }
     let (major, minor) = cb.info.compute_capability;
@@ -312,7 +312,7 @@ fn split_path(
         Ok(settled) => return Ok(settled),
         Err(key) => key,
     };
-    let repetitions = if cb.tuner.mode == AutotuneMode::Full {
+    let repetitions = if cb.tuner.mode() == AutotuneMode::Full {
         3
     } else {
         1

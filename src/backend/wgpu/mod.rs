@@ -200,6 +200,11 @@ impl WgpuBackend {
         self.tuner.entries()
     }
 
+    /// Tunes from now on in `mode` (choices made so far are kept; `off` runs default tiles).
+    pub fn set_autotune(&self, mode: AutotuneMode) {
+        self.tuner.set_mode(mode);
+    }
+
     /// The same backend with another autotuner (tests and tools that pick the cache file).
     pub fn with_tuner(mut self, tuner: Autotuner) -> WgpuBackend {
         self.tuner = tuner;
