@@ -3,20 +3,30 @@
 //
 // The loader (src/backend/wgpu/shaders.rs) splices in, per variant:
 //   const BM, BN, BK: u32       workgroup tile (BM x BN outputs, BK of the inner dimension)
+//   const BUFFERS: u32          workgroup buffers per operand tile: 1, or 2 (the next K step
+//                               loads into one while the other is multiplied)
 //   const REG: u32              outputs per invocation: REG x REG, 4 or 8 (8 only for
 //                               LEVELS <= 1): four 4x4 blocks, rows (columns) BM/2 (BN/2) apart
 //   const PARTS: u32            operand planes: 1, or 2/3 bf16 planes (h, m, l) for split
 //   const LEVELS: u32           split levels: 0 (no split), 2 (bf16x3), 3 (bf16x6), 5 (bf16x9)
 //   const FP8: bool, ROWWISE: bool
-//   alias A_T, B_T              element type of the operand arrays (u32, or f16 natively)
-//   fn fetch_a(idx: u32) -> f32 and fn fetch_b(idx: u32) -> f32: decode one stored element
+//   alias A_T, B_T              element type of the operand arrays (u32, f16 natively, or
+//                               vec4<u32> for an operand loaded in quads)
+//   const A_LOAD, B_LOAD: u32   how each operand's tile is loaded: LOAD_SCALAR (element by
+//                               element), LOAD_K (four consecutive k in one load: A row-major,
+//                               B transposed; K a multiple of 4) or LOAD_LINES (four consecutive
+//                               rows of A / columns of B in one load: A transposed, B row-major;
+//                               M / N a multiple of 4); quads only for one-plane f32 and tf32
+//   fn fetch_a(idx: u32) -> f32 and fn fetch_b(idx: u32) -> f32: decode one stored element;
+//   fn fetch_a4(quad: u32) -> vec4<f32>, fetch_b4: four, from one quad (fetch.wgsl)
 //   const MASKED: bool, fn flagged(line: u32) -> bool: as the fallback of the cooperative-matrix
 //                               kernel, compute only outputs whose row of A or column of B is
 //                               flagged (coop_pack.wgsl); the flags are binding 5
 //   the pieces of matmul_step.wgsl: the accumulators (a vec4 per row of each 4x4 block and
-//   level), fn k_step (one K step out of workgroup memory into the accumulators; written out
-//   per k for checked modules, so that their hot code has no loop counter and no bounds clamp
-//   that varies with k) and fn store_tiles
+//   level), fn k_step_0 (and k_step_1 with two buffers: one K step out of its buffer into the
+//   accumulators; written out per k for checked modules, so that their hot code has no loop
+//   counter and no bounds clamp that varies with k), fn k_loop (every K step, loads and
+//   barriers included) and fn store_tiles
 // Workgroup size is (BN / REG, BM / REG).
 
 struct MatmulParams {
@@ -59,10 +69,11 @@ const THREADS: u32 = WG_X * WG_Y;
 // Exactly the largest finite f32 (Tint rejects decimal literals that round up to it).
 const F32_MAX: f32 = 0x1.fffffep+127f;
 
-// [part * BK + kk][i / 4]: four consecutive rows (columns) of one k as a vec4. Indexed by a
-// constant first, so a checked module clamps only the invocation's own row (column) block.
-var<workgroup> a_tile: array<array<vec4<f32>, BM / 4u>, PARTS * BK>;
-var<workgroup> b_tile: array<array<vec4<f32>, BN / 4u>, PARTS * BK>;
+// [(buffer * PARTS + part) * BK + kk][i / 4]: four consecutive rows (columns) of one k as a
+// vec4. Indexed by a constant first, so a checked module clamps only the invocation's own row
+// (column) block.
+var<workgroup> a_tile: array<array<vec4<f32>, BM / 4u>, BUFFERS * PARTS * BK>;
+var<workgroup> b_tile: array<array<vec4<f32>, BN / 4u>, BUFFERS * PARTS * BK>;
 // MASKED: whether any line of this workgroup's tile is flagged.
 var<workgroup> tile_hits: atomic<u32>;
 var<workgroup> tile_flagged: u32;
@@ -93,12 +104,20 @@ struct Origin {
     b_base: u32,
 }
 
+const LOAD_SCALAR: u32 = 0u;
+const LOAD_K: u32 = 1u;
+const LOAD_LINES: u32 = 2u;
+
 // Four rows of A from `row` on at column p of plane offset `plane` (0 outside A). Written
 // out, like everything the K step runs, so that checked modules add no loop counter.
 fn a_rows(o: Origin, row: u32, p: u32, plane: u32) -> vec4<f32> {
     var v = vec4<f32>();
     if (p < params.k) {
         let base = o.a_base + p * params.a_col + plane;
+        // A transposed, M a multiple of 4: the four rows are one aligned quad (a_row is 1).
+        if (A_LOAD == LOAD_LINES && row < params.m) {
+            return fetch_a4((base + row) >> 2u);
+        }
         if (row < params.m) {
             v.x = fetch_a(base + row * params.a_row);
         }
@@ -120,6 +139,10 @@ fn b_cols(o: Origin, col: u32, p: u32, plane: u32) -> vec4<f32> {
     var v = vec4<f32>();
     if (p < params.k) {
         let base = o.b_base + p * params.b_row + plane;
+        // B row-major, N a multiple of 4: the four columns are one aligned quad (b_col is 1).
+        if (B_LOAD == LOAD_LINES && col < params.n) {
+            return fetch_b4((base + col) >> 2u);
+        }
         if (col < params.n) {
             v.x = fetch_b(base + col * params.b_col);
         }
@@ -136,49 +159,90 @@ fn b_cols(o: Origin, col: u32, p: u32, plane: u32) -> vec4<f32> {
     return v;
 }
 
-// Slot t of the A tile (t < BM * BK / 4): four rows at one k, a vec4 per plane. Consecutive
-// slots take consecutive k (contiguous for row-major A).
-fn load_a(o: Origin, k0: u32, t: u32) {
+// Slot t of the A tile (t < BM * BK / 4) into the buffer starting at `at`: four rows at one k,
+// a vec4 per plane. Consecutive slots take consecutive k (contiguous for row-major A).
+fn load_a(o: Origin, k0: u32, t: u32, at: u32) {
     if (t >= BM * BK / 4u) {
+        return;
+    }
+    if (A_LOAD == LOAD_K) {
+        load_a_quads(o, k0, t, at);
         return;
     }
     let i4 = t / BK;
     let kk = t % BK;
     let row = o.row0 + i4 * 4u;
-    a_tile[kk][i4] = a_rows(o, row, k0 + kk, 0u);
+    a_tile[at + kk][i4] = a_rows(o, row, k0 + kk, 0u);
     if (PARTS > 1u) {
-        a_tile[BK + kk][i4] = a_rows(o, row, k0 + kk, params.a_plane);
+        a_tile[at + BK + kk][i4] = a_rows(o, row, k0 + kk, params.a_plane);
     }
     if (PARTS > 2u) {
-        a_tile[2u * BK + kk][i4] = a_rows(o, row, k0 + kk, 2u * params.a_plane);
+        a_tile[at + 2u * BK + kk][i4] = a_rows(o, row, k0 + kk, 2u * params.a_plane);
     }
 }
 
 // Slot t of the B tile (t < BN * BK / 4): four columns at one k. Consecutive slots take
 // consecutive columns (contiguous for row-major B).
-fn load_b(o: Origin, k0: u32, t: u32) {
+fn load_b(o: Origin, k0: u32, t: u32, at: u32) {
     if (t >= BN * BK / 4u) {
+        return;
+    }
+    if (B_LOAD == LOAD_K) {
+        load_b_quads(o, k0, t, at);
         return;
     }
     let j4 = t % (BN / 4u);
     let kk = t / (BN / 4u);
     let col = o.col0 + j4 * 4u;
-    b_tile[kk][j4] = b_cols(o, col, k0 + kk, 0u);
+    b_tile[at + kk][j4] = b_cols(o, col, k0 + kk, 0u);
     if (PARTS > 1u) {
-        b_tile[BK + kk][j4] = b_cols(o, col, k0 + kk, params.b_plane);
+        b_tile[at + BK + kk][j4] = b_cols(o, col, k0 + kk, params.b_plane);
     }
     if (PARTS > 2u) {
-        b_tile[2u * BK + kk][j4] = b_cols(o, col, k0 + kk, 2u * params.b_plane);
+        b_tile[at + 2u * BK + kk][j4] = b_cols(o, col, k0 + kk, 2u * params.b_plane);
     }
 }
 
-// One K step of A and B into workgroup memory, a slot per invocation at a time.
-fn load_tiles(o: Origin, k0: u32, lindex: u32) {
+// LOAD_K: slot t of the A tile holds four consecutive k of one row, read as one aligned quad
+// (K is a multiple of 4, so a quad is inside A or past its K whole) and spread over four k of
+// the tile. Consecutive slots take consecutive quads of a row.
+fn load_a_quads(o: Origin, k0: u32, t: u32, at: u32) {
+    let r = t / (BK / 4u);
+    let kk = (t % (BK / 4u)) * 4u;
+    let row = o.row0 + r;
+    var v = vec4<f32>();
+    if (row < params.m && k0 + kk < params.k) {
+        v = fetch_a4((o.a_base + row * params.a_row + k0 + kk) >> 2u);
+    }
+    a_tile[at + kk][r / 4u][r % 4u] = v.x;
+    a_tile[at + kk + 1u][r / 4u][r % 4u] = v.y;
+    a_tile[at + kk + 2u][r / 4u][r % 4u] = v.z;
+    a_tile[at + kk + 3u][r / 4u][r % 4u] = v.w;
+}
+
+// LOAD_K for B (transposed): four consecutive k of one column.
+fn load_b_quads(o: Origin, k0: u32, t: u32, at: u32) {
+    let c = t / (BK / 4u);
+    let kk = (t % (BK / 4u)) * 4u;
+    let col = o.col0 + c;
+    var v = vec4<f32>();
+    if (col < params.n && k0 + kk < params.k) {
+        v = fetch_b4((o.b_base + col * params.b_col + k0 + kk) >> 2u);
+    }
+    b_tile[at + kk][c / 4u][c % 4u] = v.x;
+    b_tile[at + kk + 1u][c / 4u][c % 4u] = v.y;
+    b_tile[at + kk + 2u][c / 4u][c % 4u] = v.z;
+    b_tile[at + kk + 3u][c / 4u][c % 4u] = v.w;
+}
+
+// The K step from k0 on of A and B into the buffer starting at `at` (0, or PARTS * BK for the
+// second), a slot per invocation at a time.
+fn load_tiles(o: Origin, k0: u32, lindex: u32, at: u32) {
     for (var t = lindex; t < BM * BK / 4u; t += THREADS) {
-        load_a(o, k0, t);
+        load_a(o, k0, t, at);
     }
     for (var t = lindex; t < BN * BK / 4u; t += THREADS) {
-        load_b(o, k0, t);
+        load_b(o, k0, t, at);
     }
 }
 
@@ -220,12 +284,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
     let tx = lid.x;
     let ty2 = lid.y + WG_Y;
     let tx2 = lid.x + WG_X;
-    for (var k0 = 0u; k0 < params.k; k0 += BK) {
-        load_tiles(o, k0, lindex);
-        workgroupBarrier();
-        k_step(ty, tx, ty2, tx2);
-        workgroupBarrier();
-    }
+    k_loop(o, lindex, ty, tx, ty2, tx2);
     store_tiles(o, ty, tx, ty2, tx2);
 }
 

@@ -1,7 +1,8 @@
 // matmul_step.wgsl: the pieces of matmul.wgsl the loader writes out per variant
 // (src/backend/wgpu/shaders.rs, `k_step`): each piece once per split level {{l}}, 4x4 block
-// {{q}} (0; with REG 8 also 1: BN/2 columns on, 2: BM/2 rows on, 3: both) and row {{r}} of a
-// block, with the variant's numbers in place of the other {{names}}.
+// {{q}} (0; with REG 8 also 1: BN/2 columns on, 2: BM/2 rows on, 3: both), row {{r}} of a
+// block and workgroup buffer {{s}}, with the variant's numbers in place of the other
+// {{names}}.
 //
 // Unrolled variants (those for checked modules: browsers, MANTISSA_WGSL_CHECKS) write the K
 // step's body once per k: {{k}} is then the constant k, {{kk}} names its values. Every index is
@@ -15,8 +16,8 @@
 var<private> acc_{{l}}_{{q}}_{{r}}: vec4<f32>;
 
 // @@step_begin
-// The K step in workgroup memory, multiplied into the accumulators.
-fn k_step(ty: u32, tx: u32, ty2: u32, tx2: u32) {
+// The K step in workgroup buffer {{s}}, multiplied into the accumulators.
+fn k_step_{{s}}(ty: u32, tx: u32, ty2: u32, tx2: u32) {
 
 // @@k_loop
     for (var kk = 0u; kk < BK; kk++) {
@@ -48,9 +49,45 @@ fn k_step(ty: u32, tx: u32, ty2: u32, tx2: u32) {
     acc_{{l}}_{{q}}_2 += {{a}}.z * {{b}};
     acc_{{l}}_{{q}}_3 += {{a}}.w * {{b}};
 
-// @@store_begin
+// @@step_end
 }
 
+// @@loop_single
+// Every K step: load it, multiply it, each behind a barrier.
+fn k_loop(o: Origin, lindex: u32, ty: u32, tx: u32, ty2: u32, tx2: u32) {
+    for (var k0 = 0u; k0 < params.k; k0 += BK) {
+        load_tiles(o, k0, lindex, 0u);
+        workgroupBarrier();
+        k_step_0(ty, tx, ty2, tx2);
+        workgroupBarrier();
+    }
+}
+
+// @@loop_double
+// Every K step, two buffers: the next step loads into one while the other is multiplied, so
+// a step waits at one barrier instead of two. A buffer is rewritten only after the barrier
+// that follows its last read. The same products in the same order as one buffer.
+fn k_loop(o: Origin, lindex: u32, ty: u32, tx: u32, ty2: u32, tx2: u32) {
+    load_tiles(o, 0u, lindex, 0u);
+    workgroupBarrier();
+    for (var k0 = 0u; k0 < params.k; k0 += 2u * BK) {
+        let second = k0 + BK < params.k;
+        if (second) {
+            load_tiles(o, k0 + BK, lindex, PARTS * BK);
+        }
+        k_step_0(ty, tx, ty2, tx2);
+        workgroupBarrier();
+        if (second) {
+            if (k0 + 2u * BK < params.k) {
+                load_tiles(o, k0 + 2u * BK, lindex, 0u);
+            }
+            k_step_1(ty, tx, ty2, tx2);
+        }
+        workgroupBarrier();
+    }
+}
+
+// @@store_begin
 // The accumulators into C, each 4x4 block's levels summed smallest first.
 fn store_tiles(o: Origin, ty: u32, tx: u32, ty2: u32, tx2: u32) {
 

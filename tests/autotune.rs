@@ -1,5 +1,6 @@
-//! The matmul autotuner: every candidate tile computes the same bits, and a tuned choice is
-//! persisted and reused.
+//! The SIMT matmul's variants compute the same bits (every candidate tile of the autotuner,
+//! one or two workgroup buffers, operands loaded in quads or element by element), and a tuned
+//! choice is persisted and reused.
 
 mod common;
 
@@ -26,8 +27,8 @@ fn every_tile_gives_the_same_bits() {
     };
     let a = measure::wide_range(shape.a_len(), seed);
     let bm = measure::normal(shape.b_len(), seed + 1);
-    // Every tile of f32 (both register blocks) and bf16x9 (three planes, five levels); every
-    // third of the others, whose kernels differ from those only in how operands are decoded
+    // Every single-buffered tile of f32 (both register blocks) and bf16x9 (three planes, five
+    // levels); every third of the others, whose kernels differ from those only in how operands are decoded
     // (each tile is a kernel to compile, about a second apiece on lavapipe).
     for (alg, every) in [
         (Algorithm::F32, 1),
@@ -39,7 +40,15 @@ fn every_tile_gives_the_same_bits() {
             3,
         ),
     ] {
-        let tiles: Vec<_> = b.tile_candidates(&alg).into_iter().step_by(every).collect();
+        // Two workgroup buffers change only the K loop, the same code for every tile shape: a
+        // third of the double-buffered tiles (K = 77 takes an odd or even number of steps
+        // depending on the tile, so both ends of that loop run).
+        let all = b.tile_candidates(&alg);
+        let tiles: Vec<_> = (all.iter().filter(|t| t.buffers == 1).step_by(every))
+            .chain(all.iter().filter(|t| t.buffers == 2).step_by(every * 3))
+            .copied()
+            .collect();
+        assert!(tiles.iter().any(|t| t.buffers == 2), "{alg}: {tiles:?}");
         assert!(tiles.len() > 3, "{alg}: {tiles:?}");
         let want = b
             .matmul_on_tile(&shape, &alg, tiles[0], &a, &bm)
@@ -55,6 +64,141 @@ fn every_tile_gives_the_same_bits() {
                 .zip(&want)
                 .all(|(g, w)| g.to_bits() == w.to_bits());
             assert!(same, "{alg}: tile {t} differs from tile {}", tiles[0]);
+        }
+    }
+}
+
+/// Checked modules (the browser's, `MANTISSA_WGSL_CHECKS=on`) run the K step written out per k,
+/// a step function per workgroup buffer: one and two buffers give the unchecked kernel's bits.
+#[test]
+fn checked_kernels_give_the_same_bits_with_one_and_two_buffers() {
+    let test = "checked_kernels_give_the_same_bits_with_one_and_two_buffers";
+    let Some(plain) = common::fresh_wgpu(test, WgpuOptions::default()) else {
+        return;
+    };
+    let checks = WgpuOptions {
+        runtime_checks: true,
+        ..WgpuOptions::default()
+    };
+    let Some(checked) = common::fresh_wgpu(test, checks) else {
+        return;
+    };
+    let seed = common::seed(test);
+    // K = 40: an odd number of steps of 8, an even number of 16 (and a partial last one).
+    let shape = MatmulShape {
+        batch: 1,
+        m: 37,
+        n: 70,
+        k: 40,
+        a_transposed: false,
+        b_transposed: true,
+    };
+    let a = measure::wide_range(shape.a_len(), seed);
+    let bm = measure::normal(shape.b_len(), seed + 1);
+    for alg in [Algorithm::F32, Algorithm::Bf16x3] {
+        let default = plain.tile_candidates(&alg)[0];
+        let want = plain
+            .matmul_on_tile(&shape, &alg, default, &a, &bm)
+            .block_on()
+            .unwrap();
+        for tile in [default, default.with_buffers(2)] {
+            let got = checked
+                .matmul_on_tile(&shape, &alg, tile, &a, &bm)
+                .block_on()
+                .unwrap();
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(g, w)| g.to_bits() == w.to_bits());
+            assert!(
+                same,
+                "{alg}: checked tile {tile} differs from unchecked {default}"
+            );
+        }
+    }
+}
+
+/// f32 and tf32 operands are loaded in quads (16 bytes) along the dimension they are contiguous
+/// in when its length is a multiple of 4, else element by element. The same product inside a
+/// larger one (K one longer with zeros, M and N one longer with other values) takes the
+/// element-by-element loads, and adding a product 0 x 0 leaves every sum's bits as they are:
+/// both give the same C, for every layout of A and B, checked and unchecked.
+#[test]
+fn quad_loads_give_the_element_loads_bits() {
+    let test = "quad_loads_give_the_element_loads_bits";
+    let Some(plain) = common::fresh_wgpu(test, WgpuOptions::default()) else {
+        return;
+    };
+    let checks = WgpuOptions {
+        runtime_checks: true,
+        ..WgpuOptions::default()
+    };
+    let Some(checked) = common::fresh_wgpu(test, checks) else {
+        return;
+    };
+    let seed = common::seed(test);
+    let (batch, m, n, k) = (2, 72, 68, 76);
+    // A logical rows x cols matrix per batch, stored row-major or transposed.
+    let lay =
+        |rows: usize, cols: usize, transposed: bool, f: &dyn Fn(usize, usize, usize) -> f32| {
+            let mut out = vec![0.0; batch * rows * cols];
+            for bi in 0..batch {
+                for r in 0..rows {
+                    for c in 0..cols {
+                        let at = if transposed {
+                            c * rows + r
+                        } else {
+                            r * cols + c
+                        };
+                        out[bi * rows * cols + at] = f(bi, r, c);
+                    }
+                }
+            }
+            out
+        };
+    let a_values = measure::wide_range(batch * (m + 1) * k, seed);
+    let b_values = measure::normal(batch * k * (n + 1), seed + 1);
+    let a_at = |bi: usize, i: usize, p: usize| a_values[(bi * (m + 1) + i) * k + p];
+    let b_at = |bi: usize, p: usize, j: usize| b_values[(bi * k + p) * (n + 1) + j];
+    for (backend, which) in [(&plain, "unchecked"), (&checked, "checked")] {
+        for alg in [Algorithm::F32, Algorithm::Tf32] {
+            for (a_t, b_t) in [(false, false), (false, true), (true, false), (true, true)] {
+                let shape = |m, n, k| MatmulShape {
+                    batch,
+                    m,
+                    n,
+                    k,
+                    a_transposed: a_t,
+                    b_transposed: b_t,
+                };
+                let small = shape(m, n, k);
+                let a = lay(m, k, a_t, &|bi, i, p| a_at(bi, i, p));
+                let bm = lay(k, n, b_t, &|bi, p, j| b_at(bi, p, j));
+                let quads = backend.matmul(&small, &alg, &a, &bm).block_on().unwrap();
+                let large = shape(m + 1, n + 1, k + 1);
+                let a = lay(m + 1, k + 1, a_t, &|bi, i, p| {
+                    if p < k { a_at(bi, i, p) } else { 0.0 }
+                });
+                let bm = lay(k + 1, n + 1, b_t, &|bi, p, j| {
+                    if p < k { b_at(bi, p, j) } else { 0.0 }
+                });
+                let elements = backend.matmul(&large, &alg, &a, &bm).block_on().unwrap();
+                for bi in 0..batch {
+                    for i in 0..m {
+                        for j in 0..n {
+                            let q = quads[(bi * m + i) * n + j];
+                            let e = elements[(bi * (m + 1) + i) * (n + 1) + j];
+                            assert_eq!(
+                                q.to_bits(),
+                                e.to_bits(),
+                                "{which} {alg}, A{} B{}: C[{bi}][{i}][{j}] {q} in quads, {e} element by element",
+                                if a_t { "^T" } else { "" },
+                                if b_t { "^T" } else { "" },
+                            );
+                        }
+                    }
+                }
+            }
         }
     }
 }

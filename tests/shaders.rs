@@ -234,7 +234,7 @@ fn spirv_functions(words: &[u32]) -> (std::collections::HashMap<String, SpirvFun
 /// K step, not per k).
 #[test]
 fn checked_k_step_runs_the_unchecked_instructions() {
-    use mantissa::backend::wgpu::shaders::{F16Read, MatmulVariant, Tile, spirv};
+    use mantissa::backend::wgpu::shaders::{F16Read, Load, MatmulVariant, Tile, spirv};
     use mantissa::{Algorithm, Format};
     let wide = Tile {
         bm: 128,
@@ -242,6 +242,7 @@ fn checked_k_step_runs_the_unchecked_instructions() {
         bk: 8,
         reg: 8,
         warps: 1,
+        buffers: 1,
     };
     let bf16x3 = MatmulVariant::for_algorithm(&Algorithm::Bf16x3, F16Read::Packed);
     let variants = [
@@ -255,19 +256,31 @@ fn checked_k_step_runs_the_unchecked_instructions() {
             F16Read::Packed,
         ),
         bf16x3.fallback(),
+        // f32 loaded in quads, along K and along lines.
+        MatmulVariant::for_algorithm(&Algorithm::F32, F16Read::Packed)
+            .with_loads([Load::QuadsAlongK, Load::QuadsAlongLines]),
+        MatmulVariant::for_algorithm(&Algorithm::Tf32, F16Read::Packed)
+            .with_loads([Load::QuadsAlongLines, Load::QuadsAlongK]),
+        // Two workgroup buffers: a step function per buffer, each at constant indices.
+        bf16x3.with_tile(Tile::default_for(3).with_buffers(2)),
+        MatmulVariant::for_algorithm(&Algorithm::F32, F16Read::Packed)
+            .with_tile(wide.with_buffers(2)),
     ];
     for v in variants {
         // The looped step of the same variant is what the unrolled one replaces: checked, its
         // loop is bounded (so drivers keep it a loop).
+        let steps: Vec<String> = (0..v.tile.buffers).map(|s| format!("k_step_{s}")).collect();
         let looped = spirv_functions(&spirv(&Kernel::Matmul(v), true).unwrap()).0;
-        assert_eq!(
-            looped["k_step"]
-                .body
-                .iter()
-                .filter(|i| i.0 == OP_LOOP_MERGE)
-                .count(),
-            1
-        );
+        for name in &steps {
+            assert_eq!(
+                looped[name.as_str()]
+                    .body
+                    .iter()
+                    .filter(|i| i.0 == OP_LOOP_MERGE)
+                    .count(),
+                1
+            );
+        }
         let k = Kernel::Matmul(v.with_unrolled(true));
         let label = k.label();
         let (checked, glsl) = spirv_functions(&spirv(&k, true).unwrap());
@@ -275,50 +288,56 @@ fn checked_k_step_runs_the_unchecked_instructions() {
         let is_clamp = |(op, ops): &(u32, Vec<u32>)| {
             *op == OP_EXT_INST && ops[2] == glsl && ops[3] == GLSL_UMIN
         };
-        let step = &checked["k_step"];
         let count =
             |f: &SpirvFunction, opcode: u32| f.body.iter().filter(|i| i.0 == opcode).count();
-        assert_eq!(
-            count(step, OP_LOOP_MERGE),
-            0,
-            "{label}: a loop in the K step"
-        );
-        assert_eq!(
-            count(step, OP_BRANCH_CONDITIONAL) + count(step, OP_SWITCH),
-            0,
-            "{label}: the K step branches"
-        );
-        let clamps: Vec<&Vec<u32>> = step
-            .body
-            .iter()
-            .filter(|i| is_clamp(i))
-            .map(|i| &i.1)
-            .collect();
-        // The checks are on (else this test would prove nothing), and each clamps a parameter.
-        assert!(
-            !clamps.is_empty(),
-            "{label}: no clamp in the checked K step"
-        );
-        for ops in &clamps {
+        for name in &steps {
+            let step = &checked[name.as_str()];
+            assert_eq!(
+                count(step, OP_LOOP_MERGE),
+                0,
+                "{label}: a loop in the K step"
+            );
+            assert_eq!(
+                count(step, OP_BRANCH_CONDITIONAL) + count(step, OP_SWITCH),
+                0,
+                "{label}: the K step branches"
+            );
+            let clamps: Vec<&Vec<u32>> = step
+                .body
+                .iter()
+                .filter(|i| is_clamp(i))
+                .map(|i| &i.1)
+                .collect();
+            // The checks are on (else this test would prove nothing), and each clamps a parameter.
             assert!(
-                step.params.contains(&ops[4]),
-                "{label}: a clamp on %{} in the K step, not on the invocation's row or column",
-                ops[4]
+                !clamps.is_empty(),
+                "{label}: no clamp in the checked K step"
+            );
+            for ops in &clamps {
+                assert!(
+                    step.params.contains(&ops[4]),
+                    "{label}: a clamp on %{} in the K step, not on the invocation's row or column",
+                    ops[4]
+                );
+            }
+            let opcodes = |f: &SpirvFunction| -> Vec<u32> {
+                f.body
+                    .iter()
+                    .filter(|i| !is_clamp(i))
+                    .map(|i| i.0)
+                    .collect()
+            };
+            assert_eq!(
+                opcodes(step),
+                opcodes(&unchecked[name.as_str()]),
+                "{label}: the checked K step differs from the unchecked one beyond its clamps"
             );
         }
-        let opcodes = |f: &SpirvFunction| -> Vec<u32> {
-            f.body
-                .iter()
-                .filter(|i| !is_clamp(i))
-                .map(|i| i.0)
-                .collect()
-        };
-        assert_eq!(
-            opcodes(step),
-            opcodes(&unchecked["k_step"]),
-            "{label}: the checked K step differs from the unchecked one beyond its clamps"
-        );
-        for name in ["load_a", "load_b", "a_rows", "b_cols"] {
+        let quads = ["load_a_quads", "load_b_quads"];
+        for name in ["load_a", "load_b", "a_rows", "b_cols"]
+            .into_iter()
+            .chain(quads.into_iter().filter(|q| checked.contains_key(*q)))
+        {
             assert_eq!(
                 count(&checked[name], OP_LOOP_MERGE),
                 0,
@@ -327,7 +346,7 @@ fn checked_k_step_runs_the_unchecked_instructions() {
         }
         // The K loop itself is bounded: what the test looks for is there to be found.
         assert!(
-            count(&checked["matmul"], OP_LOOP_MERGE) > 0,
+            count(&checked["k_loop"], OP_LOOP_MERGE) > 0,
             "{label}: no K loop found"
         );
     }

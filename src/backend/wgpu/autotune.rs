@@ -49,7 +49,7 @@ impl WgpuBackend {
     ) -> Result<(Tile, bool)> {
         let variant = self.variant(algorithm);
         let default = variant.tile;
-        if self.tuner.mode == AutotuneMode::Off || shape.flops() < TUNE_MIN_FLOPS {
+        if self.tuner.mode() == AutotuneMode::Off || shape.flops() < TUNE_MIN_FLOPS {
             return Ok((default, false));
         }
         let s = &self.gpu.summary;
@@ -80,9 +80,9 @@ impl WgpuBackend {
         }
         let candidates: Vec<Tile> = all
             .into_iter()
-            .filter(|t| self.tuner.mode == AutotuneMode::Full || neighbour(*t, default))
+            .filter(|t| self.tuner.mode() == AutotuneMode::Full || neighbour(*t, default))
             .collect();
-        let repetitions = if self.tuner.mode == AutotuneMode::Full {
+        let repetitions = if self.tuner.mode() == AutotuneMode::Full {
             3
         } else {
             1
@@ -101,12 +101,13 @@ impl WgpuBackend {
     }
 }
 
-/// Whether `t` differs from `d` in at most one dimension, by a factor of two.
+/// Whether `t` differs from `d` in at most one dimension, by a factor of two (its register
+/// block aside), or is `d`'s shape with the other number of workgroup buffers.
 fn neighbour(t: Tile, d: Tile) -> bool {
     let step = |x: u32, y: u32| x == y * 2 || y == x * 2;
     let same = [(t.bm, d.bm), (t.bn, d.bn), (t.bk, d.bk)];
     let equal = same.iter().filter(|(x, y)| x == y).count();
-    equal == 3 || (equal == 2 && same.iter().any(|&(x, y)| step(x, y)))
+    equal == 3 || (equal == 2 && t.buffers == d.buffers && same.iter().any(|&(x, y)| step(x, y)))
 }
 
 #[cfg(test)]
@@ -124,5 +125,18 @@ mod tests {
             all.iter()
                 .all(|t| t.threads() <= 256 && t.workgroup_bytes(1) <= 16384)
         );
+        // The default double-buffered is tried; other shapes only single-buffered.
+        assert!(fast.contains(&d.with_buffers(2)), "{fast:?}");
+        assert!(
+            fast.iter()
+                .all(|t| t.buffers == 1 || (t.bm, t.bn, t.bk) == (d.bm, d.bn, d.bk))
+        );
+        // Two buffers take twice the workgroup memory: offered only where it fits.
+        assert!(
+            Tile::candidates(3, 256, 16384)
+                .iter()
+                .all(|t| t.workgroup_bytes(3) <= 16384)
+        );
+        assert!(!Tile::candidates(3, 256, 16384).contains(&Tile::default_for(3).with_buffers(2)));
     }
 }

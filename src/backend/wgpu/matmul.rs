@@ -5,7 +5,7 @@
 use super::buffer::{self, BufferPool, Dispatch, check_binding, upload};
 use super::cast::{self, Grouping, packed_words};
 use super::device::Gpu;
-use super::shaders::{Coop, F16Read, Kernel, MatmulVariant, Operand, Tile};
+use super::shaders::{Coop, F16Read, Kernel, Load, MatmulVariant, Operand, Tile};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::Result;
 use bytemuck::{Pod, Zeroable};
@@ -233,7 +233,6 @@ fn simt(
 ) -> Result<()> {
     // Checked modules get the K step written out: it is what keeps them fast.
     let variant = variant.with_unrolled(gpu.runtime_checks);
-    let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
     let pa = prepare(
         gpu,
         pools,
@@ -256,6 +255,24 @@ fn simt(
         scales,
         run,
     )?;
+    // Quad loads along the dimension each operand is contiguous in, where its kind and sizes
+    // allow: chosen with the prepared buffers in hand.
+    let loads = [
+        Load::for_operand(
+            variant.a,
+            !shape.a_transposed,
+            if shape.a_transposed { shape.m } else { shape.k },
+            pa.buffer.size(),
+        ),
+        Load::for_operand(
+            variant.b,
+            shape.b_transposed,
+            if shape.b_transposed { shape.k } else { shape.n },
+            pb.buffer.size(),
+        ),
+    ];
+    let variant = variant.with_loads(loads);
+    let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
     let (m, n, k) = (shape.m as u32, shape.n as u32, shape.k as u32);
     let (a_row, a_col) = if shape.a_transposed { (1, m) } else { (k, 1) };
     let (b_row, b_col) = if shape.b_transposed { (1, k) } else { (n, 1) };

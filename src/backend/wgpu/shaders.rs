@@ -127,17 +127,61 @@ pub enum Operand {
     Fp8(Format),
 }
 
-impl Operand {
-    fn element_type(self) -> &'static str {
+/// How the SIMT kernel loads an operand's tile from storage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Load {
+    /// Element by element: any layout, any size, any storage kind.
+    #[default]
+    Scalar,
+    /// Four consecutive k in one 16-byte load (A row-major, B transposed; K a multiple of 4),
+    /// spread over four k of the workgroup tile.
+    QuadsAlongK,
+    /// Four consecutive rows of A (transposed; M a multiple of 4) or columns of B (row-major;
+    /// N a multiple of 4) in one load: one vec4 of the workgroup tile.
+    QuadsAlongLines,
+}
+
+impl Load {
+    /// How an operand of `kind` can be loaded: in quads where it holds one element per word
+    /// and the dimension it is contiguous in (`along_k`, else rows or columns) is a multiple of
+    /// 4 long (every quad is then aligned, inside the operand or past its end whole) and the
+    /// bound buffer a whole number of quads; else element by element.
+    pub fn for_operand(kind: Operand, along_k: bool, contiguous: usize, buffer_bytes: u64) -> Load {
+        let one_per_word = matches!(kind, Operand::F32 | Operand::Tf32);
+        if !one_per_word || !contiguous.is_multiple_of(4) || !buffer_bytes.is_multiple_of(16) {
+            Load::Scalar
+        } else if along_k {
+            Load::QuadsAlongK
+        } else {
+            Load::QuadsAlongLines
+        }
+    }
+
+    fn id(self) -> u32 {
         match self {
-            Operand::F16(F16Read::Native) => "f16",
+            Load::Scalar => 0,
+            Load::QuadsAlongK => 1,
+            Load::QuadsAlongLines => 2,
+        }
+    }
+}
+
+impl Operand {
+    fn element_type(self, load: Load) -> &'static str {
+        match (self, load) {
+            (_, Load::QuadsAlongK | Load::QuadsAlongLines) => "vec4<u32>",
+            (Operand::F16(F16Read::Native), _) => "f16",
             _ => "u32",
         }
     }
 
-    /// `fn {name}(idx: u32) -> f32` over `array`: fetch.wgsl's piece for this kind.
-    fn fetch_fn(self, name: &str, array: &str) -> String {
+    /// `fn {name}(idx: u32) -> f32` and `fn {name}4(quad: u32) -> vec4<f32>` over `array`:
+    /// fetch.wgsl's pieces for this kind, loaded as `load` says.
+    fn fetch_fn(self, name: &str, array: &str, load: Load) -> String {
+        let quads = load != Load::Scalar;
         let piece = match self {
+            Operand::F32 if quads => "f32_quads",
+            Operand::Tf32 if quads => "tf32_quads",
             Operand::F32 => "f32",
             Operand::Tf32 => "tf32",
             Operand::Bf16 => "bf16",
@@ -149,10 +193,12 @@ impl Operand {
             Operand::Fp8(f) => format!("FMT_{}", f.name().to_uppercase()),
             _ => String::new(),
         };
-        template::fill(
-            template::piece(FETCH, piece),
-            &[("name", name), ("array", array), ("fmt", &fmt)],
-        )
+        let vars = [("name", name), ("array", array), ("fmt", fmt.as_str())];
+        let mut out = template::fill(template::piece(FETCH, piece), &vars);
+        if !quads {
+            out.push_str(&template::fill(template::piece(FETCH, "no_quads"), &vars));
+        }
+        out
     }
 
     /// Elements per 32-bit word in storage.
@@ -185,6 +231,11 @@ pub struct Tile {
     /// and the subgroups share it (each computing its part of the block).
     #[serde(default = "Tile::one")]
     pub warps: u32,
+    /// SIMT kernel only: workgroup buffers per operand tile. 2: the next K step loads into one
+    /// while the other is multiplied, one barrier per K step instead of two, for twice the
+    /// workgroup memory.
+    #[serde(default = "Tile::one")]
+    pub buffers: u32,
 }
 
 impl Tile {
@@ -197,6 +248,7 @@ impl Tile {
             bk: if parts > 1 { 8 } else { 16 },
             reg: 4,
             warps: 1,
+            buffers: 1,
         }
     }
 
@@ -215,14 +267,20 @@ impl Tile {
 
     /// Bytes of workgroup memory for operands of `parts` planes.
     pub fn workgroup_bytes(self, parts: u32) -> u32 {
-        parts * self.bk * (self.bm + self.bn) * 4
+        self.buffers * parts * self.bk * (self.bm + self.bn) * 4
+    }
+
+    /// The same tile with `buffers` workgroup buffers per operand.
+    pub fn with_buffers(self, buffers: u32) -> Tile {
+        Tile { buffers, ..self }
     }
 
     /// Every tile the autotuner may try for operands of `parts` planes on a device with these
     /// limits, the default first. Each computes bit for bit the same result (every output
     /// element sums its k terms in order whatever the tile), so the choice is speed alone.
     /// 8x8 register blocks serve single-plane operands only (split levels would need four
-    /// times the accumulators).
+    /// times the accumulators). Each tile comes single-buffered, then double-buffered where
+    /// the device's workgroup memory holds that.
     pub fn candidates(parts: u32, max_threads: u32, max_workgroup_bytes: u32) -> Vec<Tile> {
         let mut out = vec![Tile::default_for(parts)];
         let regs: &[u32] = if parts == 1 { &[4, 8] } else { &[4] };
@@ -236,13 +294,16 @@ impl Tile {
                             bk,
                             reg,
                             warps: 1,
+                            buffers: 1,
                         };
-                        if t.threads() >= 32
-                            && t.threads() <= max_threads
-                            && t.workgroup_bytes(parts) <= max_workgroup_bytes
-                            && !out.contains(&t)
-                        {
-                            out.push(t);
+                        if t.threads() < 32 || t.threads() > max_threads {
+                            continue;
+                        }
+                        for t in [t, t.with_buffers(2)] {
+                            if t.workgroup_bytes(parts) <= max_workgroup_bytes && !out.contains(&t)
+                            {
+                                out.push(t);
+                            }
                         }
                     }
                 }
@@ -261,6 +322,7 @@ impl Tile {
             bk: size,
             reg: 4,
             warps: 1,
+            buffers: 1,
         }
     }
 
@@ -316,6 +378,7 @@ impl Tile {
                     bk: size,
                     reg: 4,
                     warps: 1,
+                    buffers: 1,
                 });
             }
         }
@@ -328,6 +391,7 @@ impl Tile {
                         bk: size,
                         reg: 4,
                         warps,
+                        buffers: 1,
                     });
                 }
             }
@@ -344,6 +408,9 @@ impl fmt::Display for Tile {
         }
         if self.warps != 1 {
             write!(f, " {} subgroups", self.warps)?;
+        }
+        if self.buffers == 2 {
+            write!(f, " double-buffered")?;
         }
         Ok(())
     }
@@ -374,6 +441,8 @@ pub struct MatmulVariant {
     /// SIMT: the K step written out per k rather than looped, for modules with runtime checks
     /// (a bounded loop is not unrolled by drivers; matmul_step.wgsl).
     pub unrolled: bool,
+    /// SIMT: how A's and B's tiles are loaded (quads where the layout and sizes allow).
+    pub loads: [Load; 2],
 }
 
 impl MatmulVariant {
@@ -403,6 +472,7 @@ impl MatmulVariant {
             coop: None,
             masked: false,
             unrolled: false,
+            loads: [Load::Scalar; 2],
         }
     }
 
@@ -428,6 +498,7 @@ impl MatmulVariant {
             coop: Some(coop),
             masked: false,
             unrolled: false,
+            loads: [Load::Scalar; 2],
         })
     }
 
@@ -471,6 +542,11 @@ impl MatmulVariant {
     /// The same variant with its K step written out per k (`unrolled`) or looped.
     pub fn with_unrolled(self, unrolled: bool) -> MatmulVariant {
         MatmulVariant { unrolled, ..self }
+    }
+
+    /// The same variant loading A and B as `loads` say.
+    pub fn with_loads(self, loads: [Load; 2]) -> MatmulVariant {
+        MatmulVariant { loads, ..self }
     }
 
     /// The same variant on another tile.
@@ -541,6 +617,10 @@ impl Kernel {
                     (None, true) => ", masked".into(),
                     _ => String::new(),
                 } + if v.unrolled { ", unrolled" } else { "" }
+                    + &match v.loads {
+                        [Load::Scalar, Load::Scalar] => String::new(),
+                        [a, b] => format!(", loads {a:?} x {b:?}"),
+                    }
             ),
         }
     }
@@ -579,22 +659,25 @@ impl Kernel {
             header.push_str(&coop_block(v));
         } else if let Kernel::Matmul(v) = self {
             header.push_str(&format!(
-                "const BM: u32 = {}u;\nconst BN: u32 = {}u;\nconst BK: u32 = {}u;\nconst REG: u32 = {}u;\n\
+                "const BM: u32 = {}u;\nconst BN: u32 = {}u;\nconst BK: u32 = {}u;\nconst BUFFERS: u32 = {}u;\nconst REG: u32 = {}u;\n\
                  const PARTS: u32 = {}u;\nconst LEVELS: u32 = {}u;\nconst FP8: bool = {};\nconst ROWWISE: bool = {};\n\
-                 alias A_T = {};\nalias B_T = {};\n\n",
+                 alias A_T = {};\nalias B_T = {};\nconst A_LOAD: u32 = {}u;\nconst B_LOAD: u32 = {}u;\n\n",
                 v.tile.bm,
                 v.tile.bn,
                 v.tile.bk,
+                v.tile.buffers,
                 v.tile.reg,
                 v.parts,
                 v.levels,
                 v.fp8,
                 v.rowwise,
-                v.a.element_type(),
-                v.b.element_type()
+                v.a.element_type(v.loads[0]),
+                v.b.element_type(v.loads[1]),
+                v.loads[0].id(),
+                v.loads[1].id()
             ));
-            header.push_str(&v.a.fetch_fn("fetch_a", "a_data"));
-            header.push_str(&v.b.fetch_fn("fetch_b", "b_data"));
+            header.push_str(&v.a.fetch_fn("fetch_a", "a_data", v.loads[0]));
+            header.push_str(&v.b.fetch_fn("fetch_b", "b_data", v.loads[1]));
             header.push_str(if v.masked {
                 "const MASKED: bool = true;\n\
                  @group(0) @binding(5) var<storage, read> flags: array<u32>;\n\
@@ -658,11 +741,21 @@ impl Kernel {
                     crate::algorithm::Scaling::Tensorwise,
                     crate::algorithm::Scaling::Rowwise,
                 ] {
+                    let v = MatmulVariant::for_algorithm(&alg.with_scaling(scaling), f16);
+                    // Quad loads where the operands hold one element per word.
+                    let quads = matches!(v.a, Operand::F32 | Operand::Tf32);
+                    let all = [Load::Scalar, Load::QuadsAlongK, Load::QuadsAlongLines];
+                    let loads: Vec<[Load; 2]> = if quads {
+                        all.iter().flat_map(|&a| all.map(|b| [a, b])).collect()
+                    } else {
+                        vec![[Load::Scalar; 2]]
+                    };
                     for unrolled in [false, true] {
-                        let v = MatmulVariant::for_algorithm(&alg.with_scaling(scaling), f16);
-                        let k = Kernel::Matmul(v.with_unrolled(unrolled));
-                        if !kernels.contains(&k) {
-                            kernels.push(k);
+                        for &l in &loads {
+                            let k = Kernel::Matmul(v.with_unrolled(unrolled).with_loads(l));
+                            if !kernels.contains(&k) {
+                                kernels.push(k);
+                            }
                         }
                     }
                 }
@@ -679,8 +772,9 @@ fn level_terms(levels: u32) -> &'static [&'static [(usize, usize)]] {
 }
 
 /// matmul_step.wgsl's pieces written out for a SIMT variant: its accumulators (a vec4 per
-/// level, 4x4 block and row), `k_step` (every product of every level at each k of the K step:
-/// written once per k where the variant is unrolled, else in a loop over k) and
+/// level, 4x4 block and row), `k_step_0` (and `k_step_1` with two buffers: every product of
+/// every level at each k of the K step in that buffer, written once per k where the variant is
+/// unrolled, else in a loop over k), `k_loop` (the K steps, with their loads and barriers) and
 /// `store_tiles`.
 fn k_step(v: &MatmulVariant) -> String {
     use template::{fill, piece};
@@ -709,50 +803,72 @@ fn k_step(v: &MatmulVariant) -> String {
             &[("l", &n(l)), ("q", &n(q)), ("r", &n(r))],
         );
     }
-    put(&mut f, "step_begin", &[]);
-    // (the index of k, the suffix of its values): constants when unrolled, else the loop's.
-    let ks: Vec<(String, String)> = if v.unrolled {
-        (0..tile.bk).map(|kk| (format!("{kk}u"), n(kk))).collect()
-    } else {
-        put(&mut f, "k_loop", &[]);
-        vec![("kk".into(), "k".into())]
-    };
-    for (k, kk) in &ks {
-        let at: [(&str, &str); 2] = [("k", k), ("kk", kk)];
-        put(&mut f, "k_begin", &at);
-        if blocks.len() > 1 {
-            put(&mut f, "k_wide", &at);
-        }
-        if levels.len() > 1 {
-            put(&mut f, "k_split", &at);
-            for p in 1..v.parts {
-                put(&mut f, "k_plane", &[("p", &n(p)), ("k", k), ("kk", kk)]);
+    // A step function per workgroup buffer; buffer s starts at s * PARTS * BK.
+    for s in 0..tile.buffers {
+        let base = s * v.parts * tile.bk;
+        put(&mut f, "step_begin", &[("s", &n(s))]);
+        // (the index of k in the buffer, the suffix of its values): constants when unrolled,
+        // else the loop's.
+        let ks: Vec<(String, String)> = if v.unrolled {
+            (0..tile.bk)
+                .map(|kk| (format!("{}u", base + kk), n(kk)))
+                .collect()
+        } else {
+            put(&mut f, "k_loop", &[]);
+            let at = if base == 0 {
+                "kk".into()
+            } else {
+                format!("{base}u + kk")
+            };
+            vec![(at, "k".into())]
+        };
+        for (k, kk) in &ks {
+            let at: [(&str, &str); 2] = [("k", k), ("kk", kk)];
+            put(&mut f, "k_begin", &at);
+            if blocks.len() > 1 {
+                put(&mut f, "k_wide", &at);
             }
-        }
-        // L0 multiplies h as loaded (inf and NaN included), in every block.
-        for (q, (row, col)) in blocks.iter().enumerate() {
-            let a = format!("{}_{kk}", if *row == "ty" { "ah" } else { "ah2" });
-            let b = format!("{}_{kk}", if *col == "tx" { "bh" } else { "bh2" });
-            put(
-                &mut f,
-                "product",
-                &[("l", "0"), ("q", &n(q as u32)), ("a", &a), ("b", &b)],
-            );
-        }
-        for (l, terms) in levels.iter().enumerate().skip(1) {
-            for (pa, pb) in terms.iter() {
-                let (a, b) = (format!("a{pa}_{kk}"), format!("b{pb}_{kk}"));
+            if levels.len() > 1 {
+                put(&mut f, "k_split", &at);
+                for p in 1..v.parts {
+                    put(&mut f, "k_plane", &[("p", &n(p)), ("k", k), ("kk", kk)]);
+                }
+            }
+            // L0 multiplies h as loaded (inf and NaN included), in every block.
+            for (q, (row, col)) in blocks.iter().enumerate() {
+                let a = format!("{}_{kk}", if *row == "ty" { "ah" } else { "ah2" });
+                let b = format!("{}_{kk}", if *col == "tx" { "bh" } else { "bh2" });
                 put(
                     &mut f,
                     "product",
-                    &[("l", &n(l as u32)), ("q", "0"), ("a", &a), ("b", &b)],
+                    &[("l", "0"), ("q", &n(q as u32)), ("a", &a), ("b", &b)],
                 );
             }
+            for (l, terms) in levels.iter().enumerate().skip(1) {
+                for (pa, pb) in terms.iter() {
+                    let (a, b) = (format!("a{pa}_{kk}"), format!("b{pb}_{kk}"));
+                    put(
+                        &mut f,
+                        "product",
+                        &[("l", &n(l as u32)), ("q", "0"), ("a", &a), ("b", &b)],
+                    );
+                }
+            }
         }
+        if !v.unrolled {
+            put(&mut f, "k_loop_end", &[]);
+        }
+        put(&mut f, "step_end", &[]);
     }
-    if !v.unrolled {
-        put(&mut f, "k_loop_end", &[]);
-    }
+    put(
+        &mut f,
+        if tile.buffers == 2 {
+            "loop_double"
+        } else {
+            "loop_single"
+        },
+        &[],
+    );
     put(&mut f, "store_begin", &[]);
     for (q, (row, col)) in blocks.iter().enumerate() {
         for r in 0..4u32 {
