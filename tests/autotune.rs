@@ -4,8 +4,8 @@
 
 mod common;
 
-use mantissa::backend::wgpu::WgpuOptions;
 use mantissa::backend::wgpu::autotune::{AutotuneMode, Autotuner};
+use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
 use mantissa::backend::{Backend, Operands};
 use mantissa::{Algorithm, Format, MatmulShape, Scaling, measure};
 use pollster::FutureExt as _;
@@ -59,13 +59,23 @@ fn every_tile_gives_the_same_bits() {
                 .matmul_on_tile(&shape, &alg, t, &a, &bm)
                 .block_on()
                 .unwrap();
-            let same = got
-                .iter()
-                .zip(&want)
-                .all(|(g, w)| g.to_bits() == w.to_bits());
-            assert!(same, "{alg}: tile {t} differs from tile {}", tiles[0]);
+            assert!(
+                common::same_bits(&got, &want),
+                "{alg}: tile {t} differs from tile {}",
+                tiles[0]
+            );
         }
     }
+}
+
+/// The wgpu backend without runtime checks and with them (None, said, where there is none).
+fn plain_and_checked(test: &str) -> Option<(WgpuBackend, WgpuBackend)> {
+    let plain = common::fresh_wgpu(test, WgpuOptions::default())?;
+    let checks = WgpuOptions {
+        runtime_checks: true,
+        ..WgpuOptions::default()
+    };
+    Some((plain, common::fresh_wgpu(test, checks)?))
 }
 
 /// Checked modules (the browser's, `MANTISSA_WGSL_CHECKS=on`) run the K step written out per k,
@@ -73,14 +83,7 @@ fn every_tile_gives_the_same_bits() {
 #[test]
 fn checked_kernels_give_the_same_bits_with_one_and_two_buffers() {
     let test = "checked_kernels_give_the_same_bits_with_one_and_two_buffers";
-    let Some(plain) = common::fresh_wgpu(test, WgpuOptions::default()) else {
-        return;
-    };
-    let checks = WgpuOptions {
-        runtime_checks: true,
-        ..WgpuOptions::default()
-    };
-    let Some(checked) = common::fresh_wgpu(test, checks) else {
+    let Some((plain, checked)) = plain_and_checked(test) else {
         return;
     };
     let seed = common::seed(test);
@@ -106,12 +109,8 @@ fn checked_kernels_give_the_same_bits_with_one_and_two_buffers() {
                 .matmul_on_tile(&shape, &alg, tile, &a, &bm)
                 .block_on()
                 .unwrap();
-            let same = got
-                .iter()
-                .zip(&want)
-                .all(|(g, w)| g.to_bits() == w.to_bits());
             assert!(
-                same,
+                common::same_bits(&got, &want),
                 "{alg}: checked tile {tile} differs from unchecked {default}"
             );
         }
@@ -126,14 +125,7 @@ fn checked_kernels_give_the_same_bits_with_one_and_two_buffers() {
 #[test]
 fn quad_loads_give_the_element_loads_bits() {
     let test = "quad_loads_give_the_element_loads_bits";
-    let Some(plain) = common::fresh_wgpu(test, WgpuOptions::default()) else {
-        return;
-    };
-    let checks = WgpuOptions {
-        runtime_checks: true,
-        ..WgpuOptions::default()
-    };
-    let Some(checked) = common::fresh_wgpu(test, checks) else {
+    let Some((plain, checked)) = plain_and_checked(test) else {
         return;
     };
     let seed = common::seed(test);
