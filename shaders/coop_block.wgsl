@@ -5,14 +5,49 @@
 // variant's numbers in place of the other {{names}}. Every index is bound with `let` before a
 // load or store (naga's SPIR-V writer needs that for its pointers). With several subgroups
 // (staged), each K step of A and B is first copied into workgroup memory by the whole
-// workgroup, and each subgroup loads its tiles from there.
+// workgroup, four halves per load, and each subgroup loads its tiles from there. With two
+// stages, the next K step is copied into one while the subgroups multiply out of the other.
 
 // @@stage_memory
-// Row strides of the staged tiles, padded by 8 halves against bank conflicts.
+// Row strides of the staged tiles, padded by 8 halves against bank conflicts; {{stages}} stages
+// of A_STAGE and B_STAGE halves.
 const SA: u32 = {{sa}}u;
 const SB: u32 = {{sb}}u;
-var<workgroup> a_stage: array<f16, {{a_len}}>;
-var<workgroup> b_stage: array<f16, {{b_len}}>;
+const A_STAGE: u32 = {{a_len}}u;
+const B_STAGE: u32 = {{b_len}}u;
+var<workgroup> a_stage: array<f16, {{stages}}u * A_STAGE>;
+var<workgroup> b_stage: array<f16, {{stages}}u * B_STAGE>;
+
+// The K step from k0 on of every plane of A and B into the stage whose A part starts at at_a
+// and B part at at_b. The padded operands need no bounds checks (rows to BM, columns to BN, K
+// to T), and every quad of four halves is aligned (kp, np and the block origins are multiples
+// of 4), so each is one load.
+fn stage_copy(a0: u32, b0: u32, k0: u32, lindex: u32, at_a: u32, at_b: u32) {
+    for (var e = lindex; e < BM * T / 4u; e += WG) {
+        let r = e / (T / 4u);
+        let kk = (e % (T / 4u)) * 4u;
+        for (var p = 0u; p < {{planes}}u; p++) {
+            let q = a_data[(a0 + p * params.a_plane + r * params.kp + k0 + kk) / 4u];
+            let dst = at_a + p * BM * SA + r * SA + kk;
+            a_stage[dst] = q.x;
+            a_stage[dst + 1u] = q.y;
+            a_stage[dst + 2u] = q.z;
+            a_stage[dst + 3u] = q.w;
+        }
+    }
+    for (var e = lindex; e < T * BN / 4u; e += WG) {
+        let kk = e / (BN / 4u);
+        let c = (e % (BN / 4u)) * 4u;
+        for (var p = 0u; p < {{planes}}u; p++) {
+            let q = b_data[(b0 + p * params.b_plane + (k0 + kk) * params.np + c) / 4u];
+            let dst = at_b + p * T * SB + kk * SB + c;
+            b_stage[dst] = q.x;
+            b_stage[dst + 1u] = q.y;
+            b_stage[dst + 2u] = q.z;
+            b_stage[dst + 3u] = q.w;
+        }
+    }
+}
 
 // @@begin
 fn coop_block(a0: u32, b0: u32, lindex: u32) {
@@ -25,6 +60,13 @@ fn coop_block(a0: u32, b0: u32, lindex: u32) {
 // @@origin_single
     let row_tile0 = 0u;
     let col_tile0 = 0u;
+
+// @@stage_first
+    // Two stages: K step 0 goes into stage 0 before the loop.
+    if (params.kp > 0u) {
+        stage_copy(a0, b0, 0u, lindex, 0u, 0u);
+    }
+    workgroupBarrier();
 
 // @@total
     var total_{{l}}_{{r}}_{{c}} = {{zero}};
@@ -40,29 +82,25 @@ fn coop_block(a0: u32, b0: u32, lindex: u32) {
         for (var k0 = k1; k0 < k_end; k0 += {{t}}u) {
 
 // @@stage_copy
-            // The padded operands need no bounds checks: rows to BM, columns to BN, K to T.
-            for (var e = lindex; e < BM * T; e += WG) {
-                let r = e / T;
-                let kk = e % T;
-                for (var p = 0u; p < {{planes}}u; p++) {
-                    let src_a = a0 + p * params.a_plane + r * params.kp + k0 + kk;
-                    let dst_a = p * BM * SA + r * SA + kk;
-                    a_stage[dst_a] = a_data[src_a];
-                }
-            }
-            for (var e = lindex; e < T * BN; e += WG) {
-                let kk = e / BN;
-                let c = e % BN;
-                for (var p = 0u; p < {{planes}}u; p++) {
-                    let src_b = b0 + p * params.b_plane + (k0 + kk) * params.np + c;
-                    let dst_b = p * T * SB + kk * SB + c;
-                    b_stage[dst_b] = b_data[src_b];
-                }
-            }
+            // One stage: copy this K step, wait for every subgroup's part of it.
+            stage_copy(a0, b0, k0, lindex, 0u, 0u);
             workgroupBarrier();
+            let at_a = 0u;
+            let at_b = 0u;
+
+// @@stage_next
+            // Two stages: this K step is in stage (k0 / T) % 2 (copied one step ago); the next
+            // goes into the other meanwhile. A stage is rewritten only after the barrier that
+            // follows its last read.
+            let cur = (k0 / T) % 2u;
+            let at_a = cur * A_STAGE;
+            let at_b = cur * B_STAGE;
+            if (k0 + T < params.kp) {
+                stage_copy(a0, b0, k0 + T, lindex, (1u - cur) * A_STAGE, (1u - cur) * B_STAGE);
+            }
 
 // @@load_a_staged
-            let ia_{{p}}_{{r}} = {{p}}u * BM * SA + (row_tile0 + {{r}}u) * {{t}}u * SA;
+            let ia_{{p}}_{{r}} = at_a + {{p}}u * BM * SA + (row_tile0 + {{r}}u) * {{t}}u * SA;
             let a_{{p}}_{{r}} = coopLoadT<{{mat}}<f16, A>>(&a_stage[ia_{{p}}_{{r}}], SA);
 
 // @@load_a
@@ -70,7 +108,7 @@ fn coop_block(a0: u32, b0: u32, lindex: u32) {
             let a_{{p}}_{{r}} = coopLoadT<{{mat}}<f16, A>>(&a_data[ia_{{p}}_{{r}}], params.kp);
 
 // @@load_b_staged
-            let ib_{{p}}_{{c}} = {{p}}u * T * SB + (col_tile0 + {{c}}u) * {{t}}u;
+            let ib_{{p}}_{{c}} = at_b + {{p}}u * T * SB + (col_tile0 + {{c}}u) * {{t}}u;
             let b_{{p}}_{{c}} = coopLoadT<{{mat}}<f16, B>>(&b_stage[ib_{{p}}_{{c}}], SB);
 
 // @@load_b
@@ -81,7 +119,9 @@ fn coop_block(a0: u32, b0: u32, lindex: u32) {
             part_{{l}}_{{r}}_{{c}} = coopMultiplyAdd(a_{{pa}}_{{r}}, b_{{pb}}_{{c}}, part_{{l}}_{{r}}_{{c}});
 
 // @@stage_release
-            // The next K step overwrites the stage.
+            // The stage read here is rewritten after this barrier (one stage: by the next K
+            // step's copy; two: by the copy one step on), and the copy of the next step is
+            // complete at it.
             workgroupBarrier();
 
 // @@k_loop_end

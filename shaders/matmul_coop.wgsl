@@ -11,6 +11,7 @@
 //   const SG: u32               the subgroup size
 //   const WG: u32               the workgroup size: SG times the subgroups per workgroup
 //   const SCALED: bool          operands scaled per line by coop_pack (bf16 planes), else f16(x)
+//   alias OPERAND_T             f16, or vec4<f16> for staged blocks
 //   fn coop_block(a0, b0, lindex) the block's products into `staging`: one accumulator per split
 //                               level and tile, promoted into an f32 total every 256 of K (tensor
 //                               cores do not accumulate long sums in exact f32), levels summed
@@ -35,8 +36,9 @@ struct CoopParams {
 }
 
 @group(0) @binding(0) var<uniform> params: CoopParams;
-@group(0) @binding(1) var<storage, read> a_data: array<f16>;
-@group(0) @binding(2) var<storage, read> b_data: array<f16>;
+// f16, or vec4<f16> where the block is staged (copied four halves per load).
+@group(0) @binding(1) var<storage, read> a_data: array<OPERAND_T>;
+@group(0) @binding(2) var<storage, read> b_data: array<OPERAND_T>;
 @group(0) @binding(3) var<storage, read_write> c_data: array<f32>;
 @group(0) @binding(4) var<storage, read> amax_bits: array<u32>;
 @group(0) @binding(5) var<storage, read> flags: array<u32>;

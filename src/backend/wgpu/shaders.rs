@@ -340,10 +340,10 @@ impl Tile {
 
     /// Workgroup bytes of a cooperative block over `planes` operand planes: the f32 staging of
     /// the block, and with several subgroups the f16 A and B tiles of one K step (rows padded
-    /// by 8 halves against bank conflicts).
+    /// by 8 halves against bank conflicts) per stage.
     pub fn coop_workgroup_bytes(self, planes: u32) -> u32 {
         let staged = if self.warps > 1 {
-            planes * (self.bm * (self.bk + 8) + self.bk * (self.bn + 8)) * 2
+            self.buffers * planes * (self.bm * (self.bk + 8) + self.bk * (self.bn + 8)) * 2
         } else {
             0
         };
@@ -352,7 +352,8 @@ impl Tile {
 
     /// Blocks the autotuner may try on the cooperative-matrix kernel, the default first: one
     /// subgroup with 1, 2 or 4 tiles a side; or 4 or 8 subgroups sharing a block of 4 or 8
-    /// tiles a side staged through workgroup memory.
+    /// tiles a side staged through workgroup memory, in one stage or two (the next K step
+    /// copied while the current one is multiplied).
     pub fn coop_candidates(
         size: u32,
         subgroup: u32,
@@ -385,14 +386,16 @@ impl Tile {
         for warps in [4, 8] {
             for bm in [4, 8].map(|t| t * size) {
                 for bn in [4, 8].map(|t| t * size) {
-                    push(Tile {
-                        bm,
-                        bn,
-                        bk: size,
-                        reg: 4,
-                        warps,
-                        buffers: 1,
-                    });
+                    for buffers in [1, 2] {
+                        push(Tile {
+                            bm,
+                            bn,
+                            bk: size,
+                            reg: 4,
+                            warps,
+                            buffers,
+                        });
+                    }
                 }
             }
         }
@@ -648,13 +651,15 @@ impl Kernel {
         if let Kernel::Matmul(v @ MatmulVariant { coop: Some(c), .. }) = self {
             header.push_str(&format!(
                 "enable wgpu_cooperative_matrix;\n\nconst BM: u32 = {}u;\nconst BN: u32 = {}u;\n\
-                 const T: u32 = {}u;\nconst SG: u32 = {}u;\nconst WG: u32 = {}u;\nconst SCALED: bool = {};\n\n",
+                 const T: u32 = {}u;\nconst SG: u32 = {}u;\nconst WG: u32 = {}u;\nconst SCALED: bool = {};\n\
+                 alias OPERAND_T = {};\n\n",
                 v.tile.bm,
                 v.tile.bn,
                 c.size,
                 c.subgroup,
                 c.subgroup * v.tile.warps,
-                v.scaled()
+                v.scaled(),
+                if v.tile.warps > 1 { "vec4<f16>" } else { "f16" }
             ));
             header.push_str(&coop_block(v));
         } else if let Kernel::Matmul(v) = self {
@@ -941,11 +946,13 @@ fn coop_block(v: &MatmulVariant) -> String {
         let (sa, sb) = (n(t + 8), n(v.tile.bn + 8));
         let a_len = n(planes as u32 * v.tile.bm * (t + 8));
         let b_len = n(planes as u32 * t * (v.tile.bn + 8));
+        let stages = n(v.tile.buffers);
         let vars = [
             ("sa", &*sa),
             ("sb", &sb),
             ("a_len", &a_len),
             ("b_len", &b_len),
+            ("stages", &stages),
         ];
         put(&mut f, "stage_memory", &vars);
     }
@@ -957,6 +964,9 @@ fn coop_block(v: &MatmulVariant) -> String {
             "origin_staged",
             &[("wc", &wc), ("tm", &tm), ("tn", &tn)],
         );
+        if v.tile.buffers == 2 {
+            put(&mut f, "stage_first", &[]);
+        }
     } else {
         put(&mut f, "origin_single", &[]);
     }
@@ -965,7 +975,12 @@ fn coop_block(v: &MatmulVariant) -> String {
     per_tile(&mut f, "part");
     put(&mut f, "k_loop", &[]);
     if staged {
-        put(&mut f, "stage_copy", &[]);
+        let copy = if v.tile.buffers == 2 {
+            "stage_next"
+        } else {
+            "stage_copy"
+        };
+        put(&mut f, copy, &[]);
     }
     for p in 0..planes as u32 {
         for r in 0..tm {
