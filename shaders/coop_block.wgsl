@@ -5,8 +5,9 @@
 // variant's numbers in place of the other {{names}}. Every index is bound with `let` before a
 // load or store (naga's SPIR-V writer needs that for its pointers). With several subgroups
 // (staged), each K step of A and B is first copied into workgroup memory by the whole
-// workgroup, four halves per load, and each subgroup loads its tiles from there. With two
-// stages, the next K step is copied into one while the subgroups multiply out of the other.
+// workgroup, four halves per load, and each subgroup loads its tiles from there. A staged K
+// step (BK) is T or 2T: {{s}} numbers its sub-steps of T. With two stages, the next K step is
+// copied into one while the subgroups multiply out of the other.
 
 // @@stage_memory
 // Row strides of the staged tiles, padded by 8 halves against bank conflicts; {{stages}} stages
@@ -20,12 +21,12 @@ var<workgroup> b_stage: array<f16, {{stages}}u * B_STAGE>;
 
 // The K step from k0 on of every plane of A and B into the stage whose A part starts at at_a
 // and B part at at_b. The padded operands need no bounds checks (rows to BM, columns to BN, K
-// to T), and every quad of four halves is aligned (kp, np and the block origins are multiples
+// to BK), and every quad of four halves is aligned (kp, np and the block origins are multiples
 // of 4), so each is one load.
 fn stage_copy(a0: u32, b0: u32, k0: u32, lindex: u32, at_a: u32, at_b: u32) {
-    for (var e = lindex; e < BM * T / 4u; e += WG) {
-        let r = e / (T / 4u);
-        let kk = (e % (T / 4u)) * 4u;
+    for (var e = lindex; e < BM * BK / 4u; e += WG) {
+        let r = e / (BK / 4u);
+        let kk = (e % (BK / 4u)) * 4u;
         for (var p = 0u; p < {{planes}}u; p++) {
             let q = a_data[(a0 + p * params.a_plane + r * params.kp + k0 + kk) / 4u];
             let dst = at_a + p * BM * SA + r * SA + kk;
@@ -35,12 +36,12 @@ fn stage_copy(a0: u32, b0: u32, k0: u32, lindex: u32, at_a: u32, at_b: u32) {
             a_stage[dst + 3u] = q.w;
         }
     }
-    for (var e = lindex; e < T * BN / 4u; e += WG) {
+    for (var e = lindex; e < BK * BN / 4u; e += WG) {
         let kk = e / (BN / 4u);
         let c = (e % (BN / 4u)) * 4u;
         for (var p = 0u; p < {{planes}}u; p++) {
             let q = b_data[(b0 + p * params.b_plane + (k0 + kk) * params.np + c) / 4u];
-            let dst = at_b + p * T * SB + kk * SB + c;
+            let dst = at_b + p * BK * SB + kk * SB + c;
             b_stage[dst] = q.x;
             b_stage[dst + 1u] = q.y;
             b_stage[dst + 2u] = q.z;
@@ -79,7 +80,7 @@ fn coop_block(a0: u32, b0: u32, lindex: u32) {
 
 // @@k_loop
         let k_end = min(k1 + {{promote}}u, params.kp);
-        for (var k0 = k1; k0 < k_end; k0 += {{t}}u) {
+        for (var k0 = k1; k0 < k_end; k0 += BK) {
 
 // @@stage_copy
             // One stage: copy this K step, wait for every subgroup's part of it.
@@ -89,18 +90,25 @@ fn coop_block(a0: u32, b0: u32, lindex: u32) {
             let at_b = 0u;
 
 // @@stage_next
-            // Two stages: this K step is in stage (k0 / T) % 2 (copied one step ago); the next
+            // Two stages: this K step is in stage (k0 / BK) % 2 (copied one step ago); the next
             // goes into the other meanwhile. A stage is rewritten only after the barrier that
             // follows its last read.
-            let cur = (k0 / T) % 2u;
+            let cur = (k0 / BK) % 2u;
             let at_a = cur * A_STAGE;
             let at_b = cur * B_STAGE;
-            if (k0 + T < params.kp) {
-                stage_copy(a0, b0, k0 + T, lindex, (1u - cur) * A_STAGE, (1u - cur) * B_STAGE);
+            if (k0 + BK < params.kp) {
+                stage_copy(a0, b0, k0 + BK, lindex, (1u - cur) * A_STAGE, (1u - cur) * B_STAGE);
+            }
+
+// @@sub_begin
+            {
+
+// @@sub_end
             }
 
 // @@load_a_staged
-            let ia_{{p}}_{{r}} = at_a + {{p}}u * BM * SA + (row_tile0 + {{r}}u) * {{t}}u * SA;
+            let ia_{{p}}_{{r}} = at_a + {{p}}u * BM * SA + (row_tile0 + {{r}}u) * {{t}}u * SA
+                + {{s}}u * {{t}}u;
             let a_{{p}}_{{r}} = coopLoadT<{{mat}}<f16, A>>(&a_stage[ia_{{p}}_{{r}}], SA);
 
 // @@load_a
@@ -108,7 +116,8 @@ fn coop_block(a0: u32, b0: u32, lindex: u32) {
             let a_{{p}}_{{r}} = coopLoadT<{{mat}}<f16, A>>(&a_data[ia_{{p}}_{{r}}], params.kp);
 
 // @@load_b_staged
-            let ib_{{p}}_{{c}} = at_b + {{p}}u * T * SB + (col_tile0 + {{c}}u) * {{t}}u;
+            let ib_{{p}}_{{c}} = at_b + {{p}}u * BK * SB + {{s}}u * {{t}}u * SB
+                + (col_tile0 + {{c}}u) * {{t}}u;
             let b_{{p}}_{{c}} = coopLoadT<{{mat}}<f16, B>>(&b_stage[ib_{{p}}_{{c}}], SB);
 
 // @@load_b

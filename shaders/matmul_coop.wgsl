@@ -8,6 +8,7 @@
 //   enable f16; enable wgpu_cooperative_matrix;
 //   const BM, BN: u32           block of C per workgroup (multiples of T)
 //   const T: u32                the cooperative tile size
+//   const BK: u32               K per step: T, or 2T for staged blocks
 //   const SG: u32               the subgroup size
 //   const WG: u32               the workgroup size: SG times the subgroups per workgroup
 //   const SCALED: bool          operands scaled per line by coop_pack (bf16 planes), else f16(x)

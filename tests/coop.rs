@@ -96,23 +96,28 @@ fn every_coop_block_matches_the_reference() {
         return;
     };
     let seed = common::seed("every_coop_block_matches_the_reference");
-    // The fewest and the most accumulators per block: every block of f16 in one stage and half
-    // of those in two; the default and a third of the others of bf16x9 (the same blocks with
-    // nine planes' products, slow to compile on lavapipe), a sixth in two stages; a different
-    // share each run (the seed names which). Two stages change only the copy schedule, the
-    // same for every block.
+    // The fewest and the most accumulators per block: every block of f16 with a K step of one
+    // tile in one stage, and a quarter of those with two tiles or two stages; the default and
+    // a third of the others of bf16x9 (the same blocks with nine planes' products, slow to
+    // compile on lavapipe), a twelfth of the two-tile and two-stage ones; a different share
+    // each run (the seed names which). K steps and stages change only the copy schedule and
+    // the sub-steps, the same code for every block.
     for (alg, every) in [(Algorithm::F16, 1), (Algorithm::Bf16x9, 3)] {
         let tiles = b.tile_candidates(&alg);
-        // Blocks of one subgroup and blocks staged through workgroup memory for several, in
-        // one stage and in two.
+        let size = tiles[0].bk;
+        // Blocks of one subgroup and blocks staged through workgroup memory for several, with
+        // a K step of one tile and two, in one stage and in two.
         assert!(tiles.iter().any(|t| t.warps == 1) && tiles.iter().any(|t| t.warps > 1));
         assert!(tiles.iter().any(|t| t.warps > 1 && t.buffers == 2));
-        for stages in [1, 2] {
-            let every = every * stages as u64;
+        assert!(tiles.iter().any(|t| t.warps > 1 && t.bk == 2 * size));
+        let (plain, varied): (Vec<Tile>, Vec<Tile>) = tiles
+            .iter()
+            .copied()
+            .partition(|t| t.buffers == 1 && t.bk == size);
+        for (group, every) in [(plain, every), (varied, 4 * every)] {
             let offset = (seed % every) as usize;
-            let of_stages = tiles.iter().filter(|t| t.buffers == stages);
-            for (i, &tile) in of_stages.enumerate() {
-                if (i == 0 && stages == 1) || i % every as usize == offset {
+            for (i, &tile) in group.iter().enumerate() {
+                if tile == tiles[0] || i % every as usize == offset {
                     check_on_tile(&b, &alg, tile, &shapes()[0], seed);
                 }
             }

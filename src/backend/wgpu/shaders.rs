@@ -326,11 +326,11 @@ impl Tile {
         }
     }
 
-    /// How the subgroups of a cooperative block split it: (rows, columns) of subgroups, each
-    /// taking an equal rectangle of whole tiles, the squarest such; None if `warps` does not
-    /// divide the block's tiles.
-    pub fn coop_warp_grid(self) -> Option<(u32, u32)> {
-        let (tr, tc) = (self.bm / self.bk, self.bn / self.bk);
+    /// How the subgroups of a cooperative block of `size` x `size` tiles split it: (rows,
+    /// columns) of subgroups, each taking an equal rectangle of whole tiles, the squarest such;
+    /// None if `warps` does not divide the block's tiles.
+    pub fn coop_warp_grid(self, size: u32) -> Option<(u32, u32)> {
+        let (tr, tc) = (self.bm / size, self.bn / size);
         (1..=self.warps)
             .filter(|wr| self.warps.is_multiple_of(*wr))
             .map(|wr| (wr, self.warps / wr))
@@ -352,8 +352,8 @@ impl Tile {
 
     /// Blocks the autotuner may try on the cooperative-matrix kernel, the default first: one
     /// subgroup with 1, 2 or 4 tiles a side; or 4 or 8 subgroups sharing a block of 4 or 8
-    /// tiles a side staged through workgroup memory, in one stage or two (the next K step
-    /// copied while the current one is multiplied).
+    /// tiles a side staged through workgroup memory, a K step of one or two tiles, in one
+    /// stage or two (the next K step copied while the current one is multiplied).
     pub fn coop_candidates(
         size: u32,
         subgroup: u32,
@@ -365,7 +365,7 @@ impl Tile {
         let mut push = |t: Tile| {
             if t.coop_workgroup_bytes(planes) <= max_workgroup_bytes
                 && t.warps * subgroup <= max_threads
-                && t.coop_warp_grid().is_some()
+                && t.coop_warp_grid(size).is_some()
                 && !out.contains(&t)
             {
                 out.push(t);
@@ -386,15 +386,17 @@ impl Tile {
         for warps in [4, 8] {
             for bm in [4, 8].map(|t| t * size) {
                 for bn in [4, 8].map(|t| t * size) {
-                    for buffers in [1, 2] {
-                        push(Tile {
-                            bm,
-                            bn,
-                            bk: size,
-                            reg: 4,
-                            warps,
-                            buffers,
-                        });
+                    for bk in [size, 2 * size] {
+                        for buffers in [1, 2] {
+                            push(Tile {
+                                bm,
+                                bn,
+                                bk,
+                                reg: 4,
+                                warps,
+                                buffers,
+                            });
+                        }
                     }
                 }
             }
@@ -651,11 +653,12 @@ impl Kernel {
         if let Kernel::Matmul(v @ MatmulVariant { coop: Some(c), .. }) = self {
             header.push_str(&format!(
                 "enable wgpu_cooperative_matrix;\n\nconst BM: u32 = {}u;\nconst BN: u32 = {}u;\n\
-                 const T: u32 = {}u;\nconst SG: u32 = {}u;\nconst WG: u32 = {}u;\nconst SCALED: bool = {};\n\
-                 alias OPERAND_T = {};\n\n",
+                 const T: u32 = {}u;\nconst BK: u32 = {}u;\nconst SG: u32 = {}u;\nconst WG: u32 = {}u;\n\
+                 const SCALED: bool = {};\nalias OPERAND_T = {};\n\n",
                 v.tile.bm,
                 v.tile.bn,
                 c.size,
+                v.tile.bk,
                 c.subgroup,
                 c.subgroup * v.tile.warps,
                 v.scaled(),
@@ -903,7 +906,7 @@ fn coop_block(v: &MatmulVariant) -> String {
     use template::{fill, piece};
     let t = v.coop.map_or(16, |c| c.size);
     let staged = v.tile.warps > 1;
-    let (wr, wc) = v.tile.coop_warp_grid().unwrap_or((1, 1));
+    let (wr, wc) = v.tile.coop_warp_grid(t).unwrap_or((1, 1));
     // Tiles per subgroup, a side.
     let (tm, tn) = (v.tile.bm / t / wr, v.tile.bn / t / wc);
     let mat = format!("coop_mat{t}x{t}");
@@ -943,9 +946,10 @@ fn coop_block(v: &MatmulVariant) -> String {
     };
     let mut f = String::new();
     if staged {
-        let (sa, sb) = (n(t + 8), n(v.tile.bn + 8));
-        let a_len = n(planes as u32 * v.tile.bm * (t + 8));
-        let b_len = n(planes as u32 * t * (v.tile.bn + 8));
+        let bk = v.tile.bk;
+        let (sa, sb) = (n(bk + 8), n(v.tile.bn + 8));
+        let a_len = n(planes as u32 * v.tile.bm * (bk + 8));
+        let b_len = n(planes as u32 * bk * (v.tile.bn + 8));
         let stages = n(v.tile.buffers);
         let vars = [
             ("sa", &*sa),
@@ -982,35 +986,42 @@ fn coop_block(v: &MatmulVariant) -> String {
         };
         put(&mut f, copy, &[]);
     }
-    for p in 0..planes as u32 {
-        for r in 0..tm {
-            let (p, row, r) = (n(p), n(t * r), n(r));
-            let vars = [("p", &*p), ("r", &r), ("row", &row)];
-            put(
-                &mut f,
-                if staged { "load_a_staged" } else { "load_a" },
-                &vars,
-            );
-        }
-        for c in 0..tn {
-            let (p, col, c) = (n(p), n(t * c), n(c));
-            let vars = [("p", &*p), ("c", &c), ("col", &col)];
-            put(
-                &mut f,
-                if staged { "load_b_staged" } else { "load_b" },
-                &vars,
-            );
-        }
-    }
-    for (l, terms) in levels.iter().enumerate() {
-        for (r, c) in tiles() {
-            for &(pa, pb) in terms.iter() {
-                let (l, r, c) = (n(l as u32), n(r), n(c));
-                let (pa, pb) = (pa.to_string(), pb.to_string());
-                let vars = [("l", &*l), ("r", &r), ("c", &c), ("pa", &pa), ("pb", &pb)];
-                put(&mut f, "product", &vars);
+    // The K step in sub-steps of one tile (a staged K step may hold two), each in its own
+    // block, since fragments are named values.
+    for sub in 0..(v.tile.bk / t).max(1) {
+        let sub = n(sub);
+        put(&mut f, "sub_begin", &[]);
+        for p in 0..planes as u32 {
+            for r in 0..tm {
+                let (p, row, r) = (n(p), n(t * r), n(r));
+                let vars = [("p", &*p), ("r", &r), ("row", &row), ("s", &sub)];
+                put(
+                    &mut f,
+                    if staged { "load_a_staged" } else { "load_a" },
+                    &vars,
+                );
+            }
+            for c in 0..tn {
+                let (p, col, c) = (n(p), n(t * c), n(c));
+                let vars = [("p", &*p), ("c", &c), ("col", &col), ("s", &sub)];
+                put(
+                    &mut f,
+                    if staged { "load_b_staged" } else { "load_b" },
+                    &vars,
+                );
             }
         }
+        for (l, terms) in levels.iter().enumerate() {
+            for (r, c) in tiles() {
+                for &(pa, pb) in terms.iter() {
+                    let (l, r, c) = (n(l as u32), n(r), n(c));
+                    let (pa, pb) = (pa.to_string(), pb.to_string());
+                    let vars = [("l", &*l), ("r", &r), ("c", &c), ("pa", &pa), ("pb", &pb)];
+                    put(&mut f, "product", &vars);
+                }
+            }
+        }
+        put(&mut f, "sub_end", &[]);
     }
     if staged {
         put(&mut f, "stage_release", &[]);
