@@ -32,6 +32,7 @@ struct PackParams {
 @group(0) @binding(1) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
 @group(0) @binding(3) var<storage, read> amax_bits: array<u32>;
+// One bit per line (line / 32, bit line % 32).
 @group(0) @binding(4) var<storage, read_write> flags: array<atomic<u32>>;
 
 // The f16 code of the bf16-exact value v (f32 bits) times 2^s, and whether it is exact
@@ -112,7 +113,7 @@ fn coop_pack(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
             codes[p] |= scaled.x << (16u * t);
         }
         if (!exact) {
-            atomicOr(&flags[line], 1u);
+            atomicOr(&flags[line / 32u], 1u << (line % 32u));
         }
     }
     for (var p = 0u; p < max(params.parts, 1u); p++) {

@@ -20,6 +20,11 @@ fn {{name}}(idx: u32) -> f32 {
     return bitcast<f32>(unpack_code({{array}}[idx >> 1u], idx, FMT_BF16) << 16u);
 }
 
+// @@bf16_rounded
+fn {{name}}(idx: u32) -> f32 {
+    return bitcast<f32>(encode_format({{array}}[idx], FMT_BF16, false) << 16u);
+}
+
 // @@f16_native
 fn {{name}}(idx: u32) -> f32 {
     return f32({{array}}[idx]);

@@ -42,7 +42,12 @@ struct CoopParams {
 @group(0) @binding(2) var<storage, read> b_data: array<OPERAND_T>;
 @group(0) @binding(3) var<storage, read_write> c_data: array<f32>;
 @group(0) @binding(4) var<storage, read> amax_bits: array<u32>;
+// One bit per line, set by coop_pack.wgsl.
 @group(0) @binding(5) var<storage, read> flags: array<u32>;
+
+fn flagged(line: u32) -> bool {
+    return (flags[line / 32u] & (1u << (line % 32u))) != 0u;
+}
 
 var<workgroup> staging: array<f32, BM * BN>;
 
@@ -73,7 +78,7 @@ fn matmul_coop(@builtin(workgroup_id) wg: vec3<u32>,
             let la = batch * params.m + row;
             let lb = params.b_lines + batch * params.n + col;
             // A flagged line is the SIMT kernel's (coop_pack.wgsl).
-            if (flags[la] != 0u || flags[lb] != 0u) {
+            if (flagged(la) || flagged(lb)) {
                 continue;
             }
             out = ldexp_wide(out, -(shift_for_amax(amax_bits[la]) + shift_for_amax(amax_bits[lb])));

@@ -11,6 +11,10 @@ use wgpu::util::DeviceExt;
 #[derive(Default)]
 pub struct BufferPool {
     free: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
+    /// Allocates exactly what is asked (in whole 16-byte quads) and keeps nothing for reuse:
+    /// for buffers that live as long as a step plan, where rounding up to a size class would
+    /// only add to the step's memory.
+    exact: bool,
 }
 
 pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -18,12 +22,28 @@ pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_DST);
 
 impl BufferPool {
+    /// A pool that allocates exact sizes and reuses nothing (`exact`).
+    pub fn exact() -> BufferPool {
+        BufferPool {
+            exact: true,
+            ..BufferPool::default()
+        }
+    }
+
     fn class(bytes: u64) -> u64 {
         bytes.max(256).next_power_of_two()
     }
 
     /// A storage buffer of at least `bytes` bytes (contents undefined).
     pub fn take(&self, gpu: &Gpu, bytes: u64) -> Result<wgpu::Buffer> {
+        if self.exact {
+            return Ok(gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("mantissa.kept"),
+                size: bytes.max(16).next_multiple_of(16),
+                usage: STORAGE,
+                mapped_at_creation: false,
+            }));
+        }
         let class = Self::class(bytes);
         if let Some(b) = self
             .free

@@ -354,7 +354,8 @@ fn record_coop(
     let scaled = variant.scaled();
     let lines = if scaled { batch * (m + n) } else { 1 };
     let amax_bits = pools.kept.take(gpu, lines as u64 * 4)?;
-    let flags = pools.kept.take(gpu, lines as u64 * 4)?;
+    // One bit per line.
+    let flags = pools.kept.take(gpu, lines.div_ceil(32) as u64 * 4)?;
     run.clears.extend([amax_bits.clone(), flags.clone()]);
     let (ga, gb) = groupings(shape, Scaling::Rowwise);
     if scaled {
@@ -577,8 +578,9 @@ fn prepare(
         });
     }
     match operand {
-        // f32 is read as is; tf32 is rounded as it is read.
-        Operand::F32 | Operand::Tf32 => Ok(Prepared {
+        // f32 is read as is; tf32 (and bf16 for the cooperative kernel's fallback) is rounded
+        // as it is read.
+        Operand::F32 | Operand::Tf32 | Operand::Bf16Rounded => Ok(Prepared {
             buffer: src.clone(),
             plane: 0,
             pooled: false,

@@ -386,7 +386,9 @@ impl<'a> ResidentPlan<'a> {
                     gpu,
                     matmul::Pools {
                         scratch,
-                        kept: &BufferPool::default(),
+                        // What the op keeps (amaxes, flags, scales) lives as long as the
+                        // plan: sized exactly.
+                        kept: &BufferPool::exact(),
                     },
                     shape,
                     &algorithm,

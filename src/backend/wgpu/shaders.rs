@@ -122,6 +122,10 @@ pub enum Operand {
     Tf32,
     /// bf16 codes, two per word (also the planes of the split algorithms).
     Bf16,
+    /// f32 words rounded to bf16 as they are read: the cooperative kernel's SIMT fallback for
+    /// plain bf16, which reads only the few flagged lines and so needs no bf16 copy of the
+    /// operands beside the cooperative kernel's f16 planes.
+    Bf16Rounded,
     F16(F16Read),
     /// fp8 codes, four per word.
     Fp8(Format),
@@ -185,6 +189,7 @@ impl Operand {
             Operand::F32 => "f32",
             Operand::Tf32 => "tf32",
             Operand::Bf16 => "bf16",
+            Operand::Bf16Rounded => "bf16_rounded",
             Operand::F16(F16Read::Native) => "f16_native",
             Operand::F16(F16Read::Packed) => "f16_packed",
             Operand::Fp8(_) => "fp8",
@@ -204,7 +209,7 @@ impl Operand {
     /// Elements per 32-bit word in storage.
     pub fn per_word(self) -> usize {
         match self {
-            Operand::F32 | Operand::Tf32 => 1,
+            Operand::F32 | Operand::Tf32 | Operand::Bf16Rounded => 1,
             Operand::Bf16 | Operand::F16(_) => 2,
             Operand::Fp8(_) => 4,
         }
@@ -532,11 +537,17 @@ impl MatmulVariant {
             .map_or_else(|| self.tile.threads(), |c| c.subgroup * self.tile.warps)
     }
 
-    /// The SIMT variant that computes the lines a cooperative variant flags.
+    /// The SIMT variant that computes the lines a cooperative variant flags: on split planes,
+    /// or for plain bf16 on the f32 operands rounded as they are read.
     pub fn fallback(&self) -> MatmulVariant {
+        let operand = if self.parts > 1 {
+            Operand::Bf16
+        } else {
+            Operand::Bf16Rounded
+        };
         MatmulVariant {
-            a: Operand::Bf16,
-            b: Operand::Bf16,
+            a: operand,
+            b: operand,
             tile: Tile::default_for(self.parts),
             coop: None,
             masked: true,
@@ -689,7 +700,7 @@ impl Kernel {
             header.push_str(if v.masked {
                 "const MASKED: bool = true;\n\
                  @group(0) @binding(5) var<storage, read> flags: array<u32>;\n\
-                 fn flagged(line: u32) -> bool {\n    return flags[line] != 0u;\n}\n"
+                 fn flagged(line: u32) -> bool {\n    return (flags[line / 32u] & (1u << (line % 32u))) != 0u;\n}\n"
             } else {
                 "const MASKED: bool = false;\nfn flagged(line: u32) -> bool {\n    return false;\n}\n"
             });
