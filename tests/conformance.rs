@@ -113,6 +113,9 @@ fn shapes() -> Vec<MatmulShape> {
         MatmulShape::new(3, 50, 7),
         MatmulShape::new(50, 3, 783),
         MatmulShape::new(65, 67, 129),
+        // n a multiple of 4 and a long K: a shape cuBLASLt's fp8 GEMM takes (the ones above
+        // take the CUDA f16 path), long enough for its accumulation to show (docs/h100.md).
+        MatmulShape::new(48, 64, 1500),
     ];
     for (at, bt) in [(true, false), (false, true), (true, true)] {
         v.push(MatmulShape {

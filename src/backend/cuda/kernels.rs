@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
 use cudarc::nvrtc::result as nvrtc;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::sync::{Arc, Mutex};
 
@@ -229,6 +229,8 @@ pub(super) struct Kernels {
     cc: (i32, i32),
     device: String,
     loaded: Mutex<HashMap<Module, Arc<CudaModule>>>,
+    /// Kernels whose parameter sizes a launch has already matched (`check_params`).
+    checked: Mutex<HashSet<usize>>,
 }
 
 impl Kernels {
@@ -238,6 +240,7 @@ impl Kernels {
             cc,
             device,
             loaded: Mutex::new(HashMap::new()),
+            checked: Mutex::new(HashSet::new()),
         }
     }
 
@@ -265,6 +268,45 @@ impl Kernels {
         })
     }
 
+    /// On the first launch of `f`, that each argument is as many bytes as the kernel's
+    /// parameter: the driver copies the parameter's size from each argument, so an i32 where
+    /// the kernel takes an i64 (an unsuffixed literal) reads past it, into an address that
+    /// faults far from its cause. Drivers without the query (before CUDA 12.4) skip it.
+    pub(super) fn check_params(&self, f: &CudaFunction, name: &str, given: &[usize]) -> Result<()> {
+        use cudarc::driver::sys::{self, CUresult};
+        let key = f.cu_function() as usize;
+        let mut checked = self.checked.lock().unwrap_or_else(|p| p.into_inner());
+        if checked.contains(&key) {
+            return Ok(());
+        }
+        let mut version = 0;
+        // SAFETY: plain queries of the loaded driver into locals.
+        if unsafe { sys::cuDriverGetVersion(&mut version) } != CUresult::CUDA_SUCCESS
+            || version < 12040
+        {
+            return Ok(());
+        }
+        let wrong = |why: String| Err(Error::invalid("kernel launch", format!("{name}: {why}")));
+        for i in 0..=given.len() {
+            let (mut offset, mut size) = (0usize, 0usize);
+            // SAFETY: as above; f is a loaded function of this context.
+            let r = unsafe { sys::cuFuncGetParamInfo(f.cu_function(), i, &mut offset, &mut size) };
+            match (given.get(i), r) {
+                (Some(&g), CUresult::CUDA_SUCCESS) if g != size => {
+                    return wrong(format!("argument {i} is {g} bytes, the parameter {size}"));
+                }
+                (Some(_), CUresult::CUDA_SUCCESS) => {}
+                (Some(_), _) => return wrong(format!("{} arguments, {i} parameters", given.len())),
+                (None, CUresult::CUDA_SUCCESS) => {
+                    return wrong(format!("{i} arguments for more parameters"));
+                }
+                (None, _) => {}
+            }
+        }
+        checked.insert(key);
+        Ok(())
+    }
+
     /// The kernel `name` of `module`.
     pub(super) fn function(&self, module: Module, name: &str) -> Result<CudaFunction> {
         let loaded = {
@@ -284,3 +326,36 @@ impl Kernels {
         })
     }
 }
+
+/// The bytes a launch argument hands the kernel (`Kernels::check_params`): a device pointer for
+/// buffers and views, the value's own size for scalars and parameter structs.
+pub(super) trait ParamSize {
+    fn param_size(&self) -> usize;
+}
+
+macro_rules! value_params {
+    ($($t:ty),*) => {$(
+        impl ParamSize for &$t {
+            fn param_size(&self) -> usize {
+                std::mem::size_of::<$t>()
+            }
+        }
+    )*};
+}
+value_params!(i32, u32, i64, u64, f32, usize);
+
+macro_rules! pointer_params {
+    ($($t:ty),*) => {$(
+        impl<T> ParamSize for $t {
+            fn param_size(&self) -> usize {
+                std::mem::size_of::<u64>()
+            }
+        }
+    )*};
+}
+pointer_params!(
+    &cudarc::driver::CudaSlice<T>,
+    &mut cudarc::driver::CudaSlice<T>,
+    &cudarc::driver::CudaView<'_, T>,
+    &mut cudarc::driver::CudaViewMut<'_, T>
+);

@@ -360,15 +360,18 @@ fn describe(cb: &CudaBackend, algorithm: &Algorithm, split: Option<(SplitPath, b
         (Algorithm::Bf16, _) => "cuBLAS, bf16 tensor cores, f32 out".into(),
         (Algorithm::F16, _) => "cuBLAS, f16 tensor cores, f32 out".into(),
         (Algorithm::Fp8 { a, b, .. }, _) => {
+            let lt = cb.fp8_path == fp8::Fp8Path::Cublaslt && !cb.fp8_off.load(Ordering::Relaxed);
             match fp8::Fp8Gemm::supported(*a, *b, cb.info.compute_capability) {
-                Ok(_) if !cb.fp8_off.load(Ordering::Relaxed) => {
+                Ok(_) if lt => {
                     "quantized to fp8 (rows of A, columns of B contiguous in K, padded to 16), \
                      cuBLASLt fp8 GEMM without fast accumulation, f32 out, descaled (n not a \
-                     multiple of 4: the f16 path)"
+                     multiple of 4: the f16 path); MANTISSA_CUDA_FP8=cublaslt: the tensor \
+                     core's accumulation, outside the contract"
                         .into()
                 }
                 _ => "quantized to fp8 values held as f16 (exact), cuBLAS f16 tensor cores, \
-                      descaled"
+                      f32 accumulation, descaled (MANTISSA_CUDA_FP8=cublaslt: cuBLASLt's fp8 \
+                      GEMM, faster, outside the contract)"
                     .into(),
             }
         }
@@ -525,7 +528,7 @@ fn split_planes<'a>(
             &mut pa,
             (s.m, s.k),
             (m * k, a_row, a_col),
-            (m * slots * k, slots * k, 1, k),
+            (m * slots * k, slots * k, 1i64, k),
             layout.a_slots(),
         ),
         (

@@ -16,9 +16,10 @@
 //!   (K concatenated over the level's terms), levels summed smallest first in f32, level 0
 //!   promoted every 256 of K for x6 and x9 (`split.rs`); or, with `MANTISSA_CUDA_SPLIT=fused`,
 //!   one fused kernel (`matmul_split_bf16.cu`) promoting every level every 256 of K;
-//! - fp8: quantized with our scales into fp8 bytes for cuBLASLt's fp8 GEMM (compute capability
-//!   8.9 and later, `fp8.rs`), else into f16 codes (every e4m3 and e5m2 value is an f16 value,
-//!   so f16 tensor cores multiply them exactly) for an f16 GEMM; then the descale.
+//! - fp8: quantized with our scales into f16 codes (every e4m3 and e5m2 value is an f16 value,
+//!   so f16 tensor cores multiply them exactly) for an f16 GEMM; then the descale. With
+//!   `MANTISSA_CUDA_FP8=cublaslt`, into fp8 bytes for cuBLASLt's fp8 GEMM (compute capability
+//!   8.9 and later, `fp8.rs`): faster, but its accumulation is not the contract's (fp8.rs).
 
 /// Launches kernel `$name` of `$module` with launch configuration `$cfg` and the arguments in
 /// order.
@@ -26,6 +27,7 @@ macro_rules! launch {
     ($cb:expr, $module:expr, $name:expr, $cfg:expr; $($arg:expr),* $(,)?) => {{
         let cb: &CudaBackend = $cb;
         let f = cb.kernels.function($module, $name)?;
+        cb.kernels.check_params(&f, $name, &[$( $crate::backend::cuda::ParamSize::param_size(&$arg) ),*])?;
         let mut builder = cb.stream.launch_builder(&f);
         $( builder.arg($arg); )*
         // SAFETY: every kernel of cuda/ checks its bounds against the sizes among its
@@ -56,6 +58,7 @@ mod plan;
 pub mod split;
 mod train;
 
+use kernels::ParamSize;
 pub use kernels::{Module, Target, compile, cubin_cache_path, nvrtc_present};
 pub use matmul::{SplitPath, variant};
 pub use plan::CudaPlan;
@@ -132,6 +135,8 @@ pub struct CudaBackend {
     tuner: Tuner<SplitPath>,
     /// cuBLASLt, made on the first fp8 matmul that can use it (or why it could not be).
     lt: OnceLock<std::result::Result<fp8::Lt, String>>,
+    /// Which GEMM multiplies fp8 operands (`MANTISSA_CUDA_FP8`).
+    fp8_path: fp8::Fp8Path,
     /// Set when cuBLASLt's fp8 GEMM failed: fp8 then takes the f16 path for good.
     fp8_off: AtomicBool,
 }
@@ -208,6 +213,7 @@ impl CudaBackend {
                 Tuner::<SplitPath>::path_in_cache("cuda-tune.json"),
             ),
             lt: OnceLock::new(),
+            fp8_path: fp8::Fp8Path::from_env()?,
             fp8_off: AtomicBool::new(false),
         })
     }
@@ -276,14 +282,15 @@ impl CudaBackend {
         Ok(times)
     }
 
-    /// The cuBLASLt fp8 GEMM of `shape`, where this GPU, the shape and cuBLASLt allow it.
+    /// The cuBLASLt fp8 GEMM of `shape`, where it is asked for (`MANTISSA_CUDA_FP8=cublaslt`)
+    /// and this GPU, the shape and cuBLASLt allow it.
     fn fp8_gemm(
         &self,
         shape: &MatmulShape,
         a: Format,
         b: Format,
     ) -> Option<(fp8::Fp8Gemm, &fp8::Lt)> {
-        if self.fp8_off.load(Ordering::Relaxed) {
+        if self.fp8_path != fp8::Fp8Path::Cublaslt || self.fp8_off.load(Ordering::Relaxed) {
             return None;
         }
         let g = fp8::Fp8Gemm::plan(shape, a, b, self.info.compute_capability).ok()?;

@@ -36,6 +36,12 @@ struct StridedArg {
 // SAFETY: a plain #[repr(C)] struct of u32s, laid out as train.cu's `Strided`.
 unsafe impl DeviceRepr for StridedArg {}
 
+impl super::ParamSize for &StridedArg {
+    fn param_size(&self) -> usize {
+        std::mem::size_of::<StridedArg>()
+    }
+}
+
 impl CudaBackend {
     /// The address of a device buffer (one stream, so no event tracking is needed).
     pub(super) fn ptr<T>(&self, x: &impl DevicePtr<T>) -> Ptr {
