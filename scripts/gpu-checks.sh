@@ -65,6 +65,10 @@ cuda)
     # class (the bench's variant column names it); the fused kernel alone, and its conformance.
     [ -x .bin/conformance ] && MANTISSA_CUDA_SPLIT=fused run 60 .bin/conformance cuda::matmul_random --test-threads 1
     MANTISSA_CUDA_SPLIT=fused run 80 $m bench matmul --sizes 4096,8192 --algorithms bf16x3,bf16x6,bf16x9 --backends cuda --reps 10 --json "$out/bench-cuda-fused.json"
+    # fp8 through cuBLASLt's fp8 GEMM (opt-in: outside the contract on an H100), beside the
+    # default f16 path above; its conformance shows where it breaks.
+    MANTISSA_CUDA_FP8=cublaslt run 60 $m bench matmul --sizes 4096,8192 --algorithms e4m3,e4m3-e5m2 --operands all --backends cuda --reps 10 --json "$out/bench-cuda-fp8-lt.json"
+    [ -x .bin/conformance ] && MANTISSA_CUDA_FP8=cublaslt run 60 .bin/conformance cuda::matmul_random --test-threads 1
     run 120 python3 scripts/anchors/torch_matmul.py
     ;;
 bench)
@@ -80,7 +84,7 @@ tune)
     run 60 $m bench matmul --sizes 8192x1x8192 --algorithms f32,e4m3 --backends wgpu,cuda --reps 10 --json "$out/bench-matvec.json"
     ;;
 train)
-    run 150 $m report --backends all --sizes 256,1000x700x1500 --train-steps 100 --out "$out/report"
+    run 240 $m report --backends all --sizes 256,1000x700x1500 --train-steps 100 --out "$out/report"
     run 150 $m train --config small --precision 32-true,bf16-mixed,16-mixed,bf16-true --steps 300 --eval-interval 100 --backend cuda --out "$out/train-cuda"
     run 150 $m train --config small --precision 32-true,bf16-mixed,16-mixed,bf16-true --steps 300 --eval-interval 100 --backend wgpu --out "$out/train-wgpu"
     run 120 python3 scripts/anchors/torch_gpt.py

@@ -6,8 +6,8 @@
 //! Matmuls under `TUNE_MIN_FLOPS` (a 128x128x128 product) are never tuned: their time is
 //! mostly the launch's, and each candidate costs compiles and timed runs.
 //!
-//! `MANTISSA_AUTOTUNE`: `off` (defaults), `fast` (a few candidates, one timed run each),
-//! `full` (every candidate; median of three runs). A stored choice that is not among today's
+//! `MANTISSA_AUTOTUNE`: `off` (defaults), `fast` (a few candidates), `full` (every
+//! candidate); each timed as the median of three runs. A stored choice that is not among today's
 //! candidates is re-tuned, never trusted.
 
 use crate::algorithm::MatmulShape;

@@ -312,11 +312,7 @@ fn split_path(
         Ok(settled) => return Ok(settled),
         Err(key) => key,
     };
-    let repetitions = if cb.tuner.mode() == AutotuneMode::Full {
-        3
-    } else {
-        1
-    };
+    let repetitions = 3;
     let mut c = cb.zeros::<f32>(s.c_len())?;
     let mut best = (f64::INFINITY, SplitPath::default());
     for path in [SplitPath::Gemms, SplitPath::Fused] {

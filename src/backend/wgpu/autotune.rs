@@ -11,8 +11,8 @@
 //! ever save.
 //!
 //! `MANTISSA_AUTOTUNE`: `off` (default tiles), `fast` (the default and its neighbours: one
-//! dimension halved or doubled; one timed run each), `full` (every tile the device's limits
-//! allow; median of three runs). The cache lives in `MANTISSA_CACHE_DIR`, else
+//! dimension halved or doubled), `full` (every tile the device's limits allow); each candidate
+//! timed as the median of three runs after a warm-up. The cache lives in `MANTISSA_CACHE_DIR`, else
 //! `$XDG_CACHE_HOME/mantissa`, else `~/.cache/mantissa` (`autotune.json`); in the browser the
 //! demo keeps it in the page's localStorage (any `TileStore` serves).
 
@@ -82,11 +82,9 @@ impl WgpuBackend {
             .into_iter()
             .filter(|t| self.tuner.mode() == AutotuneMode::Full || neighbour(*t, default))
             .collect();
-        let repetitions = if self.tuner.mode() == AutotuneMode::Full {
-            3
-        } else {
-            1
-        };
+        // The median of three runs after a warm-up: one run chose tiles at half the speed of
+        // the best on an H100 (docs/h100.md).
+        let repetitions = 3;
         let mut best = (f64::INFINITY, default);
         for tile in candidates {
             let (seconds, _, _) = self

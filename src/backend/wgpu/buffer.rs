@@ -2,7 +2,7 @@
 
 use super::device::{Gpu, Pipeline};
 use crate::error::{DeviceFault, Error, Result};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use wgpu::util::DeviceExt;
 
@@ -10,11 +10,22 @@ use wgpu::util::DeviceExt;
 /// allocate nothing after the first.
 #[derive(Default)]
 pub struct BufferPool {
-    free: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
-    /// Allocates exactly what is asked (in whole 16-byte quads) and keeps nothing for reuse:
-    /// for buffers that live as long as a step plan, where rounding up to a size class would
-    /// only add to the step's memory.
-    exact: bool,
+    free: Mutex<BTreeMap<u64, Vec<wgpu::Buffer>>>,
+    mode: PoolMode,
+}
+
+#[derive(Clone, Copy, Default, PartialEq, Eq)]
+enum PoolMode {
+    /// Sizes rounded up to powers of two, reused within their class.
+    #[default]
+    Classes,
+    /// Exactly what is asked (in whole 16-byte quads), nothing kept for reuse: for buffers
+    /// that live as long as a step plan, where rounding up would only add to the step's memory.
+    Exact,
+    /// Exactly what is asked when nothing idle fits, else the smallest idle buffer that does:
+    /// a step plan's shared scratch, where the same few sizes recur and a class's rounding
+    /// would be held for the whole step.
+    Fitting,
 }
 
 pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -25,9 +36,22 @@ impl BufferPool {
     /// A pool that allocates exact sizes and reuses nothing (`exact`).
     pub fn exact() -> BufferPool {
         BufferPool {
-            exact: true,
+            mode: PoolMode::Exact,
             ..BufferPool::default()
         }
+    }
+
+    /// A pool that reuses the smallest idle buffer that fits, else allocates the exact size
+    /// (`PoolMode::Fitting`).
+    pub fn fitting() -> BufferPool {
+        BufferPool {
+            mode: PoolMode::Fitting,
+            ..BufferPool::default()
+        }
+    }
+
+    fn exact_size(bytes: u64) -> u64 {
+        bytes.max(16).next_multiple_of(16)
     }
 
     fn class(bytes: u64) -> u64 {
@@ -36,13 +60,24 @@ impl BufferPool {
 
     /// A storage buffer of at least `bytes` bytes (contents undefined).
     pub fn take(&self, gpu: &Gpu, bytes: u64) -> Result<wgpu::Buffer> {
-        if self.exact {
-            return Ok(gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("mantissa.kept"),
-                size: bytes.max(16).next_multiple_of(16),
+        let exact = |label| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: Self::exact_size(bytes),
                 usage: STORAGE,
                 mapped_at_creation: false,
-            }));
+            })
+        };
+        match self.mode {
+            PoolMode::Exact => return Ok(exact("mantissa.kept")),
+            PoolMode::Fitting => {
+                let fit = self.free.lock().ok().and_then(|mut free| {
+                    let size = *free.range(bytes..).find(|(_, v)| !v.is_empty())?.0;
+                    free.get_mut(&size).and_then(Vec::pop)
+                });
+                return Ok(fit.unwrap_or_else(|| exact("mantissa.scratch")));
+            }
+            PoolMode::Classes => {}
         }
         let class = Self::class(bytes);
         if let Some(b) = self
@@ -67,11 +102,21 @@ impl BufferPool {
         }))
     }
 
+    /// Whether `b` (one of this pool's) goes back to it for reuse: not one an `Exact` pool
+    /// made, nor one a class pool made past its classes.
+    pub fn reuses(&self, b: &wgpu::Buffer) -> bool {
+        match self.mode {
+            PoolMode::Classes => b.size().is_power_of_two(),
+            PoolMode::Exact => false,
+            PoolMode::Fitting => true,
+        }
+    }
+
     /// Takes every idle buffer out of the pool.
     pub fn drain(&self) -> Vec<wgpu::Buffer> {
         self.free
             .lock()
-            .map(|mut f| f.drain().flat_map(|(_, v)| v).collect())
+            .map(|mut f| std::mem::take(&mut *f).into_values().flatten().collect())
             .unwrap_or_default()
     }
 
@@ -79,7 +124,7 @@ impl BufferPool {
     pub fn give(&self, buffers: impl IntoIterator<Item = wgpu::Buffer>) {
         if let Ok(mut free) = self.free.lock() {
             for b in buffers {
-                if b.size().is_power_of_two() {
+                if self.reuses(&b) {
                     free.entry(b.size()).or_default().push(b);
                 }
             }

@@ -156,7 +156,7 @@ impl<'a> ResidentPlan<'a> {
         // their op's dispatches, which run in order). What an op keeps between submissions
         // (amaxes cleared at the step's start, flags, scales) is its own buffer, never one of
         // these: an earlier op's planes would overwrite it.
-        let scratch = BufferPool::default();
+        let scratch = BufferPool::fitting();
         let dummies = Dummies {
             read: storage("mantissa.plan.unused", 4),
             write: [0, 1, 2].map(|_| storage("mantissa.plan.unused", 4)),
@@ -186,11 +186,10 @@ impl<'a> ResidentPlan<'a> {
             c.clears.extend(recorded.clears);
             c.given.extend(recorded.given);
             c.temporaries.extend(recorded.temporaries);
-            // A plane too large for the pool's size classes stays the op's own.
             let (shared, own) = recorded
                 .scratch
                 .into_iter()
-                .partition::<Vec<_>, _>(|b| b.size().is_power_of_two());
+                .partition::<Vec<_>, _>(|b| scratch.reuses(b));
             scratch.give(shared);
             c.temporaries.extend(own);
         }
