@@ -7,8 +7,8 @@
 //! mostly the launch's, and each candidate costs compiles and timed runs.
 //!
 //! `MANTISSA_AUTOTUNE`: `off` (defaults), `fast` (a few candidates), `full` (every
-//! candidate); each timed as the median of three runs. A stored choice that is not among today's
-//! candidates is re-tuned, never trusted.
+//! candidate); each timed as the median of `TUNE_RUNS`. A stored choice that is not among
+//! today's candidates is re-tuned, never trusted.
 
 use crate::algorithm::MatmulShape;
 use crate::error::{Error, Result};
@@ -51,6 +51,10 @@ impl AutotuneMode {
 
 /// The least work (2mnk, times the batch) for which a matmul's tile is tuned.
 pub const TUNE_MIN_FLOPS: f64 = 2.0 * 128.0 * 128.0 * 128.0;
+
+/// Timed runs per candidate, after a warm-up; the median decides. One run chose tiles at half
+/// the speed of the best on an H100 (docs/h100.md).
+pub const TUNE_RUNS: usize = 3;
 
 /// The environment variable that sets the mode.
 pub const AUTOTUNE_ENV: &str = "MANTISSA_AUTOTUNE";

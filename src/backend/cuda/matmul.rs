@@ -8,7 +8,7 @@ use super::{CudaBackend, Module, format_id};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::tune::{AutotuneMode, TUNE_MIN_FLOPS, shape_class};
+use crate::tune::{AutotuneMode, TUNE_MIN_FLOPS, TUNE_RUNS, shape_class};
 use cudarc::cublas::sys::{
     cublasComputeType_t as Compute, cublasGemmAlgo_t, cublasOperation_t as Op,
     cudaDataType_t as Type,
@@ -312,7 +312,6 @@ fn split_path(
         Ok(settled) => return Ok(settled),
         Err(key) => key,
     };
-    let repetitions = 3;
     let mut c = cb.zeros::<f32>(s.c_len())?;
     let mut best = (f64::INFINITY, SplitPath::default());
     for path in [SplitPath::Gemms, SplitPath::Fused] {
@@ -322,7 +321,7 @@ fn split_path(
         };
         // One untimed run: compiles the kernel, warms cuBLAS's heuristics.
         once(&mut c)?;
-        let mut times = cb.time_events(repetitions, || once(&mut c))?;
+        let mut times = cb.time_events(TUNE_RUNS, || once(&mut c))?;
         let seconds = crate::backend::median(&mut times);
         if seconds < best.0 {
             best = (seconds, path);

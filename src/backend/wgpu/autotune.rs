@@ -12,8 +12,8 @@
 //!
 //! `MANTISSA_AUTOTUNE`: `off` (default tiles), `fast` (the default and its neighbours: one
 //! dimension halved or doubled), `full` (every tile the device's limits allow); each candidate
-//! timed as the median of three runs after a warm-up. The cache lives in `MANTISSA_CACHE_DIR`, else
-//! `$XDG_CACHE_HOME/mantissa`, else `~/.cache/mantissa` (`autotune.json`); in the browser the
+//! timed as the median of `TUNE_RUNS` after a warm-up. The cache lives in
+//! `MANTISSA_CACHE_DIR`, else `$XDG_CACHE_HOME/mantissa`, else `~/.cache/mantissa` (`autotune.json`); in the browser the
 //! demo keeps it in the page's localStorage (any `TileStore` serves).
 
 use super::WgpuBackend;
@@ -82,13 +82,18 @@ impl WgpuBackend {
             .into_iter()
             .filter(|t| self.tuner.mode() == AutotuneMode::Full || neighbour(*t, default))
             .collect();
-        // The median of three runs after a warm-up: one run chose tiles at half the speed of
-        // the best on an H100 (docs/h100.md).
-        let repetitions = 3;
         let mut best = (f64::INFINITY, default);
         for tile in candidates {
             let (seconds, _, _) = self
-                .time_on_tile(shape, algorithm, tile, a, b, repetitions, Operands::F32)
+                .time_on_tile(
+                    shape,
+                    algorithm,
+                    tile,
+                    a,
+                    b,
+                    crate::tune::TUNE_RUNS,
+                    Operands::F32,
+                )
                 .await?;
             if seconds < best.0 {
                 best = (seconds, tile);
