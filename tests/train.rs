@@ -856,3 +856,79 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
         }
     }
 }
+
+/// Fused attention (`Op::Attention`, what CUDA runs) is defined as the unfused ops compute it:
+/// on the reference backend a fused plan trains bit for bit as the unfused one under every
+/// preset (losses, gradient norms, gradients, weights, moments), and its tensors take less
+/// memory, since it keeps each score row's (max, sum) instead of the (B, H, T, T) probabilities.
+#[test]
+fn fused_attention_trains_as_the_unfused_ops() {
+    use mantissa::plan::{Op, Storage};
+    let corpus = corpus();
+    let bits = |x: &[Vec<f32>]| -> Vec<u32> { x.iter().flatten().map(|v| v.to_bits()).collect() };
+    for preset in [
+        Preset::True32,
+        Preset::MixedBf16,
+        Preset::Mixed16,
+        Preset::TrueBf16,
+        Preset::TransformerEngine,
+    ] {
+        let trainer = |fused: bool| {
+            let mut o = options(&corpus, preset, 31);
+            o.fused_attention = Some(fused);
+            Trainer::new(&Reference, &corpus, o).unwrap()
+        };
+        let (mut fused, mut unfused) = (trainer(true), trainer(false));
+        let c = &fused.gpt.config;
+        let plans = [true, false].map(|f| {
+            fused
+                .gpt
+                .plan_with(&fused.precision, c.batch_size, c.block_size, f)
+                .unwrap()
+        });
+        let attention_ops = |p: &mantissa::plan::Plan| {
+            p.ops
+                .iter()
+                .filter(|op| matches!(op, Op::Attention { .. } | Op::AttentionBwd { .. }))
+                .count()
+        };
+        assert_eq!(attention_ops(&plans[0]), 2 * c.n_layer);
+        assert_eq!(attention_ops(&plans[1]), 0);
+        let bytes = plans.each_ref().map(|p| Storage::shared(p).bytes());
+        assert!(bytes[0] < bytes[1], "{preset}: fused {bytes:?} unfused");
+        for step in 0..3 {
+            let (f, u) = (
+                fused.step().block_on().unwrap(),
+                unfused.step().block_on().unwrap(),
+            );
+            assert_eq!(
+                f.loss.to_bits(),
+                u.loss.to_bits(),
+                "{preset} step {step}: loss"
+            );
+            assert_eq!(
+                f.grad_norm.to_bits(),
+                u.grad_norm.to_bits(),
+                "{preset} step {step}"
+            );
+            assert_eq!(f.skipped, u.skipped);
+        }
+        let (gf, gu) = (
+            fused.gradients().block_on().unwrap(),
+            unfused.gradients().block_on().unwrap(),
+        );
+        assert!(bits(&gf) == bits(&gu), "{preset}: gradients differ");
+        let (sf, su) = (
+            fused.state().block_on().unwrap(),
+            unfused.state().block_on().unwrap(),
+        );
+        assert!(
+            bits(&sf.params) == bits(&su.params),
+            "{preset}: weights differ"
+        );
+        assert!(
+            bits(&sf.adam_v) == bits(&su.adam_v),
+            "{preset}: moments differ"
+        );
+    }
+}

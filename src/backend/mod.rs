@@ -213,6 +213,13 @@ pub trait Backend: Send + Sync {
         None
     }
 
+    /// Whether this backend's step plans run causal attention as one fused op
+    /// (`plan::Op::Attention`) for heads of `head_dim` under `algorithm`; the model records the
+    /// unfused ops (copies, matmuls, softmax) elsewhere. Both compute the same function.
+    fn fuses_attention(&self, algorithm: &Algorithm, head_dim: usize) -> bool {
+        let _ = (algorithm, head_dim);
+        false
+    }
     /// C = op(A) . op(B) under `algorithm`.
     async fn matmul(
         &self,

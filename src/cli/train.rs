@@ -88,6 +88,11 @@ pub struct TrainArgs {
     /// names a batch that fits.
     #[arg(long)]
     memory_limit: Option<String>,
+    /// auto: causal attention as one fused op where the backend has a kernel for it (CUDA),
+    /// else as separate ops (copies, matmuls, softmax); fused or unfused to choose (the same
+    /// function either way; fused runs on CUDA and the host executor).
+    #[arg(long, default_value = "auto")]
+    attention: String,
 }
 
 #[derive(clap::Args)]
@@ -222,6 +227,7 @@ struct Setup {
     backend: Box<dyn backend::Backend>,
     resume: Option<Checkpoint>,
     memory_limit: Option<u64>,
+    fused_attention: Option<bool>,
 }
 
 /// Everything before the first step, on every rank, in phases the ranks agree on (so that a
@@ -317,6 +323,18 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         config.batch_size = batch;
     }
     let memory_limit = args.memory_limit.as_deref().map(parse_bytes).transpose()?;
+    let fused_attention = match args.attention.trim() {
+        "auto" => None,
+        "fused" => Some(true),
+        "unfused" => Some(false),
+        other => {
+            return Err(Error::UnknownName {
+                kind: "attention (--attention)",
+                given: other.into(),
+                valid: ["auto", "fused", "unfused"].map(String::from).to_vec(),
+            });
+        }
+    };
     corpus
         .check_context(config.block_size)
         .map_err(|e| Error::file(&args.corpus, e))?;
@@ -335,6 +353,7 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         backend,
         resume: None,
         memory_limit,
+        fused_attention,
     })
 }
 
@@ -421,6 +440,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             grad_clip: 1.0,
             resident: setup.resident,
             memory_limit: setup.memory_limit,
+            fused_attention: setup.fused_attention,
         };
         // Every rank builds its plan (its device may run out of memory): agreed.
         let built = Trainer::data_parallel(backend, corpus, options, group, setup.reducer)

@@ -151,6 +151,41 @@ impl Strided {
     }
 }
 
+/// Fused causal self-attention over the rows of a (B, T, 3C) q|k|v tensor (the flash-attention
+/// scheme): b sequences of t tokens, h heads of d. Per head, P = causal softmax of scale * q.k^T
+/// and out = P.v, computed as the unfused plan computes them: q.k^T and P.v under `algorithm`
+/// (its inputs rounded, f32 accumulation), their results held in `compute`, P held in `probs`.
+/// Only each row's (max, sum) of the softmax is kept for the backward, which recomputes P from
+/// it, instead of the (B, H, T, T) probabilities.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attention {
+    pub b: usize,
+    pub t: usize,
+    pub h: usize,
+    pub d: usize,
+    pub scale: f64,
+    pub algorithm: Algorithm,
+    pub probs: Format,
+    pub compute: Format,
+}
+
+impl Attention {
+    /// Rows of all heads' scores: one (max, sum) pair each in `stats`, one sum(P * dP) in `delta`.
+    pub fn score_rows(&self) -> usize {
+        self.b * self.h * self.t
+    }
+
+    /// Elements of q|k|v (B, T, 3C).
+    pub fn qkv_len(&self) -> usize {
+        self.b * self.t * 3 * self.h * self.d
+    }
+
+    /// Elements of the output (B, T, C).
+    pub fn out_len(&self) -> usize {
+        self.b * self.t * self.h * self.d
+    }
+}
+
 /// One op of a plan. Ops read and write tensors by id; the comments give what the op computes
 /// (the host reference is `backend::reference::ops`).
 #[derive(Clone, Debug)]
@@ -211,6 +246,24 @@ pub enum Op {
         out: TensorId,
         t: usize,
         scale: f64,
+    },
+    /// out (B, T, C) = causal self-attention of `qkv` (`Attention`); `stats` gets each score
+    /// row's (max of scale * s, sum of exp(scale * s - max)).
+    Attention {
+        qkv: TensorId,
+        out: TensorId,
+        stats: TensorId,
+        spec: Attention,
+    },
+    /// The gradient of `qkv` (B, T, 3C) from that of the output (B, T, C), P recomputed from
+    /// `stats`; `delta` gets each score row's sum(P * dP) (the softmax backward's dot).
+    AttentionBwd {
+        qkv: TensorId,
+        dout: TensorId,
+        stats: TensorId,
+        delta: TensorId,
+        dqkv: TensorId,
+        spec: Attention,
     },
     /// Probabilities per row of v, and the sum of the rows' losses into `Stats::LOSS`.
     CrossEntropy {
@@ -293,6 +346,8 @@ impl Op {
             Op::GeluBwd { .. } => "gelu backward",
             Op::Softmax { .. } => "causal softmax",
             Op::SoftmaxBwd { .. } => "causal softmax backward",
+            Op::Attention { .. } => "attention",
+            Op::AttentionBwd { .. } => "attention backward",
             Op::CrossEntropy { .. } => "cross entropy",
             Op::CrossEntropyBwd { .. } => "cross entropy backward",
             Op::Matmul { .. } => "matmul",
@@ -337,6 +392,17 @@ impl Op {
             Op::GeluBwd { x, dy, out } => (vec![x, dy], vec![out]),
             Op::Softmax { x, out, .. } => (vec![x], vec![out]),
             Op::SoftmaxBwd { p, dp, out, .. } => (vec![p, dp], vec![out]),
+            Op::Attention {
+                qkv, out, stats, ..
+            } => (vec![qkv], vec![out, stats]),
+            Op::AttentionBwd {
+                qkv,
+                dout,
+                stats,
+                delta,
+                dqkv,
+                ..
+            } => (vec![qkv, dout, stats], vec![delta, dqkv]),
             Op::CrossEntropy {
                 logits,
                 targets,

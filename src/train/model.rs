@@ -15,7 +15,8 @@ use crate::format::Format;
 use crate::measure;
 use crate::plan::scalar::{self, StepScalars};
 use crate::plan::{
-    AdamW, Op, Plan, PlanBuilder, Section, Stats, StepExecutor, Strided, TensorId, TensorKind,
+    AdamW, Attention, Op, Plan, PlanBuilder, Section, Stats, StepExecutor, Strided, TensorId,
+    TensorKind,
 };
 use crate::policy::{Fp8Role, Precision};
 
@@ -155,15 +156,29 @@ const FC2_B: usize = 11;
 struct BlockCache {
     x_in: TensorId,
     ln1: (TensorId, TensorId),
-    q: TensorId,
-    k: TensorId,
-    v: TensorId,
-    att: TensorId,
+    attention: AttentionCache,
     y_rows: TensorId,
     x_mid: TensorId,
     ln2: (TensorId, TensorId),
     fc: TensorId,
     gelu: TensorId,
+}
+
+/// What the forward pass keeps of a block's attention for the backward pass.
+enum AttentionCache {
+    /// q, k, v by head and the probabilities (B, H, T, T).
+    Unfused {
+        q: TensorId,
+        k: TensorId,
+        v: TensorId,
+        att: TensorId,
+    },
+    /// q|k|v as the projection wrote it and each score row's (max, sum).
+    Fused {
+        qkv: TensorId,
+        stats: TensorId,
+        spec: Attention,
+    },
 }
 
 /// The GPT on a backend.
@@ -187,6 +202,131 @@ impl Recorder<'_> {
 
     fn grad(&self, i: usize) -> TensorId {
         self.state[i][1]
+    }
+
+    /// Causal attention as one op (`plan::Attention`), with the unfused ops' numerics.
+    fn attention_fused(
+        &mut self,
+        qkv: TensorId,
+        (b, t, h, d): (usize, usize, usize, usize),
+        scale: f64,
+    ) -> (AttentionCache, TensorId) {
+        let p = self.p;
+        let spec = Attention {
+            b,
+            t,
+            h,
+            d,
+            scale,
+            algorithm: p.matmul,
+            probs: p.softmax.narrower(p.stream),
+            compute: p.compute,
+        };
+        let (out, stats) = (
+            self.g.temp(spec.out_len()),
+            self.g.temp(2 * spec.score_rows()),
+        );
+        self.g.push(Op::Attention {
+            qkv,
+            out,
+            stats,
+            spec,
+        });
+        (AttentionCache::Fused { qkv, stats, spec }, out)
+    }
+
+    /// Causal attention as separate ops: q, k, v copied out by head, scores, softmax, P.v, and
+    /// the heads copied back into rows (B, T, C).
+    fn attention_unfused(
+        &mut self,
+        qkv: TensorId,
+        (b, t, h, d): (usize, usize, usize, usize),
+        scale: f64,
+    ) -> (AttentionCache, TensorId) {
+        let n = b * t;
+        let c = h * d;
+        let p = self.p;
+        let [q, k, v] = [0, 1, 2].map(|part| {
+            let out = self.g.temp(n * c);
+            self.g.push(Op::Copy {
+                x: qkv,
+                out,
+                map: Strided::split_head(part, b, t, h, d),
+            });
+            out
+        });
+        let scores = self.mm(bmm(b * h, t, t, d, false, true), q, k);
+        let att = self.g.temp(b * h * t * t);
+        self.g.push(Op::Softmax {
+            x: scores,
+            out: att,
+            t,
+            scale,
+        });
+        self.g.round(att, p.softmax.narrower(p.stream));
+        let y = self.mm(bmm(b * h, t, d, t, false, false), att, v);
+        let y_rows = self.g.temp(n * c);
+        self.g.push(Op::Copy {
+            x: y,
+            out: y_rows,
+            map: Strided::heads_to_rows(b, t, h, d),
+        });
+        (AttentionCache::Unfused { q, k, v, att }, y_rows)
+    }
+
+    /// The gradient of q|k|v (B, T, 3C) from that of the attention's output rows (B, T, C).
+    fn attention_bwd(
+        &mut self,
+        cache: &AttentionCache,
+        dy_rows: TensorId,
+        (b, t, h, d): (usize, usize, usize, usize),
+        scale: f64,
+    ) -> TensorId {
+        let n = b * t;
+        let dqkv = self.g.temp(n * 3 * h * d);
+        match *cache {
+            AttentionCache::Fused { qkv, stats, spec } => {
+                let delta = self.g.temp(spec.score_rows());
+                self.g.push(Op::AttentionBwd {
+                    qkv,
+                    dout: dy_rows,
+                    stats,
+                    delta,
+                    dqkv,
+                    spec,
+                });
+            }
+            AttentionCache::Unfused { q, k, v, att } => {
+                let dy = self.g.temp(n * h * d);
+                self.g.push(Op::Copy {
+                    x: dy_rows,
+                    out: dy,
+                    map: Strided::rows_to_heads(b, t, h, d),
+                });
+                let bh = b * h;
+                let datt = self.mm(bmm(bh, t, t, d, false, true), dy, v);
+                let dv = self.mm(bmm(bh, t, d, t, true, false), att, dy);
+                let dscores = self.g.temp(bh * t * t);
+                self.g.push(Op::SoftmaxBwd {
+                    p: att,
+                    dp: datt,
+                    out: dscores,
+                    t,
+                    scale,
+                });
+                self.g.round(dscores, self.p.compute);
+                let dq = self.mm(bmm(bh, t, d, t, false, false), dscores, k);
+                let dk = self.mm(bmm(bh, t, d, t, true, false), dscores, q);
+                for (part, x) in [dq, dk, dv].into_iter().enumerate() {
+                    self.g.push(Op::Copy {
+                        x,
+                        out: dqkv,
+                        map: Strided::merge_head(part, b, t, h, d),
+                    });
+                }
+            }
+        }
+        dqkv
     }
 
     /// A matmul into `out` (a fresh tensor when none), held in the compute format.
@@ -472,8 +612,23 @@ impl Gpt<'_> {
 
     /// The plan of one step on batches of `sequences` sequences of `t` tokens: the forward pass
     /// to the loss, the backward pass to the gradients of `loss * loss scale`, the unscale and
-    /// finite check, and the AdamW update (held in `p.weights`).
+    /// finite check, and the AdamW update (held in `p.weights`). Attention is one fused op where
+    /// the backend has a kernel for it (`Backend::fuses_attention`), else the unfused ops.
     pub fn plan(&self, p: &Precision, sequences: usize, t: usize) -> Result<Plan> {
+        let fused = self
+            .backend
+            .fuses_attention(&p.matmul, self.config.head_dim());
+        self.plan_with(p, sequences, t, fused)
+    }
+
+    /// `plan`, with attention fused (`Op::Attention`) or not as asked.
+    pub fn plan_with(
+        &self,
+        p: &Precision,
+        sequences: usize,
+        t: usize,
+        fused_attention: bool,
+    ) -> Result<Plan> {
         let cfg = &self.config;
         let (c, v, h, d) = (cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.head_dim());
         if t == 0 || t > cfg.block_size || sequences == 0 {
@@ -538,31 +693,11 @@ impl Gpt<'_> {
             let x_in = x;
             let ln1 = r.norm(x, (layer_param(l, LN1_G), layer_param(l, LN1_B)), c);
             let qkv = r.linear_fwd(&attn, ln1.0);
-            let [q, k, vv] = [0, 1, 2].map(|part| {
-                let out = r.g.temp(n * c);
-                r.g.push(Op::Copy {
-                    x: qkv,
-                    out,
-                    map: Strided::split_head(part, b, t, h, d),
-                });
-                out
-            });
-            let scores = r.mm(bmm(b * h, t, t, d, false, true), q, k);
-            let att = r.g.temp(b * h * t * t);
-            r.g.push(Op::Softmax {
-                x: scores,
-                out: att,
-                t,
-                scale,
-            });
-            r.g.round(att, p.softmax.narrower(stream));
-            let y = r.mm(bmm(b * h, t, d, t, false, false), att, vv);
-            let y_rows = r.g.temp(n * c);
-            r.g.push(Op::Copy {
-                x: y,
-                out: y_rows,
-                map: Strided::heads_to_rows(b, t, h, d),
-            });
+            let (attention, y_rows) = if fused_attention {
+                r.attention_fused(qkv, (b, t, h, d), scale)
+            } else {
+                r.attention_unfused(qkv, (b, t, h, d), scale)
+            };
             // x_mid = x_in + proj(y), in the stream format.
             let x_mid = r.linear_fwd(&proj, y_rows);
             r.g.push(Op::Add { x: x_in, y: x_mid });
@@ -581,10 +716,7 @@ impl Gpt<'_> {
             caches.push(BlockCache {
                 x_in,
                 ln1,
-                q,
-                k,
-                v: vv,
-                att,
+                attention,
                 y_rows,
                 x_mid,
                 ln2,
@@ -656,34 +788,7 @@ impl Gpt<'_> {
             let dxm = r.norm_residual_bwd(ln2, dln2, cache.x_mid, cache.ln2.1, dx, c);
             // Attention: x_mid = x_in + proj(attn(ln1(x_in))).
             let dy_rows = r.linear_bwd(&proj, cache.y_rows, dxm);
-            let dy = r.g.temp(n * c);
-            r.g.push(Op::Copy {
-                x: dy_rows,
-                out: dy,
-                map: Strided::rows_to_heads(b, t, h, d),
-            });
-            let bh = b * h;
-            let datt = r.mm(bmm(bh, t, t, d, false, true), dy, cache.v);
-            let dv = r.mm(bmm(bh, t, d, t, true, false), cache.att, dy);
-            let dscores = r.g.temp(bh * t * t);
-            r.g.push(Op::SoftmaxBwd {
-                p: cache.att,
-                dp: datt,
-                out: dscores,
-                t,
-                scale,
-            });
-            r.g.round(dscores, compute);
-            let dq = r.mm(bmm(bh, t, d, t, false, false), dscores, cache.k);
-            let dk = r.mm(bmm(bh, t, d, t, true, false), dscores, cache.q);
-            let dqkv = r.g.temp(n * 3 * c);
-            for (part, x) in [dq, dk, dv].into_iter().enumerate() {
-                r.g.push(Op::Copy {
-                    x,
-                    out: dqkv,
-                    map: Strided::merge_head(part, b, t, h, d),
-                });
-            }
+            let dqkv = r.attention_bwd(&cache.attention, dy_rows, (b, t, h, d), scale);
             let dln1 = r.linear_bwd(&attn, cache.ln1.0, dqkv);
             let ln1 = (layer_param(l, LN1_G), layer_param(l, LN1_B));
             dx = r.norm_residual_bwd(ln1, dln1, cache.x_in, cache.ln1.1, dxm, c);

@@ -38,6 +38,10 @@ pub struct TrainOptions {
     /// The most device memory the step plan's tensors may take, beside what the device has
     /// free (`--memory-limit`: to leave room on a shared GPU).
     pub memory_limit: Option<u64>,
+    /// Attention as one fused op (`plan::Op::Attention`) or as separate ops; None: fused where
+    /// the backend has a kernel for it (`Backend::fuses_attention`). Both compute the same
+    /// function; fused on a resident executor without the kernel (wgpu) is an error.
+    pub fused_attention: Option<bool>,
 }
 
 impl TrainOptions {
@@ -56,6 +60,7 @@ impl TrainOptions {
             grad_clip: 1.0,
             resident: true,
             memory_limit: None,
+            fused_attention: None,
         }
     }
 }
@@ -157,7 +162,10 @@ impl<'a> Trainer<'a> {
             backend,
         };
         let cfg = &options.config;
-        let mut plan = gpt.plan(&precision, local.len(), cfg.block_size)?;
+        let mut plan = match options.fused_attention {
+            Some(fused) => gpt.plan_with(&precision, local.len(), cfg.block_size, fused)?,
+            None => gpt.plan(&precision, local.len(), cfg.block_size)?,
+        };
         for (i, mut p) in cfg.init(options.seed).into_iter().enumerate() {
             round_to(&mut p, precision.weights);
             plan.constants.push((plan.state[i][0], p));

@@ -137,6 +137,7 @@ static inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
 #define AMAX_SPAN 40
 #include "../../cuda/scale.cu"
 #include "../../cuda/train.cu"
+#include "../../cuda/attention.cu"
 
 // ---- matmul_split_bf16.cu, with the warp's mma.sync emulated ----
 
@@ -423,6 +424,64 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
     return true;
 }
 
+// ---- attention.cu, launched as src/backend/cuda/train.rs does: a block of ATT_ROWS threads per
+// (sequence x head, ATT_ROWS rows); the backward is dq (with delta), then dk, then dv ----
+
+typedef void (*AttFwd)(const float*, float*, float*, AttentionArg);
+typedef void (*AttBwdQ)(const float*, const float*, const float*, float*, float*, AttentionArg);
+typedef void (*AttBwdK)(const float*, const float*, const float*, const float*, float*, AttentionArg);
+typedef void (*AttBwdV)(const float*, const float*, const float*, float*, AttentionArg);
+struct AttKernels {
+    AttFwd fwd;
+    AttBwdQ q;
+    AttBwdK k;
+    AttBwdV v;
+};
+
+#define ATT_KERNELS_OF(D) \
+    case D: return {attention_fwd_##D, attention_bwd_q_##D, attention_bwd_k_##D, attention_bwd_v_##D};
+
+static AttKernels attention_kernels(u32 d) {
+    switch (d) {
+        ATT_KERNELS_OF(16)
+        ATT_KERNELS_OF(32)
+        ATT_KERNELS_OF(64)
+        default:
+            std::fprintf(stderr, "no attention kernel for head size %u\n", d);
+            std::exit(2);
+    }
+}
+
+// attention_fwd B T H D SCALE INPUTS PROBS COMPUTE < qkv > out stats
+// attention_bwd B T H D SCALE INPUTS PROBS COMPUTE < qkv dout stats > dqkv delta
+static bool run_attention(const std::string& k, int argc, char** argv, std::vector<u32>& in,
+                          std::vector<u32>& out) {
+    if ((k != "attention_fwd" && k != "attention_bwd") || argc != 10) return false;
+    u32 b = arg(argv, 2), t = arg(argv, 3), h = arg(argv, 4), d = arg(argv, 5);
+    AttentionArg a{t, h, farg(argv, 6), arg(argv, 7), arg(argv, 8), arg(argv, 9)};
+    AttKernels f = attention_kernels(d);
+    size_t rows = (size_t)b * h * t, n3 = rows * 3 * d, n1 = rows * d;
+    Dim3 grid = {b * h, (t + ATT_ROWS - 1) / ATT_ROWS, 1}, block = {ATT_ROWS, 1, 1};
+    Inputs input{in};
+    float* qkv = input.f(n3);
+    if (k == "attention_fwd") {
+        std::vector<float> y(n1), st(2 * rows);
+        emu::launch(grid, block, [&] { f.fwd(qkv, y.data(), st.data(), a); });
+        y.insert(y.end(), st.begin(), st.end());
+        out = bits_of(y);
+    } else {
+        float *dout = input.f(n1), *st = input.f(2 * rows);
+        // Poisoned, so that a third of dqkv left unwritten shows.
+        std::vector<float> dqkv(n3, std::nanf("")), delta(rows);
+        emu::launch(grid, block, [&] { f.q(qkv, dout, st, delta.data(), dqkv.data(), a); });
+        emu::launch(grid, block, [&] { f.k(qkv, dout, st, delta.data(), dqkv.data(), a); });
+        emu::launch(grid, block, [&] { f.v(qkv, dout, st, dqkv.data(), a); });
+        dqkv.insert(dqkv.end(), delta.begin(), delta.end());
+        out = bits_of(dqkv);
+    }
+    return true;
+}
+
 int main(int argc, char** argv) {
     if (argc < 2) return 2;
     std::string k = argv[1];
@@ -486,7 +545,7 @@ int main(int argc, char** argv) {
         std::vector<float> s(in.size());
         scale_from_amax(in.data(), s.data(), (u32)n, farg(argv, 2));
         std::memcpy(out.data(), s.data(), 4 * s.size());
-    } else if (!run_train(k, argc, argv, in, out)) {
+    } else if (!run_train(k, argc, argv, in, out) && !run_attention(k, argc, argv, in, out)) {
         std::fprintf(stderr, "unknown kernel or arguments: %s\n", k.c_str());
         return 2;
     }

@@ -25,16 +25,19 @@ pub enum Module {
     /// train.cu: the training step's ops besides matmul (layer norm, softmax, cross entropy,
     /// GELU, embeddings, column sums, copies, GradScaler's unscale, AdamW).
     Train,
+    /// attention.cu: fused causal attention, forward and backward, per head size.
+    Attention,
     /// matmul_split_bf16.cu with LEVELS = 2 (bf16x3), 3 (bf16x6) or 5 (bf16x9).
     SplitMatmul { levels: usize },
 }
 
 impl Module {
     /// Every module variant the backend can load (what the NVRTC test compiles).
-    pub const ALL: [Module; 6] = [
+    pub const ALL: [Module; 7] = [
         Module::Cast,
         Module::Scale,
         Module::Train,
+        Module::Attention,
         Module::SplitMatmul { levels: 2 },
         Module::SplitMatmul { levels: 3 },
         Module::SplitMatmul { levels: 5 },
@@ -45,6 +48,7 @@ impl Module {
             Module::Cast => "cast.cu",
             Module::Scale => "scale.cu",
             Module::Train => "train.cu",
+            Module::Attention => "attention.cu",
             Module::SplitMatmul { .. } => "matmul_split_bf16.cu",
         }
     }
@@ -54,6 +58,7 @@ impl Module {
             Module::Cast => include_str!("../../../cuda/cast.cu"),
             Module::Scale => include_str!("../../../cuda/scale.cu"),
             Module::Train => include_str!("../../../cuda/train.cu"),
+            Module::Attention => include_str!("../../../cuda/attention.cu"),
             Module::SplitMatmul { .. } => include_str!("../../../cuda/matmul_split_bf16.cu"),
         }
     }

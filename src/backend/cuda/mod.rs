@@ -648,6 +648,29 @@ impl Backend for CudaBackend {
         self.op_unscale_check(g, inverse_scale)
     }
 
+    /// attention.cu serves the algorithms that round their inputs and sum exact products in f32
+    /// (not the split or fp8 ones), for the head sizes it is compiled for;
+    /// `MANTISSA_CUDA_ATTENTION=unfused` keeps the unfused ops (to compare the two).
+    fn fuses_attention(&self, algorithm: &Algorithm, head_dim: usize) -> bool {
+        let wanted = match std::env::var("MANTISSA_CUDA_ATTENTION") {
+            Ok(v) if v.trim().eq_ignore_ascii_case("unfused") => false,
+            Ok(v) if !v.trim().eq_ignore_ascii_case("fused") => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    eprintln!("mantissa: MANTISSA_CUDA_ATTENTION={v:?} is neither fused nor unfused; using fused")
+                });
+                true
+            }
+            _ => true,
+        };
+        wanted
+            && matches!(
+                algorithm,
+                Algorithm::F32 | Algorithm::Tf32 | Algorithm::Bf16 | Algorithm::F16
+            )
+            && train::ATTENTION_HEAD_SIZES.contains(&head_dim)
+    }
+
     fn memory_available(&self) -> Option<(u64, u64)> {
         self.ctx.bind_to_thread().ok()?;
         let (free, total) = cudarc::driver::result::mem_get_info().ok()?;

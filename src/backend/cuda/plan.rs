@@ -196,6 +196,23 @@ impl<'a> CudaPlan<'a> {
                 let shape = (self.rows(p, t), t, scale);
                 launch::softmax_bwd(cb, self.p(p), self.p(dp), self.p(out), shape)
             }
+            Op::Attention {
+                qkv,
+                out,
+                stats: st,
+                ref spec,
+            } => launch::attention_fwd(cb, [qkv, out, st].map(|id| self.p(id)), spec),
+            Op::AttentionBwd {
+                qkv,
+                dout,
+                stats: st,
+                delta,
+                dqkv,
+                ref spec,
+            } => {
+                let ptrs = [qkv, dout, st, delta, dqkv].map(|id| self.p(id));
+                launch::attention_bwd(cb, ptrs, spec)
+            }
             Op::CrossEntropy {
                 logits,
                 targets,

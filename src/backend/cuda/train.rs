@@ -1,4 +1,4 @@
-//! Launchers of `cuda/train.cu` (and of the casts and amax the step needs), on device pointers:
+//! Launchers of `cuda/train.cu` and `cuda/attention.cu` (and of the casts and amax the step needs), on device pointers:
 //! one set of launches serves both the `Backend` training ops (operands uploaded for the call)
 //! and the device-resident step plan (`plan.rs`, tensors kept on the device).
 //!
@@ -8,7 +8,7 @@
 use super::{CudaBackend, Module, format_id};
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::plan::Strided;
+use crate::plan::{Attention, Strided};
 use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, sys::CUdeviceptr};
 
 /// A device address (of f32 values unless said otherwise).
@@ -337,4 +337,100 @@ pub(super) fn amax_into(cb: &CudaBackend, x: Ptr, n: usize, stats: Ptr, slot: us
     let at = stats + (slot * 4) as u64;
     let (batch_len, div, modulus, per_batch) = (n.max(1) as u32, n.max(1) as u32, 1u32, 1u32);
     launch!(cb, Module::Scale, "amax", CudaBackend::config_amax(n); &x, &len, &at, &batch_len, &div, &modulus, &per_batch)
+}
+
+/// Query (or key) rows per block of the attention kernels (`ATT_ROWS` in attention.cu).
+const ATTENTION_ROWS: u32 = 64;
+
+/// The head sizes attention.cu is compiled for.
+pub(super) const ATTENTION_HEAD_SIZES: [usize; 3] = [16, 32, 64];
+
+/// `AttentionArg` of attention.cu (by value).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AttentionArg {
+    t: u32,
+    h: u32,
+    scale: f32,
+    inputs: u32,
+    probs: u32,
+    compute: u32,
+}
+
+// SAFETY: a plain #[repr(C)] struct of 4-byte fields, laid out as attention.cu's `AttentionArg`.
+unsafe impl DeviceRepr for AttentionArg {}
+
+impl super::ParamSize for &AttentionArg {
+    fn param_size(&self) -> usize {
+        std::mem::size_of::<AttentionArg>()
+    }
+}
+
+/// The grid of the attention kernels (a block per sequence and head, and per ATTENTION_ROWS of
+/// its rows) and their argument.
+fn attention_launch(spec: &Attention) -> Result<(LaunchConfig, AttentionArg)> {
+    if !ATTENTION_HEAD_SIZES.contains(&spec.d) {
+        return Err(Error::invalid(
+            "attention",
+            format!(
+                "head size {} has no fused kernel (sizes {ATTENTION_HEAD_SIZES:?})",
+                spec.d
+            ),
+        ));
+    }
+    let (inputs, _) = spec.algorithm.operand_formats();
+    let config = LaunchConfig {
+        grid_dim: (
+            grid_size("sequences x heads", spec.b * spec.h)?,
+            grid_size("row blocks", spec.t.div_ceil(ATTENTION_ROWS as usize))?,
+            1,
+        ),
+        block_dim: (ATTENTION_ROWS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let arg = AttentionArg {
+        t: spec.t as u32,
+        h: spec.h as u32,
+        scale: spec.scale as f32,
+        inputs: format_id(inputs),
+        probs: format_id(spec.probs),
+        compute: format_id(spec.compute),
+    };
+    Ok((config, arg))
+}
+
+/// Fused causal attention: out (B, T, C) and each score row's (max, sum) from q|k|v (B, T, 3C).
+pub(super) fn attention_fwd(
+    cb: &CudaBackend,
+    [qkv, out, stats]: [Ptr; 3],
+    spec: &Attention,
+) -> Result<()> {
+    if spec.score_rows() == 0 {
+        return Ok(());
+    }
+    let (cfg, arg) = attention_launch(spec)?;
+    let name = format!("attention_fwd_{}", spec.d);
+    launch!(cb, Module::Attention, &name, cfg; &qkv, &out, &stats, &arg)
+}
+
+/// Its backward: dq with each row's sum(P * dP) into `delta`, then dk (which reads delta) and
+/// dv, each kernel writing its third of dqkv.
+pub(super) fn attention_bwd(
+    cb: &CudaBackend,
+    [qkv, dout, stats, delta, dqkv]: [Ptr; 5],
+    spec: &Attention,
+) -> Result<()> {
+    if spec.score_rows() == 0 {
+        return Ok(());
+    }
+    let (cfg, arg) = attention_launch(spec)?;
+    let d = spec.d;
+    let (q, k, v) = (
+        format!("attention_bwd_q_{d}"),
+        format!("attention_bwd_k_{d}"),
+        format!("attention_bwd_v_{d}"),
+    );
+    launch!(cb, Module::Attention, &q, cfg; &qkv, &dout, &stats, &delta, &dqkv, &arg)?;
+    launch!(cb, Module::Attention, &k, cfg; &qkv, &dout, &stats, &delta, &dqkv, &arg)?;
+    launch!(cb, Module::Attention, &v, cfg; &qkv, &dout, &stats, &dqkv, &arg)
 }

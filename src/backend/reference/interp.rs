@@ -1,6 +1,7 @@
 //! The host interpreter of step plans: tensors in host memory, each op one call of a backend's
-//! ops (or a host loop for the data movement ops). It is the reference backend's executor, and
-//! over a device backend's ops the cross-check of that backend's resident executor.
+//! ops (or a host loop for the data movement ops; fused attention is the host reference's
+//! definition). It is the reference backend's executor, and over a device backend's ops the
+//! cross-check of that backend's resident executor.
 
 use super::ops::{self, round_to};
 use crate::backend::Backend;
@@ -132,6 +133,31 @@ impl<'a> HostExecutor<'a> {
             } => {
                 let s = &self.tensors;
                 self.tensors[out] = b.causal_softmax_bwd(&s[p], &s[dp], t, scale).await?
+            }
+            // Fused attention is the host reference's definition on every backend: the plan holds
+            // it only where a device has a fused kernel, which this is then the cross-check of.
+            Op::Attention {
+                qkv,
+                out,
+                stats: st,
+                ref spec,
+            } => {
+                let (y, row_stats) = ops::attention_fwd(&self.tensors[qkv], spec);
+                self.tensors[out] = y;
+                self.tensors[st] = row_stats;
+            }
+            Op::AttentionBwd {
+                qkv,
+                dout,
+                delta,
+                dqkv,
+                ref spec,
+                ..
+            } => {
+                let t = &self.tensors;
+                let (grad, dots) = ops::attention_bwd(&t[qkv], &t[dout], spec);
+                self.tensors[dqkv] = grad;
+                self.tensors[delta] = dots;
             }
             Op::CrossEntropy {
                 logits,

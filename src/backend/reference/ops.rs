@@ -5,8 +5,10 @@
 //! (accumulating reductions in f64). Shapes are row-major; `rows x c` means `rows` vectors of
 //! length `c`.
 
+use super::matmul::matmul;
+use crate::algorithm::MatmulShape;
 use crate::format::{Format, Overflow};
-use crate::plan::AdamW;
+use crate::plan::{AdamW, Attention};
 use num_traits::Float;
 
 fn cast<T: Float>(x: f64) -> T {
@@ -282,6 +284,92 @@ pub fn rows_to_heads(x: &[f32], b: usize, t: usize, h: usize, d: usize) -> Vec<f
         }
     }
     out
+}
+
+/// Fused causal self-attention (`plan::Attention`), defined as the ops it replaces compute it:
+/// q, k, v split into heads, scores = q.k^T under the algorithm and held in the compute format,
+/// P = causal softmax held in `probs`, out = P.v held in the compute format, back to (B, T, C).
+/// Also each score row's (max of scale * s, sum of exp(scale * s - max)), the statistics a fused
+/// kernel keeps instead of P.
+pub fn attention_fwd(qkv: &[f32], spec: &Attention) -> (Vec<f32>, Vec<f32>) {
+    let Attention { b, t, h, d, .. } = *spec;
+    let (scores, p, [_, _, v]) = attention_probs(qkv, spec);
+    let mut stats = Vec::with_capacity(2 * spec.score_rows());
+    for (row, s) in scores.chunks(t).enumerate() {
+        let z: Vec<f64> = s[..=row % t]
+            .iter()
+            .map(|&x| x as f64 * spec.scale)
+            .collect();
+        let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let sum: f64 = z.iter().map(|&x| (x - max).exp()).sum();
+        stats.extend([max as f32, sum as f32]);
+    }
+    let y = held(bmm(spec, d, t, false, false), spec, &p, &v);
+    (heads_to_rows(&y, b, t, h, d), stats)
+}
+
+/// The backward of `attention_fwd`: the gradient of q|k|v (B, T, 3C) from that of the output
+/// (B, T, C), as the unfused backward computes it (dP = dy.v^T, dv = P^T.dy, dS = softmax
+/// backward, dq = dS.k, dk = dS^T.q, each held in the compute format), and each score row's
+/// sum(P * dP).
+pub fn attention_bwd(qkv: &[f32], dout: &[f32], spec: &Attention) -> (Vec<f32>, Vec<f32>) {
+    let Attention { b, t, h, d, .. } = *spec;
+    let (_, p, [q, k, v]) = attention_probs(qkv, spec);
+    let dy = rows_to_heads(dout, b, t, h, d);
+    let dp = held(bmm(spec, t, d, false, true), spec, &dy, &v);
+    let dv = held(bmm(spec, d, t, true, false), spec, &p, &dy);
+    let mut ds = causal_softmax_bwd(&p, &dp, t, spec.scale);
+    round_to(&mut ds, spec.compute);
+    let dq = held(bmm(spec, d, t, false, false), spec, &ds, &k);
+    let dk = held(bmm(spec, d, t, true, false), spec, &ds, &q);
+    let delta = (0..spec.score_rows())
+        .map(|row| {
+            let r = row * t..row * t + row % t + 1;
+            let dot: f64 = p[r.clone()]
+                .iter()
+                .zip(&dp[r])
+                .map(|(&a, &g)| a as f64 * g as f64)
+                .sum();
+            dot as f32
+        })
+        .collect();
+    (merge_qkv([&dq, &dk, &dv], b, t, h, d), delta)
+}
+
+/// The scores (held in the compute format), the probabilities (held in `probs`) and q, k, v by
+/// head.
+fn attention_probs(qkv: &[f32], spec: &Attention) -> (Vec<f32>, Vec<f32>, [Vec<f32>; 3]) {
+    let Attention { b, t, h, d, .. } = *spec;
+    let heads = split_heads(qkv, b, t, h, d);
+    let scores = held(bmm(spec, t, d, false, true), spec, &heads[0], &heads[1]);
+    let mut p = causal_softmax_fwd(&scores, t, spec.scale);
+    round_to(&mut p, spec.probs);
+    (scores, p, heads)
+}
+
+/// One matmul per (sequence, head) of t rows: t x n x k.
+fn bmm(
+    spec: &Attention,
+    n: usize,
+    k: usize,
+    a_transposed: bool,
+    b_transposed: bool,
+) -> MatmulShape {
+    MatmulShape {
+        batch: spec.b * spec.h,
+        m: spec.t,
+        n,
+        k,
+        a_transposed,
+        b_transposed,
+    }
+}
+
+/// a.b under the attention's algorithm, held in its compute format.
+fn held(shape: MatmulShape, spec: &Attention, a: &[f32], b: &[f32]) -> Vec<f32> {
+    let mut c = matmul(&shape, &spec.algorithm, a, b);
+    round_to(&mut c, spec.compute);
+    c
 }
 
 /// Multiplies gradients by `inverse_scale` in place (GradScaler's unscale) and says whether all

@@ -310,6 +310,17 @@ impl<'a> ResidentPlan<'a> {
                 [Some(x), Some(dy), None],
                 [Some(out), None, None],
             )?],
+            // The model records attention unfused here (`Backend::fuses_attention`): a plan
+            // holding the fused op was built for another backend.
+            Op::Attention { .. } | Op::AttentionBwd { .. } => {
+                return Err(Error::invalid(
+                    "step plan",
+                    format!(
+                        "{} has no fused kernel on wgpu; record attention unfused",
+                        op.name()
+                    ),
+                ));
+            }
             Op::Softmax { x, out, t, scale } => vec![train(
                 launch::softmax_fwd(rows_of(x, t), t, scale),
                 [Some(x), None, None],

@@ -1,0 +1,267 @@
+// attention.cu: fused causal self-attention (plan::Op::Attention and AttentionBwd), forward and
+// backward, in the flash-attention scheme: the (T x T) scores and probabilities of a head never
+// reach memory; the forward keeps each score row's (max, sum) and the backward recomputes P from
+// them. Needs formats.cuh. Host reference: attention_fwd / attention_bwd in
+// src/backend/reference/ops.rs, which define the op as the unfused ops compute it.
+//
+// Numerics are the unfused plan's, step for step: q, k, v (and the output's gradient) rounded to
+// the algorithm's input format, products exact and summed in f32, every matmul result held in
+// the compute format, P held in the probabilities' format then rounded to the input format
+// where it multiplies v. The softmax is exact rather than online-rescaled: a first pass finds a
+// row's max and sum, a second uses P = exp(z - max) / sum, the value the unfused softmax stores.
+// The backward's sum(P * dP) is taken over P and dP as the unfused softmax backward takes it,
+// not as dO . O (which differs by the roundings). Masked keys (j > i) add nothing.
+//
+// One thread per query row (forward, dq) or key row (dk, dv), ATT_ROWS to a block, the other
+// side streamed through shared tiles of ATT_TILE rows that every thread reads at the same
+// address (broadcasts). dq, dk and dv are three kernels, each writing its third of dqkv whole,
+// so there are no atomics and a step rerun gives the same bits. Each kernel is compiled for
+// head sizes 16, 32 and 64 (`_<D>` in its name): the row's vectors are registers (three of
+// them in the backward, which at 128 would spill; other sizes keep the unfused ops).
+
+#define ATT_ROWS 64u
+#define ATT_TILE 32u
+#define ATT_POS_INF __uint_as_float(0x7f800000u)
+#define ATT_NEG_INF __uint_as_float(0xff800000u)
+#define ATT_NAN __uint_as_float(0x7fc00000u)
+
+// What every attention kernel is told besides its pointers (`AttentionArg` in
+// src/backend/cuda/train.rs): t tokens per sequence, h heads, the scores' scale, and the format
+// ids of the matmul inputs, the stored probabilities and the held matmul results.
+struct AttentionArg {
+    u32 t;
+    u32 h;
+    float scale;
+    u32 inputs;
+    u32 probs;
+    u32 compute;
+};
+
+// A call, not inlined: it sits in loops unrolled over the head's D values, where inlined copies
+// of the encoder made NVRTC take minutes for one module.
+__device__ __noinline__ float held(float x, u32 fmt) {
+    if (fmt == FMT_F32) return x;
+    return __uint_as_float(decode_format(encode_format(__float_as_uint(x), fmt, false), fmt));
+}
+
+template <int D>
+__device__ __forceinline__ float dot(const float* a, const float* b) {
+    float s = 0.0f;
+#pragma unroll
+    for (int d = 0; d < D; d++) s += a[d] * b[d];
+    return s;
+}
+
+// A head's view of q|k|v (B, T, 3C) and of a (B, T, C) tensor: its rows 3C (C) apart.
+struct Head {
+    i64 qkv;  // offset of the head's q in token 0 of its sequence; k at + c, v at + 2c
+    i64 rows;  // offset of the head's columns in token 0 of its sequence, (B, T, C)
+    i64 row3;
+    u32 c;
+};
+
+template <int D>
+__device__ __forceinline__ Head head_of(AttentionArg a) {
+    u32 bh = blockIdx.x, b = bh / a.h, c = a.h * (u32)D;
+    Head hd;
+    hd.row3 = 3 * (i64)c;
+    hd.c = c;
+    hd.qkv = (i64)b * a.t * hd.row3 + (i64)(bh % a.h) * D;
+    hd.rows = (i64)b * a.t * c + (i64)(bh % a.h) * D;
+    return hd;
+}
+
+// dst[r][d] = the d-th value of rows r0 + r (stride `stride` apart from `src`), rounded to
+// `fmt`; rows at or past `end` are zero.
+template <int D>
+__device__ void load_tile(float (*dst)[D], const float* src, i64 stride, u32 r0, u32 end, u32 fmt) {
+    for (u32 e = threadIdx.x; e < ATT_TILE * (u32)D; e += blockDim.x) {
+        u32 r = e / (u32)D, d = e % (u32)D;
+        dst[r][d] = r0 + r < end ? held(src[(i64)(r0 + r) * stride + d], fmt) : 0.0f;
+    }
+}
+
+// The stored probability of a score: the unfused softmax's exp(z - max) / sum, held in `probs`.
+template <int D>
+__device__ __forceinline__ float prob(const float* q, const float* k, float m, float l, AttentionArg a) {
+    float z = held(dot<D>(q, k), a.compute) * a.scale;
+    return held(expf(z - m) / l, a.probs);
+}
+
+template <int D>
+__device__ void attention_fwd(const float* qkv, float* out, float* stats, AttentionArg a) {
+    __shared__ float ks[ATT_TILE][D];
+    __shared__ float vs[ATT_TILE][D];
+    Head hd = head_of<D>(a);
+    u32 first = blockIdx.y * blockDim.x, i = first + threadIdx.x;
+    bool live = i < a.t;
+    u32 end = min(a.t, first + blockDim.x);  // keys [0, end) reach the block's rows
+    float q[D];
+#pragma unroll
+    for (int d = 0; d < D; d++) q[d] = live ? held(qkv[hd.qkv + i * hd.row3 + d], a.inputs) : 0.0f;
+    // Pass 1: the row's max and sum of exp(z - max), rescaled as the max grows.
+    float m = ATT_NEG_INF, l = 0.0f;
+    for (u32 j0 = 0; j0 < end; j0 += ATT_TILE) {
+        load_tile<D>(ks, qkv + hd.qkv + hd.c, hd.row3, j0, end, a.inputs);
+        __syncthreads();
+        if (live)
+            for (u32 jj = 0; jj < ATT_TILE && j0 + jj <= i; jj++) {
+                float z = held(dot<D>(q, ks[jj]), a.compute) * a.scale;
+                if (z > m) {
+                    l = l * expf(m - z) + 1.0f;
+                    m = z;
+                } else {
+                    l += expf(z - m);
+                }
+            }
+        __syncthreads();
+    }
+    // The unfused sum is exp(inf - inf) = NaN for a row holding +inf: every P of it NaN.
+    if (m == ATT_POS_INF) l = ATT_NAN;
+    // Pass 2: out = P . v.
+    float acc[D];
+#pragma unroll
+    for (int d = 0; d < D; d++) acc[d] = 0.0f;
+    for (u32 j0 = 0; j0 < end; j0 += ATT_TILE) {
+        load_tile<D>(ks, qkv + hd.qkv + hd.c, hd.row3, j0, end, a.inputs);
+        load_tile<D>(vs, qkv + hd.qkv + 2 * hd.c, hd.row3, j0, end, a.inputs);
+        __syncthreads();
+        if (live)
+            for (u32 jj = 0; jj < ATT_TILE && j0 + jj <= i; jj++) {
+                float p = held(prob<D>(q, ks[jj], m, l, a), a.inputs);
+#pragma unroll
+                for (int d = 0; d < D; d++) acc[d] += p * vs[jj][d];
+            }
+        __syncthreads();
+    }
+    if (!live) return;
+#pragma unroll
+    for (int d = 0; d < D; d++) out[hd.rows + (i64)i * hd.c + d] = held(acc[d], a.compute);
+    i64 row = (i64)blockIdx.x * a.t + i;
+    stats[2 * row] = m;
+    stats[2 * row + 1] = l;
+}
+
+// dq (the first third of dqkv) and each row's sum(P * dP) into `delta`.
+template <int D>
+__device__ void attention_bwd_q(const float* qkv, const float* dout, const float* stats,
+                                float* delta, float* dqkv, AttentionArg a) {
+    __shared__ float ks[ATT_TILE][D];
+    __shared__ float vs[ATT_TILE][D];
+    Head hd = head_of<D>(a);
+    u32 first = blockIdx.y * blockDim.x, i = first + threadIdx.x;
+    bool live = i < a.t;
+    u32 end = min(a.t, first + blockDim.x);
+    i64 row = (i64)blockIdx.x * a.t + i;
+    float q[D], g[D], dq[D];
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+        q[d] = live ? held(qkv[hd.qkv + i * hd.row3 + d], a.inputs) : 0.0f;
+        g[d] = live ? held(dout[hd.rows + (i64)i * hd.c + d], a.inputs) : 0.0f;
+        dq[d] = 0.0f;
+    }
+    float m = live ? stats[2 * row] : 0.0f, l = live ? stats[2 * row + 1] : 1.0f;
+    float pdp = 0.0f;
+    for (int pass = 0; pass < 2; pass++) {
+        for (u32 j0 = 0; j0 < end; j0 += ATT_TILE) {
+            load_tile<D>(ks, qkv + hd.qkv + hd.c, hd.row3, j0, end, a.inputs);
+            load_tile<D>(vs, qkv + hd.qkv + 2 * hd.c, hd.row3, j0, end, a.inputs);
+            __syncthreads();
+            if (live)
+                for (u32 jj = 0; jj < ATT_TILE && j0 + jj <= i; jj++) {
+                    float p = prob<D>(q, ks[jj], m, l, a);
+                    float dp = held(dot<D>(g, vs[jj]), a.compute);
+                    if (pass == 0) {
+                        pdp += p * dp;
+                    } else {
+                        float ds = held(held(a.scale * p * (dp - pdp), a.compute), a.inputs);
+#pragma unroll
+                        for (int d = 0; d < D; d++) dq[d] += ds * ks[jj][d];
+                    }
+                }
+            __syncthreads();
+        }
+    }
+    if (!live) return;
+#pragma unroll
+    for (int d = 0; d < D; d++) dqkv[hd.qkv + i * hd.row3 + d] = held(dq[d], a.compute);
+    delta[row] = pdp;
+}
+
+// The key-side passes: for each key row j, the query rows i >= j streamed through shared tiles
+// (q, the output's gradient, and the rows' statistics). KEYS: dk (needs v and delta);
+// else dv.
+template <int D, bool KEYS>
+__device__ void attention_bwd_kv(const float* qkv, const float* dout, const float* stats,
+                                 const float* delta, float* dqkv, AttentionArg a) {
+    __shared__ float qs[ATT_TILE][D];
+    __shared__ float gs[ATT_TILE][D];
+    __shared__ float ms[ATT_TILE], ls[ATT_TILE], deltas[ATT_TILE];
+    Head hd = head_of<D>(a);
+    u32 first = blockIdx.y * blockDim.x, j = first + threadIdx.x;
+    bool live = j < a.t;
+    float k[D], v[D], acc[D];
+#pragma unroll
+    for (int d = 0; d < D; d++) {
+        k[d] = live ? held(qkv[hd.qkv + hd.c + j * hd.row3 + d], a.inputs) : 0.0f;
+        v[d] = live && KEYS ? held(qkv[hd.qkv + 2 * hd.c + j * hd.row3 + d], a.inputs) : 0.0f;
+        acc[d] = 0.0f;
+    }
+    i64 rows = (i64)blockIdx.x * a.t;
+    for (u32 i0 = first; i0 < a.t; i0 += ATT_TILE) {
+        load_tile<D>(qs, qkv + hd.qkv, hd.row3, i0, a.t, a.inputs);
+        load_tile<D>(gs, dout + hd.rows, hd.c, i0, a.t, a.inputs);
+        for (u32 r = threadIdx.x; r < ATT_TILE; r += blockDim.x) {
+            bool in = i0 + r < a.t;
+            ms[r] = in ? stats[2 * (rows + i0 + r)] : 0.0f;
+            ls[r] = in ? stats[2 * (rows + i0 + r) + 1] : 1.0f;
+            deltas[r] = in && KEYS ? delta[rows + i0 + r] : 0.0f;
+        }
+        __syncthreads();
+        if (live)
+            for (u32 ii = 0; ii < ATT_TILE && i0 + ii < a.t; ii++) {
+                if (i0 + ii < j) continue;
+                float p = prob<D>(qs[ii], k, ms[ii], ls[ii], a);
+                if (KEYS) {
+                    float dp = held(dot<D>(gs[ii], v), a.compute);
+                    float ds = held(held(a.scale * p * (dp - deltas[ii]), a.compute), a.inputs);
+#pragma unroll
+                    for (int d = 0; d < D; d++) acc[d] += ds * qs[ii][d];
+                } else {
+                    float pin = held(p, a.inputs);
+#pragma unroll
+                    for (int d = 0; d < D; d++) acc[d] += pin * gs[ii][d];
+                }
+            }
+        __syncthreads();
+    }
+    if (!live) return;
+    i64 at = hd.qkv + (KEYS ? hd.c : 2 * hd.c) + j * hd.row3;
+#pragma unroll
+    for (int d = 0; d < D; d++) dqkv[at + d] = held(acc[d], a.compute);
+}
+
+#define ATTENTION_KERNELS(D)                                                                      \
+    extern "C" __global__ void attention_fwd_##D(const float* qkv, float* out, float* stats,      \
+                                                 AttentionArg a) {                                \
+        attention_fwd<D>(qkv, out, stats, a);                                                     \
+    }                                                                                             \
+    extern "C" __global__ void attention_bwd_q_##D(const float* qkv, const float* dout,           \
+                                                   const float* stats, float* delta, float* dqkv, \
+                                                   AttentionArg a) {                              \
+        attention_bwd_q<D>(qkv, dout, stats, delta, dqkv, a);                                     \
+    }                                                                                             \
+    extern "C" __global__ void attention_bwd_k_##D(const float* qkv, const float* dout,           \
+                                                   const float* stats, const float* delta,        \
+                                                   float* dqkv, AttentionArg a) {                 \
+        attention_bwd_kv<D, true>(qkv, dout, stats, delta, dqkv, a);                              \
+    }                                                                                             \
+    extern "C" __global__ void attention_bwd_v_##D(const float* qkv, const float* dout,           \
+                                                   const float* stats, float* dqkv,               \
+                                                   AttentionArg a) {                              \
+        attention_bwd_kv<D, false>(qkv, dout, stats, nullptr, dqkv, a);                           \
+    }
+
+ATTENTION_KERNELS(16)
+ATTENTION_KERNELS(32)
+ATTENTION_KERNELS(64)
