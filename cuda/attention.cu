@@ -10,7 +10,10 @@
 // where it multiplies v. The softmax is exact rather than online-rescaled: a first pass finds a
 // row's max and sum, a second uses P = exp(z - max) / sum, the value the unfused softmax stores.
 // The backward's sum(P * dP) is taken over P and dP as the unfused softmax backward takes it,
-// not as dO . O (which differs by the roundings). Masked keys (j > i) add nothing.
+// not as dO . O (which differs by the roundings). Masked keys (j > i) add nothing. This module
+// alone is compiled with --fmad=true (src/backend/cuda/kernels.rs): an FMA of two 16-bit or
+// tf32 values rounds as their exact product's add does; under f32 it skips the product's
+// rounding, within the reductions' tolerance.
 //
 // One thread per query row (forward, dq) or key row (dk, dv), ATT_ROWS to a block, the other
 // side streamed through shared tiles of ATT_TILE rows that every thread reads at the same
