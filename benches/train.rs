@@ -31,6 +31,7 @@ fn main() {
         warmup: if measuring { 3 } else { 1 },
         steps: if measuring { 20 } else { 1 },
         seed: 1,
+        attention: None,
     };
     let mut records = Vec::new();
     for kind in [BackendKind::Cuda, BackendKind::Wgpu, BackendKind::Reference] {
@@ -42,9 +43,10 @@ fn main() {
             Ok(b) => match bench
                 .run(b.as_ref(), &corpus, |r| {
                     println!(
-                        "{:<40} {:<18} {:>9.2} ms/step {:>10.0} tokens/s  peak {:>8.1} MiB ({:.2}x plan)",
+                        "{:<40} {:<18} {:<8} {:>9.2} ms/step {:>10.0} tokens/s  peak {:>8.1} MiB ({:.2}x plan)",
                         r.backend,
                         r.preset,
+                        r.attention,
                         r.step_seconds * 1e3,
                         r.tokens_per_second,
                         r.memory.peak_bytes as f64 / (1u64 << 20) as f64,

@@ -13,6 +13,16 @@ struct TrainParams {
     tokens: u32,
     // Softmax scale.
     scale: f32,
+    // Fused attention: heads, head size, format ids of the matmul inputs, the stored
+    // probabilities and the held matmul results.
+    h: u32,
+    d: u32,
+    inputs: u32,
+    probs: u32,
+    compute: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
@@ -242,4 +252,217 @@ fn embedding_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
         }
     }
     out0[e] = sum;
+}
+
+// ---- Fused causal attention (plan::Op::Attention and AttentionBwd; the CUDA twin is
+// cuda/attention.cu, whose header gives the numerics: the unfused ops' step for step). One
+// invocation per query row (forward, dq) or key row (dk, dv) of every (sequence, head); q, k, v
+// read from q|k|v (B, T, 3C) as the projection wrote it, the row's own vectors in private
+// arrays (heads of at most ATT_MAX_D). params: n = B*H*T rows, c = T, h, d, scale, and the
+// format ids of the matmul inputs, the stored probabilities and the held matmul results.
+// in0 = qkv, in1 = the output's gradient (B, T, C), in2 = each row's (max, sum); out1 = each
+// row's sum(P * dP) (written by dq, read by dk).
+
+const ATT_MAX_D: u32 = 64u;
+
+fn att_held(x: f32, fmt: u32) -> f32 {
+    if (fmt == FMT_F32) {
+        return x;
+    }
+    return bitcast<f32>(decode_format(encode_format(bitcast<u32>(x), fmt, false), fmt));
+}
+
+// Where a score row's vectors are: q of token i of its head, and (B, T, C) row i of its head.
+struct AttRow {
+    bh: u32,
+    i: u32,
+    // Offset of the head's q in token 0 of the sequence (k at + C, v at + 2C), rows 3C apart.
+    qkv: u32,
+    // Offset of the head's columns in token 0 of the sequence, (B, T, C), rows C apart.
+    rows: u32,
+}
+
+fn att_row(row: u32) -> AttRow {
+    let t = params.c;
+    let bh = row / t;
+    let c = params.h * params.d;
+    let b = bh / params.h;
+    let head = bh % params.h;
+    return AttRow(bh, row % t, b * t * 3u * c + head * params.d, b * t * c + head * params.d);
+}
+
+// The score of query row i against key row j, as the unfused plan holds it, times the scale.
+fn att_z(q: ptr<function, array<f32, ATT_MAX_D>>, a: AttRow, j: u32) -> f32 {
+    let k = a.qkv + params.h * params.d + j * 3u * params.h * params.d;
+    var s = 0.0;
+    for (var e = 0u; e < params.d; e++) {
+        s += (*q)[e] * att_held(in0[k + e], params.inputs);
+    }
+    return att_held(s, params.compute) * params.scale;
+}
+
+// The stored probability: the unfused softmax's exp(z - max) / sum, held in its format.
+fn att_p(z: f32, m: f32, l: f32) -> f32 {
+    return att_held(exp(z - m) / l, params.probs);
+}
+
+@compute @workgroup_size(256)
+fn attention_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let row = flat_index(wg, nwg, lid);
+    if (row >= params.n) {
+        return;
+    }
+    let a = att_row(row);
+    let c = params.h * params.d;
+    var q: array<f32, ATT_MAX_D>;
+    var acc: array<f32, ATT_MAX_D>;
+    for (var e = 0u; e < params.d; e++) {
+        q[e] = att_held(in0[a.qkv + a.i * 3u * c + e], params.inputs);
+        acc[e] = 0.0;
+    }
+    // Pass 1: the row's max and sum of exp(z - max), rescaled as the max grows.
+    var m = bitcast<f32>(0xff800000u);
+    var l = 0.0;
+    for (var j = 0u; j <= a.i; j++) {
+        let z = att_z(&q, a, j);
+        if (z > m) {
+            l = l * exp(m - z) + 1.0;
+            m = z;
+        } else {
+            l += exp(z - m);
+        }
+    }
+    // The unfused sum is exp(inf - inf) = NaN for a row holding +inf.
+    if (m == bitcast<f32>(0x7f800000u)) {
+        l = bitcast<f32>(0x7fc00000u);
+    }
+    // Pass 2: out = P . v.
+    for (var j = 0u; j <= a.i; j++) {
+        let p = att_held(att_p(att_z(&q, a, j), m, l), params.inputs);
+        let v = a.qkv + 2u * c + j * 3u * c;
+        for (var e = 0u; e < params.d; e++) {
+            acc[e] += p * att_held(in0[v + e], params.inputs);
+        }
+    }
+    for (var e = 0u; e < params.d; e++) {
+        out0[a.rows + a.i * c + e] = att_held(acc[e], params.compute);
+    }
+    out1[2u * row] = m;
+    out1[2u * row + 1u] = l;
+}
+
+// dq (out0's first third of each row) and sum(P * dP) into out1.
+@compute @workgroup_size(256)
+fn attention_bwd_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let row = flat_index(wg, nwg, lid);
+    if (row >= params.n) {
+        return;
+    }
+    let a = att_row(row);
+    let c = params.h * params.d;
+    var q: array<f32, ATT_MAX_D>;
+    var g: array<f32, ATT_MAX_D>;
+    var dq: array<f32, ATT_MAX_D>;
+    for (var e = 0u; e < params.d; e++) {
+        q[e] = att_held(in0[a.qkv + a.i * 3u * c + e], params.inputs);
+        g[e] = att_held(in1[a.rows + a.i * c + e], params.inputs);
+        dq[e] = 0.0;
+    }
+    let m = in2[2u * row];
+    let l = in2[2u * row + 1u];
+    var pdp = 0.0;
+    for (var sweep = 0u; sweep < 2u; sweep++) {
+        for (var j = 0u; j <= a.i; j++) {
+            let p = att_p(att_z(&q, a, j), m, l);
+            let v = a.qkv + 2u * c + j * 3u * c;
+            var dp = 0.0;
+            for (var e = 0u; e < params.d; e++) {
+                dp += g[e] * att_held(in0[v + e], params.inputs);
+            }
+            dp = att_held(dp, params.compute);
+            if (sweep == 0u) {
+                pdp += p * dp;
+            } else {
+                let ds = att_held(att_held(params.scale * p * (dp - pdp), params.compute), params.inputs);
+                let k = a.qkv + c + j * 3u * c;
+                for (var e = 0u; e < params.d; e++) {
+                    dq[e] += ds * att_held(in0[k + e], params.inputs);
+                }
+            }
+        }
+    }
+    for (var e = 0u; e < params.d; e++) {
+        out0[a.qkv + a.i * 3u * c + e] = att_held(dq[e], params.compute);
+    }
+    out1[row] = pdp;
+}
+
+// The key-side passes: for key row j (the row's i), the query rows i >= j. keys: dk (reads v
+// and out1's sum(P * dP)); else dv.
+fn attention_bwd_kv(row: u32, keys: bool) {
+    let a = att_row(row);
+    let c = params.h * params.d;
+    let j = a.i;
+    var k: array<f32, ATT_MAX_D>;
+    var v: array<f32, ATT_MAX_D>;
+    var acc: array<f32, ATT_MAX_D>;
+    for (var e = 0u; e < params.d; e++) {
+        k[e] = att_held(in0[a.qkv + c + j * 3u * c + e], params.inputs);
+        v[e] = att_held(in0[a.qkv + 2u * c + j * 3u * c + e], params.inputs);
+        acc[e] = 0.0;
+    }
+    let first = row - j;  // row of query 0 of this head
+    for (var i = j; i < params.c; i++) {
+        let qi = a.qkv + i * 3u * c;
+        var s = 0.0;
+        for (var e = 0u; e < params.d; e++) {
+            s += att_held(in0[qi + e], params.inputs) * k[e];
+        }
+        let z = att_held(s, params.compute) * params.scale;
+        let p = att_p(z, in2[2u * (first + i)], in2[2u * (first + i) + 1u]);
+        let gi = a.rows + i * c;
+        if (keys) {
+            var dp = 0.0;
+            for (var e = 0u; e < params.d; e++) {
+                dp += att_held(in1[gi + e], params.inputs) * v[e];
+            }
+            dp = att_held(dp, params.compute);
+            let ds = att_held(att_held(params.scale * p * dp, params.compute), params.inputs);
+            for (var e = 0u; e < params.d; e++) {
+                acc[e] += ds * att_held(in0[qi + e], params.inputs);
+            }
+        } else {
+            let pin = att_held(p, params.inputs);
+            for (var e = 0u; e < params.d; e++) {
+                acc[e] += pin * att_held(in1[gi + e], params.inputs);
+            }
+        }
+    }
+    var at = a.qkv + 2u * c + j * 3u * c;
+    if (keys) {
+        at = a.qkv + c + j * 3u * c;
+    }
+    for (var e = 0u; e < params.d; e++) {
+        out0[at + e] = att_held(acc[e], params.compute);
+    }
+}
+
+@compute @workgroup_size(256)
+fn attention_bwd_k(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let row = flat_index(wg, nwg, lid);
+    if (row < params.n) {
+        attention_bwd_kv(row, true);
+    }
+}
+
+@compute @workgroup_size(256)
+fn attention_bwd_v(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let row = flat_index(wg, nwg, lid);
+    if (row < params.n) {
+        attention_bwd_kv(row, false);
+    }
 }

@@ -171,6 +171,8 @@ pub struct TrainBench {
     /// Steps timed (the median is reported).
     pub steps: u32,
     pub seed: u64,
+    /// Attention fused or not (`TrainOptions::fused_attention`; None: as the backend prefers).
+    pub attention: Option<bool>,
 }
 
 /// One preset's training steps on one backend.
@@ -183,6 +185,8 @@ pub struct TrainRecord {
     pub parameters: usize,
     /// How the steps ran ("device-resident on ..., one submission per step").
     pub executor: String,
+    /// "fused" (one op per block and direction) or "unfused" (copies, matmuls, softmax).
+    pub attention: String,
     pub tokens_per_step: usize,
     /// Seconds of the first step: plan compiled, matmuls tuned, buffers allocated.
     pub first_step_seconds: f64,
@@ -211,7 +215,10 @@ impl TrainBench {
     ) -> Result<Vec<TrainRecord>> {
         let mut out = Vec::new();
         for &preset in &self.presets {
-            let options = TrainOptions::new(self.config.clone(), preset, self.seed);
+            let options = TrainOptions {
+                fused_attention: self.attention,
+                ..TrainOptions::new(self.config.clone(), preset, self.seed)
+            };
             let mut trainer = Trainer::new(backend, corpus, options)?;
             let (mut first, mut timed, mut loss, mut stopped) = (0.0, vec![], f64::NAN, None);
             for i in 0..self.warmup.max(1) + self.steps {
@@ -241,6 +248,12 @@ impl TrainBench {
                 config: self.config.clone(),
                 parameters: self.config.parameter_count(),
                 executor: trainer.executor(),
+                attention: if trainer.fused_attention() {
+                    "fused"
+                } else {
+                    "unfused"
+                }
+                .into(),
                 tokens_per_step: tokens,
                 first_step_seconds: first,
                 step_seconds: median,

@@ -857,46 +857,6 @@ fn cuda_split_gemms_meet_the_contract_on_the_host() {
     }
 }
 
-/// Elementwise tolerance of fused attention against its definition (`ops::attention_fwd`,
-/// `attention_bwd`): where a value is held in a 16-bit format, the kernel's f32 sums and the
-/// reference's f64 sums can round to neighbouring values, and such a flip in a score or a
-/// probability moves what follows by an ulp or two of that format (tf32 included: P is rounded
-/// to it where it multiplies v); with f32 alone, the reductions' order (tol::REDUCTION).
-fn attention_tolerance(spec: &mantissa::plan::Attention) -> f32 {
-    let (inputs, _) = spec.algorithm.operand_formats();
-    let eps = [inputs, spec.probs, spec.compute]
-        .iter()
-        .filter(|&&f| f != Format::F32)
-        .map(|f| f.finfo().eps as f32)
-        .fold(0.0, f32::max);
-    tol::REDUCTION.max(4.0 * eps)
-}
-
-/// Each value within `tol (1 + |want|)`, non-finite values where the reference has the same
-/// ones (NaN for NaN, the same infinity), and the whole within `tol / 4` relative in norm.
-fn attention_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    let (mut diff, mut norm) = (0f64, 0f64);
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        if !w.is_finite() || !g.is_finite() {
-            let same = (w.is_nan() && g.is_nan()) || g == w;
-            assert!(same, "{what}[{i}]: {g} vs reference {w}");
-            continue;
-        }
-        assert!(
-            (g - w).abs() <= tol * (1.0 + w.abs()),
-            "{what}[{i}]: {g} vs reference {w} (tolerance {tol})"
-        );
-        diff += ((g - w) as f64).powi(2);
-        norm += (w as f64).powi(2);
-    }
-    let rel = (diff / norm.max(f64::MIN_POSITIVE)).sqrt();
-    assert!(
-        rel <= (tol / 4.0) as f64,
-        "{what}: relative error {rel:.3e} in norm"
-    );
-}
-
 /// attention.cu's fused causal attention, forward and backward (dq, dk, dv, each writing its
 /// third of a NaN-poisoned dqkv), against the ops it replaces (`ops::attention_fwd`,
 /// `attention_bwd`), under the algorithms and held formats of the presets, on sequences that
@@ -945,18 +905,18 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
                 format_id(compute),
             ])
             .collect();
-        let tol = attention_tolerance(&spec);
+        let tol = common::attention_tolerance(&spec);
         let (rows, n3, n1) = (spec.score_rows(), spec.qkv_len(), spec.out_len());
         let out = run_f32(h, "attention_fwd", &args, &[&qkv]);
         let (y, stats) = ops::attention_fwd(&qkv, &spec);
-        attention_close(&what("out"), &out[..n1], &y, tol);
-        attention_close(&what("(max, sum)"), &out[n1..], &stats, tol);
+        common::attention_close(&what("out"), &out[..n1], &y, tol);
+        common::attention_close(&what("(max, sum)"), &out[n1..], &stats, tol);
         assert_eq!(out.len(), n1 + 2 * rows);
         // The backward reads the kernel's own statistics, as the step plan does.
         let out = run_f32(h, "attention_bwd", &args, &[&qkv, &dout, &out[n1..]]);
         let (dqkv, delta) = ops::attention_bwd(&qkv, &dout, &spec);
-        attention_close(&what("dqkv"), &out[..n3], &dqkv, tol);
-        attention_close(&what("sum(P dP)"), &out[n3..], &delta, tol);
+        common::attention_close(&what("dqkv"), &out[..n3], &dqkv, tol);
+        common::attention_close(&what("sum(P dP)"), &out[n3..], &delta, tol);
     }
     // Non-finite scores: a query holding inf makes its row's scores +-inf or NaN, so the
     // unfused softmax gives that row NaN (exp(inf - inf)) and leaves the other rows alone; the
@@ -981,9 +941,9 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
     let args = ["1", "40", "2", "16", "0.25", "0", "0", "0"].map(String::from);
     let out = run_f32(h, "attention_fwd", &args, &[&qkv]);
     let (y, stats) = ops::attention_fwd(&qkv, &spec);
-    attention_close("non-finite out", &out[..spec.out_len()], &y, tol::REDUCTION);
+    common::attention_close("non-finite out", &out[..spec.out_len()], &y, tol::REDUCTION);
     assert!(y.iter().any(|v| v.is_nan()) && y.iter().any(|v| v.is_finite()));
-    attention_close(
+    common::attention_close(
         "non-finite stats",
         &out[spec.out_len()..],
         &stats,

@@ -8,7 +8,7 @@ use crate::backend::{self, BackendChoice, Operands};
 use crate::bench::{MatmulBench, MatmulRecord, TrainBench, TrainRecord};
 use crate::error::{Error, Result};
 use crate::policy::Preset;
-use crate::train::{Corpus, GptConfig};
+use crate::train::{Corpus, GptConfig, attention_choice};
 use pollster::FutureExt as _;
 use std::path::PathBuf;
 
@@ -54,6 +54,10 @@ struct TrainArgs {
     /// Also write the records as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// auto: causal attention fused where the backend prefers it (CUDA), else separate ops;
+    /// fused or unfused to compare them.
+    #[arg(long, default_value = "auto")]
+    attention: String,
 }
 
 #[derive(clap::Args)]
@@ -147,6 +151,7 @@ fn train(args: TrainArgs) -> Result<()> {
         warmup: args.warmup,
         steps: args.steps,
         seed: args.seed,
+        attention: attention_choice(&args.attention)?,
     };
     let mut records: Vec<TrainRecord> = Vec::new();
     for choice in choices {
@@ -175,6 +180,7 @@ fn train(args: TrainArgs) -> Result<()> {
     let mut table = Table::new(&[
         "backend",
         "preset",
+        "attention",
         "ms/step",
         "range",
         "tokens/s",
@@ -187,6 +193,7 @@ fn train(args: TrainArgs) -> Result<()> {
         table.row(vec![
             r.backend.clone(),
             r.preset.clone(),
+            r.attention.clone(),
             format!("{:.2}", r.step_seconds * 1e3),
             format!(
                 "{:.2}..{:.2}",

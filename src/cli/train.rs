@@ -8,7 +8,9 @@ use crate::error::{Error, Result};
 use crate::plan::AdamW;
 use crate::plan::exec::{Memory, Reduced};
 use crate::policy::{PrecisionClass, Preset};
-use crate::train::{Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer};
+use crate::train::{
+    Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer, attention_choice,
+};
 use pollster::FutureExt as _;
 use std::path::PathBuf;
 
@@ -88,9 +90,9 @@ pub struct TrainArgs {
     /// names a batch that fits.
     #[arg(long)]
     memory_limit: Option<String>,
-    /// auto: causal attention as one fused op where the backend has a kernel for it (CUDA),
-    /// else as separate ops (copies, matmuls, softmax); fused or unfused to choose (the same
-    /// function either way; fused runs on CUDA and the host executor).
+    /// auto: causal attention as one fused op where the backend prefers it (CUDA), else as
+    /// separate ops (copies, matmuls, softmax); fused or unfused to choose (the same function
+    /// either way).
     #[arg(long, default_value = "auto")]
     attention: String,
 }
@@ -323,18 +325,7 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         config.batch_size = batch;
     }
     let memory_limit = args.memory_limit.as_deref().map(parse_bytes).transpose()?;
-    let fused_attention = match args.attention.trim() {
-        "auto" => None,
-        "fused" => Some(true),
-        "unfused" => Some(false),
-        other => {
-            return Err(Error::UnknownName {
-                kind: "attention (--attention)",
-                given: other.into(),
-                valid: ["auto", "fused", "unfused"].map(String::from).to_vec(),
-            });
-        }
-    };
+    let fused_attention = attention_choice(&args.attention)?;
     corpus
         .check_context(config.block_size)
         .map_err(|e| Error::file(&args.corpus, e))?;

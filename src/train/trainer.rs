@@ -65,6 +65,20 @@ impl TrainOptions {
     }
 }
 
+/// `--attention`: auto (None: fused where the backend has a kernel for it), fused or unfused.
+pub fn attention_choice(name: &str) -> Result<Option<bool>> {
+    match name.trim() {
+        "auto" => Ok(None),
+        "fused" => Ok(Some(true)),
+        "unfused" => Ok(Some(false)),
+        other => Err(Error::UnknownName {
+            kind: "attention (--attention)",
+            given: other.into(),
+            valid: ["auto", "fused", "unfused"].map(String::from).to_vec(),
+        }),
+    }
+}
+
 impl TrainOptions {
     /// What these options ask of the precision policy.
     pub fn precision_request(&self) -> PrecisionRequest<'_> {
@@ -243,6 +257,13 @@ impl<'a> Trainer<'a> {
     /// How the steps run ("device-resident on ..., one submission per step").
     pub fn executor(&self) -> String {
         self.exec.describe()
+    }
+
+    /// Whether the step runs attention as one fused op (`plan::Op::Attention`).
+    pub fn fused_attention(&self) -> bool {
+        let ops = &self.exec.plan().ops;
+        ops.iter()
+            .any(|op| matches!(op, crate::plan::Op::Attention { .. }))
     }
 
     /// The memory the steps so far took (the plan's tensors, and the peak of everything).

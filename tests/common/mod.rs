@@ -229,3 +229,43 @@ pub fn prepared_cases(shape: &MatmulShape, seed: u64) -> (Vec<f32>, Vec<f32>, Ve
 pub fn same_bits(x: &[f32], y: &[f32]) -> bool {
     x.len() == y.len() && x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits())
 }
+
+/// Elementwise tolerance of fused attention against its definition (`ops::attention_fwd`,
+/// `attention_bwd`): where a value is held in a 16-bit format, the kernel's f32 sums and the
+/// reference's f64 sums can round to neighbouring values, and such a flip in a score or a
+/// probability moves what follows by an ulp or two of that format (tf32 included: P is rounded
+/// to it where it multiplies v); with f32 alone, the reductions' order (`train_tolerance::REDUCTION`).
+pub fn attention_tolerance(spec: &mantissa::plan::Attention) -> f32 {
+    let (inputs, _) = spec.algorithm.operand_formats();
+    let eps = [inputs, spec.probs, spec.compute]
+        .iter()
+        .filter(|&&f| f != mantissa::format::Format::F32)
+        .map(|f| f.finfo().eps as f32)
+        .fold(0.0, f32::max);
+    mantissa::measure::train_tolerance::REDUCTION.max(4.0 * eps)
+}
+
+/// Each value within `tol (1 + |want|)`, non-finite values where the reference has the same
+/// ones (NaN for NaN, the same infinity), and the whole within `tol / 4` relative in norm.
+pub fn attention_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (mut diff, mut norm) = (0f64, 0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if !w.is_finite() || !g.is_finite() {
+            let same = (w.is_nan() && g.is_nan()) || g == w;
+            assert!(same, "{what}[{i}]: {g} vs reference {w}");
+            continue;
+        }
+        assert!(
+            (g - w).abs() <= tol * (1.0 + w.abs()),
+            "{what}[{i}]: {g} vs reference {w} (tolerance {tol})"
+        );
+        diff += ((g - w) as f64).powi(2);
+        norm += (w as f64).powi(2);
+    }
+    let rel = (diff / norm.max(f64::MIN_POSITIVE)).sqrt();
+    assert!(
+        rel <= (tol / 4.0) as f64,
+        "{what}: relative error {rel:.3e} in norm"
+    );
+}

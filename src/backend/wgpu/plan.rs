@@ -310,16 +310,38 @@ impl<'a> ResidentPlan<'a> {
                 [Some(x), Some(dy), None],
                 [Some(out), None, None],
             )?],
-            // The model records attention unfused here (`Backend::fuses_attention`): a plan
-            // holding the fused op was built for another backend.
-            Op::Attention { .. } | Op::AttentionBwd { .. } => {
-                return Err(Error::invalid(
-                    "step plan",
-                    format!(
-                        "{} has no fused kernel on wgpu; record attention unfused",
-                        op.name()
-                    ),
-                ));
+            Op::Attention {
+                qkv,
+                out,
+                stats,
+                ref spec,
+            } => {
+                attention_fits(op, spec)?;
+                vec![train(
+                    launch::attention_fwd(spec),
+                    [Some(qkv), None, None],
+                    [Some(out), Some(stats), None],
+                )?]
+            }
+            Op::AttentionBwd {
+                qkv,
+                dout,
+                stats,
+                delta,
+                dqkv,
+                ref spec,
+            } => {
+                attention_fits(op, spec)?;
+                launch::attention_bwd(spec)
+                    .into_iter()
+                    .map(|l| {
+                        train(
+                            l,
+                            [Some(qkv), Some(dout), Some(stats)],
+                            [Some(dqkv), Some(delta), None],
+                        )
+                    })
+                    .collect::<Result<Vec<_>>>()?
             }
             Op::Softmax { x, out, t, scale } => vec![train(
                 launch::softmax_fwd(rows_of(x, t), t, scale),
@@ -617,4 +639,19 @@ impl StepExecutor for ResidentPlan<'_> {
             measured_by,
         }
     }
+}
+
+/// train.wgsl's attention holds a row's vectors in arrays of `ATT_MAX_D` (64).
+fn attention_fits(op: &Op, spec: &crate::plan::Attention) -> Result<()> {
+    if spec.d > 64 {
+        return Err(Error::invalid(
+            "step plan",
+            format!(
+                "{} on wgpu takes heads of at most 64, not {}; record attention unfused",
+                op.name(),
+                spec.d
+            ),
+        ));
+    }
+    Ok(())
 }

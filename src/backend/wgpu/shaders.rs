@@ -34,10 +34,14 @@ pub enum TrainOp {
     CrossEntropyFwd,
     EmbeddingFwd,
     EmbeddingBwd,
+    AttentionFwd,
+    AttentionBwdQ,
+    AttentionBwdK,
+    AttentionBwdV,
 }
 
 impl TrainOp {
-    pub const ALL: [TrainOp; 10] = [
+    pub const ALL: [TrainOp; 14] = [
         TrainOp::LayernormFwd,
         TrainOp::LayernormBwdX,
         TrainOp::LayernormBwdParams,
@@ -48,6 +52,10 @@ impl TrainOp {
         TrainOp::CrossEntropyFwd,
         TrainOp::EmbeddingFwd,
         TrainOp::EmbeddingBwd,
+        TrainOp::AttentionFwd,
+        TrainOp::AttentionBwdQ,
+        TrainOp::AttentionBwdK,
+        TrainOp::AttentionBwdV,
     ];
 
     pub fn entry_point(self) -> &'static str {
@@ -62,6 +70,10 @@ impl TrainOp {
             TrainOp::CrossEntropyFwd => "cross_entropy_fwd",
             TrainOp::EmbeddingFwd => "embedding_fwd",
             TrainOp::EmbeddingBwd => "embedding_bwd",
+            TrainOp::AttentionFwd => "attention_fwd",
+            TrainOp::AttentionBwdQ => "attention_bwd_q",
+            TrainOp::AttentionBwdK => "attention_bwd_k",
+            TrainOp::AttentionBwdV => "attention_bwd_v",
         }
     }
 }

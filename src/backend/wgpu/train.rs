@@ -21,6 +21,14 @@ pub struct TrainParams {
     pub tokens: u32,
     /// The softmax scale.
     pub scale: f32,
+    /// Fused attention: heads, head size, and the format ids of the matmul inputs, the stored
+    /// probabilities and the held matmul results.
+    pub h: u32,
+    pub d: u32,
+    pub inputs: u32,
+    pub probs: u32,
+    pub compute: u32,
+    pub pad: [u32; 3],
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -68,7 +76,7 @@ pub mod launch {
     use super::{StepLaunch, StepParams, TrainLaunch, TrainParams};
     use crate::backend::wgpu::shaders::{StepOp, TrainOp, format_id};
     use crate::format::Format;
-    use crate::plan::Strided;
+    use crate::plan::{Attention, Strided};
 
     fn train(op: TrainOp, n: usize, c: usize, items: usize) -> TrainLaunch {
         TrainLaunch {
@@ -125,6 +133,35 @@ pub mod launch {
     pub fn softmax_bwd(rows: usize, t: usize, scale: f64) -> TrainLaunch {
         let mut l = train(TrainOp::CausalSoftmaxBwd, rows, t, rows);
         l.params.scale = scale as f32;
+        l
+    }
+
+    /// Fused causal attention over `spec.score_rows()` rows: q|k|v -> out, each row's (max, sum).
+    pub fn attention_fwd(spec: &Attention) -> TrainLaunch {
+        attention(TrainOp::AttentionFwd, spec)
+    }
+
+    /// Its backward: dq with each row's sum(P * dP), then dk (which reads it), then dv, each
+    /// into its third of dqkv (inputs q|k|v, the output's gradient, (max, sum); outputs dqkv,
+    /// sum(P * dP)).
+    pub fn attention_bwd(spec: &Attention) -> [TrainLaunch; 3] {
+        [
+            TrainOp::AttentionBwdQ,
+            TrainOp::AttentionBwdK,
+            TrainOp::AttentionBwdV,
+        ]
+        .map(|op| attention(op, spec))
+    }
+
+    fn attention(op: TrainOp, spec: &Attention) -> TrainLaunch {
+        let rows = spec.score_rows();
+        let mut l = train(op, rows, spec.t, rows);
+        l.params.scale = spec.scale as f32;
+        l.params.h = spec.h as u32;
+        l.params.d = spec.d as u32;
+        l.params.inputs = format_id(spec.algorithm.operand_formats().0);
+        l.params.probs = format_id(spec.probs);
+        l.params.compute = format_id(spec.compute);
         l
     }
 
