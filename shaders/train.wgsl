@@ -429,7 +429,7 @@ fn attention_bwd_kv(row: u32, keys: bool) {
                 dp += att_held(in1[gi + e], params.inputs) * v[e];
             }
             dp = att_held(dp, params.compute);
-            let ds = att_held(att_held(params.scale * p * dp, params.compute), params.inputs);
+            let ds = att_held(att_held(params.scale * p * (dp - out1[first + i]), params.compute), params.inputs);
             for (var e = 0u; e < params.d; e++) {
                 acc[e] += ds * att_held(in0[qi + e], params.inputs);
             }
