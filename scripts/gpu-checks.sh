@@ -8,8 +8,8 @@
 #   bash scripts/gpu-checks.sh tune      # a full autotune, and matrix-vector shapes
 #   bash scripts/gpu-checks.sh train     # report, training on both backends, PyTorch anchor
 #   bash scripts/gpu-checks.sh steps     # step time, tokens/s, peak memory of every preset on
-#                                        # both backends (bench train; CUDA's attention fused
-#                                        # and unfused), PyTorch anchor
+#                                        # both backends (bench train; attention fused and
+#                                        # unfused on each), PyTorch anchor
 #   bash scripts/gpu-checks.sh dist      # NCCL on one rank against the plain step (needs
 #                                        # libnccl.so.2 on LD_LIBRARY_PATH, e.g. torch's wheel)
 #
@@ -94,6 +94,8 @@ steps)
     run 300 $m bench train --config small --backends cuda,wgpu --warmup 3 --steps 20 --json "$out/bench-train.json"
     # CUDA's attention as the separate ops, beside the fused kernels above (the default).
     MANTISSA_CUDA_ATTENTION=unfused run 120 $m bench train --config small --backends cuda --warmup 3 --steps 20 --json "$out/bench-train-unfused.json"
+    # wgpu's fused attention kernels (train.wgsl), beside its unfused default above.
+    run 240 $m bench train --config small --precision 32-true,bf16-mixed --backends wgpu --attention fused --warmup 3 --steps 20 --json "$out/bench-train-wgpu-fused.json"
     run 120 python3 scripts/anchors/torch_gpt.py
     ;;
 dist)
