@@ -332,6 +332,24 @@ impl MatmulShape {
         }
     }
 
+    /// `batch` products of m x n x k, A stored k x m when `a_transposed`, B stored n x k when
+    /// `b_transposed` (attention: one batch per sequence and head).
+    pub fn batched(
+        batch: usize,
+        (m, n, k): (usize, usize, usize),
+        a_transposed: bool,
+        b_transposed: bool,
+    ) -> MatmulShape {
+        MatmulShape {
+            batch,
+            m,
+            n,
+            k,
+            a_transposed,
+            b_transposed,
+        }
+    }
+
     /// The shape of C = A . B for A with `a` = (rows, cols) and B with `b` = (rows, cols).
     pub fn from_operands(a: (usize, usize), b: (usize, usize)) -> Result<MatmulShape> {
         if a.1 != b.0 {

@@ -522,35 +522,7 @@ fn resident_plan_matches_the_host_interpreter(b: &dyn Backend) {
             );
             o.resident = false;
             let mut host = Trainer::new(b, &corpus, o).unwrap();
-            for step in 0..3 {
-                let (r, h) = (
-                    resident.step().block_on().unwrap(),
-                    host.step().block_on().unwrap(),
-                );
-                assert!(
-                    (r.loss - h.loss).abs() < 1e-3 * h.loss,
-                    "{preset} step {step}: loss {} resident, {} host",
-                    r.loss,
-                    h.loss
-                );
-                assert!(
-                    (r.grad_norm - h.grad_norm).abs() < 2e-2 * h.grad_norm,
-                    "{preset} step {step}: gradient norm {} resident, {} host",
-                    r.grad_norm,
-                    h.grad_norm
-                );
-                assert_eq!((r.skipped, resident.applied), (h.skipped, host.applied));
-            }
-            let (gr, gh) = (
-                resident.gradients().block_on().unwrap(),
-                host.gradients().block_on().unwrap(),
-            );
-            let scale = gh.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
-            let gap = state_gap(&gr, &gh, scale);
-            assert!(
-                gap < 5e-2,
-                "{preset}: gradients differ by {gap} of the largest"
-            );
+            steps_agree(&preset.to_string(), &mut resident, &mut host);
             let (sr, sh) = (
                 resident.state().block_on().unwrap(),
                 host.state().block_on().unwrap(),
@@ -599,6 +571,42 @@ fn resident_plan_matches_the_host_interpreter(b: &dyn Backend) {
             }
         }
     }
+}
+
+/// Three steps of a device trainer and a host one that agree up to the device's arithmetic:
+/// each step's loss within 1e-3 and gradient norm within 2e-2 relative, the same skips; then
+/// the gradients within 5e-2 of the largest (returned: how far apart they are).
+fn steps_agree(what: &str, device: &mut Trainer, host: &mut Trainer) -> f32 {
+    for step in 0..3 {
+        let (r, h) = (
+            device.step().block_on().unwrap(),
+            host.step().block_on().unwrap(),
+        );
+        assert!(
+            (r.loss - h.loss).abs() < 1e-3 * h.loss,
+            "{what} step {step}: loss {} on the device, {} on the host",
+            r.loss,
+            h.loss
+        );
+        assert!(
+            (r.grad_norm - h.grad_norm).abs() < 2e-2 * h.grad_norm,
+            "{what} step {step}: gradient norm {} on the device, {} on the host",
+            r.grad_norm,
+            h.grad_norm
+        );
+        assert_eq!((r.skipped, device.applied), (h.skipped, host.applied));
+    }
+    let (gd, gh) = (
+        device.gradients().block_on().unwrap(),
+        host.gradients().block_on().unwrap(),
+    );
+    let scale = gh.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
+    let gap = state_gap(&gd, &gh, scale);
+    assert!(
+        gap < 5e-2,
+        "{what}: gradients differ by {gap} of the largest"
+    );
+    gap
 }
 
 /// GradScaler's skip on the device: an inf injected into a scaled gradient leaves the resident
@@ -771,34 +779,7 @@ fn resident_fused_attention_matches_its_definition(b: &dyn Backend) {
             Trainer::new(b, &corpus, o).unwrap()
         };
         let (mut device, mut host) = (trainer(true), trainer(false));
-        for step in 0..3 {
-            let (r, h) = (
-                device.step().block_on().unwrap(),
-                host.step().block_on().unwrap(),
-            );
-            assert!(
-                (r.loss - h.loss).abs() < 1e-3 * h.loss,
-                "{preset} step {step}: loss {} fused on the device, {} its definition",
-                r.loss,
-                h.loss
-            );
-            assert!(
-                (r.grad_norm - h.grad_norm).abs() < 2e-2 * h.grad_norm,
-                "{preset} step {step}: gradient norm {} device, {} definition",
-                r.grad_norm,
-                h.grad_norm
-            );
-        }
-        let (gd, gh) = (
-            device.gradients().block_on().unwrap(),
-            host.gradients().block_on().unwrap(),
-        );
-        let scale = gh.iter().flatten().fold(0f32, |m, x| m.max(x.abs()));
-        let gap = state_gap(&gd, &gh, scale);
-        assert!(
-            gap < 5e-2,
-            "{preset}: gradients differ by {gap} of the largest"
-        );
+        let gap = steps_agree(&format!("{preset}, fused"), &mut device, &mut host);
         eprintln!(
             "{preset}: fused attention on {}: gradients within {gap:.2e}",
             b.name()

@@ -255,7 +255,7 @@ impl Recorder<'_> {
             });
             out
         });
-        let scores = self.mm(bmm(b * h, t, t, d, false, true), q, k);
+        let scores = self.mm(MatmulShape::batched(b * h, (t, t, d), false, true), q, k);
         let att = self.g.temp(b * h * t * t);
         self.g.push(Op::Softmax {
             x: scores,
@@ -264,7 +264,7 @@ impl Recorder<'_> {
             scale,
         });
         self.g.round(att, p.softmax.narrower(p.stream));
-        let y = self.mm(bmm(b * h, t, d, t, false, false), att, v);
+        let y = self.mm(MatmulShape::batched(b * h, (t, d, t), false, false), att, v);
         let y_rows = self.g.temp(n * c);
         self.g.push(Op::Copy {
             x: y,
@@ -304,8 +304,8 @@ impl Recorder<'_> {
                     map: Strided::rows_to_heads(b, t, h, d),
                 });
                 let bh = b * h;
-                let datt = self.mm(bmm(bh, t, t, d, false, true), dy, v);
-                let dv = self.mm(bmm(bh, t, d, t, true, false), att, dy);
+                let datt = self.mm(MatmulShape::batched(bh, (t, t, d), false, true), dy, v);
+                let dv = self.mm(MatmulShape::batched(bh, (t, d, t), true, false), att, dy);
                 let dscores = self.g.temp(bh * t * t);
                 self.g.push(Op::SoftmaxBwd {
                     p: att,
@@ -315,8 +315,12 @@ impl Recorder<'_> {
                     scale,
                 });
                 self.g.round(dscores, self.p.compute);
-                let dq = self.mm(bmm(bh, t, d, t, false, false), dscores, k);
-                let dk = self.mm(bmm(bh, t, d, t, true, false), dscores, q);
+                let dq = self.mm(
+                    MatmulShape::batched(bh, (t, d, t), false, false),
+                    dscores,
+                    k,
+                );
+                let dk = self.mm(MatmulShape::batched(bh, (t, d, t), true, false), dscores, q);
                 for (part, x) in [dq, dk, dv].into_iter().enumerate() {
                     self.g.push(Op::Copy {
                         x,
@@ -727,7 +731,7 @@ impl Gpt<'_> {
         let nl = r.state.len() - 2;
         let lnf = r.norm(x, (nl, nl + 1), c);
         // Head tied to the token embedding: logits = lnf . wte^T, in the compute format.
-        let logits = r.mm(bmm(1, n, v, c, false, true), lnf.0, wte);
+        let logits = r.mm(MatmulShape::batched(1, (n, v, c), false, true), lnf.0, wte);
         let probs = r.g.temp(n * v);
         r.g.push(Op::CrossEntropy {
             logits,
@@ -750,7 +754,7 @@ impl Gpt<'_> {
         let dx = r.mm(MatmulShape::new(n, c, v), dlogits, wte);
         let dwte = r.grad(0);
         r.mm_into(
-            bmm(1, v, c, n, true, false),
+            MatmulShape::batched(1, (v, c, n), true, false),
             p.matmul,
             None,
             (dlogits, lnf.0),
@@ -866,33 +870,14 @@ struct Linear {
     dout: usize,
 }
 
-/// A batched matmul shape (attention: one batch per sequence and head).
-fn bmm(
-    batch: usize,
-    m: usize,
-    n: usize,
-    k: usize,
-    a_transposed: bool,
-    b_transposed: bool,
-) -> MatmulShape {
-    MatmulShape {
-        batch,
-        m,
-        n,
-        k,
-        a_transposed,
-        b_transposed,
-    }
-}
-
 /// A^T . B for A stored rows x m (the weight gradient x^T . dy): m x n result, k = rows.
 fn transposed_a(m: usize, n: usize, rows: usize) -> MatmulShape {
-    bmm(1, m, n, rows, true, false)
+    MatmulShape::batched(1, (m, n, rows), true, false)
 }
 
 /// A . B^T for B stored n x k (dx = dy . W^T, W stored din x dout).
 fn transposed_b(m: usize, n: usize, k: usize) -> MatmulShape {
-    bmm(1, m, n, k, false, true)
+    MatmulShape::batched(1, (m, n, k), false, true)
 }
 
 trait Narrower {

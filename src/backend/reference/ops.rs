@@ -355,14 +355,8 @@ fn bmm(
     a_transposed: bool,
     b_transposed: bool,
 ) -> MatmulShape {
-    MatmulShape {
-        batch: spec.b * spec.h,
-        m: spec.t,
-        n,
-        k,
-        a_transposed,
-        b_transposed,
-    }
+    let batch = spec.b * spec.h;
+    MatmulShape::batched(batch, (spec.t, n, k), a_transposed, b_transposed)
 }
 
 /// a.b under the attention's algorithm, held in its compute format.
