@@ -40,12 +40,16 @@ struct AttentionArg {
     u32 compute;
 };
 
-// A call, not inlined: it sits in loops unrolled over the head's D values, where inlined copies
-// of the encoder made NVRTC take minutes for one module.
-__device__ __noinline__ float held(float x, u32 fmt) {
+// x as the unfused plan holds it in format `fmt` (f32: itself). Inlined where it rounds a
+// score, a probability or a gradient of one, once per score.
+__device__ __forceinline__ float held(float x, u32 fmt) {
     if (fmt == FMT_F32) return x;
     return __uint_as_float(decode_format(encode_format(__float_as_uint(x), fmt, false), fmt));
 }
+
+// `held` as a call, for the loops unrolled over a row's D values (loads and stores): inlined
+// copies of the encoder there made NVRTC take minutes for one module.
+__device__ __noinline__ float held_each(float x, u32 fmt) { return held(x, fmt); }
 
 template <int D>
 __device__ __forceinline__ float dot(const float* a, const float* b) {
@@ -101,7 +105,7 @@ __device__ void attention_fwd(const float* qkv, float* out, float* stats, Attent
     u32 end = min(a.t, first + blockDim.x);  // keys [0, end) reach the block's rows
     float q[D];
 #pragma unroll
-    for (int d = 0; d < D; d++) q[d] = live ? held(qkv[hd.qkv + i * hd.row3 + d], a.inputs) : 0.0f;
+    for (int d = 0; d < D; d++) q[d] = live ? held_each(qkv[hd.qkv + i * hd.row3 + d], a.inputs) : 0.0f;
     // Pass 1: the row's max and sum of exp(z - max), rescaled as the max grows.
     float m = ATT_NEG_INF, l = 0.0f;
     for (u32 j0 = 0; j0 < end; j0 += ATT_TILE) {
@@ -139,7 +143,7 @@ __device__ void attention_fwd(const float* qkv, float* out, float* stats, Attent
     }
     if (!live) return;
 #pragma unroll
-    for (int d = 0; d < D; d++) out[hd.rows + (i64)i * hd.c + d] = held(acc[d], a.compute);
+    for (int d = 0; d < D; d++) out[hd.rows + (i64)i * hd.c + d] = held_each(acc[d], a.compute);
     i64 row = (i64)blockIdx.x * a.t + i;
     stats[2 * row] = m;
     stats[2 * row + 1] = l;
@@ -159,8 +163,8 @@ __device__ void attention_bwd_q(const float* qkv, const float* dout, const float
     float q[D], g[D], dq[D];
 #pragma unroll
     for (int d = 0; d < D; d++) {
-        q[d] = live ? held(qkv[hd.qkv + i * hd.row3 + d], a.inputs) : 0.0f;
-        g[d] = live ? held(dout[hd.rows + (i64)i * hd.c + d], a.inputs) : 0.0f;
+        q[d] = live ? held_each(qkv[hd.qkv + i * hd.row3 + d], a.inputs) : 0.0f;
+        g[d] = live ? held_each(dout[hd.rows + (i64)i * hd.c + d], a.inputs) : 0.0f;
         dq[d] = 0.0f;
     }
     float m = live ? stats[2 * row] : 0.0f, l = live ? stats[2 * row + 1] : 1.0f;
@@ -187,7 +191,7 @@ __device__ void attention_bwd_q(const float* qkv, const float* dout, const float
     }
     if (!live) return;
 #pragma unroll
-    for (int d = 0; d < D; d++) dqkv[hd.qkv + i * hd.row3 + d] = held(dq[d], a.compute);
+    for (int d = 0; d < D; d++) dqkv[hd.qkv + i * hd.row3 + d] = held_each(dq[d], a.compute);
     delta[row] = pdp;
 }
 
@@ -206,8 +210,8 @@ __device__ void attention_bwd_kv(const float* qkv, const float* dout, const floa
     float k[D], v[D], acc[D];
 #pragma unroll
     for (int d = 0; d < D; d++) {
-        k[d] = live ? held(qkv[hd.qkv + hd.c + j * hd.row3 + d], a.inputs) : 0.0f;
-        v[d] = live && KEYS ? held(qkv[hd.qkv + 2 * hd.c + j * hd.row3 + d], a.inputs) : 0.0f;
+        k[d] = live ? held_each(qkv[hd.qkv + hd.c + j * hd.row3 + d], a.inputs) : 0.0f;
+        v[d] = live && KEYS ? held_each(qkv[hd.qkv + 2 * hd.c + j * hd.row3 + d], a.inputs) : 0.0f;
         acc[d] = 0.0f;
     }
     i64 rows = (i64)blockIdx.x * a.t;
@@ -241,7 +245,7 @@ __device__ void attention_bwd_kv(const float* qkv, const float* dout, const floa
     if (!live) return;
     i64 at = hd.qkv + (KEYS ? hd.c : 2 * hd.c) + j * hd.row3;
 #pragma unroll
-    for (int d = 0; d < D; d++) dqkv[at + d] = held(acc[d], a.compute);
+    for (int d = 0; d < D; d++) dqkv[at + d] = held_each(acc[d], a.compute);
 }
 
 #define ATTENTION_KERNELS(D)                                                                      \
