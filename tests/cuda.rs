@@ -116,9 +116,9 @@ fn harness() -> Option<&'static PathBuf> {
             .arg(src)
             .status()
             .map_err(|e| format!("no C++ compiler ({compiler}: {e})"))?;
-        if !status.success() {
-            return Err(format!("{compiler} failed on {src}"));
-        }
+        // A compiler that runs and fails is an error in the kernels or the harness, not an
+        // absent tool: it fails the tests everywhere rather than skipping them.
+        assert!(status.success(), "{compiler} failed on {src}");
         Ok(out)
     });
     match built {

@@ -24,6 +24,7 @@
 #define __device__
 #define __global__
 #define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
 // Blocks run one after the other, so a block's shared memory can be a static.
 #define __shared__ static
 struct Dim3 {
