@@ -609,6 +609,26 @@ fn steps_agree(what: &str, device: &mut Trainer, host: &mut Trainer) -> f32 {
     gap
 }
 
+/// A resident plan is on the device once prepared, before any step: the peak the executor
+/// reports covers the plan's tensors. On a wgpu device of its own, since the allocator reports
+/// a whole device, and the other tests of this file allocate and free on the shared one at the
+/// same time.
+#[test]
+fn resident_plan_holds_its_tensors_once_prepared() {
+    let test = "resident_plan_holds_its_tensors_once_prepared";
+    let Some(b) = common::fresh_wgpu(test, mantissa::backend::wgpu::WgpuOptions::default()) else {
+        return;
+    };
+    let corpus = corpus();
+    let mut t = Trainer::new(&b, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
+    t.prepare().block_on().unwrap();
+    let memory = t.memory();
+    assert!(
+        memory.peak_bytes >= memory.plan_bytes,
+        "prepared: {memory:?}"
+    );
+}
+
 /// GradScaler's skip on the device: an inf injected into a scaled gradient leaves the resident
 /// weights and moments bit for bit as they were and halves the scale; a checkpoint read back
 /// from the device resumes the run exactly.
@@ -616,13 +636,9 @@ fn resident_plan_skips_non_finite_steps_and_resumes(b: &dyn Backend) {
     {
         let corpus = corpus();
         let mut t = Trainer::new(b, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
-        // The plan is on the device before any step (so a plan too large fails here).
+        // The plan is on the device before any step (so a plan too large fails here; its
+        // memory is checked in `resident_plan_holds_its_tensors_once_prepared`).
         t.prepare().block_on().unwrap();
-        let memory = t.memory();
-        assert!(
-            memory.peak_bytes >= memory.plan_bytes,
-            "prepared: {memory:?}"
-        );
         t.step().block_on().unwrap();
         let (state, applied) = (t.state().block_on().unwrap(), t.applied);
         let scale = t.scaler.unwrap().scale;
