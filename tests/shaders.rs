@@ -351,3 +351,25 @@ fn checked_k_step_runs_the_unchecked_instructions() {
         );
     }
 }
+
+/// No kernel holds a non-finite float constant (`bitcast<f32>` of an all-ones exponent):
+/// browsers' WGSL compilers reject a constant expression that is not finite, which naga
+/// accepts, and one such constant fails every entry point of its module there.
+#[test]
+fn no_kernel_has_a_non_finite_constant() {
+    for k in Kernel::all() {
+        let source = k.source();
+        for (at, _) in source.match_indices("bitcast<f32>(0x") {
+            let digits: String = source[at + "bitcast<f32>(0x".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_hexdigit())
+                .collect();
+            let value = u32::from_str_radix(&digits, 16).map(f32::from_bits);
+            assert!(
+                value.is_ok_and(f32::is_finite),
+                "{}: bitcast<f32>(0x{digits}) is not a finite constant",
+                k.label()
+            );
+        }
+    }
+}
