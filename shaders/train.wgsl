@@ -321,10 +321,10 @@ fn attention_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
         q[e] = att_held(in0[a.qkv + a.i * 3u * c + e], params.inputs);
         acc[e] = 0.0;
     }
-    // Pass 1: the row's max and sum of exp(z - max), rescaled as the max grows. No infinite
-    // constants (browsers reject a constant expression that is not finite): the max starts
-    // at the lowest finite value, as causal_softmax_fwd's does.
-    var m = -3.4028235e38;
+    // Pass 1: the row's max and sum of exp(z - max), rescaled as the max grows. No constant
+    // beyond f32's range (browsers reject one, infinities included): the max starts at
+    // -3.4e38, as causal_softmax_fwd's does.
+    var m = -3.4e38;
     var l = 0.0;
     for (var j = 0u; j <= a.i; j++) {
         let z = att_z(&q, a, j);
@@ -335,8 +335,9 @@ fn attention_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
             l += exp(z - m);
         }
     }
-    // The unfused sum is exp(inf - inf) = NaN for a row holding +inf: so is this one.
-    if (m > 3.4028235e38) {
+    // The unfused sum is exp(inf - inf) = NaN for a row holding +inf: so is this one (a score
+    // above 3.4e38, whose exp overflows anyway, counts as infinite).
+    if (m > 3.4e38) {
         l = m - m;
     }
     // Pass 2: out = P . v.
