@@ -88,11 +88,17 @@ __device__ void load_tile(float (*dst)[D], const float* src, i64 stride, u32 r0,
     }
 }
 
+// The score of a query and a key as the unfused plan holds it, times the scale: the z of every
+// pass (the row's max and sum, and each recomputed P).
+template <int D>
+__device__ __forceinline__ float score(const float* q, const float* k, AttentionArg a) {
+    return held(dot<D>(q, k), a.compute) * a.scale;
+}
+
 // The stored probability of a score: the unfused softmax's exp(z - max) / sum, held in `probs`.
 template <int D>
 __device__ __forceinline__ float prob(const float* q, const float* k, float m, float l, AttentionArg a) {
-    float z = held(dot<D>(q, k), a.compute) * a.scale;
-    return held(expf(z - m) / l, a.probs);
+    return held(expf(score<D>(q, k, a) - m) / l, a.probs);
 }
 
 template <int D>
@@ -113,7 +119,7 @@ __device__ void attention_fwd(const float* qkv, float* out, float* stats, Attent
         __syncthreads();
         if (live)
             for (u32 jj = 0; jj < ATT_TILE && j0 + jj <= i; jj++) {
-                float z = held(dot<D>(q, ks[jj]), a.compute) * a.scale;
+                float z = score<D>(q, ks[jj], a);
                 if (z > m) {
                     l = l * expf(m - z) + 1.0f;
                     m = z;

@@ -413,7 +413,10 @@ fn attention_bwd_kv(row: u32, keys: bool) {
     var acc: array<f32, ATT_MAX_D>;
     for (var e = 0u; e < params.d; e++) {
         k[e] = att_held(in0[a.qkv + c + j * 3u * c + e], params.inputs);
-        v[e] = att_held(in0[a.qkv + 2u * c + j * 3u * c + e], params.inputs);
+        v[e] = 0.0;
+        if (keys) {
+            v[e] = att_held(in0[a.qkv + 2u * c + j * 3u * c + e], params.inputs);
+        }
         acc[e] = 0.0;
     }
     let first = row - j;  // row of query 0 of this head
