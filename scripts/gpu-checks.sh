@@ -91,9 +91,9 @@ train)
     run 120 python3 scripts/anchors/torch_gpt.py
     ;;
 steps)
-    run 300 $m bench train --config small --backends cuda,wgpu --warmup 3 --steps 20 --json "$out/bench-train.json"
+    run 300 $m bench train --config small --backends cuda,wgpu --warmup 3 --steps 20 --profile --json "$out/bench-train.json"
     # CUDA's attention as the separate ops, beside the fused kernels above (the default).
-    MANTISSA_CUDA_ATTENTION=unfused run 120 $m bench train --config small --backends cuda --warmup 3 --steps 20 --json "$out/bench-train-unfused.json"
+    MANTISSA_CUDA_ATTENTION=unfused run 120 $m bench train --config small --backends cuda --warmup 3 --steps 20 --profile --json "$out/bench-train-unfused.json"
     # wgpu's fused attention kernels (train.wgsl), beside its unfused default above.
     run 240 $m bench train --config small --precision 32-true,bf16-mixed --backends wgpu --attention fused --warmup 3 --steps 20 --json "$out/bench-train-wgpu-fused.json"
     run 120 python3 scripts/anchors/torch_gpt.py

@@ -10,7 +10,8 @@ use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::{Backend, Operands, reference};
 use crate::error::{Error, Result};
 use crate::measure;
-use crate::plan::exec::Memory;
+use crate::plan::Plan;
+use crate::plan::exec::{Memory, Timings};
 use crate::policy::Preset;
 use crate::train::{Corpus, GptConfig, TrainOptions, Trainer};
 
@@ -173,6 +174,8 @@ pub struct TrainBench {
     pub seed: u64,
     /// Attention fused or not (`TrainOptions::fused_attention`; None: as the backend prefers).
     pub attention: Option<bool>,
+    /// Steps run after the timed ones with every op timed (`StepProfile`); 0: none.
+    pub profile: u32,
 }
 
 /// One preset's training steps on one backend.
@@ -202,6 +205,104 @@ pub struct TrainRecord {
     /// Why the preset stopped before the steps were done (a divergence; timings then cover
     /// the steps before it).
     pub stopped: Option<String>,
+    /// Where the step's time goes, op by op (`TrainBench::profile`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<StepProfile>,
+}
+
+/// Where a step's time goes: each op's median time over the profiled steps, and the sums by
+/// part of the step and by op label (`Op::label`: a matmul's algorithm and shape).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StepProfile {
+    pub steps: usize,
+    /// What an op's time includes (`Timings::measured_by`).
+    pub measured_by: String,
+    /// The sum of the ops' medians.
+    pub total_seconds: f64,
+    /// Forward, backward, and the unscale, check and update.
+    pub parts: Vec<ProfileRow>,
+    /// By op label, most time first.
+    pub labels: Vec<ProfileRow>,
+    /// Every op, in plan order.
+    pub ops: Vec<OpTime>,
+}
+
+/// Ops summed under one name.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ProfileRow {
+    pub name: String,
+    pub ops: usize,
+    pub seconds: f64,
+}
+
+/// One op's median time.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct OpTime {
+    pub index: usize,
+    pub label: String,
+    pub seconds: f64,
+}
+
+impl StepProfile {
+    /// The profile of `runs`, each the timings of a whole step of `plan`; None without runs.
+    pub fn of(plan: &Plan, runs: &[Timings]) -> Option<StepProfile> {
+        let first = runs.first()?;
+        let ops: Vec<OpTime> = (0..first.seconds.len())
+            .map(|i| {
+                let mut times: Vec<f64> = runs
+                    .iter()
+                    .filter_map(|r| r.seconds.get(i))
+                    .copied()
+                    .collect();
+                times.sort_by(f64::total_cmp);
+                let index = first.first + i;
+                OpTime {
+                    index,
+                    label: plan
+                        .ops
+                        .get(index)
+                        .map_or_else(String::new, |op| op.label()),
+                    seconds: times[times.len() / 2],
+                }
+            })
+            .collect();
+        let sum = |name: &str, range: std::ops::Range<usize>| {
+            let within: Vec<&OpTime> = ops.iter().filter(|o| range.contains(&o.index)).collect();
+            ProfileRow {
+                name: name.into(),
+                ops: within.len(),
+                seconds: within.iter().map(|o| o.seconds).sum(),
+            }
+        };
+        let parts = vec![
+            sum("forward", 0..plan.forward),
+            sum("backward", plan.forward..plan.backward),
+            sum("unscale, check and update", plan.backward..plan.ops.len()),
+        ];
+        let mut labels: Vec<ProfileRow> = Vec::new();
+        for o in &ops {
+            match labels.iter_mut().find(|r| r.name == o.label) {
+                Some(r) => {
+                    r.ops += 1;
+                    r.seconds += o.seconds;
+                }
+                None => labels.push(ProfileRow {
+                    name: o.label.clone(),
+                    ops: 1,
+                    seconds: o.seconds,
+                }),
+            }
+        }
+        labels.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+        Some(StepProfile {
+            steps: runs.len(),
+            measured_by: first.measured_by.clone(),
+            total_seconds: ops.iter().map(|o| o.seconds).sum(),
+            parts,
+            labels,
+            ops,
+        })
+    }
 }
 
 impl TrainBench {
@@ -238,6 +339,22 @@ impl TrainBench {
                     Err(e) => return Err(e),
                 }
             }
+            let mut runs = Vec::new();
+            for _ in 0..if stopped.is_none() { self.profile } else { 0 } {
+                match trainer.step_timed().await {
+                    Ok((r, Some(t))) => {
+                        loss = r.loss;
+                        runs.push(t);
+                    }
+                    Ok((_, None)) => break,
+                    Err(e @ Error::Diverged { .. }) => {
+                        stopped = Some(e.to_string());
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let profile = StepProfile::of(trainer.plan(), &runs);
             timed.sort_by(f64::total_cmp);
             let median = timed.get(timed.len() / 2).copied().unwrap_or(f64::NAN);
             let tokens = trainer.tokens_per_step();
@@ -266,6 +383,7 @@ impl TrainBench {
                 memory: trainer.memory(),
                 loss,
                 stopped,
+                profile,
             };
             each(&record);
             out.push(record);

@@ -672,3 +672,62 @@ fn a_plan_over_the_memory_limit_stops_before_allocating_and_names_a_batch_that_f
         assert!(text(&o).contains(flag), "{}", text(&o));
     }
 }
+
+/// `mantissa bench train --profile`: the step's time and memory in the table and the JSON, and
+/// a profile that accounts for every op of the plan once (in plan order, each in one part of
+/// the step and under one label, the totals the sums of the ops).
+#[test]
+fn bench_train_profiles_every_op_of_the_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let o = mantissa(&[
+        "bench",
+        "train",
+        "--config",
+        "tiny",
+        "--precision",
+        "bf16-mixed",
+        "--backends",
+        "reference",
+        "--warmup",
+        "1",
+        "--steps",
+        "1",
+        "--profile",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let msg = text(&o);
+    assert!(o.status.success(), "{msg}");
+    for want in [
+        "ms/step",
+        "peak MiB",
+        "profile of reference bf16-mixed",
+        "matmul bf16",
+    ] {
+        assert!(msg.contains(want), "no {want:?} in {msg}");
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let p = &v[0]["profile"];
+    let ops = p["ops"].as_array().expect("every op in the JSON");
+    assert!(ops.len() > 50, "{} ops", ops.len());
+    let mut total = 0.0;
+    for (i, op) in ops.iter().enumerate() {
+        assert_eq!(op["index"].as_u64(), Some(i as u64), "plan order");
+        let s = op["seconds"].as_f64().unwrap();
+        assert!(s.is_finite() && s >= 0.0, "{op}");
+        assert!(!op["label"].as_str().unwrap().is_empty(), "{op}");
+        total += s;
+    }
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 + 1e-9 * b.abs();
+    assert!(close(p["total_seconds"].as_f64().unwrap(), total), "{p}");
+    for rows in ["parts", "labels"] {
+        let rows = p[rows].as_array().unwrap();
+        let count: u64 = rows.iter().map(|r| r["ops"].as_u64().unwrap()).sum();
+        let seconds: f64 = rows.iter().map(|r| r["seconds"].as_f64().unwrap()).sum();
+        assert_eq!(count, ops.len() as u64, "{rows:?}");
+        assert!(close(seconds, total), "{rows:?}");
+    }
+    assert_eq!(p["parts"].as_array().unwrap().len(), 3);
+}

@@ -668,10 +668,50 @@ fn resident_plan_skips_non_finite_steps_and_resumes(b: &dyn Backend) {
     }
 }
 
+/// A step with every op timed (`mantissa bench train --profile`) is the same step: the same
+/// loss and gradient norm, and the same weights and moments after, bit for bit; its timings
+/// cover every op of the plan, each finite and not negative.
+fn a_timed_step_is_the_step(b: &dyn Backend) {
+    let corpus = corpus();
+    let mut plain = Trainer::new(b, &corpus, options(&corpus, Preset::MixedBf16, 7)).unwrap();
+    let mut timed = Trainer::new(b, &corpus, options(&corpus, Preset::MixedBf16, 7)).unwrap();
+    for step in 0..2 {
+        let r = plain.step().block_on().unwrap();
+        let (t, timings) = timed.step_timed().block_on().unwrap();
+        assert_eq!(
+            (r.loss.to_bits(), r.grad_norm.to_bits()),
+            (t.loss.to_bits(), t.grad_norm.to_bits()),
+            "step {step}: loss {} and {}",
+            r.loss,
+            t.loss
+        );
+        let timings = timings.expect("a single-device step is timed");
+        assert_eq!(
+            (timings.first, timings.seconds.len()),
+            (0, timed.plan().ops.len())
+        );
+        assert!(
+            timings.seconds.iter().all(|s| s.is_finite() && *s >= 0.0),
+            "{timings:?}"
+        );
+        assert!(timings.seconds.iter().sum::<f64>() > 0.0, "{timings:?}");
+    }
+    assert!(
+        plain.state().block_on().unwrap() == timed.state().block_on().unwrap(),
+        "the weights after timed steps differ"
+    );
+}
+
+#[test]
+fn a_timed_step_is_the_step_on_the_reference() {
+    a_timed_step_is_the_step(&Reference);
+}
+
 // The device backends' training tests (the reference runs the tests above, and is what the
 // resident plans are compared with).
 backend_tests!(
     wgpu: loss_falls,
+    a_timed_step_is_the_step,
     resident_plan_matches_the_host_interpreter,
     resident_plan_skips_non_finite_steps_and_resumes,
     resident_fused_attention_matches_its_definition,
@@ -679,6 +719,7 @@ backend_tests!(
 );
 backend_tests!(
     cuda: loss_falls,
+    a_timed_step_is_the_step,
     resident_plan_matches_the_host_interpreter,
     resident_plan_skips_non_finite_steps_and_resumes,
     resident_fused_attention_matches_its_definition,

@@ -5,7 +5,7 @@ use super::parse_list;
 use super::table::{Table, g};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::{self, BackendChoice, Operands};
-use crate::bench::{MatmulBench, MatmulRecord, TrainBench, TrainRecord};
+use crate::bench::{MatmulBench, MatmulRecord, StepProfile, TrainBench, TrainRecord};
 use crate::error::{Error, Result};
 use crate::policy::Preset;
 use crate::train::{Corpus, GptConfig, attention_choice};
@@ -58,6 +58,10 @@ struct TrainArgs {
     /// fused or unfused to compare them.
     #[arg(long, default_value = "auto")]
     attention: String,
+    /// After the timed steps, run three more with every op timed, and print where a step's
+    /// time goes (by part of the step and by op; every op in the JSON).
+    #[arg(long)]
+    profile: bool,
 }
 
 #[derive(clap::Args)]
@@ -152,6 +156,7 @@ fn train(args: TrainArgs) -> Result<()> {
         steps: args.steps,
         seed: args.seed,
         attention: attention_choice(&args.attention)?,
+        profile: if args.profile { PROFILED_STEPS } else { 0 },
     };
     let mut records: Vec<TrainRecord> = Vec::new();
     for choice in choices {
@@ -211,7 +216,62 @@ fn train(args: TrainArgs) -> Result<()> {
         ]);
     }
     print!("{}", table.render());
+    for r in &records {
+        if let Some(p) = &r.profile {
+            print!("{}", profile_table(r, p));
+        }
+    }
     write_json(args.json.as_deref(), &records)
+}
+
+/// Steps `--profile` times op by op (each op's median is reported).
+const PROFILED_STEPS: u32 = 3;
+/// Op labels a profile prints (the rest summed in one line; all are in the JSON).
+const PROFILE_LINES: usize = 16;
+
+/// Where a record's step time goes: by part of the step, then by op label.
+fn profile_table(r: &TrainRecord, p: &StepProfile) -> String {
+    let share = |s: f64| format!("{:.1}%", 100.0 * s / p.total_seconds.max(f64::MIN_POSITIVE));
+    let row = |name: &str, ops: usize, seconds: f64| {
+        vec![
+            name.to_string(),
+            ops.to_string(),
+            format!("{:.3}", seconds * 1e3),
+            share(seconds),
+        ]
+    };
+    let mut out = format!(
+        "\nprofile of {} {} ({} attention; median of {} steps; {}): {:.2} ms of ops\n",
+        r.backend,
+        r.preset,
+        r.attention,
+        p.steps,
+        p.measured_by,
+        p.total_seconds * 1e3
+    );
+    let mut parts = Table::new(&["part", "ops", "ms", "share"]);
+    for part in &p.parts {
+        parts.row(row(&part.name, part.ops, part.seconds));
+    }
+    out.push_str(&parts.render());
+    let mut labels = Table::new(&["op", "ops", "ms", "share"]);
+    for l in p.labels.iter().take(PROFILE_LINES) {
+        labels.row(row(&l.name, l.ops, l.seconds));
+    }
+    let rest = &p.labels[p.labels.len().min(PROFILE_LINES)..];
+    if !rest.is_empty() {
+        let (ops, seconds) = rest
+            .iter()
+            .fold((0, 0.0), |(n, s), l| (n + l.ops, s + l.seconds));
+        labels.row(row(
+            &format!("({} other kinds of op)", rest.len()),
+            ops,
+            seconds,
+        ));
+    }
+    out.push('\n');
+    out.push_str(&labels.render());
+    out
 }
 
 fn mib(bytes: u64) -> f64 {

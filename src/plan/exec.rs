@@ -45,6 +45,18 @@ impl Memory {
     }
 }
 
+/// Where a step's time goes (`StepExecutor::run_timed`): the time of each op of the section
+/// run, in plan order.
+#[derive(Clone, Debug, Default, PartialEq, serde::Serialize)]
+pub struct Timings {
+    /// Index in the plan of the first op timed.
+    pub first: usize,
+    /// Seconds of op `first + i`.
+    pub seconds: Vec<f64>,
+    /// How the times were taken ("CUDA events recorded between consecutive launches").
+    pub measured_by: String,
+}
+
 /// Runs a plan, holding its tensors (parameters and optimizer state included) between steps.
 #[async_trait::async_trait]
 pub trait StepExecutor: Send {
@@ -59,6 +71,16 @@ pub trait StepExecutor: Send {
         targets: &[u32],
         scalars: &[f32],
     ) -> Result<Vec<f64>>;
+    /// Runs `section` as `run` does (the same results, bit for bit) and times each op: where
+    /// the step's time goes, for `mantissa bench train --profile`. Each executor says in
+    /// `Timings::measured_by` what an op's time includes.
+    async fn run_timed(
+        &mut self,
+        section: Section,
+        tokens: &[u32],
+        targets: &[u32],
+        scalars: &[f32],
+    ) -> Result<(Vec<f64>, Timings)>;
     async fn read(&mut self, id: TensorId) -> Result<Vec<f32>>;
     async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()>;
     /// The memory the steps so far took (on the host for the host interpreter).

@@ -360,6 +360,34 @@ impl Op {
             Op::AdamW { .. } => "adamw",
         }
     }
+
+    /// The op in a profile: its name, and what sets its cost apart where one name covers
+    /// different work (a matmul's algorithm and shape, a rounding's format).
+    pub fn label(&self) -> String {
+        match self {
+            Op::Matmul {
+                shape, algorithm, ..
+            } => {
+                let batch = if shape.batch > 1 {
+                    format!("{} x ", shape.batch)
+                } else {
+                    String::new()
+                };
+                let transposed = match (shape.a_transposed, shape.b_transposed) {
+                    (false, false) => "",
+                    (true, false) => ", A^T",
+                    (false, true) => ", B^T",
+                    (true, true) => ", A^T B^T",
+                };
+                format!(
+                    "matmul {algorithm} {batch}{}x{}x{}{transposed}",
+                    shape.m, shape.n, shape.k
+                )
+            }
+            Op::Round { format, .. } => format!("round to {format}"),
+            op => op.name().into(),
+        }
+    }
 }
 
 impl Op {

@@ -7,7 +7,7 @@ use crate::backend::reference::ops::round_to;
 use crate::backend::{self, Backend};
 use crate::dist::{self, Collective, Reducer, Single};
 use crate::error::{Error, Result, gib};
-use crate::plan::exec::{Memory, Reduced, grad_norm, update_factor};
+use crate::plan::exec::{Memory, Reduced, Timings, grad_norm, update_factor};
 use crate::plan::scalar::StepScalars;
 use crate::plan::{AdamW, Plan, Section, Stats, StepExecutor, Storage, TensorId};
 use crate::policy::precision::PrecisionRequest;
@@ -255,6 +255,11 @@ impl<'a> Trainer<'a> {
     }
 
     /// How the steps run ("device-resident on ..., one submission per step").
+    /// The step plan the trainer runs.
+    pub fn plan(&self) -> &Plan {
+        self.exec.plan()
+    }
+
     pub fn executor(&self) -> String {
         self.exec.describe()
     }
@@ -344,18 +349,40 @@ impl<'a> Trainer<'a> {
     /// One training step with `poison` added to the first element of the first (scaled)
     /// gradient before the check: tests inject inf and NaN faults through it.
     pub async fn step_injecting(&mut self, poison: f32) -> Result<StepRecord> {
+        Ok(self.step_with(poison, false).await?.0)
+    }
+
+    /// One training step with each op of the plan timed (`StepExecutor::run_timed`): the same
+    /// step as `step`, slower by the timing. A data-parallel step is not timed (None).
+    pub async fn step_timed(&mut self) -> Result<(StepRecord, Option<Timings>)> {
+        self.step_with(0.0, true).await
+    }
+
+    async fn step_with(
+        &mut self,
+        poison: f32,
+        timed: bool,
+    ) -> Result<(StepRecord, Option<Timings>)> {
         let start = Instant::now();
         let (ids, targets) = self.local_batch(false, self.step as u64)?;
         self.gpt
             .check_batch(&ids, &targets, self.gpt.config.block_size)?;
         let scale = self.scaler.map(|s| s.scale).unwrap_or(1.0);
+        let mut timings = None;
         let stats = if self.reduces() {
             self.reduced_step(&ids, &targets, scale, poison).await?
         } else {
             let scalars = self.scalars(scale, poison);
-            self.exec
-                .run(Section::Step, &ids, &targets, &scalars)
-                .await?
+            let exec = &mut self.exec;
+            if timed {
+                let (stats, t) = exec
+                    .run_timed(Section::Step, &ids, &targets, &scalars)
+                    .await?;
+                timings = Some(t);
+                stats
+            } else {
+                exec.run(Section::Step, &ids, &targets, &scalars).await?
+            }
         };
         let layout = self.exec.plan().stats;
         let loss = stats[Stats::LOSS];
@@ -388,7 +415,7 @@ impl<'a> Trainer<'a> {
             self.applied += 1;
         }
         let dt = start.elapsed().as_secs_f64();
-        Ok(StepRecord {
+        let record = StepRecord {
             step: self.step,
             loss,
             skipped: decision == StepDecision::Skip,
@@ -396,7 +423,8 @@ impl<'a> Trainer<'a> {
             grad_norm: grad_norm(&layout, &stats),
             dt_ms: dt * 1e3,
             tokens_per_s: self.tokens_per_step() as f64 / dt,
-        })
+        };
+        Ok((record, timings))
     }
 
     /// A data-parallel step: this rank's gradients, summed over the ranks, then the update of

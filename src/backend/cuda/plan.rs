@@ -15,7 +15,7 @@ use super::train::{self as launch, Ptr, scratch};
 use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
 use crate::plan::exec::{
-    Memory, Reduced, StepExecutor, check_inputs, check_write, reduce_on_host, tensor_len,
+    Memory, Reduced, StepExecutor, Timings, check_inputs, check_write, reduce_on_host, tensor_len,
 };
 use crate::plan::{Op, Plan, Section, Storage, TensorId, step_algorithm};
 use cudarc::driver::CudaSlice;
@@ -290,6 +290,46 @@ impl<'a> CudaPlan<'a> {
         }
     }
 
+    /// Checks a step's inputs and uploads them; clears the stats.
+    fn begin_step(&mut self, tokens: &[u32], targets: &[u32], scalars: &[f32]) -> Result<()> {
+        check_inputs(&self.plan, tokens, targets, scalars)?;
+        self.check_ids(tokens, targets)?;
+        let cb = self.cb;
+        let upload = |what: &str, values: &[f32], to: &mut CudaSlice<f32>| {
+            cb.stream
+                .memcpy_htod(values, to)
+                .map_err(|e| cb.device_error(what, e))
+        };
+        let (tokens_id, targets_id) = (self.plan.tokens, self.plan.targets);
+        upload(
+            "tokens",
+            bytemuck::cast_slice(tokens),
+            self.buffer_mut(tokens_id),
+        )?;
+        upload(
+            "targets",
+            bytemuck::cast_slice(targets),
+            self.buffer_mut(targets_id),
+        )?;
+        upload("scalars", scalars, &mut self.scalars)?;
+        cb.stream
+            .memset_zeros(&mut self.stats)
+            .map_err(|e| cb.device_error("clearing the stats", e))
+    }
+
+    /// Launches op `i` of the plan.
+    fn launch_op(&mut self, i: usize, scalars: &[f32]) -> Result<()> {
+        let op = self.plan.ops[i].clone();
+        self.launch(&op, scalars)
+            .map_err(|e| e.during(format_args!("step plan op {i} ({})", op.name())))
+    }
+
+    /// Waits for the step and reads its stats back.
+    fn read_stats(&self) -> Result<Vec<f64>> {
+        let stats = self.cb.download(&self.stats, self.plan.stats.len())?;
+        Ok(stats.into_iter().map(|v| v as f64).collect())
+    }
+
     /// Refuses ids the device would read outside a table with.
     fn check_ids(&self, tokens: &[u32], targets: &[u32]) -> Result<()> {
         let bad = |ids: &[u32], limit: usize, what: &str| match ids
@@ -330,36 +370,58 @@ impl StepExecutor for CudaPlan<'_> {
         targets: &[u32],
         scalars: &[f32],
     ) -> Result<Vec<f64>> {
-        check_inputs(&self.plan, tokens, targets, scalars)?;
-        self.check_ids(tokens, targets)?;
-        let cb = self.cb;
-        let upload = |what: &str, values: &[f32], to: &mut CudaSlice<f32>| {
-            cb.stream
-                .memcpy_htod(values, to)
-                .map_err(|e| cb.device_error(what, e))
-        };
-        let (tokens_id, targets_id) = (self.plan.tokens, self.plan.targets);
-        upload(
-            "tokens",
-            bytemuck::cast_slice(tokens),
-            self.buffer_mut(tokens_id),
-        )?;
-        upload(
-            "targets",
-            bytemuck::cast_slice(targets),
-            self.buffer_mut(targets_id),
-        )?;
-        upload("scalars", scalars, &mut self.scalars)?;
-        cb.stream
-            .memset_zeros(&mut self.stats)
-            .map_err(|e| cb.device_error("clearing the stats", e))?;
+        self.begin_step(tokens, targets, scalars)?;
         for i in self.plan.range_of(section) {
-            let op = self.plan.ops[i].clone();
-            self.launch(&op, scalars)
-                .map_err(|e| e.during(format_args!("step plan op {i} ({})", op.name())))?;
+            self.launch_op(i, scalars)?;
         }
-        let stats = cb.download(&self.stats, self.plan.stats.len())?;
-        Ok(stats.into_iter().map(|v| v as f64).collect())
+        self.read_stats()
+    }
+
+    /// An event recorded on the stream before the first op and after each: an op's time is
+    /// the device's time between the events around it, so a gap where the device waited for
+    /// the host to launch the op counts as the op's.
+    async fn run_timed(
+        &mut self,
+        section: Section,
+        tokens: &[u32],
+        targets: &[u32],
+        scalars: &[f32],
+    ) -> Result<(Vec<f64>, Timings)> {
+        let cb = self.cb;
+        let ops = self.plan.range_of(section);
+        // Created before the step, so that creating them does not delay the launches.
+        let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let events = (0..=ops.len())
+            .map(|_| cb.stream.context().new_event(timing))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| cb.device_error("creating timing events", e))?;
+        self.begin_step(tokens, targets, scalars)?;
+        let record = |event: &cudarc::driver::CudaEvent| {
+            event
+                .record(&cb.stream)
+                .map_err(|e| cb.device_error("recording a timing event", e))
+        };
+        record(&events[0])?;
+        for (i, event) in ops.clone().zip(&events[1..]) {
+            self.launch_op(i, scalars)?;
+            record(event)?;
+        }
+        let stats = self.read_stats()?;
+        let seconds = events
+            .windows(2)
+            .map(|w| w[0].elapsed_ms(&w[1]).map(|ms| ms as f64 * 1e-3))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| cb.device_error("reading timing events", e))?;
+        Ok((
+            stats,
+            Timings {
+                first: ops.start,
+                seconds,
+                measured_by: "CUDA events recorded on the step's stream between consecutive ops \
+                              (an op's time includes any wait for its launch)"
+                    .into(),
+            },
+        ))
     }
 
     async fn read(&mut self, id: TensorId) -> Result<Vec<f32>> {

@@ -8,7 +8,7 @@ use crate::backend::Backend;
 use crate::error::Result;
 use crate::format;
 use crate::plan::exec::{
-    Memory, StepExecutor, check_inputs, check_write, tensor_len, update_factor,
+    Memory, StepExecutor, Timings, check_inputs, check_write, tensor_len, update_factor,
 };
 use crate::plan::{AdamW, Op, Plan, Section, Stats, Storage, TensorId, scalar, step_algorithm};
 
@@ -274,6 +274,35 @@ impl<'a> HostExecutor<'a> {
         }
         Ok(())
     }
+
+    /// Runs `section`; with `seconds`, the host's clock around each op goes there.
+    async fn interpret(
+        &mut self,
+        section: Section,
+        tokens: &[u32],
+        targets: &[u32],
+        scalars: &[f32],
+        mut seconds: Option<&mut Vec<f64>>,
+    ) -> Result<Vec<f64>> {
+        check_inputs(&self.plan, tokens, targets, scalars)?;
+        self.tensors[self.plan.tokens] = bytemuck::cast_slice(tokens).to_vec();
+        self.tensors[self.plan.targets] = bytemuck::cast_slice(targets).to_vec();
+        let mut stats = vec![0.0; self.plan.stats.len()];
+        for i in self.plan.range_of(section) {
+            let op = self.plan.ops[i].clone();
+            let start = web_time::Instant::now();
+            self.exec(&op, scalars, &mut stats).await?;
+            if let Some(seconds) = seconds.as_deref_mut() {
+                seconds.push(start.elapsed().as_secs_f64());
+            }
+            self.peak = self.peak.max(self.held_bytes());
+            // Written whole before any read in every step: nothing to keep.
+            for &t in &self.last_uses[i] {
+                self.tensors[t] = Vec::new();
+            }
+        }
+        Ok(stats)
+    }
 }
 
 #[async_trait::async_trait]
@@ -296,20 +325,35 @@ impl StepExecutor for HostExecutor<'_> {
         targets: &[u32],
         scalars: &[f32],
     ) -> Result<Vec<f64>> {
-        check_inputs(&self.plan, tokens, targets, scalars)?;
-        self.tensors[self.plan.tokens] = bytemuck::cast_slice(tokens).to_vec();
-        self.tensors[self.plan.targets] = bytemuck::cast_slice(targets).to_vec();
-        let mut stats = vec![0.0; self.plan.stats.len()];
-        for i in self.plan.range_of(section) {
-            let op = self.plan.ops[i].clone();
-            self.exec(&op, scalars, &mut stats).await?;
-            self.peak = self.peak.max(self.held_bytes());
-            // Written whole before any read in every step: nothing to keep.
-            for &t in &self.last_uses[i] {
-                self.tensors[t] = Vec::new();
-            }
-        }
-        Ok(stats)
+        self.interpret(section, tokens, targets, scalars, None)
+            .await
+    }
+
+    async fn run_timed(
+        &mut self,
+        section: Section,
+        tokens: &[u32],
+        targets: &[u32],
+        scalars: &[f32],
+    ) -> Result<(Vec<f64>, Timings)> {
+        let mut timings = Timings {
+            first: self.plan.range_of(section).start,
+            seconds: Vec::new(),
+            measured_by: format!(
+                "the host's clock around each op ({}: each op's uploads, work and readback)",
+                self.describe()
+            ),
+        };
+        let stats = self
+            .interpret(
+                section,
+                tokens,
+                targets,
+                scalars,
+                Some(&mut timings.seconds),
+            )
+            .await?;
+        Ok((stats, timings))
     }
 
     async fn read(&mut self, id: TensorId) -> Result<Vec<f32>> {

@@ -235,42 +235,69 @@ impl Dispatch {
     }
 }
 
-/// Timestamp queries around a pass, where the device has them.
+/// Timestamp queries at the beginning and end of each of a submission's passes, where the
+/// device has them.
 pub struct Timer {
     set: wgpu::QuerySet,
     resolve: wgpu::Buffer,
+    passes: u32,
 }
 
 impl Timer {
-    pub fn new(gpu: &Gpu) -> Option<Timer> {
-        if !gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+    /// Most passes one timer covers: wgpu's limit on a query set, two queries a pass.
+    pub const MAX_PASSES: usize = wgpu::QUERY_SET_MAX_QUERIES as usize / 2;
+
+    /// A timer for `passes` passes (at most `MAX_PASSES`), or None where the device has no
+    /// timestamps.
+    pub fn new(gpu: &Gpu, passes: usize) -> Option<Timer> {
+        if !gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) || passes > Self::MAX_PASSES {
             return None;
         }
+        let passes = passes.max(1) as u32;
         let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("mantissa.timer"),
             ty: wgpu::QueryType::Timestamp,
-            count: 2,
+            count: 2 * passes,
         });
         let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("mantissa.timer.resolve"),
-            size: 16,
+            size: 16 * passes as u64,
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        Some(Timer { set, resolve })
+        Some(Timer {
+            set,
+            resolve,
+            passes,
+        })
     }
 
-    /// Seconds between the two timestamps of the last pass.
-    pub async fn read_seconds(&self, gpu: &Gpu) -> Result<f64> {
-        let bytes = read_bytes(gpu, &self.resolve, 16).await?;
+    /// Seconds from the beginning to the end of each pass of the last submission.
+    pub async fn read_seconds(&self, gpu: &Gpu) -> Result<Vec<f64>> {
+        let bytes = read_bytes(gpu, &self.resolve, 16 * self.passes as u64).await?;
         let ticks: &[u64] = bytemuck::cast_slice(&bytes);
         let period_ns = gpu.queue.get_timestamp_period() as f64;
-        Ok(ticks[1].saturating_sub(ticks[0]) as f64 * period_ns * 1e-9)
+        Ok(ticks
+            .chunks_exact(2)
+            .map(|t| t[1].saturating_sub(t[0]) as f64 * period_ns * 1e-9)
+            .collect())
     }
 }
 
-/// Records `clears` (buffers to zero), then every dispatch in one compute pass, and submits.
+/// Clears `clears`, then records `dispatches` in one compute pass and submits it (timed by
+/// `timer`, a timer of one pass).
 pub fn submit(gpu: &Gpu, clears: &[&wgpu::Buffer], dispatches: &[Dispatch], timer: Option<&Timer>) {
+    submit_passes(gpu, clears, &[dispatches], timer)
+}
+
+/// Clears `clears`, then records each group of dispatches as a compute pass of its own (pass
+/// i timed by `timer`'s queries 2i and 2i + 1) and submits them together.
+pub fn submit_passes(
+    gpu: &Gpu,
+    clears: &[&wgpu::Buffer],
+    passes: &[&[Dispatch]],
+    timer: Option<&Timer>,
+) {
     let mut encoder = gpu
         .device
         .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -279,24 +306,25 @@ pub fn submit(gpu: &Gpu, clears: &[&wgpu::Buffer], dispatches: &[Dispatch], time
     for b in clears {
         encoder.clear_buffer(b, 0, None);
     }
-    {
+    let timer = timer.filter(|t| t.passes as usize == passes.len());
+    for (i, dispatches) in passes.iter().enumerate() {
         let timestamp_writes = timer.map(|t| wgpu::ComputePassTimestampWrites {
             query_set: &t.set,
-            beginning_of_pass_write_index: Some(0),
-            end_of_pass_write_index: Some(1),
+            beginning_of_pass_write_index: Some(2 * i as u32),
+            end_of_pass_write_index: Some(2 * i as u32 + 1),
         });
         let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some("mantissa"),
             timestamp_writes,
         });
-        for d in dispatches {
+        for d in dispatches.iter() {
             pass.set_pipeline(&d.pipeline.pipeline);
             pass.set_bind_group(0, &d.bind_group, &[]);
             pass.dispatch_workgroups(d.groups[0], d.groups[1], d.groups[2]);
         }
     }
     if let Some(t) = timer {
-        encoder.resolve_query_set(&t.set, 0..2, &t.resolve, 0);
+        encoder.resolve_query_set(&t.set, 0..2 * t.passes, &t.resolve, 0);
     }
     gpu.queue.submit([encoder.finish()]);
 }

@@ -372,7 +372,7 @@ impl WgpuBackend {
             .await?;
         let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
         let product = run.product_dispatches();
-        let timer = Timer::new(&self.gpu);
+        let timer = Timer::new(&self.gpu, 1);
         let mut times = Vec::new();
         for rep in 0..=repetitions {
             let start = Instant::now();
@@ -390,7 +390,7 @@ impl WgpuBackend {
             self.gpu.idle().await?;
             let wall = start.elapsed().as_secs_f64();
             let t = match &timer {
-                Some(t) => t.read_seconds(&self.gpu).await?,
+                Some(t) => t.read_seconds(&self.gpu).await?[0],
                 None => wall,
             };
             if rep > 0 {

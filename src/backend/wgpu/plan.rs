@@ -7,16 +7,19 @@
 //! that every build error surfaces through the async error scopes as an `Error`.
 
 use super::WgpuBackend;
-use super::buffer::{BufferPool, Dispatch, STORAGE, check_binding, read_words, submit, uniform};
+use super::buffer::{
+    BufferPool, Dispatch, STORAGE, Timer, check_binding, read_words, submit, submit_passes, uniform,
+};
 use super::cast::{self, Grouping};
 use super::matmul;
 use super::shaders::Kernel;
 use super::train::{StepLaunch, TrainLaunch, launch};
 use crate::error::{Error, Result};
-use crate::plan::exec::{Memory, StepExecutor, check_inputs, check_write, tensor_len};
+use crate::plan::exec::{Memory, StepExecutor, Timings, check_inputs, check_write, tensor_len};
 use crate::plan::{Op, Plan, Section, Storage, TensorId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use web_time::Instant;
 
 /// No allocator baseline taken (the adapter reports no allocator figures).
 const UNSET: u64 = u64::MAX;
@@ -38,6 +41,31 @@ struct Compiled {
     /// plan's life: each op's own (amaxes, flags, scales, losses), and the operand planes
     /// every matmul of the step shares (`MatmulRun::scratch`).
     temporaries: Vec<wgpu::Buffer>,
+}
+
+impl Compiled {
+    /// Queues the step's tokens, targets and scalars (and the given fp8 scales, from the
+    /// scalars) for the next submission.
+    fn write_inputs(
+        &self,
+        gpu: &super::device::Gpu,
+        plan: &Plan,
+        (tokens, targets, scalars): (&[u32], &[u32], &[f32]),
+    ) {
+        let q = &gpu.queue;
+        q.write_buffer(&self.tensors[plan.tokens], 0, bytemuck::cast_slice(tokens));
+        q.write_buffer(
+            &self.tensors[plan.targets],
+            0,
+            bytemuck::cast_slice(targets),
+        );
+        q.write_buffer(&self.scalars, 0, bytemuck::cast_slice(scalars));
+        for (buffer, ga, gb, [sa, sb]) in &self.given {
+            let mut values = vec![scalars[*sa]; *ga];
+            values.extend(std::iter::repeat_n(scalars[*sb], *gb));
+            q.write_buffer(buffer, 0, bytemuck::cast_slice(&values));
+        }
+    }
 }
 
 /// The executor of a plan on a wgpu device.
@@ -85,6 +113,22 @@ impl<'a> ResidentPlan<'a> {
             Some(c) => tensors + c.temporaries.iter().map(|b| b.size()).sum::<u64>(),
             None => tensors,
         }
+    }
+
+    fn gpu_and_plan(&self) -> Result<(&super::device::Gpu, &Compiled)> {
+        match &self.compiled {
+            Some(c) => Ok((&self.backend.gpu, c)),
+            None => Err(Error::invalid("step plan", "not compiled")),
+        }
+    }
+
+    /// Reads back the stats of the step just submitted.
+    async fn read_stats(&self) -> Result<Vec<f64>> {
+        let (gpu, c) = self.gpu_and_plan()?;
+        self.sample_memory();
+        let words = read_words(gpu, &c.stats, self.plan.stats.len()).await?;
+        self.sample_memory();
+        Ok(words.iter().map(|&w| f32::from_bits(w) as f64).collect())
     }
 
     async fn compiled(&mut self) -> Result<&Compiled> {
@@ -548,34 +592,75 @@ impl StepExecutor for ResidentPlan<'_> {
         scalars: &[f32],
     ) -> Result<Vec<f64>> {
         check_inputs(&self.plan, tokens, targets, scalars)?;
-        let (tokens_id, targets_id, count) =
-            (self.plan.tokens, self.plan.targets, self.plan.stats.len());
         self.compiled().await?;
-        let (gpu, c) = match &self.compiled {
-            Some(c) => (&self.backend.gpu, c),
-            None => return Err(Error::invalid("step plan", "not compiled")),
-        };
+        let (gpu, c) = self.gpu_and_plan()?;
         let ops = self.plan.range_of(section);
         let dispatches = &c.dispatches[c.first[ops.start]..c.first[ops.end]];
         gpu.scoped("a training step", || {
-            let q = &gpu.queue;
-            q.write_buffer(&c.tensors[tokens_id], 0, bytemuck::cast_slice(tokens));
-            q.write_buffer(&c.tensors[targets_id], 0, bytemuck::cast_slice(targets));
-            q.write_buffer(&c.scalars, 0, bytemuck::cast_slice(scalars));
-            for (buffer, ga, gb, [sa, sb]) in &c.given {
-                let mut values = vec![scalars[*sa]; *ga];
-                values.extend(std::iter::repeat_n(scalars[*sb], *gb));
-                q.write_buffer(buffer, 0, bytemuck::cast_slice(&values));
-            }
-            let clears: Vec<&wgpu::Buffer> = c.clears.iter().collect();
-            submit(gpu, &clears, dispatches, None);
+            c.write_inputs(gpu, &self.plan, (tokens, targets, scalars));
+            submit(gpu, &c.clears.iter().collect::<Vec<_>>(), dispatches, None);
             Ok(())
         })
         .await?;
-        self.sample_memory();
-        let words = read_words(gpu, &c.stats, count).await?;
-        self.sample_memory();
-        Ok(words.iter().map(|&w| f32::from_bits(w) as f64).collect())
+        self.read_stats().await
+    }
+
+    /// One compute pass per op, timed by the device's timestamps at the pass's beginning and
+    /// end (as many ops to a submission as a query set holds); without timestamps, each op is
+    /// submitted alone and waited for, timed by the host's clock.
+    async fn run_timed(
+        &mut self,
+        section: Section,
+        tokens: &[u32],
+        targets: &[u32],
+        scalars: &[f32],
+    ) -> Result<(Vec<f64>, Timings)> {
+        check_inputs(&self.plan, tokens, targets, scalars)?;
+        self.compiled().await?;
+        let (gpu, c) = self.gpu_and_plan()?;
+        let ops = self.plan.range_of(section);
+        let passes: Vec<&[Dispatch]> = ops
+            .clone()
+            .map(|i| &c.dispatches[c.first[i]..c.first[i + 1]])
+            .collect();
+        let timestamps = gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY);
+        let per_submission = if timestamps { Timer::MAX_PASSES } else { 1 };
+        let mut seconds = Vec::with_capacity(passes.len());
+        for (n, chunk) in passes.chunks(per_submission).enumerate() {
+            let timer = Timer::new(gpu, chunk.len());
+            let start = Instant::now();
+            gpu.scoped("a timed training step", || {
+                let mut clears = Vec::new();
+                if n == 0 {
+                    c.write_inputs(gpu, &self.plan, (tokens, targets, scalars));
+                    clears.extend(c.clears.iter());
+                }
+                submit_passes(gpu, &clears, chunk, timer.as_ref());
+                Ok(())
+            })
+            .await?;
+            match &timer {
+                Some(t) => seconds.extend(t.read_seconds(gpu).await?),
+                None => {
+                    gpu.idle().await?;
+                    seconds.push(start.elapsed().as_secs_f64());
+                }
+            }
+        }
+        let measured_by = if timestamps {
+            "the device's timestamps at the beginning and end of each op's compute pass (one pass per op)"
+        } else {
+            "the host's clock around each op, submitted alone and waited for (this device has no timestamps)"
+        };
+        let stats = self.read_stats().await?;
+        Ok((
+            stats,
+            Timings {
+                first: ops.start,
+                seconds,
+                measured_by: measured_by.into(),
+            },
+        ))
     }
 
     async fn prepare(&mut self) -> Result<()> {
