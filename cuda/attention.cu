@@ -40,12 +40,8 @@ struct AttentionArg {
     u32 compute;
 };
 
-// x as the unfused plan holds it in format `fmt` (f32: itself). Inlined where it rounds a
-// score, a probability or a gradient of one, once per score.
-__device__ __forceinline__ float held(float x, u32 fmt) {
-    if (fmt == FMT_F32) return x;
-    return __uint_as_float(decode_format(encode_format(__float_as_uint(x), fmt, false), fmt));
-}
+// `held` (formats.cuh) is inlined where it rounds a score, a probability or a gradient of one,
+// once per score.
 
 // `held` as a call, for the loops unrolled over a row's D values (loads and stores): inlined
 // copies of the encoder there made NVRTC take minutes for one module.

@@ -123,6 +123,12 @@ __device__ __forceinline__ u32 decode_format(u32 code, u32 fmt) {
     return decode_bits(code, layout_of(fmt));
 }
 
+// x as a plan holds it in format `fmt`: rounded to it, kept as f32 (f32: itself).
+__device__ __forceinline__ float held(float x, u32 fmt) {
+    if (fmt == FMT_F32) return x;
+    return __uint_as_float(decode_format(encode_format(__float_as_uint(x), fmt, false), fmt));
+}
+
 __device__ __forceinline__ u32 bf16_of(float x) {
     return encode_bits(__float_as_uint(x), Layout{8u, 7u, true}, false);
 }

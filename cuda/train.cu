@@ -78,8 +78,9 @@ extern "C" __global__ void embedding_bwd(const float* dout, const u32* ids, floa
 
 // ---- layer norm (eps 1e-5), one block per row of c ----
 
+// y is held in format `fmt` (f32: as computed).
 extern "C" __global__ void layernorm_fwd(const float* x, const float* g, const float* b,
-                                         float* y, float* stats, u32 c) {
+                                         float* y, float* stats, u32 c, u32 fmt) {
     const float* xr = x + (i64)blockIdx.x * c;
     float s = 0.0f;
     for (u32 i = threadIdx.x; i < c; i += blockDim.x) s += xr[i];
@@ -91,7 +92,7 @@ extern "C" __global__ void layernorm_fwd(const float* x, const float* g, const f
     }
     float rstd = 1.0f / sqrtf(block_sum(q) / (float)c + 1e-5f);
     float* yr = y + (i64)blockIdx.x * c;
-    for (u32 i = threadIdx.x; i < c; i += blockDim.x) yr[i] = (xr[i] - mean) * rstd * g[i] + b[i];
+    for (u32 i = threadIdx.x; i < c; i += blockDim.x) yr[i] = held((xr[i] - mean) * rstd * g[i] + b[i], fmt);
     if (threadIdx.x == 0u) {
         stats[2 * (i64)blockIdx.x] = mean;
         stats[2 * (i64)blockIdx.x + 1] = rstd;
@@ -179,10 +180,11 @@ extern "C" __global__ void sum_partials(const float* partial, float* out, u32 ch
 
 #define SQRT_2_OVER_PI 0.7978845608f
 
-extern "C" __global__ void gelu_fwd(const float* x, float* y, i64 n) {
+// y is held in format `fmt`.
+extern "C" __global__ void gelu_fwd(const float* x, float* y, i64 n, u32 fmt) {
     FOR_EACH(e, n) {
         float v = x[e];
-        y[e] = 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v)));
+        y[e] = held(0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v))), fmt);
     }
 }
 
@@ -259,9 +261,10 @@ extern "C" __global__ void cross_entropy_bwd(const float* probs, const u32* targ
 
 // ---- data movement ----
 
-// y += x, x repeated every c elements (c = n: elementwise; c = width: a bias per row).
-extern "C" __global__ void add(const float* x, float* y, i64 n, u32 c) {
-    FOR_EACH(e, n) y[e] += x[e % c];
+// y = y + x held in format `fmt`, x repeated every c elements (c = n: elementwise; c = width:
+// a bias per row).
+extern "C" __global__ void add(const float* x, float* y, i64 n, u32 c, u32 fmt) {
+    FOR_EACH(e, n) y[e] = held(y[e] + x[e % c], fmt);
 }
 
 // A 4-d strided copy (src/plan/mod.rs `Strided`): element (i0..i3) < dims moves from

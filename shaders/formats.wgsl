@@ -151,6 +151,14 @@ fn decode_format(code: u32, fmt: u32) -> u32 {
     return decode_bits(code, layout_of(fmt));
 }
 
+// x as a plan holds it in format `fmt`: rounded to it, kept as f32 (f32: itself).
+fn held(x: f32, fmt: u32) -> f32 {
+    if (fmt == FMT_F32) {
+        return x;
+    }
+    return bitcast<f32>(decode_format(encode_format(bitcast<u32>(x), fmt, false), fmt));
+}
+
 // Elements per 32-bit word when stored packed: f32/tf32 one, bf16/f16 two, fp8 four.
 fn per_word(fmt: u32) -> u32 {
     if (fmt >= FMT_E4M3) {

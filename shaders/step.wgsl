@@ -10,7 +10,7 @@ struct StepParams {
     n: u32,
     // Row length, or the length of a repeated operand.
     c: u32,
-    // Format id of `round`.
+    // Format id of `round`, and the one `add` holds its output in.
     format: u32,
     // A stats slot.
     slot: u32,
@@ -43,7 +43,8 @@ fn round_to_format(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     y[e] = bitcast<f32>(decode_format(code, params.format));
 }
 
-// y += x, x repeated every c elements (c = n: elementwise; c = width: a bias per row).
+// y = y + x held in format `format`, x repeated every c elements (c = n: elementwise; c = width:
+// a bias per row).
 @compute @workgroup_size(256)
 fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
@@ -51,7 +52,7 @@ fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
     if (e >= params.n) {
         return;
     }
-    y[e] = y[e] + x[e % params.c];
+    y[e] = held(y[e] + x[e % params.c], params.format);
 }
 
 // y[j] = sum over the n / c rows of x[row, j], one invocation per column j < c.

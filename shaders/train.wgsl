@@ -20,7 +20,8 @@ struct TrainParams {
     inputs: u32,
     probs: u32,
     compute: u32,
-    pad0: u32,
+    // Format id the op's output is held in (layer norm, GELU).
+    held: u32,
     pad1: u32,
     pad2: u32,
 }
@@ -55,7 +56,7 @@ fn layernorm_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     }
     let rstd = inverseSqrt(v / f32(c) + 1e-5);
     for (var i = 0u; i < c; i++) {
-        out0[r * c + i] = (in0[r * c + i] - mean) * rstd * in1[i] + in2[i];
+        out0[r * c + i] = held((in0[r * c + i] - mean) * rstd * in1[i] + in2[i], params.held);
     }
     out1[2u * r] = mean;
     out1[2u * r + 1u] = rstd;
@@ -125,7 +126,7 @@ fn gelu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         return;
     }
     let x = in0[e];
-    out0[e] = 0.5 * x * (1.0 + gelu_tanh(x));
+    out0[e] = held(0.5 * x * (1.0 + gelu_tanh(x)), params.held);
 }
 
 // in0 = x, in1 = dy; out0 = dx.
@@ -265,13 +266,6 @@ fn embedding_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
 
 const ATT_MAX_D: u32 = 64u;
 
-fn att_held(x: f32, fmt: u32) -> f32 {
-    if (fmt == FMT_F32) {
-        return x;
-    }
-    return bitcast<f32>(decode_format(encode_format(bitcast<u32>(x), fmt, false), fmt));
-}
-
 // Where a score row's vectors are: q of token i of its head, and (B, T, C) row i of its head.
 struct AttRow {
     bh: u32,
@@ -296,14 +290,14 @@ fn att_z(q: ptr<function, array<f32, ATT_MAX_D>>, a: AttRow, j: u32) -> f32 {
     let k = a.qkv + params.h * params.d + j * 3u * params.h * params.d;
     var s = 0.0;
     for (var e = 0u; e < params.d; e++) {
-        s += (*q)[e] * att_held(in0[k + e], params.inputs);
+        s += (*q)[e] * held(in0[k + e], params.inputs);
     }
-    return att_held(s, params.compute) * params.scale;
+    return held(s, params.compute) * params.scale;
 }
 
 // The stored probability: the unfused softmax's exp(z - max) / sum, held in its format.
 fn att_p(z: f32, m: f32, l: f32) -> f32 {
-    return att_held(exp(z - m) / l, params.probs);
+    return held(exp(z - m) / l, params.probs);
 }
 
 @compute @workgroup_size(256)
@@ -318,7 +312,7 @@ fn attention_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     var q: array<f32, ATT_MAX_D>;
     var acc: array<f32, ATT_MAX_D>;
     for (var e = 0u; e < params.d; e++) {
-        q[e] = att_held(in0[a.qkv + a.i * 3u * c + e], params.inputs);
+        q[e] = held(in0[a.qkv + a.i * 3u * c + e], params.inputs);
         acc[e] = 0.0;
     }
     // Pass 1: the row's max and sum of exp(z - max), rescaled as the max grows. No constant
@@ -342,14 +336,14 @@ fn attention_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     }
     // Pass 2: out = P . v.
     for (var j = 0u; j <= a.i; j++) {
-        let p = att_held(att_p(att_z(&q, a, j), m, l), params.inputs);
+        let p = held(att_p(att_z(&q, a, j), m, l), params.inputs);
         let v = a.qkv + 2u * c + j * 3u * c;
         for (var e = 0u; e < params.d; e++) {
-            acc[e] += p * att_held(in0[v + e], params.inputs);
+            acc[e] += p * held(in0[v + e], params.inputs);
         }
     }
     for (var e = 0u; e < params.d; e++) {
-        out0[a.rows + a.i * c + e] = att_held(acc[e], params.compute);
+        out0[a.rows + a.i * c + e] = held(acc[e], params.compute);
     }
     out1[2u * row] = m;
     out1[2u * row + 1u] = l;
@@ -369,8 +363,8 @@ fn attention_bwd_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     var g: array<f32, ATT_MAX_D>;
     var dq: array<f32, ATT_MAX_D>;
     for (var e = 0u; e < params.d; e++) {
-        q[e] = att_held(in0[a.qkv + a.i * 3u * c + e], params.inputs);
-        g[e] = att_held(in1[a.rows + a.i * c + e], params.inputs);
+        q[e] = held(in0[a.qkv + a.i * 3u * c + e], params.inputs);
+        g[e] = held(in1[a.rows + a.i * c + e], params.inputs);
         dq[e] = 0.0;
     }
     let m = in2[2u * row];
@@ -382,22 +376,22 @@ fn attention_bwd_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
             let v = a.qkv + 2u * c + j * 3u * c;
             var dp = 0.0;
             for (var e = 0u; e < params.d; e++) {
-                dp += g[e] * att_held(in0[v + e], params.inputs);
+                dp += g[e] * held(in0[v + e], params.inputs);
             }
-            dp = att_held(dp, params.compute);
+            dp = held(dp, params.compute);
             if (sweep == 0u) {
                 pdp += p * dp;
             } else {
-                let ds = att_held(att_held(params.scale * p * (dp - pdp), params.compute), params.inputs);
+                let ds = held(held(params.scale * p * (dp - pdp), params.compute), params.inputs);
                 let k = a.qkv + c + j * 3u * c;
                 for (var e = 0u; e < params.d; e++) {
-                    dq[e] += ds * att_held(in0[k + e], params.inputs);
+                    dq[e] += ds * held(in0[k + e], params.inputs);
                 }
             }
         }
     }
     for (var e = 0u; e < params.d; e++) {
-        out0[a.qkv + a.i * 3u * c + e] = att_held(dq[e], params.compute);
+        out0[a.qkv + a.i * 3u * c + e] = held(dq[e], params.compute);
     }
     out1[row] = pdp;
 }
@@ -412,10 +406,10 @@ fn attention_bwd_kv(row: u32, keys: bool) {
     var v: array<f32, ATT_MAX_D>;
     var acc: array<f32, ATT_MAX_D>;
     for (var e = 0u; e < params.d; e++) {
-        k[e] = att_held(in0[a.qkv + c + j * 3u * c + e], params.inputs);
+        k[e] = held(in0[a.qkv + c + j * 3u * c + e], params.inputs);
         v[e] = 0.0;
         if (keys) {
-            v[e] = att_held(in0[a.qkv + 2u * c + j * 3u * c + e], params.inputs);
+            v[e] = held(in0[a.qkv + 2u * c + j * 3u * c + e], params.inputs);
         }
         acc[e] = 0.0;
     }
@@ -424,25 +418,25 @@ fn attention_bwd_kv(row: u32, keys: bool) {
         let qi = a.qkv + i * 3u * c;
         var s = 0.0;
         for (var e = 0u; e < params.d; e++) {
-            s += att_held(in0[qi + e], params.inputs) * k[e];
+            s += held(in0[qi + e], params.inputs) * k[e];
         }
-        let z = att_held(s, params.compute) * params.scale;
+        let z = held(s, params.compute) * params.scale;
         let p = att_p(z, in2[2u * (first + i)], in2[2u * (first + i) + 1u]);
         let gi = a.rows + i * c;
         if (keys) {
             var dp = 0.0;
             for (var e = 0u; e < params.d; e++) {
-                dp += att_held(in1[gi + e], params.inputs) * v[e];
+                dp += held(in1[gi + e], params.inputs) * v[e];
             }
-            dp = att_held(dp, params.compute);
-            let ds = att_held(att_held(params.scale * p * (dp - out1[first + i]), params.compute), params.inputs);
+            dp = held(dp, params.compute);
+            let ds = held(held(params.scale * p * (dp - out1[first + i]), params.compute), params.inputs);
             for (var e = 0u; e < params.d; e++) {
-                acc[e] += ds * att_held(in0[qi + e], params.inputs);
+                acc[e] += ds * held(in0[qi + e], params.inputs);
             }
         } else {
-            let pin = att_held(p, params.inputs);
+            let pin = held(p, params.inputs);
             for (var e = 0u; e < params.d; e++) {
-                acc[e] += pin * att_held(in1[gi + e], params.inputs);
+                acc[e] += pin * held(in1[gi + e], params.inputs);
             }
         }
     }
@@ -451,7 +445,7 @@ fn attention_bwd_kv(row: u32, keys: bool) {
         at = a.qkv + c + j * 3u * c;
     }
     for (var e = 0u; e < params.d; e++) {
-        out0[at + e] = att_held(acc[e], params.compute);
+        out0[at + e] = held(acc[e], params.compute);
     }
 }
 

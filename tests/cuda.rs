@@ -440,11 +440,31 @@ fn cuda_training_kernels_match_the_host_reference() {
         let x = measure::normal(rows * c, seed);
         let (g, b) = (measure::normal(c, seed + 1), measure::normal(c, seed + 2));
         let dy = measure::normal(rows * c, seed + 3);
-        let out = run_f32(h, "layernorm_fwd", &strings(&[rows, c]), &[&x, &g, &b]);
+        let f32_ = Format::F32.id() as usize;
+        let out = run_f32(
+            h,
+            "layernorm_fwd",
+            &strings(&[rows, c, f32_]),
+            &[&x, &g, &b],
+        );
         let (y, mean, rstd) = ops::layernorm_fwd(&x, &g, &b, c);
         let stats: Vec<f32> = mean.iter().zip(&rstd).flat_map(|(&m, &r)| [m, r]).collect();
         close("layernorm y", &out[..rows * c], &y, tol::ROW);
         close("layernorm stats", &out[rows * c..], &stats, tol::ROW);
+        // Held in bf16 (a bf16-true step's norm): every value a bf16, the same within one.
+        let bf16 = Format::Bf16.id() as usize;
+        let held = run_f32(
+            h,
+            "layernorm_fwd",
+            &strings(&[rows, c, bf16]),
+            &[&x, &g, &b],
+        );
+        common::held_close(
+            "layernorm y held in bf16",
+            &held[..rows * c],
+            &y,
+            Format::Bf16,
+        );
         let out = run_f32(
             h,
             "layernorm_bwd",
@@ -468,9 +488,25 @@ fn cuda_training_kernels_match_the_host_reference() {
     let n = strings(&[x.len()]);
     close(
         "gelu",
-        &run_f32(h, "gelu_fwd", &n, &[&x]),
+        &run_f32(
+            h,
+            "gelu_fwd",
+            &strings(&[x.len(), Format::F32.id() as usize]),
+            &[&x],
+        ),
         &ops::gelu_fwd(&x),
         tol::ROW,
+    );
+    common::held_close(
+        "gelu held in f16",
+        &run_f32(
+            h,
+            "gelu_fwd",
+            &strings(&[x.len(), Format::F16.id() as usize]),
+            &[&x],
+        ),
+        &ops::gelu_fwd(&x),
+        Format::F16,
     );
     close(
         "gelu bwd",
@@ -555,14 +591,31 @@ fn cuda_training_kernels_match_the_host_reference() {
     let mut want = y.clone();
     ops::add_bias(&mut want, &bias);
     assert_eq!(
-        run_f32(h, "add", &strings(&[y.len(), 50]), &[&bias, &y]),
+        run_f32(
+            h,
+            "add",
+            &strings(&[y.len(), 50, Format::F32.id() as usize]),
+            &[&bias, &y]
+        ),
+        want
+    );
+    // Held in bf16: the f32 sum rounded, bit for bit.
+    ops::round_to(&mut want, Format::Bf16);
+    let bf16 = Format::Bf16.id() as usize;
+    assert_eq!(
+        run_f32(h, "add", &strings(&[y.len(), 50, bf16]), &[&bias, &y]),
         want
     );
     let x = measure::normal(y.len(), seed + 17);
     let mut want = y.clone();
     want.iter_mut().zip(&x).for_each(|(a, b)| *a += b);
     assert_eq!(
-        run_f32(h, "add", &strings(&[y.len(), y.len()]), &[&x, &y]),
+        run_f32(
+            h,
+            "add",
+            &strings(&[y.len(), y.len(), Format::F32.id() as usize]),
+            &[&x, &y]
+        ),
         want
     );
     // The head permutations.

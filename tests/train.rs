@@ -712,6 +712,7 @@ fn a_timed_step_is_the_step_on_the_reference() {
 backend_tests!(
     wgpu: loss_falls,
     a_timed_step_is_the_step,
+    held_outputs_match_their_definition,
     resident_plan_matches_the_host_interpreter,
     resident_plan_skips_non_finite_steps_and_resumes,
     resident_fused_attention_matches_its_definition,
@@ -720,6 +721,7 @@ backend_tests!(
 backend_tests!(
     cuda: loss_falls,
     a_timed_step_is_the_step,
+    held_outputs_match_their_definition,
     resident_plan_matches_the_host_interpreter,
     resident_plan_skips_non_finite_steps_and_resumes,
     resident_fused_attention_matches_its_definition,
@@ -820,6 +822,90 @@ fn fused_attention_ops_match_their_definition(b: &dyn Backend) {
         common::attention_close(&what("dqkv"), &read(&mut exec, dqkv), &grad, tol);
         common::attention_close(&what("sum(P dP)"), &read(&mut exec, delta), &dots, tol);
     }
+}
+
+/// The ops a rounding folds into (`PlanBuilder::round`) hold their output on the device: a
+/// plan of a layer norm held in bf16, GELU held in f16 and a bias added to it held in bf16, run
+/// by the device's resident executor, against the ops' definitions (every value one of the
+/// format's, within one step of the host's).
+fn held_outputs_match_their_definition(b: &dyn Backend) {
+    use mantissa::format::Format;
+    use mantissa::plan::{Op, Plan, PlanBuilder, Stats, TensorKind};
+    let seed = common::seed("held_outputs_match_their_definition");
+    let (rows, c) = (37, 300);
+    let values = |n, s| measure::normal(n, seed + s);
+    let (x_values, g_values, b_values) = (values(rows * c, 0), values(c, 1), values(c, 2));
+    let mut p = PlanBuilder::default();
+    let tokens = p.tensor(rows, TensorKind::Tokens);
+    let targets = p.tensor(rows, TensorKind::Targets);
+    let (x, g, bias) = (
+        p.constant(x_values.clone()),
+        p.constant(g_values.clone()),
+        p.constant(b_values.clone()),
+    );
+    let (norm, stats, y) = (p.temp(rows * c), p.temp(2 * rows), p.temp(rows * c));
+    let f32_ = Format::F32;
+    p.push(Op::LayerNorm {
+        x,
+        g,
+        b: bias,
+        out: norm,
+        stats,
+        c,
+        held: f32_,
+    });
+    p.round(norm, Format::Bf16);
+    p.push(Op::Gelu {
+        x,
+        out: y,
+        held: f32_,
+    });
+    p.round(y, Format::F16);
+    p.push(Op::Add {
+        x: bias,
+        y,
+        held: f32_,
+    });
+    p.round(y, Format::Bf16);
+    assert!(
+        !p.ops.iter().any(|op| matches!(op, Op::Round { .. })),
+        "every rounding folds into its op: {:?}",
+        p.ops
+    );
+    let plan = Plan {
+        tensors: p.tensors,
+        ops: p.ops,
+        forward: 3,
+        backward: 3,
+        gradients: 3,
+        rows,
+        tokens,
+        targets,
+        // The norm keeps a buffer of its own, as the logits do.
+        logits: norm,
+        state: vec![],
+        constants: p.constants,
+        stats: Stats {
+            grads: 0,
+            linears: 0,
+        },
+    };
+    let scalars = vec![0.0; plan.scalar_count()];
+    let mut exec = mantissa::backend::executor(b, plan, true).unwrap();
+    let ids = vec![0u32; rows];
+    exec.run(Section::Step, &ids, &ids, &scalars)
+        .block_on()
+        .unwrap();
+    let (want_norm, _, _) = ops::layernorm_fwd(&x_values, &g_values, &b_values, c);
+    let got = exec.read(norm).block_on().unwrap();
+    common::held_close("layer norm held in bf16", &got, &want_norm, Format::Bf16);
+    // GELU held in f16, the bias added in f32 and held in bf16: within a bf16 step of the sum
+    // the host computes from its own f16 GELU.
+    let mut want = ops::gelu_fwd(&x_values);
+    ops::round_to(&mut want, Format::F16);
+    ops::add_bias(&mut want, &b_values);
+    let got = exec.read(y).block_on().unwrap();
+    common::held_close("gelu + bias held in bf16", &got, &want, Format::Bf16);
 }
 
 /// A device's fused attention kernels (wgpu: shaders/train.wgsl, CUDA: cuda/attention.cu) in a

@@ -205,7 +205,7 @@ pub enum Op {
         rows: usize,
         c: usize,
     },
-    /// Layer norm over rows of c; `stats` holds (mean, rstd) per row.
+    /// Layer norm over rows of c, `out` held in `held`; `stats` holds (mean, rstd) per row.
     LayerNorm {
         x: TensorId,
         g: TensorId,
@@ -213,6 +213,7 @@ pub enum Op {
         out: TensorId,
         stats: TensorId,
         c: usize,
+        held: Format,
     },
     LayerNormBwd {
         dy: TensorId,
@@ -224,9 +225,11 @@ pub enum Op {
         db: TensorId,
         c: usize,
     },
+    /// out = GELU(x) (tanh form), held in `held`.
     Gelu {
         x: TensorId,
         out: TensorId,
+        held: Format,
     },
     GeluBwd {
         x: TensorId,
@@ -290,14 +293,12 @@ pub enum Op {
         scales: Option<[usize; 2]>,
     },
     /// x rounded to `format` in place (autocast holds x in `format`).
-    Round {
-        x: TensorId,
-        format: Format,
-    },
-    /// y += x, x repeated over y when shorter (a bias added to every row).
+    Round { x: TensorId, format: Format },
+    /// y = y + x held in `held`, x repeated over y when shorter (a bias added to every row).
     Add {
         x: TensorId,
         y: TensorId,
+        held: Format,
     },
     /// out[j] = sum over rows of x[row, j] (bias gradients).
     ColumnSums {
@@ -312,17 +313,11 @@ pub enum Op {
         map: Strided,
     },
     /// Stats slot `slot` = largest finite |x| (fp8 delayed scaling's amax).
-    Amax {
-        x: TensorId,
-        slot: usize,
-    },
+    Amax { x: TensorId, slot: usize },
     /// GradScaler's unscale of gradient `index`: g *= scalar `INVERSE_SCALE` (gradient 0's
     /// first element also gets scalar `POISON`, 0 except when a test injects a fault), and its
     /// finite flag and squared norm into the stats.
-    UnscaleCheck {
-        grad: TensorId,
-        index: usize,
-    },
+    UnscaleCheck { grad: TensorId, index: usize },
     /// AdamW update of one parameter, applied only where every gradient is finite, with the
     /// gradient clipped to the global norm scalar `CLIP` (0: no clipping).
     AdamW {
@@ -416,7 +411,7 @@ impl Op {
                 db,
                 ..
             } => (vec![dy, x, g, stats], vec![dx, dg, db]),
-            Op::Gelu { x, out } => (vec![x], vec![out]),
+            Op::Gelu { x, out, .. } => (vec![x], vec![out]),
             Op::GeluBwd { x, dy, out } => (vec![x, dy], vec![out]),
             Op::Softmax { x, out, .. } => (vec![x], vec![out]),
             Op::SoftmaxBwd { p, dp, out, .. } => (vec![p, dp], vec![out]),
@@ -445,7 +440,7 @@ impl Op {
             } => (vec![probs, targets], vec![out]),
             Op::Matmul { a, b, out, .. } => (vec![a, b], vec![out]),
             Op::Round { x, .. } => (vec![x], vec![x]),
-            Op::Add { x, y } => (vec![x, y], vec![y]),
+            Op::Add { x, y, .. } => (vec![x, y], vec![y]),
             Op::ColumnSums { x, out, .. } => (vec![x], vec![out]),
             Op::Copy { x, out, .. } => (vec![x], vec![out]),
             Op::Amax { x, .. } => (vec![x], vec![]),
@@ -716,7 +711,7 @@ impl Plan {
             let movable = later.iter().all(|&i| match backward[i] {
                 Op::Round { .. } => true,
                 // A part added in: a temporary no later op of the pass touches.
-                Op::Add { x, y } => {
+                Op::Add { x, y, .. } => {
                     y == g
                         && self.tensors[x].kind == TensorKind::Temp
                         && backward[i + 1..]
@@ -791,10 +786,20 @@ impl PlanBuilder {
         self.ops.push(op);
     }
 
-    /// Rounds x to `format` in place (nothing for f32).
+    /// Rounds x to `format` in place (nothing for f32): the op just pushed holds its output in
+    /// `format` where it wrote x and can (a layer norm, GELU, an add: one pass over x instead of
+    /// two), else a `Round` op follows.
     pub fn round(&mut self, x: TensorId, format: Format) {
-        if format != Format::F32 {
-            self.push(Op::Round { x, format });
+        if format == Format::F32 {
+            return;
+        }
+        match self.ops.last_mut() {
+            Some(
+                Op::LayerNorm { out, held, .. }
+                | Op::Gelu { out, held, .. }
+                | Op::Add { y: out, held, .. },
+            ) if *out == x && *held == Format::F32 => *held = format,
+            _ => self.push(Op::Round { x, format }),
         }
     }
 }

@@ -404,7 +404,11 @@ impl Recorder<'_> {
             None,
         );
         let bias = self.param(lin.b);
-        self.g.push(Op::Add { x: bias, y });
+        self.g.push(Op::Add {
+            x: bias,
+            y,
+            held: Format::F32,
+        });
         self.g.round(y, self.p.compute);
         y
     }
@@ -448,6 +452,7 @@ impl Recorder<'_> {
             out,
             stats,
             c,
+            held: Format::F32,
         });
         self.g.round(out, self.p.layer_norm.narrower(self.p.stream));
         (out, stats)
@@ -476,7 +481,11 @@ impl Recorder<'_> {
             db,
             c,
         });
-        self.g.push(Op::Add { x: residual, y: dx });
+        self.g.push(Op::Add {
+            x: residual,
+            y: dx,
+            held: Format::F32,
+        });
         self.g.round(dx, self.p.stream);
         dx
     }
@@ -687,7 +696,11 @@ impl Gpt<'_> {
             out: pe,
             c,
         });
-        r.g.push(Op::Add { x: pe, y: x });
+        r.g.push(Op::Add {
+            x: pe,
+            y: x,
+            held: Format::F32,
+        });
         r.g.round(x, stream);
 
         let mut x = x;
@@ -704,7 +717,11 @@ impl Gpt<'_> {
             };
             // x_mid = x_in + proj(y), in the stream format.
             let x_mid = r.linear_fwd(&proj, y_rows);
-            r.g.push(Op::Add { x: x_in, y: x_mid });
+            r.g.push(Op::Add {
+                x: x_in,
+                y: x_mid,
+                held: Format::F32,
+            });
             r.g.round(x_mid, stream);
             let ln2 = r.norm(x_mid, (layer_param(l, LN2_G), layer_param(l, LN2_B)), c);
             let fc_out = r.linear_fwd(&fc, ln2.0);
@@ -712,10 +729,15 @@ impl Gpt<'_> {
             r.g.push(Op::Gelu {
                 x: fc_out,
                 out: gelu,
+                held: Format::F32,
             });
             r.g.round(gelu, compute);
             x = r.linear_fwd(&fc2, gelu);
-            r.g.push(Op::Add { x: x_mid, y: x });
+            r.g.push(Op::Add {
+                x: x_mid,
+                y: x,
+                held: Format::F32,
+            });
             r.g.round(x, stream);
             caches.push(BlockCache {
                 x_in,
@@ -809,6 +831,7 @@ impl Gpt<'_> {
         r.g.push(Op::Add {
             x: scatter,
             y: dwte,
+            held: Format::F32,
         });
         let dwpe = r.grad(1);
         r.g.push(Op::EmbeddingBwd {

@@ -269,3 +269,23 @@ pub fn attention_close(what: &str, got: &[f32], want: &[f32], tol: f32) {
         "{what}: relative error {rel:.3e} in norm"
     );
 }
+
+/// Values a kernel held in `format`: each one a value of the format, and within one step of
+/// it (its epsilon relative, or its smallest subnormal) of the f32 reference `want`.
+pub fn held_close(what: &str, got: &[f32], want: &[f32], format: mantissa::format::Format) {
+    assert_eq!(got.len(), want.len(), "{what}");
+    let info = format.finfo();
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let rounded = format.round(g, mantissa::format::Overflow::Standard);
+        assert_eq!(
+            rounded.to_bits(),
+            g.to_bits(),
+            "{what}[{i}] = {g} is not a {format} value"
+        );
+        let step = (w.abs() as f64 * info.eps).max(info.smallest_subnormal);
+        assert!(
+            ((g - w).abs() as f64) <= step,
+            "{what}[{i}]: {g}, the reference {w} (one step: {step})"
+        );
+    }
+}

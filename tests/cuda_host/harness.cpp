@@ -261,11 +261,11 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
                       std::vector<u32>& out) {
     Inputs input{in};
     Dim3 row_block = {ROW_THREADS, 1, 1}, element_block = {ELEMENT_THREADS, 1, 1};
-    if (k == "layernorm_fwd" && argc == 4) {  // ROWS C < x g b > y stats
-        u32 rows = arg(argv, 2), c = arg(argv, 3);
+    if (k == "layernorm_fwd" && argc == 5) {  // ROWS C FMT < x g b > y stats
+        u32 rows = arg(argv, 2), c = arg(argv, 3), fmt = arg(argv, 4);
         float *x = input.f((size_t)rows * c), *g = input.f(c), *b = input.f(c);
         std::vector<float> y((size_t)rows * c), st(2 * rows);
-        emu::launch({rows, 1, 1}, row_block, [&] { layernorm_fwd(x, g, b, y.data(), st.data(), c); });
+        emu::launch({rows, 1, 1}, row_block, [&] { layernorm_fwd(x, g, b, y.data(), st.data(), c, fmt); });
         y.insert(y.end(), st.begin(), st.end());
         out = bits_of(y);
     } else if (k == "layernorm_bwd" && argc == 4) {  // ROWS C < dy x g stats > dx dg db
@@ -292,12 +292,14 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> sums(c);
         column_sums_of(x, sums.data(), rows, c);
         out = bits_of(sums);
-    } else if ((k == "gelu_fwd" || k == "gelu_bwd") && argc == 3) {  // N < x [dy] > y
+    } else if ((k == "gelu_fwd" && argc == 4) || (k == "gelu_bwd" && argc == 3)) {
+        // gelu_fwd N FMT < x > y; gelu_bwd N < x dy > dx
         i64 n = arg(argv, 2);
         float* x = input.f(n);
         std::vector<float> y(n);
         if (k == "gelu_fwd") {
-            emu::launch(elementwise_grid(n), element_block, [&] { gelu_fwd(x, y.data(), n); });
+            u32 fmt = arg(argv, 3);
+            emu::launch(elementwise_grid(n), element_block, [&] { gelu_fwd(x, y.data(), n, fmt); });
         } else {
             float* dy = input.f(n);
             emu::launch(elementwise_grid(n), element_block, [&] { gelu_bwd(x, dy, y.data(), n); });
@@ -352,11 +354,11 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> y((size_t)rows * c);
         emu::launch({rows, 1, 1}, row_block, [&] { embedding_bwd(dout, ids, y.data(), c, tokens); });
         out = bits_of(y);
-    } else if (k == "add" && argc == 4) {  // N C < x(c) y(n) > y + x
+    } else if (k == "add" && argc == 5) {  // N C FMT < x(c) y(n) > y + x held in FMT
         i64 n = arg(argv, 2);
-        u32 c = arg(argv, 3);
+        u32 c = arg(argv, 3), fmt = arg(argv, 4);
         float *x = input.f(c), *y = input.f(n);
-        emu::launch(elementwise_grid(n), element_block, [&] { add(x, y, n, c); });
+        emu::launch(elementwise_grid(n), element_block, [&] { add(x, y, n, c, fmt); });
         out = bits_of(std::vector<float>(y, y + n));
     } else if (k == "strided_copy" && argc == 17) {  // DIMS*4 SRC*4 DST*4 SRC_OFF DST_OFF OUT_LEN
         Strided map;

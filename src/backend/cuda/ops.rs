@@ -6,6 +6,7 @@ use super::CudaBackend;
 use super::train::{self as launch, scratch};
 use crate::backend::check;
 use crate::error::Result;
+use crate::format::Format;
 use crate::plan::AdamW;
 use crate::plan::scalar;
 use cudarc::driver::CudaSlice;
@@ -31,7 +32,7 @@ impl CudaBackend {
         let stats = self.zeros::<f32>(2 * rows)?;
         let p = |s: &CudaSlice<f32>| self.ptr(s);
         let ptrs = [p(&ins[0]), p(&ins[1]), p(&ins[2]), p(&y), p(&stats)];
-        launch::layernorm_fwd(self, ptrs, rows, c)?;
+        launch::layernorm_fwd(self, ptrs, (rows, c), Format::F32)?;
         let st = self.download(&stats, 2 * rows)?;
         Ok((
             self.download(&y, x.len())?,
@@ -89,7 +90,7 @@ impl CudaBackend {
         let input = self.upload(x)?;
         let out = self.zeros::<f32>(x.len())?;
         match dy {
-            None => launch::gelu_fwd(self, self.ptr(&input), self.ptr(&out), x.len())?,
+            None => launch::gelu_fwd(self, self.ptr(&input), self.ptr(&out), x.len(), Format::F32)?,
             Some(dy) => {
                 let d = self.upload(dy)?;
                 launch::gelu_bwd(

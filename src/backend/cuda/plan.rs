@@ -161,9 +161,10 @@ impl<'a> CudaPlan<'a> {
                 out,
                 stats: st,
                 c,
+                held,
             } => {
                 let ptrs = [x, g, b, out, st].map(|id| self.p(id));
-                launch::layernorm_fwd(cb, ptrs, self.rows(x, c), c)
+                launch::layernorm_fwd(cb, ptrs, (self.rows(x, c), c), held)
             }
             Op::LayerNormBwd {
                 dy,
@@ -178,7 +179,9 @@ impl<'a> CudaPlan<'a> {
                 let ptrs = [dy, x, g, st, dx, dg, db].map(|id| self.p(id));
                 launch::layernorm_bwd(cb, ptrs, self.rows(x, c), c, work)
             }
-            Op::Gelu { x, out } => launch::gelu_fwd(cb, self.p(x), self.p(out), self.len(x)),
+            Op::Gelu { x, out, held } => {
+                launch::gelu_fwd(cb, self.p(x), self.p(out), self.len(x), held)
+            }
             Op::GeluBwd { x, dy, out } => {
                 launch::gelu_bwd(cb, self.p(x), self.p(dy), self.p(out), self.len(x))
             }
@@ -259,7 +262,10 @@ impl<'a> CudaPlan<'a> {
                 done
             }
             Op::Round { x, format } => launch::round(cb, self.p(x), self.len(x), format),
-            Op::Add { x, y } => launch::add(cb, self.p(x), self.p(y), self.len(y), self.len(x)),
+            Op::Add { x, y, held } => {
+                let lens = (self.len(y), self.len(x));
+                launch::add(cb, [self.p(x), self.p(y)], lens, held)
+            }
             Op::ColumnSums { x, out, c } => {
                 launch::column_sums(cb, self.p(x), self.p(out), self.rows(x, c), c, work)
             }

@@ -125,14 +125,14 @@ pub(super) fn embedding_bwd(
 pub(super) fn layernorm_fwd(
     cb: &CudaBackend,
     [x, g, b, y, stats]: [Ptr; 5],
-    rows: usize,
-    c: usize,
+    (rows, c): (usize, usize),
+    held: Format,
 ) -> Result<()> {
     if rows == 0 || c == 0 {
         return Ok(());
     }
-    let c = c as u32;
-    launch!(cb, Module::Train, "layernorm_fwd", CudaBackend::rows_config(rows)?; &x, &g, &b, &y, &stats, &c)
+    let (c, fmt) = (c as u32, format_id(held));
+    launch!(cb, Module::Train, "layernorm_fwd", CudaBackend::rows_config(rows)?; &x, &g, &b, &y, &stats, &c, &fmt)
 }
 
 /// dx, then dg and db through per-chunk partials in `scratch` (`scratch::layernorm_bwd`).
@@ -195,9 +195,10 @@ pub(super) fn column_sums(
     launch_1d!(cb, Module::Train, "sum_partials", c; &scratch, &out, &chunks32, &c32)
 }
 
-pub(super) fn gelu_fwd(cb: &CudaBackend, x: Ptr, y: Ptr, n: usize) -> Result<()> {
-    let len = n as i64;
-    launch_1d!(cb, Module::Train, "gelu_fwd", n; &x, &y, &len)
+/// y = GELU(x) held in `held`.
+pub(super) fn gelu_fwd(cb: &CudaBackend, x: Ptr, y: Ptr, n: usize, held: Format) -> Result<()> {
+    let (len, fmt) = (n as i64, format_id(held));
+    launch_1d!(cb, Module::Train, "gelu_fwd", n; &x, &y, &len, &fmt)
 }
 
 pub(super) fn gelu_bwd(cb: &CudaBackend, x: Ptr, dy: Ptr, dx: Ptr, n: usize) -> Result<()> {
@@ -272,9 +273,15 @@ pub(super) fn cross_entropy_bwd(
 }
 
 /// y += x, x of length `c` repeated over the `n` values of y.
-pub(super) fn add(cb: &CudaBackend, x: Ptr, y: Ptr, n: usize, c: usize) -> Result<()> {
-    let (len, c) = (n as i64, c.max(1) as u32);
-    launch_1d!(cb, Module::Train, "add", n; &x, &y, &len, &c)
+/// y = y + x held in `held`, x (c elements) repeated over y (n).
+pub(super) fn add(
+    cb: &CudaBackend,
+    [x, y]: [Ptr; 2],
+    (n, c): (usize, usize),
+    held: Format,
+) -> Result<()> {
+    let (len, c, fmt) = (n as i64, c.max(1) as u32, format_id(held));
+    launch_1d!(cb, Module::Train, "add", n; &x, &y, &len, &c, &fmt)
 }
 
 pub(super) fn strided_copy(cb: &CudaBackend, x: Ptr, y: Ptr, map: &Strided) -> Result<()> {

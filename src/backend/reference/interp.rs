@@ -91,9 +91,11 @@ impl<'a> HostExecutor<'a> {
                 out,
                 stats: st,
                 c,
+                held,
             } => {
                 let t = &self.tensors;
-                let (y, mean, rstd) = b.layernorm_fwd(&t[x], &t[g], &t[beta], c).await?;
+                let (mut y, mean, rstd) = b.layernorm_fwd(&t[x], &t[g], &t[beta], c).await?;
+                round_to(&mut y, held);
                 self.tensors[out] = y;
                 self.tensors[st] = mean.iter().zip(&rstd).flat_map(|(&m, &r)| [m, r]).collect();
             }
@@ -117,7 +119,11 @@ impl<'a> HostExecutor<'a> {
                 self.tensors[dg] = g_grad;
                 self.tensors[db] = b_grad;
             }
-            Op::Gelu { x, out } => self.tensors[out] = b.gelu_fwd(&self.tensors[x]).await?,
+            Op::Gelu { x, out, held } => {
+                let mut y = b.gelu_fwd(&self.tensors[x]).await?;
+                round_to(&mut y, held);
+                self.tensors[out] = y;
+            }
             Op::GeluBwd { x, dy, out } => {
                 self.tensors[out] = b.gelu_bwd(&self.tensors[x], &self.tensors[dy]).await?
             }
@@ -198,7 +204,7 @@ impl<'a> HostExecutor<'a> {
                 self.tensors[out] = c;
             }
             Op::Round { x, format } => round_to(self.slot(x), format),
-            Op::Add { x, y } => {
+            Op::Add { x, y, held } => {
                 let mut target = std::mem::take(self.slot(y));
                 let src = &self.tensors[x];
                 if !src.is_empty() {
@@ -206,6 +212,7 @@ impl<'a> HostExecutor<'a> {
                         *t += src[i % src.len()];
                     }
                 }
+                round_to(&mut target, held);
                 self.tensors[y] = target;
             }
             Op::ColumnSums { x, out, c } => {

@@ -315,8 +315,9 @@ impl<'a> ResidentPlan<'a> {
                 out,
                 stats,
                 c,
+                held,
             } => vec![train(
-                launch::layernorm_fwd(rows_of(x, c), c),
+                launch::layernorm_fwd(rows_of(x, c), c, held),
                 [Some(x), Some(g), Some(b)],
                 [Some(out), Some(stats), None],
             )?],
@@ -344,8 +345,8 @@ impl<'a> ResidentPlan<'a> {
                     )?,
                 ]
             }
-            Op::Gelu { x, out } => vec![train(
-                launch::gelu_fwd(len(x)),
+            Op::Gelu { x, out, held } => vec![train(
+                launch::gelu_fwd(len(x), held),
                 [Some(x), None, None],
                 [Some(out), None, None],
             )?],
@@ -488,8 +489,8 @@ impl<'a> ResidentPlan<'a> {
                 None,
                 [Some(x), None, None],
             )?],
-            Op::Add { x, y } => vec![step(
-                launch::add(len(y), len(x)),
+            Op::Add { x, y, held } => vec![step(
+                launch::add(len(y), len(x), held),
                 Some(x),
                 [Some(y), None, None],
             )?],

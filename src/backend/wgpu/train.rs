@@ -28,7 +28,9 @@ pub struct TrainParams {
     pub inputs: u32,
     pub probs: u32,
     pub compute: u32,
-    pub pad: [u32; 3],
+    /// Format id the op's output is held in (layer norm, GELU).
+    pub held: u32,
+    pub pad: [u32; 2],
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -102,9 +104,11 @@ pub mod launch {
         l
     }
 
-    /// x, g, b -> y, (mean, rstd) per row.
-    pub fn layernorm_fwd(rows: usize, c: usize) -> TrainLaunch {
-        train(TrainOp::LayernormFwd, rows, c, rows)
+    /// x, g, b -> y held in `held`, (mean, rstd) per row.
+    pub fn layernorm_fwd(rows: usize, c: usize, held: Format) -> TrainLaunch {
+        let mut l = train(TrainOp::LayernormFwd, rows, c, rows);
+        l.params.held = format_id(held);
+        l
     }
 
     /// dy, x, g -> dx (stats read); then dy, x -> dg, db (one invocation per column).
@@ -115,8 +119,11 @@ pub mod launch {
         ]
     }
 
-    pub fn gelu_fwd(n: usize) -> TrainLaunch {
-        train(TrainOp::GeluFwd, n, 0, n)
+    /// x -> GELU(x) held in `held`.
+    pub fn gelu_fwd(n: usize, held: Format) -> TrainLaunch {
+        let mut l = train(TrainOp::GeluFwd, n, 0, n);
+        l.params.held = format_id(held);
+        l
     }
 
     pub fn gelu_bwd(n: usize) -> TrainLaunch {
@@ -203,11 +210,12 @@ pub mod launch {
         step(StepOp::Round, params, Some(n))
     }
 
-    /// y (n) += x (c, repeated over y).
-    pub fn add(n: usize, c: usize) -> StepLaunch {
+    /// y (n) = y + x (c, repeated over y) held in `held`.
+    pub fn add(n: usize, c: usize, held: Format) -> StepLaunch {
         let params = StepParams {
             n: n as u32,
             c: c.max(1) as u32,
+            format: format_id(held),
             ..Default::default()
         };
         step(StepOp::Add, params, Some(n))
