@@ -352,11 +352,12 @@ fn checked_k_step_runs_the_unchecked_instructions() {
     }
 }
 
-/// No kernel holds a non-finite float constant (`bitcast<f32>` of an all-ones exponent):
-/// browsers' WGSL compilers reject a constant expression that is not finite, which naga
-/// accepts, and one such constant fails every entry point of its module there.
+/// No kernel holds a non-finite float constant (`bitcast<f32>` of an all-ones exponent) or a
+/// decimal literal beyond f32's range (3.4028235e38 rounds to f32's max, but is above it):
+/// browsers' WGSL compilers reject both, which naga accepts, and one such constant fails every
+/// entry point of its module there.
 #[test]
-fn no_kernel_has_a_non_finite_constant() {
+fn no_kernel_has_a_constant_beyond_f32() {
     for k in Kernel::all() {
         let source = k.source();
         for (at, _) in source.match_indices("bitcast<f32>(0x") {
@@ -371,5 +372,77 @@ fn no_kernel_has_a_non_finite_constant() {
                 k.label()
             );
         }
+        for literal in decimal_float_literals(&source) {
+            let value: f64 = literal.trim_end_matches(['f', 'h']).parse().unwrap();
+            assert!(
+                value.abs() <= f32::MAX as f64,
+                "{}: {literal} is beyond f32's range",
+                k.label()
+            );
+        }
     }
+}
+
+/// The decimal float literals of WGSL source (digits with a point or an exponent, and the
+/// f or h suffix), comments included.
+fn decimal_float_literals(source: &str) -> Vec<&str> {
+    let bytes = source.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let point = bytes[i] == b'.' && bytes.get(i + 1).is_some_and(u8::is_ascii_digit);
+        let starts = (bytes[i].is_ascii_digit() || point)
+            && (i == 0
+                || !matches!(bytes[i - 1], b'_' | b'.' | b'0'..=b'9' | b'a'..=b'z' | b'A'..=b'Z'));
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        if bytes[i] == b'0' && matches!(bytes.get(i + 1), Some(b'x' | b'X')) {
+            // Hex: skipped whole.
+            i += 2;
+            while i < bytes.len() && (bytes[i].is_ascii_hexdigit() || bytes[i] == b'.') {
+                i += 1;
+            }
+            continue;
+        }
+        let mut float = false;
+        while i < bytes.len() && bytes[i].is_ascii_digit() {
+            i += 1;
+        }
+        if bytes.get(i) == Some(&b'.') {
+            float = true;
+            i += 1;
+            while i < bytes.len() && bytes[i].is_ascii_digit() {
+                i += 1;
+            }
+        }
+        if matches!(bytes.get(i), Some(b'e' | b'E')) {
+            let sign = usize::from(matches!(bytes.get(i + 1), Some(b'+' | b'-')));
+            if bytes.get(i + 1 + sign).is_some_and(u8::is_ascii_digit) {
+                float = true;
+                i += 1 + sign;
+                while i < bytes.len() && bytes[i].is_ascii_digit() {
+                    i += 1;
+                }
+            }
+        }
+        if matches!(bytes.get(i), Some(b'f' | b'h')) {
+            i += 1;
+        }
+        if float {
+            out.push(&source[start..i]);
+        }
+    }
+    out
+}
+
+#[test]
+fn float_literals_are_found_as_wgsl_writes_them() {
+    let source = "let a = 3.4028235e38; let b = 1e-5f; x1.5 0x1p3 2.0h v2 7 .5 1e // 1.25";
+    assert_eq!(
+        decimal_float_literals(source),
+        ["3.4028235e38", "1e-5f", "2.0h", ".5", "1.25"]
+    );
 }
