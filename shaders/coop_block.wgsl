@@ -1,4 +1,4 @@
-// coop_block.wgsl: the pieces of `fn coop_block(a0, b0, lindex)` of matmul_coop.wgsl. WGSL has
+// coop_block.wgsl: the pieces of `fn coop_block(batch, row0, col0, lindex)` of matmul_coop.wgsl. WGSL has
 // no arrays of cooperative matrices to index, so every accumulator and operand tile is a named
 // value: the loader (src/backend/wgpu/shaders.rs, `coop_block`) writes each piece once per
 // level {{l}}, tile {{r}}, {{c}} (rows, columns of tiles per subgroup) and plane {{p}}, with the
@@ -51,7 +51,12 @@ fn stage_copy(a0: u32, b0: u32, k0: u32, lindex: u32, at_a: u32, at_b: u32) {
 }
 
 // @@begin
-fn coop_block(a0: u32, b0: u32, lindex: u32) {
+fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
+    let a0 = batch * params.mp * params.kp + row0 * params.kp;
+    let b0 = batch * params.kp * params.np + col0;
+    // Uniform over the workgroup (its origin and the parameters), as the barriers below need.
+    let straight = stores_straight(row0, col0);
+    let c_stride = params.n;
 
 // @@origin_staged
     let warp = lindex / SG;
@@ -144,8 +149,19 @@ fn coop_block(a0: u32, b0: u32, lindex: u32) {
 
 // @@store
     let sum_{{r}}_{{c}} = {{sum}};
-    let at_{{r}}_{{c}} = (row_tile0 + {{r}}u) * {{t}}u * BN + (col_tile0 + {{c}}u) * {{t}}u;
-    coopStoreT(sum_{{r}}_{{c}}, &staging[at_{{r}}_{{c}}], BN);
+    let row_{{r}}_{{c}} = row0 + (row_tile0 + {{r}}u) * {{t}}u;
+    let col_{{r}}_{{c}} = col0 + (col_tile0 + {{c}}u) * {{t}}u;
+    if (straight) {
+        let at_{{r}}_{{c}} = batch * params.c_batch + row_{{r}}_{{c}} * params.n + col_{{r}}_{{c}};
+        coopStoreT(sum_{{r}}_{{c}}, &c_data[at_{{r}}_{{c}}], c_stride);
+    } else {
+        let slot_{{r}}_{{c}} = (lindex / SG) * {{t}}u * {{t}}u;
+        coopStoreT(sum_{{r}}_{{c}}, &staging[slot_{{r}}_{{c}}], {{t}}u);
+        workgroupBarrier();
+        store_tile(batch, row_{{r}}_{{c}}, col_{{r}}_{{c}}, lindex);
+        // The slot is written again by the next tile.
+        workgroupBarrier();
+    }
 
 // @@end
 }

@@ -13,10 +13,12 @@
 //   const WG: u32               the workgroup size: SG times the subgroups per workgroup
 //   const SCALED: bool          operands scaled per line by coop_pack (bf16 planes), else f16(x)
 //   alias OPERAND_T             f16, or vec4<f16> for staged blocks
-//   fn coop_block(a0, b0, lindex) the block's products into `staging`: one accumulator per split
-//                               level and tile, promoted into an f32 total every 256 of K (tensor
-//                               cores do not accumulate long sums in exact f32), levels summed
-//                               smallest first (docs/design.md)
+//   fn coop_block(batch, row0, col0, lindex)
+//                               the block's products into C: one accumulator per split level and
+//                               tile, promoted into an f32 total every 256 of K (tensor cores do
+//                               not accumulate long sums in exact f32), levels summed smallest
+//                               first (docs/design.md); each tile stored straight into C, or
+//                               through `staging` and `store_tile`
 
 struct CoopParams {
     m: u32,
@@ -49,7 +51,40 @@ fn flagged(line: u32) -> bool {
     return (flags[line / 32u] & (1u << (line % 32u))) != 0u;
 }
 
-var<workgroup> staging: array<f32, BM * BN>;
+// One T x T tile per subgroup: where a tile passes on its way to C when its block is on an
+// edge of C, or its values are scaled, or C's rows are not aligned for a cooperative store.
+var<workgroup> staging: array<f32, WG / SG * T * T>;
+
+// Whether a block's tiles go from the accumulators straight into C: unscaled, the whole block
+// inside C, and every row of C starting on 16 bytes (the alignment cooperative stores need).
+fn stores_straight(row0: u32, col0: u32) -> bool {
+    return !SCALED && row0 + BM <= params.m && col0 + BN <= params.n && params.n % 4u == 0u
+        && params.c_batch % 4u == 0u;
+}
+
+// The T x T tile of C at (row, col), which this subgroup has just stored in its slot of
+// `staging`, into C: bounds, flagged lines and the scaled planes' descaling per element.
+fn store_tile(batch: u32, row: u32, col: u32, lindex: u32) {
+    let slot = (lindex / SG) * T * T;
+    for (var e = lindex % SG; e < T * T; e += SG) {
+        let r = row + e / T;
+        let c = col + e % T;
+        if (r >= params.m || c >= params.n) {
+            continue;
+        }
+        var out = staging[slot + e];
+        if (SCALED) {
+            let la = batch * params.m + r;
+            let lb = params.b_lines + batch * params.n + c;
+            // A flagged line is the SIMT kernel's (coop_pack.wgsl).
+            if (flagged(la) || flagged(lb)) {
+                continue;
+            }
+            out = ldexp_wide(out, -(shift_for_amax(amax_bits[la]) + shift_for_amax(amax_bits[lb])));
+        }
+        c_data[batch * params.c_batch + r * params.n + c] = out;
+    }
+}
 
 // x * 2^e for |e| up to ~330 (WGSL's ldexp is defined for exponents within f32's range).
 fn ldexp_wide(x: f32, e: i32) -> f32 {
@@ -61,28 +96,5 @@ fn ldexp_wide(x: f32, e: i32) -> f32 {
 @compute @workgroup_size(WG, 1, 1)
 fn matmul_coop(@builtin(workgroup_id) wg: vec3<u32>,
                @builtin(local_invocation_index) lindex: u32) {
-    let batch = wg.z;
-    let row0 = wg.y * BM;
-    let col0 = wg.x * BN;
-    coop_block(batch * params.mp * params.kp + row0 * params.kp,
-               batch * params.kp * params.np + col0, lindex);
-    workgroupBarrier();
-    for (var t = lindex; t < BM * BN; t += WG) {
-        let row = row0 + t / BN;
-        let col = col0 + t % BN;
-        if (row >= params.m || col >= params.n) {
-            continue;
-        }
-        var out = staging[t];
-        if (SCALED) {
-            let la = batch * params.m + row;
-            let lb = params.b_lines + batch * params.n + col;
-            // A flagged line is the SIMT kernel's (coop_pack.wgsl).
-            if (flagged(la) || flagged(lb)) {
-                continue;
-            }
-            out = ldexp_wide(out, -(shift_for_amax(amax_bits[la]) + shift_for_amax(amax_bits[lb])));
-        }
-        c_data[batch * params.c_batch + row * params.n + col] = out;
-    }
+    coop_block(wg.z, wg.y * BM, wg.x * BN, lindex);
 }

@@ -75,6 +75,13 @@ fn shapes() -> [MatmulShape; 2] {
     ]
 }
 
+/// Rows of C on 16 bytes (n a multiple of 4) and blocks both inside C and on its edges: the
+/// inner blocks' tiles go straight from the accumulators into C, the edge blocks' through the
+/// subgroup's tile of workgroup memory (`stores_straight` in matmul_coop.wgsl).
+fn aligned_shape() -> MatmulShape {
+    MatmulShape::new(70, 136, 40)
+}
+
 #[test]
 fn coop_kernels_match_the_reference() {
     let Some(b) = coop_backend("coop_kernels_match_the_reference", true) else {
@@ -84,7 +91,7 @@ fn coop_kernels_match_the_reference() {
     for alg in COOP_ALGORITHMS {
         let v = b.variant(&alg);
         assert!(v.coop.is_some(), "{alg} should run on cooperative matrices");
-        for (s, shape) in shapes().iter().enumerate() {
+        for (s, shape) in shapes().iter().chain([&aligned_shape()]).enumerate() {
             check_on_tile(&b, &alg, v.tile, shape, seed + 2 * s as u64);
         }
     }
@@ -119,6 +126,7 @@ fn every_coop_block_matches_the_reference() {
             for (i, &tile) in group.iter().enumerate() {
                 if tile == tiles[0] || i % every as usize == offset {
                     check_on_tile(&b, &alg, tile, &shapes()[0], seed);
+                    check_on_tile(&b, &alg, tile, &aligned_shape(), seed + 1);
                 }
             }
         }

@@ -355,16 +355,17 @@ impl Tile {
             .min_by_key(|&(wr, wc)| (tr / wr).abs_diff(tc / wc))
     }
 
-    /// Workgroup bytes of a cooperative block over `planes` operand planes: the f32 staging of
-    /// the block, and with several subgroups the f16 A and B tiles of one K step (rows padded
-    /// by 8 halves against bank conflicts) per stage.
-    pub fn coop_workgroup_bytes(self, planes: u32) -> u32 {
+    /// Workgroup bytes of a cooperative block of `size` x `size` tiles over `planes` operand
+    /// planes: one f32 tile per subgroup (where a tile passes on its way to C at the edges),
+    /// and with several subgroups the f16 A and B tiles of one K step (rows padded by 8 halves
+    /// against bank conflicts) per stage.
+    pub fn coop_workgroup_bytes(self, size: u32, planes: u32) -> u32 {
         let staged = if self.warps > 1 {
             self.buffers * planes * (self.bm * (self.bk + 8) + self.bk * (self.bn + 8)) * 2
         } else {
             0
         };
-        self.bm * self.bn * 4 + staged
+        self.warps * size * size * 4 + staged
     }
 
     /// Blocks the autotuner may try on the cooperative-matrix kernel, the default first: one
@@ -380,7 +381,7 @@ impl Tile {
     ) -> Vec<Tile> {
         let mut out = vec![Tile::coop_default(size)];
         let mut push = |t: Tile| {
-            if t.coop_workgroup_bytes(planes) <= max_workgroup_bytes
+            if t.coop_workgroup_bytes(size, planes) <= max_workgroup_bytes
                 && t.warps * subgroup <= max_threads
                 && t.coop_warp_grid(size).is_some()
                 && !out.contains(&t)
@@ -538,7 +539,7 @@ impl MatmulVariant {
 
     pub fn workgroup_bytes(&self) -> u32 {
         match self.coop {
-            Some(_) => self.tile.coop_workgroup_bytes(self.parts),
+            Some(c) => self.tile.coop_workgroup_bytes(c.size, self.parts),
             None => self.tile.workgroup_bytes(self.parts),
         }
     }
@@ -922,7 +923,7 @@ fn k_step(v: &MatmulVariant) -> String {
 /// Partial sums on cooperative matrices are promoted into f32 totals every this many of K.
 const COOP_PROMOTE_K: u32 = 256;
 
-/// `fn coop_block(a0, b0, lindex)` of a cooperative variant: coop_block.wgsl's pieces written
+/// `fn coop_block(batch, row0, col0, lindex)` of a cooperative variant: coop_block.wgsl's pieces written
 /// out over its levels, tiles and planes (one named accumulator each: WGSL has no arrays of
 /// cooperative matrices to index).
 fn coop_block(v: &MatmulVariant) -> String {
