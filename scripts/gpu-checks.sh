@@ -55,6 +55,8 @@ correct)
     fi
     if [ -x .bin/train ]; then
         run 120 .bin/train resident loss_falls ${ONLY:+--skip cuda} --test-threads 1
+        # The CUDA step replayed as a CUDA graph (opt-in) against the host interpreter.
+        [ "${ONLY:-}" = wgpu ] || MANTISSA_CUDA_GRAPH=on run 120 .bin/train cuda::resident cuda::a_timed --test-threads 1
     fi
     ;;
 cuda)
@@ -94,6 +96,8 @@ steps)
     run 300 $m bench train --config small --backends cuda,wgpu --warmup 3 --steps 20 --profile --json "$out/bench-train.json"
     # CUDA's attention as the separate ops, beside the fused kernels above (the default).
     MANTISSA_CUDA_ATTENTION=unfused run 120 $m bench train --config small --backends cuda --warmup 3 --steps 20 --profile --json "$out/bench-train-unfused.json"
+    # The CUDA step replayed as a CUDA graph (MANTISSA_CUDA_GRAPH=on), beside the launches above.
+    MANTISSA_CUDA_GRAPH=on run 120 $m bench train --config small --backends cuda --precision 32-true,bf16-mixed,16-mixed,bf16-true --warmup 3 --steps 20 --json "$out/bench-train-graph.json"
     # wgpu's fused attention kernels (train.wgsl), beside its unfused default above.
     run 240 $m bench train --config small --precision 32-true,bf16-mixed --backends wgpu --attention fused --warmup 3 --steps 20 --json "$out/bench-train-wgpu-fused.json"
     run 120 python3 scripts/anchors/torch_gpt.py
