@@ -464,6 +464,7 @@ fn cuda_training_kernels_match_the_host_reference() {
             &held[..rows * c],
             &y,
             Format::Bf16,
+            tol::ROW,
         );
         let out = run_f32(
             h,
@@ -507,6 +508,7 @@ fn cuda_training_kernels_match_the_host_reference() {
         ),
         &ops::gelu_fwd(&x),
         Format::F16,
+        tol::ROW,
     );
     close(
         "gelu bwd",
