@@ -7,9 +7,10 @@
 #   bash scripts/gpu-checks.sh bench     # wgpu matmul benchmarks and the PyTorch anchors
 #   bash scripts/gpu-checks.sh tune      # a full autotune, and matrix-vector shapes
 #   bash scripts/gpu-checks.sh train     # report, training on both backends, PyTorch anchor
-#   bash scripts/gpu-checks.sh steps     # step time, tokens/s, peak memory of every preset on
-#                                        # both backends (bench train; attention fused and
-#                                        # unfused on each), PyTorch anchor
+#   bash scripts/gpu-checks.sh steps     # PyTorch anchor; step time, tokens/s, peak memory and
+#                                        # the per-op profile of every preset on both backends
+#                                        # (bench train; attention fused and unfused, the CUDA
+#                                        # step as a graph)
 #   bash scripts/gpu-checks.sh dist      # NCCL on one rank against the plain step (needs
 #                                        # libnccl.so.2 on LD_LIBRARY_PATH, e.g. torch's wheel)
 #
@@ -93,6 +94,8 @@ train)
     run 120 python3 scripts/anchors/torch_gpt.py
     ;;
 steps)
+    # The anchor first: the stage may run past a ten-minute call, and the extras come last.
+    run 120 python3 scripts/anchors/torch_gpt.py
     run 300 $m bench train --config small --backends cuda,wgpu --warmup 3 --steps 20 --profile --json "$out/bench-train.json"
     # CUDA's attention as the separate ops, beside the fused kernels above (the default).
     MANTISSA_CUDA_ATTENTION=unfused run 120 $m bench train --config small --backends cuda --warmup 3 --steps 20 --profile --json "$out/bench-train-unfused.json"
@@ -100,7 +103,6 @@ steps)
     MANTISSA_CUDA_GRAPH=on run 120 $m bench train --config small --backends cuda --precision 32-true,bf16-mixed,16-mixed,bf16-true --warmup 3 --steps 20 --json "$out/bench-train-graph.json"
     # wgpu's fused attention kernels (train.wgsl), beside its unfused default above.
     run 240 $m bench train --config small --precision 32-true,bf16-mixed --backends wgpu --attention fused --warmup 3 --steps 20 --json "$out/bench-train-wgpu-fused.json"
-    run 120 python3 scripts/anchors/torch_gpt.py
     ;;
 dist)
     run 60 $m info
