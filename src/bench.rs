@@ -339,8 +339,10 @@ impl TrainBench {
                     Err(e) => return Err(e),
                 }
             }
+            // Profiled steps follow the timed ones, unless the preset stopped.
+            let profiled = if stopped.is_none() { self.profile } else { 0 };
             let mut runs = Vec::new();
-            for _ in 0..if stopped.is_none() { self.profile } else { 0 } {
+            for _ in 0..profiled {
                 match trainer.step_timed().await {
                     Ok((r, Some(t))) => {
                         loss = r.loss;

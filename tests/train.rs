@@ -736,7 +736,7 @@ backend_tests!(
 fn fused_attention_ops_match_their_definition(b: &dyn Backend) {
     use mantissa::algorithm::Algorithm;
     use mantissa::format::Format;
-    use mantissa::plan::{Attention, Op, Plan, PlanBuilder, Stats, TensorKind};
+    use mantissa::plan::{Attention, Op, PlanBuilder, TensorKind};
     let seed = common::seed("fused_attention_ops_match_their_definition");
     let (f32_, bf16, f16) = (Format::F32, Format::Bf16, Format::F16);
     let cases = [
@@ -781,30 +781,8 @@ fn fused_attention_ops_match_their_definition(b: &dyn Backend) {
             dqkv,
             spec,
         });
-        let plan = Plan {
-            tensors: g.tensors,
-            ops: g.ops,
-            forward: 1,
-            backward: 2,
-            gradients: 2,
-            rows: sequences * t,
-            tokens,
-            targets,
-            // The output keeps a buffer of its own, as the logits do.
-            logits: out,
-            state: vec![],
-            constants: g.constants,
-            stats: Stats {
-                grads: 0,
-                linears: 0,
-            },
-        };
-        let scalars = vec![0.0; plan.scalar_count()];
-        let mut exec = mantissa::backend::executor(b, plan, true).unwrap();
-        let ids = vec![0u32; sequences * t];
-        exec.run(Section::Step, &ids, &ids, &scalars)
-            .block_on()
-            .unwrap();
+        // The output keeps a buffer of its own, as the logits do.
+        let mut exec = run_ops_alone(b, g, 1, (tokens, targets), out);
         let read = |exec: &mut Box<dyn mantissa::plan::StepExecutor + '_>, id| {
             exec.read(id).block_on().unwrap()
         };
@@ -824,13 +802,51 @@ fn fused_attention_ops_match_their_definition(b: &dyn Backend) {
     }
 }
 
+/// A plan of the ops `g` recorded alone (no training state; the first `forward` of them the
+/// forward pass; `kept` keeps a buffer of its own, as the logits do), run once by `b`'s resident
+/// executor on zero tokens; returns the executor, to read the tensors back.
+fn run_ops_alone<'a>(
+    b: &'a dyn Backend,
+    g: mantissa::plan::PlanBuilder,
+    forward: usize,
+    (tokens, targets): (usize, usize),
+    kept: usize,
+) -> Box<dyn mantissa::plan::StepExecutor + 'a> {
+    use mantissa::plan::{Plan, Stats};
+    let (rows, ops) = (g.tensors[tokens].len, g.ops.len());
+    let plan = Plan {
+        tensors: g.tensors,
+        ops: g.ops,
+        forward,
+        backward: ops,
+        gradients: ops,
+        rows,
+        tokens,
+        targets,
+        logits: kept,
+        state: vec![],
+        constants: g.constants,
+        stats: Stats {
+            grads: 0,
+            linears: 0,
+        },
+    };
+    let scalars = vec![0.0; plan.scalar_count()];
+    let mut exec = mantissa::backend::executor(b, plan, true).unwrap();
+    let ids = vec![0u32; rows];
+    exec.run(Section::Step, &ids, &ids, &scalars)
+        .block_on()
+        .unwrap();
+    exec
+}
+
 /// The ops a rounding folds into (`PlanBuilder::round`) hold their output on the device: a
 /// plan of a layer norm held in bf16, GELU held in f16 and a bias added to it held in bf16, run
 /// by the device's resident executor, against the ops' definitions (every value one of the
 /// format's, within one step of the host's).
 fn held_outputs_match_their_definition(b: &dyn Backend) {
     use mantissa::format::Format;
-    use mantissa::plan::{Op, Plan, PlanBuilder, Stats, TensorKind};
+    use mantissa::plan::{Op, PlanBuilder, TensorKind};
     let seed = common::seed("held_outputs_match_their_definition");
     let (rows, c) = (37, 300);
     let values = |n, s| measure::normal(n, seed + s);
@@ -872,30 +888,8 @@ fn held_outputs_match_their_definition(b: &dyn Backend) {
         "every rounding folds into its op: {:?}",
         p.ops
     );
-    let plan = Plan {
-        tensors: p.tensors,
-        ops: p.ops,
-        forward: 3,
-        backward: 3,
-        gradients: 3,
-        rows,
-        tokens,
-        targets,
-        // The norm keeps a buffer of its own, as the logits do.
-        logits: norm,
-        state: vec![],
-        constants: p.constants,
-        stats: Stats {
-            grads: 0,
-            linears: 0,
-        },
-    };
-    let scalars = vec![0.0; plan.scalar_count()];
-    let mut exec = mantissa::backend::executor(b, plan, true).unwrap();
-    let ids = vec![0u32; rows];
-    exec.run(Section::Step, &ids, &ids, &scalars)
-        .block_on()
-        .unwrap();
+    // The norm keeps a buffer of its own, as the logits do.
+    let mut exec = run_ops_alone(b, p, 3, (tokens, targets), norm);
     let (want_norm, _, _) = ops::layernorm_fwd(&x_values, &g_values, &b_values, c);
     let got = exec.read(norm).block_on().unwrap();
     let row = measure::train_tolerance::ROW;

@@ -306,6 +306,9 @@ pub fn submit_passes(
     for b in clears {
         encoder.clear_buffer(b, 0, None);
     }
+    // A timer for another number of passes is a caller's mistake: its queries would be
+    // half written.
+    debug_assert!(timer.is_none_or(|t| t.passes as usize == passes.len()));
     let timer = timer.filter(|t| t.passes as usize == passes.len());
     for (i, dispatches) in passes.iter().enumerate() {
         let timestamp_writes = timer.map(|t| wgpu::ComputePassTimestampWrites {
