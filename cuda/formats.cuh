@@ -129,6 +129,16 @@ __device__ __forceinline__ float held(float x, u32 fmt) {
     return __uint_as_float(decode_format(encode_format(__float_as_uint(x), fmt, false), fmt));
 }
 
+// Stores element e of an output held in format `fmt`: as f32 (`held`), or where `coded` (a
+// plan's coded tensor, bf16 or f16) as its 16-bit code, two bytes an element.
+__device__ __forceinline__ void store_held(void* out, i64 e, float x, u32 fmt, u32 coded) {
+    if (coded) {
+        ((unsigned short*)out)[e] = (unsigned short)encode_format(__float_as_uint(x), fmt, false);
+    } else {
+        ((float*)out)[e] = held(x, fmt);
+    }
+}
+
 __device__ __forceinline__ u32 bf16_of(float x) {
     return encode_bits(__float_as_uint(x), Layout{8u, 7u, true}, false);
 }

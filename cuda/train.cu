@@ -80,7 +80,7 @@ extern "C" __global__ void embedding_bwd(const float* dout, const u32* ids, floa
 
 // y is held in format `fmt` (f32: as computed).
 extern "C" __global__ void layernorm_fwd(const float* x, const float* g, const float* b,
-                                         float* y, float* stats, u32 c, u32 fmt) {
+                                         void* y, float* stats, u32 c, u32 fmt, u32 coded) {
     const float* xr = x + (i64)blockIdx.x * c;
     float s = 0.0f;
     for (u32 i = threadIdx.x; i < c; i += blockDim.x) s += xr[i];
@@ -91,8 +91,9 @@ extern "C" __global__ void layernorm_fwd(const float* x, const float* g, const f
         q += d * d;
     }
     float rstd = 1.0f / sqrtf(block_sum(q) / (float)c + 1e-5f);
-    float* yr = y + (i64)blockIdx.x * c;
-    for (u32 i = threadIdx.x; i < c; i += blockDim.x) yr[i] = held((xr[i] - mean) * rstd * g[i] + b[i], fmt);
+    i64 row = (i64)blockIdx.x * c;
+    for (u32 i = threadIdx.x; i < c; i += blockDim.x)
+        store_held(y, row + i, (xr[i] - mean) * rstd * g[i] + b[i], fmt, coded);
     if (threadIdx.x == 0u) {
         stats[2 * (i64)blockIdx.x] = mean;
         stats[2 * (i64)blockIdx.x + 1] = rstd;
@@ -181,10 +182,11 @@ extern "C" __global__ void sum_partials(const float* partial, float* out, u32 ch
 #define SQRT_2_OVER_PI 0.7978845608f
 
 // y is held in format `fmt`.
-extern "C" __global__ void gelu_fwd(const float* x, float* y, i64 n, u32 fmt) {
+extern "C" __global__ void gelu_fwd(const float* x, void* y, i64 n, u32 fmt, u32 coded) {
     FOR_EACH(e, n) {
         float v = x[e];
-        y[e] = held(0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v))), fmt);
+        store_held(y, e, 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v))), fmt,
+                   coded);
     }
 }
 

@@ -26,6 +26,12 @@ struct PackParams {
     // Lines are rows (A) or columns (B); this operand's lines start at line_offset.
     by_row: u32,
     line_offset: u32,
+    // What `src` holds: f32 bits (FMT_F32), or two 16-bit codes of this format a word (a step
+    // plan's coded tensor).
+    src_format: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: PackParams;
@@ -97,7 +103,11 @@ fn coop_pack(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         if (r >= params.rows || c >= params.cols) {
             continue;
         }
-        let x = src[batch * params.src_batch + r * params.src_row + c * params.src_col];
+        let e = batch * params.src_batch + r * params.src_row + c * params.src_col;
+        var x = src[e];
+        if (params.src_format != FMT_F32) {
+            x = decode_format(unpack_code(src[e >> 1u], e, params.src_format), params.src_format);
+        }
         if (params.parts == 0u) {
             codes.x |= encode_format(x, FMT_F16, false) << (16u * t);
             continue;

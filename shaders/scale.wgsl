@@ -15,6 +15,11 @@ struct ScaleParams {
     fmax_bits: u32,
     // Where this operand's groups start in `amax_bits` and `scales`.
     offset: u32,
+    // What `src` holds (amax): f32 bits (FMT_F32), or two 16-bit codes of this format a word.
+    src_format: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: ScaleParams;
@@ -62,7 +67,11 @@ fn amax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3
     var run = 0u;
     let end = min(start + AMAX_SPAN, params.len);
     for (var e = start + lid; e < end; e += 256u) {
-        let magnitude = src[e] & 0x7fffffffu;
+        var bits = src[e];
+        if (params.src_format != FMT_F32) {
+            bits = decode_format(unpack_code(src[e >> 1u], e, params.src_format), params.src_format);
+        }
+        let magnitude = bits & 0x7fffffffu;
         if (magnitude >= 0x7f800000u) {
             continue;
         }

@@ -22,7 +22,9 @@ struct TrainParams {
     compute: u32,
     // Format id the op's output is held in (layer norm, GELU).
     held: u32,
-    pad1: u32,
+    // 1: the output is stored as 16-bit codes of `held` in out2, two to a word (layer norm,
+    // GELU); 0: as f32 values in out0.
+    coded: u32,
     pad2: u32,
 }
 
@@ -32,7 +34,8 @@ struct TrainParams {
 @group(0) @binding(3) var<storage, read> in2: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out0: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out1: array<f32>;
-@group(0) @binding(6) var<storage, read_write> out2: array<f32>;
+// Words: f32 bits, or two 16-bit codes (the even element in the low half).
+@group(0) @binding(6) var<storage, read_write> out2: array<u32>;
 
 // y = (x - mean) * rstd * g + b per row of c: in0 = x, in1 = g, in2 = b; out0 = y,
 // out1 = (mean, rstd) per row.
@@ -55,8 +58,17 @@ fn layernorm_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
         v += d * d;
     }
     let rstd = inverseSqrt(v / f32(c) + 1e-5);
-    for (var i = 0u; i < c; i++) {
-        out0[r * c + i] = held((in0[r * c + i] - mean) * rstd * in1[i] + in2[i], params.held);
+    if (params.coded != 0u) {
+        // c is even (Plan::store_codes): the row's words are its own.
+        for (var i = 0u; i < c; i += 2u) {
+            let lo = (in0[r * c + i] - mean) * rstd * in1[i] + in2[i];
+            let hi = (in0[r * c + i + 1u] - mean) * rstd * in1[i + 1u] + in2[i + 1u];
+            out2[(r * c + i) / 2u] = code_pair(lo, hi, params.held);
+        }
+    } else {
+        for (var i = 0u; i < c; i++) {
+            out0[r * c + i] = held((in0[r * c + i] - mean) * rstd * in1[i] + in2[i], params.held);
+        }
     }
     out1[2u * r] = mean;
     out1[2u * r + 1u] = rstd;
@@ -105,7 +117,7 @@ fn layernorm_bwd_params(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
         db += in0[r * c + i];
     }
     out0[i] = dg;
-    out2[i] = db;
+    out2[i] = bitcast<u32>(db);
 }
 
 const SQRT_2_OVER_PI: f32 = 0.7978845608;
@@ -117,16 +129,34 @@ fn gelu_tanh(x: f32) -> f32 {
     return tanh(clamp(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x), -10.0, 10.0));
 }
 
-// GELU (tanh form): in0 = x; out0 = y.
+// The 16-bit codes of lo and hi in format `fmt`, as one word (lo in the low half).
+fn code_pair(lo: f32, hi: f32, fmt: u32) -> u32 {
+    return encode_format(bitcast<u32>(lo), fmt, false) | (encode_format(bitcast<u32>(hi), fmt, false) << 16u);
+}
+
+fn gelu(x: f32) -> f32 {
+    return 0.5 * x * (1.0 + gelu_tanh(x));
+}
+
+// GELU (tanh form): in0 = x; out0 = y, or (coded) out2 = y's codes, one word per invocation.
 @compute @workgroup_size(256)
 fn gelu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
     let e = flat_index(wg, nwg, lid);
+    if (params.coded != 0u) {
+        let lo = 2u * e;
+        if (lo >= params.n) {
+            return;
+        }
+        // An odd n's last word holds one code.
+        let hi = select(0.0, gelu(in0[min(lo + 1u, params.n - 1u)]), lo + 1u < params.n);
+        out2[e] = code_pair(gelu(in0[lo]), hi, params.held);
+        return;
+    }
     if (e >= params.n) {
         return;
     }
-    let x = in0[e];
-    out0[e] = held(0.5 * x * (1.0 + gelu_tanh(x)), params.held);
+    out0[e] = held(gelu(in0[e]), params.held);
 }
 
 // in0 = x, in1 = dy; out0 = dx.

@@ -190,6 +190,9 @@ pub struct TrainRecord {
     pub executor: String,
     /// "fused" (one op per block and direction) or "unfused" (copies, matmuls, softmax).
     pub attention: String,
+    /// How many of the plan's tensors are stored as 16-bit codes (`Plan::store_codes`; 0 with
+    /// `MANTISSA_ACTIVATIONS=f32` or where no matmul rounds its inputs to 16 bits).
+    pub coded_tensors: usize,
     pub tokens_per_step: usize,
     /// Seconds of the first step: plan compiled, matmuls tuned, buffers allocated.
     pub first_step_seconds: f64,
@@ -373,6 +376,7 @@ impl TrainBench {
                     "unfused"
                 }
                 .into(),
+                coded_tensors: trainer.coded_tensors(),
                 tokens_per_step: tokens,
                 first_step_seconds: first,
                 step_seconds: median,

@@ -417,6 +417,18 @@ fn run_f32(h: &PathBuf, kernel: &str, args: &[String], inputs: &[&[f32]]) -> Vec
         .collect()
 }
 
+/// Checks that `codes` (one to a word) are the codes of the f32 values `held` in `format`.
+fn same_codes(what: &str, codes: &[u32], held: &[f32], format: Format) {
+    assert_eq!(codes.len(), held.len(), "{what}: lengths");
+    for (i, (&code, &value)) in codes.iter().zip(held).enumerate() {
+        let want = format.encode(value, mantissa::format::Overflow::Standard);
+        assert!(
+            code == want || (value.is_nan() && format.decode(code).is_nan()),
+            "{what}: element {i} has code {code:#06x}, its held value {value:e} has {want:#06x}"
+        );
+    }
+}
+
 fn strings(values: &[usize]) -> Vec<String> {
     values.iter().map(|v| v.to_string()).collect()
 }
@@ -444,7 +456,7 @@ fn cuda_training_kernels_match_the_host_reference() {
         let out = run_f32(
             h,
             "layernorm_fwd",
-            &strings(&[rows, c, f32_]),
+            &strings(&[rows, c, f32_, 0]),
             &[&x, &g, &b],
         );
         let (y, mean, rstd) = ops::layernorm_fwd(&x, &g, &b, c);
@@ -456,7 +468,7 @@ fn cuda_training_kernels_match_the_host_reference() {
         let held = run_f32(
             h,
             "layernorm_fwd",
-            &strings(&[rows, c, bf16]),
+            &strings(&[rows, c, bf16, 0]),
             &[&x, &g, &b],
         );
         common::held_close(
@@ -465,6 +477,20 @@ fn cuda_training_kernels_match_the_host_reference() {
             &y,
             Format::Bf16,
             tol::ROW,
+        );
+        // Stored as bf16 codes (a plan's coded tensor): the codes of the values held above.
+        let input: Vec<u32> = [&x, &g, &b].iter().flat_map(|v| bits(v)).collect();
+        let coded = run(h, "layernorm_fwd", &strings(&[rows, c, bf16, 1]), &input);
+        same_codes(
+            "layernorm y as bf16 codes",
+            &coded[..rows * c],
+            &held[..rows * c],
+            Format::Bf16,
+        );
+        assert_eq!(
+            bits(&held[rows * c..]),
+            coded[rows * c..],
+            "layernorm stats beside codes"
         );
         let out = run_f32(
             h,
@@ -492,24 +518,23 @@ fn cuda_training_kernels_match_the_host_reference() {
         &run_f32(
             h,
             "gelu_fwd",
-            &strings(&[x.len(), Format::F32.id() as usize]),
+            &strings(&[x.len(), Format::F32.id() as usize, 0]),
             &[&x],
         ),
         &ops::gelu_fwd(&x),
         tol::ROW,
     );
+    let f16 = Format::F16.id() as usize;
+    let held = run_f32(h, "gelu_fwd", &strings(&[x.len(), f16, 0]), &[&x]);
     common::held_close(
         "gelu held in f16",
-        &run_f32(
-            h,
-            "gelu_fwd",
-            &strings(&[x.len(), Format::F16.id() as usize]),
-            &[&x],
-        ),
+        &held,
         &ops::gelu_fwd(&x),
         Format::F16,
         tol::ROW,
     );
+    let coded = run(h, "gelu_fwd", &strings(&[x.len(), f16, 1]), &bits(&x));
+    same_codes("gelu as f16 codes", &coded, &held, Format::F16);
     close(
         "gelu bwd",
         &run_f32(h, "gelu_bwd", &n, &[&x, &dy]),

@@ -702,6 +702,67 @@ fn a_timed_step_is_the_step(b: &dyn Backend) {
     );
 }
 
+/// The matmuls' 16-bit inputs stored as codes (`Plan::store_codes`: the layer norms' and
+/// GELUs' outputs under the 16-bit presets) train bit for bit as the same plan stored in f32:
+/// losses, gradient norms, weights and moments, while the plan's tensors take fewer bytes. Under
+/// 32-true no tensor is coded; under transformer-engine the fp8 linears' inputs are not (their
+/// amax is taken from f32), the final norm's output, read by the bf16 head, is.
+fn coded_activations_train_as_f32_storage(b: &dyn Backend) {
+    use mantissa::plan::Storage;
+    let corpus = corpus();
+    for preset in [
+        Preset::MixedBf16,
+        Preset::Mixed16,
+        Preset::TrueBf16,
+        Preset::True32,
+        Preset::TransformerEngine,
+    ] {
+        let trainer = |coded: bool| {
+            let mut o = options(&corpus, preset, 41);
+            o.coded_activations = Some(coded);
+            Trainer::new(b, &corpus, o).unwrap()
+        };
+        let (mut coded, mut plain) = (trainer(true), trainer(false));
+        let layers = coded.gpt.config.n_layer;
+        let want = match preset {
+            Preset::True32 => 0,
+            Preset::TransformerEngine => 1,
+            _ => 3 * layers + 1,
+        };
+        assert_eq!(
+            (coded.coded_tensors(), plain.coded_tensors()),
+            (want, 0),
+            "{preset}"
+        );
+        let bytes = [&coded, &plain].map(|t| Storage::shared(t.plan()).bytes());
+        if want > 0 {
+            assert!(bytes[0] < bytes[1], "{preset}: coded {bytes:?} f32");
+        }
+        for step in 0..3 {
+            let (c, p) = (
+                coded.step().block_on().unwrap(),
+                plain.step().block_on().unwrap(),
+            );
+            assert_eq!(
+                (c.loss.to_bits(), c.grad_norm.to_bits(), c.skipped),
+                (p.loss.to_bits(), p.grad_norm.to_bits(), p.skipped),
+                "{preset} step {step}: losses {} and {}",
+                c.loss,
+                p.loss
+            );
+        }
+        assert!(
+            coded.state().block_on().unwrap() == plain.state().block_on().unwrap(),
+            "{preset}: the weights or moments differ"
+        );
+    }
+}
+
+#[test]
+fn coded_activations_train_as_f32_storage_on_the_reference() {
+    coded_activations_train_as_f32_storage(&Reference);
+}
+
 #[test]
 fn a_timed_step_is_the_step_on_the_reference() {
     a_timed_step_is_the_step(&Reference);
@@ -712,6 +773,8 @@ fn a_timed_step_is_the_step_on_the_reference() {
 backend_tests!(
     wgpu: loss_falls,
     a_timed_step_is_the_step,
+    coded_outputs_are_the_held_values,
+    coded_activations_train_as_f32_storage,
     held_outputs_match_their_definition,
     resident_plan_matches_the_host_interpreter,
     resident_plan_skips_non_finite_steps_and_resumes,
@@ -721,6 +784,8 @@ backend_tests!(
 backend_tests!(
     cuda: loss_falls,
     a_timed_step_is_the_step,
+    coded_outputs_are_the_held_values,
+    coded_activations_train_as_f32_storage,
     held_outputs_match_their_definition,
     resident_plan_matches_the_host_interpreter,
     resident_plan_skips_non_finite_steps_and_resumes,
@@ -909,6 +974,91 @@ fn held_outputs_match_their_definition(b: &dyn Backend) {
     common::held_close("gelu + bias held in bf16", &got, &want, Format::Bf16, row);
 }
 
+/// `x` with NaN, infinities, a value whose GELU overflows f16 and bf16's neighbourhood of it,
+/// and ones whose GELU is subnormal in f16, at its start.
+fn edge_cases(mut x: Vec<f32>) -> Vec<f32> {
+    let edges = [
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        1.0e5,
+        3.0e38,
+        1.0e-6,
+        -2.0e-7,
+    ];
+    x[..edges.len()].copy_from_slice(&edges);
+    x
+}
+
+/// A device's layer norm and GELU storing 16-bit codes (a plan's coded tensors,
+/// `Plan::store_codes`) store the codes of the values they hold as f32: read back, the coded
+/// outputs equal the f32 ones bit for bit (bf16 and f16; a GELU of odd length, whose last word
+/// holds one code, over NaN, infinities, overflow and subnormal results).
+fn coded_outputs_are_the_held_values(b: &dyn Backend) {
+    use mantissa::format::Format;
+    use mantissa::plan::{Op, PlanBuilder, TensorKind};
+    let seed = common::seed("coded_outputs_are_the_held_values");
+    let (rows, c, n) = (37, 300, 1001);
+    let values = |n, s| measure::normal(n, seed + s);
+    let mut p = PlanBuilder::default();
+    let tokens = p.tensor(rows, TensorKind::Tokens);
+    let targets = p.tensor(rows, TensorKind::Targets);
+    let (x, g, bias, z) = (
+        p.constant(values(rows * c, 0)),
+        p.constant(values(c, 1)),
+        p.constant(values(c, 2)),
+        p.constant(edge_cases(values(n, 3).iter().map(|v| 4.0 * v).collect())),
+    );
+    let stats = p.temp(2 * rows);
+    let mut pairs = vec![];
+    for format in [Format::Bf16, Format::F16] {
+        // Outputs kept whole after the step (not shared with other temporaries).
+        let outs = [0, 1].map(|_| {
+            [
+                p.tensor(rows * c, TensorKind::Partial),
+                p.tensor(n, TensorKind::Partial),
+            ]
+        });
+        for [norm, y] in outs {
+            p.push(Op::LayerNorm {
+                x,
+                g,
+                b: bias,
+                out: norm,
+                stats,
+                c,
+                held: format,
+            });
+            p.push(Op::Gelu {
+                x: z,
+                out: y,
+                held: format,
+            });
+        }
+        for id in outs[1] {
+            p.tensors[id].stored = format;
+        }
+        pairs.extend((0..2).map(|i| (format, outs[0][i], outs[1][i])));
+    }
+    let ops = p.ops.len();
+    let mut exec = run_ops_alone(b, p, ops, (tokens, targets), stats);
+    for (format, held, coded) in pairs {
+        let (want, got) = (
+            exec.read(held).block_on().unwrap(),
+            exec.read(coded).block_on().unwrap(),
+        );
+        assert_eq!(want.len(), got.len());
+        let same =
+            |i: usize| want[i].to_bits() == got[i].to_bits() || want[i].is_nan() && got[i].is_nan();
+        if let Some(i) = (0..want.len()).find(|&i| !same(i)) {
+            panic!(
+                "{format} tensor {coded}: element {i} is {:e} coded, {:e} held",
+                got[i], want[i]
+            );
+        }
+    }
+}
+
 /// A device's fused attention kernels (wgpu: shaders/train.wgsl, CUDA: cuda/attention.cu) in a
 /// resident plan against the host interpreter of the same plan, which runs the fused op's
 /// definition (the unfused ops on the host): losses, gradient norms and gradients after three
@@ -1006,7 +1156,8 @@ fn plan_storage_shares_only_disjoint_temporaries() {
             }
         }
         for x in 0..n {
-            assert!(storage.slots[storage.slot_of[x]] >= plan.tensors[x].len);
+            // Slots are counted in 4-byte words (a coded tensor takes half its length).
+            assert!(storage.slots[storage.slot_of[x]] >= plan.tensors[x].words());
             for y in x + 1..n {
                 if storage.slot_of[x] != storage.slot_of[y] {
                     continue;
@@ -1157,7 +1308,7 @@ fn fused_attention_trains_as_the_unfused_ops() {
         let plans = [true, false].map(|f| {
             fused
                 .gpt
-                .plan_with(&fused.precision, c.batch_size, c.block_size, f)
+                .plan_with(&fused.precision, c.batch_size, c.block_size, f, true)
                 .unwrap()
         });
         let attention_ops = |p: &mantissa::plan::Plan| {

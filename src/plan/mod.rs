@@ -24,7 +24,7 @@ pub use exec::StepExecutor;
 pub use scalar::AdamW;
 
 use crate::algorithm::{Algorithm, MatmulShape};
-use crate::format::Format;
+use crate::format::{Format, Overflow};
 
 /// A tensor of the plan (an index into `Plan::tensors`).
 pub type TensorId = usize;
@@ -53,6 +53,48 @@ pub enum TensorKind {
 pub struct TensorInfo {
     pub len: usize,
     pub kind: TensorKind,
+    /// What a device stores per element: f32, or the 16-bit codes of bf16 or f16 (two to a
+    /// 4-byte word, the even element in the low half) for a tensor `Plan::store_codes` chose.
+    /// Every executor reads and writes it as f32 values; a coded tensor's are its codes' values.
+    pub stored: Format,
+}
+
+impl TensorInfo {
+    /// 4-byte words of the tensor's storage.
+    pub fn words(&self) -> usize {
+        if self.stored.storage_bytes() == 2 {
+            self.len.div_ceil(2)
+        } else {
+            self.len
+        }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.words() as u64 * 4
+    }
+
+    /// `values` as the device stores them (a coded tensor's values rounded to its format, as
+    /// its kernels round them when they store).
+    pub fn to_words(&self, values: &[f32]) -> Vec<u32> {
+        if self.stored.storage_bytes() != 2 {
+            return values.iter().map(|x| x.to_bits()).collect();
+        }
+        let code = |x: Option<&f32>| x.map_or(0, |&x| self.stored.encode(x, Overflow::Standard));
+        values
+            .chunks(2)
+            .map(|pair| code(pair.first()) | code(pair.get(1)) << 16)
+            .collect()
+    }
+
+    /// The values of stored words (`to_words`' inverse).
+    pub fn from_words(&self, words: &[u32]) -> Vec<f32> {
+        if self.stored.storage_bytes() != 2 {
+            return words.iter().map(|&w| f32::from_bits(w)).collect();
+        }
+        (0..self.len)
+            .map(|e| self.stored.decode(words[e / 2] >> (16 * (e % 2)) & 0xffff))
+            .collect()
+    }
 }
 
 /// A strided copy over a 4-d index space (the attention head permutations): element
@@ -460,7 +502,7 @@ impl Op {
 pub struct Storage {
     /// The slot of each tensor.
     pub slot_of: Vec<usize>,
-    /// Elements (f32) of each slot.
+    /// 4-byte words of each slot (`TensorInfo::words` of its largest tensor).
     pub slots: Vec<usize>,
 }
 
@@ -469,7 +511,7 @@ impl Storage {
     pub fn separate(plan: &Plan) -> Storage {
         Storage {
             slot_of: (0..plan.tensors.len()).collect(),
-            slots: plan.tensors.iter().map(|t| t.len).collect(),
+            slots: plan.tensors.iter().map(TensorInfo::words).collect(),
         }
     }
 
@@ -494,7 +536,7 @@ impl Storage {
         let mut busy_until: Vec<usize> = Vec::new();
         let mut temp_slots: Vec<usize> = Vec::new();
         for &t in &temps {
-            let len = plan.tensors[t].len;
+            let len = plan.tensors[t].words();
             // The free slot that fits best: the smallest that holds it, else the largest.
             let free = temp_slots
                 .iter()
@@ -523,7 +565,7 @@ impl Storage {
         }
         for (t, slot) in slot_of.iter_mut().enumerate() {
             if *slot == usize::MAX {
-                storage.slots.push(plan.tensors[t].len);
+                storage.slots.push(plan.tensors[t].words());
                 *slot = storage.slots.len() - 1;
             }
         }
@@ -747,10 +789,76 @@ impl Plan {
         sum
     }
 
+    /// Stores as 16-bit codes (`TensorInfo::stored`) each temporary written by one layer norm
+    /// or GELU and read only by matmuls that round it to bf16, or only by matmuls that round it
+    /// to f16 (`Algorithm::Bf16`, `Algorithm::F16`): its writer rounds it as it stores (its
+    /// `held` becomes that format), so the matmuls read the values they would have rounded
+    /// from half the bytes, and need not encode them. The writer must hold its output in f32 or
+    /// in that same format (one rounding either way). A layer norm's rows must be of even
+    /// width, so that no 4-byte word spans two rows (wgpu stores a row's words whole).
+    /// Returns the tensors so stored.
+    pub fn store_codes(&mut self) -> Vec<TensorId> {
+        let n = self.tensors.len();
+        let (mut writers, mut readers) = (vec![vec![]; n], vec![vec![]; n]);
+        for (i, op) in self.ops.iter().enumerate() {
+            let (reads, writes) = op.reads_writes();
+            for t in reads {
+                readers[t].push(i);
+            }
+            for t in writes {
+                writers[t].push(i);
+            }
+        }
+        let rounds_to = |op: &Op| match op {
+            Op::Matmul {
+                algorithm: Algorithm::Bf16,
+                scales: None,
+                ..
+            } => Some(Format::Bf16),
+            Op::Matmul {
+                algorithm: Algorithm::F16,
+                scales: None,
+                ..
+            } => Some(Format::F16),
+            _ => None,
+        };
+        let mut coded = vec![];
+        for t in 0..n {
+            if self.tensors[t].kind != TensorKind::Temp || t == self.logits {
+                continue;
+            }
+            let [w] = writers[t][..] else { continue };
+            let Some(&first) = readers[t].first() else {
+                continue;
+            };
+            let Some(format) = rounds_to(&self.ops[first]) else {
+                continue;
+            };
+            if !readers[t]
+                .iter()
+                .all(|&i| rounds_to(&self.ops[i]) == Some(format))
+            {
+                continue;
+            }
+            let held = match &mut self.ops[w] {
+                Op::LayerNorm { out, held, c, .. } if *out == t && *c % 2 == 0 => held,
+                Op::Gelu { out, held, .. } if *out == t => held,
+                _ => continue,
+            };
+            if *held != Format::F32 && *held != format {
+                continue;
+            }
+            *held = format;
+            self.tensors[t].stored = format;
+            coded.push(t);
+        }
+        coded
+    }
+
     /// Bytes of every tensor of the plan (device memory of a resident executor, temporaries of
     /// the kernels aside).
     pub fn tensor_bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.len as u64 * 4).sum()
+        self.tensors.iter().map(TensorInfo::bytes).sum()
     }
 }
 
@@ -764,7 +872,11 @@ pub struct PlanBuilder {
 
 impl PlanBuilder {
     pub fn tensor(&mut self, len: usize, kind: TensorKind) -> TensorId {
-        self.tensors.push(TensorInfo { len, kind });
+        self.tensors.push(TensorInfo {
+            len,
+            kind,
+            stored: Format::F32,
+        });
         self.tensors.len() - 1
     }
 
@@ -801,5 +913,134 @@ impl PlanBuilder {
             ) if *out == x && *held == Format::F32 => *held = format,
             _ => self.push(Op::Round { x, format }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A layer norm of width `c` (output held in `held`) read by a matmul under `algorithm`,
+    /// and by `extra` if given: (plan, the norm's output).
+    fn norm_then_matmul(
+        c: usize,
+        held: Format,
+        algorithm: Algorithm,
+        extra: bool,
+    ) -> (Plan, TensorId) {
+        let mut g = PlanBuilder::default();
+        let rows = 3;
+        let x = g.tensor(rows * c, TensorKind::Tokens);
+        let (gain, bias) = (g.constant(vec![1.0; c]), g.constant(vec![0.0; c]));
+        let (out, stats, w) = (
+            g.temp(rows * c),
+            g.temp(2 * rows),
+            g.constant(vec![0.5; c * 2]),
+        );
+        let y = g.temp(rows * 2);
+        g.push(Op::LayerNorm {
+            x,
+            g: gain,
+            b: bias,
+            out,
+            stats,
+            c,
+            held,
+        });
+        let shape = MatmulShape::new(rows, 2, c);
+        g.push(Op::Matmul {
+            shape,
+            algorithm,
+            a: out,
+            b: w,
+            out: y,
+            scales: None,
+        });
+        if extra {
+            g.push(Op::Amax { x: out, slot: 0 });
+        }
+        let plan = Plan {
+            tensors: g.tensors,
+            ops: g.ops,
+            forward: 0,
+            backward: 0,
+            gradients: 0,
+            rows,
+            tokens: x,
+            targets: x,
+            logits: y,
+            state: vec![],
+            constants: g.constants,
+            stats: Stats {
+                grads: 0,
+                linears: 1,
+            },
+        };
+        (plan, out)
+    }
+
+    #[test]
+    fn codes_only_where_every_reader_rounds_to_them() {
+        let (f32_, bf16, f16) = (Format::F32, Format::Bf16, Format::F16);
+        for (c, held, algorithm, extra, coded) in [
+            (4, f32_, Algorithm::Bf16, false, Some(bf16)),
+            (4, f16, Algorithm::F16, false, Some(f16)),
+            // Held in f16, read as bf16: two roundings, not one.
+            (4, f16, Algorithm::Bf16, false, None),
+            (4, f32_, Algorithm::F32, false, None),
+            (4, f32_, Algorithm::Tf32, false, None),
+            (4, f32_, Algorithm::Bf16x3, false, None),
+            // A reader other than a matmul reads f32.
+            (4, f32_, Algorithm::Bf16, true, None),
+            // Rows of odd width would share words.
+            (5, f32_, Algorithm::Bf16, false, None),
+        ] {
+            let (mut plan, out) = norm_then_matmul(c, held, algorithm, extra);
+            let bytes = Storage::shared(&plan).bytes();
+            let stored = plan.store_codes();
+            let case = format!("width {c}, held {held}, read by {algorithm}, extra reader {extra}");
+            match coded {
+                Some(format) => {
+                    assert_eq!(stored, vec![out], "{case}");
+                    assert_eq!(plan.tensors[out].stored, format, "{case}");
+                    assert!(matches!(plan.ops[0], Op::LayerNorm { held, .. } if held == format));
+                    assert_eq!(
+                        Storage::shared(&plan).bytes(),
+                        bytes - 3 * c as u64 * 2,
+                        "{case}"
+                    );
+                }
+                None => {
+                    assert!(stored.is_empty(), "{case}");
+                    assert!(matches!(plan.ops[0], Op::LayerNorm { held: h, .. } if h == held));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn coded_words_round_trip_and_pack_two_codes() {
+        let info = |len, stored| TensorInfo {
+            len,
+            kind: TensorKind::Temp,
+            stored,
+        };
+        let values = [1.0f32, -2.5, 3.0e-3, f32::INFINITY, 65504.0];
+        for format in [Format::Bf16, Format::F16] {
+            let t = info(values.len(), format);
+            let words = t.to_words(&values);
+            assert_eq!((words.len(), t.words(), t.bytes()), (3, 3, 12));
+            assert_eq!(words[0] & 0xffff, format.encode(1.0, Overflow::Standard));
+            assert_eq!(words[0] >> 16, format.encode(-2.5, Overflow::Standard));
+            let back = t.from_words(&words);
+            let want: Vec<f32> = values
+                .iter()
+                .map(|&x| format.round(x, Overflow::Standard))
+                .collect();
+            assert_eq!(back, want, "{format}");
+        }
+        let t = info(values.len(), Format::F32);
+        assert_eq!(t.from_words(&t.to_words(&values)), values);
+        assert_eq!(t.bytes(), 20);
     }
 }

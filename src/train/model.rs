@@ -626,21 +626,25 @@ impl Gpt<'_> {
     /// The plan of one step on batches of `sequences` sequences of `t` tokens: the forward pass
     /// to the loss, the backward pass to the gradients of `loss * loss scale`, the unscale and
     /// finite check, and the AdamW update (held in `p.weights`). Attention is one fused op where
-    /// the backend has a kernel for it (`Backend::fuses_attention`), else the unfused ops.
+    /// the backend has a kernel for it (`Backend::fuses_attention`), else the unfused ops; the
+    /// matmuls' 16-bit inputs are stored as codes unless `MANTISSA_ACTIVATIONS=f32`.
     pub fn plan(&self, p: &Precision, sequences: usize, t: usize) -> Result<Plan> {
         let fused = self
             .backend
             .fuses_attention(&p.matmul, self.config.head_dim());
-        self.plan_with(p, sequences, t, fused)
+        self.plan_with(p, sequences, t, fused, stores_codes()?)
     }
 
-    /// `plan`, with attention fused (`Op::Attention`) or not as asked.
+    /// `plan`, with attention fused (`Op::Attention`) or not, and the matmuls' 16-bit inputs
+    /// stored as codes (`Plan::store_codes`) or as f32, as asked. Both choices leave the
+    /// function the step computes as it is.
     pub fn plan_with(
         &self,
         p: &Precision,
         sequences: usize,
         t: usize,
         fused_attention: bool,
+        coded: bool,
     ) -> Result<Plan> {
         let cfg = &self.config;
         let (c, v, h, d) = (cfg.n_embd, cfg.vocab_size, cfg.n_head, cfg.head_dim());
@@ -867,7 +871,7 @@ impl Gpt<'_> {
                 r.g.round(x, p.weights);
             }
         }
-        Ok(Plan {
+        let mut plan = Plan {
             tensors: r.g.tensors,
             ops: r.g.ops,
             forward,
@@ -880,7 +884,24 @@ impl Gpt<'_> {
             state: r.state,
             constants: r.g.constants,
             stats: r.stats,
-        })
+        };
+        if coded {
+            plan.store_codes();
+        }
+        Ok(plan)
+    }
+}
+
+/// Whether plans store the matmuls' 16-bit inputs as codes where nothing else says: yes, unless
+/// `MANTISSA_ACTIVATIONS=f32` (to compare memory and step time with f32 storage).
+pub fn stores_codes() -> Result<bool> {
+    match std::env::var("MANTISSA_ACTIVATIONS").as_deref() {
+        Err(_) | Ok("codes") => Ok(true),
+        Ok("f32") => Ok(false),
+        Ok(other) => Err(Error::invalid(
+            "MANTISSA_ACTIVATIONS",
+            format!("{other:?}: expected codes (the default) or f32"),
+        )),
     }
 }
 

@@ -42,6 +42,10 @@ pub struct TrainOptions {
     /// the backend has a kernel for it (`Backend::fuses_attention`). Both compute the same
     /// function; fused on a resident executor without the kernel (wgpu) is an error.
     pub fused_attention: Option<bool>,
+    /// The matmuls' 16-bit inputs (layer norm and GELU outputs) stored as 16-bit codes
+    /// (`plan::Plan::store_codes`) or as f32; None: codes unless `MANTISSA_ACTIVATIONS=f32`.
+    /// Both compute the same function.
+    pub coded_activations: Option<bool>,
 }
 
 impl TrainOptions {
@@ -61,6 +65,7 @@ impl TrainOptions {
             resident: true,
             memory_limit: None,
             fused_attention: None,
+            coded_activations: None,
         }
     }
 }
@@ -176,10 +181,14 @@ impl<'a> Trainer<'a> {
             backend,
         };
         let cfg = &options.config;
-        let mut plan = match options.fused_attention {
-            Some(fused) => gpt.plan_with(&precision, local.len(), cfg.block_size, fused)?,
-            None => gpt.plan(&precision, local.len(), cfg.block_size)?,
+        let fused = options
+            .fused_attention
+            .unwrap_or_else(|| backend.fuses_attention(&precision.matmul, cfg.head_dim()));
+        let coded = match options.coded_activations {
+            Some(coded) => coded,
+            None => super::model::stores_codes()?,
         };
+        let mut plan = gpt.plan_with(&precision, local.len(), cfg.block_size, fused, coded)?;
         for (i, mut p) in cfg.init(options.seed).into_iter().enumerate() {
             round_to(&mut p, precision.weights);
             plan.constants.push((plan.state[i][0], p));
@@ -269,6 +278,15 @@ impl<'a> Trainer<'a> {
         let ops = &self.exec.plan().ops;
         ops.iter()
             .any(|op| matches!(op, crate::plan::Op::Attention { .. }))
+    }
+
+    /// How many tensors the plan stores as 16-bit codes (`Plan::store_codes`).
+    pub fn coded_tensors(&self) -> usize {
+        let tensors = &self.exec.plan().tensors;
+        tensors
+            .iter()
+            .filter(|t| t.stored != crate::format::Format::F32)
+            .count()
     }
 
     /// The memory the steps so far took (the plan's tensors, and the peak of everything).

@@ -261,13 +261,17 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
                       std::vector<u32>& out) {
     Inputs input{in};
     Dim3 row_block = {ROW_THREADS, 1, 1}, element_block = {ELEMENT_THREADS, 1, 1};
-    if (k == "layernorm_fwd" && argc == 5) {  // ROWS C FMT < x g b > y stats
-        u32 rows = arg(argv, 2), c = arg(argv, 3), fmt = arg(argv, 4);
+    if (k == "layernorm_fwd" && argc == 6) {  // ROWS C FMT CODED < x g b > y stats
+        // CODED: y as 16-bit codes, one to each output word.
+        u32 rows = arg(argv, 2), c = arg(argv, 3), fmt = arg(argv, 4), coded = arg(argv, 5);
         float *x = input.f((size_t)rows * c), *g = input.f(c), *b = input.f(c);
         std::vector<float> y((size_t)rows * c), st(2 * rows);
-        emu::launch({rows, 1, 1}, row_block, [&] { layernorm_fwd(x, g, b, y.data(), st.data(), c, fmt); });
-        y.insert(y.end(), st.begin(), st.end());
-        out = bits_of(y);
+        std::vector<unsigned short> codes((size_t)rows * c);
+        void* dst = coded ? (void*)codes.data() : (void*)y.data();
+        emu::launch({rows, 1, 1}, row_block, [&] { layernorm_fwd(x, g, b, dst, st.data(), c, fmt, coded); });
+        out = coded ? std::vector<u32>(codes.begin(), codes.end()) : bits_of(y);
+        std::vector<u32> stats = bits_of(st);
+        out.insert(out.end(), stats.begin(), stats.end());
     } else if (k == "layernorm_bwd" && argc == 4) {  // ROWS C < dy x g stats > dx dg db
         u32 rows = arg(argv, 2), c = arg(argv, 3);
         size_t n = (size_t)rows * c;
@@ -292,14 +296,20 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> sums(c);
         column_sums_of(x, sums.data(), rows, c);
         out = bits_of(sums);
-    } else if ((k == "gelu_fwd" && argc == 4) || (k == "gelu_bwd" && argc == 3)) {
-        // gelu_fwd N FMT < x > y; gelu_bwd N < x dy > dx
+    } else if ((k == "gelu_fwd" && argc == 5) || (k == "gelu_bwd" && argc == 3)) {
+        // gelu_fwd N FMT CODED < x > y (CODED: codes, one to each word); gelu_bwd N < x dy > dx
         i64 n = arg(argv, 2);
         float* x = input.f(n);
         std::vector<float> y(n);
         if (k == "gelu_fwd") {
-            u32 fmt = arg(argv, 3);
-            emu::launch(elementwise_grid(n), element_block, [&] { gelu_fwd(x, y.data(), n, fmt); });
+            u32 fmt = arg(argv, 3), coded = arg(argv, 4);
+            std::vector<unsigned short> codes(n);
+            void* dst = coded ? (void*)codes.data() : (void*)y.data();
+            emu::launch(elementwise_grid(n), element_block, [&] { gelu_fwd(x, dst, n, fmt, coded); });
+            if (coded) {
+                out = std::vector<u32>(codes.begin(), codes.end());
+                return true;
+            }
         } else {
             float* dy = input.f(n);
             emu::launch(elementwise_grid(n), element_block, [&] { gelu_bwd(x, dy, y.data(), n); });

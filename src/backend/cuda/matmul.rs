@@ -13,7 +13,7 @@ use cudarc::cublas::sys::{
     cublasComputeType_t as Compute, cublasGemmAlgo_t, cublasOperation_t as Op,
     cudaDataType_t as Type,
 };
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::sync::atomic::Ordering;
 
 /// C = op(A) . op(B) under `algorithm`, operands and result on the device: the operands
@@ -26,10 +26,34 @@ pub(super) fn run(
     b: &CudaSlice<f32>,
     c: &mut CudaSlice<f32>,
 ) -> Result<()> {
+    run_stored(cb, shape, algorithm, (a, b), [Format::F32; 2], c)
+}
+
+/// `run` on operands stored as f32 values or, where `stored` says so, as the 16-bit codes of
+/// the algorithm's operand format (a step plan's coded tensors, `Plan::store_codes`): the
+/// GEMM reads those as they are.
+pub(super) fn run_stored(
+    cb: &CudaBackend,
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+    (a, b): (&CudaSlice<f32>, &CudaSlice<f32>),
+    stored: [Format; 2],
+    c: &mut CudaSlice<f32>,
+) -> Result<()> {
     if shape.c_len() == 0 {
         return Ok(());
     }
-    let mut prepared = prepare(cb, shape, algorithm, a, b)?;
+    let coded = stored.map(|f| f != Format::F32);
+    if coded.contains(&true) && !matches!(algorithm, Algorithm::Bf16 | Algorithm::F16)
+        || coded[0] && stored[0] != algorithm.operand_formats().0
+        || coded[1] && stored[1] != algorithm.operand_formats().1
+    {
+        return Err(Error::invalid(
+            "matmul operands",
+            format!("{algorithm} does not read operands stored as {stored:?}"),
+        ));
+    }
+    let mut prepared = prepare_stored(cb, shape, algorithm, (a, b), coded)?;
     match product(cb, shape, algorithm, &mut prepared, c) {
         // cuBLASLt's fp8 GEMM failed (now off, said once): the f16 path from the operands.
         Err(_) if prepared.on_fp8_gemm() && cb.fp8_off.load(Ordering::Relaxed) => {
@@ -50,13 +74,28 @@ pub(super) enum Held<'a> {
     /// tf32-rounded f32 values.
     Tf32(CudaSlice<f32>),
     /// bf16 codes.
-    Bf16(CudaSlice<u16>),
+    Bf16(Codes<'a>),
     /// f16 codes: f16 values, or fp8 values (exact in f16) on the f16 path.
-    F16(CudaSlice<u16>),
+    F16(Codes<'a>),
     /// bf16 planes laid out for one GEMM per level (split.rs).
     Planes(CudaSlice<u16>),
     /// fp8 codes in cuBLASLt's TN layout (fp8.rs).
     Fp8(CudaSlice<u8>),
+}
+
+/// 16-bit codes: encoded for the product, or an operand stored as codes already.
+pub(super) enum Codes<'a> {
+    Encoded(CudaSlice<u16>),
+    Stored(CudaView<'a, u16>),
+}
+
+impl Codes<'_> {
+    fn view(&self) -> CudaView<'_, u16> {
+        match self {
+            Codes::Encoded(x) => x.as_view(),
+            Codes::Stored(x) => x.slice(..),
+        }
+    }
 }
 
 /// Both operands of one matmul, prepared, with what the product needs besides them.
@@ -100,6 +139,50 @@ pub(super) fn prepare<'a>(
     prepare_on(cb, shape, algorithm, path, a, b)
 }
 
+/// `prepare` where an operand may be stored as the 16-bit codes the bf16 or f16 GEMM reads
+/// (`coded`; `run_stored` checked the formats): those are viewed as codes, not encoded.
+fn prepare_stored<'a>(
+    cb: &CudaBackend,
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+    (a, b): (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
+    coded: [bool; 2],
+) -> Result<Prepared<'a>> {
+    if coded == [false; 2] {
+        return prepare(cb, shape, algorithm, a, b);
+    }
+    check_sizes(shape)?;
+    let (fa, fb) = algorithm.operand_formats();
+    let codes = |x: &'a CudaSlice<f32>, len: usize, coded: bool, format: Format| {
+        if !coded {
+            return encode_16(cb, x, len, format).map(Codes::Encoded);
+        }
+        // SAFETY: a coded tensor's buffer holds its codes (two to each f32 word) and is at
+        // least len.div_ceil(2) words long (TensorInfo::words); u16 has no invalid values.
+        unsafe { x.transmute::<u16>(len) }
+            .map(Codes::Stored)
+            .ok_or_else(|| {
+                Error::invalid(
+                    "matmul operand",
+                    format!("a buffer of {} words holds no {len} codes", x.len()),
+                )
+            })
+    };
+    let a = codes(a, shape.a_len(), coded[0], fa)?;
+    let b = codes(b, shape.b_len(), coded[1], fb)?;
+    let (a, b) = match algorithm {
+        Algorithm::Bf16 => (Held::Bf16(a), Held::Bf16(b)),
+        _ => (Held::F16(a), Held::F16(b)),
+    };
+    Ok(Prepared {
+        a,
+        b,
+        scales: None,
+        fp8_gemm: None,
+        lower: None,
+    })
+}
+
 /// `prepare` with split algorithms on `path`.
 fn prepare_on<'a>(
     cb: &CudaBackend,
@@ -124,12 +207,12 @@ fn prepare_on<'a>(
             Held::Tf32(round(cb, b, lb, Format::Tf32)?),
         ),
         Algorithm::Bf16 => plain(
-            Held::Bf16(encode_16(cb, a, la, Format::Bf16)?),
-            Held::Bf16(encode_16(cb, b, lb, Format::Bf16)?),
+            Held::Bf16(Codes::Encoded(encode_16(cb, a, la, Format::Bf16)?)),
+            Held::Bf16(Codes::Encoded(encode_16(cb, b, lb, Format::Bf16)?)),
         ),
         Algorithm::F16 => plain(
-            Held::F16(encode_16(cb, a, la, Format::F16)?),
-            Held::F16(encode_16(cb, b, lb, Format::F16)?),
+            Held::F16(Codes::Encoded(encode_16(cb, a, la, Format::F16)?)),
+            Held::F16(Codes::Encoded(encode_16(cb, b, lb, Format::F16)?)),
         ),
         Algorithm::Bf16x3 | Algorithm::Bf16x6 | Algorithm::Bf16x9 => match path {
             SplitPath::Gemms => split_planes(cb, shape, algorithm, a, b)?,
@@ -175,8 +258,14 @@ pub(super) fn product(
             let compute = Compute::CUBLAS_COMPUTE_32F_FAST_TF32;
             gemm(cb, s, Type::CUDA_R_32F, a, b, c, compute)?
         }
-        (Held::Bf16(a), Held::Bf16(b)) => gemm(cb, s, Type::CUDA_R_16BF, a, b, c, f32_compute)?,
-        (Held::F16(a), Held::F16(b)) => gemm(cb, s, Type::CUDA_R_16F, a, b, c, f32_compute)?,
+        (Held::Bf16(a), Held::Bf16(b)) => {
+            let (a, b) = (a.view(), b.view());
+            gemm(cb, s, Type::CUDA_R_16BF, &a, &b, c, f32_compute)?
+        }
+        (Held::F16(a), Held::F16(b)) => {
+            let (a, b) = (a.view(), b.view());
+            gemm(cb, s, Type::CUDA_R_16F, &a, &b, c, f32_compute)?
+        }
         (Held::Planes(a), Held::Planes(b)) => {
             split_gemms(cb, s, algorithm, (a, b), p.lower.as_mut(), c)?
         }
@@ -404,8 +493,8 @@ fn gemm<T>(
     cb: &CudaBackend,
     s: &MatmulShape,
     ty: Type,
-    a: &CudaSlice<T>,
-    b: &CudaSlice<T>,
+    a: &impl DevicePtr<T>,
+    b: &impl DevicePtr<T>,
     c: &mut CudaSlice<f32>,
     compute: Compute,
 ) -> Result<()> {
@@ -417,8 +506,8 @@ fn gemm_call<T>(
     cb: &CudaBackend,
     call: &GemmCall,
     ty: Type,
-    a: &CudaSlice<T>,
-    b: &CudaSlice<T>,
+    a: &impl DevicePtr<T>,
+    b: &impl DevicePtr<T>,
     c: &mut CudaSlice<f32>,
     compute: Compute,
 ) -> Result<()> {
@@ -831,7 +920,7 @@ fn fp8_prepare<'a>(
                 let mut out = unsafe { cb.uninit::<u16>(len)? };
                 let (n, fmt) = (len as i64, format_id(format));
                 launch_1d!(cb, Module::Cast, "quantize_to_f16", len; x, &mut out, &n, &fmt, scales, &g.batch_len, &g.div, &g.modulus, &g.per_batch)?;
-                Ok::<_, Error>(Held::F16(out))
+                Ok::<_, Error>(Held::F16(Codes::Encoded(out)))
             };
             let qa = quantize(a, s.a_len(), fa, &sa, ga)?;
             let qb = quantize(b, s.b_len(), fb, &sb, gb)?;

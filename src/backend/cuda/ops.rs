@@ -32,7 +32,7 @@ impl CudaBackend {
         let stats = self.zeros::<f32>(2 * rows)?;
         let p = |s: &CudaSlice<f32>| self.ptr(s);
         let ptrs = [p(&ins[0]), p(&ins[1]), p(&ins[2]), p(&y), p(&stats)];
-        launch::layernorm_fwd(self, ptrs, (rows, c), Format::F32)?;
+        launch::layernorm_fwd(self, ptrs, (rows, c), (Format::F32, false))?;
         let st = self.download(&stats, 2 * rows)?;
         Ok((
             self.download(&y, x.len())?,
@@ -90,7 +90,13 @@ impl CudaBackend {
         let input = self.upload(x)?;
         let out = self.zeros::<f32>(x.len())?;
         match dy {
-            None => launch::gelu_fwd(self, self.ptr(&input), self.ptr(&out), x.len(), Format::F32)?,
+            None => launch::gelu_fwd(
+                self,
+                self.ptr(&input),
+                self.ptr(&out),
+                x.len(),
+                (Format::F32, false),
+            )?,
             Some(dy) => {
                 let d = self.upload(dy)?;
                 launch::gelu_bwd(

@@ -17,6 +17,7 @@ use super::nccl::Nccl;
 use super::train::{self as launch, Ptr, scratch};
 use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
+use crate::format::Format;
 use crate::plan::exec::{
     Memory, Reduced, StepExecutor, Timings, check_inputs, check_write, reduce_on_host, tensor_len,
 };
@@ -180,6 +181,11 @@ impl<'a> CudaPlan<'a> {
         self.plan.tensors[id].len
     }
 
+    /// Whether tensor `id` stores 16-bit codes (`Plan::store_codes`).
+    fn coded(&self, id: TensorId) -> bool {
+        self.plan.tensors[id].stored != Format::F32
+    }
+
     fn rows(&self, id: TensorId, width: usize) -> usize {
         self.len(id) / width.max(1)
     }
@@ -220,7 +226,7 @@ impl<'a> CudaPlan<'a> {
                 held,
             } => {
                 let ptrs = [x, g, b, out, st].map(|id| self.p(id));
-                launch::layernorm_fwd(cb, ptrs, (self.rows(x, c), c), held)
+                launch::layernorm_fwd(cb, ptrs, (self.rows(x, c), c), (held, self.coded(out)))
             }
             Op::LayerNormBwd {
                 dy,
@@ -235,9 +241,13 @@ impl<'a> CudaPlan<'a> {
                 let ptrs = [dy, x, g, st, dx, dg, db].map(|id| self.p(id));
                 launch::layernorm_bwd(cb, ptrs, self.rows(x, c), c, work)
             }
-            Op::Gelu { x, out, held } => {
-                launch::gelu_fwd(cb, self.p(x), self.p(out), self.len(x), held)
-            }
+            Op::Gelu { x, out, held } => launch::gelu_fwd(
+                cb,
+                self.p(x),
+                self.p(out),
+                self.len(x),
+                (held, self.coded(out)),
+            ),
             Op::GeluBwd { x, dy, out } => {
                 launch::gelu_bwd(cb, self.p(x), self.p(dy), self.p(out), self.len(x))
             }
@@ -306,12 +316,13 @@ impl<'a> CudaPlan<'a> {
                 let slot = self.storage.slot_of[out];
                 std::mem::swap(&mut self.buffers[slot], &mut self.spare);
                 let (sa, sb) = (self.storage.slot_of[a], self.storage.slot_of[b]);
-                let done = matmul::run(
+                let stored = [a, b].map(|t| self.plan.tensors[t].stored);
+                let done = matmul::run_stored(
                     cb,
                     shape,
                     &algorithm,
-                    &self.buffers[sa],
-                    &self.buffers[sb],
+                    (&self.buffers[sa], &self.buffers[sb]),
+                    stored,
                     &mut self.spare,
                 );
                 std::mem::swap(&mut self.buffers[slot], &mut self.spare);
@@ -557,15 +568,21 @@ impl StepExecutor for CudaPlan<'_> {
     }
 
     async fn read(&mut self, id: TensorId) -> Result<Vec<f32>> {
-        let len = tensor_len(&self.plan, id)?;
-        self.cb.download(self.buffer(id), len)
+        tensor_len(&self.plan, id)?;
+        let info = &self.plan.tensors[id];
+        let words = self.cb.download(self.buffer(id), info.words())?;
+        Ok(info.from_words(bytemuck::cast_slice::<f32, u32>(&words)))
     }
 
     async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()> {
         check_write(&self.plan, id, values)?;
         let cb = self.cb;
+        let words = self.plan.tensors[id].to_words(values);
         cb.stream
-            .memcpy_htod(values, self.buffer_mut(id))
+            .memcpy_htod(
+                bytemuck::cast_slice::<u32, f32>(&words),
+                self.buffer_mut(id),
+            )
             .map_err(|e| cb.device_error("writing a plan tensor", e))
     }
 

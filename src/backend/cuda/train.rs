@@ -126,13 +126,13 @@ pub(super) fn layernorm_fwd(
     cb: &CudaBackend,
     [x, g, b, y, stats]: [Ptr; 5],
     (rows, c): (usize, usize),
-    held: Format,
+    (held, coded): (Format, bool),
 ) -> Result<()> {
     if rows == 0 || c == 0 {
         return Ok(());
     }
-    let (c, fmt) = (c as u32, format_id(held));
-    launch!(cb, Module::Train, "layernorm_fwd", CudaBackend::rows_config(rows)?; &x, &g, &b, &y, &stats, &c, &fmt)
+    let (c, fmt, coded) = (c as u32, format_id(held), coded as u32);
+    launch!(cb, Module::Train, "layernorm_fwd", CudaBackend::rows_config(rows)?; &x, &g, &b, &y, &stats, &c, &fmt, &coded)
 }
 
 /// dx, then dg and db through per-chunk partials in `scratch` (`scratch::layernorm_bwd`).
@@ -196,9 +196,16 @@ pub(super) fn column_sums(
 }
 
 /// y = GELU(x) held in `held`.
-pub(super) fn gelu_fwd(cb: &CudaBackend, x: Ptr, y: Ptr, n: usize, held: Format) -> Result<()> {
-    let (len, fmt) = (n as i64, format_id(held));
-    launch_1d!(cb, Module::Train, "gelu_fwd", n; &x, &y, &len, &fmt)
+/// y = GELU(x) held in `held`; `coded`: y stores its 16-bit codes (a plan's coded tensor).
+pub(super) fn gelu_fwd(
+    cb: &CudaBackend,
+    x: Ptr,
+    y: Ptr,
+    n: usize,
+    (held, coded): (Format, bool),
+) -> Result<()> {
+    let (len, fmt, coded) = (n as i64, format_id(held), coded as u32);
+    launch_1d!(cb, Module::Train, "gelu_fwd", n; &x, &y, &len, &fmt, &coded)
 }
 
 pub(super) fn gelu_bwd(cb: &CudaBackend, x: Ptr, dy: Ptr, dx: Ptr, n: usize) -> Result<()> {

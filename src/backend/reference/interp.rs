@@ -46,7 +46,11 @@ impl<'a> HostExecutor<'a> {
     }
 
     fn held_bytes(&self) -> u64 {
-        self.tensors.iter().map(|t| t.len() as u64 * 4).sum()
+        let info = &self.plan.tensors;
+        let stored = |(i, t): (usize, &Vec<f32>)| {
+            if t.is_empty() { 0 } else { info[i].bytes() }
+        };
+        self.tensors.iter().enumerate().map(stored).sum()
     }
 
     /// Tensor `id`, allocated (zeros) on first use.
@@ -57,6 +61,15 @@ impl<'a> HostExecutor<'a> {
             t.resize(len, 0.0);
         }
         t
+    }
+
+    /// Tensor `id` as its device storage holds it: a coded tensor's values rounded to its
+    /// format, as a device's kernels round them when they store its codes.
+    fn store(&mut self, id: TensorId) {
+        let info = &self.plan.tensors[id];
+        if info.stored != format::Format::F32 {
+            self.tensors[id] = info.from_words(&info.to_words(&self.tensors[id]));
+        }
     }
 
     fn ids(&self, id: TensorId) -> &[u32] {
@@ -299,6 +312,9 @@ impl<'a> HostExecutor<'a> {
             let op = self.plan.ops[i].clone();
             let start = web_time::Instant::now();
             self.exec(&op, scalars, &mut stats).await?;
+            for t in op.reads_writes().1 {
+                self.store(t);
+            }
             if let Some(seconds) = seconds.as_deref_mut() {
                 seconds.push(start.elapsed().as_secs_f64());
             }
@@ -371,6 +387,7 @@ impl StepExecutor for HostExecutor<'_> {
     async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()> {
         check_write(&self.plan, id, values)?;
         self.tensors[id] = values.to_vec();
+        self.store(id);
         Ok(())
     }
 

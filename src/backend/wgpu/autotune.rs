@@ -17,6 +17,7 @@
 //! demo keeps it in the page's localStorage (any `TileStore` serves).
 
 use super::WgpuBackend;
+use super::matmul::OnDevice;
 use super::shaders::Tile;
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::Operands;
@@ -44,8 +45,7 @@ impl WgpuBackend {
         &self,
         shape: &MatmulShape,
         algorithm: &Algorithm,
-        a: &wgpu::Buffer,
-        b: &wgpu::Buffer,
+        operands: OnDevice<'_>,
     ) -> Result<(Tile, bool)> {
         let variant = self.variant(algorithm);
         let default = variant.tile;
@@ -89,8 +89,7 @@ impl WgpuBackend {
                     shape,
                     algorithm,
                     tile,
-                    a,
-                    b,
+                    operands,
                     crate::tune::TUNE_RUNS,
                     Operands::F32,
                 )

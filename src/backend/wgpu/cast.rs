@@ -48,6 +48,9 @@ struct ScaleParams {
     groups: u32,
     fmax_bits: u32,
     offset: u32,
+    /// What the amax reads: f32 bits, or the 16-bit codes of this format id.
+    src_format: u32,
+    pad: [u32; 3],
 }
 
 impl ScaleParams {
@@ -61,6 +64,8 @@ impl ScaleParams {
             groups: grouping.groups() as u32,
             fmax_bits,
             offset: offset as u32,
+            src_format: format_id(Format::F32),
+            pad: [0; 3],
         }
     }
 }
@@ -251,13 +256,14 @@ fn amax_groups(gpu: &Gpu, len: usize) -> Result<[u32; 3]> {
 /// Atomic amax of each group of `src` into `amax_bits[offset..]` (which must be zeroed first).
 pub fn amax(
     gpu: &Gpu,
-    src: &wgpu::Buffer,
+    (src, stored): (&wgpu::Buffer, Format),
     amax_bits: &wgpu::Buffer,
     len: usize,
     grouping: Grouping,
     offset: usize,
 ) -> Result<Dispatch> {
-    let params = ScaleParams::new(len, grouping, 0, offset);
+    let mut params = ScaleParams::new(len, grouping, 0, offset);
+    params.src_format = format_id(stored);
     let uniform = super::buffer::uniform(gpu, &params);
     // The scales binding is not written by `amax`; amax_bits stands in for it.
     Ok(Dispatch::new(

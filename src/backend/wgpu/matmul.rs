@@ -5,9 +5,10 @@
 use super::buffer::{self, BufferPool, Dispatch, check_binding, upload};
 use super::cast::{self, Grouping, packed_words};
 use super::device::Gpu;
-use super::shaders::{Coop, F16Read, Kernel, Load, MatmulVariant, Operand, Tile};
+use super::shaders::{Coop, F16Read, Kernel, Load, MatmulVariant, Operand, Tile, format_id};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::Result;
+use crate::format::Format;
 use bytemuck::{Pod, Zeroable};
 
 #[repr(C)]
@@ -64,6 +65,9 @@ struct PackParams {
     parts: u32,
     by_row: u32,
     line_offset: u32,
+    /// What the source holds: f32 bits, or the 16-bit codes of this format id.
+    src_format: u32,
+    pad: [u32; 3],
 }
 
 /// A matmul recorded on the device: its buffers and dispatches, ready to submit (repeatedly).
@@ -151,10 +155,29 @@ impl Side {
     }
 }
 
-/// Checks sizes and records the matmul of the f32 operands already on the device into `out`
-/// (a pooled buffer when none), on cooperative matrices `coop` (with its SIMT fallback or
-/// not) where the algorithm has such a variant, on `tile` (the variant's default tile when
-/// none).
+/// Both operands of a matmul on the device, and what each stores: f32 values, or 16-bit codes
+/// (a step plan's coded tensors, `Plan::store_codes`).
+#[derive(Clone, Copy)]
+pub struct OnDevice<'a> {
+    pub a: &'a wgpu::Buffer,
+    pub b: &'a wgpu::Buffer,
+    pub stored: [Format; 2],
+}
+
+impl<'a> OnDevice<'a> {
+    pub fn f32(a: &'a wgpu::Buffer, b: &'a wgpu::Buffer) -> OnDevice<'a> {
+        OnDevice {
+            a,
+            b,
+            stored: [Format::F32; 2],
+        }
+    }
+}
+
+/// Checks sizes and records the matmul of the operands already on the device into `out` (a
+/// pooled buffer when none), on cooperative matrices `coop` (with its SIMT fallback or not)
+/// where the algorithm has such a variant, on `tile` (the variant's default tile when none).
+/// Operands are f32 values, or 16-bit codes where they say so.
 #[allow(clippy::too_many_arguments)]
 pub fn record(
     gpu: &Gpu,
@@ -164,8 +187,7 @@ pub fn record(
     f16: F16Read,
     coop: Option<(Coop, bool)>,
     tile: Option<Tile>,
-    a: &wgpu::Buffer,
-    b: &wgpu::Buffer,
+    OnDevice { a, b, stored }: OnDevice,
     out: Option<&wgpu::Buffer>,
 ) -> Result<MatmulRun> {
     let mut variant = MatmulVariant::for_algorithm(algorithm, f16);
@@ -181,9 +203,58 @@ pub fn record(
         Some(c) => c.clone(),
         None => pools.kept.take(gpu, shape.c_len() as u64 * 4)?,
     };
-    if variant.coop.is_some() {
-        return record_coop(gpu, pools, shape, algorithm, variant, fallback, (a, b), c);
+    // Codes of the format the algorithm rounds an operand to are read as they are stored (the
+    // SIMT kernel reads them as the codes it would have encoded, the cooperative kernel packs
+    // from them); codes of any other format are decoded to f32 first.
+    let (fa, fb) = algorithm.operand_formats();
+    let direct = |stored: Format, format: Format| {
+        stored == Format::F32
+            || (stored == format && matches!(algorithm, Algorithm::Bf16 | Algorithm::F16))
+    };
+    let mut decoded = (vec![], vec![]);
+    let mut operand = |src: &wgpu::Buffer, len: usize, stored: Format, format: Format| {
+        if direct(stored, format) {
+            return Ok((src.clone(), stored));
+        }
+        let f32s = pools.scratch.take(gpu, len as u64 * 4)?;
+        decoded.0.push(cast::decode(gpu, src, &f32s, len, stored)?);
+        decoded.1.push(f32s.clone());
+        Ok::<_, crate::error::Error>((f32s, Format::F32))
+    };
+    let (a, stored_a) = operand(a, shape.a_len(), stored[0], fa)?;
+    let (b, stored_b) = operand(b, shape.b_len(), stored[1], fb)?;
+    let on_device = OnDevice {
+        a: &a,
+        b: &b,
+        stored: [stored_a, stored_b],
+    };
+    let mut run = if variant.coop.is_some() {
+        record_coop(
+            gpu, pools, shape, algorithm, variant, fallback, on_device, c,
+        )?
+    } else {
+        record_simt(gpu, pools, shape, algorithm, variant, on_device, c)?
+    };
+    // The decodes run first.
+    let (dispatches, buffers) = decoded;
+    for i in &mut run.product {
+        *i += dispatches.len();
     }
+    run.dispatches.splice(0..0, dispatches);
+    run.scratch.extend(buffers);
+    Ok(run)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record_simt(
+    gpu: &Gpu,
+    pools: Pools,
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+    variant: MatmulVariant,
+    OnDevice { a, b, stored }: OnDevice,
+    c: wgpu::Buffer,
+) -> Result<MatmulRun> {
     let mut run = MatmulRun {
         clears: vec![],
         dispatches: vec![],
@@ -202,8 +273,8 @@ pub fn record(
         shape,
         algorithm,
         variant,
-        a,
-        b,
+        (a, b),
+        stored,
         &scales,
         scale_buffer.as_ref().unwrap_or(a),
         None,
@@ -224,8 +295,8 @@ fn simt(
     shape: &MatmulShape,
     algorithm: &Algorithm,
     variant: MatmulVariant,
-    a: &wgpu::Buffer,
-    b: &wgpu::Buffer,
+    (a, b): (&wgpu::Buffer, &wgpu::Buffer),
+    stored: [Format; 2],
     scales: &Option<Scales>,
     scale_buffer: &wgpu::Buffer,
     flags: Option<&wgpu::Buffer>,
@@ -239,7 +310,7 @@ fn simt(
         shape,
         algorithm,
         Side::A,
-        variant.a,
+        (variant.a, stored[0]),
         a,
         scales,
         run,
@@ -250,7 +321,7 @@ fn simt(
         shape,
         algorithm,
         Side::B,
-        variant.b,
+        (variant.b, stored[1]),
         b,
         scales,
         run,
@@ -325,7 +396,7 @@ fn record_coop(
     algorithm: &Algorithm,
     variant: MatmulVariant,
     fallback: bool,
-    (a, b): (&wgpu::Buffer, &wgpu::Buffer),
+    OnDevice { a, b, stored }: OnDevice,
     c: wgpu::Buffer,
 ) -> Result<MatmulRun> {
     let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
@@ -359,8 +430,15 @@ fn record_coop(
     run.clears.extend([amax_bits.clone(), flags.clone()]);
     let (ga, gb) = groupings(shape, Scaling::Rowwise);
     if scaled {
-        let amax_a = cast::amax(gpu, a, &amax_bits, shape.a_len(), ga, 0)?;
-        let amax_b = cast::amax(gpu, b, &amax_bits, shape.b_len(), gb, ga.groups())?;
+        let amax_a = cast::amax(gpu, (a, stored[0]), &amax_bits, shape.a_len(), ga, 0)?;
+        let amax_b = cast::amax(
+            gpu,
+            (b, stored[1]),
+            &amax_bits,
+            shape.b_len(),
+            gb,
+            ga.groups(),
+        )?;
         run.dispatches.extend([amax_a, amax_b]);
     }
     let parts = if scaled { variant.parts } else { 0 };
@@ -395,6 +473,8 @@ fn record_coop(
             parts,
             by_row: 1,
             line_offset: 0,
+            src_format: format_id(stored[0]),
+            pad: [0; 3],
         },
         "operand A as padded f16",
         &mut run,
@@ -416,6 +496,8 @@ fn record_coop(
             parts,
             by_row: 0,
             line_offset: batch * m,
+            src_format: format_id(stored[1]),
+            pad: [0; 3],
         },
         "operand B as padded f16",
         &mut run,
@@ -448,9 +530,9 @@ fn record_coop(
             pools,
             shape,
             algorithm,
-            variant.fallback(),
-            a,
-            b,
+            variant.fallback_for(stored),
+            (a, b),
+            stored,
             &None,
             &amax_bits,
             Some(&flags),
@@ -547,7 +629,7 @@ fn prepare(
     shape: &MatmulShape,
     algorithm: &Algorithm,
     side: Side,
-    operand: Operand,
+    (operand, stored): (Operand, Format),
     src: &wgpu::Buffer,
     scales: &Option<Scales>,
     run: &mut MatmulRun,
@@ -559,7 +641,7 @@ fn prepare(
     };
     let (fa, fb) = algorithm.operand_formats();
     let format = if side == Side::A { fa } else { fb };
-    check_binding(gpu, side.name(), len as u64 * 4)?;
+    check_binding(gpu, side.name(), packed_words(stored, len) as u64 * 4)?;
     if algorithm.is_split() {
         let parts = algorithm.split_parts();
         let bytes = (parts * packed_words(format, len)) as u64 * 4;
@@ -581,6 +663,12 @@ fn prepare(
         // f32 is read as is; tf32 (and bf16 for the cooperative kernel's fallback) is rounded
         // as it is read.
         Operand::F32 | Operand::Tf32 | Operand::Bf16Rounded => Ok(Prepared {
+            buffer: src.clone(),
+            plane: 0,
+            pooled: false,
+        }),
+        // Stored as the codes it reads (record checked the format).
+        Operand::Bf16 | Operand::F16(_) if stored != Format::F32 => Ok(Prepared {
             buffer: src.clone(),
             plane: 0,
             pooled: false,

@@ -24,6 +24,7 @@ pub mod train;
 use self::autotune::{AutotuneMode, Autotuner};
 use self::buffer::{BufferPool, Timer, check_binding, read_words, submit, upload};
 use self::device::Gpu;
+use self::matmul::OnDevice;
 use self::shaders::{Coop, F16Read, MatmulVariant, Tile};
 use super::{Backend, BackendKind, MatmulTiming, Operands, median};
 use crate::algorithm::{Algorithm, MatmulShape};
@@ -278,7 +279,7 @@ impl WgpuBackend {
         let run = self
             .gpu
             .scoped("matmul", || {
-                let run = self.record_on_tile(shape, algorithm, tile, &ab, &bb)?;
+                let run = self.record_on_tile(shape, algorithm, tile, OnDevice::f32(&ab, &bb))?;
                 let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
                 submit(&self.gpu, &clears, &run.dispatches, None);
                 Ok(run)
@@ -306,8 +307,7 @@ impl WgpuBackend {
         shape: &MatmulShape,
         algorithm: &Algorithm,
         tile: Tile,
-        a: &wgpu::Buffer,
-        b: &wgpu::Buffer,
+        operands: OnDevice<'_>,
     ) -> Result<matmul::MatmulRun> {
         matmul::record(
             &self.gpu,
@@ -317,8 +317,7 @@ impl WgpuBackend {
             self.f16,
             self.coop.map(|c| (c, self.coop_fallback)),
             Some(tile),
-            a,
-            b,
+            operands,
             None,
         )
     }
@@ -335,7 +334,7 @@ impl WgpuBackend {
         let run = self
             .gpu
             .scoped("matmul", || {
-                let run = self.record_on_tile(shape, algorithm, tile, a, b)?;
+                let run = self.record_on_tile(shape, algorithm, tile, OnDevice::f32(a, b))?;
                 if self.poison {
                     self.poison(&run.c, shape.c_len());
                 }
@@ -359,15 +358,14 @@ impl WgpuBackend {
         shape: &MatmulShape,
         algorithm: &Algorithm,
         tile: Tile,
-        a: &wgpu::Buffer,
-        b: &wgpu::Buffer,
+        on_device: OnDevice<'_>,
         repetitions: usize,
         operands: Operands,
     ) -> Result<(f64, &'static str, usize)> {
         let run = self
             .gpu
             .scoped("timed matmul", || {
-                self.record_on_tile(shape, algorithm, tile, a, b)
+                self.record_on_tile(shape, algorithm, tile, on_device)
             })
             .await?;
         let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
@@ -556,7 +554,9 @@ impl Backend for WgpuBackend {
             return Ok(vec![0.0; shape.c_len()]);
         }
         let (ab, bb) = self.upload_operands(a, b).await?;
-        let (tile, _) = self.tile_for(shape, algorithm, &ab, &bb).await?;
+        let (tile, _) = self
+            .tile_for(shape, algorithm, OnDevice::f32(&ab, &bb))
+            .await?;
         self.multiply(shape, algorithm, tile, &ab, &bb).await
     }
 
@@ -745,14 +745,15 @@ impl Backend for WgpuBackend {
     ) -> Result<MatmulTiming> {
         shape.check(a.len(), b.len())?;
         let (ab, bb) = self.upload_operands(a, b).await?;
-        let (tile, tuned) = self.tile_for(shape, algorithm, &ab, &bb).await?;
+        let (tile, tuned) = self
+            .tile_for(shape, algorithm, OnDevice::f32(&ab, &bb))
+            .await?;
         let (seconds, clock, repetitions) = self
             .time_on_tile(
                 shape,
                 algorithm,
                 tile,
-                &ab,
-                &bb,
+                OnDevice::f32(&ab, &bb),
                 repetitions.max(1),
                 operands,
             )

@@ -21,7 +21,11 @@ impl WgpuBackend {
         let rows = check::layernorm_fwd(x, g, b, c)?;
         let outs = [Out::Fresh(x.len()), Out::Fresh(2 * rows), Out::Unused];
         let [y, stats, _] = self
-            .train_op(launch::layernorm_fwd(rows, c, Format::F32), [x, g, b], outs)
+            .train_op(
+                launch::layernorm_fwd(rows, c, Format::F32, false),
+                [x, g, b],
+                outs,
+            )
             .await?;
         let (mean, rstd) = stats.chunks(2).map(|s| (s[0], s[1])).unzip();
         Ok((y, mean, rstd))
@@ -52,7 +56,11 @@ impl WgpuBackend {
         check::gelu(x, dy)?;
         let outs = [Out::Fresh(x.len()), Out::Unused, Out::Unused];
         let [y, ..] = match dy {
-            None => self.train_op(launch::gelu_fwd(x.len(), Format::F32), [x, &[], &[]], outs),
+            None => self.train_op(
+                launch::gelu_fwd(x.len(), Format::F32, false),
+                [x, &[], &[]],
+                outs,
+            ),
             Some(dy) => self.train_op(launch::gelu_bwd(x.len()), [x, dy, &[]], outs),
         }
         .await?;

@@ -15,6 +15,7 @@ use super::matmul;
 use super::shaders::Kernel;
 use super::train::{StepLaunch, TrainLaunch, launch};
 use crate::error::{Error, Result};
+use crate::format::Format;
 use crate::plan::exec::{Memory, StepExecutor, Timings, check_inputs, check_write, tensor_len};
 use crate::plan::{Op, Plan, Section, Storage, TensorId};
 use std::collections::HashMap;
@@ -151,7 +152,7 @@ impl<'a> ResidentPlan<'a> {
     async fn compile(&self) -> Result<Compiled> {
         let gpu = &self.backend.gpu;
         for t in &self.plan.tensors {
-            check_binding(gpu, "a step plan tensor", t.len as u64 * 4)?;
+            check_binding(gpu, "a step plan tensor", t.bytes())?;
         }
         let slots = &self.storage.slots;
         let storage = |label: &str, bytes: u64| {
@@ -177,8 +178,9 @@ impl<'a> ResidentPlan<'a> {
                     .map(|&s| buffers[s].clone())
                     .collect();
                 for (id, values) in &self.pending {
+                    let words = plan.tensors[*id].to_words(values);
                     gpu.queue
-                        .write_buffer(&tensors[*id], 0, bytemuck::cast_slice(values));
+                        .write_buffer(&tensors[*id], 0, bytemuck::cast_slice(&words));
                 }
                 let scalars = storage("mantissa.plan.scalars", plan.scalar_count() as u64 * 4);
                 let stats = storage("mantissa.plan.stats", plan.stats.len() as u64 * 4);
@@ -214,12 +216,15 @@ impl<'a> ResidentPlan<'a> {
                     a,
                     b,
                     ..
-                } => Some(
-                    self.backend
-                        .tile_for(shape, algorithm, &c.tensors[*a], &c.tensors[*b])
-                        .await?
-                        .0,
-                ),
+                } => {
+                    let on_device = matmul::OnDevice {
+                        a: &c.tensors[*a],
+                        b: &c.tensors[*b],
+                        stored: [*a, *b].map(|t| self.plan.tensors[t].stored),
+                    };
+                    let tile = self.backend.tile_for(shape, algorithm, on_device).await?.0;
+                    Some(tile)
+                }
                 _ => None,
             };
             let what = format!("step plan op {i} ({})", op.name());
@@ -255,6 +260,8 @@ impl<'a> ResidentPlan<'a> {
         let gpu = &backend.gpu;
         let t = &c.tensors;
         let len = |id: TensorId| self.plan.tensors[id].len;
+        let stored = |id: TensorId| self.plan.tensors[id].stored;
+        let coded = |id: TensorId| stored(id) != Format::F32;
         let mut r = Recorded::default();
         let train = |l: TrainLaunch,
                      ins: [Option<TensorId>; 3],
@@ -316,11 +323,17 @@ impl<'a> ResidentPlan<'a> {
                 stats,
                 c,
                 held,
-            } => vec![train(
-                launch::layernorm_fwd(rows_of(x, c), c, held),
-                [Some(x), Some(g), Some(b)],
-                [Some(out), Some(stats), None],
-            )?],
+            } => {
+                // A coded output is stored through the kernel's word binding (the third).
+                let coded = coded(out);
+                let outs = if coded {
+                    [None, Some(stats), Some(out)]
+                } else {
+                    [Some(out), Some(stats), None]
+                };
+                let l = launch::layernorm_fwd(rows_of(x, c), c, held, coded);
+                vec![train(l, [Some(x), Some(g), Some(b)], outs)?]
+            }
             Op::LayerNormBwd {
                 dy,
                 x,
@@ -345,11 +358,16 @@ impl<'a> ResidentPlan<'a> {
                     )?,
                 ]
             }
-            Op::Gelu { x, out, held } => vec![train(
-                launch::gelu_fwd(len(x), held),
-                [Some(x), None, None],
-                [Some(out), None, None],
-            )?],
+            Op::Gelu { x, out, held } => {
+                let coded = coded(out);
+                let outs = if coded {
+                    [None, None, Some(out)]
+                } else {
+                    [Some(out), None, None]
+                };
+                let l = launch::gelu_fwd(len(x), held, coded);
+                vec![train(l, [Some(x), None, None], outs)?]
+            }
             Op::GeluBwd { x, dy, out } => vec![train(
                 launch::gelu_bwd(len(x)),
                 [Some(x), Some(dy), None],
@@ -472,8 +490,11 @@ impl<'a> ResidentPlan<'a> {
                     backend.f16,
                     backend.coop.map(|co| (co, backend.coop_fallback)),
                     tile,
-                    &t[a],
-                    &t[b],
+                    matmul::OnDevice {
+                        a: &t[a],
+                        b: &t[b],
+                        stored: [stored(a), stored(b)],
+                    },
                     Some(&t[out]),
                 )?;
                 if let (Some((buffer, ga, gb)), Some(slots)) = (run.given_scales, scales) {
@@ -506,7 +527,7 @@ impl<'a> ResidentPlan<'a> {
             )?],
             Op::Amax { x, slot } => vec![cast::amax(
                 gpu,
-                &t[x],
+                (&t[x], stored(x)),
                 &c.stats,
                 len(x),
                 Grouping::per_batch(1, len(x)),
@@ -670,19 +691,19 @@ impl StepExecutor for ResidentPlan<'_> {
 
     async fn read(&mut self, id: TensorId) -> Result<Vec<f32>> {
         let len = tensor_len(&self.plan, id)?;
+        let info = self.plan.tensors[id].clone();
         if self.compiled.is_none() {
-            // Not on the device yet: what was written, else zeros.
-            return Ok(self
-                .pending
-                .get(&id)
-                .cloned()
-                .unwrap_or_else(|| vec![0.0; len]));
+            // Not on the device yet: what was written (as it will be stored), else zeros.
+            return Ok(match self.pending.get(&id) {
+                Some(values) => info.from_words(&info.to_words(values)),
+                None => vec![0.0; len],
+            });
         }
         let backend = self.backend;
         let c = self.compiled().await?;
-        let words = read_words(&backend.gpu, &c.tensors[id], len).await?;
+        let words = read_words(&backend.gpu, &c.tensors[id], info.words()).await?;
         self.sample_memory();
-        Ok(bytemuck::cast_slice(&words).to_vec())
+        Ok(info.from_words(&words))
     }
 
     async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()> {
@@ -693,9 +714,10 @@ impl StepExecutor for ResidentPlan<'_> {
             }
             Some(c) => {
                 let gpu = &self.backend.gpu;
+                let words = self.plan.tensors[id].to_words(values);
                 gpu.scoped("writing a plan tensor", || {
                     gpu.queue
-                        .write_buffer(&c.tensors[id], 0, bytemuck::cast_slice(values));
+                        .write_buffer(&c.tensors[id], 0, bytemuck::cast_slice(&words));
                     Ok(())
                 })
                 .await?

@@ -550,6 +550,16 @@ impl MatmulVariant {
             .map_or_else(|| self.tile.threads(), |c| c.subgroup * self.tile.warps)
     }
 
+    /// `fallback` for operands stored as `stored`: a plain bf16 operand stored as bf16 codes
+    /// (a step plan's coded tensor) is read as the packed codes it is.
+    pub fn fallback_for(&self, stored: [Format; 2]) -> MatmulVariant {
+        let mut v = self.fallback();
+        let coded = |f: Format, o: Operand| if f == Format::Bf16 { Operand::Bf16 } else { o };
+        v.a = coded(stored[0], v.a);
+        v.b = coded(stored[1], v.b);
+        v
+    }
+
     /// The SIMT variant that computes the lines a cooperative variant flags: on split planes,
     /// or for plain bf16 on the f32 operands rounded as they are read.
     pub fn fallback(&self) -> MatmulVariant {

@@ -30,7 +30,9 @@ pub struct TrainParams {
     pub compute: u32,
     /// Format id the op's output is held in (layer norm, GELU).
     pub held: u32,
-    pub pad: [u32; 2],
+    /// 1: the output goes to out2 as 16-bit codes of `held` (a coded tensor).
+    pub coded: u32,
+    pub pad: u32,
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -104,10 +106,12 @@ pub mod launch {
         l
     }
 
-    /// x, g, b -> y held in `held`, (mean, rstd) per row.
-    pub fn layernorm_fwd(rows: usize, c: usize, held: Format) -> TrainLaunch {
+    /// x, g, b -> y held in `held`, (mean, rstd) per row; y `coded` goes to the third output
+    /// as 16-bit codes (c even).
+    pub fn layernorm_fwd(rows: usize, c: usize, held: Format, coded: bool) -> TrainLaunch {
         let mut l = train(TrainOp::LayernormFwd, rows, c, rows);
         l.params.held = format_id(held);
+        l.params.coded = coded as u32;
         l
     }
 
@@ -120,9 +124,13 @@ pub mod launch {
     }
 
     /// x -> GELU(x) held in `held`.
-    pub fn gelu_fwd(n: usize, held: Format) -> TrainLaunch {
-        let mut l = train(TrainOp::GeluFwd, n, 0, n);
+    /// x -> y held in `held`; y `coded` goes to the third output as 16-bit codes, one word
+    /// (two elements) per invocation.
+    pub fn gelu_fwd(n: usize, held: Format, coded: bool) -> TrainLaunch {
+        let items = if coded { n.div_ceil(2) } else { n };
+        let mut l = train(TrainOp::GeluFwd, n, 0, items);
         l.params.held = format_id(held);
+        l.params.coded = coded as u32;
         l
     }
 
