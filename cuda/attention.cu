@@ -30,7 +30,8 @@
 
 // What every attention kernel is told besides its pointers (`AttentionArg` in
 // src/backend/cuda/train.rs): t tokens per sequence, h heads, the scores' scale, and the format
-// ids of the matmul inputs, the stored probabilities and the held matmul results.
+// ids of the matmul inputs, the stored probabilities and the held matmul results; `coded`: the
+// forward's output is stored as 16-bit codes of `compute` (a plan's coded tensor).
 struct AttentionArg {
     u32 t;
     u32 h;
@@ -38,6 +39,7 @@ struct AttentionArg {
     u32 inputs;
     u32 probs;
     u32 compute;
+    u32 coded;
 };
 
 // `held` (formats.cuh) is inlined where it rounds a score, a probability or a gradient of one,
@@ -46,6 +48,9 @@ struct AttentionArg {
 // `held` as a call, for the loops unrolled over a row's D values (loads and stores): inlined
 // copies of the encoder there made NVRTC take minutes for one module.
 __device__ __noinline__ float held_each(float x, u32 fmt) { return held(x, fmt); }
+__device__ __noinline__ void store_each(void* out, i64 e, float x, u32 fmt, u32 coded) {
+    store_held(out, e, x, fmt, coded);
+}
 
 template <int D>
 __device__ __forceinline__ float dot(const float* a, const float* b) {
@@ -98,7 +103,7 @@ __device__ __forceinline__ float prob(const float* q, const float* k, float m, f
 }
 
 template <int D>
-__device__ void attention_fwd(const float* qkv, float* out, float* stats, AttentionArg a) {
+__device__ void attention_fwd(const float* qkv, void* out, float* stats, AttentionArg a) {
     __shared__ float ks[ATT_TILE][D];
     __shared__ float vs[ATT_TILE][D];
     Head hd = head_of<D>(a);
@@ -145,7 +150,7 @@ __device__ void attention_fwd(const float* qkv, float* out, float* stats, Attent
     }
     if (!live) return;
 #pragma unroll
-    for (int d = 0; d < D; d++) out[hd.rows + (i64)i * hd.c + d] = held_each(acc[d], a.compute);
+    for (int d = 0; d < D; d++) store_each(out, hd.rows + (i64)i * hd.c + d, acc[d], a.compute, a.coded);
     i64 row = (i64)blockIdx.x * a.t + i;
     stats[2 * row] = m;
     stats[2 * row + 1] = l;
@@ -251,7 +256,7 @@ __device__ void attention_bwd_kv(const float* qkv, const float* dout, const floa
 }
 
 #define ATTENTION_KERNELS(D)                                                                      \
-    extern "C" __global__ void attention_fwd_##D(const float* qkv, float* out, float* stats,      \
+    extern "C" __global__ void attention_fwd_##D(const float* qkv, void* out, float* stats,       \
                                                  AttentionArg a) {                                \
         attention_fwd<D>(qkv, out, stats, a);                                                     \
     }                                                                                             \

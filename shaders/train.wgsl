@@ -372,8 +372,15 @@ fn attention_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
             acc[e] += p * held(in0[v + e], params.inputs);
         }
     }
-    for (var e = 0u; e < params.d; e++) {
-        out0[a.rows + a.i * c + e] = held(acc[e], params.compute);
+    if (params.coded != 0u) {
+        // Codes of `compute` into out2, two to a word (d and c are even: Plan::store_codes).
+        for (var e = 0u; e < params.d; e += 2u) {
+            out2[(a.rows + a.i * c + e) / 2u] = code_pair(acc[e], acc[e + 1u], params.compute);
+        }
+    } else {
+        for (var e = 0u; e < params.d; e++) {
+            out0[a.rows + a.i * c + e] = held(acc[e], params.compute);
+        }
     }
     out1[2u * row] = m;
     out1[2u * row + 1u] = l;

@@ -983,6 +983,7 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
                 format_id(inputs),
                 format_id(probs),
                 format_id(compute),
+                "0".into(),
             ])
             .collect();
         let tol = common::attention_tolerance(&spec);
@@ -992,6 +993,19 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
         common::attention_close(&what("out"), &out[..n1], &y, tol);
         common::attention_close(&what("(max, sum)"), &out[n1..], &stats, tol);
         assert_eq!(out.len(), n1 + 2 * rows);
+        if compute != f32_ {
+            // Stored as codes of the held format (a plan's coded tensor): the same values.
+            let mut coded_args = args.clone();
+            *coded_args.last_mut().unwrap() = "1".into();
+            let coded = run(h, "attention_fwd", &coded_args, &bits(&qkv));
+            same_codes(&what("out as codes"), &coded[..n1], &out[..n1], compute);
+            assert_eq!(
+                coded[n1..],
+                bits(&out[n1..]),
+                "{}",
+                what("stats beside codes")
+            );
+        }
         // The backward reads the kernel's own statistics, as the step plan does.
         let out = run_f32(h, "attention_bwd", &args, &[&qkv, &dout, &out[n1..]]);
         let (dqkv, delta) = ops::attention_bwd(&qkv, &dout, &spec);
@@ -1018,7 +1032,7 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
     qkv[7 * c3 + 3] = f32::INFINITY; // q of token 7, head 0
     qkv[20 * c3 + spec.d + 1] = f32::NAN; // q of token 20, head 1
     qkv[30 * c3 + 5] = 1e-40; // a subnormal
-    let args = ["1", "40", "2", "16", "0.25", "0", "0", "0"].map(String::from);
+    let args = ["1", "40", "2", "16", "0.25", "0", "0", "0", "0"].map(String::from);
     let out = run_f32(h, "attention_fwd", &args, &[&qkv]);
     let (y, stats) = ops::attention_fwd(&qkv, &spec);
     common::attention_close("non-finite out", &out[..spec.out_len()], &y, tol::REDUCTION);

@@ -702,24 +702,28 @@ fn a_timed_step_is_the_step(b: &dyn Backend) {
     );
 }
 
-/// The matmuls' 16-bit inputs stored as codes (`Plan::store_codes`: the layer norms' and
-/// GELUs' outputs under the 16-bit presets) train bit for bit as the same plan stored in f32:
-/// losses, gradient norms, weights and moments, while the plan's tensors take fewer bytes. Under
-/// 32-true no tensor is coded; under transformer-engine the fp8 linears' inputs are not (their
-/// amax is taken from f32), the final norm's output, read by the bf16 head, is.
+/// The matmuls' 16-bit inputs stored as codes (`Plan::store_codes`: the layer norms', GELUs'
+/// and fused attention's outputs under the 16-bit presets) train bit for bit as the same plan
+/// stored in f32: losses, gradient norms, weights and moments, while the plan's tensors take
+/// fewer bytes. Under 32-true no tensor is coded; under transformer-engine the fp8 linears'
+/// inputs are not (their amax is taken from f32), the final norm's output, read by the bf16
+/// head, is. Attention unfused under every preset, fused under the mixed ones.
 fn coded_activations_train_as_f32_storage(b: &dyn Backend) {
     use mantissa::plan::Storage;
     let corpus = corpus();
-    for preset in [
-        Preset::MixedBf16,
-        Preset::Mixed16,
-        Preset::TrueBf16,
-        Preset::True32,
-        Preset::TransformerEngine,
+    for (preset, fused) in [
+        (Preset::MixedBf16, false),
+        (Preset::MixedBf16, true),
+        (Preset::Mixed16, false),
+        (Preset::Mixed16, true),
+        (Preset::TrueBf16, false),
+        (Preset::True32, false),
+        (Preset::TransformerEngine, false),
     ] {
         let trainer = |coded: bool| {
             let mut o = options(&corpus, preset, 41);
             o.coded_activations = Some(coded);
+            o.fused_attention = Some(fused);
             Trainer::new(b, &corpus, o).unwrap()
         };
         let (mut coded, mut plain) = (trainer(true), trainer(false));
@@ -727,8 +731,10 @@ fn coded_activations_train_as_f32_storage(b: &dyn Backend) {
         let want = match preset {
             Preset::True32 => 0,
             Preset::TransformerEngine => 1,
-            _ => 3 * layers + 1,
+            // Both norms and the GELU of each block, the final norm, fused attention's output.
+            _ => 3 * layers + 1 + if fused { layers } else { 0 },
         };
+        let preset = format!("{preset} (attention fused: {fused})");
         assert_eq!(
             (coded.coded_tensors(), plain.coded_tensors()),
             (want, 0),

@@ -789,14 +789,15 @@ impl Plan {
         sum
     }
 
-    /// Stores as 16-bit codes (`TensorInfo::stored`) each temporary written by one layer norm
-    /// or GELU and read only by matmuls that round it to bf16, or only by matmuls that round it
-    /// to f16 (`Algorithm::Bf16`, `Algorithm::F16`): its writer rounds it as it stores (its
-    /// `held` becomes that format), so the matmuls read the values they would have rounded
+    /// Stores as 16-bit codes (`TensorInfo::stored`) each temporary written by one layer norm,
+    /// GELU or fused attention and read only by matmuls that round it to bf16, or only by
+    /// matmuls that round it to f16 (`Algorithm::Bf16`, `Algorithm::F16`): its writer rounds
+    /// it as it stores (a layer norm's or GELU's `held` becomes that format; attention must
+    /// hold its output in it already), so the matmuls read the values they would have rounded
     /// from half the bytes, and need not encode them. The writer must hold its output in f32 or
-    /// in that same format (one rounding either way). A layer norm's rows must be of even
-    /// width, so that no 4-byte word spans two rows (wgpu stores a row's words whole).
-    /// Returns the tensors so stored.
+    /// in that same format (one rounding either way). A layer norm's rows, and attention's
+    /// heads, must be of even width, so that no 4-byte word spans two of them (wgpu stores
+    /// each one's words whole). Returns the tensors so stored.
     pub fn store_codes(&mut self) -> Vec<TensorId> {
         let n = self.tensors.len();
         let (mut writers, mut readers) = (vec![vec![]; n], vec![vec![]; n]);
@@ -840,15 +841,20 @@ impl Plan {
             {
                 continue;
             }
-            let held = match &mut self.ops[w] {
-                Op::LayerNorm { out, held, c, .. } if *out == t && *c % 2 == 0 => held,
-                Op::Gelu { out, held, .. } if *out == t => held,
+            let one_rounding = |held: Format| held == Format::F32 || held == format;
+            match &mut self.ops[w] {
+                Op::LayerNorm { out, held, c, .. }
+                    if *out == t && *c % 2 == 0 && one_rounding(*held) =>
+                {
+                    *held = format
+                }
+                Op::Gelu { out, held, .. } if *out == t && one_rounding(*held) => *held = format,
+                // Fused attention holds its output in `compute` already; heads of even width
+                // keep each word within one head's row.
+                Op::Attention { out, spec, .. }
+                    if *out == t && spec.compute == format && spec.d % 2 == 0 => {}
                 _ => continue,
-            };
-            if *held != Format::F32 && *held != format {
-                continue;
             }
-            *held = format;
             self.tensors[t].stored = format;
             coded.push(t);
         }

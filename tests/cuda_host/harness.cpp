@@ -440,7 +440,7 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
 // ---- attention.cu, launched as src/backend/cuda/train.rs does: a block of ATT_ROWS threads per
 // (sequence x head, ATT_ROWS rows); the backward is dq (with delta), then dk, then dv ----
 
-typedef void (*AttFwd)(const float*, float*, float*, AttentionArg);
+typedef void (*AttFwd)(const float*, void*, float*, AttentionArg);
 typedef void (*AttBwdQ)(const float*, const float*, const float*, float*, float*, AttentionArg);
 typedef void (*AttBwdK)(const float*, const float*, const float*, const float*, float*, AttentionArg);
 typedef void (*AttBwdV)(const float*, const float*, const float*, float*, AttentionArg);
@@ -465,13 +465,14 @@ static AttKernels attention_kernels(u32 d) {
     }
 }
 
-// attention_fwd B T H D SCALE INPUTS PROBS COMPUTE < qkv > out stats
-// attention_bwd B T H D SCALE INPUTS PROBS COMPUTE < qkv dout stats > dqkv delta
+// attention_fwd B T H D SCALE INPUTS PROBS COMPUTE CODED < qkv > out stats (CODED: out as
+// 16-bit codes of COMPUTE, one to each output word)
+// attention_bwd B T H D SCALE INPUTS PROBS COMPUTE CODED < qkv dout stats > dqkv delta
 static bool run_attention(const std::string& k, int argc, char** argv, std::vector<u32>& in,
                           std::vector<u32>& out) {
-    if ((k != "attention_fwd" && k != "attention_bwd") || argc != 10) return false;
+    if ((k != "attention_fwd" && k != "attention_bwd") || argc != 11) return false;
     u32 b = arg(argv, 2), t = arg(argv, 3), h = arg(argv, 4), d = arg(argv, 5);
-    AttentionArg a{t, h, farg(argv, 6), arg(argv, 7), arg(argv, 8), arg(argv, 9)};
+    AttentionArg a{t, h, farg(argv, 6), arg(argv, 7), arg(argv, 8), arg(argv, 9), arg(argv, 10)};
     AttKernels f = attention_kernels(d);
     size_t rows = (size_t)b * h * t, n3 = rows * 3 * d, n1 = rows * d;
     Dim3 grid = {b * h, (t + ATT_ROWS - 1) / ATT_ROWS, 1}, block = {ATT_ROWS, 1, 1};
@@ -479,9 +480,12 @@ static bool run_attention(const std::string& k, int argc, char** argv, std::vect
     float* qkv = input.f(n3);
     if (k == "attention_fwd") {
         std::vector<float> y(n1), st(2 * rows);
-        emu::launch(grid, block, [&] { f.fwd(qkv, y.data(), st.data(), a); });
-        y.insert(y.end(), st.begin(), st.end());
-        out = bits_of(y);
+        std::vector<unsigned short> codes(n1);
+        void* dst = a.coded ? (void*)codes.data() : (void*)y.data();
+        emu::launch(grid, block, [&] { f.fwd(qkv, dst, st.data(), a); });
+        out = a.coded ? std::vector<u32>(codes.begin(), codes.end()) : bits_of(y);
+        std::vector<u32> stats = bits_of(st);
+        out.insert(out.end(), stats.begin(), stats.end());
     } else {
         float *dout = input.f(n1), *st = input.f(2 * rows);
         // Poisoned, so that a third of dqkv left unwritten shows.

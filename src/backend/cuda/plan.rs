@@ -270,7 +270,10 @@ impl<'a> CudaPlan<'a> {
                 out,
                 stats: st,
                 ref spec,
-            } => launch::attention_fwd(cb, [qkv, out, st].map(|id| self.p(id)), spec),
+            } => {
+                let ptrs = [qkv, out, st].map(|id| self.p(id));
+                launch::attention_fwd(cb, ptrs, spec, self.coded(out))
+            }
             Op::AttentionBwd {
                 qkv,
                 dout,

@@ -369,6 +369,8 @@ struct AttentionArg {
     inputs: u32,
     probs: u32,
     compute: u32,
+    /// 1: the forward's output is stored as 16-bit codes of `compute`.
+    coded: u32,
 }
 
 // SAFETY: a plain #[repr(C)] struct of 4-byte fields, laid out as attention.cu's `AttentionArg`.
@@ -409,6 +411,7 @@ fn attention_launch(spec: &Attention) -> Result<(LaunchConfig, AttentionArg)> {
         inputs: format_id(inputs),
         probs: format_id(spec.probs),
         compute: format_id(spec.compute),
+        coded: 0,
     };
     Ok((config, arg))
 }
@@ -418,11 +421,13 @@ pub(super) fn attention_fwd(
     cb: &CudaBackend,
     [qkv, out, stats]: [Ptr; 3],
     spec: &Attention,
+    coded: bool,
 ) -> Result<()> {
     if spec.score_rows() == 0 {
         return Ok(());
     }
-    let (cfg, arg) = attention_launch(spec)?;
+    let (cfg, mut arg) = attention_launch(spec)?;
+    arg.coded = coded as u32;
     let name = format!("attention_fwd_{}", spec.d);
     launch!(cb, Module::Attention, &name, cfg; &qkv, &out, &stats, &arg)
 }

@@ -380,11 +380,13 @@ impl<'a> ResidentPlan<'a> {
                 ref spec,
             } => {
                 attention_fits(op, spec)?;
-                vec![train(
-                    launch::attention_fwd(spec),
-                    [Some(qkv), None, None],
-                    [Some(out), Some(stats), None],
-                )?]
+                let outs = if coded(out) {
+                    [None, Some(stats), Some(out)]
+                } else {
+                    [Some(out), Some(stats), None]
+                };
+                let l = launch::attention_fwd(spec, coded(out));
+                vec![train(l, [Some(qkv), None, None], outs)?]
             }
             Op::AttentionBwd {
                 qkv,

@@ -152,8 +152,11 @@ pub mod launch {
     }
 
     /// Fused causal attention over `spec.score_rows()` rows: q|k|v -> out, each row's (max, sum).
-    pub fn attention_fwd(spec: &Attention) -> TrainLaunch {
-        attention(TrainOp::AttentionFwd, spec)
+    /// `coded`: the output goes to the third output as 16-bit codes of `spec.compute`.
+    pub fn attention_fwd(spec: &Attention, coded: bool) -> TrainLaunch {
+        let mut l = attention(TrainOp::AttentionFwd, spec);
+        l.params.coded = coded as u32;
+        l
     }
 
     /// Its backward: dq with each row's sum(P * dP), then dk (which reads it), then dv, each
