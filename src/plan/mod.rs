@@ -861,6 +861,22 @@ impl Plan {
         coded
     }
 
+    /// The plan's tensors as an executor's description gives them: their bytes in `storage`,
+    /// unshared, and how many are stored as 16-bit codes.
+    pub fn describe_tensors(&self, storage: &Storage) -> String {
+        let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+        let coded = self
+            .tensors
+            .iter()
+            .filter(|t| t.stored != Format::F32)
+            .count();
+        format!(
+            "{:.1} MiB of tensors ({:.1} MiB unshared; {coded} stored as 16-bit codes)",
+            mib(storage.bytes()),
+            mib(self.tensor_bytes())
+        )
+    }
+
     /// Bytes of every tensor of the plan (device memory of a resident executor, temporaries of
     /// the kernels aside).
     pub fn tensor_bytes(&self) -> u64 {

@@ -503,11 +503,10 @@ impl StepExecutor for CudaPlan<'_> {
             Graphs::Off(why) => format!("launched one by one (no CUDA graph: {why})"),
         };
         format!(
-            "device-resident on {}: {} ops {launched} on one stream, one synchronisation per step, {:.1} MiB of tensors ({:.1} MiB unshared)",
+            "device-resident on {}: {} ops {launched} on one stream, one synchronisation per step, {}",
             self.cb.info.name,
             self.plan.ops.len(),
-            self.storage.bytes() as f64 / (1u64 << 20) as f64,
-            self.plan.tensor_bytes() as f64 / (1u64 << 20) as f64
+            self.plan.describe_tensors(&self.storage)
         )
     }
 

@@ -600,11 +600,10 @@ impl StepExecutor for ResidentPlan<'_> {
 
     fn describe(&self) -> String {
         format!(
-            "device-resident on {}: {} ops, one submission per step, {:.1} MiB of tensors ({:.1} MiB unshared)",
+            "device-resident on {}: {} ops, one submission per step, {}",
             self.backend.gpu.name(),
             self.plan.ops.len(),
-            self.storage.bytes() as f64 / (1u64 << 20) as f64,
-            self.plan.tensor_bytes() as f64 / (1u64 << 20) as f64
+            self.plan.describe_tensors(&self.storage)
         )
     }
 
