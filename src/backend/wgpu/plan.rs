@@ -262,6 +262,15 @@ impl<'a> ResidentPlan<'a> {
         let len = |id: TensorId| self.plan.tensors[id].len;
         let stored = |id: TensorId| self.plan.tensors[id].stored;
         let coded = |id: TensorId| stored(id) != Format::F32;
+        // The outputs of a train kernel writing `out` (and `second`): a coded one goes through
+        // the kernels' word binding, the third.
+        let outs_for = |out: TensorId, second: Option<TensorId>| {
+            if coded(out) {
+                [None, second, Some(out)]
+            } else {
+                [Some(out), second, None]
+            }
+        };
         let mut r = Recorded::default();
         let train = |l: TrainLaunch,
                      ins: [Option<TensorId>; 3],
@@ -324,15 +333,12 @@ impl<'a> ResidentPlan<'a> {
                 c,
                 held,
             } => {
-                // A coded output is stored through the kernel's word binding (the third).
-                let coded = coded(out);
-                let outs = if coded {
-                    [None, Some(stats), Some(out)]
-                } else {
-                    [Some(out), Some(stats), None]
-                };
-                let l = launch::layernorm_fwd(rows_of(x, c), c, held, coded);
-                vec![train(l, [Some(x), Some(g), Some(b)], outs)?]
+                let l = launch::layernorm_fwd(rows_of(x, c), c, held, coded(out));
+                vec![train(
+                    l,
+                    [Some(x), Some(g), Some(b)],
+                    outs_for(out, Some(stats)),
+                )?]
             }
             Op::LayerNormBwd {
                 dy,
@@ -359,14 +365,8 @@ impl<'a> ResidentPlan<'a> {
                 ]
             }
             Op::Gelu { x, out, held } => {
-                let coded = coded(out);
-                let outs = if coded {
-                    [None, None, Some(out)]
-                } else {
-                    [Some(out), None, None]
-                };
-                let l = launch::gelu_fwd(len(x), held, coded);
-                vec![train(l, [Some(x), None, None], outs)?]
+                let l = launch::gelu_fwd(len(x), held, coded(out));
+                vec![train(l, [Some(x), None, None], outs_for(out, None))?]
             }
             Op::GeluBwd { x, dy, out } => vec![train(
                 launch::gelu_bwd(len(x)),
@@ -380,13 +380,12 @@ impl<'a> ResidentPlan<'a> {
                 ref spec,
             } => {
                 attention_fits(op, spec)?;
-                let outs = if coded(out) {
-                    [None, Some(stats), Some(out)]
-                } else {
-                    [Some(out), Some(stats), None]
-                };
                 let l = launch::attention_fwd(spec, coded(out));
-                vec![train(l, [Some(qkv), None, None], outs)?]
+                vec![train(
+                    l,
+                    [Some(qkv), None, None],
+                    outs_for(out, Some(stats)),
+                )?]
             }
             Op::AttentionBwd {
                 qkv,
