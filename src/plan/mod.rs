@@ -574,6 +574,34 @@ impl Storage {
     }
 }
 
+/// The 16-bit format a matmul under `algorithm` rounds both its operands to, and so reads as
+/// stored codes of (`Plan::store_codes`): bf16 for `Algorithm::Bf16`, f16 for `Algorithm::F16`,
+/// None for every other algorithm.
+pub fn codes_read_by(algorithm: &Algorithm) -> Option<Format> {
+    match algorithm {
+        Algorithm::Bf16 => Some(Format::Bf16),
+        Algorithm::F16 => Some(Format::F16),
+        _ => None,
+    }
+}
+
+/// Checks that a matmul under `algorithm` can read operands stored as `stored` (each f32, or
+/// the codes `codes_read_by` names): what every executor checks before it hands codes to a
+/// GEMM.
+pub fn check_stored_operands(
+    algorithm: &Algorithm,
+    stored: [Format; 2],
+) -> crate::error::Result<()> {
+    let readable = |f: Format| f == Format::F32 || Some(f) == codes_read_by(algorithm);
+    if stored.iter().all(|&f| readable(f)) {
+        return Ok(());
+    }
+    Err(crate::error::Error::invalid(
+        "matmul operands",
+        format!("{algorithm} does not read operands stored as {stored:?}"),
+    ))
+}
+
 /// The algorithm a `Matmul` op runs in a step: an fp8 algorithm with scalar slots takes its
 /// given scales from the step's scalars (delayed scaling), anything else runs as recorded.
 pub fn step_algorithm(
@@ -812,15 +840,10 @@ impl Plan {
         }
         let rounds_to = |op: &Op| match op {
             Op::Matmul {
-                algorithm: Algorithm::Bf16,
+                algorithm,
                 scales: None,
                 ..
-            } => Some(Format::Bf16),
-            Op::Matmul {
-                algorithm: Algorithm::F16,
-                scales: None,
-                ..
-            } => Some(Format::F16),
+            } => codes_read_by(algorithm),
             _ => None,
         };
         let mut coded = vec![];
@@ -861,19 +884,21 @@ impl Plan {
         coded
     }
 
+    /// How many tensors the plan stores as 16-bit codes (`store_codes`).
+    pub fn coded_tensors(&self) -> usize {
+        let coded = self.tensors.iter().filter(|t| t.stored != Format::F32);
+        coded.count()
+    }
+
     /// The plan's tensors as an executor's description gives them: their bytes in `storage`,
     /// unshared, and how many are stored as 16-bit codes.
     pub fn describe_tensors(&self, storage: &Storage) -> String {
         let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
-        let coded = self
-            .tensors
-            .iter()
-            .filter(|t| t.stored != Format::F32)
-            .count();
         format!(
-            "{:.1} MiB of tensors ({:.1} MiB unshared; {coded} stored as 16-bit codes)",
+            "{:.1} MiB of tensors ({:.1} MiB unshared; {} stored as 16-bit codes)",
             mib(storage.bytes()),
-            mib(self.tensor_bytes())
+            mib(self.tensor_bytes()),
+            self.coded_tensors()
         )
     }
 
@@ -1037,6 +1062,25 @@ mod tests {
                     assert!(matches!(plan.ops[0], Op::LayerNorm { held: h, .. } if h == held));
                 }
             }
+        }
+    }
+
+    #[test]
+    fn executors_refuse_codes_their_matmul_would_not_read() {
+        let (f32_, bf16, f16) = (Format::F32, Format::Bf16, Format::F16);
+        assert!(check_stored_operands(&Algorithm::Bf16, [bf16, f32_]).is_ok());
+        assert!(check_stored_operands(&Algorithm::F16, [f32_, f16]).is_ok());
+        assert!(check_stored_operands(&Algorithm::F32, [f32_, f32_]).is_ok());
+        for (algorithm, stored) in [
+            (Algorithm::Bf16, [f16, f32_]),
+            (Algorithm::F16, [f32_, bf16]),
+            (Algorithm::F32, [bf16, f32_]),
+            (Algorithm::Bf16x3, [bf16, bf16]),
+        ] {
+            let err = check_stored_operands(&algorithm, stored)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("does not read operands stored as"), "{err}");
         }
     }
 

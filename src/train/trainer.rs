@@ -282,11 +282,7 @@ impl<'a> Trainer<'a> {
 
     /// How many tensors the plan stores as 16-bit codes (`Plan::store_codes`).
     pub fn coded_tensors(&self) -> usize {
-        let tensors = &self.exec.plan().tensors;
-        tensors
-            .iter()
-            .filter(|t| t.stored != crate::format::Format::F32)
-            .count()
+        self.exec.plan().coded_tensors()
     }
 
     /// The memory the steps so far took (the plan's tensors, and the peak of everything).

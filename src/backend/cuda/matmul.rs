@@ -8,6 +8,7 @@ use super::{CudaBackend, Module, format_id};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::{Error, Result};
 use crate::format::Format;
+use crate::plan::check_stored_operands;
 use crate::tune::{AutotuneMode, TUNE_MIN_FLOPS, TUNE_RUNS, shape_class};
 use cudarc::cublas::sys::{
     cublasComputeType_t as Compute, cublasGemmAlgo_t, cublasOperation_t as Op,
@@ -43,17 +44,11 @@ pub(super) fn run_stored(
     if shape.c_len() == 0 {
         return Ok(());
     }
+    check_stored_operands(algorithm, stored)?;
     let coded = stored.map(|f| f != Format::F32);
-    if coded.contains(&true) && !matches!(algorithm, Algorithm::Bf16 | Algorithm::F16)
-        || coded[0] && stored[0] != algorithm.operand_formats().0
-        || coded[1] && stored[1] != algorithm.operand_formats().1
-    {
-        return Err(Error::invalid(
-            "matmul operands",
-            format!("{algorithm} does not read operands stored as {stored:?}"),
-        ));
-    }
-    let mut prepared = prepare_stored(cb, shape, algorithm, (a, b), coded)?;
+    check_sizes(shape)?;
+    let path = split_path(cb, shape, algorithm, a, b)?.0;
+    let mut prepared = prepare_on(cb, shape, algorithm, path, (a, b), coded)?;
     match product(cb, shape, algorithm, &mut prepared, c) {
         // cuBLASLt's fp8 GEMM failed (now off, said once): the f16 path from the operands.
         Err(_) if prepared.on_fp8_gemm() && cb.fp8_off.load(Ordering::Relaxed) => {
@@ -136,23 +131,27 @@ pub(super) fn prepare<'a>(
 ) -> Result<Prepared<'a>> {
     check_sizes(shape)?;
     let path = split_path(cb, shape, algorithm, a, b)?.0;
-    prepare_on(cb, shape, algorithm, path, a, b)
+    prepare_on(cb, shape, algorithm, path, (a, b), [false; 2])
 }
 
-/// `prepare` where an operand may be stored as the 16-bit codes the bf16 or f16 GEMM reads
-/// (`coded`; `run_stored` checked the formats): those are viewed as codes, not encoded.
-fn prepare_stored<'a>(
+/// `prepare` with split algorithms on `path`; an operand `coded` is stored as the 16-bit codes
+/// the bf16 or f16 GEMM reads (`check_stored_operands` held) and is viewed, not encoded.
+fn prepare_on<'a>(
     cb: &CudaBackend,
     shape: &MatmulShape,
     algorithm: &Algorithm,
+    path: SplitPath,
     (a, b): (&'a CudaSlice<f32>, &'a CudaSlice<f32>),
     coded: [bool; 2],
 ) -> Result<Prepared<'a>> {
-    if coded == [false; 2] {
-        return prepare(cb, shape, algorithm, a, b);
-    }
-    check_sizes(shape)?;
-    let (fa, fb) = algorithm.operand_formats();
+    let plain = |a, b| Prepared {
+        a,
+        b,
+        scales: None,
+        fp8_gemm: None,
+        lower: None,
+    };
+    let (la, lb) = (shape.a_len(), shape.b_len());
     let codes = |x: &'a CudaSlice<f32>, len: usize, coded: bool, format: Format| {
         if !coded {
             return encode_16(cb, x, len, format).map(Codes::Encoded);
@@ -168,38 +167,6 @@ fn prepare_stored<'a>(
                 )
             })
     };
-    let a = codes(a, shape.a_len(), coded[0], fa)?;
-    let b = codes(b, shape.b_len(), coded[1], fb)?;
-    let (a, b) = match algorithm {
-        Algorithm::Bf16 => (Held::Bf16(a), Held::Bf16(b)),
-        _ => (Held::F16(a), Held::F16(b)),
-    };
-    Ok(Prepared {
-        a,
-        b,
-        scales: None,
-        fp8_gemm: None,
-        lower: None,
-    })
-}
-
-/// `prepare` with split algorithms on `path`.
-fn prepare_on<'a>(
-    cb: &CudaBackend,
-    shape: &MatmulShape,
-    algorithm: &Algorithm,
-    path: SplitPath,
-    a: &'a CudaSlice<f32>,
-    b: &'a CudaSlice<f32>,
-) -> Result<Prepared<'a>> {
-    let plain = |a, b| Prepared {
-        a,
-        b,
-        scales: None,
-        fp8_gemm: None,
-        lower: None,
-    };
-    let (la, lb) = (shape.a_len(), shape.b_len());
     Ok(match *algorithm {
         Algorithm::F32 => plain(Held::F32(a), Held::F32(b)),
         Algorithm::Tf32 => plain(
@@ -207,12 +174,12 @@ fn prepare_on<'a>(
             Held::Tf32(round(cb, b, lb, Format::Tf32)?),
         ),
         Algorithm::Bf16 => plain(
-            Held::Bf16(Codes::Encoded(encode_16(cb, a, la, Format::Bf16)?)),
-            Held::Bf16(Codes::Encoded(encode_16(cb, b, lb, Format::Bf16)?)),
+            Held::Bf16(codes(a, la, coded[0], Format::Bf16)?),
+            Held::Bf16(codes(b, lb, coded[1], Format::Bf16)?),
         ),
         Algorithm::F16 => plain(
-            Held::F16(Codes::Encoded(encode_16(cb, a, la, Format::F16)?)),
-            Held::F16(Codes::Encoded(encode_16(cb, b, lb, Format::F16)?)),
+            Held::F16(codes(a, la, coded[0], Format::F16)?),
+            Held::F16(codes(b, lb, coded[1], Format::F16)?),
         ),
         Algorithm::Bf16x3 | Algorithm::Bf16x6 | Algorithm::Bf16x9 => match path {
             SplitPath::Gemms => split_planes(cb, shape, algorithm, a, b)?,
@@ -405,7 +372,7 @@ fn split_path(
     let mut best = (f64::INFINITY, SplitPath::default());
     for path in [SplitPath::Gemms, SplitPath::Fused] {
         let once = |c: &mut CudaSlice<f32>| {
-            let mut p = prepare_on(cb, s, algorithm, path, a, b)?;
+            let mut p = prepare_on(cb, s, algorithm, path, (a, b), [false; 2])?;
             product(cb, s, algorithm, &mut p, c)
         };
         // One untimed run: compiles the kernel, warms cuBLAS's heuristics.

@@ -9,6 +9,7 @@ use super::shaders::{Coop, F16Read, Kernel, Load, MatmulVariant, Operand, Tile, 
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::Result;
 use crate::format::Format;
+use crate::plan::check_stored_operands;
 use bytemuck::{Pod, Zeroable};
 
 #[repr(C)]
@@ -187,9 +188,12 @@ pub fn record(
     f16: F16Read,
     coop: Option<(Coop, bool)>,
     tile: Option<Tile>,
-    OnDevice { a, b, stored }: OnDevice,
+    operands: OnDevice,
     out: Option<&wgpu::Buffer>,
 ) -> Result<MatmulRun> {
+    // Codes are read as they are stored: the SIMT kernel reads them as the codes it would have
+    // encoded, the cooperative kernel packs from them.
+    check_stored_operands(algorithm, operands.stored)?;
     let mut variant = MatmulVariant::for_algorithm(algorithm, f16);
     let fallback = coop.is_none_or(|(_, f)| f);
     if let Some(v) = coop.and_then(|(c, _)| MatmulVariant::coop(algorithm, c)) {
@@ -203,46 +207,10 @@ pub fn record(
         Some(c) => c.clone(),
         None => pools.kept.take(gpu, shape.c_len() as u64 * 4)?,
     };
-    // Codes of the format the algorithm rounds an operand to are read as they are stored (the
-    // SIMT kernel reads them as the codes it would have encoded, the cooperative kernel packs
-    // from them); codes of any other format are decoded to f32 first.
-    let (fa, fb) = algorithm.operand_formats();
-    let direct = |stored: Format, format: Format| {
-        stored == Format::F32
-            || (stored == format && matches!(algorithm, Algorithm::Bf16 | Algorithm::F16))
-    };
-    let mut decoded = (vec![], vec![]);
-    let mut operand = |src: &wgpu::Buffer, len: usize, stored: Format, format: Format| {
-        if direct(stored, format) {
-            return Ok((src.clone(), stored));
-        }
-        let f32s = pools.scratch.take(gpu, len as u64 * 4)?;
-        decoded.0.push(cast::decode(gpu, src, &f32s, len, stored)?);
-        decoded.1.push(f32s.clone());
-        Ok::<_, crate::error::Error>((f32s, Format::F32))
-    };
-    let (a, stored_a) = operand(a, shape.a_len(), stored[0], fa)?;
-    let (b, stored_b) = operand(b, shape.b_len(), stored[1], fb)?;
-    let on_device = OnDevice {
-        a: &a,
-        b: &b,
-        stored: [stored_a, stored_b],
-    };
-    let mut run = if variant.coop.is_some() {
-        record_coop(
-            gpu, pools, shape, algorithm, variant, fallback, on_device, c,
-        )?
-    } else {
-        record_simt(gpu, pools, shape, algorithm, variant, on_device, c)?
-    };
-    // The decodes run first.
-    let (dispatches, buffers) = decoded;
-    for i in &mut run.product {
-        *i += dispatches.len();
+    if variant.coop.is_some() {
+        return record_coop(gpu, pools, shape, algorithm, variant, fallback, operands, c);
     }
-    run.dispatches.splice(0..0, dispatches);
-    run.scratch.extend(buffers);
-    Ok(run)
+    record_simt(gpu, pools, shape, algorithm, variant, operands, c)
 }
 
 #[allow(clippy::too_many_arguments)]
