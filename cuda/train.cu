@@ -231,7 +231,8 @@ extern "C" __global__ void causal_softmax_bwd(const float* p, const float* dp, f
 
 // Per row of v logits: the probabilities, and the row's loss into losses[row].
 extern "C" __global__ void cross_entropy_fwd(const float* logits, const u32* targets,
-                                             float* probs, float* losses, u32 v) {
+                                             float* out, float* losses, const float* scalars,
+                                             u32 v, u32 grad, u32 fmt) {
     i64 base = (i64)blockIdx.x * v;
     float m = NEG_INF;
     for (u32 i = threadIdx.x; i < v; i += blockDim.x) m = fmaxf(m, logits[base + i]);
@@ -239,8 +240,15 @@ extern "C" __global__ void cross_entropy_fwd(const float* logits, const u32* tar
     float s = 0.0f;
     for (u32 i = threadIdx.x; i < v; i += blockDim.x) s += expf(logits[base + i] - m);
     s = block_sum(s);
-    for (u32 i = threadIdx.x; i < v; i += blockDim.x) probs[base + i] = expf(logits[base + i] - m) / s;
-    if (threadIdx.x == 0u) losses[blockIdx.x] = logf(s) + m - logits[base + targets[blockIdx.x]];
+    u32 target = targets[blockIdx.x];
+    // grad: the backward fused in, (p - onehot) * DLOSS_PER_ROW as cross_entropy_bwd computes it
+    // from the stored p, held in `fmt`; else the probabilities.
+    float k = grad != 0u ? scalars[S_DLOSS_PER_ROW] : 0.0f;
+    for (u32 i = threadIdx.x; i < v; i += blockDim.x) {
+        float p = expf(logits[base + i] - m) / s;
+        out[base + i] = grad != 0u ? held((p - (i == target ? 1.0f : 0.0f)) * k, fmt) : p;
+    }
+    if (threadIdx.x == 0u) losses[blockIdx.x] = logf(s) + m - logits[base + target];
 }
 
 // stats[slot] = mean of x[0..n) (the mean loss). One block.
@@ -251,7 +259,8 @@ extern "C" __global__ void mean_to_stat(const float* x, float* stats, u32 n, u32
     if (threadIdx.x == 0u) stats[slot] = s / (float)n;
 }
 
-// d = (p - onehot(target)) * scalars[S_DLOSS_PER_ROW] per row of v.
+// d = (p - onehot(target)) * scalars[S_DLOSS_PER_ROW] per row of v (the per-op path; a step
+// plan fuses it into cross_entropy_fwd).
 extern "C" __global__ void cross_entropy_bwd(const float* probs, const u32* targets, float* d,
                                              const float* scalars, i64 n, u32 v) {
     float k = scalars[S_DLOSS_PER_ROW];

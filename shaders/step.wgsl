@@ -55,22 +55,6 @@ fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
     y[e] = held(y[e] + x[e % params.c], params.format);
 }
 
-// y[j] = sum over the n / c rows of x[row, j], one invocation per column j < c.
-@compute @workgroup_size(256)
-fn column_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-               @builtin(local_invocation_index) lid: u32) {
-    let j = flat_index(wg, nwg, lid);
-    let c = params.c;
-    if (j >= c) {
-        return;
-    }
-    var s = 0.0;
-    for (var r = 0u; r < params.n / c; r++) {
-        s += x[r * c + j];
-    }
-    y[j] = s;
-}
-
 // y[dst(e)] = x[src(e)] over the 4-d index space `dims` (row-major, last fastest).
 @compute @workgroup_size(256)
 fn strided_copy(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,

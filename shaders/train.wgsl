@@ -1,8 +1,11 @@
 // train.wgsl: the training ops besides matmul (the host reference is src/backend/reference/ops.rs); the
-// cross-entropy backward, GradScaler's unscale and AdamW are step.wgsl's, for both the per-op
-// path and the resident plan.
-// Row ops (layer norm, softmax, cross entropy) take one invocation per row and reduce in f32;
-// elementwise ops one invocation per element. Bindings: 0 params; 1-3 inputs; 4-6 outputs.
+// GradScaler's unscale, AdamW and the per-op path's cross-entropy backward are step.wgsl's.
+// Row ops (layer norm, softmax, cross entropy) take one workgroup per row, its invocations
+// striding the row (neighbours read neighbouring values) and reducing through workgroup memory
+// in a fixed tree, so a rerun gives the same bits. Column reductions (bias and layer-norm
+// parameter gradients) write one partial sum per chunk of rows, then `sum_partials` adds the
+// chunks in order: the summation order of cuda/train.cu. Elementwise ops take one invocation
+// per element. Bindings: 0 params; 1-3 inputs; 4-6 outputs.
 
 struct TrainParams {
     // Elements, or rows for row ops.
@@ -20,12 +23,13 @@ struct TrainParams {
     inputs: u32,
     probs: u32,
     compute: u32,
-    // Format id the op's output is held in (layer norm, GELU).
+    // Format id the op's output is held in (layer norm, GELU, the cross entropy's gradient).
     held: u32,
     // 1: the output is stored as 16-bit codes of `held` in out2, two to a word (layer norm,
     // GELU); 0: as f32 values in out0.
     coded: u32,
-    pad2: u32,
+    // Cross entropy: 1 writes the loss's gradient (the backward fused in), 0 the probabilities.
+    grad: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
@@ -37,87 +41,229 @@ struct TrainParams {
 // Words: f32 bits, or two 16-bit codes (the even element in the low half).
 @group(0) @binding(6) var<storage, read_write> out2: array<u32>;
 
+// Invocations of a row op's workgroup (one row each: its @workgroup_size). 64 keeps a row of a
+// few hundred values a few loads per invocation, and the barriers cheap where a CPU runs the
+// invocations (lavapipe, SwiftShader).
+const ROW_THREADS: u32 = 64u;
+// Rows per chunk of a column reduction (CHUNK_ROWS in cuda/train.cu, `chunks` in
+// src/backend/wgpu/train.rs); its workgroups are 32 columns x 8 row lanes.
+const CHUNK_ROWS: u32 = 256u;
+
+// A row op's partial values (the first ROW_THREADS), or a column reduction's lanes.
+var<workgroup> row_partial: array<f32, 256>;
+
+// The row a row op's workgroup takes (the dispatch folds workgroups as `flat_index` does).
+fn row_of(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
+    return wg.y * nwg.x + wg.x;
+}
+
+// The sum of every invocation's `v`, in every invocation, added in a fixed tree. Called in
+// uniform control flow only (it has barriers).
+fn row_sum(v: f32, lid: u32) -> f32 {
+    row_partial[lid] = v;
+    workgroupBarrier();
+    for (var s = ROW_THREADS / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            row_partial[lid] += row_partial[lid + s];
+        }
+        workgroupBarrier();
+    }
+    let total = row_partial[0];
+    workgroupBarrier();  // every invocation has read it before the next call writes
+    return total;
+}
+
+fn row_max(v: f32, lid: u32) -> f32 {
+    row_partial[lid] = v;
+    workgroupBarrier();
+    for (var s = ROW_THREADS / 2u; s > 0u; s >>= 1u) {
+        if (lid < s) {
+            row_partial[lid] = max(row_partial[lid], row_partial[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    let total = row_partial[0];
+    workgroupBarrier();
+    return total;
+}
+
 // y = (x - mean) * rstd * g + b per row of c: in0 = x, in1 = g, in2 = b; out0 = y,
 // out1 = (mean, rstd) per row.
-@compute @workgroup_size(256)
+@compute @workgroup_size(64)
 fn layernorm_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
-    let r = flat_index(wg, nwg, lid);
+    let r = row_of(wg, nwg);
     if (r >= params.n) {
         return;
     }
     let c = params.c;
-    var mean = 0.0;
-    for (var i = 0u; i < c; i++) {
-        mean += in0[r * c + i];
+    let base = r * c;
+    var s = 0.0;
+    for (var i = lid; i < c; i += ROW_THREADS) {
+        s += in0[base + i];
     }
-    mean = mean / f32(c);
-    var v = 0.0;
-    for (var i = 0u; i < c; i++) {
-        let d = in0[r * c + i] - mean;
-        v += d * d;
+    let mean = row_sum(s, lid) / f32(c);
+    var q = 0.0;
+    for (var i = lid; i < c; i += ROW_THREADS) {
+        let d = in0[base + i] - mean;
+        q += d * d;
     }
-    let rstd = inverseSqrt(v / f32(c) + 1e-5);
+    let rstd = inverseSqrt(row_sum(q, lid) / f32(c) + 1e-5);
     if (params.coded != 0u) {
         // c is even (Plan::store_codes): the row's words are its own.
-        for (var i = 0u; i < c; i += 2u) {
-            let lo = (in0[r * c + i] - mean) * rstd * in1[i] + in2[i];
-            let hi = (in0[r * c + i + 1u] - mean) * rstd * in1[i + 1u] + in2[i + 1u];
-            out2[(r * c + i) / 2u] = code_pair(lo, hi, params.held);
+        for (var i = 2u * lid; i < c; i += 2u * ROW_THREADS) {
+            let lo = (in0[base + i] - mean) * rstd * in1[i] + in2[i];
+            let hi = (in0[base + i + 1u] - mean) * rstd * in1[i + 1u] + in2[i + 1u];
+            out2[(base + i) / 2u] = code_pair(lo, hi, params.held);
         }
     } else {
-        for (var i = 0u; i < c; i++) {
-            out0[r * c + i] = held((in0[r * c + i] - mean) * rstd * in1[i] + in2[i], params.held);
+        for (var i = lid; i < c; i += ROW_THREADS) {
+            out0[base + i] = held((in0[base + i] - mean) * rstd * in1[i] + in2[i], params.held);
         }
     }
-    out1[2u * r] = mean;
-    out1[2u * r + 1u] = rstd;
+    if (lid == 0u) {
+        out1[2u * r] = mean;
+        out1[2u * r + 1u] = rstd;
+    }
 }
 
 // dx per row: in0 = dy, in1 = x, in2 = g; out1 holds (mean, rstd) (read here); out0 = dx.
-@compute @workgroup_size(256)
+@compute @workgroup_size(64)
 fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    let r = flat_index(wg, nwg, lid);
+    let r = row_of(wg, nwg);
     if (r >= params.n) {
         return;
     }
     let c = params.c;
+    let base = r * c;
     let mean = out1[2u * r];
     let rstd = out1[2u * r + 1u];
-    var sum_d = 0.0;
-    var sum_dx = 0.0;
-    for (var i = 0u; i < c; i++) {
-        let xhat = (in1[r * c + i] - mean) * rstd;
-        let d = in0[r * c + i] * in2[i];
-        sum_d += d;
-        sum_dx += d * xhat;
+    var sd = 0.0;
+    var sdx = 0.0;
+    for (var i = lid; i < c; i += ROW_THREADS) {
+        let xhat = (in1[base + i] - mean) * rstd;
+        let d = in0[base + i] * in2[i];
+        sd += d;
+        sdx += d * xhat;
     }
-    for (var i = 0u; i < c; i++) {
-        let xhat = (in1[r * c + i] - mean) * rstd;
-        let d = in0[r * c + i] * in2[i];
-        out0[r * c + i] = rstd * (d - sum_d / f32(c) - xhat * sum_dx / f32(c));
+    let mean_d = row_sum(sd, lid) / f32(c);
+    let mean_dx = row_sum(sdx, lid) / f32(c);
+    for (var i = lid; i < c; i += ROW_THREADS) {
+        let xhat = (in1[base + i] - mean) * rstd;
+        let d = in0[base + i] * in2[i];
+        out0[base + i] = rstd * (d - mean_d - xhat * mean_dx);
     }
 }
 
-// dg and db per column: in0 = dy, in1 = x; out1 = (mean, rstd) per row; out0 = dg, out2 = db.
+// A column reduction's workgroup: 32 columns from `col0` over one chunk of rows [first, end),
+// 8 row lanes (invocation lid takes column col0 + lid % 32 and rows first + lid / 32 + 8k). It
+// depends on the workgroup alone, so the early return of a spare workgroup stays uniform.
+struct ColumnBlock {
+    col0: u32,
+    chunk: u32,
+    first: u32,
+    end: u32,
+}
+
+fn column_block(wg: vec3<u32>, nwg: vec3<u32>, rows: u32, c: u32) -> ColumnBlock {
+    let w = wg.y * nwg.x + wg.x;
+    let blocks = (c + 31u) / 32u;
+    var b: ColumnBlock;
+    b.col0 = (w % blocks) * 32u;
+    b.chunk = w / blocks;
+    b.first = b.chunk * CHUNK_ROWS;
+    b.end = min(b.first + CHUNK_ROWS, rows);
+    return b;
+}
+
+// The sum of the 8 lanes' `s` in lane order, in lane 0 (uniform control flow only).
+fn lanes_sum(s: f32, lid: u32) -> f32 {
+    workgroupBarrier();  // the previous call's readers are done
+    row_partial[lid] = s;
+    workgroupBarrier();
+    var t = 0.0;
+    if (lid < 32u) {
+        for (var k = 0u; k < 8u; k++) {
+            t += row_partial[k * 32u + lid];
+        }
+    }
+    return t;
+}
+
+// partial[chunk, j] = the chunk's sum of x[row, j]: in0 = x; out0 = partials; n = rows.
 @compute @workgroup_size(256)
-fn layernorm_bwd_params(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                        @builtin(local_invocation_index) lid: u32) {
-    let i = flat_index(wg, nwg, lid);
+fn column_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
     let c = params.c;
-    if (i >= c) {
+    let b = column_block(wg, nwg, params.n, c);
+    if (b.first >= params.n) {
         return;
     }
+    // Spare columns of the last block read column c - 1 and write nothing.
+    let col = b.col0 + lid % 32u;
+    let j = min(col, c - 1u);
+    var s = 0.0;
+    for (var r = b.first + lid / 32u; r < b.end; r += 8u) {
+        s += in0[r * c + j];
+    }
+    let t = lanes_sum(s, lid);
+    if (lid < 32u && col < c) {
+        out0[b.chunk * c + col] = t;
+    }
+}
+
+// Partials of layer norm's dg = sum dy * xhat and db = sum dy per column: in0 = dy, in1 = x;
+// out1 = (mean, rstd) per row (read); out0 = dg's chunks, then db's (2 * chunks * c values).
+@compute @workgroup_size(256)
+fn layernorm_bwd_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                          @builtin(local_invocation_index) lid: u32) {
+    let c = params.c;
+    let b = column_block(wg, nwg, params.n, c);
+    if (b.first >= params.n) {
+        return;
+    }
+    let col = b.col0 + lid % 32u;
+    let j = min(col, c - 1u);
     var dg = 0.0;
     var db = 0.0;
-    for (var r = 0u; r < params.n; r++) {
-        let xhat = (in1[r * c + i] - out1[2u * r]) * out1[2u * r + 1u];
-        dg += in0[r * c + i] * xhat;
-        db += in0[r * c + i];
+    for (var r = b.first + lid / 32u; r < b.end; r += 8u) {
+        let e = r * c + j;
+        dg += in0[e] * ((in1[e] - out1[2u * r]) * out1[2u * r + 1u]);
+        db += in0[e];
     }
-    out0[i] = dg;
-    out2[i] = bitcast<u32>(db);
+    let tg = lanes_sum(dg, lid);
+    let tb = lanes_sum(db, lid);
+    let chunks = (params.n + CHUNK_ROWS - 1u) / CHUNK_ROWS;
+    if (lid < 32u && col < c) {
+        out0[b.chunk * c + col] = tg;
+        out0[(chunks + b.chunk) * c + col] = tb;
+    }
+}
+
+// out[j] = the sum over chunks of partial[chunk, j], in chunk order: in0 = partials of
+// `tokens` chunks, one or two parts (n = parts * c); part 0 into out0, part 1 into out2 (as
+// f32 bits: layer norm's db).
+@compute @workgroup_size(256)
+fn sum_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let c = params.c;
+    let chunks = params.tokens;
+    let part = e / c;
+    let j = e % c;
+    var s = 0.0;
+    for (var k = 0u; k < chunks; k++) {
+        s += in0[(part * chunks + k) * c + j];
+    }
+    if (part == 0u) {
+        out0[j] = s;
+    } else {
+        out2[j] = bitcast<u32>(s);
+    }
 }
 
 const SQRT_2_OVER_PI: f32 = 0.7978845608;
@@ -175,10 +321,10 @@ fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 
 // Causal softmax of scale * scores per row of t = c (row i of each t x t block sees 0..=i):
 // in0 = scores; out0 = probabilities (0 where masked).
-@compute @workgroup_size(256)
+@compute @workgroup_size(64)
 fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
-    let row = flat_index(wg, nwg, lid);
+    let row = row_of(wg, nwg);
     if (row >= params.n) {
         return;
     }
@@ -186,14 +332,16 @@ fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     let i = row % t;
     let base = row * t;
     var m = -3.4e38;
-    for (var j = 0u; j <= i; j++) {
+    for (var j = lid; j <= i; j += ROW_THREADS) {
         m = max(m, in0[base + j] * params.scale);
     }
-    var sum = 0.0;
-    for (var j = 0u; j <= i; j++) {
-        sum += exp(in0[base + j] * params.scale - m);
+    m = row_max(m, lid);
+    var s = 0.0;
+    for (var j = lid; j <= i; j += ROW_THREADS) {
+        s += exp(in0[base + j] * params.scale - m);
     }
-    for (var j = 0u; j < t; j++) {
+    let sum = row_sum(s, lid);
+    for (var j = lid; j < t; j += ROW_THREADS) {
         var p = 0.0;
         if (j <= i) {
             p = exp(in0[base + j] * params.scale - m) / sum;
@@ -203,21 +351,22 @@ fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
 }
 
 // in0 = p, in1 = dp; out0 = d(scores) = scale * p * (dp - sum(p * dp)).
-@compute @workgroup_size(256)
+@compute @workgroup_size(64)
 fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
-    let row = flat_index(wg, nwg, lid);
+    let row = row_of(wg, nwg);
     if (row >= params.n) {
         return;
     }
     let t = params.c;
     let i = row % t;
     let base = row * t;
-    var dot = 0.0;
-    for (var j = 0u; j <= i; j++) {
-        dot += in0[base + j] * in1[base + j];
+    var s = 0.0;
+    for (var j = lid; j <= i; j += ROW_THREADS) {
+        s += in0[base + j] * in1[base + j];
     }
-    for (var j = 0u; j < t; j++) {
+    let dot = row_sum(s, lid);
+    for (var j = lid; j < t; j += ROW_THREADS) {
         var d = 0.0;
         if (j <= i) {
             d = params.scale * in0[base + j] * (in1[base + j] - dot);
@@ -227,29 +376,46 @@ fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
 }
 
 // Per row of v = c logits: in0 = logits, in1 = targets (as f32 bits of u32 ids); out0 =
-// probabilities, out1 = the row's loss. The mean over rows is the caller's.
-@compute @workgroup_size(256)
+// probabilities or, with params.grad, the loss's gradient (p - onehot) * DLOSS_PER_ROW as
+// step.wgsl's cross_entropy_bwd computes it from the stored p, held in params.held (in2 = the
+// plan's scalars); out1 = the row's loss. The mean over rows is the caller's.
+@compute @workgroup_size(64)
 fn cross_entropy_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
-    let r = flat_index(wg, nwg, lid);
+    let r = row_of(wg, nwg);
     if (r >= params.n) {
         return;
     }
     let v = params.c;
     let base = r * v;
     var m = -3.4e38;
-    for (var i = 0u; i < v; i++) {
+    for (var i = lid; i < v; i += ROW_THREADS) {
         m = max(m, in0[base + i]);
     }
-    var sum = 0.0;
-    for (var i = 0u; i < v; i++) {
-        sum += exp(in0[base + i] - m);
+    m = row_max(m, lid);
+    var s = 0.0;
+    for (var i = lid; i < v; i += ROW_THREADS) {
+        s += exp(in0[base + i] - m);
     }
-    for (var i = 0u; i < v; i++) {
-        out0[base + i] = exp(in0[base + i] - m) / sum;
-    }
+    let sum = row_sum(s, lid);
     let label = bitcast<u32>(in1[r]);
-    out1[r] = log(sum) + m - in0[base + label];
+    if (params.grad != 0u) {
+        let k = in2[S_DLOSS_PER_ROW];
+        for (var i = lid; i < v; i += ROW_THREADS) {
+            var onehot = 0.0;
+            if (i == label) {
+                onehot = 1.0;
+            }
+            out0[base + i] = held((exp(in0[base + i] - m) / sum - onehot) * k, params.held);
+        }
+    } else {
+        for (var i = lid; i < v; i += ROW_THREADS) {
+            out0[base + i] = exp(in0[base + i] - m) / sum;
+        }
+    }
+    if (lid == 0u) {
+        out1[r] = log(sum) + m - in0[base + label];
+    }
 }
 
 // Embedding gather: out0[r, i] = in0[id(r), i]; in1 = ids (f32 bits of u32), c = width,

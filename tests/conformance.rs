@@ -354,23 +354,30 @@ fn train_ops_bad_input(b: &dyn Backend) {
 fn train_ops(b: &dyn Backend) {
     use mantissa::backend::reference::ops;
     let seed = common::seed("train_ops");
+    // Rows narrower than a row op's workgroup and one wider than it; one chunk of rows of the
+    // column reductions, and several with a partial last one.
+    for (rows, c) in [(37, 50), (600, 300)] {
+        let x = measure::normal(rows * c, seed);
+        let (g, bias) = (measure::normal(c, seed + 1), measure::normal(c, seed + 2));
+        let dy = measure::normal(rows * c, seed + 3);
+        let what = |name: &str| format!("layernorm {name}, {rows} rows of {c}");
+        let (y, mean, rstd) = b.layernorm_fwd(&x, &g, &bias, c).block_on().unwrap();
+        let (wy, wm, wr) = ops::layernorm_fwd(&x, &g, &bias, c);
+        common::close(&what("y"), &y, &wy, tol::ROW);
+        common::close(&what("mean"), &mean, &wm, tol::ROW);
+        common::close(&what("rstd"), &rstd, &wr, tol::ROW);
+        let (dx, dg, db) = b
+            .layernorm_bwd(&dy, &x, &g, &wm, &wr, c)
+            .block_on()
+            .unwrap();
+        let (wdx, wdg, wdb) = ops::layernorm_bwd(&dy, &x, &g, &wm, &wr, c);
+        common::close(&what("dx"), &dx, &wdx, tol::REDUCTION);
+        common::close(&what("dg"), &dg, &wdg, tol::REDUCTION);
+        common::close(&what("db"), &db, &wdb, tol::REDUCTION);
+    }
     let (rows, c) = (37, 50);
     let x = measure::normal(rows * c, seed);
-    let (g, bias) = (measure::normal(c, seed + 1), measure::normal(c, seed + 2));
     let dy = measure::normal(rows * c, seed + 3);
-    let (y, mean, rstd) = b.layernorm_fwd(&x, &g, &bias, c).block_on().unwrap();
-    let (wy, wm, wr) = ops::layernorm_fwd(&x, &g, &bias, c);
-    common::close("layernorm y", &y, &wy, tol::ROW);
-    common::close("layernorm mean", &mean, &wm, tol::ROW);
-    common::close("layernorm rstd", &rstd, &wr, tol::ROW);
-    let (dx, dg, db) = b
-        .layernorm_bwd(&dy, &x, &g, &wm, &wr, c)
-        .block_on()
-        .unwrap();
-    let (wdx, wdg, wdb) = ops::layernorm_bwd(&dy, &x, &g, &wm, &wr, c);
-    common::close("layernorm dx", &dx, &wdx, tol::REDUCTION);
-    common::close("layernorm dg", &dg, &wdg, tol::REDUCTION);
-    common::close("layernorm db", &db, &wdb, tol::REDUCTION);
     common::close(
         "gelu",
         &b.gelu_fwd(&x).block_on().unwrap(),
@@ -383,22 +390,24 @@ fn train_ops(b: &dyn Backend) {
         &ops::gelu_bwd(&x, &dy),
         tol::ROW,
     );
-    let t = 13;
-    let s = measure::normal(3 * t * t, seed + 4);
-    let dp = measure::normal(3 * t * t, seed + 5);
-    let p = b.causal_softmax_fwd(&s, t, 0.3).block_on().unwrap();
-    common::close(
-        "softmax",
-        &p,
-        &ops::causal_softmax_fwd(&s, t, 0.3),
-        tol::ROW,
-    );
-    common::close(
-        "softmax bwd",
-        &b.causal_softmax_bwd(&p, &dp, t, 0.3).block_on().unwrap(),
-        &ops::causal_softmax_bwd(&p, &dp, t, 0.3),
-        tol::ROW,
-    );
+    // Contexts shorter and longer than a row op's workgroup.
+    for t in [13, 300] {
+        let s = measure::normal(3 * t * t, seed + 4);
+        let dp = measure::normal(3 * t * t, seed + 5);
+        let p = b.causal_softmax_fwd(&s, t, 0.3).block_on().unwrap();
+        common::close(
+            &format!("softmax, t {t}"),
+            &p,
+            &ops::causal_softmax_fwd(&s, t, 0.3),
+            tol::ROW,
+        );
+        common::close(
+            &format!("softmax bwd, t {t}"),
+            &b.causal_softmax_bwd(&p, &dp, t, 0.3).block_on().unwrap(),
+            &ops::causal_softmax_bwd(&p, &dp, t, 0.3),
+            tol::ROW,
+        );
+    }
     let v = 76;
     let logits: Vec<f32> = measure::normal(rows * v, seed + 6)
         .iter()

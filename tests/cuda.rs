@@ -592,6 +592,32 @@ fn cuda_training_kernels_match_the_host_reference() {
         &ops::cross_entropy_bwd(&probs, &targets, v, dloss),
         tol::ROW,
     );
+    // The step plan's fused loss and gradient: the bits of the two kernels it replaces, with
+    // the gradient held in each format.
+    let inputs = [&logits[..], &id_bits(&targets)];
+    let kernel_probs = &out[..rows * v];
+    let unfused = run_f32(
+        h,
+        "cross_entropy_bwd",
+        &args,
+        &[kernel_probs, &id_bits(&targets)],
+    );
+    for held in [Format::F32, Format::Bf16, Format::F16] {
+        let fused_args = [args.to_vec(), vec![format_id(held)]].concat();
+        let fused = run_f32(h, "cross_entropy_fwd", &fused_args, &inputs);
+        let mut unfused = unfused.clone();
+        ops::round_to(&mut unfused, held);
+        let differ = (0..rows * v).find(|&i| fused[i].to_bits() != unfused[i].to_bits());
+        assert!(
+            differ.is_none(),
+            "fused cross entropy, gradient held in {held}: element {differ:?} differs"
+        );
+        assert_eq!(
+            fused[rows * v].to_bits(),
+            out[rows * v].to_bits(),
+            "fused mean loss"
+        );
+    }
     // Embeddings: a row narrower and one wider than a block.
     for (vocab, width) in [(11, 7), (5, 200)] {
         let table = measure::normal(vocab * width, seed + 9);

@@ -779,6 +779,7 @@ fn a_timed_step_is_the_step_on_the_reference() {
 backend_tests!(
     wgpu: loss_falls,
     a_timed_step_is_the_step,
+    fused_cross_entropy_is_the_loss_and_its_gradient,
     coded_outputs_are_the_held_values,
     coded_activations_train_as_f32_storage,
     held_outputs_match_their_definition,
@@ -790,6 +791,7 @@ backend_tests!(
 backend_tests!(
     cuda: loss_falls,
     a_timed_step_is_the_step,
+    fused_cross_entropy_is_the_loss_and_its_gradient,
     coded_outputs_are_the_held_values,
     coded_activations_train_as_f32_storage,
     held_outputs_match_their_definition,
@@ -875,17 +877,30 @@ fn fused_attention_ops_match_their_definition(b: &dyn Backend) {
 
 /// A plan of the ops `g` recorded alone (no training state; the first `forward` of them the
 /// forward pass; `kept` keeps a buffer of its own, as the logits do), run once by `b`'s resident
-/// executor on zero tokens; returns the executor, to read the tensors back.
+/// executor on zero tokens and scalars; returns the executor, to read the tensors back.
 fn run_ops_alone<'a>(
     b: &'a dyn Backend,
     g: mantissa::plan::PlanBuilder,
     forward: usize,
-    (tokens, targets): (usize, usize),
+    io: (usize, usize),
     kept: usize,
 ) -> Box<dyn mantissa::plan::StepExecutor + 'a> {
+    let plan = plan_of_ops(g, forward, io, kept);
+    let scalars = vec![0.0; plan.scalar_count()];
+    let ids = vec![0u32; plan.rows];
+    run_plan_alone(b, plan, (&ids, &scalars)).0
+}
+
+/// The plan of the ops `g` recorded alone (`run_ops_alone`).
+fn plan_of_ops(
+    g: mantissa::plan::PlanBuilder,
+    forward: usize,
+    (tokens, targets): (usize, usize),
+    kept: usize,
+) -> mantissa::plan::Plan {
     use mantissa::plan::{Plan, Stats};
     let (rows, ops) = (g.tensors[tokens].len, g.ops.len());
-    let plan = Plan {
+    Plan {
         tensors: g.tensors,
         ops: g.ops,
         forward,
@@ -901,14 +916,22 @@ fn run_ops_alone<'a>(
             grads: 0,
             linears: 0,
         },
-    };
-    let scalars = vec![0.0; plan.scalar_count()];
+    }
+}
+
+/// `plan` run once by `b`'s resident executor on `ids` (as tokens and targets) with `scalars`:
+/// the executor, to read the tensors back, and the step's stats.
+fn run_plan_alone<'a>(
+    b: &'a dyn Backend,
+    plan: mantissa::plan::Plan,
+    (ids, scalars): (&[u32], &[f32]),
+) -> (Box<dyn mantissa::plan::StepExecutor + 'a>, Vec<f64>) {
     let mut exec = mantissa::backend::executor(b, plan, true).unwrap();
-    let ids = vec![0u32; rows];
-    exec.run(Section::Step, &ids, &ids, &scalars)
+    let stats = exec
+        .run(Section::Step, ids, ids, scalars)
         .block_on()
         .unwrap();
-    exec
+    (exec, stats)
 }
 
 /// The ops a rounding folds into (`PlanBuilder::round`) hold their output on the device: a
@@ -978,6 +1001,59 @@ fn held_outputs_match_their_definition(b: &dyn Backend) {
     ops::add_bias(&mut want, &b_values);
     let got = exec.read(y).block_on().unwrap();
     common::held_close("gelu + bias held in bf16", &got, &want, Format::Bf16, row);
+}
+
+/// A device's fused cross entropy (the loss and its gradient in one op, as a step plan holds
+/// it): the mean loss and the gradient held in f32, bf16 and f16 against the two ops it
+/// replaces (`ops::cross_entropy_fwd`, `cross_entropy_bwd`, then the rounding), on a vocabulary
+/// of the corpus's odd size and one wider than a workgroup, with rows of large logits.
+fn fused_cross_entropy_is_the_loss_and_its_gradient(b: &dyn Backend) {
+    use mantissa::format::Format;
+    use mantissa::plan::{Op, PlanBuilder, Stats, TensorKind, scalar};
+    let seed = common::seed("fused_cross_entropy_is_the_loss_and_its_gradient");
+    let rows = 37;
+    for (case, v) in [65usize, 300].into_iter().enumerate() {
+        let mut logits: Vec<f32> = measure::normal(rows * v, seed + case as u64)
+            .iter()
+            .map(|x| 3.0 * x)
+            .collect();
+        // A row far from zero, and one whose largest logit is far above the rest.
+        logits[..v].iter_mut().for_each(|x| *x += 1.0e4);
+        logits[v] = 3.0e4;
+        let targets: Vec<u32> = (0..rows as u32).map(|r| (r * 7 + 3) % v as u32).collect();
+        let dloss = 1024.0;
+        for held in [Format::F32, Format::Bf16, Format::F16] {
+            let mut p = PlanBuilder::default();
+            let tokens = p.tensor(rows, TensorKind::Tokens);
+            let target_ids = p.tensor(rows, TensorKind::Targets);
+            let (x, grad) = (p.constant(logits.clone()), p.temp(rows * v));
+            p.push(Op::CrossEntropy {
+                logits: x,
+                targets: target_ids,
+                grad,
+                v,
+                held: Format::F32,
+            });
+            p.round(grad, held);
+            assert_eq!(p.ops.len(), 1, "the rounding folds into the op");
+            let plan = plan_of_ops(p, 1, (tokens, target_ids), grad);
+            let mut scalars = vec![0.0; plan.scalar_count()];
+            scalars[scalar::DLOSS_PER_ROW] = (dloss / rows as f64) as f32;
+            let (mut exec, stats) = run_plan_alone(b, plan, (&targets, &scalars));
+            let (loss, probs) = ops::cross_entropy_fwd(&logits, &targets, v);
+            let row = measure::train_tolerance::ROW as f64;
+            let got = stats[Stats::LOSS];
+            assert!(
+                (got - loss).abs() <= row * loss,
+                "v {v}: mean loss {got}, the reference {loss}"
+            );
+            let mut want = ops::cross_entropy_bwd(&probs, &targets, v, dloss);
+            ops::round_to(&mut want, held);
+            let got = exec.read(grad).block_on().unwrap();
+            let what = format!("v {v}: the loss's gradient held in {held}");
+            common::held_close(&what, &got, &want, held, row as f32);
+        }
+    }
 }
 
 /// `x` with NaN, infinities, a value whose GELU overflows f16 and bf16's neighbourhood of it,

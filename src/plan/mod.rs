@@ -310,19 +310,15 @@ pub enum Op {
         dqkv: TensorId,
         spec: Attention,
     },
-    /// Probabilities per row of v, and the sum of the rows' losses into `Stats::LOSS`.
+    /// The loss of each row of v logits, their mean into `Stats::LOSS`, and the loss's gradient
+    /// (softmax(logits) - onehot(targets)) * scalar `DLOSS_PER_ROW` into `grad`, held in `held`:
+    /// the backward fused into the forward, so the probabilities never reach memory.
     CrossEntropy {
         logits: TensorId,
         targets: TensorId,
-        probs: TensorId,
+        grad: TensorId,
         v: usize,
-    },
-    /// out = (probs - onehot(targets)) * scalar `DLOSS_PER_ROW`.
-    CrossEntropyBwd {
-        probs: TensorId,
-        targets: TensorId,
-        out: TensorId,
-        v: usize,
+        held: Format,
     },
     /// out = op(a) . op(b) under `algorithm`; an fp8 algorithm with given scales takes them
     /// from the scalar slots `scales` (delayed scaling: they change every step).
@@ -386,7 +382,6 @@ impl Op {
             Op::Attention { .. } => "attention",
             Op::AttentionBwd { .. } => "attention backward",
             Op::CrossEntropy { .. } => "cross entropy",
-            Op::CrossEntropyBwd { .. } => "cross entropy backward",
             Op::Matmul { .. } => "matmul",
             Op::Round { .. } => "round",
             Op::Add { .. } => "add",
@@ -471,15 +466,9 @@ impl Op {
             Op::CrossEntropy {
                 logits,
                 targets,
-                probs,
+                grad,
                 ..
-            } => (vec![logits, targets], vec![probs]),
-            Op::CrossEntropyBwd {
-                probs,
-                targets,
-                out,
-                ..
-            } => (vec![probs, targets], vec![out]),
+            } => (vec![logits, targets], vec![grad]),
             Op::Matmul { a, b, out, .. } => (vec![a, b], vec![out]),
             Op::Round { x, .. } => (vec![x], vec![x]),
             Op::Add { x, y, .. } => (vec![x, y], vec![y]),
@@ -946,8 +935,8 @@ impl PlanBuilder {
     }
 
     /// Rounds x to `format` in place (nothing for f32): the op just pushed holds its output in
-    /// `format` where it wrote x and can (a layer norm, GELU, an add: one pass over x instead of
-    /// two), else a `Round` op follows.
+    /// `format` where it wrote x and can (a layer norm, GELU, an add, the cross entropy's
+    /// gradient: one pass over x instead of two), else a `Round` op follows.
     pub fn round(&mut self, x: TensorId, format: Format) {
         if format == Format::F32 {
             return;
@@ -956,7 +945,10 @@ impl PlanBuilder {
             Some(
                 Op::LayerNorm { out, held, .. }
                 | Op::Gelu { out, held, .. }
-                | Op::Add { y: out, held, .. },
+                | Op::Add { y: out, held, .. }
+                | Op::CrossEntropy {
+                    grad: out, held, ..
+                },
             ) if *out == x && *held == Format::F32 => *held = format,
             _ => self.push(Op::Round { x, format }),
         }

@@ -758,25 +758,20 @@ impl Gpt<'_> {
         let lnf = r.norm(x, (nl, nl + 1), c);
         // Head tied to the token embedding: logits = lnf . wte^T, in the compute format.
         let logits = r.mm(MatmulShape::batched(1, (n, v, c), false, true), lnf.0, wte);
-        let probs = r.g.temp(n * v);
+        // The loss and its gradient in one op; the backward pass starts from the gradient.
+        let dlogits = r.g.temp(n * v);
         r.g.push(Op::CrossEntropy {
             logits,
             targets,
-            probs,
+            grad: dlogits,
             v,
+            held: Format::F32,
         });
+        r.g.round(dlogits, compute);
         let forward = r.g.ops.len();
 
         // Backward, in reverse; gradients are held in the stream format (16-bit in "true"
         // presets) and matmul gradients in the compute format.
-        let dlogits = r.g.temp(n * v);
-        r.g.push(Op::CrossEntropyBwd {
-            probs,
-            targets,
-            out: dlogits,
-            v,
-        });
-        r.g.round(dlogits, compute);
         let dx = r.mm(MatmulShape::new(n, c, v), dlogits, wte);
         let dwte = r.grad(0);
         r.mm_into(

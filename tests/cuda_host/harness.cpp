@@ -329,16 +329,21 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
                         [&] { causal_softmax_bwd(x, dp, y.data(), t, scale); });
         }
         out = bits_of(y);
-    } else if (k == "cross_entropy_fwd" && argc == 4) {  // ROWS V < logits targets > probs mean
+    } else if (k == "cross_entropy_fwd" && (argc == 4 || argc == 6)) {
+        // ROWS V [S_DLOSS_PER_ROW FMT] < logits targets > probs (or, given the scalar, the
+        // gradient held in FMT) mean
         u32 rows = arg(argv, 2), v = arg(argv, 3);
+        u32 grad = argc == 6, fmt = grad ? arg(argv, 5) : 0;
         float* logits = input.f((size_t)rows * v);
         u32* targets = input.u(rows);
-        std::vector<float> probs((size_t)rows * v), losses(rows), stats(2);
-        emu::launch({rows, 1, 1}, row_block,
-                    [&] { cross_entropy_fwd(logits, targets, probs.data(), losses.data(), v); });
+        std::vector<float> y((size_t)rows * v), losses(rows), stats(2), scalars(16, 0.0f);
+        if (grad) scalars[S_DLOSS_PER_ROW] = farg(argv, 4);
+        emu::launch({rows, 1, 1}, row_block, [&] {
+            cross_entropy_fwd(logits, targets, y.data(), losses.data(), scalars.data(), v, grad, fmt);
+        });
         emu::launch({1, 1, 1}, {256, 1, 1}, [&] { mean_to_stat(losses.data(), stats.data(), rows, 1); });
-        probs.push_back(stats[1]);
-        out = bits_of(probs);
+        y.push_back(stats[1]);
+        out = bits_of(y);
     } else if (k == "cross_entropy_bwd" && argc == 5) {  // ROWS V S_DLOSS_PER_ROW < probs targets
         u32 rows = arg(argv, 2), v = arg(argv, 3);
         i64 n = (i64)rows * v;

@@ -149,7 +149,7 @@ impl CudaBackend {
             self.ptr(&probs),
             self.ptr(&stats),
         ];
-        launch::cross_entropy_fwd(self, ptrs, 0, rows, v, self.ptr(&work))?;
+        launch::cross_entropy_fwd(self, ptrs, (0, rows, v), self.ptr(&work), None)?;
         let loss = self.download(&stats, 1)?[0] as f64;
         Ok((loss, self.download(&probs, logits.len())?))
     }

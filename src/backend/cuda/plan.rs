@@ -288,21 +288,13 @@ impl<'a> CudaPlan<'a> {
             Op::CrossEntropy {
                 logits,
                 targets,
-                probs,
+                grad,
                 v,
+                held,
             } => {
-                let ptrs = [self.p(logits), self.p(targets), self.p(probs), stats];
-                let slot = crate::plan::Stats::LOSS;
-                launch::cross_entropy_fwd(cb, ptrs, slot, self.rows(logits, v), v, work)
-            }
-            Op::CrossEntropyBwd {
-                probs,
-                targets,
-                out,
-                v,
-            } => {
-                let ptrs = [self.p(probs), self.p(targets), self.p(out), scalars];
-                launch::cross_entropy_bwd(cb, ptrs, self.rows(probs, v), v)
+                let ptrs = [self.p(logits), self.p(targets), self.p(grad), stats];
+                let shape = (crate::plan::Stats::LOSS, self.rows(logits, v), v);
+                launch::cross_entropy_fwd(cb, ptrs, shape, work, Some((scalars, held)))
             }
             Op::Matmul {
                 ref shape,

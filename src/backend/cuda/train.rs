@@ -240,22 +240,26 @@ pub(super) fn softmax_bwd(
     launch!(cb, Module::Train, "causal_softmax_bwd", CudaBackend::rows_config(rows)?; &p, &dp, &ds, &t, &scale)
 }
 
-/// Probabilities, and the mean of the rows' losses into stats[slot]; `scratch` holds the rows'
-/// losses (`scratch::cross_entropy`).
-#[allow(clippy::too_many_arguments)]
+/// The mean of the rows' losses into stats[slot], and into `out` the probabilities or, with
+/// `grad` = (scalars, held), the loss's gradient (p - onehot) * scalars[DLOSS_PER_ROW] held in
+/// `held` (the backward fused in); `scratch` holds the rows' losses (`scratch::cross_entropy`).
 pub(super) fn cross_entropy_fwd(
     cb: &CudaBackend,
-    [logits, targets, probs, stats]: [Ptr; 4],
-    slot: usize,
-    rows: usize,
-    v: usize,
+    [logits, targets, out, stats]: [Ptr; 4],
+    (slot, rows, v): (usize, usize, usize),
     scratch: Ptr,
+    grad: Option<(Ptr, Format)>,
 ) -> Result<()> {
     if rows == 0 || v == 0 {
         return Ok(());
     }
     let v32 = v as u32;
-    launch!(cb, Module::Train, "cross_entropy_fwd", CudaBackend::rows_config(rows)?; &logits, &targets, &probs, &scratch, &v32)?;
+    // Without `grad` the kernel reads no scalar: any valid pointer stands in.
+    let (scalars, grad, fmt) = match grad {
+        Some((scalars, held)) => (scalars, 1u32, format_id(held)),
+        None => (logits, 0, format_id(Format::F32)),
+    };
+    launch!(cb, Module::Train, "cross_entropy_fwd", CudaBackend::rows_config(rows)?; &logits, &targets, &out, &scratch, &scalars, &v32, &grad, &fmt)?;
     let (rows32, slot) = (rows as u32, slot as u32);
     launch!(cb, Module::Train, "mean_to_stat", one_block(256); &scratch, &stats, &rows32, &slot)
 }
@@ -268,7 +272,7 @@ fn one_block(threads: u32) -> LaunchConfig {
     }
 }
 
-/// d = (probs - onehot(targets)) * scalars[DLOSS_PER_ROW].
+/// d = (probs - onehot(targets)) * scalars[DLOSS_PER_ROW] (the per-op path).
 pub(super) fn cross_entropy_bwd(
     cb: &CudaBackend,
     [probs, targets, d, scalars]: [Ptr; 4],

@@ -178,29 +178,25 @@ impl<'a> HostExecutor<'a> {
                 self.tensors[dqkv] = grad;
                 self.tensors[delta] = dots;
             }
+            // The fused loss and gradient are, by definition, the two ops they replace.
             Op::CrossEntropy {
                 logits,
                 targets,
-                probs,
+                grad,
                 v,
+                held,
             } => {
-                let (loss, p) = b
+                let (loss, probs) = b
                     .cross_entropy_fwd(&self.tensors[logits], self.ids(targets), v)
                     .await?;
-                self.tensors[probs] = p;
                 stats[Stats::LOSS] = loss;
-            }
-            Op::CrossEntropyBwd {
-                probs,
-                targets,
-                out,
-                v,
-            } => {
                 // The backend divides by the rows itself: pass it the loss scale (over the ranks).
                 let dloss = scalars[scalar::DLOSS] as f64;
-                self.tensors[out] = b
-                    .cross_entropy_bwd(&self.tensors[probs], self.ids(targets), v, dloss)
+                let mut d = b
+                    .cross_entropy_bwd(&probs, self.ids(targets), v, dloss)
                     .await?;
+                round_to(&mut d, held);
+                self.tensors[grad] = d;
             }
             Op::Matmul {
                 ref shape,

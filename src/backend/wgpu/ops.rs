@@ -43,11 +43,17 @@ impl WgpuBackend {
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         let rows = check::layernorm_bwd(dy, x, g, (mean, rstd), c)?;
         let stats: Vec<f32> = mean.iter().zip(rstd).flat_map(|(&m, &r)| [m, r]).collect();
-        let [for_x, for_params] = launch::layernorm_bwd(rows, c);
+        let [for_x, partials, sums] = launch::layernorm_bwd(rows, c);
         let outs = [Out::Fresh(x.len()), Out::Init(&stats), Out::Unused];
         let [dx, ..] = self.train_op(for_x, [dy, x, g], outs).await?;
-        let outs = [Out::Fresh(c), Out::Init(&stats), Out::Fresh(c)];
-        let [dg, _, db] = self.train_op(for_params, [dy, x, &[]], outs).await?;
+        let outs = [
+            Out::Fresh(launch::partials_len(rows, c, 2)),
+            Out::Init(&stats),
+            Out::Unused,
+        ];
+        let [parts, ..] = self.train_op(partials, [dy, x, &[]], outs).await?;
+        let outs = [Out::Fresh(c), Out::Unused, Out::Fresh(c)];
+        let [dg, _, db] = self.train_op(sums, [&parts, &[], &[]], outs).await?;
         Ok((dx, dg, db))
     }
 
@@ -96,7 +102,7 @@ impl WgpuBackend {
         let outs = [Out::Fresh(logits.len()), Out::Fresh(rows), Out::Unused];
         let [probs, losses, _] = self
             .train_op(
-                launch::cross_entropy_fwd(rows, v),
+                launch::cross_entropy_fwd(rows, v, None),
                 [logits, &ids, &[]],
                 outs,
             )

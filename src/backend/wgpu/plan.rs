@@ -272,23 +272,31 @@ impl<'a> ResidentPlan<'a> {
             }
         };
         let mut r = Recorded::default();
-        let train = |l: TrainLaunch,
-                     ins: [Option<TensorId>; 3],
-                     outs: [Option<TensorId>; 3]|
+        // A train kernel on buffers: inputs, then outputs.
+        let train_on = |l: TrainLaunch,
+                        ins: [&wgpu::Buffer; 3],
+                        outs: [&wgpu::Buffer; 3]|
          -> Result<Dispatch> {
             let u = uniform(gpu, &l.params);
-            let ins = ins.map(|i| i.map(|i| &t[i]).unwrap_or(&dummies.read));
-            let mut w = dummies.write.iter();
-            let outs = outs.map(|o| match o {
-                Some(o) => &t[o],
-                None => w.next().unwrap_or(&dummies.write[0]),
-            });
             Ok(Dispatch::new(
                 gpu,
                 gpu.pipeline(&Kernel::Train(l.op))?,
                 &[&u, ins[0], ins[1], ins[2], outs[0], outs[1], outs[2]],
                 Dispatch::element_groups(gpu, l.items)?,
             ))
+        };
+        // A train kernel on tensors; a missing one is a dummy.
+        let train = |l: TrainLaunch,
+                     ins: [Option<TensorId>; 3],
+                     outs: [Option<TensorId>; 3]|
+         -> Result<Dispatch> {
+            let ins = ins.map(|i| i.map(|i| &t[i]).unwrap_or(&dummies.read));
+            let mut w = dummies.write.iter();
+            let outs = outs.map(|o| match o {
+                Some(o) => &t[o],
+                None => w.next().unwrap_or(&dummies.write[0]),
+            });
+            train_on(l, ins, outs)
         };
         // A step kernel: uniform, scalars, stats, x, then y, z, w.
         let step_on =
@@ -350,19 +358,28 @@ impl<'a> ResidentPlan<'a> {
                 db,
                 c,
             } => {
-                let [for_x, for_params] = launch::layernorm_bwd(rows_of(x, c), c);
-                vec![
+                let rows = rows_of(x, c);
+                let [for_x, partials, sums] = launch::layernorm_bwd(rows, c);
+                let parts = storage_of(gpu, launch::partials_len(rows, c, 2))?;
+                let d = vec![
                     train(
                         for_x,
                         [Some(dy), Some(x), Some(g)],
                         [Some(dx), Some(stats), None],
                     )?,
-                    train(
-                        for_params,
-                        [Some(dy), Some(x), None],
-                        [Some(dg), Some(stats), Some(db)],
+                    train_on(
+                        partials,
+                        [&t[dy], &t[x], &dummies.read],
+                        [&parts, &t[stats], &dummies.write[0]],
                     )?,
-                ]
+                    train_on(
+                        sums,
+                        [&parts, &dummies.read, &dummies.read],
+                        [&t[dg], &dummies.write[0], &t[db]],
+                    )?,
+                ];
+                r.temporaries.push(parts);
+                d
             }
             Op::Gelu { x, out, held } => {
                 let l = launch::gelu_fwd(len(x), held, coded(out));
@@ -426,27 +443,17 @@ impl<'a> ResidentPlan<'a> {
             Op::CrossEntropy {
                 logits,
                 targets,
-                probs,
+                grad,
                 v,
+                held,
             } => {
                 let rows = rows_of(logits, v);
                 let losses = storage_of(gpu, rows)?;
-                let l = launch::cross_entropy_fwd(rows, v);
-                let u = uniform(gpu, &l.params);
-                let fwd = Dispatch::new(
-                    gpu,
-                    gpu.pipeline(&Kernel::Train(l.op))?,
-                    &[
-                        &u,
-                        &t[logits],
-                        &t[targets],
-                        &dummies.read,
-                        &t[probs],
-                        &losses,
-                        &dummies.write[0],
-                    ],
-                    Dispatch::element_groups(gpu, l.items)?,
-                );
+                let fwd = train_on(
+                    launch::cross_entropy_fwd(rows, v, Some(held)),
+                    [&t[logits], &t[targets], &c.scalars],
+                    [&t[grad], &losses, &dummies.write[0]],
+                )?;
                 let mean = step_on(
                     launch::mean_to_stat(rows, crate::plan::Stats::LOSS),
                     &losses,
@@ -455,16 +462,6 @@ impl<'a> ResidentPlan<'a> {
                 r.temporaries.push(losses);
                 vec![fwd, mean]
             }
-            Op::CrossEntropyBwd {
-                probs,
-                targets,
-                out,
-                v,
-            } => vec![step(
-                launch::cross_entropy_bwd(len(probs), v),
-                Some(probs),
-                [Some(out), Some(targets), None],
-            )?],
             Op::Matmul {
                 ref shape,
                 algorithm,
@@ -516,11 +513,25 @@ impl<'a> ResidentPlan<'a> {
                 Some(x),
                 [Some(y), None, None],
             )?],
-            Op::ColumnSums { x, out, c } => vec![step(
-                launch::column_sums(len(x), c),
-                Some(x),
-                [Some(out), None, None],
-            )?],
+            Op::ColumnSums { x, out, c } => {
+                let rows = rows_of(x, c);
+                let [partials, sums] = launch::column_sums(rows, c);
+                let parts = storage_of(gpu, launch::partials_len(rows, c, 1))?;
+                let d = vec![
+                    train_on(
+                        partials,
+                        [&t[x], &dummies.read, &dummies.read],
+                        [&parts, &dummies.write[0], &dummies.write[1]],
+                    )?,
+                    train_on(
+                        sums,
+                        [&parts, &dummies.read, &dummies.read],
+                        [&t[out], &dummies.write[0], &dummies.write[1]],
+                    )?,
+                ];
+                r.temporaries.push(parts);
+                d
+            }
             Op::Copy { x, out, map } => vec![step(
                 launch::strided_copy(&map),
                 Some(x),

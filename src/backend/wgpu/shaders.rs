@@ -26,7 +26,9 @@ const MATMUL_STEP: &str = include_str!("../../../shaders/matmul_step.wgsl");
 pub enum TrainOp {
     LayernormFwd,
     LayernormBwdX,
-    LayernormBwdParams,
+    LayernormBwdPartials,
+    ColumnPartials,
+    SumPartials,
     GeluFwd,
     GeluBwd,
     CausalSoftmaxFwd,
@@ -41,10 +43,12 @@ pub enum TrainOp {
 }
 
 impl TrainOp {
-    pub const ALL: [TrainOp; 14] = [
+    pub const ALL: [TrainOp; 16] = [
         TrainOp::LayernormFwd,
         TrainOp::LayernormBwdX,
-        TrainOp::LayernormBwdParams,
+        TrainOp::LayernormBwdPartials,
+        TrainOp::ColumnPartials,
+        TrainOp::SumPartials,
         TrainOp::GeluFwd,
         TrainOp::GeluBwd,
         TrainOp::CausalSoftmaxFwd,
@@ -62,7 +66,9 @@ impl TrainOp {
         match self {
             TrainOp::LayernormFwd => "layernorm_fwd",
             TrainOp::LayernormBwdX => "layernorm_bwd_x",
-            TrainOp::LayernormBwdParams => "layernorm_bwd_params",
+            TrainOp::LayernormBwdPartials => "layernorm_bwd_partials",
+            TrainOp::ColumnPartials => "column_partials",
+            TrainOp::SumPartials => "sum_partials",
             TrainOp::GeluFwd => "gelu_fwd",
             TrainOp::GeluBwd => "gelu_bwd",
             TrainOp::CausalSoftmaxFwd => "causal_softmax_fwd",
@@ -83,7 +89,6 @@ impl TrainOp {
 pub enum StepOp {
     Round,
     Add,
-    ColumnSums,
     StridedCopy,
     MeanToStat,
     UnscaleCheck,
@@ -92,10 +97,9 @@ pub enum StepOp {
 }
 
 impl StepOp {
-    pub const ALL: [StepOp; 8] = [
+    pub const ALL: [StepOp; 7] = [
         StepOp::Round,
         StepOp::Add,
-        StepOp::ColumnSums,
         StepOp::StridedCopy,
         StepOp::MeanToStat,
         StepOp::UnscaleCheck,
@@ -107,7 +111,6 @@ impl StepOp {
         match self {
             StepOp::Round => "round_to_format",
             StepOp::Add => "add",
-            StepOp::ColumnSums => "column_sums",
             StepOp::StridedCopy => "strided_copy",
             StepOp::MeanToStat => "mean_to_stat",
             StepOp::UnscaleCheck => "unscale_check",

@@ -28,11 +28,12 @@ pub struct TrainParams {
     pub inputs: u32,
     pub probs: u32,
     pub compute: u32,
-    /// Format id the op's output is held in (layer norm, GELU).
+    /// Format id the op's output is held in (layer norm, GELU, the cross entropy's gradient).
     pub held: u32,
     /// 1: the output goes to out2 as 16-bit codes of `held` (a coded tensor).
     pub coded: u32,
-    pub pad: u32,
+    /// Cross entropy: 1 writes the loss's gradient (the backward fused in), 0 the probabilities.
+    pub grad: u32,
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -94,6 +95,46 @@ pub mod launch {
         }
     }
 
+    /// A row op: one workgroup per row of `c` (`Dispatch::element_groups` counts a workgroup
+    /// as 256 items, whatever the kernel's workgroup size).
+    fn row_op(op: TrainOp, rows: usize, c: usize) -> TrainLaunch {
+        train(op, rows, c, rows * 256)
+    }
+
+    /// Rows per chunk of a column reduction (`CHUNK_ROWS` in train.wgsl).
+    const CHUNK_ROWS: usize = 256;
+
+    /// Chunks of a column reduction over `rows` rows.
+    fn chunks(rows: usize) -> usize {
+        rows.div_ceil(CHUNK_ROWS)
+    }
+
+    /// The partial sums a column reduction of `parts` sums per column over `rows` rows of `c`
+    /// writes (the buffer `column_sums` and `layernorm_bwd` take as their partials).
+    pub fn partials_len(rows: usize, c: usize, parts: usize) -> usize {
+        parts * chunks(rows) * c
+    }
+
+    /// A column reduction's partial sums: one workgroup per 32 columns of a chunk of rows.
+    fn column_partials(op: TrainOp, rows: usize, c: usize) -> TrainLaunch {
+        train(op, rows, c, c.div_ceil(32) * chunks(rows) * 256)
+    }
+
+    /// The partials of `parts` sums per column added in chunk order.
+    fn sum_partials(rows: usize, c: usize, parts: usize) -> TrainLaunch {
+        let mut l = train(TrainOp::SumPartials, parts * c, c, parts * c);
+        l.params.tokens = chunks(rows) as u32;
+        l
+    }
+
+    /// The sums over `rows` rows of each of `c` columns: x -> partials, then partials -> sums.
+    pub fn column_sums(rows: usize, c: usize) -> [TrainLaunch; 2] {
+        [
+            column_partials(TrainOp::ColumnPartials, rows, c),
+            sum_partials(rows, c, 1),
+        ]
+    }
+
     /// Gathers `n` elements (rows of `c`): table, ids -> y.
     pub fn embedding_fwd(n: usize, c: usize) -> TrainLaunch {
         train(TrainOp::EmbeddingFwd, n, c, n)
@@ -109,17 +150,19 @@ pub mod launch {
     /// x, g, b -> y held in `held`, (mean, rstd) per row; y `coded` goes to the third output
     /// as 16-bit codes (c even).
     pub fn layernorm_fwd(rows: usize, c: usize, held: Format, coded: bool) -> TrainLaunch {
-        let mut l = train(TrainOp::LayernormFwd, rows, c, rows);
+        let mut l = row_op(TrainOp::LayernormFwd, rows, c);
         l.params.held = format_id(held);
         l.params.coded = coded as u32;
         l
     }
 
-    /// dy, x, g -> dx (stats read); then dy, x -> dg, db (one invocation per column).
-    pub fn layernorm_bwd(rows: usize, c: usize) -> [TrainLaunch; 2] {
+    /// dy, x, g -> dx (stats read); then dy, x -> the partials of dg and db
+    /// (`partials_len(rows, c, 2)`), and the partials -> dg, db.
+    pub fn layernorm_bwd(rows: usize, c: usize) -> [TrainLaunch; 3] {
         [
-            train(TrainOp::LayernormBwdX, rows, c, rows),
-            train(TrainOp::LayernormBwdParams, rows, c, c),
+            row_op(TrainOp::LayernormBwdX, rows, c),
+            column_partials(TrainOp::LayernormBwdPartials, rows, c),
+            sum_partials(rows, c, 2),
         ]
     }
 
@@ -140,13 +183,13 @@ pub mod launch {
 
     /// Causal softmax of `scale * x` over rows of `t`.
     pub fn softmax_fwd(rows: usize, t: usize, scale: f64) -> TrainLaunch {
-        let mut l = train(TrainOp::CausalSoftmaxFwd, rows, t, rows);
+        let mut l = row_op(TrainOp::CausalSoftmaxFwd, rows, t);
         l.params.scale = scale as f32;
         l
     }
 
     pub fn softmax_bwd(rows: usize, t: usize, scale: f64) -> TrainLaunch {
-        let mut l = train(TrainOp::CausalSoftmaxBwd, rows, t, rows);
+        let mut l = row_op(TrainOp::CausalSoftmaxBwd, rows, t);
         l.params.scale = scale as f32;
         l
     }
@@ -183,9 +226,16 @@ pub mod launch {
         l
     }
 
-    /// logits, targets -> probabilities, per-row losses.
-    pub fn cross_entropy_fwd(rows: usize, v: usize) -> TrainLaunch {
-        train(TrainOp::CrossEntropyFwd, rows, v, rows)
+    /// logits, targets -> probabilities (or, with `grad` = the format it is held in, the loss's
+    /// gradient scaled by scalar DLOSS_PER_ROW, the scalars bound as the third input), per-row
+    /// losses.
+    pub fn cross_entropy_fwd(rows: usize, v: usize, grad: Option<Format>) -> TrainLaunch {
+        let mut l = row_op(TrainOp::CrossEntropyFwd, rows, v);
+        if let Some(held) = grad {
+            l.params.grad = 1;
+            l.params.held = format_id(held);
+        }
+        l
     }
 
     fn step(op: StepOp, params: StepParams, items: Option<usize>) -> StepLaunch {
@@ -230,16 +280,6 @@ pub mod launch {
             ..Default::default()
         };
         step(StepOp::Add, params, Some(n))
-    }
-
-    /// Column sums of `n` elements in rows of `c`.
-    pub fn column_sums(n: usize, c: usize) -> StepLaunch {
-        let params = StepParams {
-            n: n as u32,
-            c: c as u32,
-            ..Default::default()
-        };
-        step(StepOp::ColumnSums, params, Some(c))
     }
 
     pub fn strided_copy(map: &Strided) -> StepLaunch {
