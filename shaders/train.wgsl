@@ -41,107 +41,122 @@ struct TrainParams {
 // Words: f32 bits, or two 16-bit codes (the even element in the low half).
 @group(0) @binding(6) var<storage, read_write> out2: array<u32>;
 
-// Invocations of a row op's workgroup (one row each: its @workgroup_size). 64 keeps a row of a
-// few hundred values a few loads per invocation, and the barriers cheap where a CPU runs the
-// invocations (lavapipe, SwiftShader).
-const ROW_THREADS: u32 = 64u;
+// Row ops: a workgroup of 256 invocations takes 256 / ROW_LANES rows, ROW_LANES invocations to
+// a row (`ROW_LANES`, a power of two, comes from the generated header: `Gpu::row_lanes`). On a
+// GPU a row's lanes stride it, so neighbours read neighbouring values, and reduce in a fixed
+// tree in workgroup memory; where a CPU runs the invocations (lavapipe) one lane a row keeps
+// every SIMD lane busy with its own row and the trees empty.
 // Rows per chunk of a column reduction (CHUNK_ROWS in cuda/train.cu, `chunks` in
 // src/backend/wgpu/train.rs); its workgroups are 32 columns x 8 row lanes.
 const CHUNK_ROWS: u32 = 256u;
 
-// A row op's partial values (the first ROW_THREADS), or a column reduction's lanes.
+// A row op's lanes' partial values, or a column reduction's.
 var<workgroup> row_partial: array<f32, 256>;
 
-// The row a row op's workgroup takes (the dispatch folds workgroups as `flat_index` does).
-fn row_of(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wg.y * nwg.x + wg.x;
+// The row of a row op's invocation: its index (clamped to the last row, so that a spare
+// invocation of the last workgroup reads in bounds and takes part in the barriers) and its
+// lane; `live`: the row exists, and the invocation may write.
+struct RowSlot {
+    row: u32,
+    lane: u32,
+    live: bool,
 }
 
-// The sum of every invocation's `v`, in every invocation, added in a fixed tree. Called in
-// uniform control flow only (it has barriers).
+fn row_slot(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> RowSlot {
+    let row = flat_index(wg, nwg, lid) / ROW_LANES;
+    var s: RowSlot;
+    s.row = min(row, max(params.n, 1u) - 1u);
+    s.lane = lid % ROW_LANES;
+    s.live = row < params.n;
+    return s;
+}
+
+// The sum of the `v` of a row's lanes, in each of them, added in a fixed tree. Every
+// invocation of the workgroup calls it (it has barriers).
 fn row_sum(v: f32, lid: u32) -> f32 {
     row_partial[lid] = v;
     workgroupBarrier();
-    for (var s = ROW_THREADS / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
+    let lane = lid % ROW_LANES;
+    for (var s = ROW_LANES / 2u; s > 0u; s >>= 1u) {
+        if (lane < s) {
             row_partial[lid] += row_partial[lid + s];
         }
         workgroupBarrier();
     }
-    let total = row_partial[0];
-    workgroupBarrier();  // every invocation has read it before the next call writes
+    let total = row_partial[lid - lane];
+    workgroupBarrier();  // every lane has read it before the next call writes
     return total;
 }
 
 fn row_max(v: f32, lid: u32) -> f32 {
     row_partial[lid] = v;
     workgroupBarrier();
-    for (var s = ROW_THREADS / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
+    let lane = lid % ROW_LANES;
+    for (var s = ROW_LANES / 2u; s > 0u; s >>= 1u) {
+        if (lane < s) {
             row_partial[lid] = max(row_partial[lid], row_partial[lid + s]);
         }
         workgroupBarrier();
     }
-    let total = row_partial[0];
+    let total = row_partial[lid - lane];
     workgroupBarrier();
     return total;
 }
 
 // y = (x - mean) * rstd * g + b per row of c: in0 = x, in1 = g, in2 = b; out0 = y,
 // out1 = (mean, rstd) per row.
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn layernorm_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
-    let r = row_of(wg, nwg);
-    if (r >= params.n) {
-        return;
-    }
+    let slot = row_slot(wg, nwg, lid);
+    let r = slot.row;
     let c = params.c;
     let base = r * c;
     var s = 0.0;
-    for (var i = lid; i < c; i += ROW_THREADS) {
+    for (var i = slot.lane; i < c; i += ROW_LANES) {
         s += in0[base + i];
     }
     let mean = row_sum(s, lid) / f32(c);
     var q = 0.0;
-    for (var i = lid; i < c; i += ROW_THREADS) {
+    for (var i = slot.lane; i < c; i += ROW_LANES) {
         let d = in0[base + i] - mean;
         q += d * d;
     }
     let rstd = inverseSqrt(row_sum(q, lid) / f32(c) + 1e-5);
+    if (!slot.live) {
+        return;
+    }
     if (params.coded != 0u) {
         // c is even (Plan::store_codes): the row's words are its own.
-        for (var i = 2u * lid; i < c; i += 2u * ROW_THREADS) {
+        for (var i = 2u * slot.lane; i < c; i += 2u * ROW_LANES) {
             let lo = (in0[base + i] - mean) * rstd * in1[i] + in2[i];
             let hi = (in0[base + i + 1u] - mean) * rstd * in1[i + 1u] + in2[i + 1u];
             out2[(base + i) / 2u] = code_pair(lo, hi, params.held);
         }
     } else {
-        for (var i = lid; i < c; i += ROW_THREADS) {
+        for (var i = slot.lane; i < c; i += ROW_LANES) {
             out0[base + i] = held((in0[base + i] - mean) * rstd * in1[i] + in2[i], params.held);
         }
     }
-    if (lid == 0u) {
+    if (slot.lane == 0u) {
         out1[2u * r] = mean;
         out1[2u * r + 1u] = rstd;
     }
 }
 
 // dx per row: in0 = dy, in1 = x, in2 = g; out1 holds (mean, rstd) (read here); out0 = dx.
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    let r = row_of(wg, nwg);
-    if (r >= params.n) {
-        return;
-    }
+    let slot = row_slot(wg, nwg, lid);
+    let r = slot.row;
     let c = params.c;
     let base = r * c;
     let mean = out1[2u * r];
     let rstd = out1[2u * r + 1u];
     var sd = 0.0;
     var sdx = 0.0;
-    for (var i = lid; i < c; i += ROW_THREADS) {
+    for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = (in1[base + i] - mean) * rstd;
         let d = in0[base + i] * in2[i];
         sd += d;
@@ -149,7 +164,10 @@ fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     }
     let mean_d = row_sum(sd, lid) / f32(c);
     let mean_dx = row_sum(sdx, lid) / f32(c);
-    for (var i = lid; i < c; i += ROW_THREADS) {
+    if (!slot.live) {
+        return;
+    }
+    for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = (in1[base + i] - mean) * rstd;
         let d = in0[base + i] * in2[i];
         out0[base + i] = rstd * (d - mean_d - xhat * mean_dx);
@@ -321,27 +339,27 @@ fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 
 // Causal softmax of scale * scores per row of t = c (row i of each t x t block sees 0..=i):
 // in0 = scores; out0 = probabilities (0 where masked).
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
-    let row = row_of(wg, nwg);
-    if (row >= params.n) {
-        return;
-    }
+    let slot = row_slot(wg, nwg, lid);
     let t = params.c;
-    let i = row % t;
-    let base = row * t;
+    let i = slot.row % t;
+    let base = slot.row * t;
     var m = -3.4e38;
-    for (var j = lid; j <= i; j += ROW_THREADS) {
+    for (var j = slot.lane; j <= i; j += ROW_LANES) {
         m = max(m, in0[base + j] * params.scale);
     }
     m = row_max(m, lid);
     var s = 0.0;
-    for (var j = lid; j <= i; j += ROW_THREADS) {
+    for (var j = slot.lane; j <= i; j += ROW_LANES) {
         s += exp(in0[base + j] * params.scale - m);
     }
     let sum = row_sum(s, lid);
-    for (var j = lid; j < t; j += ROW_THREADS) {
+    if (!slot.live) {
+        return;
+    }
+    for (var j = slot.lane; j < t; j += ROW_LANES) {
         var p = 0.0;
         if (j <= i) {
             p = exp(in0[base + j] * params.scale - m) / sum;
@@ -351,22 +369,22 @@ fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
 }
 
 // in0 = p, in1 = dp; out0 = d(scores) = scale * p * (dp - sum(p * dp)).
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
-    let row = row_of(wg, nwg);
-    if (row >= params.n) {
-        return;
-    }
+    let slot = row_slot(wg, nwg, lid);
     let t = params.c;
-    let i = row % t;
-    let base = row * t;
+    let i = slot.row % t;
+    let base = slot.row * t;
     var s = 0.0;
-    for (var j = lid; j <= i; j += ROW_THREADS) {
+    for (var j = slot.lane; j <= i; j += ROW_LANES) {
         s += in0[base + j] * in1[base + j];
     }
     let dot = row_sum(s, lid);
-    for (var j = lid; j < t; j += ROW_THREADS) {
+    if (!slot.live) {
+        return;
+    }
+    for (var j = slot.lane; j < t; j += ROW_LANES) {
         var d = 0.0;
         if (j <= i) {
             d = params.scale * in0[base + j] * (in1[base + j] - dot);
@@ -379,29 +397,30 @@ fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
 // probabilities or, with params.grad, the loss's gradient (p - onehot) * DLOSS_PER_ROW as
 // step.wgsl's cross_entropy_bwd computes it from the stored p, held in params.held (in2 = the
 // plan's scalars); out1 = the row's loss. The mean over rows is the caller's.
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn cross_entropy_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
-    let r = row_of(wg, nwg);
-    if (r >= params.n) {
-        return;
-    }
+    let slot = row_slot(wg, nwg, lid);
+    let r = slot.row;
     let v = params.c;
     let base = r * v;
     var m = -3.4e38;
-    for (var i = lid; i < v; i += ROW_THREADS) {
+    for (var i = slot.lane; i < v; i += ROW_LANES) {
         m = max(m, in0[base + i]);
     }
     m = row_max(m, lid);
     var s = 0.0;
-    for (var i = lid; i < v; i += ROW_THREADS) {
+    for (var i = slot.lane; i < v; i += ROW_LANES) {
         s += exp(in0[base + i] - m);
     }
     let sum = row_sum(s, lid);
+    if (!slot.live) {
+        return;
+    }
     let label = bitcast<u32>(in1[r]);
     if (params.grad != 0u) {
         let k = in2[S_DLOSS_PER_ROW];
-        for (var i = lid; i < v; i += ROW_THREADS) {
+        for (var i = slot.lane; i < v; i += ROW_LANES) {
             var onehot = 0.0;
             if (i == label) {
                 onehot = 1.0;
@@ -409,11 +428,11 @@ fn cross_entropy_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
             out0[base + i] = held((exp(in0[base + i] - m) / sum - onehot) * k, params.held);
         }
     } else {
-        for (var i = lid; i < v; i += ROW_THREADS) {
+        for (var i = slot.lane; i < v; i += ROW_LANES) {
             out0[base + i] = exp(in0[base + i] - m) / sum;
         }
     }
-    if (lid == 0u) {
+    if (slot.lane == 0u) {
         out1[r] = log(sum) + m - in0[base + label];
     }
 }

@@ -354,8 +354,8 @@ fn train_ops_bad_input(b: &dyn Backend) {
 fn train_ops(b: &dyn Backend) {
     use mantissa::backend::reference::ops;
     let seed = common::seed("train_ops");
-    // Rows narrower than a row op's workgroup and one wider than it; one chunk of rows of the
-    // column reductions, and several with a partial last one.
+    // Rows narrower than a row's lanes on a GPU and wider than a workgroup; one chunk of rows
+    // of the column reductions, and several with a partial last one.
     for (rows, c) in [(37, 50), (600, 300)] {
         let x = measure::normal(rows * c, seed);
         let (g, bias) = (measure::normal(c, seed + 1), measure::normal(c, seed + 2));
@@ -498,6 +498,7 @@ backend_tests!(reference: matmul_error_bands, matmul_bad_input, train_ops_bad_in
 backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, train_ops, train_ops_bad_input);
 backend_tests!(wgpu_packed_f16: matmul_random, matmul_edges);
 backend_tests!(wgpu_checked: casts, matmul_edges, train_ops);
+backend_tests!(wgpu_gpu_rows: train_ops);
 backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, train_ops, train_ops_bad_input);
 
 /// The product alone over prepared operands (what the bench times from `Operands::Prepared`)

@@ -59,6 +59,20 @@ pub fn wgpu_checked() -> &'static Present {
     })
 }
 
+/// The wgpu backend with the training row ops in a GPU's shape (`GPU_ROW_LANES` invocations
+/// to a row, reducing in a tree), which a CPU adapter such as lavapipe otherwise runs one
+/// invocation to a row.
+pub fn wgpu_gpu_rows() -> &'static Present {
+    static B: OnceLock<Present> = OnceLock::new();
+    B.get_or_init(|| {
+        open_wgpu(WgpuOptions {
+            poison_outputs: true,
+            row_lanes: Some(mantissa::backend::wgpu::device::GPU_ROW_LANES),
+            ..WgpuOptions::default()
+        })
+    })
+}
+
 /// The CUDA backend on device 0, where this machine has one (and the build has the feature).
 pub fn cuda() -> &'static Present {
     static B: OnceLock<Present> = OnceLock::new();

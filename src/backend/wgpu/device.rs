@@ -204,7 +204,7 @@ fn bindings(kernel: &Kernel) -> &'static [Binding] {
         Kernel::Matmul(v) if v.coop.is_some() => &[Uniform, Read, Read, ReadWrite, Read, Read],
         Kernel::Matmul(v) if v.masked => &[Uniform, Read, Read, ReadWrite, Read, Read],
         Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read],
-        Kernel::Train(_) => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
+        Kernel::Train(..) => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
         // scalars, stats, x, y, z, w.
         Kernel::Step(_) => &[
             Uniform, Read, ReadWrite, Read, ReadWrite, ReadWrite, ReadWrite,
@@ -218,6 +218,10 @@ pub struct Pipeline {
     pub layout: wgpu::BindGroupLayout,
 }
 
+/// Lanes of a training row op's row on a GPU (`Gpu::row_lanes`): a row of a few hundred values
+/// is a few loads a lane, four rows to a workgroup of 256.
+pub const GPU_ROW_LANES: u32 = 64;
+
 /// The device and everything cached on it.
 pub struct Gpu {
     pub device: wgpu::Device,
@@ -229,6 +233,10 @@ pub struct Gpu {
     pub runtime_checks: bool,
     /// The cooperative-matrix shape, where the device offers one mantissa can use.
     pub coop: Option<Coop>,
+    /// Lanes of each row of the training row ops (train.wgsl's `ROW_LANES`): `GPU_ROW_LANES`
+    /// on GPUs, whose lanes then read neighbouring values; 1 on CPU adapters (lavapipe), which
+    /// run a workgroup's invocations as SIMD lanes of one thread and pay for every barrier.
+    pub row_lanes: u32,
     pipelines: Mutex<HashMap<Kernel, Arc<Pipeline>>>,
     /// Pipelines built but whose error scope has not been read yet (see `pipeline`).
     unchecked_builds: Mutex<Vec<(Kernel, ScopeCheck)>>,
@@ -237,8 +245,14 @@ pub struct Gpu {
 
 impl Gpu {
     /// Opens a device on `adapter` with every limit it offers and the features mantissa uses.
-    pub async fn open(adapter: &wgpu::Adapter, runtime_checks: bool) -> Result<Gpu> {
+    pub async fn open(
+        adapter: &wgpu::Adapter,
+        runtime_checks: bool,
+        row_lanes: Option<u32>,
+    ) -> Result<Gpu> {
         let summary = AdapterSummary::of(adapter);
+        let cpu = adapter.get_info().device_type == wgpu::DeviceType::Cpu;
+        let row_lanes = row_lanes.unwrap_or(if cpu { 1 } else { GPU_ROW_LANES });
         let coop = coop_of(adapter);
         let mut wanted = wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY;
         if coop.is_some() {
@@ -280,6 +294,7 @@ impl Gpu {
             limits,
             runtime_checks,
             coop,
+            row_lanes,
             pipelines: Mutex::new(HashMap::new()),
             unchecked_builds: Mutex::new(Vec::new()),
             uncaptured,

@@ -81,6 +81,9 @@ pub struct WgpuOptions {
     /// turn it off, to see which outputs the cooperative kernel computed (the rest stay
     /// unwritten).
     pub coop_fallback: bool,
+    /// Lanes of the training row ops (`MANTISSA_ROW_LANES`, a power of two up to 256); None:
+    /// the adapter's default (`Gpu::row_lanes`).
+    pub row_lanes: Option<u32>,
 }
 
 impl Default for WgpuOptions {
@@ -92,13 +95,15 @@ impl Default for WgpuOptions {
             autotune: AutotuneMode::Off,
             coop: true,
             coop_fallback: true,
+            row_lanes: None,
         }
     }
 }
 
 impl WgpuOptions {
     /// Options from `MANTISSA_F16`, `MANTISSA_WGSL_CHECKS` (on/off), `MANTISSA_COOP`
-    /// (auto/off) and `MANTISSA_AUTOTUNE` (off/fast/full; fast when unset).
+    /// (auto/off), `MANTISSA_ROW_LANES` and `MANTISSA_AUTOTUNE` (off/fast/full; fast when
+    /// unset).
     pub fn from_env() -> Result<WgpuOptions> {
         let mut o = WgpuOptions {
             autotune: AutotuneMode::from_env()?,
@@ -119,6 +124,18 @@ impl WgpuOptions {
                     });
                 }
             };
+        }
+        if let Ok(v) = std::env::var("MANTISSA_ROW_LANES") {
+            let lanes = v.trim().parse::<u32>().ok();
+            match lanes.filter(|l| l.is_power_of_two() && *l <= 256) {
+                Some(l) => o.row_lanes = Some(l),
+                None => {
+                    return Err(Error::invalid(
+                        "MANTISSA_ROW_LANES",
+                        format!("{v:?} is not a power of two from 1 to 256"),
+                    ));
+                }
+            }
         }
         if let Ok(v) = std::env::var("MANTISSA_WGSL_CHECKS") {
             o.runtime_checks = matches!(v.trim(), "1" | "on" | "true" | "yes");
@@ -168,7 +185,7 @@ impl WgpuBackend {
                 why,
             });
         };
-        let gpu = Gpu::open(adapter, options.runtime_checks).await?;
+        let gpu = Gpu::open(adapter, options.runtime_checks, options.row_lanes).await?;
         let has_f16 = gpu.features.contains(wgpu::Features::SHADER_F16);
         let f16 = match options.f16 {
             F16Path::Packed => F16Read::Packed,

@@ -280,9 +280,9 @@ impl<'a> ResidentPlan<'a> {
             let u = uniform(gpu, &l.params);
             Ok(Dispatch::new(
                 gpu,
-                gpu.pipeline(&Kernel::Train(l.op))?,
+                gpu.pipeline(&l.kernel(gpu))?,
                 &[&u, ins[0], ins[1], ins[2], outs[0], outs[1], outs[2]],
-                Dispatch::element_groups(gpu, l.items)?,
+                l.groups(gpu)?,
             ))
         };
         // A train kernel on tensors; a missing one is a dummy.

@@ -608,7 +608,8 @@ pub enum Kernel {
     SplitBf16,
     CoopPack,
     Matmul(MatmulVariant),
-    Train(TrainOp),
+    /// A train.wgsl kernel, for rows of this many lanes (`Gpu::row_lanes`).
+    Train(TrainOp, u32),
     Step(StepOp),
 }
 
@@ -624,7 +625,7 @@ impl Kernel {
             Kernel::CoopPack => "coop_pack",
             Kernel::Matmul(v) if v.coop.is_some() => "matmul_coop",
             Kernel::Matmul(_) => "matmul",
-            Kernel::Train(op) => op.entry_point(),
+            Kernel::Train(op, _) => op.entry_point(),
             Kernel::Step(op) => op.entry_point(),
         }
     }
@@ -638,7 +639,7 @@ impl Kernel {
             Kernel::Amax | Kernel::ScaleFromAmax => format!("scale.{}", self.entry_point()),
             Kernel::SplitBf16 => "split.split_bf16".into(),
             Kernel::CoopPack => "coop_pack.coop_pack".into(),
-            Kernel::Train(op) => format!("train.{}", op.entry_point()),
+            Kernel::Train(op, lanes) => format!("train.{}[row lanes {lanes}]", op.entry_point()),
             Kernel::Step(op) => format!("step.{}", op.entry_point()),
             Kernel::Matmul(v) => format!(
                 "{}[{:?} x {:?}, parts {}, levels {}, fp8 {}, rowwise {}, tile {}{}]",
@@ -680,7 +681,7 @@ impl Kernel {
             Kernel::CoopPack => COOP_PACK,
             Kernel::Matmul(v) if v.coop.is_some() => MATMUL_COOP,
             Kernel::Matmul(_) => MATMUL,
-            Kernel::Train(_) => TRAIN,
+            Kernel::Train(..) => TRAIN,
             Kernel::Step(_) => STEP,
         };
         let mut header = String::new();
@@ -702,6 +703,8 @@ impl Kernel {
                 if v.tile.warps > 1 { "vec4<f16>" } else { "f16" }
             ));
             header.push_str(&coop_block(v));
+        } else if let Kernel::Train(_, lanes) = self {
+            header.push_str(&format!("const ROW_LANES: u32 = {lanes}u;\n\n"));
         } else if let Kernel::Matmul(v) = self {
             header.push_str(&format!(
                 "const BM: u32 = {}u;\nconst BN: u32 = {}u;\nconst BK: u32 = {}u;\nconst BUFFERS: u32 = {}u;\nconst REG: u32 = {}u;\n\
@@ -757,7 +760,10 @@ impl Kernel {
             Kernel::SplitBf16,
             Kernel::CoopPack,
         ];
-        kernels.extend(TrainOp::ALL.map(Kernel::Train));
+        // Rows of one lane (CPUs) and of a GPU's default.
+        for lanes in [1, super::device::GPU_ROW_LANES] {
+            kernels.extend(TrainOp::ALL.map(|op| Kernel::Train(op, lanes)));
+        }
         kernels.extend(StepOp::ALL.map(Kernel::Step));
         // Cooperative variants for lavapipe's (and Apple's) 8x8 and NVIDIA's 16x16 tiles, and
         // their fallbacks.

@@ -55,7 +55,22 @@ pub struct StepParams {
 pub struct TrainLaunch {
     pub op: TrainOp,
     pub params: TrainParams,
+    /// Invocations, or rows of a row op (`rows`).
     pub items: usize,
+    /// A row op: `Gpu::row_lanes` invocations to each of the `items` rows.
+    pub rows: bool,
+}
+
+impl TrainLaunch {
+    /// The kernel on `gpu` (its row lanes).
+    pub fn kernel(&self, gpu: &super::device::Gpu) -> Kernel {
+        Kernel::Train(self.op, gpu.row_lanes)
+    }
+
+    pub fn groups(&self, gpu: &super::device::Gpu) -> Result<[u32; 3]> {
+        let lanes = if self.rows { gpu.row_lanes as usize } else { 1 };
+        Dispatch::element_groups(gpu, self.items * lanes)
+    }
 }
 
 /// One launch of a step.wgsl kernel; `items` None runs one workgroup (the kernels that reduce
@@ -92,13 +107,16 @@ pub mod launch {
                 ..Default::default()
             },
             items,
+            rows: false,
         }
     }
 
-    /// A row op: one workgroup per row of `c` (`Dispatch::element_groups` counts a workgroup
-    /// as 256 items, whatever the kernel's workgroup size).
+    /// A row op over `rows` rows of `c`, the device's row lanes to a row.
     fn row_op(op: TrainOp, rows: usize, c: usize) -> TrainLaunch {
-        train(op, rows, c, rows * 256)
+        TrainLaunch {
+            rows: true,
+            ..train(op, rows, c, rows)
+        }
     }
 
     /// Rows per chunk of a column reduction (`CHUNK_ROWS` in train.wgsl).
@@ -393,8 +411,8 @@ impl WgpuBackend {
     ) -> Result<[Vec<f32>; 3]> {
         let [i0, i1, i2] = inputs.map(Bind::In);
         let [o0, o1, o2] = outputs.map(Bind::Out);
-        let groups = Dispatch::element_groups(&self.gpu, launch.items)?;
-        let (kernel, params) = (Kernel::Train(launch.op), launch.params);
+        let groups = launch.groups(&self.gpu)?;
+        let (kernel, params) = (launch.kernel(&self.gpu), launch.params);
         let outs = self
             .run_once(kernel, &params, [i0, i1, i2, o0, o1, o2], groups)
             .await?;
