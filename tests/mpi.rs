@@ -214,6 +214,45 @@ fn two_ranks_train_as_one_on_wgpu() {
     check_agreement(&one, &two, 2);
 }
 
+/// Two ranks on wgpu whose gradient buckets (4 KiB: dozens a step) are summed while the
+/// device runs the rest of the backward pass train bit for bit as two ranks that sum after
+/// the pass, and train.json says which did which.
+#[test]
+fn overlapped_buckets_sum_as_after_the_pass() {
+    let test = "overlapped_buckets_sum_as_after_the_pass";
+    if let Some(why) = unavailable() {
+        return common::skip(test, &why);
+    }
+    if let Err(why) = common::wgpu() {
+        return common::skip(test, why);
+    }
+    let mut logs = vec![];
+    for overlap in ["on", "off"] {
+        let d = tempfile::tempdir().unwrap();
+        let mut args = train_args(d.path().to_str().unwrap(), "wgpu", "bf16-mixed", "6");
+        args.extend(["--bucket-size", "4KiB", "--overlap-reduction", overlap]);
+        let o = mpirun(2, &args, &[]);
+        ok(&o, &format!("two ranks, overlap {overlap}"));
+        let text = String::from_utf8_lossy(&o.stdout);
+        let said = if overlap == "on" { "as the backward pass finished" } else { "after the backward pass" };
+        assert!(text.contains(said), "{text}");
+        logs.push(runs(d.path()).remove(0));
+    }
+    let (on, off) = (&logs[0], &logs[1]);
+    assert_eq!(on["reduction"]["overlapped_with_backward"], true, "{on}");
+    assert_eq!(off["reduction"]["overlapped_with_backward"], false, "{off}");
+    assert!(on["reduction"]["calls_per_step"].as_u64().unwrap() > 10, "{on}");
+    assert_eq!(on["reduction"]["bytes_per_step"], off["reduction"]["bytes_per_step"]);
+    for key in ["loss", "grad_norm"] {
+        let (a, b) = (steps(on, key), steps(off, key));
+        assert_eq!(a.len(), 6);
+        assert!(
+            a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "{key}: {a:?} vs {b:?}"
+        );
+    }
+}
+
 #[test]
 fn an_inf_on_one_rank_makes_every_rank_skip() {
     if let Some(why) = unavailable() {

@@ -764,6 +764,150 @@ fn coded_activations_train_as_f32_storage(b: &dyn Backend) {
     }
 }
 
+/// Two ranks that hold the same batch: every sum doubles (exactly, in f32), so a data-parallel
+/// step on it is deterministic, and a bucket summed before the backward pass is done with it
+/// shows (a later write or read of the tensor sees, or overwrites, the doubled value).
+struct Twins;
+
+impl mantissa::dist::Collective for Twins {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        2
+    }
+    fn local_rank(&self) -> usize {
+        0
+    }
+    fn local_size(&self) -> usize {
+        1
+    }
+    fn engine(&self) -> String {
+        "twins".into()
+    }
+    fn sum_f32(&self, values: &mut [f32]) -> mantissa::Result<()> {
+        values.iter_mut().for_each(|x| *x *= 2.0);
+        Ok(())
+    }
+    fn sum_f64(&self, values: &mut [f64]) -> mantissa::Result<()> {
+        values.iter_mut().for_each(|x| *x *= 2.0);
+        Ok(())
+    }
+    fn max_f64(&self, _: &mut [f64]) -> mantissa::Result<()> {
+        Ok(())
+    }
+    fn broadcast(&self, _: &mut Vec<u8>, _: usize) -> mantissa::Result<()> {
+        Ok(())
+    }
+    fn barrier(&self) -> mantissa::Result<()> {
+        Ok(())
+    }
+    fn abort(&self, _: i32) {}
+}
+
+/// The buckets of a data-parallel step's gradient sum (`Plan::gradient_buckets`) on the tiny
+/// GPT's rank plan: each tensor once, in buckets no larger than asked (but for a tensor larger
+/// than that, alone), ready in order, and no op of the backward pass after a bucket's `ready`
+/// reads or writes any of its tensors.
+#[test]
+fn gradient_buckets_hold_what_the_backward_pass_is_done_with() {
+    use mantissa::dist::{Reducer, Reduction};
+    let corpus = corpus();
+    for preset in [Preset::True32, Preset::MixedBf16] {
+        let reduction = Reduction {
+            reducer: Reducer::Mpi,
+            ..Reduction::default()
+        };
+        let t = Trainer::data_parallel(&Reference, &corpus, options(&corpus, preset, 3), &Twins, reduction)
+            .unwrap();
+        let plan = t.plan();
+        let summed: Vec<usize> = plan.state.iter().map(|s| s[1]).collect();
+        for elements in [1, 1000, 5000, 1 << 30] {
+            let buckets = plan.gradient_buckets(&summed, elements).unwrap();
+            let mut seen: Vec<usize> = buckets.iter().flat_map(|b| b.ids.clone()).collect();
+            seen.sort_unstable();
+            let mut want = summed.clone();
+            want.sort_unstable();
+            assert_eq!(seen, want, "{preset}, buckets of {elements}");
+            assert!(buckets.windows(2).all(|w| w[0].ready <= w[1].ready));
+            for b in &buckets {
+                let size: usize = b.ids.iter().map(|&id| plan.tensors[id].len).sum();
+                assert!(size <= elements || b.ids.len() == 1, "{preset}: {b:?}");
+                for op in &plan.ops[b.ready..plan.range_of(Section::Backward).end] {
+                    let (reads, writes) = op.reads_writes();
+                    assert!(
+                        !b.ids.iter().any(|id| reads.contains(id) || writes.contains(id)),
+                        "{preset}: {} touches a tensor of {b:?}",
+                        op.name()
+                    );
+                }
+            }
+            if elements == 1 << 30 {
+                assert_eq!(buckets.len(), 1);
+            } else {
+                assert!(buckets.len() > 2, "{preset}, {elements}: {} buckets", buckets.len());
+            }
+        }
+    }
+}
+
+/// A data-parallel step whose buckets are summed as soon as the backward pass is done with
+/// them (on wgpu, while the device runs on) trains bit for bit as one that sums after the
+/// pass: losses, gradient norms, an injected inf's skip (16-mixed), weights and moments, over buckets of
+/// 4 KiB (a dozen and more per step) and of 16 MiB (one).
+fn overlapped_reduction_is_the_reduction_after_the_pass(b: &dyn Backend) {
+    use mantissa::dist::{Reducer, Reduction};
+    let corpus = corpus();
+    for (preset, bucket_bytes) in [
+        (Preset::MixedBf16, 4096),
+        (Preset::Mixed16, 4096),
+        (Preset::True32, Reduction::DEFAULT_BUCKET_BYTES),
+    ] {
+        let trainer = |overlap: bool| {
+            let reduction = Reduction {
+                reducer: Reducer::Mpi,
+                bucket_bytes,
+                overlap,
+            };
+            Trainer::data_parallel(b, &corpus, options(&corpus, preset, 17), &Twins, reduction)
+                .unwrap()
+        };
+        let (mut early, mut late) = (trainer(true), trainer(false));
+        // GradScaler's skip (16-mixed alone scales the loss; the others stop on an inf).
+        let skip_at = (preset == Preset::Mixed16).then_some(2);
+        for step in 0..4 {
+            let poison = if skip_at == Some(step) { f32::INFINITY } else { 0.0 };
+            let (e, l) = (
+                early.step_injecting(poison).block_on().unwrap(),
+                late.step_injecting(poison).block_on().unwrap(),
+            );
+            assert_eq!(
+                (e.loss.to_bits(), e.grad_norm.to_bits(), e.skipped),
+                (l.loss.to_bits(), l.grad_norm.to_bits(), l.skipped),
+                "{preset} step {step}: losses {} and {}",
+                e.loss,
+                l.loss
+            );
+            assert_eq!(e.skipped, skip_at == Some(step), "{preset} step {step}");
+        }
+        let (re, rl) = (early.reduced.clone().unwrap(), late.reduced.clone().unwrap());
+        assert_eq!(re.bytes, rl.bytes, "{preset}");
+        if bucket_bytes == 4096 {
+            assert!(re.calls > 10, "{preset}: {re:?}");
+        }
+        assert!(!rl.overlapped, "{preset}: {rl:?}");
+        assert!(
+            early.state().block_on().unwrap() == late.state().block_on().unwrap(),
+            "{preset}: the weights or moments differ"
+        );
+    }
+}
+
+#[test]
+fn overlapped_reduction_is_the_reduction_after_the_pass_on_the_reference() {
+    overlapped_reduction_is_the_reduction_after_the_pass(&Reference);
+}
+
 #[test]
 fn coded_activations_train_as_f32_storage_on_the_reference() {
     coded_activations_train_as_f32_storage(&Reference);
@@ -778,6 +922,7 @@ fn a_timed_step_is_the_step_on_the_reference() {
 // resident plans are compared with).
 backend_tests!(
     wgpu: loss_falls,
+    overlapped_reduction_is_the_reduction_after_the_pass,
     a_timed_step_is_the_step,
     fused_cross_entropy_is_the_loss_and_its_gradient,
     coded_outputs_are_the_held_values,
@@ -790,6 +935,7 @@ backend_tests!(
 );
 backend_tests!(
     cuda: loss_falls,
+    overlapped_reduction_is_the_reduction_after_the_pass,
     a_timed_step_is_the_step,
     fused_cross_entropy_is_the_loss_and_its_gradient,
     coded_outputs_are_the_held_values,

@@ -3,7 +3,7 @@
 use super::parse_list;
 use crate::algorithm::Algorithm;
 use crate::backend::{self, BackendChoice};
-use crate::dist::{self, Collective, Reducer};
+use crate::dist::{self, Collective, Reduction};
 use crate::error::{Error, Result};
 use crate::plan::AdamW;
 use crate::plan::exec::{Memory, Reduced};
@@ -82,6 +82,14 @@ pub struct TrainArgs {
     /// rank, as a check of NCCL).
     #[arg(long, default_value = "auto")]
     reducer: String,
+    /// Under mpirun: gradients summed per collective call, e.g. 16MiB (the default) or 512KiB.
+    #[arg(long, default_value = "16MiB")]
+    bucket_size: String,
+    /// Under mpirun: on: each bucket is summed as soon as the backward pass is done with it,
+    /// while the pass goes on (where the executor can: wgpu's resident plan and the host
+    /// interpreter); off: after the whole pass. The sums are the same bits.
+    #[arg(long, default_value = "on")]
+    overlap_reduction: String,
     /// Sequences per step instead of the config's (tiny 16, small 64); the ranks must divide it.
     #[arg(long)]
     batch: Option<usize>,
@@ -221,7 +229,7 @@ struct Setup {
     algorithm: Option<Algorithm>,
     fp8_current: bool,
     resident: bool,
-    reducer: Reducer,
+    reduction: Reduction,
     /// The step whose first gradient gets an inf on this rank (`MANTISSA_INJECT_INF`).
     inject: Option<u32>,
     corpus: Corpus,
@@ -310,7 +318,21 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
     };
     let class: PrecisionClass = args.matmul_precision.parse()?;
     let algorithm: Option<Algorithm> = args.algorithm.as_deref().map(str::parse).transpose()?;
-    let reducer: Reducer = args.reducer.parse()?;
+    let reduction = Reduction {
+        reducer: args.reducer.parse()?,
+        bucket_bytes: parse_bytes("--bucket-size", &args.bucket_size)?,
+        overlap: match args.overlap_reduction.trim() {
+            "on" => true,
+            "off" => false,
+            other => {
+                return Err(Error::UnknownName {
+                    kind: "--overlap-reduction setting",
+                    given: other.into(),
+                    valid: vec!["on".into(), "off".into()],
+                });
+            }
+        },
+    };
     let inject = injected(group.rank())?;
     let choice: BackendChoice = args.backend.parse()?;
     let corpus = Corpus::load(&args.corpus)?;
@@ -324,7 +346,11 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         }
         config.batch_size = batch;
     }
-    let memory_limit = args.memory_limit.as_deref().map(parse_bytes).transpose()?;
+    let memory_limit = args
+        .memory_limit
+        .as_deref()
+        .map(|m| parse_bytes("--memory-limit", m))
+        .transpose()?;
     let fused_attention = attention_choice(&args.attention)?;
     corpus
         .check_context(config.block_size)
@@ -337,7 +363,7 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         algorithm,
         fp8_current,
         resident,
-        reducer,
+        reduction,
         inject,
         corpus,
         config,
@@ -353,10 +379,10 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
 const MAX_BATCH: usize = 1 << 20;
 
 /// "12GiB", "500 MiB", "2.5GB", "1000000": bytes (binary units KiB..TiB, decimal KB..TB).
-fn parse_bytes(text: &str) -> Result<u64> {
+fn parse_bytes(flag: &'static str, text: &str) -> Result<u64> {
     let bad = || {
         Error::invalid(
-            "--memory-limit",
+            flag,
             format!("'{text}' is not a size such as 12GiB, 500MiB or 2000000000"),
         )
     };
@@ -435,7 +461,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             coded_activations: None,
         };
         // Every rank builds its plan (its device may run out of memory): agreed.
-        let built = Trainer::data_parallel(backend, corpus, options, group, setup.reducer)
+        let built = Trainer::data_parallel(backend, corpus, options, group, setup.reduction)
             .and_then(|mut t| {
                 t.prepare().block_on()?;
                 if let Some(ck) = resume.take() {
@@ -506,10 +532,15 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             if let (None, Some(r)) = (&run.reduction, &trainer.reduced) {
                 bar.suspend(|| {
                     say(format!(
-                        "   gradients summed by {}: {:.2} MiB per step in {} call(s)",
+                        "   gradients summed by {}: {:.2} MiB per step in {} call(s), {}",
                         r.engine,
                         r.bytes as f64 / (1u64 << 20) as f64,
-                        r.calls
+                        r.calls,
+                        if r.overlapped {
+                            "each as the backward pass finished its gradients"
+                        } else {
+                            "after the backward pass"
+                        }
                     ))
                 });
                 run.reduction = Some(r.clone());

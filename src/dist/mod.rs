@@ -83,6 +83,36 @@ impl std::str::FromStr for Reducer {
     }
 }
 
+/// How a data-parallel step sums its gradients.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reduction {
+    pub reducer: Reducer,
+    /// Bytes of f32 values per collective call (`--bucket-size`; 16 MiB by default).
+    pub bucket_bytes: u64,
+    /// Sum each bucket as soon as the backward pass is done with it, while the pass runs on
+    /// (where the executor can: `StepExecutor::backward_summed`), rather than after the pass.
+    pub overlap: bool,
+}
+
+impl Reduction {
+    pub const DEFAULT_BUCKET_BYTES: u64 = 16 << 20;
+
+    /// f32 values per bucket (at least one).
+    pub fn bucket_elements(&self) -> usize {
+        usize::try_from(self.bucket_bytes / 4).unwrap_or(usize::MAX).max(1)
+    }
+}
+
+impl Default for Reduction {
+    fn default() -> Reduction {
+        Reduction {
+            reducer: Reducer::Auto,
+            bucket_bytes: Reduction::DEFAULT_BUCKET_BYTES,
+            overlap: true,
+        }
+    }
+}
+
 /// One process: every collective is the identity.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Single;

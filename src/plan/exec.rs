@@ -2,7 +2,7 @@
 //! interpreter, `backend::reference::interp`, and the device-resident plans of wgpu and CUDA),
 //! and the checks and stats arithmetic they share.
 
-use super::{Plan, Section, Stats, TensorId};
+use super::{Bucket, Plan, Section, Stats, TensorId};
 use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
 
@@ -21,6 +21,75 @@ pub struct Reduced {
     /// Collective calls made.
     #[serde(rename = "calls_per_step")]
     pub calls: usize,
+    /// Whether the buckets were summed while the backward pass ran on
+    /// (`StepExecutor::backward_summed`), or after it.
+    #[serde(rename = "overlapped_with_backward")]
+    pub overlapped: bool,
+}
+
+/// What a data-parallel step sums over its ranks, and how (`StepExecutor::backward_summed`).
+pub struct GradientSum<'a> {
+    /// The tensors to sum (`Plan::split_for_ranks`).
+    pub ids: &'a [TensorId],
+    pub group: &'a dyn Collective,
+    pub reducer: Reducer,
+    /// Values per bucket (`Plan::gradient_buckets`).
+    pub bucket: usize,
+    /// Sum each bucket as soon as the backward pass is done with it, where the executor can
+    /// (false: after the whole pass).
+    pub overlap: bool,
+    /// A test's fault: this value is added to the first element of this tensor, on this rank,
+    /// before the sum.
+    pub poison: Option<(TensorId, f32)>,
+}
+
+impl GradientSum<'_> {
+    /// Sums `flat`, the values of `bucket`'s members one after another, over the ranks (after
+    /// adding the poison where the bucket holds its tensor).
+    pub fn sum_bucket(
+        &self,
+        plan: &Plan,
+        bucket: &Bucket,
+        flat: &mut [f32],
+        reduced: &mut Reduced,
+    ) -> Result<()> {
+        if let Some((id, value)) = self.poison {
+            let mut at = 0;
+            for &m in &bucket.ids {
+                if m == id
+                    && let Some(x) = flat.get_mut(at)
+                {
+                    *x += value;
+                }
+                at += tensor_len(plan, m)?;
+            }
+        }
+        self.group.sum_f32(flat)?;
+        reduced.bytes += flat.len() as u64 * 4;
+        reduced.calls += 1;
+        Ok(())
+    }
+
+    /// The record of a host-buffer reduction over this group, before any call.
+    pub fn on_host(&self, overlapped: bool) -> Reduced {
+        Reduced {
+            engine: format!("{}, host buffers", self.group.engine()),
+            bytes: 0,
+            calls: 0,
+            overlapped,
+        }
+    }
+}
+
+/// The error for `Reducer::Nccl` on an executor that reduces through host buffers only.
+pub fn nccl_unavailable(executor: String) -> Error {
+    Error::BackendUnavailable {
+        backend: "nccl".into(),
+        why: format!(
+            "{executor} reduces through host buffers only (NCCL needs the CUDA backend's resident \
+             executor); use --reducer mpi"
+        ),
+    }
 }
 
 /// The memory a step takes (train.json's `memory`, `mantissa bench train`).
@@ -103,17 +172,43 @@ pub trait StepExecutor: Send {
         reducer: Reducer,
     ) -> Result<Reduced> {
         if reducer == Reducer::Nccl {
-            return Err(Error::BackendUnavailable {
-                backend: "nccl".into(),
-                why: format!(
-                    "{} reduces through host buffers only (NCCL needs the CUDA backend's resident \
-                     executor); use --reducer mpi",
-                    self.describe()
-                ),
-            });
+            return Err(nccl_unavailable(self.describe()));
         }
         reduce_on_host(self, ids, group).await
     }
+
+    /// A data-parallel step's first half: runs `Section::Backward`, and sums `sum.ids` over the
+    /// ranks. This default runs the whole pass, then `all_reduce`; an executor that can sum a
+    /// bucket (`Plan::gradient_buckets`) while its device runs on through the pass overrides
+    /// it where `sum.overlap` asks. The sums are the same bits either way.
+    async fn backward_summed(
+        &mut self,
+        tokens: &[u32],
+        targets: &[u32],
+        scalars: &[f32],
+        sum: &GradientSum<'_>,
+    ) -> Result<(Vec<f64>, Reduced)> {
+        backward_then_sum(self, (tokens, targets, scalars), sum).await
+    }
+}
+
+/// `StepExecutor::backward_summed` without overlap: the whole backward pass, then the sum
+/// (`all_reduce`).
+pub async fn backward_then_sum<E: StepExecutor + ?Sized>(
+    exec: &mut E,
+    (tokens, targets, scalars): (&[u32], &[u32], &[f32]),
+    sum: &GradientSum<'_>,
+) -> Result<(Vec<f64>, Reduced)> {
+    let stats = exec.run(Section::Backward, tokens, targets, scalars).await?;
+    if let Some((id, value)) = sum.poison {
+        let mut g = exec.read(id).await?;
+        if let Some(x) = g.first_mut() {
+            *x += value;
+        }
+        exec.write(id, &g).await?;
+    }
+    let reduced = exec.all_reduce(sum.ids, sum.group, sum.reducer).await?;
+    Ok((stats, reduced))
 }
 
 /// Sums tensors `ids` of `exec` over the ranks of `group` through host buffers, in buckets of
@@ -127,6 +222,7 @@ pub async fn reduce_on_host<E: StepExecutor + ?Sized>(
         engine: format!("{}, host buffers", group.engine()),
         bytes: 0,
         calls: 0,
+        overlapped: false,
     };
     let mut next = 0;
     while next < ids.len() {

@@ -24,6 +24,7 @@ pub use exec::StepExecutor;
 pub use scalar::AdamW;
 
 use crate::algorithm::{Algorithm, MatmulShape};
+use crate::error::Result;
 use crate::format::{Format, Overflow};
 
 /// A tensor of the plan (an index into `Plan::tensors`).
@@ -643,6 +644,14 @@ impl Stats {
     }
 }
 
+/// Tensors of a data-parallel step's gradient sum that the backward pass has finished with
+/// once it has run `ops[..ready]` (`Plan::gradient_buckets`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Bucket {
+    pub ready: usize,
+    pub ids: Vec<TensorId>,
+}
+
 /// Which ops of the plan a run executes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Section {
@@ -804,6 +813,48 @@ impl Plan {
         let mut sum: Vec<TensorId> = self.state.iter().map(|s| s[1]).collect();
         sum.extend(parts);
         sum
+    }
+
+    /// Groups `ids` (the tensors a data-parallel step sums, `split_for_ranks`) into buckets of
+    /// at most `elements` values, in the order the backward pass finishes with them: a tensor
+    /// is ready after the last op of `Section::Backward` that reads or writes it, a bucket
+    /// after its last member. The buckets come in increasing `ready`, each id in exactly one;
+    /// a tensor larger than `elements` is a bucket of its own. A step may sum bucket i over the
+    /// ranks, and write the sum back, while the pass runs on from `ready` (as PyTorch's DDP
+    /// launches a bucket's all-reduce once its gradients are ready): no later op of the pass
+    /// touches its members.
+    pub fn gradient_buckets(&self, ids: &[TensorId], elements: usize) -> Result<Vec<Bucket>> {
+        let mut ready = vec![0; self.tensors.len()];
+        for (i, op) in self.ops[..self.backward].iter().enumerate() {
+            let (reads, writes) = op.reads_writes();
+            for t in reads.into_iter().chain(writes) {
+                ready[t] = i + 1;
+            }
+        }
+        let mut order = Vec::with_capacity(ids.len());
+        for &id in ids {
+            exec::tensor_len(self, id)?;
+            order.push((ready[id], id));
+        }
+        // Stable: tensors ready after the same op keep the caller's order.
+        order.sort_by_key(|&(r, _)| r);
+        let mut buckets: Vec<Bucket> = Vec::new();
+        let mut size = 0;
+        for (r, id) in order {
+            let len = self.tensors[id].len;
+            match buckets.last_mut() {
+                Some(b) if size + len <= elements.max(1) => {
+                    b.ids.push(id);
+                    b.ready = r;
+                    size += len;
+                }
+                _ => {
+                    buckets.push(Bucket { ready: r, ids: vec![id] });
+                    size = len;
+                }
+            }
+        }
+        Ok(buckets)
     }
 
     /// Stores as 16-bit codes (`TensorInfo::stored`) each temporary written by one layer norm,

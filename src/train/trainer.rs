@@ -5,9 +5,9 @@ use super::model::{Gpt, GptConfig};
 use crate::algorithm::Algorithm;
 use crate::backend::reference::ops::round_to;
 use crate::backend::{self, Backend};
-use crate::dist::{self, Collective, Reducer, Single};
+use crate::dist::{self, Collective, Reducer, Reduction, Single};
 use crate::error::{Error, Result, gib};
-use crate::plan::exec::{Memory, Reduced, Timings, grad_norm, update_factor};
+use crate::plan::exec::{GradientSum, Memory, Reduced, Timings, grad_norm, update_factor};
 use crate::plan::scalar::StepScalars;
 use crate::plan::{AdamW, Plan, Section, Stats, StepExecutor, Storage, TensorId};
 use crate::policy::precision::PrecisionRequest;
@@ -128,7 +128,7 @@ pub struct Trainer<'a> {
     exec: Box<dyn StepExecutor + 'a>,
     /// The ranks of a data-parallel run (`Single` otherwise), and how they sum gradients.
     group: &'a dyn Collective,
-    reducer: Reducer,
+    reduction: Reduction,
     /// The tensors a data-parallel step sums (`Plan::split_for_ranks`).
     summed: Vec<TensorId>,
     /// The last step's gradient reduction (None on one rank).
@@ -154,12 +154,16 @@ impl<'a> Trainer<'a> {
         corpus: &'a Corpus,
         options: TrainOptions,
     ) -> Result<Trainer<'a>> {
-        Trainer::data_parallel(backend, corpus, options, &ALONE, Reducer::Mpi)
+        let alone = Reduction {
+            reducer: Reducer::Mpi,
+            ..Reduction::default()
+        };
+        Trainer::data_parallel(backend, corpus, options, &ALONE, alone)
     }
 
     /// A trainer that is rank `group.rank()` of `group.size()` of one run: its plan takes its
     /// slice of each global batch (`options.config.batch_size` sequences, which the ranks must
-    /// divide), and each step sums the gradients over the ranks through `reducer` before the
+    /// divide), and each step sums the gradients over the ranks as `reduction` says before the
     /// unscale, clip and AdamW, so that every rank applies the one-rank update. On one rank
     /// with `Reducer::Nccl` the step still goes through the reduction (a check of the engine).
     pub fn data_parallel(
@@ -167,7 +171,7 @@ impl<'a> Trainer<'a> {
         corpus: &'a Corpus,
         options: TrainOptions,
         group: &'a dyn Collective,
-        reducer: Reducer,
+        reduction: Reduction,
     ) -> Result<Trainer<'a>> {
         let local = dist::shard(options.config.batch_size, group.rank(), group.size())?;
         let spec = options.preset.spec();
@@ -193,7 +197,7 @@ impl<'a> Trainer<'a> {
             round_to(&mut p, precision.weights);
             plan.constants.push((plan.state[i][0], p));
         }
-        let summed = if group.size() > 1 || reducer == Reducer::Nccl {
+        let summed = if group.size() > 1 || reduction.reducer == Reducer::Nccl {
             plan.split_for_ranks()
         } else {
             vec![]
@@ -216,7 +220,7 @@ impl<'a> Trainer<'a> {
             exec,
             options,
             group,
-            reducer,
+            reduction,
             summed,
             reduced: None,
         })
@@ -245,7 +249,7 @@ impl<'a> Trainer<'a> {
 
     /// Whether steps sum their gradients over ranks (several ranks, or NCCL asked for).
     fn reduces(&self) -> bool {
-        self.group.size() > 1 || self.reducer == Reducer::Nccl
+        self.group.size() > 1 || self.reduction.reducer == Reducer::Nccl
     }
 
     /// This rank's slice of batch `index` of the training or validation split.
@@ -454,23 +458,21 @@ impl<'a> Trainer<'a> {
         poison: f32,
     ) -> Result<Vec<f64>> {
         let scalars = self.scalars(scale, 0.0);
-        let mut stats = self
-            .exec
-            .run(Section::Backward, ids, targets, &scalars)
-            .await?;
         let layout = self.exec.plan().stats;
-        if let (true, Some(&[_, first, ..])) = (poison != 0.0, self.exec.plan().state.first()) {
-            let mut g = self.exec.read(first).await?;
-            if let Some(x) = g.first_mut() {
-                *x += poison;
-            }
-            self.exec.write(first, &g).await?;
-        }
-        self.reduced = Some(
-            self.exec
-                .all_reduce(&self.summed, self.group, self.reducer)
-                .await?,
-        );
+        let first = self.exec.plan().state.first().map(|s| s[1]);
+        let sum = GradientSum {
+            ids: &self.summed,
+            group: self.group,
+            reducer: self.reduction.reducer,
+            bucket: self.reduction.bucket_elements(),
+            overlap: self.reduction.overlap,
+            poison: first.filter(|_| poison != 0.0).map(|g| (g, poison)),
+        };
+        let (mut stats, reduced) = self
+            .exec
+            .backward_summed(ids, targets, &scalars, &sum)
+            .await?;
+        self.reduced = Some(reduced);
         let ranks = self.group.size() as f64;
         let mut loss = [stats[Stats::LOSS]];
         self.group.sum_f64(&mut loss)?;

@@ -653,6 +653,8 @@ impl StepExecutor for CudaPlan<'_> {
             engine: format!("NCCL {}, device buffers", nccl.version),
             bytes,
             calls: 1,
+            // Queued on the step's stream after the whole backward pass.
+            overlapped: false,
         })
     }
 }

@@ -7,8 +7,10 @@ use super::ops::{self, round_to};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::format;
+use crate::dist::Reducer;
 use crate::plan::exec::{
-    Memory, StepExecutor, Timings, check_inputs, check_write, tensor_len, update_factor,
+    GradientSum, Memory, Reduced, StepExecutor, Timings, check_inputs, check_write,
+    backward_then_sum, nccl_unavailable, tensor_len, update_factor,
 };
 use crate::plan::{AdamW, Op, Plan, Section, Stats, Storage, TensorId, scalar, step_algorithm};
 
@@ -298,16 +300,34 @@ impl<'a> HostExecutor<'a> {
         tokens: &[u32],
         targets: &[u32],
         scalars: &[f32],
-        mut seconds: Option<&mut Vec<f64>>,
+        seconds: Option<&mut Vec<f64>>,
     ) -> Result<Vec<f64>> {
+        let mut stats = self.begin(tokens, targets, scalars)?;
+        let ops = self.plan.range_of(section);
+        self.interpret_ops(ops, scalars, &mut stats, seconds).await?;
+        Ok(stats)
+    }
+
+    /// Checks a run's inputs and takes its batch; returns its stats, zero.
+    fn begin(&mut self, tokens: &[u32], targets: &[u32], scalars: &[f32]) -> Result<Vec<f64>> {
         check_inputs(&self.plan, tokens, targets, scalars)?;
         self.tensors[self.plan.tokens] = bytemuck::cast_slice(tokens).to_vec();
         self.tensors[self.plan.targets] = bytemuck::cast_slice(targets).to_vec();
-        let mut stats = vec![0.0; self.plan.stats.len()];
-        for i in self.plan.range_of(section) {
+        Ok(vec![0.0; self.plan.stats.len()])
+    }
+
+    /// Runs `ops` of the plan into `stats`.
+    async fn interpret_ops(
+        &mut self,
+        ops: std::ops::Range<usize>,
+        scalars: &[f32],
+        stats: &mut [f64],
+        mut seconds: Option<&mut Vec<f64>>,
+    ) -> Result<()> {
+        for i in ops {
             let op = self.plan.ops[i].clone();
             let start = web_time::Instant::now();
-            self.exec(&op, scalars, &mut stats).await?;
+            self.exec(&op, scalars, stats).await?;
             for t in op.reads_writes().1 {
                 self.store(t);
             }
@@ -320,7 +340,7 @@ impl<'a> HostExecutor<'a> {
                 self.tensors[t] = Vec::new();
             }
         }
-        Ok(stats)
+        Ok(())
     }
 }
 
@@ -385,6 +405,47 @@ impl StepExecutor for HostExecutor<'_> {
         self.tensors[id] = values.to_vec();
         self.store(id);
         Ok(())
+    }
+
+    /// The backward pass bucket by bucket (`Plan::gradient_buckets`), each bucket summed as
+    /// soon as the pass is done with it. The host is this executor's device, so nothing runs
+    /// meanwhile: the schedule is a wgpu plan's, without the overlap, and it checks that
+    /// summing a bucket early gives the bits of summing after the pass.
+    async fn backward_summed(
+        &mut self,
+        tokens: &[u32],
+        targets: &[u32],
+        scalars: &[f32],
+        sum: &GradientSum<'_>,
+    ) -> Result<(Vec<f64>, Reduced)> {
+        if sum.reducer == Reducer::Nccl {
+            return Err(nccl_unavailable(self.describe()));
+        }
+        if !sum.overlap {
+            return backward_then_sum(self, (tokens, targets, scalars), sum).await;
+        }
+        let mut stats = self.begin(tokens, targets, scalars)?;
+        let mut reduced = sum.on_host(false);
+        let mut done = 0;
+        for bucket in &self.plan.gradient_buckets(sum.ids, sum.bucket)? {
+            self.interpret_ops(done..bucket.ready, scalars, &mut stats, None)
+                .await?;
+            done = bucket.ready;
+            let mut flat = Vec::new();
+            for &id in &bucket.ids {
+                flat.extend_from_slice(self.slot(id));
+            }
+            sum.sum_bucket(&self.plan, bucket, &mut flat, &mut reduced)?;
+            let mut at = 0;
+            for &id in &bucket.ids {
+                let len = self.plan.tensors[id].len;
+                self.write(id, &flat[at..at + len]).await?;
+                at += len;
+            }
+        }
+        let rest = done..self.plan.range_of(Section::Backward).end;
+        self.interpret_ops(rest, scalars, &mut stats, None).await?;
+        Ok((stats, reduced))
     }
 
     fn memory(&self) -> Memory {

@@ -335,41 +335,83 @@ pub fn submit_passes(
 /// Copies the first `bytes` of `src` back to the host. Nothing blocks: natively the poll below
 /// returns once the copy is done, in the browser the mapping resolves from the event loop.
 pub async fn read_bytes(gpu: &Gpu, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
-    let size = bytes.div_ceil(4).max(1) * 4;
-    let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("mantissa.readback"),
-        size,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut encoder = gpu
-        .device
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("readback"),
+    Staged::copy(gpu, &[(src, bytes)]).read(gpu).await
+}
+
+/// A copy of the first bytes of some buffers into one mappable buffer, one after another,
+/// submitted after everything submitted before it; `read` waits for that submission alone, so
+/// that work submitted after it can go on meanwhile (a data-parallel step's bucket of
+/// gradients, summed on the host while the device runs the rest of the backward pass).
+pub struct Staged {
+    staging: wgpu::Buffer,
+    bytes: u64,
+    submission: wgpu::SubmissionIndex,
+    mapped: futures_channel::oneshot::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+}
+
+impl Staged {
+    /// Stages `parts`: (buffer, its first bytes, a multiple of 4).
+    pub fn copy(gpu: &Gpu, parts: &[(&wgpu::Buffer, u64)]) -> Staged {
+        let bytes: u64 = parts.iter().map(|p| p.1).sum();
+        let size = bytes.div_ceil(4).max(1) * 4;
+        let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("mantissa.readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
         });
-    encoder.copy_buffer_to_buffer(src, 0, &staging, 0, size);
-    gpu.queue.submit([encoder.finish()]);
-    let (tx, rx) = futures_channel::oneshot::channel();
-    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-        let _ = tx.send(r);
-    });
-    #[cfg(not(target_arch = "wasm32"))]
-    gpu.device
-        .poll(wgpu::PollType::wait_indefinitely())
-        .map_err(|e| Error::device(gpu.name(), "waiting for the GPU", e, None))?;
-    let lost = DeviceFault::Lost("the device was lost before the readback finished");
-    let mapped = rx
-        .await
-        .map_err(|_| Error::device(gpu.name(), "readback", lost, None))?;
-    mapped.map_err(|e| Error::device(gpu.name(), "readback", e, None))?;
-    let view = staging
-        .slice(..)
-        .get_mapped_range()
-        .map_err(|e| Error::device(gpu.name(), "readback", e, None))?;
-    let out = view[..bytes as usize].to_vec();
-    drop(view);
-    staging.unmap();
-    Ok(out)
+        let mut encoder = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("readback"),
+            });
+        let mut at = 0;
+        for &(src, len) in parts {
+            // A lone part of an odd length copies whole words (the staging buffer has them).
+            let len = if parts.len() == 1 { size } else { len };
+            encoder.copy_buffer_to_buffer(src, 0, &staging, at, len);
+            at += len;
+        }
+        let submission = gpu.queue.submit([encoder.finish()]);
+        let (tx, mapped) = futures_channel::oneshot::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        Staged {
+            staging,
+            bytes,
+            submission,
+            mapped,
+        }
+    }
+
+    /// The staged bytes, once the device has copied them.
+    pub async fn read(self, gpu: &Gpu) -> Result<Vec<u8>> {
+        #[cfg(not(target_arch = "wasm32"))]
+        gpu.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(self.submission),
+                timeout: None,
+            })
+            .map_err(|e| Error::device(gpu.name(), "waiting for the GPU", e, None))?;
+        #[cfg(target_arch = "wasm32")]
+        let _ = self.submission;
+        let lost = DeviceFault::Lost("the device was lost before the readback finished");
+        let mapped = self
+            .mapped
+            .await
+            .map_err(|_| Error::device(gpu.name(), "readback", lost, None))?;
+        mapped.map_err(|e| Error::device(gpu.name(), "readback", e, None))?;
+        let view = self
+            .staging
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| Error::device(gpu.name(), "readback", e, None))?;
+        let out = view[..self.bytes as usize].to_vec();
+        drop(view);
+        self.staging.unmap();
+        Ok(out)
+    }
 }
 
 /// Reads `count` u32 words back.

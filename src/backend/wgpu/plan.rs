@@ -8,7 +8,8 @@
 
 use super::WgpuBackend;
 use super::buffer::{
-    BufferPool, Dispatch, STORAGE, Timer, check_binding, read_words, submit, submit_passes, uniform,
+    BufferPool, Dispatch, STORAGE, Staged, Timer, check_binding, read_words, submit, submit_passes,
+    uniform,
 };
 use super::cast::{self, Grouping};
 use super::matmul;
@@ -16,8 +17,12 @@ use super::shaders::Kernel;
 use super::train::{StepLaunch, TrainLaunch, launch};
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::plan::exec::{Memory, StepExecutor, Timings, check_inputs, check_write, tensor_len};
-use crate::plan::{Op, Plan, Section, Storage, TensorId};
+use crate::dist::Reducer;
+use crate::plan::exec::{
+    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
+    check_write, nccl_unavailable, tensor_len,
+};
+use crate::plan::{Bucket, Op, Plan, Section, Storage, TensorId};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use web_time::Instant;
@@ -698,6 +703,81 @@ impl StepExecutor for ResidentPlan<'_> {
 
     async fn prepare(&mut self) -> Result<()> {
         self.compiled().await.map(|_| ())
+    }
+
+    /// The backward pass submitted bucket by bucket (`Plan::gradient_buckets`), each followed
+    /// by a copy of its gradients into a staging buffer; bucket i is read back, summed over the
+    /// ranks and written back while the device runs the pass up to bucket i + 1, which was
+    /// submitted before the host waited for bucket i.
+    async fn backward_summed(
+        &mut self,
+        tokens: &[u32],
+        targets: &[u32],
+        scalars: &[f32],
+        sum: &GradientSum<'_>,
+    ) -> Result<(Vec<f64>, Reduced)> {
+        if sum.reducer == Reducer::Nccl {
+            return Err(nccl_unavailable(self.describe()));
+        }
+        if !sum.overlap {
+            return backward_then_sum(self, (tokens, targets, scalars), sum).await;
+        }
+        check_inputs(&self.plan, tokens, targets, scalars)?;
+        self.compiled().await?;
+        let buckets = self.plan.gradient_buckets(sum.ids, sum.bucket)?;
+        let (gpu, c) = self.gpu_and_plan()?;
+        let plan = &self.plan;
+        let mut reduced = sum.on_host(true);
+        let mut in_flight: Option<(&Bucket, Staged)> = None;
+        let mut done = 0;
+        let end = plan.range_of(Section::Backward).end;
+        for bucket in buckets.iter().map(Some).chain([None]) {
+            let upto = bucket.map_or(end, |b| b.ready);
+            let staged = gpu
+                .scoped("a training step", || {
+                    let mut clears = Vec::new();
+                    if done == 0 {
+                        c.write_inputs(gpu, plan, (tokens, targets, scalars));
+                        clears.extend(c.clears.iter());
+                    }
+                    submit(gpu, &clears, &c.dispatches[c.first[done]..c.first[upto]], None);
+                    Ok(bucket.map(|b| {
+                        let parts: Vec<_> = b
+                            .ids
+                            .iter()
+                            .map(|&id| (&c.tensors[id], plan.tensors[id].words() as u64 * 4))
+                            .collect();
+                        Staged::copy(gpu, &parts)
+                    }))
+                })
+                .await?;
+            self.sample_memory();
+            done = upto;
+            // The device now runs the pass up to this bucket; meanwhile, the one before it.
+            if let Some((b, previous)) = in_flight.take() {
+                let words: Vec<u32> = bytemuck::pod_collect_to_vec(&previous.read(gpu).await?);
+                let mut flat = Vec::with_capacity(words.len());
+                let mut at = 0;
+                for &id in &b.ids {
+                    let info = &plan.tensors[id];
+                    flat.extend(info.from_words(&words[at..at + info.words()]));
+                    at += info.words();
+                }
+                sum.sum_bucket(plan, b, &mut flat, &mut reduced)?;
+                // Queued before the next submission; no later op of the pass touches them.
+                let mut at = 0;
+                for &id in &b.ids {
+                    let info = &plan.tensors[id];
+                    let words = info.to_words(&flat[at..at + info.len]);
+                    gpu.queue
+                        .write_buffer(&c.tensors[id], 0, bytemuck::cast_slice(&words));
+                    at += info.len;
+                }
+            }
+            in_flight = bucket.zip(staged);
+        }
+        let stats = self.read_stats().await?;
+        Ok((stats, reduced))
     }
 
     async fn read(&mut self, id: TensorId) -> Result<Vec<f32>> {
