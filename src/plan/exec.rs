@@ -70,6 +70,19 @@ impl GradientSum<'_> {
         Ok(())
     }
 
+    /// For an executor that sums through host buffers (`executor` describes it): the buckets
+    /// to sum as the backward pass finishes them (`Plan::gradient_buckets`), or None where
+    /// the sum is to come after the pass; an error for NCCL.
+    pub fn host_buckets(&self, plan: &Plan, executor: String) -> Result<Option<Vec<Bucket>>> {
+        if self.reducer == Reducer::Nccl {
+            return Err(nccl_unavailable(executor));
+        }
+        match self.overlap {
+            true => plan.gradient_buckets(self.ids, self.bucket).map(Some),
+            false => Ok(None),
+        }
+    }
+
     /// The record of a host-buffer reduction over this group, before any call.
     pub fn on_host(&self, overlapped: bool) -> Reduced {
         Reduced {

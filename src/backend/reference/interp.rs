@@ -7,10 +7,9 @@ use super::ops::{self, round_to};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::format;
-use crate::dist::Reducer;
 use crate::plan::exec::{
     GradientSum, Memory, Reduced, StepExecutor, Timings, check_inputs, check_write,
-    backward_then_sum, nccl_unavailable, tensor_len, update_factor,
+    backward_then_sum, tensor_len, update_factor,
 };
 use crate::plan::{AdamW, Op, Plan, Section, Stats, Storage, TensorId, scalar, step_algorithm};
 
@@ -418,16 +417,13 @@ impl StepExecutor for HostExecutor<'_> {
         scalars: &[f32],
         sum: &GradientSum<'_>,
     ) -> Result<(Vec<f64>, Reduced)> {
-        if sum.reducer == Reducer::Nccl {
-            return Err(nccl_unavailable(self.describe()));
-        }
-        if !sum.overlap {
+        let Some(buckets) = sum.host_buckets(&self.plan, self.describe())? else {
             return backward_then_sum(self, (tokens, targets, scalars), sum).await;
-        }
+        };
         let mut stats = self.begin(tokens, targets, scalars)?;
         let mut reduced = sum.on_host(false);
         let mut done = 0;
-        for bucket in &self.plan.gradient_buckets(sum.ids, sum.bucket)? {
+        for bucket in &buckets {
             self.interpret_ops(done..bucket.ready, scalars, &mut stats, None)
                 .await?;
             done = bucket.ready;

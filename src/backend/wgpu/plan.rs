@@ -17,10 +17,9 @@ use super::shaders::Kernel;
 use super::train::{StepLaunch, TrainLaunch, launch};
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::dist::Reducer;
 use crate::plan::exec::{
     GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
-    check_write, nccl_unavailable, tensor_len,
+    check_write, tensor_len,
 };
 use crate::plan::{Bucket, Op, Plan, Section, Storage, TensorId};
 use std::collections::HashMap;
@@ -716,15 +715,11 @@ impl StepExecutor for ResidentPlan<'_> {
         scalars: &[f32],
         sum: &GradientSum<'_>,
     ) -> Result<(Vec<f64>, Reduced)> {
-        if sum.reducer == Reducer::Nccl {
-            return Err(nccl_unavailable(self.describe()));
-        }
-        if !sum.overlap {
+        let Some(buckets) = sum.host_buckets(&self.plan, self.describe())? else {
             return backward_then_sum(self, (tokens, targets, scalars), sum).await;
-        }
+        };
         check_inputs(&self.plan, tokens, targets, scalars)?;
         self.compiled().await?;
-        let buckets = self.plan.gradient_buckets(sum.ids, sum.bucket)?;
         let (gpu, c) = self.gpu_and_plan()?;
         let plan = &self.plan;
         let mut reduced = sum.on_host(true);
