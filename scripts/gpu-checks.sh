@@ -11,7 +11,8 @@
 #                                        # the per-op profile of every preset on both backends
 #                                        # (bench train; attention fused and unfused, the CUDA
 #                                        # step as a graph)
-#   bash scripts/gpu-checks.sh dist      # NCCL on one rank against the plain step (needs
+#   bash scripts/gpu-checks.sh dist      # NCCL on one rank against the plain step, its sums
+#                                        # overlapped with the backward pass and not (needs
 #                                        # libnccl.so.2 on LD_LIBRARY_PATH, e.g. torch's wheel)
 #
 # The PyTorch comparisons are scripts/anchors/*.py (they need torch with CUDA). Where the GPU
@@ -109,6 +110,10 @@ steps)
 dist)
     run 60 $m info
     run 150 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --reducer nccl --out "$out/nccl"
+    # NCCL's bucket sums on their own stream beside the backward pass (the default), against one
+    # sum after the pass: the same losses, and the step times side by side.
+    run 150 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --reducer nccl --overlap-reduction off --out "$out/nccl-after"
+    [ -x .bin/train ] && run 120 .bin/train nccl_overlapped overlapped_reduction --test-threads 1
     run 150 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --out "$out/alone"
     ;;
 *) echo "unknown stage '$stage' (correct, cuda, bench, tune, train, steps, dist)" >&2; exit 2 ;;

@@ -903,6 +903,49 @@ fn overlapped_reduction_is_the_reduction_after_the_pass(b: &dyn Backend) {
     }
 }
 
+/// NCCL on one rank (a sum that changes nothing, through every call a world of eight makes):
+/// its buckets launched on NCCL's stream while the backward pass runs on train bit for bit as
+/// one sum after the pass, and the record says which was which. Needs a CUDA device and
+/// libnccl.so.2 (`scripts/gpu-checks.sh dist`).
+#[test]
+fn nccl_overlapped_sums_are_the_sums_after_the_pass() {
+    use mantissa::dist::{Reducer, Reduction, Single};
+    let test = "nccl_overlapped_sums_are_the_sums_after_the_pass";
+    let b = match common::cuda() {
+        Ok(b) => b.as_ref(),
+        Err(why) => return common::skip(test, &format!("backend absent: {why}")),
+    };
+    if let Err(why) = mantissa::backend::cuda::nccl::version() {
+        return common::skip(test, &why.to_string());
+    }
+    let corpus = corpus();
+    let trainer = |overlap: bool| {
+        let reduction = Reduction {
+            reducer: Reducer::Nccl,
+            bucket_bytes: 4096,
+            overlap,
+        };
+        let o = options(&corpus, Preset::MixedBf16, 23);
+        Trainer::data_parallel(b, &corpus, o, &Single, reduction).unwrap()
+    };
+    let (mut early, mut late) = (trainer(true), trainer(false));
+    for step in 0..4 {
+        let (e, l) = (
+            early.step().block_on().unwrap(),
+            late.step().block_on().unwrap(),
+        );
+        assert_eq!(
+            (e.loss.to_bits(), e.grad_norm.to_bits()),
+            (l.loss.to_bits(), l.grad_norm.to_bits()),
+            "step {step}"
+        );
+    }
+    let (re, rl) = (early.reduced.clone().unwrap(), late.reduced.clone().unwrap());
+    assert!(re.engine.starts_with("NCCL") && re.overlapped && re.calls > 10, "{re:?}");
+    assert!(rl.engine.starts_with("NCCL") && !rl.overlapped, "{rl:?}");
+    assert!(early.state().block_on().unwrap() == late.state().block_on().unwrap());
+}
+
 #[test]
 fn overlapped_reduction_is_the_reduction_after_the_pass_on_the_reference() {
     overlapped_reduction_is_the_reduction_after_the_pass(&Reference);

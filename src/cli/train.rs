@@ -85,9 +85,9 @@ pub struct TrainArgs {
     /// Under mpirun: gradients summed per collective call, e.g. 16MiB (the default) or 512KiB.
     #[arg(long, default_value = "16MiB")]
     bucket_size: String,
-    /// Under mpirun: on: where the executor can (wgpu's resident plan), each bucket is summed
-    /// as soon as the backward pass is done with it, while the device runs the rest of the
-    /// pass; off: after the whole pass. The sums are the same bits.
+    /// Under mpirun: on: where the executor can (wgpu's resident plan, CUDA's with NCCL), each
+    /// bucket is summed as soon as the backward pass is done with it, while the device runs the
+    /// rest of the pass; off: after the whole pass. The sums are the same bits.
     #[arg(long, default_value = "on")]
     overlap_reduction: String,
     /// Sequences per step instead of the config's (tiny 16, small 64); the ranks must divide it.

@@ -6,12 +6,17 @@
 use super::CudaBackend;
 use crate::dist::{self, Collective};
 use crate::error::{Error, Result};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, Id, ReduceOp, result as nccl};
+use std::sync::Arc;
 
-/// A communicator of every rank's device.
+/// A communicator of every rank's device, on a stream of its own: a sum waits for the step's
+/// kernels launched before it, and the step's kernels launched after it run meanwhile until
+/// they wait for it (`sum_after`, `wait_for`), so that a bucket of gradients is summed while
+/// the backward pass goes on.
 pub struct Nccl {
     comm: Comm,
+    stream: Arc<CudaStream>,
     pub version: String,
 }
 
@@ -93,20 +98,37 @@ impl Nccl {
         for (to, from) in internal.iter_mut().zip(&bytes) {
             *to = *from as std::ffi::c_char;
         }
+        let stream = cb
+            .stream
+            .fork()
+            .map_err(|e| refused("setup", format!("creating NCCL's stream: {e}")));
+        let stream = dist::agree(group, stream)?;
         let comm = Comm::from_rank(
-            cb.stream.clone(),
+            stream.clone(),
             group.rank(),
             group.size(),
             Id::uninit(internal),
         )
         .map_err(|e| failed("ncclCommInitRank", e));
         let comm = dist::agree(group, comm)?;
-        Ok(Nccl { comm, version })
+        Ok(Nccl {
+            comm,
+            stream,
+            version,
+        })
     }
 
     /// Sums the first `len` elements of each buffer over the ranks, in place, as one group
-    /// of NCCL calls on the backend's stream (ordered with the step's kernels).
-    pub fn sum(&self, buffers: Vec<(&mut CudaSlice<f32>, usize)>) -> Result<()> {
+    /// of NCCL calls on NCCL's stream, after everything launched on `step` so far. `step`
+    /// does not wait for it: `wait_for` makes it.
+    pub fn sum_after(
+        &self,
+        step: &CudaStream,
+        buffers: Vec<(&mut CudaSlice<f32>, usize)>,
+    ) -> Result<()> {
+        self.stream
+            .join(step)
+            .map_err(|e| refused("ordering after the step's kernels", e.to_string()))?;
         nccl::group_start().map_err(|e| failed("ncclGroupStart", e))?;
         let mut outcome = Ok(());
         for (buffer, len) in buffers {
@@ -119,5 +141,11 @@ impl Nccl {
         // The group is closed whatever happened inside it.
         nccl::group_end().map_err(|e| failed("ncclGroupEnd", e))?;
         outcome
+    }
+
+    /// Makes what is launched on `step` from now on wait for every sum launched so far.
+    pub fn wait_for(&self, step: &CudaStream) -> Result<()> {
+        step.join(&self.stream)
+            .map_err(|e| refused("ordering the step after the sums", e.to_string()))
     }
 }

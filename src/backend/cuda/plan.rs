@@ -19,7 +19,8 @@ use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::plan::exec::{
-    Memory, Reduced, StepExecutor, Timings, check_inputs, check_write, reduce_on_host, tensor_len,
+    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
+    check_write, reduce_on_host, tensor_len,
 };
 use crate::plan::{Op, Plan, Section, Storage, TensorId, step_algorithm};
 use cudarc::driver::{CudaGraph, CudaSlice, sys};
@@ -609,6 +610,57 @@ impl StepExecutor for CudaPlan<'_> {
         group: &dyn Collective,
         reducer: Reducer,
     ) -> Result<Reduced> {
+        let Some(nccl) = self.take_nccl(group, reducer)? else {
+            let mut reduced = reduce_on_host(self, ids, group).await?;
+            if let (Reducer::Auto, Some(why)) = (reducer, &self.nccl_refused) {
+                reduced.engine.push_str(&format!(" (not NCCL: {why})"));
+            }
+            return Ok(reduced);
+        };
+        let summed = self.sum_on_device(&nccl, ids).and_then(|bytes| {
+            nccl.wait_for(&self.cb.stream)?;
+            Ok(bytes)
+        });
+        let reduced = summed.map(|bytes| Reduced {
+            engine: format!("NCCL {}, device buffers", nccl.version),
+            bytes,
+            calls: 1,
+            overlapped: false,
+        });
+        self.nccl = Some(nccl);
+        reduced
+    }
+
+    /// With NCCL: the backward pass launched bucket by bucket (`Plan::gradient_buckets`), each
+    /// bucket's sum launched on NCCL's stream as soon as the pass is done with it, so that it
+    /// runs beside the rest of the pass; the update waits for every sum. Through MPI (host
+    /// buffers), with an injected fault, or where `sum.overlap` is off: the whole pass, then
+    /// the sum.
+    async fn backward_summed(
+        &mut self,
+        tokens: &[u32],
+        targets: &[u32],
+        scalars: &[f32],
+        sum: &GradientSum<'_>,
+    ) -> Result<(Vec<f64>, Reduced)> {
+        let overlap = sum.overlap && sum.poison.is_none();
+        let nccl = match overlap {
+            true => self.take_nccl(sum.group, sum.reducer)?,
+            false => None,
+        };
+        let Some(nccl) = nccl else {
+            return backward_then_sum(self, (tokens, targets, scalars), sum).await;
+        };
+        let summed = self.backward_on_nccl(&nccl, (tokens, targets, scalars), sum);
+        self.nccl = Some(nccl);
+        summed
+    }
+}
+
+impl CudaPlan<'_> {
+    /// The communicator, taken out of the executor while it is used, where `reducer` asks for
+    /// NCCL and the ranks form one (joined at the first call, a collective one); None for MPI.
+    fn take_nccl(&mut self, group: &dyn Collective, reducer: Reducer) -> Result<Option<Nccl>> {
         if reducer != Reducer::Mpi && self.nccl.is_none() && self.nccl_refused.is_none() {
             match Nccl::join(self.cb, group) {
                 Ok(n) => self.nccl = Some(n),
@@ -616,16 +668,15 @@ impl StepExecutor for CudaPlan<'_> {
                 Err(e) => return Err(e),
             }
         }
-        let nccl = match (&self.nccl, reducer) {
-            (Some(n), Reducer::Auto | Reducer::Nccl) => n,
-            _ => {
-                let mut reduced = reduce_on_host(self, ids, group).await?;
-                if let (Reducer::Auto, Some(why)) = (reducer, &self.nccl_refused) {
-                    reduced.engine.push_str(&format!(" (not NCCL: {why})"));
-                }
-                return Ok(reduced);
-            }
-        };
+        Ok(match reducer {
+            Reducer::Mpi => None,
+            Reducer::Auto | Reducer::Nccl => self.nccl.take(),
+        })
+    }
+
+    /// Launches the sum of tensors `ids` on NCCL's stream after the kernels launched so far
+    /// (one group of calls); returns the bytes summed.
+    fn sum_on_device(&mut self, nccl: &Nccl, ids: &[TensorId]) -> Result<u64> {
         let mut slots: Vec<(usize, usize)> = Vec::with_capacity(ids.len());
         for &id in ids {
             slots.push((self.storage.slot_of[id], tensor_len(&self.plan, id)?));
@@ -648,14 +699,39 @@ impl StepExecutor for CudaPlan<'_> {
                 Some((buffer, slots[i].1))
             })
             .collect();
-        nccl.sum(buffers)?;
-        Ok(Reduced {
+        nccl.sum_after(&self.cb.stream, buffers)?;
+        Ok(bytes)
+    }
+
+    /// `backward_summed` on NCCL (see there).
+    fn backward_on_nccl(
+        &mut self,
+        nccl: &Nccl,
+        (tokens, targets, scalars): (&[u32], &[u32], &[f32]),
+        sum: &GradientSum<'_>,
+    ) -> Result<(Vec<f64>, Reduced)> {
+        let buckets = self.plan.gradient_buckets(sum.ids, sum.bucket)?;
+        self.begin_step(tokens, targets, scalars)?;
+        let mut reduced = Reduced {
             engine: format!("NCCL {}, device buffers", nccl.version),
-            bytes,
-            calls: 1,
-            // Queued on the step's stream after the whole backward pass.
-            overlapped: false,
-        })
+            bytes: 0,
+            calls: 0,
+            overlapped: true,
+        };
+        let mut done = 0;
+        for bucket in &buckets {
+            for i in done..bucket.ready {
+                self.launch_op(i, scalars)?;
+            }
+            done = bucket.ready;
+            reduced.bytes += self.sum_on_device(nccl, &bucket.ids)?;
+            reduced.calls += 1;
+        }
+        for i in done..self.plan.range_of(Section::Backward).end {
+            self.launch_op(i, scalars)?;
+        }
+        nccl.wait_for(&self.cb.stream)?;
+        Ok((self.read_stats()?, reduced))
     }
 }
 
