@@ -139,6 +139,13 @@ __device__ __forceinline__ void store_held(void* out, i64 e, float x, u32 fmt, u
     }
 }
 
+// Loads element e of an input stored in format `fmt`: f32 values where `fmt` is f32, else (a
+// plan's coded tensor, bf16 or f16) 16-bit codes, decoded exactly.
+__device__ __forceinline__ float load_stored(const void* in, i64 e, u32 fmt) {
+    if (fmt == FMT_F32) return ((const float*)in)[e];
+    return __uint_as_float(decode_format(((const unsigned short*)in)[e], fmt));
+}
+
 __device__ __forceinline__ u32 bf16_of(float x) {
     return encode_bits(__float_as_uint(x), Layout{8u, 7u, true}, false);
 }

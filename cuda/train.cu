@@ -181,18 +181,19 @@ extern "C" __global__ void sum_partials(const float* partial, float* out, u32 ch
 
 #define SQRT_2_OVER_PI 0.7978845608f
 
-// y is held in format `fmt`.
-extern "C" __global__ void gelu_fwd(const float* x, void* y, i64 n, u32 fmt, u32 coded) {
+// y is held in format `fmt` (stored as codes where `coded`); x is stored in `x_fmt`
+// (`load_stored`).
+extern "C" __global__ void gelu_fwd(const void* x, void* y, i64 n, u32 fmt, u32 coded, u32 x_fmt) {
     FOR_EACH(e, n) {
-        float v = x[e];
+        float v = load_stored(x, e, x_fmt);
         store_held(y, e, 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v))), fmt,
                    coded);
     }
 }
 
-extern "C" __global__ void gelu_bwd(const float* x, const float* dy, float* dx, i64 n) {
+extern "C" __global__ void gelu_bwd(const void* x, const float* dy, float* dx, i64 n, u32 x_fmt) {
     FOR_EACH(e, n) {
-        float v = x[e];
+        float v = load_stored(x, e, x_fmt);
         float t = tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v));
         float du = SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * v * v);
         dx[e] = dy[e] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
@@ -272,10 +273,11 @@ extern "C" __global__ void cross_entropy_bwd(const float* probs, const u32* targ
 
 // ---- data movement ----
 
-// y = y + x held in format `fmt`, x repeated every c elements (c = n: elementwise; c = width:
-// a bias per row).
-extern "C" __global__ void add(const float* x, float* y, i64 n, u32 c, u32 fmt) {
-    FOR_EACH(e, n) y[e] = held(y[e] + x[e % c], fmt);
+// out = y + x held in format `fmt` (stored as codes where `coded`), x repeated every c elements
+// (c = n: elementwise; c = width: a bias per row); out may be y.
+extern "C" __global__ void add(const float* x, const float* y, void* out, i64 n, u32 c, u32 fmt,
+                               u32 coded) {
+    FOR_EACH(e, n) store_held(out, e, y[e] + x[e % c], fmt, coded);
 }
 
 // A 4-d strided copy (src/plan/mod.rs `Strided`): element (i0..i3) < dims moves from

@@ -250,3 +250,13 @@ fn shift_for_amax(amax: u32) -> i32 {
     }
     return 14 - e;
 }
+
+// The word of two 16-bit codes of `fmt`: lo's in the low half (the even element), hi's above.
+fn code_pair(lo: f32, hi: f32, fmt: u32) -> u32 {
+    return encode_format(bitcast<u32>(lo), fmt, false) | (encode_format(bitcast<u32>(hi), fmt, false) << 16u);
+}
+
+// Element e of a tensor stored as 16-bit codes of `fmt`, from the word that holds it.
+fn code_value(word: u32, e: u32, fmt: u32) -> f32 {
+    return bitcast<f32>(decode_format((word >> (16u * (e & 1u))) & 0xffffu, fmt));
+}

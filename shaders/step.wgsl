@@ -3,7 +3,7 @@
 // check, and the gated AdamW update (host reference: src/backend/reference/interp.rs).
 // Bindings: 0 params; 1 the step's scalars (written by the host before each step, slots as in
 // src/plan/scalar.rs, generated into the header); 2 the step's stats (written here, read back after the step);
-// 3 x (read); 4 y (written); 5, 6 z and w (extra operands).
+// 3 x (read); 4 y (written); 5, 6 z and w (extra operands; w as words).
 
 struct StepParams {
     // Elements (or rows, or columns) the kernel covers.
@@ -27,7 +27,8 @@ struct StepParams {
 @group(0) @binding(3) var<storage, read> x: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<storage, read_write> z: array<f32>;
-@group(0) @binding(6) var<storage, read_write> w: array<f32>;
+// Words: f32 bits (AdamW's second moment), or two 16-bit codes (`add_into`'s coded output).
+@group(0) @binding(6) var<storage, read_write> w: array<u32>;
 
 // Scalar slots: S_<NAME>, generated from src/plan/scalar.rs into the header.
 
@@ -53,6 +54,29 @@ fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
         return;
     }
     y[e] = held(y[e] + x[e % params.c], params.format);
+}
+
+// z = y + x held in format `format`, x repeated every c elements (a bias add whose output is a
+// tensor of its own); with extra.x = 1, its 16-bit codes go to w instead, two to a word, one
+// invocation per word (an odd n's last word holds one code).
+@compute @workgroup_size(256)
+fn add_into(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (params.extra.x != 0u) {
+        let lo = 2u * e;
+        if (lo >= params.n) {
+            return;
+        }
+        let hi = min(lo + 1u, params.n - 1u);
+        let second = select(0.0, y[hi] + x[hi % params.c], lo + 1u < params.n);
+        w[e] = code_pair(y[lo] + x[lo % params.c], second, params.format);
+        return;
+    }
+    if (e >= params.n) {
+        return;
+    }
+    z[e] = held(y[e] + x[e % params.c], params.format);
 }
 
 // y[dst(e)] = x[src(e)] over the 4-d index space `dims` (row-major, last fastest).
@@ -162,9 +186,9 @@ fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let beta2 = scalars[S_BETA2];
     let g = x[e] * factor;
     let m = beta1 * z[e] + (1.0 - beta1) * g;
-    let v = beta2 * w[e] + (1.0 - beta2) * g * g;
+    let v = beta2 * bitcast<f32>(w[e]) + (1.0 - beta2) * g * g;
     z[e] = m;
-    w[e] = v;
+    w[e] = bitcast<u32>(v);
     var wd = 0.0;
     if (params.extra.y != 0u) {
         wd = lr * scalars[S_WEIGHT_DECAY];

@@ -1,8 +1,8 @@
 // train.wgsl: the training ops besides matmul (the host reference is src/backend/reference/ops.rs); the
 // GradScaler's unscale, AdamW and the per-op path's cross-entropy backward are step.wgsl's.
-// Row ops (layer norm, softmax, cross entropy) take one workgroup per row, its invocations
-// striding the row (neighbours read neighbouring values) and reducing through workgroup memory
-// in a fixed tree, so a rerun gives the same bits. Column reductions (bias and layer-norm
+// Row ops (layer norm, softmax, cross entropy) give each row ROW_LANES invocations, which
+// stride the row (neighbours read neighbouring values) and reduce through workgroup memory in
+// a fixed tree, so a rerun gives the same bits. Column reductions (bias and layer-norm
 // parameter gradients) write one partial sum per chunk of rows, then `sum_partials` adds the
 // chunks in order: the summation order of cuda/train.cu. Elementwise ops take one invocation
 // per element. Bindings: 0 params; 1-3 inputs; 4-6 outputs.
@@ -30,12 +30,19 @@ struct TrainParams {
     coded: u32,
     // Cross entropy: 1 writes the loss's gradient (the backward fused in), 0 the probabilities.
     grad: u32,
+    // GELU and its backward: the format id whose 16-bit codes in0 holds, two to a word (a
+    // coded tensor: the plan's pre-GELU activations); f32's id: in0 holds f32 values.
+    x_stored: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
 @group(0) @binding(1) var<storage, read> in0: array<f32>;
 @group(0) @binding(2) var<storage, read> in1: array<f32>;
-@group(0) @binding(3) var<storage, read> in2: array<f32>;
+// Words: f32 bits, or (GELU's coded input) two 16-bit codes, the even element in the low half.
+@group(0) @binding(3) var<storage, read> in2: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out0: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out1: array<f32>;
 // Words: f32 bits, or two 16-bit codes (the even element in the low half).
@@ -129,13 +136,13 @@ fn layernorm_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     if (params.coded != 0u) {
         // c is even (Plan::store_codes): the row's words are its own.
         for (var i = 2u * slot.lane; i < c; i += 2u * ROW_LANES) {
-            let lo = (in0[base + i] - mean) * rstd * in1[i] + in2[i];
-            let hi = (in0[base + i + 1u] - mean) * rstd * in1[i + 1u] + in2[i + 1u];
+            let lo = (in0[base + i] - mean) * rstd * in1[i] + in2f(i);
+            let hi = (in0[base + i + 1u] - mean) * rstd * in1[i + 1u] + in2f(i + 1u);
             out2[(base + i) / 2u] = code_pair(lo, hi, params.held);
         }
     } else {
         for (var i = slot.lane; i < c; i += ROW_LANES) {
-            out0[base + i] = held((in0[base + i] - mean) * rstd * in1[i] + in2[i], params.held);
+            out0[base + i] = held((in0[base + i] - mean) * rstd * in1[i] + in2f(i), params.held);
         }
     }
     if (slot.lane == 0u) {
@@ -158,7 +165,7 @@ fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     var sdx = 0.0;
     for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = (in1[base + i] - mean) * rstd;
-        let d = in0[base + i] * in2[i];
+        let d = in0[base + i] * in2f(i);
         sd += d;
         sdx += d * xhat;
     }
@@ -169,7 +176,7 @@ fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     }
     for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = (in1[base + i] - mean) * rstd;
-        let d = in0[base + i] * in2[i];
+        let d = in0[base + i] * in2f(i);
         out0[base + i] = rstd * (d - mean_d - xhat * mean_dx);
     }
 }
@@ -294,14 +301,23 @@ fn gelu_tanh(x: f32) -> f32 {
 }
 
 // The 16-bit codes of lo and hi in format `fmt`, as one word (lo in the low half).
-fn code_pair(lo: f32, hi: f32, fmt: u32) -> u32 {
-    return encode_format(bitcast<u32>(lo), fmt, false) | (encode_format(bitcast<u32>(hi), fmt, false) << 16u);
-}
-
 fn gelu(x: f32) -> f32 {
     return 0.5 * x * (1.0 + gelu_tanh(x));
 }
 
+// Element e of GELU's input: in0[e], or where the input is a coded tensor
+// (`params.x_stored`), its code from in2's words.
+fn gelu_x(e: u32) -> f32 {
+    if (params.x_stored == FMT_F32) {
+        return in0[e];
+    }
+    return code_value(in2[e >> 1u], e, params.x_stored);
+}
+
+// in2's word i as the f32 it holds.
+fn in2f(i: u32) -> f32 {
+    return bitcast<f32>(in2[i]);
+}
 // GELU (tanh form): in0 = x; out0 = y, or (coded) out2 = y's codes, one word per invocation.
 @compute @workgroup_size(256)
 fn gelu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -313,14 +329,14 @@ fn gelu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
             return;
         }
         // An odd n's last word holds one code.
-        let hi = select(0.0, gelu(in0[min(lo + 1u, params.n - 1u)]), lo + 1u < params.n);
-        out2[e] = code_pair(gelu(in0[lo]), hi, params.held);
+        let hi = select(0.0, gelu(gelu_x(min(lo + 1u, params.n - 1u))), lo + 1u < params.n);
+        out2[e] = code_pair(gelu(gelu_x(lo)), hi, params.held);
         return;
     }
     if (e >= params.n) {
         return;
     }
-    out0[e] = held(gelu(in0[e]), params.held);
+    out0[e] = held(gelu(gelu_x(e)), params.held);
 }
 
 // in0 = x, in1 = dy; out0 = dx.
@@ -331,7 +347,7 @@ fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     if (e >= params.n) {
         return;
     }
-    let x = in0[e];
+    let x = gelu_x(e);
     let t = gelu_tanh(x);
     let du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
     out0[e] = in1[e] * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du);
@@ -419,7 +435,7 @@ fn cross_entropy_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     }
     let label = bitcast<u32>(in1[r]);
     if (params.grad != 0u) {
-        let k = in2[S_DLOSS_PER_ROW];
+        let k = in2f(S_DLOSS_PER_ROW);
         for (var i = slot.lane; i < v; i += ROW_LANES) {
             var onehot = 0.0;
             if (i == label) {
@@ -589,8 +605,8 @@ fn attention_bwd_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
         g[e] = held(in1[a.rows + a.i * c + e], params.inputs);
         dq[e] = 0.0;
     }
-    let m = in2[2u * row];
-    let l = in2[2u * row + 1u];
+    let m = in2f(2u * row);
+    let l = in2f(2u * row + 1u);
     var pdp = 0.0;
     for (var sweep = 0u; sweep < 2u; sweep++) {
         for (var j = 0u; j <= a.i; j++) {
@@ -643,7 +659,7 @@ fn attention_bwd_kv(row: u32, keys: bool) {
             s += held(in0[qi + e], params.inputs) * k[e];
         }
         let z = held(s, params.compute) * params.scale;
-        let p = att_p(z, in2[2u * (first + i)], in2[2u * (first + i) + 1u]);
+        let p = att_p(z, in2f(2u * (first + i)), in2f(2u * (first + i) + 1u));
         let gi = a.rows + i * c;
         if (keys) {
             var dp = 0.0;

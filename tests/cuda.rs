@@ -512,20 +512,15 @@ fn cuda_training_kernels_match_the_host_reference() {
     }
     let x = measure::normal(1001, seed + 4);
     let dy = measure::normal(1001, seed + 5);
-    let n = strings(&[x.len()]);
+    let f32_ = Format::F32.id() as usize;
     close(
         "gelu",
-        &run_f32(
-            h,
-            "gelu_fwd",
-            &strings(&[x.len(), Format::F32.id() as usize, 0]),
-            &[&x],
-        ),
+        &run_f32(h, "gelu_fwd", &strings(&[x.len(), f32_, 0, f32_]), &[&x]),
         &ops::gelu_fwd(&x),
         tol::ROW,
     );
     let f16 = Format::F16.id() as usize;
-    let held = run_f32(h, "gelu_fwd", &strings(&[x.len(), f16, 0]), &[&x]);
+    let held = run_f32(h, "gelu_fwd", &strings(&[x.len(), f16, 0, f32_]), &[&x]);
     common::held_close(
         "gelu held in f16",
         &held,
@@ -533,14 +528,41 @@ fn cuda_training_kernels_match_the_host_reference() {
         Format::F16,
         tol::ROW,
     );
-    let coded = run(h, "gelu_fwd", &strings(&[x.len(), f16, 1]), &bits(&x));
+    let coded = run(h, "gelu_fwd", &strings(&[x.len(), f16, 1, f32_]), &bits(&x));
     same_codes("gelu as f16 codes", &coded, &held, Format::F16);
-    close(
-        "gelu bwd",
-        &run_f32(h, "gelu_bwd", &n, &[&x, &dy]),
-        &ops::gelu_bwd(&x, &dy),
-        tol::ROW,
-    );
+    let gelu_bwd = run_f32(h, "gelu_bwd", &strings(&[x.len(), f32_]), &[&x, &dy]);
+    close("gelu bwd", &gelu_bwd, &ops::gelu_bwd(&x, &dy), tol::ROW);
+    // GELU reading its input as codes (a plan's coded pre-GELU activations): the bits it
+    // gives for the f32 values of those codes, forward and backward, over NaN, infinities and
+    // f16's overflow and subnormals too.
+    for format in [Format::Bf16, Format::F16] {
+        let mut inputs = x.clone();
+        inputs.extend(measure::boundary_values());
+        let codes: Vec<u32> = inputs
+            .iter()
+            .map(|&v| format.encode(v, mantissa::format::Overflow::Standard))
+            .collect();
+        // What the tensor stored as f32 holds: each value as its code decodes.
+        let values: Vec<f32> = codes.iter().map(|&c| format.decode(c)).collect();
+        let dy = measure::normal(values.len(), seed + 18);
+        let (n, id) = (values.len(), format.id() as usize);
+        // The same bits, NaN for NaN (the host's NaN may carry another payload).
+        let same = |what: &str, got: &[u32], want: &[u32]| {
+            let nan = |b: u32| f32::from_bits(b).is_nan();
+            let bad = got.iter().zip(want).position(|(&g, &w)| g != w && !(nan(g) && nan(w)));
+            if let Some(i) = bad {
+                panic!("{what}, element {i} ({:e}): {:#x}, not {:#x}", values[i], got[i], want[i]);
+            }
+        };
+        let plain = run(h, "gelu_fwd", &strings(&[n, f32_, 0, f32_]), &bits(&values));
+        let from_codes = run(h, "gelu_fwd", &strings(&[n, f32_, 0, id]), &codes);
+        same(&format!("gelu of {format} codes"), &from_codes, &plain);
+        let dy_bits = bits(&dy);
+        let with = |x: &[u32]| [x, &dy_bits[..]].concat();
+        let plain = run(h, "gelu_bwd", &strings(&[n, f32_]), &with(&bits(&values)));
+        let from_codes = run(h, "gelu_bwd", &strings(&[n, id]), &with(&codes));
+        same(&format!("gelu bwd of {format} codes"), &from_codes, &plain);
+    }
     // Softmax rows shorter and longer than a block; heads of t x t.
     for (heads, t) in [(3, 13), (1, 150)] {
         let rows = heads * t;
@@ -644,21 +666,20 @@ fn cuda_training_kernels_match_the_host_reference() {
     let mut want = y.clone();
     ops::add_bias(&mut want, &bias);
     assert_eq!(
-        run_f32(
-            h,
-            "add",
-            &strings(&[y.len(), 50, Format::F32.id() as usize]),
-            &[&bias, &y]
-        ),
+        run_f32(h, "add", &strings(&[y.len(), 50, f32_, 0]), &[&bias, &y]),
         want
     );
-    // Held in bf16: the f32 sum rounded, bit for bit.
+    // Held in bf16: the f32 sum rounded, bit for bit; stored as codes into a tensor of its own
+    // (a plan's coded bias add): the codes of those values.
     ops::round_to(&mut want, Format::Bf16);
     let bf16 = Format::Bf16.id() as usize;
     assert_eq!(
-        run_f32(h, "add", &strings(&[y.len(), 50, bf16]), &[&bias, &y]),
+        run_f32(h, "add", &strings(&[y.len(), 50, bf16, 0]), &[&bias, &y]),
         want
     );
+    let coded = run_f32(h, "add", &strings(&[y.len(), 50, bf16, 1]), &[&bias, &y]);
+    let codes: Vec<u32> = coded.iter().map(|c| c.to_bits()).collect();
+    same_codes("add as bf16 codes", &codes, &want, Format::Bf16);
     let x = measure::normal(y.len(), seed + 17);
     let mut want = y.clone();
     want.iter_mut().zip(&x).for_each(|(a, b)| *a += b);
@@ -666,7 +687,7 @@ fn cuda_training_kernels_match_the_host_reference() {
         run_f32(
             h,
             "add",
-            &strings(&[y.len(), y.len(), Format::F32.id() as usize]),
+            &strings(&[y.len(), y.len(), f32_, 0]),
             &[&x, &y]
         ),
         want

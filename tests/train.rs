@@ -702,12 +702,14 @@ fn a_timed_step_is_the_step(b: &dyn Backend) {
     );
 }
 
-/// The matmuls' 16-bit inputs stored as codes (`Plan::store_codes`: the layer norms', GELUs'
-/// and fused attention's outputs under the 16-bit presets) train bit for bit as the same plan
-/// stored in f32: losses, gradient norms, weights and moments, while the plan's tensors take
-/// fewer bytes. Under 32-true no tensor is coded; under transformer-engine the fp8 linears'
-/// inputs are not (their amax is taken from f32), the final norm's output, read by the bf16
-/// head, is. Attention unfused under every preset, fused under the mixed ones.
+/// The matmuls' 16-bit inputs and the pre-GELU activations stored as codes
+/// (`Plan::store_codes`: the layer norms', GELUs' and fused attention's outputs, and the MLP's
+/// bias add before GELU, under the 16-bit presets) train bit for bit as the same plan stored
+/// in f32: losses, gradient norms, weights and moments, while the plan's tensors take fewer
+/// bytes. Under 32-true no tensor is coded; under transformer-engine the fp8 linears' inputs
+/// are not (their amax is taken from f32), the final norm's output, read by the bf16 head, and
+/// the pre-GELU activations are. Attention unfused under every preset, fused under the mixed
+/// ones.
 fn coded_activations_train_as_f32_storage(b: &dyn Backend) {
     use mantissa::plan::Storage;
     let corpus = corpus();
@@ -730,9 +732,12 @@ fn coded_activations_train_as_f32_storage(b: &dyn Backend) {
         let layers = coded.gpt.config.n_layer;
         let want = match preset {
             Preset::True32 => 0,
-            Preset::TransformerEngine => 1,
-            // Both norms and the GELU of each block, the final norm, fused attention's output.
-            _ => 3 * layers + 1 + if fused { layers } else { 0 },
+            // The final norm; each block's pre-GELU activations (the fc linear's bias add holds
+            // bf16 under fp8 too).
+            Preset::TransformerEngine => 1 + layers,
+            // Both norms, the pre-GELU activations and the GELU of each block, the final
+            // norm, fused attention's output.
+            _ => 4 * layers + 1 + if fused { layers } else { 0 },
         };
         let preset = format!("{preset} (attention fused: {fused})");
         assert_eq!(
@@ -1160,11 +1165,7 @@ fn held_outputs_match_their_definition(b: &dyn Backend) {
         held: f32_,
     });
     p.round(y, Format::F16);
-    p.push(Op::Add {
-        x: bias,
-        y,
-        held: f32_,
-    });
+    p.push(Op::add_in_place(bias, y));
     p.round(y, Format::Bf16);
     assert!(
         !p.ops.iter().any(|op| matches!(op, Op::Round { .. })),
@@ -1261,10 +1262,11 @@ fn edge_cases(mut x: Vec<f32>) -> Vec<f32> {
     x
 }
 
-/// A device's layer norm and GELU storing 16-bit codes (a plan's coded tensors,
+/// A device's layer norm, GELU and bias add storing 16-bit codes (a plan's coded tensors,
 /// `Plan::store_codes`) store the codes of the values they hold as f32: read back, the coded
-/// outputs equal the f32 ones bit for bit (bf16 and f16; a GELU of odd length, whose last word
-/// holds one code, over NaN, infinities, overflow and subnormal results).
+/// outputs equal the f32 ones bit for bit (bf16 and f16; a GELU and an add of odd length, whose
+/// last word holds one code, over NaN, infinities, overflow and subnormal results); and GELU
+/// and its backward reading the coded sum give the bits they give reading the f32 one.
 fn coded_outputs_are_the_held_values(b: &dyn Backend) {
     use mantissa::format::Format;
     use mantissa::plan::{Op, PlanBuilder, TensorKind};
@@ -1280,6 +1282,7 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
         p.constant(values(c, 2)),
         p.constant(edge_cases(values(n, 3).iter().map(|v| 4.0 * v).collect())),
     );
+    let (short_bias, dy) = (p.constant(values(7, 4)), p.constant(values(n, 5)));
     let stats = p.temp(2 * rows);
     let mut pairs = vec![];
     for format in [Format::Bf16, Format::F16] {
@@ -1310,6 +1313,32 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
             p.tensors[id].stored = format;
         }
         pairs.extend((0..2).map(|i| (format, outs[0][i], outs[1][i])));
+        // A bias add into a tensor of its own (odd length, the bias repeated every 7), once
+        // stored in f32 and once as codes; GELU and its backward reading each.
+        let kept = |p: &mut PlanBuilder| p.tensor(n, TensorKind::Partial);
+        let [sum, coded_sum, gelu, coded_gelu, d, coded_d] = [0; 6].map(|_| kept(&mut p));
+        p.tensors[coded_sum].stored = format;
+        for (input, out) in [(sum, gelu), (coded_sum, coded_gelu)] {
+            p.push(Op::Add {
+                x: short_bias,
+                y: z,
+                out: input,
+                held: format,
+            });
+            p.push(Op::Gelu {
+                x: input,
+                out,
+                held: format,
+            });
+        }
+        pairs.extend([(format, sum, coded_sum), (format, gelu, coded_gelu)]);
+        p.push(Op::GeluBwd { x: sum, dy, out: d });
+        p.push(Op::GeluBwd {
+            x: coded_sum,
+            dy,
+            out: coded_d,
+        });
+        pairs.push((format, d, coded_d));
     }
     let ops = p.ops.len();
     let mut exec = run_ops_alone(b, p, ops, (tokens, targets), stats);
@@ -1628,3 +1657,4 @@ fn fused_attention_trains_as_the_unfused_ops() {
         );
     }
 }
+

@@ -333,10 +333,13 @@ pub enum Op {
     },
     /// x rounded to `format` in place (autocast holds x in `format`).
     Round { x: TensorId, format: Format },
-    /// y = y + x held in `held`, x repeated over y when shorter (a bias added to every row).
+    /// out = y + x held in `held`, x repeated over y when shorter (a bias added to every
+    /// row); in place where `out` is `y` (as the model records it: `Plan::store_codes` gives a
+    /// bias add whose output it stores as codes an output of its own).
     Add {
         x: TensorId,
         y: TensorId,
+        out: TensorId,
         held: Format,
     },
     /// out[j] = sum over rows of x[row, j] (bias gradients).
@@ -369,6 +372,17 @@ pub enum Op {
 }
 
 impl Op {
+    /// y += x in f32, x repeated over y when shorter (`PlanBuilder::round` may then give it a
+    /// format to hold y in).
+    pub fn add_in_place(x: TensorId, y: TensorId) -> Op {
+        Op::Add {
+            x,
+            y,
+            out: y,
+            held: Format::F32,
+        }
+    }
+
     /// Name of the op in errors and profiles.
     pub fn name(&self) -> &'static str {
         match self {
@@ -472,7 +486,7 @@ impl Op {
             } => (vec![logits, targets], vec![grad]),
             Op::Matmul { a, b, out, .. } => (vec![a, b], vec![out]),
             Op::Round { x, .. } => (vec![x], vec![x]),
-            Op::Add { x, y, .. } => (vec![x, y], vec![y]),
+            Op::Add { x, y, out, .. } => (vec![x, y], vec![out]),
             Op::ColumnSums { x, out, .. } => (vec![x], vec![out]),
             Op::Copy { x, out, .. } => (vec![x], vec![out]),
             Op::Amax { x, .. } => (vec![x], vec![]),
@@ -511,57 +525,79 @@ impl Storage {
     }
 
     /// Temporaries share slots where their lives (first to last op using them, over the whole
-    /// step: `Plan::temporary_lives`) are disjoint.
+    /// step: `Plan::temporary_lives`) are disjoint. A slot takes the size of its largest
+    /// tensor, so which tensors share decides the bytes: of two assignments, the one with fewer
+    /// bytes is kept (`assign_slots`).
     pub fn shared(plan: &Plan) -> Storage {
         let n = plan.tensors.len();
         let lives = plan.temporary_lives();
-        let mut temps: Vec<TensorId> = (0..n).filter(|&t| lives[t].is_some()).collect();
-        let first = |t: TensorId| lives[t].map_or(0, |l| l.0);
-        let last = |t: TensorId| lives[t].map_or(0, |l| l.1);
-        temps.sort_by_key(|&t| (first(t), t));
-        let mut storage = Storage::separate(plan);
-        storage.slots.clear();
-        let mut slot_of = vec![usize::MAX; n];
-        // (slot, free from op index) of the slots holding temporaries.
-        let mut busy_until: Vec<usize> = Vec::new();
-        let mut temp_slots: Vec<usize> = Vec::new();
-        for &t in &temps {
-            let len = plan.tensors[t].words();
-            // The free slot that fits best: the smallest that holds it, else the largest.
-            let free = temp_slots
-                .iter()
-                .copied()
-                .filter(|&s| busy_until[s] < first(t))
-                .min_by_key(|&s| {
-                    let size = storage.slots[s];
-                    if size >= len {
-                        (0, size)
-                    } else {
-                        (1, usize::MAX - size)
-                    }
-                });
-            let s = match free {
-                Some(s) => s,
-                None => {
-                    storage.slots.push(0);
-                    busy_until.push(0);
-                    temp_slots.push(storage.slots.len() - 1);
-                    storage.slots.len() - 1
-                }
-            };
-            storage.slots[s] = storage.slots[s].max(len);
-            busy_until[s] = last(t);
-            slot_of[t] = s;
+        let temps: Vec<(TensorId, (usize, usize))> = (0..n)
+            .filter_map(|t| lives[t].map(|life| (t, life)))
+            .collect();
+        let words = |t: TensorId| plan.tensors[t].words();
+        let by_time = assign_slots(&temps, words, |&(t, (first, _))| (first, 0, t));
+        let by_size = assign_slots(&temps, words, |&(t, (first, _))| (0, usize::MAX - words(t), first));
+        let total = |(sizes, _): &(Vec<usize>, Vec<usize>)| sizes.iter().sum::<usize>();
+        let (temp_slots, slot_of_temp) = if total(&by_size) < total(&by_time) {
+            by_size
+        } else {
+            by_time
+        };
+        let mut storage = Storage {
+            slot_of: vec![usize::MAX; n],
+            slots: temp_slots,
+        };
+        for (&(t, _), &slot) in temps.iter().zip(&slot_of_temp) {
+            storage.slot_of[t] = slot;
         }
-        for (t, slot) in slot_of.iter_mut().enumerate() {
-            if *slot == usize::MAX {
-                storage.slots.push(plan.tensors[t].words());
-                *slot = storage.slots.len() - 1;
+        for t in 0..n {
+            if storage.slot_of[t] == usize::MAX {
+                storage.slots.push(words(t));
+                storage.slot_of[t] = storage.slots.len() - 1;
             }
         }
-        storage.slot_of = slot_of;
         storage
     }
+}
+
+/// Slots for temporaries `temps` (each with its life, first to last op), taken in the order of
+/// `key`: each goes to a slot none of whose tensors' lives overlap its own, the smallest that
+/// holds it (else the largest, which grows to it), or to a new slot. Returns each slot's words
+/// and each temporary's slot, in the order of `temps`. In order of first use, slots are reused
+/// as soon as they are free (the plan's order of ops); in order of size, largest first, each
+/// slot's size is set by its first tensor and smaller ones fill the gaps between its lives
+/// (the "greedy by size" of TensorFlow Lite's shared-object planner).
+fn assign_slots<K: Ord>(
+    temps: &[(TensorId, (usize, usize))],
+    words: impl Fn(TensorId) -> usize,
+    key: impl Fn(&(TensorId, (usize, usize))) -> K,
+) -> (Vec<usize>, Vec<usize>) {
+    let mut order: Vec<usize> = (0..temps.len()).collect();
+    order.sort_by_key(|&i| key(&temps[i]));
+    let mut sizes: Vec<usize> = Vec::new();
+    let mut lives: Vec<Vec<(usize, usize)>> = Vec::new();
+    let mut slot_of = vec![0; temps.len()];
+    for i in order {
+        let (t, (first, last)) = temps[i];
+        let len = words(t);
+        let free = |s: &usize| lives[*s].iter().all(|&(a, b)| b < first || last < a);
+        let best = (0..sizes.len()).filter(free).min_by_key(|&s| {
+            if sizes[s] >= len {
+                (0, sizes[s])
+            } else {
+                (1, usize::MAX - sizes[s])
+            }
+        });
+        let s = best.unwrap_or_else(|| {
+            sizes.push(0);
+            lives.push(Vec::new());
+            sizes.len() - 1
+        });
+        sizes[s] = sizes[s].max(len);
+        lives[s].push((first, last));
+        slot_of[i] = s;
+    }
+    (sizes, slot_of)
 }
 
 /// The 16-bit format a matmul under `algorithm` rounds both its operands to, and so reads as
@@ -779,8 +815,9 @@ impl Plan {
             let movable = later.iter().all(|&i| match backward[i] {
                 Op::Round { .. } => true,
                 // A part added in: a temporary no later op of the pass touches.
-                Op::Add { x, y, .. } => {
+                Op::Add { x, y, out, .. } => {
                     y == g
+                        && out == g
                         && self.tensors[x].kind == TensorKind::Temp
                         && backward[i + 1..]
                             .iter()
@@ -857,7 +894,8 @@ impl Plan {
         Ok(buckets)
     }
 
-    /// Stores as 16-bit codes (`TensorInfo::stored`) each temporary written by one layer norm,
+    /// Stores as 16-bit codes (`TensorInfo::stored`) the pre-GELU activations that a bias add
+    /// holds in bf16 or f16 (`store_bias_adds_as_codes`), and each temporary written by one layer norm,
     /// GELU or fused attention and read only by matmuls that round it to bf16, or only by
     /// matmuls that round it to f16 (`Algorithm::Bf16`, `Algorithm::F16`): its writer rounds
     /// it as it stores (a layer norm's or GELU's `held` becomes that format; attention must
@@ -920,6 +958,63 @@ impl Plan {
             }
             self.tensors[t].stored = format;
             coded.push(t);
+        }
+        coded.extend(self.store_bias_adds_as_codes());
+        coded
+    }
+
+    /// The second rule of `store_codes`: a temporary y that an in-place bias add holding bf16
+    /// or f16 writes last, and that after it only GELU and its backward read (they decode
+    /// codes: the MLP's pre-GELU activations, held until the backward pass), gets a coded
+    /// twin: the add writes its output as codes into a new temporary, which those readers
+    /// read instead, while y, the matmul's f32 product the add reads, dies at the add. The
+    /// values are the add's held values either way. Returns the new tensors.
+    fn store_bias_adds_as_codes(&mut self) -> Vec<TensorId> {
+        let mut coded = vec![];
+        for a in 0..self.ops.len() {
+            let Op::Add { y, out, held, .. } = self.ops[a] else {
+                continue;
+            };
+            let candidate = out == y
+                && matches!(held, Format::Bf16 | Format::F16)
+                && self.tensors[y].kind == TensorKind::Temp
+                && self.tensors[y].stored == Format::F32
+                && y != self.logits;
+            if !candidate {
+                continue;
+            }
+            let later = &self.ops[a + 1..];
+            // Every later op is a GELU (forward or backward) that may read y as its input
+            // alone, or leaves y alone.
+            let decodes = |op: &Op| match *op {
+                Op::Gelu { out, .. } => out != y,
+                Op::GeluBwd { dy, out, .. } => dy != y && out != y,
+                _ => {
+                    let (reads, writes) = op.reads_writes();
+                    !reads.contains(&y) && !writes.contains(&y)
+                }
+            };
+            let read_later = later.iter().any(|op| op.reads_writes().0.contains(&y));
+            if !read_later || !later.iter().all(decodes) {
+                continue;
+            }
+            let twin = self.tensors.len();
+            self.tensors.push(TensorInfo {
+                len: self.tensors[y].len,
+                kind: TensorKind::Temp,
+                stored: held,
+            });
+            if let Op::Add { out, .. } = &mut self.ops[a] {
+                *out = twin;
+            }
+            for op in &mut self.ops[a + 1..] {
+                if let Op::Gelu { x, .. } | Op::GeluBwd { x, .. } = op
+                    && *x == y
+                {
+                    *x = twin;
+                }
+            }
+            coded.push(twin);
         }
         coded
     }
@@ -996,7 +1091,7 @@ impl PlanBuilder {
             Some(
                 Op::LayerNorm { out, held, .. }
                 | Op::Gelu { out, held, .. }
-                | Op::Add { y: out, held, .. }
+                | Op::Add { out, held, .. }
                 | Op::CrossEntropy {
                     grad: out, held, ..
                 },
@@ -1105,6 +1200,92 @@ mod tests {
                     assert!(matches!(plan.ops[0], Op::LayerNorm { held: h, .. } if h == held));
                 }
             }
+        }
+    }
+
+    /// A matmul's product y, a bias added into it in place (held in `held`), then GELU and its
+    /// backward reading y, and `extra` besides (a reader or writer of y that does not decode
+    /// codes). y is tensor 3, the add op 1.
+    fn bias_add_then_gelu(held: Format, extra: Option<fn(TensorId, TensorId) -> Op>) -> Plan {
+        let mut g = PlanBuilder::default();
+        let (rows, c) = (3, 4);
+        let x = g.tensor(rows * c, TensorKind::Tokens);
+        let (w, bias) = (g.constant(vec![0.5; c * c]), g.constant(vec![0.1; c]));
+        let (y, act, dx) = (g.temp(rows * c), g.temp(rows * c), g.temp(rows * c));
+        g.push(Op::Matmul {
+            shape: MatmulShape::new(rows, c, c),
+            algorithm: Algorithm::Bf16,
+            a: x,
+            b: w,
+            out: y,
+            scales: None,
+        });
+        g.push(Op::add_in_place(bias, y));
+        g.round(y, held);
+        g.push(Op::Gelu {
+            x: y,
+            out: act,
+            held,
+        });
+        if let Some(extra) = extra {
+            g.push(extra(y, dx));
+        }
+        g.push(Op::GeluBwd {
+            x: y,
+            dy: act,
+            out: dx,
+        });
+        let ops = g.ops.len();
+        Plan {
+            tensors: g.tensors,
+            ops: g.ops,
+            forward: 3,
+            backward: ops,
+            gradients: ops,
+            rows,
+            tokens: x,
+            targets: x,
+            logits: dx,
+            state: vec![],
+            constants: g.constants,
+            stats: Stats { grads: 0, linears: 0 },
+        }
+    }
+
+    #[test]
+    fn pre_gelu_codes_only_where_only_gelu_reads_them() {
+        let amax: fn(TensorId, TensorId) -> Op = |y, _| Op::Amax { x: y, slot: 0 };
+        let overwrite: fn(TensorId, TensorId) -> Op = |y, _| Op::Round {
+            x: y,
+            format: Format::F16,
+        };
+        for (held, extra, coded) in [
+            (Format::Bf16, None, true),
+            (Format::F16, None, true),
+            // Not rounded: codes would not hold the values.
+            (Format::F32, None, false),
+            (Format::Bf16, Some(amax), false),
+            (Format::Bf16, Some(overwrite), false),
+        ] {
+            let mut plan = bias_add_then_gelu(held, extra);
+            let y = 3;
+            let bytes = Storage::shared(&plan).bytes();
+            let stored = plan.store_codes();
+            let case = format!("held {held}, extra op {}", extra.is_some());
+            if !coded {
+                assert!(stored.is_empty(), "{case}: {stored:?}");
+                assert!(matches!(plan.ops[1], Op::Add { out, .. } if out == y), "{case}");
+                continue;
+            }
+            let twin = plan.tensors.len() - 1;
+            assert_eq!(stored, vec![twin], "{case}");
+            assert_eq!(plan.tensors[twin].stored, held, "{case}");
+            assert!(matches!(plan.ops[1], Op::Add { y: from, out, .. } if from == y && out == twin));
+            assert!(matches!(plan.ops[2], Op::Gelu { x, .. } if x == twin), "{case}");
+            assert!(matches!(plan.ops[3], Op::GeluBwd { x, .. } if x == twin), "{case}");
+            // y lives from the matmul to the add alone now; its twin takes half its bytes.
+            assert_eq!(plan.temporary_lives()[y], Some((0, 1)), "{case}");
+            assert!(Storage::shared(&plan).bytes() < bytes + 12 * 2, "{case}");
         }
     }
 

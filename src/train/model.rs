@@ -404,11 +404,7 @@ impl Recorder<'_> {
             None,
         );
         let bias = self.param(lin.b);
-        self.g.push(Op::Add {
-            x: bias,
-            y,
-            held: Format::F32,
-        });
+        self.g.push(Op::add_in_place(bias, y));
         self.g.round(y, self.p.compute);
         y
     }
@@ -481,11 +477,7 @@ impl Recorder<'_> {
             db,
             c,
         });
-        self.g.push(Op::Add {
-            x: residual,
-            y: dx,
-            held: Format::F32,
-        });
+        self.g.push(Op::add_in_place(residual, dx));
         self.g.round(dx, self.p.stream);
         dx
     }
@@ -700,11 +692,7 @@ impl Gpt<'_> {
             out: pe,
             c,
         });
-        r.g.push(Op::Add {
-            x: pe,
-            y: x,
-            held: Format::F32,
-        });
+        r.g.push(Op::add_in_place(pe, x));
         r.g.round(x, stream);
 
         let mut x = x;
@@ -721,11 +709,7 @@ impl Gpt<'_> {
             };
             // x_mid = x_in + proj(y), in the stream format.
             let x_mid = r.linear_fwd(&proj, y_rows);
-            r.g.push(Op::Add {
-                x: x_in,
-                y: x_mid,
-                held: Format::F32,
-            });
+            r.g.push(Op::add_in_place(x_in, x_mid));
             r.g.round(x_mid, stream);
             let ln2 = r.norm(x_mid, (layer_param(l, LN2_G), layer_param(l, LN2_B)), c);
             let fc_out = r.linear_fwd(&fc, ln2.0);
@@ -737,11 +721,7 @@ impl Gpt<'_> {
             });
             r.g.round(gelu, compute);
             x = r.linear_fwd(&fc2, gelu);
-            r.g.push(Op::Add {
-                x: x_mid,
-                y: x,
-                held: Format::F32,
-            });
+            r.g.push(Op::add_in_place(x_mid, x));
             r.g.round(x, stream);
             caches.push(BlockCache {
                 x_in,
@@ -827,11 +807,7 @@ impl Gpt<'_> {
             rows: v,
             c,
         });
-        r.g.push(Op::Add {
-            x: scatter,
-            y: dwte,
-            held: Format::F32,
-        });
+        r.g.push(Op::add_in_place(scatter, dwte));
         let dwpe = r.grad(1);
         r.g.push(Op::EmbeddingBwd {
             dout: dx,

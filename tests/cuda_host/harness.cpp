@@ -296,23 +296,29 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> sums(c);
         column_sums_of(x, sums.data(), rows, c);
         out = bits_of(sums);
-    } else if ((k == "gelu_fwd" && argc == 5) || (k == "gelu_bwd" && argc == 3)) {
-        // gelu_fwd N FMT CODED < x > y (CODED: codes, one to each word); gelu_bwd N < x dy > dx
+    } else if ((k == "gelu_fwd" && argc == 6) || (k == "gelu_bwd" && argc == 4)) {
+        // gelu_fwd N FMT CODED XFMT < x > y; gelu_bwd N XFMT < x dy > dx. Codes travel one to
+        // each word: x where XFMT is not f32's (a coded input), y where CODED.
         i64 n = arg(argv, 2);
-        float* x = input.f(n);
+        u32 x_fmt = arg(argv, k == "gelu_fwd" ? 5 : 3);
+        u32* words = input.u(n);
+        std::vector<unsigned short> x_codes(words, words + n);
+        const void* x = x_fmt == FMT_F32 ? (const void*)words : (const void*)x_codes.data();
         std::vector<float> y(n);
         if (k == "gelu_fwd") {
             u32 fmt = arg(argv, 3), coded = arg(argv, 4);
             std::vector<unsigned short> codes(n);
             void* dst = coded ? (void*)codes.data() : (void*)y.data();
-            emu::launch(elementwise_grid(n), element_block, [&] { gelu_fwd(x, dst, n, fmt, coded); });
+            emu::launch(elementwise_grid(n), element_block,
+                        [&] { gelu_fwd(x, dst, n, fmt, coded, x_fmt); });
             if (coded) {
                 out = std::vector<u32>(codes.begin(), codes.end());
                 return true;
             }
         } else {
             float* dy = input.f(n);
-            emu::launch(elementwise_grid(n), element_block, [&] { gelu_bwd(x, dy, y.data(), n); });
+            emu::launch(elementwise_grid(n), element_block,
+                        [&] { gelu_bwd(x, dy, y.data(), n, x_fmt); });
         }
         out = bits_of(y);
     } else if ((k == "softmax_fwd" || k == "softmax_bwd") && argc == 5) {  // ROWS T SCALE
@@ -369,11 +375,20 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> y((size_t)rows * c);
         emu::launch({rows, 1, 1}, row_block, [&] { embedding_bwd(dout, ids, y.data(), c, tokens); });
         out = bits_of(y);
-    } else if (k == "add" && argc == 5) {  // N C FMT < x(c) y(n) > y + x held in FMT
+    } else if (k == "add" && argc == 6) {
+        // N C FMT CODED < x(c) y(n) > y + x held in FMT (its codes, one to each word, where
+        // CODED: written to a separate output, as a plan's coded bias add does; else in place)
         i64 n = arg(argv, 2);
-        u32 c = arg(argv, 3), fmt = arg(argv, 4);
+        u32 c = arg(argv, 3), fmt = arg(argv, 4), coded = arg(argv, 5);
         float *x = input.f(c), *y = input.f(n);
-        emu::launch(elementwise_grid(n), element_block, [&] { add(x, y, n, c, fmt); });
+        if (coded) {
+            std::vector<unsigned short> codes(n);
+            emu::launch(elementwise_grid(n), element_block,
+                        [&] { add(x, y, codes.data(), n, c, fmt, coded); });
+            out = std::vector<u32>(codes.begin(), codes.end());
+            return true;
+        }
+        emu::launch(elementwise_grid(n), element_block, [&] { add(x, y, y, n, c, fmt, coded); });
         out = bits_of(std::vector<float>(y, y + n));
     } else if (k == "strided_copy" && argc == 17) {  // DIMS*4 SRC*4 DST*4 SRC_OFF DST_OFF OUT_LEN
         Strided map;

@@ -92,20 +92,15 @@ impl CudaBackend {
         match dy {
             None => launch::gelu_fwd(
                 self,
-                self.ptr(&input),
-                self.ptr(&out),
+                [self.ptr(&input), self.ptr(&out)],
                 x.len(),
                 (Format::F32, false),
+                Format::F32,
             )?,
             Some(dy) => {
                 let d = self.upload(dy)?;
-                launch::gelu_bwd(
-                    self,
-                    self.ptr(&input),
-                    self.ptr(&d),
-                    self.ptr(&out),
-                    x.len(),
-                )?
+                let ptrs = [self.ptr(&input), self.ptr(&d), self.ptr(&out)];
+                launch::gelu_bwd(self, ptrs, x.len(), Format::F32)?
             }
         }
         self.download(&out, x.len())

@@ -184,7 +184,12 @@ impl<'a> CudaPlan<'a> {
 
     /// Whether tensor `id` stores 16-bit codes (`Plan::store_codes`).
     fn coded(&self, id: TensorId) -> bool {
-        self.plan.tensors[id].stored != Format::F32
+        self.stored(id) != Format::F32
+    }
+
+    /// What tensor `id` stores: f32, or the codes of bf16 or f16.
+    fn stored(&self, id: TensorId) -> Format {
+        self.plan.tensors[id].stored
     }
 
     fn rows(&self, id: TensorId, width: usize) -> usize {
@@ -244,14 +249,17 @@ impl<'a> CudaPlan<'a> {
             }
             Op::Gelu { x, out, held } => launch::gelu_fwd(
                 cb,
-                self.p(x),
-                self.p(out),
+                [self.p(x), self.p(out)],
                 self.len(x),
                 (held, self.coded(out)),
+                self.stored(x),
             ),
-            Op::GeluBwd { x, dy, out } => {
-                launch::gelu_bwd(cb, self.p(x), self.p(dy), self.p(out), self.len(x))
-            }
+            Op::GeluBwd { x, dy, out } => launch::gelu_bwd(
+                cb,
+                [self.p(x), self.p(dy), self.p(out)],
+                self.len(x),
+                self.stored(x),
+            ),
             Op::Softmax { x, out, t, scale } => {
                 let shape = (self.rows(x, t), t, scale);
                 launch::softmax_fwd(cb, self.p(x), self.p(out), shape)
@@ -325,9 +333,10 @@ impl<'a> CudaPlan<'a> {
                 done
             }
             Op::Round { x, format } => launch::round(cb, self.p(x), self.len(x), format),
-            Op::Add { x, y, held } => {
+            Op::Add { x, y, out, held } => {
                 let lens = (self.len(y), self.len(x));
-                launch::add(cb, [self.p(x), self.p(y)], lens, held)
+                let ptrs = [self.p(x), self.p(y), self.p(out)];
+                launch::add(cb, ptrs, lens, (held, self.coded(out)))
             }
             Op::ColumnSums { x, out, c } => {
                 launch::column_sums(cb, self.p(x), self.p(out), self.rows(x, c), c, work)

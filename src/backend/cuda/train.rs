@@ -195,22 +195,29 @@ pub(super) fn column_sums(
     launch_1d!(cb, Module::Train, "sum_partials", c; &scratch, &out, &chunks32, &c32)
 }
 
-/// y = GELU(x) held in `held`.
-/// y = GELU(x) held in `held`; `coded`: y stores its 16-bit codes (a plan's coded tensor).
+/// y = GELU(x) held in `held`; `coded`: y stores its 16-bit codes (a plan's coded tensor);
+/// x is stored in `x_stored` (f32, or the codes of a coded tensor).
 pub(super) fn gelu_fwd(
     cb: &CudaBackend,
-    x: Ptr,
-    y: Ptr,
+    [x, y]: [Ptr; 2],
     n: usize,
     (held, coded): (Format, bool),
+    x_stored: Format,
 ) -> Result<()> {
     let (len, fmt, coded) = (n as i64, format_id(held), coded as u32);
-    launch_1d!(cb, Module::Train, "gelu_fwd", n; &x, &y, &len, &fmt, &coded)
+    let x_fmt = format_id(x_stored);
+    launch_1d!(cb, Module::Train, "gelu_fwd", n; &x, &y, &len, &fmt, &coded, &x_fmt)
 }
 
-pub(super) fn gelu_bwd(cb: &CudaBackend, x: Ptr, dy: Ptr, dx: Ptr, n: usize) -> Result<()> {
-    let len = n as i64;
-    launch_1d!(cb, Module::Train, "gelu_bwd", n; &x, &dy, &dx, &len)
+/// dx = dy * GELU'(x), x stored in `x_stored`.
+pub(super) fn gelu_bwd(
+    cb: &CudaBackend,
+    [x, dy, dx]: [Ptr; 3],
+    n: usize,
+    x_stored: Format,
+) -> Result<()> {
+    let (len, x_fmt) = (n as i64, format_id(x_stored));
+    launch_1d!(cb, Module::Train, "gelu_bwd", n; &x, &dy, &dx, &len, &x_fmt)
 }
 
 pub(super) fn softmax_fwd(
@@ -283,16 +290,16 @@ pub(super) fn cross_entropy_bwd(
     launch_1d!(cb, Module::Train, "cross_entropy_bwd", rows * v; &probs, &targets, &d, &scalars, &n, &v32)
 }
 
-/// y += x, x of length `c` repeated over the `n` values of y.
-/// y = y + x held in `held`, x (c elements) repeated over y (n).
+/// out = y + x held in `held` (its 16-bit codes where `coded`), x (c elements) repeated over
+/// y (n); out may be y.
 pub(super) fn add(
     cb: &CudaBackend,
-    [x, y]: [Ptr; 2],
+    [x, y, out]: [Ptr; 3],
     (n, c): (usize, usize),
-    held: Format,
+    (held, coded): (Format, bool),
 ) -> Result<()> {
-    let (len, c, fmt) = (n as i64, c.max(1) as u32, format_id(held));
-    launch_1d!(cb, Module::Train, "add", n; &x, &y, &len, &c, &fmt)
+    let (len, c, fmt, coded) = (n as i64, c.max(1) as u32, format_id(held), coded as u32);
+    launch_1d!(cb, Module::Train, "add", n; &x, &y, &out, &len, &c, &fmt, &coded)
 }
 
 pub(super) fn strided_copy(cb: &CudaBackend, x: Ptr, y: Ptr, map: &Strided) -> Result<()> {

@@ -214,8 +214,11 @@ impl<'a> HostExecutor<'a> {
                 self.tensors[out] = c;
             }
             Op::Round { x, format } => round_to(self.slot(x), format),
-            Op::Add { x, y, held } => {
-                let mut target = std::mem::take(self.slot(y));
+            Op::Add { x, y, out, held } => {
+                let mut target = match out == y {
+                    true => std::mem::take(self.slot(y)),
+                    false => self.slot(y).clone(),
+                };
                 let src = &self.tensors[x];
                 if !src.is_empty() {
                     for (i, t) in target.iter_mut().enumerate() {
@@ -223,7 +226,7 @@ impl<'a> HostExecutor<'a> {
                     }
                 }
                 round_to(&mut target, held);
-                self.tensors[y] = target;
+                self.tensors[out] = target;
             }
             Op::ColumnSums { x, out, c } => {
                 self.tensors[out] = ops::column_sums(&self.tensors[x], c);

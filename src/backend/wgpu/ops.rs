@@ -63,11 +63,11 @@ impl WgpuBackend {
         let outs = [Out::Fresh(x.len()), Out::Unused, Out::Unused];
         let [y, ..] = match dy {
             None => self.train_op(
-                launch::gelu_fwd(x.len(), Format::F32, false),
+                launch::gelu_fwd(x.len(), Format::F32, false, Format::F32),
                 [x, &[], &[]],
                 outs,
             ),
-            Some(dy) => self.train_op(launch::gelu_bwd(x.len()), [x, dy, &[]], outs),
+            Some(dy) => self.train_op(launch::gelu_bwd(x.len(), Format::F32), [x, dy, &[]], outs),
         }
         .await?;
         Ok(y)

@@ -275,6 +275,11 @@ impl<'a> ResidentPlan<'a> {
                 [Some(out), second, None]
             }
         };
+        // GELU's inputs: x in in0, or a coded x's words in in2 (and dy in in1).
+        let gelu_ins = |x: TensorId, dy: Option<TensorId>| match coded(x) {
+            true => [None, dy, Some(x)],
+            false => [Some(x), dy, None],
+        };
         let mut r = Recorded::default();
         // A train kernel on buffers: inputs, then outputs.
         let train_on = |l: TrainLaunch,
@@ -386,12 +391,12 @@ impl<'a> ResidentPlan<'a> {
                 d
             }
             Op::Gelu { x, out, held } => {
-                let l = launch::gelu_fwd(len(x), held, coded(out));
-                vec![train(l, [Some(x), None, None], outs_for(out, None))?]
+                let l = launch::gelu_fwd(len(x), held, coded(out), stored(x));
+                vec![train(l, gelu_ins(x, None), outs_for(out, None))?]
             }
             Op::GeluBwd { x, dy, out } => vec![train(
-                launch::gelu_bwd(len(x)),
-                [Some(x), Some(dy), None],
+                launch::gelu_bwd(len(x), stored(x)),
+                gelu_ins(x, Some(dy)),
                 [Some(out), None, None],
             )?],
             Op::Attention {
@@ -512,10 +517,19 @@ impl<'a> ResidentPlan<'a> {
                 None,
                 [Some(x), None, None],
             )?],
-            Op::Add { x, y, held } => vec![step(
+            Op::Add { x, y, out, held } if out == y => vec![step(
                 launch::add(len(y), len(x), held),
                 Some(x),
                 [Some(y), None, None],
+            )?],
+            // Into a tensor of its own: z, or w where it is coded.
+            Op::Add { x, y, out, held } => vec![step(
+                launch::add_into(len(y), len(x), held, coded(out)),
+                Some(x),
+                match coded(out) {
+                    true => [Some(y), None, Some(out)],
+                    false => [Some(y), Some(out), None],
+                },
             )?],
             Op::ColumnSums { x, out, c } => {
                 let rows = rows_of(x, c);

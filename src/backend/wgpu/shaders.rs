@@ -89,6 +89,7 @@ impl TrainOp {
 pub enum StepOp {
     Round,
     Add,
+    AddInto,
     StridedCopy,
     MeanToStat,
     UnscaleCheck,
@@ -97,9 +98,10 @@ pub enum StepOp {
 }
 
 impl StepOp {
-    pub const ALL: [StepOp; 7] = [
+    pub const ALL: [StepOp; 8] = [
         StepOp::Round,
         StepOp::Add,
+        StepOp::AddInto,
         StepOp::StridedCopy,
         StepOp::MeanToStat,
         StepOp::UnscaleCheck,
@@ -111,6 +113,7 @@ impl StepOp {
         match self {
             StepOp::Round => "round_to_format",
             StepOp::Add => "add",
+            StepOp::AddInto => "add_into",
             StepOp::StridedCopy => "strided_copy",
             StepOp::MeanToStat => "mean_to_stat",
             StepOp::UnscaleCheck => "unscale_check",

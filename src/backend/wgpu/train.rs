@@ -34,6 +34,10 @@ pub struct TrainParams {
     pub coded: u32,
     /// Cross entropy: 1 writes the loss's gradient (the backward fused in), 0 the probabilities.
     pub grad: u32,
+    /// GELU and its backward: the format id whose codes in2 holds (a coded input); f32's id:
+    /// the input is in0's f32 values.
+    pub x_stored: u32,
+    pub _pad: [u32; 3],
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -187,16 +191,22 @@ pub mod launch {
     /// x -> GELU(x) held in `held`.
     /// x -> y held in `held`; y `coded` goes to the third output as 16-bit codes, one word
     /// (two elements) per invocation.
-    pub fn gelu_fwd(n: usize, held: Format, coded: bool) -> TrainLaunch {
+    /// GELU of x, stored as `x_stored` (f32 in in0, or a coded tensor's codes in in2), held in
+    /// `held` (its codes in out2 where `coded`).
+    pub fn gelu_fwd(n: usize, held: Format, coded: bool, x_stored: Format) -> TrainLaunch {
         let items = if coded { n.div_ceil(2) } else { n };
         let mut l = train(TrainOp::GeluFwd, n, 0, items);
         l.params.held = format_id(held);
         l.params.coded = coded as u32;
+        l.params.x_stored = format_id(x_stored);
         l
     }
 
-    pub fn gelu_bwd(n: usize) -> TrainLaunch {
-        train(TrainOp::GeluBwd, n, 0, n)
+    /// GELU's backward, x stored as in `gelu_fwd`, dy in in1.
+    pub fn gelu_bwd(n: usize, x_stored: Format) -> TrainLaunch {
+        let mut l = train(TrainOp::GeluBwd, n, 0, n);
+        l.params.x_stored = format_id(x_stored);
+        l
     }
 
     /// Causal softmax of `scale * x` over rows of `t`.
@@ -298,6 +308,20 @@ pub mod launch {
             ..Default::default()
         };
         step(StepOp::Add, params, Some(n))
+    }
+
+    /// z = y + x held in `held`, x (c values) repeated over y (n); where `coded`, its codes go
+    /// to w instead, two to a word.
+    pub fn add_into(n: usize, c: usize, held: Format, coded: bool) -> StepLaunch {
+        let params = StepParams {
+            n: n as u32,
+            c: c.max(1) as u32,
+            format: format_id(held),
+            extra: [coded as u32, 0, 0, 0],
+            ..Default::default()
+        };
+        let items = if coded { n.div_ceil(2) } else { n };
+        step(StepOp::AddInto, params, Some(items))
     }
 
     pub fn strided_copy(map: &Strided) -> StepLaunch {
