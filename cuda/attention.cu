@@ -31,7 +31,8 @@
 // What every attention kernel is told besides its pointers (`AttentionArg` in
 // src/backend/cuda/train.rs): t tokens per sequence, h heads, the scores' scale, and the format
 // ids of the matmul inputs, the stored probabilities and the held matmul results; `coded`: the
-// forward's output is stored as 16-bit codes of `compute` (a plan's coded tensor).
+// forward's output is stored as 16-bit codes of `compute` (a plan's coded tensor);
+// `qkv_stored`: q|k|v is stored as that format's codes (f32's id: as f32 values).
 struct AttentionArg {
     u32 t;
     u32 h;
@@ -40,6 +41,7 @@ struct AttentionArg {
     u32 probs;
     u32 compute;
     u32 coded;
+    u32 qkv_stored;
 };
 
 // `held` (formats.cuh) is inlined where it rounds a score, a probability or a gradient of one,
@@ -50,6 +52,10 @@ struct AttentionArg {
 __device__ __noinline__ float held_each(float x, u32 fmt) { return held(x, fmt); }
 __device__ __noinline__ void store_each(void* out, i64 e, float x, u32 fmt, u32 coded) {
     store_held(out, e, x, fmt, coded);
+}
+// Element e of an input stored in format `stored` (`load_stored`), held in `fmt`.
+__device__ __noinline__ float load_each(const void* in, i64 e, u32 stored, u32 fmt) {
+    return held(load_stored(in, e, stored), fmt);
 }
 
 template <int D>
@@ -79,13 +85,15 @@ __device__ __forceinline__ Head head_of(AttentionArg a) {
     return hd;
 }
 
-// dst[r][d] = the d-th value of rows r0 + r (stride `stride` apart from `src`), rounded to
-// `fmt`; rows at or past `end` are zero.
+// dst[r][d] = the d-th value of rows r0 + r (`stride` elements apart from element `base` of
+// `src`, stored in format `stored`), rounded to `fmt`; rows at or past `end` are zero.
 template <int D>
-__device__ void load_tile(float (*dst)[D], const float* src, i64 stride, u32 r0, u32 end, u32 fmt) {
+__device__ void load_tile(float (*dst)[D], const void* src, i64 base, i64 stride, u32 r0, u32 end,
+                          u32 fmt, u32 stored) {
     for (u32 e = threadIdx.x; e < ATT_TILE * (u32)D; e += blockDim.x) {
         u32 r = e / (u32)D, d = e % (u32)D;
-        dst[r][d] = r0 + r < end ? held(src[(i64)(r0 + r) * stride + d], fmt) : 0.0f;
+        dst[r][d] = r0 + r < end ? held(load_stored(src, base + (i64)(r0 + r) * stride + d, stored), fmt)
+                                 : 0.0f;
     }
 }
 
@@ -103,7 +111,7 @@ __device__ __forceinline__ float prob(const float* q, const float* k, float m, f
 }
 
 template <int D>
-__device__ void attention_fwd(const float* qkv, void* out, float* stats, AttentionArg a) {
+__device__ void attention_fwd(const void* qkv, void* out, float* stats, AttentionArg a) {
     __shared__ float ks[ATT_TILE][D];
     __shared__ float vs[ATT_TILE][D];
     Head hd = head_of<D>(a);
@@ -112,11 +120,11 @@ __device__ void attention_fwd(const float* qkv, void* out, float* stats, Attenti
     u32 end = min(a.t, first + blockDim.x);  // keys [0, end) reach the block's rows
     float q[D];
 #pragma unroll
-    for (int d = 0; d < D; d++) q[d] = live ? held_each(qkv[hd.qkv + i * hd.row3 + d], a.inputs) : 0.0f;
+    for (int d = 0; d < D; d++) q[d] = live ? load_each(qkv, hd.qkv + i * hd.row3 + d, a.qkv_stored, a.inputs) : 0.0f;
     // Pass 1: the row's max and sum of exp(z - max), rescaled as the max grows.
     float m = ATT_NEG_INF, l = 0.0f;
     for (u32 j0 = 0; j0 < end; j0 += ATT_TILE) {
-        load_tile<D>(ks, qkv + hd.qkv + hd.c, hd.row3, j0, end, a.inputs);
+        load_tile<D>(ks, qkv, hd.qkv + hd.c, hd.row3, j0, end, a.inputs, a.qkv_stored);
         __syncthreads();
         if (live)
             for (u32 jj = 0; jj < ATT_TILE && j0 + jj <= i; jj++) {
@@ -137,8 +145,8 @@ __device__ void attention_fwd(const float* qkv, void* out, float* stats, Attenti
 #pragma unroll
     for (int d = 0; d < D; d++) acc[d] = 0.0f;
     for (u32 j0 = 0; j0 < end; j0 += ATT_TILE) {
-        load_tile<D>(ks, qkv + hd.qkv + hd.c, hd.row3, j0, end, a.inputs);
-        load_tile<D>(vs, qkv + hd.qkv + 2 * hd.c, hd.row3, j0, end, a.inputs);
+        load_tile<D>(ks, qkv, hd.qkv + hd.c, hd.row3, j0, end, a.inputs, a.qkv_stored);
+        load_tile<D>(vs, qkv, hd.qkv + 2 * hd.c, hd.row3, j0, end, a.inputs, a.qkv_stored);
         __syncthreads();
         if (live)
             for (u32 jj = 0; jj < ATT_TILE && j0 + jj <= i; jj++) {
@@ -158,7 +166,7 @@ __device__ void attention_fwd(const float* qkv, void* out, float* stats, Attenti
 
 // dq (the first third of dqkv) and each row's sum(P * dP) into `delta`.
 template <int D>
-__device__ void attention_bwd_q(const float* qkv, const float* dout, const float* stats,
+__device__ void attention_bwd_q(const void* qkv, const float* dout, const float* stats,
                                 float* delta, float* dqkv, AttentionArg a) {
     __shared__ float ks[ATT_TILE][D];
     __shared__ float vs[ATT_TILE][D];
@@ -170,7 +178,7 @@ __device__ void attention_bwd_q(const float* qkv, const float* dout, const float
     float q[D], g[D], dq[D];
 #pragma unroll
     for (int d = 0; d < D; d++) {
-        q[d] = live ? held_each(qkv[hd.qkv + i * hd.row3 + d], a.inputs) : 0.0f;
+        q[d] = live ? load_each(qkv, hd.qkv + i * hd.row3 + d, a.qkv_stored, a.inputs) : 0.0f;
         g[d] = live ? held_each(dout[hd.rows + (i64)i * hd.c + d], a.inputs) : 0.0f;
         dq[d] = 0.0f;
     }
@@ -178,8 +186,8 @@ __device__ void attention_bwd_q(const float* qkv, const float* dout, const float
     float pdp = 0.0f;
     for (int pass = 0; pass < 2; pass++) {
         for (u32 j0 = 0; j0 < end; j0 += ATT_TILE) {
-            load_tile<D>(ks, qkv + hd.qkv + hd.c, hd.row3, j0, end, a.inputs);
-            load_tile<D>(vs, qkv + hd.qkv + 2 * hd.c, hd.row3, j0, end, a.inputs);
+            load_tile<D>(ks, qkv, hd.qkv + hd.c, hd.row3, j0, end, a.inputs, a.qkv_stored);
+            load_tile<D>(vs, qkv, hd.qkv + 2 * hd.c, hd.row3, j0, end, a.inputs, a.qkv_stored);
             __syncthreads();
             if (live)
                 for (u32 jj = 0; jj < ATT_TILE && j0 + jj <= i; jj++) {
@@ -206,7 +214,7 @@ __device__ void attention_bwd_q(const float* qkv, const float* dout, const float
 // (q, the output's gradient, and the rows' statistics). KEYS: dk (needs v and delta);
 // else dv.
 template <int D, bool KEYS>
-__device__ void attention_bwd_kv(const float* qkv, const float* dout, const float* stats,
+__device__ void attention_bwd_kv(const void* qkv, const float* dout, const float* stats,
                                  const float* delta, float* dqkv, AttentionArg a) {
     __shared__ float qs[ATT_TILE][D];
     __shared__ float gs[ATT_TILE][D];
@@ -217,14 +225,14 @@ __device__ void attention_bwd_kv(const float* qkv, const float* dout, const floa
     float k[D], v[D], acc[D];
 #pragma unroll
     for (int d = 0; d < D; d++) {
-        k[d] = live ? held_each(qkv[hd.qkv + hd.c + j * hd.row3 + d], a.inputs) : 0.0f;
-        v[d] = live && KEYS ? held_each(qkv[hd.qkv + 2 * hd.c + j * hd.row3 + d], a.inputs) : 0.0f;
+        k[d] = live ? load_each(qkv, hd.qkv + hd.c + j * hd.row3 + d, a.qkv_stored, a.inputs) : 0.0f;
+        v[d] = live && KEYS ? load_each(qkv, hd.qkv + 2 * hd.c + j * hd.row3 + d, a.qkv_stored, a.inputs) : 0.0f;
         acc[d] = 0.0f;
     }
     i64 rows = (i64)blockIdx.x * a.t;
     for (u32 i0 = first; i0 < a.t; i0 += ATT_TILE) {
-        load_tile<D>(qs, qkv + hd.qkv, hd.row3, i0, a.t, a.inputs);
-        load_tile<D>(gs, dout + hd.rows, hd.c, i0, a.t, a.inputs);
+        load_tile<D>(qs, qkv, hd.qkv, hd.row3, i0, a.t, a.inputs, a.qkv_stored);
+        load_tile<D>(gs, dout, hd.rows, hd.c, i0, a.t, a.inputs, FMT_F32);
         for (u32 r = threadIdx.x; r < ATT_TILE; r += blockDim.x) {
             bool in = i0 + r < a.t;
             ms[r] = in ? stats[2 * (rows + i0 + r)] : 0.0f;
@@ -256,21 +264,21 @@ __device__ void attention_bwd_kv(const float* qkv, const float* dout, const floa
 }
 
 #define ATTENTION_KERNELS(D)                                                                      \
-    extern "C" __global__ void attention_fwd_##D(const float* qkv, void* out, float* stats,       \
+    extern "C" __global__ void attention_fwd_##D(const void* qkv, void* out, float* stats,       \
                                                  AttentionArg a) {                                \
         attention_fwd<D>(qkv, out, stats, a);                                                     \
     }                                                                                             \
-    extern "C" __global__ void attention_bwd_q_##D(const float* qkv, const float* dout,           \
+    extern "C" __global__ void attention_bwd_q_##D(const void* qkv, const float* dout,           \
                                                    const float* stats, float* delta, float* dqkv, \
                                                    AttentionArg a) {                              \
         attention_bwd_q<D>(qkv, dout, stats, delta, dqkv, a);                                     \
     }                                                                                             \
-    extern "C" __global__ void attention_bwd_k_##D(const float* qkv, const float* dout,           \
+    extern "C" __global__ void attention_bwd_k_##D(const void* qkv, const float* dout,           \
                                                    const float* stats, const float* delta,        \
                                                    float* dqkv, AttentionArg a) {                 \
         attention_bwd_kv<D, true>(qkv, dout, stats, delta, dqkv, a);                              \
     }                                                                                             \
-    extern "C" __global__ void attention_bwd_v_##D(const float* qkv, const float* dout,           \
+    extern "C" __global__ void attention_bwd_v_##D(const void* qkv, const float* dout,           \
                                                    const float* stats, float* dqkv,               \
                                                    AttentionArg a) {                              \
         attention_bwd_kv<D, false>(qkv, dout, stats, nullptr, dqkv, a);                           \

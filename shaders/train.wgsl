@@ -30,8 +30,8 @@ struct TrainParams {
     coded: u32,
     // Cross entropy: 1 writes the loss's gradient (the backward fused in), 0 the probabilities.
     grad: u32,
-    // GELU and its backward: the format id whose 16-bit codes in0 holds, two to a word (a
-    // coded tensor: the plan's pre-GELU activations); f32's id: in0 holds f32 values.
+    // The format id whose 16-bit codes in0 holds, two to a word (a coded input: GELU's x, the
+    // pre-GELU activations; fused attention's q|k|v); f32's id: in0 holds f32 words.
     x_stored: u32,
     _pad0: u32,
     _pad1: u32,
@@ -39,7 +39,9 @@ struct TrainParams {
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
-@group(0) @binding(1) var<storage, read> in0: array<f32>;
+// Words: f32 bits, or two 16-bit codes of `params.x_stored` (a coded input: GELU's x,
+// attention's q|k|v), the even element in the low half; read through `in0v`.
+@group(0) @binding(1) var<storage, read> in0: array<u32>;
 @group(0) @binding(2) var<storage, read> in1: array<f32>;
 // Words: f32 bits, or (GELU's coded input) two 16-bit codes, the even element in the low half.
 @group(0) @binding(3) var<storage, read> in2: array<u32>;
@@ -121,12 +123,12 @@ fn layernorm_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     let base = r * c;
     var s = 0.0;
     for (var i = slot.lane; i < c; i += ROW_LANES) {
-        s += in0[base + i];
+        s += in0v(base + i);
     }
     let mean = row_sum(s, lid) / f32(c);
     var q = 0.0;
     for (var i = slot.lane; i < c; i += ROW_LANES) {
-        let d = in0[base + i] - mean;
+        let d = in0v(base + i) - mean;
         q += d * d;
     }
     let rstd = inverseSqrt(row_sum(q, lid) / f32(c) + 1e-5);
@@ -136,13 +138,13 @@ fn layernorm_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     if (params.coded != 0u) {
         // c is even (Plan::store_codes): the row's words are its own.
         for (var i = 2u * slot.lane; i < c; i += 2u * ROW_LANES) {
-            let lo = (in0[base + i] - mean) * rstd * in1[i] + in2f(i);
-            let hi = (in0[base + i + 1u] - mean) * rstd * in1[i + 1u] + in2f(i + 1u);
+            let lo = (in0v(base + i) - mean) * rstd * in1[i] + in2f(i);
+            let hi = (in0v(base + i + 1u) - mean) * rstd * in1[i + 1u] + in2f(i + 1u);
             out2[(base + i) / 2u] = code_pair(lo, hi, params.held);
         }
     } else {
         for (var i = slot.lane; i < c; i += ROW_LANES) {
-            out0[base + i] = held((in0[base + i] - mean) * rstd * in1[i] + in2f(i), params.held);
+            out0[base + i] = held((in0v(base + i) - mean) * rstd * in1[i] + in2f(i), params.held);
         }
     }
     if (slot.lane == 0u) {
@@ -165,7 +167,7 @@ fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     var sdx = 0.0;
     for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = (in1[base + i] - mean) * rstd;
-        let d = in0[base + i] * in2f(i);
+        let d = in0v(base + i) * in2f(i);
         sd += d;
         sdx += d * xhat;
     }
@@ -176,7 +178,7 @@ fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     }
     for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = (in1[base + i] - mean) * rstd;
-        let d = in0[base + i] * in2f(i);
+        let d = in0v(base + i) * in2f(i);
         out0[base + i] = rstd * (d - mean_d - xhat * mean_dx);
     }
 }
@@ -230,7 +232,7 @@ fn column_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     let j = min(col, c - 1u);
     var s = 0.0;
     for (var r = b.first + lid / 32u; r < b.end; r += 8u) {
-        s += in0[r * c + j];
+        s += in0v(r * c + j);
     }
     let t = lanes_sum(s, lid);
     if (lid < 32u && col < c) {
@@ -254,8 +256,8 @@ fn layernorm_bwd_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
     var db = 0.0;
     for (var r = b.first + lid / 32u; r < b.end; r += 8u) {
         let e = r * c + j;
-        dg += in0[e] * ((in1[e] - out1[2u * r]) * out1[2u * r + 1u]);
-        db += in0[e];
+        dg += in0v(e) * ((in1[e] - out1[2u * r]) * out1[2u * r + 1u]);
+        db += in0v(e);
     }
     let tg = lanes_sum(dg, lid);
     let tb = lanes_sum(db, lid);
@@ -282,7 +284,7 @@ fn sum_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     let j = e % c;
     var s = 0.0;
     for (var k = 0u; k < chunks; k++) {
-        s += in0[(part * chunks + k) * c + j];
+        s += in0v((part * chunks + k) * c + j);
     }
     if (part == 0u) {
         out0[j] = s;
@@ -305,13 +307,13 @@ fn gelu(x: f32) -> f32 {
     return 0.5 * x * (1.0 + gelu_tanh(x));
 }
 
-// Element e of GELU's input: in0[e], or where the input is a coded tensor
-// (`params.x_stored`), its code from in2's words.
-fn gelu_x(e: u32) -> f32 {
+// Element i of in0: the f32 its word holds, or where the input is a coded tensor
+// (`params.x_stored`: GELU's x, attention's q|k|v) the value of its code.
+fn in0v(i: u32) -> f32 {
     if (params.x_stored == FMT_F32) {
-        return in0[e];
+        return bitcast<f32>(in0[i]);
     }
-    return code_value(in2[e >> 1u], e, params.x_stored);
+    return code_value(in0[i >> 1u], i, params.x_stored);
 }
 
 // in2's word i as the f32 it holds.
@@ -329,14 +331,14 @@ fn gelu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
             return;
         }
         // An odd n's last word holds one code.
-        let hi = select(0.0, gelu(gelu_x(min(lo + 1u, params.n - 1u))), lo + 1u < params.n);
-        out2[e] = code_pair(gelu(gelu_x(lo)), hi, params.held);
+        let hi = select(0.0, gelu(in0v(min(lo + 1u, params.n - 1u))), lo + 1u < params.n);
+        out2[e] = code_pair(gelu(in0v(lo)), hi, params.held);
         return;
     }
     if (e >= params.n) {
         return;
     }
-    out0[e] = held(gelu(gelu_x(e)), params.held);
+    out0[e] = held(gelu(in0v(e)), params.held);
 }
 
 // in0 = x, in1 = dy; out0 = dx.
@@ -347,7 +349,7 @@ fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     if (e >= params.n) {
         return;
     }
-    let x = gelu_x(e);
+    let x = in0v(e);
     let t = gelu_tanh(x);
     let du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
     out0[e] = in1[e] * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du);
@@ -364,12 +366,12 @@ fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     let base = slot.row * t;
     var m = -3.4e38;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {
-        m = max(m, in0[base + j] * params.scale);
+        m = max(m, in0v(base + j) * params.scale);
     }
     m = row_max(m, lid);
     var s = 0.0;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {
-        s += exp(in0[base + j] * params.scale - m);
+        s += exp(in0v(base + j) * params.scale - m);
     }
     let sum = row_sum(s, lid);
     if (!slot.live) {
@@ -378,7 +380,7 @@ fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     for (var j = slot.lane; j < t; j += ROW_LANES) {
         var p = 0.0;
         if (j <= i) {
-            p = exp(in0[base + j] * params.scale - m) / sum;
+            p = exp(in0v(base + j) * params.scale - m) / sum;
         }
         out0[base + j] = p;
     }
@@ -394,7 +396,7 @@ fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     let base = slot.row * t;
     var s = 0.0;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {
-        s += in0[base + j] * in1[base + j];
+        s += in0v(base + j) * in1[base + j];
     }
     let dot = row_sum(s, lid);
     if (!slot.live) {
@@ -403,7 +405,7 @@ fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     for (var j = slot.lane; j < t; j += ROW_LANES) {
         var d = 0.0;
         if (j <= i) {
-            d = params.scale * in0[base + j] * (in1[base + j] - dot);
+            d = params.scale * in0v(base + j) * (in1[base + j] - dot);
         }
         out0[base + j] = d;
     }
@@ -422,12 +424,12 @@ fn cross_entropy_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     let base = r * v;
     var m = -3.4e38;
     for (var i = slot.lane; i < v; i += ROW_LANES) {
-        m = max(m, in0[base + i]);
+        m = max(m, in0v(base + i));
     }
     m = row_max(m, lid);
     var s = 0.0;
     for (var i = slot.lane; i < v; i += ROW_LANES) {
-        s += exp(in0[base + i] - m);
+        s += exp(in0v(base + i) - m);
     }
     let sum = row_sum(s, lid);
     if (!slot.live) {
@@ -441,19 +443,19 @@ fn cross_entropy_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
             if (i == label) {
                 onehot = 1.0;
             }
-            out0[base + i] = held((exp(in0[base + i] - m) / sum - onehot) * k, params.held);
+            out0[base + i] = held((exp(in0v(base + i) - m) / sum - onehot) * k, params.held);
         }
     } else {
         for (var i = slot.lane; i < v; i += ROW_LANES) {
-            out0[base + i] = exp(in0[base + i] - m) / sum;
+            out0[base + i] = exp(in0v(base + i) - m) / sum;
         }
     }
     if (slot.lane == 0u) {
-        out1[r] = log(sum) + m - in0[base + label];
+        out1[r] = log(sum) + m - in0v(base + label);
     }
 }
 
-// Embedding gather: out0[r, i] = in0[id(r), i]; in1 = ids (f32 bits of u32), c = width,
+// Embedding gather: out0[r, i] = in0v(id(r), i); in1 = ids (f32 bits of u32), c = width,
 // n = rows * c.
 @compute @workgroup_size(256)
 fn embedding_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -463,7 +465,7 @@ fn embedding_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
         return;
     }
     let r = e / params.c;
-    out0[e] = in0[bitcast<u32>(in1[r]) * params.c + e % params.c];
+    out0[e] = in0v(bitcast<u32>(in1[r]) * params.c + e % params.c);
 }
 
 // Embedding scatter-add as a gather, so no float atomics are needed: table entry (row, i) sums
@@ -480,7 +482,7 @@ fn embedding_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     var sum = 0.0;
     for (var r = 0u; r < params.tokens; r++) {
         if (bitcast<u32>(in1[r]) == row) {
-            sum += in0[r * params.c + i];
+            sum += in0v(r * params.c + i);
         }
     }
     out0[e] = sum;
@@ -521,7 +523,7 @@ fn att_z(q: ptr<function, array<f32, ATT_MAX_D>>, a: AttRow, j: u32) -> f32 {
     let k = a.qkv + params.h * params.d + j * 3u * params.h * params.d;
     var s = 0.0;
     for (var e = 0u; e < params.d; e++) {
-        s += (*q)[e] * held(in0[k + e], params.inputs);
+        s += (*q)[e] * held(in0v(k + e), params.inputs);
     }
     return held(s, params.compute) * params.scale;
 }
@@ -543,7 +545,7 @@ fn attention_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     var q: array<f32, ATT_MAX_D>;
     var acc: array<f32, ATT_MAX_D>;
     for (var e = 0u; e < params.d; e++) {
-        q[e] = held(in0[a.qkv + a.i * 3u * c + e], params.inputs);
+        q[e] = held(in0v(a.qkv + a.i * 3u * c + e), params.inputs);
         acc[e] = 0.0;
     }
     // Pass 1: the row's max and sum of exp(z - max), rescaled as the max grows. No constant
@@ -570,7 +572,7 @@ fn attention_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
         let p = held(att_p(att_z(&q, a, j), m, l), params.inputs);
         let v = a.qkv + 2u * c + j * 3u * c;
         for (var e = 0u; e < params.d; e++) {
-            acc[e] += p * held(in0[v + e], params.inputs);
+            acc[e] += p * held(in0v(v + e), params.inputs);
         }
     }
     if (params.coded != 0u) {
@@ -601,7 +603,7 @@ fn attention_bwd_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     var g: array<f32, ATT_MAX_D>;
     var dq: array<f32, ATT_MAX_D>;
     for (var e = 0u; e < params.d; e++) {
-        q[e] = held(in0[a.qkv + a.i * 3u * c + e], params.inputs);
+        q[e] = held(in0v(a.qkv + a.i * 3u * c + e), params.inputs);
         g[e] = held(in1[a.rows + a.i * c + e], params.inputs);
         dq[e] = 0.0;
     }
@@ -614,7 +616,7 @@ fn attention_bwd_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
             let v = a.qkv + 2u * c + j * 3u * c;
             var dp = 0.0;
             for (var e = 0u; e < params.d; e++) {
-                dp += g[e] * held(in0[v + e], params.inputs);
+                dp += g[e] * held(in0v(v + e), params.inputs);
             }
             dp = held(dp, params.compute);
             if (sweep == 0u) {
@@ -623,7 +625,7 @@ fn attention_bwd_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
                 let ds = held(held(params.scale * p * (dp - pdp), params.compute), params.inputs);
                 let k = a.qkv + c + j * 3u * c;
                 for (var e = 0u; e < params.d; e++) {
-                    dq[e] += ds * held(in0[k + e], params.inputs);
+                    dq[e] += ds * held(in0v(k + e), params.inputs);
                 }
             }
         }
@@ -644,10 +646,10 @@ fn attention_bwd_kv(row: u32, keys: bool) {
     var v: array<f32, ATT_MAX_D>;
     var acc: array<f32, ATT_MAX_D>;
     for (var e = 0u; e < params.d; e++) {
-        k[e] = held(in0[a.qkv + c + j * 3u * c + e], params.inputs);
+        k[e] = held(in0v(a.qkv + c + j * 3u * c + e), params.inputs);
         v[e] = 0.0;
         if (keys) {
-            v[e] = held(in0[a.qkv + 2u * c + j * 3u * c + e], params.inputs);
+            v[e] = held(in0v(a.qkv + 2u * c + j * 3u * c + e), params.inputs);
         }
         acc[e] = 0.0;
     }
@@ -656,7 +658,7 @@ fn attention_bwd_kv(row: u32, keys: bool) {
         let qi = a.qkv + i * 3u * c;
         var s = 0.0;
         for (var e = 0u; e < params.d; e++) {
-            s += held(in0[qi + e], params.inputs) * k[e];
+            s += held(in0v(qi + e), params.inputs) * k[e];
         }
         let z = held(s, params.compute) * params.scale;
         let p = att_p(z, in2f(2u * (first + i)), in2f(2u * (first + i) + 1u));
@@ -669,7 +671,7 @@ fn attention_bwd_kv(row: u32, keys: bool) {
             dp = held(dp, params.compute);
             let ds = held(held(params.scale * p * (dp - out1[first + i]), params.compute), params.inputs);
             for (var e = 0u; e < params.d; e++) {
-                acc[e] += ds * held(in0[qi + e], params.inputs);
+                acc[e] += ds * held(in0v(qi + e), params.inputs);
             }
         } else {
             let pin = held(p, params.inputs);

@@ -1031,6 +1031,7 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
                 format_id(probs),
                 format_id(compute),
                 "0".into(),
+                format_id(f32_),
             ])
             .collect();
         let tol = common::attention_tolerance(&spec);
@@ -1043,7 +1044,7 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
         if compute != f32_ {
             // Stored as codes of the held format (a plan's coded tensor): the same values.
             let mut coded_args = args.clone();
-            *coded_args.last_mut().unwrap() = "1".into();
+            coded_args[8] = "1".into();
             let coded = run(h, "attention_fwd", &coded_args, &bits(&qkv));
             same_codes(&what("out as codes"), &coded[..n1], &out[..n1], compute);
             assert_eq!(
@@ -1058,6 +1059,22 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
         let (dqkv, delta) = ops::attention_bwd(&qkv, &dout, &spec);
         common::attention_close(&what("dqkv"), &out[..n3], &dqkv, tol);
         common::attention_close(&what("sum(P dP)"), &out[n3..], &delta, tol);
+        if inputs == bf16 || inputs == f16 {
+            // q|k|v stored as codes of the matmul inputs' format (a plan's coded tensor): the
+            // bits of the same kernels on the values those codes hold, stored as f32.
+            let codes: Vec<u32> = qkv.iter().map(|&x| inputs.encode(x, Overflow::Standard)).collect();
+            let values: Vec<f32> = codes.iter().map(|&c| inputs.decode(c)).collect();
+            let mut coded_args = args.clone();
+            coded_args[9] = format_id(inputs);
+            let plain = run_f32(h, "attention_fwd", &args, &[&values]);
+            let (plain_bits, n_out) = (bits(&plain), plain.len());
+            let from_codes = run(h, "attention_fwd", &coded_args, &codes);
+            assert_eq!(from_codes, plain_bits, "{}", what("forward from q|k|v codes"));
+            let rest = [bits(&dout), bits(&plain[n1..n_out])].concat();
+            let plain = run(h, "attention_bwd", &args, &[bits(&values), rest.clone()].concat());
+            let from_codes = run(h, "attention_bwd", &coded_args, &[codes, rest].concat());
+            assert_eq!(from_codes, plain, "{}", what("backward from q|k|v codes"));
+        }
     }
     // Non-finite scores: a query holding inf makes its row's scores +-inf or NaN, so the
     // unfused softmax gives that row NaN (exp(inf - inf)) and leaves the other rows alone; the
@@ -1079,7 +1096,7 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
     qkv[7 * c3 + 3] = f32::INFINITY; // q of token 7, head 0
     qkv[20 * c3 + spec.d + 1] = f32::NAN; // q of token 20, head 1
     qkv[30 * c3 + 5] = 1e-40; // a subnormal
-    let args = ["1", "40", "2", "16", "0.25", "0", "0", "0", "0"].map(String::from);
+    let args = ["1", "40", "2", "16", "0.25", "0", "0", "0", "0", "0"].map(String::from);
     let out = run_f32(h, "attention_fwd", &args, &[&qkv]);
     let (y, stats) = ops::attention_fwd(&qkv, &spec);
     common::attention_close("non-finite out", &out[..spec.out_len()], &y, tol::REDUCTION);

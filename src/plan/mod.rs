@@ -372,6 +372,16 @@ pub enum Op {
 }
 
 impl Op {
+    /// The input this op's kernels may read as 16-bit codes (`Plan::store_codes`): GELU's x
+    /// (forward and backward) and fused attention's q|k|v; every other input is read as f32.
+    pub fn coded_input(&self) -> Option<TensorId> {
+        match *self {
+            Op::Gelu { x, .. } | Op::GeluBwd { x, .. } => Some(x),
+            Op::Attention { qkv, .. } | Op::AttentionBwd { qkv, .. } => Some(qkv),
+            _ => None,
+        }
+    }
+
     /// y += x in f32, x repeated over y when shorter (`PlanBuilder::round` may then give it a
     /// format to hold y in).
     pub fn add_in_place(x: TensorId, y: TensorId) -> Op {
@@ -894,8 +904,9 @@ impl Plan {
         Ok(buckets)
     }
 
-    /// Stores as 16-bit codes (`TensorInfo::stored`) the pre-GELU activations that a bias add
-    /// holds in bf16 or f16 (`store_bias_adds_as_codes`), and each temporary written by one layer norm,
+    /// Stores as 16-bit codes (`TensorInfo::stored`) the pre-GELU activations and fused
+    /// attention's q|k|v that a bias add holds in bf16 or f16 (`store_bias_adds_as_codes`), and
+    /// each temporary written by one layer norm,
     /// GELU or fused attention and read only by matmuls that round it to bf16, or only by
     /// matmuls that round it to f16 (`Algorithm::Bf16`, `Algorithm::F16`): its writer rounds
     /// it as it stores (a layer norm's or GELU's `held` becomes that format; attention must
@@ -964,11 +975,12 @@ impl Plan {
     }
 
     /// The second rule of `store_codes`: a temporary y that an in-place bias add holding bf16
-    /// or f16 writes last, and that after it only GELU and its backward read (they decode
-    /// codes: the MLP's pre-GELU activations, held until the backward pass), gets a coded
-    /// twin: the add writes its output as codes into a new temporary, which those readers
-    /// read instead, while y, the matmul's f32 product the add reads, dies at the add. The
-    /// values are the add's held values either way. Returns the new tensors.
+    /// or f16 writes last, and that after it only ops that decode codes read (GELU and its
+    /// backward: the MLP's pre-GELU activations; fused attention forward and backward: the
+    /// q|k|v projection; all held until the backward pass), gets a coded twin: the add writes
+    /// its output as codes into a new temporary, which those readers read instead, while y,
+    /// the matmul's f32 product the add reads, dies at the add. The values are the add's held
+    /// values either way. Returns the new tensors.
     fn store_bias_adds_as_codes(&mut self) -> Vec<TensorId> {
         let mut coded = vec![];
         for a in 0..self.ops.len() {
@@ -984,15 +996,12 @@ impl Plan {
                 continue;
             }
             let later = &self.ops[a + 1..];
-            // Every later op is a GELU (forward or backward) that may read y as its input
-            // alone, or leaves y alone.
-            let decodes = |op: &Op| match *op {
-                Op::Gelu { out, .. } => out != y,
-                Op::GeluBwd { dy, out, .. } => dy != y && out != y,
-                _ => {
-                    let (reads, writes) = op.reads_writes();
-                    !reads.contains(&y) && !writes.contains(&y)
-                }
+            // Every later op reads y, if at all, as its input that may be coded, and touches
+            // it no other way.
+            let decodes = |op: &Op| {
+                let (reads, writes) = op.reads_writes();
+                let as_coded = (op.coded_input() == Some(y)) as usize;
+                reads.iter().filter(|&&t| t == y).count() == as_coded && !writes.contains(&y)
             };
             let read_later = later.iter().any(|op| op.reads_writes().0.contains(&y));
             if !read_later || !later.iter().all(decodes) {
@@ -1008,12 +1017,16 @@ impl Plan {
                 *out = twin;
             }
             for op in &mut self.ops[a + 1..] {
-                if let Op::Gelu { x, .. } | Op::GeluBwd { x, .. } = op
+                if let Op::Gelu { x, .. }
+                | Op::GeluBwd { x, .. }
+                | Op::Attention { qkv: x, .. }
+                | Op::AttentionBwd { qkv: x, .. } = op
                     && *x == y
                 {
                     *x = twin;
                 }
             }
+            debug_assert!(self.ops[a + 1..].iter().all(|op| !op.reads_writes().0.contains(&y)));
             coded.push(twin);
         }
         coded

@@ -460,10 +460,10 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
 // ---- attention.cu, launched as src/backend/cuda/train.rs does: a block of ATT_ROWS threads per
 // (sequence x head, ATT_ROWS rows); the backward is dq (with delta), then dk, then dv ----
 
-typedef void (*AttFwd)(const float*, void*, float*, AttentionArg);
-typedef void (*AttBwdQ)(const float*, const float*, const float*, float*, float*, AttentionArg);
-typedef void (*AttBwdK)(const float*, const float*, const float*, const float*, float*, AttentionArg);
-typedef void (*AttBwdV)(const float*, const float*, const float*, float*, AttentionArg);
+typedef void (*AttFwd)(const void*, void*, float*, AttentionArg);
+typedef void (*AttBwdQ)(const void*, const float*, const float*, float*, float*, AttentionArg);
+typedef void (*AttBwdK)(const void*, const float*, const float*, const float*, float*, AttentionArg);
+typedef void (*AttBwdV)(const void*, const float*, const float*, float*, AttentionArg);
 struct AttKernels {
     AttFwd fwd;
     AttBwdQ q;
@@ -485,19 +485,23 @@ static AttKernels attention_kernels(u32 d) {
     }
 }
 
-// attention_fwd B T H D SCALE INPUTS PROBS COMPUTE CODED < qkv > out stats (CODED: out as
-// 16-bit codes of COMPUTE, one to each output word)
-// attention_bwd B T H D SCALE INPUTS PROBS COMPUTE CODED < qkv dout stats > dqkv delta
+// attention_fwd B T H D SCALE INPUTS PROBS COMPUTE CODED QKV < qkv > out stats (CODED: out as
+// 16-bit codes of COMPUTE, one to each output word; QKV: the format q|k|v is stored in, its
+// codes one to each input word where it is not f32's)
+// attention_bwd B T H D SCALE INPUTS PROBS COMPUTE CODED QKV < qkv dout stats > dqkv delta
 static bool run_attention(const std::string& k, int argc, char** argv, std::vector<u32>& in,
                           std::vector<u32>& out) {
-    if ((k != "attention_fwd" && k != "attention_bwd") || argc != 11) return false;
+    if ((k != "attention_fwd" && k != "attention_bwd") || argc != 12) return false;
     u32 b = arg(argv, 2), t = arg(argv, 3), h = arg(argv, 4), d = arg(argv, 5);
-    AttentionArg a{t, h, farg(argv, 6), arg(argv, 7), arg(argv, 8), arg(argv, 9), arg(argv, 10)};
+    AttentionArg a{t,           h,           farg(argv, 6), arg(argv, 7),
+                   arg(argv, 8), arg(argv, 9), arg(argv, 10), arg(argv, 11)};
     AttKernels f = attention_kernels(d);
     size_t rows = (size_t)b * h * t, n3 = rows * 3 * d, n1 = rows * d;
     Dim3 grid = {b * h, (t + ATT_ROWS - 1) / ATT_ROWS, 1}, block = {ATT_ROWS, 1, 1};
     Inputs input{in};
-    float* qkv = input.f(n3);
+    u32* qkv_words = input.u(n3);
+    std::vector<unsigned short> qkv_codes(qkv_words, qkv_words + n3);
+    const void* qkv = a.qkv_stored == FMT_F32 ? (const void*)qkv_words : (const void*)qkv_codes.data();
     if (k == "attention_fwd") {
         std::vector<float> y(n1), st(2 * rows);
         std::vector<unsigned short> codes(n1);

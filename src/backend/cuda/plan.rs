@@ -281,7 +281,7 @@ impl<'a> CudaPlan<'a> {
                 ref spec,
             } => {
                 let ptrs = [qkv, out, st].map(|id| self.p(id));
-                launch::attention_fwd(cb, ptrs, spec, self.coded(out))
+                launch::attention_fwd(cb, ptrs, spec, (self.coded(out), self.stored(qkv)))
             }
             Op::AttentionBwd {
                 qkv,
@@ -292,7 +292,7 @@ impl<'a> CudaPlan<'a> {
                 ref spec,
             } => {
                 let ptrs = [qkv, dout, st, delta, dqkv].map(|id| self.p(id));
-                launch::attention_bwd(cb, ptrs, spec)
+                launch::attention_bwd(cb, ptrs, spec, self.stored(qkv))
             }
             Op::CrossEntropy {
                 logits,

@@ -382,6 +382,8 @@ struct AttentionArg {
     compute: u32,
     /// 1: the forward's output is stored as 16-bit codes of `compute`.
     coded: u32,
+    /// The format id q|k|v is stored in (f32, or a coded tensor's bf16/f16 codes).
+    qkv_stored: u32,
 }
 
 // SAFETY: a plain #[repr(C)] struct of 4-byte fields, laid out as attention.cu's `AttentionArg`.
@@ -423,22 +425,25 @@ fn attention_launch(spec: &Attention) -> Result<(LaunchConfig, AttentionArg)> {
         probs: format_id(spec.probs),
         compute: format_id(spec.compute),
         coded: 0,
+        qkv_stored: format_id(Format::F32),
     };
     Ok((config, arg))
 }
 
-/// Fused causal attention: out (B, T, C) and each score row's (max, sum) from q|k|v (B, T, 3C).
+/// Fused causal attention: out (B, T, C) and each score row's (max, sum) from q|k|v (B, T, 3C),
+/// stored as `qkv_stored`; `coded`: out stores its 16-bit codes.
 pub(super) fn attention_fwd(
     cb: &CudaBackend,
     [qkv, out, stats]: [Ptr; 3],
     spec: &Attention,
-    coded: bool,
+    (coded, qkv_stored): (bool, Format),
 ) -> Result<()> {
     if spec.score_rows() == 0 {
         return Ok(());
     }
     let (cfg, mut arg) = attention_launch(spec)?;
     arg.coded = coded as u32;
+    arg.qkv_stored = format_id(qkv_stored);
     let name = format!("attention_fwd_{}", spec.d);
     launch!(cb, Module::Attention, &name, cfg; &qkv, &out, &stats, &arg)
 }
@@ -449,11 +454,13 @@ pub(super) fn attention_bwd(
     cb: &CudaBackend,
     [qkv, dout, stats, delta, dqkv]: [Ptr; 5],
     spec: &Attention,
+    qkv_stored: Format,
 ) -> Result<()> {
     if spec.score_rows() == 0 {
         return Ok(());
     }
-    let (cfg, arg) = attention_launch(spec)?;
+    let (cfg, mut arg) = attention_launch(spec)?;
+    arg.qkv_stored = format_id(qkv_stored);
     let d = spec.d;
     let (q, k, v) = (
         format!("attention_bwd_q_{d}"),

@@ -275,11 +275,6 @@ impl<'a> ResidentPlan<'a> {
                 [Some(out), second, None]
             }
         };
-        // GELU's inputs: x in in0, or a coded x's words in in2 (and dy in in1).
-        let gelu_ins = |x: TensorId, dy: Option<TensorId>| match coded(x) {
-            true => [None, dy, Some(x)],
-            false => [Some(x), dy, None],
-        };
         let mut r = Recorded::default();
         // A train kernel on buffers: inputs, then outputs.
         let train_on = |l: TrainLaunch,
@@ -392,11 +387,11 @@ impl<'a> ResidentPlan<'a> {
             }
             Op::Gelu { x, out, held } => {
                 let l = launch::gelu_fwd(len(x), held, coded(out), stored(x));
-                vec![train(l, gelu_ins(x, None), outs_for(out, None))?]
+                vec![train(l, [Some(x), None, None], outs_for(out, None))?]
             }
             Op::GeluBwd { x, dy, out } => vec![train(
                 launch::gelu_bwd(len(x), stored(x)),
-                gelu_ins(x, Some(dy)),
+                [Some(x), Some(dy), None],
                 [Some(out), None, None],
             )?],
             Op::Attention {
@@ -406,7 +401,7 @@ impl<'a> ResidentPlan<'a> {
                 ref spec,
             } => {
                 attention_fits(op, spec)?;
-                let l = launch::attention_fwd(spec, coded(out));
+                let l = launch::attention_fwd(spec, coded(out), stored(qkv));
                 vec![train(
                     l,
                     [Some(qkv), None, None],
@@ -422,7 +417,7 @@ impl<'a> ResidentPlan<'a> {
                 ref spec,
             } => {
                 attention_fits(op, spec)?;
-                launch::attention_bwd(spec)
+                launch::attention_bwd(spec, stored(qkv))
                     .into_iter()
                     .map(|l| {
                         train(

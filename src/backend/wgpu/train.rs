@@ -34,8 +34,8 @@ pub struct TrainParams {
     pub coded: u32,
     /// Cross entropy: 1 writes the loss's gradient (the backward fused in), 0 the probabilities.
     pub grad: u32,
-    /// GELU and its backward: the format id whose codes in2 holds (a coded input); f32's id:
-    /// the input is in0's f32 values.
+    /// The format id whose 16-bit codes the first input holds (a coded input: GELU's x,
+    /// fused attention's q|k|v); f32's id: it holds f32 values.
     pub x_stored: u32,
     pub _pad: [u32; 3],
 }
@@ -191,8 +191,8 @@ pub mod launch {
     /// x -> GELU(x) held in `held`.
     /// x -> y held in `held`; y `coded` goes to the third output as 16-bit codes, one word
     /// (two elements) per invocation.
-    /// GELU of x, stored as `x_stored` (f32 in in0, or a coded tensor's codes in in2), held in
-    /// `held` (its codes in out2 where `coded`).
+    /// GELU of x, stored as `x_stored` (f32, or a coded tensor's codes), held in `held` (its
+    /// codes in out2 where `coded`).
     pub fn gelu_fwd(n: usize, held: Format, coded: bool, x_stored: Format) -> TrainLaunch {
         let items = if coded { n.div_ceil(2) } else { n };
         let mut l = train(TrainOp::GeluFwd, n, 0, items);
@@ -223,9 +223,10 @@ pub mod launch {
     }
 
     /// Fused causal attention over `spec.score_rows()` rows: q|k|v -> out, each row's (max, sum).
-    /// `coded`: the output goes to the third output as 16-bit codes of `spec.compute`.
-    pub fn attention_fwd(spec: &Attention, coded: bool) -> TrainLaunch {
-        let mut l = attention(TrainOp::AttentionFwd, spec);
+    /// `coded`: the output goes to the third output as 16-bit codes of `spec.compute`;
+    /// q|k|v is stored as `qkv_stored` (f32, or a coded tensor's codes).
+    pub fn attention_fwd(spec: &Attention, coded: bool, qkv_stored: Format) -> TrainLaunch {
+        let mut l = attention(TrainOp::AttentionFwd, spec, qkv_stored);
         l.params.coded = coded as u32;
         l
     }
@@ -233,16 +234,16 @@ pub mod launch {
     /// Its backward: dq with each row's sum(P * dP), then dk (which reads it), then dv, each
     /// into its third of dqkv (inputs q|k|v, the output's gradient, (max, sum); outputs dqkv,
     /// sum(P * dP)).
-    pub fn attention_bwd(spec: &Attention) -> [TrainLaunch; 3] {
+    pub fn attention_bwd(spec: &Attention, qkv_stored: Format) -> [TrainLaunch; 3] {
         [
             TrainOp::AttentionBwdQ,
             TrainOp::AttentionBwdK,
             TrainOp::AttentionBwdV,
         ]
-        .map(|op| attention(op, spec))
+        .map(|op| attention(op, spec, qkv_stored))
     }
 
-    fn attention(op: TrainOp, spec: &Attention) -> TrainLaunch {
+    fn attention(op: TrainOp, spec: &Attention, qkv_stored: Format) -> TrainLaunch {
         let rows = spec.score_rows();
         let mut l = train(op, rows, spec.t, rows);
         l.params.scale = spec.scale as f32;
@@ -251,6 +252,7 @@ pub mod launch {
         l.params.inputs = format_id(spec.algorithm.operand_formats().0);
         l.params.probs = format_id(spec.probs);
         l.params.compute = format_id(spec.compute);
+        l.params.x_stored = format_id(qkv_stored);
         l
     }
 
