@@ -23,8 +23,9 @@ cargo test --all-targets --features mpi "$@" 2>&1 | tee "$log"
 ./target/debug/mantissa report --backends reference,wgpu --train-steps 20 --out target/report
 if command -v dpkg-deb >/dev/null && [ "$(uname -m)" = x86_64 ]; then
     bash scripts/lavapipe-coop.sh cargo test --test coop --test conformance --features mpi "$@" 2>&1 | tee -a "$log"
-    # The step plans on cooperative matrices (their operand planes shared between matmuls).
-    bash scripts/lavapipe-coop.sh cargo test --test train --features mpi "$@" resident 2>&1 | tee -a "$log"
+    # The step plans on cooperative matrices (their operand planes shared between matmuls), and
+    # the 16-bit coded tensors read by their kernels there, bit for bit as stored in f32.
+    bash scripts/lavapipe-coop.sh cargo test --test train --features mpi "$@" -- resident coded 2>&1 | tee -a "$log"
     echo "cooperative matrices: passed" >> "$log"
 else
     echo "SKIPPED cooperative matrices: scripts/lavapipe-coop.sh needs Debian's dpkg-deb on x86_64" | tee -a "$log"
