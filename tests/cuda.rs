@@ -549,9 +549,15 @@ fn cuda_training_kernels_match_the_host_reference() {
         // The same bits, NaN for NaN (the host's NaN may carry another payload).
         let same = |what: &str, got: &[u32], want: &[u32]| {
             let nan = |b: u32| f32::from_bits(b).is_nan();
-            let bad = got.iter().zip(want).position(|(&g, &w)| g != w && !(nan(g) && nan(w)));
+            let bad = got
+                .iter()
+                .zip(want)
+                .position(|(&g, &w)| g != w && !(nan(g) && nan(w)));
             if let Some(i) = bad {
-                panic!("{what}, element {i} ({:e}): {:#x}, not {:#x}", values[i], got[i], want[i]);
+                panic!(
+                    "{what}, element {i} ({:e}): {:#x}, not {:#x}",
+                    values[i], got[i], want[i]
+                );
             }
         };
         let plain = run(h, "gelu_fwd", &strings(&[n, f32_, 0, f32_]), &bits(&values));
@@ -684,12 +690,7 @@ fn cuda_training_kernels_match_the_host_reference() {
     let mut want = y.clone();
     want.iter_mut().zip(&x).for_each(|(a, b)| *a += b);
     assert_eq!(
-        run_f32(
-            h,
-            "add",
-            &strings(&[y.len(), y.len(), f32_, 0]),
-            &[&x, &y]
-        ),
+        run_f32(h, "add", &strings(&[y.len(), y.len(), f32_, 0]), &[&x, &y]),
         want
     );
     // The head permutations.
@@ -1062,16 +1063,29 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
         if inputs == bf16 || inputs == f16 {
             // q|k|v stored as codes of the matmul inputs' format (a plan's coded tensor): the
             // bits of the same kernels on the values those codes hold, stored as f32.
-            let codes: Vec<u32> = qkv.iter().map(|&x| inputs.encode(x, Overflow::Standard)).collect();
+            let codes: Vec<u32> = qkv
+                .iter()
+                .map(|&x| inputs.encode(x, Overflow::Standard))
+                .collect();
             let values: Vec<f32> = codes.iter().map(|&c| inputs.decode(c)).collect();
             let mut coded_args = args.clone();
             coded_args[9] = format_id(inputs);
             let plain = run_f32(h, "attention_fwd", &args, &[&values]);
             let (plain_bits, n_out) = (bits(&plain), plain.len());
             let from_codes = run(h, "attention_fwd", &coded_args, &codes);
-            assert_eq!(from_codes, plain_bits, "{}", what("forward from q|k|v codes"));
+            assert_eq!(
+                from_codes,
+                plain_bits,
+                "{}",
+                what("forward from q|k|v codes")
+            );
             let rest = [bits(&dout), bits(&plain[n1..n_out])].concat();
-            let plain = run(h, "attention_bwd", &args, &[bits(&values), rest.clone()].concat());
+            let plain = run(
+                h,
+                "attention_bwd",
+                &args,
+                &[bits(&values), rest.clone()].concat(),
+            );
             let from_codes = run(h, "attention_bwd", &coded_args, &[codes, rest].concat());
             assert_eq!(from_codes, plain, "{}", what("backward from q|k|v codes"));
         }

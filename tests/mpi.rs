@@ -234,15 +234,25 @@ fn overlapped_buckets_sum_as_after_the_pass() {
         let o = mpirun(2, &args, &[]);
         ok(&o, &format!("two ranks, overlap {overlap}"));
         let text = String::from_utf8_lossy(&o.stdout);
-        let said = if overlap == "on" { "as the backward pass finished" } else { "after the backward pass" };
+        let said = if overlap == "on" {
+            "as the backward pass finished"
+        } else {
+            "after the backward pass"
+        };
         assert!(text.contains(said), "{text}");
         logs.push(runs(d.path()).remove(0));
     }
     let (on, off) = (&logs[0], &logs[1]);
     assert_eq!(on["reduction"]["overlapped_with_backward"], true, "{on}");
     assert_eq!(off["reduction"]["overlapped_with_backward"], false, "{off}");
-    assert!(on["reduction"]["calls_per_step"].as_u64().unwrap() > 10, "{on}");
-    assert_eq!(on["reduction"]["bytes_per_step"], off["reduction"]["bytes_per_step"]);
+    assert!(
+        on["reduction"]["calls_per_step"].as_u64().unwrap() > 10,
+        "{on}"
+    );
+    assert_eq!(
+        on["reduction"]["bytes_per_step"],
+        off["reduction"]["bytes_per_step"]
+    );
     for key in ["loss", "grad_norm"] {
         let (a, b) = (steps(on, key), steps(off, key));
         assert_eq!(a.len(), 6);

@@ -823,8 +823,14 @@ fn gradient_buckets_hold_what_the_backward_pass_is_done_with() {
             reducer: Reducer::Mpi,
             ..Reduction::default()
         };
-        let t = Trainer::data_parallel(&Reference, &corpus, options(&corpus, preset, 3), &Twins, reduction)
-            .unwrap();
+        let t = Trainer::data_parallel(
+            &Reference,
+            &corpus,
+            options(&corpus, preset, 3),
+            &Twins,
+            reduction,
+        )
+        .unwrap();
         let plan = t.plan();
         let summed: Vec<usize> = plan.state.iter().map(|s| s[1]).collect();
         for elements in [1, 1000, 5000, 1 << 30] {
@@ -841,7 +847,9 @@ fn gradient_buckets_hold_what_the_backward_pass_is_done_with() {
                 for op in &plan.ops[b.ready..plan.range_of(Section::Backward).end] {
                     let (reads, writes) = op.reads_writes();
                     assert!(
-                        !b.ids.iter().any(|id| reads.contains(id) || writes.contains(id)),
+                        !b.ids
+                            .iter()
+                            .any(|id| reads.contains(id) || writes.contains(id)),
                         "{preset}: {} touches a tensor of {b:?}",
                         op.name()
                     );
@@ -850,7 +858,11 @@ fn gradient_buckets_hold_what_the_backward_pass_is_done_with() {
             if elements == 1 << 30 {
                 assert_eq!(buckets.len(), 1);
             } else {
-                assert!(buckets.len() > 2, "{preset}, {elements}: {} buckets", buckets.len());
+                assert!(
+                    buckets.len() > 2,
+                    "{preset}, {elements}: {} buckets",
+                    buckets.len()
+                );
             }
         }
     }
@@ -881,7 +893,11 @@ fn overlapped_reduction_is_the_reduction_after_the_pass(b: &dyn Backend) {
         // GradScaler's skip (16-mixed alone scales the loss; the others stop on an inf).
         let skip_at = (preset == Preset::Mixed16).then_some(2);
         for step in 0..4 {
-            let poison = if skip_at == Some(step) { f32::INFINITY } else { 0.0 };
+            let poison = if skip_at == Some(step) {
+                f32::INFINITY
+            } else {
+                0.0
+            };
             let (e, l) = (
                 early.step_injecting(poison).block_on().unwrap(),
                 late.step_injecting(poison).block_on().unwrap(),
@@ -895,7 +911,10 @@ fn overlapped_reduction_is_the_reduction_after_the_pass(b: &dyn Backend) {
             );
             assert_eq!(e.skipped, skip_at == Some(step), "{preset} step {step}");
         }
-        let (re, rl) = (early.reduced.clone().unwrap(), late.reduced.clone().unwrap());
+        let (re, rl) = (
+            early.reduced.clone().unwrap(),
+            late.reduced.clone().unwrap(),
+        );
         assert_eq!(re.bytes, rl.bytes, "{preset}");
         if bucket_bytes == 4096 {
             assert!(re.calls > 10, "{preset}: {re:?}");
@@ -945,8 +964,14 @@ fn nccl_overlapped_sums_are_the_sums_after_the_pass() {
             "step {step}"
         );
     }
-    let (re, rl) = (early.reduced.clone().unwrap(), late.reduced.clone().unwrap());
-    assert!(re.engine.starts_with("NCCL") && re.overlapped && re.calls > 10, "{re:?}");
+    let (re, rl) = (
+        early.reduced.clone().unwrap(),
+        late.reduced.clone().unwrap(),
+    );
+    assert!(
+        re.engine.starts_with("NCCL") && re.overlapped && re.calls > 10,
+        "{re:?}"
+    );
     assert!(rl.engine.starts_with("NCCL") && !rl.overlapped, "{rl:?}");
     assert!(early.state().block_on().unwrap() == late.state().block_on().unwrap());
 }
@@ -1194,13 +1219,22 @@ fn held_outputs_match_their_definition(b: &dyn Backend) {
     ops::round_to(&mut want, Format::F16);
     ops::add_bias(&mut want, &b_values);
     let got = exec.read(y).block_on().unwrap();
-    let step = |f: Format, v: f32| (v.abs() as f64 * f.finfo().eps).max(f.finfo().smallest_subnormal);
+    let step =
+        |f: Format, v: f32| (v.abs() as f64 * f.finfo().eps).max(f.finfo().smallest_subnormal);
     let f16 = |v: f32| Format::F16.round(v, mantissa::format::Overflow::Standard);
     for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
         let bf16 = Format::Bf16.round(g, mantissa::format::Overflow::Standard);
-        assert_eq!(bf16.to_bits(), g.to_bits(), "gelu + bias[{i}] = {g} is not a bf16");
+        assert_eq!(
+            bf16.to_bits(),
+            g.to_bits(),
+            "gelu + bias[{i}] = {g} is not a bf16"
+        );
         let near_boundary = f16(gelu[i] * (1.0 + 1e-5)) != f16(gelu[i] * (1.0 - 1e-5));
-        let f16_step = if near_boundary { step(Format::F16, gelu[i]) } else { 0.0 };
+        let f16_step = if near_boundary {
+            step(Format::F16, gelu[i])
+        } else {
+            0.0
+        };
         let allowed = step(Format::Bf16, w) + f16_step + (row * (1.0 + w.abs())) as f64;
         assert!(
             ((g - w).abs() as f64) <= allowed,
@@ -1673,4 +1707,3 @@ fn fused_attention_trains_as_the_unfused_ops() {
         );
     }
 }
-

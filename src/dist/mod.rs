@@ -99,7 +99,9 @@ impl Reduction {
 
     /// f32 values per bucket (at least one).
     pub fn bucket_elements(&self) -> usize {
-        usize::try_from(self.bucket_bytes / 4).unwrap_or(usize::MAX).max(1)
+        usize::try_from(self.bucket_bytes / 4)
+            .unwrap_or(usize::MAX)
+            .max(1)
     }
 }
 

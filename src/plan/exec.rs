@@ -212,7 +212,9 @@ pub async fn backward_then_sum<E: StepExecutor + ?Sized>(
     (tokens, targets, scalars): (&[u32], &[u32], &[f32]),
     sum: &GradientSum<'_>,
 ) -> Result<(Vec<f64>, Reduced)> {
-    let stats = exec.run(Section::Backward, tokens, targets, scalars).await?;
+    let stats = exec
+        .run(Section::Backward, tokens, targets, scalars)
+        .await?;
     if let Some((id, value)) = sum.poison {
         let mut g = exec.read(id).await?;
         if let Some(x) = g.first_mut() {

@@ -546,7 +546,9 @@ impl Storage {
             .collect();
         let words = |t: TensorId| plan.tensors[t].words();
         let by_time = assign_slots(&temps, words, |&(t, (first, _))| (first, 0, t));
-        let by_size = assign_slots(&temps, words, |&(t, (first, _))| (0, usize::MAX - words(t), first));
+        let by_size = assign_slots(&temps, words, |&(t, (first, _))| {
+            (0, usize::MAX - words(t), first)
+        });
         let total = |(sizes, _): &(Vec<usize>, Vec<usize>)| sizes.iter().sum::<usize>();
         let (temp_slots, slot_of_temp) = if total(&by_size) < total(&by_time) {
             by_size
@@ -896,7 +898,10 @@ impl Plan {
                     size += len;
                 }
                 _ => {
-                    buckets.push(Bucket { ready: r, ids: vec![id] });
+                    buckets.push(Bucket {
+                        ready: r,
+                        ids: vec![id],
+                    });
                     size = len;
                 }
             }
@@ -1026,7 +1031,11 @@ impl Plan {
                     *x = twin;
                 }
             }
-            debug_assert!(self.ops[a + 1..].iter().all(|op| !op.reads_writes().0.contains(&y)));
+            debug_assert!(
+                self.ops[a + 1..]
+                    .iter()
+                    .all(|op| !op.reads_writes().0.contains(&y))
+            );
             coded.push(twin);
         }
         coded
@@ -1261,7 +1270,10 @@ mod tests {
             logits: dx,
             state: vec![],
             constants: g.constants,
-            stats: Stats { grads: 0, linears: 0 },
+            stats: Stats {
+                grads: 0,
+                linears: 0,
+            },
         }
     }
 
@@ -1287,15 +1299,26 @@ mod tests {
             let case = format!("held {held}, extra op {}", extra.is_some());
             if !coded {
                 assert!(stored.is_empty(), "{case}: {stored:?}");
-                assert!(matches!(plan.ops[1], Op::Add { out, .. } if out == y), "{case}");
+                assert!(
+                    matches!(plan.ops[1], Op::Add { out, .. } if out == y),
+                    "{case}"
+                );
                 continue;
             }
             let twin = plan.tensors.len() - 1;
             assert_eq!(stored, vec![twin], "{case}");
             assert_eq!(plan.tensors[twin].stored, held, "{case}");
-            assert!(matches!(plan.ops[1], Op::Add { y: from, out, .. } if from == y && out == twin));
-            assert!(matches!(plan.ops[2], Op::Gelu { x, .. } if x == twin), "{case}");
-            assert!(matches!(plan.ops[3], Op::GeluBwd { x, .. } if x == twin), "{case}");
+            assert!(
+                matches!(plan.ops[1], Op::Add { y: from, out, .. } if from == y && out == twin)
+            );
+            assert!(
+                matches!(plan.ops[2], Op::Gelu { x, .. } if x == twin),
+                "{case}"
+            );
+            assert!(
+                matches!(plan.ops[3], Op::GeluBwd { x, .. } if x == twin),
+                "{case}"
+            );
             // y lives from the matmul to the add alone now; its twin takes half its bytes.
             assert_eq!(plan.temporary_lives()[y], Some((0, 1)), "{case}");
             assert!(Storage::shared(&plan).bytes() < bytes + 12 * 2, "{case}");

@@ -8,8 +8,8 @@ use crate::backend::Backend;
 use crate::error::Result;
 use crate::format;
 use crate::plan::exec::{
-    GradientSum, Memory, Reduced, StepExecutor, Timings, check_inputs, check_write,
-    backward_then_sum, tensor_len, update_factor,
+    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
+    check_write, tensor_len, update_factor,
 };
 use crate::plan::{AdamW, Op, Plan, Section, Stats, Storage, TensorId, scalar, step_algorithm};
 
@@ -306,7 +306,8 @@ impl<'a> HostExecutor<'a> {
     ) -> Result<Vec<f64>> {
         let mut stats = self.begin(tokens, targets, scalars)?;
         let ops = self.plan.range_of(section);
-        self.interpret_ops(ops, scalars, &mut stats, seconds).await?;
+        self.interpret_ops(ops, scalars, &mut stats, seconds)
+            .await?;
         Ok(stats)
     }
 

@@ -744,7 +744,12 @@ impl StepExecutor for ResidentPlan<'_> {
                         c.write_inputs(gpu, plan, (tokens, targets, scalars));
                         clears.extend(c.clears.iter());
                     }
-                    submit(gpu, &clears, &c.dispatches[c.first[done]..c.first[upto]], None);
+                    submit(
+                        gpu,
+                        &clears,
+                        &c.dispatches[c.first[done]..c.first[upto]],
+                        None,
+                    );
                     Ok(bucket.map(|b| {
                         let parts: Vec<_> = b
                             .ids
