@@ -915,7 +915,8 @@ fn overlapped_reduction_is_the_reduction_after_the_pass(b: &dyn Backend) {
             early.reduced.clone().unwrap(),
             late.reduced.clone().unwrap(),
         );
-        assert_eq!(re.bytes, rl.bytes, "{preset}");
+        // The same buckets (`--bucket-size`) either way, summed during or after the pass.
+        assert_eq!((re.bytes, re.calls), (rl.bytes, rl.calls), "{preset}");
         if bucket_bytes == 4096 {
             assert!(re.calls > 10, "{preset}: {re:?}");
         }

@@ -6,10 +6,6 @@ use super::{Bucket, Plan, Section, Stats, TensorId};
 use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
 
-/// Elements per host bucket of a gradient reduction (16 MiB of f32): few collective calls, and
-/// a bounded host copy.
-pub const BUCKET: usize = 1 << 22;
-
 /// What a step's gradient reduction did (train.json's `reduction`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Reduced {
@@ -64,6 +60,11 @@ impl GradientSum<'_> {
                 at += tensor_len(plan, m)?;
             }
         }
+        self.sum_flat(flat, reduced)
+    }
+
+    /// Sums `flat` over the ranks (one collective call), counted in `reduced`.
+    fn sum_flat(&self, flat: &mut [f32], reduced: &mut Reduced) -> Result<()> {
         self.group.sum_f32(flat)?;
         reduced.bytes += flat.len() as u64 * 4;
         reduced.calls += 1;
@@ -174,20 +175,15 @@ pub trait StepExecutor: Send {
         Ok(())
     }
 
-    /// Sums tensors `ids` over the ranks of `group`, in place (a data-parallel step's
-    /// gradients). This default reduces host buffers through `group` (MPI), in buckets of
-    /// `BUCKET` elements; an executor whose device has its own engine (NCCL) overrides it for
-    /// `Reducer::Auto` and `Reducer::Nccl`.
-    async fn all_reduce(
-        &mut self,
-        ids: &[TensorId],
-        group: &dyn Collective,
-        reducer: Reducer,
-    ) -> Result<Reduced> {
-        if reducer == Reducer::Nccl {
+    /// Sums tensors `sum.ids` over the ranks of `sum.group`, in place (a data-parallel step's
+    /// gradients, after the backward pass). This default reduces host buffers through the group
+    /// (MPI), in the buckets of `--bucket-size`; an executor whose device has its own engine
+    /// (NCCL) overrides it for `Reducer::Auto` and `Reducer::Nccl`.
+    async fn all_reduce(&mut self, sum: &GradientSum<'_>) -> Result<Reduced> {
+        if sum.reducer == Reducer::Nccl {
             return Err(nccl_unavailable(self.describe()));
         }
-        reduce_on_host(self, ids, group).await
+        reduce_on_host(self, sum).await
     }
 
     /// A data-parallel step's first half: runs `Section::Backward`, and sums `sum.ids` over the
@@ -222,41 +218,26 @@ pub async fn backward_then_sum<E: StepExecutor + ?Sized>(
         }
         exec.write(id, &g).await?;
     }
-    let reduced = exec.all_reduce(sum.ids, sum.group, sum.reducer).await?;
+    let reduced = exec.all_reduce(sum).await?;
     Ok((stats, reduced))
 }
 
-/// Sums tensors `ids` of `exec` over the ranks of `group` through host buffers, in buckets of
-/// `BUCKET` elements.
+/// Sums tensors `sum.ids` of `exec` over the ranks through host buffers, a bucket
+/// (`Plan::gradient_buckets`) to a collective call. The poison, if any, is already in them.
 pub async fn reduce_on_host<E: StepExecutor + ?Sized>(
     exec: &mut E,
-    ids: &[TensorId],
-    group: &dyn Collective,
+    sum: &GradientSum<'_>,
 ) -> Result<Reduced> {
-    let mut reduced = Reduced {
-        engine: format!("{}, host buffers", group.engine()),
-        bytes: 0,
-        calls: 0,
-        overlapped: false,
-    };
-    let mut next = 0;
-    while next < ids.len() {
-        // A bucket: whole tensors up to BUCKET elements (one larger tensor alone).
-        let (mut flat, mut members) = (Vec::new(), Vec::new());
-        while next < ids.len() {
-            let len = tensor_len(exec.plan(), ids[next])?;
-            if !flat.is_empty() && flat.len() + len > BUCKET {
-                break;
-            }
-            flat.extend(exec.read(ids[next]).await?);
-            members.push((ids[next], len));
-            next += 1;
+    let mut reduced = sum.on_host(false);
+    for bucket in exec.plan().gradient_buckets(sum.ids, sum.bucket)? {
+        let mut flat = Vec::new();
+        for &id in &bucket.ids {
+            flat.extend(exec.read(id).await?);
         }
-        group.sum_f32(&mut flat)?;
-        reduced.bytes += flat.len() as u64 * 4;
-        reduced.calls += 1;
+        sum.sum_flat(&mut flat, &mut reduced)?;
         let mut at = 0;
-        for (id, len) in members {
+        for &id in &bucket.ids {
+            let len = tensor_len(exec.plan(), id)?;
             exec.write(id, &flat[at..at + len]).await?;
             at += len;
         }

@@ -613,20 +613,15 @@ impl StepExecutor for CudaPlan<'_> {
 
     /// NCCL on the device buffers (`Auto` and `Nccl`; `Auto` goes to MPI's host buffers, with
     /// the reason kept, when the ranks cannot form a NCCL communicator), else MPI.
-    async fn all_reduce(
-        &mut self,
-        ids: &[TensorId],
-        group: &dyn Collective,
-        reducer: Reducer,
-    ) -> Result<Reduced> {
-        let Some(nccl) = self.take_nccl(group, reducer)? else {
-            let mut reduced = reduce_on_host(self, ids, group).await?;
-            if let (Reducer::Auto, Some(why)) = (reducer, &self.nccl_refused) {
+    async fn all_reduce(&mut self, sum: &GradientSum<'_>) -> Result<Reduced> {
+        let Some(nccl) = self.take_nccl(sum.group, sum.reducer)? else {
+            let mut reduced = reduce_on_host(self, sum).await?;
+            if let (Reducer::Auto, Some(why)) = (sum.reducer, &self.nccl_refused) {
                 reduced.engine.push_str(&format!(" (not NCCL: {why})"));
             }
             return Ok(reduced);
         };
-        let summed = self.sum_on_device(&nccl, ids).and_then(|bytes| {
+        let summed = self.sum_on_device(&nccl, sum.ids).and_then(|bytes| {
             nccl.wait_for(&self.cb.stream)?;
             Ok(bytes)
         });
