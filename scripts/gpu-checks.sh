@@ -11,9 +11,10 @@
 #                                        # the per-op profile of every preset on both backends
 #                                        # (bench train; attention fused and unfused, the CUDA
 #                                        # step as a graph)
-#   bash scripts/gpu-checks.sh dist      # NCCL on one rank against the plain step, its sums
-#                                        # overlapped with the backward pass and not (needs
-#                                        # libnccl.so.2 on LD_LIBRARY_PATH, e.g. torch's wheel)
+#   bash scripts/gpu-checks.sh dist      # NCCL and MPI's host buffers on one rank against the
+#                                        # plain step, their sums overlapped with the backward
+#                                        # pass and not (NCCL needs libnccl.so.2 on
+#                                        # LD_LIBRARY_PATH, e.g. torch's wheel)
 #
 # The PyTorch comparisons are scripts/anchors/*.py (they need torch with CUDA). Where the GPU
 # machine has no Rust toolchain, build on another x86-64 Linux machine and bring the binaries:
@@ -115,6 +116,10 @@ dist)
     run 150 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --reducer nccl --overlap-reduction off --out "$out/nccl-after"
     [ -x .bin/train ] && run 120 .bin/train nccl_overlapped overlapped_reduction --test-threads 1
     run 150 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --out "$out/alone"
+    # MPI's host buffers on one rank: each bucket copied to page-locked memory and back while
+    # the pass runs on, against one sum after the pass (losses equal to the runs above).
+    run 150 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --reducer mpi --out "$out/mpi"
+    run 150 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --reducer mpi --overlap-reduction off --out "$out/mpi-after"
     ;;
 *) echo "unknown stage '$stage' (correct, cuda, bench, tune, train, steps, dist)" >&2; exit 2 ;;
 esac

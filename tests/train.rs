@@ -869,7 +869,7 @@ fn gradient_buckets_hold_what_the_backward_pass_is_done_with() {
 }
 
 /// A data-parallel step whose buckets are summed as soon as the backward pass is done with
-/// them (on wgpu, while the device runs on) trains bit for bit as one that sums after the
+/// them (on wgpu and CUDA, while the device runs on) trains bit for bit as one that sums after the
 /// pass: losses, gradient norms, an injected inf's skip (16-mixed), weights and moments, over buckets of
 /// 4 KiB (a dozen and more per step) and of 16 MiB (one).
 fn overlapped_reduction_is_the_reduction_after_the_pass(b: &dyn Backend) {
@@ -921,6 +921,9 @@ fn overlapped_reduction_is_the_reduction_after_the_pass(b: &dyn Backend) {
             assert!(re.calls > 10, "{preset}: {re:?}");
         }
         assert!(!rl.overlapped, "{preset}: {rl:?}");
+        // Every device executor overlaps (wgpu's staging buffers, CUDA's page-locked ones);
+        // the host interpreter's device is the host.
+        assert_eq!(re.overlapped, b.name() != "reference", "{preset}: {re:?}");
         assert!(
             early.state().block_on().unwrap() == late.state().block_on().unwrap(),
             "{preset}: the weights or moments differ"

@@ -157,8 +157,8 @@ fn collectives() {
     #[cfg(not(feature = "cuda"))]
     println!("  nccl: not in this build (it comes with the `cuda` feature)");
     println!(
-        "  reduction: buckets of {} MiB (--bucket-size); on wgpu, and on CUDA with NCCL, each is \
-         summed while the backward pass runs on (--overlap-reduction)",
+        "  reduction: buckets of {} MiB (--bucket-size); on wgpu and CUDA, each is summed while \
+         the backward pass runs on (--overlap-reduction)",
         crate::dist::Reduction::DEFAULT_BUCKET_BYTES >> 20
     );
 }

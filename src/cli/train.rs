@@ -78,14 +78,14 @@ pub struct TrainArgs {
     #[arg(long, default_value = "resident")]
     executor: String,
     /// Under mpirun: how the ranks sum their gradients. auto: NCCL on device buffers where the
-    /// backend is CUDA with one GPU per rank, else MPI on host buffers; mpi; nccl (also on one
-    /// rank, as a check of NCCL).
+    /// backend is CUDA with one GPU per rank, else MPI on host buffers; mpi; nccl. Named (mpi,
+    /// nccl), it also runs on one rank, as a check of the engine.
     #[arg(long, default_value = "auto")]
     reducer: String,
     /// Under mpirun: gradients summed per collective call, e.g. 16MiB (the default) or 512KiB.
     #[arg(long, default_value = "16MiB")]
     bucket_size: String,
-    /// Under mpirun: on: where the executor can (wgpu's resident plan, CUDA's with NCCL), each
+    /// Under mpirun: on: where the executor can (the resident plans of wgpu and CUDA), each
     /// bucket is summed as soon as the backward pass is done with it, while the device runs the
     /// rest of the pass; off: after the whole pass. The sums are the same bits.
     #[arg(long, default_value = "on")]

@@ -154,18 +154,15 @@ impl<'a> Trainer<'a> {
         corpus: &'a Corpus,
         options: TrainOptions,
     ) -> Result<Trainer<'a>> {
-        let alone = Reduction {
-            reducer: Reducer::Mpi,
-            ..Reduction::default()
-        };
-        Trainer::data_parallel(backend, corpus, options, &ALONE, alone)
+        Trainer::data_parallel(backend, corpus, options, &ALONE, Reduction::default())
     }
 
     /// A trainer that is rank `group.rank()` of `group.size()` of one run: its plan takes its
     /// slice of each global batch (`options.config.batch_size` sequences, which the ranks must
     /// divide), and each step sums the gradients over the ranks as `reduction` says before the
     /// unscale, clip and AdamW, so that every rank applies the one-rank update. On one rank
-    /// with `Reducer::Nccl` the step still goes through the reduction (a check of the engine).
+    /// with a reducer named (`Reducer::Mpi`, `Reducer::Nccl`) the step still goes through the
+    /// reduction (a check of the engine and of its overlap with the backward pass).
     pub fn data_parallel(
         backend: &'a dyn Backend,
         corpus: &'a Corpus,
@@ -197,7 +194,7 @@ impl<'a> Trainer<'a> {
             round_to(&mut p, precision.weights);
             plan.constants.push((plan.state[i][0], p));
         }
-        let summed = if group.size() > 1 || reduction.reducer == Reducer::Nccl {
+        let summed = if group.size() > 1 || reduction.reducer != Reducer::Auto {
             plan.split_for_ranks()
         } else {
             vec![]
@@ -247,9 +244,10 @@ impl<'a> Trainer<'a> {
         self.gpt.config.batch_size * self.gpt.config.block_size
     }
 
-    /// Whether steps sum their gradients over ranks (several ranks, or NCCL asked for).
+    /// Whether steps sum their gradients over the ranks (several ranks, or a reducer named:
+    /// `data_parallel`).
     fn reduces(&self) -> bool {
-        self.group.size() > 1 || self.reduction.reducer == Reducer::Nccl
+        !self.summed.is_empty()
     }
 
     /// This rank's slice of batch `index` of the training or validation split.

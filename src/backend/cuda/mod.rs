@@ -56,6 +56,7 @@ pub mod nccl;
 mod ops;
 mod plan;
 pub mod split;
+mod staging;
 mod train;
 
 use kernels::ParamSize;
@@ -313,13 +314,13 @@ impl CudaBackend {
         }
     }
 
-    /// `fault` during `what` as an error of this device: `OutOfMemory` (with the device's
-    /// memory) where the fault is one, by its code.
     /// CUDA devices the driver sees.
     pub fn device_count(&self) -> usize {
         CudaContext::device_count().map_or(1, |n| n.max(1) as usize)
     }
 
+    /// `fault` during `what` as an error of this device: `OutOfMemory` (with the device's
+    /// memory) where the fault is one, by its code.
     fn device_error(&self, what: &str, fault: impl Into<DeviceFault>) -> Error {
         Error::device(
             &self.info.name,

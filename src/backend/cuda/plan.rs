@@ -14,6 +14,7 @@
 use super::CudaBackend;
 use super::matmul;
 use super::nccl::Nccl;
+use super::staging::HostStaging;
 use super::train::{self as launch, Ptr, scratch};
 use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
@@ -22,7 +23,7 @@ use crate::plan::exec::{
     GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
     check_write, reduce_on_host, tensor_len,
 };
-use crate::plan::{Op, Plan, Section, Storage, TensorId, step_algorithm};
+use crate::plan::{Bucket, Op, Plan, Section, Storage, TensorId, step_algorithm};
 use cudarc::driver::{CudaGraph, CudaSlice, sys};
 
 /// The executor of a plan on a CUDA device.
@@ -46,6 +47,9 @@ pub struct CudaPlan<'a> {
     /// `Reducer::Auto` went to MPI instead.
     nccl: Option<Nccl>,
     nccl_refused: Option<String>,
+    /// The page-locked buffers of a data-parallel step summed through MPI while the backward
+    /// pass runs, made at its first such step.
+    staging: Option<HostStaging>,
     /// What the device's stream-ordered allocator held before the plan allocated anything
     /// (None where the device has none).
     pool_base: Option<u64>,
@@ -161,6 +165,7 @@ impl<'a> CudaPlan<'a> {
             target_classes,
             nccl: None,
             nccl_refused: None,
+            staging: None,
             pool_base,
             graphs,
         })
@@ -616,9 +621,7 @@ impl StepExecutor for CudaPlan<'_> {
     async fn all_reduce(&mut self, sum: &GradientSum<'_>) -> Result<Reduced> {
         let Some(nccl) = self.take_nccl(sum.group, sum.reducer)? else {
             let mut reduced = reduce_on_host(self, sum).await?;
-            if let (Reducer::Auto, Some(why)) = (sum.reducer, &self.nccl_refused) {
-                reduced.engine.push_str(&format!(" (not NCCL: {why})"));
-            }
+            self.say_why_not_nccl(sum.reducer, &mut reduced);
             return Ok(reduced);
         };
         let summed = self.sum_on_device(&nccl, sum.ids).and_then(|bytes| {
@@ -635,11 +638,12 @@ impl StepExecutor for CudaPlan<'_> {
         reduced
     }
 
-    /// With NCCL: the backward pass launched bucket by bucket (`Plan::gradient_buckets`), each
-    /// bucket's sum launched on NCCL's stream as soon as the pass is done with it, so that it
-    /// runs beside the rest of the pass; the update waits for every sum. Through MPI (host
-    /// buffers), with an injected fault, or where `sum.overlap` is off: the whole pass, then
-    /// the sum.
+    /// The backward pass launched bucket by bucket (`Plan::gradient_buckets`), each bucket
+    /// summed as soon as the pass is done with it while the rest of the pass runs: with NCCL,
+    /// on NCCL's stream in device memory; through MPI, copied to page-locked host memory on a
+    /// stream of its own, summed by the host and copied back (`staging`). The update waits
+    /// for every sum. Where `sum.overlap` is off, or NCCL sums a step with an injected fault:
+    /// the whole pass, then the sum.
     async fn backward_summed(
         &mut self,
         tokens: &[u32],
@@ -647,17 +651,22 @@ impl StepExecutor for CudaPlan<'_> {
         scalars: &[f32],
         sum: &GradientSum<'_>,
     ) -> Result<(Vec<f64>, Reduced)> {
-        let overlap = sum.overlap && sum.poison.is_none();
-        let nccl = match overlap {
-            true => self.take_nccl(sum.group, sum.reducer)?,
-            false => None,
-        };
-        let Some(nccl) = nccl else {
-            return backward_then_sum(self, (tokens, targets, scalars), sum).await;
-        };
-        let summed = self.backward_on_nccl(&nccl, (tokens, targets, scalars), sum);
-        self.nccl = Some(nccl);
-        summed
+        let inputs = (tokens, targets, scalars);
+        if !sum.overlap {
+            return backward_then_sum(self, inputs, sum).await;
+        }
+        match self.take_nccl(sum.group, sum.reducer)? {
+            None => self.backward_on_host(inputs, sum),
+            Some(nccl) if sum.poison.is_some() => {
+                self.nccl = Some(nccl);
+                backward_then_sum(self, inputs, sum).await
+            }
+            Some(nccl) => {
+                let summed = self.backward_on_nccl(&nccl, inputs, sum);
+                self.nccl = Some(nccl);
+                summed
+            }
+        }
     }
 }
 
@@ -678,32 +687,47 @@ impl CudaPlan<'_> {
         })
     }
 
+    /// Where `Reducer::Auto` went to MPI because the ranks could not form a NCCL communicator,
+    /// the record says why.
+    fn say_why_not_nccl(&self, reducer: Reducer, reduced: &mut Reduced) {
+        if let (Reducer::Auto, Some(why)) = (reducer, &self.nccl_refused) {
+            reduced.engine.push_str(&format!(" (not NCCL: {why})"));
+        }
+    }
+
+    /// The buffers of tensors `ids` with their lengths, in the order of `ids`, borrowed
+    /// together; an error where two share storage.
+    fn buffers_of(&mut self, ids: &[TensorId]) -> Result<Vec<(&mut CudaSlice<f32>, usize)>> {
+        let mut parts = Vec::with_capacity(ids.len());
+        for &id in ids {
+            parts.push((self.storage.slot_of[id], tensor_len(&self.plan, id)?));
+        }
+        let mut by_slot: Vec<Option<&mut CudaSlice<f32>>> =
+            self.buffers.iter_mut().map(Some).collect();
+        parts
+            .into_iter()
+            .map(|(slot, len)| {
+                let buffer = by_slot
+                    .get_mut(slot)
+                    .and_then(Option::take)
+                    .ok_or_else(|| {
+                        Error::invalid(
+                            "gradient reduction",
+                            "two of the tensors share device storage",
+                        )
+                    })?;
+                Ok((buffer, len))
+            })
+            .collect()
+    }
+
     /// Launches the sum of tensors `ids` on NCCL's stream after the kernels launched so far
     /// (one group of calls); returns the bytes summed.
     fn sum_on_device(&mut self, nccl: &Nccl, ids: &[TensorId]) -> Result<u64> {
-        let mut slots: Vec<(usize, usize)> = Vec::with_capacity(ids.len());
-        for &id in ids {
-            slots.push((self.storage.slot_of[id], tensor_len(&self.plan, id)?));
-        }
-        slots.sort_unstable();
-        if slots.windows(2).any(|w| w[0].0 == w[1].0) {
-            return Err(Error::invalid(
-                "gradient reduction",
-                "two of the tensors share device storage",
-            ));
-        }
-        let bytes = slots.iter().map(|&(_, len)| len as u64 * 4).sum();
-        // Disjoint borrows of the wanted slots' buffers.
-        let buffers = self
-            .buffers
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(slot, buffer)| {
-                let i = slots.binary_search_by_key(&slot, |s| s.0).ok()?;
-                Some((buffer, slots[i].1))
-            })
-            .collect();
-        nccl.sum_after(&self.cb.stream, buffers)?;
+        let step = &self.cb.stream;
+        let buffers = self.buffers_of(ids)?;
+        let bytes = buffers.iter().map(|&(_, len)| len as u64 * 4).sum();
+        nccl.sum_after(step, buffers)?;
         Ok(bytes)
     }
 
@@ -735,6 +759,72 @@ impl CudaPlan<'_> {
             self.launch_op(i, scalars)?;
         }
         nccl.wait_for(&self.cb.stream)?;
+        Ok((self.read_stats()?, reduced))
+    }
+}
+
+impl CudaPlan<'_> {
+    /// `backward_summed` through MPI's host buffers (see there).
+    fn backward_on_host(
+        &mut self,
+        inputs: (&[u32], &[u32], &[f32]),
+        sum: &GradientSum<'_>,
+    ) -> Result<(Vec<f64>, Reduced)> {
+        let buckets = self.plan.gradient_buckets(sum.ids, sum.bucket)?;
+        let mut lens = Vec::with_capacity(buckets.len());
+        for bucket in &buckets {
+            let len: Result<usize> = bucket
+                .ids
+                .iter()
+                .map(|&id| tensor_len(&self.plan, id))
+                .sum();
+            lens.push(len?);
+        }
+        let mut staging = match self.staging.take() {
+            Some(staging) => staging,
+            None => HostStaging::new(self.cb)?,
+        };
+        let summed = staging
+            .fit(self.cb, &lens)
+            .and_then(|()| self.backward_staged(&mut staging, &buckets, inputs, sum));
+        self.staging = Some(staging);
+        summed
+    }
+
+    /// Launches the whole pass with each bucket's copy out behind its last op; then, bucket
+    /// by bucket as its copy completes, sums it over the ranks and copies it back, while the
+    /// device runs the rest of the pass.
+    fn backward_staged(
+        &mut self,
+        staging: &mut HostStaging,
+        buckets: &[Bucket],
+        (tokens, targets, scalars): (&[u32], &[u32], &[f32]),
+        sum: &GradientSum<'_>,
+    ) -> Result<(Vec<f64>, Reduced)> {
+        let cb = self.cb;
+        self.begin_step(tokens, targets, scalars)?;
+        let mut copied = Vec::with_capacity(buckets.len());
+        let mut done = 0;
+        for (b, bucket) in buckets.iter().enumerate() {
+            for i in done..bucket.ready {
+                self.launch_op(i, scalars)?;
+            }
+            done = bucket.ready;
+            let parts = self.buffers_of(&bucket.ids)?;
+            let parts = parts.into_iter().map(|(d, len)| (&*d, len)).collect();
+            copied.push(staging.copy_out(cb, &cb.stream, b, parts)?);
+        }
+        for i in done..self.plan.range_of(Section::Backward).end {
+            self.launch_op(i, scalars)?;
+        }
+        let mut reduced = sum.on_host(true);
+        self.say_why_not_nccl(sum.reducer, &mut reduced);
+        for (b, (bucket, copy)) in buckets.iter().zip(&copied).enumerate() {
+            let values = staging.values(cb, b, copy)?;
+            sum.sum_bucket(&self.plan, bucket, values, &mut reduced)?;
+            staging.copy_in(cb, b, self.buffers_of(&bucket.ids)?)?;
+        }
+        staging.wait_for(cb, &cb.stream)?;
         Ok((self.read_stats()?, reduced))
     }
 }
