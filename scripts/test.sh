@@ -23,8 +23,9 @@ cargo test --all-targets --features mpi "$@" 2>&1 | tee "$log"
 ./target/debug/mantissa report --backends reference,wgpu --train-steps 20 --out target/report
 if command -v dpkg-deb >/dev/null && [ "$(uname -m)" = x86_64 ]; then
     bash scripts/lavapipe-coop.sh cargo test --test coop --test conformance --features mpi "$@" 2>&1 | tee -a "$log"
-    # The step plans on cooperative matrices (their operand planes shared between matmuls), and
-    # the 16-bit coded tensors read by their kernels there, bit for bit as stored in f32.
+    # The step plans on cooperative matrices (their operand planes in idle slots and shared
+    # between matmuls; their peak memory), and the 16-bit coded tensors read by their kernels
+    # there, bit for bit as stored in f32.
     bash scripts/lavapipe-coop.sh cargo test --test train --features mpi "$@" -- resident coded 2>&1 | tee -a "$log"
     echo "cooperative matrices: passed" >> "$log"
 else

@@ -610,9 +610,10 @@ fn steps_agree(what: &str, device: &mut Trainer, host: &mut Trainer) -> f32 {
 }
 
 /// A resident plan is on the device once prepared, before any step: the peak the executor
-/// reports covers the plan's tensors. On a wgpu device of its own, since the allocator reports
-/// a whole device, and the other tests of this file allocate and free on the shared one at the
-/// same time.
+/// reports covers the plan's tensors; and after two steps, the step has allocated little
+/// beyond them (at most 1.1x: the matmuls' operand planes go into slots idle during them).
+/// On a wgpu device of its own, since the allocator reports a whole device, and the other
+/// tests of this file allocate and free on the shared one at the same time.
 #[test]
 fn resident_plan_holds_its_tensors_once_prepared() {
     let test = "resident_plan_holds_its_tensors_once_prepared";
@@ -620,13 +621,22 @@ fn resident_plan_holds_its_tensors_once_prepared() {
         return;
     };
     let corpus = corpus();
-    let mut t = Trainer::new(&b, &corpus, options(&corpus, Preset::Mixed16, 5)).unwrap();
-    t.prepare().block_on().unwrap();
-    let memory = t.memory();
-    assert!(
-        memory.peak_bytes >= memory.plan_bytes,
-        "prepared: {memory:?}"
-    );
+    for preset in [Preset::Mixed16, Preset::MixedBf16, Preset::True32] {
+        let mut t = Trainer::new(&b, &corpus, options(&corpus, preset, 5)).unwrap();
+        t.prepare().block_on().unwrap();
+        let memory = t.memory();
+        assert!(
+            memory.peak_bytes >= memory.plan_bytes,
+            "{preset} prepared: {memory:?}"
+        );
+        for _ in 0..2 {
+            t.step().block_on().unwrap();
+        }
+        let memory = t.memory();
+        let ratio = memory.peak_bytes as f64 / memory.plan_bytes as f64;
+        eprintln!("{preset}: peak {ratio:.3}x the plan ({memory:?})");
+        assert!(ratio <= 1.1, "{preset} after two steps: {memory:?}");
+    }
 }
 
 /// GradScaler's skip on the device: an inf injected into a scaled gradient leaves the resident
@@ -865,6 +875,55 @@ fn gradient_buckets_hold_what_the_backward_pass_is_done_with() {
                 );
             }
         }
+    }
+}
+
+/// The slots `Storage::idle_slots` lends an op (wgpu puts a matmul's operand planes there) hold
+/// only step temporaries that the op neither reads nor writes and that are not live across it
+/// (first touched after it, or last touched before it), on the tiny GPT's plans; and most ops
+/// are offered some.
+#[test]
+fn idle_slots_hold_nothing_live() {
+    use mantissa::plan::{Storage, TensorKind};
+    let corpus = corpus();
+    for preset in [Preset::True32, Preset::MixedBf16] {
+        let t = Trainer::new(&Reference, &corpus, options(&corpus, preset, 3)).unwrap();
+        let plan = t.plan();
+        let storage = Storage::shared(plan);
+        let mut touched: Vec<Vec<usize>> = vec![vec![]; plan.tensors.len()];
+        for (i, op) in plan.ops.iter().enumerate() {
+            let (reads, writes) = op.reads_writes();
+            for t in reads.into_iter().chain(writes) {
+                touched[t].push(i);
+            }
+        }
+        let idle = storage.idle_slots(plan);
+        assert_eq!(idle.len(), plan.ops.len());
+        for (i, slots) in idle.iter().enumerate() {
+            for &s in slots {
+                for t in (0..plan.tensors.len()).filter(|&t| storage.slot_of[t] == s) {
+                    let kind = plan.tensors[t].kind;
+                    assert!(
+                        kind == TensorKind::Temp && t != plan.logits,
+                        "{preset}: op {i} is lent slot {s} of tensor {t} ({kind:?})"
+                    );
+                    let first = touched[t].iter().min().unwrap();
+                    let last = touched[t].iter().max().unwrap();
+                    assert!(
+                        i < *first || *last < i,
+                        "{preset}: op {i} ({}) is lent slot {s}, whose tensor {t} is used by ops \
+                         {first} to {last}",
+                        plan.ops[i].name()
+                    );
+                }
+            }
+        }
+        let offered = idle.iter().filter(|slots| !slots.is_empty()).count();
+        assert!(
+            offered * 2 > plan.ops.len(),
+            "{preset}: {offered} of {} ops",
+            plan.ops.len()
+        );
     }
 }
 

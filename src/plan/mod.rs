@@ -534,6 +534,33 @@ impl Storage {
         self.slots.iter().map(|&n| n as u64 * 4).sum()
     }
 
+    /// For each op, the slots that hold nothing live while it runs: every tensor of such a
+    /// slot is a temporary whose life (`Plan::temporary_lives`) lies wholly before or after
+    /// the op. An op may use them for its own scratch (a matmul's operand planes): whatever
+    /// it leaves there, the slot's next tensor is written whole before it is read.
+    pub fn idle_slots(&self, plan: &Plan) -> Vec<Vec<usize>> {
+        let lives = plan.temporary_lives();
+        // Each slot's lives; None where a tensor that is no temporary holds it.
+        let mut held: Vec<Option<Vec<(usize, usize)>>> = vec![Some(vec![]); self.slots.len()];
+        for (t, &slot) in self.slot_of.iter().enumerate() {
+            match (lives.get(t).copied().flatten(), held.get_mut(slot)) {
+                (Some(life), Some(Some(slot_lives))) => slot_lives.push(life),
+                (None, Some(slot)) => *slot = None,
+                _ => {}
+            }
+        }
+        let idle_at = |i: usize, lives: &[(usize, usize)]| {
+            lives.iter().all(|&(first, last)| i < first || last < i)
+        };
+        (0..plan.ops.len())
+            .map(|i| {
+                (0..self.slots.len())
+                    .filter(|&s| held[s].as_ref().is_some_and(|l| idle_at(i, l)))
+                    .collect()
+            })
+            .collect()
+    }
+
     /// Temporaries share slots where their lives (first to last op using them, over the whole
     /// step: `Plan::temporary_lives`) are disjoint. A slot takes the size of its largest
     /// tensor, so which tensors share decides the bytes: of two assignments, the one with fewer

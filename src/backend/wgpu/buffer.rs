@@ -71,11 +71,9 @@ impl BufferPool {
         match self.mode {
             PoolMode::Exact => return Ok(exact("mantissa.kept")),
             PoolMode::Fitting => {
-                let fit = self.free.lock().ok().and_then(|mut free| {
-                    let size = *free.range(bytes..).find(|(_, v)| !v.is_empty())?.0;
-                    free.get_mut(&size).and_then(Vec::pop)
-                });
-                return Ok(fit.unwrap_or_else(|| exact("mantissa.scratch")));
+                return Ok(self
+                    .take_idle(bytes)
+                    .unwrap_or_else(|| exact("mantissa.scratch")));
             }
             PoolMode::Classes => {}
         }
@@ -100,6 +98,13 @@ impl BufferPool {
             usage: STORAGE,
             mapped_at_creation: false,
         }))
+    }
+
+    /// The smallest idle buffer of at least `bytes`, if the pool holds one (never a new one).
+    pub fn take_idle(&self, bytes: u64) -> Option<wgpu::Buffer> {
+        let mut free = self.free.lock().ok()?;
+        let size = *free.range(bytes..).find(|(_, v)| !v.is_empty())?.0;
+        free.get_mut(&size).and_then(Vec::pop)
     }
 
     /// Whether `b` (one of this pool's) goes back to it for reuse: not one an `Exact` pool

@@ -111,22 +111,34 @@ impl MatmulRun {
     }
 }
 
-/// Where a run's buffers come from: operand planes from `scratch` (free again once the run's
-/// own dispatches have read them), everything the run keeps between submissions (C, amaxes,
-/// flags, scales) from `kept`. A one-off matmul takes both from the backend's pool; a step
-/// plan shares `scratch` among its matmuls and never lets a kept buffer be one of them.
+/// Where a run's buffers come from: operand planes from `lent` where one fits, else from
+/// `scratch` (free again once the run's own dispatches have read them), everything the run
+/// keeps between submissions (C, amaxes, flags, scales) from `kept`. A one-off matmul takes
+/// all from the backend's pool; a step plan lends the buffers of tensors that hold nothing
+/// live during the op, shares `scratch` among its matmuls and never lets a kept buffer be one
+/// of them.
 #[derive(Clone, Copy)]
 pub struct Pools<'a> {
+    pub lent: Option<&'a BufferPool>,
     pub scratch: &'a BufferPool,
     pub kept: &'a BufferPool,
 }
 
 impl<'a> Pools<'a> {
-    /// Both from one pool.
+    /// All from one pool.
     pub fn one(pool: &'a BufferPool) -> Pools<'a> {
         Pools {
+            lent: None,
             scratch: pool,
             kept: pool,
+        }
+    }
+
+    /// A buffer for an operand plane of `bytes`.
+    fn plane(&self, gpu: &Gpu, bytes: u64) -> Result<wgpu::Buffer> {
+        match self.lent.and_then(|lent| lent.take_idle(bytes)) {
+            Some(buffer) => Ok(buffer),
+            None => self.scratch.take(gpu, bytes),
         }
     }
 }
@@ -414,7 +426,7 @@ fn record_coop(
     let pack = |src: &wgpu::Buffer, params: PackParams, what: &str, run: &mut MatmulRun| {
         let bytes = u64::from(planes) * u64::from(params.plane_words) * 4;
         check_binding(gpu, what, bytes)?;
-        let dst = pools.scratch.take(gpu, bytes)?;
+        let dst = pools.plane(gpu, bytes)?;
         let uniform = buffer::uniform(gpu, &params);
         run.dispatches.push(Dispatch::new(
             gpu,
@@ -618,7 +630,7 @@ fn prepare(
             &format!("{} as {parts} bf16 planes", side.name()),
             bytes,
         )?;
-        let dst = pools.scratch.take(gpu, bytes)?;
+        let dst = pools.plane(gpu, bytes)?;
         let (dispatch, plane_words) = cast::split_bf16(gpu, src, &dst, len, parts)?;
         run.dispatches.push(dispatch);
         return Ok(Prepared {
@@ -643,7 +655,7 @@ fn prepare(
         }),
         Operand::Bf16 | Operand::F16(_) => {
             let bytes = packed_words(format, len) as u64 * 4;
-            let dst = pools.scratch.take(gpu, bytes)?;
+            let dst = pools.plane(gpu, bytes)?;
             run.dispatches
                 .push(cast::encode(gpu, src, &dst, len, format, false)?);
             Ok(Prepared {
@@ -654,7 +666,7 @@ fn prepare(
         }
         Operand::Fp8(_) => {
             let bytes = packed_words(format, len) as u64 * 4;
-            let dst = pools.scratch.take(gpu, bytes)?;
+            let dst = pools.plane(gpu, bytes)?;
             let (ga, gb) = groupings(shape, algorithm.scaling().unwrap_or_default());
             let (grouping, offset) = if side == Side::A {
                 (ga, 0)

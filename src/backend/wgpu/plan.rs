@@ -168,7 +168,7 @@ impl<'a> ResidentPlan<'a> {
             })
         };
         let plan = &self.plan;
-        let (tensors, scalars, stats) = gpu
+        let (slot_buffers, tensors, scalars, stats) = gpu
             .scoped("allocating the step plan", || {
                 // Temporaries with disjoint lives share a buffer (`Storage::shared`).
                 let buffers: Vec<wgpu::Buffer> = slots
@@ -188,7 +188,7 @@ impl<'a> ResidentPlan<'a> {
                 }
                 let scalars = storage("mantissa.plan.scalars", plan.scalar_count() as u64 * 4);
                 let stats = storage("mantissa.plan.stats", plan.stats.len() as u64 * 4);
-                Ok((tensors, scalars, stats))
+                Ok((buffers, tensors, scalars, stats))
             })
             .await?;
         let mut c = Compiled {
@@ -207,6 +207,10 @@ impl<'a> ResidentPlan<'a> {
         // (amaxes cleared at the step's start, flags, scales) is its own buffer, never one of
         // these: an earlier op's planes would overwrite it.
         let scratch = BufferPool::fitting();
+        // Before them, a matmul's planes go into the buffers of slots that hold nothing live
+        // while it runs (`Storage::idle_slots`), so that they add nothing to the step's memory
+        // where such a slot is large enough.
+        let idle = self.storage.idle_slots(&self.plan);
         let dummies = Dummies {
             read: storage("mantissa.plan.unused", 4),
             write: [0, 1, 2].map(|_| storage("mantissa.plan.unused", 4)),
@@ -231,17 +235,31 @@ impl<'a> ResidentPlan<'a> {
                 }
                 _ => None,
             };
+            let lendable = || idle[i].iter().map(|&s| &slot_buffers[s]);
+            let lent = BufferPool::fitting();
+            if tile.is_some() {
+                lent.give(lendable().cloned());
+            }
             let what = format!("step plan op {i} ({})", op.name());
+            let pools = matmul::Pools {
+                lent: Some(&lent),
+                scratch: &scratch,
+                // What an op keeps (amaxes, flags, scales) lives as long as the plan: sized
+                // exactly.
+                kept: &BufferPool::exact(),
+            };
             let recorded = gpu
-                .scoped(&what, || self.record(op, tile, &c, &dummies, &scratch))
+                .scoped(&what, || self.record(op, tile, &c, &dummies, pools))
                 .await?;
             c.dispatches.extend(recorded.dispatches);
             c.clears.extend(recorded.clears);
             c.given.extend(recorded.given);
             c.temporaries.extend(recorded.temporaries);
+            // A lent buffer is a tensor's: it never joins the shared pool.
             let (shared, own) = recorded
                 .scratch
                 .into_iter()
+                .filter(|b| !lendable().any(|l| l == b))
                 .partition::<Vec<_>, _>(|b| scratch.reuses(b));
             scratch.give(shared);
             c.temporaries.extend(own);
@@ -258,7 +276,7 @@ impl<'a> ResidentPlan<'a> {
         tile: Option<super::shaders::Tile>,
         c: &Compiled,
         dummies: &Dummies,
-        scratch: &BufferPool,
+        pools: matmul::Pools,
     ) -> Result<Recorded> {
         let backend = self.backend;
         let gpu = &backend.gpu;
@@ -481,12 +499,7 @@ impl<'a> ResidentPlan<'a> {
                 }
                 let run = matmul::record(
                     gpu,
-                    matmul::Pools {
-                        scratch,
-                        // What the op keeps (amaxes, flags, scales) lives as long as the
-                        // plan: sized exactly.
-                        kept: &BufferPool::exact(),
-                    },
+                    pools,
                     shape,
                     &algorithm,
                     backend.f16,
