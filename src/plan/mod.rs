@@ -18,6 +18,7 @@
 //! thing read back.
 
 pub mod exec;
+pub mod graph;
 pub mod scalar;
 
 pub use exec::StepExecutor;

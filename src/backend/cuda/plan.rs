@@ -23,6 +23,7 @@ use crate::plan::exec::{
     GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
     check_write, reduce_on_host, tensor_len,
 };
+use crate::plan::graph::{Graphs, Recorder};
 use crate::plan::{Bucket, Op, Plan, Section, Storage, TensorId, step_algorithm};
 use cudarc::driver::{CudaGraph, CudaSlice, sys};
 
@@ -53,55 +54,18 @@ pub struct CudaPlan<'a> {
     /// What the device's stream-ordered allocator held before the plan allocated anything
     /// (None where the device has none).
     pool_base: Option<u64>,
-    graphs: Graphs,
+    /// The plan's sections as CUDA graphs (`MANTISSA_CUDA_GRAPH=on`), taken out while a
+    /// section runs.
+    graphs: Graphs<StepGraph>,
 }
 
 /// A captured section. CUDA graphs may be used from any thread so long as no two use one at
 /// once (they are not internally synchronised); the executor owns its graphs and uses them
 /// through `&mut self`, so moving it to another thread is sound. Not `Sync`.
-struct StepGraph(CudaGraph);
+pub struct StepGraph(CudaGraph);
 
 // SAFETY: see `StepGraph`: access is serialised by the owning executor's `&mut self`.
 unsafe impl Send for StepGraph {}
-
-/// The plan's sections as CUDA graphs (`MANTISSA_CUDA_GRAPH=on`).
-enum Graphs {
-    /// Launched op by op, and why.
-    Off(String),
-    /// The sections run once (the next run captures them), and those captured.
-    On {
-        seen: Vec<Section>,
-        captured: Vec<(Section, StepGraph)>,
-    },
-}
-
-impl Graphs {
-    /// Graphs for `plan` where `wanted` (`MANTISSA_CUDA_GRAPH=on`) and its launches take no
-    /// per-step host values.
-    fn for_plan(plan: &Plan, wanted: bool) -> Graphs {
-        if !wanted {
-            return Graphs::Off("MANTISSA_CUDA_GRAPH is not on".into());
-        }
-        let per_step = plan.ops.iter().any(|op| {
-            matches!(
-                op,
-                Op::Matmul {
-                    scales: Some(_),
-                    ..
-                }
-            )
-        });
-        if per_step {
-            return Graphs::Off(
-                "delayed fp8 scaling passes each step's scales as launch arguments".into(),
-            );
-        }
-        Graphs::On {
-            seen: vec![],
-            captured: vec![],
-        }
-    }
-}
 
 impl<'a> CudaPlan<'a> {
     /// Allocates the plan's buffers (constants uploaded, the rest zero).
@@ -151,6 +115,7 @@ impl<'a> CudaPlan<'a> {
         let graphs = Graphs::for_plan(
             &plan,
             std::env::var("MANTISSA_CUDA_GRAPH").is_ok_and(|v| v == "on"),
+            "MANTISSA_CUDA_GRAPH is not on",
         );
         Ok(CudaPlan {
             cb,
@@ -408,71 +373,12 @@ impl<'a> CudaPlan<'a> {
     }
 
     /// Launches the ops of `section`: its graph where one is captured, else captured now
-    /// where graphs are on and the section ran before, else op by op.
+    /// where graphs are on and the section ran before, else op by op (`Graphs::run`).
     fn launch_section(&mut self, section: Section, scalars: &[f32]) -> Result<()> {
-        let cb = self.cb;
-        let replay = |graph: &CudaGraph| {
-            graph
-                .launch()
-                .map_err(|e| cb.device_error("launching the step's CUDA graph", e))
-        };
-        if let Graphs::On { seen, captured } = &self.graphs {
-            if let Some((_, graph)) = captured.iter().find(|(s, _)| *s == section) {
-                return replay(&graph.0);
-            }
-            if seen.contains(&section) {
-                match self.capture(section, scalars) {
-                    Ok(graph) => {
-                        replay(&graph)?;
-                        if let Graphs::On { captured, .. } = &mut self.graphs {
-                            captured.push((section, StepGraph(graph)));
-                        }
-                        return Ok(());
-                    }
-                    Err(why) => {
-                        eprintln!(
-                            "mantissa: the step is not captured as a CUDA graph ({why}); launching its ops one by one"
-                        );
-                        self.graphs = Graphs::Off(format!("capture failed: {why}"));
-                    }
-                }
-            }
-        }
-        for i in self.plan.range_of(section) {
-            self.launch_op(i, scalars)?;
-        }
-        if let Graphs::On { seen, .. } = &mut self.graphs
-            && !seen.contains(&section)
-        {
-            seen.push(section);
-        }
-        Ok(())
-    }
-
-    /// The ops of `section` captured from the stream (not run); the stream leaves capture
-    /// whatever happens.
-    fn capture(
-        &mut self,
-        section: Section,
-        scalars: &[f32],
-    ) -> std::result::Result<CudaGraph, String> {
-        let stream = self.cb.stream.clone();
-        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-        stream.begin_capture(mode).map_err(|e| e.to_string())?;
-        let launched = self
-            .plan
-            .range_of(section)
-            .try_for_each(|i| self.launch_op(i, scalars));
-        // Graphs allocate as they run where an op allocates (its temporaries): freed on the
-        // next launch if the op did not free them.
-        let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
-        let ended = stream.end_capture(flags);
-        launched.map_err(|e| e.to_string())?;
-        match ended {
-            Ok(Some(graph)) => Ok(graph),
-            Ok(None) => Err("the capture recorded nothing".into()),
-            Err(e) => Err(e.to_string()),
-        }
+        let mut graphs = std::mem::replace(&mut self.graphs, Graphs::Off(String::new()));
+        let ran = graphs.run(self, section, scalars);
+        self.graphs = graphs;
+        ran
     }
 
     /// Waits for the step and reads its stats back.
@@ -505,10 +411,7 @@ impl StepExecutor for CudaPlan<'_> {
     }
 
     fn describe(&self) -> String {
-        let launched = match &self.graphs {
-            Graphs::On { .. } => "replayed as a CUDA graph from the second step".to_string(),
-            Graphs::Off(why) => format!("launched one by one (no CUDA graph: {why})"),
-        };
+        let launched = self.graphs.describe();
         format!(
             "device-resident on {}: {} ops {launched} on one stream, one synchronisation per step, {}",
             self.cb.info.name,
@@ -829,54 +732,46 @@ impl CudaPlan<'_> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::Graphs;
-    use crate::algorithm::{Algorithm, MatmulShape};
-    use crate::plan::{Op, Plan, PlanBuilder, Stats, TensorKind};
+impl Recorder for CudaPlan<'_> {
+    type Graph = StepGraph;
 
-    /// A plan of one matmul, taking scales from the step's scalars (as delayed fp8 scaling's
-    /// do) or not.
-    fn plan(scales: Option<[usize; 2]>) -> Plan {
-        let mut g = PlanBuilder::default();
-        let tokens = g.tensor(4, TensorKind::Tokens);
-        let targets = g.tensor(4, TensorKind::Targets);
-        let (a, b, out) = (g.temp(16), g.temp(16), g.temp(16));
-        g.push(Op::Matmul {
-            shape: MatmulShape::new(4, 4, 4),
-            algorithm: Algorithm::F32,
-            a,
-            b,
-            out,
-            scales,
-        });
-        Plan {
-            tensors: g.tensors,
-            ops: g.ops,
-            forward: 1,
-            backward: 1,
-            gradients: 1,
-            rows: 4,
-            tokens,
-            targets,
-            logits: out,
-            state: vec![],
-            constants: g.constants,
-            stats: Stats {
-                grads: 0,
-                linears: 0,
-            },
+    fn launch(&mut self, section: Section, scalars: &[f32]) -> Result<()> {
+        for i in self.plan.range_of(section) {
+            self.launch_op(i, scalars)?;
+        }
+        Ok(())
+    }
+
+    /// The ops of `section` captured from the stream (not run); the stream leaves capture
+    /// whatever happens.
+    fn record(
+        &mut self,
+        section: Section,
+        scalars: &[f32],
+    ) -> std::result::Result<StepGraph, String> {
+        let stream = self.cb.stream.clone();
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        stream.begin_capture(mode).map_err(|e| e.to_string())?;
+        let launched = self
+            .plan
+            .range_of(section)
+            .try_for_each(|i| self.launch_op(i, scalars));
+        // Graphs allocate as they run where an op allocates (its temporaries): freed on the
+        // next launch if the op did not free them.
+        let flags = sys::CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH;
+        let ended = stream.end_capture(flags);
+        launched.map_err(|e| e.to_string())?;
+        match ended {
+            Ok(Some(graph)) => Ok(StepGraph(graph)),
+            Ok(None) => Err("the capture recorded nothing".into()),
+            Err(e) => Err(e.to_string()),
         }
     }
 
-    #[test]
-    fn graphs_only_where_wanted_and_no_launch_takes_a_step_value() {
-        let on = |g: &Graphs| matches!(g, Graphs::On { .. });
-        assert!(on(&Graphs::for_plan(&plan(None), true)));
-        assert!(!on(&Graphs::for_plan(&plan(None), false)));
-        match Graphs::for_plan(&plan(Some([0, 1])), true) {
-            Graphs::Off(why) => assert!(why.contains("delayed fp8"), "{why}"),
-            Graphs::On { .. } => panic!("a plan with per-step scales was captured"),
-        }
+    fn replay(&mut self, graph: &StepGraph) -> Result<()> {
+        graph
+            .0
+            .launch()
+            .map_err(|e| self.cb.device_error("launching the step's CUDA graph", e))
     }
 }

@@ -1,0 +1,296 @@
+//! When an executor records a section of the step plan once and replays the recording from
+//! then on (CUDA graphs: one launch a step instead of hundreds), apart from any device: the
+//! executor says how to launch, record and replay (`Recorder`), `Graphs` decides which to do.
+//! A section runs op by op the first time (its kernels compile, its matmuls tune, which a
+//! recording must not contain), is recorded the second time and replayed after. A recording
+//! that fails turns recording off for the executor's life, with the reason printed once, and
+//! the ops run one by one.
+
+use super::{Op, Plan, Section};
+use crate::error::Result;
+
+/// An executor that can record the launches of a section and replay them.
+pub trait Recorder {
+    type Graph;
+    /// Runs the ops of `section` one by one.
+    fn launch(&mut self, section: Section, scalars: &[f32]) -> Result<()>;
+    /// Records the ops of `section` without running them, or says why it cannot.
+    fn record(
+        &mut self,
+        section: Section,
+        scalars: &[f32],
+    ) -> std::result::Result<Self::Graph, String>;
+    /// Runs a recording.
+    fn replay(&mut self, graph: &Self::Graph) -> Result<()>;
+}
+
+/// The plan's sections as recordings.
+pub enum Graphs<G> {
+    /// Launched op by op, and why.
+    Off(String),
+    /// The sections run once (the next run records them), and those recorded.
+    On {
+        seen: Vec<Section>,
+        recorded: Vec<(Section, G)>,
+    },
+}
+
+impl<G> Graphs<G> {
+    /// Recordings for `plan` where `wanted` (`off` says why not otherwise) and no launch of
+    /// the plan takes a per-step host value, which a recording would keep from its first step.
+    pub fn for_plan(plan: &Plan, wanted: bool, off: &str) -> Graphs<G> {
+        if !wanted {
+            return Graphs::Off(off.into());
+        }
+        let per_step = plan.ops.iter().any(|op| {
+            matches!(
+                op,
+                Op::Matmul {
+                    scales: Some(_),
+                    ..
+                }
+            )
+        });
+        if per_step {
+            return Graphs::Off(
+                "delayed fp8 scaling passes each step's scales as launch arguments".into(),
+            );
+        }
+        Graphs::On {
+            seen: vec![],
+            recorded: vec![],
+        }
+    }
+
+    /// Runs `section` on `exec`: its recording where there is one; else recorded now and
+    /// replayed where recordings are on and the section ran before; else op by op.
+    pub fn run<R: Recorder<Graph = G>>(
+        &mut self,
+        exec: &mut R,
+        section: Section,
+        scalars: &[f32],
+    ) -> Result<()> {
+        if let Graphs::On { seen, recorded } = self {
+            if let Some((_, graph)) = recorded.iter().find(|(s, _)| *s == section) {
+                return exec.replay(graph);
+            }
+            if seen.contains(&section) {
+                match exec.record(section, scalars) {
+                    Ok(graph) => {
+                        exec.replay(&graph)?;
+                        recorded.push((section, graph));
+                        return Ok(());
+                    }
+                    Err(why) => {
+                        eprintln!(
+                            "mantissa: the step is not captured as a CUDA graph ({why}); launching its ops one by one"
+                        );
+                        *self = Graphs::Off(format!("capture failed: {why}"));
+                    }
+                }
+            }
+        }
+        exec.launch(section, scalars)?;
+        if let Graphs::On { seen, .. } = self
+            && !seen.contains(&section)
+        {
+            seen.push(section);
+        }
+        Ok(())
+    }
+
+    /// How the executor runs its sections, in words.
+    pub fn describe(&self) -> String {
+        match self {
+            Graphs::On { .. } => "replayed as a CUDA graph from the second step".into(),
+            Graphs::Off(why) => format!("launched one by one (no CUDA graph: {why})"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algorithm::{Algorithm, MatmulShape};
+    use crate::error::Error;
+    use crate::plan::{PlanBuilder, Stats, TensorKind};
+
+    /// A plan of one matmul, taking scales from the step's scalars (as delayed fp8 scaling's
+    /// do) or not.
+    fn plan(scales: Option<[usize; 2]>) -> Plan {
+        let mut g = PlanBuilder::default();
+        let tokens = g.tensor(4, TensorKind::Tokens);
+        let targets = g.tensor(4, TensorKind::Targets);
+        let (a, b, out) = (g.temp(16), g.temp(16), g.temp(16));
+        g.push(Op::Matmul {
+            shape: MatmulShape::new(4, 4, 4),
+            algorithm: Algorithm::F32,
+            a,
+            b,
+            out,
+            scales,
+        });
+        Plan {
+            tensors: g.tensors,
+            ops: g.ops,
+            forward: 1,
+            backward: 1,
+            gradients: 1,
+            rows: 4,
+            tokens,
+            targets,
+            logits: out,
+            state: vec![],
+            constants: g.constants,
+            stats: Stats {
+                grads: 0,
+                linears: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn graphs_only_where_wanted_and_no_launch_takes_a_step_value() {
+        let on = |g: &Graphs<()>| matches!(g, Graphs::On { .. });
+        assert!(on(&Graphs::for_plan(&plan(None), true, "")));
+        match Graphs::<()>::for_plan(&plan(None), false, "not asked for") {
+            Graphs::Off(why) => assert_eq!(why, "not asked for"),
+            Graphs::On { .. } => panic!("recorded where not wanted"),
+        }
+        match Graphs::<()>::for_plan(&plan(Some([0, 1])), true, "") {
+            Graphs::Off(why) => assert!(why.contains("delayed fp8"), "{why}"),
+            Graphs::On { .. } => panic!("a plan with per-step scales was captured"),
+        }
+    }
+
+    /// Says what it was asked to do; its recordings are the section and the scalars at the
+    /// time, and the recording of `refuse` fails.
+    #[derive(Default)]
+    struct Log {
+        calls: Vec<String>,
+        refuse: Option<Section>,
+        fail_replay: bool,
+    }
+
+    impl Recorder for Log {
+        type Graph = (Section, f32);
+        fn launch(&mut self, section: Section, scalars: &[f32]) -> Result<()> {
+            self.calls
+                .push(format!("launch {section:?} {}", scalars[0]));
+            Ok(())
+        }
+        fn record(
+            &mut self,
+            section: Section,
+            scalars: &[f32],
+        ) -> std::result::Result<(Section, f32), String> {
+            self.calls.push(format!("record {section:?}"));
+            match self.refuse == Some(section) {
+                true => Err("the driver said no".into()),
+                false => Ok((section, scalars[0])),
+            }
+        }
+        fn replay(&mut self, &(section, at): &(Section, f32)) -> Result<()> {
+            self.calls.push(format!("replay {section:?} {at}"));
+            match self.fail_replay {
+                true => Err(Error::invalid("replay", "failed")),
+                false => Ok(()),
+            }
+        }
+    }
+
+    fn steps(graphs: &mut Graphs<(Section, f32)>, exec: &mut Log, sections: &[Section]) {
+        for (step, &section) in sections.iter().enumerate() {
+            graphs.run(exec, section, &[step as f32]).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_section_runs_once_then_is_recorded_once_and_replayed() {
+        use Section::{Backward, Forward, Update};
+        let mut graphs = Graphs::for_plan(&plan(None), true, "");
+        let mut exec = Log::default();
+        steps(
+            &mut graphs,
+            &mut exec,
+            &[
+                Backward, Update, Forward, Backward, Update, Backward, Forward,
+            ],
+        );
+        assert_eq!(
+            exec.calls,
+            [
+                "launch Backward 0",
+                "launch Update 1",
+                "launch Forward 2",
+                "record Backward",
+                "replay Backward 3",
+                "record Update",
+                "replay Update 4",
+                "replay Backward 3",
+                "record Forward",
+                "replay Forward 6",
+            ]
+        );
+        assert!(
+            graphs
+                .describe()
+                .contains("CUDA graph from the second step")
+        );
+    }
+
+    #[test]
+    fn a_recording_that_fails_turns_recording_off_for_good() {
+        use Section::{Backward, Update};
+        let mut graphs = Graphs::for_plan(&plan(None), true, "");
+        let mut exec = Log {
+            refuse: Some(Update),
+            ..Log::default()
+        };
+        steps(
+            &mut graphs,
+            &mut exec,
+            &[Backward, Update, Backward, Update, Backward, Update],
+        );
+        assert_eq!(
+            exec.calls,
+            [
+                "launch Backward 0",
+                "launch Update 1",
+                "record Backward",
+                "replay Backward 2",
+                "record Update",
+                "launch Update 3",
+                // Off now: what was recorded is no longer replayed either, and nothing is
+                // recorded again.
+                "launch Backward 4",
+                "launch Update 5",
+            ]
+        );
+        let why = graphs.describe();
+        assert!(why.contains("capture failed: the driver said no"), "{why}");
+    }
+
+    #[test]
+    fn a_replay_that_fails_is_the_run_s_error() {
+        let mut graphs = Graphs::for_plan(&plan(None), true, "");
+        let mut exec = Log {
+            fail_replay: true,
+            ..Log::default()
+        };
+        graphs.run(&mut exec, Section::Step, &[0.0]).unwrap();
+        assert!(graphs.run(&mut exec, Section::Step, &[1.0]).is_err());
+        // Not kept: the next run records afresh.
+        assert!(graphs.run(&mut exec, Section::Step, &[2.0]).is_err());
+        assert_eq!(
+            exec.calls,
+            [
+                "launch Step 0",
+                "record Step",
+                "replay Step 1",
+                "record Step",
+                "replay Step 2"
+            ]
+        );
+    }
+}
