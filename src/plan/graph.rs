@@ -113,7 +113,7 @@ mod tests {
     use super::*;
     use crate::algorithm::{Algorithm, MatmulShape};
     use crate::error::Error;
-    use crate::plan::{PlanBuilder, Stats, TensorKind};
+    use crate::plan::{PlanBuilder, TensorKind};
 
     /// A plan of one matmul, taking scales from the step's scalars (as delayed fp8 scaling's
     /// do) or not.
@@ -130,23 +130,7 @@ mod tests {
             out,
             scales,
         });
-        Plan {
-            tensors: g.tensors,
-            ops: g.ops,
-            forward: 1,
-            backward: 1,
-            gradients: 1,
-            rows: 4,
-            tokens,
-            targets,
-            logits: out,
-            state: vec![],
-            constants: g.constants,
-            stats: Stats {
-                grads: 0,
-                linears: 0,
-            },
-        }
+        g.test_plan((1, 1), 4, [tokens, targets, out], 0)
     }
 
     #[test]

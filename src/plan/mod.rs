@@ -1152,6 +1152,34 @@ impl PlanBuilder {
 }
 
 #[cfg(test)]
+impl PlanBuilder {
+    /// The plan of the ops pushed, for tests: the forward pass up to op `forward`, the
+    /// backward pass and the gradients up to `backward`; no trained state.
+    pub(crate) fn test_plan(
+        self,
+        (forward, backward): (usize, usize),
+        rows: usize,
+        [tokens, targets, logits]: [TensorId; 3],
+        linears: usize,
+    ) -> Plan {
+        Plan {
+            tensors: self.tensors,
+            ops: self.ops,
+            forward,
+            backward,
+            gradients: backward,
+            rows,
+            tokens,
+            targets,
+            logits,
+            state: vec![],
+            constants: self.constants,
+            stats: Stats { grads: 0, linears },
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1194,23 +1222,7 @@ mod tests {
         if extra {
             g.push(Op::Amax { x: out, slot: 0 });
         }
-        let plan = Plan {
-            tensors: g.tensors,
-            ops: g.ops,
-            forward: 0,
-            backward: 0,
-            gradients: 0,
-            rows,
-            tokens: x,
-            targets: x,
-            logits: y,
-            state: vec![],
-            constants: g.constants,
-            stats: Stats {
-                grads: 0,
-                linears: 1,
-            },
-        };
+        let plan = g.test_plan((0, 0), rows, [x, x, y], 1);
         (plan, out)
     }
 
@@ -1286,23 +1298,7 @@ mod tests {
             out: dx,
         });
         let ops = g.ops.len();
-        Plan {
-            tensors: g.tensors,
-            ops: g.ops,
-            forward: 3,
-            backward: ops,
-            gradients: ops,
-            rows,
-            tokens: x,
-            targets: x,
-            logits: dx,
-            state: vec![],
-            constants: g.constants,
-            stats: Stats {
-                grads: 0,
-                linears: 0,
-            },
-        }
+        g.test_plan((3, ops), rows, [x, x, dx], 0)
     }
 
     #[test]
