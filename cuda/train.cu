@@ -275,9 +275,9 @@ extern "C" __global__ void cross_entropy_bwd(const float* probs, const u32* targ
 
 // out = y + x held in format `fmt` (stored as codes where `coded`), x repeated every c elements
 // (c = n: elementwise; c = width: a bias per row); out may be y.
-extern "C" __global__ void add(const float* x, const float* y, void* out, i64 n, u32 c, u32 fmt,
-                               u32 coded) {
-    FOR_EACH(e, n) store_held(out, e, y[e] + x[e % c], fmt, coded);
+extern "C" __global__ void add(const float* x, const float* y, void* out, i64 n, u32 c, u32 y_fmt,
+                               u32 fmt, u32 coded) {
+    FOR_EACH(e, n) store_held(out, e, held(y[e], y_fmt) + x[e % c], fmt, coded);
 }
 
 // A 4-d strided copy (src/plan/mod.rs `Strided`): element (i0..i3) < dims moves from

@@ -44,8 +44,9 @@ fn round_to_format(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     y[e] = bitcast<f32>(decode_format(code, params.format));
 }
 
-// y = y + x held in format `format`, x repeated every c elements (c = n: elementwise; c = width:
-// a bias per row).
+// y = y' + x held in format `format`, where y' is y held in format extra.y (a matmul's product
+// rounded as it is read), x repeated every c elements (c = n: elementwise; c = width: a bias
+// per row).
 @compute @workgroup_size(256)
 fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
@@ -53,12 +54,12 @@ fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
     if (e >= params.n) {
         return;
     }
-    y[e] = held(y[e] + x[e % params.c], params.format);
+    y[e] = held(held(y[e], params.extra.y) + x[e % params.c], params.format);
 }
 
-// z = y + x held in format `format`, x repeated every c elements (a bias add whose output is a
-// tensor of its own); with extra.x = 1, its 16-bit codes go to w instead, two to a word, one
-// invocation per word (an odd n's last word holds one code).
+// z = y' + x held in format `format`, y' as in `add`, x repeated every c elements (a bias add
+// whose output is a tensor of its own); with extra.x = 1, its 16-bit codes go to w instead, two
+// to a word, one invocation per word (an odd n's last word holds one code).
 @compute @workgroup_size(256)
 fn add_into(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
@@ -69,14 +70,19 @@ fn add_into(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
             return;
         }
         let hi = min(lo + 1u, params.n - 1u);
-        let second = select(0.0, y[hi] + x[hi % params.c], lo + 1u < params.n);
-        w[e] = code_pair(y[lo] + x[lo % params.c], second, params.format);
+        let second = select(0.0, sum_at(hi), lo + 1u < params.n);
+        w[e] = code_pair(sum_at(lo), second, params.format);
         return;
     }
     if (e >= params.n) {
         return;
     }
-    z[e] = held(y[e] + x[e % params.c], params.format);
+    z[e] = held(sum_at(e), params.format);
+}
+
+// Element e of `add_into`'s sum, before it is held.
+fn sum_at(e: u32) -> f32 {
+    return held(y[e], params.extra.y) + x[e % params.c];
 }
 
 // y[dst(e)] = x[src(e)] over the 4-d index space `dims` (row-major, last fastest).

@@ -669,30 +669,32 @@ fn cuda_training_kernels_match_the_host_reference() {
         measure::normal(37 * 50, seed + 11),
         measure::normal(50, seed + 12),
     );
+    let add = |args: &[usize], x: &[f32]| run_f32(h, "add", &strings(args), &[x, &y]);
     let mut want = y.clone();
     ops::add_bias(&mut want, &bias);
-    assert_eq!(
-        run_f32(h, "add", &strings(&[y.len(), 50, f32_, 0]), &[&bias, &y]),
-        want
-    );
+    assert_eq!(add(&[y.len(), 50, f32_, f32_, 0], &bias), want);
     // Held in bf16: the f32 sum rounded, bit for bit; stored as codes into a tensor of its own
     // (a plan's coded bias add): the codes of those values.
     ops::round_to(&mut want, Format::Bf16);
-    let bf16 = Format::Bf16.id() as usize;
-    assert_eq!(
-        run_f32(h, "add", &strings(&[y.len(), 50, bf16, 0]), &[&bias, &y]),
-        want
-    );
-    let coded = run_f32(h, "add", &strings(&[y.len(), 50, bf16, 1]), &[&bias, &y]);
+    let (bf16, f16) = (Format::Bf16.id() as usize, Format::F16.id() as usize);
+    assert_eq!(add(&[y.len(), 50, f32_, bf16, 0], &bias), want);
+    let coded = add(&[y.len(), 50, f32_, bf16, 1], &bias);
     let codes: Vec<u32> = coded.iter().map(|c| c.to_bits()).collect();
     same_codes("add as bf16 codes", &codes, &want, Format::Bf16);
+    // y rounded to f16 as it is read (a matmul's product autocast holds), then held in bf16,
+    // in place and as codes.
+    let mut want = y.clone();
+    ops::round_to(&mut want, Format::F16);
+    ops::add_bias(&mut want, &bias);
+    ops::round_to(&mut want, Format::Bf16);
+    assert_eq!(add(&[y.len(), 50, f16, bf16, 0], &bias), want);
+    let coded = add(&[y.len(), 50, f16, bf16, 1], &bias);
+    let codes: Vec<u32> = coded.iter().map(|c| c.to_bits()).collect();
+    same_codes("f16(y) + bias as bf16 codes", &codes, &want, Format::Bf16);
     let x = measure::normal(y.len(), seed + 17);
     let mut want = y.clone();
     want.iter_mut().zip(&x).for_each(|(a, b)| *a += b);
-    assert_eq!(
-        run_f32(h, "add", &strings(&[y.len(), y.len(), f32_, 0]), &[&x, &y]),
-        want
-    );
+    assert_eq!(add(&[y.len(), y.len(), f32_, f32_, 0], &x), want);
     // The head permutations.
     let (b, t, heads, d) = (2, 5, 3, 4);
     let qkv = measure::normal(b * t * 3 * heads * d, seed + 13);

@@ -1255,10 +1255,42 @@ fn held_outputs_match_their_definition(b: &dyn Backend) {
     p.round(y, Format::F16);
     p.push(Op::add_in_place(bias, y));
     p.round(y, Format::Bf16);
+    // A product rounded to bf16 (here a copy of x, whose rounding cannot fold into it), then
+    // the bias added and held in f16: the add rounds it as it reads it. Kept, so that its
+    // buffer is its own.
+    let z = p.tensor(rows * c, TensorKind::Partial);
+    let dims = [1, 1, rows as u32, c as u32];
+    let dense = mantissa::plan::Strided::dense(dims);
+    p.push(Op::Copy {
+        x,
+        out: z,
+        map: mantissa::plan::Strided {
+            dims,
+            src: dense,
+            dst: dense,
+            src_offset: 0,
+            dst_offset: 0,
+        },
+    });
+    p.round(z, Format::Bf16);
+    p.push(Op::add_in_place(bias, z));
+    p.round(z, Format::F16);
     assert!(
         !p.ops.iter().any(|op| matches!(op, Op::Round { .. })),
         "every rounding folds into its op: {:?}",
         p.ops
+    );
+    assert!(
+        matches!(
+            p.ops.last(),
+            Some(Op::Add {
+                y_held: Format::Bf16,
+                held: Format::F16,
+                ..
+            })
+        ),
+        "{:?}",
+        p.ops.last()
     );
     // The norm keeps a buffer of its own, as the logits do.
     let mut exec = run_ops_alone(b, p, 3, (tokens, targets), norm);
@@ -1304,6 +1336,16 @@ fn held_outputs_match_their_definition(b: &dyn Backend) {
             "gelu + bias held in bf16[{i}]: {g}, the reference {w} (allowed {allowed})"
         );
     }
+    // Sums of the same two f32 values: bit for bit.
+    let mut want = x_values.clone();
+    ops::round_to(&mut want, Format::Bf16);
+    ops::add_bias(&mut want, &b_values);
+    ops::round_to(&mut want, Format::F16);
+    let got = exec.read(z).block_on().unwrap();
+    assert!(
+        common::same_bits(&got, &want),
+        "bf16(x) + bias held in f16 differs from its definition"
+    );
 }
 
 /// A device's fused cross entropy (the loss and its gradient in one op, as a step plan holds
@@ -1432,11 +1474,13 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
         let [sum, coded_sum, gelu, coded_gelu, d, coded_d] = [0; 6].map(|_| kept(&mut p));
         p.tensors[coded_sum].stored = format;
         for (input, out) in [(sum, gelu), (coded_sum, coded_gelu)] {
+            // z rounded to f16 as the add reads it, on both paths.
             p.push(Op::Add {
                 x: short_bias,
                 y: z,
                 out: input,
                 held: format,
+                y_held: Format::F16,
             });
             p.push(Op::Gelu {
                 x: input,

@@ -334,14 +334,17 @@ pub enum Op {
     },
     /// x rounded to `format` in place (autocast holds x in `format`).
     Round { x: TensorId, format: Format },
-    /// out = y + x held in `held`, x repeated over y when shorter (a bias added to every
-    /// row); in place where `out` is `y` (as the model records it: `Plan::store_codes` gives a
-    /// bias add whose output it stores as codes an output of its own).
+    /// out = y' + x held in `held`, where y' is y rounded to `y_held` (a matmul's product
+    /// that autocast holds in the compute format, rounded as the add reads it:
+    /// `PlanBuilder::push`), x repeated over y when shorter (a bias added to every row); in
+    /// place where `out` is `y` (as the model records it: `Plan::store_codes` gives a bias add
+    /// whose output it stores as codes an output of its own).
     Add {
         x: TensorId,
         y: TensorId,
         out: TensorId,
         held: Format,
+        y_held: Format,
     },
     /// out[j] = sum over rows of x[row, j] (bias gradients).
     ColumnSums {
@@ -391,6 +394,7 @@ impl Op {
             y,
             out: y,
             held: Format::F32,
+            y_held: Format::F32,
         }
     }
 
@@ -1126,7 +1130,18 @@ impl PlanBuilder {
         self.tensors[id].len
     }
 
-    pub fn push(&mut self, op: Op) {
+    /// Records `op`. An add into y right after y's rounding rounds y as it reads it instead
+    /// (`Op::Add`'s `y_held`): one pass over y, not two, the same values.
+    pub fn push(&mut self, mut op: Op) {
+        if let Op::Add { x, y, y_held, .. } = &mut op
+            && *y_held == Format::F32
+            && *x != *y
+            && let Some(&Op::Round { x: rounded, format }) = self.ops.last()
+            && rounded == *y
+        {
+            *y_held = format;
+            self.ops.pop();
+        }
         self.ops.push(op);
     }
 
@@ -1346,6 +1361,46 @@ mod tests {
             // y lives from the matmul to the add alone now; its twin takes half its bytes.
             assert_eq!(plan.temporary_lives()[y], Some((0, 1)), "{case}");
             assert!(Storage::shared(&plan).bytes() < bytes + 12 * 2, "{case}");
+        }
+    }
+
+    #[test]
+    fn an_add_right_after_its_input_s_rounding_rounds_it_as_it_reads() {
+        let (bf16, f16) = (Format::Bf16, Format::F16);
+        let mut g = PlanBuilder::default();
+        let (bias, y, other) = (g.temp(4), g.temp(16), g.temp(16));
+        g.push(Op::Round { x: y, format: bf16 });
+        g.push(Op::add_in_place(bias, y));
+        g.round(y, f16);
+        assert!(matches!(
+            g.ops[..],
+            [Op::Add {
+                x,
+                y: read,
+                out,
+                held,
+                y_held
+            }] if x == bias && read == y && out == y && held == f16 && y_held == bf16
+        ));
+        // Not after another tensor's rounding, nor the sum of a tensor with itself.
+        for (rounded, x) in [(other, bias), (y, y)] {
+            let mut g = PlanBuilder::default();
+            g.tensors = vec![
+                TensorInfo {
+                    len: 16,
+                    kind: TensorKind::Temp,
+                    stored: Format::F32,
+                };
+                3
+            ];
+            g.push(Op::Round {
+                x: rounded,
+                format: bf16,
+            });
+            g.push(Op::add_in_place(x, y));
+            assert!(
+                matches!(g.ops[..], [Op::Round { .. }, Op::Add { y_held, .. }] if y_held == Format::F32)
+            );
         }
     }
 

@@ -375,20 +375,22 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> y((size_t)rows * c);
         emu::launch({rows, 1, 1}, row_block, [&] { embedding_bwd(dout, ids, y.data(), c, tokens); });
         out = bits_of(y);
-    } else if (k == "add" && argc == 6) {
-        // N C FMT CODED < x(c) y(n) > y + x held in FMT (its codes, one to each word, where
-        // CODED: written to a separate output, as a plan's coded bias add does; else in place)
+    } else if (k == "add" && argc == 7) {
+        // N C YFMT FMT CODED < x(c) y(n) > y held in YFMT, plus x, held in FMT (its codes, one
+        // to each word, where CODED: written to a separate output, as a plan's coded bias add
+        // does; else in place)
         i64 n = arg(argv, 2);
-        u32 c = arg(argv, 3), fmt = arg(argv, 4), coded = arg(argv, 5);
+        u32 c = arg(argv, 3), y_fmt = arg(argv, 4), fmt = arg(argv, 5), coded = arg(argv, 6);
         float *x = input.f(c), *y = input.f(n);
         if (coded) {
             std::vector<unsigned short> codes(n);
             emu::launch(elementwise_grid(n), element_block,
-                        [&] { add(x, y, codes.data(), n, c, fmt, coded); });
+                        [&] { add(x, y, codes.data(), n, c, y_fmt, fmt, coded); });
             out = std::vector<u32>(codes.begin(), codes.end());
             return true;
         }
-        emu::launch(elementwise_grid(n), element_block, [&] { add(x, y, y, n, c, fmt, coded); });
+        emu::launch(elementwise_grid(n), element_block,
+                    [&] { add(x, y, y, n, c, y_fmt, fmt, coded); });
         out = bits_of(std::vector<float>(y, y + n));
     } else if (k == "strided_copy" && argc == 17) {  // DIMS*4 SRC*4 DST*4 SRC_OFF DST_OFF OUT_LEN
         Strided map;

@@ -303,10 +303,16 @@ impl<'a> CudaPlan<'a> {
                 done
             }
             Op::Round { x, format } => launch::round(cb, self.p(x), self.len(x), format),
-            Op::Add { x, y, out, held } => {
+            Op::Add {
+                x,
+                y,
+                out,
+                held,
+                y_held,
+            } => {
                 let lens = (self.len(y), self.len(x));
                 let ptrs = [self.p(x), self.p(y), self.p(out)];
-                launch::add(cb, ptrs, lens, (held, self.coded(out)))
+                launch::add(cb, ptrs, lens, (y_held, held, self.coded(out)))
             }
             Op::ColumnSums { x, out, c } => {
                 launch::column_sums(cb, self.p(x), self.p(out), self.rows(x, c), c, work)

@@ -214,11 +214,18 @@ impl<'a> HostExecutor<'a> {
                 self.tensors[out] = c;
             }
             Op::Round { x, format } => round_to(self.slot(x), format),
-            Op::Add { x, y, out, held } => {
+            Op::Add {
+                x,
+                y,
+                out,
+                held,
+                y_held,
+            } => {
                 let mut target = match out == y {
                     true => std::mem::take(self.slot(y)),
                     false => self.slot(y).clone(),
                 };
+                round_to(&mut target, y_held);
                 let src = &self.tensors[x];
                 if !src.is_empty() {
                     for (i, t) in target.iter_mut().enumerate() {

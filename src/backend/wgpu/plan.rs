@@ -525,14 +525,26 @@ impl<'a> ResidentPlan<'a> {
                 None,
                 [Some(x), None, None],
             )?],
-            Op::Add { x, y, out, held } if out == y => vec![step(
-                launch::add(len(y), len(x), held),
+            Op::Add {
+                x,
+                y,
+                out,
+                held,
+                y_held,
+            } if out == y => vec![step(
+                launch::add(len(y), len(x), (y_held, held)),
                 Some(x),
                 [Some(y), None, None],
             )?],
             // Into a tensor of its own: z, or w where it is coded.
-            Op::Add { x, y, out, held } => vec![step(
-                launch::add_into(len(y), len(x), held, coded(out)),
+            Op::Add {
+                x,
+                y,
+                out,
+                held,
+                y_held,
+            } => vec![step(
+                launch::add_into(len(y), len(x), (y_held, held), coded(out)),
                 Some(x),
                 match coded(out) {
                     true => [Some(y), None, Some(out)],

@@ -301,25 +301,31 @@ pub mod launch {
         step(StepOp::Round, params, Some(n))
     }
 
-    /// y (n) = y + x (c, repeated over y) held in `held`.
-    pub fn add(n: usize, c: usize, held: Format) -> StepLaunch {
+    /// y (n) = y rounded to `y_held`, plus x (c, repeated over y), held in `held`.
+    pub fn add(n: usize, c: usize, (y_held, held): (Format, Format)) -> StepLaunch {
         let params = StepParams {
             n: n as u32,
             c: c.max(1) as u32,
             format: format_id(held),
+            extra: [0, format_id(y_held), 0, 0],
             ..Default::default()
         };
         step(StepOp::Add, params, Some(n))
     }
 
-    /// z = y + x held in `held`, x (c values) repeated over y (n); where `coded`, its codes go
-    /// to w instead, two to a word.
-    pub fn add_into(n: usize, c: usize, held: Format, coded: bool) -> StepLaunch {
+    /// z = y rounded to `y_held`, plus x, held in `held`, x (c values) repeated over y (n);
+    /// where `coded`, its codes go to w instead, two to a word.
+    pub fn add_into(
+        n: usize,
+        c: usize,
+        (y_held, held): (Format, Format),
+        coded: bool,
+    ) -> StepLaunch {
         let params = StepParams {
             n: n as u32,
             c: c.max(1) as u32,
             format: format_id(held),
-            extra: [coded as u32, 0, 0, 0],
+            extra: [coded as u32, format_id(y_held), 0, 0],
             ..Default::default()
         };
         let items = if coded { n.div_ceil(2) } else { n };
