@@ -1385,14 +1385,9 @@ mod tests {
         // Not after another tensor's rounding, nor the sum of a tensor with itself.
         for (rounded, x) in [(other, bias), (y, y)] {
             let mut g = PlanBuilder::default();
-            g.tensors = vec![
-                TensorInfo {
-                    len: 16,
-                    kind: TensorKind::Temp,
-                    stored: Format::F32,
-                };
-                3
-            ];
+            for len in [4, 16, 16] {
+                g.temp(len);
+            }
             g.push(Op::Round {
                 x: rounded,
                 format: bf16,
