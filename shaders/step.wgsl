@@ -46,7 +46,7 @@ fn round_to_format(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
 
 // y = y' + x held in format `format`, where y' is y held in format extra.y (a matmul's product
 // rounded as it is read), x repeated every c elements (c = n: elementwise; c = width: a bias
-// per row).
+// per row); with extra.z = 1, then plus z (a residual after a bias), held in format extra.w.
 @compute @workgroup_size(256)
 fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
@@ -54,7 +54,12 @@ fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
     if (e >= params.n) {
         return;
     }
-    y[e] = held(held(y[e], params.extra.y) + x[e % params.c], params.format);
+    let sum = held(held(y[e], params.extra.y) + x[e % params.c], params.format);
+    if (params.extra.z != 0u) {
+        y[e] = held(sum + z[e], params.extra.w);
+    } else {
+        y[e] = sum;
+    }
 }
 
 // z = y' + x held in format `format`, y' as in `add`, x repeated every c elements (a bias add

@@ -669,7 +669,11 @@ fn cuda_training_kernels_match_the_host_reference() {
         measure::normal(37 * 50, seed + 11),
         measure::normal(50, seed + 12),
     );
-    let add = |args: &[usize], x: &[f32]| run_f32(h, "add", &strings(args), &[x, &y]);
+    // N C YFMT FMT CODED, no residual.
+    let add = |args: &[usize], x: &[f32]| {
+        let args: Vec<usize> = args.iter().copied().chain([f32_, 0]).collect();
+        run_f32(h, "add", &strings(&args), &[x, &y])
+    };
     let mut want = y.clone();
     ops::add_bias(&mut want, &bias);
     assert_eq!(add(&[y.len(), 50, f32_, f32_, 0], &bias), want);
@@ -695,6 +699,26 @@ fn cuda_training_kernels_match_the_host_reference() {
     let mut want = y.clone();
     want.iter_mut().zip(&x).for_each(|(a, b)| *a += b);
     assert_eq!(add(&[y.len(), y.len(), f32_, f32_, 0], &x), want);
+    // A residual after the bias (one op for a block's projection bias and its residual
+    // connection): held(held(y + bias, bf16) + r, f16), in place and as codes.
+    let r = measure::normal(y.len(), seed + 18);
+    let mut want = y.clone();
+    ops::add_bias(&mut want, &bias);
+    ops::round_to(&mut want, Format::Bf16);
+    want.iter_mut().zip(&r).for_each(|(a, b)| *a += b);
+    ops::round_to(&mut want, Format::F16);
+    let with_r = |coded: usize| {
+        let args = [y.len(), 50, f32_, bf16, coded, f16, 1];
+        run_f32(h, "add", &strings(&args), &[&bias, &y, &r])
+    };
+    assert_eq!(with_r(0), want);
+    let codes: Vec<u32> = with_r(1).iter().map(|c| c.to_bits()).collect();
+    same_codes(
+        "y + bias + residual as f16 codes",
+        &codes,
+        &want,
+        Format::F16,
+    );
     // The head permutations.
     let (b, t, heads, d) = (2, 5, 3, 4);
     let qkv = measure::normal(b * t * 3 * heads * d, seed + 13);

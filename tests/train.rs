@@ -1219,7 +1219,8 @@ fn run_plan_alone<'a>(
 /// The ops a rounding folds into (`PlanBuilder::round`) hold their output on the device: a
 /// plan of a layer norm held in bf16, GELU held in f16 and a bias added to it held in bf16, run
 /// by the device's resident executor, against the ops' definitions (every value one of the
-/// format's, within one step of the host's).
+/// format's, within one step of the host's); and an add that rounds its input as it reads it
+/// and adds a residual after the bias (`PlanBuilder::push`'s folds), bit for bit.
 fn held_outputs_match_their_definition(b: &dyn Backend) {
     use mantissa::format::Format;
     use mantissa::plan::{Op, PlanBuilder, TensorKind};
@@ -1275,6 +1276,10 @@ fn held_outputs_match_their_definition(b: &dyn Backend) {
     p.round(z, Format::Bf16);
     p.push(Op::add_in_place(bias, z));
     p.round(z, Format::F16);
+    // Then a residual (g's values repeated over the rows) added in the same op, held in bf16.
+    let r = p.constant(g_values.repeat(rows));
+    p.push(Op::add_in_place(r, z));
+    p.round(z, Format::Bf16);
     assert!(
         !p.ops.iter().any(|op| matches!(op, Op::Round { .. })),
         "every rounding folds into its op: {:?}",
@@ -1286,6 +1291,7 @@ fn held_outputs_match_their_definition(b: &dyn Backend) {
             Some(Op::Add {
                 y_held: Format::Bf16,
                 held: Format::F16,
+                residual: Some((_, Format::Bf16)),
                 ..
             })
         ),
@@ -1336,15 +1342,17 @@ fn held_outputs_match_their_definition(b: &dyn Backend) {
             "gelu + bias held in bf16[{i}]: {g}, the reference {w} (allowed {allowed})"
         );
     }
-    // Sums of the same two f32 values: bit for bit.
+    // Sums of the same f32 values: bit for bit.
     let mut want = x_values.clone();
     ops::round_to(&mut want, Format::Bf16);
     ops::add_bias(&mut want, &b_values);
     ops::round_to(&mut want, Format::F16);
+    ops::add_bias(&mut want, &g_values);
+    ops::round_to(&mut want, Format::Bf16);
     let got = exec.read(z).block_on().unwrap();
     assert!(
         common::same_bits(&got, &want),
-        "bf16(x) + bias held in f16 differs from its definition"
+        "bf16(x) + bias held in f16, plus a residual held in bf16, differs from its definition"
     );
 }
 
@@ -1481,6 +1489,7 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
                 out: input,
                 held: format,
                 y_held: Format::F16,
+                residual: None,
             });
             p.push(Op::Gelu {
                 x: input,

@@ -5,6 +5,7 @@
 use super::{Bucket, Plan, Section, Stats, TensorId};
 use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
+use crate::format::Format;
 
 /// What a step's gradient reduction did (train.json's `reduction`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -243,6 +244,27 @@ pub async fn reduce_on_host<E: StepExecutor + ?Sized>(
         }
     }
     Ok(reduced)
+}
+
+/// Checks that an add's residual, added elementwise, has y's length (its kernels read it for
+/// every element of y).
+pub fn check_residual(
+    plan: &Plan,
+    y: TensorId,
+    residual: Option<(TensorId, Format)>,
+) -> Result<()> {
+    let Some((r, _)) = residual else {
+        return Ok(());
+    };
+    let (got, expected) = (tensor_len(plan, r)?, tensor_len(plan, y)?);
+    match got == expected {
+        true => Ok(()),
+        false => Err(Error::LengthMismatch {
+            what: "residual",
+            expected,
+            got,
+        }),
+    }
 }
 
 /// Checks the inputs of a run against the plan.

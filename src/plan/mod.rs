@@ -336,15 +336,18 @@ pub enum Op {
     Round { x: TensorId, format: Format },
     /// out = y' + x held in `held`, where y' is y rounded to `y_held` (a matmul's product
     /// that autocast holds in the compute format, rounded as the add reads it:
-    /// `PlanBuilder::push`), x repeated over y when shorter (a bias added to every row); in
-    /// place where `out` is `y` (as the model records it: `Plan::store_codes` gives a bias add
-    /// whose output it stores as codes an output of its own).
+    /// `PlanBuilder::push`), x repeated over y when shorter (a bias added to every row); then,
+    /// with a `residual` (r, format), out + r held in that format (a block's residual
+    /// connection after its projection's bias: one pass, not two). In place where `out` is `y`
+    /// (as the model records it: `Plan::store_codes` gives a bias add whose output it stores
+    /// as codes an output of its own).
     Add {
         x: TensorId,
         y: TensorId,
         out: TensorId,
         held: Format,
         y_held: Format,
+        residual: Option<(TensorId, Format)>,
     },
     /// out[j] = sum over rows of x[row, j] (bias gradients).
     ColumnSums {
@@ -395,6 +398,7 @@ impl Op {
             out: y,
             held: Format::F32,
             y_held: Format::F32,
+            residual: None,
         }
     }
 
@@ -501,7 +505,17 @@ impl Op {
             } => (vec![logits, targets], vec![grad]),
             Op::Matmul { a, b, out, .. } => (vec![a, b], vec![out]),
             Op::Round { x, .. } => (vec![x], vec![x]),
-            Op::Add { x, y, out, .. } => (vec![x, y], vec![out]),
+            Op::Add {
+                x,
+                y,
+                out,
+                residual,
+                ..
+            } => {
+                let mut reads = vec![x, y];
+                reads.extend(residual.map(|(r, _)| r));
+                (reads, vec![out])
+            }
             Op::ColumnSums { x, out, .. } => (vec![x], vec![out]),
             Op::Copy { x, out, .. } => (vec![x], vec![out]),
             Op::Amax { x, .. } => (vec![x], vec![]),
@@ -859,7 +873,13 @@ impl Plan {
             let movable = later.iter().all(|&i| match backward[i] {
                 Op::Round { .. } => true,
                 // A part added in: a temporary no later op of the pass touches.
-                Op::Add { x, y, out, .. } => {
+                Op::Add {
+                    x,
+                    y,
+                    out,
+                    residual: None,
+                    ..
+                } => {
                     y == g
                         && out == g
                         && self.tensors[x].kind == TensorKind::Temp
@@ -1021,7 +1041,14 @@ impl Plan {
     fn store_bias_adds_as_codes(&mut self) -> Vec<TensorId> {
         let mut coded = vec![];
         for a in 0..self.ops.len() {
-            let Op::Add { y, out, held, .. } = self.ops[a] else {
+            let Op::Add {
+                y,
+                out,
+                held,
+                residual: None,
+                ..
+            } = self.ops[a]
+            else {
                 continue;
             };
             let candidate = out == y
@@ -1130,8 +1157,10 @@ impl PlanBuilder {
         self.tensors[id].len
     }
 
-    /// Records `op`. An add into y right after y's rounding rounds y as it reads it instead
-    /// (`Op::Add`'s `y_held`): one pass over y, not two, the same values.
+    /// Records `op`, folding it into the op before where one pass does both with the same
+    /// values: an add into y right after y's rounding rounds y as it reads it (`Op::Add`'s
+    /// `y_held`); an add of r into y in place right after an in-place add into y (a residual
+    /// after a bias) becomes that add's `residual`.
     pub fn push(&mut self, mut op: Op) {
         if let Op::Add { x, y, y_held, .. } = &mut op
             && *y_held == Format::F32
@@ -1141,6 +1170,30 @@ impl PlanBuilder {
         {
             *y_held = format;
             self.ops.pop();
+        }
+        if let Op::Add {
+            x: r,
+            y,
+            out,
+            held: Format::F32,
+            y_held: Format::F32,
+            residual: None,
+        } = op
+            && out == y
+            && r != y
+            // Not a gradient: `Plan::split_for_ranks` moves its adds one by one.
+            && !matches!(self.tensors.get(y).map(|t| t.kind), Some(TensorKind::Grad(_)))
+            && let Some(Op::Add {
+                y: before,
+                out: written,
+                residual: residual @ None,
+                ..
+            }) = self.ops.last_mut()
+            && *before == y
+            && *written == y
+        {
+            *residual = Some((r, Format::F32));
+            return;
         }
         self.ops.push(op);
     }
@@ -1153,7 +1206,13 @@ impl PlanBuilder {
             return;
         }
         match self.ops.last_mut() {
-            Some(
+            // An add with a residual holds its last sum in the residual's format.
+            Some(Op::Add {
+                out,
+                residual: Some((_, held)),
+                ..
+            })
+            | Some(
                 Op::LayerNorm { out, held, .. }
                 | Op::Gelu { out, held, .. }
                 | Op::Add { out, held, .. }
@@ -1379,7 +1438,8 @@ mod tests {
                 y: read,
                 out,
                 held,
-                y_held
+                y_held,
+                residual: None,
             }] if x == bias && read == y && out == y && held == f16 && y_held == bf16
         ));
         // Not after another tensor's rounding, nor the sum of a tensor with itself.
@@ -1397,6 +1457,52 @@ mod tests {
                 matches!(g.ops[..], [Op::Round { .. }, Op::Add { y_held, .. }] if y_held == Format::F32)
             );
         }
+    }
+
+    #[test]
+    fn a_residual_after_a_bias_is_one_add() {
+        let (bf16, f32_) = (Format::Bf16, Format::F32);
+        let mut g = PlanBuilder::default();
+        let (bias, y, r) = (g.temp(4), g.temp(16), g.temp(16));
+        g.push(Op::add_in_place(bias, y));
+        g.round(y, bf16);
+        g.push(Op::add_in_place(r, y));
+        g.round(y, Format::F16);
+        let [op] = &g.ops[..] else {
+            panic!("{:?}", g.ops)
+        };
+        assert!(matches!(
+            *op,
+            Op::Add {
+                x,
+                held,
+                residual: Some((res, Format::F16)),
+                ..
+            } if x == bias && held == bf16 && res == r
+        ));
+        assert_eq!(op.reads_writes(), (vec![bias, y, r], vec![y]));
+        // Not into a gradient (`split_for_ranks` moves its adds one by one), nor after an add
+        // that was not in place or already took a residual.
+        let mut g = PlanBuilder::default();
+        let (bias, dw, r) = (g.temp(4), g.tensor(16, TensorKind::Grad(0)), g.temp(16));
+        g.push(Op::add_in_place(bias, dw));
+        g.push(Op::add_in_place(r, dw));
+        assert_eq!(g.ops.len(), 2);
+        let mut g = PlanBuilder::default();
+        let (bias, y, out, r) = (g.temp(4), g.temp(16), g.temp(16), g.temp(16));
+        g.push(Op::Add {
+            x: bias,
+            y,
+            out,
+            held: f32_,
+            y_held: f32_,
+            residual: None,
+        });
+        g.push(Op::add_in_place(r, y));
+        g.push(Op::add_in_place(bias, out));
+        g.push(Op::add_in_place(r, out));
+        g.push(Op::add_in_place(r, out));
+        assert_eq!(g.ops.len(), 4, "{:?}", g.ops);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::plan::exec::{
     GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
-    check_write, reduce_on_host, tensor_len,
+    check_residual, check_write, reduce_on_host, tensor_len,
 };
 use crate::plan::graph::{Graphs, Recorder};
 use crate::plan::{Bucket, Op, Plan, Section, Storage, TensorId, step_algorithm};
@@ -309,10 +309,18 @@ impl<'a> CudaPlan<'a> {
                 out,
                 held,
                 y_held,
+                residual,
             } => {
+                check_residual(&self.plan, y, residual)?;
                 let lens = (self.len(y), self.len(x));
                 let ptrs = [self.p(x), self.p(y), self.p(out)];
-                launch::add(cb, ptrs, lens, (y_held, held, self.coded(out)))
+                // No residual: a null pointer, which the kernel reads as none.
+                let (r, r_held) = match residual {
+                    Some((r, format)) => (self.p(r), format),
+                    None => (0, Format::F32),
+                };
+                let formats = (y_held, held, self.coded(out));
+                launch::add(cb, ptrs, lens, formats, (r, r_held))
             }
             Op::ColumnSums { x, out, c } => {
                 launch::column_sums(cb, self.p(x), self.p(out), self.rows(x, c), c, work)

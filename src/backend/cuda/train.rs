@@ -290,17 +290,19 @@ pub(super) fn cross_entropy_bwd(
     launch_1d!(cb, Module::Train, "cross_entropy_bwd", rows * v; &probs, &targets, &d, &scalars, &n, &v32)
 }
 
-/// out = y rounded to `y_held`, plus x, held in `held` (its 16-bit codes where `coded`), x (c
-/// elements) repeated over y (n); out may be y.
+/// out = y rounded to `y_held`, plus x, held in `held`, x (c elements) repeated over y (n);
+/// then, where `r` is not null, plus r (n elements) held in `r_held`; its 16-bit codes where
+/// `coded`. out may be y.
 pub(super) fn add(
     cb: &CudaBackend,
     [x, y, out]: [Ptr; 3],
     (n, c): (usize, usize),
     (y_held, held, coded): (Format, Format, bool),
+    (r, r_held): (Ptr, Format),
 ) -> Result<()> {
     let (len, c, coded) = (n as i64, c.max(1) as u32, coded as u32);
-    let (y_fmt, fmt) = (format_id(y_held), format_id(held));
-    launch_1d!(cb, Module::Train, "add", n; &x, &y, &out, &len, &c, &y_fmt, &fmt, &coded)
+    let (y_fmt, fmt, r_fmt) = (format_id(y_held), format_id(held), format_id(r_held));
+    launch_1d!(cb, Module::Train, "add", n; &x, &y, &out, &len, &c, &y_fmt, &fmt, &coded, &r, &r_fmt)
 }
 
 pub(super) fn strided_copy(cb: &CudaBackend, x: Ptr, y: Ptr, map: &Strided) -> Result<()> {

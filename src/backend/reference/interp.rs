@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::format;
 use crate::plan::exec::{
     GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
-    check_write, tensor_len, update_factor,
+    check_residual, check_write, tensor_len, update_factor,
 };
 use crate::plan::{AdamW, Op, Plan, Section, Stats, Storage, TensorId, scalar, step_algorithm};
 
@@ -220,6 +220,7 @@ impl<'a> HostExecutor<'a> {
                 out,
                 held,
                 y_held,
+                residual,
             } => {
                 let mut target = match out == y {
                     true => std::mem::take(self.slot(y)),
@@ -233,6 +234,14 @@ impl<'a> HostExecutor<'a> {
                     }
                 }
                 round_to(&mut target, held);
+                check_residual(&self.plan, y, residual)?;
+                if let Some((r, format)) = residual {
+                    target
+                        .iter_mut()
+                        .zip(&self.tensors[r])
+                        .for_each(|(t, r)| *t += r);
+                    round_to(&mut target, format);
+                }
                 self.tensors[out] = target;
             }
             Op::ColumnSums { x, out, c } => {

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::plan::exec::{
     GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
-    check_write, tensor_len,
+    check_residual, check_write, tensor_len,
 };
 use crate::plan::{Bucket, Op, Plan, Section, Storage, TensorId};
 use std::collections::HashMap;
@@ -531,11 +531,23 @@ impl<'a> ResidentPlan<'a> {
                 out,
                 held,
                 y_held,
-            } if out == y => vec![step(
-                launch::add(len(y), len(x), (y_held, held)),
-                Some(x),
-                [Some(y), None, None],
-            )?],
+                residual,
+            } if out == y => {
+                check_residual(&self.plan, y, residual)?;
+                vec![step(
+                    launch::add(len(y), len(x), (y_held, held), residual.map(|r| r.1)),
+                    Some(x),
+                    [Some(y), residual.map(|r| r.0), None],
+                )?]
+            }
+            Op::Add {
+                residual: Some(_), ..
+            } => {
+                return Err(Error::invalid(
+                    "step plan",
+                    "an add with a residual writes in place on wgpu",
+                ));
+            }
             // Into a tensor of its own: z, or w where it is coded.
             Op::Add {
                 x,
@@ -543,6 +555,7 @@ impl<'a> ResidentPlan<'a> {
                 out,
                 held,
                 y_held,
+                residual: None,
             } => vec![step(
                 launch::add_into(len(y), len(x), (y_held, held), coded(out)),
                 Some(x),

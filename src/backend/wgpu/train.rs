@@ -301,13 +301,25 @@ pub mod launch {
         step(StepOp::Round, params, Some(n))
     }
 
-    /// y (n) = y rounded to `y_held`, plus x (c, repeated over y), held in `held`.
-    pub fn add(n: usize, c: usize, (y_held, held): (Format, Format)) -> StepLaunch {
+    /// y (n) = y rounded to `y_held`, plus x (c, repeated over y), held in `held`; then, with
+    /// a residual (bound as z) held in its format, plus it.
+    pub fn add(
+        n: usize,
+        c: usize,
+        (y_held, held): (Format, Format),
+        residual: Option<Format>,
+    ) -> StepLaunch {
+        let r_held = residual.unwrap_or(Format::F32);
         let params = StepParams {
             n: n as u32,
             c: c.max(1) as u32,
             format: format_id(held),
-            extra: [0, format_id(y_held), 0, 0],
+            extra: [
+                0,
+                format_id(y_held),
+                residual.is_some() as u32,
+                format_id(r_held),
+            ],
             ..Default::default()
         };
         step(StepOp::Add, params, Some(n))
