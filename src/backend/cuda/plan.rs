@@ -31,6 +31,10 @@ use cudarc::driver::{CudaGraph, CudaSlice, sys};
 pub struct CudaPlan<'a> {
     cb: &'a CudaBackend,
     plan: Plan,
+    /// The page-locked buffers of a data-parallel step summed through MPI while the backward
+    /// pass runs, made at its first such step. Before the device buffers: fields drop in
+    /// order, and dropping it waits for the copies that may still read or write them.
+    staging: Option<HostStaging>,
     /// Where each tensor lives: temporaries with disjoint lives share a buffer.
     storage: Storage,
     buffers: Vec<CudaSlice<f32>>,
@@ -48,9 +52,6 @@ pub struct CudaPlan<'a> {
     /// `Reducer::Auto` went to MPI instead.
     nccl: Option<Nccl>,
     nccl_refused: Option<String>,
-    /// The page-locked buffers of a data-parallel step summed through MPI while the backward
-    /// pass runs, made at its first such step.
-    staging: Option<HostStaging>,
     /// What the device's stream-ordered allocator held before the plan allocated anything
     /// (None where the device has none).
     pool_base: Option<u64>,
