@@ -222,6 +222,7 @@ impl<'a> HostExecutor<'a> {
                 y_held,
                 residual,
             } => {
+                check_residual(&self.plan, y, residual)?;
                 let mut target = match out == y {
                     true => std::mem::take(self.slot(y)),
                     false => self.slot(y).clone(),
@@ -234,7 +235,6 @@ impl<'a> HostExecutor<'a> {
                     }
                 }
                 round_to(&mut target, held);
-                check_residual(&self.plan, y, residual)?;
                 if let Some((r, format)) = residual {
                     target
                         .iter_mut()
