@@ -273,10 +273,9 @@ extern "C" __global__ void cross_entropy_bwd(const float* probs, const u32* targ
 
 // ---- data movement ----
 
-// out = y + x held in format `fmt` (stored as codes where `coded`), x repeated every c elements
-// (c = n: elementwise; c = width: a bias per row); out may be y.
-// out = held(y, y_fmt) + x held in fmt, x repeated every c elements; then, where r is not null,
-// plus r held in r_fmt (a residual after a bias); stored as codes where `coded`.
+// out = held(y, y_fmt) + x held in fmt, x repeated every c elements (c = n: elementwise;
+// c = width: a bias per row); then, where r is not null, plus r held in r_fmt (a residual after
+// a bias); stored as codes where `coded`. out may be y.
 extern "C" __global__ void add(const float* x, const float* y, void* out, i64 n, u32 c, u32 y_fmt,
                                u32 fmt, u32 coded, const float* r, u32 r_fmt) {
     FOR_EACH(e, n) {

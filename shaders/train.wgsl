@@ -43,8 +43,7 @@ struct TrainParams {
 // attention's q|k|v), the even element in the low half; read through `in0v`.
 @group(0) @binding(1) var<storage, read> in0: array<u32>;
 @group(0) @binding(2) var<storage, read> in1: array<f32>;
-// Words: f32 bits, or (GELU's coded input) two 16-bit codes, the even element in the low half.
-@group(0) @binding(3) var<storage, read> in2: array<u32>;
+@group(0) @binding(3) var<storage, read> in2: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out0: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out1: array<f32>;
 // Words: f32 bits, or two 16-bit codes (the even element in the low half).
@@ -138,13 +137,13 @@ fn layernorm_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     if (params.coded != 0u) {
         // c is even (Plan::store_codes): the row's words are its own.
         for (var i = 2u * slot.lane; i < c; i += 2u * ROW_LANES) {
-            let lo = (in0v(base + i) - mean) * rstd * in1[i] + in2f(i);
-            let hi = (in0v(base + i + 1u) - mean) * rstd * in1[i + 1u] + in2f(i + 1u);
+            let lo = (in0v(base + i) - mean) * rstd * in1[i] + in2[i];
+            let hi = (in0v(base + i + 1u) - mean) * rstd * in1[i + 1u] + in2[i + 1u];
             out2[(base + i) / 2u] = code_pair(lo, hi, params.held);
         }
     } else {
         for (var i = slot.lane; i < c; i += ROW_LANES) {
-            out0[base + i] = held((in0v(base + i) - mean) * rstd * in1[i] + in2f(i), params.held);
+            out0[base + i] = held((in0v(base + i) - mean) * rstd * in1[i] + in2[i], params.held);
         }
     }
     if (slot.lane == 0u) {
@@ -167,7 +166,7 @@ fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     var sdx = 0.0;
     for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = (in1[base + i] - mean) * rstd;
-        let d = in0v(base + i) * in2f(i);
+        let d = in0v(base + i) * in2[i];
         sd += d;
         sdx += d * xhat;
     }
@@ -178,7 +177,7 @@ fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     }
     for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = (in1[base + i] - mean) * rstd;
-        let d = in0v(base + i) * in2f(i);
+        let d = in0v(base + i) * in2[i];
         out0[base + i] = rstd * (d - mean_d - xhat * mean_dx);
     }
 }
@@ -316,10 +315,6 @@ fn in0v(i: u32) -> f32 {
     return code_value(in0[i >> 1u], i, params.x_stored);
 }
 
-// in2's word i as the f32 it holds.
-fn in2f(i: u32) -> f32 {
-    return bitcast<f32>(in2[i]);
-}
 // GELU (tanh form): in0 = x; out0 = y, or (coded) out2 = y's codes, one word per invocation.
 @compute @workgroup_size(256)
 fn gelu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -437,7 +432,7 @@ fn cross_entropy_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     }
     let label = bitcast<u32>(in1[r]);
     if (params.grad != 0u) {
-        let k = in2f(S_DLOSS_PER_ROW);
+        let k = in2[S_DLOSS_PER_ROW];
         for (var i = slot.lane; i < v; i += ROW_LANES) {
             var onehot = 0.0;
             if (i == label) {
@@ -607,8 +602,8 @@ fn attention_bwd_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
         g[e] = held(in1[a.rows + a.i * c + e], params.inputs);
         dq[e] = 0.0;
     }
-    let m = in2f(2u * row);
-    let l = in2f(2u * row + 1u);
+    let m = in2[2u * row];
+    let l = in2[2u * row + 1u];
     var pdp = 0.0;
     for (var sweep = 0u; sweep < 2u; sweep++) {
         for (var j = 0u; j <= a.i; j++) {
@@ -661,7 +656,7 @@ fn attention_bwd_kv(row: u32, keys: bool) {
             s += held(in0v(qi + e), params.inputs) * k[e];
         }
         let z = held(s, params.compute) * params.scale;
-        let p = att_p(z, in2f(2u * (first + i)), in2f(2u * (first + i) + 1u));
+        let p = att_p(z, in2[2u * (first + i)], in2[2u * (first + i) + 1u]);
         let gi = a.rows + i * c;
         if (keys) {
             var dp = 0.0;

@@ -568,13 +568,10 @@ impl Storage {
                 _ => {}
             }
         }
-        let idle_at = |i: usize, lives: &[(usize, usize)]| {
-            lives.iter().all(|&(first, last)| i < first || last < i)
-        };
         (0..plan.ops.len())
             .map(|i| {
                 (0..self.slots.len())
-                    .filter(|&s| held[s].as_ref().is_some_and(|l| idle_at(i, l)))
+                    .filter(|&s| held[s].as_ref().is_some_and(|l| clear_of(l, (i, i))))
                     .collect()
             })
             .collect()
@@ -618,6 +615,11 @@ impl Storage {
     }
 }
 
+/// Whether no life of `lives` (first to last op, inclusive) shares an op with `life`.
+fn clear_of(lives: &[(usize, usize)], (first, last): (usize, usize)) -> bool {
+    lives.iter().all(|&(a, b)| b < first || last < a)
+}
+
 /// Slots for temporaries `temps` (each with its life, first to last op), taken in the order of
 /// `key`: each goes to a slot none of whose tensors' lives overlap its own, the smallest that
 /// holds it (else the largest, which grows to it), or to a new slot. Returns each slot's words
@@ -638,7 +640,7 @@ fn assign_slots<K: Ord>(
     for i in order {
         let (t, (first, last)) = temps[i];
         let len = words(t);
-        let free = |s: &usize| lives[*s].iter().all(|&(a, b)| b < first || last < a);
+        let free = |s: &usize| clear_of(&lives[*s], (first, last));
         let best = (0..sizes.len()).filter(free).min_by_key(|&s| {
             if sizes[s] >= len {
                 (0, sizes[s])

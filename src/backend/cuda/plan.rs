@@ -664,20 +664,35 @@ impl CudaPlan<'_> {
             calls: 0,
             overlapped: true,
         };
+        self.launch_by_buckets(&buckets, scalars, |exec, _, bucket| {
+            reduced.bytes += exec.sum_on_device(nccl, &bucket.ids)?;
+            reduced.calls += 1;
+            Ok(())
+        })?;
+        nccl.wait_for(&self.cb.stream)?;
+        Ok((self.read_stats()?, reduced))
+    }
+
+    /// Launches the backward pass (the step begun), calling `after` with each bucket (and its
+    /// index) right after the bucket's last op is launched.
+    fn launch_by_buckets(
+        &mut self,
+        buckets: &[Bucket],
+        scalars: &[f32],
+        mut after: impl FnMut(&mut Self, usize, &Bucket) -> Result<()>,
+    ) -> Result<()> {
         let mut done = 0;
-        for bucket in &buckets {
+        for (b, bucket) in buckets.iter().enumerate() {
             for i in done..bucket.ready {
                 self.launch_op(i, scalars)?;
             }
             done = bucket.ready;
-            reduced.bytes += self.sum_on_device(nccl, &bucket.ids)?;
-            reduced.calls += 1;
+            after(self, b, bucket)?;
         }
         for i in done..self.plan.range_of(Section::Backward).end {
             self.launch_op(i, scalars)?;
         }
-        nccl.wait_for(&self.cb.stream)?;
-        Ok((self.read_stats()?, reduced))
+        Ok(())
     }
 }
 
@@ -722,19 +737,12 @@ impl CudaPlan<'_> {
         let cb = self.cb;
         self.begin_step(tokens, targets, scalars)?;
         let mut copied = Vec::with_capacity(buckets.len());
-        let mut done = 0;
-        for (b, bucket) in buckets.iter().enumerate() {
-            for i in done..bucket.ready {
-                self.launch_op(i, scalars)?;
-            }
-            done = bucket.ready;
-            let parts = self.buffers_of(&bucket.ids)?;
+        self.launch_by_buckets(buckets, scalars, |exec, b, bucket| {
+            let parts = exec.buffers_of(&bucket.ids)?;
             let parts = parts.into_iter().map(|(d, len)| (&*d, len)).collect();
             copied.push(staging.copy_out(cb, &cb.stream, b, parts)?);
-        }
-        for i in done..self.plan.range_of(Section::Backward).end {
-            self.launch_op(i, scalars)?;
-        }
+            Ok(())
+        })?;
         let mut reduced = sum.on_host(true);
         self.say_why_not_nccl(sum.reducer, &mut reduced);
         for (b, (bucket, copy)) in buckets.iter().zip(&copied).enumerate() {

@@ -188,11 +188,9 @@ pub mod launch {
         ]
     }
 
-    /// x -> GELU(x) held in `held`.
-    /// x -> y held in `held`; y `coded` goes to the third output as 16-bit codes, one word
-    /// (two elements) per invocation.
-    /// GELU of x, stored as `x_stored` (f32, or a coded tensor's codes), held in `held` (its
-    /// codes in out2 where `coded`).
+    /// GELU of x, stored as `x_stored` (f32, or a coded tensor's codes), held in `held`; where
+    /// `coded`, its 16-bit codes go to the third output, one word (two elements) per
+    /// invocation.
     pub fn gelu_fwd(n: usize, held: Format, coded: bool, x_stored: Format) -> TrainLaunch {
         let items = if coded { n.div_ceil(2) } else { n };
         let mut l = train(TrainOp::GeluFwd, n, 0, items);
