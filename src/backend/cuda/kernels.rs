@@ -367,3 +367,101 @@ pointer_params!(
     &cudarc::driver::CudaView<'_, T>,
     &mut cudarc::driver::CudaViewMut<'_, T>
 );
+
+#[cfg(test)]
+mod tests {
+    use super::Module;
+
+    /// The text from `open` (just past an opening bracket) to its closing bracket, split at
+    /// the top level's commas and semicolons: (pieces before the first `;`, pieces after).
+    fn top_level(text: &str) -> (Vec<String>, Vec<String>) {
+        let (mut depth, mut piece) = (0i32, String::new());
+        let (mut head, mut tail, mut after) = (vec![], vec![], false);
+        for ch in text.chars() {
+            match ch {
+                '(' | '[' | '{' => depth += 1,
+                ')' | ']' | '}' if depth == 0 => break,
+                ')' | ']' | '}' => depth -= 1,
+                ',' | ';' if depth == 0 => {
+                    let done = std::mem::take(&mut piece).trim().to_string();
+                    if after {
+                        tail.push(done)
+                    } else {
+                        head.push(done)
+                    }
+                    after |= ch == ';';
+                    continue;
+                }
+                _ => {}
+            }
+            piece.push(ch);
+        }
+        let last = piece.trim().to_string();
+        if !last.is_empty() {
+            if after {
+                tail.push(last)
+            } else {
+                head.push(last)
+            }
+        }
+        (head, tail)
+    }
+
+    /// Each `extern "C" __global__` kernel of a module: its name and parameter count.
+    fn kernels(module: Module) -> Vec<(String, usize)> {
+        let text = module.text();
+        text.match_indices("__global__ void ")
+            .map(|(at, m)| {
+                let rest = &text[at + m.len()..];
+                let open = rest.find('(').expect("a kernel's parameter list");
+                let params = top_level(&rest[open + 1..]).0;
+                (rest[..open].trim().to_string(), params.len())
+            })
+            .collect()
+    }
+
+    /// Every launch of a kernel named by a literal in the CUDA backend's sources passes as many
+    /// arguments as the kernel has parameters. A launch with too few reads its missing
+    /// arguments from whatever follows them (the driver's own check, `check_params`, needs a
+    /// device); this catches it without one.
+    #[test]
+    fn every_launch_passes_its_kernel_s_parameters() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/backend/cuda");
+        let mut launches = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let source = std::fs::read_to_string(&path).unwrap();
+            for (at, m) in source
+                .match_indices("launch_1d!(")
+                .chain(source.match_indices("launch!("))
+            {
+                let (head, args) = top_level(&source[at + m.len()..]);
+                let [_, module, name, ..] = &head[..] else {
+                    continue;
+                };
+                let Some(name) = name.strip_prefix('"').and_then(|n| n.strip_suffix('"')) else {
+                    continue; // a name computed at run time (attention's per head size)
+                };
+                let module = match module.as_str() {
+                    "Module::Cast" => Module::Cast,
+                    "Module::Scale" => Module::Scale,
+                    "Module::Train" => Module::Train,
+                    other => panic!("{}: a launch from module {other}", path.display()),
+                };
+                let found = kernels(module);
+                let Some((_, params)) = found.iter().find(|(k, _)| k == name) else {
+                    panic!("{}: no kernel {name} in {}", path.display(), module.file());
+                };
+                assert_eq!(
+                    args.len(),
+                    *params,
+                    "{}: {name} launched with {args:?}, {params} parameters in {}",
+                    path.display(),
+                    module.file()
+                );
+                launches += 1;
+            }
+        }
+        assert!(launches >= 30, "only {launches} launches found");
+    }
+}

@@ -4,7 +4,7 @@
 
 use super::fp8::{self, Placement};
 use super::split::{GemmCall, H, H_FINITE, L, M, Out, SplitLayout};
-use super::{CudaBackend, Module, format_id};
+use super::{CudaBackend, Module, format_id, train};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::{Error, Result};
 use crate::format::Format;
@@ -645,16 +645,15 @@ fn split_gemms(
         gemm_call(cb, &call, Type::CUDA_R_16BF, pa, pb, out, compute)?;
     }
     if let Some(lower) = lower {
-        // `add` repeats x every u32 elements: C += lower in pieces that fit one.
+        // `add` repeats x every u32 elements: C += lower in place, in f32, in pieces that
+        // fit one.
         const PIECE: usize = 1 << 30;
         for start in (0..s.c_len()).step_by(PIECE) {
             let len = PIECE.min(s.c_len() - start);
-            let (x, mut y) = (
-                lower.slice(start..start + len),
-                c.slice_mut(start..start + len),
-            );
-            let (n, width) = (len as i64, len as u32);
-            launch_1d!(cb, Module::Train, "add", len; &x, &mut y, &n, &width)?;
+            let x = cb.ptr(&lower.slice(start..start + len));
+            let y = cb.ptr(&c.slice(start..start + len));
+            let f32_ = (Format::F32, Format::F32, false);
+            train::add(cb, [x, y, y], (len, len), f32_, (0, Format::F32))?;
         }
     }
     Ok(())
