@@ -181,14 +181,15 @@ extern "C" __global__ void sum_partials(const float* partial, float* out, u32 ch
 
 #define SQRT_2_OVER_PI 0.7978845608f
 
+// The one GELU of `gelu_fwd` and of a bias add's (`add`), so the two give the same bits.
+__device__ __forceinline__ float gelu(float v) {
+    return 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v)));
+}
+
 // y is held in format `fmt` (stored as codes where `coded`); x is stored in `x_fmt`
 // (`load_stored`).
 extern "C" __global__ void gelu_fwd(const void* x, void* y, i64 n, u32 fmt, u32 coded, u32 x_fmt) {
-    FOR_EACH(e, n) {
-        float v = load_stored(x, e, x_fmt);
-        store_held(y, e, 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v))), fmt,
-                   coded);
-    }
+    FOR_EACH(e, n) store_held(y, e, gelu(load_stored(x, e, x_fmt)), fmt, coded);
 }
 
 extern "C" __global__ void gelu_bwd(const void* x, const float* dy, float* dx, i64 n, u32 x_fmt) {
@@ -275,9 +276,11 @@ extern "C" __global__ void cross_entropy_bwd(const float* probs, const u32* targ
 
 // out = held(y, y_fmt) + x held in fmt, x repeated every c elements (c = n: elementwise;
 // c = width: a bias per row); then, where r is not null, plus r held in r_fmt (a residual after
-// a bias); stored as codes where `coded`. out may be y.
+// a bias); stored as codes where `coded`. out may be y. Where g is not null, g = GELU of out's
+// value, held in g_fmt (codes where `g_coded`): a bias add and the activation after it.
 extern "C" __global__ void add(const float* x, const float* y, void* out, i64 n, u32 c, u32 y_fmt,
-                               u32 fmt, u32 coded, const float* r, u32 r_fmt) {
+                               u32 fmt, u32 coded, const float* r, u32 r_fmt, void* g, u32 g_fmt,
+                               u32 g_coded) {
     FOR_EACH(e, n) {
         float v = held(y[e], y_fmt) + x[e % c];
         u32 f = fmt;
@@ -286,6 +289,7 @@ extern "C" __global__ void add(const float* x, const float* y, void* out, i64 n,
             f = r_fmt;
         }
         store_held(out, e, v, f, coded);
+        if (g) store_held(g, e, gelu(held(v, f)), g_fmt, g_coded);
     }
 }
 

@@ -3,7 +3,8 @@
 // check, and the gated AdamW update (host reference: src/backend/reference/interp.rs).
 // Bindings: 0 params; 1 the step's scalars (written by the host before each step, slots as in
 // src/plan/scalar.rs, generated into the header); 2 the step's stats (written here, read back after the step);
-// 3 x (read); 4 y (written); 5, 6 z and w (extra operands; w as words).
+// 3 x (read); 4 y (written); 5, 6 z and w (extra operands, as words). GELU comes from
+// gelu.wgsl, spliced before this file.
 
 struct StepParams {
     // Elements (or rows, or columns) the kernel covers.
@@ -19,6 +20,8 @@ struct StepParams {
     src: vec4<u32>,
     dst: vec4<u32>,
     extra: vec4<u32>,
+    // A bias add's GELU: (1 if it has one, format id it is held in, 1 if stored as codes, -).
+    gelu: vec4<u32>,
 }
 
 @group(0) @binding(0) var<uniform> params: StepParams;
@@ -26,7 +29,8 @@ struct StepParams {
 @group(0) @binding(2) var<storage, read_write> stats: array<f32>;
 @group(0) @binding(3) var<storage, read> x: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
-@group(0) @binding(5) var<storage, read_write> z: array<f32>;
+// Words: f32 bits, or two 16-bit codes (a bias add's GELU stored as codes).
+@group(0) @binding(5) var<storage, read_write> z: array<u32>;
 // Words: f32 bits (AdamW's second moment), or two 16-bit codes (`add_into`'s coded output).
 @group(0) @binding(6) var<storage, read_write> w: array<u32>;
 
@@ -47,24 +51,43 @@ fn round_to_format(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
 // y = y' + x held in format `format`, where y' is y held in format extra.y (a matmul's product
 // rounded as it is read), x repeated every c elements (c = n: elementwise; c = width: a bias
 // per row); with extra.z = 1, then plus z (a residual after a bias), held in format extra.w.
+// With a GELU (`params.gelu`, never with a residual), z = GELU(y) too: f32 bits, or codes two
+// to a word, one invocation per word (an odd n's last word holds one code).
 @compute @workgroup_size(256)
 fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
        @builtin(local_invocation_index) lid: u32) {
     let e = flat_index(wg, nwg, lid);
+    if (params.gelu.z != 0u) {
+        let lo = 2u * e;
+        if (lo >= params.n) {
+            return;
+        }
+        let first = held_sum(lo);
+        y[lo] = first;
+        var second = 0.0;
+        if (lo + 1u < params.n) {
+            second = held_sum(lo + 1u);
+            y[lo + 1u] = second;
+        }
+        z[e] = gelu_pair(first, second);
+        return;
+    }
     if (e >= params.n) {
         return;
     }
-    let sum = held(held(y[e], params.extra.y) + x[e % params.c], params.format);
+    var sum = held_sum(e);
     if (params.extra.z != 0u) {
-        y[e] = held(sum + z[e], params.extra.w);
-    } else {
-        y[e] = sum;
+        sum = held(sum + bitcast<f32>(z[e]), params.extra.w);
+    } else if (params.gelu.x != 0u) {
+        z[e] = bitcast<u32>(held(gelu(sum), params.gelu.y));
     }
+    y[e] = sum;
 }
 
 // z = y' + x held in format `format`, y' as in `add`, x repeated every c elements (a bias add
 // whose output is a tensor of its own); with extra.x = 1, its 16-bit codes go to w instead, two
-// to a word, one invocation per word (an odd n's last word holds one code).
+// to a word, one invocation per word (an odd n's last word holds one code), and a GELU of the
+// values so stored (`params.gelu`) to z, as f32 bits or codes.
 @compute @workgroup_size(256)
 fn add_into(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
@@ -74,20 +97,35 @@ fn add_into(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         if (lo >= params.n) {
             return;
         }
-        let hi = min(lo + 1u, params.n - 1u);
-        let second = select(0.0, sum_at(hi), lo + 1u < params.n);
-        w[e] = code_pair(sum_at(lo), second, params.format);
+        let has_second = lo + 1u < params.n;
+        let first = held_sum(lo);
+        let second = select(0.0, held_sum(min(lo + 1u, params.n - 1u)), has_second);
+        w[e] = code_pair(first, second, params.format);
+        if (params.gelu.z != 0u) {
+            z[e] = gelu_pair(first, second);
+        } else if (params.gelu.x != 0u) {
+            z[lo] = bitcast<u32>(held(gelu(first), params.gelu.y));
+            if (has_second) {
+                z[lo + 1u] = bitcast<u32>(held(gelu(second), params.gelu.y));
+            }
+        }
         return;
     }
     if (e >= params.n) {
         return;
     }
-    z[e] = held(sum_at(e), params.format);
+    z[e] = bitcast<u32>(held_sum(e));
 }
 
-// Element e of `add_into`'s sum, before it is held.
-fn sum_at(e: u32) -> f32 {
-    return held(y[e], params.extra.y) + x[e % params.c];
+// Element e of `add`'s and `add_into`'s sum y' + x, held in `format`.
+fn held_sum(e: u32) -> f32 {
+    return held(held(y[e], params.extra.y) + x[e % params.c], params.format);
+}
+
+// The codes of the GELUs of two held sums, one word (an odd n's missing second is 0, whose
+// GELU is 0, as gelu_fwd writes it).
+fn gelu_pair(first: f32, second: f32) -> u32 {
+    return code_pair(gelu(first), gelu(second), params.gelu.y);
 }
 
 // y[dst(e)] = x[src(e)] over the 4-d index space `dims` (row-major, last fastest).
@@ -196,9 +234,9 @@ fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let beta1 = scalars[S_BETA1];
     let beta2 = scalars[S_BETA2];
     let g = x[e] * factor;
-    let m = beta1 * z[e] + (1.0 - beta1) * g;
+    let m = beta1 * bitcast<f32>(z[e]) + (1.0 - beta1) * g;
     let v = beta2 * bitcast<f32>(w[e]) + (1.0 - beta2) * g * g;
-    z[e] = m;
+    z[e] = bitcast<u32>(m);
     w[e] = bitcast<u32>(v);
     var wd = 0.0;
     if (params.extra.y != 0u) {
@@ -209,7 +247,7 @@ fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
 }
 
 // Cross-entropy gradient of the scaled mean loss: y = (x - onehot(z)) * DLOSS_PER_ROW per row
-// of c logits; x = probabilities, z = targets (u32 ids as f32 bits).
+// of c logits; x = probabilities, z = targets.
 @compute @workgroup_size(256)
 fn cross_entropy_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
@@ -219,7 +257,7 @@ fn cross_entropy_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
     }
     let r = e / params.c;
     var onehot = 0.0;
-    if (bitcast<u32>(z[r]) == e % params.c) {
+    if (z[r] == e % params.c) {
         onehot = 1.0;
     }
     y[e] = (x[e] - onehot) * scalars[S_DLOSS_PER_ROW];

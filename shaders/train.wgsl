@@ -292,20 +292,6 @@ fn sum_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     }
 }
 
-const SQRT_2_OVER_PI: f32 = 0.7978845608;
-
-// tanh of the GELU argument. Clamped because some GPUs (SwiftShader in browsers) build tanh from
-// exp and return NaN once exp overflows; tanh(10) already rounds to 1 in f32, so the clamp
-// changes no result. A NaN x still propagates through the products around it.
-fn gelu_tanh(x: f32) -> f32 {
-    return tanh(clamp(SQRT_2_OVER_PI * (x + 0.044715 * x * x * x), -10.0, 10.0));
-}
-
-// The 16-bit codes of lo and hi in format `fmt`, as one word (lo in the low half).
-fn gelu(x: f32) -> f32 {
-    return 0.5 * x * (1.0 + gelu_tanh(x));
-}
-
 // Element i of in0: the f32 its word holds, or where the input is a coded tensor
 // (`params.x_stored`: GELU's x, attention's q|k|v) the value of its code.
 fn in0v(i: u32) -> f32 {
@@ -315,7 +301,8 @@ fn in0v(i: u32) -> f32 {
     return code_value(in0[i >> 1u], i, params.x_stored);
 }
 
-// GELU (tanh form): in0 = x; out0 = y, or (coded) out2 = y's codes, one word per invocation.
+// GELU (tanh form, `gelu` of gelu.wgsl): in0 = x; out0 = y, or (coded) out2 = y's codes, one
+// word per invocation.
 @compute @workgroup_size(256)
 fn gelu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {

@@ -669,9 +669,9 @@ fn cuda_training_kernels_match_the_host_reference() {
         measure::normal(37 * 50, seed + 11),
         measure::normal(50, seed + 12),
     );
-    // N C YFMT FMT CODED, no residual.
+    // N C YFMT FMT CODED, no residual, no GELU.
     let add = |args: &[usize], x: &[f32]| {
-        let args: Vec<usize> = args.iter().copied().chain([f32_, 0]).collect();
+        let args: Vec<usize> = args.iter().copied().chain([f32_, 0, 0, f32_, 0]).collect();
         run_f32(h, "add", &strings(&args), &[x, &y])
     };
     let mut want = y.clone();
@@ -708,7 +708,7 @@ fn cuda_training_kernels_match_the_host_reference() {
     want.iter_mut().zip(&r).for_each(|(a, b)| *a += b);
     ops::round_to(&mut want, Format::F16);
     let with_r = |coded: usize| {
-        let args = [y.len(), 50, f32_, bf16, coded, f16, 1];
+        let args = [y.len(), 50, f32_, bf16, coded, f16, 1, 0, f32_, 0];
         run_f32(h, "add", &strings(&args), &[&bias, &y, &r])
     };
     assert_eq!(with_r(0), want);
@@ -719,6 +719,40 @@ fn cuda_training_kernels_match_the_host_reference() {
         &want,
         Format::F16,
     );
+    // A bias add and the GELU after it, one launch: the add's output as without the GELU,
+    // and the GELU's exactly as gelu_fwd computes it from that output as stored (codes where
+    // coded), on an odd length with NaN, infinities, values past f16's range and subnormals.
+    let (n, c) = (91, 13);
+    let mut y = measure::normal(n, seed + 19);
+    y[..6].copy_from_slice(&[
+        f32::NAN,
+        f32::INFINITY,
+        -f32::INFINITY,
+        7.0e4,
+        -9.0e4,
+        1.0e-41,
+    ]);
+    let bias = measure::normal(c, seed + 20);
+    for (coded, fmt, g_fmt, g_coded) in [
+        (0, f32_, f32_, 0),
+        (0, bf16, f16, 1),
+        (1, bf16, bf16, 1),
+        (1, f16, f32_, 0),
+    ] {
+        let args =
+            |has_g: usize| strings(&[n, c, f32_, fmt, coded, f32_, 0, has_g, g_fmt, g_coded]);
+        let input = [bits(&bias), bits(&y)].concat();
+        let fused = run(h, "add", &args(1), &input);
+        let sum = run(h, "add", &args(0), &input);
+        assert_eq!(fused[..n], sum[..], "the add's own output, GELU or not");
+        let x_fmt = if coded == 1 { fmt } else { f32_ };
+        let gelu = run(h, "gelu_fwd", &strings(&[n, g_fmt, g_coded, x_fmt]), &sum);
+        assert_eq!(
+            fused[n..],
+            gelu[..],
+            "a bias add's GELU (coded {coded}, held {fmt}, GELU in {g_fmt}, coded {g_coded})"
+        );
+    }
     // The head permutations.
     let (b, t, heads, d) = (2, 5, 3, 4);
     let qkv = measure::normal(b * t * 3 * heads * d, seed + 13);

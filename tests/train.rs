@@ -1054,6 +1054,55 @@ fn a_timed_step_is_the_step_on_the_reference() {
     a_timed_step_is_the_step(&Reference);
 }
 
+/// The host interpreter's model of CUDA graphs (`plan::graph`, `TrainOptions::graphs`): each
+/// section recorded at its second run and replayed from then on, a launch's host arguments
+/// frozen at the recording, the step's scalars read where the ops read them. Training with
+/// recordings gives the bits of training without them through steps whose scalars change:
+/// AdamW's bias corrections every step, an injected fault the recording must not keep or miss,
+/// and 16-mixed's loss scale halved after it. Delayed fp8 scaling, whose matmuls take each
+/// step's scales as launch arguments, is not recorded.
+#[test]
+fn recorded_steps_train_as_launched_ones_on_the_reference() {
+    let corpus = corpus();
+    for preset in [
+        Preset::True32,
+        Preset::Mixed16,
+        Preset::MixedBf16,
+        Preset::TransformerEngine,
+    ] {
+        let trainer = |graphs: bool| {
+            let mut o = options(&corpus, preset, 31);
+            o.graphs = Some(graphs);
+            Trainer::new(&Reference, &corpus, o).unwrap()
+        };
+        let (mut recorded, mut launched) = (trainer(true), trainer(false));
+        let replays = recorded.executor().contains("replayed as a recording");
+        assert_eq!(
+            replays,
+            preset != Preset::TransformerEngine,
+            "{preset}: {}",
+            recorded.executor()
+        );
+        for step in 0..6 {
+            // A fault where the loss is scaled (without, a non-finite step is an error).
+            let fault = step == 3 && preset == Preset::Mixed16;
+            let run = |t: &mut Trainer| match fault {
+                true => t.step_injecting(f32::INFINITY).block_on().unwrap(),
+                false => t.step().block_on().unwrap(),
+            };
+            let (r, l) = (run(&mut recorded), run(&mut launched));
+            assert_eq!(r.loss.to_bits(), l.loss.to_bits(), "{preset} step {step}");
+            assert_eq!(r.grad_norm.to_bits(), l.grad_norm.to_bits(), "{preset}");
+            assert_eq!((r.skipped, l.skipped), (fault, fault), "{preset}");
+        }
+        let (a, b) = (
+            recorded.state().block_on().unwrap(),
+            launched.state().block_on().unwrap(),
+        );
+        assert!(a == b, "{preset}: the weights and moments after differ");
+    }
+}
+
 // The device backends' training tests (the reference runs the tests above, and is what the
 // resident plans are compared with).
 backend_tests!(
@@ -1447,7 +1496,7 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
     );
     let (short_bias, dy) = (p.constant(values(7, 4)), p.constant(values(n, 5)));
     let stats = p.temp(2 * rows);
-    let mut pairs = vec![];
+    let (mut pairs, mut fused) = (vec![], vec![]);
     for format in [Format::Bf16, Format::F16] {
         // Outputs kept whole after the step (not shared with other temporaries).
         let outs = [0, 1].map(|_| {
@@ -1490,6 +1539,7 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
                 held: format,
                 y_held: Format::F16,
                 residual: None,
+                gelu: None,
             });
             p.push(Op::Gelu {
                 x: input,
@@ -1505,23 +1555,91 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
             out: coded_d,
         });
         pairs.push((format, d, coded_d));
+        // A bias add and its GELU as one op (`Op::Add`'s gelu) against the two ops: in place
+        // (as `PlanBuilder::push` folds them) and into a coded output (as `Plan::store_codes`
+        // then makes it), the GELU held in f32, or in the format and stored as its codes.
+        let copy = mantissa::plan::Strided::dense([1, 1, 1, n as u32]);
+        for gelu_held in [Format::F32, format] {
+            let [y_one, y_two, g_one, g_two, s_one, s_two, h_one, h_two] =
+                [0; 8].map(|_| kept(&mut p));
+            for t in [s_one, s_two] {
+                p.tensors[t].stored = format;
+            }
+            for t in [g_one, g_two, h_one, h_two] {
+                p.tensors[t].stored = gelu_held;
+            }
+            for y in [y_one, y_two] {
+                p.push(Op::Copy {
+                    x: z,
+                    out: y,
+                    map: mantissa::plan::Strided {
+                        dims: [1, 1, 1, n as u32],
+                        src: copy,
+                        dst: copy,
+                        src_offset: 0,
+                        dst_offset: 0,
+                    },
+                });
+            }
+            let add = |y, out, gelu| Op::Add {
+                x: short_bias,
+                y,
+                out,
+                held: format,
+                y_held: Format::F16,
+                residual: None,
+                gelu,
+            };
+            let gelu = |x, out| Op::Gelu {
+                x,
+                out,
+                held: gelu_held,
+            };
+            p.push(add(y_one, y_one, None));
+            p.push(gelu(y_one, g_one));
+            assert!(
+                matches!(p.ops.last(), Some(Op::Add { gelu: Some((g, _)), .. }) if *g == g_one),
+                "the GELU folds into the add before it"
+            );
+            p.ops.extend([add(y_two, y_two, None), gelu(y_two, g_two)]);
+            p.ops.extend([
+                add(z, s_one, Some((h_one, gelu_held))),
+                add(z, s_two, None),
+                gelu(s_two, h_two),
+            ]);
+            fused.extend([
+                (y_two, y_one),
+                (g_two, g_one),
+                (s_two, s_one),
+                (h_two, h_one),
+            ]);
+        }
     }
     let ops = p.ops.len();
     let mut exec = run_ops_alone(b, p, ops, (tokens, targets), stats);
-    for (format, held, coded) in pairs {
+    let mut check = |want: usize, got: usize, what: &dyn Fn(usize, f32, f32) -> String| {
         let (want, got) = (
-            exec.read(held).block_on().unwrap(),
-            exec.read(coded).block_on().unwrap(),
+            exec.read(want).block_on().unwrap(),
+            exec.read(got).block_on().unwrap(),
         );
         assert_eq!(want.len(), got.len());
         let same =
             |i: usize| want[i].to_bits() == got[i].to_bits() || want[i].is_nan() && got[i].is_nan();
         if let Some(i) = (0..want.len()).find(|&i| !same(i)) {
-            panic!(
-                "{format} tensor {coded}: element {i} is {:e} coded, {:e} held",
-                got[i], want[i]
-            );
+            panic!("{}", what(i, got[i], want[i]));
         }
+    };
+    for (format, held, coded) in pairs {
+        check(held, coded, &|i, got, want| {
+            format!("{format} tensor {coded}: element {i} is {got:e} coded, {want:e} held")
+        });
+    }
+    for (two, one) in fused {
+        check(two, one, &|i, got, want| {
+            format!(
+                "tensor {one}: element {i} is {got:e} from the add with its GELU, {want:e} from the two ops"
+            )
+        });
     }
 }
 

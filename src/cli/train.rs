@@ -459,6 +459,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             memory_limit: setup.memory_limit,
             fused_attention: setup.fused_attention,
             coded_activations: None,
+            graphs: None,
         };
         // Every rank builds its plan (its device may run out of memory): agreed.
         let built = Trainer::data_parallel(backend, corpus, options, group, setup.reduction)

@@ -176,6 +176,20 @@ pub trait StepExecutor: Send {
         Ok(())
     }
 
+    /// Records each section of the plan the second time it runs and replays the recording
+    /// from then on, or stops (`plan::graph`: CUDA graphs, or the host interpreter's model of
+    /// them), where the plan allows it (`Graphs::for_plan`). An executor that records nothing
+    /// (wgpu submits a step as its command buffers already) refuses `true`.
+    fn record_sections(&mut self, on: bool) -> Result<()> {
+        match on {
+            true => Err(Error::invalid(
+                "graphs",
+                format!("{} records no sections to replay", self.describe()),
+            )),
+            false => Ok(()),
+        }
+    }
+
     /// Sums tensors `sum.ids` over the ranks of `sum.group`, in place (a data-parallel step's
     /// gradients, after the backward pass). This default reduces host buffers through the group
     /// (MPI), in the buckets of `--bucket-size`; an executor whose device has its own engine
@@ -246,25 +260,34 @@ pub async fn reduce_on_host<E: StepExecutor + ?Sized>(
     Ok(reduced)
 }
 
-/// Checks that an add's residual, added elementwise, has y's length (its kernels read it for
-/// every element of y).
-pub fn check_residual(
+/// Refuses an add whose residual or GELU output is not as long as y, or that has both (the
+/// plan's definition of `Op::Add` takes a GELU only without a residual), before any kernel
+/// reads or writes them.
+pub fn check_add(
     plan: &Plan,
     y: TensorId,
     residual: Option<(TensorId, Format)>,
+    gelu: Option<(TensorId, Format)>,
 ) -> Result<()> {
-    let Some((r, _)) = residual else {
-        return Ok(());
-    };
-    let (got, expected) = (tensor_len(plan, r)?, tensor_len(plan, y)?);
-    match got == expected {
-        true => Ok(()),
-        false => Err(Error::LengthMismatch {
-            what: "residual",
-            expected,
-            got,
-        }),
+    if residual.is_some() && gelu.is_some() {
+        return Err(Error::invalid(
+            "step plan",
+            "an add with both a residual and a GELU",
+        ));
     }
+    let expected = tensor_len(plan, y)?;
+    for (what, t) in [("residual", residual), ("GELU output", gelu)] {
+        let Some((t, _)) = t else { continue };
+        let got = tensor_len(plan, t)?;
+        if got != expected {
+            return Err(Error::LengthMismatch {
+                what,
+                expected,
+                got,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Checks the inputs of a run against the plan.

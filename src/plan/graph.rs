@@ -1,6 +1,9 @@
 //! When an executor records a section of the step plan once and replays the recording from
 //! then on (CUDA graphs: one launch a step instead of hundreds), apart from any device: the
 //! executor says how to launch, record and replay (`Recorder`), `Graphs` decides which to do.
+//! `CudaPlan` records CUDA graphs; the host interpreter records the ops as launched (each
+//! launch argument taken from the host frozen at the recording, as a graph's are), which lets
+//! the policy and a plan's replay be checked without a GPU.
 //! A section runs op by op the first time (its kernels compile, its matmuls tune, which a
 //! recording must not contain), is recorded the second time and replayed after. A recording
 //! that fails turns recording off for the executor's life, with the reason printed once, and
@@ -9,19 +12,24 @@
 use super::{Op, Plan, Section};
 use crate::error::Result;
 
-/// An executor that can record the launches of a section and replay them.
+/// An executor that can record the launches of a section and replay them. `scalars` are the
+/// step's scalars as the host has them, which the executor has already put where its ops
+/// read them each step; a launch may also take some as arguments (fp8's given scales), which
+/// a recording keeps.
+#[allow(async_fn_in_trait)]
 pub trait Recorder {
     type Graph;
     /// Runs the ops of `section` one by one.
-    fn launch(&mut self, section: Section, scalars: &[f32]) -> Result<()>;
+    async fn launch(&mut self, section: Section, scalars: &[f32]) -> Result<()>;
     /// Records the ops of `section` without running them, or says why it cannot.
-    fn record(
+    async fn record(
         &mut self,
         section: Section,
         scalars: &[f32],
     ) -> std::result::Result<Self::Graph, String>;
-    /// Runs a recording.
-    fn replay(&mut self, graph: &Self::Graph) -> Result<()>;
+    /// Runs a recording (taken mutably: one launch uses it at a time, so it need not be
+    /// `Sync`, which CUDA graphs are not).
+    async fn replay(&mut self, graph: &mut Self::Graph) -> Result<()>;
 }
 
 /// The plan's sections as recordings.
@@ -64,33 +72,33 @@ impl<G> Graphs<G> {
 
     /// Runs `section` on `exec`: its recording where there is one; else recorded now and
     /// replayed where recordings are on and the section ran before; else op by op.
-    pub fn run<R: Recorder<Graph = G>>(
+    pub async fn run<R: Recorder<Graph = G>>(
         &mut self,
         exec: &mut R,
         section: Section,
         scalars: &[f32],
     ) -> Result<()> {
         if let Graphs::On { seen, recorded } = self {
-            if let Some((_, graph)) = recorded.iter().find(|(s, _)| *s == section) {
-                return exec.replay(graph);
+            if let Some((_, graph)) = recorded.iter_mut().find(|(s, _)| *s == section) {
+                return exec.replay(graph).await;
             }
             if seen.contains(&section) {
-                match exec.record(section, scalars) {
-                    Ok(graph) => {
-                        exec.replay(&graph)?;
+                match exec.record(section, scalars).await {
+                    Ok(mut graph) => {
+                        exec.replay(&mut graph).await?;
                         recorded.push((section, graph));
                         return Ok(());
                     }
                     Err(why) => {
                         eprintln!(
-                            "mantissa: the step is not captured as a CUDA graph ({why}); launching its ops one by one"
+                            "mantissa: the step is not recorded ({why}); launching its ops one by one"
                         );
                         *self = Graphs::Off(format!("capture failed: {why}"));
                     }
                 }
             }
         }
-        exec.launch(section, scalars)?;
+        exec.launch(section, scalars).await?;
         if let Graphs::On { seen, .. } = self
             && !seen.contains(&section)
         {
@@ -99,11 +107,12 @@ impl<G> Graphs<G> {
         Ok(())
     }
 
-    /// How the executor runs its sections, in words.
-    pub fn describe(&self) -> String {
+    /// How the executor runs its sections, in words; `what` names a recording ("a CUDA
+    /// graph").
+    pub fn describe(&self, what: &str) -> String {
         match self {
-            Graphs::On { .. } => "replayed as a CUDA graph from the second step".into(),
-            Graphs::Off(why) => format!("launched one by one (no CUDA graph: {why})"),
+            Graphs::On { .. } => format!("replayed as {what} from the second step"),
+            Graphs::Off(why) => format!("launched one by one (not as {what}: {why})"),
         }
     }
 }
@@ -114,6 +123,7 @@ mod tests {
     use crate::algorithm::{Algorithm, MatmulShape};
     use crate::error::Error;
     use crate::plan::{PlanBuilder, TensorKind};
+    use pollster::FutureExt;
 
     /// A plan of one matmul, taking scales from the step's scalars (as delayed fp8 scaling's
     /// do) or not.
@@ -158,12 +168,12 @@ mod tests {
 
     impl Recorder for Log {
         type Graph = (Section, f32);
-        fn launch(&mut self, section: Section, scalars: &[f32]) -> Result<()> {
+        async fn launch(&mut self, section: Section, scalars: &[f32]) -> Result<()> {
             self.calls
                 .push(format!("launch {section:?} {}", scalars[0]));
             Ok(())
         }
-        fn record(
+        async fn record(
             &mut self,
             section: Section,
             scalars: &[f32],
@@ -174,7 +184,7 @@ mod tests {
                 false => Ok((section, scalars[0])),
             }
         }
-        fn replay(&mut self, &(section, at): &(Section, f32)) -> Result<()> {
+        async fn replay(&mut self, &mut (section, at): &mut (Section, f32)) -> Result<()> {
             self.calls.push(format!("replay {section:?} {at}"));
             match self.fail_replay {
                 true => Err(Error::invalid("replay", "failed")),
@@ -185,7 +195,10 @@ mod tests {
 
     fn steps(graphs: &mut Graphs<(Section, f32)>, exec: &mut Log, sections: &[Section]) {
         for (step, &section) in sections.iter().enumerate() {
-            graphs.run(exec, section, &[step as f32]).unwrap();
+            graphs
+                .run(exec, section, &[step as f32])
+                .block_on()
+                .unwrap();
         }
     }
 
@@ -218,8 +231,8 @@ mod tests {
         );
         assert!(
             graphs
-                .describe()
-                .contains("CUDA graph from the second step")
+                .describe("a CUDA graph")
+                .contains("a CUDA graph from the second step")
         );
     }
 
@@ -251,7 +264,7 @@ mod tests {
                 "launch Update 5",
             ]
         );
-        let why = graphs.describe();
+        let why = graphs.describe("a CUDA graph");
         assert!(why.contains("capture failed: the driver said no"), "{why}");
     }
 
@@ -262,10 +275,23 @@ mod tests {
             fail_replay: true,
             ..Log::default()
         };
-        graphs.run(&mut exec, Section::Step, &[0.0]).unwrap();
-        assert!(graphs.run(&mut exec, Section::Step, &[1.0]).is_err());
+        graphs
+            .run(&mut exec, Section::Step, &[0.0])
+            .block_on()
+            .unwrap();
+        assert!(
+            graphs
+                .run(&mut exec, Section::Step, &[1.0])
+                .block_on()
+                .is_err()
+        );
         // Not kept: the next run records afresh.
-        assert!(graphs.run(&mut exec, Section::Step, &[2.0]).is_err());
+        assert!(
+            graphs
+                .run(&mut exec, Section::Step, &[2.0])
+                .block_on()
+                .is_err()
+        );
         assert_eq!(
             exec.calls,
             [

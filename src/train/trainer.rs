@@ -46,6 +46,11 @@ pub struct TrainOptions {
     /// (`plan::Plan::store_codes`) or as f32; None: codes unless `MANTISSA_ACTIVATIONS=f32`.
     /// Both compute the same function.
     pub coded_activations: Option<bool>,
+    /// Record each section of the step the second time it runs and replay the recording
+    /// from then on (`plan::graph`: CUDA graphs, or the host interpreter's model of them), or
+    /// not; None: the executor's default (CUDA's `MANTISSA_CUDA_GRAPH`, the host's off). wgpu
+    /// refuses `Some(true)`.
+    pub graphs: Option<bool>,
 }
 
 impl TrainOptions {
@@ -66,6 +71,7 @@ impl TrainOptions {
             memory_limit: None,
             fused_attention: None,
             coded_activations: None,
+            graphs: None,
         }
     }
 }
@@ -199,12 +205,15 @@ impl<'a> Trainer<'a> {
         } else {
             vec![]
         };
-        let exec = if options.resident {
+        let mut exec = if options.resident {
             let fits = PlanFit::check(&gpt, &precision, &options, group, &plan)?;
             backend::executor(backend, plan, true).map_err(|e| fits.explain(e))?
         } else {
             backend::executor(backend, plan, false)?
         };
+        if let Some(on) = options.graphs {
+            exec.record_sections(on)?;
+        }
         Ok(Trainer {
             gpt,
             corpus,

@@ -375,25 +375,29 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> y((size_t)rows * c);
         emu::launch({rows, 1, 1}, row_block, [&] { embedding_bwd(dout, ids, y.data(), c, tokens); });
         out = bits_of(y);
-    } else if (k == "add" && argc == 9) {
-        // N C YFMT FMT CODED RFMT HAS_R < x(c) y(n) [r(n)] > y held in YFMT, plus x, held in
-        // FMT; then with HAS_R plus r held in RFMT (its codes, one to each word, where CODED:
-        // written to a separate output, as a plan's coded bias add does; else in place)
+    } else if (k == "add" && argc == 12) {
+        // N C YFMT FMT CODED RFMT HAS_R HAS_G GFMT GCODED < x(c) y(n) [r(n)] > y held in YFMT,
+        // plus x, held in FMT; then with HAS_R plus r held in RFMT (its codes, one to each word,
+        // where CODED: written to a separate output, as a plan's coded bias add does; else in
+        // place); then with HAS_G, the GELU of that, held in GFMT (codes where GCODED)
         i64 n = arg(argv, 2);
         u32 c = arg(argv, 3), y_fmt = arg(argv, 4), fmt = arg(argv, 5), coded = arg(argv, 6);
         u32 r_fmt = arg(argv, 7), has_r = arg(argv, 8);
+        u32 has_g = arg(argv, 9), g_fmt = arg(argv, 10), g_coded = arg(argv, 11);
         float *x = input.f(c), *y = input.f(n);
         const float* r = has_r ? input.f(n) : nullptr;
-        if (coded) {
-            std::vector<unsigned short> codes(n);
-            emu::launch(elementwise_grid(n), element_block,
-                        [&] { add(x, y, codes.data(), n, c, y_fmt, fmt, coded, r, r_fmt); });
-            out = std::vector<u32>(codes.begin(), codes.end());
-            return true;
+        std::vector<unsigned short> codes(n), g_codes(n);
+        std::vector<float> g_values(n);
+        void* dst = coded ? (void*)codes.data() : (void*)y;
+        void* g = !has_g ? nullptr : g_coded ? (void*)g_codes.data() : (void*)g_values.data();
+        emu::launch(elementwise_grid(n), element_block, [&] {
+            add(x, y, dst, n, c, y_fmt, fmt, coded, r, r_fmt, g, g_fmt, g_coded);
+        });
+        out = coded ? std::vector<u32>(codes.begin(), codes.end()) : bits_of(std::vector<float>(y, y + n));
+        if (has_g) {
+            std::vector<u32> g_out = g_coded ? std::vector<u32>(g_codes.begin(), g_codes.end()) : bits_of(g_values);
+            out.insert(out.end(), g_out.begin(), g_out.end());
         }
-        emu::launch(elementwise_grid(n), element_block,
-                    [&] { add(x, y, y, n, c, y_fmt, fmt, coded, r, r_fmt); });
-        out = bits_of(std::vector<float>(y, y + n));
     } else if (k == "strided_copy" && argc == 17) {  // DIMS*4 SRC*4 DST*4 SRC_OFF DST_OFF OUT_LEN
         Strided map;
         for (int i = 0; i < 4; i++) {

@@ -653,7 +653,15 @@ fn split_gemms(
             let x = cb.ptr(&lower.slice(start..start + len));
             let y = cb.ptr(&c.slice(start..start + len));
             let f32_ = (Format::F32, Format::F32, false);
-            train::add(cb, [x, y, y], (len, len), f32_, (0, Format::F32))?;
+            let none = (0, Format::F32);
+            train::add(
+                cb,
+                [x, y, y],
+                (len, len),
+                f32_,
+                none,
+                (0, Format::F32, false),
+            )?;
         }
     }
     Ok(())

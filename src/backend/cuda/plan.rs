@@ -20,8 +20,8 @@ use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::plan::exec::{
-    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
-    check_residual, check_write, reduce_on_host, tensor_len,
+    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_add,
+    check_inputs, check_write, reduce_on_host, tensor_len,
 };
 use crate::plan::graph::{Graphs, Recorder};
 use crate::plan::{Bucket, Op, Plan, Section, Storage, TensorId, step_algorithm};
@@ -311,17 +311,22 @@ impl<'a> CudaPlan<'a> {
                 held,
                 y_held,
                 residual,
+                gelu,
             } => {
-                check_residual(&self.plan, y, residual)?;
+                check_add(&self.plan, y, residual, gelu)?;
                 let lens = (self.len(y), self.len(x));
                 let ptrs = [self.p(x), self.p(y), self.p(out)];
-                // No residual: a null pointer, which the kernel reads as none.
+                // No residual, no GELU: a null pointer, which the kernel reads as none.
                 let (r, r_held) = match residual {
                     Some((r, format)) => (self.p(r), format),
                     None => (0, Format::F32),
                 };
+                let g = match gelu {
+                    Some((g, format)) => (self.p(g), format, self.coded(g)),
+                    None => (0, Format::F32, false),
+                };
                 let formats = (y_held, held, self.coded(out));
-                launch::add(cb, ptrs, lens, formats, (r, r_held))
+                launch::add(cb, ptrs, lens, formats, (r, r_held), g)
             }
             Op::ColumnSums { x, out, c } => {
                 launch::column_sums(cb, self.p(x), self.p(out), self.rows(x, c), c, work)
@@ -389,9 +394,9 @@ impl<'a> CudaPlan<'a> {
 
     /// Launches the ops of `section`: its graph where one is captured, else captured now
     /// where graphs are on and the section ran before, else op by op (`Graphs::run`).
-    fn launch_section(&mut self, section: Section, scalars: &[f32]) -> Result<()> {
+    async fn launch_section(&mut self, section: Section, scalars: &[f32]) -> Result<()> {
         let mut graphs = std::mem::replace(&mut self.graphs, Graphs::Off(String::new()));
-        let ran = graphs.run(self, section, scalars);
+        let ran = graphs.run(self, section, scalars).await;
         self.graphs = graphs;
         ran
     }
@@ -426,7 +431,7 @@ impl StepExecutor for CudaPlan<'_> {
     }
 
     fn describe(&self) -> String {
-        let launched = self.graphs.describe();
+        let launched = self.graphs.describe("a CUDA graph");
         format!(
             "device-resident on {}: {} ops {launched} on one stream, one synchronisation per step, {}",
             self.cb.info.name,
@@ -443,7 +448,7 @@ impl StepExecutor for CudaPlan<'_> {
         scalars: &[f32],
     ) -> Result<Vec<f64>> {
         self.begin_step(tokens, targets, scalars)?;
-        self.launch_section(section, scalars)?;
+        self.launch_section(section, scalars).await?;
         self.read_stats()
     }
 
@@ -492,6 +497,12 @@ impl StepExecutor for CudaPlan<'_> {
                     .into(),
             },
         ))
+    }
+
+    /// Overrides `MANTISSA_CUDA_GRAPH` (what is recorded already is dropped).
+    fn record_sections(&mut self, on: bool) -> Result<()> {
+        self.graphs = Graphs::for_plan(&self.plan, on, "turned off (TrainOptions::graphs)");
+        Ok(())
     }
 
     async fn read(&mut self, id: TensorId) -> Result<Vec<f32>> {
@@ -758,7 +769,7 @@ impl CudaPlan<'_> {
 impl Recorder for CudaPlan<'_> {
     type Graph = StepGraph;
 
-    fn launch(&mut self, section: Section, scalars: &[f32]) -> Result<()> {
+    async fn launch(&mut self, section: Section, scalars: &[f32]) -> Result<()> {
         for i in self.plan.range_of(section) {
             self.launch_op(i, scalars)?;
         }
@@ -767,7 +778,7 @@ impl Recorder for CudaPlan<'_> {
 
     /// The ops of `section` captured from the stream (not run); the stream leaves capture
     /// whatever happens.
-    fn record(
+    async fn record(
         &mut self,
         section: Section,
         scalars: &[f32],
@@ -791,7 +802,7 @@ impl Recorder for CudaPlan<'_> {
         }
     }
 
-    fn replay(&mut self, graph: &StepGraph) -> Result<()> {
+    async fn replay(&mut self, graph: &mut StepGraph) -> Result<()> {
         graph
             .0
             .launch()

@@ -299,10 +299,13 @@ pub(super) fn add(
     (n, c): (usize, usize),
     (y_held, held, coded): (Format, Format, bool),
     (r, r_held): (Ptr, Format),
+    (g, g_held, g_coded): (Ptr, Format, bool),
 ) -> Result<()> {
-    let (len, c, coded) = (n as i64, c.max(1) as u32, coded as u32);
+    let (len, c, coded, g_coded) = (n as i64, c.max(1) as u32, coded as u32, g_coded as u32);
     let (y_fmt, fmt, r_fmt) = (format_id(y_held), format_id(held), format_id(r_held));
-    launch_1d!(cb, Module::Train, "add", n; &x, &y, &out, &len, &c, &y_fmt, &fmt, &coded, &r, &r_fmt)
+    let g_fmt = format_id(g_held);
+    launch_1d!(cb, Module::Train, "add", n;
+        &x, &y, &out, &len, &c, &y_fmt, &fmt, &coded, &r, &r_fmt, &g, &g_fmt, &g_coded)
 }
 
 pub(super) fn strided_copy(cb: &CudaBackend, x: Ptr, y: Ptr, map: &Strided) -> Result<()> {

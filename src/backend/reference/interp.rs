@@ -8,9 +8,10 @@ use crate::backend::Backend;
 use crate::error::Result;
 use crate::format;
 use crate::plan::exec::{
-    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
-    check_residual, check_write, tensor_len, update_factor,
+    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_add,
+    check_inputs, check_write, tensor_len, update_factor,
 };
+use crate::plan::graph::{Graphs, Recorder};
 use crate::plan::{AdamW, Op, Plan, Section, Stats, Storage, TensorId, scalar, step_algorithm};
 
 /// The host interpreter: tensors in host memory, each op one call of the backend's ops (or a
@@ -23,7 +24,18 @@ pub struct HostExecutor<'a> {
     last_uses: Vec<Vec<TensorId>>,
     /// The most bytes the tensors held at once (after any op).
     peak: u64,
+    /// The step's scalars and stats where its ops read and write them (the host's model of a
+    /// device's memory: a replayed recording reads the scalars of the step it runs in).
+    scalars: Vec<f32>,
+    stats: Vec<f64>,
+    /// Sections recorded and replayed (off unless `record_sections` turns them on).
+    graphs: Graphs<HostGraph>,
 }
+
+/// A section recorded by the host interpreter: its ops as launched, each op's index in the plan
+/// and the op with what a launch takes from the host fixed at the recording (a matmul's given
+/// fp8 scales), as a CUDA graph keeps its kernels' arguments.
+pub struct HostGraph(Vec<(usize, Op)>);
 
 impl<'a> HostExecutor<'a> {
     pub fn new(backend: &'a dyn Backend, plan: Plan) -> HostExecutor<'a> {
@@ -43,6 +55,9 @@ impl<'a> HostExecutor<'a> {
             tensors,
             last_uses,
             peak: 0,
+            scalars: vec![],
+            stats: vec![],
+            graphs: Graphs::Off("not asked for".into()),
         }
     }
 
@@ -221,8 +236,9 @@ impl<'a> HostExecutor<'a> {
                 held,
                 y_held,
                 residual,
+                gelu,
             } => {
-                check_residual(&self.plan, y, residual)?;
+                check_add(&self.plan, y, residual, gelu)?;
                 let mut target = match out == y {
                     true => std::mem::take(self.slot(y)),
                     false => self.slot(y).clone(),
@@ -243,6 +259,13 @@ impl<'a> HostExecutor<'a> {
                     round_to(&mut target, format);
                 }
                 self.tensors[out] = target;
+                // The two ops it replaces: GELU reads the sum as stored.
+                if let Some((g, held)) = gelu {
+                    self.store(out);
+                    let mut y = b.gelu_fwd(&self.tensors[out]).await?;
+                    round_to(&mut y, held);
+                    self.tensors[g] = y;
+                }
             }
             Op::ColumnSums { x, out, c } => {
                 self.tensors[out] = ops::column_sums(&self.tensors[x], c);
@@ -311,7 +334,8 @@ impl<'a> HostExecutor<'a> {
         Ok(())
     }
 
-    /// Runs `section`; with `seconds`, the host's clock around each op goes there.
+    /// Runs `section`: op by op with `seconds` (the host's clock around each op goes there),
+    /// else as `self.graphs` says (launched, recorded or replayed).
     async fn interpret(
         &mut self,
         section: Section,
@@ -321,10 +345,18 @@ impl<'a> HostExecutor<'a> {
         seconds: Option<&mut Vec<f64>>,
     ) -> Result<Vec<f64>> {
         let mut stats = self.begin(tokens, targets, scalars)?;
-        let ops = self.plan.range_of(section);
-        self.interpret_ops(ops, scalars, &mut stats, seconds)
-            .await?;
-        Ok(stats)
+        if seconds.is_some() {
+            let ops = self.plan.range_of(section);
+            self.interpret_ops(ops, scalars, &mut stats, seconds)
+                .await?;
+            return Ok(stats);
+        }
+        self.stats = stats;
+        let mut graphs = std::mem::replace(&mut self.graphs, Graphs::Off(String::new()));
+        let ran = graphs.run(self, section, scalars).await;
+        self.graphs = graphs;
+        ran?;
+        Ok(std::mem::take(&mut self.stats))
     }
 
     /// Checks a run's inputs and takes its batch; returns its stats, zero.
@@ -332,6 +364,7 @@ impl<'a> HostExecutor<'a> {
         check_inputs(&self.plan, tokens, targets, scalars)?;
         self.tensors[self.plan.tokens] = bytemuck::cast_slice(tokens).to_vec();
         self.tensors[self.plan.targets] = bytemuck::cast_slice(targets).to_vec();
+        self.scalars = scalars.to_vec();
         Ok(vec![0.0; self.plan.stats.len()])
     }
 
@@ -345,19 +378,34 @@ impl<'a> HostExecutor<'a> {
     ) -> Result<()> {
         for i in ops {
             let op = self.plan.ops[i].clone();
-            let start = web_time::Instant::now();
-            self.exec(&op, scalars, stats).await?;
-            for t in op.reads_writes().1 {
-                self.store(t);
-            }
-            if let Some(seconds) = seconds.as_deref_mut() {
-                seconds.push(start.elapsed().as_secs_f64());
-            }
-            self.peak = self.peak.max(self.held_bytes());
-            // Written whole before any read in every step: nothing to keep.
-            for &t in &self.last_uses[i] {
-                self.tensors[t] = Vec::new();
-            }
+            self.run_op(i, &op, scalars, stats, seconds.as_deref_mut())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Runs `op` as op `i` of the plan: its writes stored as their tensors hold them, the
+    /// temporaries it reads last freed.
+    async fn run_op(
+        &mut self,
+        i: usize,
+        op: &Op,
+        scalars: &[f32],
+        stats: &mut [f64],
+        seconds: Option<&mut Vec<f64>>,
+    ) -> Result<()> {
+        let start = web_time::Instant::now();
+        self.exec(op, scalars, stats).await?;
+        for t in op.reads_writes().1 {
+            self.store(t);
+        }
+        if let Some(seconds) = seconds {
+            seconds.push(start.elapsed().as_secs_f64());
+        }
+        self.peak = self.peak.max(self.held_bytes());
+        // Written whole before any read in every step: nothing to keep.
+        for &t in &self.last_uses[i] {
+            self.tensors[t] = Vec::new();
         }
         Ok(())
     }
@@ -370,8 +418,12 @@ impl StepExecutor for HostExecutor<'_> {
     }
 
     fn describe(&self) -> String {
+        let recorded = match self.graphs {
+            Graphs::On { .. } => format!(", {}", self.graphs.describe("a recording")),
+            Graphs::Off(_) => String::new(),
+        };
         format!(
-            "host interpreter over {}, one round trip per op",
+            "host interpreter over {}, one round trip per op{recorded}",
             self.backend.name()
         )
     }
@@ -426,6 +478,11 @@ impl StepExecutor for HostExecutor<'_> {
         Ok(())
     }
 
+    fn record_sections(&mut self, on: bool) -> Result<()> {
+        self.graphs = Graphs::for_plan(&self.plan, on, "not asked for");
+        Ok(())
+    }
+
     /// The backward pass bucket by bucket (`Plan::gradient_buckets`), each bucket summed as
     /// soon as the pass is done with it. The host is this executor's device, so nothing runs
     /// meanwhile: the schedule is a wgpu plan's, without the overlap, and it checks that
@@ -472,5 +529,62 @@ impl StepExecutor for HostExecutor<'_> {
                           temporary freed after its last use)"
                 .into(),
         }
+    }
+}
+
+impl Recorder for HostExecutor<'_> {
+    type Graph = HostGraph;
+
+    async fn launch(&mut self, section: Section, scalars: &[f32]) -> Result<()> {
+        let mut stats = std::mem::take(&mut self.stats);
+        let ops = self.plan.range_of(section);
+        let ran = self.interpret_ops(ops, scalars, &mut stats, None).await;
+        self.stats = stats;
+        ran
+    }
+
+    /// The ops of `section` as launched now: a matmul's given fp8 scales, which a launch takes
+    /// from the host, become part of its algorithm (`step_algorithm`).
+    async fn record(
+        &mut self,
+        section: Section,
+        scalars: &[f32],
+    ) -> std::result::Result<HostGraph, String> {
+        let launched = |op: &Op| match *op {
+            Op::Matmul {
+                shape,
+                algorithm,
+                a,
+                b,
+                out,
+                scales,
+            } => Op::Matmul {
+                shape,
+                algorithm: step_algorithm(algorithm, scales, scalars),
+                a,
+                b,
+                out,
+                scales: None,
+            },
+            ref op => op.clone(),
+        };
+        let ops = self.plan.range_of(section);
+        Ok(HostGraph(
+            ops.map(|i| (i, launched(&self.plan.ops[i]))).collect(),
+        ))
+    }
+
+    /// The recorded ops, reading the scalars of the step they run in.
+    async fn replay(&mut self, graph: &mut HostGraph) -> Result<()> {
+        let (scalars, mut stats) = (self.scalars.clone(), std::mem::take(&mut self.stats));
+        let mut ran = Ok(());
+        for (i, op) in &graph.0 {
+            ran = self.run_op(*i, op, &scalars, &mut stats, None).await;
+            if ran.is_err() {
+                break;
+            }
+        }
+        self.stats = stats;
+        ran
     }
 }

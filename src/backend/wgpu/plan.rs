@@ -18,8 +18,8 @@ use super::train::{StepLaunch, TrainLaunch, launch};
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::plan::exec::{
-    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
-    check_residual, check_write, tensor_len,
+    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_add,
+    check_inputs, check_write, tensor_len,
 };
 use crate::plan::{Bucket, Op, Plan, Section, Storage, TensorId};
 use std::collections::HashMap;
@@ -532,12 +532,15 @@ impl<'a> ResidentPlan<'a> {
                 held,
                 y_held,
                 residual,
+                gelu,
             } if out == y => {
-                check_residual(&self.plan, y, residual)?;
+                check_add(&self.plan, y, residual, gelu)?;
+                let g = gelu.map(|(g, format)| (format, coded(g)));
+                let z = residual.map(|r| r.0).or(gelu.map(|g| g.0));
                 vec![step(
-                    launch::add(len(y), len(x), (y_held, held), residual.map(|r| r.1)),
+                    launch::add(len(y), len(x), (y_held, held), residual.map(|r| r.1), g),
                     Some(x),
-                    [Some(y), residual.map(|r| r.0), None],
+                    [Some(y), z, None],
                 )?]
             }
             Op::Add {
@@ -548,7 +551,7 @@ impl<'a> ResidentPlan<'a> {
                     "an add with a residual writes in place on wgpu",
                 ));
             }
-            // Into a tensor of its own: z, or w where it is coded.
+            // Into a tensor of its own: z, or w where it is coded (then its GELU to z).
             Op::Add {
                 x,
                 y,
@@ -556,14 +559,26 @@ impl<'a> ResidentPlan<'a> {
                 held,
                 y_held,
                 residual: None,
-            } => vec![step(
-                launch::add_into(len(y), len(x), (y_held, held), coded(out)),
-                Some(x),
-                match coded(out) {
-                    true => [Some(y), None, Some(out)],
-                    false => [Some(y), Some(out), None],
-                },
-            )?],
+                gelu,
+            } => {
+                check_add(&self.plan, y, None, gelu)?;
+                let outs = match (coded(out), gelu) {
+                    (true, _) => [Some(y), gelu.map(|g| g.0), Some(out)],
+                    (false, None) => [Some(y), Some(out), None],
+                    (false, Some(_)) => {
+                        return Err(Error::invalid(
+                            "step plan",
+                            "an add with a GELU writes in place or as codes on wgpu",
+                        ));
+                    }
+                };
+                let g = gelu.map(|(g, format)| (format, coded(g)));
+                vec![step(
+                    launch::add_into(len(y), len(x), (y_held, held), coded(out), g),
+                    Some(x),
+                    outs,
+                )?]
+            }
             Op::ColumnSums { x, out, c } => {
                 let rows = rows_of(x, c);
                 let [partials, sums] = launch::column_sums(rows, c);

@@ -17,6 +17,7 @@ const MATMUL_COOP: &str = include_str!("../../../shaders/matmul_coop.wgsl");
 const COOP_PACK: &str = include_str!("../../../shaders/coop_pack.wgsl");
 const TRAIN: &str = include_str!("../../../shaders/train.wgsl");
 const STEP: &str = include_str!("../../../shaders/step.wgsl");
+const GELU: &str = include_str!("../../../shaders/gelu.wgsl");
 const FETCH: &str = include_str!("../../../shaders/fetch.wgsl");
 const COOP_BLOCK: &str = include_str!("../../../shaders/coop_block.wgsl");
 const MATMUL_STEP: &str = include_str!("../../../shaders/matmul_step.wgsl");
@@ -739,6 +740,7 @@ impl Kernel {
         }
         let family = match self {
             Kernel::Matmul(v) if v.coop.is_none() => format!("{family}\n{}", k_step(v)),
+            Kernel::Train(..) | Kernel::Step(_) => format!("{GELU}\n{family}"),
             _ => family.to_string(),
         };
         // Directives first (WGSL wants them before any declaration), then the definitions.

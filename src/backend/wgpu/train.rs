@@ -52,6 +52,8 @@ pub struct StepParams {
     pub src: [u32; 4],
     pub dst: [u32; 4],
     pub extra: [u32; 4],
+    /// A bias add's GELU: (1 if it has one, the format it is held in, 1 if stored as codes, 0).
+    pub gelu: [u32; 4],
 }
 
 /// One launch of a train.wgsl kernel: which entry point, its uniform, and how many invocations.
@@ -300,12 +302,14 @@ pub mod launch {
     }
 
     /// y (n) = y rounded to `y_held`, plus x (c, repeated over y), held in `held`; then, with
-    /// a residual (bound as z) held in its format, plus it.
+    /// a residual (bound as z) held in its format, plus it; or with a GELU (its format, and
+    /// whether stored as codes), z = GELU(y).
     pub fn add(
         n: usize,
         c: usize,
         (y_held, held): (Format, Format),
         residual: Option<Format>,
+        gelu: Option<(Format, bool)>,
     ) -> StepLaunch {
         let r_held = residual.unwrap_or(Format::F32);
         let params = StepParams {
@@ -318,28 +322,45 @@ pub mod launch {
                 residual.is_some() as u32,
                 format_id(r_held),
             ],
+            gelu: gelu_params(gelu),
             ..Default::default()
         };
-        step(StepOp::Add, params, Some(n))
+        let items = match gelu {
+            Some((_, true)) => n.div_ceil(2),
+            _ => n,
+        };
+        step(StepOp::Add, params, Some(items))
     }
 
     /// z = y rounded to `y_held`, plus x, held in `held`, x (c values) repeated over y (n);
-    /// where `coded`, its codes go to w instead, two to a word.
+    /// where `coded`, its codes go to w instead, two to a word, and a GELU (its format, and
+    /// whether stored as codes) of them to z.
     pub fn add_into(
         n: usize,
         c: usize,
         (y_held, held): (Format, Format),
         coded: bool,
+        gelu: Option<(Format, bool)>,
     ) -> StepLaunch {
         let params = StepParams {
             n: n as u32,
             c: c.max(1) as u32,
             format: format_id(held),
             extra: [coded as u32, format_id(y_held), 0, 0],
+            gelu: gelu_params(gelu),
             ..Default::default()
         };
         let items = if coded { n.div_ceil(2) } else { n };
         step(StepOp::AddInto, params, Some(items))
+    }
+
+    /// `StepParams::gelu` of an add's GELU (its format, and whether stored as codes), or of
+    /// none.
+    fn gelu_params(gelu: Option<(Format, bool)>) -> [u32; 4] {
+        match gelu {
+            Some((format, coded)) => [1, format_id(format), coded as u32, 0],
+            None => [0; 4],
+        }
     }
 
     pub fn strided_copy(map: &Strided) -> StepLaunch {
