@@ -456,6 +456,11 @@ impl Op {
                 )
             }
             Op::Round { format, .. } => format!("round to {format}"),
+            // Folded adds do more work than an add: say what they took in.
+            Op::Add { gelu: Some(_), .. } => "add + gelu".into(),
+            Op::Add {
+                residual: Some(_), ..
+            } => "add + residual".into(),
             op => op.name().into(),
         }
     }
