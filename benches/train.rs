@@ -32,6 +32,7 @@ fn main() {
         steps: if measuring { 20 } else { 1 },
         seed: 1,
         attention: None,
+        graphs: None,
         profile: 0,
     };
     let mut records = Vec::new();

@@ -174,6 +174,9 @@ pub struct TrainBench {
     pub seed: u64,
     /// Attention fused or not (`TrainOptions::fused_attention`; None: as the backend prefers).
     pub attention: Option<bool>,
+    /// Sections recorded and replayed or not (`TrainOptions::graphs`; None: the executor's
+    /// default).
+    pub graphs: Option<bool>,
     /// Steps run after the timed ones with every op timed (`StepProfile`); 0: none.
     pub profile: u32,
 }
@@ -321,6 +324,7 @@ impl TrainBench {
         for &preset in &self.presets {
             let options = TrainOptions {
                 fused_attention: self.attention,
+                graphs: self.graphs,
                 ..TrainOptions::new(self.config.clone(), preset, self.seed)
             };
             let mut trainer = Trainer::new(backend, corpus, options)?;

@@ -381,7 +381,7 @@ fn bad_arguments_exit_2_naming_the_flag() {
     let short = dir.path().join("short.txt");
     std::fs::write(&short, "abcdefghij".repeat(20)).unwrap();
     let short = short.to_str().unwrap();
-    let cases: [(&[&str], &str); 9] = [
+    let cases: [(&[&str], &str); 10] = [
         (
             &[
                 "train", "--corpus", short, "--config", "small", "--steps", "1", "--out", out,
@@ -447,6 +447,10 @@ fn bad_arguments_exit_2_naming_the_flag() {
             &["sample", "--checkpoint", out, "--temperature", "nan"],
             "--temperature",
         ),
+        (
+            &["train", "--graphs", "maybe", "--steps", "1", "--out", out],
+            "--graphs",
+        ),
     ];
     for (args, flag) in cases {
         let o = mantissa(args);
@@ -456,6 +460,68 @@ fn bad_arguments_exit_2_naming_the_flag() {
         assert_eq!(msg.lines().count(), 1, "{args:?}: one line: {msg}");
     }
     assert!(!Path::new(out).exists(), "nothing was created");
+}
+
+/// `--graphs on` on the host interpreter replays a recording of each section from the second
+/// step and trains the losses of `--graphs off`, bit for bit; wgpu, which records nothing,
+/// refuses it before it writes anything.
+#[test]
+fn graphs_on_trains_as_off_and_wgpu_refuses_it() {
+    let train = |backend: &str, graphs: &str, out: &Path| {
+        mantissa(&[
+            "train",
+            "--config",
+            "tiny",
+            "--backend",
+            backend,
+            "--steps",
+            "3",
+            "--eval-batches",
+            "1",
+            "--precision",
+            "16-mixed",
+            "--graphs",
+            graphs,
+            "--out",
+            out.to_str().unwrap(),
+        ])
+    };
+    let losses = |dir: &Path| -> Vec<u64> {
+        let log: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("train.json")).unwrap())
+                .unwrap();
+        let steps = log[0]["steps"].as_array().unwrap().clone();
+        steps
+            .iter()
+            .map(|s| s["loss"].as_f64().unwrap().to_bits())
+            .collect()
+    };
+    let (on, off) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let o = train("reference", "on", on.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("replayed as a recording from the second step"),
+        "{}",
+        text(&o)
+    );
+    let o = train("reference", "off", off.path());
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("recording"), "{}", text(&o));
+    assert_eq!(losses(on.path()).len(), 3);
+    assert_eq!(losses(on.path()), losses(off.path()));
+    common::on(
+        common::wgpu(),
+        "cli::graphs_on_trains_as_off_and_wgpu_refuses_it (wgpu)",
+        |_| {
+            let dir = tempfile::tempdir().unwrap();
+            let out = dir.path().join("never");
+            let o = train("wgpu", "on", &out);
+            assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+            assert!(text(&o).contains("record sections"), "{}", text(&o));
+            let written: Vec<_> = std::fs::read_dir(&out).map_or(vec![], |d| d.collect());
+            assert!(written.is_empty(), "wrote {written:?}");
+        },
+    );
 }
 
 /// Exit codes that tell the truth about training: one preset that stops is a failed run (exit 4,

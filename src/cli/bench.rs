@@ -8,7 +8,7 @@ use crate::backend::{self, BackendChoice, Operands};
 use crate::bench::{MatmulBench, MatmulRecord, StepProfile, TrainBench, TrainRecord};
 use crate::error::{Error, Result};
 use crate::policy::Preset;
-use crate::train::{Corpus, GptConfig, attention_choice};
+use crate::train::{Corpus, GptConfig, attention_choice, graphs_choice};
 use pollster::FutureExt as _;
 use std::path::PathBuf;
 
@@ -58,6 +58,12 @@ struct TrainArgs {
     /// fused or unfused to compare them.
     #[arg(long, default_value = "auto")]
     attention: String,
+    /// auto: the executor's default (CUDA: a CUDA graph where MANTISSA_CUDA_GRAPH=on; the host
+    /// interpreter: off); on: each section of the step recorded at its second run and replayed
+    /// from then on (a CUDA graph; the host interpreter's model of one); off: launched op by op.
+    /// wgpu records nothing and refuses on.
+    #[arg(long, default_value = "auto")]
+    graphs: String,
     /// After the timed steps, run three more with every op timed, and print where a step's
     /// time goes (by part of the step and by op; every op in the JSON).
     #[arg(long)]
@@ -156,6 +162,7 @@ fn train(args: TrainArgs) -> Result<()> {
         steps: args.steps,
         seed: args.seed,
         attention: attention_choice(&args.attention)?,
+        graphs: graphs_choice(&args.graphs)?,
         profile: if args.profile { PROFILED_STEPS } else { 0 },
     };
     let mut records: Vec<TrainRecord> = Vec::new();

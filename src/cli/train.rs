@@ -10,6 +10,7 @@ use crate::plan::exec::{Memory, Reduced};
 use crate::policy::{PrecisionClass, Preset};
 use crate::train::{
     Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer, attention_choice,
+    graphs_choice,
 };
 use pollster::FutureExt as _;
 use std::path::PathBuf;
@@ -103,6 +104,12 @@ pub struct TrainArgs {
     /// either way).
     #[arg(long, default_value = "auto")]
     attention: String,
+    /// auto: the executor's default (CUDA: a CUDA graph where MANTISSA_CUDA_GRAPH=on; the host
+    /// interpreter: off); on: each section of the step recorded at its second run and replayed
+    /// from then on (a CUDA graph; the host interpreter's model of one); off: launched op by op.
+    /// wgpu records nothing and refuses on.
+    #[arg(long, default_value = "auto")]
+    graphs: String,
 }
 
 #[derive(clap::Args)]
@@ -238,6 +245,7 @@ struct Setup {
     resume: Option<Checkpoint>,
     memory_limit: Option<u64>,
     fused_attention: Option<bool>,
+    graphs: Option<bool>,
 }
 
 /// Everything before the first step, on every rank, in phases the ranks agree on (so that a
@@ -352,6 +360,7 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         .map(|m| parse_bytes("--memory-limit", m))
         .transpose()?;
     let fused_attention = attention_choice(&args.attention)?;
+    let graphs = graphs_choice(&args.graphs)?;
     corpus
         .check_context(config.block_size)
         .map_err(|e| Error::file(&args.corpus, e))?;
@@ -371,6 +380,7 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         resume: None,
         memory_limit,
         fused_attention,
+        graphs,
     })
 }
 
@@ -459,7 +469,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             memory_limit: setup.memory_limit,
             fused_attention: setup.fused_attention,
             coded_activations: None,
-            graphs: None,
+            graphs: setup.graphs,
         };
         // Every rank builds its plan (its device may run out of memory): agreed.
         let built = Trainer::data_parallel(backend, corpus, options, group, setup.reduction)

@@ -184,7 +184,8 @@ pub trait StepExecutor: Send {
         match on {
             true => Err(Error::invalid(
                 "graphs",
-                format!("{} records no sections to replay", self.describe()),
+                "only CUDA's executor and the host interpreter record sections to replay; this \
+                 one submits each step as it is (graphs auto or off)",
             )),
             false => Ok(()),
         }

@@ -15,4 +15,4 @@ pub mod trainer;
 pub use checkpoint::Checkpoint;
 pub use data::Corpus;
 pub use model::{Gpt, GptConfig};
-pub use trainer::{StepRecord, TrainOptions, TrainState, Trainer, attention_choice};
+pub use trainer::{StepRecord, TrainOptions, TrainState, Trainer, attention_choice, graphs_choice};

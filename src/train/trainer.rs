@@ -78,14 +78,24 @@ impl TrainOptions {
 
 /// `--attention`: auto (None: fused where the backend has a kernel for it), fused or unfused.
 pub fn attention_choice(name: &str) -> Result<Option<bool>> {
+    auto_or(name, "attention (--attention)", ["fused", "unfused"])
+}
+
+/// `--graphs`: auto (None: the executor's default, `TrainOptions::graphs`), on or off.
+pub fn graphs_choice(name: &str) -> Result<Option<bool>> {
+    auto_or(name, "graphs (--graphs)", ["on", "off"])
+}
+
+/// "auto" (None), or one of two names (Some(true) for the first).
+fn auto_or(name: &str, kind: &'static str, [yes, no]: [&str; 2]) -> Result<Option<bool>> {
     match name.trim() {
         "auto" => Ok(None),
-        "fused" => Ok(Some(true)),
-        "unfused" => Ok(Some(false)),
+        n if n == yes => Ok(Some(true)),
+        n if n == no => Ok(Some(false)),
         other => Err(Error::UnknownName {
-            kind: "attention (--attention)",
+            kind,
             given: other.into(),
-            valid: ["auto", "fused", "unfused"].map(String::from).to_vec(),
+            valid: ["auto", yes, no].map(String::from).to_vec(),
         }),
     }
 }
