@@ -18,6 +18,11 @@ fn mantissa(args: &[&str]) -> Output {
         .expect("run mantissa")
 }
 
+/// The train.json `mantissa train` wrote into `dir`.
+fn train_log(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("train.json")).unwrap()).unwrap()
+}
+
 fn text(o: &Output) -> String {
     format!(
         "{}{}",
@@ -487,9 +492,7 @@ fn graphs_on_trains_as_off_and_wgpu_refuses_it() {
         ])
     };
     let losses = |dir: &Path| -> Vec<u64> {
-        let log: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("train.json")).unwrap())
-                .unwrap();
+        let log = train_log(dir);
         let steps = log[0]["steps"].as_array().unwrap().clone();
         steps
             .iter()
@@ -547,9 +550,7 @@ fn a_stopped_run_exits_4_naming_its_step() {
         mantissa(&args)
     };
     let stopped_at = |o: &Output| -> u32 {
-        let log: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.path().join("train.json")).unwrap())
-                .unwrap();
+        let log = train_log(dir.path());
         let at = log[0]["stopped_at"]
             .as_u64()
             .unwrap_or_else(|| panic!("{}", text(o)));
@@ -643,9 +644,7 @@ fn a_training_step_takes_little_beyond_its_plan() {
             dir.path().to_str().unwrap(),
         ]);
         assert!(o.status.success(), "{}", text(&o));
-        let log: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.path().join("train.json")).unwrap())
-                .unwrap();
+        let log = train_log(dir.path());
         let runs = log.as_array().unwrap();
         assert_eq!(runs.len(), 6);
         for run in runs {
@@ -709,9 +708,7 @@ fn a_plan_over_the_memory_limit_stops_before_allocating_and_names_a_batch_that_f
         // The batch it names fits, and trains.
         let o = train(&["--memory-limit", "4MiB", "--batch", "4"]);
         assert!(o.status.success(), "{backend}: {}", text(&o));
-        let log: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(out.join("train.json")).unwrap())
-                .unwrap();
+        let log = train_log(&out);
         let plan = log[0]["memory"]["plan_bytes"].as_u64().unwrap();
         assert!(plan <= 4 << 20, "{backend}: {plan} bytes");
     };
