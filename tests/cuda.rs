@@ -171,6 +171,8 @@ fn cuda_cast_kernels_match_the_host_reference() {
     values.extend(measure::random_bits(20_000, seed));
     values.extend(measure::wide_range(5_000, seed + 1));
     values.extend(measure::normal(5_000, seed + 2));
+    // NaNs whose payload lies in the bits bf16 drops (rounding them as numbers gives inf).
+    values.extend([0x7f80_0001u32, 0xff80_0001, 0x7f80_7fff, 0x7f80_8000].map(f32::from_bits));
     let input = bits(&values);
     for f in Format::ALL {
         for overflow in [Overflow::Standard, Overflow::Saturate] {
@@ -234,132 +236,136 @@ fn cuda_cast_kernels_match_the_host_reference() {
 fn cuda_fp8_scaling_kernels_match_the_host_reference() {
     let Some(h) = harness() else { return };
     let seed = common::seed("cuda_fp8_scaling_kernels_match_the_host_reference");
-    // A batch of 2 matrices of 7 x 13 (row-major), with extremes and non-finite values.
-    let (batch, rows, cols) = (2usize, 7usize, 13usize);
-    let mut x = measure::wide_range(batch * rows * cols, seed);
-    x[3] = f32::INFINITY;
-    x[20] = f32::NAN;
-    x[40] = 1e-42; // subnormal
-    x[100] = -f32::MAX;
-    for row in 8..10 {
-        for c in 0..cols {
-            x[row * cols + c] = if c == 5 { 1e-41 } else { 0.0 };
-        }
-    }
-    let batch_len = (rows * cols) as u32;
-    // (div, modulus, groups per batch, group of element e): per row, per column, per tensor.
-    type Layout<'a> = (u32, u32, u32, Box<dyn Fn(usize) -> usize + 'a>);
-    let layouts: [Layout<'_>; 3] = [
-        (
-            cols as u32,
-            rows as u32,
-            rows as u32,
-            Box::new(|e| e / cols),
-        ),
-        (
-            1,
-            cols as u32,
-            cols as u32,
-            Box::new(move |e| (e / (rows * cols)) * cols + e % cols),
-        ),
-        (batch_len, 1, 1, Box::new(move |e| e / (rows * cols))),
-    ];
-    for (div, modulus, per_batch, group) in layouts {
-        let groups = batch * per_batch as usize;
-        let args = [batch_len, div, modulus, per_batch, groups as u32].map(|v| v.to_string());
-        let amax = run(h, "amax", &args, &bits(&x));
-        for (g, got) in amax.iter().enumerate() {
-            let want = format::amax((0..x.len()).filter(|&e| group(e) == g).map(|e| x[e]));
-            assert_eq!(
-                f32::from_bits(*got),
-                want,
-                "amax of group {g} ({div}, {modulus})"
-            );
-        }
-        for f in [Format::E4m3, Format::E5m2] {
-            let scales = run(h, "scale_from_amax", &[f.max().to_string()], &amax);
-            let scales: Vec<f32> = scales.into_iter().map(f32::from_bits).collect();
-            for (a, s) in amax.iter().zip(&scales) {
-                let want = format::scale_for_amax(f32::from_bits(*a), f);
-                assert_eq!(s.to_bits(), want.to_bits(), "scale of amax {a:#x} for {f}");
+    // Batches of 2 matrices of 7 x 13 (row-major; the kernels read them one value at a time)
+    // and of 8 x 12 (four at a time), with extremes and non-finite values.
+    for (batch, rows, cols) in [(2usize, 7usize, 13usize), (2, 8, 12)] {
+        let mut x = measure::wide_range(batch * rows * cols, seed);
+        x[3] = f32::INFINITY;
+        x[20] = f32::NAN;
+        x[40] = 1e-42; // subnormal
+        x[100] = -f32::MAX;
+        for row in 8..10 {
+            for c in 0..cols {
+                x[row * cols + c] = if c == 5 { 1e-41 } else { 0.0 };
             }
-            let mut input = bits(&x);
-            input.extend(bits(&scales));
-            let q = run(
-                h,
-                "quantize_to_f16",
-                &[
-                    &format_id(f),
-                    &args[0],
-                    &args[1],
-                    &args[2],
-                    &args[3],
-                    &args[4],
-                ]
-                .map(|s| s.to_string()),
-                &input,
-            );
-            for (e, v) in x.iter().enumerate() {
-                let got = Format::F16.decode(q[e]);
-                let want = format::quantize_scaled(*v, scales[group(e)], f);
-                assert!(
-                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                    "quantize {f} {v:e} * {}: {got:e}, host {want:e}",
-                    scales[group(e)]
+        }
+        let batch_len = (rows * cols) as u32;
+        // (div, modulus, groups per batch, group of element e): per row, per column, per tensor.
+        type Layout<'a> = (u32, u32, u32, Box<dyn Fn(usize) -> usize + 'a>);
+        let layouts: [Layout<'_>; 3] = [
+            (
+                cols as u32,
+                rows as u32,
+                rows as u32,
+                Box::new(|e| e / cols),
+            ),
+            (
+                1,
+                cols as u32,
+                cols as u32,
+                Box::new(move |e| (e / (rows * cols)) * cols + e % cols),
+            ),
+            (batch_len, 1, 1, Box::new(move |e| e / (rows * cols))),
+        ];
+        for (div, modulus, per_batch, group) in layouts {
+            let groups = batch * per_batch as usize;
+            let args = [batch_len, div, modulus, per_batch, groups as u32].map(|v| v.to_string());
+            let amax = run(h, "amax", &args, &bits(&x));
+            for (g, got) in amax.iter().enumerate() {
+                let want = format::amax((0..x.len()).filter(|&e| group(e) == g).map(|e| x[e]));
+                assert_eq!(
+                    f32::from_bits(*got),
+                    want,
+                    "amax of group {g} ({div}, {modulus})"
                 );
             }
-            // The same values as fp8 bytes in cuBLASLt's layout (src/backend/cuda/fp8.rs), the
-            // operand taken as A and as B, stored plain and transposed: each element at its
-            // place (row i of A, column j of B contiguous in K), the padding zero.
-            for (as_a, transposed) in [(true, false), (true, true), (false, false), (false, true)] {
-                let (m_or_n, k) = if as_a == transposed {
-                    (cols, rows)
-                } else {
-                    (rows, cols)
-                };
-                let g = cuda::fp8::Fp8Gemm {
-                    m: m_or_n,
-                    n: m_or_n,
-                    k,
-                    padded_k: k.div_ceil(cuda::fp8::K_ALIGN) * cuda::fp8::K_ALIGN,
-                    batch,
-                    a: f,
-                    b: f,
-                };
-                let p = if as_a {
-                    g.a_placement(transposed)
-                } else {
-                    g.b_placement(transposed)
-                };
-                assert_eq!((p.rows, p.cols), (rows, cols));
-                let len = batch * p.batch_stride;
-                let mut fp8_args = args.to_vec();
-                fp8_args.insert(0, format_id(f));
-                fp8_args.extend(strings(&[
-                    rows,
-                    cols,
-                    p.batch_stride,
-                    p.row_stride,
-                    p.col_stride,
-                    len,
-                ]));
-                let bytes = run(h, "quantize_to_fp8", &fp8_args, &input);
-                let mut placed = vec![false; len];
-                for e in 0..x.len() {
-                    let (b, r, c) = (e / (rows * cols), e % (rows * cols) / cols, e % cols);
-                    let at = b * p.batch_stride + r * p.row_stride + c * p.col_stride;
-                    placed[at] = true;
-                    let (got, want) = (f.decode(bytes[at]), Format::F16.decode(q[e]));
+            for f in [Format::E4m3, Format::E5m2] {
+                let scales = run(h, "scale_from_amax", &[f.max().to_string()], &amax);
+                let scales: Vec<f32> = scales.into_iter().map(f32::from_bits).collect();
+                for (a, s) in amax.iter().zip(&scales) {
+                    let want = format::scale_for_amax(f32::from_bits(*a), f);
+                    assert_eq!(s.to_bits(), want.to_bits(), "scale of amax {a:#x} for {f}");
+                }
+                let mut input = bits(&x);
+                input.extend(bits(&scales));
+                let q = run(
+                    h,
+                    "quantize_to_f16",
+                    &[
+                        &format_id(f),
+                        &args[0],
+                        &args[1],
+                        &args[2],
+                        &args[3],
+                        &args[4],
+                    ]
+                    .map(|s| s.to_string()),
+                    &input,
+                );
+                for (e, v) in x.iter().enumerate() {
+                    let got = Format::F16.decode(q[e]);
+                    let want = format::quantize_scaled(*v, scales[group(e)], f);
                     assert!(
                         got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                        "fp8 byte of {f} {:e} (A {as_a}, transposed {transposed}): {got:e}, f16 path {want:e}",
-                        x[e]
+                        "quantize {f} {v:e} * {}: {got:e}, host {want:e}",
+                        scales[group(e)]
                     );
                 }
-                assert!(
-                    placed.iter().zip(&bytes).all(|(&p, &b)| p || b == 0),
-                    "padding of {f} (A {as_a}, transposed {transposed}) is not zero"
-                );
+                // The same values as fp8 bytes in cuBLASLt's layout (src/backend/cuda/fp8.rs), the
+                // operand taken as A and as B, stored plain and transposed: each element at its
+                // place (row i of A, column j of B contiguous in K), the padding zero.
+                for (as_a, transposed) in
+                    [(true, false), (true, true), (false, false), (false, true)]
+                {
+                    let (m_or_n, k) = if as_a == transposed {
+                        (cols, rows)
+                    } else {
+                        (rows, cols)
+                    };
+                    let g = cuda::fp8::Fp8Gemm {
+                        m: m_or_n,
+                        n: m_or_n,
+                        k,
+                        padded_k: k.div_ceil(cuda::fp8::K_ALIGN) * cuda::fp8::K_ALIGN,
+                        batch,
+                        a: f,
+                        b: f,
+                    };
+                    let p = if as_a {
+                        g.a_placement(transposed)
+                    } else {
+                        g.b_placement(transposed)
+                    };
+                    assert_eq!((p.rows, p.cols), (rows, cols));
+                    let len = batch * p.batch_stride;
+                    let mut fp8_args = args.to_vec();
+                    fp8_args.insert(0, format_id(f));
+                    fp8_args.extend(strings(&[
+                        rows,
+                        cols,
+                        p.batch_stride,
+                        p.row_stride,
+                        p.col_stride,
+                        len,
+                    ]));
+                    let bytes = run(h, "quantize_to_fp8", &fp8_args, &input);
+                    let mut placed = vec![false; len];
+                    for e in 0..x.len() {
+                        let (b, r, c) = (e / (rows * cols), e % (rows * cols) / cols, e % cols);
+                        let at = b * p.batch_stride + r * p.row_stride + c * p.col_stride;
+                        placed[at] = true;
+                        let (got, want) = (f.decode(bytes[at]), Format::F16.decode(q[e]));
+                        assert!(
+                            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                            "fp8 byte of {f} {:e} (A {as_a}, transposed {transposed}): {got:e}, f16 path {want:e}",
+                            x[e]
+                        );
+                    }
+                    assert!(
+                        placed.iter().zip(&bytes).all(|(&p, &b)| p || b == 0),
+                        "padding of {f} (A {as_a}, transposed {transposed}) is not zero"
+                    );
+                }
             }
         }
     }
@@ -405,6 +411,52 @@ fn cuda_unscale_is_the_quotient_by_both_scales() {
             ((got - want).abs() as f64) <= 2.0 * ulp as f64,
             "{acc:e} / ({sa:e} * {sb:e}): {got:e}, want {want:e}"
         );
+    }
+}
+
+/// The descale of an fp8 product divides each element of C by its row's scale of A and its
+/// column's of B (tensorwise: one of each per batch), as `unscale` does: the same bits, read
+/// four at a time (rows of 8) and one at a time (rows of 7, and a buffer off its alignment).
+#[test]
+fn cuda_descale_divides_each_element_by_its_scales() {
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_descale_divides_each_element_by_its_scales");
+    for (batch, rows, cols) in [(2usize, 5usize, 8usize), (3, 3, 7)] {
+        let n = batch * rows * cols;
+        let mut c = measure::wide_range(n, seed);
+        c[1] = f32::INFINITY;
+        c[6] = f32::NAN;
+        for rowwise in [false, true] {
+            let (a_groups, b_groups) = if rowwise { (rows, cols) } else { (1, 1) };
+            let scale = |len: usize, s: u64| -> Vec<f32> {
+                measure::wide_range(len, s)
+                    .into_iter()
+                    .map(|v| format::scale_for_amax(v.abs(), Format::E4m3))
+                    .collect()
+            };
+            let (sa, sb) = (
+                scale(batch * a_groups, seed + 1),
+                scale(batch * b_groups, seed + 2),
+            );
+            let args = strings(&[n, rows, cols, a_groups, b_groups, sa.len()]);
+            let got = run_f32(h, "descale", &args, &[&c, &sa, &sb]);
+            let triples: Vec<f32> = (0..n)
+                .flat_map(|e| {
+                    let (t, i, j) = (e / (rows * cols), e / cols % rows, e % cols);
+                    let i = if rowwise { i } else { 0 };
+                    let j = if rowwise { j } else { 0 };
+                    [c[e], sa[t * a_groups + i], sb[t * b_groups + j]]
+                })
+                .collect();
+            let want = run(h, "unscale", &[], &bits(&triples));
+            for e in 0..n {
+                assert_eq!(
+                    got[e].to_bits(),
+                    want[e],
+                    "{batch}x{rows}x{cols} rowwise {rowwise}, element {e}"
+                );
+            }
+        }
     }
 }
 

@@ -678,7 +678,9 @@ fn round(
     // SAFETY: round_to writes all `len` values.
     let mut out = unsafe { cb.uninit::<f32>(len)? };
     let (n, fmt) = (len as i64, format_id(format));
-    launch_1d!(cb, Module::Cast, "round_to", len; x, &mut out, &n, &fmt)?;
+    if len > 0 {
+        launch!(cb, Module::Cast, "round_to", config_convert(cb, len); x, &mut out, &n, &fmt)?;
+    }
     Ok(out)
 }
 
@@ -691,8 +693,38 @@ fn encode_16(
     // SAFETY: encode_16 writes all `len` values.
     let mut out = unsafe { cb.uninit::<u16>(len)? };
     let (n, fmt) = (len as i64, format_id(format));
-    launch_1d!(cb, Module::Cast, "encode_16", len; x, &mut out, &n, &fmt)?;
+    if len > 0 {
+        launch!(cb, Module::Cast, "encode_16", config_convert(cb, len); x, &mut out, &n, &fmt)?;
+    }
     Ok(out)
+}
+
+/// Threads of a block of the conversion kernels.
+const THREADS: usize = 256;
+
+/// Blocks of `THREADS` the device keeps resident at once (2048 threads per multiprocessor on
+/// every architecture the backend runs on, 1536 on 8.6 and 8.9): a grid that strides over its
+/// elements with these keeps every multiprocessor busy without launching idle blocks.
+fn resident_blocks(cb: &CudaBackend) -> usize {
+    let per_sm = match cb.info.compute_capability {
+        (8, 6) | (8, 9) => 6,
+        _ => 8,
+    };
+    cb.info.multiprocessors.max(1) as usize * per_sm
+}
+
+/// The launch of an elementwise conversion over `n` elements read four at a time: a
+/// grid-stride loop over as many blocks as the device keeps resident, fewer for small `n`.
+fn config_convert(cb: &CudaBackend, n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            n.div_ceil(4 * THREADS).clamp(1, resident_blocks(cb)) as u32,
+            1,
+            1,
+        ),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// The fused split-bf16 kernel: one block per 64 x 64 tile of C and batch.
@@ -893,7 +925,9 @@ fn fp8_prepare<'a>(
                 // SAFETY: quantize_to_f16 writes all `len` values.
                 let mut out = unsafe { cb.uninit::<u16>(len)? };
                 let (n, fmt) = (len as i64, format_id(format));
-                launch_1d!(cb, Module::Cast, "quantize_to_f16", len; x, &mut out, &n, &fmt, scales, &g.batch_len, &g.div, &g.modulus, &g.per_batch)?;
+                if len > 0 {
+                    launch!(cb, Module::Cast, "quantize_to_f16", config_convert(cb, len); x, &mut out, &n, &fmt, scales, &g.batch_len, &g.div, &g.modulus, &g.per_batch)?;
+                }
                 Ok::<_, Error>(Held::F16(Codes::Encoded(out)))
             };
             let qa = quantize(a, s.a_len(), fa, &sa, ga)?;
@@ -927,7 +961,7 @@ fn descale(
         true => (rows, cols),
         false => (1, 1),
     };
-    launch_1d!(cb, Module::Scale, "descale", s.c_len(); c, &n, &rows, &cols, &scales.a, &a_groups, &scales.b, &b_groups)
+    launch!(cb, Module::Scale, "descale", config_convert(cb, s.c_len()); c, &n, &rows, &cols, &scales.a, &a_groups, &scales.b, &b_groups)
 }
 
 #[cfg(test)]
