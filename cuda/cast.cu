@@ -1,7 +1,8 @@
 // cast.cu: casts between f32 and the stored formats, the bf16 split, and fp8 quantization with
 // scales. Needs formats.cuh. The CUDA twin of shaders/cast.wgsl and shaders/split.wgsl.
 //
-// The conversions a matmul runs on its operands (round_to, encode_16, quantize_to_f16) move bytes at the memory's speed: f32 in four at a time (16-byte loads)
+// The conversions a matmul runs on its operands (round_to, encode_16, split_planes,
+// quantize_to_f16) move bytes at the memory's speed: f32 in four at a time (16-byte loads)
 // where the buffer allows, codes out four at a time (8-byte stores), over a grid sized to the
 // device (src/backend/cuda/matmul.rs) that strides over the rest; the tail one at a time. The
 // format is a template argument there, so that its rounding folds to a few integer
@@ -77,24 +78,75 @@ extern "C" __global__ void split_bf16(const float* x, u32* planes, i64 n) {
     }
 }
 
-// The bf16 split of a matmul operand laid out for one cuBLAS GEMM per level
-// (src/backend/cuda/split.rs): element (batch, r, c) of the operand, x[batch*sb + r*sr + c*sc],
-// goes to out[batch*ob + r*orow + c*ocol + slot*os] in four planes: h (level 0's factor), h with
-// non-finite values as 0 (the lower levels' factor: their terms use 0 there), m and l. A plane
-// whose slot is 0xffffffff is not written (bf16x3 has no l). n = batches * rows * cols.
-extern "C" __global__ void split_planes(const float* x, u16* out, i64 n, u32 rows, u32 cols,
-                                        i64 sb, i64 sr, i64 sc, i64 ob, i64 orow, i64 ocol,
-                                        i64 os, u32 slot_h, u32 slot_hf, u32 slot_m,
-                                        u32 slot_l) {
-    FOR_EACH(e, n) {
-        i64 per = (i64)rows * cols, batch = e / per, r = (e % per) / cols, c = e % cols;
-        Split s = split_bf16_one(x[batch * sb + r * sr + c * sc]);
-        u16* o = out + batch * ob + r * orow + c * ocol;
-        const u32 slots[4] = {slot_h, slot_hf, slot_m, slot_l};
-        const u32 codes[4] = {s.h, finite_h(s), s.m, s.l};
-        for (int p = 0; p < 4; p++) {
-            if (slots[p] != 0xffffffffu) o[slots[p] * os] = (u16)codes[p];
+// One operand of `split_planes` (src/backend/cuda/matmul.rs passes it by value): element
+// (batch, r, c) of a batches x rows x cols operand, x[batch*sb + r*sr + c*sc], goes to
+// out[batch*ob + r*orow + c + slot*os] in four planes: h (level 0's factor), h with
+// non-finite values as 0 (the lower levels' factor: their terms use 0 there), m and l, their
+// slots in `slots`; 0xffffffff: the plane is not written (bf16x3 has no l).
+struct SplitOperand {
+    const float* x;
+    u16* out;
+    i64 sb, sr, sc;
+    i64 ob, orow, os;
+    u32 batches, rows, cols;
+    u32 slots[4];
+};
+
+// The four plane codes of x: h, h', m, l.
+__device__ __forceinline__ void plane_codes(float x, u32 codes[4]) {
+    Split s = split_bf16_one(x);
+    codes[0] = s.h;
+    codes[1] = finite_h(s);
+    codes[2] = s.m;
+    codes[3] = s.l;
+}
+
+// Splits row `line` (over batches and rows) of `o`, its columns shared out over the x
+// dimension of the grid and the block: four at a time where the row and the planes allow it.
+__device__ __forceinline__ void split_line(const SplitOperand& o, i64 line) {
+    i64 batch = line / o.rows, r = line - batch * o.rows;
+    const float* x = o.x + batch * o.sb + r * o.sr;
+    u16* out = o.out + batch * o.ob + r * o.orow;
+    u32 first = blockIdx.x * blockDim.x + threadIdx.x, step = gridDim.x * blockDim.x;
+    bool by4 = o.sc == 1 && o.cols % 4u == 0u && o.sb % 4 == 0 && o.sr % 4 == 0 &&
+               o.ob % 4 == 0 && o.orow % 4 == 0 && o.os % 4 == 0 && aligned(o.x, 16) &&
+               aligned(o.out, 8);
+    if (by4) {
+        for (u32 q = first; q < o.cols / 4u; q += step) {
+            float4 v = ((const float4*)x)[q];
+            u32 c0[4], c1[4], c2[4], c3[4];
+            plane_codes(v.x, c0);
+            plane_codes(v.y, c1);
+            plane_codes(v.z, c2);
+            plane_codes(v.w, c3);
+            for (int p = 0; p < 4; p++) {
+                if (o.slots[p] != 0xffffffffu) {
+                    uint2* plane = (uint2*)(out + o.slots[p] * o.os);
+                    plane[q] = pack4(c0[p], c1[p], c2[p], c3[p]);
+                }
+            }
         }
+        return;
+    }
+    for (u32 c = first; c < o.cols; c += step) {
+        u32 codes[4];
+        plane_codes(x[c * o.sc], codes);
+        for (int p = 0; p < 4; p++) {
+            if (o.slots[p] != 0xffffffffu) out[o.slots[p] * o.os + c] = (u16)codes[p];
+        }
+    }
+}
+
+// The bf16 split of both operands of a matmul, laid out for one cuBLAS GEMM per level
+// (src/backend/cuda/split.rs), in one pass: the y dimensions of the grid and the block stride
+// over the rows of A, then of B, their x dimensions over a row's columns (a block spans
+// several short rows).
+extern "C" __global__ void split_planes(SplitOperand a, SplitOperand b) {
+    i64 lines_a = (i64)a.batches * a.rows, lines = lines_a + (i64)b.batches * b.rows;
+    i64 first = (i64)blockIdx.y * blockDim.y + threadIdx.y, step = (i64)gridDim.y * blockDim.y;
+    for (i64 line = first; line < lines; line += step) {
+        if (line < lines_a) split_line(a, line);
+        else split_line(b, line - lines_a);
     }
 }
 

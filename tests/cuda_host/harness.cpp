@@ -227,6 +227,8 @@ static void write_all(const std::vector<u32>& v) { std::fwrite(v.data(), 4, v.si
 
 static u32 arg(char** argv, int i) { return (u32)std::strtoul(argv[i], nullptr, 10); }
 
+static i64 arg64(char** argv, int i) { return (i64)std::strtoll(argv[i], nullptr, 10); }
+
 // Runs a conversion kernel, kernel(x, out), over a grid of 3 blocks of 32 threads (so that the
 // grid-stride loops and the tails take several turns) on `in` and an output of `out_len` Ts,
 // then again on copies of both one element off their alignment (the one-at-a-time path);
@@ -243,6 +245,23 @@ static std::vector<u32> both_alignments(const std::vector<u32>& in, size_t out_l
         std::exit(3);
     }
     return std::vector<u32>(plain.begin(), plain.begin() + out_len);
+}
+
+// Reads one SplitOperand from argv[i..i+12): ROWS COLS SB SR SC OB OR OS SLOT_H SLOT_HF
+// SLOT_M SLOT_L (the batches and the buffers are the caller's).
+static SplitOperand split_operand(char** argv, int i, u32 batches) {
+    SplitOperand o;
+    o.rows = arg(argv, i);
+    o.cols = arg(argv, i + 1);
+    o.sb = arg64(argv, i + 2);
+    o.sr = arg64(argv, i + 3);
+    o.sc = arg64(argv, i + 4);
+    o.ob = arg64(argv, i + 5);
+    o.orow = arg64(argv, i + 6);
+    o.os = arg64(argv, i + 7);
+    for (int p = 0; p < 4; p++) o.slots[p] = arg(argv, i + 8 + p);
+    o.batches = batches;
+    return o;
 }
 
 static float farg(char** argv, int i) { return std::strtof(argv[i], nullptr); }
@@ -581,14 +600,21 @@ int main(int argc, char** argv) {
     } else if (k == "split_bf16" && argc == 2) {
         out.resize(3 * in.size());
         split_bf16(fin, out.data(), n);
-    } else if (k == "split_planes" && argc == 17) {
-        // ROWS COLS BATCH SB SR SC OB OR OC OS SLOT_H SLOT_HF SLOT_M SLOT_L OUT_LEN
-        u32 rows = arg(argv, 2), cols = arg(argv, 3), batch = arg(argv, 4);
-        std::vector<u16> o16(arg(argv, 16), 0);
-        split_planes(fin, o16.data(), (i64)batch * rows * cols, rows, cols, arg(argv, 5),
-                     arg(argv, 6), arg(argv, 7), arg(argv, 8), arg(argv, 9), arg(argv, 10),
-                     arg(argv, 11), arg(argv, 12), arg(argv, 13), arg(argv, 14), arg(argv, 15));
-        out.assign(o16.begin(), o16.end());
+    } else if (k == "split_planes" && argc == 29) {
+        // BATCH A_LEN_OUT B_LEN_OUT, then A's and B's split_operand (12 each) < a b > A's
+        // planes, B's planes. A grid of 2 x 3 blocks of 8 x 2 threads: rows and columns both
+        // take several turns.
+        u32 batch = arg(argv, 2);
+        SplitOperand a = split_operand(argv, 5, batch), b = split_operand(argv, 17, batch);
+        size_t a_in = (size_t)batch * a.rows * a.cols;
+        std::vector<u16> pa(arg(argv, 3), 0), pb(arg(argv, 4), 0);
+        a.x = fin;
+        b.x = fin + a_in;
+        a.out = pa.data();
+        b.out = pb.data();
+        emu::launch({2, 3, 1}, {8, 2, 1}, [&] { split_planes(a, b); });
+        out.assign(pa.begin(), pa.end());
+        out.insert(out.end(), pb.begin(), pb.end());
     } else if (k == "quantize_to_f16" && argc == 8) {
         // FMT BATCH_LEN DIV MODULUS GROUPS_PER_BATCH GROUPS; the scales are the last GROUPS
         // values of the input.
