@@ -44,6 +44,18 @@ static inline float __uint_as_float(unsigned u) {
     return f;
 }
 static inline float __fmul_rn(float a, float b) { return a * b; }
+// CUDA's vector types, aligned as on the device (the kernels' 16- and 8-byte accesses).
+struct __attribute__((aligned(16))) float4 {
+    float x, y, z, w;
+};
+struct __attribute__((aligned(16))) uint4 {
+    unsigned x, y, z, w;
+};
+struct __attribute__((aligned(8))) uint2 {
+    unsigned x, y;
+};
+static inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 static inline unsigned atomicMax(unsigned* p, unsigned v) {
     unsigned old = *p;
@@ -214,6 +226,43 @@ static std::vector<u32> read_all() {
 static void write_all(const std::vector<u32>& v) { std::fwrite(v.data(), 4, v.size(), stdout); }
 
 static u32 arg(char** argv, int i) { return (u32)std::strtoul(argv[i], nullptr, 10); }
+
+static i64 arg64(char** argv, int i) { return (i64)std::strtoll(argv[i], nullptr, 10); }
+
+// Runs a conversion kernel, kernel(x, out), over a grid of 3 blocks of 32 threads (so that the
+// grid-stride loops and the tails take several turns) on `in` and an output of `out_len` Ts,
+// then again on copies of both one element off their alignment (the one-at-a-time path);
+// exits with an error where the two differ.
+template <typename T, typename F>
+static std::vector<u32> both_alignments(const std::vector<u32>& in, size_t out_len, F kernel) {
+    std::vector<T> plain(out_len + 1, 0), shifted_out(out_len + 1, 0);
+    std::vector<u32> shifted_in(in.size() + 1);
+    std::copy(in.begin(), in.end(), shifted_in.begin() + 1);
+    emu::launch({3, 1, 1}, {32, 1, 1}, [&] { kernel(in.data(), plain.data()); });
+    emu::launch({3, 1, 1}, {32, 1, 1}, [&] { kernel(shifted_in.data() + 1, shifted_out.data() + 1); });
+    if (!std::equal(plain.begin(), plain.begin() + out_len, shifted_out.begin() + 1)) {
+        std::fprintf(stderr, "aligned and unaligned buffers give different results\n");
+        std::exit(3);
+    }
+    return std::vector<u32>(plain.begin(), plain.begin() + out_len);
+}
+
+// Reads one SplitOperand from argv[i..i+12): ROWS COLS SB SR SC OB OR OS SLOT_H SLOT_HF
+// SLOT_M SLOT_L (the batches and the buffers are the caller's).
+static SplitOperand split_operand(char** argv, int i, u32 batches) {
+    SplitOperand o;
+    o.rows = arg(argv, i);
+    o.cols = arg(argv, i + 1);
+    o.sb = arg64(argv, i + 2);
+    o.sr = arg64(argv, i + 3);
+    o.sc = arg64(argv, i + 4);
+    o.ob = arg64(argv, i + 5);
+    o.orow = arg64(argv, i + 6);
+    o.os = arg64(argv, i + 7);
+    for (int p = 0; p < 4; p++) o.slots[p] = arg(argv, i + 8 + p);
+    o.batches = batches;
+    return o;
+}
 
 static float farg(char** argv, int i) { return std::strtof(argv[i], nullptr); }
 
@@ -543,31 +592,40 @@ int main(int argc, char** argv) {
     } else if (k == "decode" && argc == 3) {
         decode(in.data(), out.data(), n, arg(argv, 2));
     } else if (k == "round_to" && argc == 3) {
-        round_to(in.data(), out.data(), n, arg(argv, 2));
+        u32 fmt = arg(argv, 2);
+        out = both_alignments<u32>(in, n, [&](const u32* x, u32* o) { round_to(x, o, n, fmt); });
     } else if (k == "encode_16" && argc == 3) {
-        std::vector<u16> o16(in.size());
-        encode_16(in.data(), o16.data(), n, arg(argv, 2));
-        out.assign(o16.begin(), o16.end());
+        u32 fmt = arg(argv, 2);
+        out = both_alignments<u16>(in, n, [&](const u32* x, u16* o) { encode_16(x, o, n, fmt); });
     } else if (k == "split_bf16" && argc == 2) {
         out.resize(3 * in.size());
         split_bf16(fin, out.data(), n);
-    } else if (k == "split_planes" && argc == 17) {
-        // ROWS COLS BATCH SB SR SC OB OR OC OS SLOT_H SLOT_HF SLOT_M SLOT_L OUT_LEN
-        u32 rows = arg(argv, 2), cols = arg(argv, 3), batch = arg(argv, 4);
-        std::vector<u16> o16(arg(argv, 16), 0);
-        split_planes(fin, o16.data(), (i64)batch * rows * cols, rows, cols, arg(argv, 5),
-                     arg(argv, 6), arg(argv, 7), arg(argv, 8), arg(argv, 9), arg(argv, 10),
-                     arg(argv, 11), arg(argv, 12), arg(argv, 13), arg(argv, 14), arg(argv, 15));
-        out.assign(o16.begin(), o16.end());
+    } else if (k == "split_planes" && argc == 29) {
+        // BATCH A_LEN_OUT B_LEN_OUT, then A's and B's split_operand (12 each) < a b > A's
+        // planes, B's planes. A grid of 2 x 3 blocks of 8 x 2 threads: rows and columns both
+        // take several turns.
+        u32 batch = arg(argv, 2);
+        SplitOperand a = split_operand(argv, 5, batch), b = split_operand(argv, 17, batch);
+        size_t a_in = (size_t)batch * a.rows * a.cols;
+        std::vector<u16> pa(arg(argv, 3), 0), pb(arg(argv, 4), 0);
+        a.x = fin;
+        b.x = fin + a_in;
+        a.out = pa.data();
+        b.out = pb.data();
+        emu::launch({2, 3, 1}, {8, 2, 1}, [&] { split_planes(a, b); });
+        out.assign(pa.begin(), pa.end());
+        out.insert(out.end(), pb.begin(), pb.end());
     } else if (k == "quantize_to_f16" && argc == 8) {
         // FMT BATCH_LEN DIV MODULUS GROUPS_PER_BATCH GROUPS; the scales are the last GROUPS
         // values of the input.
         u32 groups = arg(argv, 7);
         n -= groups;
-        std::vector<u16> o16(n);
-        quantize_to_f16(fin, o16.data(), n, arg(argv, 2), fin + n, arg(argv, 3), arg(argv, 4),
-                        arg(argv, 5), arg(argv, 6));
-        out.assign(o16.begin(), o16.end());
+        std::vector<u32> x(in.begin(), in.begin() + n);
+        const float* scales = fin + n;
+        out = both_alignments<u16>(x, n, [&](const u32* x, u16* o) {
+            quantize_to_f16((const float*)x, o, n, arg(argv, 2), scales, arg(argv, 3),
+                            arg(argv, 4), arg(argv, 5), arg(argv, 6));
+        });
     } else if (k == "quantize_to_fp8" && argc == 14) {
         // FMT BATCH_LEN DIV MODULUS GROUPS_PER_BATCH GROUPS ROWS COLS OB OR OC OUT_LEN; the
         // scales are the last GROUPS values of the input.
@@ -580,10 +638,32 @@ int main(int argc, char** argv) {
         out.assign(o8.begin(), o8.end());
     } else if (k == "amax" && argc == 7) {
         // BATCH_LEN DIV MODULUS GROUPS_PER_BATCH GROUPS
+        // The span's threads read four values each where they can: both ways, the same.
         out.assign(arg(argv, 6), 0u);
-        emu::launch({2, 1, 1}, {16, 1, 1}, [&] {
-            amax(fin, n, out.data(), arg(argv, 2), arg(argv, 3), arg(argv, 4), arg(argv, 5));
-        });
+        std::vector<u32> unaligned(arg(argv, 6), 0u), shifted(in.size() + 1);
+        std::copy(in.begin(), in.end(), shifted.begin() + 1);
+        for (auto [x, bits] : {std::pair{fin, &out}, {(const float*)shifted.data() + 1, &unaligned}}) {
+            emu::launch({2, 1, 1}, {16, 1, 1}, [&] {
+                amax(x, n, bits->data(), arg(argv, 2), arg(argv, 3), arg(argv, 4), arg(argv, 5));
+            });
+        }
+        if (out != unaligned) return 3;
+    } else if (k == "descale" && argc == 8) {
+        // N ROWS COLS A_GROUPS B_GROUPS SA_LEN < c(N) sa(SA_LEN) sb > c, run aligned and one
+        // element off (both must agree)
+        i64 len = arg(argv, 2);
+        u32 rows = arg(argv, 3), cols = arg(argv, 4), ag = arg(argv, 5), bg = arg(argv, 6);
+        const float *sa = fin + len, *sb = sa + arg(argv, 7);
+        std::vector<float> c(fin, fin + len), shifted(len + 1);
+        std::copy(c.begin(), c.end(), shifted.begin() + 1);
+        for (float* y : {c.data(), shifted.data() + 1}) {
+            emu::launch({3, 1, 1}, {32, 1, 1}, [&] { descale(y, len, rows, cols, sa, ag, sb, bg); });
+        }
+        if (!std::equal(c.begin(), c.end(), shifted.begin() + 1, [](float x, float y) {
+                return __float_as_uint(x) == __float_as_uint(y);
+            }))
+            return 3;
+        out = bits_of(c);
     } else if (k == "unscale" && argc == 2) {
         // (acc, sa, sb) triples in; one result each, the rest of `out` zero.
         std::vector<u32> r(in.size(), 0u);
