@@ -679,22 +679,37 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
     return true;
 }
 
-// ---- attention.cu, launched as src/backend/cuda/train.rs does: a block of ATT_ROWS threads per
-// (sequence x head, ATT_ROWS rows); the backward is dq (with delta), then dk, then dv ----
+// ---- attention.cu, launched as src/backend/cuda/train.rs does ----
+// 16-bit inputs (bf16, f16), with P and the products held in f32, bf16 or f16, on the
+// tensor-core kernels: the forward and delta kernels a block of
+// 256 threads per (sequence x head, TC_ROWS rows); the dk/dv kernel a block of 128 per
+// (sequence x head, split), min(ceil(T / TC_KEYS), 4) splits; the dq kernel elementwise over
+// the rows' groups of 4 values. Otherwise the SIMT kernels: a block of ATT_ROWS threads per
+// (sequence x head, ATT_ROWS rows), the backward dq (with delta), then dk, then dv.
 
 typedef void (*AttFwd)(const void*, void*, float*, AttentionArg);
 typedef void (*AttBwdQ)(const void*, const float*, const float*, float*, float*, AttentionArg);
 typedef void (*AttBwdK)(const void*, const float*, const float*, const float*, float*, AttentionArg);
 typedef void (*AttBwdV)(const void*, const float*, const float*, float*, AttentionArg);
+typedef void (*AttMmaDelta)(const void*, const float*, const float*, float*, AttentionArg);
+typedef void (*AttMmaKv)(const void*, const float*, const float*, const float*, float*, float*, AttentionArg);
+typedef void (*AttMmaDq)(const float*, float*, u32, u32, AttentionArg);
 struct AttKernels {
     AttFwd fwd;
     AttBwdQ q;
     AttBwdK k;
     AttBwdV v;
+    AttFwd mma_fwd;
+    AttMmaDelta mma_delta;
+    AttMmaKv mma_kv;
+    AttMmaDq mma_dq;
 };
 
-#define ATT_KERNELS_OF(D) \
-    case D: return {attention_fwd_##D, attention_bwd_q_##D, attention_bwd_k_##D, attention_bwd_v_##D};
+#define ATT_KERNELS_OF(D)                                                                        \
+    case D:                                                                                      \
+        return {attention_fwd_##D,     attention_bwd_q_##D,     attention_bwd_k_##D,            \
+                attention_bwd_v_##D,   attention_mma_fwd_##D,   attention_mma_delta_##D,        \
+                attention_mma_kv_##D,  attention_mma_dq_##D};
 
 static AttKernels attention_kernels(u32 d) {
     switch (d) {
@@ -710,16 +725,22 @@ static AttKernels attention_kernels(u32 d) {
 // attention_fwd B T H D SCALE INPUTS PROBS COMPUTE CODED QKV < qkv > out stats (CODED: out as
 // 16-bit codes of COMPUTE, one to each output word; QKV: the format q|k|v is stored in, its
 // codes one to each input word where it is not f32's)
-// attention_bwd B T H D SCALE INPUTS PROBS COMPUTE CODED QKV < qkv dout stats > dqkv delta
+// attention_bwd B T H D SCALE INPUTS PROBS COMPUTE CODED QKV [POISON] < qkv dout stats > dqkv
+// delta (POISON: what dqkv, delta and dq's partials hold before the kernels run, NaN unless
+// given, so that a value left unwritten or a partial read before it is written shows)
 static bool run_attention(const std::string& k, int argc, char** argv, std::vector<u32>& in,
                           std::vector<u32>& out) {
-    if ((k != "attention_fwd" && k != "attention_bwd") || argc != 12) return false;
+    if (!(k == "attention_fwd" && argc == 12) && !(k == "attention_bwd" && (argc == 12 || argc == 13)))
+        return false;
     u32 b = arg(argv, 2), t = arg(argv, 3), h = arg(argv, 4), d = arg(argv, 5);
     AttentionArg a{t,           h,           farg(argv, 6), arg(argv, 7),
                    arg(argv, 8), arg(argv, 9), arg(argv, 10), arg(argv, 11)};
     AttKernels f = attention_kernels(d);
+    auto held16_knows = [](u32 f) { return f == FMT_F32 || f == FMT_BF16 || f == FMT_F16; };
+    bool mma = (a.inputs == FMT_BF16 || a.inputs == FMT_F16) && held16_knows(a.probs) && held16_knows(a.compute);
     size_t rows = (size_t)b * h * t, n3 = rows * 3 * d, n1 = rows * d;
-    Dim3 grid = {b * h, (t + ATT_ROWS - 1) / ATT_ROWS, 1}, block = {ATT_ROWS, 1, 1};
+    Dim3 simt_grid = {b * h, (t + ATT_ROWS - 1) / ATT_ROWS, 1}, simt_block = {ATT_ROWS, 1, 1};
+    Dim3 mma_grid = {b * h, (t + TC_ROWS - 1) / TC_ROWS, 1}, mma_block = {256, 1, 1};
     Inputs input{in};
     u32* qkv_words = input.u(n3);
     std::vector<unsigned short> qkv_codes(qkv_words, qkv_words + n3);
@@ -728,20 +749,80 @@ static bool run_attention(const std::string& k, int argc, char** argv, std::vect
         std::vector<float> y(n1), st(2 * rows);
         std::vector<unsigned short> codes(n1);
         void* dst = a.coded ? (void*)codes.data() : (void*)y.data();
-        emu::launch(grid, block, [&] { f.fwd(qkv, dst, st.data(), a); });
+        if (mma) emu::launch(mma_grid, mma_block, [&] { f.mma_fwd(qkv, dst, st.data(), a); });
+        else emu::launch(simt_grid, simt_block, [&] { f.fwd(qkv, dst, st.data(), a); });
         out = a.coded ? std::vector<u32>(codes.begin(), codes.end()) : bits_of(y);
         std::vector<u32> stats = bits_of(st);
         out.insert(out.end(), stats.begin(), stats.end());
     } else {
         float *dout = input.f(n1), *st = input.f(2 * rows);
-        // Poisoned, so that a third of dqkv left unwritten shows.
-        std::vector<float> dqkv(n3, std::nanf("")), delta(rows);
-        emu::launch(grid, block, [&] { f.q(qkv, dout, st, delta.data(), dqkv.data(), a); });
-        emu::launch(grid, block, [&] { f.k(qkv, dout, st, delta.data(), dqkv.data(), a); });
-        emu::launch(grid, block, [&] { f.v(qkv, dout, st, dqkv.data(), a); });
+        float poison = argc == 13 ? farg(argv, 12) : std::nanf("");
+        std::vector<float> dqkv(n3, poison), delta(rows, poison);
+        if (mma) {
+            u32 splits = std::min<u32>((t + TC_KEYS - 1) / TC_KEYS, 4);
+            std::vector<float> part((size_t)splits * n1, poison);
+            emu::launch(mma_grid, mma_block, [&] { f.mma_delta(qkv, dout, st, delta.data(), a); });
+            emu::launch({b * h, splits, 1}, {128, 1, 1},
+                        [&] { f.mma_kv(qkv, dout, st, delta.data(), dqkv.data(), part.data(), a); });
+            emu::launch(elementwise_grid(n1 / 4), {ELEMENT_THREADS, 1, 1},
+                        [&] { f.mma_dq(part.data(), dqkv.data(), (u32)rows, splits, a); });
+        } else {
+            emu::launch(simt_grid, simt_block, [&] { f.q(qkv, dout, st, delta.data(), dqkv.data(), a); });
+            emu::launch(simt_grid, simt_block, [&] { f.k(qkv, dout, st, delta.data(), dqkv.data(), a); });
+            emu::launch(simt_grid, simt_block, [&] { f.v(qkv, dout, st, dqkv.data(), a); });
+        }
         dqkv.insert(dqkv.end(), delta.begin(), delta.end());
         out = bits_of(dqkv);
     }
+    return true;
+}
+
+// warp_check FMT < a (16 x 16) b (16 x 8) c (16 x 8) > d d: the warp's emulated instructions
+// against their definition, the matrix product, as attention.cu uses them. One warp copies A,
+// B^T (rows n; its rows 8..15 zero-filled) and B (rows k; its right half zero) from their codes
+// in FMT (bf16 or f16) into swizzled shared tiles by cp.async, takes A's fragments by ldmatrix,
+// and computes A B + C with mma.sync twice: B read n-major (mma_nt: ldmatrix) and k-major
+// (mma_nn: ldmatrix .trans). A product's second n-tile (B's zero half) must stay zero; a value
+// there makes its row NaN.
+static bool run_warp_check(const std::string& k, int argc, char** argv, std::vector<u32>& in,
+                           std::vector<u32>& out) {
+    if (k != "warp_check" || argc != 3) return false;
+    u32 fmt = arg(argv, 2);
+    Inputs input{in};
+    float *fa = input.f(256), *fb = input.f(128), *fc = input.f(128);
+    std::vector<unsigned short> ga(256), gbt(128), gb(256, 0);
+    for (u32 i = 0; i < 256; i++) ga[i] = (unsigned short)code16(fa[i], fmt);
+    for (u32 kk = 0; kk < 16; kk++)
+        for (u32 n = 0; n < 8; n++) {
+            gbt[16 * n + kk] = (unsigned short)code16(fb[8 * kk + n], fmt);
+            gb[16 * kk + n] = (unsigned short)code16(fb[8 * kk + n], fmt);
+        }
+    std::vector<float> d(2 * 128);
+    emu::launch({1, 1, 1}, {32, 1, 1}, [&] {
+        __shared__ __align__(16) u16 sa[256], sbt[256], sb[256];
+        u32 lane = threadIdx.x;
+        u16* chunk[3] = {sa + swz<16>(lane / 2, lane % 2), sbt + swz<16>(lane / 2, lane % 2),
+                         sb + swz<16>(lane / 2, lane % 2)};
+        cp_async16(chunk[0], ga.data() + 8 * lane, true);
+        cp_async16(chunk[1], gbt.data() + 8 * (lane % 16), lane < 16);
+        cp_async16(chunk[2], gb.data() + 8 * lane, true);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        u32 af[1][4];
+        load_a<16>(af, sa, 0, lane);
+        float c[2][2][4] = {};
+        for (u32 w = 0; w < 2; w++)
+            for (u32 e = 0; e < 4; e++) c[w][0][e] = fc[8 * (lane / 4 + 8 * (e / 2)) + acc_col(0, e, lane)];
+        mma_nt<16, 2>(c[0], af, sbt, lane, fmt == FMT_F16);
+        mma_nn<16, 2>(c[1], af, sb, lane, fmt == FMT_F16);
+        for (u32 w = 0; w < 2; w++)
+            for (u32 e = 0; e < 4; e++) {
+                u32 at = 128 * w + 8 * (lane / 4 + 8 * (e / 2)) + acc_col(0, e, lane);
+                d[at] = c[w][1][e] == 0.0f ? c[w][0][e] : std::nanf("");
+            }
+    });
+    out = bits_of(d);
     return true;
 }
 
@@ -762,6 +843,8 @@ int main(int argc, char** argv) {
         std::vector<u16> o16(in.size());
         encode_16(in.data(), o16.data(), n, arg(argv, 2));
         out.assign(o16.begin(), o16.end());
+    } else if (k == "held16" && argc == 3) {  // FMT: attention.cu's held16, f32, bf16 or f16
+        for (i64 e = 0; e < n; e++) out[e] = __float_as_uint(held16(fin[e], arg(argv, 2)));
     } else if (k == "split_bf16" && argc == 2) {
         out.resize(3 * in.size());
         split_bf16(fin, out.data(), n);
@@ -808,7 +891,8 @@ int main(int argc, char** argv) {
         std::vector<float> s(in.size());
         scale_from_amax(in.data(), s.data(), (u32)n, farg(argv, 2));
         std::memcpy(out.data(), s.data(), 4 * s.size());
-    } else if (!run_train(k, argc, argv, in, out) && !run_attention(k, argc, argv, in, out)) {
+    } else if (!run_train(k, argc, argv, in, out) && !run_attention(k, argc, argv, in, out) &&
+               !run_warp_check(k, argc, argv, in, out)) {
         std::fprintf(stderr, "unknown kernel or arguments: %s\n", k.c_str());
         return 2;
     }
