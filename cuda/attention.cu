@@ -308,7 +308,8 @@ ATTENTION_KERNELS(64)
 //   from the final (max, sum), O += P.V. Key blocks above the diagonal are skipped, the
 //   diagonal ones masked per element.
 // - backward, three kernels: `attention_mma_delta`, the forward's geometry, computes S and
-//   dP = dO.V^T over each row's keys and each row's sum(P * dP) (delta); `attention_mma_kv`, a
+//   dP = dO.V^T over each row's keys and each row's sum(P * dP) (delta), and leaves dO as
+//   codes of the inputs' format for the next kernel to copy by cp.async; `attention_mma_kv`, a
 //   block per (sequence x head, split) with 4 warps of 16 keys, takes key blocks split,
 //   split + splits, ... and for each loops over the query blocks (TC_KV_ROWS rows) at and below
 //   its diagonal: S^T = K.q^T and dP^T = V.dO^T (keys in rows, so that P^T and dS^T are in
@@ -605,10 +606,11 @@ __device__ void attention_mma_fwd(const void* qkv, void* out, float* stats, Atte
 }
 
 // Each row's sum(P * dP) into `delta`: the forward's geometry, S = q.k^T and dP = dO.V^T over
-// the row's keys, P from the forward's (max, sum).
+// the row's keys, P from the forward's (max, sum). Also dO as codes of the inputs' format into
+// `gcodes`, (B H T) x D, for the dk/dv kernel, which reads each of its rows many times.
 template <int D>
 __device__ void attention_mma_delta(const void* qkv, const float* dout, const float* stats,
-                                    float* delta, AttentionArg a) {
+                                    float* delta, u16* gcodes, AttentionArg a) {
     __shared__ __align__(16) u16 xs[TC_ROWS * D];
     __shared__ __align__(16) u16 kv[2][TC_KEYS * D];
     Head hd = head_of<D>(a);
@@ -633,6 +635,11 @@ __device__ void attention_mma_delta(const void* qkv, const float* dout, const fl
     keys(0, 0, hd.c);
     tile_load<D>(xs, TC_ROWS, dout, hd.rows, hd.c, q0, a.t, FMT_F32, a.inputs);
     __syncthreads();
+    for (u32 c = threadIdx.x; c < TC_ROWS * (D / 8); c += blockDim.x) {
+        u32 r = c / (D / 8), k = c % (D / 8);
+        i64 at = ((i64)blockIdx.x * a.t + q0 + r) * D + 8 * k;
+        if (q0 + r < a.t) *(uint4*)(gcodes + at) = *(const uint4*)(xs + swz<D>(r, k));
+    }
     load_a<D>(gf, xs, warp * 16, lane);
     float m[2], inv_l[2], pdp[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -670,9 +677,10 @@ __device__ void attention_mma_delta(const void* qkv, const float* dout, const fl
 
 // dK and dV of the key blocks split, split + splits, ... (split = blockIdx.y, splits =
 // gridDim.y) into dqkv, and their dQ into the split's partial: `part` holds splits x (B H T) x D
-// f32 values, of which this block writes the rows at and below its first key block.
+// f32 values, of which this block writes the rows at and below its first key block. dO comes
+// as the delta kernel's codes (`gcodes`).
 template <int D>
-__device__ void attention_mma_kv(const void* qkv, const float* dout, const float* stats,
+__device__ void attention_mma_kv(const void* qkv, const u16* gcodes, const float* stats,
                                  const float* delta, float* dqkv, float* part, AttentionArg a) {
     static_assert(TC_KV_ROWS == TC_KEYS, "a key block's diagonal starts a query block");
     __shared__ __align__(16) u16 ks[TC_KEYS * D];
@@ -692,7 +700,7 @@ __device__ void attention_mma_kv(const void* qkv, const float* dout, const float
     auto queries = [&](u32 qb) {
         u32 i0 = qb * TC_KV_ROWS;
         tile_load<D>(qs, TC_KV_ROWS, qkv, hd.qkv, hd.row3, i0, a.t, a.qkv_stored, a.inputs);
-        tile_load<D>(gs, TC_KV_ROWS, dout, hd.rows, hd.c, i0, a.t, FMT_F32, a.inputs);
+        tile_load<D>(gs, TC_KV_ROWS, gcodes, rows * D, D, i0, a.t, a.inputs, a.inputs);
         cp_async_commit();
         for (u32 r = threadIdx.x; r < TC_KV_ROWS; r += blockDim.x) {
             bool in = i0 + r < a.t;
@@ -806,13 +814,13 @@ __device__ void attention_mma_dq(const float* part, float* dqkv, u32 rows, u32 s
     }                                                                                             \
     extern "C" __global__ void attention_mma_delta_##D(const void* qkv, const float* dout,       \
                                                        const float* stats, float* delta,          \
-                                                       AttentionArg a) {                          \
-        attention_mma_delta<D>(qkv, dout, stats, delta, a);                                       \
+                                                       u16* gcodes, AttentionArg a) {             \
+        attention_mma_delta<D>(qkv, dout, stats, delta, gcodes, a);                               \
     }                                                                                             \
-    extern "C" __global__ void attention_mma_kv_##D(const void* qkv, const float* dout,          \
+    extern "C" __global__ void attention_mma_kv_##D(const void* qkv, const u16* gcodes,          \
                                                     const float* stats, const float* delta,       \
                                                     float* dqkv, float* part, AttentionArg a) {   \
-        attention_mma_kv<D>(qkv, dout, stats, delta, dqkv, part, a);                              \
+        attention_mma_kv<D>(qkv, gcodes, stats, delta, dqkv, part, a);                            \
     }                                                                                             \
     extern "C" __global__ void attention_mma_dq_##D(const float* part, float* dqkv, u32 rows,    \
                                                     u32 splits, AttentionArg a) {                 \

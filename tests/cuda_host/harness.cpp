@@ -691,8 +691,8 @@ typedef void (*AttFwd)(const void*, void*, float*, AttentionArg);
 typedef void (*AttBwdQ)(const void*, const float*, const float*, float*, float*, AttentionArg);
 typedef void (*AttBwdK)(const void*, const float*, const float*, const float*, float*, AttentionArg);
 typedef void (*AttBwdV)(const void*, const float*, const float*, float*, AttentionArg);
-typedef void (*AttMmaDelta)(const void*, const float*, const float*, float*, AttentionArg);
-typedef void (*AttMmaKv)(const void*, const float*, const float*, const float*, float*, float*, AttentionArg);
+typedef void (*AttMmaDelta)(const void*, const float*, const float*, float*, u16*, AttentionArg);
+typedef void (*AttMmaKv)(const void*, const u16*, const float*, const float*, float*, float*, AttentionArg);
 typedef void (*AttMmaDq)(const float*, float*, u32, u32, AttentionArg);
 struct AttKernels {
     AttFwd fwd;
@@ -726,8 +726,9 @@ static AttKernels attention_kernels(u32 d) {
 // 16-bit codes of COMPUTE, one to each output word; QKV: the format q|k|v is stored in, its
 // codes one to each input word where it is not f32's)
 // attention_bwd B T H D SCALE INPUTS PROBS COMPUTE CODED QKV [POISON] < qkv dout stats > dqkv
-// delta (POISON: what dqkv, delta and dq's partials hold before the kernels run, NaN unless
-// given, so that a value left unwritten or a partial read before it is written shows)
+// delta (POISON: what dqkv, delta, dq's partials and the dO codes hold before the kernels run,
+// NaN unless given, so that a value left unwritten or a partial read before it is written
+// shows)
 static bool run_attention(const std::string& k, int argc, char** argv, std::vector<u32>& in,
                           std::vector<u32>& out) {
     if (!(k == "attention_fwd" && argc == 12) && !(k == "attention_bwd" && (argc == 12 || argc == 13)))
@@ -761,9 +762,11 @@ static bool run_attention(const std::string& k, int argc, char** argv, std::vect
         if (mma) {
             u32 splits = std::min<u32>((t + TC_KEYS - 1) / TC_KEYS, 4);
             std::vector<float> part((size_t)splits * n1, poison);
-            emu::launch(mma_grid, mma_block, [&] { f.mma_delta(qkv, dout, st, delta.data(), a); });
+            std::vector<u16> codes(n1, (u16)(__float_as_uint(poison) >> 16));
+            emu::launch(mma_grid, mma_block,
+                        [&] { f.mma_delta(qkv, dout, st, delta.data(), codes.data(), a); });
             emu::launch({b * h, splits, 1}, {128, 1, 1},
-                        [&] { f.mma_kv(qkv, dout, st, delta.data(), dqkv.data(), part.data(), a); });
+                        [&] { f.mma_kv(qkv, codes.data(), st, delta.data(), dqkv.data(), part.data(), a); });
             emu::launch(elementwise_grid(n1 / 4), {ELEMENT_THREADS, 1, 1},
                         [&] { f.mma_dq(part.data(), dqkv.data(), (u32)rows, splits, a); });
         } else {

@@ -93,10 +93,11 @@ pub(super) mod scratch {
     pub fn unscale(n: usize) -> usize {
         2 * super::unscale_blocks(n)
     }
-    /// Attention's backward on tensor cores: dq's partials, one (B, H, T, D) set per split.
+    /// Attention's backward on tensor cores: dq's partials, one (B, H, T, D) set per split,
+    /// then the output's gradient as 16-bit codes (two to a value).
     pub fn attention_bwd(spec: &crate::plan::Attention) -> usize {
         if super::on_tensor_cores(spec) {
-            super::attention_splits(spec.t) * spec.out_len()
+            super::attention_splits(spec.t) * spec.out_len() + spec.out_len().div_ceil(2)
         } else {
             0
         }
@@ -513,8 +514,9 @@ pub(super) fn attention_fwd(
 }
 
 /// Its backward into dqkv, and each row's sum(P * dP) into `delta`. On tensor cores: the delta
-/// kernel, then dk and dv with dq's partials in `scratch` (`scratch::attention_bwd`), then dq
-/// from them; else (SIMT) dq with delta, then dk (which reads delta) and dv.
+/// kernel (which also writes the output's gradient as codes), then dk and dv with dq's
+/// partials, then dq from them, the partials and codes in `scratch` (`scratch::attention_bwd`);
+/// else (SIMT) dq with delta, then dk (which reads delta) and dv.
 pub(super) fn attention_bwd(
     cb: &CudaBackend,
     [qkv, dout, stats, delta, dqkv]: [Ptr; 5],
@@ -530,10 +532,11 @@ pub(super) fn attention_bwd(
     if on_tensor_cores(spec) {
         let rows = spec.t.div_ceil(TC_ROWS);
         let splits = attention_splits(spec.t);
+        let codes = scratch + (splits * spec.out_len() * 4) as u64;
         let cfg = attention_grid(spec, rows, TC_THREADS)?;
-        launch!(cb, Module::Attention, &kernel("attention_mma_delta", d), cfg; &qkv, &dout, &stats, &delta, &arg)?;
+        launch!(cb, Module::Attention, &kernel("attention_mma_delta", d), cfg; &qkv, &dout, &stats, &delta, &codes, &arg)?;
         let cfg = attention_grid(spec, splits, TC_KV_THREADS)?;
-        launch!(cb, Module::Attention, &kernel("attention_mma_kv", d), cfg; &qkv, &dout, &stats, &delta, &dqkv, &scratch, &arg)?;
+        launch!(cb, Module::Attention, &kernel("attention_mma_kv", d), cfg; &qkv, &codes, &stats, &delta, &dqkv, &scratch, &arg)?;
         let (score_rows, splits) = (grid_size("score rows", spec.score_rows())?, splits as u32);
         return launch_1d!(cb, Module::Attention, &kernel("attention_mma_dq", d), spec.out_len() / 4;
             &scratch, &dqkv, &score_rows, &splits, &arg);
