@@ -58,7 +58,7 @@ correct)
         run 200 .bin/conformance wgpu --test-threads 1
     fi
     if [ -x .bin/train ]; then
-        run 120 .bin/train resident loss_falls ${ONLY:+--skip cuda} --test-threads 1
+        run 120 .bin/train resident loss_falls fused_attention_ops ${ONLY:+--skip cuda} --test-threads 1
         # The 16-bit presets with every tensor stored as f32, beside their coded matmul inputs above.
     MANTISSA_ACTIVATIONS=f32 run 120 $m bench train --config small --backends cuda --precision bf16-mixed,16-mixed --warmup 3 --steps 20 --json "$out/bench-train-f32-stored.json"
     # The CUDA step replayed as a CUDA graph (opt-in) against the host interpreter.

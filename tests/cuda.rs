@@ -1226,11 +1226,107 @@ fn cuda_tripled_bf16x3_keeps_the_contract_up_to_its_k_limit() {
     }
 }
 
-/// attention.cu's fused causal attention, forward and backward (dq, dk, dv, each writing its
-/// third of a NaN-poisoned dqkv), against the ops it replaces (`ops::attention_fwd`,
-/// `attention_bwd`), under the algorithms and held formats of the presets, on sequences that
-/// are not multiples of the kernels' blocks (64 rows) or tiles (32), every head size compiled
-/// (16, 32, 64).
+/// The arguments of the harness's attention kernels for `spec` (q|k|v stored as f32, the
+/// output not coded).
+fn attention_args(spec: &mantissa::plan::Attention) -> Vec<String> {
+    let (inputs, _) = spec.algorithm.operand_formats();
+    [spec.b, spec.t, spec.h, spec.d]
+        .iter()
+        .map(|v| v.to_string())
+        .chain([
+            (spec.scale as f32).to_string(),
+            format_id(inputs),
+            format_id(spec.probs),
+            format_id(spec.compute),
+            "0".into(),
+            format_id(Format::F32),
+        ])
+        .collect()
+}
+
+/// attention.cu's forward and backward on `qkv` and `dout` against the ops they replace
+/// (`ops::attention_fwd`, `attention_bwd`; the backward reads the kernel's own statistics, as
+/// the step plan does), and, where the plan may store them as 16-bit codes, the output as codes
+/// of the compute format (the same values) and q|k|v as codes of the inputs' format (the bits
+/// of the same kernels on the values those codes hold, stored as f32: on the tensor cores, the
+/// cp.async path against the converting one). Returns the forward's output and statistics.
+fn attention_matches(
+    h: &PathBuf,
+    spec: &mantissa::plan::Attention,
+    qkv: &[f32],
+    dout: &[f32],
+) -> Vec<f32> {
+    use mantissa::backend::reference::ops;
+    let (inputs, _) = spec.algorithm.operand_formats();
+    let what = |part: &str| {
+        format!(
+            "{} probs {} compute {} b={} t={} h={} d={} {part}",
+            spec.algorithm, spec.probs, spec.compute, spec.b, spec.t, spec.h, spec.d
+        )
+    };
+    let args = attention_args(spec);
+    let tol = common::attention_tolerance(spec);
+    let (rows, n3, n1) = (spec.score_rows(), spec.qkv_len(), spec.out_len());
+    let fwd = run_f32(h, "attention_fwd", &args, &[qkv]);
+    let (y, stats) = ops::attention_fwd(qkv, spec);
+    assert_eq!(fwd.len(), n1 + 2 * rows);
+    common::attention_close(&what("out"), &fwd[..n1], &y, tol);
+    common::attention_close(&what("(max, sum)"), &fwd[n1..], &stats, tol);
+    if spec.compute != Format::F32 {
+        // Stored as codes of the held format (a plan's coded tensor): the same values.
+        let mut coded_args = args.clone();
+        coded_args[8] = "1".into();
+        let coded = run(h, "attention_fwd", &coded_args, &bits(qkv));
+        same_codes(
+            &what("out as codes"),
+            &coded[..n1],
+            &fwd[..n1],
+            spec.compute,
+        );
+        assert_eq!(
+            coded[n1..],
+            bits(&fwd[n1..]),
+            "{}",
+            what("stats beside codes")
+        );
+    }
+    let bwd = run_f32(h, "attention_bwd", &args, &[qkv, dout, &fwd[n1..]]);
+    let (dqkv, delta) = ops::attention_bwd(qkv, dout, spec);
+    common::attention_close(&what("dqkv"), &bwd[..n3], &dqkv, tol);
+    common::attention_close(&what("sum(P dP)"), &bwd[n3..], &delta, tol);
+    if inputs == Format::Bf16 || inputs == Format::F16 {
+        let codes: Vec<u32> = qkv
+            .iter()
+            .map(|&x| inputs.encode(x, Overflow::Standard))
+            .collect();
+        let values: Vec<f32> = codes.iter().map(|&c| inputs.decode(c)).collect();
+        let mut coded_args = args.clone();
+        coded_args[9] = format_id(inputs);
+        let plain = run_f32(h, "attention_fwd", &args, &[&values]);
+        let from_codes = run(h, "attention_fwd", &coded_args, &codes);
+        assert_eq!(
+            from_codes,
+            bits(&plain),
+            "{}",
+            what("forward from q|k|v codes")
+        );
+        let rest = [bits(dout), bits(&plain[n1..])].concat();
+        let plain = run(
+            h,
+            "attention_bwd",
+            &args,
+            &[bits(&values), rest.clone()].concat(),
+        );
+        let from_codes = run(h, "attention_bwd", &coded_args, &[codes, rest].concat());
+        assert_eq!(from_codes, plain, "{}", what("backward from q|k|v codes"));
+    }
+    fwd
+}
+
+/// attention.cu's SIMT kernels (f32 and tf32 inputs: dq, dk, dv each writing its third of a
+/// NaN-poisoned dqkv) against the ops they replace, under the algorithms and held formats of
+/// the presets that use them, on sequences that are not multiples of the kernels' blocks (64
+/// rows) or tiles (32), every head size compiled (16, 32, 64).
 #[test]
 fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
     use mantissa::algorithm::Algorithm;
@@ -1238,15 +1334,13 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
     use mantissa::plan::Attention;
     let Some(h) = harness() else { return };
     let seed = common::seed("cuda_attention_kernels_match_the_unfused_ops_on_the_host");
-    let (f32_, bf16, f16) = (Format::F32, Format::Bf16, Format::F16);
-    // (b, t, h, d, algorithm, probs, compute): 32-true, bf16-mixed, 16-true, tf32 (32-true
-    // under `high`), bf16-true.
+    let (f32_, bf16) = (Format::F32, Format::Bf16);
+    // (b, t, h, d, algorithm, probs, compute): 32-true, tf32 (32-true under `high`), an f32
+    // matmul under bf16-mixed (`--algorithm f32`: its output held, and stored, as bf16).
     let cases = [
         (2, 37, 3, 16, Algorithm::F32, f32_, f32_),
-        (1, 70, 2, 32, Algorithm::Bf16, f32_, bf16),
-        (1, 45, 1, 64, Algorithm::F16, f16, f16),
-        (1, 33, 2, 16, Algorithm::Tf32, f32_, f32_),
-        (2, 9, 2, 64, Algorithm::Bf16, bf16, bf16),
+        (1, 70, 2, 32, Algorithm::Tf32, f32_, f32_),
+        (1, 45, 1, 64, Algorithm::F32, f32_, bf16),
     ];
     for (case, &(b, t, heads, d, algorithm, probs, compute)) in cases.iter().enumerate() {
         let spec = Attention {
@@ -1259,77 +1353,10 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
             probs,
             compute,
         };
-        let what = |part: &str| format!("{algorithm} d={d} t={t} {part}");
         let s = seed + 10 * case as u64;
         let qkv = measure::normal(spec.qkv_len(), s);
         let dout = measure::normal(spec.out_len(), s + 1);
-        let (inputs, _) = algorithm.operand_formats();
-        let args: Vec<String> = [b, t, heads, d]
-            .iter()
-            .map(|v| v.to_string())
-            .chain([
-                (spec.scale as f32).to_string(),
-                format_id(inputs),
-                format_id(probs),
-                format_id(compute),
-                "0".into(),
-                format_id(f32_),
-            ])
-            .collect();
-        let tol = common::attention_tolerance(&spec);
-        let (rows, n3, n1) = (spec.score_rows(), spec.qkv_len(), spec.out_len());
-        let out = run_f32(h, "attention_fwd", &args, &[&qkv]);
-        let (y, stats) = ops::attention_fwd(&qkv, &spec);
-        common::attention_close(&what("out"), &out[..n1], &y, tol);
-        common::attention_close(&what("(max, sum)"), &out[n1..], &stats, tol);
-        assert_eq!(out.len(), n1 + 2 * rows);
-        if compute != f32_ {
-            // Stored as codes of the held format (a plan's coded tensor): the same values.
-            let mut coded_args = args.clone();
-            coded_args[8] = "1".into();
-            let coded = run(h, "attention_fwd", &coded_args, &bits(&qkv));
-            same_codes(&what("out as codes"), &coded[..n1], &out[..n1], compute);
-            assert_eq!(
-                coded[n1..],
-                bits(&out[n1..]),
-                "{}",
-                what("stats beside codes")
-            );
-        }
-        // The backward reads the kernel's own statistics, as the step plan does.
-        let out = run_f32(h, "attention_bwd", &args, &[&qkv, &dout, &out[n1..]]);
-        let (dqkv, delta) = ops::attention_bwd(&qkv, &dout, &spec);
-        common::attention_close(&what("dqkv"), &out[..n3], &dqkv, tol);
-        common::attention_close(&what("sum(P dP)"), &out[n3..], &delta, tol);
-        if inputs == bf16 || inputs == f16 {
-            // q|k|v stored as codes of the matmul inputs' format (a plan's coded tensor): the
-            // bits of the same kernels on the values those codes hold, stored as f32.
-            let codes: Vec<u32> = qkv
-                .iter()
-                .map(|&x| inputs.encode(x, Overflow::Standard))
-                .collect();
-            let values: Vec<f32> = codes.iter().map(|&c| inputs.decode(c)).collect();
-            let mut coded_args = args.clone();
-            coded_args[9] = format_id(inputs);
-            let plain = run_f32(h, "attention_fwd", &args, &[&values]);
-            let (plain_bits, n_out) = (bits(&plain), plain.len());
-            let from_codes = run(h, "attention_fwd", &coded_args, &codes);
-            assert_eq!(
-                from_codes,
-                plain_bits,
-                "{}",
-                what("forward from q|k|v codes")
-            );
-            let rest = [bits(&dout), bits(&plain[n1..n_out])].concat();
-            let plain = run(
-                h,
-                "attention_bwd",
-                &args,
-                &[bits(&values), rest.clone()].concat(),
-            );
-            let from_codes = run(h, "attention_bwd", &coded_args, &[codes, rest].concat());
-            assert_eq!(from_codes, plain, "{}", what("backward from q|k|v codes"));
-        }
+        attention_matches(h, &spec, &qkv, &dout);
     }
     // Non-finite scores: a query holding inf makes its row's scores +-inf or NaN, so the
     // unfused softmax gives that row NaN (exp(inf - inf)) and leaves the other rows alone; the
@@ -1351,8 +1378,7 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
     qkv[7 * c3 + 3] = f32::INFINITY; // q of token 7, head 0
     qkv[20 * c3 + spec.d + 1] = f32::NAN; // q of token 20, head 1
     qkv[30 * c3 + 5] = 1e-40; // a subnormal
-    let args = ["1", "40", "2", "16", "0.25", "0", "0", "0", "0", "0"].map(String::from);
-    let out = run_f32(h, "attention_fwd", &args, &[&qkv]);
+    let out = run_f32(h, "attention_fwd", &attention_args(&spec), &[&qkv]);
     let (y, stats) = ops::attention_fwd(&qkv, &spec);
     common::attention_close("non-finite out", &out[..spec.out_len()], &y, tol::REDUCTION);
     assert!(y.iter().any(|v| v.is_nan()) && y.iter().any(|v| v.is_finite()));
@@ -1362,4 +1388,199 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
         &stats,
         tol::REDUCTION,
     );
+}
+
+/// attention.cu's tensor-core kernels (bf16 and f16 inputs: mma.sync, ldmatrix and cp.async
+/// emulated by the harness) against the ops they replace, under the four presets that use
+/// them, on B H = 3 heads whose sequences are not multiples of the query blocks (128 rows),
+/// the key blocks (64) or the dk/dv kernel's splits (T = 300: 5 key blocks on 4 splits, so a
+/// split adds a second key block's dq to its partial), every head size compiled. Under
+/// 16-mixed some queries are large enough that their scores overflow f16: those rows are NaN,
+/// forward and backward, where the unfused ops give NaN; under 16-true a query's scores against
+/// a whole key block overflow to -inf before its finite ones. Also: the backward gives the same bits
+/// whatever dqkv, delta and the dq partials held before it (NaN or a number: nothing is read
+/// before it is written), and a NaN in one head's q makes NaN in that head alone.
+#[test]
+fn cuda_tensor_core_attention_matches_the_unfused_ops_on_the_host() {
+    use mantissa::algorithm::Algorithm;
+    use mantissa::backend::reference::ops;
+    use mantissa::plan::Attention;
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_tensor_core_attention_matches_the_unfused_ops_on_the_host");
+    let (f32_, bf16, f16) = (Format::F32, Format::Bf16, Format::F16);
+    // (b, t, h, d, algorithm, probs, compute): bf16-mixed, 16-mixed, bf16-true, 16-true.
+    let cases = [
+        (1, 150, 3, 64, Algorithm::Bf16, f32_, bf16),
+        (3, 150, 1, 64, Algorithm::F16, f32_, f16),
+        (1, 70, 3, 32, Algorithm::Bf16, bf16, bf16),
+        (1, 300, 1, 16, Algorithm::F16, f16, f16),
+    ];
+    for (case, &(b, t, heads, d, algorithm, probs, compute)) in cases.iter().enumerate() {
+        let spec = Attention {
+            b,
+            t,
+            h: heads,
+            d,
+            scale: 1.0 / (d as f64).sqrt(),
+            algorithm,
+            probs,
+            compute,
+        };
+        let s = seed + 10 * case as u64;
+        let mut qkv = measure::normal(spec.qkv_len(), s);
+        let dout = measure::normal(spec.out_len(), s + 1);
+        let c3 = 3 * heads * d;
+        if case == 1 {
+            // Queries 20..24 of sequence 1, times 5000: still f16 values (below 65504, its
+            // largest), but their scores, ~ 5000 sqrt(d) = 4e4 across, often past it.
+            for i in 20..24 {
+                let row = (t + i) * c3;
+                qkv[row..row + d].iter_mut().for_each(|x| *x *= 5e3);
+            }
+        }
+        if case == 3 {
+            // Query 200 (all 1000) against keys 0..64 (all -5): scores of -80000, -inf in f16,
+            // a whole key block of them before the row's finite ones; the unfused softmax
+            // gives them P = 0 and the row is finite.
+            qkv[200 * c3..200 * c3 + d].fill(1000.0);
+            for j in 0..64 {
+                qkv[j * c3 + c3 / 3..j * c3 + c3 / 3 + d].fill(-5.0);
+            }
+        }
+        let fwd = attention_matches(h, &spec, &qkv, &dout);
+        if case == 3 {
+            let row = &fwd[200 * d..201 * d];
+            assert!(row.iter().all(|x| x.is_finite()), "query 200: {row:?}");
+        }
+        if case == 1 {
+            let nan_rows = (0..spec.score_rows())
+                .filter(|&r| fwd[spec.out_len() + 2 * r + 1].is_nan())
+                .count();
+            assert!(nan_rows > 0, "no score overflowed f16");
+        }
+        // The same bits whatever the outputs and partials held before.
+        let args = attention_args(&spec);
+        let input = [&qkv[..], &dout, &fwd[spec.out_len()..]];
+        let poisoned = |value: &str| {
+            let mut with = args.clone();
+            with.push(value.into());
+            run(h, "attention_bwd", &with, &input.map(bits).concat())
+        };
+        assert_eq!(
+            poisoned("nan"),
+            poisoned("7"),
+            "{algorithm} d={d}: a backward that reads what it did not write"
+        );
+    }
+    // NaN in q of token 30 of head 1 of 3 (bf16-mixed): its row of head 1 is NaN in the
+    // forward, and every value of heads 0 and 2 is what the unfused ops give, forward and
+    // backward. (Within head 1 the backward differs from the unfused ops at masked positions,
+    // which they multiply by the NaN: docs/training.md.)
+    let spec = Attention {
+        b: 1,
+        t: 100,
+        h: 3,
+        d: 64,
+        scale: 0.125,
+        algorithm: Algorithm::Bf16,
+        probs: f32_,
+        compute: bf16,
+    };
+    let (c, d) = (spec.h * spec.d, spec.d);
+    let mut qkv = measure::normal(spec.qkv_len(), seed + 99);
+    qkv[30 * 3 * c + d + 7] = f32::NAN;
+    let dout = measure::normal(spec.out_len(), seed + 98);
+    let tol = common::attention_tolerance(&spec);
+    let args = attention_args(&spec);
+    let fwd = run_f32(h, "attention_fwd", &args, &[&qkv]);
+    let (y, stats) = ops::attention_fwd(&qkv, &spec);
+    let n1 = spec.out_len();
+    common::attention_close("NaN head: out", &fwd[..n1], &y, tol);
+    common::attention_close("NaN head: (max, sum)", &fwd[n1..], &stats, tol);
+    let nan: Vec<usize> = (0..n1).filter(|&e| fwd[e].is_nan()).collect();
+    assert_eq!(
+        nan,
+        (30 * c + d..30 * c + 2 * d).collect::<Vec<_>>(),
+        "NaN outside its row"
+    );
+    let bwd = run_f32(h, "attention_bwd", &args, &[&qkv, &dout, &fwd[n1..]]);
+    let (dqkv, _) = ops::attention_bwd(&qkv, &dout, &spec);
+    // Heads 0 and 2: columns [0, d) and [2d, 3d) of each of q, k and v.
+    let other_heads = |x: &[f32]| -> Vec<f32> {
+        x.chunks(c)
+            .flat_map(|row| [&row[..d], &row[2 * d..]].concat())
+            .collect()
+    };
+    common::attention_close(
+        "NaN head: dqkv of the other heads",
+        &other_heads(&bwd[..spec.qkv_len()]),
+        &other_heads(&dqkv),
+        tol,
+    );
+}
+
+/// attention.cu's held16 (the tensor-core kernels' rounding, without branches) is formats.cuh's
+/// held, bit for bit, for f32, bf16 and f16 on boundary values (f16's overflow and
+/// subnormals, NaN, infinities), random bit patterns and wide-range values.
+#[test]
+fn cuda_attention_rounding_is_the_formats_on_the_host() {
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_attention_rounding_is_the_formats_on_the_host");
+    let mut values = measure::boundary_values();
+    values.extend([
+        65504.0,
+        65519.996,
+        65520.0,
+        -65520.0,
+        6.097555e-5,
+        2.9802322e-8,
+    ]);
+    values.extend(measure::random_bits(20_000, seed));
+    values.extend(measure::wide_range(20_000, seed + 1));
+    for f in [Format::F32, Format::Bf16, Format::F16] {
+        let got = run(h, "held16", &[format_id(f)], &bits(&values));
+        for (x, g) in values.iter().zip(&got) {
+            let (g, want) = (f32::from_bits(*g), f.round(*x, Overflow::Standard));
+            assert!(
+                g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                "held16 {f} {x:e} ({:#010x}): {g:e}, host {want:e}",
+                x.to_bits()
+            );
+        }
+    }
+}
+
+/// The harness's emulations of the warp's tensor-core instructions (cp.async, ldmatrix with
+/// and without .trans, mma.sync on bf16 and f16), composed as attention.cu composes them
+/// (swizzled tiles, its fragment addresses, mma_nt and mma_nn), compute A B + C: the emulations
+/// follow the PTX ISA's layouts consistently, so a kernel built on them is checked on the host.
+#[test]
+fn cuda_warp_instructions_compute_the_product_on_the_host() {
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_warp_instructions_compute_the_product_on_the_host");
+    for f in [Format::Bf16, Format::F16] {
+        let held = |x: Vec<f32>| -> Vec<f32> {
+            x.into_iter()
+                .map(|v| f.round(v, Overflow::Standard))
+                .collect()
+        };
+        let a = held(measure::normal(256, seed));
+        let b = held(measure::normal(128, seed + 1));
+        let c = measure::normal(128, seed + 2);
+        let d = run_f32(h, "warp_check", &[format_id(f)], &[&a, &b, &c]);
+        for (way, d) in ["n-major", "k-major"].iter().zip(d.chunks(128)) {
+            for i in 0..16 {
+                for n in 0..8 {
+                    let terms = (0..16).map(|k| a[16 * i + k] as f64 * b[8 * k + n] as f64);
+                    let want = c[8 * i + n] as f64 + terms.clone().sum::<f64>();
+                    let size = c[8 * i + n].abs() as f64 + terms.map(f64::abs).sum::<f64>();
+                    let got = d[8 * i + n] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-6 * size,
+                        "{f}, B {way}: D[{i}][{n}] = {got}, want {want}"
+                    );
+                }
+            }
+        }
+    }
 }
