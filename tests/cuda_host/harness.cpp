@@ -42,6 +42,7 @@ struct Dim3 {
 };
 static Dim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0}, blockDim = {1, 1, 1},
             gridDim = {1, 1, 1};
+// CUDA's vector types, aligned as on the device (the kernels' 16- and 8-byte accesses).
 struct alignas(16) float4 {
     float x, y, z, w;
 };
@@ -65,18 +66,10 @@ static inline float __uint_as_float(unsigned u) {
     return f;
 }
 static inline float __fmul_rn(float a, float b) { return a * b; }
-// CUDA's vector types, aligned as on the device (the kernels' 16- and 8-byte accesses).
-struct __attribute__((aligned(16))) float4 {
-    float x, y, z, w;
-};
-struct __attribute__((aligned(16))) uint4 {
-    unsigned x, y, z, w;
-};
-struct __attribute__((aligned(8))) uint2 {
+struct alignas(8) uint2 {
     unsigned x, y;
 };
 static inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
-static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 // The device's is ex2.approx of x log2(e): within a few ulp, flushing subnormal results (a
 // macro: the C library declares a function of that name).
