@@ -24,6 +24,7 @@ pub struct Input {
 enum Source {
     File(std::fs::File),
     Stdin(std::io::Stdin),
+    Stream(Box<dyn Read + Send>),
 }
 
 impl Read for Input {
@@ -31,6 +32,7 @@ impl Read for Input {
         match &mut self.source {
             Source::File(f) => f.read(buf),
             Source::Stdin(s) => s.read(buf),
+            Source::Stream(r) => r.read(buf),
         }
     }
 }
@@ -94,6 +96,16 @@ impl Input {
         })
     }
 
+    /// A stream of unknown length named `name`, read as standard input is (the fuzz suite
+    /// feeds the readers through it).
+    pub fn from_reader(reader: impl Read + Send + 'static, name: &str) -> Input {
+        Input {
+            source: Source::Stream(Box::new(reader)),
+            path: PathBuf::from(name),
+            len: None,
+        }
+    }
+
     /// Opens `path` and refuses it, before reading, when it holds more than `limit` bytes
     /// (what its format or the tool allows `what` to hold).
     pub fn open_within(path: &Path, what: &str, limit: u64) -> Result<Input> {
@@ -116,7 +128,7 @@ impl Input {
     pub fn into_file(self) -> std::result::Result<(std::fs::File, u64), Input> {
         match self.source {
             Source::File(f) => Ok((f, self.len.unwrap_or(0))),
-            Source::Stdin(_) => Err(self),
+            Source::Stdin(_) | Source::Stream(_) => Err(self),
         }
     }
 

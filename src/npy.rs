@@ -39,8 +39,15 @@ impl Matrix {
 /// before anything is allocated; from standard input the header is read first and the data it
 /// declares then read exactly.
 pub fn read_matrix(path: &Path) -> Result<Matrix> {
-    match Input::open(path)?.into_file() {
-        Ok((file, len)) => read_matrix_from(BufReader::new(file), Some(len), path),
+    read_matrix_input(Input::open(path)?)
+}
+
+/// `read_matrix` over an opened input: a file is read with its length known, a stream header
+/// first.
+pub fn read_matrix_input(input: Input) -> Result<Matrix> {
+    let path = input.path().to_path_buf();
+    match input.into_file() {
+        Ok((file, len)) => read_matrix_from(BufReader::new(file), Some(len), &path),
         Err(stream) => read_matrix_stream(stream),
     }
 }
