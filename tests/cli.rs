@@ -1338,3 +1338,42 @@ fn arguments_of_any_length_and_scales_in_lists() {
         assert!(text(&o).contains(flag), "{args:?}: {}", text(&o));
     }
 }
+
+/// A run ended by SIGTERM while it writes an output leaves no temporary behind (a signal ends
+/// the process without the temporary's drop).
+#[test]
+fn sigterm_removes_the_pending_temporary() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.bf16");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mantissa"))
+        .args(["cast", "--raw", "--from", "f32", "--to", "bf16", "-o"])
+        .arg(&out)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The input stays open: the tool is converting into its temporary until it is stopped.
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(&[0u8; 4096]).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let pending = || std::fs::read_dir(dir.path()).unwrap().count();
+    while pending() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no temporary appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    drop(input);
+    assert!(!status.success());
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

@@ -464,7 +464,6 @@ fn a_missing_corpus_is_an_error_not_missing_training_lines() {
         |_| {},
     )
     .block_on()
-    .err()
-    .expect("refused");
+    .expect_err("refused");
     assert!(e.to_string().contains("/nonexistent/corpus.txt"), "{e}");
 }

@@ -304,6 +304,14 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         return Err(Error::invalid("--eval-interval", "must be at least 1"));
     }
     let presets: Vec<Preset> = parse_list("--precision", &args.precision)?;
+    if args.resume.as_deref().is_some_and(|r| r.as_os_str() == "-")
+        && args.corpus.as_os_str() == "-"
+    {
+        return Err(Error::invalid(
+            "arguments",
+            "--resume and --corpus cannot both be standard input",
+        ));
+    }
     if args.resume.is_some() && presets.len() != 1 {
         return Err(Error::invalid(
             "arguments",

@@ -128,7 +128,7 @@ impl CheckpointFile {
             && len != total
         {
             return Err(bad(format!(
-                "the file holds {len} bytes, its header says {total}"
+                "corrupt or truncated: the file holds {len} bytes, its header says {total}"
             )));
         }
         let meta = header
