@@ -102,34 +102,18 @@ pub fn same_code(format: Format, got: u32, want: u32) -> bool {
 /// The product of the original f32 inputs in f64 (what every algorithm's error is measured
 /// against).
 pub fn exact_product(shape: &MatmulShape, a: &[f32], b: &[f32]) -> Vec<f64> {
-    product_f64(shape, a, b, |x| x as f64)
-}
-
-/// |A| . |B| over the finite inputs: the magnitude that bounds accumulation-order differences,
-/// and, where it exceeds f32's range, says that f32 partial sums may overflow. (Infinite
-/// inputs count as 0 here: where they reach an output, the non-finite rules decide it.)
-pub fn abs_product(shape: &MatmulShape, a: &[f32], b: &[f32]) -> Vec<f64> {
-    product_f64(shape, a, b, |x| {
-        if x.is_finite() { (x as f64).abs() } else { 0.0 }
-    })
-}
-
-fn product_f64(
-    shape: &MatmulShape,
-    a: &[f32],
-    b: &[f32],
-    f: impl Fn(f32) -> f64 + Sync,
-) -> Vec<f64> {
     let (m, n, k) = (shape.m, shape.n, shape.k);
     let mut c = vec![0f64; shape.c_len()];
     c.par_chunks_mut(n.max(1))
         .enumerate()
         .for_each(|(row, out)| {
             let (batch, i) = (row / m.max(1), row % m.max(1));
-            let a_row: Vec<f64> = (0..k).map(|p| f(a[shape.a_index(batch, i, p)])).collect();
+            let a_row: Vec<f64> = (0..k)
+                .map(|p| a[shape.a_index(batch, i, p)] as f64)
+                .collect();
             for (j, o) in out.iter_mut().enumerate() {
                 *o = (0..k)
-                    .map(|p| a_row[p] * f(b[shape.b_index(batch, p, j)]))
+                    .map(|p| a_row[p] * b[shape.b_index(batch, p, j)] as f64)
                     .sum();
             }
         });
@@ -137,11 +121,16 @@ fn product_f64(
 }
 
 /// What the contract's checks need of each element of C, computed once from the inputs in
-/// f64: the exact product, |A||B| and the largest partial sum of the element's K terms in
-/// their natural order (the last two over finite inputs, as `abs_product`).
+/// f64 (as `exact_product`, and in one pass with it).
 pub struct Magnitudes {
+    /// The exact product.
     pub exact: Vec<f64>,
+    /// |A| . |B| over the finite inputs: the magnitude that bounds accumulation-order
+    /// differences, and, where it exceeds f32's range, says that f32 partial sums may
+    /// overflow. (Infinite inputs count as 0 here: where they reach an output, the non-finite
+    /// rules decide it.)
     pub abs: Vec<f64>,
+    /// The largest partial sum of the element's K terms in their natural order (finite inputs).
     pub peak: Vec<f64>,
 }
 

@@ -75,6 +75,7 @@ fn write_in_place(path: &Path, fill: impl FnOnce(&mut dyn Write) -> Result<()>) 
     out.flush().map_err(|e| Error::output(path, e))
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 fn parent(path: &Path) -> &Path {
     match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
