@@ -268,7 +268,7 @@ impl Kernels {
     /// cached; a cache that cannot be written costs a compile next run).
     fn load(&self, module: Module) -> Result<Arc<CudaModule>> {
         let path = cubin_cache_path(module, self.cc);
-        let cached = path.as_ref().and_then(|p| std::fs::read(p).ok());
+        let cached = path.as_deref().and_then(crate::cache::read);
         // A torn or foreign file fails to load, and is replaced.
         let load = |bytes: Vec<u8>| self.ctx.load_module(Ptx::from_binary(bytes));
         if let Some(m) = cached.and_then(|bytes| load(bytes).ok()) {
