@@ -698,7 +698,7 @@ fn a_timed_step_is_the_step(b: &dyn Backend) {
         let timings = timings.expect("a single-device step is timed");
         assert_eq!(
             (timings.first, timings.seconds.len()),
-            (0, timed.plan().ops.len())
+            (0, timed.plan().ops().len())
         );
         assert!(
             timings.seconds.iter().all(|s| s.is_finite() && *s >= 0.0),
@@ -842,7 +842,7 @@ fn gradient_buckets_hold_what_the_backward_pass_is_done_with() {
         )
         .unwrap();
         let plan = t.plan();
-        let summed: Vec<usize> = plan.state.iter().map(|s| s[1]).collect();
+        let summed: Vec<usize> = plan.state().iter().map(|s| s[1]).collect();
         for elements in [1, 1000, 5000, 1 << 30] {
             let buckets = plan.gradient_buckets(&summed, elements).unwrap();
             let mut seen: Vec<usize> = buckets.iter().flat_map(|b| b.ids.clone()).collect();
@@ -852,9 +852,9 @@ fn gradient_buckets_hold_what_the_backward_pass_is_done_with() {
             assert_eq!(seen, want, "{preset}, buckets of {elements}");
             assert!(buckets.windows(2).all(|w| w[0].ready <= w[1].ready));
             for b in &buckets {
-                let size: usize = b.ids.iter().map(|&id| plan.tensors[id].len).sum();
+                let size: usize = b.ids.iter().map(|&id| plan.tensors()[id].len).sum();
                 assert!(size <= elements || b.ids.len() == 1, "{preset}: {b:?}");
-                for op in &plan.ops[b.ready..plan.range_of(Section::Backward).end] {
+                for op in &plan.ops()[b.ready..plan.range_of(Section::Backward).end] {
                     let (reads, writes) = op.reads_writes();
                     assert!(
                         !b.ids
@@ -890,21 +890,21 @@ fn idle_slots_hold_nothing_live() {
         let t = Trainer::new(&Reference, &corpus, options(&corpus, preset, 3)).unwrap();
         let plan = t.plan();
         let storage = Storage::shared(plan);
-        let mut touched: Vec<Vec<usize>> = vec![vec![]; plan.tensors.len()];
-        for (i, op) in plan.ops.iter().enumerate() {
+        let mut touched: Vec<Vec<usize>> = vec![vec![]; plan.tensors().len()];
+        for (i, op) in plan.ops().iter().enumerate() {
             let (reads, writes) = op.reads_writes();
             for t in reads.into_iter().chain(writes) {
                 touched[t].push(i);
             }
         }
         let idle = storage.idle_slots(plan);
-        assert_eq!(idle.len(), plan.ops.len());
+        assert_eq!(idle.len(), plan.ops().len());
         for (i, slots) in idle.iter().enumerate() {
             for &s in slots {
-                for t in (0..plan.tensors.len()).filter(|&t| storage.slot_of[t] == s) {
-                    let kind = plan.tensors[t].kind;
+                for t in (0..plan.tensors().len()).filter(|&t| storage.slot_of[t] == s) {
+                    let kind = plan.tensors()[t].kind;
                     assert!(
-                        kind == TensorKind::Temp && t != plan.logits,
+                        kind == TensorKind::Temp && t != plan.logits(),
                         "{preset}: op {i} is lent slot {s} of tensor {t} ({kind:?})"
                     );
                     let first = touched[t].iter().min().unwrap();
@@ -913,16 +913,16 @@ fn idle_slots_hold_nothing_live() {
                         i < *first || *last < i,
                         "{preset}: op {i} ({}) is lent slot {s}, whose tensor {t} is used by ops \
                          {first} to {last}",
-                        plan.ops[i].name()
+                        plan.ops()[i].name()
                     );
                 }
             }
         }
         let offered = idle.iter().filter(|slots| !slots.is_empty()).count();
         assert!(
-            offered * 2 > plan.ops.len(),
+            offered * 2 > plan.ops().len(),
             "{preset}: {offered} of {} ops",
-            plan.ops.len()
+            plan.ops().len()
         );
     }
 }
@@ -1218,7 +1218,7 @@ fn run_ops_alone<'a>(
 ) -> Box<dyn mantissa::plan::StepExecutor + 'a> {
     let plan = plan_of_ops(g, forward, io, kept);
     let scalars = vec![0.0; plan.scalar_count()];
-    let ids = vec![0u32; plan.rows];
+    let ids = vec![0u32; plan.rows()];
     run_plan_alone(b, plan, (&ids, &scalars)).0
 }
 
@@ -1226,28 +1226,14 @@ fn run_ops_alone<'a>(
 fn plan_of_ops(
     g: mantissa::plan::PlanBuilder,
     forward: usize,
-    (tokens, targets): (usize, usize),
+    batch: (usize, usize),
     kept: usize,
 ) -> mantissa::plan::Plan {
-    use mantissa::plan::{Plan, Stats};
-    let (rows, ops) = (g.tensors[tokens].len, g.ops.len());
-    Plan {
-        tensors: g.tensors,
-        ops: g.ops,
-        forward,
-        backward: ops,
-        gradients: ops,
-        rows,
-        tokens,
-        targets,
-        logits: kept,
-        state: vec![],
-        constants: g.constants,
-        stats: Stats {
-            grads: 0,
-            linears: 0,
-        },
-    }
+    let ops = g.ops.len();
+    g.finish(mantissa::plan::Outline::ops_alone(
+        forward, ops, batch, kept,
+    ))
+    .unwrap()
 }
 
 /// `plan` run once by `b`'s resident executor on `ids` (as tokens and targets) with `scalars`:
@@ -1702,14 +1688,14 @@ fn plan_storage_shares_only_disjoint_temporaries() {
             .plan(&t.precision, c.batch_size, c.block_size)
             .unwrap();
         let storage = Storage::shared(&plan);
-        let n = plan.tensors.len();
+        let n = plan.tensors().len();
         let (mut first, mut last, mut written) = (vec![usize::MAX; n], vec![0; n], vec![0; n]);
-        for (i, op) in plan.ops.iter().enumerate() {
+        for (i, op) in plan.ops().iter().enumerate() {
             let (reads, writes) = op.reads_writes();
             for &x in &reads {
-                if plan.tensors[x].kind == TensorKind::Temp {
+                if plan.tensors()[x].kind == TensorKind::Temp {
                     assert!(
-                        written[x] >= plan.tensors[x].len,
+                        written[x] >= plan.tensors()[x].len,
                         "{preset}: op {i} ({}) reads temporary {x} before the step wrote it",
                         op.name()
                     );
@@ -1735,22 +1721,22 @@ fn plan_storage_shares_only_disjoint_temporaries() {
             for &x in &writes {
                 written[x] += match op {
                     Op::Copy { map, .. } => map.len(),
-                    _ => plan.tensors[x].len,
+                    _ => plan.tensors()[x].len,
                 };
             }
         }
         for x in 0..n {
             // Slots are counted in 4-byte words (a coded tensor takes half its length).
-            assert!(storage.slots[storage.slot_of[x]] >= plan.tensors[x].words());
+            assert!(storage.slots[storage.slot_of[x]] >= plan.tensors()[x].words());
             for y in x + 1..n {
                 if storage.slot_of[x] != storage.slot_of[y] {
                     continue;
                 }
                 for z in [x, y] {
                     assert!(
-                        plan.tensors[z].kind == TensorKind::Temp && z != plan.logits,
+                        plan.tensors()[z].kind == TensorKind::Temp && z != plan.logits(),
                         "{preset}: tensor {z} ({:?}) shares a buffer",
-                        plan.tensors[z].kind
+                        plan.tensors()[z].kind
                     );
                 }
                 assert!(
@@ -1786,25 +1772,27 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
         let whole = t.gpt.plan(&t.precision, 2, 8).unwrap();
         let mut split = whole.clone();
         let summed = split.split_for_ranks();
-        let grads = whole.state.len();
+        let grads = whole.state().len();
         assert_eq!(
             summed.len(),
             grads + 1,
             "{preset}: the gradients and the scatter"
         );
         let part = summed[grads];
-        assert_eq!(split.tensors[part].kind, TensorKind::Partial);
+        assert_eq!(split.tensors()[part].kind, TensorKind::Partial);
         let names = |ops: &[Op]| {
             let mut n: Vec<String> = ops.iter().map(|o| format!("{o:?}")).collect();
             n.sort();
             n
         };
         assert_eq!(
-            names(&whole.ops),
-            names(&split.ops),
+            names(&whole.ops()),
+            names(&split.ops()),
             "{preset}: the same ops"
         );
-        for op in &split.ops[split.backward..split.gradients] {
+        for op in &split.ops()
+            [split.range_of(Section::Update).start..split.range_of(Section::Gradients).end]
+        {
             assert!(
                 matches!(
                     op,
@@ -1813,7 +1801,7 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
                 "{preset}: {op:?} after the sum"
             );
         }
-        for op in &split.ops[..split.backward] {
+        for op in split.ops_of(Section::Backward) {
             if let Op::Round { x, .. } = op {
                 assert!(!summed.contains(x), "{preset}: {x} rounded before the sum");
             }
@@ -1828,12 +1816,12 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
             ranks: 1,
             fp8: &t.fp8_scales(),
         }
-        .array(whole.rows, whole.scalar_count());
+        .array(whole.rows(), whole.scalar_count());
         let mut a = mantissa::backend::executor(&Reference, whole.clone(), true).unwrap();
         let mut b = mantissa::backend::executor(&Reference, split.clone(), true).unwrap();
         for (i, p) in t.gpt.config.init(3).into_iter().enumerate() {
-            a.write(whole.state[i][0], &p).block_on().unwrap();
-            b.write(whole.state[i][0], &p).block_on().unwrap();
+            a.write(whole.state()[i][0], &p).block_on().unwrap();
+            b.write(whole.state()[i][0], &p).block_on().unwrap();
         }
         let sa = a
             .run(Section::Step, &ids, &targets, &scalars)
@@ -1851,7 +1839,7 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
         for i in 1..sa.len().min(1 + 2 * grads) {
             assert_eq!(sa[i].to_bits(), ub[i].to_bits(), "{preset}: stat {i}");
         }
-        for [p, g, m, v] in whole.state.clone() {
+        for &[p, g, m, v] in whole.state() {
             for id in [p, g, m, v] {
                 let (x, y) = (
                     a.read(id).block_on().unwrap(),
@@ -1896,7 +1884,7 @@ fn fused_attention_trains_as_the_unfused_ops() {
                 .unwrap()
         });
         let attention_ops = |p: &mantissa::plan::Plan| {
-            p.ops
+            p.ops()
                 .iter()
                 .filter(|op| matches!(op, Op::Attention { .. } | Op::AttentionBwd { .. }))
                 .count()

@@ -1,17 +1,61 @@
 //! Recording a plan: tensors and ops pushed one by one, with the folds that merge an op into
 //! the one before it where one pass does both.
 
-use super::{Op, TensorId, TensorInfo, TensorKind};
-#[cfg(test)]
-use super::{Plan, Stats};
+use super::{Op, Plan, Stats, TensorId, TensorInfo, TensorKind};
+use crate::error::Result;
 use crate::format::Format;
 
-/// Records a plan.
+/// Records a plan: its tensors and ops, then `finish` checks them and makes the `Plan`.
 #[derive(Default)]
 pub struct PlanBuilder {
     pub tensors: Vec<TensorInfo>,
     pub ops: Vec<Op>,
     pub constants: Vec<(TensorId, Vec<f32>)>,
+}
+
+/// What the ops of a plan are for (`PlanBuilder::finish`).
+#[derive(Clone, Debug)]
+pub struct Outline {
+    /// `ops[..forward]` is the forward pass (to the loss and logits), `ops[..backward]` goes on
+    /// to the scaled gradients, `ops[..gradients]` to the unscaled, checked gradients; the rest
+    /// update the trained state.
+    pub forward: usize,
+    pub backward: usize,
+    pub gradients: usize,
+    /// The tensors a run writes its tokens and targets into (kinds `Tokens` and `Targets`, as
+    /// long as the batch has rows).
+    pub tokens: TensorId,
+    pub targets: TensorId,
+    /// The tensor the host reads after the forward pass, kept whole after it.
+    pub logits: TensorId,
+    /// Per parameter: (parameter, gradient, first moment, second moment).
+    pub state: Vec<[TensorId; 4]>,
+    pub stats: Stats,
+}
+
+impl Outline {
+    /// A plan whose ops all run in every section but `Forward` (`ops[..forward]`), with no
+    /// trained state: what tests and one-op plans need.
+    pub fn ops_alone(
+        forward: usize,
+        ops: usize,
+        (tokens, targets): (TensorId, TensorId),
+        logits: TensorId,
+    ) -> Outline {
+        Outline {
+            forward,
+            backward: ops,
+            gradients: ops,
+            tokens,
+            targets,
+            logits,
+            state: vec![],
+            stats: Stats {
+                grads: 0,
+                linears: 0,
+            },
+        }
+    }
 }
 
 impl PlanBuilder {
@@ -36,6 +80,42 @@ impl PlanBuilder {
 
     pub fn len(&self, id: TensorId) -> usize {
         self.tensors[id].len
+    }
+
+    /// The plan of the ops recorded, for `outline`'s sections, batch and state, checked once
+    /// here (tensors in range, each op's lengths, stored formats, ids, sections in order: see
+    /// `plan::validate`): an error names the op and its tensors.
+    pub fn finish(self, outline: Outline) -> Result<Plan> {
+        let Outline {
+            forward,
+            backward,
+            gradients,
+            tokens,
+            targets,
+            logits,
+            state,
+            stats,
+        } = outline;
+        let mut plan = Plan {
+            rows: self.tensors.get(tokens).map_or(0, |t| t.len),
+            tensors: self.tensors,
+            ops: self.ops,
+            forward,
+            backward,
+            gradients,
+            tokens,
+            targets,
+            logits,
+            state,
+            constants: self.constants,
+            stats,
+            ids: super::IdLimits {
+                tokens: usize::MAX,
+                targets: usize::MAX,
+            },
+        };
+        plan.ids = plan.validate()?;
+        Ok(plan)
     }
 
     /// Records `op`, folding it into the op before where one pass does both with the same
@@ -127,34 +207,6 @@ impl PlanBuilder {
                 },
             ) if *out == x && *held == Format::F32 => *held = format,
             _ => self.push(Op::Round { x, format }),
-        }
-    }
-}
-
-#[cfg(test)]
-impl PlanBuilder {
-    /// The plan of the ops pushed, for tests: the forward pass up to op `forward`, the
-    /// backward pass and the gradients up to `backward`; no trained state.
-    pub(crate) fn test_plan(
-        self,
-        (forward, backward): (usize, usize),
-        rows: usize,
-        [tokens, targets, logits]: [TensorId; 3],
-        linears: usize,
-    ) -> Plan {
-        Plan {
-            tensors: self.tensors,
-            ops: self.ops,
-            forward,
-            backward,
-            gradients: backward,
-            rows,
-            tokens,
-            targets,
-            logits,
-            state: vec![],
-            constants: self.constants,
-            stats: Stats { grads: 0, linears },
         }
     }
 }

@@ -106,6 +106,7 @@ impl Plan {
             coded.push(t);
         }
         coded.extend(self.store_bias_adds_as_codes());
+        debug_assert_eq!(self.validate().map_err(|e| e.to_string()), Ok(self.ids));
         coded
     }
 
@@ -189,7 +190,7 @@ impl Plan {
 mod tests {
     use super::*;
     use crate::algorithm::MatmulShape;
-    use crate::plan::{PlanBuilder, Storage};
+    use crate::plan::{Outline, PlanBuilder, Storage};
 
     /// A layer norm of width `c` (output held in `held`) read by a matmul under `algorithm`,
     /// and by `extra` if given: (plan, the norm's output).
@@ -201,7 +202,7 @@ mod tests {
     ) -> (Plan, TensorId) {
         let mut g = PlanBuilder::default();
         let rows = 3;
-        let x = g.tensor(rows * c, TensorKind::Tokens);
+        let x = g.constant(vec![0.25; rows * c]);
         let (gain, bias) = (g.constant(vec![1.0; c]), g.constant(vec![0.0; c]));
         let (out, stats, w) = (
             g.temp(rows * c),
@@ -230,7 +231,11 @@ mod tests {
         if extra {
             g.push(Op::Amax { x: out, slot: 0 });
         }
-        let plan = g.test_plan((0, 0), rows, [x, x, y], 1);
+        let batch = (
+            g.tensor(rows, TensorKind::Tokens),
+            g.tensor(rows, TensorKind::Targets),
+        );
+        let plan = g.finish(Outline::ops_alone(0, 0, batch, y)).unwrap();
         (plan, out)
     }
 
@@ -280,7 +285,7 @@ mod tests {
     fn bias_add_then_gelu(held: Format, extra: Option<fn(TensorId, TensorId) -> Op>) -> Plan {
         let mut g = PlanBuilder::default();
         let (rows, c) = (3, 4);
-        let x = g.tensor(rows * c, TensorKind::Tokens);
+        let x = g.constant(vec![0.25; rows * c]);
         let (w, bias) = (g.constant(vec![0.5; c * c]), g.constant(vec![0.1; c]));
         let (y, act, dx) = (g.temp(rows * c), g.temp(rows * c), g.temp(rows * c));
         g.push(Op::Matmul {
@@ -311,7 +316,11 @@ mod tests {
             out: dx,
         });
         let ops = g.ops.len();
-        g.test_plan((2, ops), rows, [x, x, dx], 0)
+        let batch = (
+            g.tensor(rows, TensorKind::Tokens),
+            g.tensor(rows, TensorKind::Targets),
+        );
+        g.finish(Outline::ops_alone(2, ops, batch, dx)).unwrap()
     }
 
     #[test]

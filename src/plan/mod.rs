@@ -36,8 +36,9 @@ mod ranks;
 mod storage;
 mod strided;
 mod tensor;
+mod validate;
 
-pub use builder::PlanBuilder;
+pub use builder::{Outline, PlanBuilder};
 pub use codes::{check_stored_operands, codes_read_by};
 pub use exec::StepExecutor;
 pub use op::{Attention, Op, step_algorithm};
@@ -46,6 +47,7 @@ pub use scalar::AdamW;
 pub use storage::Storage;
 pub use strided::Strided;
 pub use tensor::{TensorId, TensorInfo, TensorKind};
+pub use validate::IdLimits;
 
 /// Where each statistic of a step lies in the stats array.
 #[derive(Clone, Copy, Debug)]
@@ -96,28 +98,76 @@ pub enum Section {
     Step,
 }
 
-/// A built plan.
+/// A plan, checked (`PlanBuilder::finish` makes one): every executor runs it as it is. Its parts
+/// are read through the methods of the same names; within the crate, the transformations that
+/// keep it valid (`store_codes`, `split_for_ranks`) and the trainer's initial values of its
+/// parameters (`constants`) change them.
 #[derive(Clone, Debug)]
 pub struct Plan {
-    pub tensors: Vec<TensorInfo>,
-    pub ops: Vec<Op>,
+    pub(crate) tensors: Vec<TensorInfo>,
+    pub(crate) ops: Vec<Op>,
     /// `ops[..forward]` is the forward pass, `ops[..backward]` goes on to the scaled gradients,
     /// `ops[..gradients]` to the unscaled, checked gradients.
-    pub forward: usize,
-    pub backward: usize,
-    pub gradients: usize,
+    pub(crate) forward: usize,
+    pub(crate) backward: usize,
+    pub(crate) gradients: usize,
     /// Rows of the batch (tokens), the loss's denominator.
-    pub rows: usize,
-    pub tokens: TensorId,
-    pub targets: TensorId,
-    pub logits: TensorId,
+    pub(crate) rows: usize,
+    pub(crate) tokens: TensorId,
+    pub(crate) targets: TensorId,
+    pub(crate) logits: TensorId,
     /// Per parameter: (parameter, gradient, first moment, second moment).
-    pub state: Vec<[TensorId; 4]>,
-    pub constants: Vec<(TensorId, Vec<f32>)>,
-    pub stats: Stats,
+    pub(crate) state: Vec<[TensorId; 4]>,
+    pub(crate) constants: Vec<(TensorId, Vec<f32>)>,
+    pub(crate) stats: Stats,
+    /// The bounds of a run's token and target ids (`exec::check_inputs`).
+    pub(crate) ids: IdLimits,
 }
 
 impl Plan {
+    pub fn tensors(&self) -> &[TensorInfo] {
+        &self.tensors
+    }
+
+    pub fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+
+    /// Rows of the batch: its tokens (and targets), the loss's denominator.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// The tensor a run writes its tokens into.
+    pub fn tokens(&self) -> TensorId {
+        self.tokens
+    }
+
+    /// The tensor a run writes its targets into.
+    pub fn targets(&self) -> TensorId {
+        self.targets
+    }
+
+    /// The tensor the host reads after the forward pass (the logits), kept whole after it.
+    pub fn logits(&self) -> TensorId {
+        self.logits
+    }
+
+    /// Per parameter: (parameter, gradient, first moment, second moment).
+    pub fn state(&self) -> &[[TensorId; 4]] {
+        &self.state
+    }
+
+    /// The tensors with values fixed when the plan was built (or given before its first run).
+    pub fn constants(&self) -> &[(TensorId, Vec<f32>)] {
+        &self.constants
+    }
+
+    /// Where each statistic of a run lies in the stats array.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
     pub fn scalar_count(&self) -> usize {
         scalar::FP8 + 3 * self.stats.linears
     }

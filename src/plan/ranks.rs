@@ -82,6 +82,7 @@ impl Plan {
         }
         let mut sum: Vec<TensorId> = self.state.iter().map(|s| s[1]).collect();
         sum.extend(parts);
+        debug_assert_eq!(self.validate().map_err(|e| e.to_string()), Ok(self.ids));
         sum
     }
 

@@ -15,8 +15,8 @@ use crate::format::Format;
 use crate::measure;
 use crate::plan::scalar::{self, StepScalars};
 use crate::plan::{
-    AdamW, Attention, Op, Plan, PlanBuilder, Section, Stats, StepExecutor, Strided, TensorId,
-    TensorKind,
+    AdamW, Attention, Op, Outline, Plan, PlanBuilder, Section, Stats, StepExecutor, Strided,
+    TensorId, TensorKind,
 };
 use crate::policy::{Fp8Role, Precision};
 
@@ -842,20 +842,16 @@ impl Gpt<'_> {
                 r.g.round(x, p.weights);
             }
         }
-        let mut plan = Plan {
-            tensors: r.g.tensors,
-            ops: r.g.ops,
+        let mut plan = r.g.finish(Outline {
             forward,
             backward,
             gradients,
-            rows: n,
             tokens,
             targets,
             logits,
             state: r.state,
-            constants: r.g.constants,
             stats: r.stats,
-        };
+        })?;
         if coded {
             plan.store_codes();
         }

@@ -77,6 +77,34 @@ fn unscale_blocks(n: usize) -> usize {
 
 /// Scratch values (f32) an op needs besides its operands.
 pub(super) mod scratch {
+    use crate::plan::{Op, TensorId};
+
+    /// The scratch values `op` needs (`len`: the length of each of its tensors).
+    pub fn of(op: &Op, len: impl Fn(TensorId) -> usize) -> usize {
+        let rows = |x: TensorId, width: usize| len(x) / width.max(1);
+        match *op {
+            Op::CrossEntropy { logits, v, .. } => cross_entropy(rows(logits, v)),
+            Op::LayerNormBwd { x, c, .. } => layernorm_bwd(rows(x, c), c),
+            Op::ColumnSums { x, c, .. } => column_sums(rows(x, c), c),
+            Op::UnscaleCheck { grad, .. } => unscale(len(grad)),
+            Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNorm { .. }
+            | Op::Gelu { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::Attention { .. }
+            | Op::AttentionBwd { .. }
+            | Op::Matmul { .. }
+            | Op::Round { .. }
+            | Op::Add { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. }
+            | Op::AdamW { .. } => 0,
+        }
+    }
+
     /// Column sums of `rows x c`.
     pub fn column_sums(rows: usize, c: usize) -> usize {
         super::chunks(rows) * c

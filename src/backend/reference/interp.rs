@@ -8,8 +8,8 @@ use crate::backend::Backend;
 use crate::error::Result;
 use crate::format;
 use crate::plan::exec::{
-    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_add,
-    check_inputs, check_write, tensor_len, update_factor,
+    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
+    check_write, tensor_len, update_factor,
 };
 use crate::plan::graph::{Graphs, Recorder};
 use crate::plan::{AdamW, Op, Plan, Section, Stats, Storage, TensorId, scalar, step_algorithm};
@@ -238,7 +238,6 @@ impl<'a> HostExecutor<'a> {
                 residual,
                 gelu,
             } => {
-                check_add(&self.plan, y, residual, gelu)?;
                 let mut target = match out == y {
                     true => std::mem::take(self.slot(y)),
                     false => self.slot(y).clone(),

@@ -18,8 +18,8 @@ use super::train::{StepLaunch, TrainLaunch, launch};
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::plan::exec::{
-    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_add,
-    check_inputs, check_write, tensor_len,
+    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
+    check_write, tensor_len,
 };
 use crate::plan::{Bucket, Op, Plan, Section, Storage, TensorId};
 use std::collections::HashMap;
@@ -492,7 +492,6 @@ impl<'a> ResidentPlan<'a> {
                 out,
                 scales,
             } => {
-                shape.check(len(a), len(b))?;
                 if shape.c_len() == 0 || shape.k == 0 {
                     // An empty sum: the zero-initialised output stands.
                     return Ok(r);
@@ -525,6 +524,9 @@ impl<'a> ResidentPlan<'a> {
                 None,
                 [Some(x), None, None],
             )?],
+            // In place (with a residual, or its GELU to z), or into a tensor of its own: z, or
+            // w where it is coded (then its GELU to z). The plan has no other add
+            // (`PlanBuilder::finish`).
             Op::Add {
                 x,
                 y,
@@ -533,51 +535,22 @@ impl<'a> ResidentPlan<'a> {
                 y_held,
                 residual,
                 gelu,
-            } if out == y => {
-                check_add(&self.plan, y, residual, gelu)?;
+            } => {
                 let g = gelu.map(|(g, format)| (format, coded(g)));
-                let z = residual.map(|r| r.0).or(gelu.map(|g| g.0));
-                vec![step(
-                    launch::add(len(y), len(x), (y_held, held), residual.map(|r| r.1), g),
-                    Some(x),
-                    [Some(y), z, None],
-                )?]
-            }
-            Op::Add {
-                residual: Some(_), ..
-            } => {
-                return Err(Error::invalid(
-                    "step plan",
-                    "an add with a residual writes in place on wgpu",
-                ));
-            }
-            // Into a tensor of its own: z, or w where it is coded (then its GELU to z).
-            Op::Add {
-                x,
-                y,
-                out,
-                held,
-                y_held,
-                residual: None,
-                gelu,
-            } => {
-                check_add(&self.plan, y, None, gelu)?;
-                let outs = match (coded(out), gelu) {
-                    (true, _) => [Some(y), gelu.map(|g| g.0), Some(out)],
-                    (false, None) => [Some(y), Some(out), None],
-                    (false, Some(_)) => {
-                        return Err(Error::invalid(
-                            "step plan",
-                            "an add with a GELU writes in place or as codes on wgpu",
-                        ));
-                    }
+                let launch = if out == y {
+                    let z = residual.map(|r| r.0).or(gelu.map(|g| g.0));
+                    let l = launch::add(len(y), len(x), (y_held, held), residual.map(|r| r.1), g);
+                    (l, [Some(y), z, None])
+                } else {
+                    debug_assert!(residual.is_none() && (gelu.is_none() || coded(out)));
+                    let outs = match coded(out) {
+                        true => [Some(y), gelu.map(|g| g.0), Some(out)],
+                        false => [Some(y), Some(out), None],
+                    };
+                    let l = launch::add_into(len(y), len(x), (y_held, held), coded(out), g);
+                    (l, outs)
                 };
-                let g = gelu.map(|(g, format)| (format, coded(g)));
-                vec![step(
-                    launch::add_into(len(y), len(x), (y_held, held), coded(out), g),
-                    Some(x),
-                    outs,
-                )?]
+                vec![step(launch.0, Some(x), launch.1)?]
             }
             Op::ColumnSums { x, out, c } => {
                 let rows = rows_of(x, c);
