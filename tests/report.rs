@@ -189,7 +189,7 @@ impl Backend for Faulty {
         Reference.unscale_check(g, inverse_scale).await
     }
     fn resident_executor<'a>(&'a self, plan: Plan) -> R<Box<dyn StepExecutor + 'a>> {
-        Ok(Box::new(HostExecutor::new(self, plan)))
+        Ok(Box::new(HostExecutor::new(plan)))
     }
 }
 

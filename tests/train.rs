@@ -499,10 +499,10 @@ fn state_gap(a: &[Vec<f32>], b: &[Vec<f32>], floor: f32) -> f32 {
 }
 
 /// The device-resident plan (one submission per step, every op a kernel) against the host
-/// interpreter of the same plan on the same backend: per-step losses, gradients and the
-/// weights and moments after the updates, under f32, both mixed presets, a "true" preset and
-/// fp8 with delayed scaling.
-fn resident_plan_matches_the_host_interpreter(b: &dyn Backend) {
+/// interpreter, the reference's executor, running the same plan: per-step losses, gradients and
+/// the weights and moments after the updates, under f32, both mixed presets, a "true" preset
+/// and fp8 with delayed scaling, within what the device's arithmetic moves them.
+fn resident_plan_matches_the_reference_executor(b: &dyn Backend) {
     {
         let corpus = corpus();
         for preset in [
@@ -548,13 +548,22 @@ fn resident_plan_matches_the_host_interpreter(b: &dyn Backend) {
                 max <= 6.0 * lr * 1.01,
                 "{preset}: a weight moved {max} apart"
             );
+            // fp8's steps are coarse: a gradient element the device's arithmetic moves across
+            // an e5m2 rounding boundary changes by up to a quarter (its square by up to
+            // (1 + 1/4)^2 - 1), and its later updates by more than lr/10 (the scales, from each
+            // executor's own amaxes, differ too).
+            let (most, v_gap) = match preset {
+                Preset::TransformerEngine => (0.08, 0.6),
+                _ => (0.02, 0.2),
+            };
             assert!(
-                far < 0.02,
+                far < most,
                 "{preset}: {:.2}% of the weights differ by over lr/10",
                 far * 100.0
             );
             let gap = state_gap(&sr.adam_v, &sh.adam_v, 1e-8);
-            assert!(gap < 0.2, "{preset}: second moments differ by {gap}");
+            eprintln!("{preset}: second moments within {gap:.3}");
+            assert!(gap < v_gap, "{preset}: second moments differ by {gap}");
             if let (Some(Fp8State { layers: a }), Some(Fp8State { layers: h })) =
                 (&resident.fp8, &host.fp8)
             {
@@ -1113,7 +1122,7 @@ backend_tests!(
     coded_outputs_are_the_held_values,
     coded_activations_train_as_f32_storage,
     held_outputs_match_their_definition,
-    resident_plan_matches_the_host_interpreter,
+    resident_plan_matches_the_reference_executor,
     resident_plan_skips_non_finite_steps_and_resumes,
     resident_fused_attention_matches_its_definition,
     fused_attention_ops_match_their_definition
@@ -1126,7 +1135,7 @@ backend_tests!(
     coded_outputs_are_the_held_values,
     coded_activations_train_as_f32_storage,
     held_outputs_match_their_definition,
-    resident_plan_matches_the_host_interpreter,
+    resident_plan_matches_the_reference_executor,
     resident_plan_skips_non_finite_steps_and_resumes,
     resident_fused_attention_matches_its_definition,
     fused_attention_ops_match_their_definition

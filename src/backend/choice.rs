@@ -6,8 +6,9 @@ use super::{Backend, BackendChoice, BackendKind, Reference};
 use crate::error::{Error, Result};
 use crate::plan::{Plan, StepExecutor};
 
-/// The executor of `plan` on `backend`: its own (device-resident) one when `resident`, else the
-/// host interpreter over its ops, one round trip per op (the cross-check of the resident one).
+/// The executor of `plan`: `backend`'s own (device-resident) one when `resident`, else the
+/// host interpreter, the reference's executor, which runs the plan built for `backend` with the
+/// host reference's numbers (the cross-check of the backend's own).
 pub fn executor<'a>(
     backend: &'a dyn Backend,
     plan: Plan,
@@ -16,7 +17,7 @@ pub fn executor<'a>(
     if resident {
         backend.resident_executor(plan)
     } else {
-        Ok(Box::new(HostExecutor::new(backend, plan)))
+        Ok(Box::new(HostExecutor::new(plan)))
     }
 }
 

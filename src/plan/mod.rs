@@ -1,9 +1,10 @@
 //! The step program: one step of a model (forward, backward, optimizer update) as a list of
 //! ops on numbered tensors, built once per (model, precision, batch shape) and run by an
-//! executor (`exec::StepExecutor`): the host interpreter (`backend::reference::interp`, a
-//! backend's ops one round trip at a time) or a device executor that keeps every tensor
-//! resident and replays the step as one submission (`backend::wgpu::plan`,
-//! `backend::cuda::plan`).
+//! executor (`exec::StepExecutor`): the host interpreter, the reference backend's executor
+//! (`backend::reference::interp`: each op the host reference's definition), or a device executor
+//! that keeps every tensor resident and replays the step as one submission
+//! (`backend::wgpu::plan`, `backend::cuda::plan`). `plan::Op` is the only way an op reaches a
+//! backend: every executor runs any plan `PlanBuilder::finish` made.
 //!
 //! This layer sits below the backends and above the algorithms and formats: it names what a
 //! step computes, never how a device computes it, and imports nothing from `backend` or `train`.

@@ -136,7 +136,9 @@ impl Plan {
                     match (values, out_of_range) {
                         (Some(_), None) => {}
                         (None, _) => {
-                            return Err(check.fail(format!("its ids, tensor {ids}, have no values")));
+                            return Err(
+                                check.fail(format!("its ids, tensor {ids}, have no values"))
+                            );
                         }
                         (Some(_), Some(bad)) => {
                             return Err(

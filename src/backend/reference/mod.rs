@@ -4,8 +4,8 @@
 //! - `matmul.rs`: the reference matmul of every algorithm (f64 accumulation per level)
 //! - `ops.rs`: the training ops (layer norm, GELU, softmax, cross entropy, embeddings, AdamW),
 //!   forward and backward
-//! - `interp.rs`: the host interpreter of step plans (the reference's executor, and the
-//!   cross-check of every device-resident one)
+//! - `interp.rs`: the host interpreter of step plans (the reference's executor, whose numbers
+//!   every device-resident one is compared with)
 
 pub mod interp;
 pub mod matmul;
@@ -185,9 +185,8 @@ impl Backend for Reference {
         Ok(ops::unscale_check(g, inverse_scale))
     }
 
-    /// The host interpreter over the reference ops: host memory is where the reference keeps
-    /// its tensors.
+    /// The host interpreter: host memory is where the reference keeps its tensors.
     fn resident_executor<'a>(&'a self, plan: Plan) -> Result<Box<dyn StepExecutor + 'a>> {
-        Ok(Box::new(HostExecutor::new(self, plan)))
+        Ok(Box::new(HostExecutor::new(plan)))
     }
 }
