@@ -186,26 +186,8 @@ impl PlanBuilder {
         if format == Format::F32 {
             return;
         }
-        match self.ops.last_mut() {
-            // An add with a residual holds its last sum in the residual's format; one with a
-            // GELU holds the GELU in its own.
-            Some(Op::Add {
-                out,
-                residual: Some((_, held)),
-                ..
-            })
-            | Some(Op::Add {
-                gelu: Some((out, held)),
-                ..
-            })
-            | Some(
-                Op::LayerNorm { out, held, .. }
-                | Op::Gelu { out, held, .. }
-                | Op::Add { out, held, .. }
-                | Op::CrossEntropy {
-                    grad: out, held, ..
-                },
-            ) if *out == x && *held == Format::F32 => *held = format,
+        match self.ops.last_mut().and_then(Op::held_output) {
+            Some((out, held)) if out == x && *held == Format::F32 => *held = format,
             _ => self.push(Op::Round { x, format }),
         }
     }

@@ -64,7 +64,25 @@ impl Plan {
                 scales: None,
                 ..
             } => codes_read_by(algorithm),
-            _ => None,
+            Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNorm { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::Gelu { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::Attention { .. }
+            | Op::AttentionBwd { .. }
+            | Op::CrossEntropy { .. }
+            | Op::Matmul { .. }
+            | Op::Round { .. }
+            | Op::Add { .. }
+            | Op::ColumnSums { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. }
+            | Op::UnscaleCheck { .. }
+            | Op::AdamW { .. } => None,
         };
         let mut coded = vec![];
         for t in 0..n {
@@ -85,22 +103,41 @@ impl Plan {
                 continue;
             }
             let one_rounding = |held: Format| held == Format::F32 || held == format;
-            match &mut self.ops[w] {
-                Op::LayerNorm { out, held, c, .. }
-                    if *out == t && *c % 2 == 0 && one_rounding(*held) =>
-                {
-                    *held = format
+            let writes_codes = match &self.ops[w] {
+                Op::LayerNorm { out, held, c, .. } => {
+                    *out == t && *c % 2 == 0 && one_rounding(*held)
                 }
-                Op::Gelu { out, held, .. }
-                | Op::Add {
-                    gelu: Some((out, held)),
-                    ..
-                } if *out == t && one_rounding(*held) => *held = format,
+                Op::Gelu { out, held, .. } => *out == t && one_rounding(*held),
+                Op::Add { gelu, .. } => {
+                    gelu.is_some_and(|(out, held)| out == t && one_rounding(held))
+                }
                 // Fused attention holds its output in `compute` already; heads of even width
                 // keep each word within one head's row.
-                Op::Attention { out, spec, .. }
-                    if *out == t && spec.compute == format && spec.d % 2 == 0 => {}
-                _ => continue,
+                Op::Attention { out, spec, .. } => {
+                    *out == t && spec.compute == format && spec.d % 2 == 0
+                }
+                Op::Embedding { .. }
+                | Op::EmbeddingBwd { .. }
+                | Op::LayerNormBwd { .. }
+                | Op::GeluBwd { .. }
+                | Op::Softmax { .. }
+                | Op::SoftmaxBwd { .. }
+                | Op::AttentionBwd { .. }
+                | Op::CrossEntropy { .. }
+                | Op::Matmul { .. }
+                | Op::Round { .. }
+                | Op::ColumnSums { .. }
+                | Op::Copy { .. }
+                | Op::Amax { .. }
+                | Op::UnscaleCheck { .. }
+                | Op::AdamW { .. } => false,
+            };
+            if !writes_codes {
+                continue;
+            }
+            // The writer rounds as it stores (attention holds nothing of its own choosing).
+            if let Some((_, held)) = self.ops[w].held_output() {
+                *held = format;
             }
             self.tensors[t].stored = format;
             coded.push(t);
@@ -159,15 +196,9 @@ impl Plan {
             if let Op::Add { out, .. } = &mut self.ops[a] {
                 *out = twin;
             }
+            // Each later op names y, if at all, as its coded input (`decodes`).
             for op in &mut self.ops[a + 1..] {
-                if let Op::Gelu { x, .. }
-                | Op::GeluBwd { x, .. }
-                | Op::Attention { qkv: x, .. }
-                | Op::AttentionBwd { qkv: x, .. } = op
-                    && *x == y
-                {
-                    *x = twin;
-                }
+                *op = op.map_tensors(|t| if t == y { twin } else { t });
             }
             debug_assert!(
                 self.ops[a + 1..]

@@ -199,7 +199,139 @@ impl Op {
         match *self {
             Op::Gelu { x, .. } | Op::GeluBwd { x, .. } => Some(x),
             Op::Attention { qkv, .. } | Op::AttentionBwd { qkv, .. } => Some(qkv),
-            _ => None,
+            Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNorm { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::CrossEntropy { .. }
+            | Op::Matmul { .. }
+            | Op::Round { .. }
+            | Op::Add { .. }
+            | Op::ColumnSums { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. }
+            | Op::UnscaleCheck { .. }
+            | Op::AdamW { .. } => None,
+        }
+    }
+
+    /// The output the op holds in a format of its own choosing (`PlanBuilder::round` folds a
+    /// rounding into it) and that format: a layer norm's, GELU's, the cross entropy's gradient,
+    /// an add's sum (with a residual, its last sum; with a GELU, the GELU).
+    pub(crate) fn held_output(&mut self) -> Option<(TensorId, &mut Format)> {
+        match self {
+            Op::Add {
+                out,
+                residual: Some((_, held)),
+                ..
+            }
+            | Op::Add {
+                gelu: Some((out, held)),
+                ..
+            }
+            | Op::Add { out, held, .. }
+            | Op::LayerNorm { out, held, .. }
+            | Op::Gelu { out, held, .. }
+            | Op::CrossEntropy {
+                grad: out, held, ..
+            } => Some((*out, held)),
+            Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::Attention { .. }
+            | Op::AttentionBwd { .. }
+            | Op::Matmul { .. }
+            | Op::Round { .. }
+            | Op::ColumnSums { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. }
+            | Op::UnscaleCheck { .. }
+            | Op::AdamW { .. } => None,
+        }
+    }
+
+    /// The op with every tensor id `t` it names replaced by `to(t)`.
+    pub fn map_tensors(&self, mut to: impl FnMut(TensorId) -> TensorId) -> Op {
+        let mut op = self.clone();
+        for t in op.tensors_mut() {
+            *t = to(*t);
+        }
+        op
+    }
+
+    /// Every tensor id the op names.
+    fn tensors_mut(&mut self) -> Vec<&mut TensorId> {
+        match self {
+            Op::Embedding {
+                table, ids, out, ..
+            } => vec![table, ids, out],
+            Op::EmbeddingBwd { dout, ids, out, .. } => vec![dout, ids, out],
+            Op::LayerNorm {
+                x,
+                g,
+                b,
+                out,
+                stats,
+                ..
+            } => vec![x, g, b, out, stats],
+            Op::LayerNormBwd {
+                dy,
+                x,
+                g,
+                stats,
+                dx,
+                dg,
+                db,
+                ..
+            } => vec![dy, x, g, stats, dx, dg, db],
+            Op::Gelu { x, out, .. } => vec![x, out],
+            Op::GeluBwd { x, dy, out } => vec![x, dy, out],
+            Op::Softmax { x, out, .. } => vec![x, out],
+            Op::SoftmaxBwd { p, dp, out, .. } => vec![p, dp, out],
+            Op::Attention {
+                qkv, out, stats, ..
+            } => vec![qkv, out, stats],
+            Op::AttentionBwd {
+                qkv,
+                dout,
+                stats,
+                delta,
+                dqkv,
+                ..
+            } => vec![qkv, dout, stats, delta, dqkv],
+            Op::CrossEntropy {
+                logits,
+                targets,
+                grad,
+                ..
+            } => vec![logits, targets, grad],
+            Op::Matmul { a, b, out, .. } => vec![a, b, out],
+            Op::Round { x, .. } => vec![x],
+            Op::Add {
+                x,
+                y,
+                out,
+                residual,
+                gelu,
+                ..
+            } => {
+                let mut t = vec![x, y, out];
+                t.extend(residual.as_mut().map(|(r, _)| r));
+                t.extend(gelu.as_mut().map(|(g, _)| g));
+                t
+            }
+            Op::ColumnSums { x, out, .. } => vec![x, out],
+            Op::Copy { x, out, .. } => vec![x, out],
+            Op::Amax { x, .. } => vec![x],
+            Op::UnscaleCheck { grad, .. } => vec![grad],
+            Op::AdamW {
+                param, grad, m, v, ..
+            } => vec![param, grad, m, v],
         }
     }
 
@@ -271,7 +403,23 @@ impl Op {
             Op::Add {
                 residual: Some(_), ..
             } => "add + residual".into(),
-            op => op.name().into(),
+            op @ (Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNorm { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::Gelu { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::Attention { .. }
+            | Op::AttentionBwd { .. }
+            | Op::CrossEntropy { .. }
+            | Op::Add { .. }
+            | Op::ColumnSums { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. }
+            | Op::UnscaleCheck { .. }
+            | Op::AdamW { .. }) => op.name().into(),
         }
     }
 }

@@ -56,7 +56,24 @@ impl Plan {
                             .iter()
                             .all(|op| !op.reads_writes().0.contains(&x))
                 }
-                _ => false,
+                Op::Embedding { .. }
+                | Op::EmbeddingBwd { .. }
+                | Op::LayerNorm { .. }
+                | Op::LayerNormBwd { .. }
+                | Op::Gelu { .. }
+                | Op::GeluBwd { .. }
+                | Op::Softmax { .. }
+                | Op::SoftmaxBwd { .. }
+                | Op::Attention { .. }
+                | Op::AttentionBwd { .. }
+                | Op::CrossEntropy { .. }
+                | Op::Matmul { .. }
+                | Op::Add { .. }
+                | Op::ColumnSums { .. }
+                | Op::Copy { .. }
+                | Op::Amax { .. }
+                | Op::UnscaleCheck { .. }
+                | Op::AdamW { .. } => false,
             });
             if movable {
                 for &i in &later {

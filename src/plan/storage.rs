@@ -27,9 +27,27 @@ impl Plan {
                 last[t] = i;
             }
             for &t in &writes {
+                // Every op but a strided copy writes its outputs whole.
                 written[t] += match op {
                     Op::Copy { map, .. } => map.len(),
-                    _ => self.tensors[t].len,
+                    Op::Embedding { .. }
+                    | Op::EmbeddingBwd { .. }
+                    | Op::LayerNorm { .. }
+                    | Op::LayerNormBwd { .. }
+                    | Op::Gelu { .. }
+                    | Op::GeluBwd { .. }
+                    | Op::Softmax { .. }
+                    | Op::SoftmaxBwd { .. }
+                    | Op::Attention { .. }
+                    | Op::AttentionBwd { .. }
+                    | Op::CrossEntropy { .. }
+                    | Op::Matmul { .. }
+                    | Op::Round { .. }
+                    | Op::Add { .. }
+                    | Op::ColumnSums { .. }
+                    | Op::Amax { .. }
+                    | Op::UnscaleCheck { .. }
+                    | Op::AdamW { .. } => self.tensors[t].len,
                 };
             }
         }

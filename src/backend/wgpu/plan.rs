@@ -217,24 +217,23 @@ impl<'a> ResidentPlan<'a> {
         };
         for (i, op) in plan.ops.iter().enumerate() {
             c.first.push(c.dispatches.len());
-            let tile = match op {
-                Op::Matmul {
-                    shape,
-                    algorithm,
-                    a,
-                    b,
-                    ..
-                } => {
-                    let on_device = matmul::OnDevice {
-                        a: &c.tensors[*a],
-                        b: &c.tensors[*b],
-                        stored: [*a, *b].map(|t| self.plan.tensors[t].stored),
-                    };
-                    let tile = self.backend.tile_for(shape, algorithm, on_device).await?.0;
-                    Some(tile)
-                }
-                _ => None,
-            };
+            // A matmul's tile, from the autotuner.
+            let mut tile = None;
+            if let Op::Matmul {
+                shape,
+                algorithm,
+                a,
+                b,
+                ..
+            } = op
+            {
+                let on_device = matmul::OnDevice {
+                    a: &c.tensors[*a],
+                    b: &c.tensors[*b],
+                    stored: [*a, *b].map(|t| self.plan.tensors[t].stored),
+                };
+                tile = Some(self.backend.tile_for(shape, algorithm, on_device).await?.0);
+            }
             let lendable = || idle[i].iter().map(|&s| &slot_buffers[s]);
             let lent = BufferPool::fitting();
             if tile.is_some() {
