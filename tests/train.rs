@@ -582,6 +582,110 @@ fn resident_plan_matches_the_reference_executor(b: &dyn Backend) {
     }
 }
 
+/// The device-resident plan's forward and backward passes are the plan's ops run one by one on
+/// the same device, each alone in a plan of its own (the same kernels on the same stored
+/// formats; the tensors' values carried between them on the host): the loss and every
+/// gradient bit for bit, under bf16-mixed (coded tensors, folded adds) and transformer-engine
+/// (fp8 with delayed scaling). What the resident plan adds to its ops (shared buffers, one
+/// submission, operand planes in idle slots) changes no bit.
+fn resident_plan_is_its_ops_one_by_one(b: &dyn Backend) {
+    use mantissa::plan::{Op, Outline, PlanBuilder, TensorKind, scalar::StepScalars};
+    let corpus = corpus();
+    for preset in [Preset::MixedBf16, Preset::TransformerEngine] {
+        let t = Trainer::new(b, &corpus, options(&corpus, preset, 29)).unwrap();
+        let plan = t.plan().clone();
+        let cfg = &t.gpt.config;
+        let (ids, targets) = corpus
+            .batch(false, cfg.batch_size, cfg.block_size, 29, 0)
+            .unwrap();
+        let scalars = StepScalars {
+            adamw: &mantissa::plan::AdamW::default(),
+            clip: 1.0,
+            loss_scale: 1.0,
+            poison: 0.0,
+            t: 1,
+            ranks: 1,
+            fp8: &t.fp8_scales(),
+        }
+        .array(plan.rows(), plan.scalar_count());
+        let mut resident = mantissa::backend::executor(b, plan.clone(), true).unwrap();
+        let stats = resident
+            .run(Section::Backward, &ids, &targets, &scalars)
+            .block_on()
+            .unwrap();
+        // The tensors' values between the ops: the plan's constants, zeros elsewhere.
+        let mut values: Vec<Vec<f32>> = plan.tensors().iter().map(|t| vec![0.0; t.len]).collect();
+        for (id, v) in plan.constants() {
+            values[*id] = v.clone();
+        }
+        let mut loss = None;
+        for op in plan.ops_of(Section::Backward) {
+            let (reads, writes) = op.reads_writes();
+            let mut g = PlanBuilder::default();
+            let rows = plan.rows();
+            let batch = (
+                g.tensor(rows, TensorKind::Tokens),
+                g.tensor(rows, TensorKind::Targets),
+            );
+            // Each tensor the op names, in a plan of its own: the batch as the batch, a
+            // constant (the positions) as a constant, the rest kept whole and written first.
+            let mut of = std::collections::HashMap::new();
+            let mut written = vec![];
+            for id in reads.iter().chain(&writes).copied() {
+                if of.contains_key(&id) {
+                    continue;
+                }
+                let info = &plan.tensors()[id];
+                let new = if id == plan.tokens() {
+                    batch.0
+                } else if id == plan.targets() {
+                    batch.1
+                } else if info.kind == TensorKind::Constant && !writes.contains(&id) {
+                    g.constant(values[id].clone())
+                } else {
+                    let new = g.tensor(info.len, TensorKind::Partial);
+                    g.tensors[new].stored = info.stored;
+                    written.push((new, id));
+                    new
+                };
+                of.insert(id, new);
+            }
+            g.ops.push(op.map_tensors(|id| of[&id]));
+            let mut outline = Outline::ops_alone(1, 1, batch, batch.0);
+            outline.stats = plan.stats();
+            let alone = g.finish(outline).unwrap();
+            let mut exec = mantissa::backend::executor(b, alone, true).unwrap();
+            for &(new, id) in &written {
+                exec.write(new, &values[id]).block_on().unwrap();
+            }
+            let stats = exec
+                .run(Section::Step, &ids, &targets, &scalars)
+                .block_on()
+                .unwrap();
+            for id in writes {
+                values[id] = exec.read(of[&id]).block_on().unwrap();
+            }
+            if let Op::CrossEntropy { .. } = op {
+                loss = Some(stats[mantissa::plan::Stats::LOSS]);
+            }
+        }
+        let loss = loss.expect("a cross entropy");
+        assert_eq!(
+            stats[mantissa::plan::Stats::LOSS].to_bits(),
+            loss.to_bits(),
+            "{preset}: the loss {} resident, {loss} op by op",
+            stats[mantissa::plan::Stats::LOSS]
+        );
+        for (i, &[_, grad, _, _]) in plan.state().iter().enumerate() {
+            let got = resident.read(grad).block_on().unwrap();
+            assert!(
+                common::same_bits(&got, &values[grad]),
+                "{preset}: gradient {i} differs from the ops' one by one"
+            );
+        }
+    }
+}
+
 /// Three steps of a device trainer and a host one that agree up to the device's arithmetic:
 /// each step's loss within 1e-3 and gradient norm within 2e-2 relative, the same skips; then
 /// the gradients within 5e-2 of the largest (returned: how far apart they are).
@@ -1123,6 +1227,7 @@ backend_tests!(
     coded_activations_train_as_f32_storage,
     held_outputs_match_their_definition,
     resident_plan_matches_the_reference_executor,
+    resident_plan_is_its_ops_one_by_one,
     resident_plan_skips_non_finite_steps_and_resumes,
     resident_fused_attention_matches_its_definition,
     fused_attention_ops_match_their_definition
@@ -1136,6 +1241,7 @@ backend_tests!(
     coded_activations_train_as_f32_storage,
     held_outputs_match_their_definition,
     resident_plan_matches_the_reference_executor,
+    resident_plan_is_its_ops_one_by_one,
     resident_plan_skips_non_finite_steps_and_resumes,
     resident_fused_attention_matches_its_definition,
     fused_attention_ops_match_their_definition
