@@ -15,7 +15,7 @@ pub fn executor<'a>(
     resident: bool,
 ) -> Result<Box<dyn StepExecutor + 'a>> {
     if resident {
-        backend.resident_executor(plan)
+        backend.executor(plan)
     } else {
         Ok(Box::new(HostExecutor::new(plan)))
     }

@@ -618,12 +618,11 @@ impl Gpt<'_> {
     /// The plan of one step on batches of `sequences` sequences of `t` tokens: the forward pass
     /// to the loss, the backward pass to the gradients of `loss * loss scale`, the unscale and
     /// finite check, and the AdamW update (held in `p.weights`). Attention is one fused op where
-    /// the backend has a kernel for it (`Backend::fuses_attention`), else the unfused ops; the
+    /// the backend has a kernel for it (`Capabilities::fuses_attention`), else the unfused ops; the
     /// matmuls' 16-bit inputs are stored as codes unless `MANTISSA_ACTIVATIONS=f32`.
     pub fn plan(&self, p: &Precision, sequences: usize, t: usize) -> Result<Plan> {
-        let fused = self
-            .backend
-            .fuses_attention(&p.matmul, self.config.head_dim());
+        let fused =
+            (self.backend.capabilities()).fuses_attention(&p.matmul, self.config.head_dim());
         self.plan_with(p, sequences, t, fused, stores_codes()?)
     }
 

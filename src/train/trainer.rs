@@ -40,7 +40,7 @@ pub struct TrainOptions {
     /// free (`--memory-limit`: to leave room on a shared GPU).
     pub memory_limit: Option<u64>,
     /// Attention as one fused op (`plan::Op::Attention`) or as separate ops; None: fused where
-    /// the backend has a kernel for it (`Backend::fuses_attention`). Both compute the same
+    /// the backend has a kernel for it (`Capabilities::fuses_attention`). Both compute the same
     /// function; fused on a resident executor without the kernel (wgpu) is an error.
     pub fused_attention: Option<bool>,
     /// The matmuls' 16-bit inputs (layer norm and GELU outputs) stored as 16-bit codes
@@ -199,9 +199,11 @@ impl<'a> Trainer<'a> {
             backend,
         };
         let cfg = &options.config;
-        let fused = options
-            .fused_attention
-            .unwrap_or_else(|| backend.fuses_attention(&precision.matmul, cfg.head_dim()));
+        let fused = options.fused_attention.unwrap_or_else(|| {
+            backend
+                .capabilities()
+                .fuses_attention(&precision.matmul, cfg.head_dim())
+        });
         let coded = match options.coded_activations {
             Some(coded) => coded,
             None => super::model::stores_codes()?,

@@ -246,7 +246,7 @@ impl<'a> CudaPlan<'a> {
             } => {
                 let ptrs = [self.p(logits), self.p(targets), self.p(grad), stats];
                 let shape = (crate::plan::Stats::LOSS, self.rows(logits, v), v);
-                launch::cross_entropy_fwd(cb, ptrs, shape, work, Some((scalars, held)))
+                launch::cross_entropy_fwd(cb, ptrs, shape, work, (scalars, held))
             }
             Op::Matmul {
                 ref shape,

@@ -471,7 +471,7 @@ impl<'a> ResidentPlan<'a> {
                 let rows = rows_of(logits, v);
                 let losses = storage_of(gpu, rows)?;
                 let fwd = train_on(
-                    launch::cross_entropy_fwd(rows, v, Some(held)),
+                    launch::cross_entropy_fwd(rows, v, held),
                     [&t[logits], &t[targets], &c.scalars],
                     [&t[grad], &losses, &dummies.write[0]],
                 )?;

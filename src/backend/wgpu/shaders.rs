@@ -95,11 +95,10 @@ pub enum StepOp {
     MeanToStat,
     UnscaleCheck,
     Adamw,
-    CrossEntropyBwd,
 }
 
 impl StepOp {
-    pub const ALL: [StepOp; 8] = [
+    pub const ALL: [StepOp; 7] = [
         StepOp::Round,
         StepOp::Add,
         StepOp::AddInto,
@@ -107,7 +106,6 @@ impl StepOp {
         StepOp::MeanToStat,
         StepOp::UnscaleCheck,
         StepOp::Adamw,
-        StepOp::CrossEntropyBwd,
     ];
 
     pub fn entry_point(self) -> &'static str {
@@ -119,7 +117,6 @@ impl StepOp {
             StepOp::MeanToStat => "mean_to_stat",
             StepOp::UnscaleCheck => "unscale_check",
             StepOp::Adamw => "adamw",
-            StepOp::CrossEntropyBwd => "cross_entropy_bwd",
         }
     }
 }
