@@ -58,31 +58,18 @@ impl Plan {
                 writers[t].push(i);
             }
         }
-        let rounds_to = |op: &Op| match op {
-            Op::Matmul {
+        // What a reader rounds to as it reads: a matmul under an algorithm that rounds both
+        // operands to 16 bits; no other op (it reads f32, or decodes: `Op::coded_input`).
+        let rounds_to = |op: &Op| {
+            let Op::Matmul {
                 algorithm,
                 scales: None,
                 ..
-            } => codes_read_by(algorithm),
-            Op::Embedding { .. }
-            | Op::EmbeddingBwd { .. }
-            | Op::LayerNorm { .. }
-            | Op::LayerNormBwd { .. }
-            | Op::Gelu { .. }
-            | Op::GeluBwd { .. }
-            | Op::Softmax { .. }
-            | Op::SoftmaxBwd { .. }
-            | Op::Attention { .. }
-            | Op::AttentionBwd { .. }
-            | Op::CrossEntropy { .. }
-            | Op::Matmul { .. }
-            | Op::Round { .. }
-            | Op::Add { .. }
-            | Op::ColumnSums { .. }
-            | Op::Copy { .. }
-            | Op::Amax { .. }
-            | Op::UnscaleCheck { .. }
-            | Op::AdamW { .. } => None,
+            } = op
+            else {
+                return None;
+            };
+            codes_read_by(algorithm)
         };
         let mut coded = vec![];
         for t in 0..n {
@@ -102,43 +89,21 @@ impl Plan {
             {
                 continue;
             }
-            let one_rounding = |held: Format| held == Format::F32 || held == format;
-            let writes_codes = match &self.ops[w] {
-                Op::LayerNorm { out, held, c, .. } => {
-                    *out == t && *c % 2 == 0 && one_rounding(*held)
+            // Its writer rounds as it stores, once (it holds the output in f32 or in this
+            // format already; attention holds it in its compute format), and stores codes.
+            let mut writer = self.ops[w].clone();
+            let once = match writer.held_output() {
+                Some((out, held)) if out == t => {
+                    let once = *held == Format::F32 || *held == format;
+                    *held = format;
+                    once
                 }
-                Op::Gelu { out, held, .. } => *out == t && one_rounding(*held),
-                Op::Add { gelu, .. } => {
-                    gelu.is_some_and(|(out, held)| out == t && one_rounding(held))
-                }
-                // Fused attention holds its output in `compute` already; heads of even width
-                // keep each word within one head's row.
-                Op::Attention { out, spec, .. } => {
-                    *out == t && spec.compute == format && spec.d % 2 == 0
-                }
-                Op::Embedding { .. }
-                | Op::EmbeddingBwd { .. }
-                | Op::LayerNormBwd { .. }
-                | Op::GeluBwd { .. }
-                | Op::Softmax { .. }
-                | Op::SoftmaxBwd { .. }
-                | Op::AttentionBwd { .. }
-                | Op::CrossEntropy { .. }
-                | Op::Matmul { .. }
-                | Op::Round { .. }
-                | Op::ColumnSums { .. }
-                | Op::Copy { .. }
-                | Op::Amax { .. }
-                | Op::UnscaleCheck { .. }
-                | Op::AdamW { .. } => false,
+                _ => true,
             };
-            if !writes_codes {
+            if !once || !writer.coded_output(t, format) {
                 continue;
             }
-            // The writer rounds as it stores (attention holds nothing of its own choosing).
-            if let Some((_, held)) = self.ops[w].held_output() {
-                *held = format;
-            }
+            self.ops[w] = writer;
             self.tensors[t].stored = format;
             coded.push(t);
         }

@@ -1,8 +1,12 @@
 //! The ops of a plan: what each computes (the host reference is `backend::reference::ops`),
-//! the tensors it reads and writes, and its name in errors and profiles.
+//! the tensors it reads and writes, its name in errors and profiles, and what the plan checks
+//! and decides of each (its lengths, ids, in-place updates, 16-bit codes). Everything the
+//! `plan` module knows of a particular op is here.
 
+use super::validate::Check;
 use super::{Strided, TensorId};
 use crate::algorithm::{Algorithm, MatmulShape};
+use crate::error::Result;
 use crate::format::Format;
 
 /// Fused causal self-attention over the rows of a (B, T, 3C) q|k|v tensor (the flash-attention
@@ -515,5 +519,330 @@ pub fn step_algorithm(
             },
         },
         (alg, _) => alg,
+    }
+}
+
+/// What a plan needs to know of each op beside what it computes: its tensors' lengths, the
+/// tensors it reads as ids, updates in place or writes as codes, and how much of its output it
+/// writes.
+impl Op {
+    /// Checks the op's tensors against its dims, and its stats and scalar slots (once, at
+    /// `PlanBuilder::finish`): `check` gives each tensor's length and names the op in an error.
+    pub(super) fn check_lengths(&self, check: &Check) -> Result<()> {
+        let plan = check.plan;
+        match *self {
+            Op::Embedding { table, ids, out, c } => {
+                check.rows("the table", table, ("c", c))?;
+                check.holds("the output", out, check.len(ids) * c)
+            }
+            Op::EmbeddingBwd {
+                dout,
+                ids,
+                out,
+                rows,
+                c,
+            } => {
+                check.holds("the output's gradient", dout, check.len(ids) * c)?;
+                check.holds("the table's gradient", out, rows * c)
+            }
+            Op::LayerNorm {
+                x,
+                g,
+                b,
+                out,
+                stats,
+                c,
+                ..
+            } => {
+                let rows = check.rows("x", x, ("c", c))?;
+                check.holds("the gain", g, c)?;
+                check.holds("the bias", b, c)?;
+                check.holds("the output", out, check.len(x))?;
+                check.holds("the (mean, rstd) pairs", stats, 2 * rows)
+            }
+            Op::LayerNormBwd {
+                dy,
+                x,
+                g,
+                stats,
+                dx,
+                dg,
+                db,
+                c,
+            } => {
+                let rows = check.rows("x", x, ("c", c))?;
+                check.holds("dy", dy, check.len(x))?;
+                check.holds("the gain", g, c)?;
+                check.holds("the (mean, rstd) pairs", stats, 2 * rows)?;
+                check.holds("dx", dx, check.len(x))?;
+                check.holds("the gain's gradient", dg, c)?;
+                check.holds("the bias's gradient", db, c)
+            }
+            Op::Gelu { x, out, .. } => check.holds("the output", out, check.len(x)),
+            Op::GeluBwd { x, dy, out } => {
+                check.holds("dy", dy, check.len(x))?;
+                check.holds("the output", out, check.len(x))
+            }
+            Op::Softmax { x, out, t, .. } => {
+                check.rows("the scores", x, ("t", t))?;
+                check.holds("the output", out, check.len(x))
+            }
+            Op::SoftmaxBwd { p, dp, out, t, .. } => {
+                check.rows("the probabilities", p, ("t", t))?;
+                check.holds("their gradient", dp, check.len(p))?;
+                check.holds("the output", out, check.len(p))
+            }
+            Op::Attention {
+                qkv,
+                out,
+                stats,
+                ref spec,
+            } => {
+                check.holds("q|k|v", qkv, spec.qkv_len())?;
+                check.holds("the output", out, spec.out_len())?;
+                check.holds("the (max, sum) pairs", stats, 2 * spec.score_rows())
+            }
+            Op::AttentionBwd {
+                qkv,
+                dout,
+                stats,
+                delta,
+                dqkv,
+                ref spec,
+            } => {
+                check.holds("q|k|v", qkv, spec.qkv_len())?;
+                check.holds("the output's gradient", dout, spec.out_len())?;
+                check.holds("the (max, sum) pairs", stats, 2 * spec.score_rows())?;
+                check.holds("the sums of P dP", delta, spec.score_rows())?;
+                check.holds("q|k|v's gradient", dqkv, spec.qkv_len())
+            }
+            Op::CrossEntropy {
+                logits,
+                targets,
+                grad,
+                v,
+                ..
+            } => {
+                let rows = check.rows("the logits", logits, ("v", v))?;
+                check.holds("the targets", targets, rows)?;
+                check.holds("the gradient", grad, check.len(logits))
+            }
+            Op::Matmul {
+                ref shape,
+                a,
+                b,
+                out,
+                scales,
+                ..
+            } => {
+                shape
+                    .check(check.len(a), check.len(b))
+                    .map_err(|e| check.fail(format!("{e} (shape {shape:?})")))?;
+                check.holds("the product", out, shape.c_len())?;
+                match scales {
+                    Some(slots) if slots.iter().any(|&s| s >= plan.scalar_count()) => Err(check
+                        .fail(format!(
+                            "its scales are scalar slots {slots:?} of {}",
+                            plan.scalar_count()
+                        ))),
+                    _ => Ok(()),
+                }
+            }
+            Op::Round { .. } => Ok(()),
+            Op::Add {
+                x,
+                y,
+                out,
+                residual,
+                gelu,
+                ..
+            } => {
+                let n = check.len(y);
+                if n > 0 && (check.len(x) == 0 || !n.is_multiple_of(check.len(x))) {
+                    return Err(check.fail(format!(
+                        "x (tensor {x}) has {} values, which do not repeat over y's {n}",
+                        check.len(x)
+                    )));
+                }
+                check.holds("the output", out, n)?;
+                // The definition takes a GELU only without a residual; the wgpu kernels bind
+                // a residual only in place, a GELU only in place or beside a coded output.
+                if residual.is_some() && gelu.is_some() {
+                    return Err(check.fail("an add takes a residual or a GELU, not both".into()));
+                }
+                if let Some((r, _)) = residual {
+                    check.holds("the residual", r, n)?;
+                    if out != y {
+                        return Err(check.fail("an add with a residual writes in place".into()));
+                    }
+                }
+                if let Some((g, _)) = gelu {
+                    check.holds("the GELU's output", g, n)?;
+                    if out != y && plan.tensors[out].stored == Format::F32 {
+                        return Err(check.fail(
+                            "an add with a GELU writes in place or into a coded tensor".into(),
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            Op::ColumnSums { x, out, c } => {
+                check.rows("x", x, ("c", c))?;
+                check.holds("the sums", out, c)
+            }
+            Op::Copy { x, out, ref map } => {
+                if map.is_empty() {
+                    return Ok(());
+                }
+                // The last element's indices are the largest (the strides are not negative).
+                let (src, dst) = map.indices(map.len() - 1);
+                if src >= check.len(x) || dst >= check.len(out) {
+                    return Err(check.fail(format!(
+                        "the copy reaches element {src} of x (tensor {x}, {} values) and {dst} of \
+                         the output (tensor {out}, {} values)",
+                        check.len(x),
+                        check.len(out)
+                    )));
+                }
+                Ok(())
+            }
+            Op::Amax { slot, .. } if slot >= plan.stats.len() => {
+                Err(check.fail(format!("stats slot {slot} of {}", plan.stats.len())))
+            }
+            Op::Amax { .. } => Ok(()),
+            Op::UnscaleCheck { index, .. } if index >= plan.stats.grads => {
+                Err(check.fail(format!(
+                    "gradient {index} of the {} the stats hold",
+                    plan.stats.grads
+                )))
+            }
+            Op::UnscaleCheck { .. } => Ok(()),
+            Op::AdamW {
+                param, grad, m, v, ..
+            } => {
+                let n = check.len(param);
+                check.holds("the gradient", grad, n)?;
+                check.holds("the first moment", m, n)?;
+                check.holds("the second moment", v, n)
+            }
+        }
+    }
+
+    /// The tensors the op reads as ids (u32 bit patterns), each with the rows it indexes
+    /// (`len`: each tensor's length).
+    pub(super) fn id_reads(&self, len: impl Fn(TensorId) -> usize) -> Vec<(TensorId, usize)> {
+        match *self {
+            Op::Embedding { table, ids, c, .. } => vec![(ids, len(table) / c.max(1))],
+            Op::EmbeddingBwd { ids, rows, .. } => vec![(ids, rows)],
+            Op::CrossEntropy { targets, v, .. } => vec![(targets, v)],
+            Op::LayerNorm { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::Gelu { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::Attention { .. }
+            | Op::AttentionBwd { .. }
+            | Op::Matmul { .. }
+            | Op::Round { .. }
+            | Op::Add { .. }
+            | Op::ColumnSums { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. }
+            | Op::UnscaleCheck { .. }
+            | Op::AdamW { .. } => vec![],
+        }
+    }
+
+    /// The tensors the op reads and writes as one (updates in place).
+    pub(super) fn updated_in_place(&self) -> Vec<TensorId> {
+        match *self {
+            Op::Round { x, .. } => vec![x],
+            Op::Add { y, out, .. } if out == y => vec![y],
+            Op::UnscaleCheck { grad, .. } => vec![grad],
+            Op::AdamW { param, m, v, .. } => vec![param, m, v],
+            Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNorm { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::Gelu { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::Attention { .. }
+            | Op::AttentionBwd { .. }
+            | Op::CrossEntropy { .. }
+            | Op::Matmul { .. }
+            | Op::Add { .. }
+            | Op::ColumnSums { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. } => vec![],
+        }
+    }
+
+    /// Whether the op can write tensor `t` as 16-bit codes of `format`: it holds that output in
+    /// `format` and has a kernel that stores codes (rows and heads of even width, so that no
+    /// 4-byte word spans two of them).
+    pub fn coded_output(&self, t: TensorId, format: Format) -> bool {
+        match *self {
+            Op::LayerNorm { out, held, c, .. } => out == t && held == format && c % 2 == 0,
+            Op::Gelu { out, held, .. } => out == t && held == format,
+            Op::Add {
+                y,
+                out,
+                held,
+                residual,
+                gelu,
+                ..
+            } => {
+                let sum = out == t && out != y && residual.is_none() && held == format;
+                let activation = gelu.is_some_and(|(g, held)| g == t && held == format);
+                sum || activation
+            }
+            Op::Attention { out, spec, .. } => {
+                out == t && spec.compute == format && spec.d % 2 == 0
+            }
+            Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::AttentionBwd { .. }
+            | Op::CrossEntropy { .. }
+            | Op::Matmul { .. }
+            | Op::Round { .. }
+            | Op::ColumnSums { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. }
+            | Op::UnscaleCheck { .. }
+            | Op::AdamW { .. } => false,
+        }
+    }
+
+    /// Elements of its output the op writes, where not all of them (a strided copy writes those
+    /// its map reaches); None: every op else writes its outputs whole.
+    pub(super) fn partial_write(&self) -> Option<usize> {
+        match self {
+            Op::Copy { map, .. } => Some(map.len()),
+            Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNorm { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::Gelu { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::Attention { .. }
+            | Op::AttentionBwd { .. }
+            | Op::CrossEntropy { .. }
+            | Op::Matmul { .. }
+            | Op::Round { .. }
+            | Op::Add { .. }
+            | Op::ColumnSums { .. }
+            | Op::Amax { .. }
+            | Op::UnscaleCheck { .. }
+            | Op::AdamW { .. } => None,
+        }
     }
 }

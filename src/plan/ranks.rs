@@ -38,42 +38,27 @@ impl Plan {
             let later: Vec<usize> = (first[g] + 1..backward.len())
                 .filter(|&i| backward[i].reads_writes().1.contains(&g))
                 .collect();
-            let movable = later.iter().all(|&i| match backward[i] {
-                Op::Round { .. } => true,
-                // A part added in: a temporary no later op of the pass touches.
-                Op::Add {
-                    x,
-                    y,
-                    out,
-                    residual: None,
-                    gelu: None,
-                    ..
-                } => {
-                    y == g
-                        && out == g
-                        && self.tensors[x].kind == TensorKind::Temp
+            // Roundings, and parts added in (a temporary no later op of the pass touches);
+            // any other op keeps the gradient's ops where they are.
+            let movable = later.iter().all(|&i| {
+                let part = |x: TensorId| {
+                    self.tensors[x].kind == TensorKind::Temp
                         && backward[i + 1..]
                             .iter()
                             .all(|op| !op.reads_writes().0.contains(&x))
-                }
-                Op::Embedding { .. }
-                | Op::EmbeddingBwd { .. }
-                | Op::LayerNorm { .. }
-                | Op::LayerNormBwd { .. }
-                | Op::Gelu { .. }
-                | Op::GeluBwd { .. }
-                | Op::Softmax { .. }
-                | Op::SoftmaxBwd { .. }
-                | Op::Attention { .. }
-                | Op::AttentionBwd { .. }
-                | Op::CrossEntropy { .. }
-                | Op::Matmul { .. }
-                | Op::Add { .. }
-                | Op::ColumnSums { .. }
-                | Op::Copy { .. }
-                | Op::Amax { .. }
-                | Op::UnscaleCheck { .. }
-                | Op::AdamW { .. } => false,
+                };
+                matches!(backward[i], Op::Round { .. })
+                    || matches!(
+                        backward[i],
+                        Op::Add {
+                            x,
+                            y,
+                            out,
+                            residual: None,
+                            gelu: None,
+                            ..
+                        } if y == g && out == g && part(x)
+                    )
             });
             if movable {
                 for &i in &later {

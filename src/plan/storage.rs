@@ -1,7 +1,7 @@
 //! Where a plan's tensors live: the life of each temporary within a step, and the slots
 //! (device buffers) temporaries with disjoint lives share.
 
-use super::{Op, Plan, TensorId, TensorInfo, TensorKind};
+use super::{Plan, TensorId, TensorInfo, TensorKind};
 
 impl Plan {
     /// The first and last op using each temporary whose storage may be shared or freed between
@@ -27,28 +27,7 @@ impl Plan {
                 last[t] = i;
             }
             for &t in &writes {
-                // Every op but a strided copy writes its outputs whole.
-                written[t] += match op {
-                    Op::Copy { map, .. } => map.len(),
-                    Op::Embedding { .. }
-                    | Op::EmbeddingBwd { .. }
-                    | Op::LayerNorm { .. }
-                    | Op::LayerNormBwd { .. }
-                    | Op::Gelu { .. }
-                    | Op::GeluBwd { .. }
-                    | Op::Softmax { .. }
-                    | Op::SoftmaxBwd { .. }
-                    | Op::Attention { .. }
-                    | Op::AttentionBwd { .. }
-                    | Op::CrossEntropy { .. }
-                    | Op::Matmul { .. }
-                    | Op::Round { .. }
-                    | Op::Add { .. }
-                    | Op::ColumnSums { .. }
-                    | Op::Amax { .. }
-                    | Op::UnscaleCheck { .. }
-                    | Op::AdamW { .. } => self.tensors[t].len,
-                };
+                written[t] += op.partial_write().unwrap_or(self.tensors[t].len);
             }
         }
         (0..n)

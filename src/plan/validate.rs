@@ -119,9 +119,9 @@ impl Plan {
         for (i, op) in self.ops.iter().enumerate() {
             let check = Check { plan: self, i, op };
             check.tensors()?;
-            check.lengths()?;
+            op.check_lengths(&check)?;
             check.codes()?;
-            for (ids, rows) in check.ids() {
+            for (ids, rows) in op.id_reads(|t| self.tensors[t].len) {
                 if ids == self.tokens {
                     limits.tokens = limits.tokens.min(rows);
                 } else if ids == self.targets {
@@ -161,28 +161,28 @@ impl Plan {
     }
 }
 
-/// The checks of op `i` of `plan`.
-struct Check<'p> {
-    plan: &'p Plan,
+/// The checks of op `i` of `plan` (the per-op rules are the op's: `Op::check_lengths`).
+pub(super) struct Check<'p> {
+    pub(super) plan: &'p Plan,
     i: usize,
     op: &'p Op,
 }
 
 impl Check<'_> {
     /// An error naming the op.
-    fn fail(&self, why: String) -> Error {
+    pub(super) fn fail(&self, why: String) -> Error {
         Error::invalid(
             "step plan",
             format!("op {} ({}): {why}", self.i, self.op.name()),
         )
     }
 
-    fn len(&self, t: TensorId) -> usize {
+    pub(super) fn len(&self, t: TensorId) -> usize {
         self.plan.tensors[t].len
     }
 
     /// Tensor `t` (`what` of the op) holds `expected` values.
-    fn holds(&self, what: &str, t: TensorId, expected: usize) -> Result<()> {
+    pub(super) fn holds(&self, what: &str, t: TensorId, expected: usize) -> Result<()> {
         match self.len(t) {
             got if got == expected => Ok(()),
             got => Err(self.fail(format!(
@@ -192,7 +192,12 @@ impl Check<'_> {
     }
 
     /// The rows of `t` (`what` of the op) as rows of `width` (named `dim`).
-    fn rows(&self, what: &str, t: TensorId, (dim, width): (&str, usize)) -> Result<usize> {
+    pub(super) fn rows(
+        &self,
+        what: &str,
+        t: TensorId,
+        (dim, width): (&str, usize),
+    ) -> Result<usize> {
         let len = self.len(t);
         if width == 0 || !len.is_multiple_of(width) {
             return Err(self.fail(format!(
@@ -210,7 +215,7 @@ impl Check<'_> {
         if let Some(&t) = reads.iter().chain(&writes).find(|&&t| t >= n) {
             return Err(self.fail(format!("tensor {t} is not one of the plan's {n}")));
         }
-        let updated = updated_in_place(self.op);
+        let updated = self.op.updated_in_place();
         for (k, &t) in writes.iter().enumerate() {
             let read = reads.iter().filter(|&&r| r == t).count();
             if writes[..k].contains(&t) || read > usize::from(updated.contains(&t)) {
@@ -222,208 +227,10 @@ impl Check<'_> {
         Ok(())
     }
 
-    /// The lengths of the op's tensors against its dims, and its stats and scalar slots.
-    fn lengths(&self) -> Result<()> {
-        let plan = self.plan;
-        match *self.op {
-            Op::Embedding { table, ids, out, c } => {
-                self.rows("the table", table, ("c", c))?;
-                self.holds("the output", out, self.len(ids) * c)
-            }
-            Op::EmbeddingBwd {
-                dout,
-                ids,
-                out,
-                rows,
-                c,
-            } => {
-                self.holds("the output's gradient", dout, self.len(ids) * c)?;
-                self.holds("the table's gradient", out, rows * c)
-            }
-            Op::LayerNorm {
-                x,
-                g,
-                b,
-                out,
-                stats,
-                c,
-                ..
-            } => {
-                let rows = self.rows("x", x, ("c", c))?;
-                self.holds("the gain", g, c)?;
-                self.holds("the bias", b, c)?;
-                self.holds("the output", out, self.len(x))?;
-                self.holds("the (mean, rstd) pairs", stats, 2 * rows)
-            }
-            Op::LayerNormBwd {
-                dy,
-                x,
-                g,
-                stats,
-                dx,
-                dg,
-                db,
-                c,
-            } => {
-                let rows = self.rows("x", x, ("c", c))?;
-                self.holds("dy", dy, self.len(x))?;
-                self.holds("the gain", g, c)?;
-                self.holds("the (mean, rstd) pairs", stats, 2 * rows)?;
-                self.holds("dx", dx, self.len(x))?;
-                self.holds("the gain's gradient", dg, c)?;
-                self.holds("the bias's gradient", db, c)
-            }
-            Op::Gelu { x, out, .. } => self.holds("the output", out, self.len(x)),
-            Op::GeluBwd { x, dy, out } => {
-                self.holds("dy", dy, self.len(x))?;
-                self.holds("the output", out, self.len(x))
-            }
-            Op::Softmax { x, out, t, .. } => {
-                self.rows("the scores", x, ("t", t))?;
-                self.holds("the output", out, self.len(x))
-            }
-            Op::SoftmaxBwd { p, dp, out, t, .. } => {
-                self.rows("the probabilities", p, ("t", t))?;
-                self.holds("their gradient", dp, self.len(p))?;
-                self.holds("the output", out, self.len(p))
-            }
-            Op::Attention {
-                qkv,
-                out,
-                stats,
-                ref spec,
-            } => {
-                self.holds("q|k|v", qkv, spec.qkv_len())?;
-                self.holds("the output", out, spec.out_len())?;
-                self.holds("the (max, sum) pairs", stats, 2 * spec.score_rows())
-            }
-            Op::AttentionBwd {
-                qkv,
-                dout,
-                stats,
-                delta,
-                dqkv,
-                ref spec,
-            } => {
-                self.holds("q|k|v", qkv, spec.qkv_len())?;
-                self.holds("the output's gradient", dout, spec.out_len())?;
-                self.holds("the (max, sum) pairs", stats, 2 * spec.score_rows())?;
-                self.holds("the sums of P dP", delta, spec.score_rows())?;
-                self.holds("q|k|v's gradient", dqkv, spec.qkv_len())
-            }
-            Op::CrossEntropy {
-                logits,
-                targets,
-                grad,
-                v,
-                ..
-            } => {
-                let rows = self.rows("the logits", logits, ("v", v))?;
-                self.holds("the targets", targets, rows)?;
-                self.holds("the gradient", grad, self.len(logits))
-            }
-            Op::Matmul {
-                ref shape,
-                a,
-                b,
-                out,
-                scales,
-                ..
-            } => {
-                shape
-                    .check(self.len(a), self.len(b))
-                    .map_err(|e| self.fail(format!("{e} (shape {shape:?})")))?;
-                self.holds("the product", out, shape.c_len())?;
-                match scales {
-                    Some(slots) if slots.iter().any(|&s| s >= plan.scalar_count()) => Err(self
-                        .fail(format!(
-                            "its scales are scalar slots {slots:?} of {}",
-                            plan.scalar_count()
-                        ))),
-                    _ => Ok(()),
-                }
-            }
-            Op::Round { .. } => Ok(()),
-            Op::Add {
-                x,
-                y,
-                out,
-                residual,
-                gelu,
-                ..
-            } => {
-                let n = self.len(y);
-                if n > 0 && (self.len(x) == 0 || !n.is_multiple_of(self.len(x))) {
-                    return Err(self.fail(format!(
-                        "x (tensor {x}) has {} values, which do not repeat over y's {n}",
-                        self.len(x)
-                    )));
-                }
-                self.holds("the output", out, n)?;
-                // The definition takes a GELU only without a residual; the wgpu kernels bind
-                // a residual only in place, a GELU only in place or beside a coded output.
-                if residual.is_some() && gelu.is_some() {
-                    return Err(self.fail("an add takes a residual or a GELU, not both".into()));
-                }
-                if let Some((r, _)) = residual {
-                    self.holds("the residual", r, n)?;
-                    if out != y {
-                        return Err(self.fail("an add with a residual writes in place".into()));
-                    }
-                }
-                if let Some((g, _)) = gelu {
-                    self.holds("the GELU's output", g, n)?;
-                    if out != y && plan.tensors[out].stored == Format::F32 {
-                        return Err(self.fail(
-                            "an add with a GELU writes in place or into a coded tensor".into(),
-                        ));
-                    }
-                }
-                Ok(())
-            }
-            Op::ColumnSums { x, out, c } => {
-                self.rows("x", x, ("c", c))?;
-                self.holds("the sums", out, c)
-            }
-            Op::Copy { x, out, ref map } => {
-                if map.is_empty() {
-                    return Ok(());
-                }
-                // The last element's indices are the largest (the strides are not negative).
-                let (src, dst) = map.indices(map.len() - 1);
-                if src >= self.len(x) || dst >= self.len(out) {
-                    return Err(self.fail(format!(
-                        "the copy reaches element {src} of x (tensor {x}, {} values) and {dst} of \
-                         the output (tensor {out}, {} values)",
-                        self.len(x),
-                        self.len(out)
-                    )));
-                }
-                Ok(())
-            }
-            Op::Amax { slot, .. } if slot >= plan.stats.len() => {
-                Err(self.fail(format!("stats slot {slot} of {}", plan.stats.len())))
-            }
-            Op::Amax { .. } => Ok(()),
-            Op::UnscaleCheck { index, .. } if index >= plan.stats.grads => Err(self.fail(format!(
-                "gradient {index} of the {} the stats hold",
-                plan.stats.grads
-            ))),
-            Op::UnscaleCheck { .. } => Ok(()),
-            Op::AdamW {
-                param, grad, m, v, ..
-            } => {
-                let n = self.len(param);
-                self.holds("the gradient", grad, n)?;
-                self.holds("the first moment", m, n)?;
-                self.holds("the second moment", v, n)
-            }
-        }
-    }
-
     /// A tensor stored as 16-bit codes is read only where the op decodes it (`Op::coded_input`,
     /// a matmul whose algorithm rounds to its format: `check_stored_operands`) and written
-    /// only by an op that holds its output in that format and stores codes (`coded_output`).
+    /// only by an op that holds its output in that format and stores codes
+    /// (`Op::coded_output`).
     fn codes(&self) -> Result<()> {
         let tensors = &self.plan.tensors;
         let coded = |t: TensorId| tensors[t].stored != Format::F32;
@@ -446,7 +253,7 @@ impl Check<'_> {
             }
         }
         for t in writes.into_iter().filter(|&t| coded(t)) {
-            if !coded_output(self.op, t, tensors[t].stored) {
+            if !self.op.coded_output(t, tensors[t].stored) {
                 return Err(self.fail(format!(
                     "it does not write tensor {t} as {} codes",
                     tensors[t].stored
@@ -454,95 +261,6 @@ impl Check<'_> {
             }
         }
         Ok(())
-    }
-
-    /// The tensors the op reads as ids (u32 bit patterns), each with the rows it indexes.
-    fn ids(&self) -> Vec<(TensorId, usize)> {
-        match *self.op {
-            Op::Embedding { table, ids, c, .. } => vec![(ids, self.len(table) / c.max(1))],
-            Op::EmbeddingBwd { ids, rows, .. } => vec![(ids, rows)],
-            Op::CrossEntropy { targets, v, .. } => vec![(targets, v)],
-            Op::LayerNorm { .. }
-            | Op::LayerNormBwd { .. }
-            | Op::Gelu { .. }
-            | Op::GeluBwd { .. }
-            | Op::Softmax { .. }
-            | Op::SoftmaxBwd { .. }
-            | Op::Attention { .. }
-            | Op::AttentionBwd { .. }
-            | Op::Matmul { .. }
-            | Op::Round { .. }
-            | Op::Add { .. }
-            | Op::ColumnSums { .. }
-            | Op::Copy { .. }
-            | Op::Amax { .. }
-            | Op::UnscaleCheck { .. }
-            | Op::AdamW { .. } => vec![],
-        }
-    }
-}
-
-/// The tensors `op` reads and writes as one (updates in place).
-fn updated_in_place(op: &Op) -> Vec<TensorId> {
-    match *op {
-        Op::Round { x, .. } => vec![x],
-        Op::Add { y, out, .. } if out == y => vec![y],
-        Op::UnscaleCheck { grad, .. } => vec![grad],
-        Op::AdamW { param, m, v, .. } => vec![param, m, v],
-        Op::Embedding { .. }
-        | Op::EmbeddingBwd { .. }
-        | Op::LayerNorm { .. }
-        | Op::LayerNormBwd { .. }
-        | Op::Gelu { .. }
-        | Op::GeluBwd { .. }
-        | Op::Softmax { .. }
-        | Op::SoftmaxBwd { .. }
-        | Op::Attention { .. }
-        | Op::AttentionBwd { .. }
-        | Op::CrossEntropy { .. }
-        | Op::Matmul { .. }
-        | Op::Add { .. }
-        | Op::ColumnSums { .. }
-        | Op::Copy { .. }
-        | Op::Amax { .. } => vec![],
-    }
-}
-
-/// Whether `op` can write tensor `t` as 16-bit codes of `format`: it holds that output in
-/// `format` and has a kernel that stores codes (rows and heads of even width, so that no
-/// 4-byte word spans two of them).
-fn coded_output(op: &Op, t: TensorId, format: Format) -> bool {
-    match *op {
-        Op::LayerNorm { out, held, c, .. } => out == t && held == format && c % 2 == 0,
-        Op::Gelu { out, held, .. } => out == t && held == format,
-        Op::Add {
-            y,
-            out,
-            held,
-            residual,
-            gelu,
-            ..
-        } => {
-            let sum = out == t && out != y && residual.is_none() && held == format;
-            let activation = gelu.is_some_and(|(g, held)| g == t && held == format);
-            sum || activation
-        }
-        Op::Attention { out, spec, .. } => out == t && spec.compute == format && spec.d % 2 == 0,
-        Op::Embedding { .. }
-        | Op::EmbeddingBwd { .. }
-        | Op::LayerNormBwd { .. }
-        | Op::GeluBwd { .. }
-        | Op::Softmax { .. }
-        | Op::SoftmaxBwd { .. }
-        | Op::AttentionBwd { .. }
-        | Op::CrossEntropy { .. }
-        | Op::Matmul { .. }
-        | Op::Round { .. }
-        | Op::ColumnSums { .. }
-        | Op::Copy { .. }
-        | Op::Amax { .. }
-        | Op::UnscaleCheck { .. }
-        | Op::AdamW { .. } => false,
     }
 }
 

@@ -1,11 +1,111 @@
-//! The training kernel launches on wgpu (`shaders/train.wgsl`, `shaders/step.wgsl`): what each
-//! op of a step plan launches (kernel, uniform, invocations) is defined here once, in `launch`;
-//! the device-resident step plan (`plan.rs`) binds them to its tensors.
+//! The training kernels on wgpu (`shaders/train.wgsl`, `shaders/step.wgsl`): their entry points
+//! (`TrainOp`, `StepOp`), and what each op of a step plan launches (kernel, uniform,
+//! invocations), defined here once, in `launch`; the device-resident step plan (`plan.rs`)
+//! binds them to its tensors.
 
 use super::buffer::Dispatch;
-use super::shaders::{Kernel, StepOp, TrainOp};
+use super::shaders::Kernel;
 use crate::error::Result;
 use bytemuck::{Pod, Zeroable};
+
+/// The training ops of `shaders/train.wgsl` (entry points of one module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TrainOp {
+    LayernormFwd,
+    LayernormBwdX,
+    LayernormBwdPartials,
+    ColumnPartials,
+    SumPartials,
+    GeluFwd,
+    GeluBwd,
+    CausalSoftmaxFwd,
+    CausalSoftmaxBwd,
+    CrossEntropyFwd,
+    EmbeddingFwd,
+    EmbeddingBwd,
+    AttentionFwd,
+    AttentionBwdQ,
+    AttentionBwdK,
+    AttentionBwdV,
+}
+
+impl TrainOp {
+    pub const ALL: [TrainOp; 16] = [
+        TrainOp::LayernormFwd,
+        TrainOp::LayernormBwdX,
+        TrainOp::LayernormBwdPartials,
+        TrainOp::ColumnPartials,
+        TrainOp::SumPartials,
+        TrainOp::GeluFwd,
+        TrainOp::GeluBwd,
+        TrainOp::CausalSoftmaxFwd,
+        TrainOp::CausalSoftmaxBwd,
+        TrainOp::CrossEntropyFwd,
+        TrainOp::EmbeddingFwd,
+        TrainOp::EmbeddingBwd,
+        TrainOp::AttentionFwd,
+        TrainOp::AttentionBwdQ,
+        TrainOp::AttentionBwdK,
+        TrainOp::AttentionBwdV,
+    ];
+
+    pub fn entry_point(self) -> &'static str {
+        match self {
+            TrainOp::LayernormFwd => "layernorm_fwd",
+            TrainOp::LayernormBwdX => "layernorm_bwd_x",
+            TrainOp::LayernormBwdPartials => "layernorm_bwd_partials",
+            TrainOp::ColumnPartials => "column_partials",
+            TrainOp::SumPartials => "sum_partials",
+            TrainOp::GeluFwd => "gelu_fwd",
+            TrainOp::GeluBwd => "gelu_bwd",
+            TrainOp::CausalSoftmaxFwd => "causal_softmax_fwd",
+            TrainOp::CausalSoftmaxBwd => "causal_softmax_bwd",
+            TrainOp::CrossEntropyFwd => "cross_entropy_fwd",
+            TrainOp::EmbeddingFwd => "embedding_fwd",
+            TrainOp::EmbeddingBwd => "embedding_bwd",
+            TrainOp::AttentionFwd => "attention_fwd",
+            TrainOp::AttentionBwdQ => "attention_bwd_q",
+            TrainOp::AttentionBwdK => "attention_bwd_k",
+            TrainOp::AttentionBwdV => "attention_bwd_v",
+        }
+    }
+}
+
+/// The kernels of the device-resident step plan (`shaders/step.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepOp {
+    Round,
+    Add,
+    AddInto,
+    StridedCopy,
+    MeanToStat,
+    UnscaleCheck,
+    Adamw,
+}
+
+impl StepOp {
+    pub const ALL: [StepOp; 7] = [
+        StepOp::Round,
+        StepOp::Add,
+        StepOp::AddInto,
+        StepOp::StridedCopy,
+        StepOp::MeanToStat,
+        StepOp::UnscaleCheck,
+        StepOp::Adamw,
+    ];
+
+    pub fn entry_point(self) -> &'static str {
+        match self {
+            StepOp::Round => "round_to_format",
+            StepOp::Add => "add",
+            StepOp::AddInto => "add_into",
+            StepOp::StridedCopy => "strided_copy",
+            StepOp::MeanToStat => "mean_to_stat",
+            StepOp::UnscaleCheck => "unscale_check",
+            StepOp::Adamw => "adamw",
+        }
+    }
+}
 
 /// The uniform of the train kernels (`TrainParams` in train.wgsl).
 #[repr(C)]
@@ -98,7 +198,8 @@ impl StepLaunch {
 /// The launches of every training op (the bindings of each are in the kernel files' order).
 pub mod launch {
     use super::{StepLaunch, StepParams, TrainLaunch, TrainParams};
-    use crate::backend::wgpu::shaders::{StepOp, TrainOp, format_id};
+    use super::{StepOp, TrainOp};
+    use crate::backend::wgpu::shaders::format_id;
     use crate::format::Format;
     use crate::plan::{Attention, Strided};
 
