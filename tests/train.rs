@@ -1901,8 +1901,8 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
             n
         };
         assert_eq!(
-            names(&whole.ops()),
-            names(&split.ops()),
+            names(whole.ops()),
+            names(split.ops()),
             "{preset}: the same ops"
         );
         for op in &split.ops()
