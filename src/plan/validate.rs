@@ -236,14 +236,15 @@ impl Check<'_> {
         let coded = |t: TensorId| tensors[t].stored != Format::F32;
         let (reads, writes) = self.op.reads_writes();
         for t in reads.into_iter().filter(|&t| coded(t)) {
-            let readable = match *self.op {
-                Op::Matmul {
-                    ref algorithm,
-                    a,
-                    b,
-                    ..
-                } => check_stored_operands(algorithm, [a, b].map(|t| tensors[t].stored)).is_ok(),
-                ref op => op.coded_input() == Some(t),
+            // A matmul reads its operands as codes where its algorithm rounds to their format;
+            // every other op decodes its coded input alone.
+            let readable = if let Op::Matmul {
+                algorithm, a, b, ..
+            } = self.op
+            {
+                check_stored_operands(algorithm, [*a, *b].map(|t| tensors[t].stored)).is_ok()
+            } else {
+                self.op.coded_input() == Some(t)
             };
             if !readable {
                 return Err(self.fail(format!(
