@@ -261,8 +261,9 @@ extern "C" __global__ void mean_to_stat(const float* x, float* stats, u32 n, u32
     if (threadIdx.x == 0u) stats[slot] = s / (float)n;
 }
 
-// d = (p - onehot(target)) * scalars[S_DLOSS_PER_ROW] per row of v (the per-op path; a step
-// plan fuses it into cross_entropy_fwd).
+// d = (p - onehot(target)) * scalars[S_DLOSS_PER_ROW] per row of v: the unfused definition of
+// cross_entropy_fwd's gradient, which tests/cuda.rs checks it against on the host (a step plan
+// runs the fused kernel).
 extern "C" __global__ void cross_entropy_bwd(const float* probs, const u32* targets, float* d,
                                              const float* scalars, i64 n, u32 v) {
     float k = scalars[S_DLOSS_PER_ROW];

@@ -245,20 +245,3 @@ fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let denom = sqrt(v / scalars[S_BIAS_CORRECTION2]) + scalars[S_EPS];
     y[e] = y[e] * (1.0 - wd) - (lr / scalars[S_BIAS_CORRECTION1]) * m / denom;
 }
-
-// Cross-entropy gradient of the scaled mean loss: y = (x - onehot(z)) * DLOSS_PER_ROW per row
-// of c logits; x = probabilities, z = targets.
-@compute @workgroup_size(256)
-fn cross_entropy_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                     @builtin(local_invocation_index) lid: u32) {
-    let e = flat_index(wg, nwg, lid);
-    if (e >= params.n) {
-        return;
-    }
-    let r = e / params.c;
-    var onehot = 0.0;
-    if (z[r] == e % params.c) {
-        onehot = 1.0;
-    }
-    y[e] = (x[e] - onehot) * scalars[S_DLOSS_PER_ROW];
-}

@@ -394,9 +394,9 @@ fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
 }
 
 // Per row of v = c logits: in0 = logits, in1 = targets (as f32 bits of u32 ids); out0 =
-// probabilities or, with params.grad, the loss's gradient (p - onehot) * DLOSS_PER_ROW as
-// step.wgsl's cross_entropy_bwd computes it from the stored p, held in params.held (in2 = the
-// plan's scalars); out1 = the row's loss. The mean over rows is the caller's.
+// probabilities or, with params.grad (as a step plan runs it), the loss's gradient
+// (p - onehot) * DLOSS_PER_ROW, held in params.held (in2 = the plan's scalars); out1 = the row's
+// loss. The mean over rows is the caller's.
 @compute @workgroup_size(256)
 fn cross_entropy_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {

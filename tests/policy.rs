@@ -12,6 +12,7 @@ fn precision_classes_resolve_by_capabilities() {
     assert_eq!(PrecisionClass::Medium.resolve(&simt), Algorithm::F32);
     let tensor_cores = Capabilities {
         accelerated: vec![Algorithm::Tf32, Algorithm::Bf16, Algorithm::F16],
+        ..Capabilities::default()
     };
     assert_eq!(
         PrecisionClass::Highest.resolve(&tensor_cores),
@@ -25,11 +26,13 @@ fn precision_classes_resolve_by_capabilities() {
     // medium falls back to high's choice.
     let tf32_only = Capabilities {
         accelerated: vec![Algorithm::Tf32],
+        ..Capabilities::default()
     };
     assert_eq!(PrecisionClass::Medium.resolve(&tf32_only), Algorithm::Tf32);
     // WGSL on cooperative matrices: f16 operands, no tf32, so high is bf16x3.
     let coop = Capabilities {
         accelerated: vec![Algorithm::F16, Algorithm::Bf16, Algorithm::Bf16x3],
+        ..Capabilities::default()
     };
     assert_eq!(PrecisionClass::High.resolve(&coop), Algorithm::Bf16x3);
     assert_eq!(PrecisionClass::Medium.resolve(&coop), Algorithm::Bf16);

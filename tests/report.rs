@@ -8,7 +8,7 @@ use mantissa::backend::reference::HostExecutor;
 use mantissa::backend::{Backend, BackendKind, Reference};
 use mantissa::format::{Format, Overflow};
 use mantissa::measure;
-use mantissa::plan::{AdamW, Plan, StepExecutor};
+use mantissa::plan::{Plan, StepExecutor};
 use mantissa::policy::Capabilities;
 use mantissa::report::{self, Family, ReportConfig};
 use pollster::FutureExt as _;
@@ -169,68 +169,13 @@ impl Backend for Fake {
         Reference.amax(x).await
     }
 
-    // The training ops as the reference computes them.
-    async fn layernorm_fwd(&self, x: &[f32], g: &[f32], b: &[f32], c: usize) -> R<Vec3> {
-        Reference.layernorm_fwd(x, g, b, c).await
-    }
-    async fn layernorm_bwd(
-        &self,
-        dy: &[f32],
-        x: &[f32],
-        g: &[f32],
-        mean: &[f32],
-        rstd: &[f32],
-        c: usize,
-    ) -> R<Vec3> {
-        Reference.layernorm_bwd(dy, x, g, mean, rstd, c).await
-    }
-    async fn gelu_fwd(&self, x: &[f32]) -> R<Vec<f32>> {
-        Reference.gelu_fwd(x).await
-    }
-    async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> R<Vec<f32>> {
-        Reference.gelu_bwd(x, dy).await
-    }
-    async fn causal_softmax_fwd(&self, x: &[f32], t: usize, scale: f64) -> R<Vec<f32>> {
-        Reference.causal_softmax_fwd(x, t, scale).await
-    }
-    async fn causal_softmax_bwd(&self, p: &[f32], dp: &[f32], t: usize, s: f64) -> R<Vec<f32>> {
-        Reference.causal_softmax_bwd(p, dp, t, s).await
-    }
-    async fn cross_entropy_fwd(&self, l: &[f32], t: &[u32], v: usize) -> R<(f64, Vec<f32>)> {
-        Reference.cross_entropy_fwd(l, t, v).await
-    }
-    async fn cross_entropy_bwd(&self, p: &[f32], t: &[u32], v: usize, d: f64) -> R<Vec<f32>> {
-        Reference.cross_entropy_bwd(p, t, v, d).await
-    }
-    #[allow(clippy::too_many_arguments)]
-    async fn adamw(
-        &self,
-        opt: &AdamW,
-        p: &mut [f32],
-        g: &[f32],
-        m: &mut [f32],
-        v: &mut [f32],
-        t: u32,
-        decay: bool,
-    ) -> R<()> {
-        Reference.adamw(opt, p, g, m, v, t, decay).await
-    }
-    async fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> R<Vec<f32>> {
-        Reference.embedding_fwd(table, ids, c).await
-    }
-    async fn embedding_bwd(&self, d: &[f32], ids: &[u32], rows: usize, c: usize) -> R<Vec<f32>> {
-        Reference.embedding_bwd(d, ids, rows, c).await
-    }
-    async fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> R<bool> {
-        Reference.unscale_check(g, inverse_scale).await
-    }
-    fn resident_executor<'a>(&'a self, plan: Plan) -> R<Box<dyn StepExecutor + 'a>> {
-        Ok(Box::new(HostExecutor::new(self, plan)))
+    /// The reference's executor: training on this backend is the reference's.
+    fn executor<'a>(&'a self, plan: Plan) -> R<Box<dyn StepExecutor + 'a>> {
+        Ok(Box::new(HostExecutor::new(plan)))
     }
 }
 
 type R<T> = mantissa::Result<T>;
-type Vec3 = (Vec<f32>, Vec<f32>, Vec<f32>);
 
 #[test]
 fn report_fails_when_a_backend_breaks_the_contract() {

@@ -499,10 +499,10 @@ fn state_gap(a: &[Vec<f32>], b: &[Vec<f32>], floor: f32) -> f32 {
 }
 
 /// The device-resident plan (one submission per step, every op a kernel) against the host
-/// interpreter of the same plan on the same backend: per-step losses, gradients and the
-/// weights and moments after the updates, under f32, both mixed presets, a "true" preset and
-/// fp8 with delayed scaling.
-fn resident_plan_matches_the_host_interpreter(b: &dyn Backend) {
+/// interpreter, the reference's executor, running the same plan: per-step losses, gradients and
+/// the weights and moments after the updates, under f32, both mixed presets, a "true" preset
+/// and fp8 with delayed scaling, within what the device's arithmetic moves them.
+fn resident_plan_matches_the_reference_executor(b: &dyn Backend) {
     {
         let corpus = corpus();
         for preset in [
@@ -548,13 +548,22 @@ fn resident_plan_matches_the_host_interpreter(b: &dyn Backend) {
                 max <= 6.0 * lr * 1.01,
                 "{preset}: a weight moved {max} apart"
             );
+            // fp8's steps are coarse: a gradient element the device's arithmetic moves across
+            // an e5m2 rounding boundary changes by up to a quarter (its square by up to
+            // (1 + 1/4)^2 - 1), and its later updates by more than lr/10 (the scales, from each
+            // executor's own amaxes, differ too).
+            let (most, v_gap) = match preset {
+                Preset::TransformerEngine => (0.08, 0.6),
+                _ => (0.02, 0.2),
+            };
             assert!(
-                far < 0.02,
+                far < most,
                 "{preset}: {:.2}% of the weights differ by over lr/10",
                 far * 100.0
             );
             let gap = state_gap(&sr.adam_v, &sh.adam_v, 1e-8);
-            assert!(gap < 0.2, "{preset}: second moments differ by {gap}");
+            eprintln!("{preset}: second moments within {gap:.3}");
+            assert!(gap < v_gap, "{preset}: second moments differ by {gap}");
             if let (Some(Fp8State { layers: a }), Some(Fp8State { layers: h })) =
                 (&resident.fp8, &host.fp8)
             {
@@ -569,6 +578,110 @@ fn resident_plan_matches_the_host_interpreter(b: &dyn Backend) {
                     );
                 }
             }
+        }
+    }
+}
+
+/// The device-resident plan's forward and backward passes are the plan's ops run one by one on
+/// the same device, each alone in a plan of its own (the same kernels on the same stored
+/// formats; the tensors' values carried between them on the host): the loss and every
+/// gradient bit for bit, under bf16-mixed (coded tensors, folded adds) and transformer-engine
+/// (fp8 with delayed scaling). What the resident plan adds to its ops (shared buffers, one
+/// submission, operand planes in idle slots) changes no bit.
+fn resident_plan_is_its_ops_one_by_one(b: &dyn Backend) {
+    use mantissa::plan::{Op, Outline, PlanBuilder, TensorKind, scalar::StepScalars};
+    let corpus = corpus();
+    for preset in [Preset::MixedBf16, Preset::TransformerEngine] {
+        let t = Trainer::new(b, &corpus, options(&corpus, preset, 29)).unwrap();
+        let plan = t.plan().clone();
+        let cfg = &t.gpt.config;
+        let (ids, targets) = corpus
+            .batch(false, cfg.batch_size, cfg.block_size, 29, 0)
+            .unwrap();
+        let scalars = StepScalars {
+            adamw: &mantissa::plan::AdamW::default(),
+            clip: 1.0,
+            loss_scale: 1.0,
+            poison: 0.0,
+            t: 1,
+            ranks: 1,
+            fp8: &t.fp8_scales(),
+        }
+        .array(plan.rows(), plan.scalar_count());
+        let mut resident = mantissa::backend::executor(b, plan.clone(), true).unwrap();
+        let stats = resident
+            .run(Section::Backward, &ids, &targets, &scalars)
+            .block_on()
+            .unwrap();
+        // The tensors' values between the ops: the plan's constants, zeros elsewhere.
+        let mut values: Vec<Vec<f32>> = plan.tensors().iter().map(|t| vec![0.0; t.len]).collect();
+        for (id, v) in plan.constants() {
+            values[*id] = v.clone();
+        }
+        let mut loss = None;
+        for op in plan.ops_of(Section::Backward) {
+            let (reads, writes) = op.reads_writes();
+            let mut g = PlanBuilder::default();
+            let rows = plan.rows();
+            let batch = (
+                g.tensor(rows, TensorKind::Tokens),
+                g.tensor(rows, TensorKind::Targets),
+            );
+            // Each tensor the op names, in a plan of its own: the batch as the batch, a
+            // constant (the positions) as a constant, the rest kept whole and written first.
+            let mut of = std::collections::HashMap::new();
+            let mut written = vec![];
+            for id in reads.iter().chain(&writes).copied() {
+                if of.contains_key(&id) {
+                    continue;
+                }
+                let info = &plan.tensors()[id];
+                let new = if id == plan.tokens() {
+                    batch.0
+                } else if id == plan.targets() {
+                    batch.1
+                } else if info.kind == TensorKind::Constant && !writes.contains(&id) {
+                    g.constant(values[id].clone())
+                } else {
+                    let new = g.tensor(info.len, TensorKind::Partial);
+                    g.tensors[new].stored = info.stored;
+                    written.push((new, id));
+                    new
+                };
+                of.insert(id, new);
+            }
+            g.ops.push(op.map_tensors(|id| of[&id]));
+            let mut outline = Outline::ops_alone(1, 1, batch, batch.0);
+            outline.stats = plan.stats();
+            let alone = g.finish(outline).unwrap();
+            let mut exec = mantissa::backend::executor(b, alone, true).unwrap();
+            for &(new, id) in &written {
+                exec.write(new, &values[id]).block_on().unwrap();
+            }
+            let stats = exec
+                .run(Section::Step, &ids, &targets, &scalars)
+                .block_on()
+                .unwrap();
+            for id in writes {
+                values[id] = exec.read(of[&id]).block_on().unwrap();
+            }
+            if let Op::CrossEntropy { .. } = op {
+                loss = Some(stats[mantissa::plan::Stats::LOSS]);
+            }
+        }
+        let loss = loss.expect("a cross entropy");
+        assert_eq!(
+            stats[mantissa::plan::Stats::LOSS].to_bits(),
+            loss.to_bits(),
+            "{preset}: the loss {} resident, {loss} op by op",
+            stats[mantissa::plan::Stats::LOSS]
+        );
+        for (i, &[_, grad, _, _]) in plan.state().iter().enumerate() {
+            let got = resident.read(grad).block_on().unwrap();
+            assert!(
+                common::same_bits(&got, &values[grad]),
+                "{preset}: gradient {i} differs from the ops' one by one"
+            );
         }
     }
 }
@@ -698,7 +811,7 @@ fn a_timed_step_is_the_step(b: &dyn Backend) {
         let timings = timings.expect("a single-device step is timed");
         assert_eq!(
             (timings.first, timings.seconds.len()),
-            (0, timed.plan().ops.len())
+            (0, timed.plan().ops().len())
         );
         assert!(
             timings.seconds.iter().all(|s| s.is_finite() && *s >= 0.0),
@@ -842,7 +955,7 @@ fn gradient_buckets_hold_what_the_backward_pass_is_done_with() {
         )
         .unwrap();
         let plan = t.plan();
-        let summed: Vec<usize> = plan.state.iter().map(|s| s[1]).collect();
+        let summed: Vec<usize> = plan.state().iter().map(|s| s[1]).collect();
         for elements in [1, 1000, 5000, 1 << 30] {
             let buckets = plan.gradient_buckets(&summed, elements).unwrap();
             let mut seen: Vec<usize> = buckets.iter().flat_map(|b| b.ids.clone()).collect();
@@ -852,9 +965,9 @@ fn gradient_buckets_hold_what_the_backward_pass_is_done_with() {
             assert_eq!(seen, want, "{preset}, buckets of {elements}");
             assert!(buckets.windows(2).all(|w| w[0].ready <= w[1].ready));
             for b in &buckets {
-                let size: usize = b.ids.iter().map(|&id| plan.tensors[id].len).sum();
+                let size: usize = b.ids.iter().map(|&id| plan.tensors()[id].len).sum();
                 assert!(size <= elements || b.ids.len() == 1, "{preset}: {b:?}");
-                for op in &plan.ops[b.ready..plan.range_of(Section::Backward).end] {
+                for op in &plan.ops()[b.ready..plan.range_of(Section::Backward).end] {
                     let (reads, writes) = op.reads_writes();
                     assert!(
                         !b.ids
@@ -890,21 +1003,21 @@ fn idle_slots_hold_nothing_live() {
         let t = Trainer::new(&Reference, &corpus, options(&corpus, preset, 3)).unwrap();
         let plan = t.plan();
         let storage = Storage::shared(plan);
-        let mut touched: Vec<Vec<usize>> = vec![vec![]; plan.tensors.len()];
-        for (i, op) in plan.ops.iter().enumerate() {
+        let mut touched: Vec<Vec<usize>> = vec![vec![]; plan.tensors().len()];
+        for (i, op) in plan.ops().iter().enumerate() {
             let (reads, writes) = op.reads_writes();
             for t in reads.into_iter().chain(writes) {
                 touched[t].push(i);
             }
         }
         let idle = storage.idle_slots(plan);
-        assert_eq!(idle.len(), plan.ops.len());
+        assert_eq!(idle.len(), plan.ops().len());
         for (i, slots) in idle.iter().enumerate() {
             for &s in slots {
-                for t in (0..plan.tensors.len()).filter(|&t| storage.slot_of[t] == s) {
-                    let kind = plan.tensors[t].kind;
+                for t in (0..plan.tensors().len()).filter(|&t| storage.slot_of[t] == s) {
+                    let kind = plan.tensors()[t].kind;
                     assert!(
-                        kind == TensorKind::Temp && t != plan.logits,
+                        kind == TensorKind::Temp && t != plan.logits(),
                         "{preset}: op {i} is lent slot {s} of tensor {t} ({kind:?})"
                     );
                     let first = touched[t].iter().min().unwrap();
@@ -913,16 +1026,16 @@ fn idle_slots_hold_nothing_live() {
                         i < *first || *last < i,
                         "{preset}: op {i} ({}) is lent slot {s}, whose tensor {t} is used by ops \
                          {first} to {last}",
-                        plan.ops[i].name()
+                        plan.ops()[i].name()
                     );
                 }
             }
         }
         let offered = idle.iter().filter(|slots| !slots.is_empty()).count();
         assert!(
-            offered * 2 > plan.ops.len(),
+            offered * 2 > plan.ops().len(),
             "{preset}: {offered} of {} ops",
-            plan.ops.len()
+            plan.ops().len()
         );
     }
 }
@@ -1113,7 +1226,8 @@ backend_tests!(
     coded_outputs_are_the_held_values,
     coded_activations_train_as_f32_storage,
     held_outputs_match_their_definition,
-    resident_plan_matches_the_host_interpreter,
+    resident_plan_matches_the_reference_executor,
+    resident_plan_is_its_ops_one_by_one,
     resident_plan_skips_non_finite_steps_and_resumes,
     resident_fused_attention_matches_its_definition,
     fused_attention_ops_match_their_definition
@@ -1126,7 +1240,8 @@ backend_tests!(
     coded_outputs_are_the_held_values,
     coded_activations_train_as_f32_storage,
     held_outputs_match_their_definition,
-    resident_plan_matches_the_host_interpreter,
+    resident_plan_matches_the_reference_executor,
+    resident_plan_is_its_ops_one_by_one,
     resident_plan_skips_non_finite_steps_and_resumes,
     resident_fused_attention_matches_its_definition,
     fused_attention_ops_match_their_definition
@@ -1218,7 +1333,7 @@ fn run_ops_alone<'a>(
 ) -> Box<dyn mantissa::plan::StepExecutor + 'a> {
     let plan = plan_of_ops(g, forward, io, kept);
     let scalars = vec![0.0; plan.scalar_count()];
-    let ids = vec![0u32; plan.rows];
+    let ids = vec![0u32; plan.rows()];
     run_plan_alone(b, plan, (&ids, &scalars)).0
 }
 
@@ -1226,28 +1341,14 @@ fn run_ops_alone<'a>(
 fn plan_of_ops(
     g: mantissa::plan::PlanBuilder,
     forward: usize,
-    (tokens, targets): (usize, usize),
+    batch: (usize, usize),
     kept: usize,
 ) -> mantissa::plan::Plan {
-    use mantissa::plan::{Plan, Stats};
-    let (rows, ops) = (g.tensors[tokens].len, g.ops.len());
-    Plan {
-        tensors: g.tensors,
-        ops: g.ops,
-        forward,
-        backward: ops,
-        gradients: ops,
-        rows,
-        tokens,
-        targets,
-        logits: kept,
-        state: vec![],
-        constants: g.constants,
-        stats: Stats {
-            grads: 0,
-            linears: 0,
-        },
-    }
+    let ops = g.ops.len();
+    g.finish(mantissa::plan::Outline::ops_alone(
+        forward, ops, batch, kept,
+    ))
+    .unwrap()
 }
 
 /// `plan` run once by `b`'s resident executor on `ids` (as tokens and targets) with `scalars`:
@@ -1702,14 +1803,14 @@ fn plan_storage_shares_only_disjoint_temporaries() {
             .plan(&t.precision, c.batch_size, c.block_size)
             .unwrap();
         let storage = Storage::shared(&plan);
-        let n = plan.tensors.len();
+        let n = plan.tensors().len();
         let (mut first, mut last, mut written) = (vec![usize::MAX; n], vec![0; n], vec![0; n]);
-        for (i, op) in plan.ops.iter().enumerate() {
+        for (i, op) in plan.ops().iter().enumerate() {
             let (reads, writes) = op.reads_writes();
             for &x in &reads {
-                if plan.tensors[x].kind == TensorKind::Temp {
+                if plan.tensors()[x].kind == TensorKind::Temp {
                     assert!(
-                        written[x] >= plan.tensors[x].len,
+                        written[x] >= plan.tensors()[x].len,
                         "{preset}: op {i} ({}) reads temporary {x} before the step wrote it",
                         op.name()
                     );
@@ -1735,22 +1836,22 @@ fn plan_storage_shares_only_disjoint_temporaries() {
             for &x in &writes {
                 written[x] += match op {
                     Op::Copy { map, .. } => map.len(),
-                    _ => plan.tensors[x].len,
+                    _ => plan.tensors()[x].len,
                 };
             }
         }
         for x in 0..n {
             // Slots are counted in 4-byte words (a coded tensor takes half its length).
-            assert!(storage.slots[storage.slot_of[x]] >= plan.tensors[x].words());
+            assert!(storage.slots[storage.slot_of[x]] >= plan.tensors()[x].words());
             for y in x + 1..n {
                 if storage.slot_of[x] != storage.slot_of[y] {
                     continue;
                 }
                 for z in [x, y] {
                     assert!(
-                        plan.tensors[z].kind == TensorKind::Temp && z != plan.logits,
+                        plan.tensors()[z].kind == TensorKind::Temp && z != plan.logits(),
                         "{preset}: tensor {z} ({:?}) shares a buffer",
-                        plan.tensors[z].kind
+                        plan.tensors()[z].kind
                     );
                 }
                 assert!(
@@ -1786,25 +1887,27 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
         let whole = t.gpt.plan(&t.precision, 2, 8).unwrap();
         let mut split = whole.clone();
         let summed = split.split_for_ranks();
-        let grads = whole.state.len();
+        let grads = whole.state().len();
         assert_eq!(
             summed.len(),
             grads + 1,
             "{preset}: the gradients and the scatter"
         );
         let part = summed[grads];
-        assert_eq!(split.tensors[part].kind, TensorKind::Partial);
+        assert_eq!(split.tensors()[part].kind, TensorKind::Partial);
         let names = |ops: &[Op]| {
             let mut n: Vec<String> = ops.iter().map(|o| format!("{o:?}")).collect();
             n.sort();
             n
         };
         assert_eq!(
-            names(&whole.ops),
-            names(&split.ops),
+            names(whole.ops()),
+            names(split.ops()),
             "{preset}: the same ops"
         );
-        for op in &split.ops[split.backward..split.gradients] {
+        for op in &split.ops()
+            [split.range_of(Section::Update).start..split.range_of(Section::Gradients).end]
+        {
             assert!(
                 matches!(
                     op,
@@ -1813,7 +1916,7 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
                 "{preset}: {op:?} after the sum"
             );
         }
-        for op in &split.ops[..split.backward] {
+        for op in split.ops_of(Section::Backward) {
             if let Op::Round { x, .. } = op {
                 assert!(!summed.contains(x), "{preset}: {x} rounded before the sum");
             }
@@ -1828,12 +1931,12 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
             ranks: 1,
             fp8: &t.fp8_scales(),
         }
-        .array(whole.rows, whole.scalar_count());
+        .array(whole.rows(), whole.scalar_count());
         let mut a = mantissa::backend::executor(&Reference, whole.clone(), true).unwrap();
         let mut b = mantissa::backend::executor(&Reference, split.clone(), true).unwrap();
         for (i, p) in t.gpt.config.init(3).into_iter().enumerate() {
-            a.write(whole.state[i][0], &p).block_on().unwrap();
-            b.write(whole.state[i][0], &p).block_on().unwrap();
+            a.write(whole.state()[i][0], &p).block_on().unwrap();
+            b.write(whole.state()[i][0], &p).block_on().unwrap();
         }
         let sa = a
             .run(Section::Step, &ids, &targets, &scalars)
@@ -1851,7 +1954,7 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
         for i in 1..sa.len().min(1 + 2 * grads) {
             assert_eq!(sa[i].to_bits(), ub[i].to_bits(), "{preset}: stat {i}");
         }
-        for [p, g, m, v] in whole.state.clone() {
+        for &[p, g, m, v] in whole.state() {
             for id in [p, g, m, v] {
                 let (x, y) = (
                     a.read(id).block_on().unwrap(),
@@ -1896,7 +1999,7 @@ fn fused_attention_trains_as_the_unfused_ops() {
                 .unwrap()
         });
         let attention_ops = |p: &mantissa::plan::Plan| {
-            p.ops
+            p.ops()
                 .iter()
                 .filter(|op| matches!(op, Op::Attention { .. } | Op::AttentionBwd { .. }))
                 .count()

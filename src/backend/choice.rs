@@ -6,20 +6,21 @@ use super::{Backend, BackendChoice, BackendKind, Reference};
 use crate::error::{Error, Result};
 use crate::plan::{Plan, StepExecutor};
 
-/// The executor of `plan` on `backend`: its own (device-resident) one when `resident`, else the
-/// host interpreter over its ops, one round trip per op (the cross-check of the resident one).
+/// The executor of `plan`: `backend`'s own (device-resident) one when `resident`, else the
+/// host interpreter, the reference's executor, which runs the plan built for `backend` with the
+/// host reference's numbers (the cross-check of the backend's own).
 pub fn executor<'a>(
     backend: &'a dyn Backend,
     plan: Plan,
     resident: bool,
 ) -> Result<Box<dyn StepExecutor + 'a>> {
     if resident {
-        backend.resident_executor(plan)
+        backend.executor(plan)
     } else {
         // Its tensors live in host memory, whatever the backend's device.
         let bytes = crate::plan::Storage::shared(&plan).bytes();
         crate::memory::check("the host interpreter's tensors", Some(bytes))?;
-        Ok(Box::new(HostExecutor::new(backend, plan)))
+        Ok(Box::new(HostExecutor::new(plan)))
     }
 }
 

@@ -4,19 +4,20 @@
 //! Contract: a backend computes every op with the numerics of `reference` (casts and splits bit
 //! for bit, matmuls within `Algorithm::accumulation_tolerance`), reports failures as errors
 //! (never plausible data), and never panics on user input. Adding a backend means implementing
-//! this trait and passing the conformance suite in `tests/`.
+//! this trait (device, capabilities, matmul, the casts, timing, and an executor of step plans:
+//! every training op reaches a backend as a `plan::Op`) and passing the conformance suite in
+//! `tests/`.
 
 //!
 //! Layers: this module sits below `train` and above `plan` (the step program a backend's
 //! executor runs), `policy`, `algorithm` and `format`; it imports nothing from `train`.
 //!
 //! - `choice.rs`: the run-time choice of a backend and of a plan's executor
-//! - `reference/`: the host truth (matmul, training ops, the plan interpreter)
+//! - `reference/`: the host truth (matmul, training ops, the host interpreter: its executor)
 //! - `wgpu/`, `cuda/`: the device backends, with the same file names for the same roles
-//!   (`ops.rs`: the trait's training ops; `train.rs`: the training kernel launches shared by
-//!   `ops.rs` and the resident `plan.rs`; `cast.rs`: element kernels; `matmul.rs`)
+//!   (`plan.rs`: the executor, device-resident; `train.rs`: the training kernel launches of its
+//!   ops; `cast.rs`: element kernels; `matmul.rs`)
 
-pub mod check;
 pub mod choice;
 #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
 pub mod cuda;
@@ -27,8 +28,8 @@ pub mod wgpu;
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
-use crate::plan::{AdamW, Plan, StepExecutor};
-use crate::policy::{Capabilities, PrecisionClass};
+use crate::plan::{Plan, StepExecutor};
+use crate::policy::Capabilities;
 use std::fmt;
 use std::str::FromStr;
 use web_time::Instant;
@@ -205,7 +206,9 @@ pub trait Backend: Send + Sync {
     fn name(&self) -> String;
     /// The device in words.
     fn device_name(&self) -> String;
-    /// What the backend accelerates; drives the precision-class resolution.
+    /// What the backend runs fast: the algorithms it accelerates (which drive the
+    /// precision-class resolution, `PrecisionClass::resolve`) and where its executor fuses
+    /// attention into one op.
     fn capabilities(&self) -> Capabilities;
     /// Device memory (free, in all) in bytes, where the backend can say (CUDA; wgpu has no
     /// such query): a step plan that cannot fit is refused before it allocates.
@@ -213,13 +216,6 @@ pub trait Backend: Send + Sync {
         None
     }
 
-    /// Whether this backend's step plans run causal attention as one fused op
-    /// (`plan::Op::Attention`) for heads of `head_dim` under `algorithm`; the model records the
-    /// unfused ops (copies, matmuls, softmax) elsewhere. Both compute the same function.
-    fn fuses_attention(&self, algorithm: &Algorithm, head_dim: usize) -> bool {
-        let _ = (algorithm, head_dim);
-        false
-    }
     /// C = op(A) . op(B) under `algorithm`.
     async fn matmul(
         &self,
@@ -266,87 +262,12 @@ pub trait Backend: Send + Sync {
         })
     }
 
-    // Training ops (the op set of the training executor besides matmul), with the shapes of
-    // `reference::ops`. No host defaults: a device backend that forgot one fails to compile
-    // rather than running it on the CPU.
-
-    /// Layer norm over rows of `c`: (y, per-row mean, per-row rstd).
-    async fn layernorm_fwd(
-        &self,
-        x: &[f32],
-        g: &[f32],
-        b: &[f32],
-        c: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
-    /// (dx, dg, db).
-    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
-    async fn layernorm_bwd(
-        &self,
-        dy: &[f32],
-        x: &[f32],
-        g: &[f32],
-        mean: &[f32],
-        rstd: &[f32],
-        c: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
-    async fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>>;
-    async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>>;
-    async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>>;
-    async fn causal_softmax_bwd(
-        &self,
-        p: &[f32],
-        dp: &[f32],
-        t: usize,
-        scale: f64,
-    ) -> Result<Vec<f32>>;
-    /// Mean loss and the probabilities.
-    async fn cross_entropy_fwd(
-        &self,
-        logits: &[f32],
-        targets: &[u32],
-        v: usize,
-    ) -> Result<(f64, Vec<f32>)>;
-    async fn cross_entropy_bwd(
-        &self,
-        probs: &[f32],
-        targets: &[u32],
-        v: usize,
-        dloss: f64,
-    ) -> Result<Vec<f32>>;
-    /// One AdamW update of `p` (and its moments) at step `t`.
-    #[allow(clippy::too_many_arguments)]
-    async fn adamw(
-        &self,
-        opt: &AdamW,
-        p: &mut [f32],
-        g: &[f32],
-        m: &mut [f32],
-        v: &mut [f32],
-        t: u32,
-        decay: bool,
-    ) -> Result<()>;
-    /// Rows of `table` (rows x c) gathered by `ids`.
-    async fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>>;
-    /// Scatter-add of `dout` rows into a `rows x c` gradient table.
-    async fn embedding_bwd(
-        &self,
-        dout: &[f32],
-        ids: &[u32],
-        rows: usize,
-        c: usize,
-    ) -> Result<Vec<f32>>;
-    /// Fused unscale and finite check: g *= inverse_scale in place; whether all are finite.
-    async fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool>;
-
-    /// The backend's own executor of a training step plan, its tensors kept where the backend
-    /// computes (device-resident on a GPU, each step one submission; host memory on the
-    /// reference).
-    fn resident_executor<'a>(&'a self, plan: Plan) -> Result<Box<dyn StepExecutor + 'a>>;
-
-    /// The algorithm a precision class resolves to on this backend.
-    fn resolve(&self, class: PrecisionClass) -> Algorithm {
-        class.resolve(&self.capabilities())
-    }
+    /// The backend's executor of a step plan: the one way an op reaches the backend
+    /// (`plan::Op`). Its tensors are kept where the backend computes (device-resident on a GPU,
+    /// each step one submission; host memory on the reference, whose executor, the host
+    /// interpreter, defines every op's numbers). Any plan `PlanBuilder::finish` made runs, or
+    /// is refused here with the op the device cannot run.
+    fn executor<'a>(&'a self, plan: Plan) -> Result<Box<dyn StepExecutor + 'a>>;
 }
 
 pub fn median(values: &mut [f64]) -> f64 {

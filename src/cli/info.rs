@@ -12,7 +12,7 @@ pub struct Args {}
 fn classes(b: &dyn Backend) -> String {
     PrecisionClass::ALL
         .iter()
-        .map(|c| format!("{c} -> {}", b.resolve(*c)))
+        .map(|c| format!("{c} -> {}", c.resolve(&b.capabilities())))
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -75,8 +75,9 @@ pub struct TrainArgs {
     /// Resume from a checkpoint (one preset only).
     #[arg(long)]
     resume: Option<PathBuf>,
-    /// resident: the step plan lives on the device, one submission per step (where the
-    /// backend has such an executor); host: the plan's ops one round trip at a time.
+    /// resident: the backend's own executor (on a GPU the step plan lives on the device, one
+    /// submission per step); host: the host interpreter runs the same plan with the reference's
+    /// numbers (a cross-check of the backend's).
     #[arg(long, default_value = "resident")]
     executor: String,
     /// Under mpirun: how the ranks sum their gradients. auto: NCCL on device buffers where the

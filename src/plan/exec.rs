@@ -5,7 +5,6 @@
 use super::{Bucket, Plan, Section, Stats, TensorId};
 use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
-use crate::format::Format;
 
 /// What a step's gradient reduction did (train.json's `reduction`).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -261,37 +260,8 @@ pub async fn reduce_on_host<E: StepExecutor + ?Sized>(
     Ok(reduced)
 }
 
-/// Refuses an add whose residual or GELU output is not as long as y, or that has both (the
-/// plan's definition of `Op::Add` takes a GELU only without a residual), before any kernel
-/// reads or writes them.
-pub fn check_add(
-    plan: &Plan,
-    y: TensorId,
-    residual: Option<(TensorId, Format)>,
-    gelu: Option<(TensorId, Format)>,
-) -> Result<()> {
-    if residual.is_some() && gelu.is_some() {
-        return Err(Error::invalid(
-            "step plan",
-            "an add with both a residual and a GELU",
-        ));
-    }
-    let expected = tensor_len(plan, y)?;
-    for (what, t) in [("residual", residual), ("GELU output", gelu)] {
-        let Some((t, _)) = t else { continue };
-        let got = tensor_len(plan, t)?;
-        if got != expected {
-            return Err(Error::LengthMismatch {
-                what,
-                expected,
-                got,
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Checks the inputs of a run against the plan.
+/// Checks the inputs of a run against the plan: the batch's length, every token and target id
+/// within the tables and classes the ops index with it (`Plan::ids`), the scalars' count.
 pub fn check_inputs(plan: &Plan, tokens: &[u32], targets: &[u32], scalars: &[f32]) -> Result<()> {
     let want = plan.tensors[plan.tokens].len;
     if tokens.len() != want || targets.len() != want {
@@ -303,6 +273,17 @@ pub fn check_inputs(plan: &Plan, tokens: &[u32], targets: &[u32], scalars: &[f32
                 targets.len()
             ),
         ));
+    }
+    for (what, ids, limit) in [
+        ("token", tokens, plan.ids.tokens),
+        ("target", targets, plan.ids.targets),
+    ] {
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= limit) {
+            return Err(Error::invalid(
+                "batch",
+                format!("{what} id {bad} is outside the {limit} rows the step plan indexes"),
+            ));
+        }
     }
     if scalars.len() != plan.scalar_count() {
         return Err(Error::LengthMismatch {

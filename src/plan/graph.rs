@@ -122,7 +122,7 @@ mod tests {
     use super::*;
     use crate::algorithm::{Algorithm, MatmulShape};
     use crate::error::Error;
-    use crate::plan::{PlanBuilder, TensorKind};
+    use crate::plan::{Outline, PlanBuilder, TensorKind};
     use pollster::FutureExt;
 
     /// A plan of one matmul, taking scales from the step's scalars (as delayed fp8 scaling's
@@ -140,7 +140,8 @@ mod tests {
             out,
             scales,
         });
-        g.test_plan((1, 1), 4, [tokens, targets, out], 0)
+        g.finish(Outline::ops_alone(1, 1, (tokens, targets), out))
+            .unwrap()
     }
 
     #[test]

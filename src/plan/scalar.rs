@@ -21,11 +21,11 @@ pub const BIAS_CORRECTION1: usize = 8;
 pub const BIAS_CORRECTION2: usize = 9;
 /// Global gradient-norm clip (0: none).
 pub const CLIP: usize = 10;
-/// The AdamW step t (1-based), for executors that pass it to `Backend::adamw`.
+/// The AdamW step t (1-based), for the host interpreter (`reference::ops::adamw` takes it).
 pub const STEP: usize = 11;
 /// The loss scale over the ranks of a data-parallel step (each rank's weight in the mean loss of
-/// the global batch; the loss scale itself on one rank), for executors that pass it to
-/// `Backend::cross_entropy_bwd`, which divides by its own rows.
+/// the global batch; the loss scale itself on one rank), for the host interpreter
+/// (`reference::ops::cross_entropy_bwd` divides by its own rows).
 pub const DLOSS: usize = 12;
 /// fp8 scales: three per linear layer (input, weight, gradient).
 pub const FP8: usize = 13;
@@ -77,16 +77,6 @@ impl AdamW {
         let bias = |beta: f32| 1.0 - (beta as f64).powi(t as i32);
         (bias(self.beta1), bias(self.beta2))
     }
-}
-
-/// A scalars array (without fp8 slots) with `slots` set: how the per-op paths run the step
-/// kernels, which read their parameters from the scalars.
-pub fn with(slots: &[(usize, f32)]) -> Vec<f32> {
-    let mut s = vec![0f32; FP8];
-    for &(slot, v) in slots {
-        s[slot] = v;
-    }
-    s
 }
 
 /// AdamW's slots at step `t` (1-based): hyper-parameters and the bias corrections.

@@ -69,10 +69,22 @@ pub enum PrecisionClass {
 named_enum!(PrecisionClass, "matmul precision", [Highest => "highest", High => "high", Medium => "medium"]);
 
 /// What a backend runs fast: the algorithms it accelerates beyond plain f32 (tensor cores, or
-/// cooperative matrices). Everything else is still computed, emulated with the same numerics.
+/// cooperative matrices), and where its executor runs causal attention as one fused op.
+/// Everything else is still computed, emulated with the same numerics.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Capabilities {
     pub accelerated: Vec<Algorithm>,
+    pub fused_attention: FusedAttention,
+}
+
+/// Where a backend's executor runs causal attention as one fused op (`plan::Op::Attention`):
+/// under these algorithms, for heads of these sizes. Elsewhere (and where both are empty, the
+/// default) a model records the unfused ops (copies, matmuls, softmax); both compute the same
+/// function.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FusedAttention {
+    pub algorithms: Vec<Algorithm>,
+    pub head_sizes: Vec<usize>,
 }
 
 impl Capabilities {
@@ -80,6 +92,12 @@ impl Capabilities {
         self.accelerated
             .iter()
             .any(|a| a.base_name() == algorithm.base_name())
+    }
+
+    /// Whether step plans run causal attention fused for heads of `head_dim` under `algorithm`.
+    pub fn fuses_attention(&self, algorithm: &Algorithm, head_dim: usize) -> bool {
+        let fused = &self.fused_attention;
+        fused.algorithms.contains(algorithm) && fused.head_sizes.contains(&head_dim)
     }
 }
 

@@ -226,7 +226,7 @@ pub async fn run_on(
                 kind: b.kind().to_string(),
                 precision_classes: PrecisionClass::ALL
                     .iter()
-                    .map(|c| (c.to_string(), b.resolve(*c).to_string()))
+                    .map(|c| (c.to_string(), c.resolve(&b.capabilities()).to_string()))
                     .collect(),
             })
             .collect(),

@@ -9,14 +9,13 @@
 
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::Backend;
-use crate::backend::reference::HostExecutor;
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::measure;
 use crate::plan::scalar::{self, StepScalars};
 use crate::plan::{
-    AdamW, Attention, Op, Plan, PlanBuilder, Section, Stats, StepExecutor, Strided, TensorId,
-    TensorKind,
+    AdamW, Attention, Op, Outline, Plan, PlanBuilder, Section, Stats, StepExecutor, Strided,
+    TensorId, TensorKind,
 };
 use crate::policy::{Fp8Role, Precision};
 
@@ -485,7 +484,7 @@ impl Recorder<'_> {
 
 impl Gpt<'_> {
     /// The loss and the gradients (loss scale 1, no update) of `params` on a batch of whole
-    /// sequences, through the host interpreter on this backend.
+    /// sequences, by this backend's executor of that batch's plan.
     pub async fn loss_and_gradients(
         &self,
         p: &Precision,
@@ -494,11 +493,11 @@ impl Gpt<'_> {
         ids: &[u32],
         targets: &[u32],
     ) -> Result<(f64, Vec<Vec<f32>>)> {
-        let (mut host, scalars) = self.interpreter(p, fp8, params, ids, targets).await?;
-        let stats = host.run(Section::Gradients, ids, targets, &scalars).await?;
+        let (mut exec, scalars) = self.executor(p, fp8, params, ids, targets).await?;
+        let stats = exec.run(Section::Gradients, ids, targets, &scalars).await?;
         let mut grads = Vec::new();
-        for [_, g, _, _] in host.plan().state.clone() {
-            grads.push(host.read(g).await?);
+        for [_, g, _, _] in exec.plan().state.clone() {
+            grads.push(exec.read(g).await?);
         }
         Ok((stats[Stats::LOSS], grads))
     }
@@ -512,8 +511,8 @@ impl Gpt<'_> {
         ids: &[u32],
         targets: &[u32],
     ) -> Result<f64> {
-        let (mut host, scalars) = self.interpreter(p, fp8, params, ids, targets).await?;
-        let stats = host.run(Section::Forward, ids, targets, &scalars).await?;
+        let (mut exec, scalars) = self.executor(p, fp8, params, ids, targets).await?;
+        let stats = exec.run(Section::Forward, ids, targets, &scalars).await?;
         Ok(stats[Stats::LOSS])
     }
 
@@ -525,22 +524,23 @@ impl Gpt<'_> {
         params: &[Vec<f32>],
         ids: &[u32],
     ) -> Result<Vec<f32>> {
-        let (mut host, scalars) = self.interpreter(p, fp8, params, ids, ids).await?;
-        host.run(Section::Forward, ids, ids, &scalars).await?;
-        let logits = host.plan().logits;
-        host.read(logits).await
+        let (mut exec, scalars) = self.executor(p, fp8, params, ids, ids).await?;
+        exec.run(Section::Forward, ids, ids, &scalars).await?;
+        let logits = exec.plan().logits;
+        exec.read(logits).await
     }
 
-    /// A host interpreter of this batch's plan holding `params`, and unit scalars (`fp8`:
-    /// delayed scaling's scales per linear layer; unit scales where empty).
-    async fn interpreter(
+    /// This backend's executor of the plan of batches shaped as `ids` (sequences of the
+    /// context, or one shorter sequence) holding `params`, and unit scalars (`fp8`: delayed
+    /// scaling's scales per linear layer; unit scales where empty).
+    pub async fn executor(
         &self,
         p: &Precision,
         fp8: &[[f32; 3]],
         params: &[Vec<f32>],
         ids: &[u32],
         targets: &[u32],
-    ) -> Result<(HostExecutor<'_>, Vec<f32>)> {
+    ) -> Result<(Box<dyn StepExecutor + '_>, Vec<f32>)> {
         let t = ids.len().min(self.config.block_size);
         self.check_batch(ids, targets, t)?;
         let plan = self.plan(p, ids.len() / t, t)?;
@@ -562,11 +562,11 @@ impl Gpt<'_> {
         }
         .array(plan.rows, plan.scalar_count());
         let ids_of = plan.state.clone();
-        let mut host = HostExecutor::new(self.backend, plan);
+        let mut exec = crate::backend::executor(self.backend, plan, true)?;
         for ([id, ..], values) in ids_of.iter().zip(params) {
-            host.write(*id, values).await?;
+            exec.write(*id, values).await?;
         }
-        Ok((host, scalars))
+        Ok((exec, scalars))
     }
 
     /// The four linear layers of block `l`: attention in-projection, out-projection, MLP in, MLP out.
@@ -618,12 +618,11 @@ impl Gpt<'_> {
     /// The plan of one step on batches of `sequences` sequences of `t` tokens: the forward pass
     /// to the loss, the backward pass to the gradients of `loss * loss scale`, the unscale and
     /// finite check, and the AdamW update (held in `p.weights`). Attention is one fused op where
-    /// the backend has a kernel for it (`Backend::fuses_attention`), else the unfused ops; the
+    /// the backend has a kernel for it (`Capabilities::fuses_attention`), else the unfused ops; the
     /// matmuls' 16-bit inputs are stored as codes unless `MANTISSA_ACTIVATIONS=f32`.
     pub fn plan(&self, p: &Precision, sequences: usize, t: usize) -> Result<Plan> {
-        let fused = self
-            .backend
-            .fuses_attention(&p.matmul, self.config.head_dim());
+        let fused =
+            (self.backend.capabilities()).fuses_attention(&p.matmul, self.config.head_dim());
         self.plan_with(p, sequences, t, fused, stores_codes()?)
     }
 
@@ -842,20 +841,16 @@ impl Gpt<'_> {
                 r.g.round(x, p.weights);
             }
         }
-        let mut plan = Plan {
-            tensors: r.g.tensors,
-            ops: r.g.ops,
+        let mut plan = r.g.finish(Outline {
             forward,
             backward,
             gradients,
-            rows: n,
             tokens,
             targets,
             logits,
             state: r.state,
-            constants: r.g.constants,
             stats: r.stats,
-        };
+        })?;
         if coded {
             plan.store_codes();
         }

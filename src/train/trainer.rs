@@ -32,14 +32,15 @@ pub struct TrainOptions {
     pub adamw: AdamW,
     /// Clip the global gradient norm to this (nanoGPT: 1.0); 0 disables.
     pub grad_clip: f32,
-    /// Run the step plan device-resident where the backend can (else the host interpreter,
-    /// one round trip per op).
+    /// Run the step plan on the backend's own executor (device-resident on a GPU); false: on
+    /// the host interpreter, the reference's executor, which runs the plan built for the backend
+    /// (its precision, its fused attention) with the host reference's numbers.
     pub resident: bool,
     /// The most device memory the step plan's tensors may take, beside what the device has
     /// free (`--memory-limit`: to leave room on a shared GPU).
     pub memory_limit: Option<u64>,
     /// Attention as one fused op (`plan::Op::Attention`) or as separate ops; None: fused where
-    /// the backend has a kernel for it (`Backend::fuses_attention`). Both compute the same
+    /// the backend has a kernel for it (`Capabilities::fuses_attention`). Both compute the same
     /// function; fused on a resident executor without the kernel (wgpu) is an error.
     pub fused_attention: Option<bool>,
     /// The matmuls' 16-bit inputs (layer norm and GELU outputs) stored as 16-bit codes
@@ -163,8 +164,8 @@ pub struct TrainState {
 }
 
 impl<'a> Trainer<'a> {
-    /// Builds the step plan of `options` and its executor on `backend` (device-resident where
-    /// the backend has one and `options.resident`), with nanoGPT's initial weights.
+    /// Builds the step plan of `options` for `backend` and its executor (the backend's own, or
+    /// the host interpreter where `options.resident` is false), with nanoGPT's initial weights.
     pub fn new(
         backend: &'a dyn Backend,
         corpus: &'a Corpus,
@@ -198,9 +199,11 @@ impl<'a> Trainer<'a> {
             backend,
         };
         let cfg = &options.config;
-        let fused = options
-            .fused_attention
-            .unwrap_or_else(|| backend.fuses_attention(&precision.matmul, cfg.head_dim()));
+        let fused = options.fused_attention.unwrap_or_else(|| {
+            backend
+                .capabilities()
+                .fuses_attention(&precision.matmul, cfg.head_dim())
+        });
         let coded = match options.coded_activations {
             Some(coded) => coded,
             None => super::model::stores_codes()?,
@@ -559,12 +562,22 @@ impl<'a> Trainer<'a> {
         let (t, v) = (self.gpt.config.block_size, self.gpt.config.vocab_size);
         let params = self.state().await?.params;
         let fp8 = self.fp8_scales();
+        // One executor per context length: once the context is full, every token reuses it.
+        let mut exec: Option<(Box<dyn StepExecutor + '_>, Vec<f32>)> = None;
         for _ in 0..count {
             let context = &ids[ids.len().saturating_sub(t)..];
-            let logits = self
-                .gpt
-                .logits(&self.precision, &fp8, &params, context)
-                .await?;
+            let (e, scalars) = match &mut exec {
+                Some((e, s)) if e.plan().rows() == context.len() => (e, s),
+                _ => {
+                    let made = (self.gpt)
+                        .executor(&self.precision, &fp8, &params, context, context)
+                        .await?;
+                    let (e, s) = exec.insert(made);
+                    (e, s)
+                }
+            };
+            e.run(Section::Forward, context, context, scalars).await?;
+            let logits = e.read(e.plan().logits()).await?;
             let last = &logits[(context.len() - 1) * v..context.len() * v];
             let next = if temperature <= 0.0 {
                 last.iter()

@@ -117,7 +117,7 @@ impl Engine {
         let b = self.backend;
         let classes: Vec<(String, String)> = PrecisionClass::ALL
             .iter()
-            .map(|c| (c.to_string(), b.resolve(*c).to_string()))
+            .map(|c| (c.to_string(), c.resolve(&b.capabilities()).to_string()))
             .collect();
         to_json(&json!({
             "backend": b.name(),

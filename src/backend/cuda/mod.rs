@@ -54,7 +54,6 @@ pub mod fp8;
 mod kernels;
 mod matmul;
 pub mod nccl;
-mod ops;
 mod plan;
 pub mod split;
 mod staging;
@@ -69,7 +68,7 @@ use super::{Backend, BackendKind, MatmulTiming, Operands};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{DeviceFault, Error, Result};
 use crate::format::{Format, Overflow};
-use crate::policy::Capabilities;
+use crate::policy::{Capabilities, FusedAttention};
 use crate::tune::{AutotuneMode, Tuner};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
@@ -459,13 +458,40 @@ impl Backend for CudaBackend {
         )
     }
 
-    /// Tensor cores run every algorithm but f32 (fp8 as exact f16 products).
+    /// Tensor cores run every algorithm but f32 (fp8 as exact f16 products). attention.cu
+    /// fuses attention under the algorithms that round their inputs and sum exact products in
+    /// f32 (not the split or fp8 ones), for the head sizes it is compiled for;
+    /// `MANTISSA_CUDA_ATTENTION=unfused` keeps the unfused ops (to compare the two).
     fn capabilities(&self) -> Capabilities {
+        let wanted = match std::env::var("MANTISSA_CUDA_ATTENTION") {
+            Ok(v) if v.trim().eq_ignore_ascii_case("unfused") => false,
+            Ok(v) if !v.trim().eq_ignore_ascii_case("fused") => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| {
+                    eprintln!("mantissa: MANTISSA_CUDA_ATTENTION={v:?} is neither fused nor unfused; using fused")
+                });
+                true
+            }
+            _ => true,
+        };
+        let fused_attention = match wanted {
+            true => FusedAttention {
+                algorithms: vec![
+                    Algorithm::F32,
+                    Algorithm::Tf32,
+                    Algorithm::Bf16,
+                    Algorithm::F16,
+                ],
+                head_sizes: train::ATTENTION_HEAD_SIZES.to_vec(),
+            },
+            false => FusedAttention::default(),
+        };
         Capabilities {
             accelerated: Algorithm::ALL
                 .into_iter()
                 .filter(|a| *a != Algorithm::F32)
                 .collect(),
+            fused_attention,
         }
     }
 
@@ -554,132 +580,14 @@ impl Backend for CudaBackend {
         Ok(f32::from_bits(self.download(&bits, 1)?[0]))
     }
 
-    // The training ops run train.cu's kernels (ops.rs).
-
-    async fn layernorm_fwd(
-        &self,
-        x: &[f32],
-        g: &[f32],
-        b: &[f32],
-        c: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        self.op_layernorm_fwd(x, g, b, c)
-    }
-
-    async fn layernorm_bwd(
-        &self,
-        dy: &[f32],
-        x: &[f32],
-        g: &[f32],
-        mean: &[f32],
-        rstd: &[f32],
-        c: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        self.op_layernorm_bwd(dy, x, g, mean, rstd, c)
-    }
-
-    async fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>> {
-        self.op_gelu(x, None)
-    }
-
-    async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>> {
-        self.op_gelu(x, Some(dy))
-    }
-
-    async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
-        self.op_softmax(scores, None, t, scale)
-    }
-
-    async fn causal_softmax_bwd(
-        &self,
-        p: &[f32],
-        dp: &[f32],
-        t: usize,
-        scale: f64,
-    ) -> Result<Vec<f32>> {
-        self.op_softmax(p, Some(dp), t, scale)
-    }
-
-    async fn cross_entropy_fwd(
-        &self,
-        logits: &[f32],
-        targets: &[u32],
-        v: usize,
-    ) -> Result<(f64, Vec<f32>)> {
-        self.op_cross_entropy_fwd(logits, targets, v)
-    }
-
-    async fn cross_entropy_bwd(
-        &self,
-        probs: &[f32],
-        targets: &[u32],
-        v: usize,
-        dloss: f64,
-    ) -> Result<Vec<f32>> {
-        self.op_cross_entropy_bwd(probs, targets, v, dloss)
-    }
-
-    async fn adamw(
-        &self,
-        opt: &crate::plan::AdamW,
-        p: &mut [f32],
-        g: &[f32],
-        m: &mut [f32],
-        v: &mut [f32],
-        t: u32,
-        decay: bool,
-    ) -> Result<()> {
-        self.op_adamw(opt, p, g, m, v, t, decay)
-    }
-
-    async fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
-        self.op_embedding_fwd(table, ids, c)
-    }
-
-    async fn embedding_bwd(
-        &self,
-        dout: &[f32],
-        ids: &[u32],
-        rows: usize,
-        c: usize,
-    ) -> Result<Vec<f32>> {
-        self.op_embedding_bwd(dout, ids, rows, c)
-    }
-
-    async fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
-        self.op_unscale_check(g, inverse_scale)
-    }
-
-    /// attention.cu serves the algorithms that round their inputs and sum exact products in f32
-    /// (not the split or fp8 ones), for the head sizes it is compiled for;
-    /// `MANTISSA_CUDA_ATTENTION=unfused` keeps the unfused ops (to compare the two).
-    fn fuses_attention(&self, algorithm: &Algorithm, head_dim: usize) -> bool {
-        let wanted = match std::env::var("MANTISSA_CUDA_ATTENTION") {
-            Ok(v) if v.trim().eq_ignore_ascii_case("unfused") => false,
-            Ok(v) if !v.trim().eq_ignore_ascii_case("fused") => {
-                static SAID: std::sync::Once = std::sync::Once::new();
-                SAID.call_once(|| {
-                    eprintln!("mantissa: MANTISSA_CUDA_ATTENTION={v:?} is neither fused nor unfused; using fused")
-                });
-                true
-            }
-            _ => true,
-        };
-        wanted
-            && matches!(
-                algorithm,
-                Algorithm::F32 | Algorithm::Tf32 | Algorithm::Bf16 | Algorithm::F16
-            )
-            && train::ATTENTION_HEAD_SIZES.contains(&head_dim)
-    }
-
     fn memory_available(&self) -> Option<(u64, u64)> {
         self.ctx.bind_to_thread().ok()?;
         let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
         Some((free as u64, total as u64))
     }
 
-    fn resident_executor<'a>(
+    /// The device-resident step plan (`plan.rs`).
+    fn executor<'a>(
         &'a self,
         plan: crate::plan::Plan,
     ) -> Result<Box<dyn crate::plan::StepExecutor + 'a>> {

@@ -20,8 +20,8 @@ use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::plan::exec::{
-    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_add,
-    check_inputs, check_write, reduce_on_host, tensor_len,
+    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
+    check_write, reduce_on_host, tensor_len,
 };
 use crate::plan::graph::{Graphs, Recorder};
 use crate::plan::{Bucket, Op, Plan, Section, Storage, TensorId, step_algorithm};
@@ -44,10 +44,6 @@ pub struct CudaPlan<'a> {
     scratch: CudaSlice<f32>,
     /// Stands in for a matmul's output while that output is lent to `matmul::run`.
     spare: CudaSlice<f32>,
-    /// Largest token id the embeddings accept, and target id the cross entropy accepts: checked
-    /// on the host, since a bad id would read outside a table on the device.
-    token_rows: usize,
-    target_classes: usize,
     /// The NCCL communicator of a data-parallel run, joined at its first reduction; or why
     /// `Reducer::Auto` went to MPI instead.
     nccl: Option<Nccl>,
@@ -84,38 +80,13 @@ impl<'a> CudaPlan<'a> {
                 .memcpy_htod(values.as_slice(), &mut buffers[storage.slot_of[*id]])
                 .map_err(|e| cb.device_error("uploading a plan constant", e))?;
         }
-        let (mut token_rows, mut target_classes) = (usize::MAX, usize::MAX);
-        let mut work = 0usize;
         let len = |id: TensorId| plan.tensors[id].len;
-        for op in &plan.ops {
-            match *op {
-                Op::Embedding { table, ids, c, .. } if ids == plan.tokens => {
-                    token_rows = token_rows.min(len(table) / c.max(1));
-                }
-                Op::EmbeddingBwd { ids, rows, .. } if ids == plan.tokens => {
-                    token_rows = token_rows.min(rows);
-                }
-                Op::CrossEntropy {
-                    logits, targets, v, ..
-                } => {
-                    if targets == plan.targets {
-                        target_classes = target_classes.min(v);
-                    }
-                    work = work.max(scratch::cross_entropy(len(logits) / v.max(1)));
-                }
-                Op::LayerNormBwd { x, c, .. } => {
-                    work = work.max(scratch::layernorm_bwd(len(x) / c.max(1), c));
-                }
-                Op::ColumnSums { x, c, .. } => {
-                    work = work.max(scratch::column_sums(len(x) / c.max(1), c));
-                }
-                Op::UnscaleCheck { grad, .. } => work = work.max(scratch::unscale(len(grad))),
-                Op::AttentionBwd { ref spec, .. } => {
-                    work = work.max(scratch::attention_bwd(spec));
-                }
-                _ => {}
-            }
-        }
+        let work = plan
+            .ops
+            .iter()
+            .map(|op| scratch::of(op, len))
+            .max()
+            .unwrap_or(0);
         let graphs = Graphs::for_plan(
             &plan,
             std::env::var("MANTISSA_CUDA_GRAPH").is_ok_and(|v| v == "on"),
@@ -130,8 +101,6 @@ impl<'a> CudaPlan<'a> {
             storage,
             buffers,
             plan,
-            token_rows,
-            target_classes,
             nccl: None,
             nccl_refused: None,
             staging: None,
@@ -277,7 +246,7 @@ impl<'a> CudaPlan<'a> {
             } => {
                 let ptrs = [self.p(logits), self.p(targets), self.p(grad), stats];
                 let shape = (crate::plan::Stats::LOSS, self.rows(logits, v), v);
-                launch::cross_entropy_fwd(cb, ptrs, shape, work, Some((scalars, held)))
+                launch::cross_entropy_fwd(cb, ptrs, shape, work, (scalars, held))
             }
             Op::Matmul {
                 ref shape,
@@ -287,7 +256,6 @@ impl<'a> CudaPlan<'a> {
                 out,
                 scales,
             } => {
-                shape.check(self.len(a), self.len(b))?;
                 let algorithm = step_algorithm(algorithm, scales, host_scalars);
                 // The output's buffer is lent out of the list while the operands' are borrowed
                 // (tensors of one op never share a buffer).
@@ -316,7 +284,6 @@ impl<'a> CudaPlan<'a> {
                 residual,
                 gelu,
             } => {
-                check_add(&self.plan, y, residual, gelu)?;
                 let lens = (self.len(y), self.len(x));
                 let ptrs = [self.p(x), self.p(y), self.p(out)];
                 // No residual, no GELU: a null pointer, which the kernel reads as none.
@@ -363,8 +330,8 @@ impl<'a> CudaPlan<'a> {
 
     /// Checks a step's inputs and uploads them; clears the stats.
     fn begin_step(&mut self, tokens: &[u32], targets: &[u32], scalars: &[f32]) -> Result<()> {
+        // Ids are checked on the host: a bad one would read outside a table on the device.
         check_inputs(&self.plan, tokens, targets, scalars)?;
-        self.check_ids(tokens, targets)?;
         let cb = self.cb;
         let upload = |what: &str, values: &[f32], to: &mut CudaSlice<f32>| {
             cb.stream
@@ -408,22 +375,6 @@ impl<'a> CudaPlan<'a> {
     fn read_stats(&self) -> Result<Vec<f64>> {
         let stats = self.cb.download(&self.stats, self.plan.stats.len())?;
         Ok(stats.into_iter().map(|v| v as f64).collect())
-    }
-
-    /// Refuses ids the device would read outside a table with.
-    fn check_ids(&self, tokens: &[u32], targets: &[u32]) -> Result<()> {
-        let bad = |ids: &[u32], limit: usize, what: &str| match ids
-            .iter()
-            .find(|&&i| i as usize >= limit)
-        {
-            Some(i) => Err(Error::invalid(
-                "batch",
-                format!("{what} id {i} is outside the model's {limit}"),
-            )),
-            None => Ok(()),
-        };
-        bad(tokens, self.token_rows, "token")?;
-        bad(targets, self.target_classes, "target")
     }
 }
 

@@ -1,6 +1,5 @@
-//! Launchers of `cuda/train.cu` and `cuda/attention.cu` (and of the casts and amax the step needs), on device pointers:
-//! one set of launches serves both the `Backend` training ops (operands uploaded for the call)
-//! and the device-resident step plan (`plan.rs`, tensors kept on the device).
+//! Launchers of `cuda/train.cu` and `cuda/attention.cu` (and of the casts and amax the step
+//! needs), on device pointers: the launches of the device-resident step plan's ops (`plan.rs`).
 //!
 //! The launch geometry lives here and nowhere else; tests/cuda_host/harness.cpp runs the kernels
 //! with the same geometry on the host.
@@ -77,6 +76,34 @@ fn unscale_blocks(n: usize) -> usize {
 
 /// Scratch values (f32) an op needs besides its operands.
 pub(super) mod scratch {
+    use crate::plan::{Op, TensorId};
+
+    /// The scratch values `op` needs (`len`: the length of each of its tensors).
+    pub fn of(op: &Op, len: impl Fn(TensorId) -> usize) -> usize {
+        let rows = |x: TensorId, width: usize| len(x) / width.max(1);
+        match *op {
+            Op::CrossEntropy { logits, v, .. } => cross_entropy(rows(logits, v)),
+            Op::LayerNormBwd { x, c, .. } => layernorm_bwd(rows(x, c), c),
+            Op::ColumnSums { x, c, .. } => column_sums(rows(x, c), c),
+            Op::UnscaleCheck { grad, .. } => unscale(len(grad)),
+            Op::AttentionBwd { ref spec, .. } => attention_bwd(spec),
+            Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNorm { .. }
+            | Op::Gelu { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::Attention { .. }
+            | Op::Matmul { .. }
+            | Op::Round { .. }
+            | Op::Add { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. }
+            | Op::AdamW { .. } => 0,
+        }
+    }
+
     /// Column sums of `rows x c`.
     pub fn column_sums(rows: usize, c: usize) -> usize {
         super::chunks(rows) * c
@@ -256,25 +283,20 @@ pub(super) fn softmax_bwd(
     launch!(cb, Module::Train, "causal_softmax_bwd", CudaBackend::rows_config(rows)?; &p, &dp, &ds, &t, &scale)
 }
 
-/// The mean of the rows' losses into stats[slot], and into `out` the probabilities or, with
-/// `grad` = (scalars, held), the loss's gradient (p - onehot) * scalars[DLOSS_PER_ROW] held in
-/// `held` (the backward fused in); `scratch` holds the rows' losses (`scratch::cross_entropy`).
+/// The mean of the rows' losses into stats[slot], and into `out` the loss's gradient
+/// (p - onehot) * scalars[DLOSS_PER_ROW] held in `held` (`grad`: the scalars and the format);
+/// `scratch` holds the rows' losses (`scratch::cross_entropy`).
 pub(super) fn cross_entropy_fwd(
     cb: &CudaBackend,
     [logits, targets, out, stats]: [Ptr; 4],
     (slot, rows, v): (usize, usize, usize),
     scratch: Ptr,
-    grad: Option<(Ptr, Format)>,
+    (scalars, held): (Ptr, Format),
 ) -> Result<()> {
     if rows == 0 || v == 0 {
         return Ok(());
     }
-    let v32 = v as u32;
-    // Without `grad` the kernel reads no scalar: any valid pointer stands in.
-    let (scalars, grad, fmt) = match grad {
-        Some((scalars, held)) => (scalars, 1u32, format_id(held)),
-        None => (logits, 0, format_id(Format::F32)),
-    };
+    let (v32, grad, fmt) = (v as u32, 1u32, format_id(held));
     launch!(cb, Module::Train, "cross_entropy_fwd", CudaBackend::rows_config(rows)?; &logits, &targets, &out, &scratch, &scalars, &v32, &grad, &fmt)?;
     let (rows32, slot) = (rows as u32, slot as u32);
     launch!(cb, Module::Train, "mean_to_stat", one_block(256); &scratch, &stats, &rows32, &slot)
@@ -286,17 +308,6 @@ fn one_block(threads: u32) -> LaunchConfig {
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     }
-}
-
-/// d = (probs - onehot(targets)) * scalars[DLOSS_PER_ROW] (the per-op path).
-pub(super) fn cross_entropy_bwd(
-    cb: &CudaBackend,
-    [probs, targets, d, scalars]: [Ptr; 4],
-    rows: usize,
-    v: usize,
-) -> Result<()> {
-    let (n, v32) = ((rows * v) as i64, v as u32);
-    launch_1d!(cb, Module::Train, "cross_entropy_bwd", rows * v; &probs, &targets, &d, &scalars, &n, &v32)
 }
 
 /// out = y rounded to `y_held`, plus x, held in `held`, x (c elements) repeated over y (n);

@@ -1,23 +1,21 @@
-//! The host interpreter of step plans: tensors in host memory, each op one call of a backend's
-//! ops (or a host loop for the data movement ops; fused attention is the host reference's
-//! definition). It is the reference backend's executor, and over a device backend's ops the
-//! cross-check of that backend's resident executor.
+//! The host interpreter of step plans, the reference backend's executor: tensors in host
+//! memory, each op the host reference's definition (`ops.rs`, `matmul.rs`), one after the
+//! other. It runs any backend's plan (fused attention included) with the numbers every other
+//! executor is compared with (`backend::executor` with `resident` false).
 
+use super::matmul::matmul;
 use super::ops::{self, round_to};
-use crate::backend::Backend;
 use crate::error::Result;
 use crate::format;
 use crate::plan::exec::{
-    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_add,
-    check_inputs, check_write, tensor_len, update_factor,
+    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
+    check_write, tensor_len, update_factor,
 };
 use crate::plan::graph::{Graphs, Recorder};
 use crate::plan::{AdamW, Op, Plan, Section, Stats, Storage, TensorId, scalar, step_algorithm};
 
-/// The host interpreter: tensors in host memory, each op one call of the backend's ops (or a
-/// host loop for the data movement ops).
-pub struct HostExecutor<'a> {
-    backend: &'a dyn Backend,
+/// The host interpreter: tensors in host memory, each op the host reference's definition.
+pub struct HostExecutor {
     plan: Plan,
     tensors: Vec<Vec<f32>>,
     /// The temporaries each op uses for the last time in a step, freed after it.
@@ -37,8 +35,8 @@ pub struct HostExecutor<'a> {
 /// fp8 scales), as a CUDA graph keeps its kernels' arguments.
 pub struct HostGraph(Vec<(usize, Op)>);
 
-impl<'a> HostExecutor<'a> {
-    pub fn new(backend: &'a dyn Backend, plan: Plan) -> HostExecutor<'a> {
+impl HostExecutor {
+    pub fn new(plan: Plan) -> HostExecutor {
         let mut tensors = vec![Vec::new(); plan.tensors.len()];
         for (id, values) in &plan.constants {
             tensors[*id] = values.clone();
@@ -50,7 +48,6 @@ impl<'a> HostExecutor<'a> {
             }
         }
         HostExecutor {
-            backend,
             plan,
             tensors,
             last_uses,
@@ -92,14 +89,17 @@ impl<'a> HostExecutor<'a> {
         bytemuck::cast_slice(&self.tensors[id])
     }
 
-    async fn exec(&mut self, op: &Op, scalars: &[f32], stats: &mut [f64]) -> Result<()> {
-        let b = self.backend;
+    /// Runs `op` (its inputs allocated: a tensor no op has written reads as zeros, as a
+    /// device's fresh buffer does). The plan is valid (`PlanBuilder::finish`) and the batch
+    /// checked (`check_inputs`): lengths and ids fit.
+    fn exec(&mut self, op: &Op, scalars: &[f32], stats: &mut [f64]) -> Result<()> {
+        for t in op.reads_writes().0 {
+            self.slot(t);
+        }
+        let t = &self.tensors;
         match *op {
             Op::Embedding { table, ids, out, c } => {
-                let y = b
-                    .embedding_fwd(&self.tensors[table], self.ids(ids), c)
-                    .await?;
-                self.tensors[out] = y;
+                self.tensors[out] = ops::embedding_fwd(&t[table], self.ids(ids), c);
             }
             Op::EmbeddingBwd {
                 dout,
@@ -108,22 +108,18 @@ impl<'a> HostExecutor<'a> {
                 rows,
                 c,
             } => {
-                let y = b
-                    .embedding_bwd(&self.tensors[dout], self.ids(ids), rows, c)
-                    .await?;
-                self.tensors[out] = y;
+                self.tensors[out] = ops::embedding_bwd(&t[dout], self.ids(ids), rows, c);
             }
             Op::LayerNorm {
                 x,
                 g,
-                b: beta,
+                b,
                 out,
                 stats: st,
                 c,
                 held,
             } => {
-                let t = &self.tensors;
-                let (mut y, mean, rstd) = b.layernorm_fwd(&t[x], &t[g], &t[beta], c).await?;
+                let (mut y, mean, rstd) = ops::layernorm_fwd(&t[x], &t[g], &t[b], c);
                 round_to(&mut y, held);
                 self.tensors[out] = y;
                 self.tensors[st] = mean.iter().zip(&rstd).flat_map(|(&m, &r)| [m, r]).collect();
@@ -138,46 +134,40 @@ impl<'a> HostExecutor<'a> {
                 db,
                 c,
             } => {
-                let t = &self.tensors;
                 let mean: Vec<f32> = t[st].iter().step_by(2).copied().collect();
                 let rstd: Vec<f32> = t[st].iter().skip(1).step_by(2).copied().collect();
-                let (x_grad, g_grad, b_grad) = b
-                    .layernorm_bwd(&t[dy], &t[x], &t[g], &mean, &rstd, c)
-                    .await?;
+                let (x_grad, g_grad, b_grad) =
+                    ops::layernorm_bwd(&t[dy], &t[x], &t[g], &mean, &rstd, c);
                 self.tensors[dx] = x_grad;
                 self.tensors[dg] = g_grad;
                 self.tensors[db] = b_grad;
             }
             Op::Gelu { x, out, held } => {
-                let mut y = b.gelu_fwd(&self.tensors[x]).await?;
+                let mut y = ops::gelu_fwd(&t[x]);
                 round_to(&mut y, held);
                 self.tensors[out] = y;
             }
-            Op::GeluBwd { x, dy, out } => {
-                self.tensors[out] = b.gelu_bwd(&self.tensors[x], &self.tensors[dy]).await?
-            }
-            Op::Softmax { x, out, t, scale } => {
-                self.tensors[out] = b.causal_softmax_fwd(&self.tensors[x], t, scale).await?
-            }
+            Op::GeluBwd { x, dy, out } => self.tensors[out] = ops::gelu_bwd(&t[x], &t[dy]),
+            Op::Softmax {
+                x,
+                out,
+                t: width,
+                scale,
+            } => self.tensors[out] = ops::causal_softmax_fwd(&t[x], width, scale),
             Op::SoftmaxBwd {
                 p,
                 dp,
                 out,
-                t,
+                t: width,
                 scale,
-            } => {
-                let s = &self.tensors;
-                self.tensors[out] = b.causal_softmax_bwd(&s[p], &s[dp], t, scale).await?
-            }
-            // Fused attention is the host reference's definition on every backend: the plan holds
-            // it only where a device has a fused kernel, which this is then the cross-check of.
+            } => self.tensors[out] = ops::causal_softmax_bwd(&t[p], &t[dp], width, scale),
             Op::Attention {
                 qkv,
                 out,
                 stats: st,
                 ref spec,
             } => {
-                let (y, row_stats) = ops::attention_fwd(&self.tensors[qkv], spec);
+                let (y, row_stats) = ops::attention_fwd(&t[qkv], spec);
                 self.tensors[out] = y;
                 self.tensors[st] = row_stats;
             }
@@ -189,7 +179,6 @@ impl<'a> HostExecutor<'a> {
                 ref spec,
                 ..
             } => {
-                let t = &self.tensors;
                 let (grad, dots) = ops::attention_bwd(&t[qkv], &t[dout], spec);
                 self.tensors[dqkv] = grad;
                 self.tensors[delta] = dots;
@@ -202,15 +191,12 @@ impl<'a> HostExecutor<'a> {
                 v,
                 held,
             } => {
-                let (loss, probs) = b
-                    .cross_entropy_fwd(&self.tensors[logits], self.ids(targets), v)
-                    .await?;
+                let (loss, probs) = ops::cross_entropy_fwd(&t[logits], self.ids(targets), v);
                 stats[Stats::LOSS] = loss;
-                // The backend divides by the rows itself: pass it the loss scale (over the ranks).
+                // The definition divides by the rows itself: pass it the loss scale (over the
+                // ranks).
                 let dloss = scalars[scalar::DLOSS] as f64;
-                let mut d = b
-                    .cross_entropy_bwd(&probs, self.ids(targets), v, dloss)
-                    .await?;
+                let mut d = ops::cross_entropy_bwd(&probs, self.ids(targets), v, dloss);
                 round_to(&mut d, held);
                 self.tensors[grad] = d;
             }
@@ -218,17 +204,14 @@ impl<'a> HostExecutor<'a> {
                 ref shape,
                 algorithm,
                 a,
-                b: rhs,
+                b,
                 out,
                 scales,
             } => {
                 let algorithm = step_algorithm(algorithm, scales, scalars);
-                let c = b
-                    .matmul(shape, &algorithm, &self.tensors[a], &self.tensors[rhs])
-                    .await?;
-                self.tensors[out] = c;
+                self.tensors[out] = matmul(shape, &algorithm, &t[a], &t[b])?;
             }
-            Op::Round { x, format } => round_to(self.slot(x), format),
+            Op::Round { x, format } => round_to(&mut self.tensors[x], format),
             Op::Add {
                 x,
                 y,
@@ -238,17 +221,14 @@ impl<'a> HostExecutor<'a> {
                 residual,
                 gelu,
             } => {
-                check_add(&self.plan, y, residual, gelu)?;
                 let mut target = match out == y {
-                    true => std::mem::take(self.slot(y)),
-                    false => self.slot(y).clone(),
+                    true => std::mem::take(&mut self.tensors[y]),
+                    false => t[y].clone(),
                 };
                 round_to(&mut target, y_held);
                 let src = &self.tensors[x];
-                if !src.is_empty() {
-                    for (i, t) in target.iter_mut().enumerate() {
-                        *t += src[i % src.len()];
-                    }
+                for (i, t) in target.iter_mut().enumerate() {
+                    *t += src[i % src.len()];
                 }
                 round_to(&mut target, held);
                 if let Some((r, format)) = residual {
@@ -262,33 +242,29 @@ impl<'a> HostExecutor<'a> {
                 // The two ops it replaces: GELU reads the sum as stored.
                 if let Some((g, held)) = gelu {
                     self.store(out);
-                    let mut y = b.gelu_fwd(&self.tensors[out]).await?;
+                    let mut y = ops::gelu_fwd(&self.tensors[out]);
                     round_to(&mut y, held);
                     self.tensors[g] = y;
                 }
             }
-            Op::ColumnSums { x, out, c } => {
-                self.tensors[out] = ops::column_sums(&self.tensors[x], c);
-            }
+            Op::ColumnSums { x, out, c } => self.tensors[out] = ops::column_sums(&t[x], c),
             Op::Copy { x, out, map } => {
                 let mut target = std::mem::take(self.slot(out));
                 map.apply(&self.tensors[x], &mut target);
                 self.tensors[out] = target;
             }
             Op::Amax { x, slot } => {
-                let a = format::amax(self.tensors[x].iter().copied()) as f64;
+                let a = format::amax(t[x].iter().copied()) as f64;
                 stats[slot] = stats[slot].max(a);
             }
             Op::UnscaleCheck { grad, index } => {
-                let mut g = std::mem::take(self.slot(grad));
+                let mut g = std::mem::take(&mut self.tensors[grad]);
                 if index == 0
                     && let Some(first) = g.first_mut()
                 {
                     *first += scalars[scalar::POISON];
                 }
-                let finite = b
-                    .unscale_check(&mut g, scalars[scalar::INVERSE_SCALE])
-                    .await?;
+                let finite = ops::unscale_check(&mut g, scalars[scalar::INVERSE_SCALE]);
                 stats[self.plan.stats.flag(index)] = if finite { 0.0 } else { 1.0 };
                 stats[self.plan.stats.norm_sq(index)] =
                     g.iter().map(|&x| x as f64 * x as f64).sum();
@@ -312,9 +288,9 @@ impl<'a> HostExecutor<'a> {
                     eps: scalars[scalar::EPS],
                     weight_decay: scalars[scalar::WEIGHT_DECAY],
                 };
-                let mut p = std::mem::take(self.slot(param));
-                let mut mm = std::mem::take(self.slot(m));
-                let mut vv = std::mem::take(self.slot(v));
+                let mut p = std::mem::take(&mut self.tensors[param]);
+                let mut mm = std::mem::take(&mut self.tensors[m]);
+                let mut vv = std::mem::take(&mut self.tensors[v]);
                 // Copy the gradient only where the clip scales it.
                 let g: std::borrow::Cow<[f32]> = if factor == 1.0 {
                     self.tensors[grad].as_slice().into()
@@ -322,13 +298,10 @@ impl<'a> HostExecutor<'a> {
                     self.tensors[grad].iter().map(|x| x * factor).collect()
                 };
                 let step = scalars[scalar::STEP] as u32;
-                let done = b
-                    .adamw(&opt, &mut p, &g, &mut mm, &mut vv, step, decay)
-                    .await;
+                ops::adamw(&opt, &mut p, &g, &mut mm, &mut vv, step, decay);
                 self.tensors[param] = p;
                 self.tensors[m] = mm;
                 self.tensors[v] = vv;
-                done?;
             }
         }
         Ok(())
@@ -347,8 +320,7 @@ impl<'a> HostExecutor<'a> {
         let mut stats = self.begin(tokens, targets, scalars)?;
         if seconds.is_some() {
             let ops = self.plan.range_of(section);
-            self.interpret_ops(ops, scalars, &mut stats, seconds)
-                .await?;
+            self.interpret_ops(ops, scalars, &mut stats, seconds)?;
             return Ok(stats);
         }
         self.stats = stats;
@@ -369,7 +341,7 @@ impl<'a> HostExecutor<'a> {
     }
 
     /// Runs `ops` of the plan into `stats`.
-    async fn interpret_ops(
+    fn interpret_ops(
         &mut self,
         ops: std::ops::Range<usize>,
         scalars: &[f32],
@@ -378,15 +350,14 @@ impl<'a> HostExecutor<'a> {
     ) -> Result<()> {
         for i in ops {
             let op = self.plan.ops[i].clone();
-            self.run_op(i, &op, scalars, stats, seconds.as_deref_mut())
-                .await?;
+            self.run_op(i, &op, scalars, stats, seconds.as_deref_mut())?;
         }
         Ok(())
     }
 
     /// Runs `op` as op `i` of the plan: its writes stored as their tensors hold them, the
     /// temporaries it reads last freed.
-    async fn run_op(
+    fn run_op(
         &mut self,
         i: usize,
         op: &Op,
@@ -395,7 +366,7 @@ impl<'a> HostExecutor<'a> {
         seconds: Option<&mut Vec<f64>>,
     ) -> Result<()> {
         let start = web_time::Instant::now();
-        self.exec(op, scalars, stats).await?;
+        self.exec(op, scalars, stats)?;
         for t in op.reads_writes().1 {
             self.store(t);
         }
@@ -412,7 +383,7 @@ impl<'a> HostExecutor<'a> {
 }
 
 #[async_trait::async_trait]
-impl StepExecutor for HostExecutor<'_> {
+impl StepExecutor for HostExecutor {
     fn plan(&self) -> &Plan {
         &self.plan
     }
@@ -422,10 +393,7 @@ impl StepExecutor for HostExecutor<'_> {
             Graphs::On { .. } => format!(", {}", self.graphs.describe("a recording")),
             Graphs::Off(_) => String::new(),
         };
-        format!(
-            "host interpreter over {}, one round trip per op{recorded}",
-            self.backend.name()
-        )
+        format!("host interpreter, the reference's definition of each op{recorded}")
     }
 
     async fn run(
@@ -449,10 +417,7 @@ impl StepExecutor for HostExecutor<'_> {
         let mut timings = Timings {
             first: self.plan.range_of(section).start,
             seconds: Vec::new(),
-            measured_by: format!(
-                "the host's clock around each op ({}: each op's uploads, work and readback)",
-                self.describe()
-            ),
+            measured_by: format!("the host's clock around each op ({})", self.describe()),
         };
         let stats = self
             .interpret(
@@ -501,8 +466,7 @@ impl StepExecutor for HostExecutor<'_> {
         let mut reduced = sum.on_host(false);
         let mut done = 0;
         for bucket in &buckets {
-            self.interpret_ops(done..bucket.ready, scalars, &mut stats, None)
-                .await?;
+            self.interpret_ops(done..bucket.ready, scalars, &mut stats, None)?;
             done = bucket.ready;
             let mut flat = Vec::new();
             for &id in &bucket.ids {
@@ -517,7 +481,7 @@ impl StepExecutor for HostExecutor<'_> {
             }
         }
         let rest = done..self.plan.range_of(Section::Backward).end;
-        self.interpret_ops(rest, scalars, &mut stats, None).await?;
+        self.interpret_ops(rest, scalars, &mut stats, None)?;
         Ok((stats, reduced))
     }
 
@@ -532,15 +496,15 @@ impl StepExecutor for HostExecutor<'_> {
     }
 }
 
-impl Recorder for HostExecutor<'_> {
+impl Recorder for HostExecutor {
     type Graph = HostGraph;
 
     async fn launch(&mut self, section: Section, scalars: &[f32]) -> Result<()> {
         let mut stats = std::mem::take(&mut self.stats);
         let ops = self.plan.range_of(section);
-        let ran = self.interpret_ops(ops, scalars, &mut stats, None).await;
+        self.interpret_ops(ops, scalars, &mut stats, None)?;
         self.stats = stats;
-        ran
+        Ok(())
     }
 
     /// The ops of `section` as launched now: a matmul's given fp8 scales, which a launch takes
@@ -550,23 +514,15 @@ impl Recorder for HostExecutor<'_> {
         section: Section,
         scalars: &[f32],
     ) -> std::result::Result<HostGraph, String> {
-        let launched = |op: &Op| match *op {
-            Op::Matmul {
-                shape,
-                algorithm,
-                a,
-                b,
-                out,
-                scales,
-            } => Op::Matmul {
-                shape,
-                algorithm: step_algorithm(algorithm, scales, scalars),
-                a,
-                b,
-                out,
-                scales: None,
-            },
-            ref op => op.clone(),
+        let launched = |op: &Op| {
+            let mut op = op.clone();
+            if let Op::Matmul {
+                algorithm, scales, ..
+            } = &mut op
+            {
+                *algorithm = step_algorithm(*algorithm, scales.take(), scalars);
+            }
+            op
         };
         let ops = self.plan.range_of(section);
         Ok(HostGraph(
@@ -579,7 +535,7 @@ impl Recorder for HostExecutor<'_> {
         let (scalars, mut stats) = (self.scalars.clone(), std::mem::take(&mut self.stats));
         let mut ran = Ok(());
         for (i, op) in &graph.0 {
-            ran = self.run_op(*i, op, &scalars, &mut stats, None).await;
+            ran = self.run_op(*i, op, &scalars, &mut stats, None);
             if ran.is_err() {
                 break;
             }

@@ -4,8 +4,8 @@
 //! - `matmul.rs`: the reference matmul of every algorithm (f64 accumulation per level)
 //! - `ops.rs`: the training ops (layer norm, GELU, softmax, cross entropy, embeddings, AdamW),
 //!   forward and backward
-//! - `interp.rs`: the host interpreter of step plans (the reference's executor, and the
-//!   cross-check of every device-resident one)
+//! - `interp.rs`: the host interpreter of step plans (the reference's executor, whose numbers
+//!   every device-resident one is compared with)
 
 pub mod interp;
 pub mod matmul;
@@ -15,10 +15,10 @@ pub use interp::HostExecutor;
 pub use matmul::matmul;
 
 use crate::algorithm::{Algorithm, MatmulShape};
-use crate::backend::{Backend, BackendKind, check};
+use crate::backend::{Backend, BackendKind};
 use crate::error::Result;
 use crate::format::{self, Format, Overflow};
-use crate::plan::{AdamW, Plan, StepExecutor};
+use crate::plan::{Plan, StepExecutor};
 use crate::policy::Capabilities;
 use rayon::prelude::*;
 
@@ -82,116 +82,8 @@ impl Backend for Reference {
         Ok(format::amax(x.iter().copied()))
     }
 
-    // The training ops: the host truth of `ops.rs`, with the input checks every backend makes.
-
-    async fn layernorm_fwd(
-        &self,
-        x: &[f32],
-        g: &[f32],
-        b: &[f32],
-        c: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        check::layernorm_fwd(x, g, b, c)?;
-        Ok(ops::layernorm_fwd(x, g, b, c))
-    }
-
-    async fn layernorm_bwd(
-        &self,
-        dy: &[f32],
-        x: &[f32],
-        g: &[f32],
-        mean: &[f32],
-        rstd: &[f32],
-        c: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        check::layernorm_bwd(dy, x, g, (mean, rstd), c)?;
-        Ok(ops::layernorm_bwd(dy, x, g, mean, rstd, c))
-    }
-
-    async fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>> {
-        Ok(ops::gelu_fwd(x))
-    }
-
-    async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>> {
-        check::gelu(x, Some(dy))?;
-        Ok(ops::gelu_bwd(x, dy))
-    }
-
-    async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
-        check::softmax(scores, None, t)?;
-        Ok(ops::causal_softmax_fwd(scores, t, scale))
-    }
-
-    async fn causal_softmax_bwd(
-        &self,
-        p: &[f32],
-        dp: &[f32],
-        t: usize,
-        scale: f64,
-    ) -> Result<Vec<f32>> {
-        check::softmax(p, Some(dp), t)?;
-        Ok(ops::causal_softmax_bwd(p, dp, t, scale))
-    }
-
-    async fn cross_entropy_fwd(
-        &self,
-        logits: &[f32],
-        targets: &[u32],
-        v: usize,
-    ) -> Result<(f64, Vec<f32>)> {
-        check::cross_entropy(logits, targets, v)?;
-        Ok(ops::cross_entropy_fwd(logits, targets, v))
-    }
-
-    async fn cross_entropy_bwd(
-        &self,
-        probs: &[f32],
-        targets: &[u32],
-        v: usize,
-        dloss: f64,
-    ) -> Result<Vec<f32>> {
-        check::cross_entropy(probs, targets, v)?;
-        Ok(ops::cross_entropy_bwd(probs, targets, v, dloss))
-    }
-
-    async fn adamw(
-        &self,
-        opt: &AdamW,
-        p: &mut [f32],
-        g: &[f32],
-        m: &mut [f32],
-        v: &mut [f32],
-        t: u32,
-        decay: bool,
-    ) -> Result<()> {
-        check::adamw(p, g, m, v)?;
-        ops::adamw(opt, p, g, m, v, t, decay);
-        Ok(())
-    }
-
-    async fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
-        check::embedding_fwd(table, ids, c)?;
-        Ok(ops::embedding_fwd(table, ids, c))
-    }
-
-    async fn embedding_bwd(
-        &self,
-        dout: &[f32],
-        ids: &[u32],
-        rows: usize,
-        c: usize,
-    ) -> Result<Vec<f32>> {
-        check::embedding_bwd(dout, ids, rows, c)?;
-        Ok(ops::embedding_bwd(dout, ids, rows, c))
-    }
-
-    async fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
-        Ok(ops::unscale_check(g, inverse_scale))
-    }
-
-    /// The host interpreter over the reference ops: host memory is where the reference keeps
-    /// its tensors.
-    fn resident_executor<'a>(&'a self, plan: Plan) -> Result<Box<dyn StepExecutor + 'a>> {
-        Ok(Box::new(HostExecutor::new(self, plan)))
+    /// The host interpreter: host memory is where the reference keeps its tensors.
+    fn executor<'a>(&'a self, plan: Plan) -> Result<Box<dyn StepExecutor + 'a>> {
+        Ok(Box::new(HostExecutor::new(plan)))
     }
 }

@@ -6,9 +6,8 @@
 //! - `shaders.rs`: the WGSL loader (variants, generated headers, naga validation)
 //! - `cast.rs`: element kernels (casts, quantization, amax/scales, split)
 //! - `matmul.rs`: operand preparation and the tiled matmul
-//! - `train.rs`: the training kernel launches, shared by `ops.rs` and `plan.rs`
-//! - `ops.rs`: the Backend's training ops, one upload-launch-readback each
-//! - `plan.rs`: the device-resident step plan
+//! - `train.rs`: the training kernel launches of the step plan's ops
+//! - `plan.rs`: the device-resident step plan, the backend's executor
 //! - `autotune.rs`: the matmul tile autotuner
 
 pub mod autotune;
@@ -16,7 +15,6 @@ pub mod buffer;
 pub mod cast;
 pub mod device;
 pub mod matmul;
-pub mod ops;
 pub mod plan;
 pub mod shaders;
 pub mod train;
@@ -30,7 +28,7 @@ use super::{Backend, BackendKind, MatmulTiming, Operands, median};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
-use crate::plan::{AdamW, Plan, StepExecutor};
+use crate::plan::{Plan, StepExecutor};
 use crate::policy::Capabilities;
 use web_time::Instant;
 
@@ -536,13 +534,15 @@ impl Backend for WgpuBackend {
         )
     }
 
-    /// SIMT kernels make nothing faster than f32. Cooperative matrices on a hardware GPU
-    /// accelerate f16 operands, so bf16 and the split algorithms on them (emulated on a CPU
-    /// adapter such as lavapipe: not an acceleration there).
-    fn resident_executor<'a>(&'a self, plan: Plan) -> Result<Box<dyn StepExecutor + 'a>> {
+    /// The device-resident step plan (`plan.rs`).
+    fn executor<'a>(&'a self, plan: Plan) -> Result<Box<dyn StepExecutor + 'a>> {
         Ok(Box::new(plan::ResidentPlan::new(self, plan)))
     }
 
+    /// SIMT kernels make nothing faster than f32. Cooperative matrices on a hardware GPU
+    /// accelerate f16 operands, so bf16 and the split algorithms on them (emulated on a CPU
+    /// adapter such as lavapipe: not an acceleration there). Attention stays unfused by
+    /// default (train.wgsl's fused kernels serve `--attention fused`, heads of at most 64).
     fn capabilities(&self) -> Capabilities {
         let hardware = self.gpu.summary.device_type != format!("{:?}", wgpu::DeviceType::Cpu);
         if self.coop.is_none() || !hardware {
@@ -556,6 +556,7 @@ impl Backend for WgpuBackend {
                 Algorithm::Bf16x6,
                 Algorithm::Bf16x9,
             ],
+            ..Capabilities::default()
         }
     }
 
@@ -653,102 +654,6 @@ impl Backend for WgpuBackend {
         let out = read_words(&self.gpu, &amax_bits, 1).await;
         self.pool.give([amax_bits, scale]);
         Ok(f32::from_bits(out?[0]))
-    }
-
-    // The training ops run train.wgsl's and step.wgsl's kernels (ops.rs).
-
-    async fn layernorm_fwd(
-        &self,
-        x: &[f32],
-        g: &[f32],
-        b: &[f32],
-        c: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        self.op_layernorm_fwd(x, g, b, c).await
-    }
-
-    async fn layernorm_bwd(
-        &self,
-        dy: &[f32],
-        x: &[f32],
-        g: &[f32],
-        mean: &[f32],
-        rstd: &[f32],
-        c: usize,
-    ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        self.op_layernorm_bwd(dy, x, g, mean, rstd, c).await
-    }
-
-    async fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>> {
-        self.op_gelu(x, None).await
-    }
-
-    async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>> {
-        self.op_gelu(x, Some(dy)).await
-    }
-
-    async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
-        self.op_softmax(scores, None, t, scale).await
-    }
-
-    async fn causal_softmax_bwd(
-        &self,
-        p: &[f32],
-        dp: &[f32],
-        t: usize,
-        scale: f64,
-    ) -> Result<Vec<f32>> {
-        self.op_softmax(p, Some(dp), t, scale).await
-    }
-
-    async fn cross_entropy_fwd(
-        &self,
-        logits: &[f32],
-        targets: &[u32],
-        v: usize,
-    ) -> Result<(f64, Vec<f32>)> {
-        self.op_cross_entropy_fwd(logits, targets, v).await
-    }
-
-    async fn cross_entropy_bwd(
-        &self,
-        probs: &[f32],
-        targets: &[u32],
-        v: usize,
-        dloss: f64,
-    ) -> Result<Vec<f32>> {
-        self.op_cross_entropy_bwd(probs, targets, v, dloss).await
-    }
-
-    async fn adamw(
-        &self,
-        opt: &AdamW,
-        p: &mut [f32],
-        g: &[f32],
-        m: &mut [f32],
-        v: &mut [f32],
-        t: u32,
-        decay: bool,
-    ) -> Result<()> {
-        self.op_adamw(opt, p, g, m, v, t, decay).await
-    }
-
-    async fn embedding_fwd(&self, table: &[f32], ids: &[u32], c: usize) -> Result<Vec<f32>> {
-        self.op_embedding_fwd(table, ids, c).await
-    }
-
-    async fn embedding_bwd(
-        &self,
-        dout: &[f32],
-        ids: &[u32],
-        rows: usize,
-        c: usize,
-    ) -> Result<Vec<f32>> {
-        self.op_embedding_bwd(dout, ids, rows, c).await
-    }
-
-    async fn unscale_check(&self, g: &mut [f32], inverse_scale: f32) -> Result<bool> {
-        self.op_unscale_check(g, inverse_scale).await
     }
 
     async fn time_matmul(

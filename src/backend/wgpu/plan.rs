@@ -18,8 +18,8 @@ use super::train::{StepLaunch, TrainLaunch, launch};
 use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::plan::exec::{
-    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_add,
-    check_inputs, check_write, tensor_len,
+    GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
+    check_write, tensor_len,
 };
 use crate::plan::{Bucket, Op, Plan, Section, Storage, TensorId};
 use std::collections::HashMap;
@@ -217,24 +217,23 @@ impl<'a> ResidentPlan<'a> {
         };
         for (i, op) in plan.ops.iter().enumerate() {
             c.first.push(c.dispatches.len());
-            let tile = match op {
-                Op::Matmul {
-                    shape,
-                    algorithm,
-                    a,
-                    b,
-                    ..
-                } => {
-                    let on_device = matmul::OnDevice {
-                        a: &c.tensors[*a],
-                        b: &c.tensors[*b],
-                        stored: [*a, *b].map(|t| self.plan.tensors[t].stored),
-                    };
-                    let tile = self.backend.tile_for(shape, algorithm, on_device).await?.0;
-                    Some(tile)
-                }
-                _ => None,
-            };
+            // A matmul's tile, from the autotuner.
+            let mut tile = None;
+            if let Op::Matmul {
+                shape,
+                algorithm,
+                a,
+                b,
+                ..
+            } = op
+            {
+                let on_device = matmul::OnDevice {
+                    a: &c.tensors[*a],
+                    b: &c.tensors[*b],
+                    stored: [*a, *b].map(|t| self.plan.tensors[t].stored),
+                };
+                tile = Some(self.backend.tile_for(shape, algorithm, on_device).await?.0);
+            }
             let lendable = || idle[i].iter().map(|&s| &slot_buffers[s]);
             let lent = BufferPool::fitting();
             if tile.is_some() {
@@ -472,7 +471,7 @@ impl<'a> ResidentPlan<'a> {
                 let rows = rows_of(logits, v);
                 let losses = storage_of(gpu, rows)?;
                 let fwd = train_on(
-                    launch::cross_entropy_fwd(rows, v, Some(held)),
+                    launch::cross_entropy_fwd(rows, v, held),
                     [&t[logits], &t[targets], &c.scalars],
                     [&t[grad], &losses, &dummies.write[0]],
                 )?;
@@ -492,7 +491,6 @@ impl<'a> ResidentPlan<'a> {
                 out,
                 scales,
             } => {
-                shape.check(len(a), len(b))?;
                 if shape.c_len() == 0 || shape.k == 0 {
                     // An empty sum: the zero-initialised output stands.
                     return Ok(r);
@@ -525,6 +523,9 @@ impl<'a> ResidentPlan<'a> {
                 None,
                 [Some(x), None, None],
             )?],
+            // In place (with a residual, or its GELU to z), or into a tensor of its own: z, or
+            // w where it is coded (then its GELU to z). The plan has no other add
+            // (`PlanBuilder::finish`).
             Op::Add {
                 x,
                 y,
@@ -533,51 +534,22 @@ impl<'a> ResidentPlan<'a> {
                 y_held,
                 residual,
                 gelu,
-            } if out == y => {
-                check_add(&self.plan, y, residual, gelu)?;
+            } => {
                 let g = gelu.map(|(g, format)| (format, coded(g)));
-                let z = residual.map(|r| r.0).or(gelu.map(|g| g.0));
-                vec![step(
-                    launch::add(len(y), len(x), (y_held, held), residual.map(|r| r.1), g),
-                    Some(x),
-                    [Some(y), z, None],
-                )?]
-            }
-            Op::Add {
-                residual: Some(_), ..
-            } => {
-                return Err(Error::invalid(
-                    "step plan",
-                    "an add with a residual writes in place on wgpu",
-                ));
-            }
-            // Into a tensor of its own: z, or w where it is coded (then its GELU to z).
-            Op::Add {
-                x,
-                y,
-                out,
-                held,
-                y_held,
-                residual: None,
-                gelu,
-            } => {
-                check_add(&self.plan, y, None, gelu)?;
-                let outs = match (coded(out), gelu) {
-                    (true, _) => [Some(y), gelu.map(|g| g.0), Some(out)],
-                    (false, None) => [Some(y), Some(out), None],
-                    (false, Some(_)) => {
-                        return Err(Error::invalid(
-                            "step plan",
-                            "an add with a GELU writes in place or as codes on wgpu",
-                        ));
-                    }
+                let launch = if out == y {
+                    let z = residual.map(|r| r.0).or(gelu.map(|g| g.0));
+                    let l = launch::add(len(y), len(x), (y_held, held), residual.map(|r| r.1), g);
+                    (l, [Some(y), z, None])
+                } else {
+                    debug_assert!(residual.is_none() && (gelu.is_none() || coded(out)));
+                    let outs = match coded(out) {
+                        true => [Some(y), gelu.map(|g| g.0), Some(out)],
+                        false => [Some(y), Some(out), None],
+                    };
+                    let l = launch::add_into(len(y), len(x), (y_held, held), coded(out), g);
+                    (l, outs)
                 };
-                let g = gelu.map(|(g, format)| (format, coded(g)));
-                vec![step(
-                    launch::add_into(len(y), len(x), (y_held, held), coded(out), g),
-                    Some(x),
-                    outs,
-                )?]
+                vec![step(launch.0, Some(x), launch.1)?]
             }
             Op::ColumnSums { x, out, c } => {
                 let rows = rows_of(x, c);

@@ -8,6 +8,9 @@ use crate::backend::defs;
 use crate::format::Format;
 use std::fmt;
 
+/// The training kernels' entry points live with their launches.
+pub use super::train::{StepOp, TrainOp};
+
 const FORMATS: &str = include_str!("../../../shaders/formats.wgsl");
 const CAST: &str = include_str!("../../../shaders/cast.wgsl");
 const SCALE: &str = include_str!("../../../shaders/scale.wgsl");
@@ -21,108 +24,6 @@ const GELU: &str = include_str!("../../../shaders/gelu.wgsl");
 const FETCH: &str = include_str!("../../../shaders/fetch.wgsl");
 const COOP_BLOCK: &str = include_str!("../../../shaders/coop_block.wgsl");
 const MATMUL_STEP: &str = include_str!("../../../shaders/matmul_step.wgsl");
-
-/// The training ops of `shaders/train.wgsl` (entry points of one module).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum TrainOp {
-    LayernormFwd,
-    LayernormBwdX,
-    LayernormBwdPartials,
-    ColumnPartials,
-    SumPartials,
-    GeluFwd,
-    GeluBwd,
-    CausalSoftmaxFwd,
-    CausalSoftmaxBwd,
-    CrossEntropyFwd,
-    EmbeddingFwd,
-    EmbeddingBwd,
-    AttentionFwd,
-    AttentionBwdQ,
-    AttentionBwdK,
-    AttentionBwdV,
-}
-
-impl TrainOp {
-    pub const ALL: [TrainOp; 16] = [
-        TrainOp::LayernormFwd,
-        TrainOp::LayernormBwdX,
-        TrainOp::LayernormBwdPartials,
-        TrainOp::ColumnPartials,
-        TrainOp::SumPartials,
-        TrainOp::GeluFwd,
-        TrainOp::GeluBwd,
-        TrainOp::CausalSoftmaxFwd,
-        TrainOp::CausalSoftmaxBwd,
-        TrainOp::CrossEntropyFwd,
-        TrainOp::EmbeddingFwd,
-        TrainOp::EmbeddingBwd,
-        TrainOp::AttentionFwd,
-        TrainOp::AttentionBwdQ,
-        TrainOp::AttentionBwdK,
-        TrainOp::AttentionBwdV,
-    ];
-
-    pub fn entry_point(self) -> &'static str {
-        match self {
-            TrainOp::LayernormFwd => "layernorm_fwd",
-            TrainOp::LayernormBwdX => "layernorm_bwd_x",
-            TrainOp::LayernormBwdPartials => "layernorm_bwd_partials",
-            TrainOp::ColumnPartials => "column_partials",
-            TrainOp::SumPartials => "sum_partials",
-            TrainOp::GeluFwd => "gelu_fwd",
-            TrainOp::GeluBwd => "gelu_bwd",
-            TrainOp::CausalSoftmaxFwd => "causal_softmax_fwd",
-            TrainOp::CausalSoftmaxBwd => "causal_softmax_bwd",
-            TrainOp::CrossEntropyFwd => "cross_entropy_fwd",
-            TrainOp::EmbeddingFwd => "embedding_fwd",
-            TrainOp::EmbeddingBwd => "embedding_bwd",
-            TrainOp::AttentionFwd => "attention_fwd",
-            TrainOp::AttentionBwdQ => "attention_bwd_q",
-            TrainOp::AttentionBwdK => "attention_bwd_k",
-            TrainOp::AttentionBwdV => "attention_bwd_v",
-        }
-    }
-}
-
-/// The kernels of the device-resident step plan (`shaders/step.wgsl`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum StepOp {
-    Round,
-    Add,
-    AddInto,
-    StridedCopy,
-    MeanToStat,
-    UnscaleCheck,
-    Adamw,
-    CrossEntropyBwd,
-}
-
-impl StepOp {
-    pub const ALL: [StepOp; 8] = [
-        StepOp::Round,
-        StepOp::Add,
-        StepOp::AddInto,
-        StepOp::StridedCopy,
-        StepOp::MeanToStat,
-        StepOp::UnscaleCheck,
-        StepOp::Adamw,
-        StepOp::CrossEntropyBwd,
-    ];
-
-    pub fn entry_point(self) -> &'static str {
-        match self {
-            StepOp::Round => "round_to_format",
-            StepOp::Add => "add",
-            StepOp::AddInto => "add_into",
-            StepOp::StridedCopy => "strided_copy",
-            StepOp::MeanToStat => "mean_to_stat",
-            StepOp::UnscaleCheck => "unscale_check",
-            StepOp::Adamw => "adamw",
-            StepOp::CrossEntropyBwd => "cross_entropy_bwd",
-        }
-    }
-}
 
 /// How f16 operands are read: as `f16` values (`enable f16;`, needs SHADER_F16) or as packed
 /// u32 words decoded in integer arithmetic (core WGSL, works everywhere).

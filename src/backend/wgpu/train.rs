@@ -1,13 +1,111 @@
-//! The training kernel launches on wgpu (`shaders/train.wgsl`, `shaders/step.wgsl`): what each
-//! op launches (kernel, uniform, invocations) is defined here once, in `launch`, and used both by
-//! the Backend's per-op training ops (`ops.rs`: operands uploaded for the call, `run_once`) and
-//! by the device-resident step plan (`plan.rs`: the same launches bound to resident tensors).
+//! The training kernels on wgpu (`shaders/train.wgsl`, `shaders/step.wgsl`): their entry points
+//! (`TrainOp`, `StepOp`), and what each op of a step plan launches (kernel, uniform,
+//! invocations), defined here once, in `launch`; the device-resident step plan (`plan.rs`)
+//! binds them to its tensors.
 
-use super::WgpuBackend;
-use super::buffer::{Dispatch, check_binding, read_words, submit, upload};
-use super::shaders::{Kernel, StepOp, TrainOp};
+use super::buffer::Dispatch;
+use super::shaders::Kernel;
 use crate::error::Result;
 use bytemuck::{Pod, Zeroable};
+
+/// The training ops of `shaders/train.wgsl` (entry points of one module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TrainOp {
+    LayernormFwd,
+    LayernormBwdX,
+    LayernormBwdPartials,
+    ColumnPartials,
+    SumPartials,
+    GeluFwd,
+    GeluBwd,
+    CausalSoftmaxFwd,
+    CausalSoftmaxBwd,
+    CrossEntropyFwd,
+    EmbeddingFwd,
+    EmbeddingBwd,
+    AttentionFwd,
+    AttentionBwdQ,
+    AttentionBwdK,
+    AttentionBwdV,
+}
+
+impl TrainOp {
+    pub const ALL: [TrainOp; 16] = [
+        TrainOp::LayernormFwd,
+        TrainOp::LayernormBwdX,
+        TrainOp::LayernormBwdPartials,
+        TrainOp::ColumnPartials,
+        TrainOp::SumPartials,
+        TrainOp::GeluFwd,
+        TrainOp::GeluBwd,
+        TrainOp::CausalSoftmaxFwd,
+        TrainOp::CausalSoftmaxBwd,
+        TrainOp::CrossEntropyFwd,
+        TrainOp::EmbeddingFwd,
+        TrainOp::EmbeddingBwd,
+        TrainOp::AttentionFwd,
+        TrainOp::AttentionBwdQ,
+        TrainOp::AttentionBwdK,
+        TrainOp::AttentionBwdV,
+    ];
+
+    pub fn entry_point(self) -> &'static str {
+        match self {
+            TrainOp::LayernormFwd => "layernorm_fwd",
+            TrainOp::LayernormBwdX => "layernorm_bwd_x",
+            TrainOp::LayernormBwdPartials => "layernorm_bwd_partials",
+            TrainOp::ColumnPartials => "column_partials",
+            TrainOp::SumPartials => "sum_partials",
+            TrainOp::GeluFwd => "gelu_fwd",
+            TrainOp::GeluBwd => "gelu_bwd",
+            TrainOp::CausalSoftmaxFwd => "causal_softmax_fwd",
+            TrainOp::CausalSoftmaxBwd => "causal_softmax_bwd",
+            TrainOp::CrossEntropyFwd => "cross_entropy_fwd",
+            TrainOp::EmbeddingFwd => "embedding_fwd",
+            TrainOp::EmbeddingBwd => "embedding_bwd",
+            TrainOp::AttentionFwd => "attention_fwd",
+            TrainOp::AttentionBwdQ => "attention_bwd_q",
+            TrainOp::AttentionBwdK => "attention_bwd_k",
+            TrainOp::AttentionBwdV => "attention_bwd_v",
+        }
+    }
+}
+
+/// The kernels of the device-resident step plan (`shaders/step.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepOp {
+    Round,
+    Add,
+    AddInto,
+    StridedCopy,
+    MeanToStat,
+    UnscaleCheck,
+    Adamw,
+}
+
+impl StepOp {
+    pub const ALL: [StepOp; 7] = [
+        StepOp::Round,
+        StepOp::Add,
+        StepOp::AddInto,
+        StepOp::StridedCopy,
+        StepOp::MeanToStat,
+        StepOp::UnscaleCheck,
+        StepOp::Adamw,
+    ];
+
+    pub fn entry_point(self) -> &'static str {
+        match self {
+            StepOp::Round => "round_to_format",
+            StepOp::Add => "add",
+            StepOp::AddInto => "add_into",
+            StepOp::StridedCopy => "strided_copy",
+            StepOp::MeanToStat => "mean_to_stat",
+            StepOp::UnscaleCheck => "unscale_check",
+            StepOp::Adamw => "adamw",
+        }
+    }
+}
 
 /// The uniform of the train kernels (`TrainParams` in train.wgsl).
 #[repr(C)]
@@ -100,7 +198,8 @@ impl StepLaunch {
 /// The launches of every training op (the bindings of each are in the kernel files' order).
 pub mod launch {
     use super::{StepLaunch, StepParams, TrainLaunch, TrainParams};
-    use crate::backend::wgpu::shaders::{StepOp, TrainOp, format_id};
+    use super::{StepOp, TrainOp};
+    use crate::backend::wgpu::shaders::format_id;
     use crate::format::Format;
     use crate::plan::{Attention, Strided};
 
@@ -256,15 +355,12 @@ pub mod launch {
         l
     }
 
-    /// logits, targets -> probabilities (or, with `grad` = the format it is held in, the loss's
-    /// gradient scaled by scalar DLOSS_PER_ROW, the scalars bound as the third input), per-row
-    /// losses.
-    pub fn cross_entropy_fwd(rows: usize, v: usize, grad: Option<Format>) -> TrainLaunch {
+    /// logits, targets -> the loss's gradient scaled by scalar DLOSS_PER_ROW (the scalars bound
+    /// as the third input) held in `held`, per-row losses.
+    pub fn cross_entropy_fwd(rows: usize, v: usize, held: Format) -> TrainLaunch {
         let mut l = row_op(TrainOp::CrossEntropyFwd, rows, v);
-        if let Some(held) = grad {
-            l.params.grad = 1;
-            l.params.held = format_id(held);
-        }
+        l.params.grad = 1;
+        l.params.held = format_id(held);
         l
     }
 
@@ -280,16 +376,6 @@ pub mod launch {
             ..Default::default()
         };
         step(StepOp::MeanToStat, params, None)
-    }
-
-    /// probs, targets -> (probs - onehot) * scalar DLOSS_PER_ROW, over `n` elements.
-    pub fn cross_entropy_bwd(n: usize, v: usize) -> StepLaunch {
-        let params = StepParams {
-            n: n as u32,
-            c: v as u32,
-            ..Default::default()
-        };
-        step(StepOp::CrossEntropyBwd, params, Some(n))
     }
 
     pub fn round(n: usize, format: Format) -> StepLaunch {
@@ -398,125 +484,4 @@ pub mod launch {
         };
         step(StepOp::Adamw, params, Some(n))
     }
-}
-
-/// An output buffer of a kernel: fresh (zeroed) of a length, or holding initial values.
-pub enum Out<'a> {
-    Fresh(usize),
-    Init(&'a [f32]),
-    Unused,
-}
-
-/// A binding of a one-shot kernel run after its uniform: an input (read-only) or an output.
-pub enum Bind<'a> {
-    In(&'a [f32]),
-    Out(Out<'a>),
-}
-
-impl WgpuBackend {
-    /// Runs `kernel` once on uploaded operands: the uniform `params`, then `binds` in binding
-    /// order, over `groups` workgroups; returns the outputs (the `Bind::Out`s, in order).
-    pub(crate) async fn run_once<P: Pod>(
-        &self,
-        kernel: Kernel,
-        params: &P,
-        binds: [Bind<'_>; 6],
-        groups: [u32; 3],
-    ) -> Result<Vec<Vec<f32>>> {
-        let gpu = &self.gpu;
-        let what = kernel.entry_point();
-        for b in &binds {
-            if let Bind::In(x) | Bind::Out(Out::Init(x)) = b {
-                check_binding(gpu, what, x.len() as u64 * 4)?;
-            }
-        }
-        let outs = gpu
-            .scoped(what, || {
-                let buffers: Vec<(wgpu::Buffer, Option<usize>)> = binds
-                    .iter()
-                    .map(|b| {
-                        let (words, len): (&[u32], Option<usize>) = match b {
-                            Bind::In(x) => (bytemuck::cast_slice(x), None),
-                            Bind::Out(Out::Init(x)) => (bytemuck::cast_slice(x), Some(x.len())),
-                            Bind::Out(Out::Fresh(n)) => return (zeros(gpu, what, *n), Some(*n)),
-                            Bind::Out(Out::Unused) => (&[], Some(0)),
-                        };
-                        (upload(gpu, what, words), len)
-                    })
-                    .collect();
-                let uniform = super::buffer::uniform(gpu, params);
-                let mut bound = vec![&uniform];
-                bound.extend(buffers.iter().map(|(b, _)| b));
-                let dispatch = Dispatch::new(gpu, gpu.pipeline(&kernel)?, &bound, groups);
-                submit(gpu, &[], &[dispatch], None);
-                Ok(buffers)
-            })
-            .await?;
-        let mut results = Vec::new();
-        for (b, len) in &outs {
-            match len {
-                Some(0) => results.push(Vec::new()),
-                Some(n) => {
-                    results.push(bytemuck::cast_slice(&read_words(gpu, b, *n).await?).to_vec())
-                }
-                None => {}
-            }
-        }
-        Ok(results)
-    }
-
-    /// Runs one train kernel launch on uploaded operands and returns its three outputs.
-    pub(crate) async fn train_op(
-        &self,
-        launch: TrainLaunch,
-        inputs: [&[f32]; 3],
-        outputs: [Out<'_>; 3],
-    ) -> Result<[Vec<f32>; 3]> {
-        let [i0, i1, i2] = inputs.map(Bind::In);
-        let [o0, o1, o2] = outputs.map(Bind::Out);
-        let groups = launch.groups(&self.gpu)?;
-        let (kernel, params) = (launch.kernel(&self.gpu), launch.params);
-        let outs = self
-            .run_once(kernel, &params, [i0, i1, i2, o0, o1, o2], groups)
-            .await?;
-        let mut outs = outs.into_iter();
-        Ok([(); 3].map(|_| outs.next().unwrap_or_default()))
-    }
-
-    /// Runs one step kernel launch (step.wgsl) on `scalars` (the plan's scalar slots) and
-    /// returns the stats (`stats` values, zeroed first) and its outputs y, z, w.
-    pub(crate) async fn step_op(
-        &self,
-        launch: StepLaunch,
-        scalars: &[f32],
-        (stats, x): (usize, &[f32]),
-        outputs: [Out<'_>; 3],
-    ) -> Result<[Vec<f32>; 4]> {
-        let groups = launch.groups(&self.gpu)?;
-        let (op, params) = (launch.op, launch.params);
-        let [y, z, w] = outputs.map(Bind::Out);
-        let binds = [
-            Bind::In(scalars),
-            Bind::Out(Out::Fresh(stats)),
-            Bind::In(x),
-            y,
-            z,
-            w,
-        ];
-        let outs = self
-            .run_once(Kernel::Step(op), &params, binds, groups)
-            .await?;
-        let mut outs = outs.into_iter();
-        Ok([(); 4].map(|_| outs.next().unwrap_or_default()))
-    }
-}
-
-/// A zeroed storage buffer of `n` words (at least one).
-fn zeros(gpu: &super::device::Gpu, label: &str, n: usize) -> wgpu::Buffer {
-    upload(gpu, label, &vec![0u32; n.max(1)])
-}
-
-/// Token ids as the f32 bit patterns the kernels read them as.
-pub fn ids_as_f32(ids: &[u32]) -> Vec<f32> {
-    ids.iter().map(|&i| f32::from_bits(i)).collect()
 }

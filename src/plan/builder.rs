@@ -1,0 +1,340 @@
+//! Recording a plan: tensors and ops pushed one by one, with the folds that merge an op into
+//! the one before it where one pass does both.
+
+use super::{Op, Plan, Stats, TensorId, TensorInfo, TensorKind};
+use crate::error::Result;
+use crate::format::Format;
+
+/// Records a plan: its tensors and ops, then `finish` checks them and makes the `Plan`.
+#[derive(Default)]
+pub struct PlanBuilder {
+    pub tensors: Vec<TensorInfo>,
+    pub ops: Vec<Op>,
+    pub constants: Vec<(TensorId, Vec<f32>)>,
+}
+
+/// What the ops of a plan are for (`PlanBuilder::finish`).
+#[derive(Clone, Debug)]
+pub struct Outline {
+    /// `ops[..forward]` is the forward pass (to the loss and logits), `ops[..backward]` goes on
+    /// to the scaled gradients, `ops[..gradients]` to the unscaled, checked gradients; the rest
+    /// update the trained state.
+    pub forward: usize,
+    pub backward: usize,
+    pub gradients: usize,
+    /// The tensors a run writes its tokens and targets into (kinds `Tokens` and `Targets`, as
+    /// long as the batch has rows).
+    pub tokens: TensorId,
+    pub targets: TensorId,
+    /// The tensor the host reads after the forward pass, kept whole after it.
+    pub logits: TensorId,
+    /// Per parameter: (parameter, gradient, first moment, second moment).
+    pub state: Vec<[TensorId; 4]>,
+    pub stats: Stats,
+}
+
+impl Outline {
+    /// A plan whose ops all run in every section but `Forward` (`ops[..forward]`), with no
+    /// trained state: what tests and one-op plans need.
+    pub fn ops_alone(
+        forward: usize,
+        ops: usize,
+        (tokens, targets): (TensorId, TensorId),
+        logits: TensorId,
+    ) -> Outline {
+        Outline {
+            forward,
+            backward: ops,
+            gradients: ops,
+            tokens,
+            targets,
+            logits,
+            state: vec![],
+            stats: Stats {
+                grads: 0,
+                linears: 0,
+            },
+        }
+    }
+}
+
+impl PlanBuilder {
+    pub fn tensor(&mut self, len: usize, kind: TensorKind) -> TensorId {
+        self.tensors.push(TensorInfo {
+            len,
+            kind,
+            stored: Format::F32,
+        });
+        self.tensors.len() - 1
+    }
+
+    pub fn temp(&mut self, len: usize) -> TensorId {
+        self.tensor(len, TensorKind::Temp)
+    }
+
+    pub fn constant(&mut self, values: Vec<f32>) -> TensorId {
+        let id = self.tensor(values.len(), TensorKind::Constant);
+        self.constants.push((id, values));
+        id
+    }
+
+    pub fn len(&self, id: TensorId) -> usize {
+        self.tensors[id].len
+    }
+
+    /// The plan of the ops recorded, for `outline`'s sections, batch and state, checked once
+    /// here (tensors in range, each op's lengths, stored formats, ids, sections in order: see
+    /// `plan::validate`): an error names the op and its tensors.
+    pub fn finish(self, outline: Outline) -> Result<Plan> {
+        let Outline {
+            forward,
+            backward,
+            gradients,
+            tokens,
+            targets,
+            logits,
+            state,
+            stats,
+        } = outline;
+        let mut plan = Plan {
+            rows: self.tensors.get(tokens).map_or(0, |t| t.len),
+            tensors: self.tensors,
+            ops: self.ops,
+            forward,
+            backward,
+            gradients,
+            tokens,
+            targets,
+            logits,
+            state,
+            constants: self.constants,
+            stats,
+            ids: super::IdLimits {
+                tokens: usize::MAX,
+                targets: usize::MAX,
+            },
+        };
+        plan.ids = plan.validate()?;
+        Ok(plan)
+    }
+
+    /// Records `op`, folding it into the op before where one pass does both with the same
+    /// values: an add into y right after y's rounding rounds y as it reads it (`Op::Add`'s
+    /// `y_held`); an add of r into y in place right after an in-place add into y (a residual
+    /// after a bias) becomes that add's `residual`; a GELU of an in-place add's output right
+    /// after it becomes that add's `gelu`.
+    pub fn push(&mut self, mut op: Op) {
+        if let Op::Add { x, y, y_held, .. } = &mut op
+            && *y_held == Format::F32
+            && *x != *y
+            && let Some(&Op::Round { x: rounded, format }) = self.ops.last()
+            && rounded == *y
+        {
+            *y_held = format;
+            self.ops.pop();
+        }
+        if let Op::Gelu { x, out, held } = op
+            && x != out
+            && let Some(Op::Add {
+                y,
+                out: sum,
+                residual: None,
+                gelu: gelu @ None,
+                ..
+            }) = self.ops.last_mut()
+            // In place, as the model records a bias add (`Plan::store_codes` may then give it
+            // a coded output of its own).
+            && *sum == x
+            && *y == x
+        {
+            *gelu = Some((out, held));
+            return;
+        }
+        if let Op::Add {
+            x: r,
+            y,
+            out,
+            held: Format::F32,
+            y_held: Format::F32,
+            residual: None,
+            gelu: None,
+        } = op
+            && out == y
+            && r != y
+            // Not a gradient: `Plan::split_for_ranks` moves its adds one by one.
+            && !matches!(self.tensors.get(y).map(|t| t.kind), Some(TensorKind::Grad(_)))
+            && let Some(Op::Add {
+                y: before,
+                out: written,
+                residual: residual @ None,
+                gelu: None,
+                ..
+            }) = self.ops.last_mut()
+            && *before == y
+            && *written == y
+        {
+            *residual = Some((r, Format::F32));
+            return;
+        }
+        self.ops.push(op);
+    }
+
+    /// Rounds x to `format` in place (nothing for f32): the op just pushed holds its output in
+    /// `format` where it wrote x and can (a layer norm, GELU, an add, the cross entropy's
+    /// gradient: one pass over x instead of two), else a `Round` op follows.
+    pub fn round(&mut self, x: TensorId, format: Format) {
+        if format == Format::F32 {
+            return;
+        }
+        match self.ops.last_mut().and_then(Op::held_output) {
+            Some((out, held)) if out == x && *held == Format::F32 => *held = format,
+            _ => self.push(Op::Round { x, format }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_add_right_after_its_input_s_rounding_rounds_it_as_it_reads() {
+        let (bf16, f16) = (Format::Bf16, Format::F16);
+        let mut g = PlanBuilder::default();
+        let (bias, y, other) = (g.temp(4), g.temp(16), g.temp(16));
+        g.push(Op::Round { x: y, format: bf16 });
+        g.push(Op::add_in_place(bias, y));
+        g.round(y, f16);
+        assert!(matches!(
+            g.ops[..],
+            [Op::Add {
+                x,
+                y: read,
+                out,
+                held,
+                y_held,
+                residual: None,
+                gelu: None,
+            }] if x == bias && read == y && out == y && held == f16 && y_held == bf16
+        ));
+        // Not after another tensor's rounding, nor the sum of a tensor with itself.
+        for (rounded, x) in [(other, bias), (y, y)] {
+            let mut g = PlanBuilder::default();
+            for len in [4, 16, 16] {
+                g.temp(len);
+            }
+            g.push(Op::Round {
+                x: rounded,
+                format: bf16,
+            });
+            g.push(Op::add_in_place(x, y));
+            assert!(
+                matches!(g.ops[..], [Op::Round { .. }, Op::Add { y_held, .. }] if y_held == Format::F32)
+            );
+        }
+    }
+
+    #[test]
+    fn a_residual_after_a_bias_is_one_add() {
+        let (bf16, f32_) = (Format::Bf16, Format::F32);
+        let mut g = PlanBuilder::default();
+        let (bias, y, r) = (g.temp(4), g.temp(16), g.temp(16));
+        g.push(Op::add_in_place(bias, y));
+        g.round(y, bf16);
+        g.push(Op::add_in_place(r, y));
+        g.round(y, Format::F16);
+        let [op] = &g.ops[..] else {
+            panic!("{:?}", g.ops)
+        };
+        assert!(matches!(
+            *op,
+            Op::Add {
+                x,
+                held,
+                residual: Some((res, Format::F16)),
+                ..
+            } if x == bias && held == bf16 && res == r
+        ));
+        assert_eq!(op.reads_writes(), (vec![bias, y, r], vec![y]));
+        // Not into a gradient (`split_for_ranks` moves its adds one by one), nor after an add
+        // that was not in place or already took a residual.
+        let mut g = PlanBuilder::default();
+        let (bias, dw, r) = (g.temp(4), g.tensor(16, TensorKind::Grad(0)), g.temp(16));
+        g.push(Op::add_in_place(bias, dw));
+        g.push(Op::add_in_place(r, dw));
+        assert_eq!(g.ops.len(), 2);
+        let mut g = PlanBuilder::default();
+        let (bias, y, out, r) = (g.temp(4), g.temp(16), g.temp(16), g.temp(16));
+        g.push(Op::Add {
+            x: bias,
+            y,
+            out,
+            held: f32_,
+            y_held: f32_,
+            residual: None,
+            gelu: None,
+        });
+        g.push(Op::add_in_place(r, y));
+        g.push(Op::add_in_place(bias, out));
+        g.push(Op::add_in_place(r, out));
+        g.push(Op::add_in_place(r, out));
+        assert_eq!(g.ops.len(), 4, "{:?}", g.ops);
+    }
+
+    #[test]
+    fn a_gelu_right_after_its_bias_add_is_that_add_s() {
+        let (bf16, f16) = (Format::Bf16, Format::F16);
+        let mut g = PlanBuilder::default();
+        let (bias, y, act, r) = (g.temp(4), g.temp(16), g.temp(16), g.temp(16));
+        g.push(Op::add_in_place(bias, y));
+        g.round(y, bf16);
+        g.push(Op::Gelu {
+            x: y,
+            out: act,
+            held: Format::F32,
+        });
+        g.round(act, f16);
+        let [op] = &g.ops[..] else {
+            panic!("{:?}", g.ops)
+        };
+        assert!(matches!(
+            *op,
+            Op::Add { out, held, gelu: Some((a, f)), .. } if out == y && held == bf16 && a == act && f == f16
+        ));
+        assert_eq!(op.reads_writes(), (vec![bias, y], vec![y, act]));
+        // A residual after it stays an add of its own (an add takes a GELU or a residual).
+        g.push(Op::add_in_place(r, y));
+        assert_eq!(g.ops.len(), 2, "{:?}", g.ops);
+        // Not after an add with a residual, nor one into a tensor of its own, nor of another
+        // tensor than the add wrote.
+        let mut g = PlanBuilder::default();
+        let (bias, y, act, r) = (g.temp(4), g.temp(16), g.temp(16), g.temp(16));
+        let gelu = |x| Op::Gelu {
+            x,
+            out: act,
+            held: bf16,
+        };
+        g.push(Op::add_in_place(bias, y));
+        g.push(Op::add_in_place(r, y));
+        g.push(gelu(y));
+        let out = g.temp(16);
+        g.push(Op::Add {
+            x: bias,
+            y,
+            out,
+            held: bf16,
+            y_held: Format::F32,
+            residual: None,
+            gelu: None,
+        });
+        g.push(gelu(out));
+        g.push(Op::add_in_place(bias, r));
+        g.push(gelu(y));
+        assert_eq!(g.ops.len(), 6, "{:?}", g.ops);
+        assert!(
+            g.ops
+                .iter()
+                .all(|op| !matches!(op, Op::Add { gelu: Some(_), .. }))
+        );
+    }
+}

@@ -1,0 +1,848 @@
+//! The ops of a plan: what each computes (the host reference is `backend::reference::ops`),
+//! the tensors it reads and writes, its name in errors and profiles, and what the plan checks
+//! and decides of each (its lengths, ids, in-place updates, 16-bit codes). Everything the
+//! `plan` module knows of a particular op is here.
+
+use super::validate::Check;
+use super::{Strided, TensorId};
+use crate::algorithm::{Algorithm, MatmulShape};
+use crate::error::Result;
+use crate::format::Format;
+
+/// Fused causal self-attention over the rows of a (B, T, 3C) q|k|v tensor (the flash-attention
+/// scheme): b sequences of t tokens, h heads of d. Per head, P = causal softmax of scale * q.k^T
+/// and out = P.v, computed as the unfused plan computes them: q.k^T and P.v under `algorithm`
+/// (its inputs rounded, f32 accumulation), their results held in `compute`, P held in `probs`.
+/// Only each row's (max, sum) of the softmax is kept for the backward, which recomputes P from
+/// it, instead of the (B, H, T, T) probabilities.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Attention {
+    pub b: usize,
+    pub t: usize,
+    pub h: usize,
+    pub d: usize,
+    pub scale: f64,
+    pub algorithm: Algorithm,
+    pub probs: Format,
+    pub compute: Format,
+}
+
+impl Attention {
+    /// Rows of all heads' scores: one (max, sum) pair each in `stats`, one sum(P * dP) in `delta`.
+    pub fn score_rows(&self) -> usize {
+        self.b * self.h * self.t
+    }
+
+    /// Elements of q|k|v (B, T, 3C).
+    pub fn qkv_len(&self) -> usize {
+        self.b * self.t * 3 * self.h * self.d
+    }
+
+    /// Elements of the output (B, T, C).
+    pub fn out_len(&self) -> usize {
+        self.b * self.t * self.h * self.d
+    }
+}
+
+/// One op of a plan. Ops read and write tensors by id; the comments give what the op computes
+/// (the host reference is `backend::reference::ops`).
+#[derive(Clone, Debug)]
+pub enum Op {
+    /// out = rows of `table` (c wide) picked by `ids`.
+    Embedding {
+        table: TensorId,
+        ids: TensorId,
+        out: TensorId,
+        c: usize,
+    },
+    /// out (rows x c) = scatter-add of the rows of `dout` by `ids`.
+    EmbeddingBwd {
+        dout: TensorId,
+        ids: TensorId,
+        out: TensorId,
+        rows: usize,
+        c: usize,
+    },
+    /// Layer norm over rows of c, `out` held in `held`; `stats` holds (mean, rstd) per row.
+    LayerNorm {
+        x: TensorId,
+        g: TensorId,
+        b: TensorId,
+        out: TensorId,
+        stats: TensorId,
+        c: usize,
+        held: Format,
+    },
+    LayerNormBwd {
+        dy: TensorId,
+        x: TensorId,
+        g: TensorId,
+        stats: TensorId,
+        dx: TensorId,
+        dg: TensorId,
+        db: TensorId,
+        c: usize,
+    },
+    /// out = GELU(x) (tanh form), held in `held`.
+    Gelu {
+        x: TensorId,
+        out: TensorId,
+        held: Format,
+    },
+    GeluBwd {
+        x: TensorId,
+        dy: TensorId,
+        out: TensorId,
+    },
+    /// Causal softmax of `scale * x` per row of t.
+    Softmax {
+        x: TensorId,
+        out: TensorId,
+        t: usize,
+        scale: f64,
+    },
+    SoftmaxBwd {
+        p: TensorId,
+        dp: TensorId,
+        out: TensorId,
+        t: usize,
+        scale: f64,
+    },
+    /// out (B, T, C) = causal self-attention of `qkv` (`Attention`); `stats` gets each score
+    /// row's (max of scale * s, sum of exp(scale * s - max)).
+    Attention {
+        qkv: TensorId,
+        out: TensorId,
+        stats: TensorId,
+        spec: Attention,
+    },
+    /// The gradient of `qkv` (B, T, 3C) from that of the output (B, T, C), P recomputed from
+    /// `stats`; `delta` gets each score row's sum(P * dP) (the softmax backward's dot).
+    AttentionBwd {
+        qkv: TensorId,
+        dout: TensorId,
+        stats: TensorId,
+        delta: TensorId,
+        dqkv: TensorId,
+        spec: Attention,
+    },
+    /// The loss of each row of v logits, their mean into `Stats::LOSS`, and the loss's gradient
+    /// (softmax(logits) - onehot(targets)) * scalar `DLOSS_PER_ROW` into `grad`, held in `held`:
+    /// the backward fused into the forward, so the probabilities never reach memory.
+    CrossEntropy {
+        logits: TensorId,
+        targets: TensorId,
+        grad: TensorId,
+        v: usize,
+        held: Format,
+    },
+    /// out = op(a) . op(b) under `algorithm`; an fp8 algorithm with given scales takes them
+    /// from the scalar slots `scales` (delayed scaling: they change every step).
+    Matmul {
+        shape: MatmulShape,
+        algorithm: Algorithm,
+        a: TensorId,
+        b: TensorId,
+        out: TensorId,
+        scales: Option<[usize; 2]>,
+    },
+    /// x rounded to `format` in place (autocast holds x in `format`).
+    Round { x: TensorId, format: Format },
+    /// out = y' + x held in `held`, where y' is y rounded to `y_held` (a matmul's product
+    /// that autocast holds in the compute format, rounded as the add reads it:
+    /// `PlanBuilder::push`), x repeated over y when shorter (a bias added to every row); then,
+    /// with a `residual` (r, format), out + r held in that format (a block's residual
+    /// connection after its projection's bias: one pass, not two). In place where `out` is `y`
+    /// (as the model records it: `Plan::store_codes` gives a bias add whose output it stores
+    /// as codes an output of its own). With `gelu` (g, format) and no residual, then also
+    /// g = GELU(out as stored) held in that format (the MLP's bias add and its activation in
+    /// one pass, folded by `PlanBuilder::push`; out stays the activation's input, which the
+    /// backward pass reads).
+    Add {
+        x: TensorId,
+        y: TensorId,
+        out: TensorId,
+        held: Format,
+        y_held: Format,
+        residual: Option<(TensorId, Format)>,
+        gelu: Option<(TensorId, Format)>,
+    },
+    /// out[j] = sum over rows of x[row, j] (bias gradients).
+    ColumnSums {
+        x: TensorId,
+        out: TensorId,
+        c: usize,
+    },
+    /// out[map.dst(e)] = x[map.src(e)].
+    Copy {
+        x: TensorId,
+        out: TensorId,
+        map: Strided,
+    },
+    /// Stats slot `slot` = largest finite |x| (fp8 delayed scaling's amax).
+    Amax { x: TensorId, slot: usize },
+    /// GradScaler's unscale of gradient `index`: g *= scalar `INVERSE_SCALE` (gradient 0's
+    /// first element also gets scalar `POISON`, 0 except when a test injects a fault), and its
+    /// finite flag and squared norm into the stats.
+    UnscaleCheck { grad: TensorId, index: usize },
+    /// AdamW update of one parameter, applied only where every gradient is finite, with the
+    /// gradient clipped to the global norm scalar `CLIP` (0: no clipping).
+    AdamW {
+        param: TensorId,
+        grad: TensorId,
+        m: TensorId,
+        v: TensorId,
+        decay: bool,
+    },
+}
+
+impl Op {
+    /// The input this op's kernels may read as 16-bit codes (`Plan::store_codes`): GELU's x
+    /// (forward and backward) and fused attention's q|k|v; every other input is read as f32.
+    pub fn coded_input(&self) -> Option<TensorId> {
+        match *self {
+            Op::Gelu { x, .. } | Op::GeluBwd { x, .. } => Some(x),
+            Op::Attention { qkv, .. } | Op::AttentionBwd { qkv, .. } => Some(qkv),
+            Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNorm { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::CrossEntropy { .. }
+            | Op::Matmul { .. }
+            | Op::Round { .. }
+            | Op::Add { .. }
+            | Op::ColumnSums { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. }
+            | Op::UnscaleCheck { .. }
+            | Op::AdamW { .. } => None,
+        }
+    }
+
+    /// The output the op holds in a format of its own choosing (`PlanBuilder::round` folds a
+    /// rounding into it) and that format: a layer norm's, GELU's, the cross entropy's gradient,
+    /// an add's sum (with a residual, its last sum; with a GELU, the GELU).
+    pub(crate) fn held_output(&mut self) -> Option<(TensorId, &mut Format)> {
+        match self {
+            Op::Add {
+                out,
+                residual: Some((_, held)),
+                ..
+            }
+            | Op::Add {
+                gelu: Some((out, held)),
+                ..
+            }
+            | Op::Add { out, held, .. }
+            | Op::LayerNorm { out, held, .. }
+            | Op::Gelu { out, held, .. }
+            | Op::CrossEntropy {
+                grad: out, held, ..
+            } => Some((*out, held)),
+            Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::Attention { .. }
+            | Op::AttentionBwd { .. }
+            | Op::Matmul { .. }
+            | Op::Round { .. }
+            | Op::ColumnSums { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. }
+            | Op::UnscaleCheck { .. }
+            | Op::AdamW { .. } => None,
+        }
+    }
+
+    /// The op with every tensor id `t` it names replaced by `to(t)`.
+    pub fn map_tensors(&self, mut to: impl FnMut(TensorId) -> TensorId) -> Op {
+        let mut op = self.clone();
+        for t in op.tensors_mut() {
+            *t = to(*t);
+        }
+        op
+    }
+
+    /// Every tensor id the op names.
+    fn tensors_mut(&mut self) -> Vec<&mut TensorId> {
+        match self {
+            Op::Embedding {
+                table, ids, out, ..
+            } => vec![table, ids, out],
+            Op::EmbeddingBwd { dout, ids, out, .. } => vec![dout, ids, out],
+            Op::LayerNorm {
+                x,
+                g,
+                b,
+                out,
+                stats,
+                ..
+            } => vec![x, g, b, out, stats],
+            Op::LayerNormBwd {
+                dy,
+                x,
+                g,
+                stats,
+                dx,
+                dg,
+                db,
+                ..
+            } => vec![dy, x, g, stats, dx, dg, db],
+            Op::Gelu { x, out, .. } => vec![x, out],
+            Op::GeluBwd { x, dy, out } => vec![x, dy, out],
+            Op::Softmax { x, out, .. } => vec![x, out],
+            Op::SoftmaxBwd { p, dp, out, .. } => vec![p, dp, out],
+            Op::Attention {
+                qkv, out, stats, ..
+            } => vec![qkv, out, stats],
+            Op::AttentionBwd {
+                qkv,
+                dout,
+                stats,
+                delta,
+                dqkv,
+                ..
+            } => vec![qkv, dout, stats, delta, dqkv],
+            Op::CrossEntropy {
+                logits,
+                targets,
+                grad,
+                ..
+            } => vec![logits, targets, grad],
+            Op::Matmul { a, b, out, .. } => vec![a, b, out],
+            Op::Round { x, .. } => vec![x],
+            Op::Add {
+                x,
+                y,
+                out,
+                residual,
+                gelu,
+                ..
+            } => {
+                let mut t = vec![x, y, out];
+                t.extend(residual.as_mut().map(|(r, _)| r));
+                t.extend(gelu.as_mut().map(|(g, _)| g));
+                t
+            }
+            Op::ColumnSums { x, out, .. } => vec![x, out],
+            Op::Copy { x, out, .. } => vec![x, out],
+            Op::Amax { x, .. } => vec![x],
+            Op::UnscaleCheck { grad, .. } => vec![grad],
+            Op::AdamW {
+                param, grad, m, v, ..
+            } => vec![param, grad, m, v],
+        }
+    }
+
+    /// y += x in f32, x repeated over y when shorter (`PlanBuilder::round` may then give it a
+    /// format to hold y in).
+    pub fn add_in_place(x: TensorId, y: TensorId) -> Op {
+        Op::Add {
+            x,
+            y,
+            out: y,
+            held: Format::F32,
+            y_held: Format::F32,
+            residual: None,
+            gelu: None,
+        }
+    }
+
+    /// Name of the op in errors and profiles.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Embedding { .. } => "embedding",
+            Op::EmbeddingBwd { .. } => "embedding backward",
+            Op::LayerNorm { .. } => "layer norm",
+            Op::LayerNormBwd { .. } => "layer norm backward",
+            Op::Gelu { .. } => "gelu",
+            Op::GeluBwd { .. } => "gelu backward",
+            Op::Softmax { .. } => "causal softmax",
+            Op::SoftmaxBwd { .. } => "causal softmax backward",
+            Op::Attention { .. } => "attention",
+            Op::AttentionBwd { .. } => "attention backward",
+            Op::CrossEntropy { .. } => "cross entropy",
+            Op::Matmul { .. } => "matmul",
+            Op::Round { .. } => "round",
+            Op::Add { .. } => "add",
+            Op::ColumnSums { .. } => "column sums",
+            Op::Copy { .. } => "strided copy",
+            Op::Amax { .. } => "amax",
+            Op::UnscaleCheck { .. } => "unscale and check",
+            Op::AdamW { .. } => "adamw",
+        }
+    }
+
+    /// The op in a profile: its name, and what sets its cost apart where one name covers
+    /// different work (a matmul's algorithm and shape, a rounding's format).
+    pub fn label(&self) -> String {
+        match self {
+            Op::Matmul {
+                shape, algorithm, ..
+            } => {
+                let batch = if shape.batch > 1 {
+                    format!("{} x ", shape.batch)
+                } else {
+                    String::new()
+                };
+                let transposed = match (shape.a_transposed, shape.b_transposed) {
+                    (false, false) => "",
+                    (true, false) => ", A^T",
+                    (false, true) => ", B^T",
+                    (true, true) => ", A^T B^T",
+                };
+                format!(
+                    "matmul {algorithm} {batch}{}x{}x{}{transposed}",
+                    shape.m, shape.n, shape.k
+                )
+            }
+            Op::Round { format, .. } => format!("round to {format}"),
+            // Folded adds do more work than an add: say what they took in.
+            Op::Add { gelu: Some(_), .. } => "add + gelu".into(),
+            Op::Add {
+                residual: Some(_), ..
+            } => "add + residual".into(),
+            op @ (Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNorm { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::Gelu { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::Attention { .. }
+            | Op::AttentionBwd { .. }
+            | Op::CrossEntropy { .. }
+            | Op::Add { .. }
+            | Op::ColumnSums { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. }
+            | Op::UnscaleCheck { .. }
+            | Op::AdamW { .. }) => op.name().into(),
+        }
+    }
+}
+
+impl Op {
+    /// The tensors the op reads and the ones it writes (a tensor updated in place is in both).
+    pub fn reads_writes(&self) -> (Vec<TensorId>, Vec<TensorId>) {
+        match *self {
+            Op::Embedding {
+                table, ids, out, ..
+            } => (vec![table, ids], vec![out]),
+            Op::EmbeddingBwd { dout, ids, out, .. } => (vec![dout, ids], vec![out]),
+            Op::LayerNorm {
+                x,
+                g,
+                b,
+                out,
+                stats,
+                ..
+            } => (vec![x, g, b], vec![out, stats]),
+            Op::LayerNormBwd {
+                dy,
+                x,
+                g,
+                stats,
+                dx,
+                dg,
+                db,
+                ..
+            } => (vec![dy, x, g, stats], vec![dx, dg, db]),
+            Op::Gelu { x, out, .. } => (vec![x], vec![out]),
+            Op::GeluBwd { x, dy, out } => (vec![x, dy], vec![out]),
+            Op::Softmax { x, out, .. } => (vec![x], vec![out]),
+            Op::SoftmaxBwd { p, dp, out, .. } => (vec![p, dp], vec![out]),
+            Op::Attention {
+                qkv, out, stats, ..
+            } => (vec![qkv], vec![out, stats]),
+            Op::AttentionBwd {
+                qkv,
+                dout,
+                stats,
+                delta,
+                dqkv,
+                ..
+            } => (vec![qkv, dout, stats], vec![delta, dqkv]),
+            Op::CrossEntropy {
+                logits,
+                targets,
+                grad,
+                ..
+            } => (vec![logits, targets], vec![grad]),
+            Op::Matmul { a, b, out, .. } => (vec![a, b], vec![out]),
+            Op::Round { x, .. } => (vec![x], vec![x]),
+            Op::Add {
+                x,
+                y,
+                out,
+                residual,
+                gelu,
+                ..
+            } => {
+                let mut reads = vec![x, y];
+                reads.extend(residual.map(|(r, _)| r));
+                let mut writes = vec![out];
+                writes.extend(gelu.map(|(g, _)| g));
+                (reads, writes)
+            }
+            Op::ColumnSums { x, out, .. } => (vec![x], vec![out]),
+            Op::Copy { x, out, .. } => (vec![x], vec![out]),
+            Op::Amax { x, .. } => (vec![x], vec![]),
+            Op::UnscaleCheck { grad, .. } => (vec![grad], vec![grad]),
+            Op::AdamW {
+                param, grad, m, v, ..
+            } => (vec![param, grad, m, v], vec![param, m, v]),
+        }
+    }
+}
+
+/// The algorithm a `Matmul` op runs in a step: an fp8 algorithm with scalar slots takes its
+/// given scales from the step's scalars (delayed scaling), anything else runs as recorded.
+pub fn step_algorithm(
+    algorithm: Algorithm,
+    scales: Option<[usize; 2]>,
+    scalars: &[f32],
+) -> Algorithm {
+    match (algorithm, scales) {
+        (Algorithm::Fp8 { a, b, .. }, Some([sa, sb])) => Algorithm::Fp8 {
+            a,
+            b,
+            scaling: crate::algorithm::Scaling::Given {
+                a: scalars[sa],
+                b: scalars[sb],
+            },
+        },
+        (alg, _) => alg,
+    }
+}
+
+/// What a plan needs to know of each op beside what it computes: its tensors' lengths, the
+/// tensors it reads as ids, updates in place or writes as codes, and how much of its output it
+/// writes.
+impl Op {
+    /// Checks the op's tensors against its dims, and its stats and scalar slots (once, at
+    /// `PlanBuilder::finish`): `check` gives each tensor's length and names the op in an error.
+    pub(super) fn check_lengths(&self, check: &Check) -> Result<()> {
+        let plan = check.plan;
+        match *self {
+            Op::Embedding { table, ids, out, c } => {
+                check.rows("the table", table, ("c", c))?;
+                check.holds("the output", out, check.len(ids) * c)
+            }
+            Op::EmbeddingBwd {
+                dout,
+                ids,
+                out,
+                rows,
+                c,
+            } => {
+                check.holds("the output's gradient", dout, check.len(ids) * c)?;
+                check.holds("the table's gradient", out, rows * c)
+            }
+            Op::LayerNorm {
+                x,
+                g,
+                b,
+                out,
+                stats,
+                c,
+                ..
+            } => {
+                let rows = check.rows("x", x, ("c", c))?;
+                check.holds("the gain", g, c)?;
+                check.holds("the bias", b, c)?;
+                check.holds("the output", out, check.len(x))?;
+                check.holds("the (mean, rstd) pairs", stats, 2 * rows)
+            }
+            Op::LayerNormBwd {
+                dy,
+                x,
+                g,
+                stats,
+                dx,
+                dg,
+                db,
+                c,
+            } => {
+                let rows = check.rows("x", x, ("c", c))?;
+                check.holds("dy", dy, check.len(x))?;
+                check.holds("the gain", g, c)?;
+                check.holds("the (mean, rstd) pairs", stats, 2 * rows)?;
+                check.holds("dx", dx, check.len(x))?;
+                check.holds("the gain's gradient", dg, c)?;
+                check.holds("the bias's gradient", db, c)
+            }
+            Op::Gelu { x, out, .. } => check.holds("the output", out, check.len(x)),
+            Op::GeluBwd { x, dy, out } => {
+                check.holds("dy", dy, check.len(x))?;
+                check.holds("the output", out, check.len(x))
+            }
+            Op::Softmax { x, out, t, .. } => {
+                check.rows("the scores", x, ("t", t))?;
+                check.holds("the output", out, check.len(x))
+            }
+            Op::SoftmaxBwd { p, dp, out, t, .. } => {
+                check.rows("the probabilities", p, ("t", t))?;
+                check.holds("their gradient", dp, check.len(p))?;
+                check.holds("the output", out, check.len(p))
+            }
+            Op::Attention {
+                qkv,
+                out,
+                stats,
+                ref spec,
+            } => {
+                check.holds("q|k|v", qkv, spec.qkv_len())?;
+                check.holds("the output", out, spec.out_len())?;
+                check.holds("the (max, sum) pairs", stats, 2 * spec.score_rows())
+            }
+            Op::AttentionBwd {
+                qkv,
+                dout,
+                stats,
+                delta,
+                dqkv,
+                ref spec,
+            } => {
+                check.holds("q|k|v", qkv, spec.qkv_len())?;
+                check.holds("the output's gradient", dout, spec.out_len())?;
+                check.holds("the (max, sum) pairs", stats, 2 * spec.score_rows())?;
+                check.holds("the sums of P dP", delta, spec.score_rows())?;
+                check.holds("q|k|v's gradient", dqkv, spec.qkv_len())
+            }
+            Op::CrossEntropy {
+                logits,
+                targets,
+                grad,
+                v,
+                ..
+            } => {
+                let rows = check.rows("the logits", logits, ("v", v))?;
+                check.holds("the targets", targets, rows)?;
+                check.holds("the gradient", grad, check.len(logits))
+            }
+            Op::Matmul {
+                ref shape,
+                a,
+                b,
+                out,
+                scales,
+                ..
+            } => {
+                shape
+                    .check(check.len(a), check.len(b))
+                    .map_err(|e| check.fail(format!("{e} (shape {shape:?})")))?;
+                check.holds("the product", out, shape.c_len())?;
+                match scales {
+                    Some(slots) if slots.iter().any(|&s| s >= plan.scalar_count()) => Err(check
+                        .fail(format!(
+                            "its scales are scalar slots {slots:?} of {}",
+                            plan.scalar_count()
+                        ))),
+                    _ => Ok(()),
+                }
+            }
+            Op::Round { .. } => Ok(()),
+            Op::Add {
+                x,
+                y,
+                out,
+                residual,
+                gelu,
+                ..
+            } => {
+                let n = check.len(y);
+                if n > 0 && (check.len(x) == 0 || !n.is_multiple_of(check.len(x))) {
+                    return Err(check.fail(format!(
+                        "x (tensor {x}) has {} values, which do not repeat over y's {n}",
+                        check.len(x)
+                    )));
+                }
+                check.holds("the output", out, n)?;
+                // The definition takes a GELU only without a residual; the wgpu kernels bind
+                // a residual only in place, a GELU only in place or beside a coded output.
+                if residual.is_some() && gelu.is_some() {
+                    return Err(check.fail("an add takes a residual or a GELU, not both".into()));
+                }
+                if let Some((r, _)) = residual {
+                    check.holds("the residual", r, n)?;
+                    if out != y {
+                        return Err(check.fail("an add with a residual writes in place".into()));
+                    }
+                }
+                if let Some((g, _)) = gelu {
+                    check.holds("the GELU's output", g, n)?;
+                    if out != y && plan.tensors[out].stored == Format::F32 {
+                        return Err(check.fail(
+                            "an add with a GELU writes in place or into a coded tensor".into(),
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            Op::ColumnSums { x, out, c } => {
+                check.rows("x", x, ("c", c))?;
+                check.holds("the sums", out, c)
+            }
+            Op::Copy { x, out, ref map } => {
+                if map.is_empty() {
+                    return Ok(());
+                }
+                // The last element's indices are the largest (the strides are not negative).
+                let (src, dst) = map.indices(map.len() - 1);
+                if src >= check.len(x) || dst >= check.len(out) {
+                    return Err(check.fail(format!(
+                        "the copy reaches element {src} of x (tensor {x}, {} values) and {dst} of \
+                         the output (tensor {out}, {} values)",
+                        check.len(x),
+                        check.len(out)
+                    )));
+                }
+                Ok(())
+            }
+            Op::Amax { slot, .. } if slot >= plan.stats.len() => {
+                Err(check.fail(format!("stats slot {slot} of {}", plan.stats.len())))
+            }
+            Op::Amax { .. } => Ok(()),
+            Op::UnscaleCheck { index, .. } if index >= plan.stats.grads => {
+                Err(check.fail(format!(
+                    "gradient {index} of the {} the stats hold",
+                    plan.stats.grads
+                )))
+            }
+            Op::UnscaleCheck { .. } => Ok(()),
+            Op::AdamW {
+                param, grad, m, v, ..
+            } => {
+                let n = check.len(param);
+                check.holds("the gradient", grad, n)?;
+                check.holds("the first moment", m, n)?;
+                check.holds("the second moment", v, n)
+            }
+        }
+    }
+
+    /// The tensors the op reads as ids (u32 bit patterns), each with the rows it indexes
+    /// (`len`: each tensor's length).
+    pub(super) fn id_reads(&self, len: impl Fn(TensorId) -> usize) -> Vec<(TensorId, usize)> {
+        match *self {
+            Op::Embedding { table, ids, c, .. } => vec![(ids, len(table) / c.max(1))],
+            Op::EmbeddingBwd { ids, rows, .. } => vec![(ids, rows)],
+            Op::CrossEntropy { targets, v, .. } => vec![(targets, v)],
+            Op::LayerNorm { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::Gelu { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::Attention { .. }
+            | Op::AttentionBwd { .. }
+            | Op::Matmul { .. }
+            | Op::Round { .. }
+            | Op::Add { .. }
+            | Op::ColumnSums { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. }
+            | Op::UnscaleCheck { .. }
+            | Op::AdamW { .. } => vec![],
+        }
+    }
+
+    /// The tensors the op reads and writes as one (updates in place).
+    pub(super) fn updated_in_place(&self) -> Vec<TensorId> {
+        match *self {
+            Op::Round { x, .. } => vec![x],
+            Op::Add { y, out, .. } if out == y => vec![y],
+            Op::UnscaleCheck { grad, .. } => vec![grad],
+            Op::AdamW { param, m, v, .. } => vec![param, m, v],
+            Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNorm { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::Gelu { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::Attention { .. }
+            | Op::AttentionBwd { .. }
+            | Op::CrossEntropy { .. }
+            | Op::Matmul { .. }
+            | Op::Add { .. }
+            | Op::ColumnSums { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. } => vec![],
+        }
+    }
+
+    /// Whether the op can write tensor `t` as 16-bit codes of `format`: it holds that output in
+    /// `format` and has a kernel that stores codes (rows and heads of even width, so that no
+    /// 4-byte word spans two of them).
+    pub fn coded_output(&self, t: TensorId, format: Format) -> bool {
+        match *self {
+            Op::LayerNorm { out, held, c, .. } => out == t && held == format && c % 2 == 0,
+            Op::Gelu { out, held, .. } => out == t && held == format,
+            Op::Add {
+                y,
+                out,
+                held,
+                residual,
+                gelu,
+                ..
+            } => {
+                let sum = out == t && out != y && residual.is_none() && held == format;
+                let activation = gelu.is_some_and(|(g, held)| g == t && held == format);
+                sum || activation
+            }
+            Op::Attention { out, spec, .. } => {
+                out == t && spec.compute == format && spec.d % 2 == 0
+            }
+            Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::AttentionBwd { .. }
+            | Op::CrossEntropy { .. }
+            | Op::Matmul { .. }
+            | Op::Round { .. }
+            | Op::ColumnSums { .. }
+            | Op::Copy { .. }
+            | Op::Amax { .. }
+            | Op::UnscaleCheck { .. }
+            | Op::AdamW { .. } => false,
+        }
+    }
+
+    /// Elements of its output the op writes, where not all of them (a strided copy writes those
+    /// its map reaches); None: every op else writes its outputs whole.
+    pub(super) fn partial_write(&self) -> Option<usize> {
+        match self {
+            Op::Copy { map, .. } => Some(map.len()),
+            Op::Embedding { .. }
+            | Op::EmbeddingBwd { .. }
+            | Op::LayerNorm { .. }
+            | Op::LayerNormBwd { .. }
+            | Op::Gelu { .. }
+            | Op::GeluBwd { .. }
+            | Op::Softmax { .. }
+            | Op::SoftmaxBwd { .. }
+            | Op::Attention { .. }
+            | Op::AttentionBwd { .. }
+            | Op::CrossEntropy { .. }
+            | Op::Matmul { .. }
+            | Op::Round { .. }
+            | Op::Add { .. }
+            | Op::ColumnSums { .. }
+            | Op::Amax { .. }
+            | Op::UnscaleCheck { .. }
+            | Op::AdamW { .. } => None,
+        }
+    }
+}
