@@ -21,6 +21,7 @@ const GELU: &str = include_str!("../../../shaders/gelu.wgsl");
 const FETCH: &str = include_str!("../../../shaders/fetch.wgsl");
 const COOP_BLOCK: &str = include_str!("../../../shaders/coop_block.wgsl");
 const MATMUL_STEP: &str = include_str!("../../../shaders/matmul_step.wgsl");
+const LOOP_PROBE: &str = include_str!("../../../shaders/loop_probe.wgsl");
 
 /// The training ops of `shaders/train.wgsl` (entry points of one module).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -615,6 +616,8 @@ pub enum Kernel {
     /// A train.wgsl kernel, for rows of this many lanes (`Gpu::row_lanes`).
     Train(TrainOp, u32),
     Step(StepOp),
+    /// The loop budget's probe (`budget.rs`).
+    LoopProbe,
 }
 
 impl Kernel {
@@ -631,6 +634,7 @@ impl Kernel {
             Kernel::Matmul(_) => "matmul",
             Kernel::Train(op, _) => op.entry_point(),
             Kernel::Step(op) => op.entry_point(),
+            Kernel::LoopProbe => "loop_probe",
         }
     }
 
@@ -645,6 +649,7 @@ impl Kernel {
             Kernel::CoopPack => "coop_pack.coop_pack".into(),
             Kernel::Train(op, lanes) => format!("train.{}[row lanes {lanes}]", op.entry_point()),
             Kernel::Step(op) => format!("step.{}", op.entry_point()),
+            Kernel::LoopProbe => "loop_probe.loop_probe".into(),
             Kernel::Matmul(v) => format!(
                 "{}[{:?} x {:?}, parts {}, levels {}, fp8 {}, rowwise {}, tile {}{}]",
                 if v.coop.is_some() {
@@ -687,6 +692,7 @@ impl Kernel {
             Kernel::Matmul(_) => MATMUL,
             Kernel::Train(..) => TRAIN,
             Kernel::Step(_) => STEP,
+            Kernel::LoopProbe => LOOP_PROBE,
         };
         let mut header = String::new();
         if self.needs_f16() {
@@ -764,6 +770,7 @@ impl Kernel {
             Kernel::ScaleFromAmax,
             Kernel::SplitBf16,
             Kernel::CoopPack,
+            Kernel::LoopProbe,
         ];
         // Rows of one lane (CPUs) and of a GPU's default.
         for lanes in [1, super::device::GPU_ROW_LANES] {
