@@ -304,6 +304,73 @@ fn matmul_too_large(b: &dyn Backend) {
     assert_eq!(c, vec![1.0, 2.0, 3.0, 4.0]);
 }
 
+/// Sums far longer than the 65535 loop iterations lavapipe's Mesa 22 lets one invocation run
+/// (the wgpu backend splits them over dispatches there: src/backend/wgpu/budget.rs). Small
+/// integers first (|x| <= 2): every partial sum is an integer below 2^24, exact in f32 in any
+/// order, so C must be the exact product, and a term left out or summed twice shows; K = 2^20
+/// for f32, 2^17 + 5 for the others (lavapipe sums a 2 x K x 3 product over a whole 64x64 tile:
+/// seconds per 2^20). Then N(0,1) inputs, batched and transposed, K off every tile multiple,
+/// against the reference within the contract, and the relative error of the whole product
+/// against f64 within the algorithm's band, widened for the sequential f32 sum of K terms
+/// (about 2^-24 sqrt(K / 6): the elementwise tolerance alone grows with K past what a missing
+/// part of the sum changes).
+fn matmul_long_k(b: &dyn Backend) {
+    let seed = common::seed("matmul_long_k");
+    let e4m3 = Algorithm::fp8(Format::E4m3, Format::E4m3);
+    let unscaled = e4m3.with_scaling(Scaling::Given { a: 1.0, b: 1.0 });
+    let small_ints = |len: usize, seed: u64| -> Vec<f32> {
+        measure::normal(len, seed)
+            .iter()
+            .map(|x| (x * 1.2).round().clamp(-2.0, 2.0))
+            .collect()
+    };
+    for (i, (alg, k)) in [
+        (Algorithm::F32, 1 << 20),
+        (Algorithm::Bf16x3, (1 << 17) + 5),
+        (Algorithm::F16, (1 << 17) + 5),
+        (unscaled, (1 << 17) + 5),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let shape = MatmulShape::new(2, 3, k);
+        let a = small_ints(shape.a_len(), seed + 2 * i as u64);
+        let bm = small_ints(shape.b_len(), seed + 2 * i as u64 + 1);
+        let c = b
+            .matmul(&shape, &alg, &a, &bm)
+            .block_on()
+            .unwrap_or_else(|e| panic!("{} {alg}: {e}", b.name()));
+        let exact = measure::exact_product(&shape, &a, &bm);
+        assert!(
+            c.iter().zip(&exact).all(|(&x, &e)| x as f64 == e),
+            "{} {alg}: small integers over K = {k} give {c:?}, exactly {exact:?}",
+            b.name()
+        );
+    }
+    let shape = MatmulShape {
+        batch: 2,
+        m: 2,
+        n: 3,
+        k: (1 << 16) + 5,
+        a_transposed: true,
+        b_transposed: true,
+    };
+    let a = measure::normal(shape.a_len(), seed + 10);
+    let bm = measure::normal(shape.b_len(), seed + 11);
+    let exact = measure::exact_product(&shape, &a, &bm);
+    let sequential = f32::EPSILON as f64 / 2.0 * (shape.k as f64 / 6.0).sqrt();
+    for alg in [Algorithm::F32, Algorithm::Bf16x3, Algorithm::F16, e4m3] {
+        let c = check_matmul(b, &alg, &shape, &a, &bm, "N(0,1), long K");
+        let err = measure::relative_error(&c, &exact);
+        let hi = alg.expected_error_n01().1.max(4.0 * sequential);
+        assert!(
+            err <= hi,
+            "{} {alg} {shape:?}: relative error {err:.3e} above {hi:.1e}",
+            b.name()
+        );
+    }
+}
+
 /// Training ops refuse operands of the wrong length with an error, never a panic or a read past
 /// a buffer: the same checks (`backend::check`) on every backend.
 fn train_ops_bad_input(b: &dyn Backend) {
@@ -494,12 +561,12 @@ fn train_ops(b: &dyn Backend) {
 
 // The reference is the truth the other backends are compared with: it runs only the tests
 // that check it against something else (f64 products and published error bands, bad input).
-backend_tests!(reference: matmul_error_bands, matmul_bad_input, train_ops_bad_input);
-backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, train_ops, train_ops_bad_input);
+backend_tests!(reference: matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops_bad_input);
+backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, matmul_long_k, train_ops, train_ops_bad_input);
 backend_tests!(wgpu_packed_f16: matmul_random, matmul_edges);
-backend_tests!(wgpu_checked: casts, matmul_edges, train_ops);
+backend_tests!(wgpu_checked: casts, matmul_edges, matmul_long_k, train_ops);
 backend_tests!(wgpu_gpu_rows: train_ops);
-backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, train_ops, train_ops_bad_input);
+backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_bad_input);
 
 /// The product alone over prepared operands (what the bench times from `Operands::Prepared`)
 /// computes C again bit for bit, for every algorithm and path of the CUDA backend.

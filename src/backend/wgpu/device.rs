@@ -200,10 +200,12 @@ fn bindings(kernel: &Kernel) -> &'static [Binding] {
         Kernel::Amax | Kernel::ScaleFromAmax => &[Uniform, Read, ReadWrite, ReadWrite],
         Kernel::SplitBf16 => &[Uniform, Read, ReadWrite],
         Kernel::CoopPack => &[Uniform, Read, ReadWrite, Read, ReadWrite],
-        // + amax_bits and flags (cooperative), or flags (SIMT fallback).
-        Kernel::Matmul(v) if v.coop.is_some() => &[Uniform, Read, Read, ReadWrite, Read, Read],
-        Kernel::Matmul(v) if v.masked => &[Uniform, Read, Read, ReadWrite, Read, Read],
-        Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read],
+        // a, b, c, scales (SIMT) or amax_bits (cooperative), the partial sums between spans of
+        // K, and flags (cooperative, SIMT fallback).
+        Kernel::Matmul(v) if v.coop.is_some() || v.masked => {
+            &[Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read]
+        }
+        Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read, ReadWrite],
         Kernel::Train(..) => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
         // scalars, stats, x, y, z, w.
         Kernel::Step(_) => &[

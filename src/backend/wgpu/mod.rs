@@ -270,6 +270,23 @@ impl WgpuBackend {
         )
     }
 
+    /// The spans of K that the product's dispatches of `algorithm` on `tile` sum (of the K
+    /// padded to the tile on cooperative matrices): one, unless the adapter's loop budget
+    /// splits K (budget.rs).
+    pub fn k_spans(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        tile: Tile,
+    ) -> Result<Vec<(u32, u32)>> {
+        let v = self.variant(algorithm).with_tile(tile);
+        let k = shape.k as u32;
+        match v.coop {
+            Some(_) => matmul::k_spans(&self.gpu, &v, k.next_multiple_of(tile.bk)),
+            None => matmul::k_spans(&self.gpu, &v.with_unrolled(self.gpu.runtime_checks), k),
+        }
+    }
+
     /// Whether matmuls of eligible algorithms run on cooperative matrices here.
     pub fn uses_coop(&self) -> bool {
         self.coop.is_some()
