@@ -9,8 +9,11 @@ mod common;
 
 use mantissa::algorithm::{Algorithm, MatmulShape};
 use mantissa::backend::Backend;
+use mantissa::backend::reference::ops;
 use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
+use mantissa::format::Format;
 use mantissa::measure;
+use mantissa::measure::train_tolerance as tol;
 use pollster::FutureExt as _;
 
 /// The budget the split backends assume: half of it (what kernels plan on) holds a few dozen
@@ -129,4 +132,231 @@ fn a_split_k_gives_the_bits_of_one_dispatch() {
             }
         }
     }
+}
+
+/// The training kernels' long loops split over dispatches give the bits of one: the embedding
+/// scatter-add over many tokens, the column sums of layer norm's backward over many chunks of
+/// rows, the unscale-and-check of a long gradient (its values and flag per op; its squared
+/// norm, and the loss's mean over many rows, in a step plan's stats).
+#[test]
+fn split_training_loops_give_the_bits_of_one_dispatch() {
+    let test = "split_training_loops_give_the_bits_of_one_dispatch";
+    let seed = common::seed(test);
+    let Some((whole, split)) = pair(test, false) else {
+        return;
+    };
+    let (vocab, width, tokens) = (7, 3, 5000);
+    let ids: Vec<u32> = (0..tokens as u32)
+        .map(|i| (i * 5 + i / 3) % vocab)
+        .collect();
+    let dout = measure::normal(tokens * width, seed);
+    let scatter = |b: &WgpuBackend| {
+        b.embedding_bwd(&dout, &ids, vocab as usize, width)
+            .block_on()
+            .unwrap()
+    };
+    assert!(common::same_bits(&scatter(&whole), &scatter(&split)));
+    // 1100 chunks of 256 rows.
+    let (rows, c) = (256 * 1100 - 3, 2);
+    let (dy, x) = (
+        measure::normal(rows * c, seed + 1),
+        measure::normal(rows * c, seed + 2),
+    );
+    let g = measure::normal(c, seed + 3);
+    let (mean, rstd) = (vec![0.1; rows], vec![1.5; rows]);
+    let backward = |b: &WgpuBackend| {
+        b.layernorm_bwd(&dy, &x, &g, &mean, &rstd, c)
+            .block_on()
+            .unwrap()
+    };
+    let (one, parts) = (backward(&whole), backward(&split));
+    assert!(common::same_bits(&one.1, &parts.1), "dg");
+    assert!(common::same_bits(&one.2, &parts.2), "db");
+    // 2001 passes of the 256 lanes, an inf in the last.
+    let mut grads = measure::normal(256 * 2000 + 7, seed + 4);
+    let last = grads.len() - 2;
+    for with_inf in [false, true] {
+        if with_inf {
+            grads[last] = f32::INFINITY;
+        }
+        let unscale = |b: &WgpuBackend| {
+            let mut g = grads.clone();
+            let finite = b.unscale_check(&mut g, 1.0 / 1024.0).block_on().unwrap();
+            (g, finite)
+        };
+        let (one, parts) = (unscale(&whole), unscale(&split));
+        assert!(common::same_bits(&one.0, &parts.0));
+        assert_eq!((one.1, parts.1), (!with_inf, !with_inf));
+    }
+    let plan_stats = |b: &WgpuBackend| reductions_plan(b, seed + 5);
+    let (one, parts) = (plan_stats(&whole), plan_stats(&split));
+    assert_eq!(
+        one.iter().map(|s| s.to_bits()).collect::<Vec<_>>(),
+        parts.iter().map(|s| s.to_bits()).collect::<Vec<_>>(),
+        "the loss's mean, the gradient's flag and squared norm: {one:?} vs {parts:?}"
+    );
+}
+
+/// The stats of a step plan of two one-workgroup reductions over long inputs: the cross
+/// entropy's loss (its mean over 256,003 rows: 1001 passes of the 256 lanes) and a gradient's
+/// unscale-and-check (600,000 values).
+fn reductions_plan(b: &dyn Backend, seed: u64) -> Vec<f64> {
+    use mantissa::plan::{Op, Plan, PlanBuilder, Section, Stats, TensorKind};
+    let (rows, v, n) = (256_003, 3, 600_000);
+    let mut g = PlanBuilder::default();
+    let tokens = g.tensor(rows, TensorKind::Tokens);
+    let targets = g.tensor(rows, TensorKind::Targets);
+    let logits = g.constant(measure::normal(rows * v, seed));
+    let grad = g.temp(rows * v);
+    let dw = g.tensor(n, TensorKind::Grad(0));
+    g.push(Op::CrossEntropy {
+        logits,
+        targets,
+        grad,
+        v,
+        held: Format::F32,
+    });
+    g.push(Op::UnscaleCheck { grad: dw, index: 0 });
+    let ops = g.ops.len();
+    let plan = Plan {
+        tensors: g.tensors,
+        ops: g.ops,
+        forward: 1,
+        backward: ops,
+        gradients: ops,
+        rows,
+        tokens,
+        targets,
+        logits,
+        state: vec![],
+        constants: g.constants,
+        stats: Stats {
+            grads: 1,
+            linears: 0,
+        },
+    };
+    let scalars = vec![1.0; plan.scalar_count()];
+    let ids: Vec<u32> = (0..rows as u32).map(|i| i % v as u32).collect();
+    let mut exec = mantissa::backend::executor(b, plan, true).unwrap();
+    exec.write(dw, &measure::normal(n, seed + 1))
+        .block_on()
+        .unwrap();
+    exec.run(Section::Step, &ids, &ids, &scalars)
+        .block_on()
+        .unwrap()
+}
+
+/// Rows longer than one lane may run take more lanes to a row (a tree's order: against the
+/// reference within its tolerance, as on a GPU's lanes): layer norm, causal softmax and cross
+/// entropy forward and backward.
+#[test]
+fn rows_too_long_for_one_lane_take_more() {
+    let test = "rows_too_long_for_one_lane_take_more";
+    let seed = common::seed(test);
+    let Some((_, split)) = pair(test, false) else {
+        return;
+    };
+    let (rows, c) = (3, 1500);
+    let x = measure::normal(rows * c, seed);
+    let (g, bias) = (measure::normal(c, seed + 1), measure::normal(c, seed + 2));
+    let (y, mean, rstd) = split.layernorm_fwd(&x, &g, &bias, c).block_on().unwrap();
+    let want = ops::layernorm_fwd(&x, &g, &bias, c);
+    common::close("layer norm y", &y, &want.0, tol::ROW);
+    common::close("layer norm mean", &mean, &want.1, tol::ROW);
+    let dy = measure::normal(rows * c, seed + 3);
+    let (dx, ..) = split
+        .layernorm_bwd(&dy, &x, &g, &mean, &rstd, c)
+        .block_on()
+        .unwrap();
+    let want = ops::layernorm_bwd(&dy, &x, &g, &mean, &rstd, c);
+    common::close("layer norm dx", &dx, &want.0, tol::REDUCTION);
+    let t = 1200;
+    let scores = measure::normal(t * t, seed + 4);
+    let p = split
+        .causal_softmax_fwd(&scores, t, 0.125)
+        .block_on()
+        .unwrap();
+    common::close(
+        "softmax",
+        &p,
+        &ops::causal_softmax_fwd(&scores, t, 0.125),
+        tol::ROW,
+    );
+    let dp = measure::normal(t * t, seed + 5);
+    common::close(
+        "softmax backward",
+        &split
+            .causal_softmax_bwd(&p, &dp, t, 0.125)
+            .block_on()
+            .unwrap(),
+        &ops::causal_softmax_bwd(&p, &dp, t, 0.125),
+        tol::ROW,
+    );
+    let targets: Vec<u32> = (0..rows as u32).map(|r| r * 7).collect();
+    let (loss, probs) = split.cross_entropy_fwd(&x, &targets, c).block_on().unwrap();
+    let want = ops::cross_entropy_fwd(&x, &targets, c);
+    assert!((loss - want.0).abs() <= tol::ROW as f64 * (1.0 + want.0.abs()));
+    common::close("cross entropy", &probs, &want.1, tol::ROW);
+}
+
+/// Fused attention whose loops over the context do not fit the budget is refused, naming what
+/// to do instead; it is not split (its unfused ops are).
+#[test]
+fn fused_attention_beyond_the_budget_is_refused() {
+    use mantissa::plan::{Attention, Op, Plan, PlanBuilder, Section, Stats, TensorKind};
+    let test = "fused_attention_beyond_the_budget_is_refused";
+    let Some((_, split)) = pair(test, false) else {
+        return;
+    };
+    let spec = Attention {
+        b: 1,
+        t: 64,
+        h: 1,
+        d: 16,
+        scale: 0.25,
+        algorithm: Algorithm::F32,
+        probs: Format::F32,
+        compute: Format::F32,
+    };
+    let mut g = PlanBuilder::default();
+    let tokens = g.tensor(spec.t, TensorKind::Tokens);
+    let targets = g.tensor(spec.t, TensorKind::Targets);
+    let qkv = g.constant(vec![0.5; spec.qkv_len()]);
+    let (out, stats) = (g.temp(spec.out_len()), g.temp(2 * spec.score_rows()));
+    g.push(Op::Attention {
+        qkv,
+        out,
+        stats,
+        spec,
+    });
+    let plan = Plan {
+        tensors: g.tensors,
+        ops: g.ops,
+        forward: 1,
+        backward: 1,
+        gradients: 1,
+        rows: spec.t,
+        tokens,
+        targets,
+        logits: out,
+        state: vec![],
+        constants: g.constants,
+        stats: Stats {
+            grads: 0,
+            linears: 0,
+        },
+    };
+    let scalars = vec![0.0; plan.scalar_count()];
+    let ids = vec![0u32; spec.t];
+    let mut exec = mantissa::backend::executor(&split, plan, true).unwrap();
+    let err = exec
+        .run(Section::Step, &ids, &ids, &scalars)
+        .block_on()
+        .expect_err("attention over 64 tokens under a budget of 2000");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("loop iterations") && msg.contains("--attention unfused"),
+        "{msg}"
+    );
+    assert_eq!(err.class(), mantissa::error::ErrorClass::BadInput);
 }

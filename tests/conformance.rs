@@ -371,6 +371,91 @@ fn matmul_long_k(b: &dyn Backend) {
     }
 }
 
+/// Training ops whose loops run past the 65535 iterations lavapipe's Mesa 22 lets one
+/// invocation run (the wgpu backend gives such rows more lanes, and splits such sums over
+/// dispatches there: src/backend/wgpu/budget.rs): rows of 30,000 values (layer norm, cross
+/// entropy: three passes over them, 90,000 iterations on one lane), the embedding scatter-add over 70,000 tokens, the unscale-and-check of a gradient
+/// that takes each of its 256 lanes 70,000 passes (an inf in the last), layer norm's column
+/// sums over 70,000 rows; and an amax over 2^22 + 3 values with the largest last, whose
+/// workgroups each take a fixed span.
+fn train_ops_long_loops(b: &dyn Backend) {
+    use mantissa::backend::reference::ops;
+    let seed = common::seed("train_ops_long_loops");
+    let (rows, c) = (2, 30_000);
+    let x = measure::normal(rows * c, seed);
+    let (g, bias) = (measure::normal(c, seed + 1), measure::normal(c, seed + 2));
+    let (y, mean, rstd) = b.layernorm_fwd(&x, &g, &bias, c).block_on().unwrap();
+    let want = ops::layernorm_fwd(&x, &g, &bias, c);
+    common::close("long layer norm y", &y, &want.0, tol::ROW);
+    common::close("long layer norm rstd", &rstd, &want.2, tol::ROW);
+    let dy = measure::normal(rows * c, seed + 3);
+    let (dx, ..) = b
+        .layernorm_bwd(&dy, &x, &g, &mean, &rstd, c)
+        .block_on()
+        .unwrap();
+    let want = ops::layernorm_bwd(&dy, &x, &g, &mean, &rstd, c);
+    common::close("long layer norm dx", &dx, &want.0, tol::REDUCTION);
+    let targets = [3u32, c as u32 - 1];
+    let (loss, probs) = b.cross_entropy_fwd(&x, &targets, c).block_on().unwrap();
+    let want = ops::cross_entropy_fwd(&x, &targets, c);
+    assert!(
+        (loss - want.0).abs() <= tol::ROW as f64 * (1.0 + want.0.abs()),
+        "long cross entropy: loss {loss} vs {}",
+        want.0
+    );
+    common::close("long cross entropy", &probs, &want.1, tol::ROW);
+    let (vocab, width, tokens) = (5, 2, 70_000);
+    let ids: Vec<u32> = (0..tokens as u32)
+        .map(|i| (i * 3 + i / 7) % vocab)
+        .collect();
+    let dout = measure::normal(tokens * width, seed + 4);
+    // The kernels add an entry's tokens in token order in f32 (14,000 of them: the reference's
+    // f64 sum is further off than ROW allows): so do these additions, to the bit.
+    let mut want = vec![0f32; vocab as usize * width];
+    for (r, &id) in ids.iter().enumerate() {
+        for i in 0..width {
+            want[id as usize * width + i] += dout[r * width + i];
+        }
+    }
+    let got = b
+        .embedding_bwd(&dout, &ids, vocab as usize, width)
+        .block_on()
+        .unwrap();
+    assert!(
+        common::same_bits(&got, &want),
+        "embedding scatter-add over 70,000 tokens: {got:?} vs {want:?}"
+    );
+    let mut grads = measure::normal(256 * 70_000, seed + 5);
+    let last = grads.len() - 1;
+    grads[last] = f32::INFINITY;
+    let mut want = grads.clone();
+    let finite = b
+        .unscale_check(&mut grads, 1.0 / 1024.0)
+        .block_on()
+        .unwrap();
+    assert!(!ops::unscale_check(&mut want, 1.0 / 1024.0));
+    assert!(!finite, "the inf in the last pass is seen");
+    assert!(grads == want, "every value of a long gradient is unscaled");
+    let (rows, c) = (70_000, 3);
+    let (dy, x) = (
+        measure::normal(rows * c, seed + 6),
+        measure::normal(rows * c, seed + 7),
+    );
+    let g = measure::normal(c, seed + 8);
+    let (mean, rstd) = (vec![0.1; rows], vec![1.5; rows]);
+    let (_, dg, db) = b
+        .layernorm_bwd(&dy, &x, &g, &mean, &rstd, c)
+        .block_on()
+        .unwrap();
+    let want = ops::layernorm_bwd(&dy, &x, &g, &mean, &rstd, c);
+    common::close("dg over 70,000 rows", &dg, &want.1, tol::REDUCTION);
+    common::close("db over 70,000 rows", &db, &want.2, tol::REDUCTION);
+    let mut values = measure::normal((1 << 22) + 3, seed + 9);
+    let last = values.len() - 1;
+    values[last] = 1000.0;
+    assert_eq!(b.amax(&values).block_on().unwrap(), 1000.0, "amax");
+}
+
 /// Training ops refuse operands of the wrong length with an error, never a panic or a read past
 /// a buffer: the same checks (`backend::check`) on every backend.
 fn train_ops_bad_input(b: &dyn Backend) {
@@ -562,11 +647,11 @@ fn train_ops(b: &dyn Backend) {
 // The reference is the truth the other backends are compared with: it runs only the tests
 // that check it against something else (f64 products and published error bands, bad input).
 backend_tests!(reference: matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops_bad_input);
-backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, matmul_long_k, train_ops, train_ops_bad_input);
+backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input);
 backend_tests!(wgpu_packed_f16: matmul_random, matmul_edges);
 backend_tests!(wgpu_checked: casts, matmul_edges, matmul_long_k, train_ops);
 backend_tests!(wgpu_gpu_rows: train_ops);
-backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_bad_input);
+backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input);
 
 /// The product alone over prepared operands (what the bench times from `Operands::Prepared`)
 /// computes C again bit for bit, for every algorithm and path of the CUDA backend.

@@ -799,6 +799,9 @@ impl Kernel {
             header.push_str(&coop_block(v));
         } else if let Kernel::Train(_, lanes) = self {
             header.push_str(&format!("const ROW_LANES: u32 = {lanes}u;\n\n"));
+            header.push_str(&span_consts());
+        } else if let Kernel::Step(_) = self {
+            header.push_str(&span_consts());
         } else if let Kernel::Matmul(v) = self {
             header.push_str(&format!(
                 "const BM: u32 = {}u;\nconst BN: u32 = {}u;\nconst BK: u32 = {}u;\nconst BUFFERS: u32 = {}u;\nconst REG: u32 = {}u;\n\
