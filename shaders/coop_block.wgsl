@@ -56,7 +56,9 @@ fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
     let b0 = batch * params.kp * params.np + col0;
     // Uniform over the workgroup (its origin and the parameters), as the barriers below need.
     let straight = stores_straight(row0, col0);
+    // Strides bound with `let`: naga's SPIR-V writer needs a store's stride so.
     let c_stride = params.n;
+    let partial_stride = params.np;
 
 // @@origin_staged
     let warp = lindex / SG;
@@ -68,23 +70,35 @@ fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
     let col_tile0 = 0u;
 
 // @@stage_first
-    // Two stages: K step 0 goes into stage 0 before the loop.
-    if (params.kp > 0u) {
-        stage_copy(a0, b0, 0u, lindex, 0u, 0u);
+    // Two stages: the span's first K step goes into stage 0 before the loop.
+    if (params.k_begin < params.k_end) {
+        stage_copy(a0, b0, params.k_begin, lindex, 0u, 0u);
     }
     workgroupBarrier();
 
 // @@total
     var total_{{l}}_{{r}}_{{c}} = {{zero}};
 
+// @@partials_load_begin
+    // A span after the first goes on from the totals the previous one left.
+    if ((params.span & SPAN_FIRST) == 0u) {
+
+// @@partial_load
+        let ip_{{l}}_{{r}}_{{c}} = {{l}}u * params.partial_plane + batch * params.mp * params.np
+            + (row0 + (row_tile0 + {{r}}u) * {{t}}u) * params.np + col0 + (col_tile0 + {{c}}u) * {{t}}u;
+        total_{{l}}_{{r}}_{{c}} = coopLoadT<{{mat}}<f32, C>>(&partials[ip_{{l}}_{{r}}_{{c}}], partial_stride);
+
+// @@partials_load_end
+    }
+
 // @@promote_loop
-    for (var k1 = 0u; k1 < params.kp; k1 += {{promote}}u) {
+    for (var k1 = params.k_begin; k1 < params.k_end; k1 += {{promote}}u) {
 
 // @@part
         var part_{{l}}_{{r}}_{{c}} = {{zero}};
 
 // @@k_loop
-        let k_end = min(k1 + {{promote}}u, params.kp);
+        let k_end = min(k1 + {{promote}}u, params.k_end);
         for (var k0 = k1; k0 < k_end; k0 += BK) {
 
 // @@stage_copy
@@ -101,7 +115,7 @@ fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
             let cur = (k0 / BK) % 2u;
             let at_a = cur * A_STAGE;
             let at_b = cur * B_STAGE;
-            if (k0 + BK < params.kp) {
+            if (k0 + BK < params.k_end) {
                 stage_copy(a0, b0, k0 + BK, lindex, (1u - cur) * A_STAGE, (1u - cur) * B_STAGE);
             }
 
@@ -145,6 +159,19 @@ fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
         total_{{l}}_{{r}}_{{c}} = total_{{l}}_{{r}}_{{c}} + part_{{l}}_{{r}}_{{c}};
 
 // @@promote_loop_end
+    }
+
+// @@partials_store_begin
+    // A span before the last leaves its totals for the next one.
+    if ((params.span & SPAN_LAST) == 0u) {
+
+// @@partial_store
+        let iq_{{l}}_{{r}}_{{c}} = {{l}}u * params.partial_plane + batch * params.mp * params.np
+            + (row0 + (row_tile0 + {{r}}u) * {{t}}u) * params.np + col0 + (col_tile0 + {{c}}u) * {{t}}u;
+        coopStoreT(total_{{l}}_{{r}}_{{c}}, &partials[iq_{{l}}_{{r}}_{{c}}], partial_stride);
+
+// @@partials_store_end
+        return;
     }
 
 // @@store

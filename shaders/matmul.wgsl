@@ -21,19 +21,30 @@
 //   fn fetch_a4(quad: u32) -> vec4<f32>, fetch_b4: four, from one quad (fetch.wgsl)
 //   const MASKED: bool, fn flagged(line: u32) -> bool: as the fallback of the cooperative-matrix
 //                               kernel, compute only outputs whose row of A or column of B is
-//                               flagged (coop_pack.wgsl); the flags are binding 5
+//                               flagged (coop_pack.wgsl); the flags are binding 6
+//   const SPAN_FIRST, SPAN_LAST: u32
+//                               the flags of `params.span` (below)
 //   the pieces of matmul_step.wgsl: the accumulators (a vec4 per row of each 4x4 block and
 //   level), fn k_step_0 (and k_step_1 with two buffers: one K step out of its buffer into the
 //   accumulators; written out per k for checked modules, so that their hot code has no loop
-//   counter and no bounds clamp that varies with k), fn k_loop (every K step, loads and
-//   barriers included) and fn store_tiles
+//   counter and no bounds clamp that varies with k), fn k_loop (every K step of this
+//   dispatch's span, loads and barriers included), fn store_tiles, and fn load_partials and
+//   fn store_partials (the accumulators from and to the partial sums between spans)
 // Workgroup size is (BN / REG, BM / REG).
+//
+// A dispatch sums the span [k_begin, k_end) of K: all of it, unless the adapter's loop budget
+// (src/backend/wgpu/budget.rs) splits K over several dispatches. Then each output's sums go on
+// from where the previous span left them, in the same order, so the bits are those of one
+// dispatch: a span without SPAN_FIRST starts its accumulators from the partial sums, one
+// without SPAN_LAST leaves them there, unscaled, levels apart (level 0 in C, level l > 0 in
+// `partials` at (l - 1) * partial_plane).
 
 struct MatmulParams {
     m: u32,
     n: u32,
     k: u32,
-    _pad0: u32,
+    // This dispatch's span of K (a multiple of BK, but for the end of K).
+    k_begin: u32,
     // Element strides of the logical A (batch, row i, column p), and the plane stride.
     a_batch: u32,
     a_row: u32,
@@ -52,9 +63,11 @@ struct MatmulParams {
     sb_offset: u32,
     // MASKED: where B's lines start in the flags (A's lines: batch * m + row).
     b_lines: u32,
-    _pad1: u32,
-    _pad2: u32,
-    _pad3: u32,
+    k_end: u32,
+    // SPAN_FIRST | SPAN_LAST: whether the span starts, ends K.
+    span: u32,
+    // Elements of a level's partial sums (all of C's batches).
+    partial_plane: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: MatmulParams;
@@ -62,6 +75,8 @@ struct MatmulParams {
 @group(0) @binding(2) var<storage, read> b_data: array<B_T>;
 @group(0) @binding(3) var<storage, read_write> c_data: array<f32>;
 @group(0) @binding(4) var<storage, read> scales: array<f32>;
+// Partial sums of levels 1.. between spans of K (a word where K is one span or one level).
+@group(0) @binding(5) var<storage, read_write> partials: array<f32>;
 
 const WG_X: u32 = BN / REG;
 const WG_Y: u32 = BM / REG;
@@ -284,8 +299,61 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
     let tx = lid.x;
     let ty2 = lid.y + WG_Y;
     let tx2 = lid.x + WG_X;
+    if ((params.span & SPAN_FIRST) == 0u) {
+        load_partials(o, ty, tx, ty2, tx2);
+    }
     k_loop(o, lindex, ty, tx, ty2, tx2);
-    store_tiles(o, ty, tx, ty2, tx2);
+    if ((params.span & SPAN_LAST) != 0u) {
+        store_tiles(o, ty, tx, ty2, tx2);
+    } else {
+        store_partials(o, ty, tx, ty2, tx2);
+    }
+}
+
+// Whether output (row, col) is this kernel's to write: all of them, or (MASKED) those of a
+// flagged line.
+fn mine(batch: u32, row: u32, col: u32) -> bool {
+    return !MASKED || flagged(batch * params.m + row) || flagged(params.b_lines + batch * params.n + col);
+}
+
+// Level `level`'s partial sums of row `row` of C from column col_start on, four outputs (0
+// outside C).
+fn load_partial_row(level: u32, batch: u32, row: u32, col_start: u32) -> vec4<f32> {
+    var v = vec4<f32>();
+    if (row >= params.m) {
+        return v;
+    }
+    let at = batch * params.c_batch + row * params.n;
+    for (var c = 0u; c < 4u; c++) {
+        let col = col_start + c;
+        if (col < params.n) {
+            if (level == 0u) {
+                v[c] = c_data[at + col];
+            } else {
+                v[c] = partials[(level - 1u) * params.partial_plane + at + col];
+            }
+        }
+    }
+    return v;
+}
+
+// Level `level`'s partial sums of four outputs of row `row` from column col_start on, as they
+// are (no scales applied), for the next span.
+fn store_partial_row(level: u32, batch: u32, row: u32, col_start: u32, v: vec4<f32>) {
+    if (row >= params.m) {
+        return;
+    }
+    let at = batch * params.c_batch + row * params.n;
+    for (var c = 0u; c < 4u; c++) {
+        let col = col_start + c;
+        if (col < params.n && mine(batch, row, col)) {
+            if (level == 0u) {
+                c_data[at + col] = v[c];
+            } else {
+                partials[(level - 1u) * params.partial_plane + at + col] = v[c];
+            }
+        }
+    }
 }
 
 // Row `row` of C from column col_start on, four outputs: bounds, the MASKED selection and
@@ -294,11 +362,9 @@ fn store_row(batch: u32, row: u32, col_start: u32, v: vec4<f32>) {
     if (row >= params.m) {
         return;
     }
-    let row_flagged = flagged(batch * params.m + row);
     for (var c = 0u; c < 4u; c++) {
         let col = col_start + c;
-        let mine = !MASKED || row_flagged || flagged(params.b_lines + batch * params.n + col);
-        if (col < params.n && mine) {
+        if (col < params.n && mine(batch, row, col)) {
             var out = v[c];
             if (FP8) {
                 let sa = scales[batch * params.sa_batch + select(0u, row, ROWWISE)];

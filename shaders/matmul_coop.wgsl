@@ -19,6 +19,14 @@
 //                               not accumulate long sums in exact f32), levels summed smallest
 //                               first (docs/design.md); each tile stored straight into C, or
 //                               through `staging` and `store_tile`
+//   const SPAN_FIRST, SPAN_LAST: u32
+//                               the flags of `params.span`
+//
+// A dispatch sums the span [k_begin, k_end) of the padded K: all of it, unless the adapter's
+// loop budget (src/backend/wgpu/budget.rs) splits it over several dispatches, at multiples of
+// the promotion interval. Then a span without SPAN_FIRST starts the f32 totals from the partial
+// sums the previous one left, and one without SPAN_LAST leaves them there (`partials`: level
+// l's at l * partial_plane, padded rows of np), so the bits are those of one dispatch.
 
 struct CoopParams {
     m: u32,
@@ -34,6 +42,12 @@ struct CoopParams {
     c_batch: u32,
     // Where B's lines start in amax_bits and flags (A's lines: batch * m + row).
     b_lines: u32,
+    // This dispatch's span of the padded K, and SPAN_FIRST | SPAN_LAST.
+    k_begin: u32,
+    k_end: u32,
+    span: u32,
+    // Elements of a level's partial sums (batch * mp * np).
+    partial_plane: u32,
     _pad0: u32,
     _pad1: u32,
 }
@@ -44,8 +58,10 @@ struct CoopParams {
 @group(0) @binding(2) var<storage, read> b_data: array<OPERAND_T>;
 @group(0) @binding(3) var<storage, read_write> c_data: array<f32>;
 @group(0) @binding(4) var<storage, read> amax_bits: array<u32>;
+// The f32 totals between spans of K (a word where K is one span).
+@group(0) @binding(5) var<storage, read_write> partials: array<f32>;
 // One bit per line, set by coop_pack.wgsl.
-@group(0) @binding(5) var<storage, read> flags: array<u32>;
+@group(0) @binding(6) var<storage, read> flags: array<u32>;
 
 fn flagged(line: u32) -> bool {
     return (flags[line / 32u] & (1u << (line % 32u))) != 0u;

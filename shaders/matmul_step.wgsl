@@ -53,9 +53,9 @@ fn k_step_{{s}}(ty: u32, tx: u32, ty2: u32, tx2: u32) {
 }
 
 // @@loop_single
-// Every K step: load it, multiply it, each behind a barrier.
+// Every K step of the span: load it, multiply it, each behind a barrier.
 fn k_loop(o: Origin, lindex: u32, ty: u32, tx: u32, ty2: u32, tx2: u32) {
-    for (var k0 = 0u; k0 < params.k; k0 += BK) {
+    for (var k0 = params.k_begin; k0 < params.k_end; k0 += BK) {
         load_tiles(o, k0, lindex, 0u);
         workgroupBarrier();
         k_step_0(ty, tx, ty2, tx2);
@@ -64,21 +64,21 @@ fn k_loop(o: Origin, lindex: u32, ty: u32, tx: u32, ty2: u32, tx2: u32) {
 }
 
 // @@loop_double
-// Every K step, two buffers: the next step loads into one while the other is multiplied, so
+// Every K step of the span, two buffers: the next step loads into one while the other is multiplied, so
 // a step waits at one barrier instead of two. A buffer is rewritten only after the barrier
 // that follows its last read. The same products in the same order as one buffer.
 fn k_loop(o: Origin, lindex: u32, ty: u32, tx: u32, ty2: u32, tx2: u32) {
-    load_tiles(o, 0u, lindex, 0u);
+    load_tiles(o, params.k_begin, lindex, 0u);
     workgroupBarrier();
-    for (var k0 = 0u; k0 < params.k; k0 += 2u * BK) {
-        let second = k0 + BK < params.k;
+    for (var k0 = params.k_begin; k0 < params.k_end; k0 += 2u * BK) {
+        let second = k0 + BK < params.k_end;
         if (second) {
             load_tiles(o, k0 + BK, lindex, PARTS * BK);
         }
         k_step_0(ty, tx, ty2, tx2);
         workgroupBarrier();
         if (second) {
-            if (k0 + 2u * BK < params.k) {
+            if (k0 + 2u * BK < params.k_end) {
                 load_tiles(o, k0 + 2u * BK, lindex, 0u);
             }
             k_step_1(ty, tx, ty2, tx2);
@@ -93,6 +93,20 @@ fn store_tiles(o: Origin, ty: u32, tx: u32, ty2: u32, tx2: u32) {
 
 // @@store
     store_row(o.batch, o.row0 + {{row}} * 4u + {{r}}u, o.col0 + {{col}} * 4u, {{sum}});
+
+// @@partials_begin
+// The accumulators from the partial sums the previous span of K left.
+fn load_partials(o: Origin, ty: u32, tx: u32, ty2: u32, tx2: u32) {
+
+// @@load_partial
+    acc_{{l}}_{{q}}_{{r}} = load_partial_row({{l}}u, o.batch, o.row0 + {{row}} * 4u + {{r}}u, o.col0 + {{col}} * 4u);
+
+// @@store_partials_begin
+// The accumulators as partial sums, for the next span of K.
+fn store_partials(o: Origin, ty: u32, tx: u32, ty2: u32, tx2: u32) {
+
+// @@store_partial
+    store_partial_row({{l}}u, o.batch, o.row0 + {{row}} * 4u + {{r}}u, o.col0 + {{col}} * 4u, acc_{{l}}_{{q}}_{{r}});
 
 // @@end
 }

@@ -162,12 +162,41 @@ fn reduce_workgroup(lid: u32) {
     workgroupBarrier();
 }
 
+// A one-workgroup reduction's span (src/backend/wgpu/budget.rs): invocation lid takes elements
+// lid + 256 i for the passes i in [dims.x, dims.y) (all of them in one span, unless the
+// adapter's loop budget splits them over dispatches); a span without SPAN_FIRST (in dims.z)
+// starts from the partial sum and flag the previous one left in z and w, one without SPAN_LAST
+// leaves its own there and reduces nothing. The same additions in the same order either way.
+fn span_end() -> u32 {
+    return min(params.n, params.dims.y * 256u);
+}
+
+fn span_carried() -> bool {
+    return (params.dims.z & SPAN_FIRST) == 0u;
+}
+
+// Leaves this lane's partial results for the next span, where there is one: then true.
+fn span_leaves(lid: u32, s: f32, flag: u32) -> bool {
+    if ((params.dims.z & SPAN_LAST) != 0u) {
+        return false;
+    }
+    z[lid] = bitcast<u32>(s);
+    w[lid] = flag;
+    return true;
+}
+
 // stats[slot] = mean of x[0..n) (the loss: the mean of the rows' losses). One workgroup.
 @compute @workgroup_size(256)
 fn mean_to_stat(@builtin(local_invocation_index) lid: u32) {
     var s = 0.0;
-    for (var e = lid; e < params.n; e += 256u) {
+    if (span_carried()) {
+        s = bitcast<f32>(z[lid]);
+    }
+    for (var e = lid + params.dims.x * 256u; e < span_end(); e += 256u) {
         s += x[e];
+    }
+    if (span_leaves(lid, s, 0u)) {
+        return;
     }
     partial[lid] = s;
     bad[lid] = 0u;
@@ -184,8 +213,12 @@ fn mean_to_stat(@builtin(local_invocation_index) lid: u32) {
 fn unscale_check(@builtin(local_invocation_index) lid: u32) {
     var s = 0.0;
     var nonfinite = 0u;
+    if (span_carried()) {
+        s = bitcast<f32>(z[lid]);
+        nonfinite = w[lid];
+    }
     let inverse = scalars[S_INVERSE_SCALE];
-    for (var e = lid; e < params.n; e += 256u) {
+    for (var e = lid + params.dims.x * 256u; e < span_end(); e += 256u) {
         var g = y[e];
         if (params.c == 1u && e == 0u) {
             g = g + scalars[S_POISON];
@@ -196,6 +229,9 @@ fn unscale_check(@builtin(local_invocation_index) lid: u32) {
             nonfinite = 1u;
         }
         s += g * g;
+    }
+    if (span_leaves(lid, s, nonfinite)) {
+        return;
     }
     partial[lid] = s;
     bad[lid] = nonfinite;

@@ -33,9 +33,13 @@ struct TrainParams {
     // The format id whose 16-bit codes in0 holds, two to a word (a coded input: GELU's x, the
     // pre-GELU activations; fused attention's q|k|v); f32's id: in0 holds f32 words.
     x_stored: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
+    // The span [begin, end) of the tokens (embedding_bwd) or chunks (sum_partials) this
+    // dispatch adds, and SPAN_FIRST where the sums start at zero, else from what the previous
+    // span wrote: all of them in one span unless the adapter's loop budget splits them
+    // (src/backend/wgpu/budget.rs). The same additions in the same order either way.
+    begin: u32,
+    end: u32,
+    span: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
@@ -282,7 +286,10 @@ fn sum_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     let part = e / c;
     let j = e % c;
     var s = 0.0;
-    for (var k = 0u; k < chunks; k++) {
+    if ((params.span & SPAN_FIRST) == 0u) {
+        s = select(bitcast<f32>(out2[j]), out0[j], part == 0u);
+    }
+    for (var k = params.begin; k < params.end; k++) {
         s += in0v((part * chunks + k) * c + j);
     }
     if (part == 0u) {
@@ -462,7 +469,10 @@ fn embedding_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     let row = e / params.c;
     let i = e % params.c;
     var sum = 0.0;
-    for (var r = 0u; r < params.tokens; r++) {
+    if ((params.span & SPAN_FIRST) == 0u) {
+        sum = out0[e];
+    }
+    for (var r = params.begin; r < params.end; r++) {
         if (bitcast<u32>(in1[r]) == row) {
             sum += in0v(r * params.c + i);
         }

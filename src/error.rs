@@ -54,6 +54,19 @@ pub enum Error {
         device: String,
     },
 
+    /// A kernel that would run more loop iterations per invocation than its adapter lets a
+    /// shader run (`backend::wgpu::budget`), where the work cannot be split to fit.
+    #[error(
+        "{what} runs {iterations} loop iterations per invocation, but '{device}' stops a shader's loops after {budget} (half of which a kernel may plan on); {advice}"
+    )]
+    LoopBudget {
+        what: String,
+        iterations: u64,
+        budget: u32,
+        device: String,
+        advice: String,
+    },
+
     #[error("backend '{backend}' is not available: {why}")]
     BackendUnavailable { backend: String, why: String },
 

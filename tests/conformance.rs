@@ -13,8 +13,7 @@ use mantissa::backend::{self, Backend, BackendKind};
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
-use mantissa::plan::scalar::StepScalars;
-use mantissa::plan::{AdamW, Op, Outline, Plan, PlanBuilder, Section, TensorId, TensorKind};
+use mantissa::plan::{AdamW, Op, Outline, Section};
 use pollster::FutureExt as _;
 
 fn check_encode(b: &dyn Backend, seed: u64) {
@@ -306,97 +305,206 @@ fn matmul_too_large(b: &dyn Backend) {
     assert_eq!(c, vec![1.0, 2.0, 3.0, 4.0]);
 }
 
-/// A plan of one op on tensors of given values (`plan::Op` is the only way an op reaches a
-/// backend): run once by a backend's executor and by the host interpreter, the reference's.
-struct OneOp {
-    g: PlanBuilder,
-    batch: (TensorId, TensorId),
-    values: Vec<(TensorId, Vec<f32>)>,
-    /// `plan::Stats` of the plan (`UnscaleCheck` takes a gradient's slots).
-    grads: usize,
-}
-
-/// What a run of a `OneOp` gave: the values of the tensors asked for, and the stats.
-struct Ran {
-    outs: Vec<Vec<f32>>,
-    stats: Vec<f64>,
-}
-
-impl OneOp {
-    /// A plan whose batch has `rows` tokens and targets.
-    fn new(rows: usize) -> OneOp {
-        let mut g = PlanBuilder::default();
-        let batch = (
-            g.tensor(rows, TensorKind::Tokens),
-            g.tensor(rows, TensorKind::Targets),
+/// Sums far longer than the 65535 loop iterations lavapipe's Mesa 22 lets one invocation run
+/// (the wgpu backend splits them over dispatches there: src/backend/wgpu/budget.rs). Small
+/// integers first (|x| <= 2): every partial sum is an integer below 2^24, exact in f32 in any
+/// order, so C must be the exact product, and a term left out or summed twice shows; K = 2^20
+/// for f32, 2^17 + 5 for the others (lavapipe sums a 2 x K x 3 product over a whole 64x64 tile:
+/// seconds per 2^20). Then N(0,1) inputs, batched and transposed, K off every tile multiple,
+/// against the reference within the contract, and the relative error of the whole product
+/// against f64 within the algorithm's band, widened for the sequential f32 sum of K terms
+/// (about 2^-24 sqrt(K / 6): the elementwise tolerance alone grows with K past what a missing
+/// part of the sum changes).
+fn matmul_long_k(b: &dyn Backend) {
+    let seed = common::seed("matmul_long_k");
+    let e4m3 = Algorithm::fp8(Format::E4m3, Format::E4m3);
+    let unscaled = e4m3.with_scaling(Scaling::Given { a: 1.0, b: 1.0 });
+    let small_ints = |len: usize, seed: u64| -> Vec<f32> {
+        measure::normal(len, seed)
+            .iter()
+            .map(|x| (x * 1.2).round().clamp(-2.0, 2.0))
+            .collect()
+    };
+    for (i, (alg, k)) in [
+        (Algorithm::F32, 1 << 20),
+        (Algorithm::Bf16x3, (1 << 17) + 5),
+        (Algorithm::F16, (1 << 17) + 5),
+        (unscaled, (1 << 17) + 5),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let shape = MatmulShape::new(2, 3, k);
+        let a = small_ints(shape.a_len(), seed + 2 * i as u64);
+        let bm = small_ints(shape.b_len(), seed + 2 * i as u64 + 1);
+        let c = b
+            .matmul(&shape, &alg, &a, &bm)
+            .block_on()
+            .unwrap_or_else(|e| panic!("{} {alg}: {e}", b.name()));
+        let exact = measure::exact_product(&shape, &a, &bm);
+        assert!(
+            c.iter().zip(&exact).all(|(&x, &e)| x as f64 == e),
+            "{} {alg}: small integers over K = {k} give {c:?}, exactly {exact:?}",
+            b.name()
         );
-        OneOp {
-            g,
-            batch,
-            values: vec![],
-            grads: 0,
+    }
+    let shape = MatmulShape {
+        batch: 2,
+        m: 2,
+        n: 3,
+        k: (1 << 16) + 5,
+        a_transposed: true,
+        b_transposed: true,
+    };
+    let a = measure::normal(shape.a_len(), seed + 10);
+    let bm = measure::normal(shape.b_len(), seed + 11);
+    let exact = measure::exact_product(&shape, &a, &bm);
+    let sequential = f32::EPSILON as f64 / 2.0 * (shape.k as f64 / 6.0).sqrt();
+    for alg in [Algorithm::F32, Algorithm::Bf16x3, Algorithm::F16, e4m3] {
+        let c = check_matmul(b, &alg, &shape, &a, &bm, "N(0,1), long K");
+        let err = measure::relative_error(&c, &exact);
+        let hi = alg.expected_error_n01().1.max(4.0 * sequential);
+        assert!(
+            err <= hi,
+            "{} {alg} {shape:?}: relative error {err:.3e} above {hi:.1e}",
+            b.name()
+        );
+    }
+}
+
+/// Training ops whose loops run past the 65535 iterations lavapipe's Mesa 22 lets one
+/// invocation run (the wgpu backend gives such rows more lanes, and splits such sums over
+/// dispatches there: src/backend/wgpu/budget.rs), each alone in a plan run by the backend's
+/// executor: rows of 30,000 values (layer norm, cross entropy: three passes over them, 90,000
+/// iterations on one lane), the embedding scatter-add over 70,000 tokens, the unscale-and-check
+/// of a gradient that takes each of its 256 lanes 70,000 passes (an inf in the last), layer
+/// norm's column sums over 70,000 rows; and an amax over 2^22 + 3 values with the largest last,
+/// whose workgroups each take a fixed span.
+fn train_ops_long_loops(b: &dyn Backend) {
+    use mantissa::backend::reference::ops;
+    let seed = common::seed("train_ops_long_loops");
+    let one = [0u32];
+    let layernorm = |x: &[f32], g: &[f32], bias: &[f32], dy: &[f32], c: usize| {
+        let rows = x.len() / c;
+        let mut p = common::OneOp::new(1);
+        let (xi, gi, bi) = (p.input(x.to_vec()), p.input(g.to_vec()), p.input(bias.to_vec()));
+        let (out, stats) = (p.output(rows * c), p.output(2 * rows));
+        let op = Op::LayerNorm {
+            x: xi,
+            g: gi,
+            b: bi,
+            out,
+            stats,
+            c,
+            held: Format::F32,
+        };
+        let [fwd, _] = p.run_both(b, op, (&one, &one), 1.0, &[out, stats]);
+        let mut p = common::OneOp::new(1);
+        let (dyi, xi, gi, si) = (
+            p.input(dy.to_vec()),
+            p.input(x.to_vec()),
+            p.input(g.to_vec()),
+            p.input(fwd.outs[1].clone()),
+        );
+        let (dx, dg, db) = (p.output(rows * c), p.output(c), p.output(c));
+        let op = Op::LayerNormBwd {
+            dy: dyi,
+            x: xi,
+            g: gi,
+            stats: si,
+            dx,
+            dg,
+            db,
+            c,
+        };
+        let [bwd, _] = p.run_both(b, op, (&one, &one), 1.0, &[dx, dg, db]);
+        (fwd.outs, bwd.outs)
+    };
+    let (rows, c) = (2, 30_000);
+    let x = measure::normal(rows * c, seed);
+    let (g, bias) = (measure::normal(c, seed + 1), measure::normal(c, seed + 2));
+    let dy = measure::normal(rows * c, seed + 3);
+    let (fwd, bwd) = layernorm(&x, &g, &bias, &dy, c);
+    let (wy, wm, wr) = ops::layernorm_fwd(&x, &g, &bias, c);
+    common::close("long layer norm y", &fwd[0], &wy, tol::ROW);
+    let rstd: Vec<f32> = fwd[1].iter().skip(1).step_by(2).copied().collect();
+    common::close("long layer norm rstd", &rstd, &wr, tol::ROW);
+    let want = ops::layernorm_bwd(&dy, &x, &g, &wm, &wr, c);
+    common::close("long layer norm dx", &bwd[0], &want.0, tol::REDUCTION);
+    let targets = [3u32, c as u32 - 1];
+    let mut p = common::OneOp::new(rows);
+    let (li, grad) = (p.input(x.clone()), p.output(rows * c));
+    let op = Op::CrossEntropy {
+        logits: li,
+        targets: p.batch.1,
+        grad,
+        v: c,
+        held: Format::F32,
+    };
+    let [ran, _] = p.run_both(b, op, (&[0, 0], &targets), 1.0, &[grad]);
+    let (wloss, wprobs) = ops::cross_entropy_fwd(&x, &targets, c);
+    let loss = ran.stats[mantissa::plan::Stats::LOSS];
+    assert!(
+        (loss - wloss).abs() <= tol::ROW as f64 * (1.0 + wloss.abs()),
+        "long cross entropy: loss {loss} vs {wloss}"
+    );
+    let want = ops::cross_entropy_bwd(&wprobs, &targets, c, 1.0);
+    let per_row = |g: &[f32]| g.iter().map(|x| x * rows as f32).collect::<Vec<f32>>();
+    common::close("long cross entropy", &per_row(&ran.outs[0]), &per_row(&want), tol::ROW);
+    let (vocab, width, tokens) = (5, 2, 70_000);
+    let ids: Vec<u32> = (0..tokens as u32)
+        .map(|i| (i * 3 + i / 7) % vocab)
+        .collect();
+    let dout = measure::normal(tokens * width, seed + 4);
+    // The kernels add an entry's tokens in token order in f32 (14,000 of them: the reference's
+    // f64 sum is further off than ROW allows): so do these additions, to the bit.
+    let mut want = vec![0f32; vocab as usize * width];
+    for (r, &id) in ids.iter().enumerate() {
+        for i in 0..width {
+            want[id as usize * width + i] += dout[r * width + i];
         }
     }
-
-    /// A tensor the run starts from `values` (written before it) and that keeps its values
-    /// after it (not a temporary).
-    fn input(&mut self, values: Vec<f32>) -> TensorId {
-        let t = self.output(values.len());
-        self.values.push((t, values));
-        t
-    }
-
-    /// A tensor the op writes, kept after the run to be read back.
-    fn output(&mut self, len: usize) -> TensorId {
-        self.g.tensor(len, TensorKind::Partial)
-    }
-
-    /// The plan of `op`.
-    fn plan(mut self, op: Op) -> (Plan, Vec<(TensorId, Vec<f32>)>) {
-        self.g.push(op);
-        let mut outline = Outline::ops_alone(1, 1, self.batch, self.batch.0);
-        outline.stats.grads = self.grads;
-        (self.g.finish(outline).expect("a valid plan"), self.values)
-    }
-
-    /// `op` run once by `b`'s executor and by the host interpreter on the batch (tokens, targets)
-    /// with `scalars` (`StepScalars` of `loss_scale`, AdamW at step 3, no clip); the values of
-    /// `outs` after it.
-    fn run_both(
-        self,
-        b: &dyn Backend,
-        op: Op,
-        (tokens, targets): (&[u32], &[u32]),
-        loss_scale: f32,
-        outs: &[TensorId],
-    ) -> [Ran; 2] {
-        let (plan, values) = self.plan(op);
-        let scalars = StepScalars {
-            adamw: &AdamW::default(),
-            clip: 0.0,
-            loss_scale,
-            poison: 0.0,
-            t: 3,
-            ranks: 1,
-            fp8: &[],
-        }
-        .array(plan.rows(), plan.scalar_count());
-        [true, false].map(|resident| {
-            let mut exec = backend::executor(b, plan.clone(), resident).unwrap();
-            for (t, v) in &values {
-                exec.write(*t, v).block_on().unwrap();
-            }
-            let stats = exec
-                .run(Section::Step, tokens, targets, &scalars)
-                .block_on()
-                .unwrap_or_else(|e| panic!("{} on {}: {e}", plan.ops()[0].name(), b.name()));
-            let outs = outs
-                .iter()
-                .map(|&t| exec.read(t).block_on().unwrap())
-                .collect();
-            Ran { outs, stats }
-        })
-    }
+    let mut p = common::OneOp::new(tokens);
+    let (di, out) = (p.input(dout), p.output(vocab as usize * width));
+    let op = Op::EmbeddingBwd {
+        dout: di,
+        ids: p.batch.0,
+        out,
+        rows: vocab as usize,
+        c: width,
+    };
+    let [ran, _] = p.run_both(b, op, (&ids, &vec![0; tokens]), 1.0, &[out]);
+    assert!(
+        common::same_bits(&ran.outs[0], &want),
+        "embedding scatter-add over 70,000 tokens: {:?} vs {want:?}",
+        ran.outs[0]
+    );
+    let mut grads = measure::normal(256 * 70_000, seed + 5);
+    let last = grads.len() - 1;
+    grads[last] = f32::INFINITY;
+    let mut p = common::OneOp::new(1);
+    p.grads = 1;
+    let gi = p.input(grads.clone());
+    let op = Op::UnscaleCheck { grad: gi, index: 0 };
+    let [ran, _] = p.run_both(b, op, (&one, &one), 1024.0, &[gi]);
+    assert!(!ops::unscale_check(&mut grads, 1.0 / 1024.0));
+    assert_eq!(ran.stats[1], 1.0, "the inf in the last pass is seen");
+    assert!(ran.outs[0] == grads, "every value of a long gradient is unscaled");
+    let (rows, c) = (70_000, 3);
+    let (dy, x) = (
+        measure::normal(rows * c, seed + 6),
+        measure::normal(rows * c, seed + 7),
+    );
+    let (g, bias) = (measure::normal(c, seed + 8), vec![0.0; c]);
+    let (_, bwd) = layernorm(&x, &g, &bias, &dy, c);
+    let (_, wm, wr) = ops::layernorm_fwd(&x, &g, &bias, c);
+    let want = ops::layernorm_bwd(&dy, &x, &g, &wm, &wr, c);
+    common::close("dg over 70,000 rows", &bwd[1], &want.1, tol::REDUCTION);
+    common::close("db over 70,000 rows", &bwd[2], &want.2, tol::REDUCTION);
+    let mut values = measure::normal((1 << 22) + 3, seed + 9);
+    let last = values.len() - 1;
+    values[last] = 1000.0;
+    assert_eq!(b.amax(&values).block_on().unwrap(), 1000.0, "amax");
 }
 
 /// The training ops of a step plan, each alone in a plan run by the backend's executor,
@@ -419,7 +527,7 @@ fn train_ops(b: &dyn Backend) {
         }
         common::close(&format!("{name} {what}"), got, host, tol);
     };
-    let pair = |ran: &[Ran; 2], i: usize| [ran[0].outs[i].clone(), ran[1].outs[i].clone()];
+    let pair = |ran: &[common::Ran; 2], i: usize| [ran[0].outs[i].clone(), ran[1].outs[i].clone()];
     let ids = |n: usize| vec![0u32; n];
     // Rows narrower than a row's lanes on a GPU and wider than a workgroup; one chunk of rows
     // of the column reductions, and several with a partial last one.
@@ -428,7 +536,7 @@ fn train_ops(b: &dyn Backend) {
         let (g, bias) = (measure::normal(c, seed + 1), measure::normal(c, seed + 2));
         let dy = measure::normal(rows * c, seed + 3);
         let what = |name: &str| format!("layernorm {name}, {rows} rows of {c}");
-        let mut p = OneOp::new(1);
+        let mut p = common::OneOp::new(1);
         let (xi, gi, bi) = (
             p.input(x.clone()),
             p.input(g.clone()),
@@ -449,7 +557,7 @@ fn train_ops(b: &dyn Backend) {
         let wstats: Vec<f32> = wm.iter().zip(&wr).flat_map(|(&m, &r)| [m, r]).collect();
         agree(&what("y"), &pair(&ran, 0), &wy, tol::ROW);
         agree(&what("(mean, rstd)"), &pair(&ran, 1), &wstats, tol::ROW);
-        let mut p = OneOp::new(1);
+        let mut p = common::OneOp::new(1);
         let (dyi, xi, gi, si) = (
             p.input(dy.clone()),
             p.input(x.clone()),
@@ -476,7 +584,7 @@ fn train_ops(b: &dyn Backend) {
     let (rows, c) = (37, 50);
     let x = measure::normal(rows * c, seed);
     let dy = measure::normal(rows * c, seed + 3);
-    let mut p = OneOp::new(1);
+    let mut p = common::OneOp::new(1);
     let (xi, out) = (p.input(x.clone()), p.output(rows * c));
     let gelu = Op::Gelu {
         x: xi,
@@ -485,7 +593,7 @@ fn train_ops(b: &dyn Backend) {
     };
     let ran = p.run_both(b, gelu, (&ids(1), &ids(1)), 1.0, &[out]);
     agree("gelu", &pair(&ran, 0), &ops::gelu_fwd(&x), tol::ROW);
-    let mut p = OneOp::new(1);
+    let mut p = common::OneOp::new(1);
     let (xi, dyi, out) = (p.input(x.clone()), p.input(dy.clone()), p.output(rows * c));
     let op = Op::GeluBwd {
         x: xi,
@@ -503,7 +611,7 @@ fn train_ops(b: &dyn Backend) {
     for t in [13, 300] {
         let s = measure::normal(3 * t * t, seed + 4);
         let dp = measure::normal(3 * t * t, seed + 5);
-        let mut p = OneOp::new(1);
+        let mut p = common::OneOp::new(1);
         let (si, out) = (p.input(s.clone()), p.output(s.len()));
         let op = Op::Softmax {
             x: si,
@@ -514,7 +622,7 @@ fn train_ops(b: &dyn Backend) {
         let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
         let want = ops::causal_softmax_fwd(&s, t, 0.3);
         agree(&format!("softmax, t {t}"), &pair(&ran, 0), &want, tol::ROW);
-        let mut p = OneOp::new(1);
+        let mut p = common::OneOp::new(1);
         let (pi, dpi, out) = (
             p.input(want.clone()),
             p.input(dp.clone()),
@@ -543,7 +651,7 @@ fn train_ops(b: &dyn Backend) {
         .map(|x| 3.0 * x)
         .collect();
     let targets: Vec<u32> = (0..rows as u32).map(|r| (r * 7 + 3) % v as u32).collect();
-    let mut p = OneOp::new(rows);
+    let mut p = common::OneOp::new(rows);
     let (li, grad) = (p.input(logits.clone()), p.output(rows * v));
     let op = Op::CrossEntropy {
         logits: li,
@@ -583,7 +691,7 @@ fn train_ops(b: &dyn Backend) {
         vec![0.01f32; 1001],
         vec![0.001f32; 1001],
     );
-    let mut p = OneOp::new(1);
+    let mut p = common::OneOp::new(1);
     let (pi, gi, mi, vi) = (
         p.input(p1.clone()),
         p.input(grad.clone()),
@@ -608,7 +716,7 @@ fn train_ops(b: &dyn Backend) {
     let table = measure::normal(vocab * width, seed + 9);
     let tokens: Vec<u32> = (0..29u32).map(|i| (i * 5 + 1) % vocab as u32).collect();
     let n = tokens.len();
-    let mut p = OneOp::new(n);
+    let mut p = common::OneOp::new(n);
     let (ti, out) = (p.input(table.clone()), p.output(n * width));
     let op = Op::Embedding {
         table: ti,
@@ -621,7 +729,7 @@ fn train_ops(b: &dyn Backend) {
     assert_eq!(ran[0].outs[0], want, "{name}: embedding gather is exact");
     assert_eq!(ran[1].outs[0], want, "the host's gather");
     let dout = measure::normal(n * width, seed + 10);
-    let mut p = OneOp::new(n);
+    let mut p = common::OneOp::new(n);
     let (di, out) = (p.input(dout.clone()), p.output(vocab * width));
     let op = Op::EmbeddingBwd {
         dout: di,
@@ -640,7 +748,7 @@ fn train_ops(b: &dyn Backend) {
         if let Some(bad) = bad {
             g[1234] = bad;
         }
-        let mut p = OneOp::new(1);
+        let mut p = common::OneOp::new(1);
         p.grads = 1;
         let gi = p.input(g.clone());
         let op = Op::UnscaleCheck { grad: gi, index: 0 };
@@ -674,7 +782,7 @@ fn train_ops(b: &dyn Backend) {
 /// tensors do not fit its ops is refused when it is made: `plan::validate`.)
 fn train_ops_bad_input(b: &dyn Backend) {
     let (rows, vocab, width) = (4, 5, 3);
-    let mut p = OneOp::new(rows);
+    let mut p = common::OneOp::new(rows);
     let table = p.input(measure::normal(vocab * width, 1));
     let (gathered, grad) = (p.output(rows * width), p.output(rows * width));
     p.g.push(Op::Embedding {
@@ -730,12 +838,12 @@ fn train_ops_bad_input(b: &dyn Backend) {
 
 // The reference is the truth the other backends are compared with: it runs only the tests
 // that check it against something else (f64 products and published error bands, bad input).
-backend_tests!(reference: matmul_error_bands, matmul_bad_input, train_ops, train_ops_bad_input);
-backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, train_ops, train_ops_bad_input);
+backend_tests!(reference: matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_bad_input);
+backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input);
 backend_tests!(wgpu_packed_f16: matmul_random, matmul_edges);
-backend_tests!(wgpu_checked: casts, matmul_edges, train_ops);
+backend_tests!(wgpu_checked: casts, matmul_edges, matmul_long_k, train_ops);
 backend_tests!(wgpu_gpu_rows: train_ops);
-backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, train_ops, train_ops_bad_input);
+backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input);
 
 /// The product alone over prepared operands (what the bench times from `Operands::Prepared`)
 /// computes C again bit for bit, for every algorithm and path of the CUDA backend.

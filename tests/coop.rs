@@ -283,3 +283,62 @@ fn the_product_alone_recomputes_c_from_prepared_operands() {
         );
     }
 }
+
+/// K split into spans (where a loop budget calls for it: src/backend/wgpu/budget.rs) gives the
+/// bits of one span on cooperative matrices: the f32 totals carried between spans, the SIMT
+/// fallback of the flagged lines split too (rows of A beyond f16's range, an inf). Each block
+/// runs on a backend told to assume a budget that holds a few promotion intervals (256 of K) a
+/// span, against one that runs K whole: every cooperative algorithm on the default block, f16
+/// also staged in one stage and in two.
+#[test]
+fn a_split_k_gives_the_bits_of_one_dispatch_on_cooperative_matrices() {
+    let test = "a_split_k_gives_the_bits_of_one_dispatch_on_cooperative_matrices";
+    let Some(whole) = coop_backend(test, true) else {
+        return;
+    };
+    let seed = common::seed(test);
+    let shape = MatmulShape::new(37, 29, 2000);
+    // N(0,1), but for two rows of A beyond f16's range (flagged: the SIMT fallback's) and an
+    // inf in a third.
+    let mut a = measure::normal(shape.a_len(), seed);
+    let wide = measure::wide_range(shape.k, seed + 1);
+    for row in [3, 11] {
+        a[row * shape.k..(row + 1) * shape.k].copy_from_slice(&wide);
+    }
+    a[20 * shape.k + 5] = f32::INFINITY;
+    let bm = measure::normal(shape.b_len(), seed + 2);
+    for alg in COOP_ALGORITHMS {
+        let tiles = whole.tile_candidates(&alg);
+        let mut blocks = vec![tiles[0]];
+        if alg == Algorithm::F16 {
+            blocks.extend(tiles.iter().find(|t| t.warps > 1 && t.buffers == 1));
+            blocks.extend(tiles.iter().find(|t| t.warps > 1 && t.buffers == 2));
+        }
+        for tile in blocks {
+            // Half the budget holds the block's fixed loops and at least one promotion
+            // interval, and the SIMT fallback's fixed loops and a few of its K steps.
+            let loops = whole.variant(&alg).with_tile(tile).k_loops();
+            let usable = (loops.fixed + loops.per_unit).max(300);
+            let options = WgpuOptions {
+                poison_outputs: true,
+                assume_loop_budget: Some(2 * usable as u32),
+                ..WgpuOptions::default()
+            };
+            let Some(split) = common::fresh_wgpu(test, options) else {
+                return;
+            };
+            let spans = split.k_spans(&shape, &alg, tile).unwrap();
+            assert!(spans.len() > 1, "{alg} block {tile}: {spans:?}");
+            let run = |on: &WgpuBackend| {
+                on.matmul_on_tile(&shape, &alg, tile, &a, &bm)
+                    .block_on()
+                    .unwrap()
+            };
+            assert!(
+                common::same_bits(&run(&whole), &run(&split)),
+                "{alg} block {tile}: {} spans differ from one",
+                spans.len()
+            );
+        }
+    }
+}

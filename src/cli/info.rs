@@ -80,7 +80,7 @@ pub fn run(_: Args) -> Result<()> {
         for (i, a) in adapters.iter().enumerate() {
             match backend::wgpu::WgpuBackend::open_nth(i, options).block_on() {
                 Ok(b) => say!(
-                    "  #{i} {}: precision classes {}; f16 read as {:?}; matmul kernels {}; runtime checks {}",
+                    "  #{i} {}: precision classes {}; f16 read as {:?}; matmul kernels {}; runtime checks {}; loop budget {}",
                     a.name,
                     classes(&b),
                     b.f16_read(),
@@ -89,7 +89,13 @@ pub fn run(_: Args) -> Result<()> {
                     } else {
                         "SIMT"
                     },
-                    if b.runtime_checks() { "on" } else { "off" }
+                    if b.runtime_checks() { "on" } else { "off" },
+                    match b.loop_budget() {
+                        Some(n) => format!(
+                            "{n} iterations per invocation (long loops split over dispatches)"
+                        ),
+                        None => "none".into(),
+                    }
                 ),
                 Err(e) => say!("  #{i} {}: could not open: {e}", a.name),
             }?;

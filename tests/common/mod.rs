@@ -8,6 +8,7 @@ use mantissa::backend::reference as host;
 use mantissa::backend::wgpu::{F16Path, WgpuBackend, WgpuOptions};
 use mantissa::backend::{Backend, Reference};
 use mantissa::measure;
+use mantissa::plan::{Op, Outline, Plan, PlanBuilder, TensorId, TensorKind};
 use pollster::FutureExt as _;
 use std::sync::OnceLock;
 
@@ -308,3 +309,120 @@ pub fn held_close(
         );
     }
 }
+
+/// A plan of one op on tensors of given values (`plan::Op` is the only way an op reaches a
+/// backend): run once by a backend's executor and by the host interpreter, the reference's.
+pub struct OneOp {
+    pub g: PlanBuilder,
+    pub batch: (TensorId, TensorId),
+    pub values: Vec<(TensorId, Vec<f32>)>,
+    /// `plan::Stats` of the plan (`UnscaleCheck` takes a gradient's slots).
+    pub grads: usize,
+}
+
+/// What a run of a `OneOp` gave: the values of the tensors asked for, and the stats.
+pub struct Ran {
+    pub outs: Vec<Vec<f32>>,
+    pub stats: Vec<f64>,
+}
+
+impl OneOp {
+    /// A plan whose batch has `rows` tokens and targets.
+    pub fn new(rows: usize) -> OneOp {
+        let mut g = PlanBuilder::default();
+        let batch = (
+            g.tensor(rows, TensorKind::Tokens),
+            g.tensor(rows, TensorKind::Targets),
+        );
+        OneOp {
+            g,
+            batch,
+            values: vec![],
+            grads: 0,
+        }
+    }
+
+    /// A tensor the run starts from `values` (written before it) and that keeps its values
+    /// after it (not a temporary).
+    pub fn input(&mut self, values: Vec<f32>) -> TensorId {
+        let t = self.output(values.len());
+        self.values.push((t, values));
+        t
+    }
+
+    /// A tensor the op writes, kept after the run to be read back.
+    pub fn output(&mut self, len: usize) -> TensorId {
+        self.g.tensor(len, TensorKind::Partial)
+    }
+
+    /// The plan of `op`.
+    pub fn plan(mut self, op: Op) -> (Plan, Vec<(TensorId, Vec<f32>)>) {
+        self.g.push(op);
+        let mut outline = Outline::ops_alone(1, 1, self.batch, self.batch.0);
+        outline.stats.grads = self.grads;
+        (self.g.finish(outline).expect("a valid plan"), self.values)
+    }
+
+    /// `op` run once by `b`'s executor and by the host interpreter on the batch (tokens, targets)
+    /// with `scalars` (`StepScalars` of `loss_scale`, AdamW at step 3, no clip); the values of
+    /// `outs` after it.
+    pub fn run_both(
+        self,
+        b: &dyn Backend,
+        op: Op,
+        batch: (&[u32], &[u32]),
+        loss_scale: f32,
+        outs: &[TensorId],
+    ) -> [Ran; 2] {
+        let (plan, values) = self.plan(op);
+        [true, false].map(|resident| run_plan(b, &plan, &values, resident, batch, loss_scale, outs))
+    }
+
+    /// `op` run once by `b`'s own executor alone (`run_both`'s first).
+    pub fn run(
+        self,
+        b: &dyn Backend,
+        op: Op,
+        batch: (&[u32], &[u32]),
+        loss_scale: f32,
+        outs: &[TensorId],
+    ) -> Ran {
+        let (plan, values) = self.plan(op);
+        run_plan(b, &plan, &values, true, batch, loss_scale, outs)
+    }
+}
+
+fn run_plan(
+    b: &dyn Backend,
+    plan: &Plan,
+    values: &[(TensorId, Vec<f32>)],
+    resident: bool,
+    (tokens, targets): (&[u32], &[u32]),
+    loss_scale: f32,
+    outs: &[TensorId],
+) -> Ran {
+    let scalars = mantissa::plan::scalar::StepScalars {
+        adamw: &mantissa::plan::AdamW::default(),
+        clip: 0.0,
+        loss_scale,
+        poison: 0.0,
+        t: 3,
+        ranks: 1,
+        fp8: &[],
+    }
+    .array(plan.rows(), plan.scalar_count());
+    let mut exec = mantissa::backend::executor(b, plan.clone(), resident).unwrap();
+    for (t, v) in values {
+        exec.write(*t, v).block_on().unwrap();
+    }
+    let stats = exec
+        .run(mantissa::plan::Section::Step, tokens, targets, &scalars)
+        .block_on()
+        .unwrap_or_else(|e| panic!("{} on {}: {e}", plan.ops()[0].name(), b.name()));
+    let outs = outs
+        .iter()
+        .map(|&t| exec.read(t).block_on().unwrap())
+        .collect();
+    Ran { outs, stats }
+}
+

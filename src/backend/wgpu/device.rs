@@ -200,15 +200,18 @@ fn bindings(kernel: &Kernel) -> &'static [Binding] {
         Kernel::Amax | Kernel::ScaleFromAmax => &[Uniform, Read, ReadWrite, ReadWrite],
         Kernel::SplitBf16 => &[Uniform, Read, ReadWrite],
         Kernel::CoopPack => &[Uniform, Read, ReadWrite, Read, ReadWrite],
-        // + amax_bits and flags (cooperative), or flags (SIMT fallback).
-        Kernel::Matmul(v) if v.coop.is_some() => &[Uniform, Read, Read, ReadWrite, Read, Read],
-        Kernel::Matmul(v) if v.masked => &[Uniform, Read, Read, ReadWrite, Read, Read],
-        Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read],
+        // a, b, c, scales (SIMT) or amax_bits (cooperative), the partial sums between spans of
+        // K, and flags (cooperative, SIMT fallback).
+        Kernel::Matmul(v) if v.coop.is_some() || v.masked => {
+            &[Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read]
+        }
+        Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read, ReadWrite],
         Kernel::Train(..) => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
         // scalars, stats, x, y, z, w.
         Kernel::Step(_) => &[
             Uniform, Read, ReadWrite, Read, ReadWrite, ReadWrite, ReadWrite,
         ],
+        Kernel::LoopProbe => &[ReadWrite],
     }
 }
 
@@ -237,6 +240,9 @@ pub struct Gpu {
     /// on GPUs, whose lanes then read neighbouring values; 1 on CPU adapters (lavapipe), which
     /// run a workgroup's invocations as SIMD lanes of one thread and pay for every barrier.
     pub row_lanes: u32,
+    /// Loop iterations one invocation may run before the driver stops its loops, measured
+    /// when the device opens (`budget.rs`); None where there is no such limit.
+    pub loop_budget: Option<u32>,
     pipelines: Mutex<HashMap<Kernel, Arc<Pipeline>>>,
     /// Pipelines built but whose error scope has not been read yet (see `pipeline`).
     unchecked_builds: Mutex<Vec<(Kernel, ScopeCheck)>>,
@@ -244,11 +250,13 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// Opens a device on `adapter` with every limit it offers and the features mantissa uses.
+    /// Opens a device on `adapter` with every limit it offers and the features mantissa uses,
+    /// and measures its loop budget (a smaller `assumed_loop_budget` stands in for it).
     pub async fn open(
         adapter: &wgpu::Adapter,
         runtime_checks: bool,
         row_lanes: Option<u32>,
+        assumed_loop_budget: Option<u32>,
     ) -> Result<Gpu> {
         let summary = AdapterSummary::of(adapter);
         let cpu = adapter.get_info().device_type == wgpu::DeviceType::Cpu;
@@ -286,7 +294,7 @@ impl Gpu {
                 slot.get_or_insert(e);
             }
         }));
-        Ok(Gpu {
+        let mut gpu = Gpu {
             device,
             queue,
             summary,
@@ -295,10 +303,17 @@ impl Gpu {
             runtime_checks,
             coop,
             row_lanes,
+            loop_budget: None,
             pipelines: Mutex::new(HashMap::new()),
             unchecked_builds: Mutex::new(Vec::new()),
             uncaptured,
-        })
+        };
+        let measured = super::budget::measure(&gpu).await?;
+        gpu.loop_budget = match (measured, assumed_loop_budget) {
+            (Some(m), Some(a)) => Some(m.min(a)),
+            (m, a) => m.or(a),
+        };
+        Ok(gpu)
     }
 
     pub fn name(&self) -> &str {

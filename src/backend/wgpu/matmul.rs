@@ -5,7 +5,9 @@
 use super::buffer::{self, BufferPool, Dispatch, check_binding, upload};
 use super::cast::{self, Grouping, packed_words};
 use super::device::Gpu;
-use super::shaders::{Coop, F16Read, Kernel, Load, MatmulVariant, Operand, Tile, format_id};
+use super::shaders::{
+    Coop, F16Read, Kernel, Load, MatmulVariant, Operand, Tile, format_id, span_flags,
+};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::Result;
 use crate::format::Format;
@@ -18,7 +20,7 @@ struct MatmulParams {
     m: u32,
     n: u32,
     k: u32,
-    _pad0: u32,
+    k_begin: u32,
     a_batch: u32,
     a_row: u32,
     a_col: u32,
@@ -32,7 +34,9 @@ struct MatmulParams {
     sb_batch: u32,
     sb_offset: u32,
     b_lines: u32,
-    _pad: [u32; 3],
+    k_end: u32,
+    span: u32,
+    partial_plane: u32,
 }
 
 #[repr(C)]
@@ -48,6 +52,10 @@ struct CoopParams {
     b_plane: u32,
     c_batch: u32,
     b_lines: u32,
+    k_begin: u32,
+    k_end: u32,
+    span: u32,
+    partial_plane: u32,
     _pad: [u32; 2],
 }
 
@@ -329,11 +337,14 @@ fn simt(
     let (b_row, b_col) = if shape.b_transposed { (1, k) } else { (n, 1) };
     let rowwise = matches!(algorithm.scaling(), Some(Scaling::Rowwise));
     let (sa_batch, sb_batch) = if rowwise { (m, n) } else { (1, 1) };
+    let spans = k_spans(gpu, &variant, k)?;
+    let levels = variant.level_count();
+    let partials = partial_sums(gpu, pools, &spans, levels - 1, shape.c_len() as u64, run)?;
     let params = MatmulParams {
         m,
         n,
         k,
-        _pad0: 0,
+        k_begin: 0,
         a_batch: m * k,
         a_row,
         a_col,
@@ -347,19 +358,33 @@ fn simt(
         sb_batch,
         sb_offset: shape.batch as u32 * sa_batch,
         b_lines: shape.batch as u32 * m,
-        _pad: [0; 3],
+        k_end: k,
+        span: 0,
+        partial_plane: shape.c_len() as u32,
     };
-    let uniform = buffer::uniform(gpu, &params);
     let groups = [
         n.div_ceil(variant.tile.bn),
         m.div_ceil(variant.tile.bm),
         shape.batch as u32,
     ];
-    let mut buffers = vec![&uniform, &pa.buffer, &pb.buffer, &run.c, scale_buffer];
-    buffers.extend(flags);
-    run.product.push(run.dispatches.len());
-    run.dispatches
-        .push(Dispatch::new(gpu, pipeline, &buffers, groups));
+    for (i, &(k_begin, k_end)) in spans.iter().enumerate() {
+        let span = span_flags(i, spans.len());
+        let uniform = buffer::uniform(
+            gpu,
+            &MatmulParams {
+                k_begin,
+                k_end,
+                span,
+                ..params
+            },
+        );
+        let mut buffers = vec![&uniform, &pa.buffer, &pb.buffer, &run.c, scale_buffer];
+        buffers.push(&partials);
+        buffers.extend(flags);
+        run.product.push(run.dispatches.len());
+        run.dispatches
+            .push(Dispatch::new(gpu, pipeline.clone(), &buffers, groups));
+    }
     run.scratch
         .extend([pa, pb].into_iter().filter(|p| p.pooled).map(|p| p.buffer));
     Ok(())
@@ -482,27 +507,37 @@ fn record_coop(
         "operand B as padded f16",
         &mut run,
     )?;
-    let params = CoopParams {
-        m,
-        n,
-        k,
-        kp,
-        mp,
-        np,
-        a_plane: 2 * a_words,
-        b_plane: 2 * b_words,
-        c_batch: m * n,
-        b_lines: batch * m,
-        _pad: [0; 2],
-    };
-    let uniform = buffer::uniform(gpu, &params);
-    run.product.push(run.dispatches.len());
-    run.dispatches.push(Dispatch::new(
-        gpu,
-        pipeline,
-        &[&uniform, &pa, &pb, &run.c, &amax_bits, &flags],
-        [np / tile.bn, mp / tile.bm, batch],
-    ));
+    let spans = k_spans(gpu, &variant, kp)?;
+    let partial_plane = u64::from(batch * mp * np);
+    let levels = variant.level_count();
+    let partials = partial_sums(gpu, pools, &spans, levels, partial_plane, &mut run)?;
+    for (i, &(k_begin, k_end)) in spans.iter().enumerate() {
+        let params = CoopParams {
+            m,
+            n,
+            k,
+            kp,
+            mp,
+            np,
+            a_plane: 2 * a_words,
+            b_plane: 2 * b_words,
+            c_batch: m * n,
+            b_lines: batch * m,
+            k_begin,
+            k_end,
+            span: span_flags(i, spans.len()),
+            partial_plane: partial_plane as u32,
+            _pad: [0; 2],
+        };
+        let uniform = buffer::uniform(gpu, &params);
+        run.product.push(run.dispatches.len());
+        run.dispatches.push(Dispatch::new(
+            gpu,
+            pipeline.clone(),
+            &[&uniform, &pa, &pb, &run.c, &amax_bits, &partials, &flags],
+            [np / tile.bn, mp / tile.bm, batch],
+        ));
+    }
     run.scratch.extend([pa, pb]);
     if scaled && fallback {
         simt(
@@ -521,6 +556,47 @@ fn record_coop(
     }
     run.temporaries.extend([amax_bits, flags]);
     Ok(run)
+}
+
+/// K (the padded K on cooperative matrices) as the spans the kernel's dispatches sum, each
+/// within the adapter's loop budget (budget.rs): all of it in one where there is no budget.
+pub fn k_spans(gpu: &Gpu, variant: &MatmulVariant, k: u32) -> Result<Vec<(u32, u32)>> {
+    let loops = variant.k_loops();
+    let what = format!("{} over K = {k}", Kernel::Matmul(*variant).label());
+    let units = k.div_ceil(loops.unit_k);
+    let ranges = gpu.loop_ranges(&what, loops.fixed, loops.per_unit, units.into())?;
+    let at = |unit: u64| (unit as u32).saturating_mul(loops.unit_k).min(k);
+    Ok(ranges
+        .into_iter()
+        .map(|(begin, end)| (at(begin), at(end)))
+        .collect())
+}
+
+/// The buffer where `levels` planes of `plane` partial sums wait between spans of K: from the
+/// scratch pool (written and read within the run's dispatches) where K is split and there are
+/// any, else a word to bind in its place.
+fn partial_sums(
+    gpu: &Gpu,
+    pools: Pools,
+    spans: &[(u32, u32)],
+    levels: u32,
+    plane: u64,
+    run: &mut MatmulRun,
+) -> Result<wgpu::Buffer> {
+    let split = spans.len() > 1 && levels > 0;
+    let buffer = if split {
+        let bytes = u64::from(levels) * plane * 4;
+        check_binding(gpu, "the partial sums between spans of K", bytes)?;
+        pools.scratch.take(gpu, bytes)?
+    } else {
+        pools.kept.take(gpu, 4)?
+    };
+    if split {
+        run.scratch.push(buffer.clone());
+    } else {
+        run.temporaries.push(buffer.clone());
+    }
+    Ok(buffer)
 }
 
 struct Scales {

@@ -9,8 +9,10 @@
 //! - `train.rs`: the training kernel launches of the step plan's ops
 //! - `plan.rs`: the device-resident step plan, the backend's executor
 //! - `autotune.rs`: the matmul tile autotuner
+//! - `budget.rs`: the adapter's loop budget, measured, and how kernels keep within it
 
 pub mod autotune;
+pub mod budget;
 pub mod buffer;
 pub mod cast;
 pub mod device;
@@ -82,6 +84,10 @@ pub struct WgpuOptions {
     /// Lanes of the training row ops (`MANTISSA_ROW_LANES`, a power of two up to 256); None:
     /// the adapter's default (`Gpu::row_lanes`).
     pub row_lanes: Option<u32>,
+    /// Treat the adapter as stopping a shader's loops after this many iterations per
+    /// invocation, where it measures none or a larger budget (`budget.rs`). Only tests set it,
+    /// so that the split dispatches run, and are checked, on any adapter.
+    pub assume_loop_budget: Option<u32>,
 }
 
 impl Default for WgpuOptions {
@@ -94,6 +100,7 @@ impl Default for WgpuOptions {
             coop: true,
             coop_fallback: true,
             row_lanes: None,
+            assume_loop_budget: None,
         }
     }
 }
@@ -183,7 +190,13 @@ impl WgpuBackend {
                 why,
             });
         };
-        let gpu = Gpu::open(adapter, options.runtime_checks, options.row_lanes).await?;
+        let gpu = Gpu::open(
+            adapter,
+            options.runtime_checks,
+            options.row_lanes,
+            options.assume_loop_budget,
+        )
+        .await?;
         let has_f16 = gpu.features.contains(wgpu::Features::SHADER_F16);
         let f16 = match options.f16 {
             F16Path::Packed => F16Read::Packed,
@@ -253,6 +266,23 @@ impl WgpuBackend {
             limits.max_compute_invocations_per_workgroup,
             limits.max_compute_workgroup_storage_size,
         )
+    }
+
+    /// The spans of K that the product's dispatches of `algorithm` on `tile` sum (of the K
+    /// padded to the tile on cooperative matrices): one, unless the adapter's loop budget
+    /// splits K (budget.rs).
+    pub fn k_spans(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        tile: Tile,
+    ) -> Result<Vec<(u32, u32)>> {
+        let v = self.variant(algorithm).with_tile(tile);
+        let k = shape.k as u32;
+        match v.coop {
+            Some(_) => matmul::k_spans(&self.gpu, &v, k.next_multiple_of(tile.bk)),
+            None => matmul::k_spans(&self.gpu, &v.with_unrolled(self.gpu.runtime_checks), k),
+        }
     }
 
     /// Whether matmuls of eligible algorithms run on cooperative matrices here.
@@ -430,6 +460,12 @@ impl WgpuBackend {
 
     pub fn runtime_checks(&self) -> bool {
         self.gpu.runtime_checks
+    }
+
+    /// Loop iterations one invocation may run here before the driver stops its loops (None:
+    /// no such limit); long loops are split to stay within half of it (`budget.rs`).
+    pub fn loop_budget(&self) -> Option<u32> {
+        self.gpu.loop_budget
     }
 
     /// Fills the first `words` words of `buffer` with NaN.

@@ -293,24 +293,38 @@ impl<'a> ResidentPlan<'a> {
             }
         };
         let mut r = Recorded::default();
+        // The dispatches of a launch (several where the loop budget splits it), each binding
+        // its uniform, then `buffers`.
+        let dispatches = |kernel: &Kernel,
+                          groups: [u32; 3],
+                          uniforms: Vec<wgpu::Buffer>,
+                          buffers: &[&wgpu::Buffer]|
+         -> Result<Vec<Dispatch>> {
+            let pipeline = gpu.pipeline(kernel)?;
+            Ok(uniforms
+                .iter()
+                .map(|u| {
+                    let mut bound = vec![u];
+                    bound.extend(buffers);
+                    Dispatch::new(gpu, pipeline.clone(), &bound, groups)
+                })
+                .collect())
+        };
         // A train kernel on buffers: inputs, then outputs.
         let train_on = |l: TrainLaunch,
                         ins: [&wgpu::Buffer; 3],
                         outs: [&wgpu::Buffer; 3]|
-         -> Result<Dispatch> {
-            let u = uniform(gpu, &l.params);
-            Ok(Dispatch::new(
-                gpu,
-                gpu.pipeline(&l.kernel(gpu))?,
-                &[&u, ins[0], ins[1], ins[2], outs[0], outs[1], outs[2]],
-                l.groups(gpu)?,
-            ))
+         -> Result<Vec<Dispatch>> {
+            let l = l.launched(gpu)?;
+            let uniforms = l.params.iter().map(|p| uniform(gpu, p)).collect();
+            let buffers = [ins[0], ins[1], ins[2], outs[0], outs[1], outs[2]];
+            dispatches(&l.kernel, l.groups, uniforms, &buffers)
         };
         // A train kernel on tensors; a missing one is a dummy.
         let train = |l: TrainLaunch,
                      ins: [Option<TensorId>; 3],
                      outs: [Option<TensorId>; 3]|
-         -> Result<Dispatch> {
+         -> Result<Vec<Dispatch>> {
             let ins = ins.map(|i| i.map(|i| &t[i]).unwrap_or(&dummies.read));
             let mut w = dummies.write.iter();
             let outs = outs.map(|o| match o {
@@ -319,16 +333,25 @@ impl<'a> ResidentPlan<'a> {
             });
             train_on(l, ins, outs)
         };
-        // A step kernel: uniform, scalars, stats, x, then y, z, w.
+        // A step kernel: uniform, scalars, stats, x, then y, z, w; where its dispatches carry
+        // partial results between them, in z and w (buffers of their own, kept in `carried`).
+        let carried = std::cell::RefCell::new(Vec::new());
         let step_on =
-            |l: StepLaunch, x: &wgpu::Buffer, outs: [&wgpu::Buffer; 3]| -> Result<Dispatch> {
-                let u = uniform(gpu, &l.params);
-                Ok(Dispatch::new(
-                    gpu,
-                    gpu.pipeline(&Kernel::Step(l.op))?,
-                    &[&u, &c.scalars, &c.stats, x, outs[0], outs[1], outs[2]],
-                    l.groups(gpu)?,
-                ))
+            |l: StepLaunch, x: &wgpu::Buffer, outs: [&wgpu::Buffer; 3]| -> Result<Vec<Dispatch>> {
+                let l = l.launched(gpu)?;
+                let uniforms = l.params.iter().map(|p| uniform(gpu, p)).collect();
+                let carry = match l.carry_words {
+                    0 => None,
+                    n => Some([storage_of(gpu, n)?, storage_of(gpu, n)?]),
+                };
+                let [z, w] = match &carry {
+                    Some([z, w]) => [z, w],
+                    None => [outs[1], outs[2]],
+                };
+                let buffers = [&c.scalars, &c.stats, x, outs[0], z, w];
+                let d = dispatches(&l.kernel, l.groups, uniforms, &buffers)?;
+                carried.borrow_mut().extend(carry.into_iter().flatten());
+                Ok(d)
             };
         let step = |l: StepLaunch, x: Option<TensorId>, outs: [Option<TensorId>; 3]| {
             let x = x.map(|i| &t[i]).unwrap_or(&dummies.read);
@@ -337,22 +360,22 @@ impl<'a> ResidentPlan<'a> {
         };
         let rows_of = |id: TensorId, width: usize| len(id) / width.max(1);
         let d = match *op {
-            Op::Embedding { table, ids, out, c } => vec![train(
+            Op::Embedding { table, ids, out, c } => train(
                 launch::embedding_fwd(len(out), c),
                 [Some(table), Some(ids), None],
                 [Some(out), None, None],
-            )?],
+            )?,
             Op::EmbeddingBwd {
                 dout,
                 ids,
                 out,
                 rows,
                 c,
-            } => vec![train(
+            } => train(
                 launch::embedding_bwd(rows, c, len(ids)),
                 [Some(dout), Some(ids), None],
                 [Some(out), None, None],
-            )?],
+            )?,
             Op::LayerNorm {
                 x,
                 g,
@@ -363,11 +386,7 @@ impl<'a> ResidentPlan<'a> {
                 held,
             } => {
                 let l = launch::layernorm_fwd(rows_of(x, c), c, held, coded(out));
-                vec![train(
-                    l,
-                    [Some(x), Some(g), Some(b)],
-                    outs_for(out, Some(stats)),
-                )?]
+                train(l, [Some(x), Some(g), Some(b)], outs_for(out, Some(stats)))?
             }
             Op::LayerNormBwd {
                 dy,
@@ -382,7 +401,7 @@ impl<'a> ResidentPlan<'a> {
                 let rows = rows_of(x, c);
                 let [for_x, partials, sums] = launch::layernorm_bwd(rows, c);
                 let parts = storage_of(gpu, launch::partials_len(rows, c, 2))?;
-                let d = vec![
+                let d = [
                     train(
                         for_x,
                         [Some(dy), Some(x), Some(g)],
@@ -400,17 +419,17 @@ impl<'a> ResidentPlan<'a> {
                     )?,
                 ];
                 r.temporaries.push(parts);
-                d
+                d.concat()
             }
             Op::Gelu { x, out, held } => {
                 let l = launch::gelu_fwd(len(x), held, coded(out), stored(x));
-                vec![train(l, [Some(x), None, None], outs_for(out, None))?]
+                train(l, [Some(x), None, None], outs_for(out, None))?
             }
-            Op::GeluBwd { x, dy, out } => vec![train(
+            Op::GeluBwd { x, dy, out } => train(
                 launch::gelu_bwd(len(x), stored(x)),
                 [Some(x), Some(dy), None],
                 [Some(out), None, None],
-            )?],
+            )?,
             Op::Attention {
                 qkv,
                 out,
@@ -419,11 +438,7 @@ impl<'a> ResidentPlan<'a> {
             } => {
                 attention_fits(op, spec)?;
                 let l = launch::attention_fwd(spec, coded(out), stored(qkv));
-                vec![train(
-                    l,
-                    [Some(qkv), None, None],
-                    outs_for(out, Some(stats)),
-                )?]
+                train(l, [Some(qkv), None, None], outs_for(out, Some(stats)))?
             }
             Op::AttentionBwd {
                 qkv,
@@ -444,23 +459,24 @@ impl<'a> ResidentPlan<'a> {
                         )
                     })
                     .collect::<Result<Vec<_>>>()?
+                    .concat()
             }
-            Op::Softmax { x, out, t, scale } => vec![train(
+            Op::Softmax { x, out, t, scale } => train(
                 launch::softmax_fwd(rows_of(x, t), t, scale),
                 [Some(x), None, None],
                 [Some(out), None, None],
-            )?],
+            )?,
             Op::SoftmaxBwd {
                 p,
                 dp,
                 out,
                 t,
                 scale,
-            } => vec![train(
+            } => train(
                 launch::softmax_bwd(rows_of(p, t), t, scale),
                 [Some(p), Some(dp), None],
                 [Some(out), None, None],
-            )?],
+            )?,
             Op::CrossEntropy {
                 logits,
                 targets,
@@ -481,7 +497,7 @@ impl<'a> ResidentPlan<'a> {
                     [&dummies.write[0], &dummies.write[1], &dummies.write[2]],
                 )?;
                 r.temporaries.push(losses);
-                vec![fwd, mean]
+                [fwd, mean].concat()
             }
             Op::Matmul {
                 ref shape,
@@ -518,11 +534,9 @@ impl<'a> ResidentPlan<'a> {
                 r.scratch.extend(run.scratch);
                 run.dispatches
             }
-            Op::Round { x, format } => vec![step(
-                launch::round(len(x), format),
-                None,
-                [Some(x), None, None],
-            )?],
+            Op::Round { x, format } => {
+                step(launch::round(len(x), format), None, [Some(x), None, None])?
+            }
             // In place (with a residual, or its GELU to z), or into a tensor of its own: z, or
             // w where it is coded (then its GELU to z). The plan has no other add
             // (`PlanBuilder::finish`).
@@ -549,13 +563,13 @@ impl<'a> ResidentPlan<'a> {
                     let l = launch::add_into(len(y), len(x), (y_held, held), coded(out), g);
                     (l, outs)
                 };
-                vec![step(launch.0, Some(x), launch.1)?]
+                step(launch.0, Some(x), launch.1)?
             }
             Op::ColumnSums { x, out, c } => {
                 let rows = rows_of(x, c);
                 let [partials, sums] = launch::column_sums(rows, c);
                 let parts = storage_of(gpu, launch::partials_len(rows, c, 1))?;
-                let d = vec![
+                let d = [
                     train_on(
                         partials,
                         [&t[x], &dummies.read, &dummies.read],
@@ -568,13 +582,11 @@ impl<'a> ResidentPlan<'a> {
                     )?,
                 ];
                 r.temporaries.push(parts);
-                d
+                d.concat()
             }
-            Op::Copy { x, out, map } => vec![step(
-                launch::strided_copy(&map),
-                Some(x),
-                [Some(out), None, None],
-            )?],
+            Op::Copy { x, out, map } => {
+                step(launch::strided_copy(&map), Some(x), [Some(out), None, None])?
+            }
             Op::Amax { x, slot } => vec![cast::amax(
                 gpu,
                 (&t[x], stored(x)),
@@ -585,7 +597,7 @@ impl<'a> ResidentPlan<'a> {
             )?],
             Op::UnscaleCheck { grad, index } => {
                 let stats = &self.plan.stats;
-                vec![step(
+                step(
                     launch::unscale_check(
                         len(grad),
                         index == 0,
@@ -594,7 +606,7 @@ impl<'a> ResidentPlan<'a> {
                     ),
                     None,
                     [Some(grad), None, None],
-                )?]
+                )?
             }
             Op::AdamW {
                 param,
@@ -602,13 +614,14 @@ impl<'a> ResidentPlan<'a> {
                 m,
                 v,
                 decay,
-            } => vec![step(
+            } => step(
                 launch::adamw(len(param), self.plan.stats.grads, decay),
                 Some(grad),
                 [Some(param), Some(m), Some(v)],
-            )?],
+            )?,
         };
         r.dispatches.extend(d);
+        r.temporaries.extend(carried.take());
         Ok(r)
     }
 }

@@ -24,6 +24,7 @@ const GELU: &str = include_str!("../../../shaders/gelu.wgsl");
 const FETCH: &str = include_str!("../../../shaders/fetch.wgsl");
 const COOP_BLOCK: &str = include_str!("../../../shaders/coop_block.wgsl");
 const MATMUL_STEP: &str = include_str!("../../../shaders/matmul_step.wgsl");
+const LOOP_PROBE: &str = include_str!("../../../shaders/loop_probe.wgsl");
 
 /// How f16 operands are read: as `f16` values (`enable f16;`, needs SHADER_F16) or as packed
 /// u32 words decoded in integer arithmetic (core WGSL, works everywhere).
@@ -500,6 +501,89 @@ impl MatmulVariant {
     pub fn with_tile(self, tile: Tile) -> MatmulVariant {
         MatmulVariant { tile, ..self }
     }
+
+    /// Split levels, each with its own accumulators (1 without a split).
+    pub fn level_count(&self) -> u32 {
+        level_terms(self.levels).len() as u32
+    }
+
+    /// The loop iterations one invocation of this kernel runs (budget.rs), counted from the
+    /// code the loader writes: every loop with its exit test, loops a compiler may unroll and
+    /// loops of branches not taken included, so an upper bound.
+    pub fn k_loops(&self) -> KLoops {
+        use super::budget::looped;
+        let t = self.tile;
+        let Some(coop) = self.coop else {
+            let threads = u64::from(t.threads());
+            // load_tiles: a loop over A's slots, one over B's (four lines at one k each).
+            let slots = |lines: u32| (u64::from(lines) * u64::from(t.bk) / 4).div_ceil(threads);
+            let loads = looped(slots(t.bm)) + looped(slots(t.bn));
+            // k_step: its loop over the step's k, unless written out.
+            let step = if self.unrolled {
+                0
+            } else {
+                looped(t.bk.into())
+            };
+            // store_row, load_partial_row, store_partial_row: a loop over four outputs, once
+            // per row of each 4x4 block (and level, for the partial sums).
+            let rows = 4 * if t.reg == 8 { 4 } else { 1 };
+            let levels = u64::from(self.level_count());
+            let rows_out = rows * (1 + 2 * levels) * looped(4);
+            // The MASKED flag scan, and k_loop's exit.
+            let mut fixed = looped(u64::from(t.bm + t.bn).div_ceil(threads)) + 1 + rows_out;
+            if t.buffers == 2 {
+                // The first step is loaded before the loop, which takes two steps a pass.
+                fixed += loads;
+                return KLoops {
+                    fixed,
+                    per_unit: 1 + 2 * (loads + step),
+                    unit_k: 2 * t.bk,
+                };
+            }
+            return KLoops {
+                fixed,
+                per_unit: 1 + loads + step,
+                unit_k: t.bk,
+            };
+        };
+        let group = u64::from(coop.subgroup * t.warps);
+        let planes = u64::from(coop_planes(self));
+        // stage_copy: a loop over A's quads and one over B's, each pass a loop over the planes.
+        let copy = if t.warps > 1 {
+            let quads = |lines: u32| (u64::from(lines) * u64::from(t.bk) / 4).div_ceil(group);
+            let one = |lines| looped(quads(lines)) + quads(lines) * looped(planes);
+            one(t.bm) + one(t.bn)
+        } else {
+            0
+        };
+        let steps = u64::from(COOP_PROMOTE_K / t.bk);
+        let (wr, wc) = t.coop_warp_grid(coop.size).unwrap_or((1, 1));
+        let tiles = u64::from((t.bm / coop.size / wr) * (t.bn / coop.size / wc));
+        // store_tile's loop per tile, the first stage's copy (two stages), the promotion
+        // loop's exit.
+        let per_tile = u64::from(coop.size * coop.size).div_ceil(coop.subgroup.into());
+        let first = if t.warps > 1 && t.buffers == 2 {
+            copy
+        } else {
+            0
+        };
+        KLoops {
+            fixed: tiles * looped(per_tile) + first + 1,
+            // A promotion interval: its pass, the K loop over its steps, their copies.
+            per_unit: 1 + looped(steps) + steps * copy,
+            unit_k: COOP_PROMOTE_K,
+        }
+    }
+}
+
+/// A matmul kernel's loop iterations per invocation (`MatmulVariant::k_loops`): `fixed` per
+/// dispatch, and `per_unit` for each `unit_k` of K it sums (so K is split at multiples of
+/// `unit_k`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KLoops {
+    pub fixed: u64,
+    pub per_unit: u64,
+    pub unit_k: u32,
 }
 
 /// A kernel: one entry point of one family, with its variant.
@@ -516,6 +600,8 @@ pub enum Kernel {
     /// A train.wgsl kernel, for rows of this many lanes (`Gpu::row_lanes`).
     Train(TrainOp, u32),
     Step(StepOp),
+    /// The loop budget's probe (`budget.rs`).
+    LoopProbe,
 }
 
 impl Kernel {
@@ -532,6 +618,7 @@ impl Kernel {
             Kernel::Matmul(_) => "matmul",
             Kernel::Train(op, _) => op.entry_point(),
             Kernel::Step(op) => op.entry_point(),
+            Kernel::LoopProbe => "loop_probe",
         }
     }
 
@@ -546,6 +633,7 @@ impl Kernel {
             Kernel::CoopPack => "coop_pack.coop_pack".into(),
             Kernel::Train(op, lanes) => format!("train.{}[row lanes {lanes}]", op.entry_point()),
             Kernel::Step(op) => format!("step.{}", op.entry_point()),
+            Kernel::LoopProbe => "loop_probe.loop_probe".into(),
             Kernel::Matmul(v) => format!(
                 "{}[{:?} x {:?}, parts {}, levels {}, fp8 {}, rowwise {}, tile {}{}]",
                 if v.coop.is_some() {
@@ -588,6 +676,7 @@ impl Kernel {
             Kernel::Matmul(_) => MATMUL,
             Kernel::Train(..) => TRAIN,
             Kernel::Step(_) => STEP,
+            Kernel::LoopProbe => LOOP_PROBE,
         };
         let mut header = String::new();
         if self.needs_f16() {
@@ -607,9 +696,13 @@ impl Kernel {
                 v.scaled(),
                 if v.tile.warps > 1 { "vec4<f16>" } else { "f16" }
             ));
+            header.push_str(&span_consts());
             header.push_str(&coop_block(v));
         } else if let Kernel::Train(_, lanes) = self {
             header.push_str(&format!("const ROW_LANES: u32 = {lanes}u;\n\n"));
+            header.push_str(&span_consts());
+        } else if let Kernel::Step(_) = self {
+            header.push_str(&span_consts());
         } else if let Kernel::Matmul(v) = self {
             header.push_str(&format!(
                 "const BM: u32 = {}u;\nconst BN: u32 = {}u;\nconst BK: u32 = {}u;\nconst BUFFERS: u32 = {}u;\nconst REG: u32 = {}u;\n\
@@ -631,9 +724,10 @@ impl Kernel {
             ));
             header.push_str(&v.a.fetch_fn("fetch_a", "a_data", v.loads[0]));
             header.push_str(&v.b.fetch_fn("fetch_b", "b_data", v.loads[1]));
+            header.push_str(&span_consts());
             header.push_str(if v.masked {
                 "const MASKED: bool = true;\n\
-                 @group(0) @binding(5) var<storage, read> flags: array<u32>;\n\
+                 @group(0) @binding(6) var<storage, read> flags: array<u32>;\n\
                  fn flagged(line: u32) -> bool {\n    return (flags[line / 32u] & (1u << (line % 32u))) != 0u;\n}\n"
             } else {
                 "const MASKED: bool = false;\nfn flagged(line: u32) -> bool {\n    return false;\n}\n"
@@ -665,6 +759,7 @@ impl Kernel {
             Kernel::ScaleFromAmax,
             Kernel::SplitBf16,
             Kernel::CoopPack,
+            Kernel::LoopProbe,
         ];
         // Rows of one lane (CPUs) and of a GPU's default.
         for lanes in [1, super::device::GPU_ROW_LANES] {
@@ -720,6 +815,25 @@ impl Kernel {
         }
         kernels
     }
+}
+
+/// The span flags of a kernel whose long loop the loop budget may split over dispatches
+/// (budget.rs): the dispatch's span is the first (its sums start at zero, else from the
+/// partial sums the previous span left) and the last (the sums are finished, else left for the
+/// next span). One span, both flags, where the budget does not split the loop.
+pub const SPAN_FIRST: u32 = 1;
+pub const SPAN_LAST: u32 = 2;
+
+/// `params.span` of span `i` of `count`.
+pub fn span_flags(i: usize, count: usize) -> u32 {
+    let first = if i == 0 { SPAN_FIRST } else { 0 };
+    let last = if i + 1 == count { SPAN_LAST } else { 0 };
+    first | last
+}
+
+/// The span flags as the kernels' headers declare them.
+fn span_consts() -> String {
+    format!("const SPAN_FIRST: u32 = {SPAN_FIRST}u;\nconst SPAN_LAST: u32 = {SPAN_LAST}u;\n")
 }
 
 /// The split levels as products of planes (0 = h, 1 = m, 2 = l): `levels` (0: no split, L0
@@ -842,11 +956,40 @@ fn k_step(v: &MatmulVariant) -> String {
         }
     }
     put(&mut f, "end", &[]);
+    // Between spans of K (budget.rs): every accumulator from and to its partial sums.
+    for (begin, each) in [
+        ("partials_begin", "load_partial"),
+        ("store_partials_begin", "store_partial"),
+    ] {
+        put(&mut f, begin, &[]);
+        for (l, q, r) in each_accumulator() {
+            let (row, col) = blocks[q as usize];
+            let vars = [
+                ("l", &*n(l)),
+                ("q", &n(q)),
+                ("r", &n(r)),
+                ("row", row),
+                ("col", col),
+            ];
+            put(&mut f, each, &vars);
+        }
+        put(&mut f, "end", &[]);
+    }
     f
 }
 
 /// Partial sums on cooperative matrices are promoted into f32 totals every this many of K.
-const COOP_PROMOTE_K: u32 = 256;
+pub const COOP_PROMOTE_K: u32 = 256;
+
+/// Operand planes a cooperative variant reads: those its split levels' products name.
+fn coop_planes(v: &MatmulVariant) -> u32 {
+    level_terms(v.levels)
+        .iter()
+        .flat_map(|l| l.iter().map(|&(a, b)| a.max(b)))
+        .max()
+        .unwrap_or(0) as u32
+        + 1
+}
 
 /// `fn coop_block(batch, row0, col0, lindex)` of a cooperative variant: coop_block.wgsl's pieces written
 /// out over its levels, tiles and planes (one named accumulator each: WGSL has no arrays of
@@ -860,12 +1003,7 @@ fn coop_block(v: &MatmulVariant) -> String {
     let (tm, tn) = (v.tile.bm / t / wr, v.tile.bn / t / wc);
     let mat = format!("coop_mat{t}x{t}");
     let levels = level_terms(v.levels);
-    let planes = levels
-        .iter()
-        .flat_map(|l| l.iter().map(|&(a, b)| a.max(b)))
-        .max()
-        .unwrap_or(0)
-        + 1;
+    let planes = coop_planes(v);
     let tiles = || (0..tm).flat_map(move |r| (0..tn).map(move |c| (r, c)));
     let n = |x: u32| x.to_string();
     let (t_s, planes_s, promote) = (n(t), planes.to_string(), n(COOP_PROMOTE_K));
@@ -897,8 +1035,8 @@ fn coop_block(v: &MatmulVariant) -> String {
     if staged {
         let bk = v.tile.bk;
         let (sa, sb) = (n(bk + 8), n(v.tile.bn + 8));
-        let a_len = n(planes as u32 * v.tile.bm * (bk + 8));
-        let b_len = n(planes as u32 * bk * (v.tile.bn + 8));
+        let a_len = n(planes * v.tile.bm * (bk + 8));
+        let b_len = n(planes * bk * (v.tile.bn + 8));
         let stages = n(v.tile.buffers);
         let vars = [
             ("sa", &*sa),
@@ -924,6 +1062,9 @@ fn coop_block(v: &MatmulVariant) -> String {
         put(&mut f, "origin_single", &[]);
     }
     per_tile(&mut f, "total");
+    put(&mut f, "partials_load_begin", &[]);
+    per_tile(&mut f, "partial_load");
+    put(&mut f, "partials_load_end", &[]);
     put(&mut f, "promote_loop", &[]);
     per_tile(&mut f, "part");
     put(&mut f, "k_loop", &[]);
@@ -940,7 +1081,7 @@ fn coop_block(v: &MatmulVariant) -> String {
     for sub in 0..(v.tile.bk / t).max(1) {
         let sub = n(sub);
         put(&mut f, "sub_begin", &[]);
-        for p in 0..planes as u32 {
+        for p in 0..planes {
             for r in 0..tm {
                 let (p, row, r) = (n(p), n(t * r), n(r));
                 let vars = [("p", &*p), ("r", &r), ("row", &row), ("s", &sub)];
@@ -978,6 +1119,9 @@ fn coop_block(v: &MatmulVariant) -> String {
     put(&mut f, "k_loop_end", &[]);
     per_tile(&mut f, "promote");
     put(&mut f, "promote_loop_end", &[]);
+    put(&mut f, "partials_store_begin", &[]);
+    per_tile(&mut f, "partial_store");
+    put(&mut f, "partials_store_end", &[]);
     for (r, c) in tiles() {
         // Smallest level first. Scaled planes carry 2^(8p) more than plane 0 (coop_pack.wgsl),
         // so level l's terms all carry 2^(8l): undone exactly before the sum.

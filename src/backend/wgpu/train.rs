@@ -3,8 +3,10 @@
 //! invocations), defined here once, in `launch`; the device-resident step plan (`plan.rs`)
 //! binds them to its tensors.
 
+use super::budget::looped;
 use super::buffer::Dispatch;
-use super::shaders::Kernel;
+use super::device::Gpu;
+use super::shaders::{Kernel, span_flags};
 use crate::error::Result;
 use bytemuck::{Pod, Zeroable};
 
@@ -135,7 +137,13 @@ pub struct TrainParams {
     /// The format id whose 16-bit codes the first input holds (a coded input: GELU's x,
     /// fused attention's q|k|v); f32's id: it holds f32 values.
     pub x_stored: u32,
-    pub _pad: [u32; 3],
+    /// The span [begin, end) of the op's long loop this dispatch runs (the tokens of the
+    /// embedding scatter-add, the chunks `sum_partials` adds), and SPAN_FIRST where its sums
+    /// start at zero (else from the output, where the previous span left them): the whole
+    /// loop, unless the adapter's loop budget splits it (budget.rs). Set by `launched`.
+    pub begin: u32,
+    pub end: u32,
+    pub span: u32,
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -165,15 +173,148 @@ pub struct TrainLaunch {
     pub rows: bool,
 }
 
+/// A launch as it is dispatched on a device: its kernel, workgroups, and the uniform of each
+/// dispatch (one, or several where the adapter's loop budget splits the op's long loop:
+/// budget.rs); `carry_words`: the dispatches pass per-invocation partial results on through
+/// the step kernels' z and w (buffers of that many words bound there), else 0.
+pub struct Launched<P> {
+    pub kernel: Kernel,
+    pub groups: [u32; 3],
+    pub params: Vec<P>,
+    pub carry_words: usize,
+}
+
+/// What to do where a training op's loops do not fit the adapter's loop budget.
+const SMALLER: &str = "use smaller sizes, or a device without such a limit";
+
 impl TrainLaunch {
-    /// The kernel on `gpu` (its row lanes).
-    pub fn kernel(&self, gpu: &super::device::Gpu) -> Kernel {
-        Kernel::Train(self.op, gpu.row_lanes)
+    /// The launch on `gpu`, within its loop budget (budget.rs): a row op takes more lanes to a
+    /// row where one lane a row would run too long, the long sums of the embedding
+    /// scatter-add and `sum_partials` are split over dispatches, and an op that still does not
+    /// fit is an error.
+    pub fn launched(&self, gpu: &Gpu) -> Result<Launched<TrainParams>> {
+        let p = self.params;
+        let attention = matches!(
+            self.op,
+            TrainOp::AttentionFwd
+                | TrainOp::AttentionBwdQ
+                | TrainOp::AttentionBwdK
+                | TrainOp::AttentionBwdV
+        );
+        let name = self.op.entry_point();
+        let what = match self.op {
+            _ if self.rows => format!("{name} on rows of {}", p.c),
+            _ if attention => format!("{name} over a context of {} with heads of {}", p.c, p.d),
+            TrainOp::EmbeddingBwd => format!("{name} over {} tokens", p.tokens),
+            TrainOp::SumPartials => format!("{name} over {} chunks of rows", p.tokens),
+            _ => format!("{name} over {} items", self.items),
+        };
+        let lanes = if self.rows {
+            self.row_lanes(gpu, &what)?
+        } else {
+            gpu.row_lanes
+        };
+        let kernel = Kernel::Train(self.op, lanes);
+        let lanes = if self.rows { lanes as usize } else { 1 };
+        let groups = Dispatch::element_groups(gpu, self.items * lanes)?;
+        let whole = TrainParams {
+            begin: 0,
+            end: p.tokens,
+            span: span_flags(0, 1),
+            ..p
+        };
+        let params = match self.op {
+            // One pass per token (chunk), and the loop's exit.
+            TrainOp::EmbeddingBwd | TrainOp::SumPartials => {
+                let ranges = gpu.loop_ranges(&what, 1, 1, p.tokens.into())?;
+                let count = ranges.len();
+                ranges
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (begin, end))| TrainParams {
+                        begin: begin as u32,
+                        end: end as u32,
+                        span: span_flags(i, count),
+                        ..p
+                    })
+                    .collect()
+            }
+            _ => {
+                let advice = if attention {
+                    "record attention unfused (--attention unfused), or use a shorter context"
+                } else {
+                    SMALLER
+                };
+                if !self.rows {
+                    gpu.check_loops(&what, self.loops(), advice)?;
+                }
+                vec![whole]
+            }
+        };
+        Ok(Launched {
+            kernel,
+            groups,
+            params,
+            carry_words: 0,
+        })
     }
 
-    pub fn groups(&self, gpu: &super::device::Gpu) -> Result<[u32; 3]> {
-        let lanes = if self.rows { gpu.row_lanes as usize } else { 1 };
-        Dispatch::element_groups(gpu, self.items * lanes)
+    /// The loop iterations one invocation runs, from train.wgsl's structure (every loop with
+    /// its exit test, both sides of a branch), for the ops whose loops the budget does not
+    /// split: the column reductions' (fixed by their chunks) and fused attention's (over the
+    /// context, each step over the head).
+    fn loops(&self) -> u64 {
+        let p = self.params;
+        let (t, d) = (u64::from(p.c), u64::from(p.d));
+        let head = looped(d);
+        match self.op {
+            // A chunk's rows in steps of 8, then lanes_sum's loop over the 8 lanes (twice for
+            // layer norm's two sums).
+            TrainOp::ColumnPartials => looped(launch::CHUNK_ROWS as u64 / 8) + looped(8),
+            TrainOp::LayernormBwdPartials => looped(launch::CHUNK_ROWS as u64 / 8) + 2 * looped(8),
+            // The row's vectors in; pass 1 over the keys, each a score over the head; pass 2,
+            // each a score and a step of P . v; the output (as codes or f32).
+            TrainOp::AttentionFwd => {
+                head + looped(t) + t * head + looped(t) + t * 2 * head + 2 * head
+            }
+            // The vectors in; two sweeps over the keys, each a score, dP over the head and a
+            // step of dq; dq out.
+            TrainOp::AttentionBwdQ => head + looped(2) + 2 * (looped(t) + t * 3 * head) + head,
+            // The vectors in; the queries from this key on, each a score, dP, and a step of
+            // dk (or dv); the result out.
+            TrainOp::AttentionBwdK | TrainOp::AttentionBwdV => {
+                head + looped(t) + t * 4 * head + head
+            }
+            _ => 0,
+        }
+    }
+
+    /// Lanes to a row of a row op: the device's (`Gpu::row_lanes`), doubled (up to a
+    /// workgroup of 256) while a lane's share of the row would run more loop iterations than
+    /// the budget allows.
+    fn row_lanes(&self, gpu: &Gpu, what: &str) -> Result<u32> {
+        let c = u64::from(self.params.c);
+        // Loops over the row (each lane strides it) and reduction trees (row_sum, row_max).
+        let (row_loops, trees) = match self.op {
+            TrainOp::LayernormBwdX => (2, 2),
+            TrainOp::CausalSoftmaxFwd => (3, 2),
+            TrainOp::CausalSoftmaxBwd => (2, 1),
+            // Layer norm's and the cross entropy's forward, and the most any row op has.
+            _ => (4, 2),
+        };
+        let loops = |lanes: u32| {
+            row_loops * looped(c.div_ceil(lanes.into())) + trees * looped(lanes.ilog2().into())
+        };
+        let mut lanes = gpu.row_lanes;
+        while lanes < 256
+            && gpu
+                .usable_loop_iterations()
+                .is_some_and(|usable| loops(lanes) > usable)
+        {
+            lanes *= 2;
+        }
+        gpu.check_loops(what, loops(lanes), SMALLER)?;
+        Ok(lanes)
     }
 }
 
@@ -186,11 +327,55 @@ pub struct StepLaunch {
     pub items: Option<usize>,
 }
 
+/// Invocations of the step kernels that reduce a whole tensor in one workgroup.
+const REDUCING_LANES: usize = 256;
+
 impl StepLaunch {
-    pub fn groups(&self, gpu: &super::device::Gpu) -> Result<[u32; 3]> {
-        match self.items {
-            Some(items) => Dispatch::element_groups(gpu, items),
-            None => Ok([1, 1, 1]),
+    /// The launch on `gpu`, within its loop budget (budget.rs): a one-workgroup reduction
+    /// (the loss's mean, the unscale-and-check) split over dispatches where its lanes' passes
+    /// over the tensor would run too long, each lane's partial sum carried from one to the
+    /// next in z and w; AdamW's loop over the gradients' flags checked.
+    pub fn launched(&self, gpu: &Gpu) -> Result<Launched<StepParams>> {
+        let p = self.params;
+        let kernel = Kernel::Step(self.op);
+        let groups = match self.items {
+            Some(items) => Dispatch::element_groups(gpu, items)?,
+            None => [1, 1, 1],
+        };
+        let what = format!("{} over {} values", self.op.entry_point(), p.n);
+        let one = |params| Launched {
+            kernel,
+            groups,
+            params: vec![params],
+            carry_words: 0,
+        };
+        match self.op {
+            StepOp::MeanToStat | StepOp::UnscaleCheck => {
+                let passes = (p.n as usize).div_ceil(REDUCING_LANES) as u64;
+                // The passes over the tensor, the loop's exit and the reduction tree's 8 steps.
+                let ranges = gpu.loop_ranges(&what, 1 + looped(8), 1, passes)?;
+                let count = ranges.len();
+                let params = ranges
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (begin, end))| StepParams {
+                        dims: [begin as u32, end as u32, span_flags(i, count), 0],
+                        ..p
+                    })
+                    .collect();
+                Ok(Launched {
+                    kernel,
+                    groups,
+                    params,
+                    carry_words: if count > 1 { REDUCING_LANES } else { 0 },
+                })
+            }
+            StepOp::Adamw => {
+                // A pass per gradient's flag and squared norm.
+                gpu.check_loops(&what, looped(p.extra[0].into()), SMALLER)?;
+                Ok(one(p))
+            }
+            _ => Ok(one(p)),
         }
     }
 }
@@ -225,7 +410,7 @@ pub mod launch {
     }
 
     /// Rows per chunk of a column reduction (`CHUNK_ROWS` in train.wgsl).
-    const CHUNK_ROWS: usize = 256;
+    pub(super) const CHUNK_ROWS: usize = 256;
 
     /// Chunks of a column reduction over `rows` rows.
     fn chunks(rows: usize) -> usize {
