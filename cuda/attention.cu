@@ -97,11 +97,18 @@ __device__ void load_tile(float (*dst)[D], const void* src, i64 base, i64 stride
     }
 }
 
-// The score of a query and a key as the unfused plan holds it, times the scale: the z of every
-// pass (the row's max and sum, and each recomputed P).
+// The score of a query and a key as the unfused plan holds it, scaled as its softmax reads it
+// (times the scale, held in the compute format): the z of every pass (the row's max and sum,
+// and each recomputed P).
 template <int D>
 __device__ __forceinline__ float score(const float* q, const float* k, AttentionArg a) {
-    return held(dot<D>(q, k), a.compute) * a.scale;
+    return held(held(dot<D>(q, k), a.compute) * a.scale, a.compute);
+}
+
+// The gradient of a score from its probability and dP, as the unfused softmax backward holds
+// it (held, times the scale, held), rounded to the matmul inputs' format.
+__device__ __forceinline__ float score_grad(float p, float dp, float pdp, AttentionArg a) {
+    return held(held(held(p * (dp - pdp), a.compute) * a.scale, a.compute), a.inputs);
 }
 
 // The stored probability of a score: the unfused softmax's exp(z - max) / sum, held in `probs`.
@@ -196,7 +203,7 @@ __device__ void attention_bwd_q(const void* qkv, const float* dout, const float*
                     if (pass == 0) {
                         pdp += p * dp;
                     } else {
-                        float ds = held(held(a.scale * p * (dp - pdp), a.compute), a.inputs);
+                        float ds = score_grad(p, dp, pdp, a);
 #pragma unroll
                         for (int d = 0; d < D; d++) dq[d] += ds * ks[jj][d];
                     }
@@ -246,7 +253,7 @@ __device__ void attention_bwd_kv(const void* qkv, const float* dout, const float
                 float p = prob<D>(qs[ii], k, ms[ii], ls[ii], a);
                 if (KEYS) {
                     float dp = held(dot<D>(gs[ii], v), a.compute);
-                    float ds = held(held(a.scale * p * (dp - deltas[ii]), a.compute), a.inputs);
+                    float ds = score_grad(p, dp, deltas[ii], a);
 #pragma unroll
                     for (int d = 0; d < D; d++) acc[d] += ds * qs[ii][d];
                 } else {

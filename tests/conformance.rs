@@ -13,6 +13,7 @@ use mantissa::backend::Backend;
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
+use mantissa::plan::ScoreScale;
 use pollster::FutureExt as _;
 
 fn check_encode(b: &dyn Backend, seed: u64) {
@@ -328,7 +329,16 @@ fn train_ops_bad_input(b: &dyn Backend) {
     refused("a short GELU gradient", b.gelu_bwd(&x, &x[..5]).block_on());
     refused(
         "a short softmax gradient",
-        b.causal_softmax_bwd(&x, &x[..8], 2, 1.0).block_on(),
+        b.causal_softmax_bwd(
+            &x,
+            &x[..8],
+            2,
+            ScoreScale {
+                scale: 1.0,
+                held: Format::F32,
+            },
+        )
+        .block_on(),
     );
     refused(
         "too few targets",
@@ -390,23 +400,31 @@ fn train_ops(b: &dyn Backend) {
         &ops::gelu_bwd(&x, &dy),
         tol::ROW,
     );
-    // Contexts shorter and longer than a row op's workgroup.
-    for t in [13, 300] {
+    // Contexts shorter and longer than a row op's workgroup; the scaled scores held in f32, and
+    // in bf16 (their f32 product is the same bits on both sides, so the forward is as close as
+    // f32's; a power-of-two scale makes the backward's two roundings one).
+    for (t, scale) in [(13, 0.3), (300, 0.3), (13, 0.25)] {
         let s = measure::normal(3 * t * t, seed + 4);
         let dp = measure::normal(3 * t * t, seed + 5);
-        let p = b.causal_softmax_fwd(&s, t, 0.3).block_on().unwrap();
-        common::close(
-            &format!("softmax, t {t}"),
-            &p,
-            &ops::causal_softmax_fwd(&s, t, 0.3),
-            tol::ROW,
-        );
-        common::close(
-            &format!("softmax bwd, t {t}"),
-            &b.causal_softmax_bwd(&p, &dp, t, 0.3).block_on().unwrap(),
-            &ops::causal_softmax_bwd(&p, &dp, t, 0.3),
-            tol::ROW,
-        );
+        for held in [Format::F32, Format::Bf16] {
+            let k = ScoreScale { scale, held };
+            let p = b.causal_softmax_fwd(&s, t, k).block_on().unwrap();
+            let what = format!("softmax, t {t}, scores x {scale} held in {held}");
+            common::close(
+                &what,
+                &p,
+                &ops::causal_softmax_scaled_fwd(&s, t, k),
+                tol::ROW,
+            );
+            let ds = b.causal_softmax_bwd(&p, &dp, t, k).block_on().unwrap();
+            let want = ops::causal_softmax_scaled_bwd(&p, &dp, t, k);
+            let what = format!("softmax bwd, t {t}, scores x {scale} held in {held}");
+            match held {
+                Format::F32 => common::close(&what, &ds, &want, tol::ROW),
+                _ if scale == 0.25 => common::held_close(&what, &ds, &want, held, tol::ROW),
+                _ => {}
+            }
+        }
     }
     let v = 76;
     let logits: Vec<f32> = measure::normal(rows * v, seed + 6)

@@ -84,6 +84,7 @@ mod common;
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
+use mantissa::plan::ScoreScale;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -569,25 +570,32 @@ fn cuda_training_kernels_match_the_host_reference() {
         let from_codes = run(h, "gelu_bwd", &strings(&[n, id]), &with(&codes));
         same(&format!("gelu bwd of {format} codes"), &from_codes, &plain);
     }
-    // Softmax rows shorter and longer than a block; heads of t x t.
-    for (heads, t) in [(3, 13), (1, 150)] {
+    // Softmax rows shorter and longer than a block; heads of t x t; the scaled scores held in
+    // f32 and in bf16 (a power-of-two scale: the backward's two roundings are one).
+    for (heads, t, scale) in [(3, 13, 0.3), (1, 150, 0.3), (3, 13, 0.25)] {
         let rows = heads * t;
         let s = measure::normal(rows * t, seed + 6);
         let dp = measure::normal(rows * t, seed + 7);
-        let args = [rows.to_string(), t.to_string(), "0.3".into()];
-        let p = run_f32(h, "softmax_fwd", &args, &[&s]);
-        close(
-            "softmax",
-            &p,
-            &ops::causal_softmax_fwd(&s, t, 0.3),
-            tol::ROW,
-        );
-        close(
-            "softmax bwd",
-            &run_f32(h, "softmax_bwd", &args, &[&p, &dp]),
-            &ops::causal_softmax_bwd(&p, &dp, t, 0.3),
-            tol::ROW,
-        );
+        for held in [Format::F32, Format::Bf16] {
+            let k = ScoreScale { scale, held };
+            let args = [
+                rows.to_string(),
+                t.to_string(),
+                scale.to_string(),
+                format_id(held),
+            ];
+            let p = run_f32(h, "softmax_fwd", &args, &[&s]);
+            let want = ops::causal_softmax_scaled_fwd(&s, t, k);
+            close(&format!("softmax, {held}"), &p, &want, tol::ROW);
+            let ds = run_f32(h, "softmax_bwd", &args, &[&p, &dp]);
+            let want = ops::causal_softmax_scaled_bwd(&p, &dp, t, k);
+            let what = format!("softmax bwd, scores x {scale} held in {held}");
+            match held {
+                Format::F32 => close(&what, &ds, &want, tol::ROW),
+                _ if scale == 0.25 => common::held_close(&what, &ds, &want, held, tol::ROW),
+                _ => {}
+            }
+        }
     }
     let (rows, v) = (37, 76);
     let logits: Vec<f32> = measure::normal(rows * v, seed + 8)

@@ -7,7 +7,7 @@ use mantissa::algorithm::{Algorithm, MatmulShape};
 use mantissa::backend::reference::HostExecutor;
 use mantissa::backend::{Backend, BackendKind, Reference};
 use mantissa::format::{Format, Overflow};
-use mantissa::plan::{AdamW, Plan, StepExecutor};
+use mantissa::plan::{AdamW, Plan, ScoreScale, StepExecutor};
 use mantissa::policy::Capabilities;
 use mantissa::report::{self, Family, ReportConfig};
 use pollster::FutureExt as _;
@@ -154,10 +154,16 @@ impl Backend for Faulty {
     async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> R<Vec<f32>> {
         Reference.gelu_bwd(x, dy).await
     }
-    async fn causal_softmax_fwd(&self, x: &[f32], t: usize, scale: f64) -> R<Vec<f32>> {
+    async fn causal_softmax_fwd(&self, x: &[f32], t: usize, scale: ScoreScale) -> R<Vec<f32>> {
         Reference.causal_softmax_fwd(x, t, scale).await
     }
-    async fn causal_softmax_bwd(&self, p: &[f32], dp: &[f32], t: usize, s: f64) -> R<Vec<f32>> {
+    async fn causal_softmax_bwd(
+        &self,
+        p: &[f32],
+        dp: &[f32],
+        t: usize,
+        s: ScoreScale,
+    ) -> R<Vec<f32>> {
         Reference.causal_softmax_bwd(p, dp, t, s).await
     }
     async fn cross_entropy_fwd(&self, l: &[f32], t: &[u32], v: usize) -> R<(f64, Vec<f32>)> {

@@ -27,7 +27,7 @@ pub mod wgpu;
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
-use crate::plan::{AdamW, Plan, StepExecutor};
+use crate::plan::{AdamW, Plan, ScoreScale, StepExecutor};
 use crate::policy::{Capabilities, PrecisionClass};
 use std::fmt;
 use std::str::FromStr;
@@ -291,13 +291,19 @@ pub trait Backend: Send + Sync {
     ) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
     async fn gelu_fwd(&self, x: &[f32]) -> Result<Vec<f32>>;
     async fn gelu_bwd(&self, x: &[f32], dy: &[f32]) -> Result<Vec<f32>>;
-    async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>>;
+    /// Causal softmax of the scaled scores (`ScoreScale`) per row of t, and its backward.
+    async fn causal_softmax_fwd(
+        &self,
+        scores: &[f32],
+        t: usize,
+        scale: ScoreScale,
+    ) -> Result<Vec<f32>>;
     async fn causal_softmax_bwd(
         &self,
         p: &[f32],
         dp: &[f32],
         t: usize,
-        scale: f64,
+        scale: ScoreScale,
     ) -> Result<Vec<f32>>;
     /// Mean loss and the probabilities.
     async fn cross_entropy_fwd(

@@ -585,7 +585,12 @@ impl Backend for CudaBackend {
         self.op_gelu(x, Some(dy))
     }
 
-    async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
+    async fn causal_softmax_fwd(
+        &self,
+        scores: &[f32],
+        t: usize,
+        scale: crate::plan::ScoreScale,
+    ) -> Result<Vec<f32>> {
         self.op_softmax(scores, None, t, scale)
     }
 
@@ -594,7 +599,7 @@ impl Backend for CudaBackend {
         p: &[f32],
         dp: &[f32],
         t: usize,
-        scale: f64,
+        scale: crate::plan::ScoreScale,
     ) -> Result<Vec<f32>> {
         self.op_softmax(p, Some(dp), t, scale)
     }

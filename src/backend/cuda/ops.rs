@@ -7,8 +7,8 @@ use super::train::{self as launch, scratch};
 use crate::backend::check;
 use crate::error::Result;
 use crate::format::Format;
-use crate::plan::AdamW;
 use crate::plan::scalar;
+use crate::plan::{AdamW, ScoreScale};
 use cudarc::driver::CudaSlice;
 
 type Triple = (Vec<f32>, Vec<f32>, Vec<f32>);
@@ -111,7 +111,7 @@ impl CudaBackend {
         x: &[f32],
         dp: Option<&[f32]>,
         t: usize,
-        scale: f64,
+        scale: ScoreScale,
     ) -> Result<Vec<f32>> {
         let rows = check::softmax(x, dp, t)?;
         let input = self.upload(x)?;

@@ -18,7 +18,7 @@ use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::{Backend, BackendKind, check};
 use crate::error::Result;
 use crate::format::{self, Format, Overflow};
-use crate::plan::{AdamW, Plan, StepExecutor};
+use crate::plan::{AdamW, Plan, ScoreScale, StepExecutor};
 use crate::policy::Capabilities;
 use rayon::prelude::*;
 
@@ -113,9 +113,14 @@ impl Backend for Reference {
         Ok(ops::gelu_bwd(x, dy))
     }
 
-    async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
+    async fn causal_softmax_fwd(
+        &self,
+        scores: &[f32],
+        t: usize,
+        scale: ScoreScale,
+    ) -> Result<Vec<f32>> {
         check::softmax(scores, None, t)?;
-        Ok(ops::causal_softmax_fwd(scores, t, scale))
+        Ok(ops::causal_softmax_scaled_fwd(scores, t, scale))
     }
 
     async fn causal_softmax_bwd(
@@ -123,10 +128,10 @@ impl Backend for Reference {
         p: &[f32],
         dp: &[f32],
         t: usize,
-        scale: f64,
+        scale: ScoreScale,
     ) -> Result<Vec<f32>> {
         check::softmax(p, Some(dp), t)?;
-        Ok(ops::causal_softmax_bwd(p, dp, t, scale))
+        Ok(ops::causal_softmax_scaled_bwd(p, dp, t, scale))
     }
 
     async fn cross_entropy_fwd(

@@ -30,7 +30,7 @@ use super::{Backend, BackendKind, MatmulTiming, Operands, median};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
-use crate::plan::{AdamW, Plan, StepExecutor};
+use crate::plan::{AdamW, Plan, ScoreScale, StepExecutor};
 use crate::policy::Capabilities;
 use web_time::Instant;
 
@@ -687,7 +687,12 @@ impl Backend for WgpuBackend {
         self.op_gelu(x, Some(dy)).await
     }
 
-    async fn causal_softmax_fwd(&self, scores: &[f32], t: usize, scale: f64) -> Result<Vec<f32>> {
+    async fn causal_softmax_fwd(
+        &self,
+        scores: &[f32],
+        t: usize,
+        scale: ScoreScale,
+    ) -> Result<Vec<f32>> {
         self.op_softmax(scores, None, t, scale).await
     }
 
@@ -696,7 +701,7 @@ impl Backend for WgpuBackend {
         p: &[f32],
         dp: &[f32],
         t: usize,
-        scale: f64,
+        scale: ScoreScale,
     ) -> Result<Vec<f32>> {
         self.op_softmax(p, Some(dp), t, scale).await
     }

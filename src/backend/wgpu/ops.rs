@@ -8,7 +8,7 @@ use super::train::{Out, ids_as_f32, launch};
 use crate::backend::check;
 use crate::error::Result;
 use crate::format::Format;
-use crate::plan::{AdamW, scalar};
+use crate::plan::{AdamW, ScoreScale, scalar};
 
 impl WgpuBackend {
     pub(super) async fn op_layernorm_fwd(
@@ -79,7 +79,7 @@ impl WgpuBackend {
         x: &[f32],
         dp: Option<&[f32]>,
         t: usize,
-        scale: f64,
+        scale: ScoreScale,
     ) -> Result<Vec<f32>> {
         let rows = check::softmax(x, dp, t)?;
         let outs = [Out::Fresh(x.len()), Out::Unused, Out::Unused];
