@@ -15,11 +15,21 @@ writes into DIR (default tests/data):
   data/shakespeare.txt, ids by sorted character); x is the first T of a row, y the last T. Drawn
   as the anchor draws them (a generator seeded 1337), or read from --batches.
 - parity_CONFIG_torch.json: per preset, every step's loss, the loss scale after the step and
-  whether GradScaler skipped it, with the PyTorch version and device that produced them.
+  the steps GradScaler skipped, with the PyTorch version and device that produced them; and
+  (unless --inject-inf is empty) a short 16-mixed run named "16-mixed, inf at steps 3,4" with an
+  inf added to the first element of the first gradient (tok.weight's, scaled) at those steps, as
+  `Trainer::step_injecting` adds it, so that GradScaler's skips and backoff are compared too.
 
 The fixtures tests/train.rs compares with (tiny, 300 steps, every preset) are regenerated with
-`python scripts/anchors/torch_step_parity.py` (PyTorch, numpy and safetensors installed; a few
-minutes on a CPU); the JSON records the PyTorch version that wrote it.
+`python scripts/anchors/torch_step_parity.py` (PyTorch, numpy and safetensors installed; about
+ten minutes on two CPU cores); the JSON records the PyTorch version that wrote it. Then
+
+    mantissa train --precision bf16-mixed --steps 300 --init tests/data/parity_tiny_init.safetensors \
+        --batches tests/data/parity_tiny_batches.npy --out runs/parity   (--adam-eps 1e-4 for the true presets)
+    python scripts/anchors/torch_step_parity.py --compare runs/parity/train.json
+
+prints, per preset, the largest |loss - PyTorch's| at step 1, over steps 1-10 and over all steps,
+and whether the loss scales and skipped steps are GradScaler's (docs/training.md has the figures).
 
 Autocast. On a GPU (--device cuda) the mixed presets run under plain torch.autocast("cuda"). A
 CPU's autocast follows the CPU's op lists, which run softmax and layer norm in bf16 where CUDA's
@@ -172,7 +182,7 @@ def draw_batches(data, steps, B, T):
     return out
 
 
-def train(preset, init, batches, shape, device, dtype, steps):
+def train(preset, init, batches, shape, device, dtype, steps, inject=()):
     B, T, L, H, D = shape
     V = init["tok.weight"].shape[0]
     model = GPT(V, T, L, H, D)
@@ -203,6 +213,8 @@ def train(preset, init, batches, shape, device, dtype, steps):
             loss = model(x, y, casts)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
+        if step + 1 in inject:
+            model.tok.weight.grad.view(-1)[0] += float("inf")
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         before = scaler.get_scale() if scaler.is_enabled() else None
@@ -234,7 +246,14 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                     help="the model's dtype for 32-true (float64: how far f32 rounding alone moves the losses)")
     ap.add_argument("--json", help="where the losses go (default OUT/parity_CONFIG_torch.json)")
+    ap.add_argument("--inject-inf", default="3,4",
+                    help="steps of the extra 16-mixed run that get an inf gradient ('' for none)")
+    ap.add_argument("--inject-steps", type=int, default=30, help="steps of that run")
+    ap.add_argument("--compare", nargs="+", metavar="TRAIN_JSON",
+                    help="compare these train.json logs of `mantissa train` with the losses in --json instead")
     a = ap.parse_args()
+    if a.compare:
+        return compare(a.json or os.path.join(a.out, f"parity_{a.config}_torch.json"), a.compare)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True)
     if a.dtype == "float64" and a.presets != "32-true":
@@ -260,6 +279,11 @@ def main():
     assert batches.shape[1:] == (B, T + 1) and len(batches) >= a.steps, batches.shape
     dtype = getattr(torch, a.dtype)
     runs = {p: train(p, init, batches, shape, a.device, dtype, a.steps) for p in a.presets.split(",")}
+    if a.inject_inf and "16-mixed" in runs:
+        inject = [int(s) for s in a.inject_inf.split(",")]
+        steps = min(a.inject_steps, a.steps)
+        runs[f"16-mixed, inf at steps {a.inject_inf}"] = train("16-mixed", init, batches, shape, a.device,
+                                                             dtype, steps, inject)
     device = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
     out = a.json or base + "_torch.json"
     with open(out, "w") as f:
@@ -267,6 +291,26 @@ def main():
                    "steps": a.steps, "autocast": "torch.autocast" if a.device != "cpu" else "CUDA's op lists as casts",
                    "runs": runs}, f, indent=0)
     print("wrote", out, file=sys.stderr)
+
+
+def compare(torch_json, logs):
+    """Per preset of each train.json: the largest |loss - PyTorch's| at step 1, over steps 1-10
+    and over all steps run, and whether the loss scales and skipped steps are GradScaler's."""
+    runs = json.load(open(torch_json))["runs"]
+    print("| preset | backend | steps | step 1 | steps 1-10 | all | loss scales, skips |")
+    print("|---|---|---|---|---|---|---|")
+    for path in logs:
+        for r in json.load(open(path)):
+            theirs = runs[r["preset"]]
+            ours = [s["loss"] for s in r["steps"]]
+            n = min(len(ours), len(theirs["losses"]))
+            d = [abs(a - b) for a, b in zip(ours[:n], theirs["losses"])]
+            same = "-"
+            if theirs["loss_scales"]:
+                scales = [s["loss_scale"] for s in r["steps"][:n]] == theirs["loss_scales"][:n]
+                skips = [s["step"] for s in r["steps"][:n] if s["skipped"]] == [s for s in theirs["skipped"] if s <= n]
+                same = "same" if scales and skips else "DIFFER"
+            print(f"| {r['preset']} | {r['backend']} | {n} | {d[0]:.1e} | {max(d[:10]):.1e} | {max(d):.1e} | {same} |")
 
 
 if __name__ == "__main__":

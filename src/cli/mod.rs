@@ -48,7 +48,7 @@ enum Command {
     Report(report::Args),
     /// Trains the char-level GPT under one or more precision presets; writes a JSON log, a
     /// loss chart (SVG) and safetensors checkpoints.
-    Train(train::TrainArgs),
+    Train(Box<train::TrainArgs>),
     /// Generates text from a checkpoint written by `mantissa train`.
     Sample(train::SampleArgs),
 }
@@ -72,7 +72,7 @@ pub fn main() -> i32 {
         Command::Matmul(a) => matmul::run(a).map(|_| 0),
         Command::Bench(a) => bench::run(a).map(|_| 0),
         Command::Report(a) => report::run(a),
-        Command::Train(a) => train::train(a),
+        Command::Train(a) => train::train(*a),
         Command::Sample(a) => train::sample(a).map(|_| 0),
     };
     match result {

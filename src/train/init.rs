@@ -183,13 +183,13 @@ pub fn init_from_bytes(
     Ok(params)
 }
 
+/// Tensors by name: (shape, values).
+pub type StateDict = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
+
 /// `params` (in `GptConfig::parameter_shapes` order and layout) as PyTorch's `state_dict` of
 /// the anchor model: its names, [out, in] linear weights, `head.weight` a copy of
 /// `tok.weight`; name-sorted, f32.
-pub fn torch_state_dict(
-    config: &GptConfig,
-    params: &[Vec<f32>],
-) -> Result<BTreeMap<String, (Vec<usize>, Vec<f32>)>> {
+pub fn torch_state_dict(config: &GptConfig, params: &[Vec<f32>]) -> Result<StateDict> {
     let shapes = config.parameter_shapes();
     if params.len() != shapes.len() {
         return Err(Error::LengthMismatch {
@@ -268,6 +268,62 @@ mod tests {
         assert_eq!(
             torch_name("h0.ln1.g"),
             ("blocks.0.ln1.weight".into(), false)
+        );
+    }
+
+    /// Bytes of a safetensors file holding `tensors` as `dtype` (F32 or F64).
+    fn file(tensors: &[(String, Vec<usize>, Vec<f32>)], dtype: Dtype) -> Vec<u8> {
+        let bytes: Vec<Vec<u8>> = tensors
+            .iter()
+            .map(|(_, _, v)| match dtype {
+                Dtype::F64 => v.iter().flat_map(|&x| (x as f64).to_le_bytes()).collect(),
+                _ => bytemuck::cast_slice(v).to_vec(),
+            })
+            .collect();
+        let views = tensors
+            .iter()
+            .zip(&bytes)
+            .map(|((n, s, _), b)| (n.clone(), TensorView::new(dtype, s.clone(), b).unwrap()));
+        safetensors::serialize(views, None).unwrap()
+    }
+
+    /// PyTorch's names in f32 and f64, and the engine's checkpoint names with moments beside
+    /// them, all read back as the weights written.
+    #[test]
+    fn both_namings_read_back_the_weights() {
+        let cfg = config();
+        let params = cfg.init(3);
+        let vocab: Vec<char> = "abcde".chars().collect();
+        let path = Path::new("init.safetensors");
+        let torch: Vec<_> = torch_state_dict(&cfg, &params)
+            .unwrap()
+            .into_iter()
+            .map(|(n, (s, v))| (n, s, v))
+            .collect();
+        for dtype in [Dtype::F32, Dtype::F64] {
+            let read = init_from_bytes(&file(&torch, dtype), path, &cfg, &vocab).unwrap();
+            assert!(read == params, "{dtype:?}");
+        }
+        let ours: Vec<_> = ["param", "adam_m", "adam_v"]
+            .iter()
+            .flat_map(|prefix| {
+                let shapes = cfg.parameter_shapes();
+                shapes
+                    .into_iter()
+                    .zip(params.clone())
+                    .map(move |((n, s), v)| (format!("{prefix}.{n}"), s, v))
+            })
+            .collect();
+        let read = init_from_bytes(&file(&ours, Dtype::F32), path, &cfg, &vocab).unwrap();
+        assert!(read == params);
+        // The engine's names beside PyTorch's: the PyTorch one is the extra.
+        let mut mixed = ours;
+        mixed.push(torch[0].clone());
+        let err = init_from_bytes(&file(&mixed, Dtype::F32), path, &cfg, &vocab).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("tensor {} is not", torch[0].0)),
+            "{err}"
         );
     }
 
