@@ -44,7 +44,10 @@ __device__ __forceinline__ u32 nan_code(Layout l) { return (exp_ones(l) << l.mbi
 
 // Encodes the f32 whose bits are `x` into layout `l` (not f32 itself), rounding to nearest
 // even. Overflow gives inf (IEEE layouts) or NaN (fn layouts), or the signed max if `saturate`.
-__device__ u32 encode_bits(u32 x, Layout l, bool saturate) {
+// Inlined where the layout is a constant (the conversion kernels: the compiler folds it to a
+// few operations), called elsewhere (`encode_bits`: inlined copies in the training kernels'
+// unrolled loops made NVRTC take minutes).
+__device__ __forceinline__ u32 encode_bits_inline(u32 x, Layout l, bool saturate) {
     u32 sign = (x >> 31) << (l.ebits + l.mbits);
     u32 e32 = (x >> 23) & 0xffu;
     u32 m32 = x & 0x7fffffu;
@@ -83,8 +86,11 @@ __device__ u32 encode_bits(u32 x, Layout l, bool saturate) {
     return sign | code;
 }
 
-// Decodes a code of layout `l` (not f32 itself) to the bits of the f32 with the same value.
-__device__ u32 decode_bits(u32 code, Layout l) {
+__device__ u32 encode_bits(u32 x, Layout l, bool saturate) { return encode_bits_inline(x, l, saturate); }
+
+// Decodes a code of layout `l` (not f32 itself) to the bits of the f32 with the same value
+// (inlined and called as `encode_bits_inline` and `encode_bits`).
+__device__ __forceinline__ u32 decode_bits_inline(u32 code, Layout l) {
     u32 sign = ((code >> (l.ebits + l.mbits)) & 1u) << 31;
     u32 ef = (code >> l.mbits) & exp_ones(l);
     u32 mf = code & man_ones(l);
@@ -105,19 +111,40 @@ __device__ u32 decode_bits(u32 code, Layout l) {
     return sign | ((u32)((int)ef - bias + 127) << 23) | (mf << (23u - l.mbits));
 }
 
+__device__ u32 decode_bits(u32 code, Layout l) { return decode_bits_inline(code, l); }
+
+// bf16 of the f32 whose bits are `x`, rounded to nearest even, overflow to inf, NaN to the
+// quiet NaN of its sign: `encode_bits` for bf16 (whose exponent is f32's, so subnormals and
+// the carry into the exponent need nothing more) in four operations, as the split and the
+// bf16 GEMM operands take it once or three times per element.
+__device__ __forceinline__ u32 bf16_rne(u32 x) {
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (x >> 16) | 0x7fffu;
+    return (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+}
+
 // Encodes f32 bits into format `fmt` (f32 itself included: identity, or inf -> max when
-// saturating). tf32 codes are returned as the bits of the f32 that carries them.
-__device__ u32 encode_format(u32 x, u32 fmt, bool saturate) {
+// saturating). tf32 codes are returned as the bits of the f32 that carries them. Inlined where
+// `fmt` is a constant (the conversion kernels' templates), called elsewhere.
+__device__ __forceinline__ u32 encode_format_inline(u32 x, u32 fmt, bool saturate) {
     if (fmt == FMT_F32) {
         if (saturate && (x & 0x7fffffffu) == 0x7f800000u) return (x & 0x80000000u) | 0x7f7fffffu;
         return x;
     }
-    u32 code = encode_bits(x, layout_of(fmt), saturate);
-    if (fmt == FMT_TF32) return decode_bits(code, layout_of(fmt));
+    if (fmt == FMT_BF16 && !saturate) return bf16_rne(x);
+    u32 code = encode_bits_inline(x, layout_of(fmt), saturate);
+    if (fmt == FMT_TF32) return decode_bits_inline(code, layout_of(fmt));
     return code;
 }
 
-// Decodes a code of format `fmt` to f32 bits (tf32 and f32 codes are f32 bits already).
+__device__ u32 encode_format(u32 x, u32 fmt, bool saturate) { return encode_format_inline(x, fmt, saturate); }
+
+// Decodes a code of format `fmt` to f32 bits (tf32 and f32 codes are f32 bits already); the
+// inlined twin as above.
+__device__ __forceinline__ u32 decode_format_inline(u32 code, u32 fmt) {
+    if (fmt == FMT_F32 || fmt == FMT_TF32) return code;
+    return decode_bits_inline(code, layout_of(fmt));
+}
+
 __device__ __forceinline__ u32 decode_format(u32 code, u32 fmt) {
     if (fmt == FMT_F32 || fmt == FMT_TF32) return code;
     return decode_bits(code, layout_of(fmt));
@@ -146,9 +173,7 @@ __device__ __forceinline__ float load_stored(const void* in, i64 e, u32 fmt) {
     return __uint_as_float(decode_format(((const unsigned short*)in)[e], fmt));
 }
 
-__device__ __forceinline__ u32 bf16_of(float x) {
-    return encode_bits(__float_as_uint(x), Layout{8u, 7u, true}, false);
-}
+__device__ __forceinline__ u32 bf16_of(float x) { return bf16_rne(__float_as_uint(x)); }
 
 __device__ __forceinline__ float bf16_value(u32 code) { return __uint_as_float(code << 16); }
 
@@ -190,6 +215,31 @@ __device__ __forceinline__ u32 group_of(i64 e, Groups g) {
     return (u32)(e / g.batch_len) * g.groups_per_batch + (u32)((within / g.div) % g.modulus);
 }
 
+// The groups of elements e..e+3 of n (e a multiple of 4 and batch_len too, so that the four
+// lie in one batch): one division by the batch where there are several, then 32-bit steps.
+__device__ __forceinline__ void groups_of_4(i64 e, i64 n, Groups g, u32 out[4]) {
+    u32 batch = n > (i64)g.batch_len ? (u32)(e / g.batch_len) : 0u;
+    u32 within = (u32)(e - (i64)batch * g.batch_len);
+    u32 line = within / g.div, at = within - line * g.div;
+    for (int i = 0; i < 4; i++) {
+        out[i] = batch * g.groups_per_batch + line % g.modulus;
+        if (++at == g.div) {
+            at = 0u;
+            line++;
+        }
+    }
+}
+
+// Whether `p` is a multiple of `bytes` (a power of two): where 16-byte loads and 8-byte
+// stores may go.
+__device__ __forceinline__ bool aligned(const void* p, u32 bytes) {
+    return ((unsigned long long)p & (unsigned long long)(bytes - 1u)) == 0ull;
+}
+
 // A grid-stride loop over n elements.
 #define FOR_EACH(e, n) \
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < (i64)(n); e += (i64)gridDim.x * blockDim.x)
+
+// A grid-stride loop over the last n - from of n elements (the tail after a loop over quads).
+#define FOR_EACH_FROM(e, from, n) \
+    for (i64 e = (i64)(from) + (i64)blockIdx.x * blockDim.x + threadIdx.x; e < (i64)(n); e += (i64)gridDim.x * blockDim.x)

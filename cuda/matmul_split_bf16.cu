@@ -36,18 +36,9 @@
 #define PLANES 4
 #endif
 
-// c += a . b for one warp: a 16x16 bf16 fragment, b 16x8, c 16x8 f32 (PTX ISA's layouts). The
-// host harness (tests/cuda_host/harness.cpp) defines MANTISSA_HOST_MMA and brings its own
-// emulation of the instruction, so that this whole kernel runs on the host.
-#ifndef MANTISSA_HOST_MMA
-__device__ __forceinline__ void mma_bf16(float* c, const u32* a, const u32* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-#endif
+// mma_bf16 (c += a . b for one warp: a 16x16 bf16 fragment, b 16x8, c 16x8 f32) is mma.cuh's;
+// the host harness (tests/cuda_host/harness.cpp) emulates it, so that this whole kernel runs on
+// the host.
 
 __device__ __forceinline__ void store_split(u16 (*tile)[BK + PAD], u32 row, u32 k, float x) {
     Split s = split_bf16_one(x);

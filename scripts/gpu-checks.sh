@@ -3,7 +3,8 @@
 # an H100 80GB HBM3 by these stages), in stages that each fit in ten minutes:
 #   bash scripts/gpu-checks.sh correct   # conformance (CUDA, wgpu/Vulkan), resident step plans
 #   bash scripts/gpu-checks.sh cuda      # the CUDA conformance suite, matmul benchmarks (from
-#                                        # f32 and prepared operands), the PyTorch anchors
+#                                        # f32 and prepared operands; every split-bf16 path
+#                                        # alone and the tuner's choice), the PyTorch anchors
 #   bash scripts/gpu-checks.sh bench     # wgpu matmul benchmarks and the PyTorch anchors
 #   bash scripts/gpu-checks.sh tune      # a full autotune, and matrix-vector shapes
 #   bash scripts/gpu-checks.sh train     # report, training on both backends, PyTorch anchor
@@ -61,7 +62,7 @@ correct)
         run 200 .bin/conformance wgpu --test-threads 1
     fi
     if [ -x .bin/train ]; then
-        run 120 .bin/train resident loss_falls ${ONLY:+--skip cuda} --test-threads 1
+        run 120 .bin/train resident loss_falls fused_attention_ops ${ONLY:+--skip cuda} --test-threads 1
         # The 16-bit presets with every tensor stored as f32, beside their coded matmul inputs above.
     MANTISSA_ACTIVATIONS=f32 run 120 $m bench train --config small --backends cuda --precision bf16-mixed,16-mixed --warmup 3 --steps 20 --json "$out/bench-train-f32-stored.json"
     # The CUDA step replayed as a CUDA graph (opt-in) against the host interpreter.
@@ -73,10 +74,17 @@ cuda)
     # From f32 operands (conversion included) and from operands already in their format (the
     # GEMM alone, against PyTorch's same-dtype GEMM below).
     run 180 $m bench matmul --sizes 4096,8192 --algorithms all --operands all --backends cuda --reps 10 --json "$out/bench-cuda.json"
-    # Split-bf16 takes the faster of the per-level cuBLAS GEMMs and the fused kernel per shape
-    # class (the bench's variant column names it); the fused kernel alone, and its conformance.
-    [ -x .bin/conformance ] && MANTISSA_CUDA_SPLIT=fused run 60 .bin/conformance cuda::matmul_random --test-threads 1
+    # Split-bf16 takes the fastest of its candidates per shape class (the bench's variant column
+    # above names it): the per-level cuBLAS GEMMs, bf16x3 as one K-tripled GEMM (K up to 4096),
+    # x6/x9's level 0 as partial sums (where their planes fit: 4096, and a long K over a small
+    # C), and the fused kernel; each alone here, with its conformance.
+    for path in fused tripled partials; do
+        [ -x .bin/conformance ] && MANTISSA_CUDA_SPLIT=$path run 60 .bin/conformance cuda::matmul_random --test-threads 1
+    done
     MANTISSA_CUDA_SPLIT=fused run 80 $m bench matmul --sizes 4096,8192 --algorithms bf16x3,bf16x6,bf16x9 --backends cuda --reps 10 --json "$out/bench-cuda-fused.json"
+    MANTISSA_CUDA_SPLIT=gemms run 80 $m bench matmul --sizes 4096,8192,1024x1024x16384 --algorithms bf16x3,bf16x6,bf16x9 --operands all --backends cuda --reps 10 --json "$out/bench-cuda-gemms.json"
+    MANTISSA_CUDA_SPLIT=tripled run 40 $m bench matmul --sizes 4096 --algorithms bf16x3 --operands all --backends cuda --reps 10 --json "$out/bench-cuda-tripled.json"
+    MANTISSA_CUDA_SPLIT=partials run 60 $m bench matmul --sizes 4096,1024x1024x16384 --algorithms bf16x6,bf16x9 --operands all --backends cuda --reps 10 --json "$out/bench-cuda-partials.json"
     # fp8 through cuBLASLt's fp8 GEMM (opt-in: outside the contract on an H100), beside the
     # default f16 path above; its conformance shows where it breaks.
     MANTISSA_CUDA_FP8=cublaslt run 60 $m bench matmul --sizes 4096,8192 --algorithms e4m3,e4m3-e5m2 --operands all --backends cuda --reps 10 --json "$out/bench-cuda-fp8-lt.json"

@@ -20,6 +20,7 @@ rm -f "$skipped" "$fuzzed"
 cargo test --all-targets --features mpi "$@" 2>&1 | tee "$log"
 # The conformance tests of an absent CUDA backend pass as skipped; say why once, here.
 ./target/debug/mantissa info 2>/dev/null | grep '^cuda:' | tee -a "$log" || true
+# The gate: both backends named, so a wgpu that is absent fails it as a contract break does.
 ./target/debug/mantissa report --backends reference,wgpu --train-steps 20 --out target/report
 if command -v dpkg-deb >/dev/null && [ "$(uname -m)" = x86_64 ]; then
     bash scripts/lavapipe-coop.sh cargo test --test coop --test conformance --features mpi "$@" 2>&1 | tee -a "$log"

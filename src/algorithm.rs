@@ -9,6 +9,14 @@ use crate::format::Format;
 use std::fmt;
 use std::str::FromStr;
 
+/// f32's unit roundoff, 2^-24: the accumulators of every algorithm are f32.
+pub const UNIT_ROUNDOFF_F32: f64 = f32::EPSILON as f64 / 2.0;
+
+/// The generous factor of `Algorithm::accumulation_band` over the typical size of independent
+/// rounding errors (about 0.2 u sqrt(K) peak for f32 sums of N(0,1), uniform or wide-range
+/// products).
+pub const BAND_FACTOR: f64 = 4.0;
+
 /// How fp8 algorithms choose their scales (docs/design.md, "fp8 scaling").
 #[derive(Clone, Copy, Debug, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Scaling {
@@ -26,7 +34,7 @@ impl fmt::Display for Scaling {
         match self {
             Scaling::Tensorwise => f.write_str("tensorwise"),
             Scaling::Rowwise => f.write_str("rowwise"),
-            Scaling::Given { a, b } => write!(f, "given={a},{b}"),
+            Scaling::Given { a, b } => write!(f, "given={a}/{b}"),
         }
     }
 }
@@ -36,7 +44,8 @@ impl FromStr for Scaling {
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
         if let Some(values) = s.strip_prefix("given=") {
-            let parts: Vec<&str> = values.split(',').collect();
+            // SA/SB everywhere (lists split at commas); SA,SB where one algorithm is named.
+            let parts: Vec<&str> = values.split(['/', ',']).collect();
             let parse = |t: &str| {
                 t.trim()
                     .parse::<f32>()
@@ -53,7 +62,7 @@ impl FromStr for Scaling {
                 },
                 _ => Err(Error::invalid(
                     "scaling",
-                    format!("'{s}': write given=SCALE_A,SCALE_B"),
+                    format!("'{s}': write given=SCALE_A/SCALE_B"),
                 )),
             };
         }
@@ -63,7 +72,7 @@ impl FromStr for Scaling {
             _ => Err(Error::UnknownName {
                 kind: "scaling",
                 given: s.to_string(),
-                valid: vec!["tensorwise".into(), "rowwise".into(), "given=SA,SB".into()],
+                valid: vec!["tensorwise".into(), "rowwise".into(), "given=SA/SB".into()],
             }),
         }
     }
@@ -231,9 +240,32 @@ impl Algorithm {
     /// summation of K terms in f32 in any order errs by at most about K ulps of that magnitude;
     /// the split levels add one rounding each, fp8 a division by the scales.
     pub fn accumulation_tolerance(&self, k: usize) -> f64 {
-        let ulp = f32::EPSILON as f64 / 2.0;
-        let extra = self.split_levels() as f64 + if self.is_fp8() { 8.0 } else { 2.0 };
-        2.0 * (k as f64 + extra) * ulp
+        2.0 * (k as f64 + self.extra_roundings()) * UNIT_ROUNDOFF_F32
+    }
+
+    /// Roundings beyond the K additions: the result's, one per split level, fp8's unscaling.
+    fn extra_roundings(&self) -> f64 {
+        self.split_levels() as f64 + if self.is_fp8() { 8.0 } else { 2.0 }
+    }
+
+    /// The whole-product band (docs/design.md, "Tolerances"): how far, in the root of summed
+    /// squares over C, two implementations of this algorithm that differ only in accumulation
+    /// order may be apart. Per element, from the exact value `exact`, |A||B| `abs` and the
+    /// largest partial sum `peak` of its K terms:
+    ///
+    /// 2u (F sqrt(n) peak + n exact^2 / abs), n = K + the extra roundings, F = `BAND_FACTOR`.
+    ///
+    /// A sum of n terms in f32 adds n roundings of at most u times a partial sum. Where they are
+    /// independent (terms of random sign and value) they grow as sqrt(n): the first term. Where
+    /// they repeat (terms of one sign and nearly one value, as in a matrix of constants) they
+    /// add up coherently, to about n u |C|: the second term, which exact^2 / abs makes vanish
+    /// for terms of random sign (|C| ~ abs / sqrt(K) there) and equal to n |C| for terms of one
+    /// sign. A product missing a fraction f of its terms of random sign is off by about
+    /// sqrt(f) |C|, far outside this band for any f a wrong kernel drops.
+    pub fn accumulation_band(&self, k: usize, exact: f64, abs: f64, peak: f64) -> f64 {
+        let n = k as f64 + self.extra_roundings();
+        let coherent = if abs > 0.0 { exact * exact / abs } else { 0.0 };
+        2.0 * UNIT_ROUNDOFF_F32 * (BAND_FACTOR * n.sqrt() * peak + n * coherent)
     }
 }
 
@@ -251,7 +283,8 @@ impl fmt::Display for Algorithm {
 
 impl FromStr for Algorithm {
     type Err = Error;
-    /// `NAME[:SCALING]`, e.g. "bf16x3", "e4m3", "e4m3-e5m2:rowwise", "e5m2:given=0.5,2".
+    /// `NAME[:SCALING]`, e.g. "bf16x3", "e4m3", "e4m3-e5m2:rowwise", "e5m2:given=0.5/2" (or
+    /// "e5m2:given=0.5,2" where one algorithm is named, not a list).
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim().to_ascii_lowercase();
         let (name, scaling) = match s.split_once(':') {
@@ -397,22 +430,42 @@ impl MatmulShape {
         2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64
     }
 
-    /// Checks that the operand slices have the lengths this shape needs.
+    /// Checks that the operand slices have the lengths this shape needs, and that C's length
+    /// can be counted (the result's host buffer is asked for where it is made, `memory`).
     pub fn check(&self, a_len: usize, b_len: usize) -> Result<()> {
-        if a_len != self.a_len() {
-            return Err(Error::LengthMismatch {
-                what: "matmul operand A",
-                expected: self.a_len(),
-                got: a_len,
-            });
+        let product = |x: usize, y: usize, z: usize| x.checked_mul(y)?.checked_mul(z);
+        for (what, expected, got) in [
+            (
+                "matmul operand A",
+                product(self.batch, self.m, self.k),
+                a_len,
+            ),
+            (
+                "matmul operand B",
+                product(self.batch, self.k, self.n),
+                b_len,
+            ),
+        ] {
+            if expected != Some(got) {
+                return Err(Error::LengthMismatch {
+                    what,
+                    expected: expected.unwrap_or(usize::MAX),
+                    got,
+                });
+            }
         }
-        if b_len != self.b_len() {
-            return Err(Error::LengthMismatch {
-                what: "matmul operand B",
-                expected: self.b_len(),
-                got: b_len,
-            });
-        }
-        Ok(())
+        self.checked_c_len().map(|_| ())
+    }
+
+    /// C's length, or `HostOutOfMemory` where it does not fit in the address space.
+    pub fn checked_c_len(&self) -> Result<usize> {
+        self.batch
+            .checked_mul(self.m)
+            .and_then(|x| x.checked_mul(self.n))
+            .ok_or_else(|| Error::HostOutOfMemory {
+                what: format!("C of {} x {}x{}", self.batch, self.m, self.n),
+                bytes: None,
+                available: None,
+            })
     }
 }

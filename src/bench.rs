@@ -75,18 +75,23 @@ impl MatmulBench {
         let mut out = Vec::new();
         for &(m, n, k) in &self.shapes {
             let shape = MatmulShape::new(m, n, k);
+            // A, B and C on the host (their sizes are checked by `--sizes`' parser).
+            let values = (m * k + k * n + m * n) as u64;
+            crate::memory::check("the benchmark's operands", values.checked_mul(4))?;
             let a = measure::normal(m * k, self.seed);
             let b = measure::normal(k * n, self.seed + 1);
             for algorithm in &self.algorithms {
                 let c = backend.matmul(&shape, algorithm, &a, &b).await?;
                 let (relative_error, max_ulp_error, rows) =
                     sampled_error(&shape, &a, &b, &c, self.error_rows);
-                let contract_breaks =
-                    ((m * n * k) as u64 <= self.contract_check_limit).then(|| {
-                        let want = reference::matmul(&shape, algorithm, &a, &b);
-                        let abs = measure::abs_product(&shape, &a, &b);
-                        measure::compare_to_reference(algorithm, &shape, &c, &want, &abs).1
-                    });
+                // Elements outside their tolerance, and 1 for a whole product outside its band.
+                let contract_breaks = if (m * n * k) as u64 <= self.contract_check_limit {
+                    let want = reference::matmul(&shape, algorithm, &a, &b)?;
+                    let check = measure::check_product(algorithm, &shape, (&a, &b), &c, &want)?;
+                    Some(check.count + usize::from(!check.whole.holds()))
+                } else {
+                    None
+                };
                 drop(c);
                 let (bytes_a, bytes_b) = algorithm.bytes_per_element();
                 for &operands in &self.operands {

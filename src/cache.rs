@@ -21,12 +21,42 @@ pub fn dir() -> Option<PathBuf> {
         .or_else(|| env("HOME").map(|d| d.join(".cache").join("mantissa")))
 }
 
+/// The largest cache file read (a tile store is a few KiB, a cubin a few hundred).
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// The cache file `path`, through `input::Input`: None where there is none, and where it is
+/// not a regular file (a FIFO would block every read), larger than `MAX_FILE_BYTES` or
+/// unreadable, ignored with a warning on standard error.
+pub fn read(path: &Path) -> Option<Vec<u8>> {
+    if std::fs::symlink_metadata(path).is_err() {
+        return None;
+    }
+    let read = crate::input::Input::open_within(path, "cache file", MAX_FILE_BYTES)
+        .and_then(|input| input.read_all("cache file", MAX_FILE_BYTES));
+    match read {
+        Ok(bytes) => Some(bytes),
+        Err(e) => {
+            eprintln!("mantissa: warning: cache ignored: {e}");
+            None
+        }
+    }
+}
+
 /// Writes `bytes` to `path` in the cache (its directory created first) through
 /// `output::write_bytes`: a reader, another process included, sees the old file or the whole
-/// new one, never a torn one.
+/// new one, never a torn one. Something there that is not a regular file (a FIFO, a device) is
+/// left alone: the cache is not written.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| Error::file(parent, e))?;
+        std::fs::create_dir_all(parent).map_err(|e| Error::output(parent, e))?;
+    }
+    if let Ok(m) = std::fs::metadata(path)
+        && !m.is_file()
+    {
+        return Err(Error::output(
+            path,
+            "not a regular file: the cache is not written",
+        ));
     }
     crate::output::write_bytes(path, bytes)
 }

@@ -97,8 +97,27 @@ pub enum Error {
     #[error("shader '{kernel}' failed to compile:\n{log}")]
     ShaderCompile { kernel: String, log: String },
 
+    /// An input file that cannot be used: absent, not a regular file, larger than its format
+    /// allows, malformed.
     #[error("{path}: {why}")]
     File { path: String, why: String },
+
+    /// An output that cannot be written (a failure of the machine, not of the input).
+    #[error("{path}: {why}")]
+    Output { path: String, why: String },
+
+    /// Host memory that the system does not have for a size asked from outside (`memory.rs`):
+    /// `bytes` is None where the size does not even fit in 64 bits.
+    #[error(
+        "out of host memory: {what} needs {}{}; use smaller operands or a smaller batch",
+        bytes.map_or("more than 2^64 bytes".to_string(), |b| format!("{b} bytes ({})", gib(b))),
+        available.map_or(String::new(), |a| format!(", and {} are available", gib(a)))
+    )]
+    HostOutOfMemory {
+        what: String,
+        bytes: Option<u64>,
+        available: Option<u64>,
+    },
 
     /// A training run that cannot go on: its loss or gradients went non-finite with nothing to
     /// absorb it (no loss scaling). `step` counts from the run's start, resumed steps included.
@@ -110,8 +129,22 @@ pub enum Error {
     },
 
     /// A result outside the numerics contract (`matmul --check`): not bad input, a wrong answer.
-    #[error("{count} element(s) break the {algorithm} contract against the reference")]
-    ContractBreak { algorithm: String, count: usize },
+    /// `count` elements outside their tolerance, and `whole`: the whole product outside its
+    /// band, in words, where it is.
+    #[error(
+        "{} the {algorithm} contract against the reference{}",
+        match (count, whole) {
+            (0, Some(_)) => "the whole product breaks".to_string(),
+            (n, Some(_)) => format!("{n} element(s) and the whole product break"),
+            (n, None) => format!("{n} element(s) break"),
+        },
+        whole.as_ref().map_or(String::new(), |w| format!(": {w}"))
+    )]
+    ContractBreak {
+        algorithm: String,
+        count: usize,
+        whole: Option<String>,
+    },
 
     /// Another rank of a data-parallel run failed; its message, and its error's class.
     #[error("rank {rank} failed: {message}")]
@@ -209,6 +242,8 @@ impl Error {
             | Error::ShaderCompile { .. }
             | Error::BackendUnavailable { .. }
             | Error::Collective { .. }
+            | Error::Output { .. }
+            | Error::HostOutOfMemory { .. }
             | Error::Io(_) => ErrorClass::Machine,
             Error::Rank { class, .. } => *class,
             Error::ContractBreak { .. } => ErrorClass::ContractBreak,
@@ -274,5 +309,21 @@ impl Error {
             path: path.as_ref().display().to_string(),
             why: why.to_string(),
         }
+    }
+
+    pub fn output(path: impl AsRef<std::path::Path>, why: impl std::fmt::Display) -> Error {
+        Error::Output {
+            path: path.as_ref().display().to_string(),
+            why: why.to_string(),
+        }
+    }
+
+    /// Whether the error is memory running out, the host's or a device's (Python raises
+    /// `MemoryError` for these).
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(
+            self,
+            Error::OutOfMemory { .. } | Error::HostOutOfMemory { .. } | Error::PlanTooLarge { .. }
+        )
     }
 }

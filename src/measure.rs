@@ -102,38 +102,205 @@ pub fn same_code(format: Format, got: u32, want: u32) -> bool {
 /// The product of the original f32 inputs in f64 (what every algorithm's error is measured
 /// against).
 pub fn exact_product(shape: &MatmulShape, a: &[f32], b: &[f32]) -> Vec<f64> {
-    product_f64(shape, a, b, |x| x as f64)
-}
-
-/// |A| . |B| over the finite inputs: the magnitude that bounds accumulation-order differences,
-/// and, where it exceeds f32's range, says that f32 partial sums may overflow. (Infinite
-/// inputs count as 0 here: where they reach an output, the non-finite rules decide it.)
-pub fn abs_product(shape: &MatmulShape, a: &[f32], b: &[f32]) -> Vec<f64> {
-    product_f64(shape, a, b, |x| {
-        if x.is_finite() { (x as f64).abs() } else { 0.0 }
-    })
-}
-
-fn product_f64(
-    shape: &MatmulShape,
-    a: &[f32],
-    b: &[f32],
-    f: impl Fn(f32) -> f64 + Sync,
-) -> Vec<f64> {
     let (m, n, k) = (shape.m, shape.n, shape.k);
     let mut c = vec![0f64; shape.c_len()];
     c.par_chunks_mut(n.max(1))
         .enumerate()
         .for_each(|(row, out)| {
             let (batch, i) = (row / m.max(1), row % m.max(1));
-            let a_row: Vec<f64> = (0..k).map(|p| f(a[shape.a_index(batch, i, p)])).collect();
+            let a_row: Vec<f64> = (0..k)
+                .map(|p| a[shape.a_index(batch, i, p)] as f64)
+                .collect();
             for (j, o) in out.iter_mut().enumerate() {
                 *o = (0..k)
-                    .map(|p| a_row[p] * f(b[shape.b_index(batch, p, j)]))
+                    .map(|p| a_row[p] * b[shape.b_index(batch, p, j)] as f64)
                     .sum();
             }
         });
     c
+}
+
+/// What the contract's checks need of each element of C, computed once from the inputs in
+/// f64 (as `exact_product`, and in one pass with it).
+pub struct Magnitudes {
+    /// The exact product.
+    pub exact: Vec<f64>,
+    /// |A| . |B| over the finite inputs: the magnitude that bounds accumulation-order
+    /// differences, and, where it exceeds f32's range, says that f32 partial sums may
+    /// overflow. (Infinite inputs count as 0 here: where they reach an output, the non-finite
+    /// rules decide it.)
+    pub abs: Vec<f64>,
+    /// The largest partial sum of the element's K terms in their natural order (finite inputs).
+    pub peak: Vec<f64>,
+}
+
+/// `Magnitudes` of A . B; its three buffers are asked of the host first (`memory`).
+pub fn magnitudes(shape: &MatmulShape, a: &[f32], b: &[f32]) -> crate::Result<Magnitudes> {
+    let len = shape.checked_c_len()?;
+    let what = "the exact product and magnitudes of C (f64)";
+    crate::memory::check(
+        what,
+        crate::memory::bytes_of::<f64>(len).and_then(|b| b.checked_mul(3)),
+    )?;
+    let mut m = Magnitudes {
+        exact: crate::memory::host_buffer(what, len)?,
+        abs: crate::memory::host_buffer(what, len)?,
+        peak: crate::memory::host_buffer(what, len)?,
+    };
+    let (rows, k, n) = (shape.batch * shape.m, shape.k, shape.n.max(1));
+    let finite = |x: f32| if x.is_finite() { x as f64 } else { 0.0 };
+    m.exact
+        .par_chunks_mut(n)
+        .zip(m.abs.par_chunks_mut(n))
+        .zip(m.peak.par_chunks_mut(n))
+        .enumerate()
+        .take(rows)
+        .for_each(|(row, ((exact, abs), peak))| {
+            let (batch, i) = (row / shape.m.max(1), row % shape.m.max(1));
+            let a_row: Vec<f32> = (0..k).map(|p| a[shape.a_index(batch, i, p)]).collect();
+            for j in 0..exact.len() {
+                let (mut e, mut s, mut sum, mut top) = (0f64, 0f64, 0f64, 0f64);
+                for (p, &x) in a_row.iter().enumerate() {
+                    let y = b[shape.b_index(batch, p, j)];
+                    e += x as f64 * y as f64;
+                    let t = finite(x) * finite(y);
+                    s += t.abs();
+                    sum += t;
+                    top = top.max(sum.abs());
+                }
+                (exact[j], abs[j], peak[j]) = (e, s, top);
+            }
+        });
+    Ok(m)
+}
+
+/// The whole product against its band: beside the element-by-element tolerance, the root of
+/// summed squares of C - reference over C, against `Algorithm::accumulation_band`. It sees what
+/// the per-element bound (which grows as K |A||B|) cannot: a product missing part of its sum.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct WholeProduct {
+    /// ||C - reference|| over the elements both have finite where no partial sum can overflow.
+    pub error: f64,
+    /// The band's bound on that norm.
+    pub allowed: f64,
+    /// Relative Frobenius error of C against the f64 product (`relative_error`).
+    pub relative_error: f64,
+    /// The same of the reference's result: the algorithm's own rounding of these inputs.
+    pub reference_error: f64,
+    /// The top of the band of `relative_error`: `reference_error` + `allowed` / ||exact||
+    /// (inf where the exact product is all zeros).
+    pub band: f64,
+}
+
+impl WholeProduct {
+    pub fn holds(&self) -> bool {
+        self.error <= self.allowed
+    }
+}
+
+impl std::fmt::Display for WholeProduct {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "relative error {:.3e} against a band up to {:.3e} (||C - reference|| = {:.3e}, allowed {:.3e})",
+            self.relative_error, self.band, self.error, self.allowed
+        )
+    }
+}
+
+/// The contract's verdict on a backend's result `got` against the reference's `want` of the same
+/// algorithm: the elements outside the per-element tolerance (`compare_to_reference`) and the
+/// whole product against its band.
+#[derive(Clone, Debug)]
+pub struct ContractCheck {
+    pub mismatches: Vec<Mismatch>,
+    /// Elements outside the per-element tolerance.
+    pub count: usize,
+    pub whole: WholeProduct,
+}
+
+impl ContractCheck {
+    pub fn holds(&self) -> bool {
+        self.count == 0 && self.whole.holds()
+    }
+
+    /// The breaks in words (up to the first 10 elements, then the band), empty where it holds.
+    pub fn findings(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self.mismatches.iter().map(|m| m.to_string()).collect();
+        if !self.whole.holds() {
+            lines.push(format!(
+                "the whole product is outside its band: {}",
+                self.whole
+            ));
+        }
+        lines
+    }
+
+    /// `ContractBreak` where the check failed.
+    pub fn verdict(&self, algorithm: &Algorithm) -> crate::Result<()> {
+        if self.holds() {
+            return Ok(());
+        }
+        Err(crate::Error::ContractBreak {
+            algorithm: algorithm.to_string(),
+            count: self.count,
+            whole: (!self.whole.holds()).then(|| self.whole.to_string()),
+        })
+    }
+}
+
+/// Checks `got` against the reference result `want` of `algorithm` on inputs `a`, `b`: element
+/// by element and as a whole (docs/design.md, "Tolerances").
+pub fn check_product(
+    algorithm: &Algorithm,
+    shape: &MatmulShape,
+    (a, b): (&[f32], &[f32]),
+    got: &[f32],
+    want: &[f32],
+) -> crate::Result<ContractCheck> {
+    let m = magnitudes(shape, a, b)?;
+    let (mismatches, count) = compare_to_reference(algorithm, shape, got, want, &m.abs);
+    let whole = whole_product(algorithm, shape.k, got, want, &m);
+    Ok(ContractCheck {
+        mismatches,
+        count,
+        whole,
+    })
+}
+
+/// The whole-product half of `check_product`.
+pub fn whole_product(
+    algorithm: &Algorithm,
+    k: usize,
+    got: &[f32],
+    want: &[f32],
+    m: &Magnitudes,
+) -> WholeProduct {
+    let floor = f32::MIN_POSITIVE as f64 * (k as f64 + 1.0);
+    let (mut error, mut allowed, mut norm) = (0f64, 0f64, 0f64);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let (exact, abs, peak) = (m.exact[i], m.abs[i], m.peak[i]);
+        // Non-finite results and possible overflows are the per-element check's.
+        if !(g.is_finite() && w.is_finite() && exact.is_finite() && abs <= f32::MAX as f64) {
+            continue;
+        }
+        error += (g as f64 - w as f64).powi(2);
+        allowed += (algorithm.accumulation_band(k, exact, abs, peak) + floor).powi(2);
+        norm += exact * exact;
+    }
+    let (error, allowed, norm) = (error.sqrt(), allowed.sqrt(), norm.sqrt());
+    let reference_error = relative_error(want, &m.exact);
+    WholeProduct {
+        error,
+        allowed,
+        relative_error: relative_error(got, &m.exact),
+        reference_error,
+        band: if norm > 0.0 {
+            reference_error + allowed / norm
+        } else {
+            f64::INFINITY
+        },
+    }
 }
 
 /// Whether an exact value can be an f32 result at all (finite and within f32's range).

@@ -1,8 +1,8 @@
 //! Reading and writing 2-D float32 `.npy` files (through the `npyz` crate).
 
 use crate::error::{Error, Result};
+use crate::input::Input;
 use npyz::WriterBuilder;
-use std::fs::File;
 use std::io::{BufReader, Read, Seek};
 use std::path::Path;
 
@@ -33,13 +33,70 @@ impl Matrix {
     }
 }
 
-/// Reads a 2-D float32 array (C or Fortran order) into a row-major matrix.
-/// The shape in the header is checked against the file's length, with overflow-checked
-/// arithmetic, before anything is allocated.
+/// Reads a 2-D float32 array (C or Fortran order) into a row-major matrix, from a regular file
+/// or from standard input (`-`), opened by `input::Input` (a FIFO or device is refused). The
+/// shape in the header is checked against the file's length, with overflow-checked arithmetic,
+/// before anything is allocated; from standard input the header is read first and the data it
+/// declares then read exactly.
 pub fn read_matrix(path: &Path) -> Result<Matrix> {
-    let file = File::open(path).map_err(|e| Error::file(path, e))?;
-    let file_bytes = file.metadata().map(|m| m.len()).ok();
-    read_matrix_from(BufReader::new(file), file_bytes, path)
+    read_matrix_input(Input::open(path)?)
+}
+
+/// `read_matrix` over an opened input: a file is read with its length known, a stream header
+/// first.
+pub fn read_matrix_input(input: Input) -> Result<Matrix> {
+    let path = input.path().to_path_buf();
+    match input.into_file() {
+        Ok((file, len)) => read_matrix_from(BufReader::new(file), Some(len), &path),
+        Err(stream) => read_matrix_stream(stream),
+    }
+}
+
+/// The longest .npy header read from a stream: numpy writes a few hundred bytes.
+const MAX_STREAM_HEADER: u64 = 1 << 20;
+
+/// `read_matrix` over a stream of unknown length: the preamble and header first, then exactly
+/// the bytes the header declares (asked of the host first), then nothing more.
+fn read_matrix_stream(mut input: Input) -> Result<Matrix> {
+    let path = input.path().to_path_buf();
+    let bad = |why: String| Error::file(&path, format!("not a valid .npy file: {why}"));
+    let mut bytes = input.read_exactly(8, "the .npy preamble")?;
+    if &bytes[..6] != b"\x93NUMPY" {
+        return Err(bad("no .npy magic".into()));
+    }
+    let width = match bytes[6] {
+        1 => 2,
+        2 | 3 => 4,
+        v => return Err(bad(format!("version {v}"))),
+    };
+    bytes.extend(input.read_exactly(width, "the .npy header length")?);
+    let header_len = if width == 2 {
+        u16::from_le_bytes([bytes[8], bytes[9]]) as u64
+    } else {
+        u32::from_le_bytes([bytes[8], bytes[9], bytes[10], bytes[11]]) as u64
+    };
+    if header_len > MAX_STREAM_HEADER {
+        return Err(bad(format!("a header of {header_len} bytes")));
+    }
+    let header = input.read_exactly(header_len, "the .npy header")?;
+    let text = String::from_utf8_lossy(&header).into_owned();
+    bytes.extend(header);
+    if !(text.contains("'<f4'") || text.contains("'float32'")) {
+        return Err(Error::file(&path, "expected dtype float32 ('<f4')"));
+    }
+    let data = claimed_dims(&text)
+        .and_then(|dims| dims.iter().try_fold(4u128, |acc, &d| acc.checked_mul(d)))
+        .filter(|&b| b <= 4 * crate::algorithm::MAX_OPERAND_ELEMENTS as u128)
+        .ok_or_else(|| {
+            bad(format!(
+                "the header's shape is not one of at most {} float32 values",
+                crate::algorithm::MAX_OPERAND_ELEMENTS
+            ))
+        })?;
+    bytes.extend(input.read_exactly(data as u64, "the .npy data")?);
+    input.expect_end("the data its header declares")?;
+    let len = bytes.len() as u64;
+    read_matrix_from(std::io::Cursor::new(bytes), Some(len), &path)
 }
 
 /// `read_matrix` over any seekable source of `len` bytes (when known); `path` names it in errors.
@@ -87,7 +144,7 @@ pub fn read_matrix_from(
             ));
         }
     };
-    let mut values = Vec::with_capacity(count);
+    let mut values = crate::memory::empty_with_capacity("the .npy values", count)?;
     for v in reader {
         values
             .push(v.map_err(|e| Error::file(path, format!("truncated or unreadable data: {e}")))?);
@@ -101,7 +158,7 @@ pub fn read_matrix_from(
     let data = match order {
         npyz::Order::C => values,
         npyz::Order::Fortran => {
-            let mut data = vec![0f32; count];
+            let mut data = crate::memory::host_buffer::<f32>("the .npy values", count)?;
             for (e, v) in values.into_iter().enumerate() {
                 let (i, j) = (e % rows, e / rows);
                 data[i * cols + j] = v;
@@ -128,17 +185,7 @@ pub(crate) fn check_claimed_shape(
         .map_err(|e| Error::file(path, e))?;
     file.rewind().map_err(|e| Error::file(path, e))?;
     let text = String::from_utf8_lossy(&head[..n]);
-    let dims = text.find("'shape'").and_then(|at| {
-        let open = at + text[at..].find('(')?;
-        let close = open + text[open..].find(')')?;
-        text[open + 1..close]
-            .split(',')
-            .map(str::trim)
-            .filter(|d| !d.is_empty())
-            .map(|d| d.parse::<u128>().ok())
-            .collect::<Option<Vec<u128>>>()
-    });
-    let (Some(dims), Some(len)) = (dims, file_bytes) else {
+    let (Some(dims), Some(len)) = (claimed_dims(&text), file_bytes) else {
         return Ok(());
     };
     let bytes = dims.iter().try_fold(1u128, |acc, &d| acc.checked_mul(d));
@@ -162,6 +209,19 @@ pub(crate) fn check_claimed_shape(
     Ok(())
 }
 
+/// The dimensions of the `'shape'` of a .npy header, where they can be read.
+fn claimed_dims(text: &str) -> Option<Vec<u128>> {
+    let at = text.find("'shape'")?;
+    let open = at + text[at..].find('(')?;
+    let close = open + text[open..].find(')')?;
+    text[open + 1..close]
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty())
+        .map(|d| d.parse::<u128>().ok())
+        .collect()
+}
+
 /// Writes a row-major matrix as a C-order float32 `.npy` through `output::write_file` (whole
 /// or not at all; a device such as /dev/stdout written in place).
 pub fn write_matrix(path: &Path, m: &Matrix) -> Result<()> {
@@ -171,10 +231,10 @@ pub fn write_matrix(path: &Path, m: &Matrix) -> Result<()> {
             .shape(&[m.rows as u64, m.cols as u64])
             .writer(out)
             .begin_nd()
-            .map_err(|e| Error::file(path, e))?;
+            .map_err(|e| Error::output(path, e))?;
         writer
             .extend(m.data.iter().copied())
-            .map_err(|e| Error::file(path, e))?;
-        writer.finish().map_err(|e| Error::file(path, e))
+            .map_err(|e| Error::output(path, e))?;
+        writer.finish().map_err(|e| Error::output(path, e))
     })
 }

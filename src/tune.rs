@@ -82,7 +82,7 @@ pub struct FileStore(pub PathBuf);
 
 impl TileStore for FileStore {
     fn load(&self) -> Option<String> {
-        std::fs::read_to_string(&self.0).ok()
+        crate::cache::read(&self.0).and_then(|bytes| String::from_utf8(bytes).ok())
     }
 
     fn save(&self, json: &str) {

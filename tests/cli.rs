@@ -1004,3 +1004,585 @@ fn init_and_batches_start_a_run_or_are_refused_by_name() {
         assert!(!p("out").exists(), "{extra:?}: nothing was written");
     }
 }
+
+/// `mantissa` with `args`, killed if it runs past `seconds` (then `None`): a hang is a failure
+/// of the test, not of the suite.
+fn mantissa_within(args: &[&str], envs: &[(&str, &str)], seconds: u64) -> Option<Output> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mantissa"))
+        .args(args)
+        .envs(envs.iter().copied())
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run mantissa");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Some(child.wait_with_output().expect("output"))
+}
+
+fn mkfifo(path: &Path) -> bool {
+    Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Inputs are looked at before they are read: a device, a FIFO, a directory or a sparse 2 GB
+/// file where a checkpoint, a corpus or an operand is expected is refused at once, with exit 2
+/// and its path (the device was read until the kernel killed the tool; the FIFO waited for
+/// ever; the sparse file was read whole to reject its header).
+#[test]
+fn special_files_are_refused_before_they_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let fifo = p("fifo");
+    if !mkfifo(Path::new(&fifo)) {
+        common::skip(
+            "cli::special_files_are_refused_before_they_are_read",
+            "no mkfifo",
+        );
+        return;
+    }
+    let sparse = p("sparse.safetensors");
+    std::fs::File::create(&sparse)
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    // A safetensors header that claims 2 GB of tensors in a file of a few bytes.
+    let header = r#"{"x":{"dtype":"F32","shape":[500000000],"data_offsets":[0,2000000000]}}"#;
+    let mut forged = (header.len() as u64).to_le_bytes().to_vec();
+    forged.extend(header.as_bytes());
+    std::fs::write(p("forged.safetensors"), &forged).unwrap();
+    write_matrix(
+        Path::new(&p("b.npy")),
+        &Matrix::new(2, 2, vec![1.0; 4]).unwrap(),
+    )
+    .unwrap();
+    let out = p("run");
+    let cases: Vec<(Vec<String>, String, &str)> = vec![
+        (
+            vec!["sample".into(), "--checkpoint".into(), "/dev/zero".into()],
+            "/dev/zero".into(),
+            "device",
+        ),
+        (
+            vec!["sample".into(), "--checkpoint".into(), fifo.clone()],
+            fifo.clone(),
+            "FIFO",
+        ),
+        (
+            vec!["sample".into(), "--checkpoint".into(), sparse.clone()],
+            sparse.clone(),
+            "checkpoint",
+        ),
+        (
+            vec![
+                "sample".into(),
+                "--checkpoint".into(),
+                p("forged.safetensors"),
+            ],
+            p("forged.safetensors"),
+            "header says",
+        ),
+        (
+            vec![
+                "sample".into(),
+                "--checkpoint".into(),
+                dir.path().to_str().unwrap().into(),
+            ],
+            dir.path().to_str().unwrap().into(),
+            "directory",
+        ),
+        (
+            vec![
+                "sample".into(),
+                "--checkpoint".into(),
+                sparse.clone(),
+                "--corpus".into(),
+                "/dev/zero".into(),
+            ],
+            "/dev/zero".into(),
+            "device",
+        ),
+        (
+            vec![
+                "train".into(),
+                "--resume".into(),
+                "/dev/zero".into(),
+                "--steps".into(),
+                "1".into(),
+                "--backend".into(),
+                "reference".into(),
+                "--out".into(),
+                out.clone(),
+            ],
+            "/dev/zero".into(),
+            "device",
+        ),
+        (
+            vec![
+                "train".into(),
+                "--resume".into(),
+                fifo.clone(),
+                "--steps".into(),
+                "1".into(),
+                "--backend".into(),
+                "reference".into(),
+                "--out".into(),
+                out.clone(),
+            ],
+            fifo.clone(),
+            "FIFO",
+        ),
+        (
+            vec![
+                "train".into(),
+                "--corpus".into(),
+                "/dev/zero".into(),
+                "--steps".into(),
+                "1".into(),
+                "--out".into(),
+                out.clone(),
+            ],
+            "/dev/zero".into(),
+            "device",
+        ),
+        (
+            vec![
+                "matmul".into(),
+                fifo.clone(),
+                p("b.npy"),
+                "--backend".into(),
+                "reference".into(),
+            ],
+            fifo.clone(),
+            "FIFO",
+        ),
+        (
+            vec![
+                "matmul".into(),
+                p("b.npy"),
+                "/dev/zero".into(),
+                "--backend".into(),
+                "reference".into(),
+            ],
+            "/dev/zero".into(),
+            "device",
+        ),
+        (
+            vec![
+                "cast".into(),
+                "--raw".into(),
+                "--from".into(),
+                "f32".into(),
+                "--to".into(),
+                "bf16".into(),
+                "-i".into(),
+                fifo.clone(),
+            ],
+            fifo.clone(),
+            "FIFO",
+        ),
+    ];
+    for (args, path, why) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = mantissa_within(&args, &[], 30).unwrap_or_else(|| panic!("{args:?} hung"));
+        let msg = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {msg}");
+        assert!(msg.contains(&path) && msg.contains(why), "{args:?}: {msg}");
+    }
+    assert!(
+        !Path::new(&out).exists(),
+        "train wrote before its inputs were checked"
+    );
+}
+
+/// A FIFO where the autotune cache lives does not block a tuned wgpu matmul: the cache is
+/// ignored with a warning (it waited for a writer for ever).
+#[test]
+fn a_fifo_at_the_cache_path_does_not_block_a_matmul() {
+    common::on(common::wgpu(), "cli::a_fifo_at_the_cache_path", |_| {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        std::fs::create_dir(&cache).unwrap();
+        if !mkfifo(&cache.join("autotune.json")) {
+            return;
+        }
+        let a = dir.path().join("a.npy");
+        write_matrix(&a, &Matrix::new(8, 8, measure::normal(64, 3)).unwrap()).unwrap();
+        let args = [
+            "matmul",
+            a.to_str().unwrap(),
+            a.to_str().unwrap(),
+            "--backend",
+            "wgpu",
+            "--check",
+        ];
+        let envs = [
+            ("MANTISSA_CACHE_DIR", cache.to_str().unwrap()),
+            ("MANTISSA_AUTOTUNE", "fast"),
+        ];
+        let o = mantissa_within(&args, &envs, 120).expect("the matmul waited on the FIFO");
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(
+            text(&o).contains("cache ignored") && text(&o).contains("FIFO"),
+            "{}",
+            text(&o)
+        );
+    });
+}
+
+/// Host memory is asked for, not assumed: a product whose C is 4e18 bytes (from two empty
+/// operands) and a step plan for a batch of 2^20 are refused with the bytes they need, exit 1
+/// (they aborted the process, exit 134).
+#[test]
+fn sizes_beyond_host_memory_are_errors_not_aborts() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.npy");
+    let b = dir.path().join("b.npy");
+    std::fs::write(&a, npy_with_header("(1000000000, 0)", 0)).unwrap();
+    std::fs::write(&b, npy_with_header("(0, 1000000000)", 0)).unwrap();
+    for backend in ["reference", "auto"] {
+        let o = mantissa(&[
+            "matmul",
+            a.to_str().unwrap(),
+            b.to_str().unwrap(),
+            "--backend",
+            backend,
+        ]);
+        assert_eq!(o.status.code(), Some(1), "{backend}: {}", text(&o));
+        let msg = text(&o);
+        assert!(
+            msg.contains("out of host memory") && msg.contains("4000000000000000000 bytes"),
+            "{backend}: {msg}"
+        );
+    }
+    let out = dir.path().join("run");
+    let o = mantissa(&[
+        "train",
+        "--batch",
+        "1048576",
+        "--backend",
+        "reference",
+        "--steps",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("batch of 1048576") && text(&o).contains("try --batch"),
+        "{}",
+        text(&o)
+    );
+    assert!(!out.exists() || std::fs::read_dir(&out).unwrap().count() == 0);
+}
+
+/// The gate cannot pass on nothing: a backend named but absent fails it (exit 3, said), an
+/// empty list or one naming an item twice is bad input (exit 2), and a missing corpus is an
+/// error, not missing training lines.
+#[test]
+fn the_report_gate_cannot_pass_on_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report");
+    let out = out.to_str().unwrap();
+    let quick = [
+        "--sizes",
+        "8",
+        "--algorithms",
+        "f32",
+        "--families",
+        "normal",
+        "--train-steps",
+        "0",
+        "--out",
+        out,
+    ];
+    let report = |extra: &[&str]| {
+        let mut args = vec!["report"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&quick);
+        mantissa(&args)
+    };
+    let cuda_present = mantissa(&["info"])
+        .stdout
+        .windows(6)
+        .any(|w| w == b"cuda: ")
+        && !text(&mantissa(&["info"])).contains("cuda: absent");
+    if !cuda_present {
+        let o = report(&["--backends", "cuda"]);
+        assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+        assert!(
+            text(&o).contains("cuda was named but not checked"),
+            "{}",
+            text(&o)
+        );
+        assert!(!text(&o).contains("PASSED"), "{}", text(&o));
+        // `all` skips it, saying why.
+        let o = report(&["--backends", "all"]);
+        let said = text(&o);
+        assert!(
+            said.contains("skipped cuda") || said.contains("skipped: "),
+            "{said}"
+        );
+    }
+    let o = report(&["--backends", "reference"]);
+    assert!(o.status.success(), "{}", text(&o));
+    for (flag, value) in [
+        ("--backends", ""),
+        ("--backends", "reference,reference"),
+        ("--algorithms", ""),
+        ("--algorithms", "f32,,bf16"),
+        ("--train-presets", ""),
+        ("--families", "normal,normal"),
+        ("--sizes", "8,8"),
+    ] {
+        let mut args = vec![
+            "report",
+            "--backends",
+            "reference",
+            flag,
+            value,
+            "--out",
+            out,
+        ];
+        if flag == "--backends" {
+            args.drain(1..3);
+        }
+        let o = mantissa(&args);
+        assert_eq!(o.status.code(), Some(2), "{flag} '{value}': {}", text(&o));
+        assert!(text(&o).contains(flag), "{flag} '{value}': {}", text(&o));
+    }
+    for (flag, value) in [("--precision", ""), ("--precision", "32-true,32-true")] {
+        let o = mantissa(&["train", flag, value, "--out", out]);
+        assert_eq!(o.status.code(), Some(2), "{flag} '{value}': {}", text(&o));
+    }
+    let o = mantissa(&[
+        "train",
+        "--autocast-override",
+        "softmax=bf16,softmax=f16",
+        "--backend",
+        "reference",
+        "--steps",
+        "1",
+        "--out",
+        out,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("softmax twice"), "{}", text(&o));
+    let o = mantissa(&[
+        "report",
+        "--backends",
+        "reference",
+        "--sizes",
+        "8",
+        "--algorithms",
+        "f32",
+        "--families",
+        "normal",
+        "--train-steps",
+        "1",
+        "--corpus",
+        "/nonexistent/corpus.txt",
+        "--out",
+        out,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("/nonexistent/corpus.txt"), "{}", text(&o));
+}
+
+/// Output that cannot be written is a failure of the machine (exit 1, as the README says; it
+/// was 2), found before the work where the run writes at its end: `train --out` fails before
+/// its first step, writing nothing.
+#[test]
+fn outputs_that_cannot_be_written_exit_1_before_the_work() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.npy");
+    write_matrix(&a, &Matrix::new(2, 2, vec![1.0; 4]).unwrap()).unwrap();
+    let a = a.to_str().unwrap();
+    let nowhere = dir.path().join("no such folder").join("c.npy");
+    let o = mantissa(&[
+        "matmul",
+        a,
+        a,
+        "--backend",
+        "reference",
+        "-o",
+        nowhere.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        !text(&o).contains("C = A . B"),
+        "checked before the product: {}",
+        text(&o)
+    );
+    // --out under a regular file, and a checkpoint's path taken by a folder.
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir_all(run.join("32-true.safetensors")).unwrap();
+    for out in [file.join("run"), run.clone()] {
+        let o = mantissa(&[
+            "train",
+            "--backend",
+            "reference",
+            "--steps",
+            "2",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        assert!(!text(&o).contains("step "), "trained first: {}", text(&o));
+    }
+    assert_eq!(
+        std::fs::read_dir(&run).unwrap().count(),
+        1,
+        "wrote into --out"
+    );
+    // Standard output that cannot be written: exit 1 and one line, not a panic.
+    let o = Command::new(env!("CARGO_BIN_EXE_mantissa"))
+        .arg("finfo")
+        .stdout(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open("/dev/full")
+                .unwrap(),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(!text(&o).contains("panicked"), "{}", text(&o));
+    // `-` is standard output: C as .npy there, the lines about it on standard error.
+    let o = mantissa(&["matmul", a, a, "--backend", "reference", "-o", "-"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let c = mantissa::npy::read_matrix_from(
+        std::io::Cursor::new(o.stdout.clone()),
+        Some(o.stdout.len() as u64),
+        Path::new("-"),
+    )
+    .unwrap();
+    assert_eq!(c.data, vec![2.0; 4]);
+}
+
+/// A reader that goes away ends the tool quietly, as other Unix tools (it panicked on the
+/// broken pipe).
+#[test]
+fn a_closed_pipe_ends_the_tool_quietly() {
+    use std::io::BufRead;
+    // Far more than a pipe holds, so that the tool is still writing when its reader leaves.
+    let values: Vec<String> = (0..20_000).map(|i| format!("{i}.5")).collect();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mantissa"))
+        .arg("cast")
+        .args(&values)
+        .env("XDG_RUNTIME_DIR", "/tmp")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert!(!first.is_empty());
+    assert!(!text(&o).contains("panicked"), "{}", text(&o));
+    assert_ne!(o.status.code(), Some(101), "a panic's exit code");
+}
+
+/// No panic on any argument: a 100,000-digit number to `cast` (the table's formatting width
+/// overflowed), and fp8 scales in an `--algorithms` list.
+#[test]
+fn arguments_of_any_length_and_scales_in_lists() {
+    let digits = "1".repeat(100_000);
+    let o = mantissa(&["cast", &digits, "--to", "f16"]);
+    assert!(
+        o.status.success(),
+        "{}",
+        &text(&o)[..200.min(text(&o).len())]
+    );
+    assert!(text(&o).contains("inf"));
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("bench.json");
+    let o = mantissa(&[
+        "bench",
+        "matmul",
+        "--sizes",
+        "16",
+        "--algorithms",
+        "e4m3:given=1/1,e4m3",
+        "--backends",
+        "reference",
+        "--reps",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("e4m3:given=1/1"), "{}", text(&o));
+    for (args, flag) in [
+        (
+            vec!["sample", "--checkpoint", "x", "--tokens", "1000000000"],
+            "--tokens",
+        ),
+        (
+            vec!["bench", "matmul", "--reps", "0", "--backends", "reference"],
+            "--reps",
+        ),
+        (
+            vec!["report", "--reps", "100000000", "--backends", "reference"],
+            "--reps",
+        ),
+    ] {
+        let o = mantissa(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains(flag), "{args:?}: {}", text(&o));
+    }
+}
+
+/// A run ended by SIGTERM while it writes an output leaves no temporary behind (a signal ends
+/// the process without the temporary's drop).
+#[test]
+fn sigterm_removes_the_pending_temporary() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("x.bf16");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mantissa"))
+        .args(["cast", "--raw", "--from", "f32", "--to", "bf16", "-o"])
+        .arg(&out)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The input stays open: the tool is converting into its temporary until it is stopped.
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(&[0u8; 4096]).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let pending = || std::fs::read_dir(dir.path()).unwrap().count();
+    while pending() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no temporary appeared"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    drop(input);
+    assert!(!status.success());
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}

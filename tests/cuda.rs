@@ -172,6 +172,8 @@ fn cuda_cast_kernels_match_the_host_reference() {
     values.extend(measure::random_bits(20_000, seed));
     values.extend(measure::wide_range(5_000, seed + 1));
     values.extend(measure::normal(5_000, seed + 2));
+    // NaNs whose payload lies in the bits bf16 drops (rounding them as numbers gives inf).
+    values.extend([0x7f80_0001u32, 0xff80_0001, 0x7f80_7fff, 0x7f80_8000].map(f32::from_bits));
     let input = bits(&values);
     for f in Format::ALL {
         for overflow in [Overflow::Standard, Overflow::Saturate] {
@@ -235,132 +237,136 @@ fn cuda_cast_kernels_match_the_host_reference() {
 fn cuda_fp8_scaling_kernels_match_the_host_reference() {
     let Some(h) = harness() else { return };
     let seed = common::seed("cuda_fp8_scaling_kernels_match_the_host_reference");
-    // A batch of 2 matrices of 7 x 13 (row-major), with extremes and non-finite values.
-    let (batch, rows, cols) = (2usize, 7usize, 13usize);
-    let mut x = measure::wide_range(batch * rows * cols, seed);
-    x[3] = f32::INFINITY;
-    x[20] = f32::NAN;
-    x[40] = 1e-42; // subnormal
-    x[100] = -f32::MAX;
-    for row in 8..10 {
-        for c in 0..cols {
-            x[row * cols + c] = if c == 5 { 1e-41 } else { 0.0 };
-        }
-    }
-    let batch_len = (rows * cols) as u32;
-    // (div, modulus, groups per batch, group of element e): per row, per column, per tensor.
-    type Layout<'a> = (u32, u32, u32, Box<dyn Fn(usize) -> usize + 'a>);
-    let layouts: [Layout<'_>; 3] = [
-        (
-            cols as u32,
-            rows as u32,
-            rows as u32,
-            Box::new(|e| e / cols),
-        ),
-        (
-            1,
-            cols as u32,
-            cols as u32,
-            Box::new(move |e| (e / (rows * cols)) * cols + e % cols),
-        ),
-        (batch_len, 1, 1, Box::new(move |e| e / (rows * cols))),
-    ];
-    for (div, modulus, per_batch, group) in layouts {
-        let groups = batch * per_batch as usize;
-        let args = [batch_len, div, modulus, per_batch, groups as u32].map(|v| v.to_string());
-        let amax = run(h, "amax", &args, &bits(&x));
-        for (g, got) in amax.iter().enumerate() {
-            let want = format::amax((0..x.len()).filter(|&e| group(e) == g).map(|e| x[e]));
-            assert_eq!(
-                f32::from_bits(*got),
-                want,
-                "amax of group {g} ({div}, {modulus})"
-            );
-        }
-        for f in [Format::E4m3, Format::E5m2] {
-            let scales = run(h, "scale_from_amax", &[f.max().to_string()], &amax);
-            let scales: Vec<f32> = scales.into_iter().map(f32::from_bits).collect();
-            for (a, s) in amax.iter().zip(&scales) {
-                let want = format::scale_for_amax(f32::from_bits(*a), f);
-                assert_eq!(s.to_bits(), want.to_bits(), "scale of amax {a:#x} for {f}");
+    // Batches of 2 matrices of 7 x 13 (row-major; the kernels read them one value at a time)
+    // and of 8 x 12 (four at a time), with extremes and non-finite values.
+    for (batch, rows, cols) in [(2usize, 7usize, 13usize), (2, 8, 12)] {
+        let mut x = measure::wide_range(batch * rows * cols, seed);
+        x[3] = f32::INFINITY;
+        x[20] = f32::NAN;
+        x[40] = 1e-42; // subnormal
+        x[100] = -f32::MAX;
+        for row in 8..10 {
+            for c in 0..cols {
+                x[row * cols + c] = if c == 5 { 1e-41 } else { 0.0 };
             }
-            let mut input = bits(&x);
-            input.extend(bits(&scales));
-            let q = run(
-                h,
-                "quantize_to_f16",
-                &[
-                    &format_id(f),
-                    &args[0],
-                    &args[1],
-                    &args[2],
-                    &args[3],
-                    &args[4],
-                ]
-                .map(|s| s.to_string()),
-                &input,
-            );
-            for (e, v) in x.iter().enumerate() {
-                let got = Format::F16.decode(q[e]);
-                let want = format::quantize_scaled(*v, scales[group(e)], f);
-                assert!(
-                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                    "quantize {f} {v:e} * {}: {got:e}, host {want:e}",
-                    scales[group(e)]
+        }
+        let batch_len = (rows * cols) as u32;
+        // (div, modulus, groups per batch, group of element e): per row, per column, per tensor.
+        type Layout<'a> = (u32, u32, u32, Box<dyn Fn(usize) -> usize + 'a>);
+        let layouts: [Layout<'_>; 3] = [
+            (
+                cols as u32,
+                rows as u32,
+                rows as u32,
+                Box::new(|e| e / cols),
+            ),
+            (
+                1,
+                cols as u32,
+                cols as u32,
+                Box::new(move |e| (e / (rows * cols)) * cols + e % cols),
+            ),
+            (batch_len, 1, 1, Box::new(move |e| e / (rows * cols))),
+        ];
+        for (div, modulus, per_batch, group) in layouts {
+            let groups = batch * per_batch as usize;
+            let args = [batch_len, div, modulus, per_batch, groups as u32].map(|v| v.to_string());
+            let amax = run(h, "amax", &args, &bits(&x));
+            for (g, got) in amax.iter().enumerate() {
+                let want = format::amax((0..x.len()).filter(|&e| group(e) == g).map(|e| x[e]));
+                assert_eq!(
+                    f32::from_bits(*got),
+                    want,
+                    "amax of group {g} ({div}, {modulus})"
                 );
             }
-            // The same values as fp8 bytes in cuBLASLt's layout (src/backend/cuda/fp8.rs), the
-            // operand taken as A and as B, stored plain and transposed: each element at its
-            // place (row i of A, column j of B contiguous in K), the padding zero.
-            for (as_a, transposed) in [(true, false), (true, true), (false, false), (false, true)] {
-                let (m_or_n, k) = if as_a == transposed {
-                    (cols, rows)
-                } else {
-                    (rows, cols)
-                };
-                let g = cuda::fp8::Fp8Gemm {
-                    m: m_or_n,
-                    n: m_or_n,
-                    k,
-                    padded_k: k.div_ceil(cuda::fp8::K_ALIGN) * cuda::fp8::K_ALIGN,
-                    batch,
-                    a: f,
-                    b: f,
-                };
-                let p = if as_a {
-                    g.a_placement(transposed)
-                } else {
-                    g.b_placement(transposed)
-                };
-                assert_eq!((p.rows, p.cols), (rows, cols));
-                let len = batch * p.batch_stride;
-                let mut fp8_args = args.to_vec();
-                fp8_args.insert(0, format_id(f));
-                fp8_args.extend(strings(&[
-                    rows,
-                    cols,
-                    p.batch_stride,
-                    p.row_stride,
-                    p.col_stride,
-                    len,
-                ]));
-                let bytes = run(h, "quantize_to_fp8", &fp8_args, &input);
-                let mut placed = vec![false; len];
-                for e in 0..x.len() {
-                    let (b, r, c) = (e / (rows * cols), e % (rows * cols) / cols, e % cols);
-                    let at = b * p.batch_stride + r * p.row_stride + c * p.col_stride;
-                    placed[at] = true;
-                    let (got, want) = (f.decode(bytes[at]), Format::F16.decode(q[e]));
+            for f in [Format::E4m3, Format::E5m2] {
+                let scales = run(h, "scale_from_amax", &[f.max().to_string()], &amax);
+                let scales: Vec<f32> = scales.into_iter().map(f32::from_bits).collect();
+                for (a, s) in amax.iter().zip(&scales) {
+                    let want = format::scale_for_amax(f32::from_bits(*a), f);
+                    assert_eq!(s.to_bits(), want.to_bits(), "scale of amax {a:#x} for {f}");
+                }
+                let mut input = bits(&x);
+                input.extend(bits(&scales));
+                let q = run(
+                    h,
+                    "quantize_to_f16",
+                    &[
+                        &format_id(f),
+                        &args[0],
+                        &args[1],
+                        &args[2],
+                        &args[3],
+                        &args[4],
+                    ]
+                    .map(|s| s.to_string()),
+                    &input,
+                );
+                for (e, v) in x.iter().enumerate() {
+                    let got = Format::F16.decode(q[e]);
+                    let want = format::quantize_scaled(*v, scales[group(e)], f);
                     assert!(
                         got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
-                        "fp8 byte of {f} {:e} (A {as_a}, transposed {transposed}): {got:e}, f16 path {want:e}",
-                        x[e]
+                        "quantize {f} {v:e} * {}: {got:e}, host {want:e}",
+                        scales[group(e)]
                     );
                 }
-                assert!(
-                    placed.iter().zip(&bytes).all(|(&p, &b)| p || b == 0),
-                    "padding of {f} (A {as_a}, transposed {transposed}) is not zero"
-                );
+                // The same values as fp8 bytes in cuBLASLt's layout (src/backend/cuda/fp8.rs), the
+                // operand taken as A and as B, stored plain and transposed: each element at its
+                // place (row i of A, column j of B contiguous in K), the padding zero.
+                for (as_a, transposed) in
+                    [(true, false), (true, true), (false, false), (false, true)]
+                {
+                    let (m_or_n, k) = if as_a == transposed {
+                        (cols, rows)
+                    } else {
+                        (rows, cols)
+                    };
+                    let g = cuda::fp8::Fp8Gemm {
+                        m: m_or_n,
+                        n: m_or_n,
+                        k,
+                        padded_k: k.div_ceil(cuda::fp8::K_ALIGN) * cuda::fp8::K_ALIGN,
+                        batch,
+                        a: f,
+                        b: f,
+                    };
+                    let p = if as_a {
+                        g.a_placement(transposed)
+                    } else {
+                        g.b_placement(transposed)
+                    };
+                    assert_eq!((p.rows, p.cols), (rows, cols));
+                    let len = batch * p.batch_stride;
+                    let mut fp8_args = args.to_vec();
+                    fp8_args.insert(0, format_id(f));
+                    fp8_args.extend(strings(&[
+                        rows,
+                        cols,
+                        p.batch_stride,
+                        p.row_stride,
+                        p.col_stride,
+                        len,
+                    ]));
+                    let bytes = run(h, "quantize_to_fp8", &fp8_args, &input);
+                    let mut placed = vec![false; len];
+                    for e in 0..x.len() {
+                        let (b, r, c) = (e / (rows * cols), e % (rows * cols) / cols, e % cols);
+                        let at = b * p.batch_stride + r * p.row_stride + c * p.col_stride;
+                        placed[at] = true;
+                        let (got, want) = (f.decode(bytes[at]), Format::F16.decode(q[e]));
+                        assert!(
+                            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                            "fp8 byte of {f} {:e} (A {as_a}, transposed {transposed}): {got:e}, f16 path {want:e}",
+                            x[e]
+                        );
+                    }
+                    assert!(
+                        placed.iter().zip(&bytes).all(|(&p, &b)| p || b == 0),
+                        "padding of {f} (A {as_a}, transposed {transposed}) is not zero"
+                    );
+                }
             }
         }
     }
@@ -406,6 +412,52 @@ fn cuda_unscale_is_the_quotient_by_both_scales() {
             ((got - want).abs() as f64) <= 2.0 * ulp as f64,
             "{acc:e} / ({sa:e} * {sb:e}): {got:e}, want {want:e}"
         );
+    }
+}
+
+/// The descale of an fp8 product divides each element of C by its row's scale of A and its
+/// column's of B (tensorwise: one of each per batch), as `unscale` does: the same bits, read
+/// four at a time (rows of 8) and one at a time (rows of 7, and a buffer off its alignment).
+#[test]
+fn cuda_descale_divides_each_element_by_its_scales() {
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_descale_divides_each_element_by_its_scales");
+    for (batch, rows, cols) in [(2usize, 5usize, 8usize), (3, 3, 7)] {
+        let n = batch * rows * cols;
+        let mut c = measure::wide_range(n, seed);
+        c[1] = f32::INFINITY;
+        c[6] = f32::NAN;
+        for rowwise in [false, true] {
+            let (a_groups, b_groups) = if rowwise { (rows, cols) } else { (1, 1) };
+            let scale = |len: usize, s: u64| -> Vec<f32> {
+                measure::wide_range(len, s)
+                    .into_iter()
+                    .map(|v| format::scale_for_amax(v.abs(), Format::E4m3))
+                    .collect()
+            };
+            let (sa, sb) = (
+                scale(batch * a_groups, seed + 1),
+                scale(batch * b_groups, seed + 2),
+            );
+            let args = strings(&[n, rows, cols, a_groups, b_groups, sa.len()]);
+            let got = run_f32(h, "descale", &args, &[&c, &sa, &sb]);
+            let triples: Vec<f32> = (0..n)
+                .flat_map(|e| {
+                    let (t, i, j) = (e / (rows * cols), e / cols % rows, e % cols);
+                    let i = if rowwise { i } else { 0 };
+                    let j = if rowwise { j } else { 0 };
+                    [c[e], sa[t * a_groups + i], sb[t * b_groups + j]]
+                })
+                .collect();
+            let want = run(h, "unscale", &[], &bits(&triples));
+            for e in 0..n {
+                assert_eq!(
+                    got[e].to_bits(),
+                    want[e],
+                    "{batch}x{rows}x{cols} rowwise {rowwise}, element {e}"
+                );
+            }
+        }
     }
 }
 
@@ -852,9 +904,10 @@ fn cuda_training_kernels_match_the_host_reference() {
     }
 }
 
-/// The split matmuls' host cases: `first` with rows of A holding inf, NaN and an f32
-/// subnormal and a column of B holding -inf (the split's rules for them), 2 x 33x20x40 with
-/// both operands transposed, and 17x70x90 with B transposed; wide-range A, N(0,1) B.
+/// The split matmuls' host cases: `first` with rows of A holding inf, NaN, an f32 subnormal
+/// and a finite value whose bf16 rounding overflows, and a column of B holding -inf (the
+/// split's rules for them), 2 x 33x20x40 with both operands transposed, and 17x70x90 with B
+/// transposed; wide-range A, N(0,1) B.
 fn split_cases(
     first: mantissa::algorithm::MatmulShape,
     seed: u64,
@@ -876,6 +929,7 @@ fn split_cases(
                 a[3 * shape.k + 5] = f32::INFINITY;
                 a[7 * shape.k] = f32::NAN;
                 a[11 * shape.k + 2] = 1e-40;
+                a[13 * shape.k + 1] = -3.4e38;
                 b[17 * shape.n + 4] = f32::NEG_INFINITY;
             }
             (shape, a, b)
@@ -923,141 +977,364 @@ fn cuda_split_kernel_meets_the_contract_on_the_host() {
     }
 }
 
-/// Split-bf16 as cuBLAS bf16 GEMMs, one per level (src/backend/cuda/split.rs), on the host: the
-/// real `split_planes` kernel lays both operands out (transposed and batched ones included),
-/// and the backend's own GEMM calls run over those planes here (each product sum rounded to f32
-/// as the tensor core's accumulator is, beta adding in f32), then C += the lower levels. The
-/// layout, the offsets, the strides, the promotion chunks and the summation order are checked
-/// against the host reference's contract; only cuBLAS itself is left to a GPU.
-#[test]
-fn cuda_split_gemms_meet_the_contract_on_the_host() {
-    use mantissa::algorithm::{Algorithm, MatmulShape};
-    use mantissa::backend::cuda::split::{GemmCall, H, H_FINITE, L, M, Out, SplitLayout};
-    let Some(h) = harness() else { return };
-    let seed = common::seed("cuda_split_gemms_meet_the_contract_on_the_host");
-    let bf16 = |code: u32| Format::Bf16.decode(code);
-    // K = 600 crosses two promotions (256).
-    for (shape, a, b) in split_cases(MatmulShape::new(30, 25, 600), seed) {
-        let shape = &shape;
-        for alg in [Algorithm::Bf16x3, Algorithm::Bf16x6, Algorithm::Bf16x9] {
-            let layout = SplitLayout::of(&alg).unwrap();
-            let (a_len, b_len) = layout.plane_lens(shape).unwrap();
-            let (m, n, k, slots) = (shape.m, shape.n, shape.k, layout.slots());
-            // The strides the backend passes (src/backend/cuda/matmul.rs, split_gemms).
-            let (a_row, a_col) = if shape.a_transposed { (1, m) } else { (k, 1) };
-            let (b_row, b_col) = if shape.b_transposed { (1, k) } else { (n, 1) };
-            let split = |x: &[f32],
-                         (rows, cols): (usize, usize),
-                         source: [usize; 3],
-                         out: [usize; 4],
-                         slot: [u32; 4],
-                         len: usize| {
-                let mut args = strings(&[rows, cols, shape.batch]);
-                args.extend(strings(&source));
-                args.extend(strings(&out));
-                args.extend(slot.iter().map(|s| s.to_string()));
-                args.push(len.to_string());
-                run(h, "split_planes", &args, &bits(x))
-            };
-            let pa = split(
-                &a,
-                (m, k),
-                [m * k, a_row, a_col],
-                [m * slots * k, slots * k, 1, k],
-                layout.a_slots(),
-                a_len,
-            );
-            let pb = split(
-                &b,
-                (k, n),
-                [k * n, b_row, b_col],
-                [slots * k * n, n, 1, k * n],
-                layout.b_slots(),
-                b_len,
-            );
-            // Every plane holds the host's split, h' zero where h is not finite.
-            for (batch, i, p) in [
-                (0, 0, 0),
-                (shape.batch - 1, m - 1, k - 1),
-                (0, m / 2, k / 3),
-            ] {
-                let x = a[shape.a_index(batch, i, p)];
-                let want =
-                    format::split_bf16(x).map(|v| Format::Bf16.encode(v, Overflow::Standard));
-                let h_finite = if bf16(want[0]).is_finite() {
-                    want[0]
-                } else {
-                    0
-                };
-                let codes = [want[0], h_finite, want[1], want[2]];
-                let at = |plane: usize| {
-                    pa[batch * m * slots * k
-                        + i * slots * k
-                        + layout.a_slots()[plane] as usize * k
-                        + p]
-                };
-                for plane in [H, H_FINITE, M, L].into_iter().take(slots) {
-                    assert_eq!(at(plane), codes[plane], "{alg} A plane {plane} of {x:e}");
-                }
-            }
-            let (va, vb): (Vec<f32>, Vec<f32>) = (
-                pa.iter().map(|&c| bf16(c)).collect(),
-                pb.iter().map(|&c| bf16(c)).collect(),
-            );
-            let mut c = vec![0f32; shape.c_len()];
-            let mut lower = vec![0f32; shape.c_len()];
-            let calls: Vec<GemmCall> = layout.calls(shape).unwrap();
-            for call in &calls {
-                let (a_end, b_end) = call.extents();
-                assert!(a_end <= va.len() && b_end <= vb.len(), "{alg}: {call:?}");
+/// The split planes of both operands of `shape` as the real `split_planes` kernel writes them
+/// on the host, in one launch, with the layout the backend passes (`SplitLayout::plane_maps`),
+/// as the values of their bf16 codes.
+fn host_planes(
+    h: &PathBuf,
+    layout: &mantissa::backend::cuda::split::SplitLayout,
+    shape: &mantissa::algorithm::MatmulShape,
+    a: &[f32],
+    b: &[f32],
+) -> (Vec<f32>, Vec<f32>) {
+    let (a_len, b_len) = layout.plane_lens(shape).unwrap();
+    let mut args = strings(&[shape.batch, a_len, b_len]);
+    for map in layout.plane_maps(shape) {
+        args.extend(strings(&[map.rows, map.cols]));
+        args.extend(map.source.iter().chain(&map.out).map(|v| v.to_string()));
+        args.extend(map.slots.iter().map(|v| v.to_string()));
+    }
+    let codes = run(h, "split_planes", &args, &[bits(a), bits(b)].concat());
+    let values: Vec<f32> = codes.iter().map(|&c| Format::Bf16.decode(c)).collect();
+    (values[..a_len].to_vec(), values[a_len..].to_vec())
+}
+
+/// f64 `s` as f32, rounded toward zero (overflow gives the largest finite value).
+fn toward_zero(s: f64) -> f32 {
+    let f = s as f32;
+    if f.is_nan() || (f as f64).abs() <= s.abs() {
+        return f;
+    }
+    if f.is_infinite() {
+        return f32::MAX.copysign(f);
+    }
+    f32::from_bits(f.to_bits() - 1)
+}
+
+/// A tensor core's sum of products of bf16 values, as modelled here: the products exact, added
+/// 16 at a time (one mma k-step) to an f32 accumulator, the result truncated (rounded toward
+/// zero). On an H200 cuBLAS's bf16 GEMMs erred by 6.3e-6 / 1.0e-5 (bf16x3 as two GEMMs) and
+/// 2.1e-5 / 4.2e-5 (one K-tripled GEMM) at n = 4096 / 8192 on N(0,1) inputs; this model gives
+/// 7.0e-6 / 1.2e-5 and 2.8e-5 / 5.5e-5: a little worse than the hardware, as a check should be.
+fn tensor_core_sum(products: impl Iterator<Item = f64>) -> f32 {
+    let mut acc = 0f32;
+    let mut block = 0f64;
+    for (i, p) in products.enumerate() {
+        block += p;
+        if i % 16 == 15 {
+            acc = toward_zero(acc as f64 + block);
+            block = 0.0;
+        }
+    }
+    toward_zero(acc as f64 + block)
+}
+
+/// The steps of a split matmul (src/backend/cuda/split.rs) run on the host over planes `va`
+/// and `vb`: each GEMM's sums as `tensor_core_sum`, beta adding in f32, the lower levels' add
+/// and the ordered sums of partial planes in f32 as their kernels do.
+fn run_split_steps(
+    layout: &mantissa::backend::cuda::split::SplitLayout,
+    shape: &mantissa::algorithm::MatmulShape,
+    arrangement: mantissa::backend::cuda::split::Arrangement,
+    va: &[f32],
+    vb: &[f32],
+) -> Vec<f32> {
+    use mantissa::backend::cuda::split::{Out, Step};
+    let plane = shape.c_len();
+    let mut c = vec![f32::NAN; plane];
+    let mut scratch = vec![f32::NAN; layout.scratch_len(shape, arrangement).unwrap()];
+    for step in layout.steps(shape, arrangement).unwrap() {
+        match step {
+            Step::Gemm(call) => {
+                let (a_end, b_end, out_end) = call.extents();
                 let out = if call.out == Out::C {
                     &mut c
                 } else {
-                    &mut lower
+                    &mut scratch
                 };
+                assert!(
+                    a_end <= va.len() && b_end <= vb.len() && out_end <= out.len(),
+                    "{call:?}"
+                );
                 for t in 0..call.batch {
                     for i in 0..call.m {
                         for j in 0..call.n {
-                            let sum: f64 = (0..call.k)
-                                .map(|p| {
-                                    let x =
-                                        va[call.a_offset + t * call.a_stride + i * call.lda + p];
-                                    let y =
-                                        vb[call.b_offset + t * call.b_stride + p * call.ldb + j];
-                                    x as f64 * y as f64
-                                })
-                                .sum();
-                            let o = &mut out[t * call.c_stride + i * call.n + j];
-                            *o = if call.beta == 0.0 {
-                                sum as f32
-                            } else {
-                                sum as f32 + *o
-                            };
+                            let sum = tensor_core_sum((0..call.k).map(|p| {
+                                let x = va[call.a_offset + t * call.a_stride + i * call.lda + p];
+                                let y = vb[call.b_offset + t * call.b_stride + p * call.ldb + j];
+                                x as f64 * y as f64
+                            }));
+                            let o = &mut out[call.c_offset + t * call.c_stride + i * call.n + j];
+                            *o = if call.beta == 0.0 { sum } else { sum + *o };
                         }
                     }
                 }
             }
-            if layout.needs_lower() {
-                c.iter_mut().zip(&lower).for_each(|(c, l)| *c += l);
+            Step::AddLower => c.iter_mut().zip(&scratch).for_each(|(c, l)| *c += l),
+            Step::Sum { count, into_c } => {
+                for e in 0..plane {
+                    let s = (0..count).fold(0f32, |s, p| s + scratch[p * plane + e]);
+                    if into_c {
+                        c[e] = s;
+                    } else {
+                        scratch[e] = s;
+                    }
+                }
             }
-            common::assert_contract(
-                "cuda split GEMMs (host)",
-                &alg,
-                shape,
-                &a,
-                &b,
-                &c,
-                "wide range",
-            );
+        }
+    }
+    c
+}
+
+/// Split-bf16 as cuBLAS bf16 GEMMs (src/backend/cuda/split.rs), on the host: the real
+/// `split_planes` kernel lays both operands out in one launch (transposed and batched ones
+/// included; every code checked against the host's split), and the backend's own steps run over
+/// those planes here (`run_split_steps`), in every arrangement the tuner may choose for the
+/// shape, and in partial sums over three planes (groups whose running sum goes on in plane 0).
+/// The layout, the offsets, the strides, the promotion chunks and the summation order are
+/// checked against the host reference's contract, and the partial sums give the per-level
+/// GEMMs' bits; only cuBLAS itself is left to a GPU.
+#[test]
+fn cuda_split_gemms_meet_the_contract_on_the_host() {
+    use mantissa::algorithm::{Algorithm, MatmulShape};
+    use mantissa::backend::cuda::split::{Arrangement, H, H_FINITE, L, M, SplitLayout};
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_split_gemms_meet_the_contract_on_the_host");
+    // K = 600 crosses two promotions (256), and its rows and B's (n = 24) split four at a
+    // time; 257 leaves a last chunk of one. The transposed cases split one at a time.
+    let mut cases = split_cases(MatmulShape::new(30, 24, 600), seed);
+    let short = MatmulShape::new(6, 8, 257);
+    cases.push((
+        short,
+        measure::normal(short.a_len(), seed + 7),
+        measure::wide_range(short.b_len(), seed + 8),
+    ));
+    for (shape, a, b) in cases {
+        let shape = &shape;
+        for alg in [Algorithm::Bf16x3, Algorithm::Bf16x6, Algorithm::Bf16x9] {
+            let layout = SplitLayout::of(&alg).unwrap();
+            let (va, vb) = host_planes(h, &layout, shape, &a, &b);
+            // Every plane holds the host's split of its element, h' zero where h is not finite.
+            for ((x, planes, len), map) in [(&a, &va, shape.a_len()), (&b, &vb, shape.b_len())]
+                .into_iter()
+                .zip(layout.plane_maps(shape))
+            {
+                let per = map.rows * map.cols;
+                for e in 0..len {
+                    let (batch, r, c) = (e / per, e % per / map.cols, e % map.cols);
+                    let value = x[(batch as i64 * map.source[0]
+                        + r as i64 * map.source[1]
+                        + c as i64 * map.source[2]) as usize];
+                    let [h, m, l] = format::split_bf16(value);
+                    let want = [h, if h.is_finite() { h } else { 0.0 }, m, l];
+                    let at =
+                        (batch as i64 * map.out[0] + r as i64 * map.out[1] + c as i64) as usize;
+                    for plane in [H, H_FINITE, M, L].into_iter().take(layout.slots()) {
+                        let got = planes[at + map.slots[plane] as usize * map.out[2] as usize];
+                        let want = want[plane];
+                        assert!(
+                            got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                            "{alg} {shape:?}: plane {plane} of {value:e}: {got:e}, host {want:e}"
+                        );
+                    }
+                }
+            }
+            let mut arrangements = layout.arrangements(shape);
+            if layout.promoted(shape.k) {
+                arrangements.push(Arrangement::Partials { planes: 3 });
+            }
+            let mut results = vec![];
+            for arrangement in arrangements {
+                let c = run_split_steps(&layout, shape, arrangement, &va, &vb);
+                let who = format!("cuda split GEMMs (host, {arrangement:?})");
+                common::assert_contract(&who, &alg, shape, &a, &b, &c, "wide range");
+                results.push((arrangement, c));
+            }
+            // Level 0's partial sums are the per-level GEMMs' beta = 1 chain, in its order.
+            let (per_level, others) = results.split_first().unwrap();
+            for (arrangement, c) in others {
+                if matches!(arrangement, Arrangement::Partials { .. }) {
+                    let same = c
+                        .iter()
+                        .zip(&per_level.1)
+                        .all(|(x, y)| x == y || (x.is_nan() && y.is_nan()));
+                    assert!(
+                        same,
+                        "{alg} {shape:?}: {arrangement:?} differs from per level"
+                    );
+                }
+            }
         }
     }
 }
 
-/// attention.cu's fused causal attention, forward and backward (dq, dk, dv, each writing its
-/// third of a NaN-poisoned dqkv), against the ops it replaces (`ops::attention_fwd`,
-/// `attention_bwd`), under the algorithms and held formats of the presets, on sequences that
-/// are not multiples of the kernels' blocks (64 rows) or tiles (32), every head size compiled
-/// (16, 32, 64).
+/// bf16x3 as one K-tripled GEMM (`Arrangement::Tripled`, PyTorch's method: one f32 accumulator
+/// for h.h + h.m + m.h) keeps the contract element by element on every family of the report's
+/// inputs (`mantissa report`'s default sizes, 256 and 1000x700x1500, on their first rows and
+/// columns, which see the same K), with the tensor core's accumulation modelled as
+/// `tensor_core_sum` does; its error on N(0,1) inputs stays inside bf16x3's band up to
+/// `TRIPLED_MAX_K` and leaves it at twice that, which is why the tuner offers it no further.
+#[test]
+fn cuda_tripled_bf16x3_keeps_the_contract_up_to_its_k_limit() {
+    use mantissa::algorithm::{Algorithm, MatmulShape};
+    use mantissa::backend::cuda::split::{Arrangement, SplitLayout, TRIPLED_MAX_K};
+    use mantissa::report::Family;
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_tripled_bf16x3_keeps_the_contract_up_to_its_k_limit");
+    let alg = Algorithm::Bf16x3;
+    let layout = SplitLayout::of(&alg).unwrap();
+    let tripled = |shape: &MatmulShape, a: &[f32], b: &[f32]| {
+        let (va, vb) = host_planes(h, &layout, shape, a, b);
+        run_split_steps(&layout, shape, Arrangement::Tripled, &va, &vb)
+    };
+    for (f, family) in Family::ALL.into_iter().enumerate() {
+        // (m, n, k, and the rows of A and columns of B checked: the error grows with K alone).
+        for (m, n, k, kept) in [(256, 256, 256, 64), (1000, 700, 1500, 16)] {
+            let (a, b) = family.inputs(&MatmulShape::new(m, n, k), seed + f as u64);
+            let (rows, cols) = (kept, kept);
+            let a: Vec<f32> = a[..rows * k].to_vec();
+            let b: Vec<f32> = (0..k * cols).map(|e| b[e / cols * n + e % cols]).collect();
+            let shape = MatmulShape::new(rows, cols, k);
+            let c = tripled(&shape, &a, &b);
+            let what = format!("{} {m}x{n}x{k}", family.name());
+            common::assert_contract(
+                "K-tripled GEMM (host model)",
+                &alg,
+                &shape,
+                &a,
+                &b,
+                &c,
+                &what,
+            );
+            // How much of the tolerance it takes, where both are finite (docs/cuda.md).
+            let want = mantissa::backend::reference::matmul(&shape, &alg, &a, &b);
+            let abs = measure::abs_product(&shape, &a, &b);
+            let tol = alg.accumulation_tolerance(k);
+            let floor = f32::MIN_POSITIVE as f64 * (k as f64 + 1.0);
+            let worst = (0..c.len())
+                .filter(|&e| c[e].is_finite() && want[e].is_finite())
+                .map(|e| (c[e] as f64 - want[e] as f64).abs() / (tol * abs[e] + floor))
+                .fold(0f64, f64::max);
+            eprintln!("K-tripled bf16x3, {what}: largest error {worst:.3} of the tolerance");
+        }
+    }
+    let (lo, hi) = alg.expected_error_n01();
+    for (k, inside) in [(TRIPLED_MAX_K, true), (2 * TRIPLED_MAX_K, false)] {
+        let shape = MatmulShape::new(32, 32, k);
+        let a = measure::normal(shape.a_len(), seed + 100);
+        let b = measure::normal(shape.b_len(), seed + 101);
+        let error = measure::relative_error(
+            &tripled(&shape, &a, &b),
+            &measure::exact_product(&shape, &a, &b),
+        );
+        eprintln!(
+            "K-tripled bf16x3 at K = {k}: relative error {error:.3e} (band {lo:.0e}..{hi:.0e})"
+        );
+        assert_eq!(error >= lo && error <= hi, inside, "K = {k}: {error:.3e}");
+    }
+}
+
+/// The arguments of the harness's attention kernels for `spec` (q|k|v stored as f32, the
+/// output not coded).
+fn attention_args(spec: &mantissa::plan::Attention) -> Vec<String> {
+    let (inputs, _) = spec.algorithm.operand_formats();
+    [spec.b, spec.t, spec.h, spec.d]
+        .iter()
+        .map(|v| v.to_string())
+        .chain([
+            (spec.scale as f32).to_string(),
+            format_id(inputs),
+            format_id(spec.probs),
+            format_id(spec.compute),
+            "0".into(),
+            format_id(Format::F32),
+        ])
+        .collect()
+}
+
+/// attention.cu's forward and backward on `qkv` and `dout` against the ops they replace
+/// (`ops::attention_fwd`, `attention_bwd`; the backward reads the kernel's own statistics, as
+/// the step plan does), and, where the plan may store them as 16-bit codes, the output as codes
+/// of the compute format (the same values) and q|k|v as codes of the inputs' format (the bits
+/// of the same kernels on the values those codes hold, stored as f32: on the tensor cores, the
+/// cp.async path against the converting one). Returns the forward's output and statistics.
+fn attention_matches(
+    h: &PathBuf,
+    spec: &mantissa::plan::Attention,
+    qkv: &[f32],
+    dout: &[f32],
+) -> Vec<f32> {
+    use mantissa::backend::reference::ops;
+    let (inputs, _) = spec.algorithm.operand_formats();
+    let what = |part: &str| {
+        format!(
+            "{} probs {} compute {} b={} t={} h={} d={} {part}",
+            spec.algorithm, spec.probs, spec.compute, spec.b, spec.t, spec.h, spec.d
+        )
+    };
+    let args = attention_args(spec);
+    let tol = common::attention_tolerance(spec);
+    let (rows, n3, n1) = (spec.score_rows(), spec.qkv_len(), spec.out_len());
+    let fwd = run_f32(h, "attention_fwd", &args, &[qkv]);
+    let (y, stats) = ops::attention_fwd(qkv, spec);
+    assert_eq!(fwd.len(), n1 + 2 * rows);
+    common::attention_close(&what("out"), &fwd[..n1], &y, tol);
+    common::attention_close(&what("(max, sum)"), &fwd[n1..], &stats, tol);
+    if spec.compute != Format::F32 {
+        // Stored as codes of the held format (a plan's coded tensor): the same values.
+        let mut coded_args = args.clone();
+        coded_args[8] = "1".into();
+        let coded = run(h, "attention_fwd", &coded_args, &bits(qkv));
+        same_codes(
+            &what("out as codes"),
+            &coded[..n1],
+            &fwd[..n1],
+            spec.compute,
+        );
+        assert_eq!(
+            coded[n1..],
+            bits(&fwd[n1..]),
+            "{}",
+            what("stats beside codes")
+        );
+    }
+    let bwd = run_f32(h, "attention_bwd", &args, &[qkv, dout, &fwd[n1..]]);
+    let (dqkv, delta) = ops::attention_bwd(qkv, dout, spec);
+    common::attention_close(&what("dqkv"), &bwd[..n3], &dqkv, tol);
+    common::attention_close(&what("sum(P dP)"), &bwd[n3..], &delta, tol);
+    if inputs == Format::Bf16 || inputs == Format::F16 {
+        let codes: Vec<u32> = qkv
+            .iter()
+            .map(|&x| inputs.encode(x, Overflow::Standard))
+            .collect();
+        let values: Vec<f32> = codes.iter().map(|&c| inputs.decode(c)).collect();
+        let mut coded_args = args.clone();
+        coded_args[9] = format_id(inputs);
+        let plain = run_f32(h, "attention_fwd", &args, &[&values]);
+        let from_codes = run(h, "attention_fwd", &coded_args, &codes);
+        assert_eq!(
+            from_codes,
+            bits(&plain),
+            "{}",
+            what("forward from q|k|v codes")
+        );
+        let rest = [bits(dout), bits(&plain[n1..])].concat();
+        let plain = run(
+            h,
+            "attention_bwd",
+            &args,
+            &[bits(&values), rest.clone()].concat(),
+        );
+        let from_codes = run(h, "attention_bwd", &coded_args, &[codes, rest].concat());
+        assert_eq!(from_codes, plain, "{}", what("backward from q|k|v codes"));
+    }
+    fwd
+}
+
+/// attention.cu's SIMT kernels (f32 and tf32 inputs: dq, dk, dv each writing its third of a
+/// NaN-poisoned dqkv) against the ops they replace, under the algorithms and held formats of
+/// the presets that use them, on sequences that are not multiples of the kernels' blocks (64
+/// rows) or tiles (32), every head size compiled (16, 32, 64).
 #[test]
 fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
     use mantissa::algorithm::Algorithm;
@@ -1065,15 +1342,13 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
     use mantissa::plan::Attention;
     let Some(h) = harness() else { return };
     let seed = common::seed("cuda_attention_kernels_match_the_unfused_ops_on_the_host");
-    let (f32_, bf16, f16) = (Format::F32, Format::Bf16, Format::F16);
-    // (b, t, h, d, algorithm, probs, compute): 32-true, bf16-mixed, 16-true, tf32 (32-true
-    // under `high`), bf16-true.
+    let (f32_, bf16) = (Format::F32, Format::Bf16);
+    // (b, t, h, d, algorithm, probs, compute): 32-true, tf32 (32-true under `high`), an f32
+    // matmul under bf16-mixed (`--algorithm f32`: its output held, and stored, as bf16).
     let cases = [
         (2, 37, 3, 16, Algorithm::F32, f32_, f32_),
-        (1, 70, 2, 32, Algorithm::Bf16, f32_, bf16),
-        (1, 45, 1, 64, Algorithm::F16, f16, f16),
-        (1, 33, 2, 16, Algorithm::Tf32, f32_, f32_),
-        (2, 9, 2, 64, Algorithm::Bf16, bf16, bf16),
+        (1, 70, 2, 32, Algorithm::Tf32, f32_, f32_),
+        (1, 45, 1, 64, Algorithm::F32, f32_, bf16),
     ];
     for (case, &(b, t, heads, d, algorithm, probs, compute)) in cases.iter().enumerate() {
         let spec = Attention {
@@ -1086,77 +1361,10 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
             probs,
             compute,
         };
-        let what = |part: &str| format!("{algorithm} d={d} t={t} {part}");
         let s = seed + 10 * case as u64;
         let qkv = measure::normal(spec.qkv_len(), s);
         let dout = measure::normal(spec.out_len(), s + 1);
-        let (inputs, _) = algorithm.operand_formats();
-        let args: Vec<String> = [b, t, heads, d]
-            .iter()
-            .map(|v| v.to_string())
-            .chain([
-                (spec.scale as f32).to_string(),
-                format_id(inputs),
-                format_id(probs),
-                format_id(compute),
-                "0".into(),
-                format_id(f32_),
-            ])
-            .collect();
-        let tol = common::attention_tolerance(&spec);
-        let (rows, n3, n1) = (spec.score_rows(), spec.qkv_len(), spec.out_len());
-        let out = run_f32(h, "attention_fwd", &args, &[&qkv]);
-        let (y, stats) = ops::attention_fwd(&qkv, &spec);
-        common::attention_close(&what("out"), &out[..n1], &y, tol);
-        common::attention_close(&what("(max, sum)"), &out[n1..], &stats, tol);
-        assert_eq!(out.len(), n1 + 2 * rows);
-        if compute != f32_ {
-            // Stored as codes of the held format (a plan's coded tensor): the same values.
-            let mut coded_args = args.clone();
-            coded_args[8] = "1".into();
-            let coded = run(h, "attention_fwd", &coded_args, &bits(&qkv));
-            same_codes(&what("out as codes"), &coded[..n1], &out[..n1], compute);
-            assert_eq!(
-                coded[n1..],
-                bits(&out[n1..]),
-                "{}",
-                what("stats beside codes")
-            );
-        }
-        // The backward reads the kernel's own statistics, as the step plan does.
-        let out = run_f32(h, "attention_bwd", &args, &[&qkv, &dout, &out[n1..]]);
-        let (dqkv, delta) = ops::attention_bwd(&qkv, &dout, &spec);
-        common::attention_close(&what("dqkv"), &out[..n3], &dqkv, tol);
-        common::attention_close(&what("sum(P dP)"), &out[n3..], &delta, tol);
-        if inputs == bf16 || inputs == f16 {
-            // q|k|v stored as codes of the matmul inputs' format (a plan's coded tensor): the
-            // bits of the same kernels on the values those codes hold, stored as f32.
-            let codes: Vec<u32> = qkv
-                .iter()
-                .map(|&x| inputs.encode(x, Overflow::Standard))
-                .collect();
-            let values: Vec<f32> = codes.iter().map(|&c| inputs.decode(c)).collect();
-            let mut coded_args = args.clone();
-            coded_args[9] = format_id(inputs);
-            let plain = run_f32(h, "attention_fwd", &args, &[&values]);
-            let (plain_bits, n_out) = (bits(&plain), plain.len());
-            let from_codes = run(h, "attention_fwd", &coded_args, &codes);
-            assert_eq!(
-                from_codes,
-                plain_bits,
-                "{}",
-                what("forward from q|k|v codes")
-            );
-            let rest = [bits(&dout), bits(&plain[n1..n_out])].concat();
-            let plain = run(
-                h,
-                "attention_bwd",
-                &args,
-                &[bits(&values), rest.clone()].concat(),
-            );
-            let from_codes = run(h, "attention_bwd", &coded_args, &[codes, rest].concat());
-            assert_eq!(from_codes, plain, "{}", what("backward from q|k|v codes"));
-        }
+        attention_matches(h, &spec, &qkv, &dout);
     }
     // Non-finite scores: a query holding inf makes its row's scores +-inf or NaN, so the
     // unfused softmax gives that row NaN (exp(inf - inf)) and leaves the other rows alone; the
@@ -1178,8 +1386,7 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
     qkv[7 * c3 + 3] = f32::INFINITY; // q of token 7, head 0
     qkv[20 * c3 + spec.d + 1] = f32::NAN; // q of token 20, head 1
     qkv[30 * c3 + 5] = 1e-40; // a subnormal
-    let args = ["1", "40", "2", "16", "0.25", "0", "0", "0", "0", "0"].map(String::from);
-    let out = run_f32(h, "attention_fwd", &args, &[&qkv]);
+    let out = run_f32(h, "attention_fwd", &attention_args(&spec), &[&qkv]);
     let (y, stats) = ops::attention_fwd(&qkv, &spec);
     common::attention_close("non-finite out", &out[..spec.out_len()], &y, tol::REDUCTION);
     assert!(y.iter().any(|v| v.is_nan()) && y.iter().any(|v| v.is_finite()));
@@ -1189,4 +1396,199 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
         &stats,
         tol::REDUCTION,
     );
+}
+
+/// attention.cu's tensor-core kernels (bf16 and f16 inputs: mma.sync, ldmatrix and cp.async
+/// emulated by the harness) against the ops they replace, under the four presets that use
+/// them, on B H = 3 heads whose sequences are not multiples of the query blocks (128 rows),
+/// the key blocks (64) or the dk/dv kernel's splits (T = 300: 5 key blocks on 4 splits, so a
+/// split adds a second key block's dq to its partial), every head size compiled. Under
+/// 16-mixed some queries are large enough that their scores overflow f16: those rows are NaN,
+/// forward and backward, where the unfused ops give NaN; under 16-true a query's scores against
+/// a whole key block overflow to -inf before its finite ones. Also: the backward gives the same bits
+/// whatever dqkv, delta and the dq partials held before it (NaN or a number: nothing is read
+/// before it is written), and a NaN in one head's q makes NaN in that head alone.
+#[test]
+fn cuda_tensor_core_attention_matches_the_unfused_ops_on_the_host() {
+    use mantissa::algorithm::Algorithm;
+    use mantissa::backend::reference::ops;
+    use mantissa::plan::Attention;
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_tensor_core_attention_matches_the_unfused_ops_on_the_host");
+    let (f32_, bf16, f16) = (Format::F32, Format::Bf16, Format::F16);
+    // (b, t, h, d, algorithm, probs, compute): bf16-mixed, 16-mixed, bf16-true, 16-true.
+    let cases = [
+        (1, 150, 3, 64, Algorithm::Bf16, f32_, bf16),
+        (3, 150, 1, 64, Algorithm::F16, f32_, f16),
+        (1, 70, 3, 32, Algorithm::Bf16, bf16, bf16),
+        (1, 300, 1, 16, Algorithm::F16, f16, f16),
+    ];
+    for (case, &(b, t, heads, d, algorithm, probs, compute)) in cases.iter().enumerate() {
+        let spec = Attention {
+            b,
+            t,
+            h: heads,
+            d,
+            scale: 1.0 / (d as f64).sqrt(),
+            algorithm,
+            probs,
+            compute,
+        };
+        let s = seed + 10 * case as u64;
+        let mut qkv = measure::normal(spec.qkv_len(), s);
+        let dout = measure::normal(spec.out_len(), s + 1);
+        let c3 = 3 * heads * d;
+        if case == 1 {
+            // Queries 20..24 of sequence 1, times 5000: still f16 values (below 65504, its
+            // largest), but their scores, ~ 5000 sqrt(d) = 4e4 across, often past it.
+            for i in 20..24 {
+                let row = (t + i) * c3;
+                qkv[row..row + d].iter_mut().for_each(|x| *x *= 5e3);
+            }
+        }
+        if case == 3 {
+            // Query 200 (all 1000) against keys 0..64 (all -5): scores of -80000, -inf in f16,
+            // a whole key block of them before the row's finite ones; the unfused softmax
+            // gives them P = 0 and the row is finite.
+            qkv[200 * c3..200 * c3 + d].fill(1000.0);
+            for j in 0..64 {
+                qkv[j * c3 + c3 / 3..j * c3 + c3 / 3 + d].fill(-5.0);
+            }
+        }
+        let fwd = attention_matches(h, &spec, &qkv, &dout);
+        if case == 3 {
+            let row = &fwd[200 * d..201 * d];
+            assert!(row.iter().all(|x| x.is_finite()), "query 200: {row:?}");
+        }
+        if case == 1 {
+            let nan_rows = (0..spec.score_rows())
+                .filter(|&r| fwd[spec.out_len() + 2 * r + 1].is_nan())
+                .count();
+            assert!(nan_rows > 0, "no score overflowed f16");
+        }
+        // The same bits whatever the outputs and partials held before.
+        let args = attention_args(&spec);
+        let input = [&qkv[..], &dout, &fwd[spec.out_len()..]];
+        let poisoned = |value: &str| {
+            let mut with = args.clone();
+            with.push(value.into());
+            run(h, "attention_bwd", &with, &input.map(bits).concat())
+        };
+        assert_eq!(
+            poisoned("nan"),
+            poisoned("7"),
+            "{algorithm} d={d}: a backward that reads what it did not write"
+        );
+    }
+    // NaN in q of token 30 of head 1 of 3 (bf16-mixed): its row of head 1 is NaN in the
+    // forward, and every value of heads 0 and 2 is what the unfused ops give, forward and
+    // backward. (Within head 1 the backward differs from the unfused ops at masked positions,
+    // which they multiply by the NaN: docs/training.md.)
+    let spec = Attention {
+        b: 1,
+        t: 100,
+        h: 3,
+        d: 64,
+        scale: 0.125,
+        algorithm: Algorithm::Bf16,
+        probs: f32_,
+        compute: bf16,
+    };
+    let (c, d) = (spec.h * spec.d, spec.d);
+    let mut qkv = measure::normal(spec.qkv_len(), seed + 99);
+    qkv[30 * 3 * c + d + 7] = f32::NAN;
+    let dout = measure::normal(spec.out_len(), seed + 98);
+    let tol = common::attention_tolerance(&spec);
+    let args = attention_args(&spec);
+    let fwd = run_f32(h, "attention_fwd", &args, &[&qkv]);
+    let (y, stats) = ops::attention_fwd(&qkv, &spec);
+    let n1 = spec.out_len();
+    common::attention_close("NaN head: out", &fwd[..n1], &y, tol);
+    common::attention_close("NaN head: (max, sum)", &fwd[n1..], &stats, tol);
+    let nan: Vec<usize> = (0..n1).filter(|&e| fwd[e].is_nan()).collect();
+    assert_eq!(
+        nan,
+        (30 * c + d..30 * c + 2 * d).collect::<Vec<_>>(),
+        "NaN outside its row"
+    );
+    let bwd = run_f32(h, "attention_bwd", &args, &[&qkv, &dout, &fwd[n1..]]);
+    let (dqkv, _) = ops::attention_bwd(&qkv, &dout, &spec);
+    // Heads 0 and 2: columns [0, d) and [2d, 3d) of each of q, k and v.
+    let other_heads = |x: &[f32]| -> Vec<f32> {
+        x.chunks(c)
+            .flat_map(|row| [&row[..d], &row[2 * d..]].concat())
+            .collect()
+    };
+    common::attention_close(
+        "NaN head: dqkv of the other heads",
+        &other_heads(&bwd[..spec.qkv_len()]),
+        &other_heads(&dqkv),
+        tol,
+    );
+}
+
+/// attention.cu's held16 (the tensor-core kernels' rounding, without branches) is formats.cuh's
+/// held, bit for bit, for f32, bf16 and f16 on boundary values (f16's overflow and
+/// subnormals, NaN, infinities), random bit patterns and wide-range values.
+#[test]
+fn cuda_attention_rounding_is_the_formats_on_the_host() {
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_attention_rounding_is_the_formats_on_the_host");
+    let mut values = measure::boundary_values();
+    values.extend([
+        65504.0,
+        65519.996,
+        65520.0,
+        -65520.0,
+        6.097555e-5,
+        2.9802322e-8,
+    ]);
+    values.extend(measure::random_bits(20_000, seed));
+    values.extend(measure::wide_range(20_000, seed + 1));
+    for f in [Format::F32, Format::Bf16, Format::F16] {
+        let got = run(h, "held16", &[format_id(f)], &bits(&values));
+        for (x, g) in values.iter().zip(&got) {
+            let (g, want) = (f32::from_bits(*g), f.round(*x, Overflow::Standard));
+            assert!(
+                g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()),
+                "held16 {f} {x:e} ({:#010x}): {g:e}, host {want:e}",
+                x.to_bits()
+            );
+        }
+    }
+}
+
+/// The harness's emulations of the warp's tensor-core instructions (cp.async, ldmatrix with
+/// and without .trans, mma.sync on bf16 and f16), composed as attention.cu composes them
+/// (swizzled tiles, its fragment addresses, mma_nt and mma_nn), compute A B + C: the emulations
+/// follow the PTX ISA's layouts consistently, so a kernel built on them is checked on the host.
+#[test]
+fn cuda_warp_instructions_compute_the_product_on_the_host() {
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_warp_instructions_compute_the_product_on_the_host");
+    for f in [Format::Bf16, Format::F16] {
+        let held = |x: Vec<f32>| -> Vec<f32> {
+            x.into_iter()
+                .map(|v| f.round(v, Overflow::Standard))
+                .collect()
+        };
+        let a = held(measure::normal(256, seed));
+        let b = held(measure::normal(128, seed + 1));
+        let c = measure::normal(128, seed + 2);
+        let d = run_f32(h, "warp_check", &[format_id(f)], &[&a, &b, &c]);
+        for (way, d) in ["n-major", "k-major"].iter().zip(d.chunks(128)) {
+            for i in 0..16 {
+                for n in 0..8 {
+                    let terms = (0..16).map(|k| a[16 * i + k] as f64 * b[8 * k + n] as f64);
+                    let want = c[8 * i + n] as f64 + terms.clone().sum::<f64>();
+                    let size = c[8 * i + n].abs() as f64 + terms.map(f64::abs).sum::<f64>();
+                    let got = d[8 * i + n] as f64;
+                    assert!(
+                        (got - want).abs() <= 1e-6 * size,
+                        "{f}, B {way}: D[{i}][{n}] = {got}, want {want}"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -11,11 +11,15 @@
 
 mod common;
 
-use mantissa::algorithm::Algorithm;
+use mantissa::algorithm::{Algorithm, MatmulShape};
 use mantissa::backend::BackendChoice;
+use mantissa::cli::parse_list;
 use mantissa::format::{Format, Overflow};
-use mantissa::npy::{Matrix, read_matrix_from, write_matrix};
+use mantissa::input::Input;
+use mantissa::measure;
+use mantissa::npy::{Matrix, read_matrix_from, read_matrix_input, write_matrix};
 use mantissa::policy::{PrecisionClass, Preset};
+use mantissa::train::checkpoint::CheckpointFile;
 use mantissa::train::{Checkpoint, Corpus, GptConfig, TrainOptions, Trainer};
 use pollster::FutureExt as _;
 use proptest::prelude::*;
@@ -32,10 +36,24 @@ fn fuzz<S: Strategy>(
 ) where
     S::Value: std::fmt::Debug,
 {
+    fuzz_scaled(target, 1, strategy, test)
+}
+
+/// `fuzz` with one input in `per` of the count: for targets whose inputs cost a product or a
+/// file each.
+fn fuzz_scaled<S: Strategy>(
+    target: &str,
+    per: u32,
+    strategy: S,
+    test: impl Fn(S::Value) -> Result<(), TestCaseError>,
+) where
+    S::Value: std::fmt::Debug,
+{
     let cases: u32 = std::env::var("MANTISSA_FUZZ_CASES")
         .ok()
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(50_000);
+        .and_then(|c| c.parse::<u32>().ok())
+        .unwrap_or(50_000)
+        .div_ceil(per);
     let regressions = format!(
         "{}/tests/fuzz-regressions/{target}.txt",
         env!("CARGO_MANIFEST_DIR")
@@ -164,12 +182,21 @@ fn forged_npy() -> impl Strategy<Value = Vec<u8>> {
 }
 
 /// The reader's contract on any bytes: an error, or a matrix whose data is exactly its shape
-/// and fits in the file.
+/// and fits in the file; read as a stream of unknown length (standard input), the same
+/// verdict, header first.
 fn check_npy(bytes: &[u8]) -> Result<(), TestCaseError> {
     let len = bytes.len() as u64;
-    if let Ok(m) = read_matrix_from(Cursor::new(bytes), Some(len), Path::new("fuzz.npy")) {
+    let file = read_matrix_from(Cursor::new(bytes), Some(len), Path::new("fuzz.npy"));
+    if let Ok(m) = &file {
         prop_assert_eq!(Some(m.data.len()), m.rows.checked_mul(m.cols));
         prop_assert!(m.data.len() as u64 * 4 <= len);
+    }
+    let stream = read_matrix_input(Input::from_reader(Cursor::new(bytes.to_vec()), "-"));
+    if let Ok(m) = &stream {
+        prop_assert!(
+            file.as_ref().is_ok_and(|f| f == m),
+            "a stream read what the file did not"
+        );
     }
     Ok(())
 }
@@ -272,6 +299,7 @@ fn name_parsers_take_any_text() {
         "e5m2",
         "e4m3-e5m2:rowwise",
         "e5m2:given=0.5,2",
+        "e5m2:given=0.5/2",
         "e4m3:tensorwise",
         "32-true",
         "16-mixed",
@@ -291,6 +319,13 @@ fn name_parsers_take_any_text() {
         round_trip::<Preset>(&s)?;
         round_trip::<PrecisionClass>(&s)?;
         let _ = s.parse::<BackendChoice>();
+        // As a list: nothing empty, nothing twice, and what parses prints back as itself.
+        if let Ok(list) = parse_list::<Algorithm>("--algorithms", &s) {
+            prop_assert!(!list.is_empty());
+            let printed: Vec<String> = list.iter().map(Algorithm::to_string).collect();
+            let again = parse_list::<Algorithm>("--algorithms", &printed.join(","));
+            prop_assert!(again.as_ref().is_ok_and(|a| *a == list), "'{}'", s);
+        }
         Ok(())
     });
 }
@@ -344,4 +379,127 @@ fn raw_casts_take_any_bytes_in_any_reads() {
         prop_assert_eq!(out, want);
         Ok(())
     });
+}
+
+/// Checkpoint files that declare anything (a header length up to 2^64, tensors of any size and
+/// offsets) over a few bytes that are there: refused before the declared sizes are read or
+/// allocated, or read whole when the file is exactly what its header says and the model takes.
+/// Special files are refused before they are opened for reading.
+#[test]
+fn checkpoint_files_declaring_any_size_are_read_header_first() {
+    let (valid, config, _) = checkpoint_bytes();
+    let dir = tempfile::tempdir().unwrap();
+    for special in ["/dev/zero", "/dev/null", "/dev/urandom"] {
+        let e = CheckpointFile::open(Path::new(special))
+            .err()
+            .expect("refused");
+        assert!(e.to_string().contains("device"), "{e}");
+    }
+    assert!(CheckpointFile::open(dir.path()).is_err());
+    let path = dir.path().join("ck.safetensors");
+    let size = prop_oneof![0..4096u64, any::<u64>(), (0..64u32).prop_map(|s| 1u64 << s)];
+    let declared = (size.clone(), size.clone(), size, proptest::collection::vec(any::<u8>(), 0..64))
+        .prop_map(|(n, shape, end, tail)| {
+            let header = format!(
+                r#"{{"__metadata__":{{"mantissa":"{{}}"}},"param.wte":{{"dtype":"F32","shape":[{shape}],"data_offsets":[0,{end}]}}}}"#
+            );
+            let n = if n % 2 == 0 { header.len() as u64 } else { n };
+            let mut bytes = n.to_le_bytes().to_vec();
+            bytes.extend(header.as_bytes());
+            bytes.extend(tail);
+            bytes
+        });
+    fuzz_scaled(
+        "checkpoint-file",
+        25,
+        prop_oneof![declared, edits(256).prop_map(move |e| apply(&valid, &e))],
+        |bytes| {
+            std::fs::write(&path, &bytes).unwrap();
+            if let Ok(read) = CheckpointFile::open(&path).and_then(|f| f.read(&config)) {
+                prop_assert_eq!(read, bytes);
+            }
+            Ok(())
+        },
+    );
+}
+
+/// Inputs of the long-sum property: N(0,1) or wide-range, or constants (one value, repeated:
+/// their roundings add up coherently).
+fn long_sum_inputs(k: usize, family: u8, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let n = 4 * k;
+    match family % 3 {
+        0 => (measure::normal(n, seed), measure::normal(n, seed + 1)),
+        1 => (
+            measure::wide_range(n, seed),
+            measure::wide_range(n, seed + 1),
+        ),
+        _ => {
+            let v = measure::uniform(2, 0.01, 100.0, seed);
+            (vec![v[0]; n], vec![v[1]; n])
+        }
+    }
+}
+
+/// Long sums against their band: a 4x4 product that stops at a fraction of K (1/2 to 15/16
+/// kept) is outside it for every algorithm on inputs of random sign; an honest f32 sum of the
+/// algorithms that round their inputs once, in 1 to 8 accumulators, is inside it on every input.
+#[test]
+fn long_sums_missing_terms_are_seen_and_honest_ones_are_not() {
+    let algorithms = prop::sample::select(mantissa::report::ReportConfig::default_algorithms());
+    let input = (
+        algorithms,
+        1000..20_000usize,
+        8..16usize,
+        0..3u8,
+        1..9usize,
+        any::<u64>(),
+    );
+    fuzz_scaled(
+        "long-sums",
+        500,
+        input,
+        |(alg, k, sixteenths, family, lanes, seed)| {
+            let shape = MatmulShape::new(4, 4, k);
+            let (a, b) = long_sum_inputs(k, family, seed);
+            let reference = mantissa::backend::reference::matmul;
+            let want = reference(&shape, &alg, &a, &b).unwrap();
+            if family % 3 != 2 {
+                let kept = k * sixteenths / 16;
+                let a_kept: Vec<f32> = (0..4 * kept)
+                    .map(|e| a[(e / kept) * k + e % kept])
+                    .collect();
+                let short = MatmulShape::new(4, 4, kept);
+                let got = reference(&short, &alg, &a_kept, &b[..kept * 4]).unwrap();
+                let check = measure::check_product(&alg, &shape, (&a, &b), &got, &want).unwrap();
+                let nothing_finite = want.iter().all(|w| !w.is_finite());
+                prop_assert!(
+                    nothing_finite || !check.whole.holds(),
+                    "{alg}: {kept} of {k} terms not seen: {}",
+                    check.whole
+                );
+            }
+            if alg.split_levels() == 0 && !alg.is_fp8() {
+                let (fa, fb) = alg.operand_formats();
+                let got: Vec<f32> = (0..16)
+                    .map(|e| {
+                        let (i, j) = (e / 4, e % 4);
+                        let mut acc = vec![0f32; lanes];
+                        for p in 0..k {
+                            let x = fa.round(a[i * k + p], Overflow::Standard);
+                            let y = fb.round(b[p * 4 + j], Overflow::Standard);
+                            acc[p % lanes] = x.mul_add(y, acc[p % lanes]);
+                        }
+                        acc.iter().sum()
+                    })
+                    .collect();
+                let check = measure::check_product(&alg, &shape, (&a, &b), &got, &want).unwrap();
+                prop_assert!(
+                    check.holds(),
+                    "{alg} honest in {lanes} lanes: {:?}",
+                    check.findings()
+                );
+            }
+            Ok(())
+        },
+    );
 }

@@ -8,9 +8,10 @@ numpy in, numpy out. Any array-like is accepted: numpy arrays, objects exporting
 >>> b = np.random.randn(512, 128).astype(np.float32)
 >>> c = mantissa.matmul(a, b, algorithm="bf16x3", check=True)   # raises on a contract break
 
-Errors: ``ValueError`` for bad input (shapes, dtypes, names), ``RuntimeError`` for failures of
-the machine (no device, device faults); a result outside the numerics contract raises
-``ContractError`` (a ``RuntimeError``). Messages are the command-line tool's own lines.
+Errors: ``ValueError`` for bad input (shapes, dtypes, names, negative sizes), ``MemoryError``
+where the host (or a device) has no memory for what was asked, ``RuntimeError`` for other
+failures of the machine (no device, device faults); a result outside the numerics contract
+raises ``ContractError`` (a ``RuntimeError``). Messages are the command-line tool's own lines.
 """
 
 from __future__ import annotations
@@ -149,10 +150,13 @@ def matmul(
     """``a @ b`` under a named algorithm (f32, tf32, bf16, f16, bf16x3, bf16x6, bf16x9, e4m3,
     e5m2, e4m3-e5m2, e5m2-e4m3; fp8 may add ``:rowwise``) on ``backend`` (auto, reference,
     wgpu, cuda), float32 out. 2-d (m, k) @ (k, n), or batched (B, m, k) @ (B, k, n). Any float
-    dtype in (converted to float32 once). ``scales=(sa, sb)`` gives fp8 scales. ``check=True``
-    compares with the host reference's result of the same algorithm and raises
-    ``ContractError`` on any element outside its tolerance."""
-    x, y = _f32(a, "a"), _f32(b, "b")
+    dtype in (converted to float32 once, after the shapes are checked). ``scales=(sa, sb)``
+    gives fp8 scales (finite, positive). ``check=True`` compares with the host reference's
+    result of the same algorithm and raises ``ContractError`` on any element outside its
+    tolerance, or a whole product outside its band (docs/design.md, "Tolerances"). A product
+    the host has no memory for raises ``MemoryError``."""
+    # Shapes first, before any copy of the data.
+    x, y = _as_array(a), _as_array(b)
     if x.ndim != y.ndim or x.ndim not in (2, 3):
         raise ValueError(
             f"matmul takes two 2-d or two 3-d (batched) arrays, got shapes {x.shape} and {y.shape}"
@@ -165,17 +169,36 @@ def matmul(
     batch, m, k = x.shape
     n = y.shape[2]
     if scales is not None:
-        scales = (float(scales[0]), float(scales[1]))
-    c, broken, examples = _native.matmul(
+        scales = _scales(scales)
+    x, y = _f32(x, "a"), _f32(y, "b")
+    c, broken = _native.matmul(
         x.tobytes(), y.tobytes(), batch, m, k, n, algorithm, backend, scales, bool(check)
     )
     out = np.frombuffer(c, dtype=np.float32).reshape(batch, m, n).copy()
     if broken:
-        raise ContractError(
-            f"{broken} element(s) break the {algorithm} contract against the reference: "
-            + "; ".join(examples)
-        )
+        raise ContractError(broken)
     return out if batched else out[0]
+
+
+def _scales(scales: Any) -> Tuple[float, float]:
+    """``scales=(sa, sb)``: two finite positive numbers."""
+    try:
+        sa, sb = scales
+        pair = (float(sa), float(sb))
+    except (TypeError, ValueError):
+        raise ValueError(f"scales must be a pair of numbers (sa, sb), got {scales!r}") from None
+    if not all(np.isfinite(v) and v > 0 for v in pair):
+        raise ValueError(f"scales {pair} must be finite and positive")
+    return pair
+
+
+def _size(v: Any, what: str) -> int:
+    """A size: a whole number >= 0 (ValueError otherwise, negative ones included)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise ValueError(f"{what}: {v!r} is not a whole number")
+    if v < 0:
+        raise ValueError(f"{what}: {v} is negative")
+    return int(v)
 
 
 def report(
@@ -189,9 +212,15 @@ def report(
     family and size, the errors against an f64 product and the contract verdict, cast checks,
     timings, and (``train_steps`` > 0, with a ``corpus`` text file) short training curves."""
     names = ",".join(backends) if not isinstance(backends, str) else backends
+    shapes = []
+    for s in sizes:
+        dims = tuple(_size(v, "sizes") for v in s)
+        if len(dims) != 3:
+            raise ValueError(f"sizes: {s!r} is not (m, n, k)")
+        shapes.append(dims)
     return json.loads(
         _native.report_json(
-            names, [tuple(int(v) for v in s) for s in sizes], int(train_steps), int(seed), 3, corpus
+            names, shapes, _size(train_steps, "train_steps"), _size(seed, "seed"), 3, corpus
         )
     )
 
@@ -222,8 +251,8 @@ def train(
     path = corpus or os.environ.get("MANTISSA_CORPUS", "data/shakespeare.txt")
     return json.loads(
         _native.train_json(
-            path, config, list(precision), int(steps), backend, int(seed), float(lr),
-            float(adam_eps), init, batches,
+            path, config, list(precision), _size(steps, "steps"), backend, _size(seed, "seed"),
+            float(lr), float(adam_eps), init, batches,
         )
     )
 

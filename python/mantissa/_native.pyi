@@ -23,7 +23,7 @@ def matmul(
     backend: str,
     scales: Optional[Tuple[float, float]] = None,
     check: bool = False,
-) -> Tuple[bytes, int, List[str]]: ...
+) -> Tuple[bytes, Optional[str]]: ...
 def report_json(
     backends: str,
     sizes: Sequence[Tuple[int, int, int]],

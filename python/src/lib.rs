@@ -4,22 +4,27 @@
 
 use mantissa::algorithm::{Algorithm, MatmulShape, Scaling};
 use mantissa::backend::{self, Backend, BackendChoice, BackendKind};
+use mantissa::cli::parse_list;
 use mantissa::error::{Error, ErrorClass};
 use mantissa::format::{self, Format, Overflow};
 use mantissa::policy::Preset;
 use mantissa::report::{self, ReportConfig};
 use mantissa::train::{Batches, Corpus, GptConfig, TrainOptions, Trainer, init};
-use mantissa::{measure, plan::AdamW};
+use mantissa::{measure, memory, plan::AdamW};
 use pollster::FutureExt as _;
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Bad input is a ValueError; everything else (the machine, a wrong result, a diverged run) a
-/// RuntimeError, as `Error::class` sorts them. The message is the tool's own one line.
+/// Bad input is a ValueError; memory that ran out (the host's or a device's) a MemoryError;
+/// everything else (the machine, a wrong result, a diverged run) a RuntimeError, as
+/// `Error::class` sorts them. The message is the tool's own one line.
 fn py_err(e: Error) -> PyErr {
+    if e.is_out_of_memory() {
+        return PyMemoryError::new_err(e.to_string());
+    }
     match e.class() {
         ErrorClass::BadInput => PyValueError::new_err(e.to_string()),
         _ => PyRuntimeError::new_err(e.to_string()),
@@ -194,15 +199,16 @@ fn amax_scale(
 }
 
 /// C[b] = A[b] . B[b] (float32 bytes, row-major) under `algorithm` on `backend`. With `check`,
-/// also the reference's result of the same algorithm and the contract's verdict: the count of
-/// elements outside it and the first few, described.
+/// also the reference's result of the same algorithm and the contract's verdict: None where it
+/// holds, else the break in words (elements outside their tolerance, the first few described,
+/// and the whole product against its band).
 #[pyfunction]
 #[pyo3(signature = (a, b, batch, m, k, n, algorithm, backend, scales=None, check=false))]
 #[allow(clippy::too_many_arguments)]
 fn matmul<'py>(
     py: Python<'py>,
-    a: Vec<u8>,
-    b: Vec<u8>,
+    a: &[u8],
+    b: &[u8],
     batch: usize,
     m: usize,
     k: usize,
@@ -211,7 +217,7 @@ fn matmul<'py>(
     backend: &str,
     scales: Option<(f32, f32)>,
     check: bool,
-) -> PyResult<(Bound<'py, PyBytes>, usize, Vec<String>)> {
+) -> PyResult<(Bound<'py, PyBytes>, Option<String>)> {
     let mut alg: Algorithm = parse(algorithm)?;
     if let Some((sa, sb)) = scales {
         if !matches!(alg, Algorithm::Fp8 { .. }) {
@@ -226,35 +232,52 @@ fn matmul<'py>(
         }
         alg = alg.with_scaling(Scaling::Given { a: sa, b: sb });
     }
-    let (a, b) = (floats(&a)?, floats(&b)?);
     let shape = MatmulShape {
         batch,
         ..MatmulShape::new(m, n, k)
     };
-    if batch.checked_mul(m).and_then(|x| x.checked_mul(k)) != Some(a.len())
-        || batch.checked_mul(k).and_then(|x| x.checked_mul(n)) != Some(b.len())
-    {
+    // The shapes before any copy of the operands.
+    let values = |bytes: &[u8]| bytes.len() / 4;
+    if !(a.len().is_multiple_of(4) && b.len().is_multiple_of(4)) {
+        return Err(PyValueError::new_err(
+            "float32 data must be a multiple of 4 bytes",
+        ));
+    }
+    if shape.check(values(a), values(b)).is_err() {
         return Err(PyValueError::new_err(format!(
             "operands of {} and {} values do not make a {batch} x ({m}x{k} . {k}x{n}) product",
-            a.len(),
-            b.len()
+            values(a),
+            values(b)
         )));
     }
+    // C comes back in host memory, and the check holds three f64 magnitudes per element of it.
+    let c_len = shape.checked_c_len().map_err(py_err)?;
+    let per_element = if check { 4 + 4 + 3 * 8 } else { 4 };
+    memory::check(
+        "C",
+        memory::bytes_of::<u8>(c_len).and_then(|b| b.checked_mul(per_element)),
+    )
+    .map_err(py_err)?;
+    let (a, b) = (floats(a)?, floats(b)?);
     let device = open(backend)?;
-    let (c, count, found) = py.detach(|| -> PyResult<_> {
+    let (c, broken) = py.detach(|| -> PyResult<_> {
         let c = device
             .matmul(&shape, &alg, &a, &b)
             .block_on()
             .map_err(py_err)?;
         if !check {
-            return Ok((c, 0, vec![]));
+            return Ok((c, None));
         }
-        let want = backend::reference::matmul(&shape, &alg, &a, &b);
-        let abs = measure::abs_product(&shape, &a, &b);
-        let (mismatches, count) = measure::compare_to_reference(&alg, &shape, &c, &want, &abs);
-        Ok((c, count, mismatches.iter().map(|m| m.to_string()).collect()))
+        let want = backend::reference::matmul(&shape, &alg, &a, &b).map_err(py_err)?;
+        let check = measure::check_product(&alg, &shape, (&a, &b), &c, &want).map_err(py_err)?;
+        let broken = check.verdict(&alg).err().map(|e| {
+            let mut lines = vec![e.to_string()];
+            lines.extend(check.mismatches.iter().map(|m| m.to_string()));
+            lines.join("; ")
+        });
+        Ok((c, broken))
     })?;
-    Ok((PyBytes::new(py, bytemuck::cast_slice(&c)), count, found))
+    Ok((PyBytes::new(py, bytemuck::cast_slice(&c)), broken))
 }
 
 /// The portability report on `backends` ("all" or a comma list) at `sizes` (m, n, k), as JSON.
@@ -269,22 +292,24 @@ fn report_json(
     repetitions: usize,
     corpus: Option<String>,
 ) -> PyResult<String> {
-    let kinds: Vec<BackendKind> = if backends.trim() == "all" {
+    // "all" skips the kinds absent here; a kind named is required (`ReportConfig::skip_absent`).
+    let skip_absent = backends.trim() == "all";
+    let kinds: Vec<BackendKind> = if skip_absent {
         BackendKind::ALL.to_vec()
     } else {
-        backends
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(parse)
-            .collect::<PyResult<_>>()?
+        parse_list("backends", backends).map_err(py_err)?
     };
     if sizes.is_empty() {
         return Err(PyValueError::new_err("sizes names no size"));
     }
-    for &(m, n, k) in &sizes {
+    for (i, &(m, n, k)) in sizes.iter().enumerate() {
         MatmulShape::check_requested(m, n, k)
             .map_err(|why| PyValueError::new_err(format!("sizes ({m}, {n}, {k}): {why}")))?;
+        if sizes[..i].contains(&(m, n, k)) {
+            return Err(PyValueError::new_err(format!(
+                "sizes names ({m}, {n}, {k}) twice"
+            )));
+        }
     }
     if train_steps > 0 && corpus.is_none() {
         return Err(PyValueError::new_err(
@@ -293,11 +318,12 @@ fn report_json(
     }
     let config = ReportConfig {
         kinds,
+        skip_absent,
         shapes: sizes,
         algorithms: ReportConfig::default_algorithms(),
         families: report::Family::ALL.to_vec(),
         seed,
-        repetitions: repetitions.max(1),
+        repetitions: repetitions.clamp(1, 10_000),
         train_steps,
         train_presets: Preset::ALL.to_vec(),
         corpus: corpus.unwrap_or_default().into(),
@@ -339,13 +365,7 @@ fn train_json(
             "adam_eps {adam_eps} is not a finite positive epsilon"
         )));
     }
-    let presets: Vec<Preset> = precision
-        .iter()
-        .map(|p| parse(p))
-        .collect::<PyResult<_>>()?;
-    if presets.is_empty() {
-        return Err(PyValueError::new_err("precision names no preset"));
-    }
+    let presets: Vec<Preset> = parse_list("precision", &precision.join(",")).map_err(py_err)?;
     let corpus = Corpus::load(std::path::Path::new(corpus)).map_err(py_err)?;
     let config = GptConfig::named(config, corpus.vocab.len()).map_err(py_err)?;
     corpus.check_context(config.block_size).map_err(py_err)?;

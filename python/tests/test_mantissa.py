@@ -225,3 +225,58 @@ def test_train_from_pytorchs_weights_and_batches_matches_its_losses(tmp_path):
     bad.write_bytes(struct.pack("<Q", len(header)) + header.encode() + bytes(8192))
     with pytest.raises(ValueError, match="bad.safetensors.*tensor tok.weight is missing"):
         mantissa.train(steps=1, backend="reference", corpus=CORPUS, init=str(bad))
+
+
+def test_a_product_the_host_cannot_hold_raises_memory_error():
+    # (1e9, 0) @ (0, 1e9): no data in, 4e18 bytes out. It killed the interpreter.
+    a = np.zeros((10**9, 0), np.float32)
+    b = np.zeros((0, 10**9), np.float32)
+    for backend in ("reference", "auto"):
+        with pytest.raises(MemoryError, match="out of host memory"):
+            mantissa.matmul(a, b, backend=backend)
+    # The interpreter lives on.
+    assert mantissa.matmul(np.ones((2, 2)), np.ones((2, 2)), backend="reference")[0, 0] == 2
+
+
+def test_shapes_are_checked_before_any_copy():
+    # A view far larger than memory if it were copied to float32: refused on its shape alone.
+    huge = np.lib.stride_tricks.as_strided(np.zeros(1, np.float64), shape=(10**6, 10**6),
+                                           strides=(0, 0))
+    with pytest.raises(ValueError, match="shapes do not match"):
+        mantissa.matmul(huge, np.ones((3, 2), np.float32))
+
+
+def test_scales_and_sizes_are_validated():
+    a, b = np.ones((2, 2), np.float32), np.ones((2, 2), np.float32)
+    for bad in [(1.0,), (1.0, 2.0, 3.0), 1.0, ("x", 1.0), (float("nan"), 1.0), (-1.0, 1.0),
+                (1.0, float("inf"))]:
+        with pytest.raises(ValueError, match="scales"):
+            mantissa.matmul(a, b, algorithm="e4m3", scales=bad)
+    with pytest.raises(ValueError, match="negative"):
+        mantissa.report(backends=["reference"], sizes=[(-1, 2, 3)])
+    with pytest.raises(ValueError, match="negative"):
+        mantissa.train(steps=-1, backend="reference", corpus=CORPUS)
+    with pytest.raises(ValueError, match="names nothing"):
+        mantissa.report(backends=[], sizes=[(2, 2, 2)])
+    with pytest.raises(ValueError, match="twice"):
+        mantissa.report(backends=["reference", "reference"], sizes=[(2, 2, 2)])
+    with pytest.raises(ValueError, match="twice"):
+        mantissa.train(precision=["32-true", "32-true"], steps=1, backend="reference",
+                       corpus=CORPUS)
+
+
+def test_a_named_backend_that_is_absent_fails_the_report():
+    if mantissa.devices()["cuda"]["present"]:
+        pytest.skip("CUDA is present here")
+    r = mantissa.report(backends=["reference", "cuda"], sizes=[(8, 8, 8)])
+    assert not r["passed"]
+    assert any("cuda was named but not checked" in f for f in r["failures"]), r["failures"]
+
+
+def test_check_holds_on_a_long_honest_product():
+    # check=True also bounds the whole product (its band): a long honest sum stays inside it.
+    a = RNG.standard_normal((2, 65536)).astype(np.float32)
+    b = RNG.standard_normal((65536, 2)).astype(np.float32)
+    c = mantissa.matmul(a, b, algorithm="bf16", backend="reference", check=True)
+    exact = a.astype(np.float64) @ b.astype(np.float64)
+    assert np.linalg.norm(c - exact) / np.linalg.norm(exact) < 0.05

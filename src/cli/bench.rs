@@ -119,17 +119,9 @@ pub(crate) fn parse_shape(s: &str) -> Result<(usize, usize, usize)> {
     Ok((m, n, k))
 }
 
-/// The shapes of a `--sizes` list, which must name at least one.
+/// The shapes of a `--sizes` list (`parse_list`'s rules: at least one, none twice).
 pub(crate) fn parse_shapes(list: &str) -> Result<Vec<(usize, usize, usize)>> {
-    let shapes = list
-        .split(',')
-        .filter(|s| !s.trim().is_empty())
-        .map(parse_shape)
-        .collect::<Result<Vec<_>>>()?;
-    if shapes.is_empty() {
-        return Err(Error::invalid("--sizes", "names no size"));
-    }
-    Ok(shapes)
+    super::parse_list_with("--sizes", list, parse_shape)
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -143,15 +135,15 @@ fn train(args: TrainArgs) -> Result<()> {
     let presets: Vec<Preset> = if args.precision.trim() == "all" {
         Preset::ALL.to_vec()
     } else {
-        parse_list(&args.precision)?
+        parse_list("--precision", &args.precision)?
     };
-    if presets.is_empty() {
-        return Err(Error::invalid("--precision", "names no preset"));
-    }
     if args.steps == 0 {
         return Err(Error::invalid("--steps", "time at least one step"));
     }
-    let choices: Vec<BackendChoice> = parse_list(&args.backends)?;
+    let choices: Vec<BackendChoice> = parse_list("--backends", &args.backends)?;
+    if let Some(path) = &args.json {
+        crate::output::check_writable(path)?;
+    }
     let corpus = Corpus::load(&args.corpus)?;
     let config = GptConfig::named(&args.config, corpus.vocab.len())?;
     corpus.check_context(config.block_size)?;
@@ -222,10 +214,10 @@ fn train(args: TrainArgs) -> Result<()> {
             },
         ]);
     }
-    print!("{}", table.render());
+    say_raw!("{}", table.render())?;
     for r in &records {
         if let Some(p) = &r.profile {
-            print!("{}", profile_table(r, p));
+            say_raw!("{}", profile_table(r, p))?;
         }
     }
     write_json(args.json.as_deref(), &records)
@@ -299,20 +291,23 @@ fn matmul(args: MatmulArgs) -> Result<()> {
     let algorithms: Vec<Algorithm> = if args.algorithms.trim() == "all" {
         Algorithm::ALL.to_vec()
     } else {
-        parse_list(&args.algorithms)?
+        parse_list("--algorithms", &args.algorithms)?
     };
     let shapes = parse_shapes(&args.sizes)?;
-    let choices: Vec<BackendChoice> = parse_list(&args.backends)?;
+    let choices: Vec<BackendChoice> = parse_list("--backends", &args.backends)?;
     let operands: Vec<Operands> = if args.operands.trim() == "all" {
         Operands::ALL.to_vec()
     } else {
-        parse_list(&args.operands)?
+        parse_list("--operands", &args.operands)?
     };
+    if let Some(path) = &args.json {
+        crate::output::check_writable(path)?;
+    }
     let bench = MatmulBench {
         shapes,
         algorithms,
         operands,
-        repetitions: args.reps.max(1),
+        repetitions: super::check_reps(args.reps)?,
         error_rows: args.error_rows,
         seed: 42,
         contract_check_limit: 0,
@@ -369,6 +364,6 @@ fn matmul(args: MatmulArgs) -> Result<()> {
             format!("{:.1}", r.max_ulp_error),
         ]);
     }
-    print!("{}", table.render());
+    say_raw!("{}", table.render())?;
     write_json(args.json.as_deref(), &records)
 }

@@ -5,7 +5,7 @@ use super::table::{Table, g};
 use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(clap::Args)]
 #[command(
@@ -28,10 +28,10 @@ pub struct Args {
     /// Convert raw little-endian binary data: f32 (and tf32) 4 bytes, bf16/f16 2, e4m3/e5m2 1.
     #[arg(long)]
     raw: bool,
-    /// Raw input file (default: standard input).
+    /// Raw input file (default, or `-`: standard input).
     #[arg(long, short = 'i', requires = "raw")]
     input: Option<PathBuf>,
-    /// Raw output file, written atomically (default: standard output).
+    /// Raw output file, written atomically (default, or `-`: standard output).
     #[arg(long, short = 'o', requires = "raw")]
     output: Option<PathBuf>,
 }
@@ -71,7 +71,7 @@ pub fn run(args: Args) -> Result<()> {
         ));
     }
     let formats: Vec<Format> = match &args.to {
-        Some(list) => parse_list(list)?,
+        Some(list) => parse_list("--to", list)?,
         None => Format::ALL.to_vec(),
     };
     let mut t = Table::new(&[
@@ -104,7 +104,7 @@ pub fn run(args: Args) -> Result<()> {
             ]);
         }
     }
-    print!("{}", t.render());
+    say_raw!("{}", t.render())?;
     Ok(())
 }
 
@@ -116,30 +116,20 @@ fn raw(
     output: Option<PathBuf>,
 ) -> Result<()> {
     let in_size = from.storage_bytes();
-    let mut reader: Box<dyn Read> = match &input {
-        Some(p) => {
-            let f = std::fs::File::open(p).map_err(|e| Error::file(p, e))?;
-            check_length(
-                f.metadata().map(|m| m.len()).ok(),
-                in_size,
-                &p.display().to_string(),
-            )?;
-            Box::new(f)
-        }
-        None => {
-            check_length(stdin_file_length(), in_size, "standard input")?;
-            Box::new(std::io::stdin().lock())
-        }
+    // A regular file, or standard input (none, or `-`): opened by `input::Input`.
+    let input = crate::input::Input::open(input.as_deref().unwrap_or(Path::new("-")))?;
+    let name = match input.path().as_os_str() == "-" {
+        true => "standard input".to_string(),
+        false => input.path().display().to_string(),
     };
-    let mut convert = |w: &mut dyn Write| -> Result<()> {
+    check_length(input.len(), in_size, &name)?;
+    let mut reader: Box<dyn Read> = Box::new(input);
+    let convert = |w: &mut dyn Write| -> Result<()> {
         crate::format::convert_raw(&mut *reader, w, from, to, overflow)?;
         w.flush().map_err(Error::from)
     };
     // A file is written whole or not at all (output.rs); `-` or none is standard output.
-    match output.filter(|p| p.as_os_str() != "-") {
-        Some(p) => crate::output::write_file(&p, convert),
-        None => convert(&mut std::io::BufWriter::new(std::io::stdout().lock())),
-    }
+    crate::output::write_file(output.as_deref().unwrap_or(Path::new("-")), convert)
 }
 
 fn check_length(len: Option<u64>, size: usize, what: &str) -> Result<()> {
@@ -149,21 +139,5 @@ fn check_length(len: Option<u64>, size: usize, what: &str) -> Result<()> {
             format!("{what} holds {n} bytes, not a multiple of the element size {size}"),
         )),
         _ => Ok(()),
-    }
-}
-
-/// The size of standard input when it is a regular file (a shell redirect), so that a bad length
-/// is caught before anything is written.
-fn stdin_file_length() -> Option<u64> {
-    #[cfg(unix)]
-    {
-        use std::os::fd::AsFd;
-        let fd = std::io::stdin().as_fd().try_clone_to_owned().ok()?;
-        let meta = std::fs::File::from(fd).metadata().ok()?;
-        meta.is_file().then_some(meta.len())
-    }
-    #[cfg(not(unix))]
-    {
-        None
     }
 }

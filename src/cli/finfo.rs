@@ -24,11 +24,11 @@ pub fn run(args: Args) -> Result<()> {
     };
     let infos: Vec<Finfo> = formats.iter().map(|f| f.finfo()).collect();
     if args.json {
-        println!(
+        say!(
             "{}",
             serde_json::to_string_pretty(&infos)
                 .map_err(|e| crate::Error::invalid("json", e.to_string()))?
-        );
+        )?;
         return Ok(());
     }
     let mut t = Table::new(&[
@@ -57,6 +57,6 @@ pub fn run(args: Args) -> Result<()> {
             g(i.resolution, 6),
         ]);
     }
-    print!("{}", t.render());
+    say_raw!("{}", t.render())?;
     Ok(())
 }

@@ -18,24 +18,24 @@ fn classes(b: &dyn Backend) -> String {
 }
 
 pub fn run(_: Args) -> Result<()> {
-    println!("mantissa {}", env!("CARGO_PKG_VERSION"));
-    println!(
+    say!("mantissa {}", env!("CARGO_PKG_VERSION"))?;
+    say!(
         "backends compiled in: reference, wgpu{}",
         if cfg!(feature = "cuda") {
             ", cuda"
         } else {
             " (cuda: not in this build)"
         }
-    );
-    println!();
-    println!("reference: {}", Reference.device_name());
-    println!("  precision classes: {}", classes(&Reference));
-    println!();
-    cuda();
-    println!();
+    )?;
+    say!()?;
+    say!("reference: {}", Reference.device_name())?;
+    say!("  precision classes: {}", classes(&Reference))?;
+    say!()?;
+    cuda()?;
+    say!()?;
     let adapters = backend::wgpu::list_adapters().block_on();
     if adapters.is_empty() {
-        println!("wgpu: {}", backend::wgpu::no_adapter_reason().block_on());
+        say!("wgpu: {}", backend::wgpu::no_adapter_reason().block_on())?;
     }
     let mut t = Table::new(&[
         "#",
@@ -74,12 +74,12 @@ pub fn run(_: Args) -> Result<()> {
         ]);
     }
     if !adapters.is_empty() {
-        println!("wgpu adapters (best first; WGPU_ADAPTER_NAME filters):");
-        print!("{}", t.render());
+        say!("wgpu adapters (best first; WGPU_ADAPTER_NAME filters):")?;
+        say_raw!("{}", t.render())?;
         let options = backend::wgpu::WgpuOptions::from_env()?;
         for (i, a) in adapters.iter().enumerate() {
             match backend::wgpu::WgpuBackend::open_nth(i, options).block_on() {
-                Ok(b) => println!(
+                Ok(b) => say!(
                     "  #{i} {}: precision classes {}; f16 read as {:?}; matmul kernels {}; runtime checks {}",
                     a.name,
                     classes(&b),
@@ -91,15 +91,15 @@ pub fn run(_: Args) -> Result<()> {
                     },
                     if b.runtime_checks() { "on" } else { "off" }
                 ),
-                Err(e) => println!("  #{i} {}: could not open: {e}", a.name),
-            }
+                Err(e) => say!("  #{i} {}: could not open: {e}", a.name),
+            }?;
         }
     }
-    println!();
-    collectives();
-    println!();
+    say!()?;
+    collectives()?;
+    say!()?;
     match backend::open(backend::BackendChoice::Auto).block_on() {
-        Ok(b) => println!(
+        Ok(b) => say!(
             "--backend auto picks: {} ({})",
             b.name(),
             match b.kind() {
@@ -108,21 +108,21 @@ pub fn run(_: Args) -> Result<()> {
                 BackendKind::Reference => "host",
             }
         ),
-        Err(e) => println!("--backend auto: {e}"),
-    }
+        Err(e) => say!("--backend auto: {e}"),
+    }?;
     Ok(())
 }
 
 /// The CUDA device, or why there is none.
 #[cfg(feature = "cuda")]
-fn cuda() {
+fn cuda() -> Result<()> {
     use crate::algorithm::Algorithm;
     use crate::backend::cuda::{self, CudaBackend};
     match CudaBackend::open(0) {
         Ok(b) => {
             let info = b.info();
-            println!("cuda: {}", b.device_name());
-            println!(
+            say!("cuda: {}", b.device_name())?;
+            say!(
                 "  compute capability {}.{}, {} multiprocessors, {:.1} GiB; kernels compiled by NVRTC for sm_{}{}",
                 info.compute_capability.0,
                 info.compute_capability.1,
@@ -130,37 +130,38 @@ fn cuda() {
                 info.memory_bytes as f64 / (1u64 << 30) as f64,
                 info.compute_capability.0,
                 info.compute_capability.1
-            );
-            println!("  precision classes: {}", classes(&b));
+            )?;
+            say!("  precision classes: {}", classes(&b))?;
             for alg in Algorithm::ALL {
-                println!("  {:<10} {}", alg.to_string(), cuda::variant(&b, &alg));
+                say!("  {:<10} {}", alg.to_string(), cuda::variant(&b, &alg))?;
             }
+            Ok(())
         }
-        Err(e) => println!("cuda: absent: {e}"),
+        Err(e) => say!("cuda: absent: {e}"),
     }
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda() {
-    println!("cuda: not in this build (built without the `cuda` feature)");
+fn cuda() -> Result<()> {
+    say!("cuda: not in this build (built without the `cuda` feature)")
 }
 
 /// The engines a data-parallel run (`mpirun -np N mantissa train`) can sum gradients with.
-fn collectives() {
-    println!("collectives (data-parallel training):");
-    println!("  mpi: {}", crate::dist::describe_mpi());
+fn collectives() -> Result<()> {
+    say!("collectives (data-parallel training):")?;
+    say!("  mpi: {}", crate::dist::describe_mpi())?;
     #[cfg(feature = "cuda")]
     match crate::backend::cuda::nccl::version() {
-        Ok(v) => println!("  nccl: {v} (device buffers, with the CUDA backend, one GPU per rank)"),
-        Err(e) => println!("  nccl: absent: {e}"),
-    }
+        Ok(v) => say!("  nccl: {v} (device buffers, with the CUDA backend, one GPU per rank)"),
+        Err(e) => say!("  nccl: absent: {e}"),
+    }?;
     #[cfg(not(feature = "cuda"))]
-    println!("  nccl: not in this build (it comes with the `cuda` feature)");
-    println!(
+    say!("  nccl: not in this build (it comes with the `cuda` feature)")?;
+    say!(
         "  reduction: buckets of {} MiB (--bucket-size); on wgpu and CUDA, each is summed while \
          the backward pass runs on (--overlap-reduction)",
         crate::dist::Reduction::DEFAULT_BUCKET_BYTES >> 20
-    );
+    )
 }
 
 fn yes(b: bool) -> String {

@@ -26,11 +26,16 @@ impl Table {
                 widths[i] = widths[i].max(c.chars().count());
             }
         }
+        // Padded by hand: a formatting width is at most 65535, and a cell may be longer (a
+        // 100,000-digit value given to `cast`). Cells beyond the header's columns are dropped.
         let line = |cells: &[String]| -> String {
             let parts: Vec<String> = cells
                 .iter()
-                .enumerate()
-                .map(|(i, c)| format!("{:<w$}", c, w = widths[i]))
+                .zip(&widths)
+                .map(|(c, &w)| {
+                    let pad = w.saturating_sub(c.chars().count());
+                    format!("{c}{}", " ".repeat(pad))
+                })
                 .collect();
             parts.join("  ").trim_end().to_string()
         };
@@ -102,5 +107,19 @@ mod tests {
         assert_eq!(g(1.1920928955078125e-07, 6), "1.19209e-07");
         assert_eq!(g(57344.0, 6), "57344");
         assert_eq!(g(9.9999996, 6), "10");
+    }
+
+    #[test]
+    fn cells_of_any_length_and_rows_of_any_width_render() {
+        let long = "1".repeat(100_000);
+        let mut t = super::Table::new(&["value", "format"]);
+        t.row(vec![long.clone(), "f16".into()]);
+        t.row(vec!["2".into(), "bf16".into(), "an extra cell".into()]);
+        t.row(vec![]);
+        let text = t.render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[2], format!("{long}  f16"));
+        assert_eq!(lines[3], format!("2{}  bf16", " ".repeat(99_999)));
+        assert!(!text.contains("an extra cell"));
     }
 }

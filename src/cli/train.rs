@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::plan::AdamW;
 use crate::plan::exec::{Memory, Reduced};
 use crate::policy::{PrecisionClass, Preset};
+use crate::train::checkpoint::CheckpointFile;
 use crate::train::{
     Batches, Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer, attention_choice,
     graphs_choice, init,
@@ -278,8 +279,9 @@ fn prepare(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
     let setup = dist::agree(group, check_and_open(args, group))?;
     let resume = match &args.resume {
         Some(path) => {
+            // Header first: the tensors are read once their size is this model's.
             let read = match group.rank() {
-                0 => std::fs::read(path).map_err(|e| Error::file(path, e)),
+                0 => CheckpointFile::open(path).and_then(|file| file.read(&setup.config)),
                 _ => Ok(vec![]),
             };
             let mut bytes = dist::agree(group, read)?;
@@ -289,8 +291,17 @@ fn prepare(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         }
         None => None,
     };
+    // Every file the run will write is checked writable before the first step.
     let out = match group.rank() {
-        0 => std::fs::create_dir_all(&args.out).map_err(|e| Error::file(&args.out, e)),
+        0 => std::fs::create_dir_all(&args.out)
+            .map_err(|e| Error::output(&args.out, e))
+            .and_then(|()| {
+                let logs = ["train.json", "loss.svg"].map(|name| args.out.join(name));
+                let checkpoints = setup.presets.iter().map(|p| checkpoint_path(args, *p));
+                logs.into_iter()
+                    .chain(checkpoints)
+                    .try_for_each(|path| crate::output::check_writable(&path))
+            }),
         _ => Ok(()),
     };
     dist::agree(group, out)?;
@@ -314,9 +325,14 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
     if args.eval_interval == 0 {
         return Err(Error::invalid("--eval-interval", "must be at least 1"));
     }
-    let presets: Vec<Preset> = parse_list(&args.precision)?;
-    if presets.is_empty() {
-        return Err(Error::invalid("arguments", "--precision names no preset"));
+    let presets: Vec<Preset> = parse_list("--precision", &args.precision)?;
+    if args.resume.as_deref().is_some_and(|r| r.as_os_str() == "-")
+        && args.corpus.as_os_str() == "-"
+    {
+        return Err(Error::invalid(
+            "arguments",
+            "--resume and --corpus cannot both be standard input",
+        ));
     }
     if args.resume.is_some() && args.init.is_some() {
         return Err(Error::invalid(
@@ -353,6 +369,9 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         }
     };
     let class: PrecisionClass = args.matmul_precision.parse()?;
+    // Checked here, before anything is opened (the trainer applies them).
+    crate::policy::Autocast::new(crate::format::Format::F32)
+        .with_overrides(&args.autocast_override)?;
     let algorithm: Option<Algorithm> = args.algorithm.as_deref().map(str::parse).transpose()?;
     let reduction = Reduction {
         reducer: args.reducer.parse()?,
@@ -467,13 +486,10 @@ fn parse_bytes(flag: &'static str, text: &str) -> Result<u64> {
 /// Trains each preset in turn; rank 0 prints and writes checkpoints.
 fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result<Vec<Run>> {
     let leader = group.rank() == 0;
-    let say = |line: String| {
-        if leader {
-            println!("{line}");
-        }
-    };
+    // Rank 0 prints; standard output that cannot be written ends the run (exit 1).
+    let tell = |line: String| if leader { say!("{line}") } else { Ok(()) };
     let (corpus, config, backend) = (&setup.corpus, &setup.config, setup.backend.as_ref());
-    say(format!(
+    tell(format!(
         "training {} ({} parameters, context {}, batch {}) on {}; unigram entropy {:.3}",
         config.name,
         config.parameter_count(),
@@ -481,20 +497,20 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
         config.batch_size,
         backend.device_name(),
         corpus.unigram_entropy()
-    ));
+    ))?;
     for (what, path) in [("initial weights", &args.init), ("batches", &args.batches)] {
         if let Some(path) = path {
-            say(format!("{what} from {}", path.display()));
+            tell(format!("{what} from {}", path.display()))?;
         }
     }
     if group.size() > 1 {
-        say(format!(
+        tell(format!(
             "data parallel: {} ranks ({}), {} sequences of the batch each; rank 0 on {}",
             group.size(),
             group.engine(),
             config.batch_size / group.size(),
             backend.name()
-        ));
+        ))?;
     }
     let mut runs = Vec::new();
     let mut resume = setup.resume;
@@ -536,15 +552,15 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             });
         let mut trainer = dist::agree(group, built)?;
         if trainer.step > 0 {
-            say(format!("resumed {preset} at step {}", trainer.step));
+            tell(format!("resumed {preset} at step {}", trainer.step))?;
         }
-        say(format!(
+        tell(format!(
             "-- {preset}: matmuls {} (compute {}), {}",
             trainer.precision.matmul,
             trainer.precision.compute,
             describe(&trainer)
-        ));
-        say(format!("   {}", trainer.executor()));
+        ))?;
+        tell(format!("   {}", trainer.executor()))?;
         let mut run = Run {
             preset: preset.to_string(),
             backend: backend.name(),
@@ -571,7 +587,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         bar.set_position(trainer.step as u64);
-        let checkpoint = args.out.join(format!("{preset}.safetensors"));
+        let checkpoint = checkpoint_path(args, preset);
         while trainer.step < args.steps {
             let poison = match setup.inject {
                 Some(s) if s == trainer.step + 1 => f32::INFINITY,
@@ -582,7 +598,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
                 // Divergence is the run's finding (kept in the log); any other error ends the tool.
                 Err(e @ Error::Diverged { .. }) => {
                     bar.abandon();
-                    say(format!("stopped: {e}"));
+                    tell(format!("stopped: {e}"))?;
                     if let Error::Diverged { step, why, .. } = &e {
                         run.stopped_at = Some(*step);
                         run.stopped = Some(why.clone());
@@ -596,7 +612,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             };
             if let (None, Some(r)) = (&run.reduction, &trainer.reduced) {
                 bar.suspend(|| {
-                    say(format!(
+                    tell(format!(
                         "   gradients summed by {}: {:.2} MiB per step in {} call(s), {}",
                         r.engine,
                         r.bytes as f64 / (1u64 << 20) as f64,
@@ -607,7 +623,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
                             "after the backward pass"
                         }
                     ))
-                });
+                })?;
                 run.reduction = Some(r.clone());
             }
             bar.set_position(record.step as u64);
@@ -617,7 +633,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             if step % args.eval_interval.max(1) == 0 || step == args.steps || step == 1 {
                 let val = trainer.evaluate(args.eval_batches).block_on()?;
                 run.val.push((step, val));
-                bar.suspend(|| say(log_line(&record, val)));
+                bar.suspend(|| tell(log_line(&record, val)))?;
             }
             if leader && args.checkpoint_every > 0 && step % args.checkpoint_every == 0 {
                 Checkpoint::save(&mut trainer, &checkpoint).block_on()?;
@@ -626,20 +642,25 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
         bar.finish_and_clear();
         run.memory = trainer.memory();
         let m = &run.memory;
-        say(format!(
+        tell(format!(
             "   memory: peak {:.1} MiB, {:.2}x the plan's tensors ({:.1} MiB); {}",
             m.peak_bytes as f64 / (1u64 << 20) as f64,
             m.overhead(),
             m.plan_bytes as f64 / (1u64 << 20) as f64,
             m.measured_by
-        ));
+        ))?;
         if leader && run.stopped.is_none() {
             Checkpoint::save(&mut trainer, &checkpoint).block_on()?;
-            say(format!("saved {}", checkpoint.display()));
+            tell(format!("saved {}", checkpoint.display()))?;
         }
         runs.push(run);
     }
     Ok(runs)
+}
+
+/// Where a preset's checkpoint goes.
+fn checkpoint_path(args: &TrainArgs, preset: Preset) -> PathBuf {
+    args.out.join(format!("{preset}.safetensors"))
 }
 
 /// The summary line, train.json and loss.svg (rank 0); the exit code.
@@ -656,7 +677,7 @@ fn write_logs(args: &TrainArgs, runs: &[Run]) -> Result<i32> {
             (None, None) => format!("{}: no steps", r.preset),
         })
         .collect();
-    println!("{}", summary.join("; "));
+    say!("{}", summary.join("; "))?;
     let log = args.out.join("train.json");
     let json =
         serde_json::to_string_pretty(&runs).map_err(|e| Error::invalid("json", e.to_string()))?;
@@ -675,7 +696,7 @@ fn write_logs(args: &TrainArgs, runs: &[Run]) -> Result<i32> {
     )
     .map_err(|e| Error::invalid("chart", e))?;
     crate::output::write_bytes(&chart, svg.as_bytes())?;
-    println!("wrote {} and {}", log.display(), chart.display());
+    say!("wrote {} and {}", log.display(), chart.display())?;
     Ok(exit_of(runs))
 }
 
@@ -735,14 +756,17 @@ fn export_init(args: &TrainArgs, path: &std::path::Path) -> Result<i32> {
         None => config.init(args.seed),
     };
     init::write_torch_init(path, &config, &params)?;
-    println!(
+    say!(
         "wrote {} ({} initial weights of {}, PyTorch state_dict names)",
         path.display(),
         config.parameter_count(),
         config.name
-    );
+    )?;
     Ok(0)
 }
+
+/// The most characters `sample --tokens` generates (each is a forward pass of the model).
+const MAX_SAMPLE_TOKENS: usize = 100_000;
 
 pub fn sample(args: SampleArgs) -> Result<()> {
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {
@@ -751,39 +775,53 @@ pub fn sample(args: SampleArgs) -> Result<()> {
             format!("{} is not a finite temperature >= 0", args.temperature),
         ));
     }
+    if args.tokens > MAX_SAMPLE_TOKENS {
+        return Err(Error::invalid(
+            "--tokens",
+            format!("{}: at most {MAX_SAMPLE_TOKENS}", args.tokens),
+        ));
+    }
+    if args.checkpoint.as_os_str() == "-" && args.corpus.as_os_str() == "-" {
+        return Err(Error::invalid(
+            "arguments",
+            "--checkpoint and --corpus cannot both be standard input",
+        ));
+    }
+    let choice = args.backend.parse::<BackendChoice>()?;
     let corpus = Corpus::load(&args.corpus)?;
-    let bytes = std::fs::read(&args.checkpoint).map_err(|e| Error::file(&args.checkpoint, e))?;
-    let (_, header) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| {
-        Error::file(
-            &args.checkpoint,
-            format!("not a usable checkpoint: corrupt or truncated ({e})"),
-        )
-    })?;
-    let meta: crate::train::checkpoint::CheckpointMeta = header
-        .metadata()
-        .as_ref()
-        .and_then(|m| m.get("mantissa"))
-        .and_then(|j| serde_json::from_str(j).ok())
-        .ok_or_else(|| {
-            Error::file(
-                &args.checkpoint,
-                "not a usable checkpoint: no mantissa metadata",
-            )
-        })?;
-    let config = GptConfig::named(&meta.config, corpus.vocab.len())?;
-    let ck = Checkpoint::load(&args.checkpoint, &config, &corpus.vocab)?;
+    // The header alone names the config; the tensors are read once their size is its size.
+    let file = CheckpointFile::open(&args.checkpoint)?;
+    let config = GptConfig::named(&file.meta.config, corpus.vocab.len())?;
+    let seed = file.meta.seed;
+    let bytes = file.read(&config)?;
+    let ck = Checkpoint::from_bytes(&bytes, &args.checkpoint, &config, &corpus.vocab)?;
+    drop(bytes);
     let preset: Preset = ck.meta.preset.parse()?;
-    let backend = backend::open(args.backend.parse::<BackendChoice>()?).block_on()?;
+    let backend = backend::open(choice).block_on()?;
     // Sampling needs no fp8 history: current scaling.
     let options = TrainOptions {
         fp8_current: true,
-        ..TrainOptions::new(config, preset, meta.seed)
+        ..TrainOptions::new(config, preset, seed)
     };
     let mut trainer = Trainer::new(backend.as_ref(), &corpus, options)?;
     ck.restore(&mut trainer).block_on()?;
-    let text = trainer
-        .sample(&args.prompt, args.tokens, args.temperature, args.seed)
+    // Each character as it is drawn.
+    let flushed = |text: &str| {
+        say_raw!("{text}")?;
+        use std::io::Write;
+        std::io::stdout()
+            .flush()
+            .map_err(|e| Error::output("standard output", e))
+    };
+    flushed(&args.prompt)?;
+    trainer
+        .sample_streaming(
+            &args.prompt,
+            args.tokens,
+            args.temperature,
+            args.seed,
+            flushed,
+        )
         .block_on()?;
-    println!("{}{}", args.prompt, text);
-    Ok(())
+    say!()
 }

@@ -254,16 +254,26 @@ impl Autocast {
         }
     }
 
-    /// Parses "op=format[,op=format...]" overrides, e.g. "softmax=bf16".
+    /// Parses "op=format[,op=format...]" overrides, e.g. "softmax=bf16" (nothing: none). An
+    /// empty item or an op named twice is refused.
     pub fn with_overrides(mut self, spec: &str) -> Result<Autocast> {
-        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if spec.trim().is_empty() {
+            return Ok(self);
+        }
+        for item in spec.split(',').map(str::trim) {
             let (op, format) = item.split_once('=').ok_or_else(|| {
                 Error::invalid(
                     "autocast override",
                     format!("'{item}': write OP=FORMAT, e.g. softmax=bf16"),
                 )
             })?;
-            self.overrides.insert(op.parse()?, format.parse()?);
+            let op: Op = op.parse()?;
+            if self.overrides.insert(op, format.parse()?).is_some() {
+                return Err(Error::invalid(
+                    "autocast override",
+                    format!("'{spec}' names {} twice", op.name()),
+                ));
+            }
         }
         Ok(self)
     }

@@ -3,8 +3,10 @@
 //! For each backend: the precision-class resolution; cast, split and amax agreement with the
 //! reference (bit for bit, mismatches counted); for each algorithm and input family, the error
 //! against an f64 product, where non-finite values went, contract breaks against the
-//! reference's result of the same algorithm, and throughput. `Report::passed` is false when any
-//! backend breaks the contract.
+//! reference's result of the same algorithm (element by element, and the whole product against
+//! its band), and throughput. `Report::passed` is false when any backend breaks the contract,
+//! or when a backend named explicitly was not checked (absent, or failed to open):
+//! `Report::failures` says why in words.
 
 mod html;
 mod inputs;
@@ -63,6 +65,9 @@ pub struct MatmulCheck {
     /// Elements outside the contract (non-finite pattern or accumulation tolerance).
     pub contract_breaks: usize,
     pub first_break: Option<String>,
+    /// The whole product against its band (`measure::WholeProduct`); outside it is a break
+    /// even where every element is within its tolerance.
+    pub whole_product: measure::WholeProduct,
     /// Throughput on the largest N(0,1) shape (None elsewhere).
     pub tflops: Option<f64>,
 }
@@ -94,7 +99,11 @@ pub struct Report {
     pub training: Vec<TrainingLine>,
     /// Why training lines are missing, if they are.
     pub training_note: Option<String>,
+    /// Elements, casts and whole products outside the contract.
     pub contract_breaks: usize,
+    /// Why the report did not pass, in words (breaks, backends named but not checked); empty
+    /// when it passed.
+    pub failures: Vec<String>,
     pub passed: bool,
 }
 
@@ -103,6 +112,9 @@ pub struct Report {
 pub struct ReportConfig {
     /// Backend kinds to include; wgpu means every adapter found.
     pub kinds: Vec<BackendKind>,
+    /// Whether a backend of `kinds` that is absent (or fails to open) is skipped with its
+    /// reason (`--backends all`); otherwise it fails the report, which checked nothing there.
+    pub skip_absent: bool,
     pub shapes: Vec<(usize, usize, usize)>,
     pub algorithms: Vec<Algorithm>,
     pub families: Vec<Family>,
@@ -191,6 +203,12 @@ pub async fn run_on(
     for s in &skipped {
         progress(&format!("skipped {}: {}", s.backend, s.reason));
     }
+    // The training text is read before any work: a missing one is an error, not missing lines.
+    let corpus = if config.train_steps > 0 && !config.train_presets.is_empty() {
+        Some(Corpus::load(&config.corpus)?)
+    } else {
+        None
+    };
     let mut report = Report {
         version: env!("CARGO_PKG_VERSION"),
         seed: config.seed,
@@ -218,6 +236,7 @@ pub async fn run_on(
         training: vec![],
         training_note: None,
         contract_breaks: 0,
+        failures: vec![],
         passed: false,
     };
     for b in backends {
@@ -238,10 +257,9 @@ pub async fn run_on(
                 .seed
                 .wrapping_add(1000 * s as u64 + 10 * *family as u64);
             let (a, bm) = family.inputs(&shape, seed);
-            let exact = measure::exact_product(&shape, &a, &bm);
-            let abs = measure::abs_product(&shape, &a, &bm);
+            let magnitudes = measure::magnitudes(&shape, &a, &bm)?;
             for algorithm in &config.algorithms {
-                let want = backend::reference::matmul(&shape, algorithm, &a, &bm);
+                let want = backend::reference::matmul(&shape, algorithm, &a, &bm)?;
                 for b in backends {
                     progress(&format!(
                         "{} {algorithm} {} {m}x{n}x{k}",
@@ -249,8 +267,15 @@ pub async fn run_on(
                         family.name()
                     ));
                     let got = b.matmul(&shape, algorithm, &a, &bm).await?;
-                    let (breaks, count) =
-                        measure::compare_to_reference(algorithm, &shape, &got, &want, &abs);
+                    let (breaks, count) = measure::compare_to_reference(
+                        algorithm,
+                        &shape,
+                        &got,
+                        &want,
+                        &magnitudes.abs,
+                    );
+                    let whole_product =
+                        measure::whole_product(algorithm, shape.k, &got, &want, &magnitudes);
                     let tflops = if *family == Family::Normal && Some((m, n, k)) == largest {
                         let t = b
                             .time_matmul(
@@ -271,46 +296,62 @@ pub async fn run_on(
                         algorithm: algorithm.to_string(),
                         family: family.name().to_string(),
                         shape: (m, n, k),
-                        relative_error: measure::relative_error(&got, &exact),
-                        max_ulp_error: measure::max_ulp_error(&got, &exact),
+                        relative_error: whole_product.relative_error,
+                        max_ulp_error: measure::max_ulp_error(&got, &magnitudes.exact),
                         nonfinite: got.iter().filter(|v| !v.is_finite()).count(),
                         nonfinite_reference: want.iter().filter(|v| !v.is_finite()).count(),
                         contract_breaks: count,
                         first_break: breaks.first().map(|m| m.to_string()),
+                        whole_product,
                         tflops,
                     });
                 }
             }
         }
     }
-    if config.train_steps > 0 && !config.train_presets.is_empty() {
-        match Corpus::load(&config.corpus) {
-            Ok(corpus) => {
-                for b in backends {
-                    for &preset in &config.train_presets {
-                        progress(&format!(
-                            "training {preset} on {} for {} steps",
-                            b.name(),
-                            config.train_steps
-                        ));
-                        report
-                            .training
-                            .push(train_line(*b, &corpus, preset, config).await?);
-                    }
-                }
+    if let Some(corpus) = &corpus {
+        for b in backends {
+            for &preset in &config.train_presets {
+                progress(&format!(
+                    "training {preset} on {} for {} steps",
+                    b.name(),
+                    config.train_steps
+                ));
+                report
+                    .training
+                    .push(train_line(*b, corpus, preset, config).await?);
             }
-            Err(e) => report.training_note = Some(format!("no training lines: {e}")),
         }
     } else {
         report.training_note = Some("training lines not requested (--train-steps 0)".into());
     }
-    report.contract_breaks = report.casts.iter().map(|c| c.mismatches).sum::<usize>()
-        + report
-            .matmuls
-            .iter()
-            .map(|m| m.contract_breaks)
-            .sum::<usize>();
-    report.passed = report.contract_breaks == 0;
+    let whole_breaks = report
+        .matmuls
+        .iter()
+        .filter(|m| !m.whole_product.holds())
+        .count();
+    let element_breaks: usize = report.matmuls.iter().map(|m| m.contract_breaks).sum();
+    let cast_breaks: usize = report.casts.iter().map(|c| c.mismatches).sum();
+    report.contract_breaks = cast_breaks + element_breaks + whole_breaks;
+    if report.contract_breaks > 0 {
+        report.failures.push(format!(
+            "{} contract break(s): {cast_breaks} cast value(s), {element_breaks} matmul element(s), \
+             {whole_breaks} whole product(s) outside their band",
+            report.contract_breaks
+        ));
+    }
+    if !config.skip_absent {
+        for s in &report.skipped {
+            report.failures.push(format!(
+                "{} was named but not checked: {}",
+                s.backend, s.reason
+            ));
+        }
+    }
+    if backends.is_empty() {
+        report.failures.push("no backend was checked".into());
+    }
+    report.passed = report.failures.is_empty();
     Ok(report)
 }
 

@@ -7,6 +7,7 @@
 use super::model::GptConfig;
 use super::trainer::{TrainState, Trainer};
 use crate::error::{Error, Result};
+use crate::input::Input;
 use crate::policy::{DelayedScaling, Fp8State, Preset};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::collections::HashMap;
@@ -84,6 +85,96 @@ impl SavedScaling {
     }
 }
 
+/// The longest safetensors header a checkpoint may have: its metadata holds the vocabulary
+/// (a few KiB for Shakespeare) and the fp8 histories (a few hundred KiB at most).
+pub const MAX_HEADER_BYTES: u64 = 16 << 20;
+
+/// A checkpoint file (or standard input, `-`) opened through `input::Input` and its header read
+/// alone: the 8-byte length, then the header, checked against the file's length before
+/// anything else is read. Its tensors are read by `read` once their size is known to be what
+/// the run's model takes: a file longer or shorter than its header says, or a header claiming
+/// more than the model holds, is refused unread (`/dev/zero`, a 2 GB sparse file).
+pub struct CheckpointFile {
+    input: Input,
+    /// What was read: the length and the header.
+    head: Vec<u8>,
+    /// Bytes of tensor data the header declares.
+    data_len: u64,
+    pub meta: CheckpointMeta,
+}
+
+impl CheckpointFile {
+    pub fn open(path: &Path) -> Result<CheckpointFile> {
+        let bad = |why: String| Error::file(path, format!("not a usable checkpoint: {why}"));
+        let mut input = Input::open(path)?;
+        let mut head = input.read_exactly(8, "the safetensors header length")?;
+        let n = u64::from_le_bytes(head[..8].try_into().unwrap_or_default());
+        if n > MAX_HEADER_BYTES || input.len().is_some_and(|len| n > len.saturating_sub(8)) {
+            return Err(bad(format!(
+                "a header of {n} bytes, more than {}",
+                match input.len() {
+                    Some(len) if n > len.saturating_sub(8) =>
+                        format!("the file's {len} bytes hold"),
+                    _ => format!("the {MAX_HEADER_BYTES} a checkpoint's may have"),
+                }
+            )));
+        }
+        head.extend(input.read_exactly(n, "the safetensors header")?);
+        let header: safetensors::tensor::Metadata = serde_json::from_slice(&head[8..])
+            .map_err(|e| bad(format!("corrupt or truncated header ({e})")))?;
+        let data_len = header.data_len() as u64;
+        let total = 8 + n + data_len;
+        if let Some(len) = input.len()
+            && len != total
+        {
+            return Err(bad(format!(
+                "corrupt or truncated: the file holds {len} bytes, its header says {total}"
+            )));
+        }
+        let meta = header
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get("mantissa"))
+            .ok_or_else(|| bad("no mantissa metadata".into()))
+            .and_then(|json| {
+                serde_json::from_str(json).map_err(|e| bad(format!("metadata: {e}")))
+            })?;
+        Ok(CheckpointFile {
+            input,
+            head,
+            data_len,
+            meta,
+        })
+    }
+
+    /// The whole file, its tensors read once their size is what `config`'s parameters and
+    /// AdamW moments take.
+    pub fn read(mut self, config: &GptConfig) -> Result<Vec<u8>> {
+        let values: usize = config
+            .parameter_shapes()
+            .iter()
+            .map(|(_, shape)| shape.iter().product::<usize>())
+            .sum();
+        let expected = 3 * 4 * values as u64;
+        if self.data_len != expected {
+            return Err(Error::file(
+                self.input.path(),
+                format!(
+                    "not a usable checkpoint: its tensors take {} bytes, config '{}' takes {expected}",
+                    self.data_len, config.name
+                ),
+            ));
+        }
+        let data = self.input.read_exactly(self.data_len, "the tensors")?;
+        self.input.expect_end("the tensors")?;
+        let mut bytes =
+            crate::memory::empty_with_capacity("the checkpoint", self.head.len() + data.len())?;
+        bytes.extend_from_slice(&self.head);
+        bytes.extend_from_slice(&data);
+        Ok(bytes)
+    }
+}
+
 /// The tensors and state of a checkpoint, validated.
 pub struct Checkpoint {
     pub meta: CheckpointMeta,
@@ -148,17 +239,18 @@ impl Checkpoint {
             .iter()
             .map(|(n, s, b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)))
             .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| Error::file(path, format!("cannot serialise: {e}")))?;
-        let json = serde_json::to_string(&meta).map_err(|e| Error::file(path, e))?;
+            .map_err(|e| Error::output(path, format!("cannot serialise: {e}")))?;
+        let json = serde_json::to_string(&meta).map_err(|e| Error::output(path, e))?;
         let data =
             safetensors::serialize(views, Some(HashMap::from([("mantissa".to_string(), json)])))
-                .map_err(|e| Error::file(path, format!("cannot serialise: {e}")))?;
+                .map_err(|e| Error::output(path, format!("cannot serialise: {e}")))?;
         crate::output::write_bytes(path, &data)
     }
 
-    /// Loads and validates a checkpoint for `config` (the same shapes) and `vocab`.
+    /// Loads and validates a checkpoint for `config` (the same shapes) and `vocab`, header
+    /// first (`CheckpointFile`).
     pub fn load(path: &Path, config: &GptConfig, vocab: &[char]) -> Result<Checkpoint> {
-        let bytes = std::fs::read(path).map_err(|e| Error::file(path, e))?;
+        let bytes = CheckpointFile::open(path)?.read(config)?;
         Checkpoint::from_bytes(&bytes, path, config, vocab)
     }
 

@@ -1,9 +1,14 @@
 //! The character corpus: vocabulary, 90/10 train/validation split, seeded batches.
 
 use crate::error::{Error, Result};
+use crate::input::Input;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::path::Path;
+
+/// The largest corpus `Corpus::load` reads: 256 MiB of text (250 times Shakespeare's; its ids
+/// and splits take about 4 bytes per character more).
+pub const MAX_CORPUS_BYTES: u64 = 256 << 20;
 
 /// A text encoded as character ids.
 #[derive(Clone, Debug)]
@@ -15,9 +20,17 @@ pub struct Corpus {
 }
 
 impl Corpus {
+    /// Reads the corpus at `path` (`-`: standard input) through `input::Input`: a regular file
+    /// of at most `MAX_CORPUS_BYTES` of UTF-8 text.
     pub fn load(path: &Path) -> Result<Corpus> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| Error::file(path, format!("cannot read the corpus: {e}")))?;
+        let text = Input::open_within(path, "corpus", MAX_CORPUS_BYTES)?
+            .read_all("corpus", MAX_CORPUS_BYTES)?;
+        let text = String::from_utf8(text).map_err(|e| {
+            Error::file(
+                path,
+                format!("cannot read the corpus: not UTF-8 text ({e})"),
+            )
+        })?;
         Corpus::from_text(&text).map_err(|e| Error::file(path, e))
     }
 

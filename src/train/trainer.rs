@@ -594,6 +594,20 @@ impl<'a> Trainer<'a> {
         temperature: f32,
         seed: u64,
     ) -> Result<String> {
+        self.sample_streaming(prompt, count, temperature, seed, |_| Ok(()))
+            .await
+    }
+
+    /// `sample`, handing each character to `each` as soon as it is drawn (`mantissa sample`
+    /// prints them as they come); an error of `each` ends the sampling.
+    pub async fn sample_streaming(
+        &mut self,
+        prompt: &str,
+        count: usize,
+        temperature: f32,
+        seed: u64,
+        mut each: impl FnMut(&str) -> Result<()>,
+    ) -> Result<String> {
         use rand::{RngExt, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let vocab = &self.corpus.vocab;
@@ -637,6 +651,7 @@ impl<'a> Trainer<'a> {
                     .unwrap_or(v - 1)
             };
             ids.push(next as u32);
+            each(&self.corpus.decode(&ids[ids.len() - 1..]))?;
         }
         Ok(self.corpus.decode(&ids[start..]))
     }

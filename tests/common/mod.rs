@@ -167,7 +167,8 @@ pub fn fresh_wgpu(test: &str, options: WgpuOptions) -> Option<WgpuBackend> {
 }
 
 /// Asserts that `got`, `who`'s C = A.B under `alg`, keeps the numerics contract against the
-/// host reference (measure::compare_to_reference).
+/// host reference: every element within its tolerance, and the whole product within its band
+/// (measure::check_product).
 #[allow(clippy::too_many_arguments)]
 pub fn assert_contract(
     who: &str,
@@ -178,18 +179,14 @@ pub fn assert_contract(
     got: &[f32],
     what: &str,
 ) {
-    let want = host::matmul(shape, alg, a, b);
-    let abs = measure::abs_product(shape, a, b);
-    let (mismatches, count) = measure::compare_to_reference(alg, shape, got, &want, &abs);
+    let want = host::matmul(shape, alg, a, b).expect("the reference's product");
+    let check = measure::check_product(alg, shape, (a, b), got, &want).expect("the check");
     assert!(
-        count == 0,
-        "{who} {alg} {what} {shape:?}: {count} of {} elements break the contract, e.g. {}",
+        check.holds(),
+        "{who} {alg} {what} {shape:?}: {} of {} elements break the contract; {}",
+        check.count,
         got.len(),
-        mismatches
-            .iter()
-            .map(|m| m.to_string())
-            .collect::<Vec<_>>()
-            .join("; ")
+        check.findings().join("; ")
     );
 }
 

@@ -1,11 +1,17 @@
-// Runs the kernels of cuda/ (cast.cu, scale.cu, train.cu, matmul_split_bf16.cu and formats.cuh
-// under them) on the host, so that their numerics are checked against the host reference on
-// machines without a GPU (tests/cuda.rs). CUDA's built-ins are defined here with the semantics
-// the kernels rely on (IEEE float arithmetic, as NVRTC compiles them: no flush to zero, no
-// contraction). The elementwise kernels run as one thread over every element; `launch` runs a
-// grid block by block with every thread of a block a coroutine (ucontext), switched at
-// __syncthreads, warp shuffles and the emulated mma.sync, so that block reductions and warp-wide
-// tensor-core fragments run as they do on a GPU.
+// Runs the kernels of cuda/ (cast.cu, scale.cu, train.cu, attention.cu, matmul_split_bf16.cu and
+// formats.cuh under them) on the host, so that their numerics are checked against the host
+// reference on machines without a GPU (tests/cuda.rs). CUDA's built-ins are defined here with
+// the semantics the kernels rely on (IEEE float arithmetic, as NVRTC compiles them: no flush to
+// zero, no contraction). The elementwise kernels run as one thread over every element; `launch`
+// runs a grid block by block with every thread of a block a coroutine. A thread runs until it
+// reaches __syncthreads, which it passes once every live thread of the block has reached one,
+// or a warp instruction (a shuffle, or the emulated mma.sync, ldmatrix), which it passes once
+// every live lane of its warp has reached one: block reductions, warp-wide tensor-core
+// fragments and the warps of a block between barriers run as they may on a GPU (each warp as
+// far ahead of the others as it may go, so that a missing barrier shows), and a barrier or
+// warp instruction that not all of its threads reach stops the run (a deadlock on a GPU).
+// cp.async copies wait in a queue until the thread's cp.async.wait_group takes them, so a tile
+// read before its wait reads what was there before.
 //
 // Usage: harness KERNEL ARGS... < input > output; input and output are arrays of u32.
 
@@ -25,13 +31,29 @@
 #define __global__
 #define __forceinline__ inline
 #define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(n)
+#define __align__(n) __attribute__((aligned(n)))
 // Blocks run one after the other, so a block's shared memory can be a static.
 #define __shared__ static
+// The warp's tensor-core instructions (cuda/mma.cuh on a GPU) are the emulations below.
+#define MANTISSA_HOST_MMA
 struct Dim3 {
     unsigned x, y, z;
 };
 static Dim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0}, blockDim = {1, 1, 1},
             gridDim = {1, 1, 1};
+// CUDA's vector types, aligned as on the device (the kernels' 16- and 8-byte accesses).
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+static inline float2 make_float2(float x, float y) { return {x, y}; }
 static inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
 static inline unsigned __float_as_uint(float f) {
     unsigned u;
@@ -44,7 +66,14 @@ static inline float __uint_as_float(unsigned u) {
     return f;
 }
 static inline float __fmul_rn(float a, float b) { return a * b; }
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+static inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
+// The device's is ex2.approx of x log2(e): within a few ulp, flushing subnormal results (a
+// macro: the C library declares a function of that name).
+#define __expf(x) std::exp((float)(x))
 static inline unsigned atomicMax(unsigned* p, unsigned v) {
     unsigned old = *p;
     if (v > old) *p = v;
@@ -54,27 +83,131 @@ using std::min;
 
 // The block emulator: one coroutine per thread of the running block.
 namespace emu {
+// Where a thread stopped: running (or runnable), at a warp instruction, at __syncthreads.
+enum Wait { RUN, WARP, BARRIER };
+struct Copy {
+    void* dst;
+    const void* src;  // null: zeros
+    size_t bytes;
+};
 struct Thread {
+#if defined(__x86_64__)
+    void* sp;  // the saved stack pointer (switch_stack)
+#else
     ucontext_t ctx;
+#endif
     Dim3 idx;
     bool done;
+    Wait wait;
+    // Warp instructions passed: their parity picks the half of a stage buffer the next one uses.
+    unsigned warp_ops;
+    // cp.async: the copies issued since the last commit, and the committed groups, oldest first.
+    std::vector<Copy> open;
+    std::vector<std::vector<Copy>> groups;
 };
-static ucontext_t scheduler;
 static std::vector<Thread> threads;
 static std::vector<std::vector<char>> stacks;
 static size_t running;
 static std::function<void()> body;
-static float exchange[1024];
+
+#if defined(__x86_64__)
+// A switch of coroutines: the callee-saved registers pushed on the running stack, the stack
+// pointer saved in *save and `to` taken (swapcontext also saves the signal mask: a system
+// call a switch, which made the warp instructions' emulation take most of the tests' time).
+extern "C" void emu_switch_stack(void** save, void* to);
+asm(R"(
+    .text
+    .globl emu_switch_stack
+    .type emu_switch_stack, @function
+emu_switch_stack:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch_stack, .-emu_switch_stack
+)");
+static void* scheduler;
+static void to_scheduler() { emu_switch_stack(&threads[running].sp, scheduler); }
+static void to_thread(size_t t) { emu_switch_stack(&scheduler, threads[t].sp); }
+#else
+static ucontext_t scheduler;
+static void to_scheduler() { swapcontext(&threads[running].ctx, &scheduler); }
+static void to_thread(size_t t) { swapcontext(&scheduler, &threads[t].ctx); }
+#endif
 
 static void entry() {
     body();
     threads[running].done = true;
+    to_scheduler();  // never resumed
+    std::abort();
 }
 
-// Back to the scheduler, which runs every other thread of the block up to the same point.
-static void yield() { swapcontext(&threads[running].ctx, &scheduler); }
+// A fresh coroutine for thread t, to run `entry` on stack `stack`.
+static void start(size_t t, std::vector<char>& stack) {
+#if defined(__x86_64__)
+    // What emu_switch_stack pops: six registers, then `entry` as the return address, above it
+    // a return address for `entry` (which never returns), 16-byte aligned as after a call.
+    uintptr_t top = ((uintptr_t)stack.data() + stack.size()) & ~(uintptr_t)15;
+    void** sp = (void**)top;
+    *--sp = nullptr;
+    *--sp = (void*)&entry;
+    for (int r = 0; r < 6; r++) *--sp = nullptr;
+    threads[t].sp = sp;
+#else
+    Thread& th = threads[t];
+    getcontext(&th.ctx);
+    th.ctx.uc_stack.ss_sp = stack.data();
+    th.ctx.uc_stack.ss_size = stack.size();
+    th.ctx.uc_link = nullptr;
+    makecontext(&th.ctx, entry, 0);
+#endif
+}
+
+// Back to the scheduler until the thread may go on past `w`.
+static void stop_at(Wait w) {
+    threads[running].wait = w;
+    to_scheduler();
+}
+
+// Every live lane of the calling thread's warp at a warp instruction. Returns the half of a
+// stage buffer this instruction uses: a lane may stage the next instruction's operands before
+// the others have read this one's, but not the one after (every lane must reach the next
+// first), so two halves, alternating, suffice.
+static unsigned warp_sync() {
+    unsigned half = threads[running].warp_ops++ % 2;
+    stop_at(WARP);
+    return half;
+}
+
+// The half of the stage buffers the calling thread's next warp instruction uses.
+static unsigned stage_half() { return threads[running].warp_ops % 2; }
 
 static unsigned flat_thread() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+
+static void fail(const char* why) {
+    std::fprintf(stderr, "block (%u, %u, %u): %s\n", blockIdx.x, blockIdx.y, blockIdx.z, why);
+    std::exit(3);
+}
+
+// Lets the lanes of warp w (threads [w, w + 32)) that wait at a warp instruction go on, once
+// every live lane of it is there.
+static void release_warp(size_t w) {
+    size_t end = std::min(threads.size(), w + 32);
+    for (size_t t = w; t < end; t++)
+        if (!threads[t].done && threads[t].wait != WARP) return;
+    for (size_t t = w; t < end; t++) threads[t].wait = RUN;
+}
 
 // Runs `kernel` over grid x block.
 static void launch(Dim3 grid, Dim3 block, std::function<void()> kernel) {
@@ -95,22 +228,43 @@ static void launch(Dim3 grid, Dim3 block, std::function<void()> kernel) {
                     th.idx = {(unsigned)(t % block.x), (unsigned)((t / block.x) % block.y),
                               (unsigned)(t / ((size_t)block.x * block.y))};
                     th.done = false;
-                    getcontext(&th.ctx);
-                    th.ctx.uc_stack.ss_sp = stacks[t].data();
-                    th.ctx.uc_stack.ss_size = stacks[t].size();
-                    th.ctx.uc_link = &scheduler;
-                    makecontext(&th.ctx, entry, 0);
+                    th.wait = RUN;
+                    th.warp_ops = 0;
+                    start(t, stacks[t]);
                 }
-                // Rounds: every live thread runs to its next barrier (or its end).
-                for (bool live = true; live;) {
-                    live = false;
-                    for (size_t t = 0; t < count; t++) {
-                        if (threads[t].done) continue;
-                        running = t;
-                        threadIdx = threads[t].idx;
-                        swapcontext(&scheduler, &threads[t].ctx);
-                        live = live || !threads[t].done;
+                // Each warp in turn runs as far as it can (its lanes in step, warp instruction
+                // by warp instruction) before the next starts: the warps of a block drift
+                // apart between barriers as far as they may, so that one reading what another
+                // writes without a barrier between reads it unwritten. The order reverses at
+                // each barrier.
+                bool ascending = true;
+                for (;;) {
+                    for (size_t k = 0; k < count; k += 32) {
+                        size_t w = ascending ? k : (count - 1) / 32 * 32 - k;
+                        for (bool ran = true; ran;) {
+                            ran = false;
+                            for (size_t t = w; t < std::min(count, w + 32); t++) {
+                                if (threads[t].done || threads[t].wait != RUN) continue;
+                                running = t;
+                                threadIdx = threads[t].idx;
+                                to_thread(t);
+                                ran = true;
+                                if (threads[t].done && !(threads[t].open.empty() && threads[t].groups.empty()))
+                                    fail("a thread ended with cp.async copies it never waited for");
+                            }
+                            release_warp(w);
+                        }
                     }
+                    size_t live = 0, at_barrier = 0;
+                    for (auto& th : threads) {
+                        live += !th.done;
+                        at_barrier += !th.done && th.wait == BARRIER;
+                    }
+                    if (live == 0) break;
+                    if (at_barrier != live)
+                        fail("threads wait at a barrier or warp instruction that the others of their block or warp never reach");
+                    for (auto& th : threads) th.wait = RUN;
+                    ascending = !ascending;
                 }
             }
     blockIdx = {0, 0, 0};
@@ -119,19 +273,131 @@ static void launch(Dim3 grid, Dim3 block, std::function<void()> kernel) {
 }
 }  // namespace emu
 
-static inline void __syncthreads() { emu::yield(); }
+static inline void __syncthreads() { emu::stop_at(emu::BARRIER); }
 
-// Every thread of the block takes part (the kernels call shuffles in block-uniform code).
+// Every lane of the warp takes part (the kernels call shuffles in warp-uniform code).
+static float shfl_stage[2][1024];
 static inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
-    unsigned t = emu::flat_thread();
-    emu::exchange[t] = v;
-    emu::yield();
-    float r = emu::exchange[t ^ (unsigned)lane_mask];
-    emu::yield();
-    return r;
+    unsigned t = emu::flat_thread(), half = emu::stage_half();
+    shfl_stage[half][t] = v;
+    emu::warp_sync();
+    return shfl_stage[half][t ^ (unsigned)lane_mask];
 }
 
 #include "../../cuda/formats.cuh"
+
+// ---- The warp's tensor-core instructions (cuda/mma.cuh), emulated from the PTX ISA ----
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 for the calling warp. Every
+// lane stages its fragments; once the warp is there, each lane rebuilds the rows of A (16x16)
+// and the columns of B (16x8) it needs from them with the PTX ISA's fragment layouts (groupID
+// = lane >> 2, t = lane % 4; a register holds two elements, the lower-indexed one in its low
+// half) and computes its own four elements of D:
+//   A: reg 0 (row g, cols 2t, 2t+1), reg 1 (row g+8, same cols), reg 2 (row g, cols 2t+8, +9),
+//      reg 3 (row g+8, cols 2t+8, +9)
+//   B: reg 0 (rows 2t, 2t+1, col g), reg 1 (rows 2t+8, 2t+9, col g)
+//   C, D: c0, c1 (row g, cols 2t, 2t+1), c2, c3 (row g+8, same cols)
+// Products of 16-bit values are exact in f32; they are added to C in k order in f32 (the
+// hardware's order is its own: the tests allow for that).
+static u32 mma_stage_a[2][32][32][4], mma_stage_b[2][32][32][2];
+
+static float half_of(u32 reg, u32 upper, u32 fmt) {
+    return __uint_as_float(decode_format(upper ? reg >> 16 : reg & 0xffffu, fmt));
+}
+
+static void mma_16(float* c, const u32* a, const u32* b, u32 fmt) {
+    unsigned t = emu::flat_thread(), warp = t / 32, lane = t % 32, half = emu::stage_half();
+    for (int i = 0; i < 4; i++) mma_stage_a[half][warp][lane][i] = a[i];
+    for (int i = 0; i < 2; i++) mma_stage_b[half][warp][lane][i] = b[i];
+    emu::warp_sync();
+    u32 g = lane >> 2, q = lane & 3u;
+    // A[r][k] for this lane's rows g and g + 8, B[k][n] for its columns 2q and 2q + 1.
+    float A[2][16], B[16][2];
+    for (u32 l = 0; l < 32; l++) {
+        u32 lg = l >> 2, lq = l & 3u;
+        const u32* ra = mma_stage_a[half][warp][l];
+        const u32* rb = mma_stage_b[half][warp][l];
+        for (u32 h = 0; h < 2; h++) {
+            if (lg == g) {
+                A[0][2 * lq + h] = half_of(ra[0], h, fmt);
+                A[1][2 * lq + h] = half_of(ra[1], h, fmt);
+                A[0][2 * lq + 8 + h] = half_of(ra[2], h, fmt);
+                A[1][2 * lq + 8 + h] = half_of(ra[3], h, fmt);
+            }
+            if (lg == 2 * q || lg == 2 * q + 1) {
+                B[2 * lq + h][lg - 2 * q] = half_of(rb[0], h, fmt);
+                B[2 * lq + 8 + h][lg - 2 * q] = half_of(rb[1], h, fmt);
+            }
+        }
+    }
+    for (u32 e = 0; e < 4; e++) {
+        float sum = c[e];
+        for (u32 k = 0; k < 16; k++) sum += A[e / 2][k] * B[k][e & 1u];
+        c[e] = sum;
+    }
+}
+
+static void mma_bf16(float* c, const u32* a, const u32* b) { mma_16(c, a, b, FMT_BF16); }
+static void mma_f16(float* c, const u32* a, const u32* b) { mma_16(c, a, b, FMT_F16); }
+static void mma16(float* c, const u32* a, u32 b0, u32 b1, bool f16) {
+    u32 b[2] = {b0, b1};
+    mma_16(c, a, b, f16 ? FMT_F16 : FMT_BF16);
+}
+
+// ldmatrix.sync.aligned.m8n8.x4{.trans}.shared.b16: lane 8 i + r gives the address of row r
+// (8 16-bit values) of matrix i; register i of lane l receives row l / 4, elements 2 (l % 4)
+// and + 1 of matrix i, or with .trans, of its transpose (column l / 4, rows 2 (l % 4), + 1).
+static const u16* ldsm_stage[2][32][32];
+
+static void ldsm_emulated(u32* r, const u16* row, bool trans) {
+    unsigned t = emu::flat_thread(), warp = t / 32, lane = t % 32, half = emu::stage_half();
+    ldsm_stage[half][warp][lane] = row;
+    emu::warp_sync();
+    u32 a = lane / 4, b = 2 * (lane % 4);
+    for (u32 i = 0; i < 4; i++) {
+        const u16* const* m = ldsm_stage[half][warp] + 8 * i;
+        u32 lo = trans ? m[b][a] : m[a][b], hi = trans ? m[b + 1][a] : m[a][b + 1];
+        r[i] = lo | hi << 16;
+    }
+    // Every lane reads before any goes on (and may write what the warp read), as the warp's
+    // one instruction does.
+    emu::warp_sync();
+}
+
+static void ldsm_x4(u32* r, const u16* row) { ldsm_emulated(r, row, false); }
+static void ldsm_x4_t(u32* r, const u16* row) { ldsm_emulated(r, row, true); }
+
+// cp.async.cg.shared.global of 16 bytes (zeros where `valid` is false), commit_group and
+// wait_group N: the copies land when the thread waits for them.
+static void cp_async16(void* dst, const void* src, bool valid) {
+    emu::threads[emu::running].open.push_back({dst, valid ? src : nullptr, 16});
+}
+static void cp_async_commit() {
+    auto& th = emu::threads[emu::running];
+    th.groups.push_back(std::move(th.open));
+    th.open.clear();
+}
+template <int N>
+static void cp_async_wait() {
+    auto& th = emu::threads[emu::running];
+    while (th.groups.size() > (size_t)N) {
+        for (const emu::Copy& c : th.groups.front()) {
+            if (c.src) std::memcpy(c.dst, c.src, c.bytes);
+            else std::memset(c.dst, 0, c.bytes);
+        }
+        th.groups.erase(th.groups.begin());
+    }
+}
+
+// The 16-bit conversions (cvt.rn: round to nearest even, overflow to inf) are formats.cuh's.
+static u32 code16(float x, u32 fmt) { return encode_format(__float_as_uint(x), fmt, false); }
+static float value16(u32 code, u32 fmt) { return __uint_as_float(decode_format(code, fmt)); }
+// Of a value held in the format already (the kernels pass no other): the same code.
+static u32 code_of_held(float x, u32 fmt) {
+    if (value16(code16(x, fmt), fmt) != x && x == x) emu::fail("code_of_held of a value not held in its format");
+    return code16(x, fmt);
+}
+
 #include "../../cuda/cast.cu"
 // A span that is not a multiple of the block or of a row, so that spans start mid-group and
 // the grid-stride loop over spans runs (the launch below: 2 blocks of 16).
@@ -140,54 +406,7 @@ static inline float __shfl_xor_sync(unsigned, float v, int lane_mask) {
 #include "../../cuda/train.cu"
 #include "../../cuda/attention.cu"
 
-// ---- matmul_split_bf16.cu, with the warp's mma.sync emulated ----
-
-#define __launch_bounds__(n)
-#define __align__(n) __attribute__((aligned(n)))
-#define MANTISSA_HOST_MMA
-
-// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 for the calling warp. Every lane stages
-// its fragments; after a barrier each lane rebuilds the warp's A (16x16) and B (16x8) from them
-// with the PTX ISA's fragment layouts (groupID = lane >> 2, t = lane % 4; a register holds two
-// elements, the lower-indexed one in its low half) and computes its own four elements of D:
-//   A: reg 0 (row g, cols 2t, 2t+1), reg 1 (row g+8, same cols), reg 2 (row g, cols 2t+8, +9),
-//      reg 3 (row g+8, cols 2t+8, +9)
-//   B: reg 0 (rows 2t, 2t+1, col g), reg 1 (rows 2t+8, 2t+9, col g)
-//   C, D: c0, c1 (row g, cols 2t, 2t+1), c2, c3 (row g+8, same cols)
-// Products of bf16 values are exact in f32; they are added to C in k order in f32 (the
-// hardware's order is its own: the tests allow for that).
-static u32 mma_stage_a[32][32][4], mma_stage_b[32][32][2];
-
-static float bf16_half(u32 reg, u32 upper) { return __uint_as_float((upper ? reg >> 16 : reg & 0xffffu) << 16); }
-
-static void mma_bf16(float* c, const u32* a, const u32* b) {
-    unsigned t = emu::flat_thread(), warp = t / 32, lane = t % 32;
-    for (int i = 0; i < 4; i++) mma_stage_a[warp][lane][i] = a[i];
-    for (int i = 0; i < 2; i++) mma_stage_b[warp][lane][i] = b[i];
-    emu::yield();
-    float A[16][16], B[16][8];
-    for (u32 l = 0; l < 32; l++) {
-        u32 g = l >> 2, q = l & 3u;
-        const u32* ra = mma_stage_a[warp][l];
-        const u32* rb = mma_stage_b[warp][l];
-        for (u32 h = 0; h < 2; h++) {
-            A[g][2 * q + h] = bf16_half(ra[0], h);
-            A[g + 8][2 * q + h] = bf16_half(ra[1], h);
-            A[g][2 * q + 8 + h] = bf16_half(ra[2], h);
-            A[g + 8][2 * q + 8 + h] = bf16_half(ra[3], h);
-            B[2 * q + h][g] = bf16_half(rb[0], h);
-            B[2 * q + 8 + h][g] = bf16_half(rb[1], h);
-        }
-    }
-    u32 g = lane >> 2, q = lane & 3u;
-    for (u32 e = 0; e < 4; e++) {
-        u32 row = g + (e >= 2 ? 8u : 0u), col = 2 * q + (e & 1u);
-        float sum = c[e];
-        for (u32 k = 0; k < 16; k++) sum += A[row][k] * B[k][col];
-        c[e] = sum;
-    }
-    emu::yield();  // the stage is reused by the next call
-}
+// ---- matmul_split_bf16.cu, on the emulated mma.sync ----
 
 // One instance of the kernel per LEVELS, each in its namespace under its own C name.
 #define SPLIT_NS x3
@@ -214,6 +433,43 @@ static std::vector<u32> read_all() {
 static void write_all(const std::vector<u32>& v) { std::fwrite(v.data(), 4, v.size(), stdout); }
 
 static u32 arg(char** argv, int i) { return (u32)std::strtoul(argv[i], nullptr, 10); }
+
+static i64 arg64(char** argv, int i) { return (i64)std::strtoll(argv[i], nullptr, 10); }
+
+// Runs a conversion kernel, kernel(x, out), over a grid of 3 blocks of 32 threads (so that the
+// grid-stride loops and the tails take several turns) on `in` and an output of `out_len` Ts,
+// then again on copies of both one element off their alignment (the one-at-a-time path);
+// exits with an error where the two differ.
+template <typename T, typename F>
+static std::vector<u32> both_alignments(const std::vector<u32>& in, size_t out_len, F kernel) {
+    std::vector<T> plain(out_len + 1, 0), shifted_out(out_len + 1, 0);
+    std::vector<u32> shifted_in(in.size() + 1);
+    std::copy(in.begin(), in.end(), shifted_in.begin() + 1);
+    emu::launch({3, 1, 1}, {32, 1, 1}, [&] { kernel(in.data(), plain.data()); });
+    emu::launch({3, 1, 1}, {32, 1, 1}, [&] { kernel(shifted_in.data() + 1, shifted_out.data() + 1); });
+    if (!std::equal(plain.begin(), plain.begin() + out_len, shifted_out.begin() + 1)) {
+        std::fprintf(stderr, "aligned and unaligned buffers give different results\n");
+        std::exit(3);
+    }
+    return std::vector<u32>(plain.begin(), plain.begin() + out_len);
+}
+
+// Reads one SplitOperand from argv[i..i+12): ROWS COLS SB SR SC OB OR OS SLOT_H SLOT_HF
+// SLOT_M SLOT_L (the batches and the buffers are the caller's).
+static SplitOperand split_operand(char** argv, int i, u32 batches) {
+    SplitOperand o;
+    o.rows = arg(argv, i);
+    o.cols = arg(argv, i + 1);
+    o.sb = arg64(argv, i + 2);
+    o.sr = arg64(argv, i + 3);
+    o.sc = arg64(argv, i + 4);
+    o.ob = arg64(argv, i + 5);
+    o.orow = arg64(argv, i + 6);
+    o.os = arg64(argv, i + 7);
+    for (int p = 0; p < 4; p++) o.slots[p] = arg(argv, i + 8 + p);
+    o.batches = batches;
+    return o;
+}
 
 static float farg(char** argv, int i) { return std::strtof(argv[i], nullptr); }
 
@@ -465,22 +721,37 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
     return true;
 }
 
-// ---- attention.cu, launched as src/backend/cuda/train.rs does: a block of ATT_ROWS threads per
-// (sequence x head, ATT_ROWS rows); the backward is dq (with delta), then dk, then dv ----
+// ---- attention.cu, launched as src/backend/cuda/train.rs does ----
+// 16-bit inputs (bf16, f16), with P and the products held in f32, bf16 or f16, on the
+// tensor-core kernels: the forward and delta kernels a block of
+// 256 threads per (sequence x head, TC_ROWS rows); the dk/dv kernel a block of 128 per
+// (sequence x head, split), min(ceil(T / TC_KEYS), 4) splits; the dq kernel elementwise over
+// the rows' groups of 4 values. Otherwise the SIMT kernels: a block of ATT_ROWS threads per
+// (sequence x head, ATT_ROWS rows), the backward dq (with delta), then dk, then dv.
 
 typedef void (*AttFwd)(const void*, void*, float*, AttentionArg);
 typedef void (*AttBwdQ)(const void*, const float*, const float*, float*, float*, AttentionArg);
 typedef void (*AttBwdK)(const void*, const float*, const float*, const float*, float*, AttentionArg);
 typedef void (*AttBwdV)(const void*, const float*, const float*, float*, AttentionArg);
+typedef void (*AttMmaDelta)(const void*, const float*, const float*, float*, u16*, AttentionArg);
+typedef void (*AttMmaKv)(const void*, const u16*, const float*, const float*, float*, float*, AttentionArg);
+typedef void (*AttMmaDq)(const float*, float*, u32, u32, AttentionArg);
 struct AttKernels {
     AttFwd fwd;
     AttBwdQ q;
     AttBwdK k;
     AttBwdV v;
+    AttFwd mma_fwd;
+    AttMmaDelta mma_delta;
+    AttMmaKv mma_kv;
+    AttMmaDq mma_dq;
 };
 
-#define ATT_KERNELS_OF(D) \
-    case D: return {attention_fwd_##D, attention_bwd_q_##D, attention_bwd_k_##D, attention_bwd_v_##D};
+#define ATT_KERNELS_OF(D)                                                                        \
+    case D:                                                                                      \
+        return {attention_fwd_##D,     attention_bwd_q_##D,     attention_bwd_k_##D,            \
+                attention_bwd_v_##D,   attention_mma_fwd_##D,   attention_mma_delta_##D,        \
+                attention_mma_kv_##D,  attention_mma_dq_##D};
 
 static AttKernels attention_kernels(u32 d) {
     switch (d) {
@@ -496,16 +767,23 @@ static AttKernels attention_kernels(u32 d) {
 // attention_fwd B T H D SCALE INPUTS PROBS COMPUTE CODED QKV < qkv > out stats (CODED: out as
 // 16-bit codes of COMPUTE, one to each output word; QKV: the format q|k|v is stored in, its
 // codes one to each input word where it is not f32's)
-// attention_bwd B T H D SCALE INPUTS PROBS COMPUTE CODED QKV < qkv dout stats > dqkv delta
+// attention_bwd B T H D SCALE INPUTS PROBS COMPUTE CODED QKV [POISON] < qkv dout stats > dqkv
+// delta (POISON: what dqkv, delta, dq's partials and the dO codes hold before the kernels run,
+// NaN unless given, so that a value left unwritten or a partial read before it is written
+// shows)
 static bool run_attention(const std::string& k, int argc, char** argv, std::vector<u32>& in,
                           std::vector<u32>& out) {
-    if ((k != "attention_fwd" && k != "attention_bwd") || argc != 12) return false;
+    if (!(k == "attention_fwd" && argc == 12) && !(k == "attention_bwd" && (argc == 12 || argc == 13)))
+        return false;
     u32 b = arg(argv, 2), t = arg(argv, 3), h = arg(argv, 4), d = arg(argv, 5);
     AttentionArg a{t,           h,           farg(argv, 6), arg(argv, 7),
                    arg(argv, 8), arg(argv, 9), arg(argv, 10), arg(argv, 11)};
     AttKernels f = attention_kernels(d);
+    auto held16_knows = [](u32 f) { return f == FMT_F32 || f == FMT_BF16 || f == FMT_F16; };
+    bool mma = (a.inputs == FMT_BF16 || a.inputs == FMT_F16) && held16_knows(a.probs) && held16_knows(a.compute);
     size_t rows = (size_t)b * h * t, n3 = rows * 3 * d, n1 = rows * d;
-    Dim3 grid = {b * h, (t + ATT_ROWS - 1) / ATT_ROWS, 1}, block = {ATT_ROWS, 1, 1};
+    Dim3 simt_grid = {b * h, (t + ATT_ROWS - 1) / ATT_ROWS, 1}, simt_block = {ATT_ROWS, 1, 1};
+    Dim3 mma_grid = {b * h, (t + TC_ROWS - 1) / TC_ROWS, 1}, mma_block = {256, 1, 1};
     Inputs input{in};
     u32* qkv_words = input.u(n3);
     std::vector<unsigned short> qkv_codes(qkv_words, qkv_words + n3);
@@ -514,20 +792,82 @@ static bool run_attention(const std::string& k, int argc, char** argv, std::vect
         std::vector<float> y(n1), st(2 * rows);
         std::vector<unsigned short> codes(n1);
         void* dst = a.coded ? (void*)codes.data() : (void*)y.data();
-        emu::launch(grid, block, [&] { f.fwd(qkv, dst, st.data(), a); });
+        if (mma) emu::launch(mma_grid, mma_block, [&] { f.mma_fwd(qkv, dst, st.data(), a); });
+        else emu::launch(simt_grid, simt_block, [&] { f.fwd(qkv, dst, st.data(), a); });
         out = a.coded ? std::vector<u32>(codes.begin(), codes.end()) : bits_of(y);
         std::vector<u32> stats = bits_of(st);
         out.insert(out.end(), stats.begin(), stats.end());
     } else {
         float *dout = input.f(n1), *st = input.f(2 * rows);
-        // Poisoned, so that a third of dqkv left unwritten shows.
-        std::vector<float> dqkv(n3, std::nanf("")), delta(rows);
-        emu::launch(grid, block, [&] { f.q(qkv, dout, st, delta.data(), dqkv.data(), a); });
-        emu::launch(grid, block, [&] { f.k(qkv, dout, st, delta.data(), dqkv.data(), a); });
-        emu::launch(grid, block, [&] { f.v(qkv, dout, st, dqkv.data(), a); });
+        float poison = argc == 13 ? farg(argv, 12) : std::nanf("");
+        std::vector<float> dqkv(n3, poison), delta(rows, poison);
+        if (mma) {
+            u32 splits = std::min<u32>((t + TC_KEYS - 1) / TC_KEYS, 4);
+            std::vector<float> part((size_t)splits * n1, poison);
+            std::vector<u16> codes(n1, (u16)(__float_as_uint(poison) >> 16));
+            emu::launch(mma_grid, mma_block,
+                        [&] { f.mma_delta(qkv, dout, st, delta.data(), codes.data(), a); });
+            emu::launch({b * h, splits, 1}, {128, 1, 1},
+                        [&] { f.mma_kv(qkv, codes.data(), st, delta.data(), dqkv.data(), part.data(), a); });
+            emu::launch(elementwise_grid(n1 / 4), {ELEMENT_THREADS, 1, 1},
+                        [&] { f.mma_dq(part.data(), dqkv.data(), (u32)rows, splits, a); });
+        } else {
+            emu::launch(simt_grid, simt_block, [&] { f.q(qkv, dout, st, delta.data(), dqkv.data(), a); });
+            emu::launch(simt_grid, simt_block, [&] { f.k(qkv, dout, st, delta.data(), dqkv.data(), a); });
+            emu::launch(simt_grid, simt_block, [&] { f.v(qkv, dout, st, dqkv.data(), a); });
+        }
         dqkv.insert(dqkv.end(), delta.begin(), delta.end());
         out = bits_of(dqkv);
     }
+    return true;
+}
+
+// warp_check FMT < a (16 x 16) b (16 x 8) c (16 x 8) > d d: the warp's emulated instructions
+// against their definition, the matrix product, as attention.cu uses them. One warp copies A,
+// B^T (rows n; its rows 8..15 zero-filled) and B (rows k; its right half zero) from their codes
+// in FMT (bf16 or f16) into swizzled shared tiles by cp.async, takes A's fragments by ldmatrix,
+// and computes A B + C with mma.sync twice: B read n-major (mma_nt: ldmatrix) and k-major
+// (mma_nn: ldmatrix .trans). A product's second n-tile (B's zero half) must stay zero; a value
+// there makes its row NaN.
+static bool run_warp_check(const std::string& k, int argc, char** argv, std::vector<u32>& in,
+                           std::vector<u32>& out) {
+    if (k != "warp_check" || argc != 3) return false;
+    u32 fmt = arg(argv, 2);
+    Inputs input{in};
+    float *fa = input.f(256), *fb = input.f(128), *fc = input.f(128);
+    std::vector<unsigned short> ga(256), gbt(128), gb(256, 0);
+    for (u32 i = 0; i < 256; i++) ga[i] = (unsigned short)code16(fa[i], fmt);
+    for (u32 kk = 0; kk < 16; kk++)
+        for (u32 n = 0; n < 8; n++) {
+            gbt[16 * n + kk] = (unsigned short)code16(fb[8 * kk + n], fmt);
+            gb[16 * kk + n] = (unsigned short)code16(fb[8 * kk + n], fmt);
+        }
+    std::vector<float> d(2 * 128);
+    emu::launch({1, 1, 1}, {32, 1, 1}, [&] {
+        __shared__ __align__(16) u16 sa[256], sbt[256], sb[256];
+        u32 lane = threadIdx.x;
+        u16* chunk[3] = {sa + swz<16>(lane / 2, lane % 2), sbt + swz<16>(lane / 2, lane % 2),
+                         sb + swz<16>(lane / 2, lane % 2)};
+        cp_async16(chunk[0], ga.data() + 8 * lane, true);
+        cp_async16(chunk[1], gbt.data() + 8 * (lane % 16), lane < 16);
+        cp_async16(chunk[2], gb.data() + 8 * lane, true);
+        cp_async_commit();
+        cp_async_wait<0>();
+        __syncthreads();
+        u32 af[1][4];
+        load_a<16>(af, sa, 0, lane);
+        float c[2][2][4] = {};
+        for (u32 w = 0; w < 2; w++)
+            for (u32 e = 0; e < 4; e++) c[w][0][e] = fc[8 * (lane / 4 + 8 * (e / 2)) + acc_col(0, e, lane)];
+        mma_nt<16, 2>(c[0], af, sbt, lane, fmt == FMT_F16);
+        mma_nn<16, 2>(c[1], af, sb, lane, fmt == FMT_F16);
+        for (u32 w = 0; w < 2; w++)
+            for (u32 e = 0; e < 4; e++) {
+                u32 at = 128 * w + 8 * (lane / 4 + 8 * (e / 2)) + acc_col(0, e, lane);
+                d[at] = c[w][1][e] == 0.0f ? c[w][0][e] : std::nanf("");
+            }
+    });
+    out = bits_of(d);
     return true;
 }
 
@@ -543,31 +883,42 @@ int main(int argc, char** argv) {
     } else if (k == "decode" && argc == 3) {
         decode(in.data(), out.data(), n, arg(argv, 2));
     } else if (k == "round_to" && argc == 3) {
-        round_to(in.data(), out.data(), n, arg(argv, 2));
+        u32 fmt = arg(argv, 2);
+        out = both_alignments<u32>(in, n, [&](const u32* x, u32* o) { round_to(x, o, n, fmt); });
     } else if (k == "encode_16" && argc == 3) {
-        std::vector<u16> o16(in.size());
-        encode_16(in.data(), o16.data(), n, arg(argv, 2));
-        out.assign(o16.begin(), o16.end());
+        u32 fmt = arg(argv, 2);
+        out = both_alignments<u16>(in, n, [&](const u32* x, u16* o) { encode_16(x, o, n, fmt); });
+    } else if (k == "held16" && argc == 3) {  // FMT: attention.cu's held16, f32, bf16 or f16
+        for (i64 e = 0; e < n; e++) out[e] = __float_as_uint(held16(fin[e], arg(argv, 2)));
     } else if (k == "split_bf16" && argc == 2) {
         out.resize(3 * in.size());
         split_bf16(fin, out.data(), n);
-    } else if (k == "split_planes" && argc == 17) {
-        // ROWS COLS BATCH SB SR SC OB OR OC OS SLOT_H SLOT_HF SLOT_M SLOT_L OUT_LEN
-        u32 rows = arg(argv, 2), cols = arg(argv, 3), batch = arg(argv, 4);
-        std::vector<u16> o16(arg(argv, 16), 0);
-        split_planes(fin, o16.data(), (i64)batch * rows * cols, rows, cols, arg(argv, 5),
-                     arg(argv, 6), arg(argv, 7), arg(argv, 8), arg(argv, 9), arg(argv, 10),
-                     arg(argv, 11), arg(argv, 12), arg(argv, 13), arg(argv, 14), arg(argv, 15));
-        out.assign(o16.begin(), o16.end());
+    } else if (k == "split_planes" && argc == 29) {
+        // BATCH A_LEN_OUT B_LEN_OUT, then A's and B's split_operand (12 each) < a b > A's
+        // planes, B's planes. A grid of 2 x 3 blocks of 8 x 2 threads: rows and columns both
+        // take several turns.
+        u32 batch = arg(argv, 2);
+        SplitOperand a = split_operand(argv, 5, batch), b = split_operand(argv, 17, batch);
+        size_t a_in = (size_t)batch * a.rows * a.cols;
+        std::vector<u16> pa(arg(argv, 3), 0), pb(arg(argv, 4), 0);
+        a.x = fin;
+        b.x = fin + a_in;
+        a.out = pa.data();
+        b.out = pb.data();
+        emu::launch({2, 3, 1}, {8, 2, 1}, [&] { split_planes(a, b); });
+        out.assign(pa.begin(), pa.end());
+        out.insert(out.end(), pb.begin(), pb.end());
     } else if (k == "quantize_to_f16" && argc == 8) {
         // FMT BATCH_LEN DIV MODULUS GROUPS_PER_BATCH GROUPS; the scales are the last GROUPS
         // values of the input.
         u32 groups = arg(argv, 7);
         n -= groups;
-        std::vector<u16> o16(n);
-        quantize_to_f16(fin, o16.data(), n, arg(argv, 2), fin + n, arg(argv, 3), arg(argv, 4),
-                        arg(argv, 5), arg(argv, 6));
-        out.assign(o16.begin(), o16.end());
+        std::vector<u32> x(in.begin(), in.begin() + n);
+        const float* scales = fin + n;
+        out = both_alignments<u16>(x, n, [&](const u32* x, u16* o) {
+            quantize_to_f16((const float*)x, o, n, arg(argv, 2), scales, arg(argv, 3),
+                            arg(argv, 4), arg(argv, 5), arg(argv, 6));
+        });
     } else if (k == "quantize_to_fp8" && argc == 14) {
         // FMT BATCH_LEN DIV MODULUS GROUPS_PER_BATCH GROUPS ROWS COLS OB OR OC OUT_LEN; the
         // scales are the last GROUPS values of the input.
@@ -580,10 +931,32 @@ int main(int argc, char** argv) {
         out.assign(o8.begin(), o8.end());
     } else if (k == "amax" && argc == 7) {
         // BATCH_LEN DIV MODULUS GROUPS_PER_BATCH GROUPS
+        // The span's threads read four values each where they can: both ways, the same.
         out.assign(arg(argv, 6), 0u);
-        emu::launch({2, 1, 1}, {16, 1, 1}, [&] {
-            amax(fin, n, out.data(), arg(argv, 2), arg(argv, 3), arg(argv, 4), arg(argv, 5));
-        });
+        std::vector<u32> unaligned(arg(argv, 6), 0u), shifted(in.size() + 1);
+        std::copy(in.begin(), in.end(), shifted.begin() + 1);
+        for (auto [x, bits] : {std::pair{fin, &out}, {(const float*)shifted.data() + 1, &unaligned}}) {
+            emu::launch({2, 1, 1}, {16, 1, 1}, [&] {
+                amax(x, n, bits->data(), arg(argv, 2), arg(argv, 3), arg(argv, 4), arg(argv, 5));
+            });
+        }
+        if (out != unaligned) return 3;
+    } else if (k == "descale" && argc == 8) {
+        // N ROWS COLS A_GROUPS B_GROUPS SA_LEN < c(N) sa(SA_LEN) sb > c, run aligned and one
+        // element off (both must agree)
+        i64 len = arg(argv, 2);
+        u32 rows = arg(argv, 3), cols = arg(argv, 4), ag = arg(argv, 5), bg = arg(argv, 6);
+        const float *sa = fin + len, *sb = sa + arg(argv, 7);
+        std::vector<float> c(fin, fin + len), shifted(len + 1);
+        std::copy(c.begin(), c.end(), shifted.begin() + 1);
+        for (float* y : {c.data(), shifted.data() + 1}) {
+            emu::launch({3, 1, 1}, {32, 1, 1}, [&] { descale(y, len, rows, cols, sa, ag, sb, bg); });
+        }
+        if (!std::equal(c.begin(), c.end(), shifted.begin() + 1, [](float x, float y) {
+                return __float_as_uint(x) == __float_as_uint(y);
+            }))
+            return 3;
+        out = bits_of(c);
     } else if (k == "unscale" && argc == 2) {
         // (acc, sa, sb) triples in; one result each, the rest of `out` zero.
         std::vector<u32> r(in.size(), 0u);
@@ -594,7 +967,8 @@ int main(int argc, char** argv) {
         std::vector<float> s(in.size());
         scale_from_amax(in.data(), s.data(), (u32)n, farg(argv, 2));
         std::memcpy(out.data(), s.data(), 4 * s.size());
-    } else if (!run_train(k, argc, argv, in, out) && !run_attention(k, argc, argv, in, out)) {
+    } else if (!run_train(k, argc, argv, in, out) && !run_attention(k, argc, argv, in, out) &&
+               !run_warp_check(k, argc, argv, in, out)) {
         std::fprintf(stderr, "unknown kernel or arguments: %s\n", k.c_str());
         return 2;
     }

@@ -163,6 +163,7 @@ impl Engine {
         future_to_promise(async move {
             let config = report::ReportConfig {
                 kinds: vec![],
+                skip_absent: false,
                 shapes: vec![(64, 64, 64), (131, 67, 200)],
                 algorithms: report::ReportConfig::default_algorithms(),
                 families: report::Family::ALL.to_vec(),

@@ -1,8 +1,9 @@
 //! The kernels of `cuda/`, compiled by NVRTC at run time for the device's architecture (nothing
 //! needs nvcc at build time) and loaded once per backend.
 //!
-//! Every module is the generated definitions (`backend::defs`), `formats.cuh`, then one `.cu`
-//! file, as the WGSL loader splices `formats.wgsl`. Options keep float arithmetic IEEE (no flush to zero, divisions and square
+//! Every module is the generated definitions (`backend::defs`), `formats.cuh`, the tensor-core
+//! instructions (`mma.cuh`) where it uses them, then one `.cu` file, as the WGSL loader splices
+//! `formats.wgsl`. Options keep float arithmetic IEEE (no flush to zero, divisions and square
 //! roots rounded to nearest, no contraction into FMAs): the casts must match the host bit for bit.
 
 use crate::error::{Error, Result};
@@ -14,6 +15,7 @@ use std::ffi::CString;
 use std::sync::{Arc, Mutex};
 
 const FORMATS: &str = include_str!("../../../cuda/formats.cuh");
+const MMA: &str = include_str!("../../../cuda/mma.cuh");
 
 /// One kernel module: a `.cu` file and the defines it is compiled with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -70,12 +72,22 @@ impl Module {
         }
     }
 
+    /// Whether the module uses the warp's tensor-core instructions (mma.cuh).
+    fn uses_mma(self) -> bool {
+        matches!(self, Module::Attention | Module::SplitMatmul { .. })
+    }
+
     /// The source NVRTC compiles: the generated definitions (`backend::defs`), formats.cuh,
-    /// then the module's file (with `#line` so that compiler messages name the right file and
-    /// line).
+    /// mma.cuh where the module uses it, then the module's file (with `#line` so that compiler
+    /// messages name the right file and line).
     pub fn source(self) -> String {
+        let mma = if self.uses_mma() {
+            format!("#line 1 \"mma.cuh\"\n{MMA}\n")
+        } else {
+            String::new()
+        };
         format!(
-            "#line 1 \"defs.cuh (generated)\"\n{}\n#line 1 \"formats.cuh\"\n{FORMATS}\n#line 1 \"{}\"\n{}",
+            "#line 1 \"defs.cuh (generated)\"\n{}\n#line 1 \"formats.cuh\"\n{FORMATS}\n{mma}#line 1 \"{}\"\n{}",
             crate::backend::defs::cuda(),
             self.file(),
             self.text()
@@ -256,7 +268,7 @@ impl Kernels {
     /// cached; a cache that cannot be written costs a compile next run).
     fn load(&self, module: Module) -> Result<Arc<CudaModule>> {
         let path = cubin_cache_path(module, self.cc);
-        let cached = path.as_ref().and_then(|p| std::fs::read(p).ok());
+        let cached = path.as_deref().and_then(crate::cache::read);
         // A torn or foreign file fails to load, and is replaced.
         let load = |bytes: Vec<u8>| self.ctx.load_module(Ptx::from_binary(bytes));
         if let Some(m) = cached.and_then(|bytes| load(bytes).ok()) {
@@ -439,17 +451,35 @@ mod tests {
                 let [_, module, name, ..] = &head[..] else {
                     continue;
                 };
-                let Some(name) = name.strip_prefix('"').and_then(|n| n.strip_suffix('"')) else {
-                    continue; // a name computed at run time (attention's per head size)
+                // A literal name, or attention's per head size: `&kernel("family", d)`, whose
+                // kernels attention.cu defines by macro as `family_##D` (and launch_1d!'s own
+                // use of launch!, whose name is its parameter).
+                if name.starts_with('$') {
+                    continue;
+                }
+                let name = if let Some(n) = name.strip_prefix('"').and_then(|n| n.strip_suffix('"'))
+                {
+                    n.to_string()
+                } else if let Some(family) = name
+                    .strip_prefix("&kernel(\"")
+                    .and_then(|n| n.split('"').next())
+                {
+                    format!("{family}_##D")
+                } else {
+                    panic!(
+                        "{}: a launch of kernel {name}, neither a literal nor kernel(..)",
+                        path.display()
+                    );
                 };
                 let module = match module.as_str() {
                     "Module::Cast" => Module::Cast,
                     "Module::Scale" => Module::Scale,
                     "Module::Train" => Module::Train,
+                    "Module::Attention" => Module::Attention,
                     other => panic!("{}: a launch from module {other}", path.display()),
                 };
                 let found = kernels(module);
-                let Some((_, params)) = found.iter().find(|(k, _)| k == name) else {
+                let Some((_, params)) = found.iter().find(|(k, _)| *k == name) else {
                     panic!("{}: no kernel {name} in {}", path.display(), module.file());
                 };
                 assert_eq!(

@@ -3,7 +3,7 @@
 //! cuBLAS's first operand and A's its second, so nothing is transposed in memory.
 
 use super::fp8::{self, Placement};
-use super::split::{GemmCall, H, H_FINITE, L, M, Out, SplitLayout};
+use super::split::{Arrangement, GemmCall, Out, PlaneMap, SplitLayout, Step};
 use super::{CudaBackend, Module, format_id, train};
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::{Error, Result};
@@ -14,7 +14,9 @@ use cudarc::cublas::sys::{
     cublasComputeType_t as Compute, cublasGemmAlgo_t, cublasOperation_t as Op,
     cudaDataType_t as Type,
 };
-use cudarc::driver::{CudaSlice, CudaView, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use std::sync::atomic::Ordering;
 
 /// C = op(A) . op(B) under `algorithm`, operands and result on the device: the operands
@@ -101,9 +103,9 @@ pub(super) struct Prepared<'a> {
     scales: Option<Fp8Scales>,
     /// cuBLASLt's fp8 GEMM of the operands (their layout is its).
     fp8_gemm: Option<fp8::Fp8Gemm>,
-    /// Split GEMMs: the scratch sum of the levels below 0, made once here rather than in every
-    /// product.
-    lower: Option<CudaSlice<f32>>,
+    /// Split GEMMs: how they are arranged, and their scratch (the lower levels' sum or the
+    /// partial planes), made once here rather than in every product.
+    split: Option<(Arrangement, Option<CudaSlice<f32>>)>,
 }
 
 impl Prepared<'_> {
@@ -149,7 +151,7 @@ fn prepare_on<'a>(
         b,
         scales: None,
         fp8_gemm: None,
-        lower: None,
+        split: None,
     };
     let (la, lb) = (shape.a_len(), shape.b_len());
     let codes = |x: &'a CudaSlice<f32>, len: usize, coded: bool, format: Format| {
@@ -181,10 +183,12 @@ fn prepare_on<'a>(
             Held::F16(codes(a, la, coded[0], Format::F16)?),
             Held::F16(codes(b, lb, coded[1], Format::F16)?),
         ),
-        Algorithm::Bf16x3 | Algorithm::Bf16x6 | Algorithm::Bf16x9 => match path {
-            SplitPath::Gemms => split_planes(cb, shape, algorithm, a, b)?,
-            SplitPath::Fused => plain(Held::F32(a), Held::F32(b)),
-        },
+        Algorithm::Bf16x3 | Algorithm::Bf16x6 | Algorithm::Bf16x9 => {
+            match path.arrangement(&layout_of(algorithm)?, shape) {
+                Some(arrangement) => split_planes(cb, shape, algorithm, arrangement, a, b)?,
+                None => plain(Held::F32(a), Held::F32(b)),
+            }
+        }
         Algorithm::Fp8 {
             a: fa,
             b: fb,
@@ -234,7 +238,13 @@ pub(super) fn product(
             gemm(cb, s, Type::CUDA_R_16F, &a, &b, c, f32_compute)?
         }
         (Held::Planes(a), Held::Planes(b)) => {
-            split_gemms(cb, s, algorithm, (a, b), p.lower.as_mut(), c)?
+            let Some((arrangement, scratch)) = p.split.as_mut() else {
+                return Err(Error::invalid(
+                    "split matmul",
+                    "planes prepared without GEMMs",
+                ));
+            };
+            split_gemms(cb, s, algorithm, *arrangement, (a, b), scratch.as_mut(), c)?
         }
         (Held::Fp8(a), Held::Fp8(b)) => {
             let (g, lt) = match (&p.fp8_gemm, cb.lt.get()) {
@@ -282,20 +292,30 @@ fn check_sizes(shape: &MatmulShape) -> Result<()> {
     Ok(())
 }
 
-/// How split-bf16 matmuls run: cuBLAS bf16 GEMMs, one per level (split.rs; vendor speed
-/// without tuning), or the fused `mma.sync` kernel (`matmul_split_bf16.cu`, which promotes
-/// every level in registers). The faster is chosen per (device, algorithm, shape class) and
-/// cached (`split_path`); `MANTISSA_CUDA_SPLIT=gemms|fused` forces one, `auto` (the default)
-/// lets the tuner choose.
+/// How split-bf16 matmuls run: cuBLAS bf16 GEMMs over split planes, one per level (split.rs;
+/// vendor speed without tuning), bf16x3 as one K-tripled GEMM, bf16x6/x9's promoted level 0 as
+/// partial sums, or the fused `mma.sync` kernel (`matmul_split_bf16.cu`, which promotes every
+/// level in registers). The fastest that can run a shape is chosen per (device, algorithm,
+/// shape class) and cached (`split_path`); `MANTISSA_CUDA_SPLIT` forces one (where it cannot run
+/// a shape, that shape takes the per-level GEMMs), `auto` (the default) lets the tuner choose.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SplitPath {
     #[default]
     Gemms,
     Fused,
+    Tripled,
+    Partials,
 }
 
 impl SplitPath {
+    const ALL: [SplitPath; 4] = [
+        SplitPath::Gemms,
+        SplitPath::Fused,
+        SplitPath::Tripled,
+        SplitPath::Partials,
+    ];
+
     /// The path `MANTISSA_CUDA_SPLIT` forces, if any (none: unset or `auto`).
     pub fn from_env() -> Result<Option<SplitPath>> {
         match std::env::var("MANTISSA_CUDA_SPLIT") {
@@ -309,22 +329,54 @@ impl SplitPath {
         match self {
             SplitPath::Gemms => "gemms",
             SplitPath::Fused => "fused",
+            SplitPath::Tripled => "tripled",
+            SplitPath::Partials => "partials",
         }
+    }
+
+    /// How this path arranges the GEMMs over split planes for `s` (none: the fused kernel,
+    /// which reads f32), where it can run `s`.
+    fn arrangement(self, layout: &SplitLayout, s: &MatmulShape) -> Option<Arrangement> {
+        let offered = layout.arrangements(s);
+        let wanted = |a: &&Arrangement| match self {
+            SplitPath::Gemms => **a == Arrangement::PerLevel,
+            SplitPath::Tripled => **a == Arrangement::Tripled,
+            SplitPath::Partials => matches!(a, Arrangement::Partials { .. }),
+            SplitPath::Fused => false,
+        };
+        offered.iter().find(wanted).copied()
+    }
+
+    /// The paths that can run a split matmul of `s` under `algorithm`, per-level GEMMs first.
+    pub fn candidates(algorithm: &Algorithm, s: &MatmulShape) -> Vec<SplitPath> {
+        let Some(layout) = SplitLayout::of(algorithm) else {
+            return vec![SplitPath::Gemms];
+        };
+        SplitPath::ALL
+            .into_iter()
+            .filter(|p| *p == SplitPath::Fused || p.arrangement(&layout, s).is_some())
+            .collect()
     }
 }
 
 impl std::str::FromStr for SplitPath {
     type Err = Error;
     fn from_str(s: &str) -> Result<SplitPath> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "gemms" | "cublas" => Ok(SplitPath::Gemms),
-            "fused" => Ok(SplitPath::Fused),
-            _ => Err(Error::UnknownName {
+        let given = s.trim().to_ascii_lowercase();
+        if given == "cublas" {
+            return Ok(SplitPath::Gemms);
+        }
+        SplitPath::ALL
+            .into_iter()
+            .find(|p| p.name() == given)
+            .ok_or_else(|| Error::UnknownName {
                 kind: "split-bf16 path (MANTISSA_CUDA_SPLIT)",
                 given: s.to_string(),
-                valid: ["auto", "gemms", "fused"].map(String::from).to_vec(),
-            }),
-        }
+                valid: std::iter::once("auto")
+                    .chain(SplitPath::ALL.map(SplitPath::name))
+                    .map(String::from)
+                    .collect(),
+            })
     }
 }
 
@@ -335,8 +387,10 @@ fn settled_split_path(
     s: &MatmulShape,
     algorithm: &Algorithm,
 ) -> std::result::Result<(SplitPath, bool), String> {
+    let candidates = SplitPath::candidates(algorithm, s);
     if let Some(path) = cb.split_path {
-        return Ok((path, false));
+        let runs = candidates.contains(&path);
+        return Ok((if runs { path } else { SplitPath::default() }, false));
     }
     if !algorithm.is_split() || cb.tuner.mode() == AutotuneMode::Off || s.flops() < TUNE_MIN_FLOPS {
         return Ok((SplitPath::default(), false));
@@ -347,16 +401,19 @@ fn settled_split_path(
         cb.info.name,
         shape_class(s)
     );
+    // A choice that is not among this shape's candidates (an older cache's, or one made for
+    // another shape of the class) is tuned again.
     match cb.tuner.get(&key) {
-        Some(path) => Ok((path, true)),
-        None => Err(key),
+        Some(path) if candidates.contains(&path) => Ok((path, true)),
+        _ => Err(key),
     }
 }
 
 /// The path a split-bf16 matmul of `shape` takes, and whether the tuner chose it: the forced
 /// one; the GEMMs (untuned) when tuning is off or the product is under `TUNE_MIN_FLOPS`; else
-/// the cached choice for (device, algorithm, shape class), or, the first time, the faster of
-/// the two timed on these operands (both meet the contract: the conformance suite runs both).
+/// the cached choice for (device, algorithm, shape class), or, the first time, the fastest of
+/// the candidates timed on these operands (all meet the contract: the conformance suite and
+/// the host harness run each). A candidate that fails to compile or run is dropped, and said.
 fn split_path(
     cb: &CudaBackend,
     s: &MatmulShape,
@@ -369,22 +426,39 @@ fn split_path(
         Err(key) => key,
     };
     let mut c = cb.zeros::<f32>(s.c_len())?;
-    let mut best = (f64::INFINITY, SplitPath::default());
-    for path in [SplitPath::Gemms, SplitPath::Fused] {
+    let mut best: Option<(f64, SplitPath)> = None;
+    let mut failed = None;
+    for path in SplitPath::candidates(algorithm, s) {
         let once = |c: &mut CudaSlice<f32>| {
             let mut p = prepare_on(cb, s, algorithm, path, (a, b), [false; 2])?;
             product(cb, s, algorithm, &mut p, c)
         };
         // One untimed run: compiles the kernel, warms cuBLAS's heuristics.
-        once(&mut c)?;
-        let mut times = cb.time_events(TUNE_RUNS, || once(&mut c))?;
-        let seconds = crate::backend::median(&mut times);
-        if seconds < best.0 {
-            best = (seconds, path);
+        let timed = once(&mut c).and_then(|()| cb.time_events(TUNE_RUNS, || once(&mut c)));
+        match timed {
+            Ok(mut times) => {
+                let seconds = crate::backend::median(&mut times);
+                if best.is_none_or(|(t, _)| seconds < t) {
+                    best = Some((seconds, path));
+                }
+            }
+            Err(e) => {
+                eprintln!(
+                    "mantissa: the split-bf16 path {} is dropped from the candidates for {key}: {e}",
+                    path.name()
+                );
+                failed.get_or_insert(e);
+            }
         }
     }
-    cb.tuner.put(key, best.1);
-    Ok((best.1, true))
+    match (best, failed) {
+        (Some((_, path)), _) => {
+            cb.tuner.put(key, path);
+            Ok((path, true))
+        }
+        (None, Some(e)) => Err(e),
+        (None, None) => Ok((SplitPath::default(), false)),
+    }
 }
 
 /// Which kernels run an algorithm on this backend (`mantissa info` shows it).
@@ -433,8 +507,20 @@ fn describe(cb: &CudaBackend, algorithm: &Algorithm, split: Option<(SplitPath, b
             if a.split_levels() >= 3 {
                 ", level 0 promoted every 256"
             } else {
-                ""
+                ", level 0 adding level 1 in its epilogue"
             },
+            tuned(t)
+        ),
+        (_, Some((SplitPath::Tripled, t))) => format!(
+            "split into bf16 planes, one cuBLAS bf16 GEMM over 3K (h.h + h.m + m.h, one f32 \
+             accumulator; K up to {}){}",
+            super::split::TRIPLED_MAX_K,
+            tuned(t)
+        ),
+        (a, Some((SplitPath::Partials, t))) => format!(
+            "split into bf16 planes, level 0 as strided-batched cuBLAS bf16 GEMMs over K chunks \
+             of 256 into f32 partials summed in order with the {} lower levels' GEMMs{}",
+            a.split_levels() - 1,
             tuned(t)
         ),
         (a, Some((SplitPath::Fused, t))) => format!(
@@ -444,12 +530,15 @@ fn describe(cb: &CudaBackend, algorithm: &Algorithm, split: Option<(SplitPath, b
             tuned(t)
         ),
         (a, None) => format!(
-            "split into bf16 planes: {} per-level cuBLAS GEMMs or the fused mma.sync kernel, the \
-             faster per shape class (tuned; MANTISSA_CUDA_SPLIT={} forces one)",
+            "split into bf16 planes: {} per-level cuBLAS GEMMs, {}or the fused mma.sync kernel, \
+             the fastest per shape class (tuned; MANTISSA_CUDA_SPLIT={} forces one)",
             a.split_levels(),
-            [SplitPath::Gemms, SplitPath::Fused]
-                .map(SplitPath::name)
-                .join("|")
+            if a.split_levels() == 2 {
+                "one K-tripled GEMM "
+            } else {
+                "level 0's chunks as partial sums "
+            },
+            SplitPath::ALL.map(SplitPath::name).join("|")
         ),
     }
 }
@@ -482,8 +571,7 @@ fn gemm_call<T>(
         // Nothing to compute (`product` zeroes C for an empty sum).
         return Ok(());
     }
-    let (a_end, b_end) = call.extents();
-    let c_end = (call.batch - 1) * call.c_stride + call.m * call.n;
+    let (a_end, b_end, c_end) = call.extents();
     if a_end > a.len() || b_end > b.len() || c_end > c.len() {
         return Err(Error::invalid(
             "cuBLAS GEMM",
@@ -517,9 +605,10 @@ fn gemm_call<T>(
     let (pa, _ra) = a.device_ptr(stream);
     let (pb, _rb) = b.device_ptr(stream);
     let (pc, _rc) = c.device_ptr_mut(stream);
-    let (pa, pb) = (
+    let (pa, pb, pc) = (
         pa + call.a_offset as u64 * size,
         pb + call.b_offset as u64 * size,
+        pc + call.c_offset as u64 * 4,
     );
     // SAFETY: every element the call reads or writes lies within the buffers (the extents
     // were checked above), and alpha/beta are host f32 as COMPUTE_32F* expects.
@@ -553,63 +642,81 @@ fn gemm_call<T>(
     .map_err(|e| cb.device_error("cublasGemmEx", e))
 }
 
-/// Split-bf16 operands for the per-level GEMMs (split.rs): each operand split once into its
-/// plane layout.
+/// One operand of cast.cu's `split_planes` (by value, laid out as its `SplitOperand`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct SplitOperand {
+    x: u64,
+    out: u64,
+    sb: i64,
+    sr: i64,
+    sc: i64,
+    ob: i64,
+    orow: i64,
+    os: i64,
+    batches: u32,
+    rows: u32,
+    cols: u32,
+    slots: [u32; 4],
+}
+
+// SAFETY: a plain #[repr(C)] struct of 8-byte then 4-byte fields, laid out as cast.cu's
+// `SplitOperand` (96 bytes with the tail padding both add).
+unsafe impl DeviceRepr for SplitOperand {}
+
+impl super::ParamSize for &SplitOperand {
+    fn param_size(&self) -> usize {
+        std::mem::size_of::<SplitOperand>()
+    }
+}
+
+/// Split-bf16 operands for the cuBLAS GEMMs (split.rs) in `arrangement`: both operands split
+/// into their plane layouts in one launch, and the scratch the arrangement needs.
 fn split_planes<'a>(
     cb: &CudaBackend,
     s: &MatmulShape,
     algorithm: &Algorithm,
+    arrangement: Arrangement,
     a: &CudaSlice<f32>,
     b: &CudaSlice<f32>,
 ) -> Result<Prepared<'a>> {
     let layout = layout_of(algorithm)?;
     let (a_len, b_len) = layout.plane_lens(s)?;
-    let (m, n, k) = (s.m as i64, s.n as i64, s.k as i64);
-    let slots = layout.slots() as i64;
     // SAFETY (both): split_planes writes every slot of every element, and the layout has no
     // other elements.
-    let mut pa = unsafe { cb.uninit::<u16>(a_len)? };
-    let mut pb = unsafe { cb.uninit::<u16>(b_len)? };
-    // A (m x k): row i of plane q at i * slots*k + q*k. B (k x n): plane q's rows from q*k*n.
-    let (a_row, a_col) = if s.a_transposed { (1, m) } else { (k, 1) };
-    let (b_row, b_col) = if s.b_transposed { (1, k) } else { (n, 1) };
-    let operands = [
-        (
-            a,
-            &mut pa,
-            (s.m, s.k),
-            (m * k, a_row, a_col),
-            (m * slots * k, slots * k, 1i64, k),
-            layout.a_slots(),
-        ),
-        (
-            b,
-            &mut pb,
-            (s.k, s.n),
-            (k * n, b_row, b_col),
-            (slots * k * n, n, 1, k * n),
-            layout.b_slots(),
-        ),
-    ];
-    for (x, planes, (rows, cols), (sb, sr, sc), (ob, or, oc, os), slot) in operands {
-        let count = s.batch * rows * cols;
-        let (count_i, rows, cols) = (count as i64, rows as u32, cols as u32);
-        launch_1d!(cb, Module::Cast, "split_planes", count;
-            x, planes, &count_i, &rows, &cols, &sb, &sr, &sc, &ob, &or, &oc, &os,
-            &slot[H], &slot[H_FINITE], &slot[M], &slot[L])?;
-    }
-    // SAFETY: the smallest level's GEMM writes the lower sum with beta 0 (split.rs), so
-    // cuBLAS never reads what was there before.
-    let lower = match layout.needs_lower() {
-        true => Some(unsafe { cb.uninit::<f32>(s.c_len())? }),
-        false => None,
+    let pa = unsafe { cb.uninit::<u16>(a_len)? };
+    let pb = unsafe { cb.uninit::<u16>(b_len)? };
+    let [ma, mb] = layout.plane_maps(s);
+    let operand = |x: &CudaSlice<f32>, planes, map: PlaneMap| SplitOperand {
+        x: cb.ptr(x),
+        out: planes,
+        sb: map.source[0],
+        sr: map.source[1],
+        sc: map.source[2],
+        ob: map.out[0],
+        orow: map.out[1],
+        os: map.out[2],
+        batches: s.batch as u32,
+        rows: map.rows as u32,
+        cols: map.cols as u32,
+        slots: map.slots,
+    };
+    let (oa, ob) = (operand(a, cb.ptr(&pa), ma), operand(b, cb.ptr(&pb), mb));
+    let widest = s.k.max(s.n);
+    let lines = s.batch * (s.m + s.k);
+    launch!(cb, Module::Cast, "split_planes", config_lines(cb, lines, widest); &oa, &ob)?;
+    // SAFETY: every arrangement writes its scratch before it reads it: the lower levels' sum
+    // and every partial plane a sum reads by a GEMM with beta 0 (split.rs).
+    let scratch = match layout.scratch_len(s, arrangement)? {
+        0 => None,
+        len => Some(unsafe { cb.uninit::<f32>(len)? }),
     };
     Ok(Prepared {
         a: Held::Planes(pa),
         b: Held::Planes(pb),
         scales: None,
         fp8_gemm: None,
-        lower,
+        split: Some((arrangement, scratch)),
     })
 }
 
@@ -618,53 +725,112 @@ fn layout_of(algorithm: &Algorithm) -> Result<SplitLayout> {
         .ok_or_else(|| Error::invalid("split matmul", format!("{algorithm} does not split")))
 }
 
-/// A split-bf16 matmul as cuBLAS bf16 GEMMs over the planes, one per level, then C += the
-/// lower levels' sum.
+/// A split-bf16 matmul as cuBLAS bf16 GEMMs over the planes in `arrangement`, with the sums
+/// between them (split.rs's steps).
 fn split_gemms(
     cb: &CudaBackend,
     s: &MatmulShape,
     algorithm: &Algorithm,
+    arrangement: Arrangement,
     (pa, pb): (&CudaSlice<u16>, &CudaSlice<u16>),
-    lower: Option<&mut CudaSlice<f32>>,
+    mut scratch: Option<&mut CudaSlice<f32>>,
     c: &mut CudaSlice<f32>,
 ) -> Result<()> {
     let layout = layout_of(algorithm)?;
     let compute = Compute::CUBLAS_COMPUTE_32F;
-    let mut lower = lower;
-    for call in layout.calls(s)? {
-        let out = match (call.out, lower.as_deref_mut()) {
-            (Out::C, _) => &mut *c,
-            (Out::Lower, Some(lower)) => lower,
-            (Out::Lower, None) => {
-                return Err(Error::invalid(
-                    "split matmul",
-                    "no lower-level sum prepared",
-                ));
+    let no_scratch = || Error::invalid("split matmul", "no scratch prepared for its sums");
+    for step in layout.steps(s, arrangement)? {
+        match step {
+            Step::Gemm(call) => {
+                let out = match call.out {
+                    Out::C => &mut *c,
+                    Out::Lower | Out::Partials => scratch.as_deref_mut().ok_or_else(no_scratch)?,
+                };
+                gemm_call(cb, &call, Type::CUDA_R_16BF, pa, pb, out, compute)?;
             }
-        };
-        gemm_call(cb, &call, Type::CUDA_R_16BF, pa, pb, out, compute)?;
-    }
-    if let Some(lower) = lower {
-        // `add` repeats x every u32 elements: C += lower in place, in f32, in pieces that
-        // fit one.
-        const PIECE: usize = 1 << 30;
-        for start in (0..s.c_len()).step_by(PIECE) {
-            let len = PIECE.min(s.c_len() - start);
-            let x = cb.ptr(&lower.slice(start..start + len));
-            let y = cb.ptr(&c.slice(start..start + len));
-            let f32_ = (Format::F32, Format::F32, false);
-            let none = (0, Format::F32);
-            train::add(
-                cb,
-                [x, y, y],
-                (len, len),
-                f32_,
-                none,
-                (0, Format::F32, false),
-            )?;
+            Step::AddLower => {
+                let lower = scratch.as_deref().ok_or_else(no_scratch)?;
+                // `add` repeats x every u32 elements: C += lower in place, in f32, in pieces
+                // that fit one.
+                const PIECE: usize = 1 << 30;
+                for start in (0..s.c_len()).step_by(PIECE) {
+                    let len = PIECE.min(s.c_len() - start);
+                    let x = cb.ptr(&lower.slice(start..start + len));
+                    let y = cb.ptr(&c.slice(start..start + len));
+                    let f32_ = (Format::F32, Format::F32, false);
+                    let none = (0, Format::F32);
+                    train::add(
+                        cb,
+                        [x, y, y],
+                        (len, len),
+                        f32_,
+                        none,
+                        (0, Format::F32, false),
+                    )?;
+                }
+            }
+            Step::Sum { count, into_c } => {
+                let partials = scratch.as_deref().ok_or_else(no_scratch)?;
+                let plane = s.c_len();
+                if partials.len() < count * plane || c.len() < plane {
+                    return Err(Error::invalid(
+                        "split matmul",
+                        format!("{count} partial planes of {plane} exceed the scratch or C"),
+                    ));
+                }
+                let from = cb.ptr(partials);
+                let into = if into_c { cb.ptr(c) } else { from };
+                let (count, len) = (count as u32, plane as u32);
+                launch_1d!(cb, Module::Train, "sum_partials", plane; &from, &into, &count, &len)?;
+            }
         }
     }
     Ok(())
+}
+
+/// The launch of a kernel striding over `lines` rows of up to `width` elements (read four at a
+/// time): a row's columns over the x dimensions of the grid and the block, the rows over their
+/// y dimensions (a block spans several rows where they are short), as many blocks as the device
+/// keeps resident.
+fn config_lines(cb: &CudaBackend, lines: usize, width: usize) -> LaunchConfig {
+    let quads = width.div_ceil(4).max(1);
+    let tx = quads.next_power_of_two().clamp(32, THREADS);
+    let ty = THREADS / tx;
+    let x = quads.div_ceil(tx).clamp(1, 64);
+    let y = (resident_blocks(cb) / x).clamp(1, lines.div_ceil(ty).clamp(1, 65535));
+    LaunchConfig {
+        grid_dim: (x as u32, y as u32, 1),
+        block_dim: (tx as u32, ty as u32, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Threads of a block of the conversion kernels.
+const THREADS: usize = 256;
+
+/// Blocks of `THREADS` the device keeps resident at once (2048 threads per multiprocessor on
+/// every architecture the backend runs on, 1536 on 8.6 and 8.9): a grid that strides over its
+/// elements with these keeps every multiprocessor busy without launching idle blocks.
+fn resident_blocks(cb: &CudaBackend) -> usize {
+    let per_sm = match cb.info.compute_capability {
+        (8, 6) | (8, 9) => 6,
+        _ => 8,
+    };
+    cb.info.multiprocessors.max(1) as usize * per_sm
+}
+
+/// The launch of an elementwise conversion over `n` elements read four at a time: a
+/// grid-stride loop over as many blocks as the device keeps resident, fewer for small `n`.
+fn config_convert(cb: &CudaBackend, n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (
+            n.div_ceil(4 * THREADS).clamp(1, resident_blocks(cb)) as u32,
+            1,
+            1,
+        ),
+        block_dim: (THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 /// The first `len` values of x rounded to `format` (operands are addressed by the shape's
@@ -678,7 +844,9 @@ fn round(
     // SAFETY: round_to writes all `len` values.
     let mut out = unsafe { cb.uninit::<f32>(len)? };
     let (n, fmt) = (len as i64, format_id(format));
-    launch_1d!(cb, Module::Cast, "round_to", len; x, &mut out, &n, &fmt)?;
+    if len > 0 {
+        launch!(cb, Module::Cast, "round_to", config_convert(cb, len); x, &mut out, &n, &fmt)?;
+    }
     Ok(out)
 }
 
@@ -691,7 +859,9 @@ fn encode_16(
     // SAFETY: encode_16 writes all `len` values.
     let mut out = unsafe { cb.uninit::<u16>(len)? };
     let (n, fmt) = (len as i64, format_id(format));
-    launch_1d!(cb, Module::Cast, "encode_16", len; x, &mut out, &n, &fmt)?;
+    if len > 0 {
+        launch!(cb, Module::Cast, "encode_16", config_convert(cb, len); x, &mut out, &n, &fmt)?;
+    }
     Ok(out)
 }
 
@@ -893,7 +1063,9 @@ fn fp8_prepare<'a>(
                 // SAFETY: quantize_to_f16 writes all `len` values.
                 let mut out = unsafe { cb.uninit::<u16>(len)? };
                 let (n, fmt) = (len as i64, format_id(format));
-                launch_1d!(cb, Module::Cast, "quantize_to_f16", len; x, &mut out, &n, &fmt, scales, &g.batch_len, &g.div, &g.modulus, &g.per_batch)?;
+                if len > 0 {
+                    launch!(cb, Module::Cast, "quantize_to_f16", config_convert(cb, len); x, &mut out, &n, &fmt, scales, &g.batch_len, &g.div, &g.modulus, &g.per_batch)?;
+                }
                 Ok::<_, Error>(Held::F16(Codes::Encoded(out)))
             };
             let qa = quantize(a, s.a_len(), fa, &sa, ga)?;
@@ -910,7 +1082,7 @@ fn fp8_prepare<'a>(
             rowwise,
         }),
         fp8_gemm,
-        lower: None,
+        split: None,
     })
 }
 
@@ -927,7 +1099,7 @@ fn descale(
         true => (rows, cols),
         false => (1, 1),
     };
-    launch_1d!(cb, Module::Scale, "descale", s.c_len(); c, &n, &rows, &cols, &scales.a, &a_groups, &scales.b, &b_groups)
+    launch!(cb, Module::Scale, "descale", config_convert(cb, s.c_len()); c, &n, &rows, &cols, &scales.a, &a_groups, &scales.b, &b_groups)
 }
 
 #[cfg(test)]
@@ -938,13 +1110,39 @@ mod tests {
     fn split_paths_parse_and_persist_by_name() {
         assert_eq!("Fused".parse::<SplitPath>().unwrap(), SplitPath::Fused);
         assert_eq!("cublas".parse::<SplitPath>().unwrap(), SplitPath::Gemms);
+        assert_eq!("tripled".parse::<SplitPath>().unwrap(), SplitPath::Tripled);
         let err = "tuned".parse::<SplitPath>().unwrap_err().to_string();
-        assert!(err.contains("auto") && err.contains("fused"), "{err}");
-        let json = serde_json::to_string(&SplitPath::Fused).unwrap();
-        assert_eq!(json, "\"fused\"");
+        assert!(
+            err.contains("auto") && err.contains("fused") && err.contains("partials"),
+            "{err}"
+        );
+        for path in SplitPath::ALL {
+            let json = serde_json::to_string(&path).unwrap();
+            assert_eq!(json, format!("\"{}\"", path.name()));
+            assert_eq!(serde_json::from_str::<SplitPath>(&json).unwrap(), path);
+        }
+    }
+
+    /// The tuner times only the paths that can run a shape: the K-tripled GEMM for bf16x3 up
+    /// to its K limit, partial sums where level 0 of bf16x6/x9 is promoted.
+    #[test]
+    fn split_candidates_follow_the_shape() {
+        use super::super::split::TRIPLED_MAX_K;
+        use SplitPath::*;
+        let at = |alg, k| SplitPath::candidates(&alg, &MatmulShape::new(512, 512, k));
         assert_eq!(
-            serde_json::from_str::<SplitPath>(&json).unwrap(),
-            SplitPath::Fused
+            at(Algorithm::Bf16x3, TRIPLED_MAX_K),
+            [Gemms, Fused, Tripled]
+        );
+        assert_eq!(at(Algorithm::Bf16x3, TRIPLED_MAX_K + 1), [Gemms, Fused]);
+        assert_eq!(at(Algorithm::Bf16x6, 4096), [Gemms, Fused, Partials]);
+        assert_eq!(at(Algorithm::Bf16x9, 256), [Gemms, Fused]);
+        assert_eq!(at(Algorithm::F32, 4096), [Gemms]);
+        // Partial planes of a very wide C would not fit their budget.
+        let wide = MatmulShape::new(1 << 15, 1 << 15, 4096);
+        assert_eq!(
+            SplitPath::candidates(&Algorithm::Bf16x6, &wide),
+            [Gemms, Fused]
         );
     }
 }

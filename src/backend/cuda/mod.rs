@@ -14,8 +14,9 @@
 //!   (the tensor core's own tf32 truncation then sees values that are already tf32);
 //! - bf16x3/x6/x9: operands split once into bf16 planes, then one cuBLAS bf16 GEMM per level
 //!   (K concatenated over the level's terms), levels summed smallest first in f32, level 0
-//!   promoted every 256 of K for x6 and x9 (`split.rs`); or, with `MANTISSA_CUDA_SPLIT=fused`,
-//!   one fused kernel (`matmul_split_bf16.cu`) promoting every level every 256 of K;
+//!   promoted every 256 of K for x6 and x9 (`split.rs`, which also arranges bf16x3 as one
+//!   K-tripled GEMM and x6/x9's level 0 as partial sums); or one fused kernel
+//!   (`matmul_split_bf16.cu`) promoting every level every 256 of K; the tuner takes the fastest;
 //! - fp8: quantized with our scales into f16 codes (every e4m3 and e5m2 value is an f16 value,
 //!   so f16 tensor cores multiply them exactly) for an f16 GEMM; then the descale. With
 //!   `MANTISSA_CUDA_FP8=cublaslt`, into fp8 bytes for cuBLASLt's fp8 GEMM (compute capability

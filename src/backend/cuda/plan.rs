@@ -110,6 +110,9 @@ impl<'a> CudaPlan<'a> {
                     work = work.max(scratch::column_sums(len(x) / c.max(1), c));
                 }
                 Op::UnscaleCheck { grad, .. } => work = work.max(scratch::unscale(len(grad))),
+                Op::AttentionBwd { ref spec, .. } => {
+                    work = work.max(scratch::attention_bwd(spec));
+                }
                 _ => {}
             }
         }
@@ -263,7 +266,7 @@ impl<'a> CudaPlan<'a> {
                 ref spec,
             } => {
                 let ptrs = [qkv, dout, st, delta, dqkv].map(|id| self.p(id));
-                launch::attention_bwd(cb, ptrs, spec, self.stored(qkv))
+                launch::attention_bwd(cb, ptrs, spec, self.stored(qkv), work)
             }
             Op::CrossEntropy {
                 logits,

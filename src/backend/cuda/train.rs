@@ -93,6 +93,15 @@ pub(super) mod scratch {
     pub fn unscale(n: usize) -> usize {
         2 * super::unscale_blocks(n)
     }
+    /// Attention's backward on tensor cores: dq's partials, one (B, H, T, D) set per split,
+    /// then the output's gradient as 16-bit codes (two to a value).
+    pub fn attention_bwd(spec: &crate::plan::Attention) -> usize {
+        if super::on_tensor_cores(spec) {
+            super::attention_splits(spec.t) * spec.out_len() + spec.out_len().div_ceil(2)
+        } else {
+            0
+        }
+    }
 }
 
 pub(super) fn embedding_fwd(
@@ -370,11 +379,43 @@ pub(super) fn amax_into(cb: &CudaBackend, x: Ptr, n: usize, stats: Ptr, slot: us
     launch!(cb, Module::Scale, "amax", CudaBackend::config_amax(n); &x, &len, &at, &batch_len, &div, &modulus, &per_batch)
 }
 
-/// Query (or key) rows per block of the attention kernels (`ATT_ROWS` in attention.cu).
+/// Query (or key) rows per block of the SIMT attention kernels (`ATT_ROWS` in attention.cu).
 const ATTENTION_ROWS: u32 = 64;
+
+/// The tensor-core attention kernels' geometry (attention.cu): query rows per block of the
+/// forward and delta kernels (`TC_ROWS`, 8 warps), keys per block (`TC_KEYS`); the dk/dv
+/// kernel's threads (4 warps of 16 keys) and most blocks per sequence and head, each adding the
+/// dq of its key blocks into a partial of its own.
+const TC_ROWS: usize = 128;
+const TC_KEYS: usize = 64;
+const TC_THREADS: u32 = 256;
+const TC_KV_THREADS: u32 = 128;
+const TC_SPLITS: usize = 4;
 
 /// The head sizes attention.cu is compiled for.
 pub(super) const ATTENTION_HEAD_SIZES: [usize; 3] = [16, 32, 64];
+
+/// Whether `spec` runs on the tensor-core kernels: the algorithms whose inputs are 16-bit (bf16
+/// or f16), with probabilities and matmul results held in f32, bf16 or f16 (the formats their
+/// branch-free rounding knows); f32 and tf32 inputs, or another held format, take the SIMT ones.
+fn on_tensor_cores(spec: &Attention) -> bool {
+    let held = |f: Format| matches!(f, Format::F32 | Format::Bf16 | Format::F16);
+    matches!(
+        spec.algorithm.operand_formats().0,
+        Format::Bf16 | Format::F16
+    ) && held(spec.probs)
+        && held(spec.compute)
+}
+
+/// The dk/dv kernel's blocks per sequence and head (dq partials).
+fn attention_splits(t: usize) -> usize {
+    t.div_ceil(TC_KEYS).clamp(1, TC_SPLITS)
+}
+
+/// The name of kernel `family` of attention.cu for head size `d` (`<family>_<d>`).
+fn kernel(family: &str, d: usize) -> String {
+    format!("{family}_{d}")
+}
 
 /// `AttentionArg` of attention.cu (by value).
 #[repr(C)]
@@ -401,9 +442,30 @@ impl super::ParamSize for &AttentionArg {
     }
 }
 
-/// The grid of the attention kernels (a block per sequence and head, and per ATTENTION_ROWS of
-/// its rows) and their argument.
-fn attention_launch(spec: &Attention) -> Result<(LaunchConfig, AttentionArg)> {
+/// A grid of a block per sequence and head (x) and `blocks` per head (y), of `threads` each.
+fn attention_grid(spec: &Attention, blocks: usize, threads: u32) -> Result<LaunchConfig> {
+    if blocks > 65535 {
+        return Err(Error::invalid(
+            "attention",
+            format!(
+                "a sequence of {} tokens needs {blocks} blocks of a CUDA grid's y (at most 65535)",
+                spec.t
+            ),
+        ));
+    }
+    Ok(LaunchConfig {
+        grid_dim: (
+            grid_size("sequences x heads", spec.b * spec.h)?,
+            blocks.max(1) as u32,
+            1,
+        ),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// The attention kernels' argument, after checking that `spec` has kernels.
+fn attention_arg(spec: &Attention, coded: bool, qkv_stored: Format) -> Result<AttentionArg> {
     if !ATTENTION_HEAD_SIZES.contains(&spec.d) {
         return Err(Error::invalid(
             "attention",
@@ -414,26 +476,16 @@ fn attention_launch(spec: &Attention) -> Result<(LaunchConfig, AttentionArg)> {
         ));
     }
     let (inputs, _) = spec.algorithm.operand_formats();
-    let config = LaunchConfig {
-        grid_dim: (
-            grid_size("sequences x heads", spec.b * spec.h)?,
-            grid_size("row blocks", spec.t.div_ceil(ATTENTION_ROWS as usize))?,
-            1,
-        ),
-        block_dim: (ATTENTION_ROWS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let arg = AttentionArg {
+    Ok(AttentionArg {
         t: spec.t as u32,
         h: spec.h as u32,
         scale: spec.scale as f32,
         inputs: format_id(inputs),
         probs: format_id(spec.probs),
         compute: format_id(spec.compute),
-        coded: 0,
-        qkv_stored: format_id(Format::F32),
-    };
-    Ok((config, arg))
+        coded: coded as u32,
+        qkv_stored: format_id(qkv_stored),
+    })
 }
 
 /// Fused causal attention: out (B, T, C) and each score row's (max, sum) from q|k|v (B, T, 3C),
@@ -447,33 +499,54 @@ pub(super) fn attention_fwd(
     if spec.score_rows() == 0 {
         return Ok(());
     }
-    let (cfg, mut arg) = attention_launch(spec)?;
-    arg.coded = coded as u32;
-    arg.qkv_stored = format_id(qkv_stored);
-    let name = format!("attention_fwd_{}", spec.d);
-    launch!(cb, Module::Attention, &name, cfg; &qkv, &out, &stats, &arg)
+    let arg = attention_arg(spec, coded, qkv_stored)?;
+    let d = spec.d;
+    if on_tensor_cores(spec) {
+        let cfg = attention_grid(spec, spec.t.div_ceil(TC_ROWS), TC_THREADS)?;
+        return launch!(cb, Module::Attention, &kernel("attention_mma_fwd", d), cfg; &qkv, &out, &stats, &arg);
+    }
+    let cfg = attention_grid(
+        spec,
+        spec.t.div_ceil(ATTENTION_ROWS as usize),
+        ATTENTION_ROWS,
+    )?;
+    launch!(cb, Module::Attention, &kernel("attention_fwd", d), cfg; &qkv, &out, &stats, &arg)
 }
 
-/// Its backward: dq with each row's sum(P * dP) into `delta`, then dk (which reads delta) and
-/// dv, each kernel writing its third of dqkv.
+/// Its backward into dqkv, and each row's sum(P * dP) into `delta`. On tensor cores: the delta
+/// kernel (which also writes the output's gradient as codes), then dk and dv with dq's
+/// partials, then dq from them, the partials and codes in `scratch` (`scratch::attention_bwd`);
+/// else (SIMT) dq with delta, then dk (which reads delta) and dv.
 pub(super) fn attention_bwd(
     cb: &CudaBackend,
     [qkv, dout, stats, delta, dqkv]: [Ptr; 5],
     spec: &Attention,
     qkv_stored: Format,
+    scratch: Ptr,
 ) -> Result<()> {
     if spec.score_rows() == 0 {
         return Ok(());
     }
-    let (cfg, mut arg) = attention_launch(spec)?;
-    arg.qkv_stored = format_id(qkv_stored);
+    let arg = attention_arg(spec, false, qkv_stored)?;
     let d = spec.d;
-    let (q, k, v) = (
-        format!("attention_bwd_q_{d}"),
-        format!("attention_bwd_k_{d}"),
-        format!("attention_bwd_v_{d}"),
-    );
-    launch!(cb, Module::Attention, &q, cfg; &qkv, &dout, &stats, &delta, &dqkv, &arg)?;
-    launch!(cb, Module::Attention, &k, cfg; &qkv, &dout, &stats, &delta, &dqkv, &arg)?;
-    launch!(cb, Module::Attention, &v, cfg; &qkv, &dout, &stats, &dqkv, &arg)
+    if on_tensor_cores(spec) {
+        let rows = spec.t.div_ceil(TC_ROWS);
+        let splits = attention_splits(spec.t);
+        let codes = scratch + (splits * spec.out_len() * 4) as u64;
+        let cfg = attention_grid(spec, rows, TC_THREADS)?;
+        launch!(cb, Module::Attention, &kernel("attention_mma_delta", d), cfg; &qkv, &dout, &stats, &delta, &codes, &arg)?;
+        let cfg = attention_grid(spec, splits, TC_KV_THREADS)?;
+        launch!(cb, Module::Attention, &kernel("attention_mma_kv", d), cfg; &qkv, &codes, &stats, &delta, &dqkv, &scratch, &arg)?;
+        let (score_rows, splits) = (grid_size("score rows", spec.score_rows())?, splits as u32);
+        return launch_1d!(cb, Module::Attention, &kernel("attention_mma_dq", d), spec.out_len() / 4;
+            &scratch, &dqkv, &score_rows, &splits, &arg);
+    }
+    let cfg = attention_grid(
+        spec,
+        spec.t.div_ceil(ATTENTION_ROWS as usize),
+        ATTENTION_ROWS,
+    )?;
+    launch!(cb, Module::Attention, &kernel("attention_bwd_q", d), cfg; &qkv, &dout, &stats, &delta, &dqkv, &arg)?;
+    launch!(cb, Module::Attention, &kernel("attention_bwd_k", d), cfg; &qkv, &dout, &stats, &delta, &dqkv, &arg)?;
+    launch!(cb, Module::Attention, &kernel("attention_bwd_v", d), cfg; &qkv, &dout, &stats, &dqkv, &arg)
 }

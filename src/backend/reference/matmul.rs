@@ -7,7 +7,9 @@
 
 use crate::algorithm::{Algorithm, MatmulShape, SPLIT_LEVELS, Scaling};
 use crate::backend::Fp8Scales;
+use crate::error::Result;
 use crate::format::{self, Format, Overflow};
+use crate::memory;
 use rayon::prelude::*;
 
 /// Operands of one batch, laid out for the dot products: A's logical rows (m x k) and B's
@@ -17,10 +19,37 @@ struct Prepared {
     b: Vec<Vec<f64>>,
 }
 
-/// C = A . B under `algorithm`, exactly as specified, accumulated in f64.
-pub fn matmul(shape: &MatmulShape, algorithm: &Algorithm, a: &[f32], b: &[f32]) -> Vec<f32> {
+/// C = A . B under `algorithm`, exactly as specified, accumulated in f64. C and the prepared
+/// operands are asked of the host first (`memory`): a product too large for it is an error.
+pub fn matmul(
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+    a: &[f32],
+    b: &[f32],
+) -> Result<Vec<f32>> {
+    shape.check(a.len(), b.len())?;
+    // One batch's operands as rows and columns, and their planes in f64.
+    let per_value = 4 + 8 * algorithm.split_parts().max(1) as u64;
+    let operands = (a.len() / shape.batch.max(1)).checked_add(b.len() / shape.batch.max(1));
+    memory::check(
+        "the reference's prepared operands",
+        operands.and_then(|e| (e as u64).checked_mul(per_value)),
+    )?;
+    let mut c = memory::host_buffer::<f32>("the reference's C", shape.checked_c_len()?)?;
+    matmul_into(shape, algorithm, a, b, &mut c);
+    Ok(c)
+}
+
+/// `matmul` into `c` (of the shape's length), for callers that hold the buffer (the training
+/// ops, whose sizes the step plan's check covers).
+pub(crate) fn matmul_into(
+    shape: &MatmulShape,
+    algorithm: &Algorithm,
+    a: &[f32],
+    b: &[f32],
+    c: &mut [f32],
+) {
     let (m, n, k) = (shape.m, shape.n, shape.k);
-    let mut c = vec![0f32; shape.c_len()];
     for batch in 0..shape.batch {
         let a_rows: Vec<f32> = (0..m * k)
             .map(|e| a[shape.a_index(batch, e / k, e % k)])
@@ -40,7 +69,6 @@ pub fn matmul(shape: &MatmulShape, algorithm: &Algorithm, a: &[f32], b: &[f32]) 
                 }
             });
     }
-    c
 }
 
 /// Rounds, splits or quantizes the operands as the algorithm says.

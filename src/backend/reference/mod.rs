@@ -44,6 +44,11 @@ impl Backend for Reference {
         Capabilities::default()
     }
 
+    /// The host's memory: a step plan the host interpreter could not hold is refused first.
+    fn memory_available(&self) -> Option<(u64, u64)> {
+        crate::memory::host()
+    }
+
     async fn matmul(
         &self,
         shape: &MatmulShape,
@@ -51,8 +56,7 @@ impl Backend for Reference {
         a: &[f32],
         b: &[f32],
     ) -> Result<Vec<f32>> {
-        shape.check(a.len(), b.len())?;
-        Ok(matmul::matmul(shape, algorithm, a, b))
+        matmul::matmul(shape, algorithm, a, b)
     }
 
     async fn encode(&self, format: Format, overflow: Overflow, x: &[f32]) -> Result<Vec<u32>> {

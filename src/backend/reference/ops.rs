@@ -5,7 +5,7 @@
 //! (accumulating reductions in f64). Shapes are row-major; `rows x c` means `rows` vectors of
 //! length `c`.
 
-use super::matmul::matmul;
+use super::matmul::matmul_into;
 use crate::algorithm::MatmulShape;
 use crate::format::{Format, Overflow};
 use crate::plan::{AdamW, Attention, ScoreScale};
@@ -379,7 +379,8 @@ fn bmm(
 
 /// a.b under the attention's algorithm, held in its compute format.
 fn held(shape: MatmulShape, spec: &Attention, a: &[f32], b: &[f32]) -> Vec<f32> {
-    let mut c = matmul(&shape, &spec.algorithm, a, b);
+    let mut c = vec![0f32; shape.c_len()];
+    matmul_into(&shape, &spec.algorithm, a, b, &mut c);
     round_to(&mut c, spec.compute);
     c
 }
