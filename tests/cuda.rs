@@ -1345,10 +1345,13 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
     let (f32_, bf16) = (Format::F32, Format::Bf16);
     // (b, t, h, d, algorithm, probs, compute): 32-true, tf32 (32-true under `high`), an f32
     // matmul under bf16-mixed (`--algorithm f32`: its output held, and stored, as bf16).
+    // The last case holds its scores in bf16 at a scale that is not a power of two, with
+    // integer scores: each row's max is the definition's to the bit (`same_row_maxes`).
     let cases = [
         (2, 37, 3, 16, Algorithm::F32, f32_, f32_),
         (1, 70, 2, 32, Algorithm::Tf32, f32_, f32_),
         (1, 45, 1, 64, Algorithm::F32, f32_, bf16),
+        (1, 45, 2, 32, Algorithm::F32, f32_, bf16),
     ];
     for (case, &(b, t, heads, d, algorithm, probs, compute)) in cases.iter().enumerate() {
         let spec = Attention {
@@ -1362,9 +1365,17 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
             compute,
         };
         let s = seed + 10 * case as u64;
-        let qkv = measure::normal(spec.qkv_len(), s);
+        let exact = case == 3;
+        let qkv = match exact {
+            true => common::integer_scores_qkv(&spec, s),
+            false => measure::normal(spec.qkv_len(), s),
+        };
         let dout = measure::normal(spec.out_len(), s + 1);
-        attention_matches(h, &spec, &qkv, &dout);
+        let fwd = attention_matches(h, &spec, &qkv, &dout);
+        if exact {
+            let stats = ops::attention_fwd(&qkv, &spec).1;
+            common::same_row_maxes("SIMT row maxes", &fwd[spec.out_len()..], &stats);
+        }
     }
     // Non-finite scores: a query holding inf makes its row's scores +-inf or NaN, so the
     // unfused softmax gives that row NaN (exp(inf - inf)) and leaves the other rows alone; the
@@ -1417,11 +1428,14 @@ fn cuda_tensor_core_attention_matches_the_unfused_ops_on_the_host() {
     let seed = common::seed("cuda_tensor_core_attention_matches_the_unfused_ops_on_the_host");
     let (f32_, bf16, f16) = (Format::F32, Format::Bf16, Format::F16);
     // (b, t, h, d, algorithm, probs, compute): bf16-mixed, 16-mixed, bf16-true, 16-true.
+    // The last case, tiny's bf16-mixed attention, has integer scores: each row's max is the
+    // definition's to the bit (`same_row_maxes`), which the scaled scores' rounding decides.
     let cases = [
         (1, 150, 3, 64, Algorithm::Bf16, f32_, bf16),
         (3, 150, 1, 64, Algorithm::F16, f32_, f16),
         (1, 70, 3, 32, Algorithm::Bf16, bf16, bf16),
         (1, 300, 1, 16, Algorithm::F16, f16, f16),
+        (2, 32, 2, 32, Algorithm::Bf16, f32_, bf16),
     ];
     for (case, &(b, t, heads, d, algorithm, probs, compute)) in cases.iter().enumerate() {
         let spec = Attention {
@@ -1435,7 +1449,10 @@ fn cuda_tensor_core_attention_matches_the_unfused_ops_on_the_host() {
             compute,
         };
         let s = seed + 10 * case as u64;
-        let mut qkv = measure::normal(spec.qkv_len(), s);
+        let mut qkv = match case {
+            4 => common::integer_scores_qkv(&spec, s),
+            _ => measure::normal(spec.qkv_len(), s),
+        };
         let dout = measure::normal(spec.out_len(), s + 1);
         let c3 = 3 * heads * d;
         if case == 1 {
@@ -1456,6 +1473,10 @@ fn cuda_tensor_core_attention_matches_the_unfused_ops_on_the_host() {
             }
         }
         let fwd = attention_matches(h, &spec, &qkv, &dout);
+        if case == 4 {
+            let stats = ops::attention_fwd(&qkv, &spec).1;
+            common::same_row_maxes("tensor-core row maxes", &fwd[spec.out_len()..], &stats);
+        }
         if case == 3 {
             let row = &fwd[200 * d..201 * d];
             assert!(row.iter().all(|x| x.is_finite()), "query 200: {row:?}");

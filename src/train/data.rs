@@ -135,14 +135,16 @@ pub struct Batches {
 }
 
 impl Batches {
-    /// Reads a batch file for batches of `batch` rows of `t` tokens over a vocabulary of
-    /// `vocab` ids, holding at least `steps` batches. Every refusal names the file and the
-    /// dimension or element; the header is checked before the data is read.
+    /// Reads a batch file (a regular file, opened by `input::Input`) for batches of `batch`
+    /// rows of `t` tokens over a vocabulary of `vocab` ids, holding at least `steps` batches.
+    /// Every refusal names the file and the dimension or element; the header is checked against
+    /// the run and the file's length before the data is read.
     pub fn load(path: &Path, batch: usize, t: usize, vocab: usize, steps: u32) -> Result<Batches> {
-        let file = std::fs::File::open(path).map_err(|e| Error::file(path, e))?;
-        let file_bytes = file.metadata().map(|m| m.len()).ok();
+        let (file, len) = crate::input::Input::open(path)?
+            .into_file()
+            .map_err(|_| Error::file(path, "batches are read from a file, not a stream"))?;
         let mut source = std::io::BufReader::new(file);
-        Batches::read(&mut source, file_bytes, path, (batch, t, vocab, steps))
+        Batches::read(&mut source, Some(len), path, (batch, t, vocab, steps))
     }
 
     /// `load` over any seekable source of `file_bytes` bytes (when known).
@@ -187,17 +189,18 @@ impl Batches {
         let dtype = npy.dtype();
         // check_claimed_shape has held n * b * row within the file's bytes.
         let count = (n * b * row) as usize;
+        let mut ids = crate::memory::empty_with_capacity::<u32>("the batches", count)?;
         use npyz::TypeChar::{Int, Uint};
-        let ids = match &dtype {
+        match &dtype {
             npyz::DType::Plain(ty) => match (ty.type_char(), ty.size_field()) {
-                (Uint, 1) => ids_of::<u8, _>(npy, count),
-                (Int, 1) => ids_of::<i8, _>(npy, count),
-                (Uint, 2) => ids_of::<u16, _>(npy, count),
-                (Int, 2) => ids_of::<i16, _>(npy, count),
-                (Uint, 4) => ids_of::<u32, _>(npy, count),
-                (Int, 4) => ids_of::<i32, _>(npy, count),
-                (Uint, 8) => ids_of::<u64, _>(npy, count),
-                (Int, 8) => ids_of::<i64, _>(npy, count),
+                (Uint, 1) => ids_of::<u8, _>(npy, &mut ids, count),
+                (Int, 1) => ids_of::<i8, _>(npy, &mut ids, count),
+                (Uint, 2) => ids_of::<u16, _>(npy, &mut ids, count),
+                (Int, 2) => ids_of::<i16, _>(npy, &mut ids, count),
+                (Uint, 4) => ids_of::<u32, _>(npy, &mut ids, count),
+                (Int, 4) => ids_of::<i32, _>(npy, &mut ids, count),
+                (Uint, 8) => ids_of::<u64, _>(npy, &mut ids, count),
+                (Int, 8) => ids_of::<i64, _>(npy, &mut ids, count),
                 _ => Err(String::new()),
             },
             _ => Err(String::new()),
@@ -210,6 +213,9 @@ impl Batches {
             false => why,
         })
         .map_err(bad)?;
+        if ids.len() != count {
+            return Err(bad(format!("truncated: {} of {count} ids", ids.len())));
+        }
         if let Some(e) = ids.iter().position(|&id| id as usize >= vocab) {
             let (row_len, batch_len) = (t + 1, batch * (t + 1));
             return Err(bad(format!(
@@ -250,26 +256,24 @@ impl Batches {
     }
 }
 
-/// `count` integers of type `T` from `npy`, as ids (a negative or too large one refused by its
-/// index).
-fn ids_of<T, R>(npy: npyz::NpyFile<R>, count: usize) -> std::result::Result<Vec<u32>, String>
+/// The first `count` integers of type `T` in `npy`, appended to `ids` as ids (a negative or
+/// too large one refused by its index).
+fn ids_of<T, R>(
+    npy: npyz::NpyFile<R>,
+    ids: &mut Vec<u32>,
+    count: usize,
+) -> std::result::Result<(), String>
 where
     T: npyz::Deserialize + TryInto<u32> + Copy + std::fmt::Display,
     R: std::io::Read,
 {
     let reader = npy.data::<T>().map_err(|e| e.to_string())?;
-    let mut ids = Vec::new();
-    ids.try_reserve_exact(count)
-        .map_err(|_| format!("{count} ids do not fit in memory"))?;
-    for (i, v) in reader.enumerate() {
+    for (i, v) in reader.take(count).enumerate() {
         let v = v.map_err(|e| format!("truncated or unreadable data ({e})"))?;
         ids.push(
             v.try_into()
                 .map_err(|_| format!("element {i} is {v}, not a token id"))?,
         );
     }
-    if ids.len() != count {
-        return Err(format!("truncated: {} of {count} ids", ids.len()));
-    }
-    Ok(ids)
+    Ok(())
 }

@@ -10,6 +10,7 @@
 //! transposed on the way in and out. The engine's names are those of its checkpoints
 //! (`param.wte`, ...), whose AdamW moments an init leaves aside.
 
+use super::checkpoint::SafetensorsFile;
 use super::model::GptConfig;
 use crate::error::{Error, Result};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
@@ -58,13 +59,29 @@ const TORCH_HEAD: &str = "head.weight";
 const OURS: &str = "param.";
 const MOMENTS: [&str; 2] = ["adam_m.", "adam_v."];
 
+/// What a refused file is not.
+const USABLE: &str = "usable as initial weights";
+
 /// Reads initial weights for `config` from a safetensors file (see the module's header),
 /// refusing a missing, extra, misshapen or non-finite tensor by name, and a file of the engine's
 /// whose vocabulary differs from `vocab`. Returns them in `GptConfig::parameter_shapes` order
-/// and layout, in f32 (f64 tensors rounded to nearest).
+/// and layout, in f32 (f64 tensors rounded to nearest). The header is read first
+/// (`SafetensorsFile`), and tensors beyond what such a file of `config` holds are refused
+/// unread.
 pub fn read_init(path: &Path, config: &GptConfig, vocab: &[char]) -> Result<Vec<Vec<f32>>> {
-    let bytes = std::fs::read(path).map_err(|e| Error::file(path, e))?;
-    init_from_bytes(&bytes, path, config, vocab)
+    let file = SafetensorsFile::open(path, USABLE)?;
+    // The most either naming holds: PyTorch's in f64 with the tied head written out, or a
+    // checkpoint's parameters and two moments in f32.
+    let values = config.parameter_count() as u64;
+    let head = (config.vocab_size * config.n_embd) as u64;
+    let limit = (8 * (values + head)).max(12 * values);
+    if file.data_len > limit {
+        return Err(file.bad(format!(
+            "its tensors take {} bytes, more than initial weights of config '{}' do ({limit})",
+            file.data_len, config.name
+        )));
+    }
+    init_from_bytes(&file.read()?, path, config, vocab)
 }
 
 /// `read_init` over a file's bytes; `path` names it in errors.
@@ -74,7 +91,7 @@ pub fn init_from_bytes(
     config: &GptConfig,
     vocab: &[char],
 ) -> Result<Vec<Vec<f32>>> {
-    let bad = |why: String| Error::file(path, format!("not usable as initial weights: {why}"));
+    let bad = |why: String| Error::file(path, format!("not {USABLE}: {why}"));
     let (_, header) = SafeTensors::read_metadata(bytes)
         .map_err(|e| bad(format!("not a safetensors file, or truncated ({e})")))?;
     if let Some(saved) = header
