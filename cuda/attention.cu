@@ -104,11 +104,18 @@ __device__ void load_tile(float (*dst)[D], const void* src, i64 base, i64 stride
     }
 }
 
-// The score of a query and a key as the unfused plan holds it, times the scale: the z of every
-// pass (the row's max and sum, and each recomputed P).
+// The score of a query and a key as the unfused plan holds it, scaled as its softmax reads it
+// (times the scale, held in the compute format): the z of every pass (the row's max and sum,
+// and each recomputed P).
 template <int D>
 __device__ __forceinline__ float score(const float* q, const float* k, AttentionArg a) {
-    return held(dot<D>(q, k), a.compute) * a.scale;
+    return held(held(dot<D>(q, k), a.compute) * a.scale, a.compute);
+}
+
+// The gradient of a score from its probability and dP, as the unfused softmax backward holds
+// it (held, times the scale, held), rounded to the matmul inputs' format.
+__device__ __forceinline__ float score_grad(float p, float dp, float pdp, AttentionArg a) {
+    return held(held(held(p * (dp - pdp), a.compute) * a.scale, a.compute), a.inputs);
 }
 
 // The stored probability of a score: the unfused softmax's exp(z - max) / sum, held in `probs`.
@@ -203,7 +210,7 @@ __device__ void attention_bwd_q(const void* qkv, const float* dout, const float*
                     if (pass == 0) {
                         pdp += p * dp;
                     } else {
-                        float ds = held(held(a.scale * p * (dp - pdp), a.compute), a.inputs);
+                        float ds = score_grad(p, dp, pdp, a);
 #pragma unroll
                         for (int d = 0; d < D; d++) dq[d] += ds * ks[jj][d];
                     }
@@ -253,7 +260,7 @@ __device__ void attention_bwd_kv(const void* qkv, const float* dout, const float
                 float p = prob<D>(qs[ii], k, ms[ii], ls[ii], a);
                 if (KEYS) {
                     float dp = held(dot<D>(gs[ii], v), a.compute);
-                    float ds = held(held(a.scale * p * (dp - deltas[ii]), a.compute), a.inputs);
+                    float ds = score_grad(p, dp, deltas[ii], a);
 #pragma unroll
                     for (int d = 0; d < D; d++) acc[d] += ds * qs[ii][d];
                 } else {
@@ -478,9 +485,11 @@ __device__ __forceinline__ void to_a(u32 (*a)[4], const float (*c)[4], u32 fmt) 
     }
 }
 
-// z of a score whose f32 sum is s (`score`), and the stored probability of z in a row with
-// (max m, 1 / sum): `prob`.
-__device__ __forceinline__ float tc_z(float s, AttentionArg a) { return held16(s, a.compute) * a.scale; }
+// z of a score whose f32 sum is s (`score`: held, times the scale, held), and the stored
+// probability of z in a row with (max m, 1 / sum): `prob`.
+__device__ __forceinline__ float tc_z(float s, AttentionArg a) {
+    return held16(held16(s, a.compute) * a.scale, a.compute);
+}
 
 __device__ __forceinline__ float tc_prob(float z, float m, float inv_l, AttentionArg a) {
     return held16(__expf(z - m) * inv_l, a.probs);
@@ -736,7 +745,9 @@ __device__ void attention_mma_kv(const void* qkv, const u16* gcodes, const float
                     u32 c = acc_col(nt, e, lane), i = i0 + c;
                     bool in = key[e / 2] <= i && i < a.t;
                     float p = in ? tc_prob(tc_z(s[nt][e], a), rm[c], rl[c], a) : 0.0f;
-                    float g = held16(a.scale * p * (held16(dp[nt][e], a.compute) - rd[c]), a.compute);
+                    // `score_grad`: the softmax's gradient held, times the scale, held.
+                    float g = held16(p * (held16(dp[nt][e], a.compute) - rd[c]), a.compute);
+                    g = held16(g * a.scale, a.compute);
                     s[nt][e] = held16(p, a.inputs);
                     dp[nt][e] = in ? held16(g, a.inputs) : 0.0f;
                     // dS (rows i) for dQ.

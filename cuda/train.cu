@@ -201,32 +201,35 @@ extern "C" __global__ void gelu_bwd(const void* x, const float* dy, float* dx, i
     }
 }
 
-// ---- causal softmax of scale * scores, one block per row of t (row i of each t x t block
-// sees columns 0..=i; the masked probabilities are 0) ----
+// ---- causal softmax of the scaled scores (plan::ScoreScale: scale * s held in `fmt`), one
+// block per row of t (row i of each t x t block sees columns 0..=i; the masked probabilities
+// are 0) ----
 
-extern "C" __global__ void causal_softmax_fwd(const float* x, float* p, u32 t, float scale) {
+extern "C" __global__ void causal_softmax_fwd(const float* x, float* p, u32 t, float scale,
+                                              u32 fmt) {
     i64 base = (i64)blockIdx.x * t;
     u32 i = blockIdx.x % t;
     float m = NEG_INF;
-    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, x[base + j] * scale);
+    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, held(x[base + j] * scale, fmt));
     m = block_max(m);
     float s = 0.0f;
-    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) s += expf(x[base + j] * scale - m);
+    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) s += expf(held(x[base + j] * scale, fmt) - m);
     s = block_sum(s);
     for (u32 j = threadIdx.x; j < t; j += blockDim.x)
-        p[base + j] = j <= i ? expf(x[base + j] * scale - m) / s : 0.0f;
+        p[base + j] = j <= i ? expf(held(x[base + j] * scale, fmt) - m) / s : 0.0f;
 }
 
-// d(scores) = scale * p * (dp - sum(p * dp)).
+// d(scores) = held(held(p * (dp - sum(p * dp))) * scale): the gradient of the held scaled
+// scores, held, times the scale.
 extern "C" __global__ void causal_softmax_bwd(const float* p, const float* dp, float* ds, u32 t,
-                                              float scale) {
+                                              float scale, u32 fmt) {
     i64 base = (i64)blockIdx.x * t;
     u32 i = blockIdx.x % t;
     float dot = 0.0f;
     for (u32 j = threadIdx.x; j <= i; j += blockDim.x) dot += p[base + j] * dp[base + j];
     dot = block_sum(dot);
     for (u32 j = threadIdx.x; j < t; j += blockDim.x)
-        ds[base + j] = j <= i ? scale * p[base + j] * (dp[base + j] - dot) : 0.0f;
+        ds[base + j] = j <= i ? held(held(p[base + j] * (dp[base + j] - dot), fmt) * scale, fmt) : 0.0f;
 }
 
 // ---- cross entropy ----

@@ -16,6 +16,10 @@
 #                                        # plain step, their sums overlapped with the backward
 #                                        # pass and not (NCCL needs libnccl.so.2 on
 #                                        # LD_LIBRARY_PATH, e.g. torch's wheel)
+#   bash scripts/gpu-checks.sh parity    # step for step with PyTorch on `small`, 100 steps:
+#                                        # the anchor under torch.autocast("cuda") writes its
+#                                        # init, batches and losses; CUDA and wgpu train from
+#                                        # them (needs torch, numpy and safetensors)
 #
 # The PyTorch comparisons are scripts/anchors/*.py (they need torch with CUDA). Where the GPU
 # machine has no Rust toolchain, build on another x86-64 Linux machine and bring the binaries:
@@ -129,5 +133,17 @@ dist)
     run 150 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --reducer mpi --out "$out/mpi"
     run 150 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --reducer mpi --overlap-reduction off --out "$out/mpi-after"
     ;;
-*) echo "unknown stage '$stage' (correct, cuda, bench, tune, train, steps, dist)" >&2; exit 2 ;;
+parity)
+    p="$out/parity"
+    run 300 python3 scripts/anchors/torch_step_parity.py --config small --steps 100 --device cuda --out "$p" --presets 32-true,bf16-mixed,16-mixed,bf16-true
+    for b in cuda wgpu; do
+        for preset in 32-true bf16-mixed 16-mixed bf16-true; do
+            eps=1e-8; [ "$preset" = bf16-true ] && eps=1e-4
+            run 150 $m train --config small --precision $preset --adam-eps $eps --steps 100 --eval-interval 100 --backend $b \
+                --init "$p/parity_small_init.safetensors" --batches "$p/parity_small_batches.npy" --out "$p/$b-$preset"
+        done
+    done
+    run 30 python3 scripts/anchors/torch_step_parity.py --config small --out "$p" --compare "$p"/*-*/train.json
+    ;;
+*) echo "unknown stage '$stage' (correct, cuda, bench, tune, train, steps, dist, parity)" >&2; exit 2 ;;
 esac

@@ -14,7 +14,7 @@ struct TrainParams {
     c: u32,
     // Tokens of the embedding scatter-add.
     tokens: u32,
-    // Softmax scale.
+    // Softmax scale (its product with a score held in `held`).
     scale: f32,
     // Fused attention: heads, head size, format ids of the matmul inputs, the stored
     // probabilities and the held matmul results.
@@ -344,7 +344,12 @@ fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     out0[e] = in1[e] * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du);
 }
 
-// Causal softmax of scale * scores per row of t = c (row i of each t x t block sees 0..=i):
+// A score times the scale, held in `fmt` (plan::ScoreScale): what a softmax reads.
+fn scaled(s: f32, fmt: u32) -> f32 {
+    return held(s * params.scale, fmt);
+}
+
+// Causal softmax of the scaled scores per row of t = c (row i of each t x t block sees 0..=i):
 // in0 = scores; out0 = probabilities (0 where masked).
 @compute @workgroup_size(256)
 fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -355,12 +360,12 @@ fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     let base = slot.row * t;
     var m = -3.4e38;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {
-        m = max(m, in0v(base + j) * params.scale);
+        m = max(m, scaled(in0v(base + j), params.held));
     }
     m = row_max(m, lid);
     var s = 0.0;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {
-        s += exp(in0v(base + j) * params.scale - m);
+        s += exp(scaled(in0v(base + j), params.held) - m);
     }
     let sum = row_sum(s, lid);
     if (!slot.live) {
@@ -369,13 +374,14 @@ fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     for (var j = slot.lane; j < t; j += ROW_LANES) {
         var p = 0.0;
         if (j <= i) {
-            p = exp(in0v(base + j) * params.scale - m) / sum;
+            p = exp(scaled(in0v(base + j), params.held) - m) / sum;
         }
         out0[base + j] = p;
     }
 }
 
-// in0 = p, in1 = dp; out0 = d(scores) = scale * p * (dp - sum(p * dp)).
+// in0 = p, in1 = dp; out0 = d(scores) = scaled(held(p * (dp - sum(p * dp)))): the gradient of
+// the held scaled scores, held, times the scale.
 @compute @workgroup_size(256)
 fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
@@ -394,7 +400,7 @@ fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     for (var j = slot.lane; j < t; j += ROW_LANES) {
         var d = 0.0;
         if (j <= i) {
-            d = params.scale * in0v(base + j) * (in1[base + j] - dot);
+            d = scaled(held(in0v(base + j) * (in1[base + j] - dot), params.held), params.held);
         }
         out0[base + j] = d;
     }
@@ -510,14 +516,22 @@ fn att_row(row: u32) -> AttRow {
     return AttRow(bh, row % t, b * t * 3u * c + head * params.d, b * t * c + head * params.d);
 }
 
-// The score of query row i against key row j, as the unfused plan holds it, times the scale.
+// The score of query row i against key row j as the unfused plan holds it, scaled as its
+// softmax reads it.
 fn att_z(q: ptr<function, array<f32, ATT_MAX_D>>, a: AttRow, j: u32) -> f32 {
     let k = a.qkv + params.h * params.d + j * 3u * params.h * params.d;
     var s = 0.0;
     for (var e = 0u; e < params.d; e++) {
         s += (*q)[e] * held(in0v(k + e), params.inputs);
     }
-    return held(s, params.compute) * params.scale;
+    return scaled(held(s, params.compute), params.compute);
+}
+
+// The gradient of a score from its probability and dP (the unfused softmax backward's, held as
+// the unfused plan holds it), rounded to the matmul inputs' format.
+fn att_ds(p: f32, dp: f32, pdp: f32) -> f32 {
+    let compute = params.compute;
+    return held(scaled(held(p * (dp - pdp), compute), compute), params.inputs);
 }
 
 // The stored probability: the unfused softmax's exp(z - max) / sum, held in its format.
@@ -614,7 +628,7 @@ fn attention_bwd_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
             if (sweep == 0u) {
                 pdp += p * dp;
             } else {
-                let ds = held(held(params.scale * p * (dp - pdp), params.compute), params.inputs);
+                let ds = att_ds(p, dp, pdp);
                 let k = a.qkv + c + j * 3u * c;
                 for (var e = 0u; e < params.d; e++) {
                     dq[e] += ds * held(in0v(k + e), params.inputs);
@@ -652,7 +666,7 @@ fn attention_bwd_kv(row: u32, keys: bool) {
         for (var e = 0u; e < params.d; e++) {
             s += held(in0v(qi + e), params.inputs) * k[e];
         }
-        let z = held(s, params.compute) * params.scale;
+        let z = scaled(held(s, params.compute), params.compute);
         let p = att_p(z, in2[2u * (first + i)], in2[2u * (first + i) + 1u]);
         let gi = a.rows + i * c;
         if (keys) {
@@ -661,7 +675,7 @@ fn attention_bwd_kv(row: u32, keys: bool) {
                 dp += held(in1[gi + e], params.inputs) * v[e];
             }
             dp = held(dp, params.compute);
-            let ds = held(held(params.scale * p * (dp - out1[first + i]), params.compute), params.inputs);
+            let ds = att_ds(p, dp, out1[first + i]);
             for (var e = 0u; e < params.d; e++) {
                 acc[e] += ds * held(in0v(qi + e), params.inputs);
             }

@@ -172,7 +172,7 @@ pub fn read_matrix_from(
 /// Refuses a header whose shape holds more values than the file has bytes, before the
 /// `npyz` parser multiplies the dimensions (which overflows on a forged header). A header this
 /// cannot read is left to `npyz`, whose error says what is wrong.
-fn check_claimed_shape(
+pub(crate) fn check_claimed_shape(
     path: &Path,
     file: &mut (impl Read + Seek),
     file_bytes: Option<u64>,

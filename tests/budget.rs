@@ -12,7 +12,7 @@ use mantissa::backend::Backend;
 use mantissa::backend::reference::ops;
 use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
 use mantissa::format::Format;
-use mantissa::plan::Op;
+use mantissa::plan::{Op, ScoreScale};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
 use pollster::FutureExt as _;
@@ -310,7 +310,10 @@ fn rows_too_long_for_one_lane_take_more() {
         x: si,
         out,
         t,
-        scale: 0.125,
+        scale: ScoreScale {
+            scale: 0.125,
+            held: Format::F32,
+        },
     };
     let probs = p.run(&split, op, (&[0], &[0]), 1.0, &[out]).outs.remove(0);
     common::close(
@@ -327,7 +330,10 @@ fn rows_too_long_for_one_lane_take_more() {
         dp: dpi,
         out,
         t,
-        scale: 0.125,
+        scale: ScoreScale {
+            scale: 0.125,
+            held: Format::F32,
+        },
     };
     common::close(
         "softmax backward",

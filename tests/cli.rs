@@ -796,6 +796,215 @@ fn bench_train_profiles_every_op_of_the_step() {
     assert_eq!(p["parts"].as_array().unwrap().len(), 3);
 }
 
+/// Writes an integer `.npy` of `shape` holding `ids` (any integer type npyz writes).
+fn write_ids<T: npyz::Serialize + npyz::AutoSerialize + Copy>(
+    path: &Path,
+    shape: &[u64],
+    ids: &[T],
+) {
+    let mut f = std::fs::File::create(path).unwrap();
+    let mut w = npyz::WriteOptions::<T>::new()
+        .default_dtype()
+        .shape(shape)
+        .writer(&mut f)
+        .begin_nd()
+        .unwrap();
+    w.extend(ids.iter().copied()).unwrap();
+    w.finish().unwrap();
+}
+
+/// Tensors as (name, shape, f32 values).
+type Tensors = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+/// Writes `tensors` as a safetensors file.
+fn write_tensors(path: &Path, tensors: &Tensors) {
+    use safetensors::tensor::{Dtype, TensorView};
+    let views: Vec<(String, TensorView)> = tensors
+        .iter()
+        .map(|(n, s, v)| {
+            let view = TensorView::new(Dtype::F32, s.clone(), bytemuck::cast_slice(v)).unwrap();
+            (n.clone(), view)
+        })
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+/// `--export-init` writes the seeded weights under PyTorch's names, and `--init` of that file
+/// trains the seeded run's losses bit for bit; `--init` and `--batches` refuse a bad file with
+/// one line naming it and the tensor, dimension or element (exit 2), before anything is written.
+#[test]
+fn init_and_batches_start_a_run_or_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name);
+    let s = |name: &str| p(name).to_str().unwrap().to_string();
+    let out = s("out");
+    let o = mantissa(&[
+        "train",
+        "--seed",
+        "5",
+        "--export-init",
+        &s("init.safetensors"),
+        "--out",
+        &out,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!p("out").exists(), "--export-init trains nothing");
+    let train = |extra: &[&str], out: &str| {
+        let mut args = vec![
+            "train",
+            "--seed",
+            "5",
+            "--steps",
+            "2",
+            "--backend",
+            "reference",
+        ];
+        args.extend_from_slice(&["--eval-interval", "10", "--out", out]);
+        args.extend_from_slice(extra);
+        let o = mantissa(&args);
+        assert!(o.status.success(), "{extra:?}: {}", text(&o));
+        let losses: Vec<f64> = train_log(Path::new(out))[0]["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["loss"].as_f64().unwrap())
+            .collect();
+        losses
+    };
+    let seeded = train(&[], &s("seeded"));
+    assert_eq!(
+        train(&["--init", &s("init.safetensors")], &s("from-file")),
+        seeded
+    );
+
+    // The exported tensors, to break one at a time.
+    let bytes = std::fs::read(p("init.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let good: Tensors = file
+        .tensors()
+        .into_iter()
+        .map(|(n, t)| {
+            (
+                n,
+                t.shape().to_vec(),
+                bytemuck::pod_collect_to_vec(t.data()),
+            )
+        })
+        .collect();
+    let changed = |f: &dyn Fn(&mut Tensors)| {
+        let mut t = good.clone();
+        f(&mut t);
+        t
+    };
+    let at = |name: &str| good.iter().position(|(n, ..)| n == name).unwrap();
+    let inits = [
+        (
+            changed(&|t| drop(t.remove(at("blocks.1.fc.bias")))),
+            "tensor blocks.1.fc.bias is missing",
+        ),
+        (
+            changed(&|t| t.push(("blocks.2.ln1.weight".into(), vec![64], vec![1.0; 64]))),
+            "tensor blocks.2.ln1.weight is not a parameter",
+        ),
+        (
+            changed(&|t| t[at("blocks.0.qkv.weight")].1 = vec![64, 192]),
+            "tensor blocks.0.qkv.weight is [64, 192], this model's is [192, 64]",
+        ),
+        (
+            changed(&|t| t[at("head.weight")].2[3] += 1.0),
+            "head.weight differs from tok.weight",
+        ),
+        (
+            changed(&|t| t[at("pos.weight")].2[7] = f32::NAN),
+            "pos.weight[7] is NaN",
+        ),
+    ];
+    let cases: Vec<(Vec<String>, String)> = inits
+        .into_iter()
+        .enumerate()
+        .map(|(i, (tensors, why))| {
+            let name = format!("init{i}.safetensors");
+            write_tensors(&p(&name), &tensors);
+            (
+                vec!["--init".into(), s(&name), "--steps".into(), "2".into()],
+                why.to_string(),
+            )
+        })
+        .collect();
+    let fixture = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/parity_tiny_batches.npy"
+    );
+    write_ids::<u8>(&p("b8.npy"), &[3, 8, 33], &[1; 3 * 8 * 33]);
+    write_ids::<i32>(&p("t16.npy"), &[3, 16, 17], &[1; 3 * 16 * 17]);
+    let mut ids = vec![1i64; 3 * 16 * 33];
+    ids[33 + 2] = 200;
+    write_ids::<i64>(&p("vocab.npy"), &[3, 16, 33], &ids);
+    ids[33 + 2] = -1;
+    write_ids::<i64>(&p("negative.npy"), &[3, 16, 33], &ids);
+    write_ids::<f32>(&p("float.npy"), &[3, 16, 33], &[1.0; 3 * 16 * 33]);
+    write_ids::<u16>(&p("flat.npy"), &[16, 33], &[1; 16 * 33]);
+    let batches: [(&str, &str, &str); 7] = [
+        (
+            "b8.npy",
+            "2",
+            "a batch of 8 rows (dimension 1), this run's is 16",
+        ),
+        (
+            "t16.npy",
+            "2",
+            "rows of 17 ids (dimension 2), this run's context needs T+1 = 33",
+        ),
+        (
+            "vocab.npy",
+            "2",
+            "id 200 at [0, 1, 2] is outside the vocabulary of 76",
+        ),
+        ("negative.npy", "2", "element 35 is -1, not a token id"),
+        ("float.npy", "2", "dtype"),
+        ("flat.npy", "2", "2 dimension(s) [16, 33], expected 3"),
+        (
+            fixture,
+            "301",
+            "300 batches (dimension 0), fewer than the 301 steps asked for",
+        ),
+    ];
+    let mut cases = cases;
+    for (file, steps, why) in batches {
+        let path = if file.starts_with('/') {
+            file.to_string()
+        } else {
+            s(file)
+        };
+        cases.push((
+            vec!["--batches".into(), path, "--steps".into(), steps.into()],
+            why.into(),
+        ));
+    }
+    let (init, checkpoint) = (s("init.safetensors"), s("seeded/32-true.safetensors"));
+    let both = ["--init", &init, "--resume", &checkpoint, "--steps", "2"].map(String::from);
+    for (extra, why) in cases
+        .into_iter()
+        .chain([(both.to_vec(), "--init starts a run".into())])
+    {
+        let mut args = vec!["train", "--backend", "reference", "--out", &out];
+        args.extend(extra.iter().map(String::as_str));
+        let o = mantissa(&args);
+        let msg = text(&o);
+        assert_eq!(o.status.code(), Some(2), "{extra:?}: {msg}");
+        assert!(
+            msg.contains(why.as_str()),
+            "{extra:?}: expected '{why}' in {msg}"
+        );
+        if extra.len() <= 4 {
+            let file = Path::new(&extra[1]).file_name().unwrap().to_str().unwrap();
+            assert!(msg.contains(file), "{extra:?}: the file is named in {msg}");
+        }
+        assert_eq!(msg.lines().count(), 1, "{extra:?}: one line: {msg}");
+        assert!(!p("out").exists(), "{extra:?}: nothing was written");
+    }
+}
+
 /// `mantissa` with `args`, killed if it runs past `seconds` (then `None`): a hang is a failure
 /// of the test, not of the suite.
 fn mantissa_within(args: &[&str], envs: &[(&str, &str)], seconds: u64) -> Option<Output> {

@@ -13,7 +13,7 @@ use mantissa::backend::{self, Backend, BackendKind};
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
-use mantissa::plan::{AdamW, Op, Outline, Section};
+use mantissa::plan::{AdamW, Op, Outline, ScoreScale, Section};
 use pollster::FutureExt as _;
 
 fn check_encode(b: &dyn Backend, seed: u64) {
@@ -607,42 +607,53 @@ fn train_ops(b: &dyn Backend) {
         &ops::gelu_bwd(&x, &dy),
         tol::ROW,
     );
-    // Contexts shorter and longer than a row op's workgroup.
-    for t in [13, 300] {
+    // Contexts shorter and longer than a row op's workgroup; the scaled scores held in f32, and
+    // in bf16 (their f32 product is the same bits on both sides, so the forward is as close as
+    // f32's; a power-of-two scale makes the backward's two roundings one).
+    for (t, scale) in [(13, 0.3), (300, 0.3), (13, 0.25)] {
         let s = measure::normal(3 * t * t, seed + 4);
         let dp = measure::normal(3 * t * t, seed + 5);
-        let mut p = common::OneOp::new(1);
-        let (si, out) = (p.input(s.clone()), p.output(s.len()));
-        let op = Op::Softmax {
-            x: si,
-            out,
-            t,
-            scale: 0.3,
-        };
-        let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
-        let want = ops::causal_softmax_fwd(&s, t, 0.3);
-        agree(&format!("softmax, t {t}"), &pair(&ran, 0), &want, tol::ROW);
-        let mut p = common::OneOp::new(1);
-        let (pi, dpi, out) = (
-            p.input(want.clone()),
-            p.input(dp.clone()),
-            p.output(s.len()),
-        );
-        let op = Op::SoftmaxBwd {
-            p: pi,
-            dp: dpi,
-            out,
-            t,
-            scale: 0.3,
-        };
-        let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
-        let want = ops::causal_softmax_bwd(&want, &dp, t, 0.3);
-        agree(
-            &format!("softmax bwd, t {t}"),
-            &pair(&ran, 0),
-            &want,
-            tol::ROW,
-        );
+        for held in [Format::F32, Format::Bf16] {
+            let k = ScoreScale { scale, held };
+            let what = |dir: &str| format!("softmax{dir}, t {t}, scores x {scale} held in {held}");
+            let mut p = common::OneOp::new(1);
+            let (si, out) = (p.input(s.clone()), p.output(s.len()));
+            let op = Op::Softmax {
+                x: si,
+                out,
+                t,
+                scale: k,
+            };
+            let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
+            let want = ops::causal_softmax_scaled_fwd(&s, t, k);
+            agree(&what(""), &pair(&ran, 0), &want, tol::ROW);
+            let mut p = common::OneOp::new(1);
+            let (pi, dpi, out) = (
+                p.input(want.clone()),
+                p.input(dp.clone()),
+                p.output(s.len()),
+            );
+            let op = Op::SoftmaxBwd {
+                p: pi,
+                dp: dpi,
+                out,
+                t,
+                scale: k,
+            };
+            let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
+            let want = ops::causal_softmax_scaled_bwd(&want, &dp, t, k);
+            let [got, host] = pair(&ran, 0);
+            assert!(
+                !on_reference || common::same_bits(&host, &want),
+                "{}: the host interpreter is not the definition",
+                what(" bwd")
+            );
+            match held {
+                Format::F32 => common::close(&what(" bwd"), &got, &host, tol::ROW),
+                _ if scale == 0.25 => common::held_close(&what(" bwd"), &got, &host, held, tol::ROW),
+                _ => {}
+            }
+        }
     }
     // The loss and its gradient (the fused op of a step plan), the loss scaled.
     let v = 76;

@@ -84,6 +84,7 @@ mod common;
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
+use mantissa::plan::ScoreScale;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -621,25 +622,32 @@ fn cuda_training_kernels_match_the_host_reference() {
         let from_codes = run(h, "gelu_bwd", &strings(&[n, id]), &with(&codes));
         same(&format!("gelu bwd of {format} codes"), &from_codes, &plain);
     }
-    // Softmax rows shorter and longer than a block; heads of t x t.
-    for (heads, t) in [(3, 13), (1, 150)] {
+    // Softmax rows shorter and longer than a block; heads of t x t; the scaled scores held in
+    // f32 and in bf16 (a power-of-two scale: the backward's two roundings are one).
+    for (heads, t, scale) in [(3, 13, 0.3), (1, 150, 0.3), (3, 13, 0.25)] {
         let rows = heads * t;
         let s = measure::normal(rows * t, seed + 6);
         let dp = measure::normal(rows * t, seed + 7);
-        let args = [rows.to_string(), t.to_string(), "0.3".into()];
-        let p = run_f32(h, "softmax_fwd", &args, &[&s]);
-        close(
-            "softmax",
-            &p,
-            &ops::causal_softmax_fwd(&s, t, 0.3),
-            tol::ROW,
-        );
-        close(
-            "softmax bwd",
-            &run_f32(h, "softmax_bwd", &args, &[&p, &dp]),
-            &ops::causal_softmax_bwd(&p, &dp, t, 0.3),
-            tol::ROW,
-        );
+        for held in [Format::F32, Format::Bf16] {
+            let k = ScoreScale { scale, held };
+            let args = [
+                rows.to_string(),
+                t.to_string(),
+                scale.to_string(),
+                format_id(held),
+            ];
+            let p = run_f32(h, "softmax_fwd", &args, &[&s]);
+            let want = ops::causal_softmax_scaled_fwd(&s, t, k);
+            close(&format!("softmax, {held}"), &p, &want, tol::ROW);
+            let ds = run_f32(h, "softmax_bwd", &args, &[&p, &dp]);
+            let want = ops::causal_softmax_scaled_bwd(&p, &dp, t, k);
+            let what = format!("softmax bwd, scores x {scale} held in {held}");
+            match held {
+                Format::F32 => close(&what, &ds, &want, tol::ROW),
+                _ if scale == 0.25 => common::held_close(&what, &ds, &want, held, tol::ROW),
+                _ => {}
+            }
+        }
     }
     let (rows, v) = (37, 76);
     let logits: Vec<f32> = measure::normal(rows * v, seed + 8)
@@ -1337,10 +1345,13 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
     let (f32_, bf16) = (Format::F32, Format::Bf16);
     // (b, t, h, d, algorithm, probs, compute): 32-true, tf32 (32-true under `high`), an f32
     // matmul under bf16-mixed (`--algorithm f32`: its output held, and stored, as bf16).
+    // The last case holds its scores in bf16 at a scale that is not a power of two, with
+    // integer scores: each row's max is the definition's to the bit (`same_row_maxes`).
     let cases = [
         (2, 37, 3, 16, Algorithm::F32, f32_, f32_),
         (1, 70, 2, 32, Algorithm::Tf32, f32_, f32_),
         (1, 45, 1, 64, Algorithm::F32, f32_, bf16),
+        (1, 45, 2, 32, Algorithm::F32, f32_, bf16),
     ];
     for (case, &(b, t, heads, d, algorithm, probs, compute)) in cases.iter().enumerate() {
         let spec = Attention {
@@ -1354,9 +1365,17 @@ fn cuda_attention_kernels_match_the_unfused_ops_on_the_host() {
             compute,
         };
         let s = seed + 10 * case as u64;
-        let qkv = measure::normal(spec.qkv_len(), s);
+        let exact = case == 3;
+        let qkv = match exact {
+            true => common::integer_scores_qkv(&spec, s),
+            false => measure::normal(spec.qkv_len(), s),
+        };
         let dout = measure::normal(spec.out_len(), s + 1);
-        attention_matches(h, &spec, &qkv, &dout);
+        let fwd = attention_matches(h, &spec, &qkv, &dout);
+        if exact {
+            let stats = ops::attention_fwd(&qkv, &spec).1;
+            common::same_row_maxes("SIMT row maxes", &fwd[spec.out_len()..], &stats);
+        }
     }
     // Non-finite scores: a query holding inf makes its row's scores +-inf or NaN, so the
     // unfused softmax gives that row NaN (exp(inf - inf)) and leaves the other rows alone; the
@@ -1409,11 +1428,14 @@ fn cuda_tensor_core_attention_matches_the_unfused_ops_on_the_host() {
     let seed = common::seed("cuda_tensor_core_attention_matches_the_unfused_ops_on_the_host");
     let (f32_, bf16, f16) = (Format::F32, Format::Bf16, Format::F16);
     // (b, t, h, d, algorithm, probs, compute): bf16-mixed, 16-mixed, bf16-true, 16-true.
+    // The last case, tiny's bf16-mixed attention, has integer scores: each row's max is the
+    // definition's to the bit (`same_row_maxes`), which the scaled scores' rounding decides.
     let cases = [
         (1, 150, 3, 64, Algorithm::Bf16, f32_, bf16),
         (3, 150, 1, 64, Algorithm::F16, f32_, f16),
         (1, 70, 3, 32, Algorithm::Bf16, bf16, bf16),
         (1, 300, 1, 16, Algorithm::F16, f16, f16),
+        (2, 32, 2, 32, Algorithm::Bf16, f32_, bf16),
     ];
     for (case, &(b, t, heads, d, algorithm, probs, compute)) in cases.iter().enumerate() {
         let spec = Attention {
@@ -1427,7 +1449,10 @@ fn cuda_tensor_core_attention_matches_the_unfused_ops_on_the_host() {
             compute,
         };
         let s = seed + 10 * case as u64;
-        let mut qkv = measure::normal(spec.qkv_len(), s);
+        let mut qkv = match case {
+            4 => common::integer_scores_qkv(&spec, s),
+            _ => measure::normal(spec.qkv_len(), s),
+        };
         let dout = measure::normal(spec.out_len(), s + 1);
         let c3 = 3 * heads * d;
         if case == 1 {
@@ -1448,6 +1473,10 @@ fn cuda_tensor_core_attention_matches_the_unfused_ops_on_the_host() {
             }
         }
         let fwd = attention_matches(h, &spec, &qkv, &dout);
+        if case == 4 {
+            let stats = ops::attention_fwd(&qkv, &spec).1;
+            common::same_row_maxes("tensor-core row maxes", &fwd[spec.out_len()..], &stats);
+        }
         if case == 3 {
             let row = &fwd[200 * d..201 * d];
             assert!(row.iter().all(|x| x.is_finite()), "query 200: {row:?}");

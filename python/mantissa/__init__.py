@@ -31,6 +31,7 @@ __all__ = [
     "cast",
     "decode",
     "devices",
+    "export_init",
     "finfo",
     "matmul",
     "report",
@@ -232,17 +233,40 @@ def train(
     corpus: Optional[str] = None,
     seed: int = 1337,
     lr: float = 1e-3,
+    adam_eps: float = 1e-8,
+    init: Optional[str] = None,
+    batches: Optional[str] = None,
 ) -> dict:
     """Trains the char-level GPT (``tiny`` or ``small``) under each precision preset, as
-    ``mantissa train`` does; returns ``{preset: {"losses": [...], "stopped": None or why,
-    "backend": ..., "matmul_algorithm": ...}}``. ``corpus``: a text file (by default the
-    ``MANTISSA_CORPUS`` environment variable, else ``data/shakespeare.txt``)."""
+    ``mantissa train`` does; returns ``{preset: {"losses": [...], "loss_scales": [...] or None,
+    "skipped": [steps], "stopped": None or why, "backend": ..., "matmul_algorithm": ...}}``.
+    ``corpus``: a text file (by default the ``MANTISSA_CORPUS`` environment variable, else
+    ``data/shakespeare.txt``). ``init``: start from these weights (safetensors, the engine's
+    checkpoint names or the PyTorch anchor's state_dict names, as ``mantissa train --init``);
+    ``batches``: train on these batches in order (an integer ``.npy`` [steps, B, T+1], as
+    ``--batches``). The losses, scales and skipped steps compare one to one with those of
+    ``scripts/anchors/torch_step_parity.py``."""
     if isinstance(precision, str):
         precision = [precision]
     path = corpus or os.environ.get("MANTISSA_CORPUS", "data/shakespeare.txt")
     return json.loads(
         _native.train_json(
             path, config, list(precision), _size(steps, "steps"), backend, _size(seed, "seed"),
-            float(lr),
+            float(lr), float(adam_eps), init, batches,
         )
     )
+
+
+def export_init(
+    path: str,
+    config: str = "tiny",
+    seed: int = 1337,
+    corpus: Optional[str] = None,
+    init: Optional[str] = None,
+) -> None:
+    """Writes the initial weights a ``train`` run of ``config`` and ``seed`` starts from (or
+    those of ``init``) to ``path`` under the PyTorch anchor's state_dict names and layouts, which
+    ``model.load_state_dict(safetensors.torch.load_file(path))`` loads (as ``mantissa train
+    --export-init``)."""
+    path_corpus = corpus or os.environ.get("MANTISSA_CORPUS", "data/shakespeare.txt")
+    _native.export_init(path, path_corpus, config, int(seed), init)

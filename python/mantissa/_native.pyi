@@ -40,4 +40,10 @@ def train_json(
     backend: str,
     seed: int = 1337,
     lr: float = 1e-3,
+    adam_eps: float = 1e-8,
+    init: Optional[str] = None,
+    batches: Optional[str] = None,
 ) -> str: ...
+def export_init(
+    path: str, corpus: str, config: str, seed: int = 1337, init: Optional[str] = None
+) -> None: ...

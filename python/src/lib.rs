@@ -9,7 +9,7 @@ use mantissa::error::{Error, ErrorClass};
 use mantissa::format::{self, Format, Overflow};
 use mantissa::policy::Preset;
 use mantissa::report::{self, ReportConfig};
-use mantissa::train::{Corpus, GptConfig, TrainOptions, Trainer};
+use mantissa::train::{Batches, Corpus, GptConfig, TrainOptions, Trainer, init};
 use mantissa::{measure, memory, plan::AdamW};
 use pollster::FutureExt as _;
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
@@ -334,10 +334,13 @@ fn report_json(
     })
 }
 
-/// Trains the char-level GPT on `corpus` under each preset for `steps` steps; per preset the
-/// per-step losses (as `mantissa train` logs them) and why it stopped, if it did, as JSON.
+/// Trains the char-level GPT on `corpus` under each preset for `steps` steps, from the seeded
+/// weights or those in `init`, on sampled batches or those in `batches` (as `mantissa train
+/// --init --batches`); per preset the per-step losses (as `mantissa train` logs them), the loss
+/// scale after each step and the skipped steps (presets that scale their loss), and why it
+/// stopped, if it did, as JSON.
 #[pyfunction]
-#[pyo3(signature = (corpus, config, precision, steps, backend, seed=1337, lr=1e-3))]
+#[pyo3(signature = (corpus, config, precision, steps, backend, seed=1337, lr=1e-3, adam_eps=1e-8, init=None, batches=None))]
 #[allow(clippy::too_many_arguments)]
 fn train_json(
     py: Python<'_>,
@@ -348,16 +351,33 @@ fn train_json(
     backend: &str,
     seed: u64,
     lr: f32,
+    adam_eps: f32,
+    init: Option<&str>,
+    batches: Option<&str>,
 ) -> PyResult<String> {
     if !(lr.is_finite() && lr > 0.0) {
         return Err(PyValueError::new_err(format!(
             "lr {lr} is not a finite positive learning rate"
         )));
     }
+    if !(adam_eps.is_finite() && adam_eps > 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "adam_eps {adam_eps} is not a finite positive epsilon"
+        )));
+    }
     let presets: Vec<Preset> = parse_list("precision", &precision.join(",")).map_err(py_err)?;
     let corpus = Corpus::load(std::path::Path::new(corpus)).map_err(py_err)?;
     let config = GptConfig::named(config, corpus.vocab.len()).map_err(py_err)?;
     corpus.check_context(config.block_size).map_err(py_err)?;
+    let weights = init
+        .map(|path| init::read_init(path.as_ref(), &config, &corpus.vocab))
+        .transpose()
+        .map_err(py_err)?;
+    let (b, t, v) = (config.batch_size, config.block_size, corpus.vocab.len());
+    let batches = batches
+        .map(|path| Batches::load(path.as_ref(), b, t, v, steps))
+        .transpose()
+        .map_err(py_err)?;
     let device = open(backend)?;
     py.detach(|| {
         let mut runs = serde_json::Map::new();
@@ -365,12 +385,19 @@ fn train_json(
             let options = TrainOptions {
                 adamw: AdamW {
                     lr,
+                    eps: adam_eps,
                     ..AdamW::default()
                 },
                 ..TrainOptions::new(config.clone(), preset, seed)
             };
             let mut trainer = Trainer::new(device.as_ref(), &corpus, options).map_err(py_err)?;
-            let mut losses = vec![];
+            if let Some(w) = &weights {
+                trainer.set_weights(w).block_on().map_err(py_err)?;
+            }
+            if let Some(b) = &batches {
+                trainer.use_batches(b.clone()).map_err(py_err)?;
+            }
+            let (mut losses, mut scales, mut skipped) = (vec![], vec![], vec![]);
             let mut stopped = None;
             // Drawn only where standard error is a terminal.
             let bar = indicatif::ProgressBar::new(steps as u64).with_message(preset.to_string());
@@ -379,6 +406,10 @@ fn train_json(
                     Ok(r) => {
                         bar.set_position(r.step as u64);
                         losses.push(r.loss);
+                        scales.extend(r.loss_scale);
+                        if r.skipped {
+                            skipped.push(r.step);
+                        }
                     }
                     Err(e @ Error::Diverged { .. }) => {
                         stopped = Some(e.to_string());
@@ -392,6 +423,8 @@ fn train_json(
                 preset.to_string(),
                 serde_json::json!({
                     "losses": losses,
+                    "loss_scales": trainer.scaler.map(|_| scales),
+                    "skipped": skipped,
                     "stopped": stopped,
                     "backend": device.name(),
                     "matmul_algorithm": trainer.precision.matmul.to_string(),
@@ -400,6 +433,26 @@ fn train_json(
         }
         Ok(serde_json::Value::Object(runs).to_string())
     })
+}
+
+/// Writes the initial weights of `config` seeded by `seed` (or read from `init`) to `path`
+/// under the PyTorch anchor's state_dict names and layouts (`mantissa train --export-init`).
+#[pyfunction]
+#[pyo3(signature = (path, corpus, config, seed=1337, init=None))]
+fn export_init(
+    path: &str,
+    corpus: &str,
+    config: &str,
+    seed: u64,
+    init: Option<&str>,
+) -> PyResult<()> {
+    let corpus = Corpus::load(std::path::Path::new(corpus)).map_err(py_err)?;
+    let config = GptConfig::named(config, corpus.vocab.len()).map_err(py_err)?;
+    let params = match init {
+        Some(from) => init::read_init(from.as_ref(), &config, &corpus.vocab).map_err(py_err)?,
+        None => config.init(seed),
+    };
+    init::write_torch_init(path.as_ref(), &config, &params).map_err(py_err)
 }
 
 #[pymodule]
@@ -414,5 +467,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(matmul, m)?)?;
     m.add_function(wrap_pyfunction!(report_json, m)?)?;
     m.add_function(wrap_pyfunction!(train_json, m)?)?;
+    m.add_function(wrap_pyfunction!(export_init, m)?)?;
     Ok(())
 }

@@ -192,6 +192,41 @@ def test_train_returns_per_step_losses():
     assert again["32-true"]["losses"] == runs["32-true"]["losses"]
 
 
+def test_train_from_pytorchs_weights_and_batches_matches_its_losses(tmp_path):
+    """The fixtures of scripts/anchors/torch_step_parity.py: PyTorch's initial weights and
+    batches, and its losses; a few steps of each mixed preset, step for step, with GradScaler's
+    scales (tests/train.rs holds all 300 steps to the issue's bounds)."""
+    import json
+
+    data = REPO / "tests" / "data"
+    init, batches = str(data / "parity_tiny_init.safetensors"), str(data / "parity_tiny_batches.npy")
+    torch = json.loads((data / "parity_tiny_torch.json").read_text())["runs"]
+    runs = mantissa.train(config="tiny", precision=["32-true", "16-mixed"], steps=4,
+                          backend="reference", corpus=CORPUS, init=init, batches=batches)
+    for preset, bound in (("32-true", 1e-5), ("16-mixed", 1e-3)):
+        theirs = torch[preset]
+        assert np.max(np.abs(np.subtract(runs[preset]["losses"], theirs["losses"][:4]))) <= bound
+    assert runs["16-mixed"]["loss_scales"] == torch["16-mixed"]["loss_scales"][:4]
+    assert runs["16-mixed"]["skipped"] == [] and runs["32-true"]["loss_scales"] is None
+    # Our seeded weights under PyTorch's names start the same run as the seed itself.
+    exported = str(tmp_path / "init.safetensors")
+    mantissa.export_init(exported, config="tiny", seed=7, corpus=CORPUS)
+    seeded = mantissa.train(config="tiny", precision="32-true", steps=2, backend="reference",
+                            corpus=CORPUS, seed=7)
+    started = mantissa.train(config="tiny", precision="32-true", steps=2, backend="reference",
+                             corpus=CORPUS, seed=7, init=exported)
+    assert started["32-true"]["losses"] == seeded["32-true"]["losses"]
+    with pytest.raises(ValueError, match="parity_tiny_batches.npy.*fewer than the 301 steps"):
+        mantissa.train(steps=301, backend="reference", corpus=CORPUS, batches=batches)
+    import struct
+
+    header = json.dumps({"pos.weight": {"dtype": "F32", "shape": [32, 64], "data_offsets": [0, 8192]}})
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(struct.pack("<Q", len(header)) + header.encode() + bytes(8192))
+    with pytest.raises(ValueError, match="bad.safetensors.*tensor tok.weight is missing"):
+        mantissa.train(steps=1, backend="reference", corpus=CORPUS, init=str(bad))
+
+
 def test_a_product_the_host_cannot_hold_raises_memory_error():
     # (1e9, 0) @ (0, 1e9): no data in, 4e18 bytes out. It killed the interpreter.
     a = np.zeros((10**9, 0), np.float32)

@@ -67,7 +67,7 @@ enum Command {
     Report(report::Args),
     /// Trains the char-level GPT under one or more precision presets; writes a JSON log, a
     /// loss chart (SVG) and safetensors checkpoints.
-    Train(train::TrainArgs),
+    Train(Box<train::TrainArgs>),
     /// Generates text from a checkpoint written by `mantissa train`.
     Sample(train::SampleArgs),
 }
@@ -98,7 +98,7 @@ pub fn main() -> i32 {
         Command::Matmul(a) => matmul::run(a).map(|_| 0),
         Command::Bench(a) => bench::run(a).map(|_| 0),
         Command::Report(a) => report::run(a),
-        Command::Train(a) => train::train(a),
+        Command::Train(a) => train::train(*a),
         Command::Sample(a) => train::sample(a).map(|_| 0),
     };
     // What is still buffered for standard output must reach it, or the run failed.

@@ -10,8 +10,8 @@ use crate::plan::exec::{Memory, Reduced};
 use crate::policy::{PrecisionClass, Preset};
 use crate::train::checkpoint::CheckpointFile;
 use crate::train::{
-    Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer, attention_choice,
-    graphs_choice,
+    Batches, Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer, attention_choice,
+    graphs_choice, init,
 };
 use pollster::FutureExt as _;
 use std::path::PathBuf;
@@ -21,6 +21,8 @@ use std::path::PathBuf;
     after_help = "Examples:\n  mantissa train --config tiny --precision 32-true,16-mixed,bf16-mixed --steps 300\n  \
     mantissa train --config small --precision bf16-mixed --steps 2000 --backend wgpu --checkpoint-every 500\n  \
     mantissa train --config tiny --precision 16-mixed --steps 600 --resume runs/16-mixed.safetensors\n  \
+    mantissa train --precision bf16-mixed --init tests/data/parity_tiny_init.safetensors --batches tests/data/parity_tiny_batches.npy\n  \
+    mantissa train --config tiny --seed 1 --export-init init.safetensors   (our initial weights, PyTorch's names)\n  \
     mpirun -np 2 mantissa train --config small --precision bf16-mixed   (data parallel; build with --features mpi)"
 )]
 pub struct TrainArgs {
@@ -75,6 +77,20 @@ pub struct TrainArgs {
     /// Resume from a checkpoint (one preset only).
     #[arg(long)]
     resume: Option<PathBuf>,
+    /// Start from these weights instead of the seeded ones: a safetensors file under the names
+    /// of the engine's checkpoints (param.wte, ...; their moments are left aside) or the
+    /// state_dict names of scripts/anchors/torch_gpt.py (tok.weight, blocks.0.qkv.weight, ...),
+    /// f32 or f64 (docs/training.md).
+    #[arg(long)]
+    init: Option<PathBuf>,
+    /// Train on these batches in order instead of sampled ones: a .npy integer array
+    /// [steps, B, T+1] of token ids (x = the first T of a row, y = the last T).
+    #[arg(long)]
+    batches: Option<PathBuf>,
+    /// Write the initial weights (seeded by --seed, or --init's) to this file under PyTorch's
+    /// state_dict names and layouts, and stop: nothing is trained.
+    #[arg(long)]
+    export_init: Option<PathBuf>,
     /// resident: the backend's own executor (on a GPU the step plan lives on the device, one
     /// submission per step); host: the host interpreter runs the same plan with the reference's
     /// numbers (a cross-check of the backend's).
@@ -190,6 +206,9 @@ fn injected(rank: usize) -> Result<Option<u32>> {
 /// message, rank 0 printing it); a failure during the steps ends every rank through the
 /// engine's abort.
 pub fn train(args: TrainArgs) -> Result<i32> {
+    if let Some(path) = &args.export_init {
+        return export_init(&args, path);
+    }
     let world = dist::world()?;
     let group = world.as_ref();
     let result = train_ranks(args, group);
@@ -245,6 +264,9 @@ struct Setup {
     config: GptConfig,
     backend: Box<dyn backend::Backend>,
     resume: Option<Checkpoint>,
+    /// Initial weights (`--init`) and batches (`--batches`) read from files.
+    init: Option<Vec<Vec<f32>>>,
+    batches: Option<Batches>,
     memory_limit: Option<u64>,
     fused_attention: Option<bool>,
     graphs: Option<bool>,
@@ -311,6 +333,12 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         return Err(Error::invalid(
             "arguments",
             "--resume and --corpus cannot both be standard input",
+        ));
+    }
+    if args.resume.is_some() && args.init.is_some() {
+        return Err(Error::invalid(
+            "arguments",
+            "--init starts a run from given weights, --resume continues one; name one of them",
         ));
     }
     if args.resume.is_some() && presets.len() != 1 {
@@ -384,6 +412,19 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
     corpus
         .check_context(config.block_size)
         .map_err(|e| Error::file(&args.corpus, e))?;
+    let init = args
+        .init
+        .as_deref()
+        .map(|path| init::read_init(path, &config, &corpus.vocab))
+        .transpose()?;
+    let batches = args
+        .batches
+        .as_deref()
+        .map(|path| {
+            let (b, t, v) = (config.batch_size, config.block_size, corpus.vocab.len());
+            Batches::load(path, b, t, v, args.steps)
+        })
+        .transpose()?;
     dist::shard(config.batch_size, group.rank(), group.size())?;
     let backend = backend::open_device(choice, group.local_rank()).block_on()?;
     Ok(Setup {
@@ -398,6 +439,8 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         config,
         backend,
         resume: None,
+        init,
+        batches,
         memory_limit,
         fused_attention,
         graphs,
@@ -456,6 +499,11 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
         backend.device_name(),
         corpus.unigram_entropy()
     ))?;
+    for (what, path) in [("initial weights", &args.init), ("batches", &args.batches)] {
+        if let Some(path) = path {
+            tell(format!("{what} from {}", path.display()))?;
+        }
+    }
     if group.size() > 1 {
         tell(format!(
             "data parallel: {} ranks ({}), {} sequences of the batch each; rank 0 on {}",
@@ -492,6 +540,12 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
         let built = Trainer::data_parallel(backend, corpus, options, group, setup.reduction)
             .and_then(|mut t| {
                 t.prepare().block_on()?;
+                if let Some(weights) = &setup.init {
+                    t.set_weights(weights).block_on()?;
+                }
+                if let Some(batches) = &setup.batches {
+                    t.use_batches(batches.clone())?;
+                }
                 if let Some(ck) = resume.take() {
                     ck.restore(&mut t).block_on()?;
                 }
@@ -692,6 +746,24 @@ fn log_line(r: &StepRecord, val: f64) -> String {
         line.push_str(" (skipped: inf/NaN gradient)");
     }
     line
+}
+
+/// `--export-init`: the initial weights a run would start from, under PyTorch's names.
+fn export_init(args: &TrainArgs, path: &std::path::Path) -> Result<i32> {
+    let corpus = Corpus::load(&args.corpus)?;
+    let config = GptConfig::named(&args.config, corpus.vocab.len())?;
+    let params = match &args.init {
+        Some(from) => init::read_init(from, &config, &corpus.vocab)?,
+        None => config.init(args.seed),
+    };
+    init::write_torch_init(path, &config, &params)?;
+    say!(
+        "wrote {} ({} initial weights of {}, PyTorch state_dict names)",
+        path.display(),
+        config.parameter_count(),
+        config.name
+    )?;
+    Ok(0)
 }
 
 /// The most characters `sample --tokens` generates (each is a forward pass of the model).

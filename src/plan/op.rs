@@ -9,10 +9,21 @@ use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::Result;
 use crate::format::Format;
 
+/// How a softmax reads its scores: `scale * s`, the product in f32 and held in `held`, as
+/// autocast holds a tensor times a scalar in the tensor's own format (`att / sqrt(d)` of a
+/// 16-bit `att` stays 16-bit; CUDA multiplies by the scalar's f32 reciprocal). The backward
+/// holds the softmax's gradient in `held`, then its product with the scale again.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoreScale {
+    pub scale: f64,
+    pub held: Format,
+}
+
 /// Fused causal self-attention over the rows of a (B, T, 3C) q|k|v tensor (the flash-attention
 /// scheme): b sequences of t tokens, h heads of d. Per head, P = causal softmax of scale * q.k^T
 /// and out = P.v, computed as the unfused plan computes them: q.k^T and P.v under `algorithm`
-/// (its inputs rounded, f32 accumulation), their results held in `compute`, P held in `probs`.
+/// (its inputs rounded, f32 accumulation), their results held in `compute`, the scaled scores
+/// held in `compute` too (`score_scale`), P held in `probs`.
 /// Only each row's (max, sum) of the softmax is kept for the backward, which recomputes P from
 /// it, instead of the (B, H, T, T) probabilities.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -41,6 +52,14 @@ impl Attention {
     /// Elements of the output (B, T, C).
     pub fn out_len(&self) -> usize {
         self.b * self.t * self.h * self.d
+    }
+
+    /// How its softmax reads the scores (held, like them, in the compute format).
+    pub fn score_scale(&self) -> ScoreScale {
+        ScoreScale {
+            scale: self.scale,
+            held: self.compute,
+        }
     }
 }
 
@@ -94,22 +113,22 @@ pub enum Op {
         dy: TensorId,
         out: TensorId,
     },
-    /// Causal softmax of `scale * x` per row of t.
+    /// Causal softmax of `scale * x` (held as `ScoreScale` says) per row of t.
     Softmax {
         x: TensorId,
         out: TensorId,
         t: usize,
-        scale: f64,
+        scale: ScoreScale,
     },
     SoftmaxBwd {
         p: TensorId,
         dp: TensorId,
         out: TensorId,
         t: usize,
-        scale: f64,
+        scale: ScoreScale,
     },
     /// out (B, T, C) = causal self-attention of `qkv` (`Attention`); `stats` gets each score
-    /// row's (max of scale * s, sum of exp(scale * s - max)).
+    /// row's (max of z, sum of exp(z - max)), z the scaled scores (`Attention::score_scale`).
     Attention {
         qkv: TensorId,
         out: TensorId,

@@ -269,7 +269,7 @@ impl Check<'_> {
 mod tests {
     use super::*;
     use crate::algorithm::{Algorithm, MatmulShape};
-    use crate::plan::{Outline, PlanBuilder, Strided};
+    use crate::plan::{Outline, PlanBuilder, ScoreScale, Strided};
 
     /// The plan of `ops` on tensors of these lengths (and kinds; `Temp` where not given), with
     /// a batch of `rows` tokens and targets after them.
@@ -359,7 +359,10 @@ mod tests {
                 dp: 1,
                 out: 2,
                 t: 2,
-                scale: 1.0,
+                scale: ScoreScale {
+                    scale: 1.0,
+                    held: Format::F32,
+                },
             }],
             "causal softmax backward",
             "has 7 values",
@@ -556,7 +559,10 @@ mod tests {
             x,
             out: y,
             t: 2,
-            scale: 1.0,
+            scale: ScoreScale {
+                scale: 1.0,
+                held: Format::F32,
+            },
         });
         let err = g
             .finish(Outline::ops_alone(1, 1, batch, y))

@@ -85,27 +85,32 @@ impl SavedScaling {
     }
 }
 
-/// The longest safetensors header a checkpoint may have: its metadata holds the vocabulary
-/// (a few KiB for Shakespeare) and the fp8 histories (a few hundred KiB at most).
+/// The longest safetensors header a checkpoint (or a file of initial weights) may have: its
+/// metadata holds the vocabulary (a few KiB for Shakespeare) and the fp8 histories (a few
+/// hundred KiB at most).
 pub const MAX_HEADER_BYTES: u64 = 16 << 20;
 
-/// A checkpoint file (or standard input, `-`) opened through `input::Input` and its header read
+/// A safetensors file (or standard input, `-`) opened through `input::Input` and its header read
 /// alone: the 8-byte length, then the header, checked against the file's length before
-/// anything else is read. Its tensors are read by `read` once their size is known to be what
-/// the run's model takes: a file longer or shorter than its header says, or a header claiming
-/// more than the model holds, is refused unread (`/dev/zero`, a 2 GB sparse file).
-pub struct CheckpointFile {
+/// anything else is read. Its tensors are read by `read` once the caller has checked the size
+/// the header declares: a file longer or shorter than its header says, or a header claiming
+/// more than the model holds, is refused unread (`/dev/zero`, a 2 GB sparse file). Checkpoints
+/// (`CheckpointFile`) and initial weights (`init::read_init`) are read through it.
+pub struct SafetensorsFile {
     input: Input,
     /// What was read: the length and the header.
     head: Vec<u8>,
+    pub header: safetensors::tensor::Metadata,
     /// Bytes of tensor data the header declares.
-    data_len: u64,
-    pub meta: CheckpointMeta,
+    pub data_len: u64,
+    /// What a refusal says the file is not ("a usable checkpoint").
+    usable_as: &'static str,
 }
 
-impl CheckpointFile {
-    pub fn open(path: &Path) -> Result<CheckpointFile> {
-        let bad = |why: String| Error::file(path, format!("not a usable checkpoint: {why}"));
+impl SafetensorsFile {
+    /// Opens `path` and reads its header; a refusal says it is "not {usable_as}".
+    pub fn open(path: &Path, usable_as: &'static str) -> Result<SafetensorsFile> {
+        let bad = |why: String| Error::file(path, format!("not {usable_as}: {why}"));
         let mut input = Input::open(path)?;
         let mut head = input.read_exactly(8, "the safetensors header length")?;
         let n = u64::from_le_bytes(head[..8].try_into().unwrap_or_default());
@@ -115,7 +120,7 @@ impl CheckpointFile {
                 match input.len() {
                     Some(len) if n > len.saturating_sub(8) =>
                         format!("the file's {len} bytes hold"),
-                    _ => format!("the {MAX_HEADER_BYTES} a checkpoint's may have"),
+                    _ => format!("the {MAX_HEADER_BYTES} a header may have"),
                 }
             )));
         }
@@ -131,47 +136,65 @@ impl CheckpointFile {
                 "corrupt or truncated: the file holds {len} bytes, its header says {total}"
             )));
         }
-        let meta = header
+        Ok(SafetensorsFile {
+            input,
+            head,
+            header,
+            data_len,
+            usable_as,
+        })
+    }
+
+    /// A refusal of this file: "PATH: not {usable_as}: {why}".
+    pub fn bad(&self, why: impl std::fmt::Display) -> Error {
+        Error::file(self.input.path(), format!("not {}: {why}", self.usable_as))
+    }
+
+    /// The whole file (its tensors read, asked of the host first, and nothing after them).
+    pub fn read(mut self) -> Result<Vec<u8>> {
+        let data = self.input.read_exactly(self.data_len, "the tensors")?;
+        self.input.expect_end("the tensors")?;
+        let mut bytes =
+            crate::memory::empty_with_capacity("the tensors", self.head.len() + data.len())?;
+        bytes.extend_from_slice(&self.head);
+        bytes.extend_from_slice(&data);
+        Ok(bytes)
+    }
+}
+
+/// A checkpoint file, its header read (`SafetensorsFile`) and its run state with it; the
+/// tensors are read by `read` once their size is known to be what the run's model takes.
+pub struct CheckpointFile {
+    file: SafetensorsFile,
+    pub meta: CheckpointMeta,
+}
+
+impl CheckpointFile {
+    pub fn open(path: &Path) -> Result<CheckpointFile> {
+        let file = SafetensorsFile::open(path, "a usable checkpoint")?;
+        let meta = file
+            .header
             .metadata()
             .as_ref()
             .and_then(|m| m.get("mantissa"))
-            .ok_or_else(|| bad("no mantissa metadata".into()))
+            .ok_or_else(|| file.bad("no mantissa metadata"))
             .and_then(|json| {
-                serde_json::from_str(json).map_err(|e| bad(format!("metadata: {e}")))
+                serde_json::from_str(json).map_err(|e| file.bad(format!("metadata: {e}")))
             })?;
-        Ok(CheckpointFile {
-            input,
-            head,
-            data_len,
-            meta,
-        })
+        Ok(CheckpointFile { file, meta })
     }
 
     /// The whole file, its tensors read once their size is what `config`'s parameters and
     /// AdamW moments take.
-    pub fn read(mut self, config: &GptConfig) -> Result<Vec<u8>> {
-        let values: usize = config
-            .parameter_shapes()
-            .iter()
-            .map(|(_, shape)| shape.iter().product::<usize>())
-            .sum();
-        let expected = 3 * 4 * values as u64;
-        if self.data_len != expected {
-            return Err(Error::file(
-                self.input.path(),
-                format!(
-                    "not a usable checkpoint: its tensors take {} bytes, config '{}' takes {expected}",
-                    self.data_len, config.name
-                ),
-            ));
+    pub fn read(self, config: &GptConfig) -> Result<Vec<u8>> {
+        let expected = 3 * 4 * config.parameter_count() as u64;
+        if self.file.data_len != expected {
+            return Err(self.file.bad(format!(
+                "its tensors take {} bytes, config '{}' takes {expected}",
+                self.file.data_len, config.name
+            )));
         }
-        let data = self.input.read_exactly(self.data_len, "the tensors")?;
-        self.input.expect_end("the tensors")?;
-        let mut bytes =
-            crate::memory::empty_with_capacity("the checkpoint", self.head.len() + data.len())?;
-        bytes.extend_from_slice(&self.head);
-        bytes.extend_from_slice(&data);
-        Ok(bytes)
+        self.file.read()
     }
 }
 

@@ -121,3 +121,159 @@ impl Corpus {
         Ok((x, y))
     }
 }
+
+/// Batches given in a file (`mantissa train --batches`) instead of sampled ones: a C-order `.npy`
+/// integer array [steps, B, T+1] of token ids, one batch a step in order (x = the first T ids
+/// of a row, y = the last T), as `scripts/anchors/torch_step_parity.py` writes them.
+#[derive(Clone, Debug)]
+pub struct Batches {
+    /// Rows per batch and tokens per row (without the last target).
+    pub batch: usize,
+    pub t: usize,
+    /// steps x batch x (t + 1) ids (shared: each preset of a run takes them).
+    ids: std::sync::Arc<[u32]>,
+}
+
+impl Batches {
+    /// Reads a batch file (a regular file, opened by `input::Input`) for batches of `batch`
+    /// rows of `t` tokens over a vocabulary of `vocab` ids, holding at least `steps` batches.
+    /// Every refusal names the file and the dimension or element; the header is checked against
+    /// the run and the file's length before the data is read.
+    pub fn load(path: &Path, batch: usize, t: usize, vocab: usize, steps: u32) -> Result<Batches> {
+        let (file, len) = crate::input::Input::open(path)?
+            .into_file()
+            .map_err(|_| Error::file(path, "batches are read from a file, not a stream"))?;
+        let mut source = std::io::BufReader::new(file);
+        Batches::read(&mut source, Some(len), path, (batch, t, vocab, steps))
+    }
+
+    /// `load` over any seekable source of `file_bytes` bytes (when known).
+    pub fn read(
+        source: &mut (impl std::io::Read + std::io::Seek),
+        file_bytes: Option<u64>,
+        path: &Path,
+        (batch, t, vocab, steps): (usize, usize, usize, u32),
+    ) -> Result<Batches> {
+        let bad = |why: String| Error::file(path, format!("not usable as batches: {why}"));
+        crate::npy::check_claimed_shape(path, source, file_bytes)?;
+        let npy =
+            npyz::NpyFile::new(source).map_err(|e| bad(format!("not a valid .npy file ({e})")))?;
+        let shape: Vec<u64> = npy.shape().to_vec();
+        let [n, b, row] = shape[..] else {
+            return Err(bad(format!(
+                "{} dimension(s) {shape:?}, expected 3: [steps, batch, T+1]",
+                shape.len()
+            )));
+        };
+        if npy.order() != npyz::Order::C {
+            return Err(bad(
+                "Fortran order; write it in C order (numpy.ascontiguousarray)".into(),
+            ));
+        }
+        if b != batch as u64 {
+            return Err(bad(format!(
+                "a batch of {b} rows (dimension 1), this run's is {batch}"
+            )));
+        }
+        if row != t as u64 + 1 {
+            return Err(bad(format!(
+                "rows of {row} ids (dimension 2), this run's context needs T+1 = {}",
+                t + 1
+            )));
+        }
+        if n < steps as u64 {
+            return Err(bad(format!(
+                "{n} batches (dimension 0), fewer than the {steps} steps asked for"
+            )));
+        }
+        let dtype = npy.dtype();
+        // check_claimed_shape has held n * b * row within the file's bytes.
+        let count = (n * b * row) as usize;
+        let mut ids = crate::memory::empty_with_capacity::<u32>("the batches", count)?;
+        use npyz::TypeChar::{Int, Uint};
+        match &dtype {
+            npyz::DType::Plain(ty) => match (ty.type_char(), ty.size_field()) {
+                (Uint, 1) => ids_of::<u8, _>(npy, &mut ids, count),
+                (Int, 1) => ids_of::<i8, _>(npy, &mut ids, count),
+                (Uint, 2) => ids_of::<u16, _>(npy, &mut ids, count),
+                (Int, 2) => ids_of::<i16, _>(npy, &mut ids, count),
+                (Uint, 4) => ids_of::<u32, _>(npy, &mut ids, count),
+                (Int, 4) => ids_of::<i32, _>(npy, &mut ids, count),
+                (Uint, 8) => ids_of::<u64, _>(npy, &mut ids, count),
+                (Int, 8) => ids_of::<i64, _>(npy, &mut ids, count),
+                _ => Err(String::new()),
+            },
+            _ => Err(String::new()),
+        }
+        .map_err(|why| match why.is_empty() {
+            true => format!(
+                "dtype {}; token ids are integers (int8 .. int64, uint8 .. uint64)",
+                dtype.descr()
+            ),
+            false => why,
+        })
+        .map_err(bad)?;
+        if ids.len() != count {
+            return Err(bad(format!("truncated: {} of {count} ids", ids.len())));
+        }
+        if let Some(e) = ids.iter().position(|&id| id as usize >= vocab) {
+            let (row_len, batch_len) = (t + 1, batch * (t + 1));
+            return Err(bad(format!(
+                "id {} at [{}, {}, {}] is outside the vocabulary of {vocab}",
+                ids[e],
+                e / batch_len,
+                e % batch_len / row_len,
+                e % row_len
+            )));
+        }
+        Ok(Batches {
+            batch,
+            t,
+            ids: ids.into(),
+        })
+    }
+
+    /// Batches held.
+    pub fn len(&self) -> usize {
+        self.ids.len() / (self.batch * (self.t + 1))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Batch `index` (0-based) as (ids, targets), `batch` rows of `t` each; None past the end.
+    pub fn get(&self, index: usize) -> Option<(Vec<u32>, Vec<u32>)> {
+        let row = self.t + 1;
+        let all = self.ids.chunks(self.batch * row).nth(index)?;
+        let ids = all
+            .chunks(row)
+            .flat_map(|r| &r[..self.t])
+            .copied()
+            .collect();
+        let targets = all.chunks(row).flat_map(|r| &r[1..]).copied().collect();
+        Some((ids, targets))
+    }
+}
+
+/// The first `count` integers of type `T` in `npy`, appended to `ids` as ids (a negative or
+/// too large one refused by its index).
+fn ids_of<T, R>(
+    npy: npyz::NpyFile<R>,
+    ids: &mut Vec<u32>,
+    count: usize,
+) -> std::result::Result<(), String>
+where
+    T: npyz::Deserialize + TryInto<u32> + Copy + std::fmt::Display,
+    R: std::io::Read,
+{
+    let reader = npy.data::<T>().map_err(|e| e.to_string())?;
+    for (i, v) in reader.take(count).enumerate() {
+        let v = v.map_err(|e| format!("truncated or unreadable data ({e})"))?;
+        ids.push(
+            v.try_into()
+                .map_err(|_| format!("element {i} is {v}, not a token id"))?,
+        );
+    }
+    Ok(())
+}

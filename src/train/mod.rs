@@ -4,15 +4,17 @@
 //!
 //! - `model.rs`: the GPT, its configs, and the plan of its step under a `Precision`
 //! - `trainer.rs`: master weights, loss scaling, fp8 amax state, evaluation, sampling
-//! - `data.rs`: the character corpus and seeded batches
+//! - `data.rs`: the character corpus, seeded batches, and batches given in a file
+//! - `init.rs`: initial weights from and to a file, under the engine's or PyTorch's names
 //! - `checkpoint.rs`: safetensors checkpoints of the weights, moments and run state
 
 pub mod checkpoint;
 pub mod data;
+pub mod init;
 pub mod model;
 pub mod trainer;
 
 pub use checkpoint::Checkpoint;
-pub use data::Corpus;
+pub use data::{Batches, Corpus};
 pub use model::{Gpt, GptConfig};
 pub use trainer::{StepRecord, TrainOptions, TrainState, Trainer, attention_choice, graphs_choice};

@@ -14,8 +14,8 @@ use crate::format::Format;
 use crate::measure;
 use crate::plan::scalar::{self, StepScalars};
 use crate::plan::{
-    AdamW, Attention, Op, Outline, Plan, PlanBuilder, Section, Stats, StepExecutor, Strided,
-    TensorId, TensorKind,
+    AdamW, Attention, Op, Outline, Plan, PlanBuilder, ScoreScale, Section, Stats, StepExecutor,
+    Strided, TensorId, TensorKind,
 };
 use crate::policy::{Fp8Role, Precision};
 
@@ -260,7 +260,7 @@ impl Recorder<'_> {
             x: scores,
             out: att,
             t,
-            scale,
+            scale: self.score_scale(scale),
         });
         self.g.round(att, p.softmax.narrower(p.stream));
         let y = self.mm(MatmulShape::batched(b * h, (t, d, t), false, false), att, v);
@@ -311,7 +311,7 @@ impl Recorder<'_> {
                     dp: datt,
                     out: dscores,
                     t,
-                    scale,
+                    scale: self.score_scale(scale),
                 });
                 self.g.round(dscores, self.p.compute);
                 let dq = self.mm(
@@ -330,6 +330,15 @@ impl Recorder<'_> {
             }
         }
         dqkv
+    }
+
+    /// How the unfused softmax reads the scores: times `scale`, held in the compute format like
+    /// the scores themselves (fused attention: `Attention::score_scale`).
+    fn score_scale(&self, scale: f64) -> ScoreScale {
+        ScoreScale {
+            scale,
+            held: self.p.compute,
+        }
     }
 
     /// A matmul into `out` (a fresh tensor when none), held in the compute format.
@@ -672,7 +681,8 @@ impl Gpt<'_> {
         let targets = g.tensor(n, TensorKind::Targets);
         let positions = g.constant((0..n).map(|i| f32::from_bits((i % t) as u32)).collect());
         let mut r = Recorder { g, p, stats, state };
-        let scale = 1.0 / (d as f64).sqrt();
+        // 1 / sqrt(d) as an f32, as CUDA computes the reciprocal of `att / sqrt(d)`'s divisor.
+        let scale = (1.0 / (d as f64).sqrt() as f32) as f64;
         let (stream, compute) = (p.stream, p.compute);
 
         // Embeddings: token + position, in the stream format.

@@ -1,6 +1,6 @@
 //! The training loop: presets, master weights, dynamic loss scaling, AdamW, evaluation.
 
-use super::data::Corpus;
+use super::data::{Batches, Corpus};
 use super::model::{Gpt, GptConfig};
 use crate::algorithm::Algorithm;
 use crate::backend::reference::ops::round_to;
@@ -150,6 +150,8 @@ pub struct Trainer<'a> {
     summed: Vec<TensorId>,
     /// The last step's gradient reduction (None on one rank).
     pub reduced: Option<Reduced>,
+    /// Training batches given in a file (`use_batches`), taken in order instead of sampled.
+    batches: Option<Batches>,
 }
 
 /// The world of a trainer that runs alone.
@@ -242,7 +244,55 @@ impl<'a> Trainer<'a> {
             reduction,
             summed,
             reduced: None,
+            batches: None,
         })
+    }
+
+    /// Starts from `params` (`GptConfig::parameter_shapes` order and layout, e.g. from
+    /// `init::read_init`) instead of the seeded initial weights, held as the preset holds its
+    /// weights (rounded to 16 bits in the "true" presets). Before the first step.
+    pub async fn set_weights(&mut self, params: &[Vec<f32>]) -> Result<()> {
+        let shapes = self.gpt.config.parameter_shapes();
+        if params.len() != shapes.len() {
+            return Err(Error::LengthMismatch {
+                what: "parameter tensors",
+                expected: shapes.len(),
+                got: params.len(),
+            });
+        }
+        let ids = self.exec.plan().state.clone();
+        for ((values, [p, ..]), (name, shape)) in params.iter().zip(ids).zip(shapes) {
+            if values.len() != shape.iter().product::<usize>() {
+                return Err(Error::invalid(
+                    "initial weights",
+                    format!(
+                        "{name} holds {} values, its shape is {shape:?}",
+                        values.len()
+                    ),
+                ));
+            }
+            let mut held = values.clone();
+            round_to(&mut held, self.precision.weights);
+            self.exec.write(p, &held).await?;
+        }
+        Ok(())
+    }
+
+    /// Takes the training batches from `batches` in order (batch i at step i + 1, resumed runs
+    /// included) instead of sampling them; refused where its batch shape is not the run's.
+    pub fn use_batches(&mut self, batches: Batches) -> Result<()> {
+        let cfg = &self.gpt.config;
+        if (batches.batch, batches.t) != (cfg.batch_size, cfg.block_size) {
+            return Err(Error::invalid(
+                "batches",
+                format!(
+                    "{} rows of {} tokens, this run's batches are {} rows of {}",
+                    batches.batch, batches.t, cfg.batch_size, cfg.block_size
+                ),
+            ));
+        }
+        self.batches = Some(batches);
+        Ok(())
     }
 
     /// Allocates the step plan on the device and builds its kernels (tuning their tiles) now
@@ -275,13 +325,26 @@ impl<'a> Trainer<'a> {
     /// This rank's slice of batch `index` of the training or validation split.
     fn local_batch(&self, validation: bool, index: u64) -> Result<(Vec<u32>, Vec<u32>)> {
         let cfg = &self.gpt.config;
-        let (ids, targets) = self.corpus.batch(
-            validation,
-            cfg.batch_size,
-            cfg.block_size,
-            self.options.seed,
-            index,
-        )?;
+        let (ids, targets) = match &self.batches {
+            Some(given) if !validation => given.get(index as usize).ok_or_else(|| {
+                Error::invalid(
+                    "batches",
+                    format!(
+                        "step {} needs batch {}, the given batches hold {}",
+                        index + 1,
+                        index + 1,
+                        given.len()
+                    ),
+                )
+            })?,
+            _ => self.corpus.batch(
+                validation,
+                cfg.batch_size,
+                cfg.block_size,
+                self.options.seed,
+                index,
+            )?,
+        };
         let rows = dist::shard(cfg.batch_size, self.group.rank(), self.group.size())?;
         let span = rows.start * cfg.block_size..rows.end * cfg.block_size;
         Ok((ids[span.clone()].to_vec(), targets[span].to_vec()))

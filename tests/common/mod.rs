@@ -426,3 +426,37 @@ fn run_plan(
     Ran { outs, stats }
 }
 
+/// q|k|v (B, T, 3C) of `spec` whose q and k are small integers (-3..=3) and v N(0, 1): every
+/// score is an integer that f32 sums hold exactly in any order, so a fused kernel's scaled
+/// scores (`plan::ScoreScale`: times the scale, held) are its definition's to the bit, and so is
+/// each row's max (`same_row_maxes`), whichever way the kernel sums.
+pub fn integer_scores_qkv(spec: &mantissa::plan::Attention, seed: u64) -> Vec<f32> {
+    let c = spec.h * spec.d;
+    let ints = measure::uniform(spec.qkv_len(), -3.5, 3.5, seed);
+    let normal = measure::normal(spec.qkv_len(), seed + 1);
+    (0..spec.qkv_len())
+        .map(|e| match e % (3 * c) < 2 * c {
+            true => ints[e].round(),
+            false => normal[e],
+        })
+        .collect()
+}
+
+/// Each score row's max (the even entries of an attention's (max, sum) stats) bit for bit.
+pub fn same_row_maxes(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (r, (g, w)) in got.iter().zip(want).step_by(2).enumerate() {
+        assert_eq!(g.to_bits(), w.to_bits(), "{what}: row {r}'s max {g} vs {w}");
+    }
+}
+
+/// A file of the repository, `rel` from its root: where the tests were built, or, where that
+/// path is gone (a test executable carried to another machine, run from the repository's root
+/// there), the same path from the current directory.
+pub fn repo_file(rel: &str) -> std::path::PathBuf {
+    let built = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    match built.exists() {
+        true => built,
+        false => std::path::PathBuf::from(rel),
+    }
+}

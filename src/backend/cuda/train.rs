@@ -7,7 +7,7 @@
 use super::{CudaBackend, Module, format_id};
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::plan::{Attention, Strided};
+use crate::plan::{Attention, ScoreScale, Strided};
 use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, sys::CUdeviceptr};
 
 /// A device address (of f32 values unless said otherwise).
@@ -260,13 +260,13 @@ pub(super) fn softmax_fwd(
     cb: &CudaBackend,
     x: Ptr,
     p: Ptr,
-    (rows, t, scale): (usize, usize, f64),
+    (rows, t, scale): (usize, usize, ScoreScale),
 ) -> Result<()> {
     if rows == 0 || t == 0 {
         return Ok(());
     }
-    let (t, scale) = (t as u32, scale as f32);
-    launch!(cb, Module::Train, "causal_softmax_fwd", CudaBackend::rows_config(rows)?; &x, &p, &t, &scale)
+    let (t, k, fmt) = (t as u32, scale.scale as f32, format_id(scale.held));
+    launch!(cb, Module::Train, "causal_softmax_fwd", CudaBackend::rows_config(rows)?; &x, &p, &t, &k, &fmt)
 }
 
 pub(super) fn softmax_bwd(
@@ -274,13 +274,13 @@ pub(super) fn softmax_bwd(
     p: Ptr,
     dp: Ptr,
     ds: Ptr,
-    (rows, t, scale): (usize, usize, f64),
+    (rows, t, scale): (usize, usize, ScoreScale),
 ) -> Result<()> {
     if rows == 0 || t == 0 {
         return Ok(());
     }
-    let (t, scale) = (t as u32, scale as f32);
-    launch!(cb, Module::Train, "causal_softmax_bwd", CudaBackend::rows_config(rows)?; &p, &dp, &ds, &t, &scale)
+    let (t, k, fmt) = (t as u32, scale.scale as f32, format_id(scale.held));
+    launch!(cb, Module::Train, "causal_softmax_bwd", CudaBackend::rows_config(rows)?; &p, &dp, &ds, &t, &k, &fmt)
 }
 
 /// The mean of the rows' losses into stats[slot], and into `out` the loss's gradient

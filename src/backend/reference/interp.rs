@@ -153,14 +153,14 @@ impl HostExecutor {
                 out,
                 t: width,
                 scale,
-            } => self.tensors[out] = ops::causal_softmax_fwd(&t[x], width, scale),
+            } => self.tensors[out] = ops::causal_softmax_scaled_fwd(&t[x], width, scale),
             Op::SoftmaxBwd {
                 p,
                 dp,
                 out,
                 t: width,
                 scale,
-            } => self.tensors[out] = ops::causal_softmax_bwd(&t[p], &t[dp], width, scale),
+            } => self.tensors[out] = ops::causal_softmax_scaled_bwd(&t[p], &t[dp], width, scale),
             Op::Attention {
                 qkv,
                 out,

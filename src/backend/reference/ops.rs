@@ -8,7 +8,7 @@
 use super::matmul::matmul_into;
 use crate::algorithm::MatmulShape;
 use crate::format::{Format, Overflow};
-use crate::plan::{AdamW, Attention};
+use crate::plan::{AdamW, Attention, ScoreScale};
 use num_traits::Float;
 
 fn cast<T: Float>(x: f64) -> T {
@@ -140,6 +140,27 @@ pub fn causal_softmax_bwd<T: Float>(p: &[T], dp: &[T], t: usize, scale: f64) -> 
         }
     }
     ds
+}
+
+/// The scores a softmax reads (`ScoreScale`): `scale * s` computed in f32, held in `held`.
+pub fn scaled_scores(s: &[f32], scale: ScoreScale) -> Vec<f32> {
+    let k = scale.scale as f32;
+    let mut z: Vec<f32> = s.iter().map(|&x| x * k).collect();
+    round_to(&mut z, scale.held);
+    z
+}
+
+/// `causal_softmax_fwd` of the scores as `scaled_scores` holds them.
+pub fn causal_softmax_scaled_fwd(scores: &[f32], t: usize, scale: ScoreScale) -> Vec<f32> {
+    causal_softmax_fwd(&scaled_scores(scores, scale), t, 1.0)
+}
+
+/// The backward of `causal_softmax_scaled_fwd` with respect to the unscaled scores: the
+/// softmax's gradient (the gradient of the held scaled scores) held, then scaled and held again.
+pub fn causal_softmax_scaled_bwd(p: &[f32], dp: &[f32], t: usize, scale: ScoreScale) -> Vec<f32> {
+    let mut ds = causal_softmax_bwd(p, dp, t, 1.0);
+    round_to(&mut ds, scale.held);
+    scaled_scores(&ds, scale)
 }
 
 /// Mean softmax cross-entropy of `rows x v` logits against `targets`; returns the loss and the
@@ -288,18 +309,16 @@ pub fn rows_to_heads(x: &[f32], b: usize, t: usize, h: usize, d: usize) -> Vec<f
 
 /// Fused causal self-attention (`plan::Attention`), defined as the ops it replaces compute it:
 /// q, k, v split into heads, scores = q.k^T under the algorithm and held in the compute format,
-/// P = causal softmax held in `probs`, out = P.v held in the compute format, back to (B, T, C).
-/// Also each score row's (max of scale * s, sum of exp(scale * s - max)), the statistics a fused
-/// kernel keeps instead of P.
+/// P = causal softmax of the scaled scores z (`Attention::score_scale`) held in `probs`,
+/// out = P.v held in the compute format, back to (B, T, C). Also each score row's (max of z,
+/// sum of exp(z - max)), the statistics a fused kernel keeps instead of P.
 pub fn attention_fwd(qkv: &[f32], spec: &Attention) -> (Vec<f32>, Vec<f32>) {
     let Attention { b, t, h, d, .. } = *spec;
     let (scores, p, [_, _, v]) = attention_probs(qkv, spec);
     let mut stats = Vec::with_capacity(2 * spec.score_rows());
-    for (row, s) in scores.chunks(t).enumerate() {
-        let z: Vec<f64> = s[..=row % t]
-            .iter()
-            .map(|&x| x as f64 * spec.scale)
-            .collect();
+    let z = scaled_scores(&scores, spec.score_scale());
+    for (row, s) in z.chunks(t).enumerate() {
+        let z: Vec<f64> = s[..=row % t].iter().map(|&x| x as f64).collect();
         let max = z.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let sum: f64 = z.iter().map(|&x| (x - max).exp()).sum();
         stats.extend([max as f32, sum as f32]);
@@ -318,8 +337,7 @@ pub fn attention_bwd(qkv: &[f32], dout: &[f32], spec: &Attention) -> (Vec<f32>, 
     let dy = rows_to_heads(dout, b, t, h, d);
     let dp = held(bmm(spec, t, d, false, true), spec, &dy, &v);
     let dv = held(bmm(spec, d, t, true, false), spec, &p, &dy);
-    let mut ds = causal_softmax_bwd(&p, &dp, t, spec.scale);
-    round_to(&mut ds, spec.compute);
+    let ds = causal_softmax_scaled_bwd(&p, &dp, t, spec.score_scale());
     let dq = held(bmm(spec, d, t, false, false), spec, &ds, &k);
     let dk = held(bmm(spec, d, t, true, false), spec, &ds, &q);
     let delta = (0..spec.score_rows())
@@ -342,7 +360,7 @@ fn attention_probs(qkv: &[f32], spec: &Attention) -> (Vec<f32>, Vec<f32>, [Vec<f
     let Attention { b, t, h, d, .. } = *spec;
     let heads = split_heads(qkv, b, t, h, d);
     let scores = held(bmm(spec, t, d, false, true), spec, &heads[0], &heads[1]);
-    let mut p = causal_softmax_fwd(&scores, t, spec.scale);
+    let mut p = causal_softmax_scaled_fwd(&scores, t, spec.score_scale());
     round_to(&mut p, spec.probs);
     (scores, p, heads)
 }

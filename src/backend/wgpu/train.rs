@@ -386,7 +386,7 @@ pub mod launch {
     use super::{StepOp, TrainOp};
     use crate::backend::wgpu::shaders::format_id;
     use crate::format::Format;
-    use crate::plan::{Attention, Strided};
+    use crate::plan::{Attention, ScoreScale, Strided};
 
     fn train(op: TrainOp, n: usize, c: usize, items: usize) -> TrainLaunch {
         TrainLaunch {
@@ -493,16 +493,19 @@ pub mod launch {
         l
     }
 
-    /// Causal softmax of `scale * x` over rows of `t`.
-    pub fn softmax_fwd(rows: usize, t: usize, scale: f64) -> TrainLaunch {
+    /// Causal softmax of the scaled `x` (`ScoreScale`: the scale, its product held in
+    /// `held`) over rows of `t`.
+    pub fn softmax_fwd(rows: usize, t: usize, scale: ScoreScale) -> TrainLaunch {
         let mut l = row_op(TrainOp::CausalSoftmaxFwd, rows, t);
-        l.params.scale = scale as f32;
+        l.params.scale = scale.scale as f32;
+        l.params.held = format_id(scale.held);
         l
     }
 
-    pub fn softmax_bwd(rows: usize, t: usize, scale: f64) -> TrainLaunch {
+    pub fn softmax_bwd(rows: usize, t: usize, scale: ScoreScale) -> TrainLaunch {
         let mut l = row_op(TrainOp::CausalSoftmaxBwd, rows, t);
-        l.params.scale = scale as f32;
+        l.params.scale = scale.scale as f32;
+        l.params.held = format_id(scale.held);
         l
     }
 
