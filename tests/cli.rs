@@ -1241,6 +1241,27 @@ fn a_fifo_at_the_cache_path_does_not_block_a_matmul() {
     });
 }
 
+/// The wgpu switches are read strictly: a value that is neither on nor off is refused by name,
+/// exit 2 (`MANTISSA_WGSL_CHECKS=maybe` ran without the checks, silently).
+#[test]
+fn unknown_switch_values_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.npy");
+    write_matrix(&a, &Matrix::new(4, 4, measure::normal(16, 5)).unwrap()).unwrap();
+    let args = [
+        "matmul",
+        a.to_str().unwrap(),
+        a.to_str().unwrap(),
+        "--backend",
+        "wgpu",
+    ];
+    for var in ["MANTISSA_WGSL_CHECKS", "MANTISSA_COOP"] {
+        let o = mantissa_within(&args, &[(var, "maybe")], 60).expect("it ended");
+        assert_eq!(o.status.code(), Some(2), "{var}: {}", text(&o));
+        assert!(text(&o).contains(&format!("{var}=maybe")), "{}", text(&o));
+    }
+}
+
 /// Host memory is asked for, not assumed: a product whose C is 4e18 bytes (from two empty
 /// operands) and a step plan for a batch of 2^20 are refused with the bytes they need, exit 1
 /// (they aborted the process, exit 134).

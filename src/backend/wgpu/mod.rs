@@ -117,18 +117,12 @@ impl WgpuOptions {
         if let Ok(v) = std::env::var("MANTISSA_F16") {
             o.f16 = v.parse()?;
         }
-        if let Ok(v) = std::env::var("MANTISSA_COOP") {
-            o.coop = match v.trim().to_ascii_lowercase().as_str() {
-                "auto" | "on" | "1" | "yes" => true,
-                "off" | "0" | "no" => false,
-                _ => {
-                    return Err(Error::UnknownName {
-                        kind: "cooperative-matrix setting (MANTISSA_COOP)",
-                        given: v,
-                        valid: ["auto", "off"].map(String::from).to_vec(),
-                    });
-                }
-            };
+        if let Some(on) = env_switch(
+            "MANTISSA_COOP",
+            "cooperative-matrix setting",
+            ["auto", "off"],
+        )? {
+            o.coop = on;
         }
         if let Ok(v) = std::env::var("MANTISSA_ROW_LANES") {
             let lanes = v.trim().parse::<u32>().ok();
@@ -142,10 +136,32 @@ impl WgpuOptions {
                 }
             }
         }
-        if let Ok(v) = std::env::var("MANTISSA_WGSL_CHECKS") {
-            o.runtime_checks = matches!(v.trim(), "1" | "on" | "true" | "yes");
+        if let Some(on) = env_switch(
+            "MANTISSA_WGSL_CHECKS",
+            "runtime-check setting",
+            ["on", "off"],
+        )? {
+            o.runtime_checks = on;
         }
         Ok(o)
+    }
+}
+
+/// An on/off switch from the environment variable `var`: `on`, `auto`, `1`, `yes` or `true`;
+/// `off`, `0`, `no` or `false`; unset is none; anything else is refused with the words `shown`
+/// (a typo must not silently run the other way).
+fn env_switch(var: &str, what: &'static str, shown: [&str; 2]) -> Result<Option<bool>> {
+    let Ok(v) = std::env::var(var) else {
+        return Ok(None);
+    };
+    match v.trim().to_ascii_lowercase().as_str() {
+        "on" | "auto" | "1" | "yes" | "true" => Ok(Some(true)),
+        "off" | "0" | "no" | "false" => Ok(Some(false)),
+        _ => Err(Error::UnknownName {
+            kind: what,
+            given: format!("{var}={v}"),
+            valid: shown.map(String::from).to_vec(),
+        }),
     }
 }
 
