@@ -212,6 +212,43 @@ fn loss_falls_below_the_unigram_entropy() {
     }
 }
 
+/// Sampling hands each character on as it is drawn (`mantissa sample` prints it then): once per
+/// character, together the text `sample` returns, and an error of the receiver ends the
+/// sampling with that error.
+#[test]
+fn sampling_streams_each_character() {
+    let corpus = corpus();
+    let mut t = Trainer::new(&Reference, &corpus, options(&corpus, Preset::True32, 5)).unwrap();
+    t.step().block_on().unwrap();
+    let whole = t.sample("Th", 40, 0.8, 9).block_on().unwrap();
+    let mut pieces = Vec::new();
+    let streamed = t
+        .sample_streaming("Th", 40, 0.8, 9, |c| {
+            pieces.push(c.to_string());
+            Ok(())
+        })
+        .block_on()
+        .unwrap();
+    assert_eq!(streamed, whole);
+    assert_eq!(pieces.len(), 40, "one call per character: {pieces:?}");
+    assert_eq!(pieces.concat(), whole, "the text after the prompt");
+    let mut calls = 0;
+    let stopped = t
+        .sample_streaming("Th", 40, 0.8, 9, |_| {
+            calls += 1;
+            match calls {
+                3 => Err(mantissa::Error::output(
+                    "standard output",
+                    std::io::Error::other("closed"),
+                )),
+                _ => Ok(()),
+            }
+        })
+        .block_on();
+    assert!(stopped.is_err(), "the receiver's error ends the sampling");
+    assert_eq!(calls, 3);
+}
+
 /// The same training on a device backend (lavapipe in CI): bf16-mixed through the backend's
 /// resident plan learns, every matmul and the layer norm, GELU, softmax, cross-entropy and
 /// AdamW kernels running on the device.
