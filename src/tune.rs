@@ -8,7 +8,9 @@
 //!
 //! `MANTISSA_AUTOTUNE`: `off` (defaults), `fast` (a few candidates), `full` (every
 //! candidate); each timed as the median of `TUNE_RUNS`. A stored choice that is not among
-//! today's candidates is re-tuned, never trusted.
+//! today's candidates is re-tuned, never trusted. One shape class's search stops starting
+//! candidates once `MANTISSA_TUNE_SECONDS` (default `TUNE_SECONDS`) are spent, keeping the
+//! fastest so far; the backends offer their likeliest candidates first (`Search`).
 
 use crate::algorithm::MatmulShape;
 use crate::error::{Error, Result};
@@ -59,6 +61,101 @@ pub const TUNE_RUNS: usize = 3;
 /// The environment variable that sets the mode.
 pub const AUTOTUNE_ENV: &str = "MANTISSA_AUTOTUNE";
 
+/// The seconds one shape class's search may take (`full` over every tile of a large product
+/// took minutes): once spent, no further candidate starts and the fastest timed is kept.
+pub const TUNE_SECONDS: f64 = 20.0;
+
+/// The environment variable that sets the search's budget in seconds.
+pub const TUNE_SECONDS_ENV: &str = "MANTISSA_TUNE_SECONDS";
+
+/// The budget `MANTISSA_TUNE_SECONDS` gives (`TUNE_SECONDS` when unset).
+pub fn budget_from_env() -> Result<f64> {
+    match std::env::var(TUNE_SECONDS_ENV) {
+        Err(_) => Ok(TUNE_SECONDS),
+        Ok(v) => match v.trim().parse::<f64>() {
+            Ok(s) if s.is_finite() && s >= 0.0 => Ok(s),
+            _ => Err(Error::invalid(
+                TUNE_SECONDS_ENV,
+                format!("{v:?} is not a number of seconds >= 0"),
+            )),
+        },
+    }
+}
+
+/// One shape class's search: candidates timed in the order offered, the likeliest first,
+/// until the budget is spent (the first that runs is always timed); a candidate that fails to
+/// compile or run is dropped, and said.
+pub struct Search<'a, T> {
+    key: &'a str,
+    budget: f64,
+    started: web_time::Instant,
+    best: Option<(f64, T)>,
+    failed: Option<Error>,
+    timed: usize,
+    left_out: usize,
+}
+
+impl<'a, T: Copy> Search<'a, T> {
+    pub fn new(key: &'a str, budget: f64) -> Search<'a, T> {
+        Search {
+            key,
+            budget,
+            started: web_time::Instant::now(),
+            best: None,
+            failed: None,
+            timed: 0,
+            left_out: 0,
+        }
+    }
+
+    /// Whether the next candidate may start (false counts it as left out).
+    pub fn open(&mut self) -> bool {
+        let open = self.best.is_none() || self.started.elapsed().as_secs_f64() < self.budget;
+        self.left_out += usize::from(!open);
+        open
+    }
+
+    /// A candidate's time in seconds, or why it could not run (`name` says which, then).
+    pub fn record(&mut self, candidate: T, name: &str, seconds: Result<f64>) {
+        match seconds {
+            Ok(s) => {
+                self.timed += 1;
+                if self.best.is_none_or(|(t, _)| s < t) {
+                    self.best = Some((s, candidate));
+                }
+            }
+            Err(e) => {
+                eprintln!(
+                    "mantissa: {name} is dropped from the candidates for {}: {e}",
+                    self.key
+                );
+                self.failed.get_or_insert(e);
+            }
+        }
+    }
+
+    /// The fastest candidate and its seconds; none when nothing was offered; the first
+    /// failure when every candidate failed.
+    pub fn finish(self) -> Result<Option<(T, f64)>> {
+        if self.left_out > 0 {
+            eprintln!(
+                "mantissa: tuning {} stopped after {:.1} s ({TUNE_SECONDS_ENV}={}): {} candidates \
+                 timed, {} left out",
+                self.key,
+                self.started.elapsed().as_secs_f64(),
+                self.budget,
+                self.timed,
+                self.left_out
+            );
+        }
+        match (self.best, self.failed) {
+            (Some((s, c)), _) => Ok(Some((c, s))),
+            (None, Some(e)) => Err(e),
+            (None, None) => Ok(None),
+        }
+    }
+}
+
 /// A tuned choice and whether it came from a full search (a `full` request re-tunes a `fast`
 /// choice).
 #[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
@@ -99,6 +196,8 @@ pub struct Tuner<T> {
     tiles: Mutex<BTreeMap<String, Choice<T>>>,
     /// Choices the store held when the tuner started.
     loaded: usize,
+    /// Seconds one shape class's search may take (`Search`).
+    budget: f64,
 }
 
 impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Tuner<T> {
@@ -123,7 +222,19 @@ impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Tuner<T> {
             store,
             loaded: tiles.len(),
             tiles: Mutex::new(tiles),
+            budget: TUNE_SECONDS,
         }
+    }
+
+    /// This tuner with `seconds` for each shape class's search (`budget_from_env`).
+    pub fn with_budget(mut self, seconds: f64) -> Tuner<T> {
+        self.budget = seconds;
+        self
+    }
+
+    /// A search for `key` within this tuner's budget.
+    pub fn search<'a>(&self, key: &'a str) -> Search<'a, T> {
+        Search::new(key, self.budget)
     }
 
     /// The cache file `name` in the cache directory (none in the browser, or without a home
@@ -221,6 +332,32 @@ mod tests {
         *store.0.lock().unwrap() = Some("{ not json".into());
         let fresh = Tuner::<u8>::with_store(AutotuneMode::Fast, Some(Box::new(store)));
         assert_eq!(fresh.entries(), (0, 0));
+    }
+
+    #[test]
+    fn a_search_keeps_the_fastest_drops_failures_and_stops_when_spent() {
+        let mut s = Search::new("k", 1e9);
+        assert!(s.open());
+        s.record(1u8, "one", Err(Error::invalid("x", "does not compile")));
+        assert!(s.open());
+        s.record(2, "two", Ok(3.0));
+        s.record(3, "three", Ok(1.0));
+        s.record(4, "four", Ok(2.0));
+        assert_eq!(s.finish().unwrap(), Some((3, 1.0)));
+        // A spent budget still times the first candidate that runs, then starts no other.
+        let mut s = Search::new("k", 0.0);
+        assert!(s.open());
+        s.record(1u8, "one", Err(Error::invalid("x", "fails")));
+        assert!(s.open(), "nothing timed yet");
+        s.record(2, "two", Ok(5.0));
+        assert!(!s.open());
+        assert_eq!(s.finish().unwrap(), Some((2, 5.0)));
+        // Every candidate failing is the first failure.
+        let mut s = Search::<u8>::new("k", 1.0);
+        s.record(1, "one", Err(Error::invalid("first", "fails")));
+        s.record(2, "two", Err(Error::invalid("second", "fails")));
+        assert!(s.finish().unwrap_err().to_string().contains("first"));
+        assert_eq!(Search::<u8>::new("k", 1.0).finish().unwrap(), None);
     }
 
     #[test]

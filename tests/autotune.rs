@@ -5,6 +5,7 @@
 mod common;
 
 use mantissa::backend::wgpu::autotune::{AutotuneMode, Autotuner};
+use mantissa::backend::wgpu::shaders::Tile;
 use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
 use mantissa::backend::{Backend, Operands};
 use mantissa::{Algorithm, Format, MatmulShape, Scaling, measure};
@@ -274,4 +275,35 @@ fn a_tuned_tile_is_persisted_and_reused() {
         .unwrap();
     assert!(!timing.variant.contains("autotuned"), "{}", timing.variant);
     assert_eq!(std::fs::read_to_string(&path).unwrap(), retuned);
+}
+
+/// A search whose budget is spent keeps what it timed: with no seconds to spend, `full` times
+/// the first candidate, the default tile, and stores it (it had run every tile of a large
+/// product for minutes). Which tile is fastest is never asserted.
+#[test]
+fn a_spent_budget_keeps_the_first_tile_timed() {
+    let test = "a_spent_budget_keeps_the_first_tile_timed";
+    let Some(b) = common::fresh_wgpu(test, WgpuOptions::default()) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("autotune.json");
+    let b = b.with_tuner(Autotuner::new(AutotuneMode::Full, Some(path.clone())).with_budget(0.0));
+    let shape = MatmulShape::new(160, 144, 96);
+    let (a, bm) = (
+        measure::normal(shape.a_len(), 1),
+        measure::normal(shape.b_len(), 2),
+    );
+    let c = b
+        .matmul(&shape, &Algorithm::F32, &a, &bm)
+        .block_on()
+        .unwrap();
+    assert_eq!(c.len(), shape.c_len());
+    let saved: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("cache written")).unwrap();
+    let chosen: Vec<Tile> = saved
+        .values()
+        .map(|v| serde_json::from_value(v["choice"].clone()).unwrap())
+        .collect();
+    assert_eq!(chosen, [b.tile_candidates(&Algorithm::F32)[0]]);
 }

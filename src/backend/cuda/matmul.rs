@@ -426,38 +426,28 @@ fn split_path(
         Err(key) => key,
     };
     let mut c = cb.zeros::<f32>(s.c_len())?;
-    let mut best: Option<(f64, SplitPath)> = None;
-    let mut failed = None;
+    let mut search = cb.tuner.search(&key);
     for path in SplitPath::candidates(algorithm, s) {
+        if !search.open() {
+            continue;
+        }
         let once = |c: &mut CudaSlice<f32>| {
             let mut p = prepare_on(cb, s, algorithm, path, (a, b), [false; 2])?;
             product(cb, s, algorithm, &mut p, c)
         };
         // One untimed run: compiles the kernel, warms cuBLAS's heuristics.
-        let timed = once(&mut c).and_then(|()| cb.time_events(TUNE_RUNS, || once(&mut c)));
-        match timed {
-            Ok(mut times) => {
-                let seconds = crate::backend::median(&mut times);
-                if best.is_none_or(|(t, _)| seconds < t) {
-                    best = Some((seconds, path));
-                }
-            }
-            Err(e) => {
-                eprintln!(
-                    "mantissa: the split-bf16 path {} is dropped from the candidates for {key}: {e}",
-                    path.name()
-                );
-                failed.get_or_insert(e);
-            }
-        }
+        let timed = once(&mut c)
+            .and_then(|()| cb.time_events(TUNE_RUNS, || once(&mut c)))
+            .map(|mut times| crate::backend::median(&mut times));
+        let name = format!("the split-bf16 path {}", path.name());
+        search.record(path, &name, timed);
     }
-    match (best, failed) {
-        (Some((_, path)), _) => {
+    match search.finish()? {
+        Some((path, _)) => {
             cb.tuner.put(key, path);
             Ok((path, true))
         }
-        (None, Some(e)) => Err(e),
-        (None, None) => Ok((SplitPath::default(), false)),
+        None => Ok((SplitPath::default(), false)),
     }
 }
 

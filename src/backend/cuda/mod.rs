@@ -212,7 +212,8 @@ impl CudaBackend {
             tuner: Tuner::new(
                 AutotuneMode::from_env()?,
                 Tuner::<SplitPath>::path_in_cache("cuda-tune.json"),
-            ),
+            )
+            .with_budget(crate::tune::budget_from_env()?),
             lt: OnceLock::new(),
             fp8_path: fp8::Fp8Path::from_env()?,
             fp8_off: AtomicBool::new(false),

@@ -12,7 +12,9 @@
 //!
 //! `MANTISSA_AUTOTUNE`: `off` (default tiles), `fast` (the default and its neighbours: one
 //! dimension halved or doubled), `full` (every tile the device's limits allow); each candidate
-//! timed as the median of `TUNE_RUNS` after a warm-up. The cache lives in
+//! timed as the median of `TUNE_RUNS` after a warm-up, nearest the default first, within the
+//! search's budget (`MANTISSA_TUNE_SECONDS`; a tile that fails to compile or run is dropped and
+//! said). The cache lives in
 //! `MANTISSA_CACHE_DIR`, else `$XDG_CACHE_HOME/mantissa`, else `~/.cache/mantissa` (`autotune.json`); in the browser the
 //! demo keeps it in the page's localStorage (any `TileStore` serves).
 
@@ -78,13 +80,19 @@ impl WgpuBackend {
         if let Some(t) = self.tuner.get(&key).filter(|t| all.contains(t)) {
             return Ok((t, true));
         }
-        let candidates: Vec<Tile> = all
+        // The default first, then its neighbours (`fast` stops there), then the rest: a
+        // search cut short by the budget has timed the likeliest.
+        let mut candidates: Vec<Tile> = all
             .into_iter()
             .filter(|t| self.tuner.mode() == AutotuneMode::Full || neighbour(*t, default))
             .collect();
-        let mut best = (f64::INFINITY, default);
+        candidates.sort_by_key(|t| (*t != default, !neighbour(*t, default)));
+        let mut search = self.tuner.search(&key);
         for tile in candidates {
-            let (seconds, _, _) = self
+            if !search.open() {
+                continue;
+            }
+            let timed = self
                 .time_on_tile(
                     shape,
                     algorithm,
@@ -93,13 +101,17 @@ impl WgpuBackend {
                     crate::tune::TUNE_RUNS,
                     Operands::F32,
                 )
-                .await?;
-            if seconds < best.0 {
-                best = (seconds, tile);
-            }
+                .await
+                .map(|(seconds, _, _)| seconds);
+            search.record(tile, &format!("tile {tile}"), timed);
         }
-        self.tuner.put(key, best.1);
-        Ok((best.1, true))
+        match search.finish()? {
+            Some((best, _)) => {
+                self.tuner.put(key, best);
+                Ok((best, true))
+            }
+            None => Ok((default, false)),
+        }
     }
 }
 

@@ -64,7 +64,7 @@ impl std::str::FromStr for F16Path {
 }
 
 /// Options of the wgpu backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WgpuOptions {
     pub f16: F16Path,
     /// Keep wgpu's shader runtime checks (as browsers always do). Off natively by default: the
@@ -88,6 +88,8 @@ pub struct WgpuOptions {
     /// invocation, where it measures none or a larger budget (`budget.rs`). Only tests set it,
     /// so that the split dispatches run, and are checked, on any adapter.
     pub assume_loop_budget: Option<u32>,
+    /// Seconds one shape class's tile search may take (`MANTISSA_TUNE_SECONDS`).
+    pub tune_seconds: f64,
 }
 
 impl Default for WgpuOptions {
@@ -101,17 +103,19 @@ impl Default for WgpuOptions {
             coop_fallback: true,
             row_lanes: None,
             assume_loop_budget: None,
+            tune_seconds: crate::tune::TUNE_SECONDS,
         }
     }
 }
 
 impl WgpuOptions {
     /// Options from `MANTISSA_F16`, `MANTISSA_WGSL_CHECKS` (on/off), `MANTISSA_COOP`
-    /// (auto/off), `MANTISSA_ROW_LANES` and `MANTISSA_AUTOTUNE` (off/fast/full; fast when
-    /// unset).
+    /// (auto/off), `MANTISSA_ROW_LANES`, `MANTISSA_AUTOTUNE` (off/fast/full; fast when unset)
+    /// and `MANTISSA_TUNE_SECONDS`.
     pub fn from_env() -> Result<WgpuOptions> {
         let mut o = WgpuOptions {
             autotune: AutotuneMode::from_env()?,
+            tune_seconds: crate::tune::budget_from_env()?,
             ..WgpuOptions::default()
         };
         if let Ok(v) = std::env::var("MANTISSA_F16") {
@@ -236,7 +240,8 @@ impl WgpuBackend {
             coop,
             coop_fallback: options.coop_fallback,
             poison: options.poison_outputs,
-            tuner: Autotuner::new(options.autotune, Autotuner::default_path()),
+            tuner: Autotuner::new(options.autotune, Autotuner::default_path())
+                .with_budget(options.tune_seconds),
         })
     }
 
