@@ -75,7 +75,7 @@ extern "C" __global__ void embedding_fwd(const float* table, const u32* ids, flo
 // them by id into counts[id * SORT_THREADS + t]; an exclusive scan of counts in that (id,
 // thread) order gives each (id, thread) its first place, so that scattering the tokens in
 // order, each thread its own, keeps every id's tokens in token order. offsets[id] (rows + 1 of
-// them) is where id's tokens start in `sorted` (tokens of them), offsets[rows] = tokens.
+// them) is where id's tokens start in `sorted` (tokens of them), then where the last ends.
 // Scratch: counts (rows * SORT_THREADS), offsets, sorted.
 extern "C" __global__ void embedding_sort(const u32* ids, u32* counts, u32* offsets, u32* sorted,
                                           u32 rows, u32 tokens) {
@@ -84,7 +84,11 @@ extern "C" __global__ void embedding_sort(const u32* ids, u32* counts, u32* offs
     u32 per = (tokens + SORT_THREADS - 1) / SORT_THREADS;
     u32 from = min(t * per, tokens), to = min(from + per, tokens);
     for (u32 id = 0; id < rows; id++) counts[(i64)id * SORT_THREADS + t] = 0;
-    for (u32 r = from; r < to; r++) counts[(i64)ids[r] * SORT_THREADS + t] += 1;
+    // Ids are checked against the table before a step (an id beyond it is left out here, so
+    // that nothing is written out of bounds).
+    for (u32 r = from; r < to; r++) {
+        if (ids[r] < rows) counts[(i64)ids[r] * SORT_THREADS + t] += 1;
+    }
     __syncthreads();
     // Exclusive scan of counts: each thread a contiguous slice, the slices' sums scanned by
     // thread 0, then each slice rewritten from its start.
@@ -102,6 +106,7 @@ extern "C" __global__ void embedding_sort(const u32* ids, u32* counts, u32* offs
             partial[i] = run;
             run += v;
         }
+        offsets[rows] = run;
     }
     __syncthreads();
     u32 run = partial[t];
@@ -112,9 +117,10 @@ extern "C" __global__ void embedding_sort(const u32* ids, u32* counts, u32* offs
     }
     __syncthreads();
     for (u32 id = t; id < rows; id += SORT_THREADS) offsets[id] = counts[(i64)id * SORT_THREADS];
-    if (t == 0) offsets[rows] = tokens;
     __syncthreads();  // the offsets read before the scatter moves the places on
-    for (u32 r = from; r < to; r++) sorted[counts[(i64)ids[r] * SORT_THREADS + t]++] = r;
+    for (u32 r = from; r < to; r++) {
+        if (ids[r] < rows) sorted[counts[(i64)ids[r] * SORT_THREADS + t]++] = r;
+    }
 }
 
 // out[id, cols] = the sum over id's tokens (offsets, sorted: `embedding_sort`) of their rows of

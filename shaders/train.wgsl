@@ -477,7 +477,7 @@ var<workgroup> sort_partial: array<u32, 256>;
 // that (id, lane) order gives each (id, lane) its first place, so that scattering the tokens in
 // order, each lane its own, keeps every id's tokens in token order. in1 = ids (tokens of them,
 // as f32 bits); out2 = counts (rows * SORT_LANES), offsets (rows + 1: where each id's tokens
-// start, then tokens), sorted (tokens); n = rows.
+// start, then where the last ends), sorted (tokens); n = rows.
 @compute @workgroup_size(256)
 fn embedding_sort(@builtin(local_invocation_index) t: u32) {
     let rows = params.n;
@@ -488,9 +488,12 @@ fn embedding_sort(@builtin(local_invocation_index) t: u32) {
     for (var id = 0u; id < rows; id++) {
         out2[id * SORT_LANES + t] = 0u;
     }
+    // Ids are checked against the table before a step (an id beyond it is left out here).
     for (var r = own; r < own_end; r++) {
-        let at = bitcast<u32>(in1[r]) * SORT_LANES + t;
-        out2[at] = out2[at] + 1u;
+        let id = bitcast<u32>(in1[r]);
+        if (id < rows) {
+            out2[id * SORT_LANES + t] = out2[id * SORT_LANES + t] + 1u;
+        }
     }
     storageBarrier();
     // Exclusive scan of counts: lane t the slice of rows values from t * rows, the slices'
@@ -509,6 +512,7 @@ fn embedding_sort(@builtin(local_invocation_index) t: u32) {
             sort_partial[i] = run;
             run += v;
         }
+        out2[rows * SORT_LANES + rows] = run;
     }
     workgroupBarrier();
     var run = sort_partial[t];
@@ -522,16 +526,15 @@ fn embedding_sort(@builtin(local_invocation_index) t: u32) {
     for (var id = t; id < rows; id += SORT_LANES) {
         out2[offsets + id] = out2[id * SORT_LANES];
     }
-    if (t == 0u) {
-        out2[offsets + rows] = tokens;
-    }
     storageBarrier();  // the offsets read before the scatter moves the places on
     let sorted = offsets + rows + 1u;
     for (var r = own; r < own_end; r++) {
-        let at = bitcast<u32>(in1[r]) * SORT_LANES + t;
-        let place = out2[at];
-        out2[sorted + place] = r;
-        out2[at] = place + 1u;
+        let id = bitcast<u32>(in1[r]);
+        if (id < rows) {
+            let place = out2[id * SORT_LANES + t];
+            out2[sorted + place] = r;
+            out2[id * SORT_LANES + t] = place + 1u;
+        }
     }
 }
 
