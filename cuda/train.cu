@@ -5,7 +5,7 @@
 // Row ops (layer norm, softmax, cross entropy) run one block per row and reduce with warp
 // shuffles. Column reductions (bias and layer-norm parameter gradients) write one partial sum
 // per chunk of rows and a second kernel adds the chunks in order; the embedding scatter-add is
-// a gather over the tokens. No float atomics anywhere: a step rerun gives the same bits, which
+// a counting sort of the ids then a sum over each id's own tokens. No float atomics anywhere: a step rerun gives the same bits, which
 // is what makes a resumed run reproduce an uninterrupted one.
 
 // Scalar slots the host writes before a step: S_<NAME>, generated from src/plan/scalar.rs
@@ -62,17 +62,96 @@ extern "C" __global__ void embedding_fwd(const float* table, const u32* ids, flo
     FOR_EACH(e, n) out[e] = table[(i64)ids[e / c] * c + e % c];
 }
 
-// The scatter-add as a gather: block `row` of the table sums the rows of dout whose id is
-// `row`, in token order. Columns strided over the block.
-extern "C" __global__ void embedding_bwd(const float* dout, const u32* ids, float* out, u32 c,
-                                         u32 tokens) {
-    u32 row = blockIdx.x;
-    for (u32 i = threadIdx.x; i < c; i += blockDim.x) {
-        float sum = 0.0f;
-        for (u32 r = 0; r < tokens; r++) {
-            if (ids[r] == row) sum += dout[(i64)r * c + i];
+// The scatter-add as a sorted segment sum, in two launches: `embedding_sort` groups the token
+// indices by id (a stable counting sort), then `embedding_sum` sums each id's rows of dout in
+// token order. The sum is the host definition's to the bit (backend::reference::ops::
+// embedding_bwd): f64 in token order, rounded to f32 once. No atomics: each id's sum is one
+// thread's, so the work is O(tokens * c) whatever the ids, and the bits are fixed.
+
+// Threads of the sort's one block (the launcher sizes its scratch with the same value).
+#define SORT_THREADS 256u
+
+// One block of SORT_THREADS. Thread t owns the tokens [t * per, (t + 1) * per) and counts
+// them by id into counts[id * SORT_THREADS + t]; an exclusive scan of counts in that (id,
+// thread) order gives each (id, thread) its first place, so that scattering the tokens in
+// order, each thread its own, keeps every id's tokens in token order. offsets[id] (rows + 1 of
+// them) is where id's tokens start in `sorted` (tokens of them), then where the last ends.
+// Scratch: counts (rows * SORT_THREADS), offsets, sorted.
+extern "C" __global__ void embedding_sort(const u32* ids, u32* counts, u32* offsets, u32* sorted,
+                                          u32 rows, u32 tokens) {
+    __shared__ u32 partial[SORT_THREADS];
+    u32 t = threadIdx.x;
+    u32 per = (tokens + SORT_THREADS - 1) / SORT_THREADS;
+    u32 from = min(t * per, tokens), to = min(from + per, tokens);
+    for (u32 id = 0; id < rows; id++) counts[(i64)id * SORT_THREADS + t] = 0;
+    // Ids are checked against the table before a step (an id beyond it is left out here, so
+    // that nothing is written out of bounds).
+    for (u32 r = from; r < to; r++) {
+        if (ids[r] < rows) counts[(i64)ids[r] * SORT_THREADS + t] += 1;
+    }
+    __syncthreads();
+    // Exclusive scan of counts: each thread a contiguous slice, the slices' sums scanned by
+    // thread 0, then each slice rewritten from its start.
+    i64 total = (i64)rows * SORT_THREADS;
+    i64 slice = (total + SORT_THREADS - 1) / SORT_THREADS;
+    i64 lo = min((i64)t * slice, total), hi = min(lo + slice, total);
+    u32 sum = 0;
+    for (i64 e = lo; e < hi; e++) sum += counts[e];
+    partial[t] = sum;
+    __syncthreads();
+    if (t == 0) {
+        u32 run = 0;
+        for (u32 i = 0; i < SORT_THREADS; i++) {
+            u32 v = partial[i];
+            partial[i] = run;
+            run += v;
         }
-        out[(i64)row * c + i] = sum;
+        offsets[rows] = run;
+    }
+    __syncthreads();
+    u32 run = partial[t];
+    for (i64 e = lo; e < hi; e++) {
+        u32 v = counts[e];
+        counts[e] = run;
+        run += v;
+    }
+    __syncthreads();
+    for (u32 id = t; id < rows; id += SORT_THREADS) offsets[id] = counts[(i64)id * SORT_THREADS];
+    __syncthreads();  // the offsets read before the scatter moves the places on
+    for (u32 r = from; r < to; r++) {
+        if (ids[r] < rows) sorted[counts[(i64)ids[r] * SORT_THREADS + t]++] = r;
+    }
+}
+
+// out[id, cols] = the sum over id's tokens (offsets, sorted: `embedding_sort`) of their rows of
+// dout, in token order, in f64. Block (id, span): each thread `width` adjacent columns (4: one
+// 16-byte load a token, c a multiple of 4 and dout 16-byte aligned; else 1).
+extern "C" __global__ void embedding_sum(const float* dout, const u32* offsets, const u32* sorted,
+                                         float* out, u32 c, u32 width) {
+    u32 id = blockIdx.x;
+    u32 col = (blockIdx.y * blockDim.x + threadIdx.x) * width;
+    if (col >= c) return;
+    u32 from = offsets[id], to = offsets[id + 1];
+    if (width == 4) {
+        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+#pragma unroll 4
+        for (u32 k = from; k < to; k++) {
+            float4 v = *(const float4*)(dout + (i64)sorted[k] * c + col);
+            s0 += (double)v.x;
+            s1 += (double)v.y;
+            s2 += (double)v.z;
+            s3 += (double)v.w;
+        }
+        float* o = out + (i64)id * c + col;
+        o[0] = (float)s0;
+        o[1] = (float)s1;
+        o[2] = (float)s2;
+        o[3] = (float)s3;
+    } else {
+        double s = 0.0;
+#pragma unroll 4
+        for (u32 k = from; k < to; k++) s += (double)dout[(i64)sorted[k] * c + col];
+        out[(i64)id * c + col] = (float)s;
     }
 }
 

@@ -33,7 +33,7 @@ struct TrainParams {
     // The format id whose 16-bit codes in0 holds, two to a word (a coded input: GELU's x, the
     // pre-GELU activations; fused attention's q|k|v); f32's id: in0 holds f32 words.
     x_stored: u32,
-    // The span [begin, end) of the tokens (embedding_bwd) or chunks (sum_partials) this
+    // The span [begin, end) of an id's tokens (embedding_sum) or chunks (sum_partials) this
     // dispatch adds, and SPAN_FIRST where the sums start at zero, else from what the previous
     // span wrote: all of them in one span unless the adapter's loop budget splits them
     // (src/backend/wgpu/budget.rs). The same additions in the same order either way.
@@ -463,25 +463,103 @@ fn embedding_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     out0[e] = in0v(bitcast<u32>(in1[r]) * params.c + e % params.c);
 }
 
-// Embedding scatter-add as a gather, so no float atomics are needed: table entry (row, i) sums
-// dout over the tokens whose id is `row`. in0 = dout, in1 = ids; tokens of them; n = rows * c.
+// Embedding scatter-add as a sorted segment sum (CUDA's twin: embedding_sort and embedding_sum
+// in cuda/train.cu), no float atomics: `embedding_sort` groups the token indices by id, then
+// `embedding_sum` sums each id's rows of dout over its own tokens in token order.
+
+// Invocations of the sort's one workgroup (`SORT_LANES` in src/backend/wgpu/train.rs).
+const SORT_LANES: u32 = 256u;
+
+var<workgroup> sort_partial: array<u32, 256>;
+
+// A stable counting sort of the ids, one workgroup. Lane t owns the tokens [t * per, (t + 1) *
+// per) and counts them by id into counts[id * SORT_LANES + t]; an exclusive scan of counts in
+// that (id, lane) order gives each (id, lane) its first place, so that scattering the tokens in
+// order, each lane its own, keeps every id's tokens in token order. in1 = ids (tokens of them,
+// as f32 bits); out2 = counts (rows * SORT_LANES), offsets (rows + 1: where each id's tokens
+// start, then where the last ends), sorted (tokens); n = rows.
 @compute @workgroup_size(256)
-fn embedding_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+fn embedding_sort(@builtin(local_invocation_index) t: u32) {
+    let rows = params.n;
+    let tokens = params.tokens;
+    let per = (tokens + SORT_LANES - 1u) / SORT_LANES;
+    let own = min(t * per, tokens);
+    let own_end = min(own + per, tokens);
+    for (var id = 0u; id < rows; id++) {
+        out2[id * SORT_LANES + t] = 0u;
+    }
+    // Ids are checked against the table before a step (an id beyond it is left out here).
+    for (var r = own; r < own_end; r++) {
+        let id = bitcast<u32>(in1[r]);
+        if (id < rows) {
+            out2[id * SORT_LANES + t] = out2[id * SORT_LANES + t] + 1u;
+        }
+    }
+    storageBarrier();
+    // Exclusive scan of counts: lane t the slice of rows values from t * rows, the slices'
+    // sums scanned by lane 0, then each slice rewritten from its start.
+    let lo = t * rows;
+    var sum = 0u;
+    for (var e = lo; e < lo + rows; e++) {
+        sum += out2[e];
+    }
+    sort_partial[t] = sum;
+    workgroupBarrier();
+    if (t == 0u) {
+        var run = 0u;
+        for (var i = 0u; i < SORT_LANES; i++) {
+            let v = sort_partial[i];
+            sort_partial[i] = run;
+            run += v;
+        }
+        out2[rows * SORT_LANES + rows] = run;
+    }
+    workgroupBarrier();
+    var run = sort_partial[t];
+    for (var e = lo; e < lo + rows; e++) {
+        let v = out2[e];
+        out2[e] = run;
+        run += v;
+    }
+    storageBarrier();
+    let offsets = rows * SORT_LANES;
+    for (var id = t; id < rows; id += SORT_LANES) {
+        out2[offsets + id] = out2[id * SORT_LANES];
+    }
+    storageBarrier();  // the offsets read before the scatter moves the places on
+    let sorted = offsets + rows + 1u;
+    for (var r = own; r < own_end; r++) {
+        let id = bitcast<u32>(in1[r]);
+        if (id < rows) {
+            let place = out2[id * SORT_LANES + t];
+            out2[sorted + place] = r;
+            out2[id * SORT_LANES + t] = place + 1u;
+        }
+    }
+}
+
+// Table entry (id, i) sums dout over id's tokens in token order: those of ranks [begin, end)
+// among them in this dispatch. in0 = dout, in1 = embedding_sort's output (u32 bits); n = rows
+// * c.
+@compute @workgroup_size(256)
+fn embedding_sum(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
     let e = flat_index(wg, nwg, lid);
     if (e >= params.n) {
         return;
     }
-    let row = e / params.c;
+    let id = e / params.c;
     let i = e % params.c;
+    let offsets = params.n / params.c * SORT_LANES;
+    let sorted = offsets + params.n / params.c + 1u;
+    let first = bitcast<u32>(in1[offsets + id]);
+    let stop = min(first + params.end, bitcast<u32>(in1[offsets + id + 1u]));
     var sum = 0.0;
     if ((params.span & SPAN_FIRST) == 0u) {
         sum = out0[e];
     }
-    for (var r = params.begin; r < params.end; r++) {
-        if (bitcast<u32>(in1[r]) == row) {
-            sum += in0v(r * params.c + i);
-        }
+    for (var k = first + params.begin; k < stop; k++) {
+        sum += in0v(bitcast<u32>(in1[sorted + k]) * params.c + i);
     }
     out0[e] = sum;
 }

@@ -465,12 +465,17 @@ fn train_ops_long_loops(b: &dyn Backend) {
         .map(|i| (i * 3 + i / 7) % vocab)
         .collect();
     let dout = measure::normal(tokens * width, seed + 4);
-    // The kernels add an entry's tokens in token order in f32 (14,000 of them: the reference's
-    // f64 sum is further off than ROW allows): so do these additions, to the bit.
+    // wgpu's kernels add an entry's tokens in token order in f32 (14,000 of them: the
+    // reference's f64 sum is further off than ROW allows): so do these additions, to the bit.
+    // CUDA's add them in token order in f64, as the definition does: its bits.
     let mut want = vec![0f32; vocab as usize * width];
-    for (r, &id) in ids.iter().enumerate() {
-        for i in 0..width {
-            want[id as usize * width + i] += dout[r * width + i];
+    if b.kind() == BackendKind::Cuda {
+        want = ops::embedding_bwd(&dout, &ids, vocab as usize, width);
+    } else {
+        for (r, &id) in ids.iter().enumerate() {
+            for i in 0..width {
+                want[id as usize * width + i] += dout[r * width + i];
+            }
         }
     }
     let mut p = common::OneOp::new(tokens);
@@ -753,19 +758,52 @@ fn train_ops(b: &dyn Backend) {
     let want = ops::embedding_fwd(&table, &tokens, width);
     assert_eq!(ran[0].outs[0], want, "{name}: embedding gather is exact");
     assert_eq!(ran[1].outs[0], want, "the host's gather");
-    let dout = measure::normal(n * width, seed + 10);
-    let mut p = common::OneOp::new(n);
-    let (di, out) = (p.input(dout.clone()), p.output(vocab * width));
-    let op = Op::EmbeddingBwd {
-        dout: di,
-        ids: p.batch.0,
-        out,
-        rows: vocab,
-        c: width,
-    };
-    let ran = p.run_both(b, op, (&tokens, &ids(n)), 1.0, &[out]);
-    let want = ops::embedding_bwd(&dout, &tokens, vocab, width);
-    agree("embedding scatter-add", &pair(&ran, 0), &want, tol::ROW);
+    // The scatter-add on skewed ids too: every token one id, ids absent from the batch and a
+    // table larger than the batch, one id taking most tokens. CUDA sums each entry's tokens in
+    // token order in f64, as the definition does: its bits.
+    let cases: [(&str, usize, Vec<u32>); 4] = [
+        ("mixed ids", vocab, tokens.clone()),
+        ("every token one id", 3, vec![2; 600]),
+        (
+            "ids absent, a table larger than the batch",
+            300,
+            (0..40).map(|i| i % 5 * 61).collect(),
+        ),
+        (
+            "one id most tokens",
+            65,
+            (0..700)
+                .map(|i| if i % 10 < 7 { 4 } else { i % 65 })
+                .collect(),
+        ),
+    ];
+    for (k, (what, vocab, tokens)) in cases.into_iter().enumerate() {
+        let n = tokens.len();
+        let dout = measure::normal(n * width, seed + 10 + k as u64);
+        let mut p = common::OneOp::new(n);
+        let (di, out) = (p.input(dout.clone()), p.output(vocab * width));
+        let op = Op::EmbeddingBwd {
+            dout: di,
+            ids: p.batch.0,
+            out,
+            rows: vocab,
+            c: width,
+        };
+        let ran = p.run_both(b, op, (&tokens, &ids(n)), 1.0, &[out]);
+        let want = ops::embedding_bwd(&dout, &tokens, vocab, width);
+        agree(
+            &format!("embedding scatter-add, {what}"),
+            &pair(&ran, 0),
+            &want,
+            tol::ROW,
+        );
+        if b.kind() == BackendKind::Cuda {
+            assert!(
+                common::same_bits(&ran[0].outs[0], &want),
+                "{name}: embedding scatter-add, {what}: not the definition's bits"
+            );
+        }
+    }
     // GradScaler's unscale: one exact multiplication, and the finite flag of an inf or a NaN.
     let grads = measure::normal(3001, seed + 11);
     for bad in [None, Some(f32::INFINITY), Some(f32::NAN)] {

@@ -624,12 +624,23 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> y(n);
         emu::launch(elementwise_grid(n), element_block, [&] { embedding_fwd(table, ids, y.data(), n, c); });
         out = bits_of(y);
-    } else if (k == "embedding_bwd" && argc == 5) {  // ROWS C TOKENS < dout ids
-        u32 rows = arg(argv, 2), c = arg(argv, 3), tokens = arg(argv, 4);
-        float* dout = input.f((size_t)tokens * c);
+    } else if (k == "embedding_bwd" && argc == 6) {  // ROWS C TOKENS WIDTH < dout ids
+        // The launcher's two launches (src/backend/cuda/train.rs), each thread of the sum
+        // WIDTH columns (4: 16-byte loads, c a multiple of 4).
+        u32 rows = arg(argv, 2), c = arg(argv, 3), tokens = arg(argv, 4), width = arg(argv, 5);
+        std::vector<float4> aligned(((size_t)tokens * c + 3) / 4);
+        std::memcpy(aligned.data(), input.f((size_t)tokens * c), (size_t)tokens * c * 4);
+        const float* dout = (const float*)aligned.data();
         u32* ids = input.u(tokens);
+        std::vector<u32> counts((size_t)rows * SORT_THREADS), offsets(rows + 1), sorted(tokens);
         std::vector<float> y((size_t)rows * c);
-        emu::launch({rows, 1, 1}, row_block, [&] { embedding_bwd(dout, ids, y.data(), c, tokens); });
+        emu::launch({1, 1, 1}, {SORT_THREADS, 1, 1}, [&] {
+            embedding_sort(ids, counts.data(), offsets.data(), sorted.data(), rows, tokens);
+        });
+        u32 spans = ((c + width - 1) / width + 31) / 32;
+        emu::launch({rows, spans, 1}, {32, 1, 1}, [&] {
+            embedding_sum(dout, offsets.data(), sorted.data(), y.data(), c, width);
+        });
         out = bits_of(y);
     } else if (k == "add" && argc == 12) {
         // N C YFMT FMT CODED RFMT HAS_R HAS_G GFMT GCODED < x(c) y(n) [r(n)] > y held in YFMT,

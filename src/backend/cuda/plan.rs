@@ -162,8 +162,8 @@ impl<'a> CudaPlan<'a> {
                 c,
             } => {
                 let tokens = self.len(ids);
-                let (d, i, o) = (self.p(dout), self.p(ids), self.p(out));
-                launch::embedding_bwd(cb, d, i, o, (rows, c, tokens))
+                let ptrs = [self.p(dout), self.p(ids), self.p(out)];
+                launch::embedding_bwd(cb, ptrs, (rows, c, tokens), work)
             }
             Op::LayerNorm {
                 x,

@@ -17,6 +17,9 @@ pub(super) type Ptr = CUdeviceptr;
 const ROW_THREADS: u32 = 128;
 /// Rows per chunk of the column reductions (`CHUNK_ROWS` in train.cu).
 const CHUNK_ROWS: usize = 256;
+/// Threads of the embedding backward's sort (`SORT_THREADS` in train.cu), and of its sum.
+const SORT_THREADS: u32 = 256;
+const SUM_THREADS: u32 = 32;
 /// Elements per block of the unscale reduction, and its most blocks.
 const UNSCALE_PER_BLOCK: usize = 1024;
 const UNSCALE_BLOCKS: usize = 256;
@@ -87,8 +90,8 @@ pub(super) mod scratch {
             Op::ColumnSums { x, c, .. } => column_sums(rows(x, c), c),
             Op::UnscaleCheck { grad, .. } => unscale(len(grad)),
             Op::AttentionBwd { ref spec, .. } => attention_bwd(spec),
+            Op::EmbeddingBwd { ids, rows, .. } => embedding_bwd(rows, len(ids)),
             Op::Embedding { .. }
-            | Op::EmbeddingBwd { .. }
             | Op::LayerNorm { .. }
             | Op::Gelu { .. }
             | Op::GeluBwd { .. }
@@ -111,6 +114,11 @@ pub(super) mod scratch {
     /// Layer norm's backward (dg and db partials).
     pub fn layernorm_bwd(rows: usize, c: usize) -> usize {
         2 * super::chunks(rows) * c
+    }
+    /// The embedding backward's sort (u32s): counts per (id, sort thread), where each id's
+    /// tokens start, the token indices grouped by id.
+    pub fn embedding_bwd(rows: usize, tokens: usize) -> usize {
+        rows * super::SORT_THREADS as usize + rows + 1 + tokens
     }
     /// Cross entropy (a loss per row).
     pub fn cross_entropy(rows: usize) -> usize {
@@ -143,18 +151,40 @@ pub(super) fn embedding_fwd(
     launch_1d!(cb, Module::Train, "embedding_fwd", tokens * c as usize; &table, &ids, &out, &n, &c)
 }
 
+/// The embedding scatter-add as a sorted segment sum: `embedding_sort` (one block) groups the
+/// token indices by id in `scratch` (`scratch::embedding_bwd`), then `embedding_sum` sums each
+/// id's rows of dout in token order, a block per (id, span of columns).
 pub(super) fn embedding_bwd(
     cb: &CudaBackend,
-    dout: Ptr,
-    ids: Ptr,
-    out: Ptr,
+    [dout, ids, out]: [Ptr; 3],
     (rows, c, tokens): (usize, usize, usize),
+    scratch: Ptr,
 ) -> Result<()> {
     if rows == 0 || c == 0 {
         return Ok(());
     }
-    let (c, tokens) = (c as u32, grid_size("tokens", tokens)?);
-    launch!(cb, Module::Train, "embedding_bwd", CudaBackend::rows_config(rows)?; &dout, &ids, &out, &c, &tokens)
+    let (rows32, c32, tokens32) = (
+        grid_size("rows", rows)?,
+        c as u32,
+        grid_size("tokens", tokens)?,
+    );
+    let counts = scratch;
+    let offsets = counts + (rows * SORT_THREADS as usize * 4) as u64;
+    let sorted = offsets + ((rows + 1) * 4) as u64;
+    let sort = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (SORT_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(cb, Module::Train, "embedding_sort", sort; &ids, &counts, &offsets, &sorted, &rows32, &tokens32)?;
+    let width: u32 = if c % 4 == 0 && dout % 16 == 0 { 4 } else { 1 };
+    let spans = c.div_ceil(width as usize).div_ceil(SUM_THREADS as usize);
+    let sum = LaunchConfig {
+        grid_dim: (rows32, grid_size("column spans", spans)?, 1),
+        block_dim: (SUM_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch!(cb, Module::Train, "embedding_sum", sum; &dout, &offsets, &sorted, &out, &c32, &width)
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -371,11 +371,24 @@ impl<'a> ResidentPlan<'a> {
                 out,
                 rows,
                 c,
-            } => train(
-                launch::embedding_bwd(rows, c, len(ids)),
-                [Some(dout), Some(ids), None],
-                [Some(out), None, None],
-            )?,
+            } => {
+                let [sort, sum] = launch::embedding_bwd(rows, c, len(ids));
+                let sorted = storage_of(gpu, launch::embedding_sort_len(rows, len(ids)))?;
+                let d = [
+                    train_on(
+                        sort,
+                        [&dummies.read, &t[ids], &dummies.read],
+                        [&dummies.write[0], &dummies.write[1], &sorted],
+                    )?,
+                    train_on(
+                        sum,
+                        [&t[dout], &sorted, &dummies.read],
+                        [&t[out], &dummies.write[0], &dummies.write[1]],
+                    )?,
+                ];
+                r.temporaries.push(sorted);
+                d.concat()
+            }
             Op::LayerNorm {
                 x,
                 g,

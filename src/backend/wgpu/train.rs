@@ -24,7 +24,8 @@ pub enum TrainOp {
     CausalSoftmaxBwd,
     CrossEntropyFwd,
     EmbeddingFwd,
-    EmbeddingBwd,
+    EmbeddingSort,
+    EmbeddingSum,
     AttentionFwd,
     AttentionBwdQ,
     AttentionBwdK,
@@ -32,7 +33,7 @@ pub enum TrainOp {
 }
 
 impl TrainOp {
-    pub const ALL: [TrainOp; 16] = [
+    pub const ALL: [TrainOp; 17] = [
         TrainOp::LayernormFwd,
         TrainOp::LayernormBwdX,
         TrainOp::LayernormBwdPartials,
@@ -44,7 +45,8 @@ impl TrainOp {
         TrainOp::CausalSoftmaxBwd,
         TrainOp::CrossEntropyFwd,
         TrainOp::EmbeddingFwd,
-        TrainOp::EmbeddingBwd,
+        TrainOp::EmbeddingSort,
+        TrainOp::EmbeddingSum,
         TrainOp::AttentionFwd,
         TrainOp::AttentionBwdQ,
         TrainOp::AttentionBwdK,
@@ -64,7 +66,8 @@ impl TrainOp {
             TrainOp::CausalSoftmaxBwd => "causal_softmax_bwd",
             TrainOp::CrossEntropyFwd => "cross_entropy_fwd",
             TrainOp::EmbeddingFwd => "embedding_fwd",
-            TrainOp::EmbeddingBwd => "embedding_bwd",
+            TrainOp::EmbeddingSort => "embedding_sort",
+            TrainOp::EmbeddingSum => "embedding_sum",
             TrainOp::AttentionFwd => "attention_fwd",
             TrainOp::AttentionBwdQ => "attention_bwd_q",
             TrainOp::AttentionBwdK => "attention_bwd_k",
@@ -138,7 +141,7 @@ pub struct TrainParams {
     /// fused attention's q|k|v); f32's id: it holds f32 values.
     pub x_stored: u32,
     /// The span [begin, end) of the op's long loop this dispatch runs (the tokens of the
-    /// embedding scatter-add, the chunks `sum_partials` adds), and SPAN_FIRST where its sums
+    /// embedding scatter-add, of each id's, the chunks `sum_partials` adds), and SPAN_FIRST where its sums
     /// start at zero (else from the output, where the previous span left them): the whole
     /// loop, unless the adapter's loop budget splits it (budget.rs). Set by `launched`.
     pub begin: u32,
@@ -205,7 +208,9 @@ impl TrainLaunch {
         let what = match self.op {
             _ if self.rows => format!("{name} on rows of {}", p.c),
             _ if attention => format!("{name} over a context of {} with heads of {}", p.c, p.d),
-            TrainOp::EmbeddingBwd => format!("{name} over {} tokens", p.tokens),
+            TrainOp::EmbeddingSort | TrainOp::EmbeddingSum => {
+                format!("{name} over {} tokens", p.tokens)
+            }
             TrainOp::SumPartials => format!("{name} over {} chunks of rows", p.tokens),
             _ => format!("{name} over {} items", self.items),
         };
@@ -224,8 +229,9 @@ impl TrainLaunch {
             ..p
         };
         let params = match self.op {
-            // One pass per token (chunk), and the loop's exit.
-            TrainOp::EmbeddingBwd | TrainOp::SumPartials => {
+            // One pass per token (of the id's, the most being all of them) or chunk, and the
+            // loop's exit.
+            TrainOp::EmbeddingSum | TrainOp::SumPartials => {
                 let ranges = gpu.loop_ranges(&what, 1, 1, p.tokens.into())?;
                 let count = ranges.len();
                 ranges
@@ -272,6 +278,13 @@ impl TrainLaunch {
             // layer norm's two sums).
             TrainOp::ColumnPartials => looped(launch::CHUNK_ROWS as u64 / 8) + looped(8),
             TrainOp::LayernormBwdPartials => looped(launch::CHUNK_ROWS as u64 / 8) + 2 * looped(8),
+            // Each lane's tokens counted and scattered; counts zeroed and its slice of them
+            // scanned in two passes (rows each); lane 0's scan of the slices; the offsets.
+            TrainOp::EmbeddingSort => {
+                let (rows, lanes) = (u64::from(p.n), launch::SORT_LANES as u64);
+                let per = u64::from(p.tokens).div_ceil(lanes);
+                2 * looped(per) + 3 * looped(rows) + looped(lanes) + looped(rows.div_ceil(lanes))
+            }
             // The row's vectors in; pass 1 over the keys, each a score over the head; pass 2,
             // each a score and a step of P . v; the output (as codes or f32).
             TrainOp::AttentionFwd => {
@@ -448,11 +461,23 @@ pub mod launch {
         train(TrainOp::EmbeddingFwd, n, c, n)
     }
 
-    /// Scatter-adds `tokens` rows into `rows x c`: dout, ids -> dtable.
-    pub fn embedding_bwd(rows: usize, c: usize, tokens: usize) -> TrainLaunch {
-        let mut l = train(TrainOp::EmbeddingBwd, rows * c, c, rows * c);
-        l.params.tokens = tokens as u32;
-        l
+    /// Invocations of the embedding backward's sort (`SORT_LANES` in train.wgsl).
+    pub(super) const SORT_LANES: usize = 256;
+
+    /// Words the embedding backward's sort writes: counts per (id, lane), where each id's
+    /// tokens start, the token indices grouped by id.
+    pub fn embedding_sort_len(rows: usize, tokens: usize) -> usize {
+        rows * SORT_LANES + rows + 1 + tokens
+    }
+
+    /// Scatter-adds `tokens` rows into `rows x c`: ids -> the sort (`embedding_sort_len`),
+    /// then dout, the sort -> dtable.
+    pub fn embedding_bwd(rows: usize, c: usize, tokens: usize) -> [TrainLaunch; 2] {
+        let mut sort = train(TrainOp::EmbeddingSort, rows, c, SORT_LANES);
+        sort.params.tokens = tokens as u32;
+        let mut sum = train(TrainOp::EmbeddingSum, rows * c, c, rows * c);
+        sum.params.tokens = tokens as u32;
+        [sort, sum]
     }
 
     /// x, g, b -> y held in `held`, (mean, rstd) per row; y `coded` goes to the third output
