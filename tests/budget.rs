@@ -12,9 +12,9 @@ use mantissa::backend::Backend;
 use mantissa::backend::reference::ops;
 use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
 use mantissa::format::Format;
-use mantissa::plan::{Op, ScoreScale};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
+use mantissa::plan::{Op, ScoreScale};
 use pollster::FutureExt as _;
 
 /// The budget the split backends assume: half of it (what kernels plan on) holds a few dozen
@@ -187,7 +187,7 @@ fn split_training_loops_give_the_bits_of_one_dispatch() {
             let mut p = common::OneOp::new(1);
             p.grads = 1;
             let gi = p.input(grads.clone());
-            let op = Op::UnscaleCheck { grad: gi, index: 0 };
+            let op = Op::UnscaleCheck { grads: vec![gi] };
             let ran = p.run(b, op, (&[0], &[0]), 1024.0, &[gi]);
             (ran.outs[0].clone(), ran.stats[1] == 0.0)
         };
@@ -253,7 +253,7 @@ fn reductions_plan(b: &dyn Backend, seed: u64) -> Vec<f64> {
         v,
         held: Format::F32,
     });
-    g.push(Op::UnscaleCheck { grad: dw, index: 0 });
+    g.push(Op::UnscaleCheck { grads: vec![dw] });
     let mut outline = Outline::ops_alone(1, 2, (tokens, targets), logits);
     outline.stats.grads = 1;
     let plan = g.finish(outline).unwrap();
@@ -282,7 +282,11 @@ fn rows_too_long_for_one_lane_take_more() {
     let x = measure::normal(rows * c, seed);
     let (g, bias) = (measure::normal(c, seed + 1), measure::normal(c, seed + 2));
     let mut p = common::OneOp::new(1);
-    let (xi, gi, bi) = (p.input(x.clone()), p.input(g.clone()), p.input(bias.clone()));
+    let (xi, gi, bi) = (
+        p.input(x.clone()),
+        p.input(g.clone()),
+        p.input(bias.clone()),
+    );
     let (out, stats) = (p.output(rows * c), p.output(2 * rows));
     let op = Op::LayerNorm {
         x: xi,
