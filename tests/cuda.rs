@@ -911,7 +911,7 @@ fn cuda_training_kernels_match_the_host_reference() {
         scalars[mantissa::plan::scalar::CLIP] = clip;
         let mut st = stats;
         st[2] = flag;
-        let decay = |i: usize| i % 2 == 0;
+        let decay = |i: usize| i.is_multiple_of(2);
         let mut args = vec!["2".to_string()];
         for (i, n) in lens.iter().enumerate() {
             args.extend([n.to_string(), (decay(i) as u8).to_string()]);

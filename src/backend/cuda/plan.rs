@@ -46,7 +46,7 @@ pub struct CudaPlan<'a> {
     spare: CudaSlice<f32>,
     /// The tensor tables of the multi-tensor ops (unscale and check, AdamW), by op index:
     /// written once here, since the tensors never move.
-    tables: Vec<Option<(TensorTable, CudaSlice<u64>)>>,
+    tables: Vec<Option<TableOnDevice>>,
     /// The NCCL communicator of a data-parallel run, joined at its first reduction; or why
     /// `Reducer::Auto` went to MPI instead.
     nccl: Option<Nccl>,
@@ -58,6 +58,9 @@ pub struct CudaPlan<'a> {
     /// section runs.
     graphs: Graphs<StepGraph>,
 }
+
+/// A multi-tensor op's table and its copy on the device.
+type TableOnDevice = (TensorTable, CudaSlice<u64>);
 
 /// A captured section. CUDA graphs may be used from any thread so long as no two use one at
 /// once (they are not internally synchronised); the executor owns its graphs and uses them
@@ -116,7 +119,7 @@ impl<'a> CudaPlan<'a> {
     }
 
     /// The multi-tensor ops' tables (`launch::TensorTable`), on the device.
-    fn tensor_tables(&self) -> Result<Vec<Option<(TensorTable, CudaSlice<u64>)>>> {
+    fn tensor_tables(&self) -> Result<Vec<Option<TableOnDevice>>> {
         let table = |op: &Op| match op {
             Op::UnscaleCheck { grads } => {
                 TensorTable::unscale(grads.iter().map(|&g| (self.p(g), self.len(g)))).map(Some)
