@@ -401,16 +401,43 @@ extern "C" __global__ void strided_copy(const float* x, float* y, i64 n, Strided
 
 // ---- GradScaler and AdamW ----
 
-// Unscale of one gradient: g = (g [+ POISON on element 0 if `poisoned`]) * INVERSE_SCALE in
-// place; per block, the squared norm and whether any result is inf or NaN into partial[2 b],
-// partial[2 b + 1] (the grid-stride split is fixed by the launch, so the sums are too).
-extern "C" __global__ void unscale_partials(float* g, float* partial, const float* scalars,
-                                            i64 n, u32 poisoned) {
+// The multi-tensor kernels (unscale and check, AdamW) run one launch over a table of tensors
+// (apex's multi_tensor_apply): the table, written once when the plan is built, gives each tensor
+// its pointers, length and a range of the grid's blocks; a block finds its tensor by bisection.
+struct TensorBlocks {
+    float* x[4];       // unscale: the gradient; AdamW: p, g, m, v
+    i64 n;             // values of each
+    u32 first_block;   // the tensor's blocks in the grid: [first_block, first_block + blocks)
+    u32 blocks;
+    u32 decay;         // AdamW: weight decay applies
+    u32 pad;
+};
+
+// The entry of `table` (`count` tensors, in block order) whose blocks hold block `b`.
+__device__ __forceinline__ u32 tensor_of_block(const TensorBlocks* table, u32 count, u32 b) {
+    u32 lo = 0, hi = count;  // table[lo].first_block <= b < table[hi].first_block
+    while (hi - lo > 1u) {
+        u32 mid = (lo + hi) / 2u;
+        if (table[mid].first_block <= b) lo = mid; else hi = mid;
+    }
+    return lo;
+}
+
+// Unscale of every gradient of the table: g = (g [+ POISON on element 0 of tensor 0]) *
+// INVERSE_SCALE in place; per block, the squared norm and whether any result is inf or NaN into
+// partial[2 b], partial[2 b + 1]. Each tensor's blocks stride over it as a launch of its own
+// would (the split is fixed by the table, so the sums are too).
+extern "C" __global__ void unscale_partials(const TensorBlocks* table, u32 count, float* partial,
+                                            const float* scalars) {
+    u32 i = tensor_of_block(table, count, blockIdx.x);
+    const TensorBlocks t = table[i];
+    float* g = t.x[0];
+    i64 stride = (i64)t.blocks * blockDim.x;
     float inverse = scalars[S_INVERSE_SCALE];
     float s = 0.0f, bad = 0.0f;
-    FOR_EACH(e, n) {
+    for (i64 e = (i64)(blockIdx.x - t.first_block) * blockDim.x + threadIdx.x; e < t.n; e += stride) {
         float v = g[e];
-        if (poisoned != 0u && e == 0) v += scalars[S_POISON];
+        if (i == 0u && e == 0) v += scalars[S_POISON];
         v *= inverse;
         g[e] = v;
         if (!is_finite_bits(v)) bad = 1.0f;
@@ -424,43 +451,78 @@ extern "C" __global__ void unscale_partials(float* g, float* partial, const floa
     }
 }
 
-// stats[flag] = whether any block saw a non-finite value, stats[norm] = the squared norm
-// (blocks added in order). One thread.
-extern "C" __global__ void unscale_finish(const float* partial, u32 blocks, float* stats,
-                                          u32 flag, u32 norm) {
-    if (blockIdx.x != 0u || threadIdx.x != 0u) return;
-    float s = 0.0f, bad = 0.0f;
-    for (u32 b = 0; b < blocks; b++) {
-        s += partial[2 * b];
-        bad = fmaxf(bad, partial[2 * b + 1]);
+// Per tensor i of the table, stats[flags + i] = whether any of its blocks saw a non-finite
+// value, stats[norms + i] = its squared norm (its blocks added in order). A thread per tensor.
+extern "C" __global__ void unscale_finish(const TensorBlocks* table, u32 count,
+                                          const float* partial, float* stats, u32 flags,
+                                          u32 norms) {
+    for (u32 i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += gridDim.x * blockDim.x) {
+        float s = 0.0f, bad = 0.0f;
+        for (u32 b = table[i].first_block; b < table[i].first_block + table[i].blocks; b++) {
+            s += partial[2 * b];
+            bad = fmaxf(bad, partial[2 * b + 1]);
+        }
+        stats[flags + i] = bad;
+        stats[norms + i] = s;
     }
-    stats[flag] = bad;
-    stats[norm] = s;
 }
 
-// AdamW on p with gradient g and moments m, v; skipped unless every gradient's finite flag
-// (stats[1 .. 1 + count)) is clear; the gradient clipped to the global norm CLIP (squared
-// norms at stats[1 + count .. 1 + 2 count)).
-extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v,
-                                 const float* stats, const float* scalars, i64 n, u32 count,
-                                 u32 decay) {
-    float norm_sq = 0.0f;
-    for (u32 i = 0; i < count; i++) {
-        if (stats[1 + i] != 0.0f) return;
-        norm_sq += stats[1 + count + i];
+// One AdamW value: m, v and p updated from gradient g (already clipped).
+struct AdamwStep {
+    float beta1, beta2, wd, step, bc2, eps;
+    __device__ __forceinline__ void apply(float& p, float g, float& m, float& v) const {
+        m = beta1 * m + (1.0f - beta1) * g;
+        v = beta2 * v + (1.0f - beta2) * g * g;
+        p = p * (1.0f - wd) - step * m / (sqrtf(v / bc2) + eps);
     }
-    float norm = sqrtf(norm_sq), clip = scalars[S_CLIP];
-    float factor = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
-    float lr = scalars[S_LR], beta1 = scalars[S_BETA1], beta2 = scalars[S_BETA2];
-    float wd = decay != 0u ? lr * scalars[S_WEIGHT_DECAY] : 0.0f;
-    float step = lr / scalars[S_BIAS_CORRECTION1];
-    float bc2 = scalars[S_BIAS_CORRECTION2], eps = scalars[S_EPS];
-    FOR_EACH(e, n) {
-        float ge = g[e] * factor;
-        float me = beta1 * m[e] + (1.0f - beta1) * ge;
-        float ve = beta2 * v[e] + (1.0f - beta2) * ge * ge;
-        m[e] = me;
-        v[e] = ve;
-        p[e] = p[e] * (1.0f - wd) - step * me / (sqrtf(ve / bc2) + eps);
+};
+
+// AdamW on every parameter of the table (x = p, g, m, v), each block a chunk of
+// ADAMW_CHUNK values of its tensor; skipped unless every gradient's finite flag
+// (stats[1 .. 1 + count)) is clear; the gradients clipped to the global norm CLIP (squared
+// norms at stats[1 + count .. 1 + 2 count)). 16-byte accesses where the four are aligned.
+#define ADAMW_CHUNK 4096
+extern "C" __global__ void adamw(const TensorBlocks* table, u32 tensors, const float* stats,
+                                 const float* scalars, u32 count) {
+    __shared__ float gate[2];  // whether every gradient is finite, and the clip factor
+    if (threadIdx.x == 0u) {
+        float norm_sq = 0.0f, finite = 1.0f;
+        for (u32 i = 0; i < count; i++) {
+            if (stats[1 + i] != 0.0f) finite = 0.0f;
+            norm_sq += stats[1 + count + i];
+        }
+        float norm = sqrtf(norm_sq), clip = scalars[S_CLIP];
+        gate[0] = finite;
+        gate[1] = clip > 0.0f && norm > clip ? clip / norm : 1.0f;
     }
+    __syncthreads();
+    if (gate[0] == 0.0f) return;
+    float factor = gate[1];
+    const TensorBlocks t = table[tensor_of_block(table, tensors, blockIdx.x)];
+    float lr = scalars[S_LR];
+    AdamwStep a = {scalars[S_BETA1], scalars[S_BETA2],
+                   t.decay != 0u ? lr * scalars[S_WEIGHT_DECAY] : 0.0f,
+                   lr / scalars[S_BIAS_CORRECTION1], scalars[S_BIAS_CORRECTION2], scalars[S_EPS]};
+    float *p = t.x[0], *m = t.x[2], *v = t.x[3];
+    const float* g = t.x[1];
+    i64 from = (i64)(blockIdx.x - t.first_block) * ADAMW_CHUNK;
+    i64 to = min(from + ADAMW_CHUNK, t.n);
+    bool quads = (((unsigned long long)p | (unsigned long long)g | (unsigned long long)m |
+                   (unsigned long long)v) & 15ull) == 0ull;
+    i64 e = from;
+    if (quads) {
+        for (i64 q = from / 4 + threadIdx.x; q < to / 4; q += blockDim.x) {
+            float4 pq = ((float4*)p)[q], gq = ((const float4*)g)[q];
+            float4 mq = ((float4*)m)[q], vq = ((float4*)v)[q];
+            a.apply(pq.x, gq.x * factor, mq.x, vq.x);
+            a.apply(pq.y, gq.y * factor, mq.y, vq.y);
+            a.apply(pq.z, gq.z * factor, mq.z, vq.z);
+            a.apply(pq.w, gq.w * factor, mq.w, vq.w);
+            ((float4*)p)[q] = pq;
+            ((float4*)m)[q] = mq;
+            ((float4*)v)[q] = vq;
+        }
+        e = to / 4 * 4;
+    }
+    for (i64 k = e + threadIdx.x; k < to; k += blockDim.x) a.apply(p[k], g[k] * factor, m[k], v[k]);
 }

@@ -187,7 +187,7 @@ fn split_training_loops_give_the_bits_of_one_dispatch() {
             let mut p = common::OneOp::new(1);
             p.grads = 1;
             let gi = p.input(grads.clone());
-            let op = Op::UnscaleCheck { grad: gi, index: 0 };
+            let op = Op::UnscaleCheck { grads: vec![gi] };
             let ran = p.run(b, op, (&[0], &[0]), 1024.0, &[gi]);
             (ran.outs[0].clone(), ran.stats[1] == 0.0)
         };
@@ -253,7 +253,7 @@ fn reductions_plan(b: &dyn Backend, seed: u64) -> Vec<f64> {
         v,
         held: Format::F32,
     });
-    g.push(Op::UnscaleCheck { grad: dw, index: 0 });
+    g.push(Op::UnscaleCheck { grads: vec![dw] });
     let mut outline = Outline::ops_alone(1, 2, (tokens, targets), logits);
     outline.stats.grads = 1;
     let plan = g.finish(outline).unwrap();

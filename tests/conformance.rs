@@ -13,7 +13,7 @@ use mantissa::backend::{self, Backend, BackendKind};
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
-use mantissa::plan::{AdamW, Op, Outline, ScoreScale, Section};
+use mantissa::plan::{AdamW, AdamWParam, Op, Outline, ScoreScale, Section};
 use pollster::FutureExt as _;
 
 fn check_encode(b: &dyn Backend, seed: u64) {
@@ -499,7 +499,7 @@ fn train_ops_long_loops(b: &dyn Backend) {
     let mut p = common::OneOp::new(1);
     p.grads = 1;
     let gi = p.input(grads.clone());
-    let op = Op::UnscaleCheck { grad: gi, index: 0 };
+    let op = Op::UnscaleCheck { grads: vec![gi] };
     let [ran, _] = p.run_both(b, op, (&one, &one), 1024.0, &[gi]);
     assert!(!ops::unscale_check(&mut grads, 1.0 / 1024.0));
     assert_eq!(ran.stats[1], 1.0, "the inf in the last pass is seen");
@@ -713,34 +713,51 @@ fn train_ops(b: &dyn Backend) {
         &unscaled(&want),
         tol::ROW,
     );
-    // AdamW at step 3 on moments of a run.
+    // AdamW at step 3 on moments of a run: one op over parameters of odd lengths (one value,
+    // a vector's tail past 4-value groups, more than a CUDA block's chunk), weight decay on some.
     let opt = AdamW::default();
-    let grad = measure::normal(1001, seed + 7);
-    let (p1, m1, v1) = (
-        measure::normal(1001, seed + 8),
-        vec![0.01f32; 1001],
-        vec![0.001f32; 1001],
-    );
+    let lens = [1001, 1, 7, 4099, 34];
     let mut p = common::OneOp::new(1);
-    let (pi, gi, mi, vi) = (
-        p.input(p1.clone()),
-        p.input(grad.clone()),
-        p.input(m1.clone()),
-        p.input(v1.clone()),
-    );
-    let op = Op::AdamW {
-        param: pi,
-        grad: gi,
-        m: mi,
-        v: vi,
-        decay: true,
-    };
-    let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[pi, mi, vi]);
-    let (mut p2, mut m2, mut v2) = (p1, m1, v1);
-    ops::adamw(&opt, &mut p2, &grad, &mut m2, &mut v2, 3, true);
-    agree("adamw p", &pair(&ran, 0), &p2, tol::ARITHMETIC);
-    agree("adamw m", &pair(&ran, 1), &m2, tol::ARITHMETIC);
-    agree("adamw v", &pair(&ran, 2), &v2, tol::ARITHMETIC);
+    let mut params = Vec::new();
+    let mut start = Vec::new();
+    for (k, &n) in lens.iter().enumerate() {
+        let seed = seed + 7 + 3 * k as u64;
+        let (p1, g1) = (measure::normal(n, seed), measure::normal(n, seed + 1));
+        let (m1, v1) = (vec![0.01f32; n], vec![0.001f32; n]);
+        params.push(AdamWParam {
+            param: p.input(p1.clone()),
+            grad: p.input(g1.clone()),
+            m: p.input(m1.clone()),
+            v: p.input(v1.clone()),
+            decay: k % 2 == 0,
+        });
+        start.push((p1, g1, m1, v1));
+    }
+    let outs: Vec<_> = params.iter().flat_map(|a| [a.param, a.m, a.v]).collect();
+    let decays: Vec<bool> = params.iter().map(|a| a.decay).collect();
+    let ran = p.run_both(b, Op::AdamW { params }, (&ids(1), &ids(1)), 1.0, &outs);
+    for (k, (mut p2, g, mut m2, mut v2)) in start.into_iter().enumerate() {
+        ops::adamw(&opt, &mut p2, &g, &mut m2, &mut v2, 3, decays[k]);
+        let at = 3 * k;
+        agree(
+            &format!("adamw p of {k}"),
+            &pair(&ran, at),
+            &p2,
+            tol::ARITHMETIC,
+        );
+        agree(
+            &format!("adamw m of {k}"),
+            &pair(&ran, at + 1),
+            &m2,
+            tol::ARITHMETIC,
+        );
+        agree(
+            &format!("adamw v of {k}"),
+            &pair(&ran, at + 2),
+            &v2,
+            tol::ARITHMETIC,
+        );
+    }
     // Embeddings: the gather exact, the scatter-add of a reduction's order.
     let (vocab, width) = (11, 7);
     let table = measure::normal(vocab * width, seed + 9);
@@ -804,36 +821,55 @@ fn train_ops(b: &dyn Backend) {
             );
         }
     }
-    // GradScaler's unscale: one exact multiplication, and the finite flag of an inf or a NaN.
-    let grads = measure::normal(3001, seed + 11);
+    // GradScaler's unscale: one op over many gradients of odd lengths; one exact multiplication
+    // each, and each one's finite flag (an inf in one, a NaN in another, both among many) and
+    // squared norm.
+    let lens: Vec<usize> = (0..24)
+        .map(|i| (i * 397 + 1) % 3001 + 1)
+        .chain([5000])
+        .collect();
+    let count = lens.len();
     for bad in [None, Some(f32::INFINITY), Some(f32::NAN)] {
-        let mut g = grads.clone();
+        let mut grads: Vec<Vec<f32>> = (0..count)
+            .map(|i| measure::normal(lens[i], seed + 11 + i as u64))
+            .collect();
+        let hit = match bad {
+            Some(x) if x.is_nan() => 17,
+            _ => 9,
+        };
         if let Some(bad) = bad {
-            g[1234] = bad;
+            let at = lens[hit] / 2;
+            grads[hit][at] = bad;
         }
         let mut p = common::OneOp::new(1);
-        p.grads = 1;
-        let gi = p.input(g.clone());
-        let op = Op::UnscaleCheck { grad: gi, index: 0 };
-        let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1024.0, &[gi]);
-        let finite = ops::unscale_check(&mut g, 1.0 / 1024.0);
-        let flags = [0, 1].map(|i| ran[i].stats[1]);
-        assert_eq!(
-            flags,
-            [f64::from(!finite as u8); 2],
-            "{name}: finite flags, {bad:?}"
-        );
-        if bad.is_none() {
+        p.grads = count;
+        let ids_of: Vec<_> = grads.iter().map(|g| p.input(g.clone())).collect();
+        let op = Op::UnscaleCheck {
+            grads: ids_of.clone(),
+        };
+        let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1024.0, &ids_of);
+        for (i, g) in grads.iter_mut().enumerate() {
+            let finite = ops::unscale_check(g, 1.0 / 1024.0);
+            assert_eq!(finite, bad.is_none() || i != hit);
+            let flags = [0, 1].map(|r| ran[r].stats[1 + i]);
             assert_eq!(
-                ran[0].outs[0], g,
-                "{name}: unscaling is one exact f32 multiplication"
+                flags,
+                [f64::from(!finite as u8); 2],
+                "{name}: finite flag of gradient {i} of {count}, {bad:?}"
             );
-            assert_eq!(ran[1].outs[0], g);
-            let [norm, host_norm] = [0, 1].map(|i| ran[i].stats[2]);
-            assert!(
-                (norm - host_norm).abs() <= tol::REDUCTION as f64 * host_norm,
-                "{name}: squared norm {norm} vs {host_norm}"
-            );
+            for r in &ran {
+                assert!(
+                    common::same_bits(&r.outs[i], g),
+                    "{name}: unscaling gradient {i} is one exact f32 multiplication"
+                );
+            }
+            if finite {
+                let [norm, host_norm] = [0, 1].map(|r| ran[r].stats[1 + count + i]);
+                assert!(
+                    (norm - host_norm).abs() <= tol::REDUCTION as f64 * host_norm,
+                    "{name}: squared norm of gradient {i}: {norm} vs {host_norm}"
+                );
+            }
         }
     }
 }

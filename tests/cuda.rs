@@ -876,53 +876,66 @@ fn cuda_training_kernels_match_the_host_reference() {
     args.extend([split.src_offset, split.dst_offset, split.len() as u32]);
     let args: Vec<String> = args.iter().map(|v| v.to_string()).collect();
     assert_eq!(run_f32(h, "strided_copy", &args, &[&qkv]), want);
-    // GradScaler's unscale: exact; the flag for inf, NaN and an injected fault; the norm.
-    for n in [3001, 70_000] {
-        let g = measure::normal(n, seed + 14);
+    // GradScaler's unscale, one launch over many gradients (one of several blocks, one of
+    // more than the most blocks a tensor takes): exact; each one's flag for inf, NaN and an
+    // injected fault; each one's norm.
+    let lens = [3001, 1, 70_000, 5, 1024, 300_001];
+    let count = lens.len();
+    let grads: Vec<Vec<f32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| measure::normal(n, seed + 14 + i as u64))
+        .collect();
+    let inverse = (1.0f32 / 1024.0).to_string();
+    let unscale = |grads: &[Vec<f32>], poison: &str| {
+        let mut args = vec![inverse.clone(), poison.to_string()];
+        args.extend(lens.iter().map(|n| n.to_string()));
+        let inputs: Vec<&[f32]> = grads.iter().map(|g| g.as_slice()).collect();
+        run_f32(h, "unscale", &args, &inputs)
+    };
+    let total: usize = lens.iter().sum();
+    let out = unscale(&grads, "0");
+    let mut at = 0;
+    for (i, g) in grads.iter().enumerate() {
         let mut want = g.clone();
         assert!(ops::unscale_check(&mut want, 1.0 / 1024.0));
-        let inverse = (1.0f32 / 1024.0).to_string();
-        let out = run_f32(
-            h,
-            "unscale",
-            &["0".into(), inverse.clone(), "0".into()],
-            &[&g],
-        );
-        assert_eq!(
-            &out[..n],
-            &want[..],
-            "unscaling is one exact multiplication"
-        );
-        assert_eq!(out[n], 0.0, "finite gradients flagged");
-        let norm: f64 = want.iter().map(|&x| x as f64 * x as f64).sum();
+        let n = want.len();
         assert!(
-            ((out[n + 1] as f64) - norm).abs() <= tol::ROW as f64 * norm,
-            "squared norm {} vs {norm}",
-            out[n + 1]
+            common::same_bits(&out[at..at + n], &want),
+            "unscaling gradient {i} is one exact multiplication"
         );
-        for (at, bad) in [(1234, f32::INFINITY), (n - 1, f32::NAN)] {
-            let mut g = g.clone();
-            g[at] = bad;
-            let out = run_f32(
-                h,
-                "unscale",
-                &["0".into(), inverse.clone(), "0".into()],
-                &[&g],
-            );
-            assert_eq!(out[n], 1.0, "{bad} at {at} flagged");
-        }
-        let poisoned = ["1".into(), inverse, "inf".into()];
-        assert_eq!(
-            run_f32(h, "unscale", &poisoned, &[&g])[n],
-            1.0,
-            "fault injected"
+        at += n;
+        assert_eq!(out[total + i], 0.0, "finite gradient {i} flagged");
+        let norm: f64 = want.iter().map(|&x| x as f64 * x as f64).sum();
+        let got = out[total + count + i] as f64;
+        assert!(
+            (got - norm).abs() <= tol::ROW as f64 * norm,
+            "squared norm of gradient {i}: {got} vs {norm}"
         );
     }
-    // AdamW: the update, the clip, and the skip on a flagged gradient.
+    for (hit, at, bad) in [
+        (2, 1234, f32::INFINITY),
+        (5, 300_000, f32::NAN),
+        (1, 0, f32::NAN),
+    ] {
+        let mut grads = grads.clone();
+        grads[hit][at] = bad;
+        let out = unscale(&grads, "0");
+        let flags: Vec<f32> = out[total..total + count].to_vec();
+        let want: Vec<f32> = (0..count).map(|i| (i == hit) as u8 as f32).collect();
+        assert_eq!(
+            flags, want,
+            "{bad} at {at} of gradient {hit} flagged, alone"
+        );
+    }
+    let flags = unscale(&grads, "inf")[total..total + count].to_vec();
+    let want: Vec<f32> = (0..count).map(|i| (i == 0) as u8 as f32).collect();
+    assert_eq!(flags, want, "fault injected into gradient 0");
+    // AdamW, one launch over parameters (one whose four tensors are 16-byte aligned and span
+    // three blocks, others not, one of a single value): the update, the clip, and the skip on
+    // a flagged gradient.
     let opt = mantissa::plan::AdamW::default();
-    let n = 1001;
-    let (p, g) = (measure::normal(n, seed + 15), measure::normal(n, seed + 16));
-    let (m, v) = (vec![0.01f32; n], vec![0.001f32; n]);
+    let lens = [8196, 1001, 1, 6];
     let t = 3;
     let mut scalars = [0f32; 11];
     scalars[mantissa::plan::scalar::LR] = opt.lr;
@@ -932,28 +945,58 @@ fn cuda_training_kernels_match_the_host_reference() {
     scalars[mantissa::plan::scalar::WEIGHT_DECAY] = opt.weight_decay;
     scalars[mantissa::plan::scalar::BIAS_CORRECTION1] = (1.0 - (opt.beta1 as f64).powi(t)) as f32;
     scalars[mantissa::plan::scalar::BIAS_CORRECTION2] = (1.0 - (opt.beta2 as f64).powi(t)) as f32;
+    let params: Vec<[Vec<f32>; 4]> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            let seed = seed + 30 + 2 * i as u64;
+            [
+                measure::normal(n, seed),
+                measure::normal(n, seed + 1),
+                vec![0.01f32; n],
+                vec![0.001f32; n],
+            ]
+        })
+        .collect();
     // Two gradients in the stats (this one and another), squared norms 16 and 9: norm 5.
     let stats = [0.0, 0.0, 0.0, 16.0, 9.0];
-    for (clip, flag, decay) in [(0.0, 0.0, true), (2.5, 0.0, false), (0.0, 1.0, true)] {
+    for (clip, flag) in [(0.0, 0.0), (2.5, 0.0), (0.0, 1.0)] {
         scalars[mantissa::plan::scalar::CLIP] = clip;
         let mut st = stats;
         st[2] = flag;
-        let out = run_f32(
-            h,
-            "adamw",
-            &strings(&[n, 2, decay as usize]),
-            &[&p, &g, &m, &v, &st, &scalars],
-        );
-        let (mut wp, mut wm, mut wv) = (p.clone(), m.clone(), v.clone());
-        if flag == 0.0 {
-            let factor = if clip > 0.0 { clip / 5.0 } else { 1.0 };
-            let g: Vec<f32> = g.iter().map(|x| x * factor).collect();
-            ops::adamw(&opt, &mut wp, &g, &mut wm, &mut wv, t as u32, decay);
+        let decay = |i: usize| i.is_multiple_of(2);
+        let mut args = vec!["2".to_string()];
+        for (i, n) in lens.iter().enumerate() {
+            args.extend([n.to_string(), (decay(i) as u8).to_string()]);
         }
-        let what = format!("adamw clip {clip} flag {flag}");
-        close(&format!("{what} p"), &out[..n], &wp, tol::ARITHMETIC);
-        close(&format!("{what} m"), &out[n..2 * n], &wm, tol::ARITHMETIC);
-        close(&format!("{what} v"), &out[2 * n..], &wv, tol::ARITHMETIC);
+        let mut inputs: Vec<&[f32]> = params.iter().flatten().map(|x| x.as_slice()).collect();
+        inputs.extend([&st[..], &scalars[..]]);
+        let out = run_f32(h, "adamw", &args, &inputs);
+        let mut at = 0;
+        for (i, [p, g, m, v]) in params.iter().enumerate() {
+            let (mut wp, mut wm, mut wv) = (p.clone(), m.clone(), v.clone());
+            if flag == 0.0 {
+                let factor = if clip > 0.0 { clip / 5.0 } else { 1.0 };
+                let g: Vec<f32> = g.iter().map(|x| x * factor).collect();
+                ops::adamw(&opt, &mut wp, &g, &mut wm, &mut wv, t as u32, decay(i));
+            }
+            let n = p.len();
+            let what = format!("adamw of {i}, clip {clip} flag {flag}");
+            close(&format!("{what} p"), &out[at..at + n], &wp, tol::ARITHMETIC);
+            close(
+                &format!("{what} m"),
+                &out[at + n..at + 2 * n],
+                &wm,
+                tol::ARITHMETIC,
+            );
+            close(
+                &format!("{what} v"),
+                &out[at + 2 * n..at + 3 * n],
+                &wv,
+                tol::ARITHMETIC,
+            );
+            at += 3 * n;
+        }
     }
 }
 

@@ -1910,6 +1910,49 @@ fn plan_storage_shares_only_disjoint_temporaries() {
     }
 }
 
+/// The step's update is two multi-tensor ops, whatever the preset: one unscale-and-check over
+/// every gradient (in the stats' order) and one AdamW over every parameter with its gradient,
+/// moments and weight decay, so that a backend can launch each once.
+#[test]
+fn the_update_is_one_unscale_and_one_adamw_over_every_parameter() {
+    use mantissa::plan::{AdamWParam, Op};
+    let corpus = corpus();
+    for preset in [Preset::True32, Preset::MixedBf16, Preset::TrueBf16] {
+        let t = Trainer::new(&Reference, &corpus, options(&corpus, preset, 3)).unwrap();
+        let plan = t.gpt.plan(&t.precision, 2, 8).unwrap();
+        let state = plan.state();
+        let unscales: Vec<_> = (plan.ops().iter())
+            .filter_map(|op| match op {
+                Op::UnscaleCheck { grads } => Some(grads.clone()),
+                _ => None,
+            })
+            .collect();
+        let grads: Vec<_> = state.iter().map(|s| s[1]).collect();
+        assert_eq!(
+            unscales,
+            [grads],
+            "{preset}: one unscale over every gradient"
+        );
+        let updates: Vec<_> = (plan.ops().iter())
+            .filter_map(|op| match op {
+                Op::AdamW { params } => Some(params.clone()),
+                _ => None,
+            })
+            .collect();
+        let decays = t.gpt.config.decays();
+        let want: Vec<_> = (state.iter().zip(decays))
+            .map(|(&[param, grad, m, v], decay)| AdamWParam {
+                param,
+                grad,
+                m,
+                v,
+                decay,
+            })
+            .collect();
+        assert_eq!(updates, [want], "{preset}: one AdamW over every parameter");
+    }
+}
+
 /// A rank's plan of a data-parallel step (`Plan::split_for_ranks`) holds the same ops, with
 /// only what finishes the gradients (roundings, the embedding's scatter into the tied head's
 /// gradient) moved after the backward pass; run as `Backward` then `Update` on one rank it gives

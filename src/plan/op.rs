@@ -200,19 +200,26 @@ pub enum Op {
     },
     /// Stats slot `slot` = largest finite |x| (fp8 delayed scaling's amax).
     Amax { x: TensorId, slot: usize },
-    /// GradScaler's unscale of gradient `index`: g *= scalar `INVERSE_SCALE` (gradient 0's
-    /// first element also gets scalar `POISON`, 0 except when a test injects a fault), and its
-    /// finite flag and squared norm into the stats.
-    UnscaleCheck { grad: TensorId, index: usize },
-    /// AdamW update of one parameter, applied only where every gradient is finite, with the
-    /// gradient clipped to the global norm scalar `CLIP` (0: no clipping).
-    AdamW {
-        param: TensorId,
-        grad: TensorId,
-        m: TensorId,
-        v: TensorId,
-        decay: bool,
-    },
+    /// GradScaler's unscale of every gradient at once (`grads[i]` is the stats' gradient i):
+    /// g *= scalar `INVERSE_SCALE` (gradient 0's first element also gets scalar `POISON`, 0
+    /// except when a test injects a fault), and each gradient's finite flag and squared norm
+    /// into the stats. One op over the list, as a multi-tensor kernel runs it: a launch per
+    /// gradient would cost more than the work on a model of many small tensors.
+    UnscaleCheck { grads: Vec<TensorId> },
+    /// AdamW update of every parameter at once, applied only where every gradient is finite,
+    /// with the gradients clipped to the global norm scalar `CLIP` (0: no clipping).
+    AdamW { params: Vec<AdamWParam> },
+}
+
+/// One parameter of an `Op::AdamW`: what it updates in place (the parameter and its moments),
+/// its gradient, and whether weight decay applies to it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamWParam {
+    pub param: TensorId,
+    pub grad: TensorId,
+    pub m: TensorId,
+    pub v: TensorId,
+    pub decay: bool,
 }
 
 impl Op {
@@ -351,10 +358,11 @@ impl Op {
             Op::ColumnSums { x, out, .. } => vec![x, out],
             Op::Copy { x, out, .. } => vec![x, out],
             Op::Amax { x, .. } => vec![x],
-            Op::UnscaleCheck { grad, .. } => vec![grad],
-            Op::AdamW {
-                param, grad, m, v, ..
-            } => vec![param, grad, m, v],
+            Op::UnscaleCheck { grads } => grads.iter_mut().collect(),
+            Op::AdamW { params } => params
+                .iter_mut()
+                .flat_map(|p| [&mut p.param, &mut p.grad, &mut p.m, &mut p.v])
+                .collect(),
         }
     }
 
@@ -451,6 +459,14 @@ impl Op {
     /// The tensors the op reads and the ones it writes (a tensor updated in place is in both).
     pub fn reads_writes(&self) -> (Vec<TensorId>, Vec<TensorId>) {
         match *self {
+            Op::UnscaleCheck { ref grads } => (grads.clone(), grads.clone()),
+            Op::AdamW { ref params } => (
+                params
+                    .iter()
+                    .flat_map(|p| [p.param, p.grad, p.m, p.v])
+                    .collect(),
+                params.iter().flat_map(|p| [p.param, p.m, p.v]).collect(),
+            ),
             Op::Embedding {
                 table, ids, out, ..
             } => (vec![table, ids], vec![out]),
@@ -513,10 +529,6 @@ impl Op {
             Op::ColumnSums { x, out, .. } => (vec![x], vec![out]),
             Op::Copy { x, out, .. } => (vec![x], vec![out]),
             Op::Amax { x, .. } => (vec![x], vec![]),
-            Op::UnscaleCheck { grad, .. } => (vec![grad], vec![grad]),
-            Op::AdamW {
-                param, grad, m, v, ..
-            } => (vec![param, grad, m, v], vec![param, m, v]),
         }
     }
 }
@@ -729,20 +741,22 @@ impl Op {
                 Err(check.fail(format!("stats slot {slot} of {}", plan.stats.len())))
             }
             Op::Amax { .. } => Ok(()),
-            Op::UnscaleCheck { index, .. } if index >= plan.stats.grads => {
+            Op::UnscaleCheck { ref grads } if grads.len() > plan.stats.grads => {
                 Err(check.fail(format!(
-                    "gradient {index} of the {} the stats hold",
+                    "{} gradients, the stats hold {}",
+                    grads.len(),
                     plan.stats.grads
                 )))
             }
             Op::UnscaleCheck { .. } => Ok(()),
-            Op::AdamW {
-                param, grad, m, v, ..
-            } => {
-                let n = check.len(param);
-                check.holds("the gradient", grad, n)?;
-                check.holds("the first moment", m, n)?;
-                check.holds("the second moment", v, n)
+            Op::AdamW { ref params } => {
+                for p in params {
+                    let n = check.len(p.param);
+                    check.holds("the gradient", p.grad, n)?;
+                    check.holds("the first moment", p.m, n)?;
+                    check.holds("the second moment", p.v, n)?;
+                }
+                Ok(())
             }
         }
     }
@@ -778,8 +792,8 @@ impl Op {
         match *self {
             Op::Round { x, .. } => vec![x],
             Op::Add { y, out, .. } if out == y => vec![y],
-            Op::UnscaleCheck { grad, .. } => vec![grad],
-            Op::AdamW { param, m, v, .. } => vec![param, m, v],
+            Op::UnscaleCheck { ref grads } => grads.clone(),
+            Op::AdamW { ref params } => params.iter().flat_map(|p| [p.param, p.m, p.v]).collect(),
             Op::Embedding { .. }
             | Op::EmbeddingBwd { .. }
             | Op::LayerNorm { .. }

@@ -269,7 +269,7 @@ impl Check<'_> {
 mod tests {
     use super::*;
     use crate::algorithm::{Algorithm, MatmulShape};
-    use crate::plan::{Outline, PlanBuilder, ScoreScale, Strided};
+    use crate::plan::{AdamWParam, Outline, PlanBuilder, ScoreScale, Strided};
 
     /// The plan of `ops` on tensors of these lengths (and kinds; `Temp` where not given), with
     /// a batch of `rows` tokens and targets after them.
@@ -382,11 +382,13 @@ mod tests {
         refused(
             &[12, 12, 11, 12],
             vec![Op::AdamW {
-                param: 0,
-                grad: 1,
-                m: 2,
-                v: 3,
-                decay: true,
+                params: vec![AdamWParam {
+                    param: 0,
+                    grad: 1,
+                    m: 2,
+                    v: 3,
+                    decay: true,
+                }],
             }],
             "adamw",
             "the first moment (tensor 2) has 11 values",
@@ -489,9 +491,9 @@ mod tests {
         );
         refused(
             &[4],
-            vec![Op::UnscaleCheck { grad: 0, index: 0 }],
+            vec![Op::UnscaleCheck { grads: vec![0] }],
             "unscale",
-            "gradient 0 of the 0",
+            "1 gradients, the stats hold 0",
         );
         refused(
             &[4],

@@ -14,8 +14,8 @@ use crate::format::Format;
 use crate::measure;
 use crate::plan::scalar::{self, StepScalars};
 use crate::plan::{
-    AdamW, Attention, Op, Outline, Plan, PlanBuilder, ScoreScale, Section, Stats, StepExecutor,
-    Strided, TensorId, TensorKind,
+    AdamW, AdamWParam, Attention, Op, Outline, Plan, PlanBuilder, ScoreScale, Section, Stats,
+    StepExecutor, Strided, TensorId, TensorKind,
 };
 use crate::policy::{Fp8Role, Precision};
 
@@ -833,20 +833,24 @@ impl Gpt<'_> {
         // GradScaler's unscale and check, then AdamW where every gradient is finite. Without
         // master weights the weights and the optimizer state live in 16-bit.
         let backward = r.g.ops.len();
-        for i in 0..r.state.len() {
-            let grad = r.grad(i);
-            r.g.push(Op::UnscaleCheck { grad, index: i });
-        }
+        let grads = (0..r.state.len()).map(|i| r.grad(i)).collect();
+        r.g.push(Op::UnscaleCheck { grads });
         let gradients = r.g.ops.len();
         let decays = cfg.decays();
-        for (i, &[param, grad, m, v]) in r.state.clone().iter().enumerate() {
-            r.g.push(Op::AdamW {
+        let params = r
+            .state
+            .iter()
+            .zip(decays)
+            .map(|(&[param, grad, m, v], decay)| AdamWParam {
                 param,
                 grad,
                 m,
                 v,
-                decay: decays[i],
-            });
+                decay,
+            })
+            .collect();
+        r.g.push(Op::AdamW { params });
+        for [param, _, m, v] in r.state.clone() {
             for x in [param, m, v] {
                 r.g.round(x, p.weights);
             }

@@ -679,32 +679,50 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> y(arg(argv, 16), 0.0f);
         emu::launch(elementwise_grid(n), element_block, [&] { strided_copy(x, y.data(), n, map); });
         out = bits_of(y);
-    } else if (k == "unscale" && argc == 5) {  // POISONED S_INVERSE_SCALE S_POISON < g > g flag norm
-        i64 n = (i64)in.size();
-        float* g = input.f(n);
-        std::vector<float> scalars(16, 0.0f), stats(2);
-        scalars[S_INVERSE_SCALE] = farg(argv, 3);
-        scalars[S_POISON] = farg(argv, 4);
-        // The backend's geometry: up to 256 blocks of 256, at least 1024 elements each.
-        u32 blocks = (u32)std::max<i64>(1, std::min<i64>((n + 1023) / 1024, 256));
-        std::vector<float> partial(2 * blocks);
+    } else if (k == "unscale" && argc >= 5) {  // S_INVERSE_SCALE S_POISON LEN... < g... > g... flags norms
+        std::vector<float> scalars(16, 0.0f);
+        scalars[S_INVERSE_SCALE] = farg(argv, 2);
+        scalars[S_POISON] = farg(argv, 3);
+        // The backend's table (TensorTable::unscale): per tensor, up to 256 blocks of 256, at
+        // least 1024 elements each.
+        std::vector<TensorBlocks> table;
+        std::vector<float> y;
+        u32 blocks = 0;
+        for (int i = 4; i < argc; i++) {
+            i64 n = arg64(argv, i);
+            u32 b = (u32)std::max<i64>(1, std::min<i64>((n + 1023) / 1024, 256));
+            table.push_back({{input.f(n), nullptr, nullptr, nullptr}, n, blocks, b, 0u, 0u});
+            blocks += b;
+        }
+        u32 count = (u32)table.size();
+        std::vector<float> partial(2 * blocks), stats(2 * count);
         emu::launch({blocks, 1, 1}, element_block,
-                    [&] { unscale_partials(g, partial.data(), scalars.data(), n, arg(argv, 2)); });
-        emu::launch({1, 1, 1}, {1, 1, 1},
-                    [&] { unscale_finish(partial.data(), blocks, stats.data(), 0, 1); });
-        std::vector<float> y(g, g + n);
+                    [&] { unscale_partials(table.data(), count, partial.data(), scalars.data()); });
+        emu::launch({(count + 255) / 256, 1, 1}, element_block, [&] {
+            unscale_finish(table.data(), count, partial.data(), stats.data(), 0, count);
+        });
+        for (const TensorBlocks& t : table) y.insert(y.end(), t.x[0], t.x[0] + t.n);
         y.insert(y.end(), stats.begin(), stats.end());
         out = bits_of(y);
-    } else if (k == "adamw" && argc == 5) {  // N COUNT DECAY < p g m v stats scalars(11)
-        i64 n = arg(argv, 2);
-        u32 count = arg(argv, 3);
-        float *p = input.f(n), *g = input.f(n), *m = input.f(n), *v = input.f(n);
+    } else if (k == "adamw" && argc >= 5 && argc % 2 == 1) {  // COUNT (LEN DECAY)... < (p g m v)... stats scalars(11) > (p m v)...
+        u32 count = arg(argv, 2);
+        // The backend's table (TensorTable::adamw): a block per ADAMW_CHUNK values.
+        std::vector<TensorBlocks> table;
+        u32 blocks = 0;
+        for (int i = 3; i + 1 < argc; i += 2) {
+            i64 n = arg64(argv, i);
+            u32 b = (u32)((n + ADAMW_CHUNK - 1) / ADAMW_CHUNK);
+            float *p = input.f(n), *g = input.f(n), *m = input.f(n), *v = input.f(n);
+            table.push_back({{p, g, m, v}, n, blocks, b, arg(argv, i + 1), 0u});
+            blocks += b;
+        }
         float *stats = input.f(1 + 2 * count), *scalars = input.f(11);
-        emu::launch(elementwise_grid(n), element_block,
-                    [&] { adamw(p, g, m, v, stats, scalars, n, count, arg(argv, 4)); });
-        std::vector<float> y(p, p + n);
-        y.insert(y.end(), m, m + n);
-        y.insert(y.end(), v, v + n);
+        u32 tensors = (u32)table.size();
+        emu::launch({blocks, 1, 1}, element_block,
+                    [&] { adamw(table.data(), tensors, stats, scalars, count); });
+        std::vector<float> y;
+        for (const TensorBlocks& t : table)
+            for (int j : {0, 2, 3}) y.insert(y.end(), t.x[j], t.x[j] + t.n);
         out = bits_of(y);
     } else if (k == "split_matmul" && argc == 9) {  // LEVELS M N K BATCH A_T B_T < a b > c
         u32 levels = arg(argv, 2), m = arg(argv, 3), n = arg(argv, 4), kk = arg(argv, 5),

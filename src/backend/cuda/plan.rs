@@ -15,7 +15,7 @@ use super::CudaBackend;
 use super::matmul;
 use super::nccl::Nccl;
 use super::staging::HostStaging;
-use super::train::{self as launch, Ptr, scratch};
+use super::train::{self as launch, Ptr, TensorTable, scratch};
 use crate::dist::{Collective, Reducer};
 use crate::error::{Error, Result};
 use crate::format::Format;
@@ -44,6 +44,9 @@ pub struct CudaPlan<'a> {
     scratch: CudaSlice<f32>,
     /// Stands in for a matmul's output while that output is lent to `matmul::run`.
     spare: CudaSlice<f32>,
+    /// The tensor tables of the multi-tensor ops (unscale and check, AdamW), by op index:
+    /// written once here, since the tensors never move.
+    tables: Vec<Option<TableOnDevice>>,
     /// The NCCL communicator of a data-parallel run, joined at its first reduction; or why
     /// `Reducer::Auto` went to MPI instead.
     nccl: Option<Nccl>,
@@ -55,6 +58,9 @@ pub struct CudaPlan<'a> {
     /// section runs.
     graphs: Graphs<StepGraph>,
 }
+
+/// A multi-tensor op's table and its copy on the device.
+type TableOnDevice = (TensorTable, CudaSlice<u64>);
 
 /// A captured section. CUDA graphs may be used from any thread so long as no two use one at
 /// once (they are not internally synchronised); the executor owns its graphs and uses them
@@ -92,8 +98,9 @@ impl<'a> CudaPlan<'a> {
             std::env::var("MANTISSA_CUDA_GRAPH").is_ok_and(|v| v == "on"),
             "MANTISSA_CUDA_GRAPH is not on",
         );
-        Ok(CudaPlan {
+        let mut exec = CudaPlan {
             cb,
+            tables: Vec::new(),
             scalars: cb.zeros::<f32>(plan.scalar_count())?,
             stats: cb.zeros::<f32>(plan.stats.len())?,
             scratch: cb.zeros::<f32>(work)?,
@@ -106,7 +113,49 @@ impl<'a> CudaPlan<'a> {
             staging: None,
             pool_base,
             graphs,
-        })
+        };
+        exec.tables = exec.tensor_tables()?;
+        Ok(exec)
+    }
+
+    /// The multi-tensor ops' tables (`launch::TensorTable`), on the device.
+    fn tensor_tables(&self) -> Result<Vec<Option<TableOnDevice>>> {
+        let table = |op: &Op| match op {
+            Op::UnscaleCheck { grads } => {
+                TensorTable::unscale(grads.iter().map(|&g| (self.p(g), self.len(g)))).map(Some)
+            }
+            Op::AdamW { params } => TensorTable::adamw(params.iter().map(|a| {
+                let ptrs = [a.param, a.grad, a.m, a.v].map(|t| self.p(t));
+                (ptrs, self.len(a.param), a.decay)
+            }))
+            .map(Some),
+            _ => Ok(None),
+        };
+        self.plan
+            .ops
+            .iter()
+            .map(|op| {
+                Ok(match table(op)? {
+                    Some(t) => {
+                        let on_device = self.cb.upload(&t.words)?;
+                        Some((t, on_device))
+                    }
+                    None => None,
+                })
+            })
+            .collect()
+    }
+
+    /// Op `i`'s tensor table and its device address.
+    fn table(&self, i: usize) -> Result<(&TensorTable, Ptr)> {
+        match &self.tables[i] {
+            Some((t, on_device)) => Ok((t, self.cb.ptr(on_device))),
+            // `tensor_tables` made one for every multi-tensor op.
+            None => Err(Error::invalid(
+                "step plan",
+                format!("op {i} is not a multi-tensor op"),
+            )),
+        }
     }
 
     fn p(&self, id: TensorId) -> Ptr {
@@ -141,7 +190,7 @@ impl<'a> CudaPlan<'a> {
 
     /// Launches one op; `host_scalars` are the step's scalars (fp8 given scales are launch
     /// arguments of the matmul).
-    fn launch(&mut self, op: &Op, host_scalars: &[f32]) -> Result<()> {
+    fn launch(&mut self, i: usize, op: &Op, host_scalars: &[f32]) -> Result<()> {
         let cb = self.cb;
         let (scalars, stats, work) = (
             cb.ptr(&self.scalars),
@@ -303,28 +352,11 @@ impl<'a> CudaPlan<'a> {
             }
             Op::Copy { x, out, ref map } => launch::strided_copy(cb, self.p(x), self.p(out), map),
             Op::Amax { x, slot } => launch::amax_into(cb, self.p(x), self.len(x), stats, slot),
-            Op::UnscaleCheck { grad, index } => {
-                let slots = (layout.flag(index), layout.norm_sq(index));
-                let ptrs = [self.p(grad), scalars, stats];
-                launch::unscale(cb, ptrs, self.len(grad), index == 0, slots, work)
+            Op::UnscaleCheck { .. } => {
+                let slots = (layout.flag(0), layout.norm_sq(0));
+                launch::unscale(cb, self.table(i)?, [scalars, stats], slots, work)
             }
-            Op::AdamW {
-                param,
-                grad,
-                m,
-                v,
-                decay,
-            } => {
-                let ptrs = [
-                    self.p(param),
-                    self.p(grad),
-                    self.p(m),
-                    self.p(v),
-                    stats,
-                    scalars,
-                ];
-                launch::adamw(cb, ptrs, self.len(param), layout.grads, decay)
-            }
+            Op::AdamW { .. } => launch::adamw(cb, self.table(i)?, [stats, scalars], layout.grads),
         }
     }
 
@@ -358,7 +390,7 @@ impl<'a> CudaPlan<'a> {
     /// Launches op `i` of the plan.
     fn launch_op(&mut self, i: usize, scalars: &[f32]) -> Result<()> {
         let op = self.plan.ops[i].clone();
-        self.launch(&op, scalars)
+        self.launch(i, &op, scalars)
             .map_err(|e| e.during(format_args!("step plan op {i} ({})", op.name())))
     }
 

@@ -88,7 +88,7 @@ pub(super) mod scratch {
             Op::CrossEntropy { logits, v, .. } => cross_entropy(rows(logits, v)),
             Op::LayerNormBwd { x, c, .. } => layernorm_bwd(rows(x, c), c),
             Op::ColumnSums { x, c, .. } => column_sums(rows(x, c), c),
-            Op::UnscaleCheck { grad, .. } => unscale(len(grad)),
+            Op::UnscaleCheck { ref grads } => grads.iter().map(|&g| unscale(len(g))).sum(),
             Op::AttentionBwd { ref spec, .. } => attention_bwd(spec),
             Op::EmbeddingBwd { ids, rows, .. } => embedding_bwd(rows, len(ids)),
             Op::Embedding { .. }
@@ -370,40 +370,110 @@ pub(super) fn strided_copy(cb: &CudaBackend, x: Ptr, y: Ptr, map: &Strided) -> R
     launch_1d!(cb, Module::Train, "strided_copy", map.len(); &x, &y, &n, &arg)
 }
 
-/// GradScaler's unscale of `n` gradient values in place, POISON added to the first if
-/// `poisoned`; the finite flag and squared norm into stats[flag] and stats[norm]. `scratch`:
-/// `scratch::unscale(n)`.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn unscale(
-    cb: &CudaBackend,
-    [g, scalars, stats]: [Ptr; 3],
-    n: usize,
-    poisoned: bool,
-    (flag, norm): (usize, usize),
-    scratch: Ptr,
-) -> Result<()> {
-    let blocks = unscale_blocks(n);
-    let cfg = LaunchConfig {
-        grid_dim: (blocks as u32, 1, 1),
-        block_dim: (256, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let (len, poisoned) = (n as i64, poisoned as u32);
-    launch!(cb, Module::Train, "unscale_partials", cfg; &g, &scratch, &scalars, &len, &poisoned)?;
-    let (blocks, flag, norm) = (blocks as u32, flag as u32, norm as u32);
-    launch!(cb, Module::Train, "unscale_finish", one_block(32); &scratch, &blocks, &stats, &flag, &norm)
+/// A multi-tensor kernel's table (train.cu's `TensorBlocks`, 7 words a tensor): each tensor's
+/// pointers (up to 4), length and range of the grid's blocks, written to the device once when
+/// the plan is built (the tensors stay where they are).
+pub(super) struct TensorTable {
+    pub words: Vec<u64>,
+    /// Tensors in the table.
+    pub count: usize,
+    /// Blocks of the grid, over all tensors.
+    pub blocks: usize,
 }
 
-/// AdamW on `n` values, gated on the `count` gradients' flags in stats (see train.cu).
+/// Words of train.cu's `TensorBlocks`.
+const TABLE_WORDS: usize = 7;
+/// Values per block of the multi-tensor AdamW (`ADAMW_CHUNK` in train.cu).
+const ADAMW_CHUNK: usize = 4096;
+
+impl TensorTable {
+    /// The table of `tensors` (pointers, length, weight decay), each given `blocks_of(length)`
+    /// blocks; an error where the grid would exceed CUDA's.
+    fn new(
+        tensors: impl IntoIterator<Item = ([Ptr; 4], usize, bool)>,
+        blocks_of: fn(usize) -> usize,
+    ) -> Result<TensorTable> {
+        let mut table = TensorTable {
+            words: Vec::new(),
+            count: 0,
+            blocks: 0,
+        };
+        for (ptrs, n, decay) in tensors {
+            let blocks = blocks_of(n);
+            grid_size("blocks of a multi-tensor launch", table.blocks + blocks)?;
+            table.words.extend(ptrs);
+            table.words.push(n as u64);
+            table
+                .words
+                .push(table.blocks as u64 | (blocks as u64) << 32);
+            table.words.push(decay as u64);
+            table.blocks += blocks;
+            table.count += 1;
+        }
+        debug_assert_eq!(table.words.len(), TABLE_WORDS * table.count);
+        Ok(table)
+    }
+
+    /// The unscale's table: `grads` as `unscale` launched one at a time would split them.
+    pub fn unscale(grads: impl IntoIterator<Item = (Ptr, usize)>) -> Result<TensorTable> {
+        TensorTable::new(
+            grads.into_iter().map(|(g, n)| ([g, 0, 0, 0], n, false)),
+            unscale_blocks,
+        )
+    }
+
+    /// AdamW's table: (p, g, m, v), length and weight decay per parameter.
+    pub fn adamw(params: impl IntoIterator<Item = ([Ptr; 4], usize, bool)>) -> Result<TensorTable> {
+        TensorTable::new(params, |n| n.div_ceil(ADAMW_CHUNK))
+    }
+}
+
+/// Threads of a multi-tensor kernel's block.
+const TABLE_THREADS: u32 = 256;
+
+/// GradScaler's unscale of every gradient of `table` (on the device at `on_device`) in place,
+/// POISON added to the first value of the first; their finite flags into stats[flags + i] and
+/// squared norms into stats[norms + i]. `scratch`: `scratch::unscale` of the lengths.
+pub(super) fn unscale(
+    cb: &CudaBackend,
+    (table, on_device): (&TensorTable, Ptr),
+    [scalars, stats]: [Ptr; 2],
+    (flags, norms): (usize, usize),
+    scratch: Ptr,
+) -> Result<()> {
+    if table.count == 0 {
+        return Ok(());
+    }
+    let cfg = |blocks: usize| LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (TABLE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let count = table.count as u32;
+    launch!(cb, Module::Train, "unscale_partials", cfg(table.blocks); &on_device, &count, &scratch, &scalars)?;
+    let (flags, norms) = (flags as u32, norms as u32);
+    let finishers = table.count.div_ceil(TABLE_THREADS as usize);
+    launch!(cb, Module::Train, "unscale_finish", cfg(finishers); &on_device, &count, &scratch, &stats, &flags, &norms)
+}
+
+/// AdamW on every parameter of `table` (on the device at `on_device`), gated on the `count`
+/// gradients' flags in stats (see train.cu).
 pub(super) fn adamw(
     cb: &CudaBackend,
-    [p, g, m, v, stats, scalars]: [Ptr; 6],
-    n: usize,
+    (table, on_device): (&TensorTable, Ptr),
+    [stats, scalars]: [Ptr; 2],
     count: usize,
-    decay: bool,
 ) -> Result<()> {
-    let (len, count, decay) = (n as i64, count as u32, decay as u32);
-    launch_1d!(cb, Module::Train, "adamw", n; &p, &g, &m, &v, &stats, &scalars, &len, &count, &decay)
+    if table.blocks == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (table.blocks as u32, 1, 1),
+        block_dim: (TABLE_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (tensors, count) = (table.count as u32, count as u32);
+    launch!(cb, Module::Train, "adamw", cfg; &on_device, &tensors, &stats, &scalars, &count)
 }
 
 /// x rounded to `format` in place.

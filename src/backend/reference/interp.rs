@@ -12,7 +12,9 @@ use crate::plan::exec::{
     check_write, tensor_len, update_factor,
 };
 use crate::plan::graph::{Graphs, Recorder};
-use crate::plan::{AdamW, Op, Plan, Section, Stats, Storage, TensorId, scalar, step_algorithm};
+use crate::plan::{
+    AdamW, AdamWParam, Op, Plan, Section, Stats, Storage, TensorId, scalar, step_algorithm,
+};
 
 /// The host interpreter: tensors in host memory, each op the host reference's definition.
 pub struct HostExecutor {
@@ -257,26 +259,22 @@ impl HostExecutor {
                 let a = format::amax(t[x].iter().copied()) as f64;
                 stats[slot] = stats[slot].max(a);
             }
-            Op::UnscaleCheck { grad, index } => {
-                let mut g = std::mem::take(&mut self.tensors[grad]);
-                if index == 0
-                    && let Some(first) = g.first_mut()
-                {
-                    *first += scalars[scalar::POISON];
+            Op::UnscaleCheck { ref grads } => {
+                for (index, &grad) in grads.iter().enumerate() {
+                    let mut g = std::mem::take(&mut self.tensors[grad]);
+                    if index == 0
+                        && let Some(first) = g.first_mut()
+                    {
+                        *first += scalars[scalar::POISON];
+                    }
+                    let finite = ops::unscale_check(&mut g, scalars[scalar::INVERSE_SCALE]);
+                    stats[self.plan.stats.flag(index)] = if finite { 0.0 } else { 1.0 };
+                    stats[self.plan.stats.norm_sq(index)] =
+                        g.iter().map(|&x| x as f64 * x as f64).sum();
+                    self.tensors[grad] = g;
                 }
-                let finite = ops::unscale_check(&mut g, scalars[scalar::INVERSE_SCALE]);
-                stats[self.plan.stats.flag(index)] = if finite { 0.0 } else { 1.0 };
-                stats[self.plan.stats.norm_sq(index)] =
-                    g.iter().map(|&x| x as f64 * x as f64).sum();
-                self.tensors[grad] = g;
             }
-            Op::AdamW {
-                param,
-                grad,
-                m,
-                v,
-                decay,
-            } => {
+            Op::AdamW { ref params } => {
                 let Some(factor) = update_factor(&self.plan.stats, stats, scalars[scalar::CLIP])
                 else {
                     return Ok(());
@@ -288,20 +286,29 @@ impl HostExecutor {
                     eps: scalars[scalar::EPS],
                     weight_decay: scalars[scalar::WEIGHT_DECAY],
                 };
-                let mut p = std::mem::take(&mut self.tensors[param]);
-                let mut mm = std::mem::take(&mut self.tensors[m]);
-                let mut vv = std::mem::take(&mut self.tensors[v]);
-                // Copy the gradient only where the clip scales it.
-                let g: std::borrow::Cow<[f32]> = if factor == 1.0 {
-                    self.tensors[grad].as_slice().into()
-                } else {
-                    self.tensors[grad].iter().map(|x| x * factor).collect()
-                };
                 let step = scalars[scalar::STEP] as u32;
-                ops::adamw(&opt, &mut p, &g, &mut mm, &mut vv, step, decay);
-                self.tensors[param] = p;
-                self.tensors[m] = mm;
-                self.tensors[v] = vv;
+                for &AdamWParam {
+                    param,
+                    grad,
+                    m,
+                    v,
+                    decay,
+                } in params
+                {
+                    let mut p = std::mem::take(&mut self.tensors[param]);
+                    let mut mm = std::mem::take(&mut self.tensors[m]);
+                    let mut vv = std::mem::take(&mut self.tensors[v]);
+                    // Copy the gradient only where the clip scales it.
+                    let g: std::borrow::Cow<[f32]> = if factor == 1.0 {
+                        self.tensors[grad].as_slice().into()
+                    } else {
+                        self.tensors[grad].iter().map(|x| x * factor).collect()
+                    };
+                    ops::adamw(&opt, &mut p, &g, &mut mm, &mut vv, step, decay);
+                    self.tensors[param] = p;
+                    self.tensors[m] = mm;
+                    self.tensors[v] = vv;
+                }
             }
         }
         Ok(())

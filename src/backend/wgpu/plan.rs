@@ -608,30 +608,35 @@ impl<'a> ResidentPlan<'a> {
                 Grouping::per_batch(1, len(x)),
                 slot,
             )?],
-            Op::UnscaleCheck { grad, index } => {
+            // A dispatch per tensor (each tensor is a buffer of its own here).
+            Op::UnscaleCheck { ref grads } => {
                 let stats = &self.plan.stats;
-                step(
-                    launch::unscale_check(
-                        len(grad),
-                        index == 0,
-                        stats.flag(index),
-                        stats.norm_sq(index),
-                    ),
-                    None,
-                    [Some(grad), None, None],
-                )?
+                let mut d = Vec::new();
+                for (index, &grad) in grads.iter().enumerate() {
+                    d.extend(step(
+                        launch::unscale_check(
+                            len(grad),
+                            index == 0,
+                            stats.flag(index),
+                            stats.norm_sq(index),
+                        ),
+                        None,
+                        [Some(grad), None, None],
+                    )?);
+                }
+                d
             }
-            Op::AdamW {
-                param,
-                grad,
-                m,
-                v,
-                decay,
-            } => step(
-                launch::adamw(len(param), self.plan.stats.grads, decay),
-                Some(grad),
-                [Some(param), Some(m), Some(v)],
-            )?,
+            Op::AdamW { ref params } => {
+                let mut d = Vec::new();
+                for a in params {
+                    d.extend(step(
+                        launch::adamw(len(a.param), self.plan.stats.grads, a.decay),
+                        Some(a.grad),
+                        [Some(a.param), Some(a.m), Some(a.v)],
+                    )?);
+                }
+                d
+            }
         };
         r.dispatches.extend(d);
         r.temporaries.extend(carried.take());
