@@ -16,9 +16,9 @@ use crate::error::{Error, Result};
 use crate::tune::{AutotuneMode, TileStore, Tuner};
 
 /// Untimed runs of each candidate before its timed ones (the first compiles and tunes).
-pub const CHOICE_WARMUP: u32 = 2;
+pub const CHOICE_WARMUP: u32 = 1;
 /// Timed runs of each candidate: the median decides.
-pub const CHOICE_RUNS: usize = 5;
+pub const CHOICE_RUNS: usize = 3;
 /// The cache file of the choices.
 pub const CHOICE_CACHE: &str = "train-choices.json";
 
@@ -35,6 +35,18 @@ pub enum ChosenBy {
     Cached,
     /// Timed now.
     Timed,
+}
+
+impl ChosenBy {
+    /// "named", "default", "cached" or "timed", as the JSON says it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChosenBy::Named => "named",
+            ChosenBy::Default => "default",
+            ChosenBy::Cached => "cached",
+            ChosenBy::Timed => "timed",
+        }
+    }
 }
 
 /// One candidate of a choice, as this run saw it.
@@ -71,17 +83,15 @@ impl Choice {
 }
 
 impl std::fmt::Display for Choice {
-    /// "attention fused (timed: fused 4.10 ms, unfused 5.27 ms)".
+    /// "attention fused (timed: fused 4.10 ms; unfused 5.27 ms)", or "(cached)", "(named)".
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} {} (", self.what, self.chosen)?;
         match self.by {
-            ChosenBy::Named => write!(f, "named")?,
             ChosenBy::Default => write!(f, "the backend's default, not timed")?,
-            ChosenBy::Cached => write!(f, "cached")?,
-            ChosenBy::Timed => write!(f, "timed")?,
+            by => write!(f, "{}", by.name())?,
         }
         for (i, c) in self.candidates.iter().enumerate() {
-            write!(f, "{} {}", if i == 0 { ":" } else { "," }, c.name)?;
+            write!(f, "{} {}", if i == 0 { ":" } else { ";" }, c.name)?;
             match (&c.dropped, c.seconds) {
                 (Some(why), _) => write!(f, " dropped: {why}")?,
                 (None, Some(s)) => write!(f, " {:.2} ms", s * 1e3)?,
@@ -374,15 +384,15 @@ mod tests {
     #[test]
     fn the_median_decides_and_the_choice_is_cached() {
         let store = Memory::default();
-        // Fused: warm-ups of 1000, then mostly 30 with one outlier of 1; unfused steady at 20.
-        let (mut fake, clock) = Fake::new(vec![vec![1000, 1000, 30, 1, 30, 30, 30], vec![20]]);
+        // Fused: a warm-up of 1000, then 30 with one outlier of 1; unfused steady at 20.
+        let (mut fake, clock) = Fake::new(vec![vec![1000, 30, 1, 30], vec![20]]);
         let chooser = Chooser::new(AutotuneMode::Fast, Some(Box::new(store.clone())), clock);
         let (i, choice) = choose(&chooser, &mut fake, 0).unwrap();
         assert_eq!(
             (i, choice.chosen.as_str(), choice.by),
             (1, "unfused", ChosenBy::Timed)
         );
-        assert_eq!(fake.runs, vec![7, 7], "2 warm-ups and 5 timed runs each");
+        assert_eq!(fake.runs, vec![4, 4], "a warm-up and 3 timed runs each");
         let micros: Vec<_> = (choice.candidates.iter())
             .map(|c| c.seconds.map(|s| (s * 1e6).round()))
             .collect();
@@ -422,7 +432,7 @@ mod tests {
         fake.build_fails[0] = true;
         let chooser = Chooser::new(AutotuneMode::Fast, Some(Box::new(store.clone())), clock);
         let (i, choice) = choose(&chooser, &mut fake, 0).unwrap();
-        assert_eq!((i, fake.runs.clone()), (1, vec![0, 7]));
+        assert_eq!((i, fake.runs.clone()), (1, vec![0, 4]));
         let dropped = choice.candidates[0].dropped.as_deref().unwrap();
         assert!(dropped.contains("does not build"), "{dropped}");
         assert!(choice.to_string().contains("fused dropped: "), "{choice}");
@@ -432,7 +442,7 @@ mod tests {
         fake.run_fails_at[1] = Some(2);
         let chooser = Chooser::new(AutotuneMode::Fast, None, clock);
         let (i, choice) = choose(&chooser, &mut fake, 1).unwrap();
-        assert_eq!((i, fake.runs.clone()), (0, vec![7, 3]));
+        assert_eq!((i, fake.runs.clone()), (0, vec![4, 3]));
         assert!(
             choice.candidates[1]
                 .dropped
