@@ -429,16 +429,19 @@ impl<'a> Trainer<'a> {
             )
             .await?;
         let other = trials.other.take();
-        if chosen != current {
-            let Some((_, mut exec, summed)) = other.filter(|o| o.0 == chosen) else {
-                unreachable!("a chosen candidate was built")
-            };
-            // The weights and moments held now (set_weights, a resumed checkpoint) go along.
-            let state = self.state().await?;
-            std::mem::swap(&mut self.exec, &mut exec);
-            self.summed = summed;
-            self.set_state(&state).await?;
+        match other {
+            Some((i, mut exec, summed)) if i == chosen => {
+                // The weights and moments held now (set_weights, a resumed checkpoint) go along.
+                let state = self.state().await?;
+                std::mem::swap(&mut self.exec, &mut exec);
+                self.summed = summed;
+                self.set_state(&state).await?;
+                drop(exec);
+            }
+            other => drop(other),
         }
+        // The other plan, dropped now, is no part of the steps' memory.
+        self.exec.forget_peak();
         self.attention = choice;
         Ok(&self.attention)
     }
