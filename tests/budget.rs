@@ -12,9 +12,9 @@ use mantissa::backend::Backend;
 use mantissa::backend::reference::ops;
 use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
 use mantissa::format::Format;
+use mantissa::plan::{Op, ScoreScale};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
-use mantissa::plan::{Op, ScoreScale};
 use pollster::FutureExt as _;
 
 /// The budget the split backends assume: half of it (what kernels plan on) holds a few dozen
@@ -282,11 +282,7 @@ fn rows_too_long_for_one_lane_take_more() {
     let x = measure::normal(rows * c, seed);
     let (g, bias) = (measure::normal(c, seed + 1), measure::normal(c, seed + 2));
     let mut p = common::OneOp::new(1);
-    let (xi, gi, bi) = (
-        p.input(x.clone()),
-        p.input(g.clone()),
-        p.input(bias.clone()),
-    );
+    let (xi, gi, bi) = (p.input(x.clone()), p.input(g.clone()), p.input(bias.clone()));
     let (out, stats) = (p.output(rows * c), p.output(2 * rows));
     let op = Op::LayerNorm {
         x: xi,

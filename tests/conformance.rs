@@ -387,11 +387,7 @@ fn train_ops_long_loops(b: &dyn Backend) {
     let layernorm = |x: &[f32], g: &[f32], bias: &[f32], dy: &[f32], c: usize| {
         let rows = x.len() / c;
         let mut p = common::OneOp::new(1);
-        let (xi, gi, bi) = (
-            p.input(x.to_vec()),
-            p.input(g.to_vec()),
-            p.input(bias.to_vec()),
-        );
+        let (xi, gi, bi) = (p.input(x.to_vec()), p.input(g.to_vec()), p.input(bias.to_vec()));
         let (out, stats) = (p.output(rows * c), p.output(2 * rows));
         let op = Op::LayerNorm {
             x: xi,
@@ -454,12 +450,7 @@ fn train_ops_long_loops(b: &dyn Backend) {
     );
     let want = ops::cross_entropy_bwd(&wprobs, &targets, c, 1.0);
     let per_row = |g: &[f32]| g.iter().map(|x| x * rows as f32).collect::<Vec<f32>>();
-    common::close(
-        "long cross entropy",
-        &per_row(&ran.outs[0]),
-        &per_row(&want),
-        tol::ROW,
-    );
+    common::close("long cross entropy", &per_row(&ran.outs[0]), &per_row(&want), tol::ROW);
     let (vocab, width, tokens) = (5, 2, 70_000);
     let ids: Vec<u32> = (0..tokens as u32)
         .map(|i| (i * 3 + i / 7) % vocab)
@@ -498,10 +489,7 @@ fn train_ops_long_loops(b: &dyn Backend) {
     let [ran, _] = p.run_both(b, op, (&one, &one), 1024.0, &[gi]);
     assert!(!ops::unscale_check(&mut grads, 1.0 / 1024.0));
     assert_eq!(ran.stats[1], 1.0, "the inf in the last pass is seen");
-    assert!(
-        ran.outs[0] == grads,
-        "every value of a long gradient is unscaled"
-    );
+    assert!(ran.outs[0] == grads, "every value of a long gradient is unscaled");
     let (rows, c) = (70_000, 3);
     let (dy, x) = (
         measure::normal(rows * c, seed + 6),
@@ -662,9 +650,7 @@ fn train_ops(b: &dyn Backend) {
             );
             match held {
                 Format::F32 => common::close(&what(" bwd"), &got, &host, tol::ROW),
-                _ if scale == 0.25 => {
-                    common::held_close(&what(" bwd"), &got, &host, held, tol::ROW)
-                }
+                _ if scale == 0.25 => common::held_close(&what(" bwd"), &got, &host, held, tol::ROW),
                 _ => {}
             }
         }
