@@ -113,11 +113,12 @@ steps)
     # The anchor first: the stage may run past a ten-minute call, and the extras come last.
     run 120 python3 scripts/anchors/torch_gpt.py
     run 300 $m bench train --config small --backends cuda,wgpu --warmup 3 --steps 20 --profile --json "$out/bench-train.json"
-    # CUDA's attention as the separate ops, beside the fused kernels above (the default).
-    MANTISSA_CUDA_ATTENTION=unfused run 120 $m bench train --config small --backends cuda --warmup 3 --steps 20 --profile --json "$out/bench-train-unfused.json"
+    # CUDA's attention each way named, beside auto's choice above (its JSON: both ways' times).
+    run 120 $m bench train --config small --backends cuda --attention unfused --warmup 3 --steps 20 --profile --json "$out/bench-train-unfused.json"
+    run 120 $m bench train --config small --backends cuda --attention fused --warmup 3 --steps 20 --json "$out/bench-train-fused.json"
     # The CUDA step replayed as a CUDA graph (MANTISSA_CUDA_GRAPH=on), beside the launches above.
     MANTISSA_CUDA_GRAPH=on run 120 $m bench train --config small --backends cuda --precision 32-true,bf16-mixed,16-mixed,bf16-true --warmup 3 --steps 20 --json "$out/bench-train-graph.json"
-    # wgpu's fused attention kernels (train.wgsl), beside its unfused default above.
+    # wgpu's fused attention kernels (train.wgsl) named, beside auto's choice above.
     run 240 $m bench train --config small --precision 32-true,bf16-mixed --backends wgpu --attention fused --warmup 3 --steps 20 --json "$out/bench-train-wgpu-fused.json"
     ;;
 dist)

@@ -13,7 +13,7 @@ use crate::measure;
 use crate::plan::Plan;
 use crate::plan::exec::{Memory, Timings};
 use crate::policy::Preset;
-use crate::train::{Corpus, GptConfig, TrainOptions, Trainer};
+use crate::train::{Choice, Chooser, Corpus, GptConfig, TrainOptions, Trainer};
 
 /// One measurement.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -177,7 +177,8 @@ pub struct TrainBench {
     /// Steps timed (the median is reported).
     pub steps: u32,
     pub seed: u64,
-    /// Attention fused or not (`TrainOptions::fused_attention`; None: as the backend prefers).
+    /// Attention fused or not (`TrainOptions::fused_attention`; None: auto, the faster of the
+    /// two timed before the first step, or cached: `Trainer::choose`).
     pub attention: Option<bool>,
     /// Sections recorded and replayed or not (`TrainOptions::graphs`; None: the executor's
     /// default).
@@ -198,6 +199,8 @@ pub struct TrainRecord {
     pub executor: String,
     /// "fused" (one op per block and direction) or "unfused" (copies, matmuls, softmax).
     pub attention: String,
+    /// How attention came to be fused or not (named, timed with both ways' times, cached).
+    pub attention_choice: Choice,
     /// How many of the plan's tensors are stored as 16-bit codes (`Plan::store_codes`; 0 with
     /// `MANTISSA_ACTIVATIONS=f32` or where no matmul rounds its inputs to 16 bits).
     pub coded_tensors: usize,
@@ -326,6 +329,7 @@ impl TrainBench {
         mut each: impl FnMut(&TrainRecord),
     ) -> Result<Vec<TrainRecord>> {
         let mut out = Vec::new();
+        let chooser = Chooser::from_env()?;
         for &preset in &self.presets {
             let options = TrainOptions {
                 fused_attention: self.attention,
@@ -333,6 +337,7 @@ impl TrainBench {
                 ..TrainOptions::new(self.config.clone(), preset, self.seed)
             };
             let mut trainer = Trainer::new(backend, corpus, options)?;
+            trainer.choose(&chooser).await?;
             let (mut first, mut timed, mut loss, mut stopped) = (0.0, vec![], f64::NAN, None);
             for i in 0..self.warmup.max(1) + self.steps {
                 match trainer.step().await {
@@ -385,6 +390,7 @@ impl TrainBench {
                     "unfused"
                 }
                 .into(),
+                attention_choice: trainer.attention.clone(),
                 coded_tensors: trainer.coded_tensors(),
                 tokens_per_step: tokens,
                 first_step_seconds: first,

@@ -1249,12 +1249,80 @@ fn recorded_steps_train_as_launched_ones_on_the_reference() {
     }
 }
 
+/// `auto` attention (`Trainer::choose`) trains as the way it chose, named: the same losses,
+/// gradient norms, weights and moments, bit for bit, whichever way won. Timed by the wall clock
+/// (either may win), and by a clock under which every run takes as long (the tie goes to the
+/// first, fused, which neither the reference nor wgpu prefers: the trainer swaps its plan and
+/// carries over the weights it was given). The weights are given before the choice, as
+/// `--init` does.
+fn auto_attention_trains_as_the_chosen_way_named(b: &dyn Backend) {
+    use mantissa::tune::AutotuneMode;
+    let corpus = corpus();
+    let ticks = || {
+        let n = std::sync::atomic::AtomicU64::new(0);
+        Box::new(move || n.fetch_add(1, std::sync::atomic::Ordering::Relaxed) as f64)
+            as Box<dyn Fn() -> f64 + Send + Sync>
+    };
+    for (preset, clock) in [
+        (Preset::MixedBf16, choice::wall_clock()),
+        (Preset::True32, ticks()),
+    ] {
+        let mut chooser = Chooser::new(AutotuneMode::Fast, None, clock);
+        (chooser.warmup, chooser.runs) = (1, 3);
+        let given = options(&corpus, preset, 5).config.init(99);
+        let trainer = |fused: Option<bool>| {
+            let mut o = options(&corpus, preset, 5);
+            o.fused_attention = fused;
+            let mut t = Trainer::new(b, &corpus, o).unwrap();
+            t.set_weights(&given).block_on().unwrap();
+            t
+        };
+        let mut auto = trainer(None);
+        let choice = auto.choose(&chooser).block_on().unwrap().clone();
+        assert_eq!(choice.by, ChosenBy::Timed, "{preset}: {choice}");
+        assert!(
+            choice.candidates.iter().all(|c| c.seconds.is_some()),
+            "{preset}: both ways run here: {choice}"
+        );
+        let fused = choice.chosen == "fused";
+        assert_eq!(auto.fused_attention(), fused, "{preset}: {choice}");
+        let mut named = trainer(Some(fused));
+        for step in 0..3 {
+            let (a, n) = (
+                auto.step().block_on().unwrap(),
+                named.step().block_on().unwrap(),
+            );
+            assert_eq!(
+                (a.loss.to_bits(), a.grad_norm.to_bits()),
+                (n.loss.to_bits(), n.grad_norm.to_bits()),
+                "{preset} step {step} ({choice}): loss {} and {}",
+                a.loss,
+                n.loss
+            );
+        }
+        let (a, n) = (
+            auto.state().block_on().unwrap(),
+            named.state().block_on().unwrap(),
+        );
+        assert!(
+            a == n,
+            "{preset} ({choice}): the weights and moments after differ"
+        );
+    }
+}
+
+#[test]
+fn auto_attention_trains_as_the_chosen_way_named_on_the_reference() {
+    auto_attention_trains_as_the_chosen_way_named(&Reference);
+}
+
 // The device backends' training tests (the reference runs the tests above, and is what the
 // resident plans are compared with).
 backend_tests!(
     wgpu: loss_falls,
     overlapped_reduction_is_the_reduction_after_the_pass,
     a_timed_step_is_the_step,
+    auto_attention_trains_as_the_chosen_way_named,
     fused_cross_entropy_is_the_loss_and_its_gradient,
     coded_outputs_are_the_held_values,
     coded_activations_train_as_f32_storage,
@@ -1270,6 +1338,7 @@ backend_tests!(
     cuda: loss_falls,
     overlapped_reduction_is_the_reduction_after_the_pass,
     a_timed_step_is_the_step,
+    auto_attention_trains_as_the_chosen_way_named,
     fused_cross_entropy_is_the_loss_and_its_gradient,
     coded_outputs_are_the_held_values,
     coded_activations_train_as_f32_storage,

@@ -9,7 +9,7 @@ use mantissa::error::{Error, ErrorClass};
 use mantissa::format::{self, Format, Overflow};
 use mantissa::policy::Preset;
 use mantissa::report::{self, ReportConfig};
-use mantissa::train::{Batches, Corpus, GptConfig, TrainOptions, Trainer, init};
+use mantissa::train::{Batches, Chooser, Corpus, GptConfig, TrainOptions, Trainer, init};
 use mantissa::{measure, memory, plan::AdamW};
 use pollster::FutureExt as _;
 use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
@@ -337,8 +337,8 @@ fn report_json(
 /// Trains the char-level GPT on `corpus` under each preset for `steps` steps, from the seeded
 /// weights or those in `init`, on sampled batches or those in `batches` (as `mantissa train
 /// --init --batches`); per preset the per-step losses (as `mantissa train` logs them), the loss
-/// scale after each step and the skipped steps (presets that scale their loss), and why it
-/// stopped, if it did, as JSON.
+/// scale after each step and the skipped steps (presets that scale their loss), why it
+/// stopped, if it did, and how attention was chosen (`Trainer::choose`), as JSON.
 #[pyfunction]
 #[pyo3(signature = (corpus, config, precision, steps, backend, seed=1337, lr=1e-3, adam_eps=1e-8, init=None, batches=None))]
 #[allow(clippy::too_many_arguments)]
@@ -381,6 +381,7 @@ fn train_json(
     let device = open(backend)?;
     py.detach(|| {
         let mut runs = serde_json::Map::new();
+        let chooser = Chooser::from_env().map_err(py_err)?;
         for preset in presets {
             let options = TrainOptions {
                 adamw: AdamW {
@@ -397,6 +398,7 @@ fn train_json(
             if let Some(b) = &batches {
                 trainer.use_batches(b.clone()).map_err(py_err)?;
             }
+            trainer.choose(&chooser).block_on().map_err(py_err)?;
             let (mut losses, mut scales, mut skipped) = (vec![], vec![], vec![]);
             let mut stopped = None;
             // Drawn only where standard error is a terminal.
@@ -428,6 +430,7 @@ fn train_json(
                     "stopped": stopped,
                     "backend": device.name(),
                     "matmul_algorithm": trainer.precision.matmul.to_string(),
+                    "attention": trainer.attention,
                 }),
             );
         }

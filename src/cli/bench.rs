@@ -8,7 +8,7 @@ use crate::backend::{self, BackendChoice, Operands};
 use crate::bench::{MatmulBench, MatmulRecord, StepProfile, TrainBench, TrainRecord};
 use crate::error::{Error, Result};
 use crate::policy::Preset;
-use crate::train::{Corpus, GptConfig, attention_choice, graphs_choice};
+use crate::train::{Choice, ChosenBy, Corpus, GptConfig, attention_choice, graphs_choice};
 use pollster::FutureExt as _;
 use std::path::PathBuf;
 
@@ -54,8 +54,9 @@ struct TrainArgs {
     /// Also write the records as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
-    /// auto: causal attention fused where the backend prefers it (CUDA), else separate ops;
-    /// fused or unfused to compare them.
+    /// auto: causal attention fused or as separate ops, whichever runs the step faster here
+    /// (both timed before the first step, the choice cached; MANTISSA_AUTOTUNE=off: fused where
+    /// the backend prefers it, CUDA); fused or unfused to compare them.
     #[arg(long, default_value = "auto")]
     attention: String,
     /// auto: the executor's default (CUDA: a CUDA graph where MANTISSA_CUDA_GRAPH=on; the host
@@ -168,14 +169,15 @@ fn train(args: TrainArgs) -> Result<()> {
             bench
                 .run(backend.as_ref(), &corpus, |r| {
                     eprintln!(
-                        "  {:<18} {:>9.2} ms/step  {:>10.0} tokens/s  peak {:.1} MiB{}",
+                        "  {:<18} {:>9.2} ms/step  {:>10.0} tokens/s  peak {:.1} MiB{}\n    {}",
                         r.preset,
                         r.step_seconds * 1e3,
                         r.tokens_per_second,
                         mib(r.memory.peak_bytes),
                         r.stopped
                             .as_deref()
-                            .map_or(String::new(), |s| format!("  ({s})"))
+                            .map_or(String::new(), |s| format!("  ({s})")),
+                        r.attention_choice
                     );
                 })
                 .block_on()?,
@@ -197,7 +199,7 @@ fn train(args: TrainArgs) -> Result<()> {
         table.row(vec![
             r.backend.clone(),
             r.preset.clone(),
-            r.attention.clone(),
+            format!("{} ({})", r.attention, chosen_by(&r.attention_choice)),
             format!("{:.2}", r.step_seconds * 1e3),
             format!(
                 "{:.2}..{:.2}",
@@ -221,6 +223,22 @@ fn train(args: TrainArgs) -> Result<()> {
         }
     }
     write_json(args.json.as_deref(), &records)
+}
+
+/// How a choice was made, for a table cell: "named", "cached", "timed 4.10/5.27 ms" (each
+/// candidate's median, a dropped one as "-").
+fn chosen_by(c: &Choice) -> String {
+    match c.by {
+        ChosenBy::Timed => format!(
+            "timed {} ms",
+            c.candidates
+                .iter()
+                .map(|k| k.seconds.map_or("-".into(), |s| format!("{:.2}", s * 1e3)))
+                .collect::<Vec<_>>()
+                .join("/")
+        ),
+        by => by.name().into(),
+    }
 }
 
 /// Steps `--profile` times op by op (each op's median is reported).

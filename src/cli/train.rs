@@ -10,8 +10,8 @@ use crate::plan::exec::{Memory, Reduced};
 use crate::policy::{PrecisionClass, Preset};
 use crate::train::checkpoint::CheckpointFile;
 use crate::train::{
-    Batches, Checkpoint, Corpus, GptConfig, StepRecord, TrainOptions, Trainer, attention_choice,
-    graphs_choice, init,
+    Batches, Checkpoint, Choice, Chooser, Corpus, GptConfig, StepRecord, TrainOptions, Trainer,
+    attention_choice, graphs_choice, init,
 };
 use pollster::FutureExt as _;
 use std::path::PathBuf;
@@ -117,9 +117,10 @@ pub struct TrainArgs {
     /// names a batch that fits.
     #[arg(long)]
     memory_limit: Option<String>,
-    /// auto: causal attention as one fused op where the backend prefers it (CUDA), else as
-    /// separate ops (copies, matmuls, softmax); fused or unfused to choose (the same function
-    /// either way).
+    /// auto: causal attention as one fused op or as separate ops (copies, matmuls, softmax),
+    /// whichever runs the step faster here: both timed on the device before the first step and
+    /// the choice cached (MANTISSA_AUTOTUNE=off: fused where the backend prefers it, CUDA);
+    /// fused or unfused to choose (the same function either way).
     #[arg(long, default_value = "auto")]
     attention: String,
     /// auto: the executor's default (CUDA: a CUDA graph where MANTISSA_CUDA_GRAPH=on; the host
@@ -175,6 +176,8 @@ struct Run {
     /// How the steps ran, and the memory they took (rank 0's, in a data-parallel run).
     executor: String,
     memory: Memory,
+    /// How attention came to be fused or not, with the times of both where they were timed.
+    attention: Choice,
 }
 
 /// `MANTISSA_INJECT_INF=STEP[@RANK]`: an inf added to the first gradient at that step (on that
@@ -513,6 +516,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             backend.name()
         ))?;
     }
+    let chooser = Chooser::from_env()?;
     let mut runs = Vec::new();
     let mut resume = setup.resume;
     for &preset in &setup.presets {
@@ -552,6 +556,8 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
                 Ok(t)
             });
         let mut trainer = dist::agree(group, built)?;
+        let chosen = trainer.choose(&chooser).block_on().map(|c| c.to_string());
+        let chosen = dist::agree(group, chosen)?;
         if trainer.step > 0 {
             tell(format!("resumed {preset} at step {}", trainer.step))?;
         }
@@ -562,6 +568,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             describe(&trainer)
         ))?;
         tell(format!("   {}", trainer.executor()))?;
+        tell(format!("   {chosen}"))?;
         let mut run = Run {
             preset: preset.to_string(),
             backend: backend.name(),
@@ -577,6 +584,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             unigram_entropy: corpus.unigram_entropy(),
             executor: trainer.executor(),
             memory: trainer.memory(),
+            attention: trainer.attention.clone(),
         };
         let bar = if leader {
             indicatif::ProgressBar::new(args.steps as u64)

@@ -175,6 +175,11 @@ pub trait StepExecutor: Send {
         Ok(())
     }
 
+    /// Starts the peak of `memory` over from what the executor holds now: after a measured
+    /// choice (`Trainer::choose`) whose other plan, since dropped, shared the device. Executors
+    /// that count only their own buffers have nothing to forget.
+    fn forget_peak(&mut self) {}
+
     /// Records each section of the plan the second time it runs and replays the recording
     /// from then on, or stops (`plan::graph`: CUDA graphs, or the host interpreter's model of
     /// them), where the plan allows it (`Graphs::for_plan`). An executor that records nothing

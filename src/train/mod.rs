@@ -6,15 +6,19 @@
 //! - `trainer.rs`: master weights, loss scaling, fp8 amax state, evaluation, sampling
 //! - `data.rs`: the character corpus, seeded batches, and batches given in a file
 //! - `init.rs`: initial weights from and to a file, under the engine's or PyTorch's names
+//! - `choice.rs`: measured choices (`auto`): both ways built and timed, the faster kept and
+//!   cached
 //! - `checkpoint.rs`: safetensors checkpoints of the weights, moments and run state
 
 pub mod checkpoint;
+pub mod choice;
 pub mod data;
 pub mod init;
 pub mod model;
 pub mod trainer;
 
 pub use checkpoint::Checkpoint;
+pub use choice::{Choice, Chooser, ChosenBy};
 pub use data::{Batches, Corpus};
 pub use model::{Gpt, GptConfig};
 pub use trainer::{StepRecord, TrainOptions, TrainState, Trainer, attention_choice, graphs_choice};

@@ -1,5 +1,6 @@
 //! The training loop: presets, master weights, dynamic loss scaling, AdamW, evaluation.
 
+use super::choice::{Choice, Chooser, ChosenBy, Trials};
 use super::data::{Batches, Corpus};
 use super::model::{Gpt, GptConfig};
 use crate::algorithm::Algorithm;
@@ -152,6 +153,93 @@ pub struct Trainer<'a> {
     pub reduced: Option<Reduced>,
     /// Training batches given in a file (`use_batches`), taken in order instead of sampled.
     batches: Option<Batches>,
+    /// How attention came to be fused or not (`choose`).
+    pub attention: Choice,
+}
+
+/// The ways to run attention, as `Chooser::choose` names them: fused, then unfused.
+const ATTENTION: [&str; 2] = ["fused", "unfused"];
+
+/// The two step plans of a trainer's attention choice: the one it holds (`current`, by its
+/// index in `ATTENTION`) and the other once built; each times its forward and backward pass on
+/// one batch (`Section::Backward`: the gradients written, the weights and moments untouched).
+struct AttentionTrials<'t, 'a> {
+    gpt: &'t Gpt<'a>,
+    precision: &'t Precision,
+    options: &'t TrainOptions,
+    group: &'a dyn Collective,
+    reduction: Reduction,
+    current: (usize, &'t mut Box<dyn StepExecutor + 'a>),
+    other: Option<(usize, Box<dyn StepExecutor + 'a>, Vec<TensorId>)>,
+    batch: (Vec<u32>, Vec<u32>, Vec<f32>),
+}
+
+#[async_trait::async_trait(?Send)]
+impl Trials for AttentionTrials<'_, '_> {
+    async fn build(&mut self, i: usize) -> Result<()> {
+        if i == self.current.0 || self.other.as_ref().is_some_and(|o| o.0 == i) {
+            return Ok(());
+        }
+        let (sequences, fused) = (self.batch.0.len() / self.gpt.config.block_size, i == 0);
+        let (group, reduction) = (self.group, self.reduction);
+        let options = (self.gpt, self.precision, self.options);
+        let (mut exec, summed) = build_executor(
+            options.0, options.1, options.2, group, reduction, sequences, fused,
+        )?;
+        exec.prepare().await?;
+        self.other = Some((i, exec, summed));
+        Ok(())
+    }
+
+    async fn run(&mut self, i: usize) -> Result<()> {
+        let exec = match &mut self.other {
+            Some((j, exec, _)) if *j == i => exec,
+            _ => &mut *self.current.1,
+        };
+        let (ids, targets, scalars) = &self.batch;
+        exec.run(Section::Backward, ids, targets, scalars).await?;
+        Ok(())
+    }
+}
+
+/// The step plan of `options` for `gpt`, attention `fused` or not, its initial weights in it,
+/// split for the ranks where the run sums gradients (the tensors summed returned), and its
+/// executor (the backend's own, or the host interpreter where `options.resident` is false),
+/// checked against the device's memory first and recording sections as `options.graphs` says.
+fn build_executor<'a>(
+    gpt: &Gpt<'a>,
+    precision: &Precision,
+    options: &TrainOptions,
+    group: &dyn Collective,
+    reduction: Reduction,
+    sequences: usize,
+    fused: bool,
+) -> Result<(Box<dyn StepExecutor + 'a>, Vec<TensorId>)> {
+    let cfg = &options.config;
+    let coded = match options.coded_activations {
+        Some(coded) => coded,
+        None => super::model::stores_codes()?,
+    };
+    let mut plan = gpt.plan_with(precision, sequences, cfg.block_size, fused, coded)?;
+    for (i, mut p) in cfg.init(options.seed).into_iter().enumerate() {
+        round_to(&mut p, precision.weights);
+        plan.constants.push((plan.state[i][0], p));
+    }
+    let summed = if group.size() > 1 || reduction.reducer != Reducer::Auto {
+        plan.split_for_ranks()
+    } else {
+        vec![]
+    };
+    let mut exec = if options.resident {
+        let fits = PlanFit::check(gpt, precision, options, group, &plan)?;
+        backend::executor(gpt.backend, plan, true).map_err(|e| fits.explain(e))?
+    } else {
+        backend::executor(gpt.backend, plan, false)?
+    };
+    if let Some(on) = options.graphs {
+        exec.record_sections(on)?;
+    }
+    Ok((exec, summed))
 }
 
 /// The world of a trainer that runs alone.
@@ -200,35 +288,28 @@ impl<'a> Trainer<'a> {
             config: options.config.clone(),
             backend,
         };
-        let cfg = &options.config;
         let fused = options.fused_attention.unwrap_or_else(|| {
             backend
                 .capabilities()
-                .fuses_attention(&precision.matmul, cfg.head_dim())
+                .fuses_attention(&precision.matmul, options.config.head_dim())
         });
-        let coded = match options.coded_activations {
-            Some(coded) => coded,
-            None => super::model::stores_codes()?,
-        };
-        let mut plan = gpt.plan_with(&precision, local.len(), cfg.block_size, fused, coded)?;
-        for (i, mut p) in cfg.init(options.seed).into_iter().enumerate() {
-            round_to(&mut p, precision.weights);
-            plan.constants.push((plan.state[i][0], p));
-        }
-        let summed = if group.size() > 1 || reduction.reducer != Reducer::Auto {
-            plan.split_for_ranks()
-        } else {
-            vec![]
-        };
-        let mut exec = if options.resident {
-            let fits = PlanFit::check(&gpt, &precision, &options, group, &plan)?;
-            backend::executor(backend, plan, true).map_err(|e| fits.explain(e))?
-        } else {
-            backend::executor(backend, plan, false)?
-        };
-        if let Some(on) = options.graphs {
-            exec.record_sections(on)?;
-        }
+        let attention = Choice::untimed(
+            "attention",
+            ATTENTION[usize::from(!fused)],
+            match options.fused_attention {
+                Some(_) => ChosenBy::Named,
+                None => ChosenBy::Default,
+            },
+        );
+        let (exec, summed) = build_executor(
+            &gpt,
+            &precision,
+            &options,
+            group,
+            reduction,
+            local.len(),
+            fused,
+        )?;
         Ok(Trainer {
             gpt,
             corpus,
@@ -245,6 +326,7 @@ impl<'a> Trainer<'a> {
             summed,
             reduced: None,
             batches: None,
+            attention,
         })
     }
 
@@ -309,6 +391,84 @@ impl<'a> Trainer<'a> {
             };
             fit.explain(e)
         })
+    }
+
+    /// Where attention was left to `auto` (`TrainOptions::fused_attention` None): builds the
+    /// step plan the other way too, times the forward and backward pass of each on the device
+    /// (`Chooser::choose`: a validation batch, the update never run, so the run trains as it
+    /// would with the chosen way named), and keeps the faster, its weights and moments those
+    /// held now; or takes the cached choice. A way that fails to build or run is dropped (its
+    /// reason in `attention`). Every rank calls this. Returns how attention was chosen.
+    pub async fn choose(&mut self, chooser: &Chooser) -> Result<&Choice> {
+        if self.options.fused_attention.is_some() {
+            return Ok(&self.attention);
+        }
+        let current = usize::from(!self.fused_attention());
+        let (ids, targets) = self.local_batch(true, 0)?;
+        let scale = self.scaler.map(|s| s.scale).unwrap_or(1.0);
+        let scalars = self.scalars(scale, 0.0);
+        let key = self.choice_key();
+        let mut trials = AttentionTrials {
+            gpt: &self.gpt,
+            precision: &self.precision,
+            options: &self.options,
+            group: self.group,
+            reduction: self.reduction,
+            current: (current, &mut self.exec),
+            other: None,
+            batch: (ids, targets, scalars),
+        };
+        let (chosen, choice) = chooser
+            .choose(
+                "attention",
+                &key,
+                &ATTENTION,
+                current,
+                &mut trials,
+                self.group,
+            )
+            .await?;
+        let other = trials.other.take();
+        match other {
+            Some((i, mut exec, summed)) if i == chosen => {
+                // The weights and moments held now (set_weights, a resumed checkpoint) go along.
+                let state = self.state().await?;
+                std::mem::swap(&mut self.exec, &mut exec);
+                self.summed = summed;
+                self.set_state(&state).await?;
+                drop(exec);
+            }
+            other => drop(other),
+        }
+        // The other plan, dropped now, is no part of the steps' memory.
+        self.exec.forget_peak();
+        self.attention = choice;
+        Ok(&self.attention)
+    }
+
+    /// What a measured choice depends on besides itself: the device, the shape of this rank's
+    /// step, the precision and how the plan is stored and run.
+    fn choice_key(&self) -> String {
+        let (cfg, o) = (&self.gpt.config, &self.options);
+        let backend = self.gpt.backend;
+        format!(
+            "{} on {}: layers {} heads {} embd {} context {} batch {} of {} vocab {}; {} matmuls {} \
+             codes {:?} graphs {:?} resident {}",
+            backend.name(),
+            backend.device_name(),
+            cfg.n_layer,
+            cfg.n_head,
+            cfg.n_embd,
+            cfg.block_size,
+            cfg.batch_size / self.group.size().max(1),
+            cfg.batch_size,
+            cfg.vocab_size,
+            o.preset,
+            self.precision.matmul,
+            o.coded_activations,
+            o.graphs,
+            o.resident,
+        )
     }
 
     /// Tokens of the global batch (every rank's).

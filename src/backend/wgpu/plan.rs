@@ -882,6 +882,15 @@ impl StepExecutor for ResidentPlan<'_> {
         Ok(())
     }
 
+    fn forget_peak(&mut self) {
+        if let Some(now) = self.backend.gpu.allocated_bytes() {
+            let base = self.baseline.load(Relaxed);
+            if base != UNSET {
+                self.peak.store(now.saturating_sub(base), Relaxed);
+            }
+        }
+    }
+
     fn memory(&self) -> Memory {
         let (peak_bytes, measured_by) = match self.baseline.load(Relaxed) {
             UNSET => (
