@@ -296,23 +296,26 @@ pub fn shape_class(shape: &MatmulShape) -> String {
     )
 }
 
+/// A store in memory, shared between tuners as a file would be (the tests' cache file).
+#[cfg(test)]
+#[derive(Clone, Default)]
+pub(crate) struct MemoryStore(pub std::sync::Arc<Mutex<Option<String>>>);
+
+#[cfg(test)]
+impl TileStore for MemoryStore {
+    fn load(&self) -> Option<String> {
+        self.0.lock().unwrap().clone()
+    }
+    fn save(&self, json: &str) {
+        *self.0.lock().unwrap() = Some(json.to_string());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
 
-    /// A store in memory, shared between tuners as a file would be.
-    #[derive(Clone, Default)]
-    struct Memory(Arc<Mutex<Option<String>>>);
-
-    impl TileStore for Memory {
-        fn load(&self) -> Option<String> {
-            self.0.lock().unwrap().clone()
-        }
-        fn save(&self, json: &str) {
-            *self.0.lock().unwrap() = Some(json.to_string());
-        }
-    }
+    use MemoryStore as Memory;
 
     #[test]
     fn choices_persist_and_a_full_request_retunes_a_fast_choice() {

@@ -17,8 +17,8 @@ use crate::tune::{AutotuneMode, TileStore, Tuner};
 
 /// Untimed runs of each candidate before its timed ones (the first compiles and tunes).
 pub const CHOICE_WARMUP: u32 = 1;
-/// Timed runs of each candidate: the median decides.
-pub const CHOICE_RUNS: usize = 3;
+/// Timed runs of each candidate: the median decides (as many as the matmul tuners time).
+pub const CHOICE_RUNS: usize = crate::tune::TUNE_RUNS;
 /// The cache file of the choices.
 pub const CHOICE_CACHE: &str = "train-choices.json";
 
@@ -235,10 +235,7 @@ impl Chooser {
             .zip(&mut times)
             .map(|(c, t)| match c.dropped {
                 Some(_) => f64::INFINITY,
-                None => {
-                    t.sort_by(f64::total_cmp);
-                    t[t.len() / 2]
-                }
+                None => crate::backend::median(t),
             })
             .collect();
         group.max_f64(&mut medians)?;
@@ -304,21 +301,10 @@ mod tests {
     use super::*;
     use crate::dist::Single;
     use pollster::FutureExt as _;
+    use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex};
 
-    /// A store in memory, shared between choosers as a file would be.
-    #[derive(Clone, Default)]
-    struct Memory(Arc<Mutex<Option<String>>>);
-
-    impl TileStore for Memory {
-        fn load(&self) -> Option<String> {
-            self.0.lock().unwrap().clone()
-        }
-        fn save(&self, json: &str) {
-            *self.0.lock().unwrap() = Some(json.to_string());
-        }
-    }
+    use crate::tune::MemoryStore as Memory;
 
     /// Candidates whose runs advance a fake clock by their cost (microseconds, one per run
     /// and candidate), some failing to build or to run; every call counted.
