@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
 # The measurements that need an NVIDIA GPU (figures in docs/h100.md were taken on a machine with
 # an H100 80GB HBM3 by these stages), in stages that each fit in ten minutes:
+#   bash scripts/gpu-checks.sh quick     # every figure of the training-step targets in under
+#                                        # nine minutes: the PyTorch anchor (eager and compiled),
+#                                        # then `small`'s step, launches, memory and per-op
+#                                        # profile (bytes, FLOPs, fraction of the device's limits)
+#                                        # on CUDA (every preset) and wgpu (two)
 #   bash scripts/gpu-checks.sh correct   # conformance (CUDA, wgpu/Vulkan), resident step plans
 #   bash scripts/gpu-checks.sh cuda      # the CUDA conformance suite, matmul benchmarks (from
 #                                        # f32 and prepared operands; every split-bf16 path
@@ -54,6 +59,12 @@ run() {
     echo "== exit ${PIPESTATUS[0]}" | tee -a "$out/log.txt"
 }
 case "$stage" in
+quick)
+    run 20 nvidia-smi
+    OUT="$out" STEPS=80 run 150 python3 scripts/anchors/torch_gpt.py
+    run 170 $m bench train --config small --backends cuda --precision 32-true,bf16-mixed,16-mixed,bf16-true --warmup 3 --steps 20 --profile --json "$out/bench-train-cuda.json"
+    run 170 $m bench train --config small --backends wgpu --precision 32-true,bf16-mixed --warmup 3 --steps 10 --profile --json "$out/bench-train-wgpu.json"
+    ;;
 correct)
     run 20 nvidia-smi
     run 60 $m info
@@ -64,8 +75,8 @@ correct)
     if [ -x .bin/train ]; then
         run 120 .bin/train resident loss_falls fused_attention_ops ${ONLY:+--skip cuda} --test-threads 1
         # The 16-bit presets with every tensor stored as f32, beside their coded matmul inputs above.
-    MANTISSA_ACTIVATIONS=f32 run 120 $m bench train --config small --backends cuda --precision bf16-mixed,16-mixed --warmup 3 --steps 20 --json "$out/bench-train-f32-stored.json"
-    # The CUDA step replayed as a CUDA graph (opt-in) against the host interpreter.
+        MANTISSA_ACTIVATIONS=f32 run 120 $m bench train --config small --backends cuda --precision bf16-mixed,16-mixed --warmup 3 --steps 20 --json "$out/bench-train-f32-stored.json"
+        # The CUDA step replayed as a CUDA graph (opt-in) against the host interpreter.
         [ "${ONLY:-}" = wgpu ] || MANTISSA_CUDA_GRAPH=on run 120 .bin/train cuda::resident cuda::a_timed --test-threads 1
     fi
     ;;
@@ -146,5 +157,5 @@ parity)
     done
     run 30 python3 scripts/anchors/torch_step_parity.py --config small --out "$p" --compare "$p"/*-*/train.json
     ;;
-*) echo "unknown stage '$stage' (correct, cuda, bench, tune, train, steps, dist, parity)" >&2; exit 2 ;;
+*) echo "unknown stage '$stage' (quick, correct, cuda, bench, tune, train, steps, dist, parity)" >&2; exit 2 ;;
 esac

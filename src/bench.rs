@@ -10,8 +10,8 @@ use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::{Backend, Operands, reference};
 use crate::error::{Error, Result};
 use crate::measure;
-use crate::plan::Plan;
 use crate::plan::exec::{Memory, Timings};
+use crate::plan::{Cost, Op, Outline, Plan, PlanBuilder, Section, Strided, TensorKind};
 use crate::policy::Preset;
 use crate::train::{Choice, Chooser, Corpus, GptConfig, TrainOptions, Trainer};
 
@@ -214,6 +214,8 @@ pub struct TrainRecord {
     pub steps_timed: usize,
     pub tokens_per_second: f64,
     pub memory: Memory,
+    /// What a step asks of the device: ops, launches, bytes and FLOPs.
+    pub work: StepWork,
     /// The loss of the last step run.
     pub loss: f64,
     /// Why the preset stopped before the steps were done (a divergence; timings then cover
@@ -222,6 +224,172 @@ pub struct TrainRecord {
     /// Where the step's time goes, op by op (`TrainBench::profile`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile: Option<StepProfile>,
+}
+
+/// What one step of a plan asks of the device: its ops, the launches the executor makes of
+/// them, and the bytes and FLOPs its ops cost by their definitions (`plan::Cost`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct StepWork {
+    pub ops: usize,
+    /// Kernels launched and library GEMMs called (None where the executor launches nothing on
+    /// a device: the host reference runs each op as one host function).
+    pub launches: Option<usize>,
+    /// Standalone roundings among the ops (a rounding no op before it could take in).
+    pub roundings: usize,
+    pub bytes: u64,
+    pub flops: u64,
+}
+
+impl StepWork {
+    /// The work of a whole step of `plan`, given its executor's launches per op.
+    pub fn of(plan: &Plan, launches: Option<&[usize]>) -> StepWork {
+        let cost = plan.cost(plan.range_of(Section::Step));
+        StepWork {
+            ops: plan.ops().len(),
+            launches: launches.map(|l| l.iter().sum()),
+            roundings: plan
+                .ops()
+                .iter()
+                .filter(|op| matches!(op, Op::Round { .. }))
+                .count(),
+            bytes: cost.bytes,
+            flops: cost.flops,
+        }
+    }
+}
+
+/// The rates a device reaches on the plan's own ops at a size that keeps it busy, measured
+/// where a profile is taken: what an op's achieved rate is a fraction of.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Limits {
+    /// Bytes per second (read plus written) of a strided copy of `COPY_ELEMENTS` f32 in one
+    /// dense run (None where it failed: the reason is in `limits_missing`).
+    pub copy_bytes_per_second: Option<f64>,
+    /// FLOP/s of a square matmul under each algorithm of the plan's matmuls, at the first
+    /// size from 256 up (doubling, at most 4096) that takes `BUSY_SECONDS`.
+    pub matmul: Vec<MatmulLimit>,
+    /// Why a limit is missing.
+    pub missing: Vec<String>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct MatmulLimit {
+    pub algorithm: String,
+    pub n: usize,
+    pub flops_per_second: f64,
+}
+
+/// Elements of the copy `Limits` times (64 MiB each way in f32).
+const COPY_ELEMENTS: usize = 16 << 20;
+/// How long a limit's op should run to count as keeping the device busy.
+const BUSY_SECONDS: f64 = 0.02;
+
+impl Limits {
+    /// The limits for `plan`'s ops on `backend`, each the median of a few timed runs.
+    pub async fn measure(backend: &dyn Backend, plan: &Plan) -> Limits {
+        let mut missing = Vec::new();
+        let map = Strided {
+            dims: [1, 1, 1, COPY_ELEMENTS as u32],
+            src: [0, 0, 0, 1],
+            dst: [0, 0, 0, 1],
+            src_offset: 0,
+            dst_offset: 0,
+        };
+        let copy = one_op(COPY_ELEMENTS, 0, |x, _, out| Op::Copy { x, out, map });
+        let copy_bytes_per_second = match time_one_op(backend, copy).await {
+            Ok(s) => Some((2 * 4 * COPY_ELEMENTS) as f64 / s),
+            Err(e) => {
+                missing.push(format!("copy: {e}"));
+                None
+            }
+        };
+        let mut algorithms: Vec<Algorithm> = Vec::new();
+        for op in plan.ops() {
+            if let Op::Matmul { algorithm, .. } = op
+                && !algorithms.contains(algorithm)
+            {
+                algorithms.push(*algorithm);
+            }
+        }
+        let mut matmul = Vec::new();
+        for algorithm in algorithms {
+            let mut n = 256;
+            let timed = loop {
+                let op = one_op(n * n, n * n, |a, b, out| Op::Matmul {
+                    shape: MatmulShape::new(n, n, n),
+                    algorithm,
+                    a,
+                    b,
+                    out,
+                    scales: None,
+                });
+                match time_one_op(backend, op).await {
+                    Ok(s) if s < BUSY_SECONDS && n < 4096 => n *= 2,
+                    other => break other,
+                }
+            };
+            match timed {
+                Ok(s) => matmul.push(MatmulLimit {
+                    algorithm: algorithm.to_string(),
+                    n,
+                    flops_per_second: 2.0 * (n as f64).powi(3) / s,
+                }),
+                Err(e) => missing.push(format!("matmul {algorithm} at {n}: {e}")),
+            }
+        }
+        Limits {
+            copy_bytes_per_second,
+            matmul,
+            missing,
+        }
+    }
+
+    /// The fraction of its limit an op costing `cost` reaches in `seconds`: of the copy rate
+    /// for memory-bound ops, of its algorithm's matmul rate for products.
+    pub fn fraction(&self, op: &Op, cost: Cost, seconds: f64) -> Option<f64> {
+        let algorithm = match op {
+            Op::Matmul { algorithm, .. } => Some(algorithm),
+            Op::Attention { spec, .. } | Op::AttentionBwd { spec, .. } => Some(&spec.algorithm),
+            _ => None,
+        };
+        let limit = match algorithm.filter(|_| cost.computes()) {
+            Some(a) => {
+                let name = a.to_string();
+                let m = self.matmul.iter().find(|m| m.algorithm == name)?;
+                return Some(cost.flops as f64 / seconds / m.flops_per_second);
+            }
+            None => self.copy_bytes_per_second?,
+        };
+        Some(cost.bytes as f64 / seconds / limit)
+    }
+}
+
+/// A plan of one op on two inputs of `a` and `b` elements (zeros; `b` 0: none) and an output
+/// of `a` elements: `op(a, b, out)`.
+fn one_op(a: usize, b: usize, op: impl FnOnce(usize, usize, usize) -> Op) -> Result<Plan> {
+    let mut g = PlanBuilder::default();
+    let tokens = g.tensor(1, TensorKind::Tokens);
+    let targets = g.tensor(1, TensorKind::Targets);
+    let x = g.constant(vec![0.0; a]);
+    let y = if b > 0 { g.constant(vec![0.0; b]) } else { x };
+    let out = g.temp(a);
+    g.push(op(x, y, out));
+    g.finish(Outline::ops_alone(1, 1, (tokens, targets), out))
+}
+
+/// The median of three timed runs of a one-op plan on `backend` (after one untimed run that
+/// compiles and tunes).
+async fn time_one_op(backend: &dyn Backend, plan: Result<Plan>) -> Result<f64> {
+    let plan = plan?;
+    let scalars = vec![0.0; plan.scalar_count()];
+    let mut exec = backend.executor(plan)?;
+    exec.run(Section::Step, &[0], &[0], &scalars).await?;
+    let mut times = Vec::new();
+    for _ in 0..3 {
+        let (_, t) = exec.run_timed(Section::Step, &[0], &[0], &scalars).await?;
+        times.push(t.seconds.first().copied().unwrap_or(f64::NAN));
+    }
+    Ok(crate::backend::median(&mut times))
 }
 
 /// Where a step's time goes: each op's median time over the profiled steps, and the sums by
@@ -233,6 +401,8 @@ pub struct StepProfile {
     pub measured_by: String,
     /// The sum of the ops' medians.
     pub total_seconds: f64,
+    /// The device's rates on the plan's kinds of op, which each op's fraction is of.
+    pub limits: Limits,
     /// Forward, backward, and the unscale, check and update.
     pub parts: Vec<ProfileRow>,
     /// By op label, most time first.
@@ -246,20 +416,39 @@ pub struct StepProfile {
 pub struct ProfileRow {
     pub name: String,
     pub ops: usize,
+    pub launches: Option<usize>,
     pub seconds: f64,
+    pub bytes: u64,
+    pub flops: u64,
+    /// The fraction of the limit (`Limits`) the ops reach together (None where a limit is
+    /// missing).
+    pub of_limit: Option<f64>,
 }
 
-/// One op's median time.
+/// One op's median time, what it costs by its definition and what it reaches.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct OpTime {
     pub index: usize,
     pub label: String,
+    pub launches: Option<usize>,
     pub seconds: f64,
+    pub bytes: u64,
+    pub flops: u64,
+    /// Bytes read and written per second, and FLOP/s where the op computes products.
+    pub bytes_per_second: f64,
+    pub flops_per_second: f64,
+    pub of_limit: Option<f64>,
 }
 
 impl StepProfile {
-    /// The profile of `runs`, each the timings of a whole step of `plan`; None without runs.
-    pub fn of(plan: &Plan, runs: &[Timings]) -> Option<StepProfile> {
+    /// The profile of `runs`, each the timings of a whole step of `plan`, with the executor's
+    /// `launches` per op and the device's `limits`; None without runs.
+    pub fn of(
+        plan: &Plan,
+        runs: &[Timings],
+        launches: Option<&[usize]>,
+        limits: Limits,
+    ) -> Option<StepProfile> {
         let first = runs.first()?;
         let ops: Vec<OpTime> = (0..first.seconds.len())
             .map(|i| {
@@ -268,50 +457,70 @@ impl StepProfile {
                     .filter_map(|r| r.seconds.get(i))
                     .copied()
                     .collect();
-                times.sort_by(f64::total_cmp);
+                let seconds = crate::backend::median(&mut times);
                 let index = first.first + i;
+                let op = plan.ops().get(index);
+                let cost = op.map_or(Cost::default(), |op| op.cost(plan.tensors()));
                 OpTime {
                     index,
-                    label: plan
-                        .ops
-                        .get(index)
-                        .map_or_else(String::new, |op| op.label()),
-                    seconds: times[times.len() / 2],
+                    label: op.map_or_else(String::new, Op::label),
+                    launches: launches.and_then(|l| l.get(index).copied()),
+                    seconds,
+                    bytes: cost.bytes,
+                    flops: cost.flops,
+                    bytes_per_second: cost.bytes as f64 / seconds,
+                    flops_per_second: cost.flops as f64 / seconds,
+                    of_limit: op.and_then(|op| limits.fraction(op, cost, seconds)),
                 }
             })
             .collect();
-        let sum = |name: &str, range: std::ops::Range<usize>| {
-            let within: Vec<&OpTime> = ops.iter().filter(|o| range.contains(&o.index)).collect();
+        // Ops summed, their fraction the time-weighted mean of theirs (each op's share of the
+        // time the ops would take at their limits).
+        let sum = |name: String, within: Vec<&OpTime>| {
+            let seconds: f64 = within.iter().map(|o| o.seconds).sum();
+            let at_limit: Option<f64> = within.iter().map(|o| Some(o.of_limit? * o.seconds)).sum();
             ProfileRow {
-                name: name.into(),
+                name,
                 ops: within.len(),
-                seconds: within.iter().map(|o| o.seconds).sum(),
+                launches: within.iter().map(|o| o.launches).sum(),
+                seconds,
+                bytes: within.iter().map(|o| o.bytes).sum(),
+                flops: within.iter().map(|o| o.flops).sum(),
+                of_limit: at_limit.map(|t| t / seconds),
             }
         };
+        let part = |name: &str, range: std::ops::Range<usize>| {
+            sum(
+                name.into(),
+                ops.iter().filter(|o| range.contains(&o.index)).collect(),
+            )
+        };
         let parts = vec![
-            sum("forward", 0..plan.forward),
-            sum("backward", plan.forward..plan.backward),
-            sum("unscale, check and update", plan.backward..plan.ops.len()),
+            part("forward", 0..plan.forward),
+            part("backward", plan.forward..plan.backward),
+            part("unscale, check and update", plan.backward..plan.ops.len()),
         ];
-        let mut labels: Vec<ProfileRow> = Vec::new();
+        let mut names: Vec<&str> = Vec::new();
         for o in &ops {
-            match labels.iter_mut().find(|r| r.name == o.label) {
-                Some(r) => {
-                    r.ops += 1;
-                    r.seconds += o.seconds;
-                }
-                None => labels.push(ProfileRow {
-                    name: o.label.clone(),
-                    ops: 1,
-                    seconds: o.seconds,
-                }),
+            if !names.contains(&o.label.as_str()) {
+                names.push(&o.label);
             }
         }
+        let mut labels: Vec<ProfileRow> = names
+            .into_iter()
+            .map(|name| {
+                sum(
+                    name.into(),
+                    ops.iter().filter(|o| o.label == name).collect(),
+                )
+            })
+            .collect();
         labels.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
         Some(StepProfile {
             steps: runs.len(),
             measured_by: first.measured_by.clone(),
             total_seconds: ops.iter().map(|o| o.seconds).sum(),
+            limits,
             parts,
             labels,
             ops,
@@ -373,7 +582,14 @@ impl TrainBench {
                     Err(e) => return Err(e),
                 }
             }
-            let profile = StepProfile::of(trainer.plan(), &runs);
+            let launches = trainer.launches();
+            let profile = match runs.is_empty() {
+                true => None,
+                false => {
+                    let limits = Limits::measure(backend, trainer.plan()).await;
+                    StepProfile::of(trainer.plan(), &runs, launches.as_deref(), limits)
+                }
+            };
             timed.sort_by(f64::total_cmp);
             let median = timed.get(timed.len() / 2).copied().unwrap_or(f64::NAN);
             let tokens = trainer.tokens_per_step();
@@ -402,6 +618,7 @@ impl TrainBench {
                 steps_timed: timed.len(),
                 tokens_per_second: tokens as f64 / median,
                 memory: trainer.memory(),
+                work: StepWork::of(trainer.plan(), launches.as_deref()),
                 loss,
                 stopped,
                 profile,

@@ -739,7 +739,8 @@ fn a_plan_over_the_memory_limit_stops_before_allocating_and_names_a_batch_that_f
 
 /// `mantissa bench train --profile`: the step's time and memory in the table and the JSON, and
 /// a profile that accounts for every op of the plan once (in plan order, each in one part of
-/// the step and under one label, the totals the sums of the ops).
+/// the step and under one label, the totals the sums of the ops), with each op's bytes, FLOPs
+/// and fraction of the device's measured limits, and the step's work in a table of its own.
 #[test]
 fn bench_train_profiles_every_op_of_the_step() {
     let dir = tempfile::tempdir().unwrap();
@@ -794,6 +795,40 @@ fn bench_train_profiles_every_op_of_the_step() {
         assert!(close(seconds, total), "{rows:?}");
     }
     assert_eq!(p["parts"].as_array().unwrap().len(), 3);
+    // Each op's cost by its definition: products have FLOPs, the rest bytes alone, and the
+    // step's work is their sum; each has a fraction of the device's limits, measured.
+    for op in ops {
+        let label = op["label"].as_str().unwrap();
+        let (bytes, flops) = (op["bytes"].as_u64().unwrap(), op["flops"].as_u64().unwrap());
+        assert!(bytes > 0, "{op}");
+        assert_eq!(label.starts_with("matmul"), flops > 0, "{op}");
+        assert!(op["of_limit"].as_f64().is_some_and(|f| f > 0.0), "{op}");
+    }
+    let work = &v[0]["work"];
+    assert_eq!(work["ops"].as_u64(), Some(ops.len() as u64), "{work}");
+    assert!(
+        work["launches"].is_null(),
+        "the host launches nothing: {work}"
+    );
+    for what in ["bytes", "flops"] {
+        let sum: u64 = ops.iter().map(|o| o[what].as_u64().unwrap()).sum();
+        assert_eq!(work[what].as_u64(), Some(sum), "{what}: {work}");
+    }
+    let limits = &p["limits"];
+    assert!(
+        limits["copy_bytes_per_second"].as_f64().unwrap() > 0.0,
+        "{limits}"
+    );
+    assert_eq!(limits["matmul"][0]["algorithm"], "bf16", "{limits}");
+    for want in [
+        "ops/step",
+        "launches/step",
+        "GFLOP/step",
+        "limits: copy",
+        "of limit",
+    ] {
+        assert!(msg.contains(want), "no {want:?} in {msg}");
+    }
 }
 
 /// Writes an integer `.npy` of `shape` holding `ids` (any integer type npyz writes).

@@ -6,7 +6,7 @@
 mod common;
 
 use mantissa::backend::reference::ops;
-use mantissa::backend::{Backend, Reference};
+use mantissa::backend::{Backend, BackendKind, Reference};
 use mantissa::measure;
 use mantissa::plan::Section;
 use mantissa::policy::{Fp8State, Preset};
@@ -826,7 +826,8 @@ fn resident_plan_skips_non_finite_steps_and_resumes(b: &dyn Backend) {
 
 /// A step with every op timed (`mantissa bench train --profile`) is the same step: the same
 /// loss and gradient norm, and the same weights and moments after, bit for bit; its timings
-/// cover every op of the plan, each finite and not negative.
+/// cover every op of the plan, each finite and not negative, and the executor counts each op's
+/// launches.
 fn a_timed_step_is_the_step(b: &dyn Backend) {
     let corpus = corpus();
     let mut plain = Trainer::new(b, &corpus, options(&corpus, Preset::MixedBf16, 7)).unwrap();
@@ -851,6 +852,18 @@ fn a_timed_step_is_the_step(b: &dyn Backend) {
             "{timings:?}"
         );
         assert!(timings.seconds.iter().sum::<f64>() > 0.0, "{timings:?}");
+        // A device executor launches every op of the step at least once; the host's launches
+        // nothing.
+        match timed.launches() {
+            None => assert_eq!(b.kind(), BackendKind::Reference, "launches not counted"),
+            Some(launches) => {
+                assert_eq!(launches.len(), timed.plan().ops().len());
+                let idle: Vec<_> = (launches.iter().enumerate())
+                    .filter(|&(_, &n)| n == 0)
+                    .collect();
+                assert!(idle.is_empty(), "ops that launched nothing: {idle:?}");
+            }
+        }
     }
     assert!(
         plain.state().block_on().unwrap() == timed.state().block_on().unwrap(),

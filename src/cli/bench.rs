@@ -5,7 +5,7 @@ use super::parse_list;
 use super::table::{Table, g};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::{self, BackendChoice, Operands};
-use crate::bench::{MatmulBench, MatmulRecord, StepProfile, TrainBench, TrainRecord};
+use crate::bench::{MatmulBench, MatmulRecord, ProfileRow, StepProfile, TrainBench, TrainRecord};
 use crate::error::{Error, Result};
 use crate::policy::Preset;
 use crate::train::{Choice, ChosenBy, Corpus, GptConfig, attention_choice, graphs_choice};
@@ -217,6 +217,7 @@ fn train(args: TrainArgs) -> Result<()> {
         ]);
     }
     say_raw!("{}", table.render())?;
+    say_raw!("\n{}", work_table(&records))?;
     for r in &records {
         if let Some(p) = &r.profile {
             say_raw!("{}", profile_table(r, p))?;
@@ -241,20 +242,57 @@ fn chosen_by(c: &Choice) -> String {
     }
 }
 
+/// What each record's step asks of its device: ops, launches, standalone roundings, and the
+/// bytes and FLOPs of its ops by their definitions.
+fn work_table(records: &[TrainRecord]) -> String {
+    let mut table = Table::new(&[
+        "backend",
+        "preset",
+        "ops/step",
+        "launches/step",
+        "roundings",
+        "MB/step",
+        "GFLOP/step",
+    ]);
+    for r in records {
+        let w = &r.work;
+        table.row(vec![
+            r.backend.clone(),
+            r.preset.clone(),
+            w.ops.to_string(),
+            w.launches.map_or("- (host)".into(), |l| l.to_string()),
+            w.roundings.to_string(),
+            format!("{:.1}", w.bytes as f64 / 1e6),
+            format!("{:.2}", w.flops as f64 / 1e9),
+        ]);
+    }
+    table.render()
+}
+
 /// Steps `--profile` times op by op (each op's median is reported).
 const PROFILED_STEPS: u32 = 3;
 /// Op labels a profile prints (the rest summed in one line; all are in the JSON).
 const PROFILE_LINES: usize = 16;
 
-/// Where a record's step time goes: by part of the step, then by op label.
+/// Where a record's step time goes: by part of the step, then by op label, each with its
+/// launches, its rate (GB/s, or TFLOP/s for products) and its fraction of the device's limit.
 fn profile_table(r: &TrainRecord, p: &StepProfile) -> String {
     let share = |s: f64| format!("{:.1}%", 100.0 * s / p.total_seconds.max(f64::MIN_POSITIVE));
-    let row = |name: &str, ops: usize, seconds: f64| {
+    let row = |l: &ProfileRow| {
+        let rate = if l.flops > 0 {
+            rate(l.flops as f64 / l.seconds, "FLOP/s")
+        } else {
+            rate(l.bytes as f64 / l.seconds, "B/s")
+        };
         vec![
-            name.to_string(),
-            ops.to_string(),
-            format!("{:.3}", seconds * 1e3),
-            share(seconds),
+            l.name.clone(),
+            l.ops.to_string(),
+            l.launches.map_or("-".into(), |n| n.to_string()),
+            format!("{:.3}", l.seconds * 1e3),
+            share(l.seconds),
+            rate,
+            l.of_limit
+                .map_or("-".into(), |f| format!("{:.0}%", 100.0 * f)),
         ]
     };
     let mut out = format!(
@@ -266,29 +304,61 @@ fn profile_table(r: &TrainRecord, p: &StepProfile) -> String {
         p.measured_by,
         p.total_seconds * 1e3
     );
-    let mut parts = Table::new(&["part", "ops", "ms", "share"]);
+    let l = &p.limits;
+    out.push_str(&format!(
+        "limits: copy {}; matmul {}{}\n",
+        l.copy_bytes_per_second
+            .map_or("-".into(), |b| rate(b, "B/s")),
+        l.matmul
+            .iter()
+            .map(|m| format!(
+                "{} {} (n {})",
+                m.algorithm,
+                rate(m.flops_per_second, "FLOP/s"),
+                m.n
+            ))
+            .collect::<Vec<_>>()
+            .join(", "),
+        l.missing
+            .iter()
+            .map(|m| format!("; missing {m}"))
+            .collect::<String>()
+    ));
+    let header = ["", "ops", "launches", "ms", "share", "rate", "of limit"];
+    let mut parts = Table::new(&header);
     for part in &p.parts {
-        parts.row(row(&part.name, part.ops, part.seconds));
+        parts.row(row(part));
     }
     out.push_str(&parts.render());
-    let mut labels = Table::new(&["op", "ops", "ms", "share"]);
+    let mut labels = Table::new(&header);
     for l in p.labels.iter().take(PROFILE_LINES) {
-        labels.row(row(&l.name, l.ops, l.seconds));
+        labels.row(row(l));
     }
     let rest = &p.labels[p.labels.len().min(PROFILE_LINES)..];
     if !rest.is_empty() {
-        let (ops, seconds) = rest
-            .iter()
-            .fold((0, 0.0), |(n, s), l| (n + l.ops, s + l.seconds));
-        labels.row(row(
-            &format!("({} other kinds of op)", rest.len()),
-            ops,
-            seconds,
-        ));
+        let sum = ProfileRow {
+            name: format!("({} other kinds of op)", rest.len()),
+            ops: rest.iter().map(|l| l.ops).sum(),
+            launches: rest.iter().map(|l| l.launches).sum(),
+            seconds: rest.iter().map(|l| l.seconds).sum(),
+            bytes: rest.iter().map(|l| l.bytes).sum(),
+            flops: rest.iter().map(|l| l.flops).sum(),
+            of_limit: None,
+        };
+        labels.row(row(&sum));
     }
     out.push('\n');
     out.push_str(&labels.render());
     out
+}
+
+/// A rate with the SI prefix that gives it one to three digits before the point.
+fn rate(per_second: f64, unit: &str) -> String {
+    let (scale, prefix) = [(1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")]
+        .into_iter()
+        .find(|&(s, _)| per_second >= s)
+        .unwrap_or((1.0, ""));
+    format!("{:.2} {prefix}{unit}", per_second / scale)
 }
 
 fn mib(bytes: u64) -> f64 {

@@ -146,6 +146,13 @@ pub trait StepExecutor: Send {
     fn plan(&self) -> &Plan;
     /// How the executor runs ("device-resident, one submission per step").
     fn describe(&self) -> String;
+    /// The device launches of each op of the plan as this executor runs it (kernels and
+    /// library calls: several where an op is split over dispatches, 0 where it has nothing to
+    /// do); None where ops are not launched on a device (the host interpreter) or before every
+    /// op has run.
+    fn launches(&self) -> Option<Vec<usize>> {
+        None
+    }
     /// Runs `section` of the plan on a batch with the step's scalars; returns the stats.
     async fn run(
         &mut self,

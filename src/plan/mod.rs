@@ -17,6 +17,7 @@
 //! - `codes.rs`: the tensors a plan stores as 16-bit codes, and the operands a matmul reads so
 //! - `storage.rs`: the temporaries' lives, and the device buffers they share
 //! - `ranks.rs`: a rank's plan of a data-parallel step, and its gradient buckets
+//! - `cost.rs`: the bytes and FLOPs each op costs by its definition (for profiles)
 //! - `scalar.rs`: the scalar slots the host writes before a step (AdamW, loss scale, fp8 scales)
 //! - `exec.rs`: the executor contract every backend's executor implements
 //! - `graph.rs`: when an executor records a section and replays the recording
@@ -32,6 +33,7 @@ pub mod scalar;
 
 mod builder;
 mod codes;
+mod cost;
 mod op;
 mod ranks;
 mod storage;
@@ -41,6 +43,7 @@ mod validate;
 
 pub use builder::{Outline, PlanBuilder};
 pub use codes::{check_stored_operands, codes_read_by};
+pub use cost::Cost;
 pub use exec::StepExecutor;
 pub use op::{AdamWParam, Attention, Op, ScoreScale, step_algorithm};
 pub use ranks::Bucket;

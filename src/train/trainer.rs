@@ -510,14 +510,19 @@ impl<'a> Trainer<'a> {
         Ok((ids[span.clone()].to_vec(), targets[span].to_vec()))
     }
 
-    /// How the steps run ("device-resident on ..., one submission per step").
     /// The step plan the trainer runs.
     pub fn plan(&self) -> &Plan {
         self.exec.plan()
     }
 
+    /// How the steps run ("device-resident on ..., one submission per step").
     pub fn executor(&self) -> String {
         self.exec.describe()
+    }
+
+    /// The device launches of each op of the plan (`StepExecutor::launches`).
+    pub fn launches(&self) -> Option<Vec<usize>> {
+        self.exec.launches()
     }
 
     /// Whether the step runs attention as one fused op (`plan::Op::Attention`).

@@ -327,6 +327,7 @@ pub(super) fn gemm(
     let (pb, _rb) = qa.device_ptr(stream);
     let (pc, _rc) = c.device_ptr_mut(stream);
     let (pw, _rw) = lt_.workspace.device_ptr(stream);
+    cb.count_launch();
     // SAFETY: the operands hold batch * n * kp and batch * m * kp bytes and C batch * m * n
     // floats (`Fp8Gemm::lens`, the caller's allocations), as the layouts describe; the
     // workspace is WORKSPACE bytes, as the preference said.

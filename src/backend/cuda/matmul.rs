@@ -600,6 +600,7 @@ fn gemm_call<T>(
         pb + call.b_offset as u64 * size,
         pc + call.c_offset as u64 * 4,
     );
+    cb.count_launch();
     // SAFETY: every element the call reads or writes lies within the buffers (the extents
     // were checked above), and alpha/beta are host f32 as COMPUTE_32F* expects.
     unsafe {

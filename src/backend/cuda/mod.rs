@@ -31,6 +31,7 @@ macro_rules! launch {
         cb.kernels.check_params(&f, $name, &[$( $crate::backend::cuda::ParamSize::param_size(&$arg) ),*])?;
         let mut builder = cb.stream.launch_builder(&f);
         $( builder.arg($arg); )*
+        cb.count_launch();
         // SAFETY: every kernel of cuda/ checks its bounds against the sizes among its
         // arguments, and the callers pass buffers of at least those sizes.
         unsafe { builder.launch($cfg) }.map_err(|e| cb.device_error($name, e))?;
@@ -75,7 +76,7 @@ use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use kernels::Kernels;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// The oldest compute capability the backend runs on (Ampere: bf16 tensor cores).
@@ -140,6 +141,9 @@ pub struct CudaBackend {
     fp8_path: fp8::Fp8Path,
     /// Set when cuBLASLt's fp8 GEMM failed: fp8 then takes the f16 path for good.
     fp8_off: AtomicBool,
+    /// Kernels launched and library GEMMs called since the device opened (profiles count an
+    /// op's launches by the difference).
+    launches: AtomicUsize,
 }
 
 impl CudaBackend {
@@ -217,6 +221,7 @@ impl CudaBackend {
             lt: OnceLock::new(),
             fp8_path: fp8::Fp8Path::from_env()?,
             fp8_off: AtomicBool::new(false),
+            launches: AtomicUsize::new(0),
         })
     }
 
@@ -412,6 +417,16 @@ impl CudaBackend {
             .map_err(|e| self.device_error("synchronize", e))?;
         v.truncate(len);
         Ok(v)
+    }
+
+    /// Notes one kernel launch or library GEMM call (`launches`).
+    fn count_launch(&self) {
+        self.launches.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Kernels launched and library GEMMs called so far.
+    fn launched(&self) -> usize {
+        self.launches.load(Ordering::Relaxed)
     }
 
     /// The launch of an elementwise kernel (a grid-stride loop over `n` elements).

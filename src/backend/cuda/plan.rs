@@ -57,6 +57,8 @@ pub struct CudaPlan<'a> {
     /// The plan's sections as CUDA graphs (`MANTISSA_CUDA_GRAPH=on`), taken out while a
     /// section runs.
     graphs: Graphs<StepGraph>,
+    /// Launches of each op when it last ran op by op (`StepExecutor::launches`).
+    launched: Vec<Option<usize>>,
 }
 
 /// A multi-tensor op's table and its copy on the device.
@@ -98,6 +100,7 @@ impl<'a> CudaPlan<'a> {
             std::env::var("MANTISSA_CUDA_GRAPH").is_ok_and(|v| v == "on"),
             "MANTISSA_CUDA_GRAPH is not on",
         );
+        let plan_ops = plan.ops.len();
         let mut exec = CudaPlan {
             cb,
             tables: Vec::new(),
@@ -113,6 +116,7 @@ impl<'a> CudaPlan<'a> {
             staging: None,
             pool_base,
             graphs,
+            launched: vec![None; plan_ops],
         };
         exec.tables = exec.tensor_tables()?;
         Ok(exec)
@@ -390,8 +394,11 @@ impl<'a> CudaPlan<'a> {
     /// Launches op `i` of the plan.
     fn launch_op(&mut self, i: usize, scalars: &[f32]) -> Result<()> {
         let op = self.plan.ops[i].clone();
+        let before = self.cb.launched();
         self.launch(i, &op, scalars)
-            .map_err(|e| e.during(format_args!("step plan op {i} ({})", op.name())))
+            .map_err(|e| e.during(format_args!("step plan op {i} ({})", op.name())))?;
+        self.launched[i] = Some(self.cb.launched() - before);
+        Ok(())
     }
 
     /// Launches the ops of `section`: its graph where one is captured, else captured now
@@ -424,6 +431,12 @@ impl StepExecutor for CudaPlan<'_> {
             self.plan.ops.len(),
             self.plan.describe_tensors(&self.storage)
         )
+    }
+
+    /// Counted as the ops last ran one by one (a graph's capture launches each op once too);
+    /// None until every op has.
+    fn launches(&self) -> Option<Vec<usize>> {
+        self.launched.iter().copied().collect()
     }
 
     async fn run(

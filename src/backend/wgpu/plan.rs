@@ -686,6 +686,12 @@ impl StepExecutor for ResidentPlan<'_> {
         )
     }
 
+    /// The dispatches recorded for each op when the plan was compiled.
+    fn launches(&self) -> Option<Vec<usize>> {
+        let c = self.compiled.as_ref()?;
+        Some(c.first.windows(2).map(|w| w[1] - w[0]).collect())
+    }
+
     async fn run(
         &mut self,
         section: Section,
