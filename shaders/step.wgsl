@@ -206,19 +206,24 @@ fn mean_to_stat(@builtin(local_invocation_index) lid: u32) {
     }
 }
 
-// GradScaler's unscale of one gradient y (one workgroup): y *= 1 / scale, the first element
-// of gradient 0 (c = 1) first gets the POISON scalar; stats[slot] = 1 if any result is inf or
-// NaN, stats[extra.x] = the squared norm.
+// GradScaler's unscale and check of every gradient, in two kernels (a gradient may be too
+// long for one workgroup to reduce quickly, and there may be many). First, per gradient over
+// as many workgroups as it has spans of UNSCALE_SPAN elements: gradient y unscaled in place
+// (times scalar INVERSE_SCALE, scalar POISON added to its first element first where c = 1),
+// each workgroup's sum of squares and non-finite flag into z[extra.x + group] and
+// w[extra.x + group] (extra.x: where this gradient's partials start among all gradients').
+const UNSCALE_SPAN: u32 = 4096u;
+
 @compute @workgroup_size(256)
-fn unscale_check(@builtin(local_invocation_index) lid: u32) {
+fn unscale_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32) {
+    let group = flat_index(wg, nwg, 0u) / 256u;
+    let start = group * UNSCALE_SPAN;
+    let end = min(params.n, start + UNSCALE_SPAN);
     var s = 0.0;
     var nonfinite = 0u;
-    if (span_carried()) {
-        s = bitcast<f32>(z[lid]);
-        nonfinite = w[lid];
-    }
     let inverse = scalars[S_INVERSE_SCALE];
-    for (var e = lid + params.dims.x * 256u; e < span_end(); e += 256u) {
+    for (var e = start + lid; e < end; e += 256u) {
         var g = y[e];
         if (params.c == 1u && e == 0u) {
             g = g + scalars[S_POISON];
@@ -230,17 +235,41 @@ fn unscale_check(@builtin(local_invocation_index) lid: u32) {
         }
         s += g * g;
     }
-    if (span_leaves(lid, s, nonfinite)) {
-        return;
+    partial[lid] = s;
+    bad[lid] = nonfinite;
+    reduce_workgroup(lid);
+    if (lid == 0u) {
+        z[params.extra.x + group] = bitcast<u32>(partial[0]);
+        w[params.extra.x + group] = bad[0];
+    }
+}
+
+// Then one dispatch for every gradient: workgroup i sums gradient i's partials, in order, into
+// its flag and squared norm in the stats. x holds a row of four words per gradient: its first
+// partial, its number of partials, its flag's stats slot and its squared norm's.
+@compute @workgroup_size(256)
+fn unscale_reduce(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wg, nwg, 0u) / 256u;
+    let first = bitcast<u32>(x[4u * i]);
+    let count = bitcast<u32>(x[4u * i + 1u]);
+    var s = 0.0;
+    var nonfinite = 0u;
+    for (var j = lid; j < count; j += 256u) {
+        s += bitcast<f32>(z[first + j]);
+        nonfinite = nonfinite | w[first + j];
     }
     partial[lid] = s;
     bad[lid] = nonfinite;
     reduce_workgroup(lid);
     if (lid == 0u) {
-        stats[params.slot] = f32(bad[0]);
-        stats[params.extra.x] = partial[0];
+        stats[bitcast<u32>(x[4u * i + 2u])] = f32(bad[0]);
+        stats[bitcast<u32>(x[4u * i + 3u])] = partial[0];
     }
 }
+
+// The clipping factor an AdamW workgroup shares, or -1 where a gradient is not finite.
+var<workgroup> gate: f32;
 
 // AdamW on parameter y with gradient x and moments z, w, skipped unless every gradient's flag
 // (stats[1 .. 1 + count)) is clear; gradients clipped to the global norm CLIP (squared norms at
@@ -248,23 +277,34 @@ fn unscale_check(@builtin(local_invocation_index) lid: u32) {
 @compute @workgroup_size(256)
 fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
-    let e = flat_index(wg, nwg, lid);
-    if (e >= params.n) {
-        return;
-    }
-    let count = params.extra.x;
-    var norm_sq = 0.0;
-    for (var i = 0u; i < count; i++) {
-        if (stats[1u + i] != 0.0) {
-            return;
+    // The gate and the clipping factor, once per workgroup (not per element): the first
+    // invocation sums the squared norms in order, the others wait for it.
+    if (lid == 0u) {
+        let count = params.extra.x;
+        var norm_sq = 0.0;
+        var finite = true;
+        for (var i = 0u; i < count; i++) {
+            if (stats[1u + i] != 0.0) {
+                finite = false;
+                break;
+            }
+            norm_sq += stats[1u + count + i];
         }
-        norm_sq += stats[1u + count + i];
+        let norm = sqrt(norm_sq);
+        let clip = scalars[S_CLIP];
+        var factor = 1.0;
+        if (clip > 0.0 && norm > clip) {
+            factor = clip / norm;
+        }
+        if (!finite) {
+            factor = -1.0;
+        }
+        gate = factor;
     }
-    let norm = sqrt(norm_sq);
-    let clip = scalars[S_CLIP];
-    var factor = 1.0;
-    if (clip > 0.0 && norm > clip) {
-        factor = clip / norm;
+    let factor = workgroupUniformLoad(&gate);
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n || factor < 0.0) {
+        return;
     }
     let lr = scalars[S_LR];
     let beta1 = scalars[S_BETA1];

@@ -608,22 +608,38 @@ impl<'a> ResidentPlan<'a> {
                 Grouping::per_batch(1, len(x)),
                 slot,
             )?],
-            // A dispatch per tensor (each tensor is a buffer of its own here).
+            // Each tensor is a buffer of its own here: a dispatch per gradient unscales it and
+            // leaves partial sums, then one dispatch reduces every gradient's into the stats.
             Op::UnscaleCheck { ref grads } => {
                 let stats = &self.plan.stats;
+                let spans: Vec<usize> = (grads.iter())
+                    .map(|&g| launch::unscale_spans(len(g)))
+                    .collect();
+                let total: usize = spans.iter().sum();
+                let (norms, flags) = (storage_of(gpu, total)?, storage_of(gpu, total)?);
+                let mut table = Vec::with_capacity(4 * grads.len());
                 let mut d = Vec::new();
-                for (index, &grad) in grads.iter().enumerate() {
-                    d.extend(step(
-                        launch::unscale_check(
-                            len(grad),
-                            index == 0,
-                            stats.flag(index),
-                            stats.norm_sq(index),
-                        ),
-                        None,
-                        [Some(grad), None, None],
+                let mut first = 0;
+                for (index, (&grad, &n)) in grads.iter().zip(&spans).enumerate() {
+                    d.extend(step_on(
+                        launch::unscale_partials(len(grad), index == 0, first),
+                        &dummies.read,
+                        [&t[grad], &norms, &flags],
                     )?);
+                    table.extend([first, n, stats.flag(index), stats.norm_sq(index)]);
+                    first += n;
                 }
+                let table: Vec<u32> = table.into_iter().map(|w| w as u32).collect();
+                let rows = storage_of(gpu, table.len())?;
+                gpu.queue
+                    .write_buffer(&rows, 0, bytemuck::cast_slice(&table));
+                let longest = spans.iter().copied().max().unwrap_or(0);
+                d.extend(step_on(
+                    launch::unscale_reduce(grads.len(), longest),
+                    &rows,
+                    [&dummies.write[0], &norms, &flags],
+                )?);
+                r.temporaries.extend([norms, flags, rows]);
                 d
             }
             Op::AdamW { ref params } => {

@@ -84,18 +84,20 @@ pub enum StepOp {
     AddInto,
     StridedCopy,
     MeanToStat,
-    UnscaleCheck,
+    UnscalePartials,
+    UnscaleReduce,
     Adamw,
 }
 
 impl StepOp {
-    pub const ALL: [StepOp; 7] = [
+    pub const ALL: [StepOp; 8] = [
         StepOp::Round,
         StepOp::Add,
         StepOp::AddInto,
         StepOp::StridedCopy,
         StepOp::MeanToStat,
-        StepOp::UnscaleCheck,
+        StepOp::UnscalePartials,
+        StepOp::UnscaleReduce,
         StepOp::Adamw,
     ];
 
@@ -106,7 +108,8 @@ impl StepOp {
             StepOp::AddInto => "add_into",
             StepOp::StridedCopy => "strided_copy",
             StepOp::MeanToStat => "mean_to_stat",
-            StepOp::UnscaleCheck => "unscale_check",
+            StepOp::UnscalePartials => "unscale_partials",
+            StepOp::UnscaleReduce => "unscale_reduce",
             StepOp::Adamw => "adamw",
         }
     }
@@ -363,7 +366,7 @@ impl StepLaunch {
             carry_words: 0,
         };
         match self.op {
-            StepOp::MeanToStat | StepOp::UnscaleCheck => {
+            StepOp::MeanToStat => {
                 let passes = (p.n as usize).div_ceil(REDUCING_LANES) as u64;
                 // The passes over the tensor, the loop's exit and the reduction tree's 8 steps.
                 let ranges = gpu.loop_ranges(&what, 1 + looped(8), 1, passes)?;
@@ -386,6 +389,18 @@ impl StepLaunch {
             StepOp::Adamw => {
                 // A pass per gradient's flag and squared norm.
                 gpu.check_loops(&what, looped(p.extra[0].into()), SMALLER)?;
+                Ok(one(p))
+            }
+            StepOp::UnscalePartials => {
+                // A span's passes, the loop's exit and the reduction tree's 8 steps.
+                let passes = (launch::UNSCALE_SPAN / REDUCING_LANES) as u64;
+                gpu.check_loops(&what, looped(passes) + looped(8), SMALLER)?;
+                Ok(one(p))
+            }
+            StepOp::UnscaleReduce => {
+                // Passes over the longest gradient's partials (`c`), then the tree.
+                let passes = (p.c as u64).div_ceil(REDUCING_LANES as u64);
+                gpu.check_loops(&what, looped(passes) + looped(8), SMALLER)?;
                 Ok(one(p))
             }
             _ => Ok(one(p)),
@@ -674,17 +689,41 @@ pub mod launch {
         step(StepOp::StridedCopy, params, Some(map.len()))
     }
 
-    /// GradScaler's unscale of `n` gradient values, its finite flag into stats slot `flag` and
-    /// its squared norm into `norm`; `poisoned`: scalar POISON goes into the first element.
-    pub fn unscale_check(n: usize, poisoned: bool, flag: usize, norm: usize) -> StepLaunch {
+    /// Elements of a gradient one workgroup of `unscale_partials` takes (UNSCALE_SPAN in
+    /// step.wgsl).
+    pub const UNSCALE_SPAN: usize = 4096;
+
+    /// Workgroups (partial results) `unscale_partials` takes over a gradient of `n` values.
+    pub fn unscale_spans(n: usize) -> usize {
+        n.div_ceil(UNSCALE_SPAN).max(1)
+    }
+
+    /// GradScaler's unscale of a gradient of `n` values in place, its partial sums of squares
+    /// and non-finite flags written from partial `first` on (`unscale_spans(n)` of them);
+    /// `poisoned`: scalar POISON goes into the first element.
+    pub fn unscale_partials(n: usize, poisoned: bool, first: usize) -> StepLaunch {
         let params = StepParams {
             n: n as u32,
             c: poisoned as u32,
-            slot: flag as u32,
-            extra: [norm as u32, 0, 0, 0],
+            extra: [first as u32, 0, 0, 0],
             ..Default::default()
         };
-        step(StepOp::UnscaleCheck, params, None)
+        step(
+            StepOp::UnscalePartials,
+            params,
+            Some(unscale_spans(n) * 256),
+        )
+    }
+
+    /// Every gradient's partials summed into its flag and squared norm (`count` gradients, a
+    /// table row of four words each; `longest`: the most partials of one gradient).
+    pub fn unscale_reduce(count: usize, longest: usize) -> StepLaunch {
+        let params = StepParams {
+            n: count as u32,
+            c: longest as u32,
+            ..Default::default()
+        };
+        step(StepOp::UnscaleReduce, params, Some(count * 256))
     }
 
     /// AdamW on `n` values, applied only where the first `gated_on` gradients' flags are clear
