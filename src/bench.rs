@@ -201,6 +201,8 @@ pub struct TrainRecord {
     pub attention: String,
     /// How attention came to be fused or not (named, timed with both ways' times, cached).
     pub attention_choice: Choice,
+    /// How the step came to be recorded and replayed or not (the same).
+    pub graphs_choice: Choice,
     /// How many of the plan's tensors are stored as 16-bit codes (`Plan::store_codes`; 0 with
     /// `MANTISSA_ACTIVATIONS=f32` or where no matmul rounds its inputs to 16 bits).
     pub coded_tensors: usize,
@@ -607,6 +609,7 @@ impl TrainBench {
                 }
                 .into(),
                 attention_choice: trainer.attention.clone(),
+                graphs_choice: trainer.graphs.clone(),
                 coded_tensors: trainer.coded_tensors(),
                 tokens_per_step: tokens,
                 first_step_seconds: first,

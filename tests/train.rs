@@ -1329,6 +1329,64 @@ fn auto_attention_trains_as_the_chosen_way_named_on_the_reference() {
     auto_attention_trains_as_the_chosen_way_named(&Reference);
 }
 
+/// `--graphs auto`: where the executor records its sections (the host interpreter here, CUDA),
+/// both ways are timed and the run trains bit for bit as with the choice named; where it does
+/// not (wgpu), the step runs op by op and the choice says why, nothing timed.
+fn auto_graphs_train_as_the_choice_named(b: &dyn Backend) {
+    use mantissa::tune::AutotuneMode;
+    let corpus = corpus();
+    let mut chooser = Chooser::new(AutotuneMode::Fast, None, choice::wall_clock());
+    (chooser.warmup, chooser.runs) = (1, 3);
+    let trainer = |graphs: Option<bool>| {
+        let mut o = options(&corpus, Preset::MixedBf16, 5);
+        (o.fused_attention, o.graphs) = (Some(false), graphs);
+        Trainer::new(b, &corpus, o).unwrap()
+    };
+    let mut auto = trainer(None);
+    auto.choose(&chooser).block_on().unwrap();
+    let choice = auto.graphs.clone();
+    if b.kind() == BackendKind::Wgpu {
+        assert_eq!(
+            (choice.by, choice.chosen.as_str()),
+            (ChosenBy::Default, "off")
+        );
+        let on = &choice.candidates[0];
+        assert!(
+            on.dropped
+                .as_deref()
+                .is_some_and(|why| why.contains("record")),
+            "{choice}"
+        );
+        return;
+    }
+    assert_eq!(choice.by, ChosenBy::Timed, "{choice}");
+    assert!(
+        choice.candidates.iter().all(|c| c.seconds.is_some()),
+        "both ways run here: {choice}"
+    );
+    let mut named = trainer(Some(choice.chosen == "on"));
+    for step in 0..3 {
+        let (a, n) = (
+            auto.step().block_on().unwrap(),
+            named.step().block_on().unwrap(),
+        );
+        assert_eq!(
+            (a.loss.to_bits(), a.grad_norm.to_bits()),
+            (n.loss.to_bits(), n.grad_norm.to_bits()),
+            "step {step} ({choice})"
+        );
+    }
+    assert!(
+        auto.state().block_on().unwrap() == named.state().block_on().unwrap(),
+        "{choice}: the weights and moments after differ"
+    );
+}
+
+#[test]
+fn auto_graphs_train_as_the_choice_named_on_the_reference() {
+    auto_graphs_train_as_the_choice_named(&Reference);
+}
+
 // The device backends' training tests (the reference runs the tests above, and is what the
 // resident plans are compared with).
 backend_tests!(
@@ -1336,6 +1394,7 @@ backend_tests!(
     overlapped_reduction_is_the_reduction_after_the_pass,
     a_timed_step_is_the_step,
     auto_attention_trains_as_the_chosen_way_named,
+    auto_graphs_train_as_the_choice_named,
     fused_cross_entropy_is_the_loss_and_its_gradient,
     coded_outputs_are_the_held_values,
     coded_activations_train_as_f32_storage,
@@ -1352,6 +1411,7 @@ backend_tests!(
     overlapped_reduction_is_the_reduction_after_the_pass,
     a_timed_step_is_the_step,
     auto_attention_trains_as_the_chosen_way_named,
+    auto_graphs_train_as_the_choice_named,
     fused_cross_entropy_is_the_loss_and_its_gradient,
     coded_outputs_are_the_held_values,
     coded_activations_train_as_f32_storage,

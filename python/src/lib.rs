@@ -431,6 +431,7 @@ fn train_json(
                     "backend": device.name(),
                     "matmul_algorithm": trainer.precision.matmul.to_string(),
                     "attention": trainer.attention,
+                    "graphs": trainer.graphs,
                 }),
             );
         }

@@ -169,7 +169,7 @@ fn train(args: TrainArgs) -> Result<()> {
             bench
                 .run(backend.as_ref(), &corpus, |r| {
                     eprintln!(
-                        "  {:<18} {:>9.2} ms/step  {:>10.0} tokens/s  peak {:.1} MiB{}\n    {}",
+                        "  {:<18} {:>9.2} ms/step  {:>10.0} tokens/s  peak {:.1} MiB{}\n    {}; {}",
                         r.preset,
                         r.step_seconds * 1e3,
                         r.tokens_per_second,
@@ -177,7 +177,8 @@ fn train(args: TrainArgs) -> Result<()> {
                         r.stopped
                             .as_deref()
                             .map_or(String::new(), |s| format!("  ({s})")),
-                        r.attention_choice
+                        r.attention_choice,
+                        r.graphs_choice
                     );
                 })
                 .block_on()?,

@@ -123,10 +123,12 @@ pub struct TrainArgs {
     /// fused or unfused to choose (the same function either way).
     #[arg(long, default_value = "auto")]
     attention: String,
-    /// auto: the executor's default (CUDA: a CUDA graph where MANTISSA_CUDA_GRAPH=on; the host
-    /// interpreter: off); on: each section of the step recorded at its second run and replayed
-    /// from then on (a CUDA graph; the host interpreter's model of one); off: launched op by op.
-    /// wgpu records nothing and refuses on.
+    /// auto: where the executor records (CUDA, the host interpreter), the step launched op by
+    /// op and replayed from a recording are both timed before the first step and the faster
+    /// kept (cached; MANTISSA_AUTOTUNE=off: the executor's default, CUDA's
+    /// MANTISSA_CUDA_GRAPH); on: each section of the step recorded at its second run and
+    /// replayed from then on (a CUDA graph; the host interpreter's model of one); off: launched
+    /// op by op. wgpu records nothing and refuses on.
     #[arg(long, default_value = "auto")]
     graphs: String,
 }
@@ -178,6 +180,8 @@ struct Run {
     memory: Memory,
     /// How attention came to be fused or not, with the times of both where they were timed.
     attention: Choice,
+    /// How the step came to be recorded and replayed or not (the same).
+    graphs: Choice,
 }
 
 /// `MANTISSA_INJECT_INF=STEP[@RANK]`: an inf added to the first gradient at that step (on that
@@ -568,7 +572,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             describe(&trainer)
         ))?;
         tell(format!("   {}", trainer.executor()))?;
-        tell(format!("   {chosen}"))?;
+        tell(format!("   {chosen}; {}", trainer.graphs))?;
         let mut run = Run {
             preset: preset.to_string(),
             backend: backend.name(),
@@ -585,6 +589,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             executor: trainer.executor(),
             memory: trainer.memory(),
             attention: trainer.attention.clone(),
+            graphs: trainer.graphs.clone(),
         };
         let bar = if leader {
             indicatif::ProgressBar::new(args.steps as u64)

@@ -36,10 +36,12 @@ pub trait Recorder {
 pub enum Graphs<G> {
     /// Launched op by op, and why.
     Off(String),
-    /// The sections run once (the next run records them), and those recorded.
+    /// The sections run once (the next run records them), and those recorded; `paused`: run
+    /// op by op for now, the recordings kept (a measured choice times both ways in turn).
     On {
         seen: Vec<Section>,
         recorded: Vec<(Section, G)>,
+        paused: bool,
     },
 }
 
@@ -67,6 +69,17 @@ impl<G> Graphs<G> {
         Graphs::On {
             seen: vec![],
             recorded: vec![],
+            paused: false,
+        }
+    }
+
+    /// Recording turned on or off for `plan` (`StepExecutor::record_sections`): on keeps what
+    /// is recorded, or starts recording (`for_plan`); off pauses recordings, kept for when it
+    /// is turned on again, and otherwise says why (`off`).
+    pub fn set(&mut self, plan: &Plan, on: bool, off: &str) {
+        match self {
+            Graphs::On { paused, .. } => *paused = !on,
+            Graphs::Off(_) => *self = Graphs::for_plan(plan, on, off),
         }
     }
 
@@ -78,7 +91,12 @@ impl<G> Graphs<G> {
         section: Section,
         scalars: &[f32],
     ) -> Result<()> {
-        if let Graphs::On { seen, recorded } = self {
+        if let Graphs::On {
+            seen,
+            recorded,
+            paused: false,
+        } = self
+        {
             if let Some((_, graph)) = recorded.iter_mut().find(|(s, _)| *s == section) {
                 return exec.replay(graph).await;
             }
@@ -111,6 +129,9 @@ impl<G> Graphs<G> {
     /// graph").
     pub fn describe(&self, what: &str) -> String {
         match self {
+            Graphs::On { paused: true, .. } => {
+                format!("launched one by one (not as {what}: turned off after recording)")
+            }
             Graphs::On { .. } => format!("replayed as {what} from the second step"),
             Graphs::Off(why) => format!("launched one by one (not as {what}: {why})"),
         }
@@ -235,6 +256,34 @@ mod tests {
                 .describe("a CUDA graph")
                 .contains("a CUDA graph from the second step")
         );
+    }
+
+    #[test]
+    fn paused_recordings_launch_one_by_one_and_are_kept() {
+        use Section::Backward;
+        let p = plan(None);
+        let mut graphs = Graphs::for_plan(&p, true, "");
+        let mut exec = Log::default();
+        steps(&mut graphs, &mut exec, &[Backward, Backward]);
+        graphs.set(&p, false, "paused");
+        steps(&mut graphs, &mut exec, &[Backward, Backward]);
+        graphs.set(&p, true, "");
+        steps(&mut graphs, &mut exec, &[Backward]);
+        assert_eq!(
+            exec.calls,
+            [
+                "launch Backward 0",
+                "record Backward",
+                "replay Backward 1",
+                "launch Backward 0",
+                "launch Backward 1",
+                "replay Backward 1",
+            ]
+        );
+        // Off from the start: turned on, it records as a new plan's would.
+        let mut graphs = Graphs::<(Section, f32)>::for_plan(&p, false, "off");
+        graphs.set(&p, true, "");
+        assert!(matches!(graphs, Graphs::On { paused: false, .. }));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The training loop: presets, master weights, dynamic loss scaling, AdamW, evaluation.
 
-use super::choice::{Choice, Chooser, ChosenBy, Trials};
+use super::choice::{Candidate, Choice, Chooser, ChosenBy, Trials};
 use super::data::{Batches, Corpus};
 use super::model::{Gpt, GptConfig};
 use crate::algorithm::Algorithm;
@@ -15,6 +15,7 @@ use crate::policy::precision::PrecisionRequest;
 use crate::policy::{
     Fp8Role, Fp8State, LossScaler, Precision, PrecisionClass, Preset, PresetSpec, StepDecision,
 };
+use crate::tune::AutotuneMode;
 use web_time::Instant;
 
 /// What to train and how.
@@ -155,10 +156,40 @@ pub struct Trainer<'a> {
     batches: Option<Batches>,
     /// How attention came to be fused or not (`choose`).
     pub attention: Choice,
+    /// How the step came to be recorded and replayed or not (`choose`).
+    pub graphs: Choice,
 }
 
 /// The ways to run attention, as `Chooser::choose` names them: fused, then unfused.
 const ATTENTION: [&str; 2] = ["fused", "unfused"];
+
+/// The ways to run a step's sections, as `Chooser::choose` names them: launched op by op, or
+/// recorded once and replayed (`plan::graph`).
+const GRAPHS: [&str; 2] = ["off", "on"];
+
+/// A trainer's graphs choice: its executor's forward and backward pass run with recording
+/// paused (`off`) or on, in turn; a recording made in the warm-up runs is kept for the timed
+/// ones (`Graphs::set`).
+struct GraphTrials<'t, 'a> {
+    exec: &'t mut Box<dyn StepExecutor + 'a>,
+    batch: (Vec<u32>, Vec<u32>, Vec<f32>),
+}
+
+#[async_trait::async_trait(?Send)]
+impl Trials for GraphTrials<'_, '_> {
+    async fn build(&mut self, i: usize) -> Result<()> {
+        self.exec.record_sections(i == 1)
+    }
+
+    async fn run(&mut self, i: usize) -> Result<()> {
+        self.exec.record_sections(i == 1)?;
+        let (ids, targets, scalars) = &self.batch;
+        self.exec
+            .run(Section::Backward, ids, targets, scalars)
+            .await?;
+        Ok(())
+    }
+}
 
 /// The two step plans of a trainer's attention choice: the one it holds (`current`, by its
 /// index in `ATTENTION`) and the other once built; each times its forward and backward pass on
@@ -301,6 +332,10 @@ impl<'a> Trainer<'a> {
                 None => ChosenBy::Default,
             },
         );
+        let graphs = match options.graphs {
+            Some(on) => Choice::untimed("graphs", GRAPHS[usize::from(on)], ChosenBy::Named),
+            None => Choice::untimed("graphs", "the executor's own", ChosenBy::Default),
+        };
         let (exec, summed) = build_executor(
             &gpt,
             &precision,
@@ -327,6 +362,7 @@ impl<'a> Trainer<'a> {
             reduced: None,
             batches: None,
             attention,
+            graphs,
         })
     }
 
@@ -393,15 +429,60 @@ impl<'a> Trainer<'a> {
         })
     }
 
+    /// The measured choices, before the first step: attention (`choose_attention`), then
+    /// graphs (`choose_graphs`) for the attention chosen. Every rank calls this. Returns how
+    /// attention was chosen (`graphs` says how the graphs were).
+    pub async fn choose(&mut self, chooser: &Chooser) -> Result<&Choice> {
+        self.choose_attention(chooser).await?;
+        self.choose_graphs(chooser).await?;
+        Ok(&self.attention)
+    }
+
+    /// Where graphs were left to `auto` (`TrainOptions::graphs` None) and the executor can
+    /// record its sections (CUDA, the host interpreter): times the forward and backward pass
+    /// launched op by op and replayed from a recording (`GraphTrials`), keeps the faster, or
+    /// takes the cached choice. An executor that cannot record runs op by op, and says why.
+    async fn choose_graphs(&mut self, chooser: &Chooser) -> Result<()> {
+        if self.options.graphs.is_some() || chooser.mode() == AutotuneMode::Off {
+            return Ok(());
+        }
+        if let Err(e) = self.exec.record_sections(true) {
+            self.exec.record_sections(false).ok();
+            self.graphs = Choice {
+                candidates: vec![Candidate {
+                    name: GRAPHS[1].into(),
+                    seconds: None,
+                    dropped: Some(e.to_string()),
+                }],
+                ..Choice::untimed("graphs", GRAPHS[0], ChosenBy::Default)
+            };
+            return Ok(());
+        }
+        let (ids, targets) = self.local_batch(true, 0)?;
+        let scale = self.scaler.map(|s| s.scale).unwrap_or(1.0);
+        let scalars = self.scalars(scale, 0.0);
+        let key = format!("{} attention {}", self.choice_key(), self.attention.chosen);
+        let mut trials = GraphTrials {
+            exec: &mut self.exec,
+            batch: (ids, targets, scalars),
+        };
+        let (chosen, choice) = chooser
+            .choose("graphs", &key, &GRAPHS, 0, &mut trials, self.group)
+            .await?;
+        self.exec.record_sections(chosen == 1)?;
+        self.graphs = choice;
+        Ok(())
+    }
+
     /// Where attention was left to `auto` (`TrainOptions::fused_attention` None): builds the
     /// step plan the other way too, times the forward and backward pass of each on the device
     /// (`Chooser::choose`: a validation batch, the update never run, so the run trains as it
     /// would with the chosen way named), and keeps the faster, its weights and moments those
     /// held now; or takes the cached choice. A way that fails to build or run is dropped (its
-    /// reason in `attention`). Every rank calls this. Returns how attention was chosen.
-    pub async fn choose(&mut self, chooser: &Chooser) -> Result<&Choice> {
+    /// reason in `attention`).
+    async fn choose_attention(&mut self, chooser: &Chooser) -> Result<()> {
         if self.options.fused_attention.is_some() {
-            return Ok(&self.attention);
+            return Ok(());
         }
         let current = usize::from(!self.fused_attention());
         let (ids, targets) = self.local_batch(true, 0)?;
@@ -443,7 +524,7 @@ impl<'a> Trainer<'a> {
         // The other plan, dropped now, is no part of the steps' memory.
         self.exec.forget_peak();
         self.attention = choice;
-        Ok(&self.attention)
+        Ok(())
     }
 
     /// What a measured choice depends on besides itself: the device, the shape of this rank's

@@ -500,7 +500,8 @@ impl StepExecutor for CudaPlan<'_> {
 
     /// Overrides `MANTISSA_CUDA_GRAPH` (what is recorded already is dropped).
     fn record_sections(&mut self, on: bool) -> Result<()> {
-        self.graphs = Graphs::for_plan(&self.plan, on, "turned off (TrainOptions::graphs)");
+        self.graphs
+            .set(&self.plan, on, "turned off (TrainOptions::graphs)");
         Ok(())
     }
 

@@ -451,7 +451,7 @@ impl StepExecutor for HostExecutor {
     }
 
     fn record_sections(&mut self, on: bool) -> Result<()> {
-        self.graphs = Graphs::for_plan(&self.plan, on, "not asked for");
+        self.graphs.set(&self.plan, on, "not asked for");
         Ok(())
     }
 
