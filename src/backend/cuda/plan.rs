@@ -524,6 +524,14 @@ impl StepExecutor for CudaPlan<'_> {
             .map_err(|e| cb.device_error("writing a plan tensor", e))
     }
 
+    /// The allocator's high-water mark starts again from what it holds now (the other plan
+    /// of a measured choice freed).
+    fn forget_peak(&mut self) {
+        // Frees are stream-ordered: the pool holds the other plan until the stream passes them.
+        let _ = self.cb.stream.synchronize();
+        self.cb.reset_peak();
+    }
+
     fn memory(&self) -> Memory {
         let held = self.storage.bytes() + self.scratch.len() as u64 * 4;
         let (peak_bytes, measured_by) = match (self.pool_base, self.cb.pool_usage()) {
