@@ -82,6 +82,34 @@ fn op_gradients_match_finite_differences() {
         },
     );
     grad_check("gelu", &randn(20, 4), ops::gelu_fwd, ops::gelu_bwd);
+    let eps = 1e-6;
+    grad_check(
+        "rmsnorm dx",
+        &x,
+        |x| ops::rmsnorm_fwd(x, &g, c, eps).0,
+        |x, dy| ops::rmsnorm_bwd(dy, x, &g, &ops::rmsnorm_fwd(x, &g, c, eps).1, c).0,
+    );
+    grad_check(
+        "rmsnorm dg",
+        &g,
+        |g| ops::rmsnorm_fwd(&x, g, c, eps).0,
+        |g, dy| ops::rmsnorm_bwd(dy, &x, g, &ops::rmsnorm_fwd(&x, g, c, eps).1, c).1,
+    );
+    grad_check("silu", &randn(20, 9), ops::silu_fwd, ops::silu_bwd);
+    let other = randn(12, 10);
+    grad_check(
+        "mul",
+        &randn(12, 11),
+        |a| ops::mul(a, &other),
+        |_, dy| ops::mul(dy, &other),
+    );
+    let target = randn(12, 12);
+    grad_check(
+        "mean squared error",
+        &randn(12, 13),
+        |p| vec![ops::mse_fwd(p, &target)],
+        |p, dl| ops::mse_bwd(p, &target, dl[0]),
+    );
     let t = 4;
     grad_check(
         "causal softmax",
