@@ -378,8 +378,9 @@ fn matmul_long_k(b: &dyn Backend) {
 /// executor: rows of 30,000 values (layer norm, cross entropy: three passes over them, 90,000
 /// iterations on one lane), the embedding scatter-add over 70,000 tokens, the unscale-and-check
 /// of a gradient that takes each of its 256 lanes 70,000 passes (an inf in the last), layer
-/// norm's column sums over 70,000 rows; and an amax over 2^22 + 3 values with the largest last,
-/// whose workgroups each take a fixed span.
+/// norm's column sums over 70,000 rows, RMS norm's rows of 40,000 (two passes, 80,000
+/// iterations on one lane) and its dg over 70,000 rows; and an amax over 2^22 + 3 values with
+/// the largest last, whose workgroups each take a fixed span.
 fn train_ops_long_loops(b: &dyn Backend) {
     use mantissa::backend::reference::ops;
     let seed = common::seed("train_ops_long_loops");
@@ -518,6 +519,69 @@ fn train_ops_long_loops(b: &dyn Backend) {
     let want = ops::layernorm_bwd(&dy, &x, &g, &wm, &wr, c);
     common::close("dg over 70,000 rows", &bwd[1], &want.1, tol::REDUCTION);
     common::close("db over 70,000 rows", &bwd[2], &want.2, tol::REDUCTION);
+    // RMS norm: rows of 40,000, and dg over 70,000 rows.
+    let rmsnorm = |x: &[f32], g: &[f32], dy: &[f32], c: usize| {
+        let rows = x.len() / c;
+        let mut p = common::OneOp::new(1);
+        let (xi, gi) = (p.input(x.to_vec()), p.input(g.to_vec()));
+        let (out, stats) = (p.output(rows * c), p.output(rows));
+        let op = Op::RmsNorm {
+            x: xi,
+            g: gi,
+            out,
+            stats,
+            c,
+            eps: 1e-6,
+            held: Format::F32,
+        };
+        let [fwd, _] = p.run_both(b, op, (&one, &one), 1.0, &[out, stats]);
+        let mut p = common::OneOp::new(1);
+        let (dyi, xi, gi, si) = (
+            p.input(dy.to_vec()),
+            p.input(x.to_vec()),
+            p.input(g.to_vec()),
+            p.input(fwd.outs[1].clone()),
+        );
+        let (dx, dg) = (p.output(rows * c), p.output(c));
+        let op = Op::RmsNormBwd {
+            dy: dyi,
+            x: xi,
+            g: gi,
+            stats: si,
+            dx,
+            dg,
+            c,
+        };
+        let [bwd, _] = p.run_both(b, op, (&one, &one), 1.0, &[dx, dg]);
+        (fwd.outs, bwd.outs)
+    };
+    let (rows, c) = (2, 40_000);
+    let x = measure::normal(rows * c, seed + 10);
+    let (g, dy) = (
+        measure::normal(c, seed + 11),
+        measure::normal(rows * c, seed + 12),
+    );
+    let (fwd, bwd) = rmsnorm(&x, &g, &dy, c);
+    let (wy, wr) = ops::rmsnorm_fwd(&x, &g, c, 1e-6);
+    common::close("long rms norm y", &fwd[0], &wy, tol::ROW);
+    common::close("long rms norm rstd", &fwd[1], &wr, tol::ROW);
+    let want = ops::rmsnorm_bwd(&dy, &x, &g, &wr, c);
+    common::close("long rms norm dx", &bwd[0], &want.0, tol::REDUCTION);
+    let (rows, c) = (70_000, 3);
+    let x = measure::normal(rows * c, seed + 13);
+    let (g, dy) = (
+        measure::normal(c, seed + 14),
+        measure::normal(rows * c, seed + 15),
+    );
+    let (_, bwd) = rmsnorm(&x, &g, &dy, c);
+    let (_, wr) = ops::rmsnorm_fwd(&x, &g, c, 1e-6);
+    let want = ops::rmsnorm_bwd(&dy, &x, &g, &wr, c);
+    common::close(
+        "rms norm dg over 70,000 rows",
+        &bwd[1],
+        &want.1,
+        tol::REDUCTION,
+    );
     let mut values = measure::normal((1 << 22) + 3, seed + 9);
     let last = values.len() - 1;
     values[last] = 1000.0;
