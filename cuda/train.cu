@@ -2,7 +2,7 @@
 // and scale.cu serve). Needs formats.cuh. Host reference: src/backend/reference/ops.rs and
 // the host interpreter in src/backend/reference/interp.rs; the WGSL twins are shaders/train.wgsl and step.wgsl.
 //
-// Row ops (layer norm, softmax, cross entropy) run one block per row and reduce with warp
+// Row ops (layer norm, RMS norm, softmax, cross entropy) run one block per row and reduce with warp
 // shuffles. Column reductions (bias and layer-norm parameter gradients) write one partial sum
 // per chunk of rows and a second kernel adds the chunks in order; the embedding scatter-add is
 // a counting sort of the ids then a sum over each id's own tokens. No float atomics anywhere: a step rerun gives the same bits, which
@@ -200,6 +200,74 @@ extern "C" __global__ void layernorm_bwd_x(const float* dy, const float* x, cons
     }
 }
 
+// ---- RMS norm (torch.nn.RMSNorm), one block per row of c ----
+// `width` 4: 16-byte accesses (c a multiple of 4, and x, g, dy, dx and an f32 y 16-byte
+// aligned: the launcher decides); else one value at a time. Either way each thread adds its
+// own values in order, so the bits are fixed for a given width.
+
+// y = x * rstd * g held in `fmt` (codes where `coded`), rstd = 1 / sqrt(mean(x^2) + eps) into
+// rstds[row].
+extern "C" __global__ void rmsnorm_fwd(const float* x, const float* g, void* y, float* rstds,
+                                       u32 c, float eps, u32 fmt, u32 coded, u32 width) {
+    i64 base = (i64)blockIdx.x * c;
+    const float* xr = x + base;
+    float q = 0.0f;
+    if (width == 4u) {
+        for (u32 k = threadIdx.x; k < c / 4u; k += blockDim.x) {
+            float4 v = ((const float4*)xr)[k];
+            q += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+        }
+    } else {
+        for (u32 i = threadIdx.x; i < c; i += blockDim.x) q += xr[i] * xr[i];
+    }
+    float rstd = 1.0f / sqrtf(block_sum(q) / (float)c + eps);
+    if (width == 4u && !coded) {
+        float4* yr = (float4*)((float*)y + base);
+        for (u32 k = threadIdx.x; k < c / 4u; k += blockDim.x) {
+            float4 v = ((const float4*)xr)[k], gk = ((const float4*)g)[k];
+            float4 o = {held(v.x * rstd * gk.x, fmt), held(v.y * rstd * gk.y, fmt),
+                        held(v.z * rstd * gk.z, fmt), held(v.w * rstd * gk.w, fmt)};
+            yr[k] = o;
+        }
+    } else {
+        for (u32 i = threadIdx.x; i < c; i += blockDim.x)
+            store_held(y, base + i, xr[i] * rstd * g[i], fmt, coded);
+    }
+    if (threadIdx.x == 0u) rstds[blockIdx.x] = rstd;
+}
+
+// dx of one row: dx = rstd * (d - xhat * mean(d * xhat)), d = dy * g, xhat = x * rstd.
+extern "C" __global__ void rmsnorm_bwd_x(const float* dy, const float* x, const float* g,
+                                         const float* rstds, float* dx, u32 c, u32 width) {
+    i64 base = (i64)blockIdx.x * c;
+    float rstd = rstds[blockIdx.x];
+    float s = 0.0f;
+    if (width == 4u) {
+        for (u32 k = threadIdx.x; k < c / 4u; k += blockDim.x) {
+            float4 d = ((const float4*)(dy + base))[k], v = ((const float4*)(x + base))[k];
+            float4 gk = ((const float4*)g)[k];
+            s += d.x * gk.x * (v.x * rstd) + d.y * gk.y * (v.y * rstd) +
+                 d.z * gk.z * (v.z * rstd) + d.w * gk.w * (v.w * rstd);
+        }
+    } else {
+        for (u32 i = threadIdx.x; i < c; i += blockDim.x)
+            s += dy[base + i] * g[i] * (x[base + i] * rstd);
+    }
+    float mean = block_sum(s) / (float)c;
+    if (width == 4u) {
+        for (u32 k = threadIdx.x; k < c / 4u; k += blockDim.x) {
+            float4 d = ((const float4*)(dy + base))[k], v = ((const float4*)(x + base))[k];
+            float4 gk = ((const float4*)g)[k];
+            float4 o = {rstd * (d.x * gk.x - v.x * rstd * mean), rstd * (d.y * gk.y - v.y * rstd * mean),
+                        rstd * (d.z * gk.z - v.z * rstd * mean), rstd * (d.w * gk.w - v.w * rstd * mean)};
+            ((float4*)(dx + base))[k] = o;
+        }
+    } else {
+        for (u32 i = threadIdx.x; i < c; i += blockDim.x)
+            dx[base + i] = rstd * (dy[base + i] * g[i] - x[base + i] * rstd * mean);
+    }
+}
+
 // ---- column reductions: blocks of 32 columns x 8 row lanes, one chunk of rows per blockIdx.y
 
 // Sums this thread's rows of the chunk for column `col`, then the 8 row lanes in order; the
@@ -247,6 +315,19 @@ extern "C" __global__ void layernorm_bwd_partials(const float* dy, const float* 
     }
 }
 
+// Partials of RMS norm's dg = sum dy * xhat per column (chunks * c values).
+extern "C" __global__ void rmsnorm_bwd_partials(const float* dy, const float* x,
+                                                const float* rstds, float* partial, u32 rows,
+                                                u32 c) {
+    u32 j = blockIdx.x * 32u + threadIdx.x;
+    u32 jj = min(j, c - 1u);
+    float dg = chunk_column_sum(rows, [&](u32 r) {
+        i64 e = (i64)r * c + jj;
+        return dy[e] * (x[e] * rstds[r]);
+    });
+    if (threadIdx.y == 0u && j < c) partial[(i64)blockIdx.y * c + j] = dg;
+}
+
 // out[j] = sum over chunks of partial[chunk, j], in chunk order.
 extern "C" __global__ void sum_partials(const float* partial, float* out, u32 chunks, u32 c) {
     FOR_EACH(j, c) {
@@ -278,6 +359,32 @@ extern "C" __global__ void gelu_bwd(const void* x, const float* dy, float* dx, i
         float du = SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * v * v);
         dx[e] = dy[e] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
     }
+}
+
+// ---- SiLU, x * sigmoid(x) as the host reference computes it: x / (1 + exp(-x)) ----
+
+// y is held in format `fmt` (stored as codes where `coded`); x is stored in `x_fmt`.
+extern "C" __global__ void silu_fwd(const void* x, void* y, i64 n, u32 fmt, u32 coded, u32 x_fmt) {
+    FOR_EACH(e, n) {
+        float v = load_stored(x, e, x_fmt);
+        store_held(y, e, v / (1.0f + expf(-v)), fmt, coded);
+    }
+}
+
+// dx = dy * s * (1 + x (1 - s)), s = sigmoid(x).
+extern "C" __global__ void silu_bwd(const void* x, const float* dy, float* dx, i64 n, u32 x_fmt) {
+    FOR_EACH(e, n) {
+        float v = load_stored(x, e, x_fmt);
+        float s = 1.0f / (1.0f + expf(-v));
+        dx[e] = dy[e] * s * (1.0f + v * (1.0f - s));
+    }
+}
+
+// ---- elementwise product: out = a * b held in `fmt` (codes where `coded`) ----
+
+extern "C" __global__ void elementwise_mul(const float* a, const float* b, void* out, i64 n,
+                                           u32 fmt, u32 coded) {
+    FOR_EACH(e, n) store_held(out, e, a[e] * b[e], fmt, coded);
 }
 
 // ---- causal softmax of the scaled scores (plan::ScoreScale: scale * s held in `fmt`), one
@@ -352,6 +459,20 @@ extern "C" __global__ void cross_entropy_bwd(const float* probs, const u32* targ
     FOR_EACH(e, n) {
         float onehot = targets[e / v] == (u32)(e % v) ? 1.0f : 0.0f;
         d[e] = (probs[e] - onehot) * k;
+    }
+}
+
+// ---- mean squared error ----
+
+// Per element of n: the loss's gradient 2 (pred - target) * scalars[S_DLOSS] / n held in
+// `fmt`, and the squared error into squares[e] (their mean is mean_to_stat's).
+extern "C" __global__ void mse_fwd(const float* pred, const float* target, float* grad,
+                                   float* squares, const float* scalars, i64 n, u32 fmt) {
+    float k = 2.0f * scalars[S_DLOSS] / (float)n;
+    FOR_EACH(e, n) {
+        float d = pred[e] - target[e];
+        grad[e] = held(d * k, fmt);
+        squares[e] = d * d;
     }
 }
 

@@ -1,11 +1,12 @@
 // train.wgsl: the training ops besides matmul (the host reference is src/backend/reference/ops.rs); the
 // GradScaler's unscale, AdamW and the per-op path's cross-entropy backward are step.wgsl's.
-// Row ops (layer norm, softmax, cross entropy) give each row ROW_LANES invocations, which
-// stride the row (neighbours read neighbouring values) and reduce through workgroup memory in
-// a fixed tree, so a rerun gives the same bits. Column reductions (bias and layer-norm
+// Row ops (layer norm, RMS norm, softmax, cross entropy) give each row ROW_LANES invocations,
+// which stride the row (neighbours read neighbouring values) and reduce through workgroup
+// memory in a fixed tree, so a rerun gives the same bits. Column reductions (bias and norm
 // parameter gradients) write one partial sum per chunk of rows, then `sum_partials` adds the
-// chunks in order: the summation order of cuda/train.cu. Elementwise ops take one invocation
-// per element. Bindings: 0 params; 1-3 inputs; 4-6 outputs.
+// chunks in order: the summation order of cuda/train.cu. Elementwise ops (GELU, SiLU, the
+// product, the mean squared error's terms) take one invocation per element. Bindings:
+// 0 params; 1-3 inputs; 4-6 outputs.
 
 struct TrainParams {
     // Elements, or rows for row ops.
@@ -40,6 +41,8 @@ struct TrainParams {
     begin: u32,
     end: u32,
     span: u32,
+    // RMS norm's eps.
+    eps: f32,
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
@@ -299,6 +302,90 @@ fn sum_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     }
 }
 
+// ---- RMS norm (torch.nn.RMSNorm), row ops as layer norm's ----
+
+// y = x * rstd * g per row of c, rstd = 1 / sqrt(mean(x^2) + eps): in0 = x, in1 = g;
+// out0 = y held in params.held, or (coded) out2 = y's codes; out1 = rstd per row.
+@compute @workgroup_size(256)
+fn rmsnorm_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let slot = row_slot(wg, nwg, lid);
+    let r = slot.row;
+    let c = params.c;
+    let base = r * c;
+    var q = 0.0;
+    for (var i = slot.lane; i < c; i += ROW_LANES) {
+        let v = in0v(base + i);
+        q += v * v;
+    }
+    let rstd = inverseSqrt(row_sum(q, lid) / f32(c) + params.eps);
+    if (!slot.live) {
+        return;
+    }
+    if (params.coded != 0u) {
+        // c is even (Plan::store_codes): the row's words are its own.
+        for (var i = 2u * slot.lane; i < c; i += 2u * ROW_LANES) {
+            let lo = in0v(base + i) * rstd * in1[i];
+            let hi = in0v(base + i + 1u) * rstd * in1[i + 1u];
+            out2[(base + i) / 2u] = code_pair(lo, hi, params.held);
+        }
+    } else {
+        for (var i = slot.lane; i < c; i += ROW_LANES) {
+            out0[base + i] = held(in0v(base + i) * rstd * in1[i], params.held);
+        }
+    }
+    if (slot.lane == 0u) {
+        out1[r] = rstd;
+    }
+}
+
+// dx per row, rstd * (d - xhat * mean(d * xhat)) with d = dy * g, xhat = x * rstd: in0 = dy,
+// in1 = x, in2 = g; out1 holds rstd per row (read here); out0 = dx.
+@compute @workgroup_size(256)
+fn rmsnorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let slot = row_slot(wg, nwg, lid);
+    let r = slot.row;
+    let c = params.c;
+    let base = r * c;
+    let rstd = out1[r];
+    var sdx = 0.0;
+    for (var i = slot.lane; i < c; i += ROW_LANES) {
+        sdx += in0v(base + i) * in2[i] * (in1[base + i] * rstd);
+    }
+    let mean_dx = row_sum(sdx, lid) / f32(c);
+    if (!slot.live) {
+        return;
+    }
+    for (var i = slot.lane; i < c; i += ROW_LANES) {
+        let xhat = in1[base + i] * rstd;
+        out0[base + i] = rstd * (in0v(base + i) * in2[i] - xhat * mean_dx);
+    }
+}
+
+// Partials of RMS norm's dg = sum dy * xhat per column: in0 = dy, in1 = x; out1 = rstd per row
+// (read); out0 = dg's chunks (chunks * c values).
+@compute @workgroup_size(256)
+fn rmsnorm_bwd_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) lid: u32) {
+    let c = params.c;
+    let b = column_block(wg, nwg, params.n, c);
+    if (b.first >= params.n) {
+        return;
+    }
+    let col = b.col0 + lid % 32u;
+    let j = min(col, c - 1u);
+    var dg = 0.0;
+    for (var r = b.first + lid / 32u; r < b.end; r += 8u) {
+        let e = r * c + j;
+        dg += in0v(e) * (in1[e] * out1[r]);
+    }
+    let t = lanes_sum(dg, lid);
+    if (lid < 32u && col < c) {
+        out0[b.chunk * c + col] = t;
+    }
+}
+
 // Element i of in0: the f32 its word holds, or where the input is a coded tensor
 // (`params.x_stored`: GELU's x, attention's q|k|v) the value of its code.
 fn in0v(i: u32) -> f32 {
@@ -342,6 +429,81 @@ fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let t = gelu_tanh(x);
     let du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
     out0[e] = in1[e] * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du);
+}
+
+// SiLU, x * sigmoid(x), as the host reference computes it: x / (1 + exp(-x)).
+fn silu(x: f32) -> f32 {
+    return x / (1.0 + exp(-x));
+}
+
+// in0 = x; out0 = y, or (coded) out2 = y's codes, one word per invocation (as gelu_fwd).
+@compute @workgroup_size(256)
+fn silu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (params.coded != 0u) {
+        let lo = 2u * e;
+        if (lo >= params.n) {
+            return;
+        }
+        let hi = select(0.0, silu(in0v(min(lo + 1u, params.n - 1u))), lo + 1u < params.n);
+        out2[e] = code_pair(silu(in0v(lo)), hi, params.held);
+        return;
+    }
+    if (e >= params.n) {
+        return;
+    }
+    out0[e] = held(silu(in0v(e)), params.held);
+}
+
+// dx = dy * s * (1 + x (1 - s)), s = sigmoid(x): in0 = x, in1 = dy; out0 = dx.
+@compute @workgroup_size(256)
+fn silu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let x = in0v(e);
+    let s = 1.0 / (1.0 + exp(-x));
+    out0[e] = in1[e] * s * (1.0 + x * (1.0 - s));
+}
+
+// out = a * b elementwise, the f32 product held in params.held: in0 = a, in1 = b; out0 = the
+// product, or (coded) out2 = its codes, one word per invocation.
+@compute @workgroup_size(256)
+fn elementwise_mul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (params.coded != 0u) {
+        let lo = 2u * e;
+        if (lo >= params.n) {
+            return;
+        }
+        let last = min(lo + 1u, params.n - 1u);
+        let hi = select(0.0, in0v(last) * in1[last], lo + 1u < params.n);
+        out2[e] = code_pair(in0v(lo) * in1[lo], hi, params.held);
+        return;
+    }
+    if (e >= params.n) {
+        return;
+    }
+    out0[e] = held(in0v(e) * in1[e], params.held);
+}
+
+// The mean squared error's gradient and terms over n elements: in0 = predictions, in1 =
+// targets, in2 = the plan's scalars; out0 = 2 (pred - target) * DLOSS / n held in params.held,
+// out1 = (pred - target)^2 (their mean is the caller's, as the cross entropy's rows' losses).
+@compute @workgroup_size(256)
+fn mse_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let d = in0v(e) - in1[e];
+    out0[e] = held(d * (2.0 * in2[S_DLOSS] / f32(params.n)), params.held);
+    out1[e] = d * d;
 }
 
 // A score times the scale, held in `fmt` (plan::ScoreScale): what a softmax reads.

@@ -378,8 +378,9 @@ fn matmul_long_k(b: &dyn Backend) {
 /// executor: rows of 30,000 values (layer norm, cross entropy: three passes over them, 90,000
 /// iterations on one lane), the embedding scatter-add over 70,000 tokens, the unscale-and-check
 /// of a gradient that takes each of its 256 lanes 70,000 passes (an inf in the last), layer
-/// norm's column sums over 70,000 rows; and an amax over 2^22 + 3 values with the largest last,
-/// whose workgroups each take a fixed span.
+/// norm's column sums over 70,000 rows, RMS norm's rows of 40,000 (two passes, 80,000
+/// iterations on one lane) and its dg over 70,000 rows; and an amax over 2^22 + 3 values with
+/// the largest last, whose workgroups each take a fixed span.
 fn train_ops_long_loops(b: &dyn Backend) {
     use mantissa::backend::reference::ops;
     let seed = common::seed("train_ops_long_loops");
@@ -518,6 +519,69 @@ fn train_ops_long_loops(b: &dyn Backend) {
     let want = ops::layernorm_bwd(&dy, &x, &g, &wm, &wr, c);
     common::close("dg over 70,000 rows", &bwd[1], &want.1, tol::REDUCTION);
     common::close("db over 70,000 rows", &bwd[2], &want.2, tol::REDUCTION);
+    // RMS norm: rows of 40,000, and dg over 70,000 rows.
+    let rmsnorm = |x: &[f32], g: &[f32], dy: &[f32], c: usize| {
+        let rows = x.len() / c;
+        let mut p = common::OneOp::new(1);
+        let (xi, gi) = (p.input(x.to_vec()), p.input(g.to_vec()));
+        let (out, stats) = (p.output(rows * c), p.output(rows));
+        let op = Op::RmsNorm {
+            x: xi,
+            g: gi,
+            out,
+            stats,
+            c,
+            eps: 1e-6,
+            held: Format::F32,
+        };
+        let [fwd, _] = p.run_both(b, op, (&one, &one), 1.0, &[out, stats]);
+        let mut p = common::OneOp::new(1);
+        let (dyi, xi, gi, si) = (
+            p.input(dy.to_vec()),
+            p.input(x.to_vec()),
+            p.input(g.to_vec()),
+            p.input(fwd.outs[1].clone()),
+        );
+        let (dx, dg) = (p.output(rows * c), p.output(c));
+        let op = Op::RmsNormBwd {
+            dy: dyi,
+            x: xi,
+            g: gi,
+            stats: si,
+            dx,
+            dg,
+            c,
+        };
+        let [bwd, _] = p.run_both(b, op, (&one, &one), 1.0, &[dx, dg]);
+        (fwd.outs, bwd.outs)
+    };
+    let (rows, c) = (2, 40_000);
+    let x = measure::normal(rows * c, seed + 10);
+    let (g, dy) = (
+        measure::normal(c, seed + 11),
+        measure::normal(rows * c, seed + 12),
+    );
+    let (fwd, bwd) = rmsnorm(&x, &g, &dy, c);
+    let (wy, wr) = ops::rmsnorm_fwd(&x, &g, c, 1e-6);
+    common::close("long rms norm y", &fwd[0], &wy, tol::ROW);
+    common::close("long rms norm rstd", &fwd[1], &wr, tol::ROW);
+    let want = ops::rmsnorm_bwd(&dy, &x, &g, &wr, c);
+    common::close("long rms norm dx", &bwd[0], &want.0, tol::REDUCTION);
+    let (rows, c) = (70_000, 3);
+    let x = measure::normal(rows * c, seed + 13);
+    let (g, dy) = (
+        measure::normal(c, seed + 14),
+        measure::normal(rows * c, seed + 15),
+    );
+    let (_, bwd) = rmsnorm(&x, &g, &dy, c);
+    let (_, wr) = ops::rmsnorm_fwd(&x, &g, c, 1e-6);
+    let want = ops::rmsnorm_bwd(&dy, &x, &g, &wr, c);
+    common::close(
+        "rms norm dg over 70,000 rows",
+        &bwd[1],
+        &want.1,
+        tol::REDUCTION,
+    );
     let mut values = measure::normal((1 << 22) + 3, seed + 9);
     let last = values.len() - 1;
     values[last] = 1000.0;
@@ -890,6 +954,269 @@ fn train_ops(b: &dyn Backend) {
 /// outside the classes of the loss, scalars of the wrong count, values written of the wrong
 /// length; each is an error, and the executor still runs a good batch after it. (A plan whose
 /// tensors do not fit its ops is refused when it is made: `plan::validate`.)
+/// The ops of users' models besides the GPT's (RMS norm, SiLU, the elementwise product, the
+/// mean squared error), each alone in a plan run by the backend's executor, against the host
+/// interpreter running the same plan (on the reference, the interpreter against the
+/// definitions): rows narrower than a row's lanes on a GPU and wider than a workgroup, widths
+/// not a multiple of 4, more rows than a chunk of the column reductions, a row of zeros, rows
+/// holding NaN or an infinity, outputs held in bf16; the elementwise ops over NaN,
+/// infinities, subnormals and where exp(-x) overflows; the loss against targets of its own and
+/// against the batch's targets as f32 bit patterns.
+fn model_ops(b: &dyn Backend) {
+    use mantissa::backend::reference::ops;
+    let seed = common::seed("model_ops");
+    let on_reference = b.kind() == BackendKind::Reference;
+    let name = b.name();
+    let agree = |what: &str, [got, host]: &[Vec<f32>; 2], want: &[f32], tol: f32| {
+        if on_reference {
+            assert!(
+                got.len() == want.len()
+                    && got
+                        .iter()
+                        .chain(host)
+                        .zip(want.iter().chain(want))
+                        .all(|(g, w)| g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan())),
+                "{what}: the host interpreter is not the definition"
+            );
+        }
+        common::close_with_edges(&format!("{name} {what}"), got, host, tol);
+    };
+    let pair = |ran: &[common::Ran; 2], i: usize| [ran[0].outs[i].clone(), ran[1].outs[i].clone()];
+    // An output stored as 16-bit codes (`Plan::store_codes`) holds the codes of the values the
+    // op held: the same values as read back, NaN for NaN.
+    let same_as_held = |what: &str, coded: &[Vec<f32>; 2], held: &[Vec<f32>; 2]| {
+        for (c, h) in coded.iter().zip(held) {
+            let differ = c
+                .iter()
+                .zip(h)
+                .position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()));
+            assert!(
+                differ.is_none(),
+                "{name} {what} as codes: element {differ:?}"
+            );
+        }
+    };
+    let one = [0u32];
+    let eps = 1e-6;
+    for (rows, c) in [(37, 50), (600, 300), (5, 52)] {
+        let mut x = measure::normal(rows * c, seed);
+        x[c..2 * c].fill(0.0);
+        let mut edges = x.clone();
+        edges[2 * c + 3] = f32::NAN;
+        edges[3 * c + 1] = f32::INFINITY;
+        let g = measure::normal(c, seed + 1);
+        let dy = measure::normal(rows * c, seed + 2);
+        for (values, edge) in [(&x, ""), (&edges, " with NaN and inf")] {
+            let what = |part: &str| format!("rms norm {part}{edge}, {rows} rows of {c}");
+            let mut p = common::OneOp::new(1);
+            let (xi, gi) = (p.input(values.clone()), p.input(g.clone()));
+            let (out, stats) = (p.output(rows * c), p.output(rows));
+            let op = Op::RmsNorm {
+                x: xi,
+                g: gi,
+                out,
+                stats,
+                c,
+                eps,
+                held: Format::F32,
+            };
+            let ran = p.run_both(b, op, (&one, &one), 1.0, &[out, stats]);
+            let (wy, wr) = ops::rmsnorm_fwd(values, &g, c, eps);
+            agree(&what("y"), &pair(&ran, 0), &wy, tol::ROW);
+            agree(&what("rstd"), &pair(&ran, 1), &wr, tol::ROW);
+            let mut p = common::OneOp::new(1);
+            let (dyi, xi, gi, si) = (
+                p.input(dy.clone()),
+                p.input(values.clone()),
+                p.input(g.clone()),
+                p.input(wr.clone()),
+            );
+            let (dx, dg) = (p.output(rows * c), p.output(c));
+            let op = Op::RmsNormBwd {
+                dy: dyi,
+                x: xi,
+                g: gi,
+                stats: si,
+                dx,
+                dg,
+                c,
+            };
+            let ran = p.run_both(b, op, (&one, &one), 1.0, &[dx, dg]);
+            let (wdx, wdg) = ops::rmsnorm_bwd(&dy, values, &g, &wr, c);
+            agree(&what("dx"), &pair(&ran, 0), &wdx, tol::REDUCTION);
+            agree(&what("dg"), &pair(&ran, 1), &wdg, tol::REDUCTION);
+        }
+        // Held in bf16 (a "true" preset's norm): every value a bf16, within one of f32's;
+        // then stored as bf16 codes.
+        let held_run = |coded: bool| {
+            let mut p = common::OneOp::new(1);
+            let (xi, gi) = (p.input(edges.clone()), p.input(g.clone()));
+            let (out, stats) = (p.output(rows * c), p.output(rows));
+            if coded {
+                p.g.tensors[out].stored = Format::Bf16;
+            }
+            let op = Op::RmsNorm {
+                x: xi,
+                g: gi,
+                out,
+                stats,
+                c,
+                eps,
+                held: Format::Bf16,
+            };
+            pair(&p.run_both(b, op, (&one, &one), 1.0, &[out]), 0)
+        };
+        let held = held_run(false);
+        let what = format!("rms norm held in bf16, {rows} rows of {c}");
+        // The rows without NaN or inf (rows 2 and 3 hold them).
+        let finite_rows = |v: &[f32]| [&v[..2 * c], &v[4 * c..]].concat();
+        common::held_close(
+            &format!("{name} {what}"),
+            &finite_rows(&held[0]),
+            &finite_rows(&held[1]),
+            Format::Bf16,
+            tol::ROW,
+        );
+        same_as_held(&what, &held_run(true), &held);
+    }
+    // SiLU and its backward, over values to +-16 and the edges.
+    let mut x: Vec<f32> = measure::normal(1000, seed + 3)
+        .iter()
+        .map(|v| 4.0 * v)
+        .collect();
+    x.extend([
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1e-40,
+        100.0,
+        -100.0,
+        88.8,
+        -88.8,
+        3.4e38,
+    ]);
+    let dy = measure::normal(x.len(), seed + 4);
+    let n = x.len();
+    // An odd count: stored as codes, the last word holds one.
+    let silu_run = |held: Format, coded: bool| {
+        let mut p = common::OneOp::new(1);
+        let (xi, out) = (p.input(x.clone()), p.output(n));
+        if coded {
+            p.g.tensors[out].stored = held;
+        }
+        let op = Op::Silu { x: xi, out, held };
+        pair(&p.run_both(b, op, (&one, &one), 1.0, &[out]), 0)
+    };
+    for held in [Format::F32, Format::Bf16] {
+        let mut want = ops::silu_fwd(&x);
+        ops::round_to(&mut want, held);
+        let what = format!("silu held in {held}");
+        agree(&what, &silu_run(held, false), &want, tol::ROW);
+    }
+    let held = silu_run(Format::Bf16, false);
+    same_as_held("silu", &silu_run(Format::Bf16, true), &held);
+    let mut p = common::OneOp::new(1);
+    let (xi, dyi, out) = (p.input(x.clone()), p.input(dy.clone()), p.output(n));
+    let op = Op::SiluBwd {
+        x: xi,
+        dy: dyi,
+        out,
+    };
+    let ran = p.run_both(b, op, (&one, &one), 1.0, &[out]);
+    agree(
+        "silu bwd",
+        &pair(&ran, 0),
+        &ops::silu_bwd(&x, &dy),
+        tol::ROW,
+    );
+    // The product: f32's (one rounding, the same on every device but where one flushes a
+    // subnormal), and held in bf16.
+    let mut a = measure::normal(1000, seed + 5);
+    let mut bv = measure::normal(1000, seed + 6);
+    a.extend([
+        f32::INFINITY,
+        f32::INFINITY,
+        f32::NAN,
+        1e30,
+        1e-20,
+        0.0,
+        -3.0,
+    ]);
+    bv.extend([0.0, -2.0, 1.0, 1e30, 1e-20, f32::NEG_INFINITY, 1e-39]);
+    let mul_run = |held: Format, coded: bool| {
+        let mut p = common::OneOp::new(1);
+        let (ai, bi, out) = (p.input(a.clone()), p.input(bv.clone()), p.output(a.len()));
+        if coded {
+            p.g.tensors[out].stored = held;
+        }
+        let op = Op::Mul {
+            a: ai,
+            b: bi,
+            out,
+            held,
+        };
+        pair(&p.run_both(b, op, (&one, &one), 1.0, &[out]), 0)
+    };
+    for held in [Format::F32, Format::Bf16] {
+        let mut want = ops::mul(&a, &bv);
+        ops::round_to(&mut want, held);
+        let what = format!("product held in {held}");
+        agree(&what, &mul_run(held, false), &want, tol::ROW);
+    }
+    let held = mul_run(Format::Bf16, false);
+    same_as_held("product", &mul_run(Format::Bf16, true), &held);
+    // The mean squared error and its gradient (the loss scaled), against targets of its own
+    // (1001 values: more than a reduction's lanes), then against the batch's targets, f32
+    // values as the bit patterns a batch brings (37 rows of one value).
+    let loss_scale = 1024.0;
+    for (n, from_batch) in [(1001, false), (37, true)] {
+        let pred = measure::normal(n, seed + 7);
+        let target = measure::normal(n, seed + 8);
+        let target_bits: Vec<u32> = target.iter().map(|t| t.to_bits()).collect();
+        let mut p = common::OneOp::new(if from_batch { n } else { 1 });
+        let (pi, grad) = (p.input(pred.clone()), p.output(n));
+        let ti = if from_batch {
+            p.batch.1
+        } else {
+            p.input(target.clone())
+        };
+        let op = Op::MseLoss {
+            pred: pi,
+            target: ti,
+            grad,
+            held: Format::F32,
+        };
+        let batch_targets = if from_batch { target_bits } else { vec![0] };
+        let batch_tokens = vec![0u32; batch_targets.len()];
+        let ran = p.run_both(b, op, (&batch_tokens, &batch_targets), loss_scale, &[grad]);
+        let what =
+            format!("mean squared error over {n} values (targets from the batch: {from_batch})");
+        let wloss = ops::mse_fwd(&pred, &target);
+        let [loss, host_loss] = [0, 1].map(|i| ran[i].stats[mantissa::plan::Stats::LOSS]);
+        assert!(
+            !on_reference || loss == wloss,
+            "{what}: the host's loss {loss}, the definition's {wloss}"
+        );
+        assert!(
+            (loss - host_loss).abs() <= tol::ROW as f64 * host_loss,
+            "{name} {what}: {loss} vs {host_loss}"
+        );
+        // In units of pred - target: the gradient over 2 * loss scale / n.
+        let k = 2.0 * loss_scale / n as f32;
+        let unscaled = |g: &[f32]| g.iter().map(|x| x / k).collect::<Vec<f32>>();
+        let [got, host] = pair(&ran, 0);
+        let want = ops::mse_bwd(&pred, &target, loss_scale as f64);
+        agree(
+            &format!("{what}: gradient / (2 loss scale / n)"),
+            &[unscaled(&got), unscaled(&host)],
+            &unscaled(&want),
+            tol::ROW,
+        );
+    }
+}
+
 fn train_ops_bad_input(b: &dyn Backend) {
     let (rows, vocab, width) = (4, 5, 3);
     let mut p = common::OneOp::new(rows);
@@ -948,12 +1275,12 @@ fn train_ops_bad_input(b: &dyn Backend) {
 
 // The reference is the truth the other backends are compared with: it runs only the tests
 // that check it against something else (f64 products and published error bands, bad input).
-backend_tests!(reference: matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_bad_input);
-backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input);
+backend_tests!(reference: matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_bad_input, model_ops);
+backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input, model_ops);
 backend_tests!(wgpu_packed_f16: matmul_random, matmul_edges);
-backend_tests!(wgpu_checked: casts, matmul_edges, matmul_long_k, train_ops);
-backend_tests!(wgpu_gpu_rows: train_ops);
-backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input);
+backend_tests!(wgpu_checked: casts, matmul_edges, matmul_long_k, train_ops, model_ops);
+backend_tests!(wgpu_gpu_rows: train_ops, model_ops);
+backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input, model_ops);
 
 /// The product alone over prepared operands (what the bench times from `Operands::Prepared`)
 /// computes C again bit for bit, for every algorithm and path of the CUDA backend.

@@ -490,6 +490,188 @@ fn id_bits(ids: &[u32]) -> Vec<f32> {
     ids.iter().map(|&i| f32::from_bits(i)).collect()
 }
 
+/// Values at the edges of the elementwise ops: NaN, infinities, signed zeros, f32 subnormals,
+/// where exp(-x) overflows or underflows, and products that overflow or underflow.
+fn elementwise_edges() -> Vec<f32> {
+    vec![
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1e-40,
+        -1e-40,
+        100.0,
+        -100.0,
+        88.8,
+        -88.8,
+        1e30,
+        -1e30,
+        1e-20,
+        3.4e38,
+    ]
+}
+
+/// The same bits, NaN for NaN (the host's NaN may carry another payload).
+fn same_or_nan(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let differ = got
+        .iter()
+        .zip(want)
+        .position(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan()));
+    if let Some(i) = differ {
+        panic!("{what}, element {i}: {:e}, not {:e}", got[i], want[i]);
+    }
+}
+
+/// The ops of users' models besides the GPT's (RMS norm, SiLU, the elementwise product, the
+/// mean squared error) against `reference::ops`: RMS norm on rows wider and narrower than a
+/// block, over more rows than a chunk of the column reduction, one value at a time and with
+/// 16-byte accesses, on a row of zeros, a row holding NaN and one holding an infinity, held in
+/// bf16 and stored as its codes; the elementwise ops over `elementwise_edges` too, SiLU also
+/// reading its input as codes.
+#[test]
+fn cuda_model_ops_match_the_host_reference() {
+    use mantissa::backend::reference::ops;
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_model_ops_match_the_host_reference");
+    let f32_ = Format::F32.id() as usize;
+    let (bf16, f16) = (Format::Bf16.id() as usize, Format::F16.id() as usize);
+    let eps = 1e-6f32;
+    for (rows, c) in [(37, 300), (300, 52), (5, 50)] {
+        let mut x = measure::normal(rows * c, seed);
+        x[c..2 * c].fill(0.0);
+        let mut edges = x.clone();
+        edges[2 * c + 3] = f32::NAN;
+        edges[3 * c + 1] = f32::INFINITY;
+        let g = measure::normal(c, seed + 1);
+        let dy = measure::normal(rows * c, seed + 2);
+        let n = rows * c;
+        let fwd_args = |fmt: usize, coded: usize, width: usize| {
+            let mut a = strings(&[rows, c]);
+            a.push(eps.to_string());
+            a.extend(strings(&[fmt, coded, width]));
+            a
+        };
+        let widths: &[usize] = if c % 4 == 0 { &[1, 4] } else { &[1] };
+        for &width in widths {
+            let what = |name: &str| format!("rmsnorm {name}, {rows} rows of {c}, width {width}");
+            for (values, edge) in [(&x, ""), (&edges, " with NaN and inf")] {
+                let (y, rstd) = ops::rmsnorm_fwd(values, &g, c, eps);
+                let out = run_f32(h, "rmsnorm_fwd", &fwd_args(f32_, 0, width), &[values, &g]);
+                common::close_with_edges(&what(&format!("y{edge}")), &out[..n], &y, tol::ROW);
+                common::close_with_edges(&what("rstd"), &out[n..], &rstd, tol::ROW);
+                let args = strings(&[rows, c, width]);
+                let out = run_f32(h, "rmsnorm_bwd", &args, &[&dy, values, &g, &rstd]);
+                let (dx, dg) = ops::rmsnorm_bwd(&dy, values, &g, &rstd, c);
+                let dx_what = what(&format!("dx{edge}"));
+                common::close_with_edges(&dx_what, &out[..n], &dx, tol::REDUCTION);
+                // A NaN row makes every column's dg NaN: compared on the finite rows.
+                if edge.is_empty() {
+                    common::close(&what("dg"), &out[n..], &dg, tol::REDUCTION);
+                }
+            }
+        }
+        // Held in bf16, and stored as its codes: the codes of the values held.
+        let (y, _) = ops::rmsnorm_fwd(&x, &g, c, eps);
+        let held = run_f32(h, "rmsnorm_fwd", &fwd_args(bf16, 0, 1), &[&x, &g]);
+        common::held_close(
+            "rmsnorm held in bf16",
+            &held[..n],
+            &y,
+            Format::Bf16,
+            tol::ROW,
+        );
+        let input: Vec<u32> = [&x, &g].iter().flat_map(|v| bits(v)).collect();
+        let coded = run(h, "rmsnorm_fwd", &fwd_args(bf16, 1, 1), &input);
+        same_codes(
+            "rmsnorm as bf16 codes",
+            &coded[..n],
+            &held[..n],
+            Format::Bf16,
+        );
+        assert_eq!(bits(&held[n..]), coded[n..], "rmsnorm rstd beside codes");
+    }
+    let mut x: Vec<f32> = measure::normal(1001, seed + 3)
+        .iter()
+        .map(|v| 4.0 * v)
+        .collect();
+    let finite = x.clone();
+    x.extend(elementwise_edges());
+    let dy = measure::normal(x.len(), seed + 4);
+    let n = x.len();
+    let silu = run_f32(h, "silu_fwd", &strings(&[n, f32_, 0, f32_]), &[&x]);
+    common::close_with_edges("silu", &silu, &ops::silu_fwd(&x), tol::ROW);
+    let silu_bwd = run_f32(h, "silu_bwd", &strings(&[n, f32_]), &[&x, &dy]);
+    common::close_with_edges("silu bwd", &silu_bwd, &ops::silu_bwd(&x, &dy), tol::ROW);
+    let m = finite.len();
+    let held = run_f32(h, "silu_fwd", &strings(&[m, f16, 0, f32_]), &[&finite]);
+    let want = ops::silu_fwd(&finite);
+    common::held_close("silu held in f16", &held, &want, Format::F16, tol::ROW);
+    let coded = run(h, "silu_fwd", &strings(&[m, f16, 1, f32_]), &bits(&finite));
+    same_codes("silu as f16 codes", &coded, &held, Format::F16);
+    // Its input read as codes: the bits of the f32 values of those codes.
+    for format in [Format::Bf16, Format::F16] {
+        let codes: Vec<u32> = x
+            .iter()
+            .map(|&v| format.encode(v, Overflow::Standard))
+            .collect();
+        let values: Vec<f32> = codes.iter().map(|&c| format.decode(c)).collect();
+        let id = format.id() as usize;
+        let plain = run_f32(h, "silu_fwd", &strings(&[n, f32_, 0, f32_]), &[&values]);
+        let from_codes = run(h, "silu_fwd", &strings(&[n, f32_, 0, id]), &codes);
+        let from_codes: Vec<f32> = from_codes.into_iter().map(f32::from_bits).collect();
+        same_or_nan(&format!("silu of {format} codes"), &from_codes, &plain);
+        let with_dy: Vec<u32> = [codes.clone(), bits(&dy)].concat();
+        let plain = run_f32(h, "silu_bwd", &strings(&[n, f32_]), &[&values, &dy]);
+        let from_codes = run(h, "silu_bwd", &strings(&[n, id]), &with_dy);
+        let from_codes: Vec<f32> = from_codes.into_iter().map(f32::from_bits).collect();
+        same_or_nan(&format!("silu bwd of {format} codes"), &from_codes, &plain);
+    }
+    // The product: f32's, bit for bit (the host multiplies as the kernel does); held in bf16
+    // and stored as its codes.
+    let mut a = measure::normal(1001, seed + 5);
+    let mut b = measure::normal(1001, seed + 6);
+    let edges = elementwise_edges();
+    a.extend(&edges);
+    b.extend(edges.iter().rev());
+    let n = a.len();
+    let product = run_f32(h, "elementwise_mul", &strings(&[n, f32_, 0]), &[&a, &b]);
+    same_or_nan("product", &product, &ops::mul(&a, &b));
+    let m = 1001;
+    let held = run_f32(
+        h,
+        "elementwise_mul",
+        &strings(&[m, bf16, 0]),
+        &[&a[..m], &b[..m]],
+    );
+    let want = ops::mul(&a[..m], &b[..m]);
+    common::held_close("product held in bf16", &held, &want, Format::Bf16, tol::ROW);
+    let input: Vec<u32> = [&a[..m], &b[..m]].iter().flat_map(|v| bits(v)).collect();
+    let coded = run(h, "elementwise_mul", &strings(&[m, bf16, 1]), &input);
+    same_codes("product as bf16 codes", &coded, &held, Format::Bf16);
+    // The mean squared error and its gradient (the loss scale over the ranks 1024), over more
+    // values than the mean's block; held in f32 and bf16.
+    let (pred, target) = (
+        measure::normal(1001, seed + 7),
+        measure::normal(1001, seed + 8),
+    );
+    let dloss = 1024.0f32;
+    let loss = ops::mse_fwd(&pred, &target);
+    let want = ops::mse_bwd(&pred, &target, dloss as f64);
+    for held in [Format::F32, Format::Bf16] {
+        let args = [pred.len().to_string(), dloss.to_string(), format_id(held)];
+        let out = run_f32(h, "mse_fwd", &args, &[&pred, &target]);
+        let got = out[pred.len()] as f64;
+        assert!(
+            (got - loss).abs() <= tol::ROW as f64 * loss,
+            "mean squared error {got} vs {loss}"
+        );
+        let what = format!("mean squared error's gradient held in {held}");
+        common::held_close(&what, &out[..pred.len()], &want, held, tol::ROW);
+    }
+}
+
 /// train.cu's kernels (block reductions included: the harness runs every thread of a block as
 /// a coroutine) against `reference::ops`, with the tolerances of the conformance suite, on shapes
 /// that are not multiples of the blocks, warps or chunks.

@@ -78,6 +78,15 @@ fn autocast_classes_and_overrides() {
     assert_eq!(ac.format_for(Op::LayerNorm, Format::Bf16), Format::F32);
     assert_eq!(ac.format_for(Op::Gelu, Format::Bf16), Format::Bf16);
     assert_eq!(ac.format_for(Op::Add, Format::F32), Format::F32);
+    // PyTorch's lists: rms_norm and mse_loss in f32, silu and mul in their input's format.
+    assert_eq!(ac.format_for(Op::RmsNorm, Format::Bf16), Format::F32);
+    assert_eq!(ac.format_for(Op::MseLoss, Format::Bf16), Format::F32);
+    assert_eq!(ac.format_for(Op::Silu, Format::Bf16), Format::Bf16);
+    assert_eq!(ac.format_for(Op::Mul, Format::F16), Format::F16);
+    let norm = Autocast::new(Format::Bf16)
+        .with_overrides("rms_norm=bf16")
+        .unwrap();
+    assert_eq!(norm.format_for(Op::RmsNorm, Format::F32), Format::Bf16);
     let ac = ac.with_overrides("softmax=bf16, linear=f32").unwrap();
     assert_eq!(ac.format_for(Op::Softmax, Format::F32), Format::Bf16);
     assert_eq!(ac.format_for(Op::Linear, Format::F32), Format::F32);

@@ -37,15 +37,15 @@ pub fn check_stored_operands(
 impl Plan {
     /// Stores as 16-bit codes (`TensorInfo::stored`) the pre-GELU activations and fused
     /// attention's q|k|v that a bias add holds in bf16 or f16 (`store_bias_adds_as_codes`), and
-    /// each temporary written by one layer norm, GELU (a bias add's included) or fused
-    /// attention and read only by matmuls that round it to bf16, or only by
-    /// matmuls that round it to f16 (`Algorithm::Bf16`, `Algorithm::F16`): its writer rounds
-    /// it as it stores (a layer norm's or GELU's `held` becomes that format; attention must
-    /// hold its output in it already), so the matmuls read the values they would have rounded
-    /// from half the bytes, and need not encode them. The writer must hold its output in f32 or
-    /// in that same format (one rounding either way). A layer norm's rows, and attention's
-    /// heads, must be of even width, so that no 4-byte word spans two of them (wgpu stores
-    /// each one's words whole). Returns the tensors so stored.
+    /// each temporary written by one layer norm, RMS norm, GELU (a bias add's included), SiLU,
+    /// elementwise product or fused attention and read only by matmuls that round it to bf16,
+    /// or only by matmuls that round it to f16 (`Algorithm::Bf16`, `Algorithm::F16`): its
+    /// writer rounds it as it stores (its `held` becomes that format; attention must hold its
+    /// output in it already), so the matmuls read the values they would have rounded from half
+    /// the bytes, and need not encode them. The writer must hold its output in f32 or in that
+    /// same format (one rounding either way). A norm's rows, and attention's heads, must be of
+    /// even width, so that no 4-byte word spans two of them (wgpu stores each one's words
+    /// whole). Returns the tensors so stored.
     pub fn store_codes(&mut self) -> Vec<TensorId> {
         let n = self.tensors.len();
         let (mut writers, mut readers) = (vec![vec![]; n], vec![vec![]; n]);
@@ -113,8 +113,8 @@ impl Plan {
     }
 
     /// The second rule of `store_codes`: a temporary y that an in-place bias add holding bf16
-    /// or f16 writes last, and that after it only ops that decode codes read (GELU and its
-    /// backward: the MLP's pre-GELU activations; fused attention forward and backward: the
+    /// or f16 writes last, and that after it only ops that decode codes read (GELU or SiLU and
+    /// its backward: the MLP's pre-activations; fused attention forward and backward: the
     /// q|k|v projection; all held until the backward pass), gets a coded twin: the add writes
     /// its output as codes into a new temporary, which those readers read instead, while y,
     /// the matmul's f32 product the add reads, dies at the add. The values are the add's held
@@ -363,6 +363,77 @@ mod tests {
             assert_eq!(plan.temporary_lives()[y], Some((0, 1)), "{case}");
             assert!(Storage::shared(&plan).bytes() <= bytes + 12 * 2, "{case}");
         }
+    }
+
+    /// A SwiGLU block's RMS norm output and product, read only by bf16 matmuls, are stored as
+    /// their codes (their writers holding bf16); SiLU's output, which the product reads as
+    /// f32, is not.
+    #[test]
+    fn rms_norm_and_product_outputs_store_codes_for_16_bit_matmuls() {
+        let mut g = PlanBuilder::default();
+        let (rows, c) = (3, 4);
+        let x = g.constant(vec![0.5; rows * c]);
+        let (gain, w) = (g.constant(vec![1.0; c]), g.constant(vec![0.25; c * c]));
+        let [normed, gate, up, act, prod, out] = [0; 6].map(|_| g.temp(rows * c));
+        let rstd = g.temp(rows);
+        let matmul = |a, out| Op::Matmul {
+            shape: MatmulShape::new(rows, c, c),
+            algorithm: Algorithm::Bf16,
+            a,
+            b: w,
+            out,
+            scales: None,
+        };
+        g.push(Op::RmsNorm {
+            x,
+            g: gain,
+            out: normed,
+            stats: rstd,
+            c,
+            eps: 1e-6,
+            held: Format::F32,
+        });
+        g.push(matmul(normed, gate));
+        g.push(matmul(normed, up));
+        g.push(Op::Silu {
+            x: gate,
+            out: act,
+            held: Format::F32,
+        });
+        g.push(Op::Mul {
+            a: act,
+            b: up,
+            out: prod,
+            held: Format::F32,
+        });
+        g.push(matmul(prod, out));
+        let batch = (
+            g.tensor(rows, TensorKind::Tokens),
+            g.tensor(rows, TensorKind::Targets),
+        );
+        let mut plan = g.finish(Outline::ops_alone(6, 6, batch, out)).unwrap();
+        assert_eq!(plan.store_codes(), vec![normed, prod]);
+        assert!(matches!(
+            plan.ops[0],
+            Op::RmsNorm {
+                held: Format::Bf16,
+                ..
+            }
+        ));
+        assert!(matches!(
+            plan.ops[3],
+            Op::Silu {
+                held: Format::F32,
+                ..
+            }
+        ));
+        assert!(matches!(
+            plan.ops[4],
+            Op::Mul {
+                held: Format::Bf16,
+                ..
+            }
+        ));
     }
 
     #[test]

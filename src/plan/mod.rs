@@ -63,7 +63,7 @@ pub struct Stats {
 }
 
 impl Stats {
-    /// Sum of the rows' cross-entropy losses.
+    /// The step's loss: the mean cross entropy over the rows, or the mean squared error.
     pub const LOSS: usize = 0;
     /// 1 where gradient i holds inf or NaN, else 0.
     pub fn flag(&self, i: usize) -> usize {

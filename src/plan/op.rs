@@ -113,6 +113,46 @@ pub enum Op {
         dy: TensorId,
         out: TensorId,
     },
+    /// RMS norm over rows of c (torch.nn.RMSNorm): out = x * rstd * g held in `held`, rstd =
+    /// 1 / sqrt(mean(x^2) + eps); `stats` holds rstd per row.
+    RmsNorm {
+        x: TensorId,
+        g: TensorId,
+        out: TensorId,
+        stats: TensorId,
+        c: usize,
+        eps: f32,
+        held: Format,
+    },
+    /// dx and dg (summed over the rows) of `RmsNorm`, from its rstd per row in `stats`.
+    RmsNormBwd {
+        dy: TensorId,
+        x: TensorId,
+        g: TensorId,
+        stats: TensorId,
+        dx: TensorId,
+        dg: TensorId,
+        c: usize,
+    },
+    /// out = SiLU(x) = x * sigmoid(x), held in `held`.
+    Silu {
+        x: TensorId,
+        out: TensorId,
+        held: Format,
+    },
+    SiluBwd {
+        x: TensorId,
+        dy: TensorId,
+        out: TensorId,
+    },
+    /// out = a * b elementwise (the same length), the f32 product held in `held`. Its backward
+    /// is two of them: da = dy * b, db = dy * a.
+    Mul {
+        a: TensorId,
+        b: TensorId,
+        out: TensorId,
+        held: Format,
+    },
     /// Causal softmax of `scale * x` (held as `ScoreScale` says) per row of t.
     Softmax {
         x: TensorId,
@@ -153,6 +193,16 @@ pub enum Op {
         targets: TensorId,
         grad: TensorId,
         v: usize,
+        held: Format,
+    },
+    /// The mean squared error over every element, mean((pred - target)^2), into `Stats::LOSS`,
+    /// and its gradient 2 (pred - target) * scalar `DLOSS` / n into `grad`, held in `held`
+    /// (the backward fused into the forward, as `CrossEntropy`'s). `target` holds f32 values
+    /// (the batch's `Targets` as f32 bit patterns, or any tensor of pred's length).
+    MseLoss {
+        pred: TensorId,
+        target: TensorId,
+        grad: TensorId,
         held: Format,
     },
     /// out = op(a) . op(b) under `algorithm`; an fp8 algorithm with given scales takes them
@@ -223,16 +273,24 @@ pub struct AdamWParam {
 }
 
 impl Op {
-    /// The input this op's kernels may read as 16-bit codes (`Plan::store_codes`): GELU's x
-    /// (forward and backward) and fused attention's q|k|v; every other input is read as f32.
+    /// The input this op's kernels may read as 16-bit codes (`Plan::store_codes`): GELU's and
+    /// SiLU's x (forward and backward) and fused attention's q|k|v; every other input is read
+    /// as f32.
     pub fn coded_input(&self) -> Option<TensorId> {
         match *self {
-            Op::Gelu { x, .. } | Op::GeluBwd { x, .. } => Some(x),
+            Op::Gelu { x, .. }
+            | Op::GeluBwd { x, .. }
+            | Op::Silu { x, .. }
+            | Op::SiluBwd { x, .. } => Some(x),
             Op::Attention { qkv, .. } | Op::AttentionBwd { qkv, .. } => Some(qkv),
             Op::Embedding { .. }
             | Op::EmbeddingBwd { .. }
             | Op::LayerNorm { .. }
             | Op::LayerNormBwd { .. }
+            | Op::RmsNorm { .. }
+            | Op::RmsNormBwd { .. }
+            | Op::Mul { .. }
+            | Op::MseLoss { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::CrossEntropy { .. }
@@ -248,8 +306,9 @@ impl Op {
     }
 
     /// The output the op holds in a format of its own choosing (`PlanBuilder::round` folds a
-    /// rounding into it) and that format: a layer norm's, GELU's, the cross entropy's gradient,
-    /// an add's sum (with a residual, its last sum; with a GELU, the GELU).
+    /// rounding into it) and that format: a layer norm's, an RMS norm's, GELU's, SiLU's, a
+    /// product's, the cross entropy's and the mean squared error's gradient, an add's sum
+    /// (with a residual, its last sum; with a GELU, the GELU).
     pub(crate) fn held_output(&mut self) -> Option<(TensorId, &mut Format)> {
         match self {
             Op::Add {
@@ -264,13 +323,21 @@ impl Op {
             | Op::Add { out, held, .. }
             | Op::LayerNorm { out, held, .. }
             | Op::Gelu { out, held, .. }
+            | Op::RmsNorm { out, held, .. }
+            | Op::Silu { out, held, .. }
+            | Op::Mul { out, held, .. }
             | Op::CrossEntropy {
+                grad: out, held, ..
+            }
+            | Op::MseLoss {
                 grad: out, held, ..
             } => Some((*out, held)),
             Op::Embedding { .. }
             | Op::EmbeddingBwd { .. }
             | Op::LayerNormBwd { .. }
             | Op::GeluBwd { .. }
+            | Op::RmsNormBwd { .. }
+            | Op::SiluBwd { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }
@@ -321,6 +388,24 @@ impl Op {
             } => vec![dy, x, g, stats, dx, dg, db],
             Op::Gelu { x, out, .. } => vec![x, out],
             Op::GeluBwd { x, dy, out } => vec![x, dy, out],
+            Op::RmsNorm {
+                x, g, out, stats, ..
+            } => vec![x, g, out, stats],
+            Op::RmsNormBwd {
+                dy,
+                x,
+                g,
+                stats,
+                dx,
+                dg,
+                ..
+            } => vec![dy, x, g, stats, dx, dg],
+            Op::Silu { x, out, .. } => vec![x, out],
+            Op::SiluBwd { x, dy, out } => vec![x, dy, out],
+            Op::Mul { a, b, out, .. } => vec![a, b, out],
+            Op::MseLoss {
+                pred, target, grad, ..
+            } => vec![pred, target, grad],
             Op::Softmax { x, out, .. } => vec![x, out],
             Op::SoftmaxBwd { p, dp, out, .. } => vec![p, dp, out],
             Op::Attention {
@@ -389,6 +474,12 @@ impl Op {
             Op::LayerNormBwd { .. } => "layer norm backward",
             Op::Gelu { .. } => "gelu",
             Op::GeluBwd { .. } => "gelu backward",
+            Op::RmsNorm { .. } => "rms norm",
+            Op::RmsNormBwd { .. } => "rms norm backward",
+            Op::Silu { .. } => "silu",
+            Op::SiluBwd { .. } => "silu backward",
+            Op::Mul { .. } => "mul",
+            Op::MseLoss { .. } => "mean squared error",
             Op::Softmax { .. } => "causal softmax",
             Op::SoftmaxBwd { .. } => "causal softmax backward",
             Op::Attention { .. } => "attention",
@@ -440,6 +531,12 @@ impl Op {
             | Op::LayerNormBwd { .. }
             | Op::Gelu { .. }
             | Op::GeluBwd { .. }
+            | Op::RmsNorm { .. }
+            | Op::RmsNormBwd { .. }
+            | Op::Silu { .. }
+            | Op::SiluBwd { .. }
+            | Op::Mul { .. }
+            | Op::MseLoss { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }
@@ -491,6 +588,24 @@ impl Op {
             } => (vec![dy, x, g, stats], vec![dx, dg, db]),
             Op::Gelu { x, out, .. } => (vec![x], vec![out]),
             Op::GeluBwd { x, dy, out } => (vec![x, dy], vec![out]),
+            Op::RmsNorm {
+                x, g, out, stats, ..
+            } => (vec![x, g], vec![out, stats]),
+            Op::RmsNormBwd {
+                dy,
+                x,
+                g,
+                stats,
+                dx,
+                dg,
+                ..
+            } => (vec![dy, x, g, stats], vec![dx, dg]),
+            Op::Silu { x, out, .. } => (vec![x], vec![out]),
+            Op::SiluBwd { x, dy, out } => (vec![x, dy], vec![out]),
+            Op::Mul { a, b, out, .. } => (vec![a, b], vec![out]),
+            Op::MseLoss {
+                pred, target, grad, ..
+            } => (vec![pred, target], vec![grad]),
             Op::Softmax { x, out, .. } => (vec![x], vec![out]),
             Op::SoftmaxBwd { p, dp, out, .. } => (vec![p, dp], vec![out]),
             Op::Attention {
@@ -613,6 +728,60 @@ impl Op {
             Op::GeluBwd { x, dy, out } => {
                 check.holds("dy", dy, check.len(x))?;
                 check.holds("the output", out, check.len(x))
+            }
+            Op::RmsNorm {
+                x,
+                g,
+                out,
+                stats,
+                c,
+                eps,
+                ..
+            } => {
+                let rows = check.rows("x", x, ("c", c))?;
+                check.holds("the gain", g, c)?;
+                check.holds("the output", out, check.len(x))?;
+                check.holds("the rstd of each row", stats, rows)?;
+                if !(eps.is_finite() && eps >= 0.0) {
+                    return Err(check.fail(format!("eps {eps} is not a finite value >= 0")));
+                }
+                Ok(())
+            }
+            Op::RmsNormBwd {
+                dy,
+                x,
+                g,
+                stats,
+                dx,
+                dg,
+                c,
+            } => {
+                let rows = check.rows("x", x, ("c", c))?;
+                check.holds("dy", dy, check.len(x))?;
+                check.holds("the gain", g, c)?;
+                check.holds("the rstd of each row", stats, rows)?;
+                check.holds("dx", dx, check.len(x))?;
+                check.holds("the gain's gradient", dg, c)
+            }
+            Op::Silu { x, out, .. } => check.holds("the output", out, check.len(x)),
+            Op::SiluBwd { x, dy, out } => {
+                check.holds("dy", dy, check.len(x))?;
+                check.holds("the output", out, check.len(x))
+            }
+            Op::Mul { a, b, out, .. } => {
+                check.holds("b", b, check.len(a))?;
+                check.holds("the output", out, check.len(a))
+            }
+            Op::MseLoss {
+                pred, target, grad, ..
+            } => {
+                if check.len(pred) == 0 {
+                    return Err(check.fail(format!(
+                        "the predictions (tensor {pred}) are empty: no mean to take"
+                    )));
+                }
+                check.holds("the targets", target, check.len(pred))?;
+                check.holds("the gradient", grad, check.len(pred))
             }
             Op::Softmax { x, out, t, .. } => {
                 check.rows("the scores", x, ("t", t))?;
@@ -772,6 +941,12 @@ impl Op {
             | Op::LayerNormBwd { .. }
             | Op::Gelu { .. }
             | Op::GeluBwd { .. }
+            | Op::RmsNorm { .. }
+            | Op::RmsNormBwd { .. }
+            | Op::Mul { .. }
+            | Op::MseLoss { .. }
+            | Op::Silu { .. }
+            | Op::SiluBwd { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }
@@ -800,6 +975,12 @@ impl Op {
             | Op::LayerNormBwd { .. }
             | Op::Gelu { .. }
             | Op::GeluBwd { .. }
+            | Op::RmsNorm { .. }
+            | Op::RmsNormBwd { .. }
+            | Op::Mul { .. }
+            | Op::MseLoss { .. }
+            | Op::Silu { .. }
+            | Op::SiluBwd { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }
@@ -819,7 +1000,10 @@ impl Op {
     pub fn coded_output(&self, t: TensorId, format: Format) -> bool {
         match *self {
             Op::LayerNorm { out, held, c, .. } => out == t && held == format && c % 2 == 0,
-            Op::Gelu { out, held, .. } => out == t && held == format,
+            Op::Gelu { out, held, .. } | Op::Silu { out, held, .. } | Op::Mul { out, held, .. } => {
+                out == t && held == format
+            }
+            Op::RmsNorm { out, held, c, .. } => out == t && held == format && c % 2 == 0,
             Op::Add {
                 y,
                 out,
@@ -839,6 +1023,9 @@ impl Op {
             | Op::EmbeddingBwd { .. }
             | Op::LayerNormBwd { .. }
             | Op::GeluBwd { .. }
+            | Op::RmsNormBwd { .. }
+            | Op::MseLoss { .. }
+            | Op::SiluBwd { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::AttentionBwd { .. }
@@ -864,6 +1051,12 @@ impl Op {
             | Op::LayerNormBwd { .. }
             | Op::Gelu { .. }
             | Op::GeluBwd { .. }
+            | Op::RmsNorm { .. }
+            | Op::RmsNormBwd { .. }
+            | Op::Mul { .. }
+            | Op::MseLoss { .. }
+            | Op::Silu { .. }
+            | Op::SiluBwd { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }

@@ -508,6 +508,83 @@ mod tests {
     }
 
     #[test]
+    fn plans_refuse_model_ops_whose_tensors_do_not_fit() {
+        let rms = |g, stats, eps| Op::RmsNorm {
+            x: 0,
+            g,
+            out: 1,
+            stats,
+            c: 4,
+            eps,
+            held: Format::F32,
+        };
+        // x and the output 12 (3 rows of 4), gain 4 or 3, rstd 3 or 6.
+        let lens = [12, 12, 4, 3, 3, 6];
+        assert!(plan_of(&lens, 2, vec![rms(2, 4, 1e-6)]).is_ok());
+        refused(
+            &lens,
+            vec![rms(3, 4, 1e-6)],
+            "rms norm",
+            "the gain (tensor 3) has 3 values, expected 4",
+        );
+        refused(
+            &lens,
+            vec![rms(2, 5, 1e-6)],
+            "rms norm",
+            "the rstd of each row (tensor 5) has 6 values, expected 3",
+        );
+        refused(&lens, vec![rms(2, 4, -1.0)], "rms norm", "eps -1");
+        refused(&lens, vec![rms(2, 4, f32::NAN)], "rms norm", "eps NaN");
+        let bwd = |dg| Op::RmsNormBwd {
+            dy: 0,
+            x: 1,
+            g: 2,
+            stats: 4,
+            dx: 3,
+            dg,
+            c: 4,
+        };
+        let lens = [12, 12, 4, 12, 3, 4, 5];
+        assert!(plan_of(&lens, 2, vec![bwd(5)]).is_ok());
+        refused(&lens, vec![bwd(6)], "rms norm backward", "gain's gradient");
+        let mul = |b| Op::Mul {
+            a: 0,
+            b,
+            out: 2,
+            held: Format::F32,
+        };
+        let lens = [6, 6, 6, 5];
+        assert!(plan_of(&lens, 2, vec![mul(1)]).is_ok());
+        refused(
+            &lens,
+            vec![mul(3)],
+            "mul",
+            "b (tensor 3) has 5 values, expected 6",
+        );
+        refused(
+            &[5, 4],
+            vec![Op::Silu {
+                x: 0,
+                out: 1,
+                held: Format::F32,
+            }],
+            "silu",
+            "the output (tensor 1) has 4 values, expected 5",
+        );
+        let mse = |pred, target| Op::MseLoss {
+            pred,
+            target,
+            grad: 2,
+            held: Format::F32,
+        };
+        // The batch (2 rows) may hold the targets; an empty prediction has no mean.
+        let lens = [2, 3, 2, 0];
+        assert!(plan_of(&lens, 2, vec![mse(0, 5)]).is_ok());
+        refused(&lens, vec![mse(0, 1)], "mean squared error", "the targets");
+        refused(&lens, vec![mse(3, 1)], "mean squared error", "are empty");
+    }
+
+    #[test]
     fn plans_refuse_ids_outside_their_tables_and_codes_no_op_reads() {
         let embedding = |table, ids| Op::Embedding {
             table,

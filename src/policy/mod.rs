@@ -193,7 +193,8 @@ impl Preset {
 pub enum OpClass {
     /// linear, matmul, bmm, attention scores: run in the compute format.
     MatmulLike,
-    /// softmax, log-softmax, layer norm, cross entropy, sums/means, exp/log, pow: run in f32.
+    /// softmax, log-softmax, layer norm, RMS norm, cross entropy, mean squared error,
+    /// sums/means, exp/log, pow: run in f32.
     F32,
     /// Everything else runs in the format of its inputs.
     Input,
@@ -218,6 +219,10 @@ pub enum Op {
     Gelu,
     Add,
     Embedding,
+    RmsNorm,
+    MseLoss,
+    Silu,
+    Mul,
 }
 
 named_enum!(Op, "op", [
@@ -237,6 +242,10 @@ named_enum!(Op, "op", [
     Gelu => "gelu",
     Add => "add",
     Embedding => "embedding",
+    RmsNorm => "rms_norm",
+    MseLoss => "mse_loss",
+    Silu => "silu",
+    Mul => "mul",
 ]);
 
 impl Op {
@@ -251,8 +260,10 @@ impl Op {
             | Op::Mean
             | Op::Exp
             | Op::Log
-            | Op::Pow => OpClass::F32,
-            Op::Gelu | Op::Add | Op::Embedding => OpClass::Input,
+            | Op::Pow
+            | Op::RmsNorm
+            | Op::MseLoss => OpClass::F32,
+            Op::Gelu | Op::Add | Op::Embedding | Op::Silu | Op::Mul => OpClass::Input,
         }
     }
 }

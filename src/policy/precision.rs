@@ -12,14 +12,17 @@ use crate::format::Format;
 pub struct Precision {
     /// Algorithm of the matmul-like ops (linear, attention scores and values, head).
     pub matmul: Algorithm,
-    /// Format matmul-like outputs and their elementwise successors (GELU) are held in.
+    /// Format matmul-like outputs and their elementwise successors (GELU, SiLU, the elementwise
+    /// product: autocast runs them in their input's format) are held in.
     pub compute: Format,
     /// Format of everything else (residual stream, LayerNorm and softmax outputs, gradients):
     /// f32 in mixed presets, the 16-bit format in "true" presets.
     pub stream: Format,
-    /// Formats of the f32-class ops (softmax, layer norm, cross entropy), after overrides.
+    /// Formats of the f32-class ops that hold an output (softmax, layer norm, RMS norm), after
+    /// overrides; the losses (cross entropy, mean squared error) compute in f32 too.
     pub softmax: Format,
     pub layer_norm: Format,
+    pub rms_norm: Format,
     /// fp8 linear layers (transformer-engine): the recipe, current or delayed scaling.
     pub fp8: Option<Fp8Recipe>,
     /// Format of the weights and AdamW moments (f32 master weights, or 16-bit in "true"
@@ -78,6 +81,7 @@ impl Precision {
             stream,
             softmax: autocast.format_for(Op::Softmax, stream),
             layer_norm: autocast.format_for(Op::LayerNorm, stream),
+            rms_norm: autocast.format_for(Op::RmsNorm, stream),
             fp8,
             weights: spec.params,
         })

@@ -219,6 +219,19 @@ pub fn close(what: &str, got: &[f32], want: &[f32], tol: f32) {
     }
 }
 
+/// `close` where both values are finite; elsewhere the same non-finite value (NaN for NaN, the
+/// same infinity).
+pub fn close_with_edges(what: &str, got: &[f32], want: &[f32], tol: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let agree = match (g.is_finite(), w.is_finite()) {
+            (true, true) => (g - w).abs() <= tol * (1.0 + w.abs()),
+            _ => (g.is_nan() && w.is_nan()) || g == w,
+        };
+        assert!(agree, "{what}[{i}]: {g} vs reference {w}");
+    }
+}
+
 /// Operands and algorithms for checking that the product alone over prepared operands
 /// computes C again (the bench's `Operands::Prepared`): A in a wide range (lines beyond f16's
 /// range, flagged for the fallback on cooperative matrices) with an inf, B normal; every

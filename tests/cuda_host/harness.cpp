@@ -503,6 +503,15 @@ static std::vector<u32> bits_of(const std::vector<float>& v) {
     return out;
 }
 
+// `n` floats in 16-byte-aligned memory (the kernels' 16-byte accesses need it): zeros, or a
+// copy of `from`.
+struct Aligned {
+    std::vector<float4> v;
+    explicit Aligned(size_t n) : v((n + 3) / 4, float4{0, 0, 0, 0}) {}
+    Aligned(const float* from, size_t n) : Aligned(n) { std::memcpy(v.data(), from, 4 * n); }
+    float* f() { return (float*)v.data(); }
+};
+
 static void column_sums_of(const float* x, float* out, u32 rows, u32 c) {
     u32 chunks = std::max(1u, (rows + CHUNK_ROWS - 1) / CHUNK_ROWS);
     std::vector<float> partial((size_t)chunks * c);
@@ -546,6 +555,85 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         dx.insert(dx.end(), dg.begin(), dg.end());
         dx.insert(dx.end(), db.begin(), db.end());
         out = bits_of(dx);
+    } else if (k == "rmsnorm_fwd" && argc == 8) {  // ROWS C EPS FMT CODED WIDTH < x g > y rstd
+        // CODED: y as 16-bit codes, one to each output word; WIDTH 4: 16-byte accesses.
+        u32 rows = arg(argv, 2), c = arg(argv, 3), fmt = arg(argv, 5), coded = arg(argv, 6);
+        u32 width = arg(argv, 7);
+        float eps = farg(argv, 4);
+        size_t n = (size_t)rows * c;
+        Aligned x(input.f(n), n), g(input.f(c), c), y(n);
+        std::vector<float> rstd(rows);
+        std::vector<unsigned short> codes(n);
+        void* dst = coded ? (void*)codes.data() : (void*)y.f();
+        emu::launch({rows, 1, 1}, row_block,
+                    [&] { rmsnorm_fwd(x.f(), g.f(), dst, rstd.data(), c, eps, fmt, coded, width); });
+        out = coded ? std::vector<u32>(codes.begin(), codes.end())
+                    : bits_of(std::vector<float>(y.f(), y.f() + n));
+        std::vector<u32> r = bits_of(rstd);
+        out.insert(out.end(), r.begin(), r.end());
+    } else if (k == "rmsnorm_bwd" && argc == 5) {  // ROWS C WIDTH < dy x g rstd > dx dg
+        u32 rows = arg(argv, 2), c = arg(argv, 3), width = arg(argv, 4);
+        size_t n = (size_t)rows * c;
+        Aligned dy(input.f(n), n), x(input.f(n), n), g(input.f(c), c), dx(n);
+        float* rstd = input.f(rows);
+        emu::launch({rows, 1, 1}, row_block,
+                    [&] { rmsnorm_bwd_x(dy.f(), x.f(), g.f(), rstd, dx.f(), c, width); });
+        u32 chunks = std::max(1u, (rows + CHUNK_ROWS - 1) / CHUNK_ROWS);
+        std::vector<float> partial((size_t)chunks * c), dg(c);
+        emu::launch({(c + 31) / 32, chunks, 1}, {32, 8, 1},
+                    [&] { rmsnorm_bwd_partials(dy.f(), x.f(), rstd, partial.data(), rows, c); });
+        emu::launch(elementwise_grid(c), element_block,
+                    [&] { sum_partials(partial.data(), dg.data(), chunks, c); });
+        std::vector<float> both(dx.f(), dx.f() + n);
+        both.insert(both.end(), dg.begin(), dg.end());
+        out = bits_of(both);
+    } else if ((k == "silu_fwd" && argc == 6) || (k == "silu_bwd" && argc == 4)) {
+        // silu_fwd N FMT CODED XFMT < x > y; silu_bwd N XFMT < x dy > dx; codes as gelu's.
+        i64 n = arg(argv, 2);
+        u32 x_fmt = arg(argv, k == "silu_fwd" ? 5 : 3);
+        u32* words = input.u(n);
+        std::vector<unsigned short> x_codes(words, words + n);
+        const void* x = x_fmt == FMT_F32 ? (const void*)words : (const void*)x_codes.data();
+        std::vector<float> y(n);
+        if (k == "silu_fwd") {
+            u32 fmt = arg(argv, 3), coded = arg(argv, 4);
+            std::vector<unsigned short> codes(n);
+            void* dst = coded ? (void*)codes.data() : (void*)y.data();
+            emu::launch(elementwise_grid(n), element_block,
+                        [&] { silu_fwd(x, dst, n, fmt, coded, x_fmt); });
+            if (coded) {
+                out = std::vector<u32>(codes.begin(), codes.end());
+                return true;
+            }
+        } else {
+            float* dy = input.f(n);
+            emu::launch(elementwise_grid(n), element_block,
+                        [&] { silu_bwd(x, dy, y.data(), n, x_fmt); });
+        }
+        out = bits_of(y);
+    } else if (k == "elementwise_mul" && argc == 5) {  // N FMT CODED < a b > out (codes one a word)
+        i64 n = arg(argv, 2);
+        u32 fmt = arg(argv, 3), coded = arg(argv, 4);
+        float *a = input.f(n), *b = input.f(n);
+        std::vector<float> y(n);
+        std::vector<unsigned short> codes(n);
+        void* dst = coded ? (void*)codes.data() : (void*)y.data();
+        emu::launch(elementwise_grid(n), element_block,
+                    [&] { elementwise_mul(a, b, dst, n, fmt, coded); });
+        out = coded ? std::vector<u32>(codes.begin(), codes.end()) : bits_of(y);
+    } else if (k == "mse_fwd" && argc == 5) {  // N S_DLOSS FMT < pred target > grad mean
+        i64 n = arg(argv, 2);
+        u32 fmt = arg(argv, 4);
+        float *pred = input.f(n), *target = input.f(n);
+        std::vector<float> grad(n), squares(n), stats(2), scalars(16, 0.0f);
+        scalars[S_DLOSS] = farg(argv, 3);
+        emu::launch(elementwise_grid(n), element_block, [&] {
+            mse_fwd(pred, target, grad.data(), squares.data(), scalars.data(), n, fmt);
+        });
+        emu::launch({1, 1, 1}, {256, 1, 1},
+                    [&] { mean_to_stat(squares.data(), stats.data(), (u32)n, 1); });
+        grad.push_back(stats[1]);
+        out = bits_of(grad);
     } else if (k == "column_sums" && argc == 4) {  // ROWS C < x > sums
         u32 rows = arg(argv, 2), c = arg(argv, 3);
         float* x = input.f((size_t)rows * c);

@@ -256,6 +256,60 @@ impl<'a> CudaPlan<'a> {
                 self.len(x),
                 self.stored(x),
             ),
+            Op::RmsNorm {
+                x,
+                g,
+                out,
+                stats: st,
+                c,
+                eps,
+                held,
+            } => {
+                let ptrs = [x, g, out, st].map(|id| self.p(id));
+                let shape = (self.rows(x, c), c, eps);
+                launch::rmsnorm_fwd(cb, ptrs, shape, (held, self.coded(out)))
+            }
+            Op::RmsNormBwd {
+                dy,
+                x,
+                g,
+                stats: st,
+                dx,
+                dg,
+                c,
+            } => {
+                let ptrs = [dy, x, g, st, dx, dg].map(|id| self.p(id));
+                launch::rmsnorm_bwd(cb, ptrs, self.rows(x, c), c, work)
+            }
+            Op::Silu { x, out, held } => launch::silu_fwd(
+                cb,
+                [self.p(x), self.p(out)],
+                self.len(x),
+                (held, self.coded(out)),
+                self.stored(x),
+            ),
+            Op::SiluBwd { x, dy, out } => launch::silu_bwd(
+                cb,
+                [self.p(x), self.p(dy), self.p(out)],
+                self.len(x),
+                self.stored(x),
+            ),
+            Op::Mul { a, b, out, held } => launch::mul(
+                cb,
+                [self.p(a), self.p(b), self.p(out)],
+                self.len(a),
+                (held, self.coded(out)),
+            ),
+            Op::MseLoss {
+                pred,
+                target,
+                grad,
+                held,
+            } => {
+                let ptrs = [self.p(pred), self.p(target), self.p(grad), stats];
+                let shape = (crate::plan::Stats::LOSS, self.len(pred));
+                launch::mse_fwd(cb, ptrs, shape, work, (scalars, held))
+            }
             Op::Softmax { x, out, t, scale } => {
                 let shape = (self.rows(x, t), t, scale);
                 launch::softmax_fwd(cb, self.p(x), self.p(out), shape)

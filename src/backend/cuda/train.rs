@@ -87,6 +87,8 @@ pub(super) mod scratch {
         match *op {
             Op::CrossEntropy { logits, v, .. } => cross_entropy(rows(logits, v)),
             Op::LayerNormBwd { x, c, .. } => layernorm_bwd(rows(x, c), c),
+            Op::RmsNormBwd { x, c, .. } => rmsnorm_bwd(rows(x, c), c),
+            Op::MseLoss { pred, .. } => mse(len(pred)),
             Op::ColumnSums { x, c, .. } => column_sums(rows(x, c), c),
             Op::UnscaleCheck { ref grads } => grads.iter().map(|&g| unscale(len(g))).sum(),
             Op::AttentionBwd { ref spec, .. } => attention_bwd(spec),
@@ -95,6 +97,10 @@ pub(super) mod scratch {
             | Op::LayerNorm { .. }
             | Op::Gelu { .. }
             | Op::GeluBwd { .. }
+            | Op::RmsNorm { .. }
+            | Op::Silu { .. }
+            | Op::SiluBwd { .. }
+            | Op::Mul { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }
@@ -119,6 +125,14 @@ pub(super) mod scratch {
     /// tokens start, the token indices grouped by id.
     pub fn embedding_bwd(rows: usize, tokens: usize) -> usize {
         rows * super::SORT_THREADS as usize + rows + 1 + tokens
+    }
+    /// RMS norm's backward (dg partials).
+    pub fn rmsnorm_bwd(rows: usize, c: usize) -> usize {
+        super::chunks(rows) * c
+    }
+    /// The mean squared error (a squared error per element).
+    pub fn mse(n: usize) -> usize {
+        n
     }
     /// Cross entropy (a loss per row).
     pub fn cross_entropy(rows: usize) -> usize {
@@ -222,6 +236,54 @@ pub(super) fn layernorm_bwd(
     launch_1d!(cb, Module::Train, "sum_partials", c; &db_partials, &db, &chunks32, &c32)
 }
 
+/// 4 where RMS norm's kernels take 16-byte accesses: rows of a multiple of 4 values and every
+/// pointer they access so 16-byte aligned; else 1.
+fn quad_width(c: usize, ptrs: &[Ptr]) -> u32 {
+    if c.is_multiple_of(4) && ptrs.iter().all(|p| p.is_multiple_of(16)) {
+        4
+    } else {
+        1
+    }
+}
+
+/// y = x * rstd * g held in `held` (codes where `coded`), rstd per row into `rstds`.
+pub(super) fn rmsnorm_fwd(
+    cb: &CudaBackend,
+    [x, g, y, rstds]: [Ptr; 4],
+    (rows, c, eps): (usize, usize, f32),
+    (held, coded): (Format, bool),
+) -> Result<()> {
+    if rows == 0 || c == 0 {
+        return Ok(());
+    }
+    let width = match coded {
+        true => quad_width(c, &[x, g]),
+        false => quad_width(c, &[x, g, y]),
+    };
+    let (c, fmt, coded) = (c as u32, format_id(held), coded as u32);
+    launch!(cb, Module::Train, "rmsnorm_fwd", CudaBackend::rows_config(rows)?; &x, &g, &y, &rstds, &c, &eps, &fmt, &coded, &width)
+}
+
+/// dx, then dg through per-chunk partials in `scratch` (`scratch::rmsnorm_bwd`).
+pub(super) fn rmsnorm_bwd(
+    cb: &CudaBackend,
+    [dy, x, g, rstds, dx, dg]: [Ptr; 6],
+    rows: usize,
+    c: usize,
+    scratch: Ptr,
+) -> Result<()> {
+    if rows == 0 || c == 0 {
+        return Ok(());
+    }
+    let width = quad_width(c, &[dy, x, g, dx]);
+    let (c32, rows32) = (c as u32, rows as u32);
+    launch!(cb, Module::Train, "rmsnorm_bwd_x", CudaBackend::rows_config(rows)?; &dy, &x, &g, &rstds, &dx, &c32, &width)?;
+    let chunks = chunks(rows);
+    launch!(cb, Module::Train, "rmsnorm_bwd_partials", column_config(c, chunks)?; &dy, &x, &rstds, &scratch, &rows32, &c32)?;
+    let chunks32 = chunks as u32;
+    launch_1d!(cb, Module::Train, "sum_partials", c; &scratch, &dg, &chunks32, &c32)
+}
+
 fn column_config(c: usize, chunks: usize) -> Result<LaunchConfig> {
     Ok(LaunchConfig {
         grid_dim: (
@@ -284,6 +346,58 @@ pub(super) fn gelu_bwd(
 ) -> Result<()> {
     let (len, x_fmt) = (n as i64, format_id(x_stored));
     launch_1d!(cb, Module::Train, "gelu_bwd", n; &x, &dy, &dx, &len, &x_fmt)
+}
+
+/// y = SiLU(x) held in `held` (codes where `coded`); x stored in `x_stored`.
+pub(super) fn silu_fwd(
+    cb: &CudaBackend,
+    [x, y]: [Ptr; 2],
+    n: usize,
+    (held, coded): (Format, bool),
+    x_stored: Format,
+) -> Result<()> {
+    let (len, fmt, coded) = (n as i64, format_id(held), coded as u32);
+    let x_fmt = format_id(x_stored);
+    launch_1d!(cb, Module::Train, "silu_fwd", n; &x, &y, &len, &fmt, &coded, &x_fmt)
+}
+
+/// dx = dy * SiLU'(x), x stored in `x_stored`.
+pub(super) fn silu_bwd(
+    cb: &CudaBackend,
+    [x, dy, dx]: [Ptr; 3],
+    n: usize,
+    x_stored: Format,
+) -> Result<()> {
+    let (len, x_fmt) = (n as i64, format_id(x_stored));
+    launch_1d!(cb, Module::Train, "silu_bwd", n; &x, &dy, &dx, &len, &x_fmt)
+}
+
+/// out = a * b held in `held` (codes where `coded`).
+pub(super) fn mul(
+    cb: &CudaBackend,
+    [a, b, out]: [Ptr; 3],
+    n: usize,
+    (held, coded): (Format, bool),
+) -> Result<()> {
+    let (len, fmt, coded) = (n as i64, format_id(held), coded as u32);
+    launch_1d!(cb, Module::Train, "elementwise_mul", n; &a, &b, &out, &len, &fmt, &coded)
+}
+
+/// The mean of the squared errors into stats[slot], and into `grad` the loss's gradient
+/// 2 (pred - target) * scalars[DLOSS] / n held in `held`; `scratch` holds the squared errors
+/// (`scratch::mse`).
+pub(super) fn mse_fwd(
+    cb: &CudaBackend,
+    [pred, target, grad, stats]: [Ptr; 4],
+    (slot, n): (usize, usize),
+    scratch: Ptr,
+    (scalars, held): (Ptr, Format),
+) -> Result<()> {
+    let (len, fmt) = (n as i64, format_id(held));
+    let n32 = grid_size("values of a mean", n)?;
+    launch_1d!(cb, Module::Train, "mse_fwd", n; &pred, &target, &grad, &scratch, &scalars, &len, &fmt)?;
+    let slot = slot as u32;
+    launch!(cb, Module::Train, "mean_to_stat", one_block(256); &scratch, &stats, &n32, &slot)
 }
 
 pub(super) fn softmax_fwd(

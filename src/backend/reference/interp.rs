@@ -150,6 +150,57 @@ impl HostExecutor {
                 self.tensors[out] = y;
             }
             Op::GeluBwd { x, dy, out } => self.tensors[out] = ops::gelu_bwd(&t[x], &t[dy]),
+            Op::RmsNorm {
+                x,
+                g,
+                out,
+                stats: st,
+                c,
+                eps,
+                held,
+            } => {
+                let (mut y, rstd) = ops::rmsnorm_fwd(&t[x], &t[g], c, eps);
+                round_to(&mut y, held);
+                self.tensors[out] = y;
+                self.tensors[st] = rstd;
+            }
+            Op::RmsNormBwd {
+                dy,
+                x,
+                g,
+                stats: st,
+                dx,
+                dg,
+                c,
+            } => {
+                let (x_grad, g_grad) = ops::rmsnorm_bwd(&t[dy], &t[x], &t[g], &t[st], c);
+                self.tensors[dx] = x_grad;
+                self.tensors[dg] = g_grad;
+            }
+            Op::Silu { x, out, held } => {
+                let mut y = ops::silu_fwd(&t[x]);
+                round_to(&mut y, held);
+                self.tensors[out] = y;
+            }
+            Op::SiluBwd { x, dy, out } => self.tensors[out] = ops::silu_bwd(&t[x], &t[dy]),
+            Op::Mul { a, b, out, held } => {
+                let mut y = ops::mul(&t[a], &t[b]);
+                round_to(&mut y, held);
+                self.tensors[out] = y;
+            }
+            // The fused loss and gradient, as `CrossEntropy`'s: the two definitions.
+            Op::MseLoss {
+                pred,
+                target,
+                grad,
+                held,
+            } => {
+                stats[Stats::LOSS] = ops::mse_fwd(&t[pred], &t[target]);
+                let dloss = scalars[scalar::DLOSS] as f64;
+                let mut d = ops::mse_bwd(&t[pred], &t[target], dloss);
+                round_to(&mut d, held);
+                self.tensors[grad] = d;
+            }
             Op::Softmax {
                 x,
                 out,

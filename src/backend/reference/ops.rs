@@ -79,6 +79,95 @@ pub fn layernorm_bwd<T: Float>(
     )
 }
 
+/// RMS norm over each row of length `c` (torch.nn.RMSNorm): y = x * rstd * g, rstd =
+/// 1 / sqrt(mean(x^2) + eps). Returns y and the per-row rstd the backward pass needs.
+pub fn rmsnorm_fwd<T: Float>(x: &[T], g: &[T], c: usize, eps: f32) -> (Vec<T>, Vec<T>) {
+    let rows = x.len() / c.max(1);
+    let mut y = vec![T::zero(); x.len()];
+    let mut rstds = Vec::with_capacity(rows);
+    for r in 0..rows {
+        let xr = &x[r * c..(r + 1) * c];
+        let ms = xr.iter().map(|&v| f64_of(v).powi(2)).sum::<f64>() / c as f64;
+        let rstd = 1.0 / (ms + eps as f64).sqrt();
+        for i in 0..c {
+            y[r * c + i] = cast::<T>(f64_of(xr[i]) * rstd) * g[i];
+        }
+        rstds.push(cast(rstd));
+    }
+    (y, rstds)
+}
+
+/// RMS norm backward: (dx, dg); dx = rstd * (d - xhat * mean(d * xhat)), d = dy * g,
+/// xhat = x * rstd; dg summed over the rows in f64.
+pub fn rmsnorm_bwd<T: Float>(dy: &[T], x: &[T], g: &[T], rstd: &[T], c: usize) -> (Vec<T>, Vec<T>) {
+    let rows = x.len() / c.max(1);
+    let mut dx = vec![T::zero(); x.len()];
+    let mut dg = vec![0f64; c];
+    for r in 0..rows {
+        let s = f64_of(rstd[r]);
+        let mut sum_dxhat_xhat = 0f64;
+        for i in 0..c {
+            let xhat = f64_of(x[r * c + i]) * s;
+            let d = f64_of(dy[r * c + i]);
+            sum_dxhat_xhat += d * f64_of(g[i]) * xhat;
+            dg[i] += d * xhat;
+        }
+        for i in 0..c {
+            let xhat = f64_of(x[r * c + i]) * s;
+            let dxhat = f64_of(dy[r * c + i]) * f64_of(g[i]);
+            dx[r * c + i] = cast(s * (dxhat - xhat * sum_dxhat_xhat / c as f64));
+        }
+    }
+    (dx, dg.into_iter().map(cast).collect())
+}
+
+/// SiLU (swish): x * sigmoid(x), computed as x / (1 + exp(-x)).
+pub fn silu_fwd<T: Float>(x: &[T]) -> Vec<T> {
+    x.iter()
+        .map(|&v| {
+            let v = f64_of(v);
+            cast(v / (1.0 + (-v).exp()))
+        })
+        .collect()
+}
+
+/// dx = dy * s * (1 + x (1 - s)), s = sigmoid(x) (PyTorch's silu_backward).
+pub fn silu_bwd<T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
+    x.iter()
+        .zip(dy)
+        .map(|(&v, &d)| {
+            let v = f64_of(v);
+            let s = 1.0 / (1.0 + (-v).exp());
+            cast(f64_of(d) * s * (1.0 + v * (1.0 - s)))
+        })
+        .collect()
+}
+
+/// Elementwise product of two tensors of one length. Its backward is two products: da = dy * b,
+/// db = dy * a.
+pub fn mul<T: Float>(a: &[T], b: &[T]) -> Vec<T> {
+    a.iter().zip(b).map(|(&x, &y)| x * y).collect()
+}
+
+/// Mean squared error over every element: mean((pred - target)^2), summed in f64.
+pub fn mse_fwd<T: Float>(pred: &[T], target: &[T]) -> f64 {
+    let sum: f64 = pred
+        .iter()
+        .zip(target)
+        .map(|(&p, &t)| (f64_of(p) - f64_of(t)).powi(2))
+        .sum();
+    sum / pred.len() as f64
+}
+
+/// d(mean squared error * dloss)/dpred = 2 (pred - target) * dloss / n.
+pub fn mse_bwd<T: Float>(pred: &[T], target: &[T], dloss: f64) -> Vec<T> {
+    let n = pred.len() as f64;
+    pred.iter()
+        .zip(target)
+        .map(|(&p, &t)| cast(2.0 * (f64_of(p) - f64_of(t)) * dloss / n))
+        .collect()
+}
+
 const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 
 /// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).

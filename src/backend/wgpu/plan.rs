@@ -443,6 +443,84 @@ impl<'a> ResidentPlan<'a> {
                 [Some(x), Some(dy), None],
                 [Some(out), None, None],
             )?,
+            Op::RmsNorm {
+                x,
+                g,
+                out,
+                stats,
+                c,
+                eps,
+                held,
+            } => {
+                let l = launch::rmsnorm_fwd(rows_of(x, c), c, eps, held, coded(out));
+                train(l, [Some(x), Some(g), None], outs_for(out, Some(stats)))?
+            }
+            Op::RmsNormBwd {
+                dy,
+                x,
+                g,
+                stats,
+                dx,
+                dg,
+                c,
+            } => {
+                let rows = rows_of(x, c);
+                let [for_x, partials, sums] = launch::rmsnorm_bwd(rows, c);
+                let parts = storage_of(gpu, launch::partials_len(rows, c, 1))?;
+                let d = [
+                    train(
+                        for_x,
+                        [Some(dy), Some(x), Some(g)],
+                        [Some(dx), Some(stats), None],
+                    )?,
+                    train_on(
+                        partials,
+                        [&t[dy], &t[x], &dummies.read],
+                        [&parts, &t[stats], &dummies.write[0]],
+                    )?,
+                    train_on(
+                        sums,
+                        [&parts, &dummies.read, &dummies.read],
+                        [&t[dg], &dummies.write[0], &dummies.write[1]],
+                    )?,
+                ];
+                r.temporaries.push(parts);
+                d.concat()
+            }
+            Op::Silu { x, out, held } => {
+                let l = launch::silu_fwd(len(x), held, coded(out), stored(x));
+                train(l, [Some(x), None, None], outs_for(out, None))?
+            }
+            Op::SiluBwd { x, dy, out } => train(
+                launch::silu_bwd(len(x), stored(x)),
+                [Some(x), Some(dy), None],
+                [Some(out), None, None],
+            )?,
+            Op::Mul { a, b, out, held } => {
+                let l = launch::mul(len(a), held, coded(out));
+                train(l, [Some(a), Some(b), None], outs_for(out, None))?
+            }
+            Op::MseLoss {
+                pred,
+                target,
+                grad,
+                held,
+            } => {
+                let n = len(pred);
+                let squares = storage_of(gpu, n)?;
+                let fwd = train_on(
+                    launch::mse_fwd(n, held),
+                    [&t[pred], &t[target], &c.scalars],
+                    [&t[grad], &squares, &dummies.write[0]],
+                )?;
+                let mean = step_on(
+                    launch::mean_to_stat(n, crate::plan::Stats::LOSS),
+                    &squares,
+                    [&dummies.write[0], &dummies.write[1], &dummies.write[2]],
+                )?;
+                r.temporaries.push(squares);
+                [fwd, mean].concat()
+            }
             Op::Attention {
                 qkv,
                 out,

@@ -20,6 +20,13 @@ pub enum TrainOp {
     SumPartials,
     GeluFwd,
     GeluBwd,
+    RmsnormFwd,
+    RmsnormBwdX,
+    RmsnormBwdPartials,
+    SiluFwd,
+    SiluBwd,
+    Mul,
+    MseFwd,
     CausalSoftmaxFwd,
     CausalSoftmaxBwd,
     CrossEntropyFwd,
@@ -33,7 +40,7 @@ pub enum TrainOp {
 }
 
 impl TrainOp {
-    pub const ALL: [TrainOp; 17] = [
+    pub const ALL: [TrainOp; 24] = [
         TrainOp::LayernormFwd,
         TrainOp::LayernormBwdX,
         TrainOp::LayernormBwdPartials,
@@ -41,6 +48,13 @@ impl TrainOp {
         TrainOp::SumPartials,
         TrainOp::GeluFwd,
         TrainOp::GeluBwd,
+        TrainOp::RmsnormFwd,
+        TrainOp::RmsnormBwdX,
+        TrainOp::RmsnormBwdPartials,
+        TrainOp::SiluFwd,
+        TrainOp::SiluBwd,
+        TrainOp::Mul,
+        TrainOp::MseFwd,
         TrainOp::CausalSoftmaxFwd,
         TrainOp::CausalSoftmaxBwd,
         TrainOp::CrossEntropyFwd,
@@ -62,6 +76,13 @@ impl TrainOp {
             TrainOp::SumPartials => "sum_partials",
             TrainOp::GeluFwd => "gelu_fwd",
             TrainOp::GeluBwd => "gelu_bwd",
+            TrainOp::RmsnormFwd => "rmsnorm_fwd",
+            TrainOp::RmsnormBwdX => "rmsnorm_bwd_x",
+            TrainOp::RmsnormBwdPartials => "rmsnorm_bwd_partials",
+            TrainOp::SiluFwd => "silu_fwd",
+            TrainOp::SiluBwd => "silu_bwd",
+            TrainOp::Mul => "elementwise_mul",
+            TrainOp::MseFwd => "mse_fwd",
             TrainOp::CausalSoftmaxFwd => "causal_softmax_fwd",
             TrainOp::CausalSoftmaxBwd => "causal_softmax_bwd",
             TrainOp::CrossEntropyFwd => "cross_entropy_fwd",
@@ -150,6 +171,8 @@ pub struct TrainParams {
     pub begin: u32,
     pub end: u32,
     pub span: u32,
+    /// RMS norm's eps.
+    pub eps: f32,
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -279,7 +302,9 @@ impl TrainLaunch {
         match self.op {
             // A chunk's rows in steps of 8, then lanes_sum's loop over the 8 lanes (twice for
             // layer norm's two sums).
-            TrainOp::ColumnPartials => looped(launch::CHUNK_ROWS as u64 / 8) + looped(8),
+            TrainOp::ColumnPartials | TrainOp::RmsnormBwdPartials => {
+                looped(launch::CHUNK_ROWS as u64 / 8) + looped(8)
+            }
             TrainOp::LayernormBwdPartials => looped(launch::CHUNK_ROWS as u64 / 8) + 2 * looped(8),
             // Each lane's tokens counted and scattered; counts zeroed and its slice of them
             // scanned in two passes (rows each); lane 0's scan of the slices; the offsets.
@@ -313,6 +338,7 @@ impl TrainLaunch {
         // Loops over the row (each lane strides it) and reduction trees (row_sum, row_max).
         let (row_loops, trees) = match self.op {
             TrainOp::LayernormBwdX => (2, 2),
+            TrainOp::RmsnormBwdX => (2, 1),
             TrainOp::CausalSoftmaxFwd => (3, 2),
             TrainOp::CausalSoftmaxBwd => (2, 1),
             // Layer norm's and the cross entropy's forward, and the most any row op has.
@@ -533,6 +559,61 @@ pub mod launch {
         l
     }
 
+    /// x, g -> y held in `held`, rstd per row; y `coded` goes to the third output as 16-bit
+    /// codes (c even).
+    pub fn rmsnorm_fwd(rows: usize, c: usize, eps: f32, held: Format, coded: bool) -> TrainLaunch {
+        let mut l = row_op(TrainOp::RmsnormFwd, rows, c);
+        l.params.eps = eps;
+        l.params.held = format_id(held);
+        l.params.coded = coded as u32;
+        l
+    }
+
+    /// dy, x, g -> dx (rstd read); then dy, x -> the partials of dg (`partials_len(rows, c,
+    /// 1)`), and the partials -> dg.
+    pub fn rmsnorm_bwd(rows: usize, c: usize) -> [TrainLaunch; 3] {
+        [
+            row_op(TrainOp::RmsnormBwdX, rows, c),
+            column_partials(TrainOp::RmsnormBwdPartials, rows, c),
+            sum_partials(rows, c, 1),
+        ]
+    }
+
+    /// SiLU of x, stored and held as in `gelu_fwd`.
+    pub fn silu_fwd(n: usize, held: Format, coded: bool, x_stored: Format) -> TrainLaunch {
+        let items = if coded { n.div_ceil(2) } else { n };
+        let mut l = train(TrainOp::SiluFwd, n, 0, items);
+        l.params.held = format_id(held);
+        l.params.coded = coded as u32;
+        l.params.x_stored = format_id(x_stored);
+        l
+    }
+
+    /// SiLU's backward, x stored as in `silu_fwd`, dy in in1.
+    pub fn silu_bwd(n: usize, x_stored: Format) -> TrainLaunch {
+        let mut l = train(TrainOp::SiluBwd, n, 0, n);
+        l.params.x_stored = format_id(x_stored);
+        l
+    }
+
+    /// a, b -> a * b held in `held`; where `coded`, its 16-bit codes go to the third output,
+    /// one word (two elements) per invocation.
+    pub fn mul(n: usize, held: Format, coded: bool) -> TrainLaunch {
+        let items = if coded { n.div_ceil(2) } else { n };
+        let mut l = train(TrainOp::Mul, n, 0, items);
+        l.params.held = format_id(held);
+        l.params.coded = coded as u32;
+        l
+    }
+
+    /// pred, target, the scalars -> the mean squared error's gradient held in `held`, and each
+    /// element's squared error (their mean is `mean_to_stat`'s).
+    pub fn mse_fwd(n: usize, held: Format) -> TrainLaunch {
+        let mut l = train(TrainOp::MseFwd, n, 0, n);
+        l.params.held = format_id(held);
+        l
+    }
+
     /// Causal softmax of the scaled `x` (`ScoreScale`: the scale, its product held in
     /// `held`) over rows of `t`.
     pub fn softmax_fwd(rows: usize, t: usize, scale: ScoreScale) -> TrainLaunch {
@@ -596,7 +677,7 @@ pub mod launch {
         StepLaunch { op, params, items }
     }
 
-    /// The mean of `rows` per-row losses into stats slot `slot`.
+    /// The mean of `rows` losses (per row, or per element) into stats slot `slot`.
     pub fn mean_to_stat(rows: usize, slot: usize) -> StepLaunch {
         let params = StepParams {
             n: rows as u32,
