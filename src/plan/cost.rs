@@ -82,6 +82,12 @@ impl Op {
             Op::EmbeddingBwd { .. }
             | Op::LayerNorm { .. }
             | Op::LayerNormBwd { .. }
+            | Op::RmsNorm { .. }
+            | Op::RmsNormBwd { .. }
+            | Op::Silu { .. }
+            | Op::SiluBwd { .. }
+            | Op::Mul { .. }
+            | Op::MseLoss { .. }
             | Op::Gelu { .. }
             | Op::GeluBwd { .. }
             | Op::Softmax { .. }
