@@ -2438,13 +2438,13 @@ fn losses_are_the_recorded_ones_on_the_reference() {
     losses_are_the_recorded_ones(&Reference);
 }
 
-/// The step plan of `small` under every preset, attention fused and not, has at most the ops
-/// and tensor bytes recorded in tests/data/train_plans.json (`MANTISSA_RECORD_LOSSES=1`
+/// The step plan of `small` under every preset, attention fused and not, has at most the ops,
+/// tensor bytes and shared storage bytes recorded in tests/data/train_plans.json (`MANTISSA_RECORD_LOSSES=1`
 /// rewrites it): a change to how the model is recorded costs no op and no memory unseen.
 #[test]
 fn small_plans_are_no_larger_than_recorded() {
     let path = common::repo_file("tests/data/train_plans.json");
-    let mut recorded: std::collections::BTreeMap<String, [u64; 2]> =
+    let mut recorded: std::collections::BTreeMap<String, [u64; 3]> =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|_| "{}".into()))
             .unwrap();
     let record = std::env::var("MANTISSA_RECORD_LOSSES").is_ok_and(|v| v == "1");
@@ -2466,16 +2466,17 @@ fn small_plans_are_no_larger_than_recorded() {
             let plan = gpt
                 .plan_with(&p, o.config.batch_size, o.config.block_size, fused, true)
                 .unwrap();
-            let got = [plan.ops().len() as u64, plan.tensor_bytes()];
+            let shared = mantissa::plan::Storage::shared(&plan).bytes();
+            let got = [plan.ops().len() as u64, plan.tensor_bytes(), shared];
             let key = format!("small {preset} fused={fused}");
             if record {
                 recorded.insert(key, got);
             } else if !recorded
                 .get(&key)
-                .is_some_and(|r| got[0] <= r[0] && got[1] <= r[1])
+                .is_some_and(|r| got.iter().zip(r).all(|(g, r)| g <= r))
             {
                 failures.push(format!(
-                    "{key}: [ops, tensor bytes] {got:?}, recorded {:?}",
+                    "{key}: [ops, tensor bytes, storage bytes] {got:?}, recorded {:?}",
                     recorded.get(&key)
                 ));
             }
