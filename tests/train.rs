@@ -2418,7 +2418,10 @@ fn losses_are_the_recorded_ones(b: &dyn Backend) {
             } else if recorded.get(&key) != Some(&losses) {
                 failures.push(format!(
                     "{key}: losses {:?}, recorded {:?}",
-                    losses.iter().map(|&l| f64::from_bits(l)).collect::<Vec<_>>(),
+                    losses
+                        .iter()
+                        .map(|&l| f64::from_bits(l))
+                        .collect::<Vec<_>>(),
                     recorded
                         .get(&key)
                         .map(|r| r.iter().map(|&l| f64::from_bits(l)).collect::<Vec<_>>())
@@ -2453,11 +2456,9 @@ fn small_plans_are_no_larger_than_recorded() {
     for &preset in Preset::ALL {
         let mut o = options(&corpus, preset, 7);
         o.config = GptConfig::named("small", corpus.vocab.len()).unwrap();
-        let p = mantissa::policy::Precision::decide(
-            &o.precision_request(),
-            &Reference.capabilities(),
-        )
-        .unwrap();
+        let p =
+            mantissa::policy::Precision::decide(&o.precision_request(), &Reference.capabilities())
+                .unwrap();
         let gpt = Gpt {
             config: o.config.clone(),
             backend: &Reference,

@@ -15,7 +15,9 @@ use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::Result;
 use crate::format::Format;
 use crate::plan::scalar;
-use crate::plan::{AdamWParam, Op, Outline, Plan, PlanBuilder, Stats, Strided, TensorId, TensorKind};
+use crate::plan::{
+    AdamWParam, Op, Outline, Plan, PlanBuilder, Stats, Strided, TensorId, TensorKind,
+};
 use crate::policy::{Fp8Role, Precision};
 
 /// How a model's step plan is laid out; both choices leave the function it computes as it is.

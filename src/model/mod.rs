@@ -17,8 +17,10 @@
 
 mod derive;
 mod ops;
+mod run;
 
 pub use derive::PlanOptions;
+pub use run::{ModelTrainer, Stepped};
 
 use crate::error::{Error, Result};
 use ops::NodeOp;
@@ -38,7 +40,9 @@ pub enum Init {
     Zeros,
     Ones,
     /// N(0, std^2), drawn from the model's seed and the parameter's index.
-    Normal { std: f32 },
+    Normal {
+        std: f32,
+    },
 }
 
 impl Init {
@@ -102,7 +106,10 @@ impl Value {
 
     /// Ids: read by an embedding, with no gradient.
     fn is_ids(&self) -> bool {
-        matches!(self.source, Source::Tokens | Source::Targets | Source::Ids(_))
+        matches!(
+            self.source,
+            Source::Tokens | Source::Targets | Source::Ids(_)
+        )
     }
 }
 
@@ -226,19 +233,23 @@ impl ModelBuilder {
 
     /// The parameter declared as `name`.
     pub fn parameter(&self, name: &str) -> Result<Var> {
-        let i = self.params.iter().position(|p| p.name == name).ok_or_else(|| {
-            refuse(
-                &format!("parameter {name}"),
-                format!(
-                    "no parameter of that name is declared (declared: {})",
-                    self.params
-                        .iter()
-                        .map(|p| p.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )
-        })?;
+        let i = self
+            .params
+            .iter()
+            .position(|p| p.name == name)
+            .ok_or_else(|| {
+                refuse(
+                    &format!("parameter {name}"),
+                    format!(
+                        "no parameter of that name is declared (declared: {})",
+                        self.params
+                            .iter()
+                            .map(|p| p.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            })?;
         let index = self
             .values
             .iter()
@@ -324,7 +335,11 @@ impl ModelBuilder {
         }
         let mut shape = id_shape;
         shape.push(c);
-        Ok(self.node(Box::new(ops::Embedding { rows, c }), vec![table, ids], shape))
+        Ok(self.node(
+            Box::new(ops::Embedding { rows, c }),
+            vec![table, ids],
+            shape,
+        ))
     }
 
     /// x ([..., k]) . w ([k, m]) + b ([m]): a linear layer (fp8 where the precision says so).
@@ -339,11 +354,7 @@ impl ModelBuilder {
             ([wk, m], [bm]) if *wk == k && bm == m => {
                 let mut shape = xs.clone();
                 *shape.last_mut().expect("shapes have an axis") = *m;
-                Ok(self.node(
-                    Box::new(ops::Linear { k, m: *m }),
-                    vec![x, w, b],
-                    shape,
-                ))
+                Ok(self.node(Box::new(ops::Linear { k, m: *m }), vec![x, w, b], shape))
             }
             _ => Err(refuse(
                 "linear",
@@ -460,11 +471,9 @@ impl ModelBuilder {
     pub fn causal_softmax(&mut self, x: Var, scale: f64) -> Result<Var> {
         let s = self.operand("causal_softmax", x)?;
         match s[..] {
-            [.., r, t] if r == t && scale.is_finite() => Ok(self.node(
-                Box::new(ops::CausalSoftmax { t, scale }),
-                vec![x],
-                s,
-            )),
+            [.., r, t] if r == t && scale.is_finite() => {
+                Ok(self.node(Box::new(ops::CausalSoftmax { t, scale }), vec![x], s))
+            }
             _ => Err(refuse(
                 "causal_softmax",
                 format!(
@@ -482,7 +491,11 @@ impl ModelBuilder {
         if s.iter().product::<usize>() != shape.iter().product::<usize>() {
             return Err(refuse(
                 "reshape",
-                format!("{} to {}: element counts differ", shape_of(&s), shape_of(shape)),
+                format!(
+                    "{} to {}: element counts differ",
+                    shape_of(&s),
+                    shape_of(shape)
+                ),
             ));
         }
         Ok(self.node(Box::new(ops::Reshape), vec![x], shape.to_vec()))
@@ -529,10 +542,7 @@ impl ModelBuilder {
         let Source::Node(n) = value.source else {
             return Err(refuse(
                 "finish",
-                format!(
-                    "the loss {} is not an op's output",
-                    shape_of(&value.shape)
-                ),
+                format!("the loss {} is not an op's output", shape_of(&value.shape)),
             ));
         };
         if !value.shape.is_empty() || !self.nodes[n].op.is_loss() {
@@ -613,6 +623,16 @@ impl Model {
         (self.nodes.iter().zip(&live.nodes))
             .filter(|(n, live)| **live && n.op.is_linear())
             .count()
+    }
+
+    /// Each attention op's head width and q|k|v shape.
+    pub fn attention_heads(&self) -> Vec<(usize, Vec<usize>)> {
+        (self.nodes.iter())
+            .filter_map(|n| {
+                let d = n.op.attention_head_dim()?;
+                Some((d, self.values[n.inputs[0].index].shape.clone()))
+            })
+            .collect()
     }
 
     pub(crate) fn live(&self) -> Live {

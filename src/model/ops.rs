@@ -28,6 +28,11 @@ pub(crate) trait NodeOp: std::fmt::Debug + Send + Sync {
         false
     }
 
+    /// The head width of an attention op (whether a backend fuses it depends on it).
+    fn attention_head_dim(&self) -> Option<usize> {
+        None
+    }
+
     /// Whether its output may be overwritten once its readers have read it: not where the
     /// backward rule reads it, nor where it is another value's tensor (a view).
     fn output_overwritable(&self) -> bool {
@@ -108,7 +113,13 @@ impl NodeOp for Linear {
         let layer = cx.next_linear();
         let n = cx.g.len(x) / self.k;
         let roles = (Fp8Role::Input, Fp8Role::Weight);
-        let y = cx.linear_mm(layer, roles, MatmulShape::new(n, self.m, self.k), (x, w), None);
+        let y = cx.linear_mm(
+            layer,
+            roles,
+            MatmulShape::new(n, self.m, self.k),
+            (x, w),
+            None,
+        );
         cx.g.push(Op::add_in_place(b, y));
         cx.g.round(y, cx.p.compute);
         (y, vec![layer])
@@ -128,10 +139,22 @@ impl NodeOp for Linear {
         cx.contribute(b, db, true, Held::AsIs);
         let dw = cx.grad_out(w);
         let roles = (Fp8Role::Input, Fp8Role::Grad);
-        cx.linear_mm(layer, roles, transposed_a(self.k, self.m, n), (tx, dy), Some(dw));
+        cx.linear_mm(
+            layer,
+            roles,
+            transposed_a(self.k, self.m, n),
+            (tx, dy),
+            Some(dw),
+        );
         cx.contribute(w, dw, true, Held::AsIs);
         let roles = (Fp8Role::Grad, Fp8Role::Weight);
-        let dx = cx.linear_mm(layer, roles, transposed_b(n, self.k, self.m), (dy, tw), None);
+        let dx = cx.linear_mm(
+            layer,
+            roles,
+            transposed_b(n, self.k, self.m),
+            (dy, tw),
+            None,
+        );
         cx.contribute(x, dx, true, Held::AsIs);
     }
 }
@@ -346,6 +369,10 @@ impl NodeOp for CausalAttention {
         "causal_attention"
     }
 
+    fn attention_head_dim(&self) -> Option<usize> {
+        Some(self.d)
+    }
+
     /// Fused: q|k|v and each score row's (max, sum) kept. Unfused: q, k, v copied out by head,
     /// scores, softmax, P.v, the heads copied back into rows; q, k, v and P kept.
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -372,7 +399,11 @@ impl NodeOp for CausalAttention {
             });
             out
         });
-        let scores = cx.mm(MatmulShape::batched(b * h, (t, t, d), false, true), (q, k), None);
+        let scores = cx.mm(
+            MatmulShape::batched(b * h, (t, t, d), false, true),
+            (q, k),
+            None,
+        );
         let att = cx.g.temp(b * h * t * t);
         cx.g.push(Op::Softmax {
             x: scores,
@@ -381,7 +412,11 @@ impl NodeOp for CausalAttention {
             scale: self.score_scale(cx),
         });
         cx.g.round(att, cx.p.softmax.narrower(cx.p.stream));
-        let y = cx.mm(MatmulShape::batched(b * h, (t, d, t), false, false), (att, v), None);
+        let y = cx.mm(
+            MatmulShape::batched(b * h, (t, d, t), false, false),
+            (att, v),
+            None,
+        );
         let rows = cx.g.temp(n);
         cx.g.push(Op::Copy {
             x: y,

@@ -312,9 +312,13 @@ impl Gpt<'_> {
         let tokens = m.tokens(&[b, t])?;
         let targets = m.targets(&[b, t])?;
         let positions = m.constant_ids(&[b, t], (0..n).map(|i| (i % t) as u32).collect())?;
-        let params = (cfg.parameter_shapes().iter().zip(cfg.inits()).zip(cfg.decays()))
-            .map(|(((name, shape), init), decay)| m.param(name, shape, init, decay))
-            .collect::<Result<Vec<_>>>()?;
+        let params = (cfg
+            .parameter_shapes()
+            .iter()
+            .zip(cfg.inits())
+            .zip(cfg.decays()))
+        .map(|(((name, shape), init), decay)| m.param(name, shape, init, decay))
+        .collect::<Result<Vec<_>>>()?;
         let (wte, wpe) = (params[0], params[1]);
 
         let token_rows = m.embedding(wte, tokens)?;
@@ -341,7 +345,6 @@ impl Gpt<'_> {
         m.finish(loss)
     }
 }
-
 
 /// Whether plans store the matmuls' 16-bit inputs as codes where nothing else says: yes, unless
 /// `MANTISSA_ACTIVATIONS=f32` (to compare memory and step time with f32 storage).
