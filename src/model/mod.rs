@@ -19,7 +19,7 @@ mod derive;
 mod ops;
 mod run;
 
-pub use derive::PlanOptions;
+pub use derive::{PlanOptions, stores_codes};
 pub use run::{ModelTrainer, Stepped};
 
 use crate::error::{Error, Result};
@@ -514,9 +514,9 @@ impl ModelBuilder {
                     "logits {} against {} {}: the targets input, shaped as the logits without their last axis",
                     shape_of(&ls),
                     if matches!(target.source, Source::Targets) {
-                        "targets"
+                        "the targets"
                     } else {
-                        "values"
+                        "a value other than the targets input"
                     },
                     shape_of(&target.shape)
                 ),

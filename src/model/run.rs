@@ -75,7 +75,7 @@ impl<'a> ModelTrainer<'a> {
         };
         let options = PlanOptions {
             fused_attention: fused,
-            coded: crate::train::model::stores_codes()?,
+            coded: super::stores_codes()?,
         };
         let mut plan = model.plan(&precision, options)?;
         for (i, mut p) in model.init(seed).into_iter().enumerate() {

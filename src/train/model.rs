@@ -9,6 +9,7 @@
 
 use crate::backend::Backend;
 use crate::error::{Error, Result};
+pub use crate::model::stores_codes;
 use crate::model::{Init, Model, ModelBuilder, PlanOptions};
 use crate::plan::scalar::StepScalars;
 use crate::plan::{AdamW, Plan, Section, Stats, StepExecutor};
@@ -343,18 +344,5 @@ impl Gpt<'_> {
         let logits = m.matmul(lnf, wte, true)?;
         let loss = m.cross_entropy(logits, targets)?;
         m.finish(loss)
-    }
-}
-
-/// Whether plans store the matmuls' 16-bit inputs as codes where nothing else says: yes, unless
-/// `MANTISSA_ACTIVATIONS=f32` (to compare memory and step time with f32 storage).
-pub fn stores_codes() -> Result<bool> {
-    match std::env::var("MANTISSA_ACTIVATIONS").as_deref() {
-        Err(_) | Ok("codes") => Ok(true),
-        Ok("f32") => Ok(false),
-        Ok(other) => Err(Error::invalid(
-            "MANTISSA_ACTIVATIONS",
-            format!("{other:?}: expected codes (the default) or f32"),
-        )),
     }
 }
