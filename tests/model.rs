@@ -170,6 +170,12 @@ gradients! {
         let twice = o.m.add(y, y).unwrap();
         o.m.add(twice, x).unwrap()
     };
+    param_read_by_add_gradient: [4], false, |o| {
+        // The parameter's gradient is the add's output gradient itself (copied into its own).
+        let x = o.input("x", VOCAB);
+        let bias = o.param("bias", &[4, VOCAB]);
+        o.m.add(x, bias).unwrap()
+    };
     reshape_gradient: [2, 2], false, |o| {
         let x = o.input("x", VOCAB);
         o.m.reshape(x, &[4, VOCAB]).map(|x| o.m.reshape(x, &[2, 2, VOCAB]).unwrap()).unwrap()
