@@ -28,6 +28,7 @@ pub mod format;
 pub mod input;
 pub mod measure;
 pub mod memory;
+pub mod model;
 pub mod npy;
 pub mod output;
 pub mod plan;

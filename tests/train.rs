@@ -1562,6 +1562,7 @@ fn auto_graphs_train_as_the_choice_named_on_the_reference() {
 // resident plans are compared with).
 backend_tests!(
     wgpu: loss_falls,
+    losses_are_the_recorded_ones,
     overlapped_reduction_is_the_reduction_after_the_pass,
     a_timed_step_is_the_step,
     auto_attention_trains_as_the_chosen_way_named,
@@ -2626,4 +2627,120 @@ fn matches_pytorch_step_for_step(b: &dyn Backend) {
         &ours,
         &F16_MIXED_BOUNDS,
     );
+}
+
+/// The per-step losses of `tiny` under every preset (on the reference, with attention fused and
+/// unfused; on a device, as its resident plan runs it), to the bit, against
+/// tests/data/train_losses.json: the step a model records is the one these losses were recorded
+/// from. `MANTISSA_RECORD_LOSSES=1` rewrites this backend's entries instead of comparing.
+fn losses_are_the_recorded_ones(b: &dyn Backend) {
+    const STEPS: usize = 2;
+    let path = common::repo_file("tests/data/train_losses.json");
+    let mut recorded: std::collections::BTreeMap<String, Vec<u64>> =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|_| "{}".into()))
+            .unwrap();
+    let record = std::env::var("MANTISSA_RECORD_LOSSES").is_ok_and(|v| v == "1");
+    let corpus = corpus();
+    let kind = match b.kind() {
+        mantissa::backend::BackendKind::Reference => "reference",
+        // A CPU adapter gives a row op's row one lane; a GPU's sum in another order.
+        mantissa::backend::BackendKind::Wgpu if b.name().contains("llvmpipe") => "wgpu",
+        _ => {
+            let why = format!(
+                "losses are recorded on the reference and lavapipe, not {}",
+                b.name()
+            );
+            return common::skip("losses_are_the_recorded_ones", &why);
+        }
+    };
+    let attention: &[bool] = if b.kind() == mantissa::backend::BackendKind::Reference {
+        &[true, false]
+    } else {
+        &[false]
+    };
+    let mut failures = vec![];
+    for &preset in Preset::ALL {
+        for &fused in attention {
+            let mut o = options(&corpus, preset, 7);
+            o.fused_attention = Some(fused);
+            let mut t = Trainer::new(b, &corpus, o).unwrap();
+            let losses: Vec<u64> = (0..STEPS)
+                .map(|_| t.step().block_on().unwrap().loss.to_bits())
+                .collect();
+            let key = format!("{kind} {preset} fused={fused}");
+            if record {
+                recorded.insert(key, losses);
+            } else if recorded.get(&key) != Some(&losses) {
+                failures.push(format!(
+                    "{key}: losses {:?}, recorded {:?}",
+                    losses
+                        .iter()
+                        .map(|&l| f64::from_bits(l))
+                        .collect::<Vec<_>>(),
+                    recorded
+                        .get(&key)
+                        .map(|r| r.iter().map(|&l| f64::from_bits(l)).collect::<Vec<_>>())
+                ));
+            }
+        }
+    }
+    if record {
+        let text = serde_json::to_string_pretty(&recorded).unwrap();
+        std::fs::write(&path, text + "\n").unwrap();
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn losses_are_the_recorded_ones_on_the_reference() {
+    losses_are_the_recorded_ones(&Reference);
+}
+
+/// The step plan of `small` under every preset, attention fused and not, has at most the ops,
+/// tensor bytes and shared storage bytes recorded in tests/data/train_plans.json (`MANTISSA_RECORD_LOSSES=1`
+/// rewrites it): a change to how the model is recorded costs no op and no memory unseen.
+#[test]
+fn small_plans_are_no_larger_than_recorded() {
+    let path = common::repo_file("tests/data/train_plans.json");
+    let mut recorded: std::collections::BTreeMap<String, [u64; 3]> =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|_| "{}".into()))
+            .unwrap();
+    let record = std::env::var("MANTISSA_RECORD_LOSSES").is_ok_and(|v| v == "1");
+    let corpus = corpus();
+    let mut failures = vec![];
+    for &preset in Preset::ALL {
+        let mut o = options(&corpus, preset, 7);
+        o.config = GptConfig::named("small", corpus.vocab.len()).unwrap();
+        let p =
+            mantissa::policy::Precision::decide(&o.precision_request(), &Reference.capabilities())
+                .unwrap();
+        let gpt = Gpt {
+            config: o.config.clone(),
+            backend: &Reference,
+        };
+        for fused in [true, false] {
+            let plan = gpt
+                .plan_with(&p, o.config.batch_size, o.config.block_size, fused, true)
+                .unwrap();
+            let shared = mantissa::plan::Storage::shared(&plan).bytes();
+            let got = [plan.ops().len() as u64, plan.tensor_bytes(), shared];
+            let key = format!("small {preset} fused={fused}");
+            if record {
+                recorded.insert(key, got);
+            } else if !recorded
+                .get(&key)
+                .is_some_and(|r| got.iter().zip(r).all(|(g, r)| g <= r))
+            {
+                failures.push(format!(
+                    "{key}: [ops, tensor bytes, storage bytes] {got:?}, recorded {:?}",
+                    recorded.get(&key)
+                ));
+            }
+        }
+    }
+    if record {
+        let text = serde_json::to_string_pretty(&recorded).unwrap();
+        std::fs::write(&path, text + "\n").unwrap();
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -1,0 +1,379 @@
+//! The plan of a model's training step: its forward ops in order, then, walking the ops in
+//! reverse, each one's backward rule (`ops::NodeOp::backward`) from its output's gradient once
+//! that is complete; then GradScaler's unscale and check and the AdamW update.
+//!
+//! The gradients of a value read more than once (a tied weight, a residual stream) are summed
+//! as they arrive, in f32, and rounded once to the stream format when complete; a parameter's
+//! first gradient is written into its `Grad` tensor, the later ones added in. The ops are
+//! recorded through `PlanBuilder::push` and `round` as a hand-written plan's would be, so its
+//! folds (a rounding into the add that reads it, a residual into the bias add before it, a
+//! GELU into its bias add) apply here too.
+
+use super::ops::{Held, Saved};
+use super::{Model, Source, Var};
+use crate::algorithm::{Algorithm, MatmulShape};
+use crate::error::{Error, Result};
+use crate::format::Format;
+use crate::plan::scalar;
+use crate::plan::{
+    AdamWParam, Op, Outline, Plan, PlanBuilder, Stats, Strided, TensorId, TensorKind,
+};
+use crate::policy::{Fp8Role, Precision};
+
+/// How a model's step plan is laid out; both choices leave the function it computes as it is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlanOptions {
+    /// Attention as one fused op (`plan::Op::Attention`; only where the backend has its
+    /// kernel) or as separate ops.
+    pub fused_attention: bool,
+    /// The matmuls' 16-bit inputs stored as 16-bit codes (`Plan::store_codes`).
+    pub coded: bool,
+}
+
+/// A value's gradient so far.
+struct Grad {
+    t: TensorId,
+    /// The tensor is this value's own (a later gradient may be added into it); else it is
+    /// another value's too (an add's output gradient, handed to both operands).
+    owned: bool,
+    /// More than one gradient was summed into it (rounded to the stream format when complete).
+    summed: bool,
+    held: Held,
+}
+
+/// The plan being recorded, and where each value and gradient of the model lies in it.
+pub(crate) struct Emit<'a> {
+    pub g: PlanBuilder,
+    pub p: &'a Precision,
+    pub fused_attention: bool,
+    model: &'a Model,
+    reads: Vec<usize>,
+    stats: Stats,
+    state: Vec<[TensorId; 4]>,
+    tensors: Vec<Option<TensorId>>,
+    grads: Vec<Option<Grad>>,
+    linears: usize,
+}
+
+impl Emit<'_> {
+    /// The tensor of `v` (recorded before any op reads it).
+    pub fn t(&self, v: Var) -> TensorId {
+        self.tensors[v.index].expect("a value's op is recorded before its readers")
+    }
+
+    pub fn len(&self, v: Var) -> usize {
+        self.model.values[v.index].len()
+    }
+
+    /// The next fp8 linear layer's index.
+    pub fn next_linear(&mut self) -> usize {
+        self.linears += 1;
+        self.linears - 1
+    }
+
+    /// Whether an op reading `v` may write its output over it: an op's output that only this
+    /// op reads and whose own backward rule does not read.
+    pub fn overwritable(&self, v: Var) -> bool {
+        match self.model.values[v.index].source {
+            Source::Node(j) => {
+                self.model.nodes[j].op.output_overwritable() && self.reads[v.index] == 1
+            }
+            _ => false,
+        }
+    }
+
+    fn param_of(&self, v: Var) -> Option<usize> {
+        match self.model.values[v.index].source {
+            Source::Param(i) => Some(i),
+            _ => None,
+        }
+    }
+
+    /// Where a rule writes a gradient of `v`: a parameter's `Grad` tensor if it is its first,
+    /// else a temporary (`contribute` adds it in).
+    pub fn grad_out(&mut self, v: Var) -> TensorId {
+        match (self.param_of(v), &self.grads[v.index]) {
+            (Some(i), None) => self.state[i][1],
+            _ => self.g.temp(self.len(v)),
+        }
+    }
+
+    /// Adds `t` to the gradient of `v` (`owned`: `t` is this gradient's alone and may be
+    /// added into). The sum is in f32, into a tensor of `v`'s own.
+    pub fn contribute(&mut self, v: Var, t: TensorId, owned: bool, held: Held) {
+        if self.model.values[v.index].is_ids() {
+            return;
+        }
+        let sum = match self.grads[v.index].take() {
+            None => {
+                self.grads[v.index] = Some(Grad {
+                    t,
+                    owned,
+                    summed: false,
+                    held,
+                });
+                return;
+            }
+            Some(e) if e.owned => {
+                self.g.push(Op::add_in_place(t, e.t));
+                e.t
+            }
+            Some(e) if owned => {
+                self.g.push(Op::add_in_place(e.t, t));
+                t
+            }
+            Some(e) => {
+                let out = self.g.temp(self.len(v));
+                self.g.push(Op::Add {
+                    x: e.t,
+                    y: t,
+                    out,
+                    held: Format::F32,
+                    y_held: Format::F32,
+                    residual: None,
+                    gelu: None,
+                });
+                out
+            }
+        };
+        self.grads[v.index] = Some(Grad {
+            t: sum,
+            owned: true,
+            summed: true,
+            held: Held::Stream,
+        });
+    }
+
+    /// The complete gradient of `v`, rounded once: a sum to the stream format, a single
+    /// gradient as its rule said. None where no gradient reaches `v`.
+    fn complete(&mut self, v: Var) -> Option<TensorId> {
+        let grad = self.grads[v.index].take()?;
+        if grad.summed || grad.held == Held::Stream {
+            self.g.round(grad.t, self.p.stream);
+        }
+        Some(grad.t)
+    }
+
+    /// A matmul into `out` (a fresh tensor when none), held in the compute format.
+    pub fn mm_with(
+        &mut self,
+        shape: MatmulShape,
+        algorithm: Algorithm,
+        scales: Option<[usize; 2]>,
+        (a, b): (TensorId, TensorId),
+        out: Option<TensorId>,
+    ) -> TensorId {
+        let out = out.unwrap_or_else(|| self.g.temp(shape.c_len()));
+        self.g.push(Op::Matmul {
+            shape,
+            algorithm,
+            a,
+            b,
+            out,
+            scales,
+        });
+        self.g.round(out, self.p.compute);
+        out
+    }
+
+    /// A matmul in the step's matmul algorithm.
+    pub fn mm(
+        &mut self,
+        shape: MatmulShape,
+        operands: (TensorId, TensorId),
+        out: Option<TensorId>,
+    ) -> TensorId {
+        self.mm_with(shape, self.p.matmul, None, operands, out)
+    }
+
+    /// A matmul of linear layer `layer`: fp8 where the precision says so, with the scales of
+    /// the operands' roles; delayed scaling records each tensor's amax once per step (input
+    /// and weight in the forward matmul, the gradient where it meets the weight).
+    pub fn linear_mm(
+        &mut self,
+        layer: usize,
+        roles: (Fp8Role, Fp8Role),
+        shape: MatmulShape,
+        (a, b): (TensorId, TensorId),
+        out: Option<TensorId>,
+    ) -> TensorId {
+        let algorithm = self.p.linear_algorithm(roles);
+        let mut scales = None;
+        if self.p.delayed_fp8() {
+            let slot = |r: Fp8Role| scalar::FP8 + 3 * layer + r as usize;
+            let amax = |r: Fp8Role| self.stats.amax(layer, r as usize);
+            match roles {
+                (Fp8Role::Input, Fp8Role::Weight) => {
+                    let (sa, sb) = (amax(Fp8Role::Input), amax(Fp8Role::Weight));
+                    self.g.push(Op::Amax { x: a, slot: sa });
+                    self.g.push(Op::Amax { x: b, slot: sb });
+                }
+                (Fp8Role::Grad, Fp8Role::Weight) => {
+                    let s = amax(Fp8Role::Grad);
+                    self.g.push(Op::Amax { x: a, slot: s });
+                }
+                _ => {}
+            }
+            scales = Some([slot(roles.0), slot(roles.1)]);
+        }
+        self.mm_with(shape, algorithm, scales, (a, b), out)
+    }
+}
+
+impl Model {
+    /// The plan of one step under `p`: the forward pass to the loss, the backward pass to the
+    /// gradients of `loss * loss scale` (each parameter's in its `Grad` tensor, in the stream
+    /// format), GradScaler's unscale and finite check, and the AdamW update (weights and
+    /// moments held in `p.weights`). Checked by `PlanBuilder::finish`.
+    pub fn plan(&self, p: &Precision, options: PlanOptions) -> Result<Plan> {
+        let live = self.live();
+        let mut g = PlanBuilder::default();
+        let state: Vec<[TensorId; 4]> = (self.params.iter().enumerate())
+            .map(|(i, param)| {
+                let len = param.len();
+                [
+                    g.tensor(len, TensorKind::Param(i)),
+                    g.tensor(len, TensorKind::Grad(i)),
+                    g.tensor(len, TensorKind::Moment1(i)),
+                    g.tensor(len, TensorKind::Moment2(i)),
+                ]
+            })
+            .collect();
+        let (mut tokens, mut targets) = (0, 0);
+        let tensors = (self.values.iter().enumerate())
+            .map(|(i, value)| match &value.source {
+                Source::Param(j) => Some(state[*j][0]),
+                Source::Tokens => {
+                    tokens = g.tensor(value.len(), TensorKind::Tokens);
+                    Some(tokens)
+                }
+                Source::Targets => {
+                    targets = g.tensor(value.len(), TensorKind::Targets);
+                    Some(targets)
+                }
+                Source::Ids(ids) if live.reads[i] > 0 => {
+                    Some(g.constant(ids.iter().map(|&i| f32::from_bits(i)).collect()))
+                }
+                Source::Ids(_) | Source::Node(_) => None,
+            })
+            .collect();
+        let stats = Stats {
+            grads: self.params.len(),
+            linears: self.linear_layers(),
+        };
+        let mut cx = Emit {
+            g,
+            p,
+            fused_attention: options.fused_attention,
+            model: self,
+            reads: live.reads,
+            stats,
+            state,
+            tensors,
+            grads: (0..self.values.len()).map(|_| None).collect(),
+            linears: 0,
+        };
+        let mut saved: Vec<Saved> = vec![vec![]; self.nodes.len()];
+        for (i, node) in self.nodes.iter().enumerate() {
+            if live.nodes[i] {
+                let (out, kept) = node.op.forward(&mut cx, node);
+                cx.tensors[node.out.index] = Some(out);
+                saved[i] = kept;
+            }
+        }
+        let forward = cx.g.ops.len();
+        let logits = cx.t(self.nodes[self.loss].inputs[0]);
+
+        for (i, node) in self.nodes.iter().enumerate().rev() {
+            if !live.nodes[i] {
+                continue;
+            }
+            let dy = if node.op.is_loss() {
+                // The loss op's own pass holds its gradient (times the loss scale).
+                TensorId::MAX
+            } else {
+                match cx.complete(node.out) {
+                    Some(dy) => dy,
+                    None => continue,
+                }
+            };
+            node.op.backward(&mut cx, node, &saved[i], dy);
+        }
+        // Each parameter's gradient in its `Grad` tensor, held in the stream format (16-bit in
+        // "true" presets).
+        for (v, value) in self.values.iter().enumerate() {
+            if let Source::Param(i) = value.source {
+                let grad = cx.state[i][1];
+                let got = cx.grads[v].take().map(|g| g.t);
+                if let Some(t) = got.filter(|&t| t != grad) {
+                    let len = value.len() as u32;
+                    let dims = [1, 1, 1, len];
+                    cx.g.push(Op::Copy {
+                        x: t,
+                        out: grad,
+                        map: Strided {
+                            dims,
+                            src: Strided::dense(dims),
+                            dst: Strided::dense(dims),
+                            src_offset: 0,
+                            dst_offset: 0,
+                        },
+                    });
+                }
+            }
+        }
+        for i in 0..cx.state.len() {
+            let grad = cx.state[i][1];
+            cx.g.round(grad, p.stream);
+        }
+
+        // GradScaler's unscale and check, then AdamW where every gradient is finite. Without
+        // master weights the weights and the optimizer state live in 16-bit.
+        let backward = cx.g.ops.len();
+        let grads = cx.state.iter().map(|s| s[1]).collect();
+        cx.g.push(Op::UnscaleCheck { grads });
+        let gradients = cx.g.ops.len();
+        let params = (cx.state.iter().zip(self.decays()))
+            .map(|(&[param, grad, m, v], decay)| AdamWParam {
+                param,
+                grad,
+                m,
+                v,
+                decay,
+            })
+            .collect();
+        cx.g.push(Op::AdamW { params });
+        for [param, _, m, v] in cx.state.clone() {
+            for x in [param, m, v] {
+                cx.g.round(x, p.weights);
+            }
+        }
+        let mut plan = cx.g.finish(Outline {
+            forward,
+            backward,
+            gradients,
+            tokens,
+            targets,
+            logits,
+            state: cx.state,
+            stats,
+        })?;
+        if options.coded {
+            plan.store_codes();
+        }
+        Ok(plan)
+    }
+}
+
+/// Whether plans store the matmuls' 16-bit inputs as codes where nothing else says: yes, unless
+/// `MANTISSA_ACTIVATIONS=f32` (to compare memory and step time with f32 storage).
+pub fn stores_codes() -> Result<bool> {
+    match std::env::var("MANTISSA_ACTIVATIONS").as_deref() {
+        Err(_) | Ok("codes") => Ok(true),
+        Ok("f32") => Ok(false),
+        Ok(other) => Err(Error::invalid(
+            "MANTISSA_ACTIVATIONS",
+            format!("{other:?}: expected codes (the default) or f32"),
+        )),
+    }
+}

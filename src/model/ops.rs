@@ -1,0 +1,620 @@
+//! The model's ops: each one's forward emission (the plan ops it records, with the formats the
+//! step's `Precision` gives its class) and its backward rule (the plan ops of its inputs'
+//! gradients, from its output's), side by side. A rule hands each input's gradient to
+//! `Emit::contribute`, which sums the gradients of a value read twice; parameter gradients go
+//! straight into their `Grad` tensors where they are the first (`Emit::grad_out`).
+
+use super::Node;
+use super::derive::Emit;
+use crate::algorithm::MatmulShape;
+use crate::format::Format;
+use crate::plan::{Attention, Op, ScoreScale, Strided, TensorId};
+use crate::policy::Fp8Role;
+
+/// What a forward emission keeps for its backward rule (tensors, an fp8 layer's index).
+pub(crate) type Saved = Vec<usize>;
+
+/// One kind of model op.
+pub(crate) trait NodeOp: std::fmt::Debug + Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// A loss: its output is the scalar the step minimises (its gradient is the seed).
+    fn is_loss(&self) -> bool {
+        false
+    }
+
+    /// An fp8 linear layer (a slot of amaxes and scales per layer and role).
+    fn is_linear(&self) -> bool {
+        false
+    }
+
+    /// The head width of an attention op (whether a backend fuses it depends on it).
+    fn attention_head_dim(&self) -> Option<usize> {
+        None
+    }
+
+    /// Whether its output may be overwritten once its readers have read it: not where the
+    /// backward rule reads it, nor where it is another value's tensor (a view).
+    fn output_overwritable(&self) -> bool {
+        true
+    }
+
+    /// Records the forward ops; returns the output's tensor and what the backward reads.
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved);
+
+    /// Records the backward ops from `dy`, the gradient of the output (complete, in its
+    /// format), contributing each input's gradient.
+    fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, dy: TensorId);
+}
+
+/// How a gradient a rule contributes is to be rounded once it is complete (alone; a sum is
+/// rounded to the stream format): already held as its class says, or to the stream format.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Held {
+    AsIs,
+    Stream,
+}
+
+#[derive(Debug)]
+pub(crate) struct Embedding {
+    pub rows: usize,
+    pub c: usize,
+}
+
+impl NodeOp for Embedding {
+    fn name(&self) -> &'static str {
+        "embedding"
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let (table, ids) = (cx.t(node.inputs[0]), cx.t(node.inputs[1]));
+        let out = cx.g.temp(cx.len(node.out));
+        cx.g.push(Op::Embedding {
+            table,
+            ids,
+            out,
+            c: self.c,
+        });
+        (out, vec![])
+    }
+
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        let (table, ids) = (node.inputs[0], cx.t(node.inputs[1]));
+        let out = cx.grad_out(table);
+        cx.g.push(Op::EmbeddingBwd {
+            dout: dy,
+            ids,
+            out,
+            rows: self.rows,
+            c: self.c,
+        });
+        cx.contribute(table, out, true, Held::AsIs);
+    }
+}
+
+/// x . w + b: a linear layer, its matmuls fp8 where the precision says so.
+#[derive(Debug)]
+pub(crate) struct Linear {
+    pub k: usize,
+    pub m: usize,
+}
+
+impl NodeOp for Linear {
+    fn name(&self) -> &'static str {
+        "linear"
+    }
+
+    fn is_linear(&self) -> bool {
+        true
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let [x, w, b] = [0, 1, 2].map(|i| cx.t(node.inputs[i]));
+        let layer = cx.next_linear();
+        let n = cx.g.len(x) / self.k;
+        let roles = (Fp8Role::Input, Fp8Role::Weight);
+        let y = cx.linear_mm(
+            layer,
+            roles,
+            MatmulShape::new(n, self.m, self.k),
+            (x, w),
+            None,
+        );
+        cx.g.push(Op::add_in_place(b, y));
+        cx.g.round(y, cx.p.compute);
+        (y, vec![layer])
+    }
+
+    /// dW = x^T . dy and db = column sums of dy; dx = dy . W^T.
+    fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, dy: TensorId) {
+        let [x, w, b] = [node.inputs[0], node.inputs[1], node.inputs[2]];
+        let (tx, tw, layer) = (cx.t(x), cx.t(w), saved[0]);
+        let n = cx.g.len(tx) / self.k;
+        let db = cx.grad_out(b);
+        cx.g.push(Op::ColumnSums {
+            x: dy,
+            out: db,
+            c: self.m,
+        });
+        cx.contribute(b, db, true, Held::AsIs);
+        let dw = cx.grad_out(w);
+        let roles = (Fp8Role::Input, Fp8Role::Grad);
+        cx.linear_mm(
+            layer,
+            roles,
+            transposed_a(self.k, self.m, n),
+            (tx, dy),
+            Some(dw),
+        );
+        cx.contribute(w, dw, true, Held::AsIs);
+        let roles = (Fp8Role::Grad, Fp8Role::Weight);
+        let dx = cx.linear_mm(
+            layer,
+            roles,
+            transposed_b(n, self.k, self.m),
+            (dy, tw),
+            None,
+        );
+        cx.contribute(x, dx, true, Held::AsIs);
+    }
+}
+
+/// x . w (or x . w^T) in the step's matmul algorithm.
+#[derive(Debug)]
+pub(crate) struct Matmul {
+    pub k: usize,
+    pub m: usize,
+    pub transpose_w: bool,
+}
+
+impl NodeOp for Matmul {
+    fn name(&self) -> &'static str {
+        "matmul"
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let (x, w) = (cx.t(node.inputs[0]), cx.t(node.inputs[1]));
+        let n = cx.g.len(x) / self.k;
+        let shape = MatmulShape::batched(1, (n, self.m, self.k), false, self.transpose_w);
+        (cx.mm(shape, (x, w), None), vec![])
+    }
+
+    /// dx = dy . w^T (dy . w where transposed); dw = x^T . dy (dy^T . x).
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        let (x, w) = (node.inputs[0], node.inputs[1]);
+        let (tx, tw) = (cx.t(x), cx.t(w));
+        let (n, k, m) = (cx.g.len(tx) / self.k, self.k, self.m);
+        let (dx_shape, dw_shape, dw_operands) = if self.transpose_w {
+            let dw = MatmulShape::batched(1, (m, k, n), true, false);
+            (MatmulShape::new(n, k, m), dw, (dy, tx))
+        } else {
+            (transposed_b(n, k, m), transposed_a(k, m, n), (tx, dy))
+        };
+        let dx = cx.mm(dx_shape, (dy, tw), None);
+        cx.contribute(x, dx, true, Held::AsIs);
+        let dw = cx.grad_out(w);
+        cx.mm(dw_shape, dw_operands, Some(dw));
+        cx.contribute(w, dw, true, Held::AsIs);
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct LayerNorm {
+    pub c: usize,
+}
+
+impl NodeOp for LayerNorm {
+    fn name(&self) -> &'static str {
+        "layer_norm"
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let [x, g, b] = [0, 1, 2].map(|i| cx.t(node.inputs[i]));
+        let len = cx.g.len(x);
+        let (out, stats) = (cx.g.temp(len), cx.g.temp(2 * len / self.c));
+        cx.g.push(Op::LayerNorm {
+            x,
+            g,
+            b,
+            out,
+            stats,
+            c: self.c,
+            held: Format::F32,
+        });
+        cx.g.round(out, cx.p.layer_norm.narrower(cx.p.stream));
+        (out, vec![stats])
+    }
+
+    fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, dy: TensorId) {
+        let [x, g, b] = [node.inputs[0], node.inputs[1], node.inputs[2]];
+        let (tx, tg) = (cx.t(x), cx.t(g));
+        let dx = cx.g.temp(cx.g.len(tx));
+        let dg = cx.grad_out(g);
+        // One value as gain and bias: the bias's gradient is the second one's, in a tensor of
+        // its own.
+        let db = if g == b {
+            cx.g.temp(self.c)
+        } else {
+            cx.grad_out(b)
+        };
+        cx.g.push(Op::LayerNormBwd {
+            dy,
+            x: tx,
+            g: tg,
+            stats: saved[0],
+            dx,
+            dg,
+            db,
+            c: self.c,
+        });
+        cx.contribute(g, dg, true, Held::AsIs);
+        cx.contribute(b, db, true, Held::AsIs);
+        cx.contribute(x, dx, true, Held::Stream);
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Gelu;
+
+impl NodeOp for Gelu {
+    fn name(&self) -> &'static str {
+        "gelu"
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let x = cx.t(node.inputs[0]);
+        let out = cx.g.temp(cx.g.len(x));
+        cx.g.push(Op::Gelu {
+            x,
+            out,
+            held: Format::F32,
+        });
+        cx.g.round(out, cx.p.compute);
+        (out, vec![])
+    }
+
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        let x = node.inputs[0];
+        let tx = cx.t(x);
+        let out = cx.g.temp(cx.g.len(tx));
+        cx.g.push(Op::GeluBwd { x: tx, dy, out });
+        cx.g.round(out, cx.p.compute);
+        cx.contribute(x, out, true, Held::AsIs);
+    }
+}
+
+/// a + b in the stream format, in place into an operand nothing reads after it.
+#[derive(Debug)]
+pub(crate) struct Add;
+
+impl NodeOp for Add {
+    fn name(&self) -> &'static str {
+        "add"
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let (a, b) = (node.inputs[0], node.inputs[1]);
+        let (ta, tb) = (cx.t(a), cx.t(b));
+        let out = if a != b && cx.overwritable(a) {
+            cx.g.push(Op::add_in_place(tb, ta));
+            ta
+        } else if a != b && cx.overwritable(b) {
+            cx.g.push(Op::add_in_place(ta, tb));
+            tb
+        } else {
+            let out = cx.g.temp(cx.g.len(ta));
+            cx.g.push(Op::Add {
+                x: ta,
+                y: tb,
+                out,
+                held: Format::F32,
+                y_held: Format::F32,
+                residual: None,
+                gelu: None,
+            });
+            out
+        };
+        cx.g.round(out, cx.p.stream);
+        (out, vec![])
+    }
+
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        for &x in &node.inputs {
+            cx.contribute(x, dy, false, Held::AsIs);
+        }
+    }
+}
+
+/// Causal self-attention, fused (`Op::Attention`) or as separate ops, with the same numerics.
+#[derive(Debug)]
+pub(crate) struct CausalAttention {
+    pub b: usize,
+    pub t: usize,
+    pub h: usize,
+    pub d: usize,
+}
+
+impl CausalAttention {
+    /// 1 / sqrt(d) as an f32, as CUDA computes the reciprocal of `att / sqrt(d)`'s divisor.
+    fn scale(&self) -> f64 {
+        (1.0 / (self.d as f64).sqrt() as f32) as f64
+    }
+
+    fn spec(&self, cx: &Emit) -> Attention {
+        let p = cx.p;
+        Attention {
+            b: self.b,
+            t: self.t,
+            h: self.h,
+            d: self.d,
+            scale: self.scale(),
+            algorithm: p.matmul,
+            probs: p.softmax.narrower(p.stream),
+            compute: p.compute,
+        }
+    }
+
+    /// How the unfused softmax reads the scores: times the scale, held in the compute format
+    /// like the scores themselves (fused attention: `Attention::score_scale`).
+    fn score_scale(&self, cx: &Emit) -> ScoreScale {
+        ScoreScale {
+            scale: self.scale(),
+            held: cx.p.compute,
+        }
+    }
+}
+
+impl NodeOp for CausalAttention {
+    fn name(&self) -> &'static str {
+        "causal_attention"
+    }
+
+    fn attention_head_dim(&self) -> Option<usize> {
+        Some(self.d)
+    }
+
+    /// Fused: q|k|v and each score row's (max, sum) kept. Unfused: q, k, v copied out by head,
+    /// scores, softmax, P.v, the heads copied back into rows; q, k, v and P kept.
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let qkv = cx.t(node.inputs[0]);
+        let (b, t, h, d) = (self.b, self.t, self.h, self.d);
+        if cx.fused_attention {
+            let spec = self.spec(cx);
+            let (out, stats) = (cx.g.temp(spec.out_len()), cx.g.temp(2 * spec.score_rows()));
+            cx.g.push(Op::Attention {
+                qkv,
+                out,
+                stats,
+                spec,
+            });
+            return (out, vec![stats]);
+        }
+        let n = b * t * h * d;
+        let [q, k, v] = [0, 1, 2].map(|part| {
+            let out = cx.g.temp(n);
+            cx.g.push(Op::Copy {
+                x: qkv,
+                out,
+                map: Strided::split_head(part, b, t, h, d),
+            });
+            out
+        });
+        let scores = cx.mm(
+            MatmulShape::batched(b * h, (t, t, d), false, true),
+            (q, k),
+            None,
+        );
+        let att = cx.g.temp(b * h * t * t);
+        cx.g.push(Op::Softmax {
+            x: scores,
+            out: att,
+            t,
+            scale: self.score_scale(cx),
+        });
+        cx.g.round(att, cx.p.softmax.narrower(cx.p.stream));
+        let y = cx.mm(
+            MatmulShape::batched(b * h, (t, d, t), false, false),
+            (att, v),
+            None,
+        );
+        let rows = cx.g.temp(n);
+        cx.g.push(Op::Copy {
+            x: y,
+            out: rows,
+            map: Strided::heads_to_rows(b, t, h, d),
+        });
+        (rows, vec![q, k, v, att])
+    }
+
+    fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, dy: TensorId) {
+        let qkv = node.inputs[0];
+        let (b, t, h, d) = (self.b, self.t, self.h, self.d);
+        let dqkv = cx.g.temp(cx.len(qkv));
+        if let [stats] = saved[..] {
+            let spec = self.spec(cx);
+            let delta = cx.g.temp(spec.score_rows());
+            cx.g.push(Op::AttentionBwd {
+                qkv: cx.t(qkv),
+                dout: dy,
+                stats,
+                delta,
+                dqkv,
+                spec,
+            });
+        } else {
+            let [q, k, v, att] = saved[..] else {
+                unreachable!("unfused attention keeps q, k, v and P")
+            };
+            let dy_heads = cx.g.temp(b * t * h * d);
+            cx.g.push(Op::Copy {
+                x: dy,
+                out: dy_heads,
+                map: Strided::rows_to_heads(b, t, h, d),
+            });
+            let bh = b * h;
+            let shape = |m, n, k, ta, tb| MatmulShape::batched(bh, (m, n, k), ta, tb);
+            let datt = cx.mm(shape(t, t, d, false, true), (dy_heads, v), None);
+            let dv = cx.mm(shape(t, d, t, true, false), (att, dy_heads), None);
+            let dscores = cx.g.temp(bh * t * t);
+            cx.g.push(Op::SoftmaxBwd {
+                p: att,
+                dp: datt,
+                out: dscores,
+                t,
+                scale: self.score_scale(cx),
+            });
+            cx.g.round(dscores, cx.p.compute);
+            let dq = cx.mm(shape(t, d, t, false, false), (dscores, k), None);
+            let dk = cx.mm(shape(t, d, t, true, false), (dscores, q), None);
+            for (part, x) in [dq, dk, dv].into_iter().enumerate() {
+                cx.g.push(Op::Copy {
+                    x,
+                    out: dqkv,
+                    map: Strided::merge_head(part, b, t, h, d),
+                });
+            }
+        }
+        cx.contribute(qkv, dqkv, true, Held::AsIs);
+    }
+}
+
+/// Causal softmax of scaled score matrices, held in the softmax class's format.
+#[derive(Debug)]
+pub(crate) struct CausalSoftmax {
+    pub t: usize,
+    pub scale: f64,
+}
+
+impl CausalSoftmax {
+    fn score_scale(&self, cx: &Emit) -> ScoreScale {
+        ScoreScale {
+            scale: self.scale,
+            held: cx.p.compute,
+        }
+    }
+}
+
+impl NodeOp for CausalSoftmax {
+    fn name(&self) -> &'static str {
+        "causal_softmax"
+    }
+
+    fn output_overwritable(&self) -> bool {
+        false
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let x = cx.t(node.inputs[0]);
+        let out = cx.g.temp(cx.g.len(x));
+        cx.g.push(Op::Softmax {
+            x,
+            out,
+            t: self.t,
+            scale: self.score_scale(cx),
+        });
+        cx.g.round(out, cx.p.softmax.narrower(cx.p.stream));
+        (out, vec![])
+    }
+
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        let x = node.inputs[0];
+        let p = cx.t(node.out);
+        let out = cx.g.temp(cx.g.len(p));
+        cx.g.push(Op::SoftmaxBwd {
+            p,
+            dp: dy,
+            out,
+            t: self.t,
+            scale: self.score_scale(cx),
+        });
+        cx.g.round(out, cx.p.compute);
+        cx.contribute(x, out, true, Held::AsIs);
+    }
+}
+
+/// The same tensor under another shape.
+#[derive(Debug)]
+pub(crate) struct Reshape;
+
+impl NodeOp for Reshape {
+    fn name(&self) -> &'static str {
+        "reshape"
+    }
+
+    fn output_overwritable(&self) -> bool {
+        false
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        (cx.t(node.inputs[0]), vec![])
+    }
+
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        cx.contribute(node.inputs[0], dy, false, Held::AsIs);
+    }
+}
+
+/// The rows' mean cross entropy (into `Stats::LOSS`) and, in the same pass, its gradient
+/// scaled by the loss scale: the backward starts from it.
+#[derive(Debug)]
+pub(crate) struct CrossEntropy {
+    pub v: usize,
+}
+
+impl NodeOp for CrossEntropy {
+    fn name(&self) -> &'static str {
+        "cross_entropy"
+    }
+
+    fn is_loss(&self) -> bool {
+        true
+    }
+
+    fn output_overwritable(&self) -> bool {
+        false
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let (logits, targets) = (cx.t(node.inputs[0]), cx.t(node.inputs[1]));
+        let grad = cx.g.temp(cx.g.len(logits));
+        cx.g.push(Op::CrossEntropy {
+            logits,
+            targets,
+            grad,
+            v: self.v,
+            held: Format::F32,
+        });
+        cx.g.round(grad, cx.p.compute);
+        (logits, vec![grad])
+    }
+
+    fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, _: TensorId) {
+        cx.contribute(node.inputs[0], saved[0], true, Held::AsIs);
+    }
+}
+
+/// A^T . B for A stored rows x m (the weight gradient x^T . dy): m x n result, k = rows.
+fn transposed_a(m: usize, n: usize, rows: usize) -> MatmulShape {
+    MatmulShape::batched(1, (m, n, rows), true, false)
+}
+
+/// A . B^T for B stored n x k (dx = dy . W^T, W stored din x dout).
+fn transposed_b(m: usize, n: usize, k: usize) -> MatmulShape {
+    MatmulShape::batched(1, (m, n, k), false, true)
+}
+
+pub(crate) trait Narrower {
+    /// The narrower of two formats: an f32-class op in a "true" preset still outputs 16-bit,
+    /// and an override to 16-bit in a mixed preset narrows the f32 stream.
+    fn narrower(self, other: Format) -> Format;
+}
+
+impl Narrower for Format {
+    fn narrower(self, other: Format) -> Format {
+        if self.finfo().mantissa_bits >= other.finfo().mantissa_bits {
+            other
+        } else {
+            self
+        }
+    }
+}

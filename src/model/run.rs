@@ -1,0 +1,209 @@
+//! A built model on a backend: its step plan under a precision preset in the backend's own
+//! executor (device-resident where the backend has one), its parameters written in, and
+//! training steps with GradScaler's loss scaling and fp8 delayed scaling as the preset asks.
+//! The executor checks every batch (lengths, ids in range) before it runs.
+
+use super::{Model, PlanOptions};
+use crate::backend::reference::ops::round_to;
+use crate::backend::{self, Backend};
+use crate::error::{Error, Result};
+use crate::plan::exec::{grad_norm, update_factor};
+use crate::plan::scalar::StepScalars;
+use crate::plan::{AdamW, Plan, Section, Stats, StepExecutor};
+use crate::policy::precision::PrecisionRequest;
+use crate::policy::{Fp8Role, Fp8State, LossScaler, Precision, StepDecision};
+
+/// What one training step did.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stepped {
+    /// The batch's mean loss, before the update.
+    pub loss: f64,
+    /// A gradient held inf or NaN: nothing was updated (GradScaler backs its scale off).
+    pub skipped: bool,
+    /// The global norm of the unscaled gradients.
+    pub grad_norm: f64,
+}
+
+/// A model being trained on a backend under one precision.
+pub struct ModelTrainer<'a> {
+    pub model: Model,
+    pub precision: Precision,
+    pub adamw: AdamW,
+    /// Clip the global gradient norm to this; 0 disables.
+    pub grad_clip: f32,
+    /// GradScaler's dynamic loss scale, where the preset scales the loss (16-mixed).
+    pub scaler: Option<LossScaler>,
+    /// fp8 delayed scaling's amax histories and scales, where the preset has them.
+    pub fp8: Option<Fp8State>,
+    /// Optimizer steps applied.
+    pub applied: u32,
+    exec: Box<dyn StepExecutor + 'a>,
+}
+
+impl<'a> ModelTrainer<'a> {
+    /// `model` under `request` on `backend`, its parameters drawn from `seed` (`Model::init`)
+    /// and held as the preset holds weights. Attention is fused where `fused_attention` says,
+    /// else where the backend has the kernel for every attention op of the model (the
+    /// reference runs either); fused where a device has no kernel for the precision's matmul
+    /// algorithm and the op's head width is refused, naming the op.
+    pub fn new(
+        backend: &'a dyn Backend,
+        model: Model,
+        request: &PrecisionRequest,
+        fused_attention: Option<bool>,
+        seed: u64,
+    ) -> Result<ModelTrainer<'a>> {
+        let caps = backend.capabilities();
+        let precision = Precision::decide(request, &caps)?;
+        let unfusable = (model.attention_heads().into_iter())
+            .find(|&(d, _)| !caps.fuses_attention(&precision.matmul, d));
+        // The reference's executor runs every op by its definition; a device needs a kernel.
+        let host = backend.kind() == crate::backend::BackendKind::Reference;
+        let fused = match (fused_attention, unfusable) {
+            (Some(true), Some((d, shape))) if !host => {
+                return Err(Error::invalid(
+                    "model",
+                    format!(
+                        "causal_attention: qkv {shape:?} (heads of {d}) cannot be fused under {} on {}",
+                        precision.matmul,
+                        backend.name()
+                    ),
+                ));
+            }
+            (Some(fused), _) => fused,
+            (None, unfusable) => unfusable.is_none(),
+        };
+        let options = PlanOptions {
+            fused_attention: fused,
+            coded: super::stores_codes()?,
+        };
+        let mut plan = model.plan(&precision, options)?;
+        for (i, mut p) in model.init(seed).into_iter().enumerate() {
+            round_to(&mut p, precision.weights);
+            plan.constants.push((plan.state[i][0], p));
+        }
+        let fp8 = match &precision.fp8 {
+            Some(recipe) => Fp8State::new(recipe, plan.stats.linears)?,
+            None => None,
+        };
+        Ok(ModelTrainer {
+            scaler: request.preset.spec().loss_scaling.map(LossScaler::new),
+            model,
+            precision,
+            adamw: AdamW::default(),
+            grad_clip: 0.0,
+            fp8,
+            applied: 0,
+            exec: backend::executor(backend, plan, true)?,
+        })
+    }
+
+    pub fn plan(&self) -> &Plan {
+        self.exec.plan()
+    }
+
+    fn scalars(&self, loss_scale: f32) -> Vec<f32> {
+        let plan = self.exec.plan();
+        StepScalars {
+            adamw: &self.adamw,
+            clip: self.grad_clip,
+            loss_scale,
+            poison: 0.0,
+            t: self.applied + 1,
+            ranks: 1,
+            fp8: &self.fp8.as_ref().map(Fp8State::scales).unwrap_or_default(),
+        }
+        .array(plan.rows, plan.scalar_count())
+    }
+
+    /// One training step on a batch: forward, backward, unscale and check, and the AdamW
+    /// update where every gradient is finite.
+    pub async fn step(&mut self, ids: &[u32], targets: &[u32]) -> Result<Stepped> {
+        let scale = self.scaler.map_or(1.0, |s| s.scale);
+        let scalars = self.scalars(scale);
+        let stats = self.exec.run(Section::Step, ids, targets, &scalars).await?;
+        let layout = self.exec.plan().stats;
+        if let Some(fp8) = &mut self.fp8 {
+            fp8.record(|l, role: Fp8Role| stats[layout.amax(l, role as usize)] as f32);
+        }
+        let finite = update_factor(&layout, &stats, 0.0).is_some();
+        let applied = match self.scaler.as_mut() {
+            Some(s) => s.update(finite) == StepDecision::Apply,
+            None => finite,
+        };
+        self.applied += applied as u32;
+        Ok(Stepped {
+            loss: stats[Stats::LOSS],
+            skipped: !applied,
+            grad_norm: grad_norm(&layout, &stats),
+        })
+    }
+
+    /// The batch's mean loss under the current parameters.
+    pub async fn loss(&mut self, ids: &[u32], targets: &[u32]) -> Result<f64> {
+        let scalars = self.scalars(1.0);
+        let stats = self
+            .exec
+            .run(Section::Forward, ids, targets, &scalars)
+            .await?;
+        Ok(stats[Stats::LOSS])
+    }
+
+    /// The batch's mean loss and its gradient with respect to each parameter (loss scale 1;
+    /// nothing updated).
+    pub async fn gradients(
+        &mut self,
+        ids: &[u32],
+        targets: &[u32],
+    ) -> Result<(f64, Vec<Vec<f32>>)> {
+        let scalars = self.scalars(1.0);
+        let stats = (self.exec)
+            .run(Section::Gradients, ids, targets, &scalars)
+            .await?;
+        let mut grads = vec![];
+        for [_, g, _, _] in self.exec.plan().state.clone() {
+            grads.push(self.exec.read(g).await?);
+        }
+        Ok((stats[Stats::LOSS], grads))
+    }
+
+    /// The parameters' current values, in declaration order.
+    pub async fn params(&mut self) -> Result<Vec<Vec<f32>>> {
+        let mut values = vec![];
+        for [p, _, _, _] in self.exec.plan().state.clone() {
+            values.push(self.exec.read(p).await?);
+        }
+        Ok(values)
+    }
+
+    /// Sets every parameter (declaration order, each of its declared length), held as the
+    /// preset holds weights.
+    pub async fn set_params(&mut self, params: &[Vec<f32>]) -> Result<()> {
+        let state = self.exec.plan().state.clone();
+        if params.len() != state.len() {
+            return Err(Error::LengthMismatch {
+                what: "parameter tensors",
+                expected: state.len(),
+                got: params.len(),
+            });
+        }
+        for (([p, ..], values), declared) in state.iter().zip(params).zip(self.model.params()) {
+            if values.len() != declared.len() {
+                return Err(Error::invalid(
+                    "parameters",
+                    format!(
+                        "{} is {:?} ({} values), got {}",
+                        declared.name,
+                        declared.shape,
+                        declared.len(),
+                        values.len()
+                    ),
+                ));
+            }
+            let mut v = values.clone();
+            round_to(&mut v, self.precision.weights);
+            self.exec.write(*p, &v).await?;
+        }
+        Ok(())
+    }
+}

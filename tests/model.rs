@@ -1,0 +1,345 @@
+//! The model builder: each op's derived backward against central differences of the loss, a
+//! built model training on a backend, and bad models refused when they are built, with the op
+//! and the shapes named.
+
+mod common;
+
+use mantissa::backend::{Backend, Reference};
+use mantissa::model::{Init, Model, ModelBuilder, ModelTrainer, Var};
+use mantissa::policy::Preset;
+use mantissa::policy::precision::PrecisionRequest;
+use mantissa::{Error, PrecisionClass};
+use pollster::FutureExt as _;
+
+fn request(preset: Preset) -> PrecisionRequest<'static> {
+    PrecisionRequest {
+        preset,
+        matmul_precision: PrecisionClass::Highest,
+        algorithm: None,
+        fp8_current: false,
+        autocast_overrides: "",
+    }
+}
+
+const VOCAB: usize = 5;
+
+/// A one-op model: `rows` token ids picking rows of a table of `width` (the op's input, a
+/// parameter), the op, and the cross entropy of what it gives against the targets.
+struct OneOp {
+    m: ModelBuilder,
+    rows: Vec<usize>,
+    tokens: Var,
+    targets: Var,
+}
+
+impl OneOp {
+    fn new(rows: &[usize]) -> OneOp {
+        let mut m = ModelBuilder::new();
+        OneOp {
+            tokens: m.tokens(rows).unwrap(),
+            targets: m.targets(rows).unwrap(),
+            m,
+            rows: rows.to_vec(),
+        }
+    }
+
+    fn param(&mut self, name: &str, shape: &[usize]) -> Var {
+        let init = Init::Normal { std: 1.0 };
+        self.m.param(name, shape, init, false).unwrap()
+    }
+
+    /// The rows of a table `width` wide picked by the tokens.
+    fn input(&mut self, name: &str, width: usize) -> Var {
+        let table = self.param(name, &[VOCAB, width]);
+        self.m.embedding(table, self.tokens).unwrap()
+    }
+
+    fn finish(mut self, logits: Var) -> (Model, usize) {
+        let loss = self.m.cross_entropy(logits, self.targets).unwrap();
+        let n = self.rows.iter().product();
+        (self.m.finish(loss).unwrap(), n)
+    }
+}
+
+/// The gradient of the loss of `model` with respect to each of its parameters, from the plan
+/// derived from it (the reference, 32-true), against central differences of the loss it runs
+/// (the forward pass only), element by element.
+fn check_gradients(name: &str, (model, n): (Model, usize), fused: bool) {
+    let seed = common::seed(name);
+    let mut t = ModelTrainer::new(
+        &Reference,
+        model,
+        &request(Preset::True32),
+        Some(fused),
+        seed,
+    )
+    .unwrap();
+    let ids: Vec<u32> = (0..n as u32)
+        .map(|i| (i * 3 + seed as u32) % VOCAB as u32)
+        .collect();
+    let targets: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 1) % VOCAB as u32).collect();
+    let params = t.params().block_on().unwrap();
+    let (_, grads) = t.gradients(&ids, &targets).block_on().unwrap();
+    let h = 1e-2f32;
+    let mut worst = 0f64;
+    for (p, values) in params.iter().enumerate() {
+        for e in 0..values.len() {
+            let mut loss_at = |delta: f32| {
+                let mut shifted = params.clone();
+                shifted[p][e] += delta;
+                t.set_params(&shifted).block_on().unwrap();
+                t.loss(&ids, &targets).block_on().unwrap()
+            };
+            // Each shifted value as f32 holds it: the difference is of the values run.
+            let (up, down) = (values[e] + h, values[e] - h);
+            let numeric = (loss_at(h) - loss_at(-h)) / (up as f64 - down as f64);
+            let analytic = grads[p][e] as f64;
+            let err = (numeric - analytic).abs() / (1.0 + numeric.abs());
+            worst = worst.max(err);
+            assert!(
+                err <= TOLERANCE,
+                "{name}: d loss / d param {p}[{e}]: derived {analytic}, central difference {numeric}"
+            );
+        }
+    }
+    eprintln!("{name}: largest relative gap {worst:.2e}");
+}
+
+/// The loss and its gradient run in f32 (the executors' arithmetic): a central difference
+/// over h = 1e-2 has a truncation error of order h^2 |f'''| and a rounding error of order
+/// 1e-7 |f| / h, about 1e-5 here (the largest gaps seen are 1e-5 relative to 1 + |gradient|),
+/// so 1e-4 holds with room; the host ops themselves are checked against f64 differences to
+/// 1e-6 (tests/train.rs).
+const TOLERANCE: f64 = 1e-4;
+
+/// One test per op: `gradients!(name: |one_op| -> logits, fused)`.
+macro_rules! gradients {
+    ($($name:ident: $rows:expr, $fused:expr, $build:expr;)+) => {
+        $(
+            #[test]
+            fn $name() {
+                let mut one = OneOp::new(&$rows);
+                let build: fn(&mut OneOp) -> Var = $build;
+                let logits = build(&mut one);
+                check_gradients(stringify!($name), one.finish(logits), $fused);
+            }
+        )+
+    };
+}
+
+gradients! {
+    embedding_gradient: [4], false, |o| o.input("table", VOCAB);
+    linear_gradient: [4], false, |o| {
+        let x = o.input("x", 3);
+        let (w, b) = (o.param("w", &[3, VOCAB]), o.param("b", &[VOCAB]));
+        o.m.linear(x, w, b).unwrap()
+    };
+    matmul_gradient: [4], false, |o| {
+        let x = o.input("x", 3);
+        let w = o.param("w", &[3, VOCAB]);
+        o.m.matmul(x, w, false).unwrap()
+    };
+    matmul_transposed_gradient: [4], false, |o| {
+        let x = o.input("x", 3);
+        let w = o.param("w", &[VOCAB, 3]);
+        o.m.matmul(x, w, true).unwrap()
+    };
+    tied_weight_gradient: [4], false, |o| {
+        // The table is read twice (rows picked, and the head): its gradients are summed.
+        let x = o.input("table", 3);
+        let table = o.m.parameter("table").unwrap();
+        o.m.matmul(x, table, true).unwrap()
+    };
+    layer_norm_gradient: [4], false, |o| {
+        let x = o.input("x", VOCAB);
+        let (g, b) = (o.param("g", &[VOCAB]), o.param("b", &[VOCAB]));
+        o.m.layer_norm(x, g, b).unwrap()
+    };
+    gelu_gradient: [4], false, |o| {
+        let x = o.input("x", VOCAB);
+        o.m.gelu(x).unwrap()
+    };
+    add_gradient: [4], false, |o| {
+        let (x, y) = (o.input("x", VOCAB), o.input("y", VOCAB));
+        o.m.add(x, y).unwrap()
+    };
+    add_to_itself_gradient: [4], false, |o| {
+        let x = o.input("x", VOCAB);
+        let y = o.m.gelu(x).unwrap();
+        // y read twice by one op, and x by two: each gradient the sum of its two.
+        let twice = o.m.add(y, y).unwrap();
+        o.m.add(twice, x).unwrap()
+    };
+    param_read_by_add_gradient: [4], false, |o| {
+        // The parameter's gradient is the add's output gradient itself (copied into its own).
+        let x = o.input("x", VOCAB);
+        let bias = o.param("bias", &[4, VOCAB]);
+        o.m.add(x, bias).unwrap()
+    };
+    reshape_gradient: [2, 2], false, |o| {
+        let x = o.input("x", VOCAB);
+        o.m.reshape(x, &[4, VOCAB]).map(|x| o.m.reshape(x, &[2, 2, VOCAB]).unwrap()).unwrap()
+    };
+    causal_softmax_gradient: [2, 3], false, |o| {
+        let x = o.input("x", 3);
+        let x = o.m.causal_softmax(x, 0.7).unwrap();
+        let w = o.param("w", &[3, VOCAB]);
+        o.m.matmul(x, w, false).unwrap()
+    };
+    causal_attention_gradient: [2, 3], false, |o| {
+        // Two heads of 2: q|k|v 12 wide, the output 4 wide.
+        let x = o.input("qkv", 12);
+        let y = o.m.causal_attention(x, 2).unwrap();
+        let w = o.param("w", &[4, VOCAB]);
+        o.m.matmul(y, w, false).unwrap()
+    };
+    fused_causal_attention_gradient: [2, 3], true, |o| {
+        let x = o.input("qkv", 12);
+        let y = o.m.causal_attention(x, 2).unwrap();
+        let w = o.param("w", &[4, VOCAB]);
+        o.m.matmul(y, w, false).unwrap()
+    };
+}
+
+/// A small model written with the builder (embedding, a residual MLP block with a layer norm,
+/// a head) learns a fixed batch under `preset` on `b`.
+fn a_built_model_learns(b: &dyn Backend) {
+    for preset in [Preset::True32, Preset::MixedBf16, Preset::Mixed16] {
+        let (n, c) = (8, 16);
+        let mut m = ModelBuilder::new();
+        let tokens = m.tokens(&[n]).unwrap();
+        let targets = m.targets(&[n]).unwrap();
+        let normal = Init::Normal { std: 0.1 };
+        let wte = m.param("wte", &[VOCAB, c], normal, true).unwrap();
+        let g = m.param("ln.g", &[c], Init::Ones, false).unwrap();
+        let bias = m.param("ln.b", &[c], Init::Zeros, false).unwrap();
+        let w = m.param("fc.w", &[c, 2 * c], normal, true).unwrap();
+        let wb = m.param("fc.b", &[2 * c], Init::Zeros, false).unwrap();
+        let w2 = m.param("fc2.w", &[2 * c, c], normal, true).unwrap();
+        let w2b = m.param("fc2.b", &[c], Init::Zeros, false).unwrap();
+        let x = m.embedding(wte, tokens).unwrap();
+        let h = m.layer_norm(x, g, bias).unwrap();
+        let h = m.linear(h, w, wb).unwrap();
+        let h = m.gelu(h).unwrap();
+        let h = m.linear(h, w2, w2b).unwrap();
+        let x = m.add(x, h).unwrap();
+        let logits = m.matmul(x, wte, true).unwrap();
+        let loss = m.cross_entropy(logits, targets).unwrap();
+        let model = m.finish(loss).unwrap();
+        let mut t = ModelTrainer::new(b, model, &request(preset), None, 1).unwrap();
+        t.adamw.lr = 3e-2;
+        let ids: Vec<u32> = (0..n as u32).map(|i| i % VOCAB as u32).collect();
+        let targets: Vec<u32> = (0..n as u32).map(|i| (i + 1) % VOCAB as u32).collect();
+        let first = t.step(&ids, &targets).block_on().unwrap().loss;
+        for _ in 0..30 {
+            t.step(&ids, &targets).block_on().unwrap();
+        }
+        let last = t.loss(&ids, &targets).block_on().unwrap();
+        assert!(
+            last < first / 4.0,
+            "{preset} on {}: loss {first} -> {last} after 31 steps",
+            b.name()
+        );
+    }
+}
+
+#[test]
+fn a_built_model_learns_on_the_reference() {
+    a_built_model_learns(&Reference);
+}
+
+backend_tests!(wgpu: a_built_model_learns);
+
+fn refused(e: Error, words: &[&str]) {
+    let text = e.to_string();
+    assert_eq!(e.class(), mantissa::error::ErrorClass::BadInput, "{text}");
+    for w in words {
+        assert!(text.contains(w), "{text:?} does not name {w:?}");
+    }
+}
+
+#[test]
+fn bad_models_are_refused_with_the_op_and_shapes() {
+    let mut m = ModelBuilder::new();
+    let tokens = m.tokens(&[4]).unwrap();
+    let targets = m.targets(&[4]).unwrap();
+    let wte = m.param("wte", &[VOCAB, 6], Init::Zeros, true).unwrap();
+    let x = m.embedding(wte, tokens).unwrap();
+    // An undeclared parameter, a value of another model, a duplicate name.
+    refused(m.parameter("wpe").unwrap_err(), &["wpe", "wte"]);
+    let mut other = ModelBuilder::new();
+    let foreign = other.param("w", &[6, VOCAB], Init::Zeros, true).unwrap();
+    refused(
+        m.matmul(x, foreign, false).unwrap_err(),
+        &["matmul", "did not declare"],
+    );
+    refused(
+        m.param("wte", &[2], Init::Zeros, true).unwrap_err(),
+        &["wte", "already"],
+    );
+    // Mismatched shapes.
+    let w = m.param("w", &[5, VOCAB], Init::Zeros, true).unwrap();
+    let b = m.param("b", &[VOCAB], Init::Zeros, false).unwrap();
+    refused(
+        m.linear(x, w, b).unwrap_err(),
+        &["linear", "[4, 6]", "[5, 5]", "[5]"],
+    );
+    refused(m.add(x, b).unwrap_err(), &["add", "[4, 6]", "[5]"]);
+    refused(
+        m.layer_norm(x, b, b).unwrap_err(),
+        &["layer_norm", "[4, 6]", "[5]"],
+    );
+    refused(
+        m.causal_attention(x, 4).unwrap_err(),
+        &["causal_attention", "[4, 6]"],
+    );
+    refused(
+        m.reshape(x, &[5, 5]).unwrap_err(),
+        &["reshape", "[4, 6]", "[5, 5]"],
+    );
+    refused(m.embedding(wte, x).unwrap_err(), &["embedding"]);
+    refused(m.gelu(tokens).unwrap_err(), &["gelu", "ids", "[4]"]);
+    refused(
+        m.param("empty", &[0, 3], Init::Zeros, true).unwrap_err(),
+        &["empty", "[0, 3]"],
+    );
+    let w = m.param("head", &[6, VOCAB], Init::Zeros, true).unwrap();
+    let logits = m.matmul(x, w, false).unwrap();
+    refused(
+        m.cross_entropy(logits, tokens).unwrap_err(),
+        &["cross_entropy", "[4, 5]"],
+    );
+    // A loss that is not a scalar, a loss op's output read on.
+    let loss = m.cross_entropy(logits, targets).unwrap();
+    refused(m.gelu(loss).unwrap_err(), &["gelu", "loss"]);
+    let mut again = ModelBuilder::new();
+    let tokens = again.tokens(&[4]).unwrap();
+    again.targets(&[4]).unwrap();
+    let wte = again.param("wte", &[VOCAB, 6], Init::Zeros, true).unwrap();
+    let x = again.embedding(wte, tokens).unwrap();
+    refused(
+        again.finish(x).unwrap_err(),
+        &["finish", "scalar", "[4, 6]"],
+    );
+    // A parameter that does not reach the loss (w, b and head's first use aside).
+    refused(
+        m.finish(loss).unwrap_err(),
+        &["param w", "does not reach the loss"],
+    );
+}
+
+#[test]
+fn fused_attention_where_a_device_has_no_kernel_is_refused() {
+    common::on(common::wgpu(), "fused_attention_refused", |b| {
+        let mut o = OneOp::new(&[2, 3]);
+        let x = o.input("qkv", 12);
+        let y = o.m.causal_attention(x, 2).unwrap();
+        let w = o.param("w", &[4, VOCAB]);
+        let logits = o.m.matmul(y, w, false).unwrap();
+        let (model, _) = o.finish(logits);
+        let e = ModelTrainer::new(b, model, &request(Preset::True32), Some(true), 1)
+            .err()
+            .expect("refused");
+        refused(e, &["causal_attention", "[2, 3, 12]", "heads of 2"]);
+    });
+}
