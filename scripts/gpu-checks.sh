@@ -103,7 +103,9 @@ cuda)
     run 120 python3 scripts/anchors/torch_matmul.py
     ;;
 bench)
-    run 150 $m bench matmul --sizes 4096,8192 --algorithms all --backends wgpu --reps 10 --json "$out/bench-wgpu.json"
+    # fast tuning: on cooperative matrices the default, the published designs' staged blocks
+    # (prefetched, 128x128, 256x128), then the default's neighbours, up to 20 s a shape class.
+    run 270 $m bench matmul --sizes 4096,8192 --algorithms all --backends wgpu --reps 10 --json "$out/bench-wgpu.json"
     MANTISSA_WGSL_CHECKS=on run 60 $m bench matmul --sizes 4096 --algorithms f32,bf16x3 --backends wgpu --reps 5 --json "$out/bench-checked.json"
     MANTISSA_COOP=off run 60 $m bench matmul --sizes 4096 --algorithms f16,bf16,bf16x3 --backends wgpu --reps 5 --json "$out/bench-simt.json"
     run 120 python3 scripts/anchors/torch_matmul.py

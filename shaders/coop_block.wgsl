@@ -5,49 +5,116 @@
 // variant's numbers in place of the other {{names}}. Every index is bound with `let` before a
 // load or store (naga's SPIR-V writer needs that for its pointers). With several subgroups
 // (staged), each K step of A and B is first copied into workgroup memory by the whole
-// workgroup, four halves per load, and each subgroup loads its tiles from there. A staged K
-// step (BK) is T or 2T: {{s}} numbers its sub-steps of T. With two stages, the next K step is
-// copied into one while the subgroups multiply out of the other.
+// workgroup, eight halves (16 bytes) per load, and each subgroup loads its tiles from there. A
+// staged K step (BK) is T or 2T: {{s}} numbers its sub-steps of T. With two stages, the next K
+// step is copied into one while the subgroups multiply out of the other. With prefetch, the
+// next K step's loads are issued into registers before this step's products and stored into
+// workgroup memory after them, so their latency hides behind the products.
 
 // @@stage_memory
-// Row strides of the staged tiles, padded by 8 halves against bank conflicts; {{stages}} stages
-// of A_STAGE and B_STAGE halves.
+// Row strides of the staged tiles, padded by 8 halves (16 bytes) against bank conflicts;
+// {{stages}} stages of A_STAGE and B_STAGE halves.
 const SA: u32 = {{sa}}u;
 const SB: u32 = {{sb}}u;
 const A_STAGE: u32 = {{a_len}}u;
 const B_STAGE: u32 = {{b_len}}u;
 var<workgroup> a_stage: array<f16, {{stages}}u * A_STAGE>;
 var<workgroup> b_stage: array<f16, {{stages}}u * B_STAGE>;
+// Eight halves of an operand: one 16-byte load (WGSL cannot bitcast a u32 to two halves, so
+// the operands are bound as arrays of these, 16-byte aligned).
+struct Octet {
+    @align(16) lo: vec4<f16>,
+    hi: vec4<f16>,
+}
+// A K step of one plane of A and of B in octets, and the octets each invocation moves per plane.
+const A_OCTETS: u32 = BM * BK / 8u;
+const B_OCTETS: u32 = BK * BN / 8u;
+const A_SLOTS: u32 = {{slots_a}}u;
+const B_SLOTS: u32 = {{slots_b}}u;
+// One K step of this invocation's octets, between its loads from storage and its stores into
+// a stage: with prefetch, the next step's loads are issued before this step's products, and
+// stored after them.
+var<private> a_octets: array<Octet, {{planes}}u * A_SLOTS>;
+var<private> b_octets: array<Octet, {{planes}}u * B_SLOTS>;
 
-// The K step from k0 on of every plane of A and B into the stage whose A part starts at at_a
-// and B part at at_b. The padded operands need no bounds checks (rows to BM, columns to BN, K
-// to BK), and every quad of four halves is aligned (kp, np and the block origins are multiples
-// of 4), so each is one load.
+// The K step from k0 on of every plane of A and B into this invocation's registers. The padded
+// operands need no bounds checks (rows to BM, columns to BN, K to BK), and every octet is
+// aligned (kp, np, the block origins and the planes are multiples of 8 halves), so each is one
+// load.
+fn stage_load(a0: u32, b0: u32, k0: u32, lindex: u32) {
+    for (var i = 0u; i < A_SLOTS; i++) {
+        let e = lindex + i * WG;
+        if (e < A_OCTETS) {
+            let r = e / (BK / 8u);
+            let kk = (e % (BK / 8u)) * 8u;
+            for (var p = 0u; p < {{planes}}u; p++) {
+                a_octets[p * A_SLOTS + i] = a_data[(a0 + p * params.a_plane + r * params.kp + k0 + kk) / 8u];
+            }
+        }
+    }
+    for (var i = 0u; i < B_SLOTS; i++) {
+        let e = lindex + i * WG;
+        if (e < B_OCTETS) {
+            let kk = e / (BN / 8u);
+            let c = (e % (BN / 8u)) * 8u;
+            for (var p = 0u; p < {{planes}}u; p++) {
+                b_octets[p * B_SLOTS + i] = b_data[(b0 + p * params.b_plane + (k0 + kk) * params.np + c) / 8u];
+            }
+        }
+    }
+}
+
+// One octet into a stage from `dst` on (a multiple of 8 halves: 16 bytes).
+fn put_a(dst: u32, q: Octet) {
+    a_stage[dst] = q.lo.x;
+    a_stage[dst + 1u] = q.lo.y;
+    a_stage[dst + 2u] = q.lo.z;
+    a_stage[dst + 3u] = q.lo.w;
+    a_stage[dst + 4u] = q.hi.x;
+    a_stage[dst + 5u] = q.hi.y;
+    a_stage[dst + 6u] = q.hi.z;
+    a_stage[dst + 7u] = q.hi.w;
+}
+
+fn put_b(dst: u32, q: Octet) {
+    b_stage[dst] = q.lo.x;
+    b_stage[dst + 1u] = q.lo.y;
+    b_stage[dst + 2u] = q.lo.z;
+    b_stage[dst + 3u] = q.lo.w;
+    b_stage[dst + 4u] = q.hi.x;
+    b_stage[dst + 5u] = q.hi.y;
+    b_stage[dst + 6u] = q.hi.z;
+    b_stage[dst + 7u] = q.hi.w;
+}
+
+// This invocation's octets into the stage whose A part starts at at_a and B part at at_b.
+fn stage_store(lindex: u32, at_a: u32, at_b: u32) {
+    for (var i = 0u; i < A_SLOTS; i++) {
+        let e = lindex + i * WG;
+        if (e < A_OCTETS) {
+            let r = e / (BK / 8u);
+            let kk = (e % (BK / 8u)) * 8u;
+            for (var p = 0u; p < {{planes}}u; p++) {
+                put_a(at_a + p * BM * SA + r * SA + kk, a_octets[p * A_SLOTS + i]);
+            }
+        }
+    }
+    for (var i = 0u; i < B_SLOTS; i++) {
+        let e = lindex + i * WG;
+        if (e < B_OCTETS) {
+            let kk = e / (BN / 8u);
+            let c = (e % (BN / 8u)) * 8u;
+            for (var p = 0u; p < {{planes}}u; p++) {
+                put_b(at_b + p * BK * SB + kk * SB + c, b_octets[p * B_SLOTS + i]);
+            }
+        }
+    }
+}
+
+// The K step from k0 on straight into a stage.
 fn stage_copy(a0: u32, b0: u32, k0: u32, lindex: u32, at_a: u32, at_b: u32) {
-    for (var e = lindex; e < BM * BK / 4u; e += WG) {
-        let r = e / (BK / 4u);
-        let kk = (e % (BK / 4u)) * 4u;
-        for (var p = 0u; p < {{planes}}u; p++) {
-            let q = a_data[(a0 + p * params.a_plane + r * params.kp + k0 + kk) / 4u];
-            let dst = at_a + p * BM * SA + r * SA + kk;
-            a_stage[dst] = q.x;
-            a_stage[dst + 1u] = q.y;
-            a_stage[dst + 2u] = q.z;
-            a_stage[dst + 3u] = q.w;
-        }
-    }
-    for (var e = lindex; e < BK * BN / 4u; e += WG) {
-        let kk = e / (BN / 4u);
-        let c = (e % (BN / 4u)) * 4u;
-        for (var p = 0u; p < {{planes}}u; p++) {
-            let q = b_data[(b0 + p * params.b_plane + (k0 + kk) * params.np + c) / 4u];
-            let dst = at_b + p * BK * SB + kk * SB + c;
-            b_stage[dst] = q.x;
-            b_stage[dst + 1u] = q.y;
-            b_stage[dst + 2u] = q.z;
-            b_stage[dst + 3u] = q.w;
-        }
-    }
+    stage_load(a0, b0, k0, lindex);
+    stage_store(lindex, at_a, at_b);
 }
 
 // @@begin
@@ -70,7 +137,7 @@ fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
     let col_tile0 = 0u;
 
 // @@stage_first
-    // Two stages: the span's first K step goes into stage 0 before the loop.
+    // Two stages, or prefetch: the span's first K step goes into stage 0 before the loop.
     if (params.k_begin < params.k_end) {
         stage_copy(a0, b0, params.k_begin, lindex, 0u, 0u);
     }
@@ -119,6 +186,18 @@ fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
                 stage_copy(a0, b0, k0 + BK, lindex, (1u - cur) * A_STAGE, (1u - cur) * B_STAGE);
             }
 
+// @@prefetch_load
+            // Prefetch: this K step is in stage {{cur}} (stored one step ago); the next one's
+            // loads are issued now, so that they are in flight while this step multiplies,
+            // and stored after it.
+            let cur = {{cur}};
+            let at_a = cur * A_STAGE;
+            let at_b = cur * B_STAGE;
+            let more = k0 + BK < params.k_end;
+            if (more) {
+                stage_load(a0, b0, k0 + BK, lindex);
+            }
+
 // @@sub_begin
             {
 
@@ -150,6 +229,23 @@ fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
             // The stage read here is rewritten after this barrier (one stage: by the next K
             // step's copy; two: by the copy one step on), and the copy of the next step is
             // complete at it.
+            workgroupBarrier();
+
+// @@prefetch_store_single
+            // One stage: every subgroup's reads of it end at this barrier; then the next K
+            // step goes in, complete at the second.
+            workgroupBarrier();
+            if (more) {
+                stage_store(lindex, 0u, 0u);
+            }
+            workgroupBarrier();
+
+// @@prefetch_store_double
+            // Two stages: the next K step into the other stage, whose last reads ended at the
+            // previous step's barrier; complete at this one.
+            if (more) {
+                stage_store(lindex, (1u - cur) * A_STAGE, (1u - cur) * B_STAGE);
+            }
             workgroupBarrier();
 
 // @@k_loop_end

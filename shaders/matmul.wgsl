@@ -14,7 +14,8 @@
 //                               vec4<u32> for an operand loaded in quads)
 //   const A_LOAD, B_LOAD: u32   how each operand's tile is loaded: LOAD_SCALAR (element by
 //                               element), LOAD_K (four consecutive k in one load: A row-major,
-//                               B transposed; K a multiple of 4) or LOAD_LINES (four consecutive
+//                               B transposed; K a multiple of 4), LOAD_K_BLOCKS (as LOAD_K, four
+//                               lines at a time, stored as vec4s) or LOAD_LINES (four consecutive
 //                               rows of A / columns of B in one load: A transposed, B row-major;
 //                               M / N a multiple of 4); quads only for one-plane f32 and tf32
 //   fn fetch_a(idx: u32) -> f32 and fn fetch_b(idx: u32) -> f32: decode one stored element;
@@ -122,6 +123,12 @@ struct Origin {
 const LOAD_SCALAR: u32 = 0u;
 const LOAD_K: u32 = 1u;
 const LOAD_LINES: u32 = 2u;
+const LOAD_K_BLOCKS: u32 = 3u;
+
+// Slots of the A and B tiles a K step loads: four lines at one k each, or with LOAD_K_BLOCKS
+// four lines by four k.
+const A_SLOTS: u32 = select(BM * BK / 4u, BM * BK / 16u, A_LOAD == LOAD_K_BLOCKS);
+const B_SLOTS: u32 = select(BN * BK / 4u, BN * BK / 16u, B_LOAD == LOAD_K_BLOCKS);
 
 // Four rows of A from `row` on at column p of plane offset `plane` (0 outside A). Written
 // out, like everything the K step runs, so that checked modules add no loop counter.
@@ -174,14 +181,18 @@ fn b_cols(o: Origin, col: u32, p: u32, plane: u32) -> vec4<f32> {
     return v;
 }
 
-// Slot t of the A tile (t < BM * BK / 4) into the buffer starting at `at`: four rows at one k,
+// Slot t of the A tile (t < A_SLOTS) into the buffer starting at `at`: four rows at one k,
 // a vec4 per plane. Consecutive slots take consecutive k (contiguous for row-major A).
 fn load_a(o: Origin, k0: u32, t: u32, at: u32) {
-    if (t >= BM * BK / 4u) {
+    if (t >= A_SLOTS) {
         return;
     }
     if (A_LOAD == LOAD_K) {
         load_a_quads(o, k0, t, at);
+        return;
+    }
+    if (A_LOAD == LOAD_K_BLOCKS) {
+        load_a_blocks(o, k0, t, at);
         return;
     }
     let i4 = t / BK;
@@ -196,14 +207,18 @@ fn load_a(o: Origin, k0: u32, t: u32, at: u32) {
     }
 }
 
-// Slot t of the B tile (t < BN * BK / 4): four columns at one k. Consecutive slots take
+// Slot t of the B tile (t < B_SLOTS): four columns at one k. Consecutive slots take
 // consecutive columns (contiguous for row-major B).
 fn load_b(o: Origin, k0: u32, t: u32, at: u32) {
-    if (t >= BN * BK / 4u) {
+    if (t >= B_SLOTS) {
         return;
     }
     if (B_LOAD == LOAD_K) {
         load_b_quads(o, k0, t, at);
+        return;
+    }
+    if (B_LOAD == LOAD_K_BLOCKS) {
+        load_b_blocks(o, k0, t, at);
         return;
     }
     let j4 = t % (BN / 4u);
@@ -250,13 +265,62 @@ fn load_b_quads(o: Origin, k0: u32, t: u32, at: u32) {
     b_tile[at + kk + 3u][c / 4u][c % 4u] = v.w;
 }
 
+// LOAD_K_BLOCKS: slot t of the A tile holds four rows by four consecutive k, read as four
+// aligned quads (one per row, as LOAD_K reads them) and written as four vec4s of the tile, one
+// per k: 16-byte stores into workgroup memory, where LOAD_K writes each quad as four scalars.
+// Consecutive slots take consecutive quads of the same rows.
+fn load_a_blocks(o: Origin, k0: u32, t: u32, at: u32) {
+    let i4 = t / (BK / 4u);
+    let kk = (t % (BK / 4u)) * 4u;
+    let row = o.row0 + i4 * 4u;
+    let q0 = a_quad(o, row, k0 + kk);
+    let q1 = a_quad(o, row + 1u, k0 + kk);
+    let q2 = a_quad(o, row + 2u, k0 + kk);
+    let q3 = a_quad(o, row + 3u, k0 + kk);
+    a_tile[at + kk][i4] = vec4<f32>(q0.x, q1.x, q2.x, q3.x);
+    a_tile[at + kk + 1u][i4] = vec4<f32>(q0.y, q1.y, q2.y, q3.y);
+    a_tile[at + kk + 2u][i4] = vec4<f32>(q0.z, q1.z, q2.z, q3.z);
+    a_tile[at + kk + 3u][i4] = vec4<f32>(q0.w, q1.w, q2.w, q3.w);
+}
+
+// Four consecutive k of A's row `row` from p on (0 outside A).
+fn a_quad(o: Origin, row: u32, p: u32) -> vec4<f32> {
+    if (row < params.m && p < params.k) {
+        return fetch_a4((o.a_base + row * params.a_row + p) >> 2u);
+    }
+    return vec4<f32>();
+}
+
+// LOAD_K_BLOCKS for B (transposed): four columns by four consecutive k.
+fn load_b_blocks(o: Origin, k0: u32, t: u32, at: u32) {
+    let j4 = t / (BK / 4u);
+    let kk = (t % (BK / 4u)) * 4u;
+    let col = o.col0 + j4 * 4u;
+    let q0 = b_quad(o, col, k0 + kk);
+    let q1 = b_quad(o, col + 1u, k0 + kk);
+    let q2 = b_quad(o, col + 2u, k0 + kk);
+    let q3 = b_quad(o, col + 3u, k0 + kk);
+    b_tile[at + kk][j4] = vec4<f32>(q0.x, q1.x, q2.x, q3.x);
+    b_tile[at + kk + 1u][j4] = vec4<f32>(q0.y, q1.y, q2.y, q3.y);
+    b_tile[at + kk + 2u][j4] = vec4<f32>(q0.z, q1.z, q2.z, q3.z);
+    b_tile[at + kk + 3u][j4] = vec4<f32>(q0.w, q1.w, q2.w, q3.w);
+}
+
+// Four consecutive k of B's column `col` from p on (0 outside B).
+fn b_quad(o: Origin, col: u32, p: u32) -> vec4<f32> {
+    if (col < params.n && p < params.k) {
+        return fetch_b4((o.b_base + col * params.b_col + p) >> 2u);
+    }
+    return vec4<f32>();
+}
+
 // The K step from k0 on of A and B into the buffer starting at `at` (0, or PARTS * BK for the
 // second), a slot per invocation at a time.
 fn load_tiles(o: Origin, k0: u32, lindex: u32, at: u32) {
-    for (var t = lindex; t < BM * BK / 4u; t += THREADS) {
+    for (var t = lindex; t < A_SLOTS; t += THREADS) {
         load_a(o, k0, t, at);
     }
-    for (var t = lindex; t < BN * BK / 4u; t += THREADS) {
+    for (var t = lindex; t < B_SLOTS; t += THREADS) {
         load_b(o, k0, t, at);
     }
 }

@@ -12,7 +12,7 @@
 //   const SG: u32               the subgroup size
 //   const WG: u32               the workgroup size: SG times the subgroups per workgroup
 //   const SCALED: bool          operands scaled per line by coop_pack (bf16 planes), else f16(x)
-//   alias OPERAND_T             f16, or vec4<f16> for staged blocks
+//   alias OPERAND_T             f16, or Octet (eight halves, coop_block.wgsl) for staged blocks
 //   fn coop_block(batch, row0, col0, lindex)
 //                               the block's products into C: one accumulator per split level and
 //                               tile, promoted into an f32 total every 256 of K (tensor cores do
@@ -53,7 +53,7 @@ struct CoopParams {
 }
 
 @group(0) @binding(0) var<uniform> params: CoopParams;
-// f16, or vec4<f16> where the block is staged (copied four halves per load).
+// f16, or Octet where the block is staged (copied eight halves, 16 bytes, per load).
 @group(0) @binding(1) var<storage, read> a_data: array<OPERAND_T>;
 @group(0) @binding(2) var<storage, read> b_data: array<OPERAND_T>;
 @group(0) @binding(3) var<storage, read_write> c_data: array<f32>;

@@ -31,8 +31,12 @@ pub struct MatmulRecord {
     pub tflops: f64,
     pub clock: &'static str,
     pub repetitions: usize,
-    /// The kernel variant that ran (wgpu: its tile, and whether the autotuner chose it).
+    /// The kernel variant that ran (wgpu: its tile, and whether the autotuner chose it and
+    /// the median time it timed it at).
     pub variant: String,
+    /// The median seconds the autotuner timed the chosen variant at (from f32 operands, their
+    /// preparation included), where it chose it.
+    pub tuned_seconds: Option<f64>,
     /// Bytes one element of A and of B occupies on the device (split: all planes).
     pub bytes_per_element_a: usize,
     pub bytes_per_element_b: usize,
@@ -121,6 +125,7 @@ impl MatmulBench {
                         clock: timing.clock,
                         repetitions: timing.repetitions,
                         variant: timing.variant.clone(),
+                        tuned_seconds: timing.tuned_seconds,
                         bytes_per_element_a: bytes_a,
                         bytes_per_element_b: bytes_b,
                         relative_error,

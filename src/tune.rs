@@ -156,12 +156,14 @@ impl<'a, T: Copy> Search<'a, T> {
     }
 }
 
-/// A tuned choice and whether it came from a full search (a `full` request re-tunes a `fast`
-/// choice).
+/// A tuned choice, whether it came from a full search (a `full` request re-tunes a `fast`
+/// choice), and the median seconds the search timed it at (where the tuner was told).
 #[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 struct Choice<T> {
     choice: T,
     full: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    seconds: Option<f64>,
 }
 
 /// Where tuned choices persist between runs: a JSON text read when the tuner starts and
@@ -269,13 +271,31 @@ impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Tuner<T> {
         (choice.full || self.mode() != AutotuneMode::Full).then_some(choice.choice)
     }
 
+    /// The median seconds the search that made the stored choice for `key` timed it at.
+    pub fn seconds(&self, key: &str) -> Option<f64> {
+        self.tiles.lock().ok()?.get(key)?.seconds
+    }
+
     /// Records a choice and saves every choice to the store.
     pub fn put(&self, key: String, choice: T) {
+        self.put_timed(key, choice, None);
+    }
+
+    /// Records a choice with the median seconds it was timed at, and saves every choice to the
+    /// store.
+    pub fn put_timed(&self, key: String, choice: T, seconds: Option<f64>) {
         let Ok(mut tiles) = self.tiles.lock() else {
             return;
         };
         let full = self.mode() == AutotuneMode::Full;
-        tiles.insert(key, Choice { choice, full });
+        tiles.insert(
+            key,
+            Choice {
+                choice,
+                full,
+                seconds,
+            },
+        );
         if let (Some(store), Ok(text)) = (&self.store, serde_json::to_string_pretty(&*tiles)) {
             store.save(&text);
         }
@@ -325,6 +345,11 @@ mod tests {
         fast.put("k".into(), 3);
         let again = Tuner::<u8>::with_store(AutotuneMode::Fast, Some(Box::new(store.clone())));
         assert_eq!((again.get("k"), again.entries()), (Some(3), (1, 1)));
+        // The time a choice was tuned at persists with it; a choice stored without one has none.
+        assert_eq!(again.seconds("k"), None);
+        again.put_timed("t".into(), 4, Some(0.25));
+        let timed = Tuner::<u8>::with_store(AutotuneMode::Fast, Some(Box::new(store.clone())));
+        assert_eq!((timed.get("t"), timed.seconds("t")), (Some(4), Some(0.25)));
         let full = Tuner::<u8>::with_store(AutotuneMode::Full, Some(Box::new(store.clone())));
         assert_eq!(
             full.get("k"),

@@ -44,7 +44,12 @@ fn every_tile_gives_the_same_bits() {
         // Two workgroup buffers change only the K loop, the same code for every tile shape: a
         // third of the double-buffered tiles (K = 77 takes an odd or even number of steps
         // depending on the tile, so both ends of that loop run).
-        let all = b.tile_candidates(&alg);
+        // Tiles loading quads in blocks of four lines change only the loads
+        // (`quad_loads_give_the_element_loads_bits`), and A transposed by B row-major loads
+        // along lines: left out here.
+        let all: Vec<Tile> = (b.tile_candidates(&alg).into_iter())
+            .filter(|t| !t.quad_blocks)
+            .collect();
         let tiles: Vec<_> = (all.iter().filter(|t| t.buffers == 1).step_by(every))
             .chain(all.iter().filter(|t| t.buffers == 2).step_by(every * 3))
             .copied()
@@ -122,7 +127,8 @@ fn checked_kernels_give_the_same_bits_with_one_and_two_buffers() {
 /// in when its length is a multiple of 4, else element by element. The same product inside a
 /// larger one (K one longer with zeros, M and N one longer with other values) takes the
 /// element-by-element loads, and adding a product 0 x 0 leaves every sum's bits as they are:
-/// both give the same C, for every layout of A and B, checked and unchecked.
+/// both give the same C, for every layout of A and B, checked and unchecked; so do quads along
+/// K loaded four lines at a time (`Tile::quad_blocks`).
 #[test]
 fn quad_loads_give_the_element_loads_bits() {
     let test = "quad_loads_give_the_element_loads_bits";
@@ -176,6 +182,39 @@ fn quad_loads_give_the_element_loads_bits() {
                     if p < k { b_at(bi, p, j) } else { 0.0 }
                 });
                 let elements = backend.matmul(&large, &alg, &a, &bm).block_on().unwrap();
+                // Quads along K in blocks of four lines (the same small product), on the
+                // default tile, and where A loads that way on a wide one with two buffers.
+                let (a, bm) = (
+                    lay(m, k, a_t, &|bi, i, p| a_at(bi, i, p)),
+                    lay(k, n, b_t, &|bi, p, j| b_at(bi, p, j)),
+                );
+                let default = backend.tile_candidates(&alg)[0];
+                let wide = Tile {
+                    bm: 128,
+                    bn: 64,
+                    bk: 16,
+                    reg: 8,
+                    ..default
+                };
+                let tiles = if a_t {
+                    vec![default]
+                } else {
+                    vec![default, wide.with_buffers(2)]
+                };
+                let blocks: Vec<Vec<f32>> = (tiles.into_iter())
+                    .map(|t| {
+                        backend
+                            .matmul_on_tile(&small, &alg, t.with_quad_blocks(true), &a, &bm)
+                            .block_on()
+                            .unwrap()
+                    })
+                    .collect();
+                assert!(
+                    blocks.iter().all(|c| common::same_bits(c, &quads)),
+                    "{which} {alg}, A{} B{}: quads in blocks of four lines differ",
+                    if a_t { "^T" } else { "" },
+                    if b_t { "^T" } else { "" },
+                );
                 for bi in 0..batch {
                     for i in 0..m {
                         for j in 0..n {
@@ -213,14 +252,25 @@ fn a_tuned_tile_is_persisted_and_reused() {
         .time_matmul(&shape, &Algorithm::F32, &a, &bm, 1, Operands::F32)
         .block_on()
         .unwrap();
+    // The variant names the tile and the time the tuner timed it at.
+    let tuned = timing.tuned_seconds.expect("the tuned time");
     assert!(
-        timing.variant.ends_with("(autotuned)"),
+        timing
+            .variant
+            .ends_with(&format!("(autotuned at {:.3} ms)", tuned * 1e3)),
         "{}",
         timing.variant
     );
     let saved = std::fs::read_to_string(&path).expect("cache written");
     let entries: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&saved).unwrap();
     assert_eq!(entries.len(), 1, "{saved}");
+    // (JSON's decimal text gives back the seconds to within an ulp.)
+    let near = |x: Option<f64>| x.is_some_and(|x| (x - tuned).abs() <= 1e-12 * tuned);
+    let stored = entries.values().next().unwrap();
+    assert!(
+        near(stored["seconds"].as_f64()),
+        "{tuned} s, stored: {saved}"
+    );
     // A second tuner reads the choice instead of tuning again: the file stays as it was.
     let b = b.with_tuner(Autotuner::new(AutotuneMode::Fast, Some(path.clone())));
     let again = b
@@ -228,6 +278,14 @@ fn a_tuned_tile_is_persisted_and_reused() {
         .block_on()
         .unwrap();
     assert_eq!(again.len(), shape.c_len());
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), saved);
+    // The stored choice's time is shown again, from the store.
+    let reread = b
+        .time_matmul(&shape, &Algorithm::F32, &a, &bm, 1, Operands::F32)
+        .block_on()
+        .unwrap();
+    assert!(near(reread.tuned_seconds), "{:?}", reread.tuned_seconds);
+    assert_eq!(reread.variant, timing.variant);
     assert_eq!(std::fs::read_to_string(&path).unwrap(), saved);
     // A corrupt cache is ignored (and rewritten), never trusted.
     std::fs::write(&path, "{ not json").unwrap();
@@ -263,6 +321,29 @@ fn a_tuned_tile_is_persisted_and_reused() {
     assert!(same, "a hostile cached tile changed the result");
     let retuned = std::fs::read_to_string(&path).unwrap();
     assert_ne!(retuned, hostile);
+    // A well-formed tile that is no longer a candidate (here 256 rows, beyond every
+    // candidate: a choice an older version offered) is re-tuned too, and replaced by one.
+    let mut entries: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&saved).unwrap();
+    for choice in entries.values_mut() {
+        choice["choice"]["bm"] = 256.into();
+    }
+    let stale = serde_json::to_string(&entries).unwrap();
+    std::fs::write(&path, &stale).unwrap();
+    let b = b.with_tuner(Autotuner::new(AutotuneMode::Fast, Some(path.clone())));
+    let timing = b
+        .time_matmul(&shape, &Algorithm::F32, &a, &bm, 1, Operands::F32)
+        .block_on()
+        .unwrap();
+    assert!(!timing.variant.contains("256x"), "{}", timing.variant);
+    let retuned = std::fs::read_to_string(&path).unwrap();
+    let entries: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&retuned).unwrap();
+    let candidates = b.tile_candidates(&Algorithm::F32);
+    for choice in entries.values() {
+        let tile: Tile = serde_json::from_value(choice["choice"].clone()).unwrap();
+        assert!(candidates.contains(&tile), "{tile} stored: {retuned}");
+    }
     // A matmul under that work takes the default tile: nothing tuned, nothing stored.
     let small = MatmulShape::new(96, 80, 64);
     let (a, bm) = (

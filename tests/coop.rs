@@ -104,11 +104,12 @@ fn every_coop_block_matches_the_reference() {
     };
     let seed = common::seed("every_coop_block_matches_the_reference");
     // The fewest and the most accumulators per block: every block of f16 with a K step of one
-    // tile in one stage, and a quarter of those with two tiles or two stages; the default and
-    // a third of the others of bf16x9 (the same blocks with nine planes' products, slow to
-    // compile on lavapipe), a twelfth of the two-tile and two-stage ones; a different share
-    // each run (the seed names which). K steps and stages change only the copy schedule and
-    // the sub-steps, the same code for every block.
+    // tile in one stage without prefetch, and an eighth of the others (two tiles a K step, two
+    // stages, prefetch: seven combinations a block); the default and a third of the first
+    // kind of bf16x9 (the same blocks with nine planes' products, slow to compile on
+    // lavapipe), a twenty-fourth of the others; a different share each run (the seed names
+    // which; the published designs' blocks all run in the test below). K steps, stages and
+    // prefetch change only the copy schedule and the sub-steps, the same code for every block.
     for (alg, every) in [(Algorithm::F16, 1), (Algorithm::Bf16x9, 3)] {
         let tiles = b.tile_candidates(&alg);
         let size = tiles[0].bk;
@@ -117,11 +118,14 @@ fn every_coop_block_matches_the_reference() {
         assert!(tiles.iter().any(|t| t.warps == 1) && tiles.iter().any(|t| t.warps > 1));
         assert!(tiles.iter().any(|t| t.warps > 1 && t.buffers == 2));
         assert!(tiles.iter().any(|t| t.warps > 1 && t.bk == 2 * size));
+        assert!(tiles.iter().any(|t| t.prefetch && t.buffers == 1));
+        assert!(tiles.iter().any(|t| t.prefetch && t.buffers == 2));
+        assert!(tiles.iter().any(|t| t.bm == 16 * size && t.bn == 8 * size));
         let (plain, varied): (Vec<Tile>, Vec<Tile>) = tiles
             .iter()
             .copied()
-            .partition(|t| t.buffers == 1 && t.bk == size);
-        for (group, every) in [(plain, every), (varied, 4 * every)] {
+            .partition(|t| t.buffers == 1 && t.bk == size && !t.prefetch);
+        for (group, every) in [(plain, every), (varied, 8 * every)] {
             let offset = (seed % every) as usize;
             for (i, &tile) in group.iter().enumerate() {
                 if tile == tiles[0] || i % every as usize == offset {
@@ -129,6 +133,66 @@ fn every_coop_block_matches_the_reference() {
                     check_on_tile(&b, &alg, tile, &aligned_shape(), seed + 1);
                 }
             }
+        }
+    }
+}
+
+/// The blocks of the published designs (`Tile::coop_designs`: what `fast` tuning tries first
+/// on a GPU) on f16, bf16 and split bf16: off every tile multiple, batched and transposed, K
+/// past one promotion, blocks inside C and on its edges, and lines beyond f16's range (the SIMT
+/// fallback's), inf and NaN.
+#[test]
+fn the_published_designs_match_the_reference() {
+    let test = "the_published_designs_match_the_reference";
+    let Some(b) = coop_backend(test, true) else {
+        return;
+    };
+    let seed = common::seed(test);
+    let edges = MatmulShape::new(24, 20, 40);
+    let mut a = measure::normal(edges.a_len(), seed);
+    let mut bm = measure::normal(edges.b_len(), seed + 1);
+    a[3 * edges.k] = 1e18;
+    a[3 * edges.k + 1] = 1e-3;
+    a[7 * edges.k + 2] = f32::INFINITY;
+    bm[10 * edges.n + 5] = f32::NAN;
+    // Every design on f16; a third of them on bf16 and on bf16x3 (each block a kernel to
+    // compile, a few seconds apiece on lavapipe), a different third each run (the seed names
+    // which): the same blocks with scaled planes, a fallback and split levels.
+    for (alg, every) in [
+        (Algorithm::F16, 1),
+        (Algorithm::Bf16, 3),
+        (Algorithm::Bf16x3, 3),
+    ] {
+        let tiles = b.tile_candidates(&alg);
+        let size = tiles[0].bk;
+        let designs: Vec<Tile> = Tile::coop_designs(size)
+            .into_iter()
+            .filter(|t| tiles.contains(t))
+            .collect();
+        assert!(!designs.is_empty(), "{alg}: no design fits");
+        assert_eq!(
+            &tiles[1..=designs.len()],
+            &designs[..],
+            "{alg}: designs first"
+        );
+        let offset = (seed % every) as usize;
+        for tile in designs.into_iter().skip(offset).step_by(every as usize) {
+            for (s, shape) in shapes().iter().chain([&aligned_shape()]).enumerate() {
+                check_on_tile(&b, &alg, tile, shape, seed + 2 + 2 * s as u64);
+            }
+            let got = b
+                .matmul_on_tile(&edges, &alg, tile, &a, &bm)
+                .block_on()
+                .expect("matmul");
+            common::assert_contract(
+                &b.name(),
+                &alg,
+                &edges,
+                &a,
+                &bm,
+                &got,
+                &format!("block {tile}, lines beyond f16's range"),
+            );
         }
     }
 }
@@ -289,7 +353,7 @@ fn the_product_alone_recomputes_c_from_prepared_operands() {
 /// fallback of the flagged lines split too (rows of A beyond f16's range, an inf). Each block
 /// runs on a backend told to assume a budget that holds a few promotion intervals (256 of K) a
 /// span, against one that runs K whole: every cooperative algorithm on the default block, f16
-/// also staged in one stage and in two.
+/// also staged in one stage and in two, each with and without prefetch.
 #[test]
 fn a_split_k_gives_the_bits_of_one_dispatch_on_cooperative_matrices() {
     let test = "a_split_k_gives_the_bits_of_one_dispatch_on_cooperative_matrices";
@@ -311,8 +375,13 @@ fn a_split_k_gives_the_bits_of_one_dispatch_on_cooperative_matrices() {
         let tiles = whole.tile_candidates(&alg);
         let mut blocks = vec![tiles[0]];
         if alg == Algorithm::F16 {
-            blocks.extend(tiles.iter().find(|t| t.warps > 1 && t.buffers == 1));
-            blocks.extend(tiles.iter().find(|t| t.warps > 1 && t.buffers == 2));
+            for (buffers, prefetch) in [(1, false), (2, false), (1, true), (2, true)] {
+                blocks.extend(
+                    tiles
+                        .iter()
+                        .find(|t| t.warps > 1 && t.buffers == buffers && t.prefetch == prefetch),
+                );
+            }
         }
         for tile in blocks {
             // Half the budget holds the block's fixed loops and at least one promotion

@@ -243,6 +243,8 @@ fn checked_k_step_runs_the_unchecked_instructions() {
         reg: 8,
         warps: 1,
         buffers: 1,
+        prefetch: false,
+        quad_blocks: false,
     };
     let bf16x3 = MatmulVariant::for_algorithm(&Algorithm::Bf16x3, F16Read::Packed);
     let variants = [
@@ -261,6 +263,9 @@ fn checked_k_step_runs_the_unchecked_instructions() {
             .with_loads([Load::QuadsAlongK, Load::QuadsAlongLines]),
         MatmulVariant::for_algorithm(&Algorithm::Tf32, F16Read::Packed)
             .with_loads([Load::QuadsAlongLines, Load::QuadsAlongK]),
+        // Along K in blocks of four lines, stored as vec4s.
+        MatmulVariant::for_algorithm(&Algorithm::F32, F16Read::Packed)
+            .with_loads([Load::QuadBlocksAlongK, Load::QuadBlocksAlongK]),
         // Two workgroup buffers: a step function per buffer, each at constant indices.
         bf16x3.with_tile(Tile::default_for(3).with_buffers(2)),
         MatmulVariant::for_algorithm(&Algorithm::F32, F16Read::Packed)
@@ -333,7 +338,14 @@ fn checked_k_step_runs_the_unchecked_instructions() {
                 "{label}: the checked K step differs from the unchecked one beyond its clamps"
             );
         }
-        let quads = ["load_a_quads", "load_b_quads"];
+        let quads = [
+            "load_a_quads",
+            "load_b_quads",
+            "load_a_blocks",
+            "load_b_blocks",
+            "a_quad",
+            "b_quad",
+        ];
         for name in ["load_a", "load_b", "a_rows", "b_cols"]
             .into_iter()
             .chain(quads.into_iter().filter(|q| checked.contains_key(*q)))

@@ -189,9 +189,12 @@ pub struct MatmulTiming {
     /// How the time was taken: "gpu-timestamps" or "wall-clock".
     pub clock: &'static str,
     pub repetitions: usize,
-    /// Which kernel variant ran ("simt, tile 64x64x16 (autotuned)", "coop-matrix 16x16x16,
-    /// subgroup 32, block 32x32x16"; "host" on the reference).
+    /// Which kernel variant ran ("simt, tile 64x64x16 (autotuned at 1.234 ms)", "coop-matrix
+    /// 16x16x16, subgroup 32, block 32x32x16"; "host" on the reference).
     pub variant: String,
+    /// The median seconds the autotuner timed the chosen variant at, from f32 operands (their
+    /// preparation included), where it chose it (wgpu) and the time was stored.
+    pub tuned_seconds: Option<f64>,
 }
 
 /// The one seam between policy and hardware. Operands and results are row-major f32 on the host;
@@ -259,6 +262,7 @@ pub trait Backend: Send + Sync {
             clock: "wall-clock",
             repetitions: times.len(),
             variant: "host".into(),
+            tuned_seconds: None,
         })
     }
 

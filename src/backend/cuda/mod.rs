@@ -554,6 +554,7 @@ impl Backend for CudaBackend {
             clock: "cuda-events",
             repetitions: times.len(),
             variant: matmul::variant_of_run(self, shape, algorithm),
+            tuned_seconds: None,
         })
     }
 

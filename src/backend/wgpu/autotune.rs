@@ -11,7 +11,8 @@
 //! ever save.
 //!
 //! `MANTISSA_AUTOTUNE`: `off` (default tiles), `fast` (the default and its neighbours: one
-//! dimension halved or doubled), `full` (every tile the device's limits allow); each candidate
+//! dimension halved or doubled; on cooperative matrices also the published designs'
+//! staged blocks, `Tile::coop_designs`, tried right after the default), `full` (every tile the device's limits allow); each candidate
 //! timed as the median of `TUNE_RUNS` after a warm-up, nearest the default first, within the
 //! search's budget (`MANTISSA_TUNE_SECONDS`; a tile that fails to compile or run is dropped and
 //! said). The cache lives in
@@ -41,22 +42,25 @@ impl Autotuner {
 }
 
 impl WgpuBackend {
-    /// The tile for this matmul, tuning it first when the mode asks and the class is new, and
-    /// whether it was tuned. `a` and `b` are the f32 operands already on the device.
+    /// The tile for this matmul, tuning it first when the mode asks and the class is new;
+    /// whether it was tuned, and the median seconds the tuner timed it at (from f32 operands,
+    /// their preparation included; none for a choice stored without it). `a` and `b` are the
+    /// f32 operands already on the device.
     pub(crate) async fn tile_for(
         &self,
         shape: &MatmulShape,
         algorithm: &Algorithm,
         operands: OnDevice<'_>,
-    ) -> Result<(Tile, bool)> {
+    ) -> Result<(Tile, bool, Option<f64>)> {
         let variant = self.variant(algorithm);
         let default = variant.tile;
         if self.tuner.mode() == AutotuneMode::Off || shape.flops() < TUNE_MIN_FLOPS {
-            return Ok((default, false));
+            return Ok((default, false, None));
         }
         let s = &self.gpu.summary;
+        let all = self.tile_candidates(algorithm);
         let key = format!(
-            "{} | {} | {}{}{:?} {:?} parts {} levels {} fp8 {} rowwise {} | {}",
+            "{} | {} | {}{}{:?} {:?} parts {} levels {} fp8 {} rowwise {} | {} | {}",
             s.name,
             s.driver,
             // Runtime checks change which tile is fastest.
@@ -72,21 +76,41 @@ impl WgpuBackend {
             variant.levels,
             variant.fp8,
             variant.rowwise,
-            shape_class(shape)
+            shape_class(shape),
+            // A choice made among other candidates (another version's) is made again, so new
+            // candidates are tried where an older cache holds a choice.
+            candidates_fingerprint(&all)
         );
-        let all = self.tile_candidates(algorithm);
         // A stored tile is used only when it is one of today's candidates for this adapter: a
         // cache edited by hand, or written by another version, is re-tuned, never trusted.
         if let Some(t) = self.tuner.get(&key).filter(|t| all.contains(t)) {
-            return Ok((t, true));
+            return Ok((t, true, self.tuner.seconds(&key)));
         }
-        // The default first, then its neighbours (`fast` stops there), then the rest: a
-        // search cut short by the budget has timed the likeliest.
+        // The default first, then on cooperative matrices the published designs (the staged
+        // blocks a GPU most likely wants, in that order), then the default's neighbours (`fast`
+        // stops there), then the rest: a search cut short by the budget has timed the likeliest.
+        let designs = match variant.coop {
+            Some(c) => Tile::coop_designs(c.size),
+            None => Vec::new(),
+        };
+        let rank = |t: &Tile| {
+            let design = designs.iter().position(|d| d == t);
+            (
+                *t != default,
+                design.is_none(),
+                design,
+                !neighbour(*t, default),
+            )
+        };
         let mut candidates: Vec<Tile> = all
             .into_iter()
-            .filter(|t| self.tuner.mode() == AutotuneMode::Full || neighbour(*t, default))
+            .filter(|t| {
+                self.tuner.mode() == AutotuneMode::Full
+                    || neighbour(*t, default)
+                    || designs.contains(t)
+            })
             .collect();
-        candidates.sort_by_key(|t| (*t != default, !neighbour(*t, default)));
+        candidates.sort_by_key(rank);
         let mut search = self.tuner.search(&key);
         for tile in candidates {
             if !search.open() {
@@ -106,22 +130,33 @@ impl WgpuBackend {
             search.record(tile, &format!("tile {tile}"), timed);
         }
         match search.finish()? {
-            Some((best, _)) => {
-                self.tuner.put(key, best);
-                Ok((best, true))
+            Some((best, seconds)) => {
+                self.tuner.put_timed(key, best, Some(seconds));
+                Ok((best, true, Some(seconds)))
             }
-            None => Ok((default, false)),
+            None => Ok((default, false, None)),
         }
     }
 }
 
+/// Names a list of candidates in a tuning's key: their number and a hash of them (a hash that
+/// changes with the compiler costs a re-tune, no more).
+fn candidates_fingerprint(all: &[Tile]) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    all.hash(&mut h);
+    format!("{} candidates {:016x}", all.len(), h.finish())
+}
+
 /// Whether `t` differs from `d` in at most one dimension, by a factor of two (its register
-/// block aside), or is `d`'s shape with the other number of workgroup buffers.
+/// block aside), or is `d`'s shape with the other number of workgroup buffers or the other way
+/// of loading quads.
 fn neighbour(t: Tile, d: Tile) -> bool {
     let step = |x: u32, y: u32| x == y * 2 || y == x * 2;
     let same = [(t.bm, d.bm), (t.bn, d.bn), (t.bk, d.bk)];
     let equal = same.iter().filter(|(x, y)| x == y).count();
-    equal == 3 || (equal == 2 && t.buffers == d.buffers && same.iter().any(|&(x, y)| step(x, y)))
+    let as_d = t.buffers == d.buffers && t.quad_blocks == d.quad_blocks;
+    equal == 3 || (equal == 2 && as_d && same.iter().any(|&(x, y)| step(x, y)))
 }
 
 #[cfg(test)]

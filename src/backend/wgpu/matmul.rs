@@ -322,15 +322,20 @@ fn simt(
             !shape.a_transposed,
             if shape.a_transposed { shape.m } else { shape.k },
             pa.buffer.size(),
+            variant.tile,
         ),
         Load::for_operand(
             variant.b,
             shape.b_transposed,
             if shape.b_transposed { shape.k } else { shape.n },
             pb.buffer.size(),
+            variant.tile,
         ),
     ];
-    let variant = variant.with_loads(loads);
+    // The loads now say what the tile's `quad_blocks` asked: one kernel either way.
+    let variant = variant
+        .with_loads(loads)
+        .with_tile(variant.tile.with_quad_blocks(false));
     let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
     let (m, n, k) = (shape.m as u32, shape.n as u32, shape.k as u32);
     let (a_row, a_col) = if shape.a_transposed { (1, m) } else { (k, 1) };

@@ -282,11 +282,19 @@ impl WgpuBackend {
                 limits.max_compute_invocations_per_workgroup,
             );
         }
-        Tile::candidates(
+        let tiles = Tile::candidates(
             v.parts,
             limits.max_compute_invocations_per_workgroup,
             limits.max_compute_workgroup_storage_size,
-        )
+        );
+        // f32 and tf32 operands contiguous in K may load four lines by four k a slot: every
+        // tile again that way, after the others (the way they load otherwise stays a candidate).
+        let quads = |o| matches!(o, shaders::Operand::F32 | shaders::Operand::Tf32);
+        if !(quads(v.a) || quads(v.b)) {
+            return tiles;
+        }
+        let blocks: Vec<Tile> = tiles.iter().map(|t| t.with_quad_blocks(true)).collect();
+        tiles.into_iter().chain(blocks).collect()
     }
 
     /// The spans of K that the product's dispatches of `algorithm` on `tile` sum (of the K
@@ -629,7 +637,7 @@ impl Backend for WgpuBackend {
             return Ok(vec![0.0; shape.c_len()]);
         }
         let (ab, bb) = self.upload_operands(a, b).await?;
-        let (tile, _) = self
+        let (tile, ..) = self
             .tile_for(shape, algorithm, OnDevice::f32(&ab, &bb))
             .await?;
         self.multiply(shape, algorithm, tile, &ab, &bb).await
@@ -724,7 +732,7 @@ impl Backend for WgpuBackend {
     ) -> Result<MatmulTiming> {
         shape.check(a.len(), b.len())?;
         let (ab, bb) = self.upload_operands(a, b).await?;
-        let (tile, tuned) = self
+        let (tile, tuned, tuned_seconds) = self
             .tile_for(shape, algorithm, OnDevice::f32(&ab, &bb))
             .await?;
         let (seconds, clock, repetitions) = self
@@ -751,8 +759,13 @@ impl Backend for WgpuBackend {
                     ),
                     None => "simt, tile ".into(),
                 },
-                if tuned { " (autotuned)" } else { "" }
+                match (tuned, tuned_seconds) {
+                    (true, Some(s)) => format!(" (autotuned at {:.3} ms)", s * 1e3),
+                    (true, None) => " (autotuned)".into(),
+                    (false, _) => String::new(),
+                }
             ),
+            tuned_seconds,
         })
     }
 }

@@ -64,17 +64,30 @@ pub enum Load {
     /// Four consecutive rows of A (transposed; M a multiple of 4) or columns of B (row-major;
     /// N a multiple of 4) in one load: one vec4 of the workgroup tile.
     QuadsAlongLines,
+    /// As `QuadsAlongK`, four lines at a time: four quads (four lines by four k) turned in
+    /// registers into four vec4s of the workgroup tile (one per k), 16-byte stores where
+    /// `QuadsAlongK` writes each quad as four scalars (`Tile::quad_blocks`).
+    QuadBlocksAlongK,
 }
 
 impl Load {
     /// How an operand of `kind` can be loaded: in quads where it holds one element per word
     /// and the dimension it is contiguous in (`along_k`, else rows or columns) is a multiple of
     /// 4 long (every quad is then aligned, inside the operand or past its end whole) and the
-    /// bound buffer a whole number of quads; else element by element.
-    pub fn for_operand(kind: Operand, along_k: bool, contiguous: usize, buffer_bytes: u64) -> Load {
+    /// bound buffer a whole number of quads; else element by element. Along K in blocks of
+    /// four lines where `tile` asks for it.
+    pub fn for_operand(
+        kind: Operand,
+        along_k: bool,
+        contiguous: usize,
+        buffer_bytes: u64,
+        tile: Tile,
+    ) -> Load {
         let one_per_word = matches!(kind, Operand::F32 | Operand::Tf32);
         if !one_per_word || !contiguous.is_multiple_of(4) || !buffer_bytes.is_multiple_of(16) {
             Load::Scalar
+        } else if along_k && tile.quad_blocks {
+            Load::QuadBlocksAlongK
         } else if along_k {
             Load::QuadsAlongK
         } else {
@@ -82,11 +95,20 @@ impl Load {
         }
     }
 
+    /// Every way of loading, for the kernels' validation.
+    pub const ALL: [Load; 4] = [
+        Load::Scalar,
+        Load::QuadsAlongK,
+        Load::QuadsAlongLines,
+        Load::QuadBlocksAlongK,
+    ];
+
     fn id(self) -> u32 {
         match self {
             Load::Scalar => 0,
             Load::QuadsAlongK => 1,
             Load::QuadsAlongLines => 2,
+            Load::QuadBlocksAlongK => 3,
         }
     }
 }
@@ -94,7 +116,7 @@ impl Load {
 impl Operand {
     fn element_type(self, load: Load) -> &'static str {
         match (self, load) {
-            (_, Load::QuadsAlongK | Load::QuadsAlongLines) => "vec4<u32>",
+            (_, Load::QuadsAlongK | Load::QuadsAlongLines | Load::QuadBlocksAlongK) => "vec4<u32>",
             (Operand::F16(F16Read::Native), _) => "f16",
             _ => "u32",
         }
@@ -162,6 +184,16 @@ pub struct Tile {
     /// workgroup memory.
     #[serde(default = "Tile::one")]
     pub buffers: u32,
+    /// Cooperative kernel, staged blocks only: the next K step's loads from storage are issued
+    /// into registers before this step's products and stored into workgroup memory after
+    /// them, so that their latency hides behind the products.
+    #[serde(default)]
+    pub prefetch: bool,
+    /// SIMT kernel only: f32 and tf32 operands contiguous in K (A row-major, B transposed)
+    /// loaded four lines by four k a slot and stored as four vec4s of the workgroup tile
+    /// (`Load::QuadBlocksAlongK`), rather than a quad spread over four k.
+    #[serde(default)]
+    pub quad_blocks: bool,
 }
 
 impl Tile {
@@ -175,6 +207,8 @@ impl Tile {
             reg: 4,
             warps: 1,
             buffers: 1,
+            prefetch: false,
+            quad_blocks: false,
         }
     }
 
@@ -201,6 +235,14 @@ impl Tile {
         Tile { buffers, ..self }
     }
 
+    /// The same tile loading f32 operands contiguous in K in blocks of four lines or not.
+    pub fn with_quad_blocks(self, quad_blocks: bool) -> Tile {
+        Tile {
+            quad_blocks,
+            ..self
+        }
+    }
+
     /// Every tile the autotuner may try for operands of `parts` planes on a device with these
     /// limits, the default first. Each computes bit for bit the same result (every output
     /// element sums its k terms in order whatever the tile), so the choice is speed alone.
@@ -221,6 +263,8 @@ impl Tile {
                             reg,
                             warps: 1,
                             buffers: 1,
+                            prefetch: false,
+                            quad_blocks: false,
                         };
                         if t.threads() < 32 || t.threads() > max_threads {
                             continue;
@@ -249,19 +293,23 @@ impl Tile {
             reg: 4,
             warps: 1,
             buffers: 1,
+            prefetch: false,
+            quad_blocks: false,
         }
     }
 
     /// How the subgroups of a cooperative block of `size` x `size` tiles split it: (rows,
-    /// columns) of subgroups, each taking an equal rectangle of whole tiles, the squarest such;
-    /// None if `warps` does not divide the block's tiles.
+    /// columns) of subgroups, each taking an equal rectangle of whole tiles, the squarest such,
+    /// more rows of subgroups on a tie (8 subgroups on 8 x 8 tiles: 4 x 2 of them, 2 x 4
+    /// tiles each, as shmem.comp lays them out); None if `warps` does not divide the block's
+    /// tiles.
     pub fn coop_warp_grid(self, size: u32) -> Option<(u32, u32)> {
         let (tr, tc) = (self.bm / size, self.bn / size);
         (1..=self.warps)
             .filter(|wr| self.warps.is_multiple_of(*wr))
             .map(|wr| (wr, self.warps / wr))
             .filter(|&(wr, wc)| tr.is_multiple_of(wr) && tc.is_multiple_of(wc))
-            .min_by_key(|&(wr, wc)| (tr / wr).abs_diff(tc / wc))
+            .min_by_key(|&(wr, wc)| ((tr / wr).abs_diff(tc / wc), std::cmp::Reverse(wr)))
     }
 
     /// Workgroup bytes of a cooperative block of `size` x `size` tiles over `planes` operand
@@ -277,10 +325,12 @@ impl Tile {
         self.warps * size * size * 4 + staged
     }
 
-    /// Blocks the autotuner may try on the cooperative-matrix kernel, the default first: one
-    /// subgroup with 1, 2 or 4 tiles a side; or 4 or 8 subgroups sharing a block of 4 or 8
-    /// tiles a side staged through workgroup memory, a K step of one or two tiles, in one
-    /// stage or two (the next K step copied while the current one is multiplied).
+    /// Blocks the autotuner may try on the cooperative-matrix kernel, the default first, then
+    /// the published designs (`coop_designs`): one subgroup with 1, 2 or 4 tiles a side; or 4
+    /// or 8 subgroups sharing a block of 4 or 8 tiles a side (8 subgroups also 16 x 8 tiles)
+    /// staged through workgroup memory, a K step of one or two tiles, in one stage or two (the
+    /// next K step copied while the current one is multiplied), each with and without prefetch
+    /// (the next K step's loads in registers while the current one is multiplied).
     pub fn coop_candidates(
         size: u32,
         subgroup: u32,
@@ -298,37 +348,80 @@ impl Tile {
                 out.push(t);
             }
         };
-        for bm in [1, 2, 4].map(|t| t * size) {
-            for bn in [1, 2, 4].map(|t| t * size) {
-                push(Tile {
-                    bm,
-                    bn,
-                    bk: size,
-                    reg: 4,
-                    warps: 1,
-                    buffers: 1,
-                });
+        Tile::coop_designs(size).into_iter().for_each(&mut push);
+        for bm in [1, 2, 4] {
+            for bn in [1, 2, 4] {
+                push(Tile::coop_staged(size, (bm, bn, 1), 1, 1, false));
             }
         }
         for warps in [4, 8] {
-            for bm in [4, 8].map(|t| t * size) {
-                for bn in [4, 8].map(|t| t * size) {
-                    for bk in [size, 2 * size] {
-                        for buffers in [1, 2] {
-                            push(Tile {
-                                bm,
-                                bn,
-                                bk,
-                                reg: 4,
+            let mut blocks = vec![(4, 4), (4, 8), (8, 4), (8, 8)];
+            if warps == 8 {
+                blocks.push((16, 8));
+            }
+            for (bm, bn) in blocks {
+                for bk in [1, 2] {
+                    for buffers in [1, 2] {
+                        for prefetch in [false, true] {
+                            push(Tile::coop_staged(
+                                size,
+                                (bm, bn, bk),
                                 warps,
                                 buffers,
-                            });
+                                prefetch,
+                            ));
                         }
                     }
                 }
             }
         }
         out
+    }
+
+    /// A cooperative block of `tiles` (rows, columns, K step) tiles of `size`, on `warps`
+    /// subgroups (staged through workgroup memory where several) in `buffers` stages.
+    fn coop_staged(
+        size: u32,
+        tiles: (u32, u32, u32),
+        warps: u32,
+        buffers: u32,
+        prefetch: bool,
+    ) -> Tile {
+        Tile {
+            bm: tiles.0 * size,
+            bn: tiles.1 * size,
+            bk: tiles.2 * size,
+            reg: 4,
+            warps,
+            buffers,
+            prefetch,
+            quad_blocks: false,
+        }
+    }
+
+    /// The staged blocks of the published cooperative-matrix GEMMs, likeliest on a GPU first:
+    /// what `fast` tuning tries after the default (docs/wgpu.md).
+    /// - NVIDIA's vk_cooperative_matrix_perf (`shmem.comp`): 8 subgroups, 4 rows by 2 columns
+    ///   of them over 8 x 8 tiles (128 x 128 at T = 16), each 2 x 4 tiles of accumulators
+    ///   reusing each A fragment across its columns; a K step of one tile for f32 accumulators
+    ///   (our case: two tiles are its f16-accumulator step), the next step prefetched into
+    ///   registers. Also in two stages (one barrier a step), with two tiles a step, and 16 x 8
+    ///   tiles (256 x 128, 4 x 4 accumulators a subgroup).
+    /// - llama.cpp's Vulkan coopmat1 matmul: 4 subgroups (128 invocations on NVIDIA) over
+    ///   8 x 8 tiles, 4 x 4 tiles (64 x 64) each, a K step of one tile copied straight from
+    ///   storage; and with prefetch.
+    pub fn coop_designs(size: u32) -> Vec<Tile> {
+        let s = |tiles, warps, buffers, prefetch| {
+            Tile::coop_staged(size, tiles, warps, buffers, prefetch)
+        };
+        vec![
+            s((8, 8, 1), 8, 1, true),
+            s((8, 8, 1), 8, 2, true),
+            s((8, 8, 2), 8, 1, true),
+            s((16, 8, 1), 8, 1, true),
+            s((8, 8, 1), 4, 1, false),
+            s((8, 8, 1), 4, 1, true),
+        ]
     }
 }
 
@@ -343,6 +436,12 @@ impl fmt::Display for Tile {
         }
         if self.buffers == 2 {
             write!(f, " double-buffered")?;
+        }
+        if self.prefetch {
+            write!(f, " prefetched")?;
+        }
+        if self.quad_blocks {
+            write!(f, " quad blocks")?;
         }
         Ok(())
     }
@@ -515,9 +614,17 @@ impl MatmulVariant {
         let t = self.tile;
         let Some(coop) = self.coop else {
             let threads = u64::from(t.threads());
-            // load_tiles: a loop over A's slots, one over B's (four lines at one k each).
-            let slots = |lines: u32| (u64::from(lines) * u64::from(t.bk) / 4).div_ceil(threads);
-            let loads = looped(slots(t.bm)) + looped(slots(t.bn));
+            // load_tiles: a loop over A's slots, one over B's.
+            // Four lines at one k a slot, or four lines by four k (quad blocks).
+            let slots = |lines: u32, load: Load| {
+                let per_slot = if load == Load::QuadBlocksAlongK {
+                    16
+                } else {
+                    4
+                };
+                (u64::from(lines) * u64::from(t.bk) / per_slot).div_ceil(threads)
+            };
+            let loads = looped(slots(t.bm, self.loads[0])) + looped(slots(t.bn, self.loads[1]));
             // k_step: its loop over the step's k, unless written out.
             let step = if self.unrolled {
                 0
@@ -546,23 +653,23 @@ impl MatmulVariant {
                 unit_k: t.bk,
             };
         };
-        let group = u64::from(coop.subgroup * t.warps);
         let planes = u64::from(coop_planes(self));
-        // stage_copy: a loop over A's quads and one over B's, each pass a loop over the planes.
+        // stage_load and stage_store (a copy is both): each a loop over A's slots and one over
+        // B's, each pass a loop over the planes.
         let copy = if t.warps > 1 {
-            let quads = |lines: u32| (u64::from(lines) * u64::from(t.bk) / 4).div_ceil(group);
-            let one = |lines| looped(quads(lines)) + quads(lines) * looped(planes);
-            one(t.bm) + one(t.bn)
+            let (slots_a, slots_b) = coop_slots(self);
+            let one = |slots: u32| looped(slots.into()) + u64::from(slots) * looped(planes);
+            2 * (one(slots_a) + one(slots_b))
         } else {
             0
         };
         let steps = u64::from(COOP_PROMOTE_K / t.bk);
         let (wr, wc) = t.coop_warp_grid(coop.size).unwrap_or((1, 1));
         let tiles = u64::from((t.bm / coop.size / wr) * (t.bn / coop.size / wc));
-        // store_tile's loop per tile, the first stage's copy (two stages), the promotion
+        // store_tile's loop per tile, the first stage's copy (two stages, or prefetch), the promotion
         // loop's exit.
         let per_tile = u64::from(coop.size * coop.size).div_ceil(coop.subgroup.into());
-        let first = if t.warps > 1 && t.buffers == 2 {
+        let first = if t.warps > 1 && (t.buffers == 2 || t.prefetch) {
             copy
         } else {
             0
@@ -694,7 +801,7 @@ impl Kernel {
                 c.subgroup,
                 c.subgroup * v.tile.warps,
                 v.scaled(),
-                if v.tile.warps > 1 { "vec4<f16>" } else { "f16" }
+                if v.tile.warps > 1 { "Octet" } else { "f16" }
             ));
             header.push_str(&span_consts());
             header.push_str(&coop_block(v));
@@ -796,7 +903,7 @@ impl Kernel {
                     let v = MatmulVariant::for_algorithm(&alg.with_scaling(scaling), f16);
                     // Quad loads where the operands hold one element per word.
                     let quads = matches!(v.a, Operand::F32 | Operand::Tf32);
-                    let all = [Load::Scalar, Load::QuadsAlongK, Load::QuadsAlongLines];
+                    let all = Load::ALL;
                     let loads: Vec<[Load; 2]> = if quads {
                         all.iter().flat_map(|&a| all.map(|b| [a, b])).collect()
                     } else {
@@ -991,6 +1098,14 @@ fn coop_planes(v: &MatmulVariant) -> u32 {
         + 1
 }
 
+/// The octets (eight halves, one 16-byte load) of one plane of A and of B each invocation of a
+/// staged cooperative block moves per K step.
+fn coop_slots(v: &MatmulVariant) -> (u32, u32) {
+    let group = v.coop.map_or(1, |c| c.subgroup) * v.tile.warps;
+    let octets = |lines: u32| (lines * v.tile.bk / 8).div_ceil(group);
+    (octets(v.tile.bm), octets(v.tile.bn))
+}
+
 /// `fn coop_block(batch, row0, col0, lindex)` of a cooperative variant: coop_block.wgsl's pieces written
 /// out over its levels, tiles and planes (one named accumulator each: WGSL has no arrays of
 /// cooperative matrices to index).
@@ -1038,12 +1153,16 @@ fn coop_block(v: &MatmulVariant) -> String {
         let a_len = n(planes * v.tile.bm * (bk + 8));
         let b_len = n(planes * bk * (v.tile.bn + 8));
         let stages = n(v.tile.buffers);
+        let (slots_a, slots_b) = coop_slots(v);
+        let (slots_a, slots_b) = (n(slots_a), n(slots_b));
         let vars = [
             ("sa", &*sa),
             ("sb", &sb),
             ("a_len", &a_len),
             ("b_len", &b_len),
             ("stages", &stages),
+            ("slots_a", &slots_a),
+            ("slots_b", &slots_b),
         ];
         put(&mut f, "stage_memory", &vars);
     }
@@ -1055,7 +1174,7 @@ fn coop_block(v: &MatmulVariant) -> String {
             "origin_staged",
             &[("wc", &wc), ("tm", &tm), ("tn", &tn)],
         );
-        if v.tile.buffers == 2 {
+        if v.tile.buffers == 2 || v.tile.prefetch {
             put(&mut f, "stage_first", &[]);
         }
     } else {
@@ -1068,7 +1187,14 @@ fn coop_block(v: &MatmulVariant) -> String {
     put(&mut f, "promote_loop", &[]);
     per_tile(&mut f, "part");
     put(&mut f, "k_loop", &[]);
-    if staged {
+    if staged && v.tile.prefetch {
+        let cur = if v.tile.buffers == 2 {
+            "(k0 / BK) % 2u"
+        } else {
+            "0u"
+        };
+        put(&mut f, "prefetch_load", &[("cur", cur)]);
+    } else if staged {
         let copy = if v.tile.buffers == 2 {
             "stage_next"
         } else {
@@ -1114,7 +1240,12 @@ fn coop_block(v: &MatmulVariant) -> String {
         put(&mut f, "sub_end", &[]);
     }
     if staged {
-        put(&mut f, "stage_release", &[]);
+        let release = match (v.tile.prefetch, v.tile.buffers) {
+            (false, _) => "stage_release",
+            (true, 2) => "prefetch_store_double",
+            (true, _) => "prefetch_store_single",
+        };
+        put(&mut f, release, &[]);
     }
     put(&mut f, "k_loop_end", &[]);
     per_tile(&mut f, "promote");
