@@ -1109,11 +1109,39 @@ fn model_ops(b: &dyn Backend) {
         let op = Op::Silu { x: xi, out, held };
         pair(&p.run_both(b, op, (&one, &one), 1.0, &[out]), 0)
     };
+    let exact = ops::silu_fwd(&x);
     for held in [Format::F32, Format::Bf16] {
-        let mut want = ops::silu_fwd(&x);
+        let mut want = exact.clone();
         ops::round_to(&mut want, held);
         let what = format!("silu held in {held}");
-        agree(&what, &silu_run(held, false), &want, tol::ROW);
+        let ran = silu_run(held, false);
+        if held == Format::F32 {
+            agree(&what, &ran, &want, tol::ROW);
+            continue;
+        }
+        // Held in bf16, a device's f32 SiLU may round to the bf16 value beside the host's
+        // where the two f32 results straddle a rounding boundary: each within one step of
+        // the host's f32 result; the non-finite ones (and those bf16 overflows) the host's.
+        let is_finite = |i: usize| exact[i].is_finite() && want[i].is_finite();
+        let finite: Vec<usize> = (0..x.len()).filter(|&i| is_finite(i)).collect();
+        let pick = |v: &[f32]| finite.iter().map(|&i| v[i]).collect::<Vec<f32>>();
+        for got in &ran {
+            common::held_close(
+                &format!("{name} {what}"),
+                &pick(got),
+                &pick(&exact),
+                held,
+                tol::ROW,
+            );
+            let rest = (0..x.len()).filter(|&i| !is_finite(i));
+            for i in rest {
+                let (g, w) = (got[i], want[i]);
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "{name} {what}[{i}]: {g} vs {w}"
+                );
+            }
+        }
     }
     let held = silu_run(Format::Bf16, false);
     same_as_held("silu", &silu_run(Format::Bf16, true), &held);

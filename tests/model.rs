@@ -80,19 +80,16 @@ fn check_gradients(name: &str, (model, n): (Model, usize), fused: bool) {
     let targets: Vec<u32> = (0..n as u32).map(|i| (i * 7 + 1) % VOCAB as u32).collect();
     let params = t.params().block_on().unwrap();
     let (_, grads) = t.gradients(&ids, &targets).block_on().unwrap();
-    let h = 1e-2f32;
     let mut worst = 0f64;
     for (p, values) in params.iter().enumerate() {
         for e in 0..values.len() {
-            let mut loss_at = |delta: f32| {
+            let loss_at = |delta: f32| {
                 let mut shifted = params.clone();
                 shifted[p][e] += delta;
                 t.set_params(&shifted).block_on().unwrap();
                 t.loss(&ids, &targets).block_on().unwrap()
             };
-            // Each shifted value as f32 holds it: the difference is of the values run.
-            let (up, down) = (values[e] + h, values[e] - h);
-            let numeric = (loss_at(h) - loss_at(-h)) / (up as f64 - down as f64);
+            let numeric = derivative(loss_at, values[e]);
             let analytic = grads[p][e] as f64;
             let err = (numeric - analytic).abs() / (1.0 + numeric.abs());
             worst = worst.max(err);
@@ -106,11 +103,23 @@ fn check_gradients(name: &str, (model, n): (Model, usize), fused: bool) {
 }
 
 /// The loss and its gradient run in f32 (the executors' arithmetic): a central difference
-/// over h = 1e-2 has a truncation error of order h^2 |f'''| and a rounding error of order
-/// 1e-7 |f| / h, about 1e-5 here (the largest gaps seen are 1e-5 relative to 1 + |gradient|),
-/// so 1e-4 holds with room; the host ops themselves are checked against f64 differences to
-/// 1e-6 (tests/train.rs).
+/// over h has a truncation error of order h^2 |f'''| and a rounding error of order
+/// 1e-7 |f| / h. `derivative` cancels the h^2 term (Richardson: two steps, 1e-2 and 5e-3),
+/// which deeper compositions (a gated unit, a norm after a product) need at 1e-2, and keeps the
+/// rounding error near 2e-5; so 1e-4 relative to 1 + |gradient| holds with room. The host ops
+/// themselves are checked against f64 differences to 1e-6 (tests/train.rs).
 const TOLERANCE: f64 = 1e-4;
+
+/// d loss / dx at `x` from the loss with x shifted by a delta (`loss_at`): central
+/// differences over the shifts f32 holds, steps 1e-2 and 5e-3, extrapolated (Richardson).
+fn derivative(mut loss_at: impl FnMut(f32) -> f64, x: f32) -> f64 {
+    let mut central = |h: f32| {
+        let (up, down) = (x + h, x - h);
+        (loss_at(h) - loss_at(-h)) / (up as f64 - down as f64)
+    };
+    let (coarse, fine) = (central(1e-2), central(5e-3));
+    (4.0 * fine - coarse) / 3.0
+}
 
 /// One test per op: `gradients!(name: |one_op| -> logits, fused)`.
 macro_rules! gradients {
@@ -193,6 +202,30 @@ gradients! {
         let w = o.param("w", &[4, VOCAB]);
         o.m.matmul(y, w, false).unwrap()
     };
+    rms_norm_gradient: [4], false, |o| {
+        let x = o.input("x", VOCAB);
+        let g = o.param("g", &[VOCAB]);
+        o.m.rms_norm(x, g, 1e-6).unwrap()
+    };
+    silu_gradient: [4], false, |o| {
+        let x = o.input("x", VOCAB);
+        o.m.silu(x).unwrap()
+    };
+    mul_gradient: [4], false, |o| {
+        let (x, y) = (o.input("x", VOCAB), o.input("y", VOCAB));
+        o.m.mul(x, y).unwrap()
+    };
+    swiglu_gradient: [4], false, |o| {
+        // silu(x . w_gate) * (x . w_up) . w_down, x read by both products.
+        let x = o.input("x", 3);
+        let (gate, up) = (o.param("gate", &[3, 4]), o.param("up", &[3, 4]));
+        let down = o.param("down", &[4, VOCAB]);
+        let g = o.m.matmul(x, gate, false).unwrap();
+        let g = o.m.silu(g).unwrap();
+        let u = o.m.matmul(x, up, false).unwrap();
+        let h = o.m.mul(g, u).unwrap();
+        o.m.matmul(h, down, false).unwrap()
+    };
     fused_causal_attention_gradient: [2, 3], true, |o| {
         let x = o.input("qkv", 12);
         let y = o.m.causal_attention(x, 2).unwrap();
@@ -241,6 +274,70 @@ fn a_built_model_learns(b: &dyn Backend) {
             b.name()
         );
     }
+}
+
+/// A regression written with the builder on values inputs (features and targets written by
+/// the host, no tokens): its derived gradient against central differences of its mean squared
+/// error, and its outputs the predictions the loss read.
+#[test]
+fn a_regression_on_values_inputs_differentiates_and_outputs_its_predictions() {
+    let (n, k) = (6, 3);
+    let mut m = ModelBuilder::new();
+    let (x, y) = (m.values(&[n, k]).unwrap(), m.values(&[n, 2]).unwrap());
+    let normal = Init::Normal { std: 0.5 };
+    let w = m.param("w", &[k, 4], normal, true).unwrap();
+    let b = m.param("b", &[4], normal, false).unwrap();
+    let w2 = m.param("w2", &[4, 2], normal, true).unwrap();
+    let g = m.param("g", &[4], Init::Ones, false).unwrap();
+    let h = m.linear(x, w, b).unwrap();
+    let h = m.rms_norm(h, g, 1e-6).unwrap();
+    let h = m.silu(h).unwrap();
+    let pred = m.matmul(h, w2, false).unwrap();
+    let loss = m.mse(pred, y).unwrap();
+    let model = m.finish(loss).unwrap();
+    assert_eq!(model.rows(), n);
+    assert_eq!(model.values_inputs(), [vec![n, k], vec![n, 2]]);
+    let seed = common::seed("regression_on_values");
+    let mut t = ModelTrainer::new(&Reference, model, &request(Preset::True32), None, seed).unwrap();
+    let features = mantissa::measure::normal(n * k, seed + 1);
+    let wanted = mantissa::measure::normal(n * 2, seed + 2);
+    t.set_values(0, &features).block_on().unwrap();
+    t.set_values(1, &wanted).block_on().unwrap();
+    let params = t.params().block_on().unwrap();
+    let (loss, grads) = t.gradients(&[], &[]).block_on().unwrap();
+    // The loss is the mean squared error of the predictions the plan holds.
+    let pred = t.outputs().block_on().unwrap();
+    let mse: f64 = (pred.iter().zip(&wanted))
+        .map(|(&p, &y)| (p as f64 - y as f64).powi(2))
+        .sum::<f64>()
+        / (n * 2) as f64;
+    assert!((loss - mse).abs() <= 1e-6 * mse.max(1.0), "{loss} vs {mse}");
+    for (p, values) in params.iter().enumerate() {
+        for e in 0..values.len() {
+            let loss_at = |delta: f32| {
+                let mut shifted = params.clone();
+                shifted[p][e] += delta;
+                t.set_params(&shifted).block_on().unwrap();
+                t.loss(&[], &[]).block_on().unwrap()
+            };
+            let numeric = derivative(loss_at, values[e]);
+            let analytic = grads[p][e] as f64;
+            let err = (numeric - analytic).abs() / (1.0 + numeric.abs());
+            assert!(
+                err <= TOLERANCE,
+                "d mse / d param {p}[{e}]: derived {analytic}, central difference {numeric}"
+            );
+        }
+    }
+    // Values of the wrong length, or an input the model does not have, are refused.
+    refused(
+        t.set_values(0, &features[1..]).block_on().unwrap_err(),
+        &["values", "input 0", "[6, 3]"],
+    );
+    refused(
+        t.set_values(2, &features).block_on().unwrap_err(),
+        &["values", "input 2"],
+    );
 }
 
 #[test]
@@ -312,6 +409,20 @@ fn bad_models_are_refused_with_the_op_and_shapes() {
     // A loss that is not a scalar, a loss op's output read on.
     let loss = m.cross_entropy(logits, targets).unwrap();
     refused(m.gelu(loss).unwrap_err(), &["gelu", "loss"]);
+    // The new ops' shapes, and a second loss.
+    refused(
+        m.rms_norm(x, b, 1e-6).unwrap_err(),
+        &["rms_norm", "[4, 6]", "[5]"],
+    );
+    let g = m.param("g", &[6], Init::Ones, false).unwrap();
+    refused(
+        m.rms_norm(x, g, f32::NAN).unwrap_err(),
+        &["rms_norm", "eps NaN"],
+    );
+    refused(m.mul(x, logits).unwrap_err(), &["mul", "[4, 6]", "[4, 5]"]);
+    refused(m.silu(targets).unwrap_err(), &["silu", "ids"]);
+    refused(m.mse(x, logits).unwrap_err(), &["mse", "[4, 6]", "[4, 5]"]);
+    refused(m.mse(x, x).unwrap_err(), &["mse", "one loss"]);
     let mut again = ModelBuilder::new();
     let tokens = again.tokens(&[4]).unwrap();
     again.targets(&[4]).unwrap();

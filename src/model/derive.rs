@@ -52,6 +52,9 @@ pub(crate) struct Emit<'a> {
     state: Vec<[TensorId; 4]>,
     tensors: Vec<Option<TensorId>>,
     grads: Vec<Option<Grad>>,
+    /// Whether a parameter's gradient flows through each value (none reaches the batch's
+    /// inputs, constants, or values computed from them alone).
+    needs: Vec<bool>,
     linears: usize,
 }
 
@@ -82,6 +85,12 @@ impl Emit<'_> {
         }
     }
 
+    /// Whether `v` takes a gradient: a parameter, or an op's output computed from one. A rule
+    /// records no ops for an input's gradient that nothing needs.
+    pub fn needs_grad(&self, v: Var) -> bool {
+        self.needs[v.index]
+    }
+
     fn param_of(&self, v: Var) -> Option<usize> {
         match self.model.values[v.index].source {
             Source::Param(i) => Some(i),
@@ -101,7 +110,7 @@ impl Emit<'_> {
     /// Adds `t` to the gradient of `v` (`owned`: `t` is this gradient's alone and may be
     /// added into). The sum is in f32, into a tensor of `v`'s own.
     pub fn contribute(&mut self, v: Var, t: TensorId, owned: bool, held: Held) {
-        if self.model.values[v.index].is_ids() {
+        if !self.needs[v.index] {
             return;
         }
         let sum = match self.grads[v.index].take() {
@@ -239,17 +248,23 @@ impl Model {
                 ]
             })
             .collect();
-        let (mut tokens, mut targets) = (0, 0);
+        let (mut tokens, mut targets) = (None, None);
+        let mut inputs: Vec<(usize, TensorId)> = vec![];
         let tensors = (self.values.iter().enumerate())
             .map(|(i, value)| match &value.source {
                 Source::Param(j) => Some(state[*j][0]),
                 Source::Tokens => {
-                    tokens = g.tensor(value.len(), TensorKind::Tokens);
-                    Some(tokens)
+                    tokens = Some(g.tensor(value.len(), TensorKind::Tokens));
+                    tokens
                 }
                 Source::Targets => {
-                    targets = g.tensor(value.len(), TensorKind::Targets);
-                    Some(targets)
+                    targets = Some(g.tensor(value.len(), TensorKind::Targets));
+                    targets
+                }
+                Source::Values(k) => {
+                    let t = g.tensor(value.len(), TensorKind::Input);
+                    inputs.push((*k, t));
+                    Some(t)
                 }
                 Source::Ids(ids) if live.reads[i] > 0 => {
                     Some(g.constant(ids.iter().map(|&i| f32::from_bits(i)).collect()))
@@ -257,6 +272,19 @@ impl Model {
                 Source::Ids(_) | Source::Node(_) => None,
             })
             .collect();
+        // A plan's batch is a tokens and a targets tensor of the loss's rows: a model that
+        // reads neither (values inputs, a regression loss) still has them, unread.
+        let rows = self.rows();
+        let tokens = tokens.unwrap_or_else(|| g.tensor(rows, TensorKind::Tokens));
+        let targets = targets.unwrap_or_else(|| g.tensor(rows, TensorKind::Targets));
+        let mut needs = vec![false; self.values.len()];
+        for (v, value) in self.values.iter().enumerate() {
+            needs[v] = match value.source {
+                Source::Param(_) => true,
+                Source::Node(j) => self.nodes[j].inputs.iter().any(|x| needs[x.index]),
+                _ => false,
+            };
+        }
         let stats = Stats {
             grads: self.params.len(),
             linears: self.linear_layers(),
@@ -271,6 +299,7 @@ impl Model {
             state,
             tensors,
             grads: (0..self.values.len()).map(|_| None).collect(),
+            needs,
             linears: 0,
         };
         let mut saved: Vec<Saved> = vec![vec![]; self.nodes.len()];

@@ -87,6 +87,9 @@ pub(crate) enum Source {
     Tokens,
     /// The batch's class ids, the cross entropy's targets (the plan's `Targets` tensor).
     Targets,
+    /// f32 values the host writes before each run (input k of the model's values inputs, in
+    /// declaration order: a plan tensor of kind `Input`).
+    Values(usize),
     /// Ids fixed when the model is built (positions).
     Ids(Vec<u32>),
     /// Output of node i.
@@ -282,6 +285,16 @@ impl ModelBuilder {
     /// The batch's class ids, the cross entropy's targets (one per model).
     pub fn targets(&mut self, shape: &[usize]) -> Result<Var> {
         self.input("targets", shape, Source::Targets)
+    }
+
+    /// f32 values the host gives each run (`ModelTrainer::set_values`): features, regression
+    /// targets. A model may have several, numbered in the order they are declared.
+    pub fn values(&mut self, shape: &[usize]) -> Result<Var> {
+        Self::checked_shape("values", shape)?;
+        let k = (self.values.iter())
+            .filter(|v| matches!(v.source, Source::Values(_)))
+            .count();
+        Ok(self.value(shape.to_vec(), Source::Values(k)))
     }
 
     /// Ids fixed when the model is built (e.g. each token's position).
@@ -532,8 +545,65 @@ impl ModelBuilder {
         ))
     }
 
-    // RMSNorm, SiLU, elementwise multiplication and mean squared error join here, each a
-    // method like those above and a `NodeOp` in ops.rs, once their plan ops exist.
+    /// RMS norm of x ([..., c]) over its last axis with gain g ([c]) (torch.nn.RMSNorm):
+    /// x / sqrt(mean(x^2) + eps) * g, eps finite and not negative.
+    pub fn rms_norm(&mut self, x: Var, g: Var, eps: f32) -> Result<Var> {
+        let (xs, gs) = (
+            self.operand("rms_norm", x)?,
+            self.operand("rms_norm", g)?,
+        );
+        let c = *xs.last().expect("shapes have an axis");
+        if gs != [c] || !(eps.is_finite() && eps >= 0.0) {
+            return Err(refuse(
+                "rms_norm",
+                format!(
+                    "x {} with g {} and eps {eps}: g must be [{c}], eps finite and not negative",
+                    shape_of(&xs),
+                    shape_of(&gs)
+                ),
+            ));
+        }
+        Ok(self.node(Box::new(ops::RmsNorm { c, eps }), vec![x, g], xs))
+    }
+
+    /// SiLU (x * sigmoid(x)) of every element.
+    pub fn silu(&mut self, x: Var) -> Result<Var> {
+        let xs = self.operand("silu", x)?;
+        Ok(self.node(Box::new(ops::Silu), vec![x], xs))
+    }
+
+    /// a * b elementwise, of the same shape (a gated unit's product).
+    pub fn mul(&mut self, a: Var, b: Var) -> Result<Var> {
+        let (as_, bs) = (self.operand("mul", a)?, self.operand("mul", b)?);
+        if as_ != bs {
+            return Err(refuse(
+                "mul",
+                format!("{} * {}: shapes differ", shape_of(&as_), shape_of(&bs)),
+            ));
+        }
+        Ok(self.node(Box::new(ops::Mul), vec![a, b], as_))
+    }
+
+    /// The mean over every element of (pred - target)^2: a scalar loss. `target` (usually a
+    /// values input) has pred's shape and takes no gradient.
+    pub fn mse(&mut self, pred: Var, target: Var) -> Result<Var> {
+        let (ps, ts) = (self.operand("mse", pred)?, self.operand("mse", target)?);
+        if ps != ts {
+            return Err(refuse(
+                "mse",
+                format!(
+                    "pred {} against target {}: shapes differ",
+                    shape_of(&ps),
+                    shape_of(&ts)
+                ),
+            ));
+        }
+        if self.nodes.iter().any(|n| n.op.is_loss()) {
+            return Err(refuse("mse", "a model has one loss"));
+        }
+        let rows = ps[..ps.len() - 1].iter().product();
+        Ok(self.node(Box::new(ops::Mse { rows }), vec![pred, target], vec![]))
+    }
 
     /// The model whose loss is `loss`: a scalar made by a loss op (cross entropy), that every
     /// parameter reaches, read with the tokens the batch gives.
@@ -549,7 +619,7 @@ impl ModelBuilder {
             return Err(refuse(
                 "finish",
                 format!(
-                    "the loss must be a scalar made by a loss op (cross_entropy), not {}'s {}",
+                    "the loss must be a scalar made by a loss op (cross_entropy, mse), not {}'s {}",
                     self.nodes[n].op.name(),
                     shape_of(&value.shape)
                 ),
@@ -577,14 +647,17 @@ impl ModelBuilder {
             .values
             .iter()
             .find(|v| matches!(v.source, Source::Tokens));
-        let rows = model.values[model.nodes[n].inputs[1].index].len();
+        let reads_values = (model.values.iter().enumerate())
+            .any(|(v, value)| matches!(value.source, Source::Values(_)) && live.reads[v] > 0);
+        let rows = model.rows();
         match tokens {
             Some(t) if t.len() == rows => Ok(model),
+            None if reads_values => Ok(model),
             _ => Err(refuse(
                 "finish",
                 format!(
-                    "a model reads one tokens input of as many ids as the loss has rows ({rows}), got {}",
-                    tokens.map_or("none".into(), |t| shape_of(&t.shape))
+                    "a model reads a batch: one tokens input of as many ids as the loss has rows ({rows}), or values inputs; got {}",
+                    tokens.map_or("neither".into(), |t| format!("tokens {}", shape_of(&t.shape)))
                 ),
             )),
         }
@@ -600,6 +673,32 @@ pub(crate) struct Live {
 impl Model {
     pub fn params(&self) -> &[Param] {
         &self.params
+    }
+
+    /// Rows of the batch: the loss's rows (the cross entropy's targets; the mean squared
+    /// error's predictions without their last axis), the length of the plan's tokens and
+    /// targets.
+    pub fn rows(&self) -> usize {
+        self.nodes[self.loss].op.loss_rows(self, &self.nodes[self.loss])
+    }
+
+    /// The shape of each values input, in declaration order (`ModelBuilder::values`).
+    pub fn values_inputs(&self) -> Vec<Vec<usize>> {
+        let mut inputs: Vec<(usize, Vec<usize>)> = (self.values.iter())
+            .filter_map(|v| match v.source {
+                Source::Values(k) => Some((k, v.shape.clone())),
+                _ => None,
+            })
+            .collect();
+        inputs.sort_by_key(|(k, _)| *k);
+        inputs.into_iter().map(|(_, s)| s).collect()
+    }
+
+    /// Whether the model reads the batch's token ids.
+    pub fn reads_tokens(&self) -> bool {
+        let live = self.live();
+        (self.values.iter().enumerate())
+            .any(|(v, value)| matches!(value.source, Source::Tokens) && live.reads[v] > 0)
     }
 
     /// Whether AdamW's weight decay applies, per parameter.

@@ -4,8 +4,8 @@
 //! `Emit::contribute`, which sums the gradients of a value read twice; parameter gradients go
 //! straight into their `Grad` tensors where they are the first (`Emit::grad_out`).
 
-use super::Node;
 use super::derive::Emit;
+use super::{Model, Node};
 use crate::algorithm::MatmulShape;
 use crate::format::Format;
 use crate::plan::{Attention, Op, ScoreScale, Strided, TensorId};
@@ -26,6 +26,11 @@ pub(crate) trait NodeOp: std::fmt::Debug + Send + Sync {
     /// An fp8 linear layer (a slot of amaxes and scales per layer and role).
     fn is_linear(&self) -> bool {
         false
+    }
+
+    /// A loss's rows: the length of the batch's tokens and targets it implies.
+    fn loss_rows(&self, _model: &Model, _node: &Node) -> usize {
+        0
     }
 
     /// The head width of an attention op (whether a backend fuses it depends on it).
@@ -147,6 +152,9 @@ impl NodeOp for Linear {
             Some(dw),
         );
         cx.contribute(w, dw, true, Held::AsIs);
+        if !cx.needs_grad(x) {
+            return;
+        }
         let roles = (Fp8Role::Grad, Fp8Role::Weight);
         let dx = cx.linear_mm(
             layer,
@@ -190,8 +198,10 @@ impl NodeOp for Matmul {
         } else {
             (transposed_b(n, k, m), transposed_a(k, m, n), (tx, dy))
         };
-        let dx = cx.mm(dx_shape, (dy, tw), None);
-        cx.contribute(x, dx, true, Held::AsIs);
+        if cx.needs_grad(x) {
+            let dx = cx.mm(dx_shape, (dy, tw), None);
+            cx.contribute(x, dx, true, Held::AsIs);
+        }
         let dw = cx.grad_out(w);
         cx.mm(dw_shape, dw_operands, Some(dw));
         cx.contribute(w, dw, true, Held::AsIs);
@@ -570,6 +580,10 @@ impl NodeOp for CrossEntropy {
         true
     }
 
+    fn loss_rows(&self, model: &Model, node: &Node) -> usize {
+        model.values[node.inputs[1].index].len()
+    }
+
     fn output_overwritable(&self) -> bool {
         false
     }
@@ -586,6 +600,169 @@ impl NodeOp for CrossEntropy {
         });
         cx.g.round(grad, cx.p.compute);
         (logits, vec![grad])
+    }
+
+    fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, _: TensorId) {
+        cx.contribute(node.inputs[0], saved[0], true, Held::AsIs);
+    }
+}
+
+/// RMS norm over the last axis, held as the policy holds `rms_norm`'s output (autocast runs
+/// it in f32; narrowed to the stream format in the true presets).
+#[derive(Debug)]
+pub(crate) struct RmsNorm {
+    pub c: usize,
+    pub eps: f32,
+}
+
+impl NodeOp for RmsNorm {
+    fn name(&self) -> &'static str {
+        "rms_norm"
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let (x, g) = (cx.t(node.inputs[0]), cx.t(node.inputs[1]));
+        let len = cx.g.len(x);
+        let (out, stats) = (cx.g.temp(len), cx.g.temp(len / self.c));
+        cx.g.push(Op::RmsNorm {
+            x,
+            g,
+            out,
+            stats,
+            c: self.c,
+            eps: self.eps,
+            held: Format::F32,
+        });
+        cx.g.round(out, cx.p.rms_norm.narrower(cx.p.stream));
+        (out, vec![stats])
+    }
+
+    fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, dy: TensorId) {
+        let (x, g) = (node.inputs[0], node.inputs[1]);
+        let (tx, tg) = (cx.t(x), cx.t(g));
+        let dx = cx.g.temp(cx.g.len(tx));
+        let dg = cx.grad_out(g);
+        cx.g.push(Op::RmsNormBwd {
+            dy,
+            x: tx,
+            g: tg,
+            stats: saved[0],
+            dx,
+            dg,
+            c: self.c,
+        });
+        cx.contribute(g, dg, true, Held::AsIs);
+        cx.contribute(x, dx, true, Held::Stream);
+    }
+}
+
+/// SiLU, held in the compute format (autocast runs it in its input's format, a matmul's).
+#[derive(Debug)]
+pub(crate) struct Silu;
+
+impl NodeOp for Silu {
+    fn name(&self) -> &'static str {
+        "silu"
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let x = cx.t(node.inputs[0]);
+        let out = cx.g.temp(cx.g.len(x));
+        cx.g.push(Op::Silu {
+            x,
+            out,
+            held: Format::F32,
+        });
+        cx.g.round(out, cx.p.compute);
+        (out, vec![])
+    }
+
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        let x = node.inputs[0];
+        let tx = cx.t(x);
+        let out = cx.g.temp(cx.g.len(tx));
+        cx.g.push(Op::SiluBwd { x: tx, dy, out });
+        cx.g.round(out, cx.p.compute);
+        cx.contribute(x, out, true, Held::AsIs);
+    }
+}
+
+/// a * b, held in the compute format (autocast multiplies in its inputs' format); its
+/// backward is two products: da = dy * b, db = dy * a.
+#[derive(Debug)]
+pub(crate) struct Mul;
+
+impl Mul {
+    fn product(cx: &mut Emit, (a, b): (TensorId, TensorId)) -> TensorId {
+        let out = cx.g.temp(cx.g.len(a));
+        cx.g.push(Op::Mul {
+            a,
+            b,
+            out,
+            held: Format::F32,
+        });
+        cx.g.round(out, cx.p.compute);
+        out
+    }
+}
+
+impl NodeOp for Mul {
+    fn name(&self) -> &'static str {
+        "mul"
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let (a, b) = (cx.t(node.inputs[0]), cx.t(node.inputs[1]));
+        (Mul::product(cx, (a, b)), vec![])
+    }
+
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        let (a, b) = (node.inputs[0], node.inputs[1]);
+        let (ta, tb) = (cx.t(a), cx.t(b));
+        for (x, other) in [(a, tb), (b, ta)] {
+            if cx.needs_grad(x) {
+                let d = Mul::product(cx, (dy, other));
+                cx.contribute(x, d, true, Held::AsIs);
+            }
+        }
+    }
+}
+
+/// The mean squared error over every element (into `Stats::LOSS`) and, in the same pass, its
+/// gradient scaled by the loss scale, held in the compute format as the cross entropy's.
+#[derive(Debug)]
+pub(crate) struct Mse {
+    pub rows: usize,
+}
+
+impl NodeOp for Mse {
+    fn name(&self) -> &'static str {
+        "mse"
+    }
+
+    fn is_loss(&self) -> bool {
+        true
+    }
+
+    fn loss_rows(&self, _: &Model, _: &Node) -> usize {
+        self.rows
+    }
+
+    fn output_overwritable(&self) -> bool {
+        false
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let (pred, target) = (cx.t(node.inputs[0]), cx.t(node.inputs[1]));
+        let grad = cx.g.temp(cx.g.len(pred));
+        cx.g.push(Op::MseLoss {
+            pred,
+            target,
+            grad,
+            held: Format::F32,
+        });
+        cx.g.round(grad, cx.p.compute);
+        (pred, vec![grad])
     }
 
     fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, _: TensorId) {

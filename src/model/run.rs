@@ -9,7 +9,7 @@ use crate::backend::{self, Backend};
 use crate::error::{Error, Result};
 use crate::plan::exec::{grad_norm, update_factor};
 use crate::plan::scalar::StepScalars;
-use crate::plan::{AdamW, Plan, Section, Stats, StepExecutor};
+use crate::plan::{AdamW, Plan, Section, Stats, StepExecutor, TensorKind};
 use crate::policy::precision::PrecisionRequest;
 use crate::policy::{Fp8Role, Fp8State, LossScaler, Precision, StepDecision};
 
@@ -116,12 +116,61 @@ impl<'a> ModelTrainer<'a> {
         .array(plan.rows, plan.scalar_count())
     }
 
-    /// One training step on a batch: forward, backward, unscale and check, and the AdamW
-    /// update where every gradient is finite.
+    /// The batch as the plan takes it: a model that reads no tokens (or no class targets) is
+    /// given none (empty slices) and runs on zeros there.
+    fn batch<'b>(&self, ids: &'b [u32], targets: &'b [u32]) -> (Vec<u32>, Vec<u32>) {
+        let rows = self.exec.plan().rows();
+        let or_zeros = |x: &[u32]| match x.is_empty() {
+            true => vec![0; rows],
+            false => x.to_vec(),
+        };
+        (or_zeros(ids), or_zeros(targets))
+    }
+
+    /// Writes values input `k` (`ModelBuilder::values`, in declaration order) for the runs
+    /// that follow: `values` of its declared length.
+    pub async fn set_values(&mut self, k: usize, values: &[f32]) -> Result<()> {
+        let inputs = self.model.values_inputs();
+        let plan = self.exec.plan();
+        let tensor = (0..plan.tensors().len())
+            .filter(|&t| plan.tensors()[t].kind == TensorKind::Input)
+            .nth(k);
+        let (Some(t), Some(shape)) = (tensor, inputs.get(k)) else {
+            return Err(Error::invalid(
+                "values",
+                format!("input {k}: the model has {} values inputs", inputs.len()),
+            ));
+        };
+        if values.len() != shape.iter().product::<usize>() {
+            return Err(Error::invalid(
+                "values",
+                format!(
+                    "input {k} is {shape:?} ({} values), got {}",
+                    shape.iter().product::<usize>(),
+                    values.len()
+                ),
+            ));
+        }
+        self.exec.write(t, values).await
+    }
+
+    /// What the loss reads of the last forward pass (its logits, or its predictions), as the
+    /// plan holds them: the model's output.
+    pub async fn outputs(&mut self) -> Result<Vec<f32>> {
+        let logits = self.exec.plan().logits();
+        self.exec.read(logits).await
+    }
+
+    /// One training step on a batch (token ids and class targets; empty where the model
+    /// reads none: values inputs are written before, `set_values`): forward, backward,
+    /// unscale and check, and the AdamW update where every gradient is finite.
     pub async fn step(&mut self, ids: &[u32], targets: &[u32]) -> Result<Stepped> {
         let scale = self.scaler.map_or(1.0, |s| s.scale);
         let scalars = self.scalars(scale);
-        let stats = self.exec.run(Section::Step, ids, targets, &scalars).await?;
+        let (ids, targets) = self.batch(ids, targets);
+        let stats = (self.exec)
+            .run(Section::Step, &ids, &targets, &scalars)
+            .await?;
         let layout = self.exec.plan().stats;
         if let Some(fp8) = &mut self.fp8 {
             fp8.record(|l, role: Fp8Role| stats[layout.amax(l, role as usize)] as f32);
@@ -142,9 +191,10 @@ impl<'a> ModelTrainer<'a> {
     /// The batch's mean loss under the current parameters.
     pub async fn loss(&mut self, ids: &[u32], targets: &[u32]) -> Result<f64> {
         let scalars = self.scalars(1.0);
+        let (ids, targets) = self.batch(ids, targets);
         let stats = self
             .exec
-            .run(Section::Forward, ids, targets, &scalars)
+            .run(Section::Forward, &ids, &targets, &scalars)
             .await?;
         Ok(stats[Stats::LOSS])
     }
@@ -157,8 +207,9 @@ impl<'a> ModelTrainer<'a> {
         targets: &[u32],
     ) -> Result<(f64, Vec<Vec<f32>>)> {
         let scalars = self.scalars(1.0);
+        let (ids, targets) = self.batch(ids, targets);
         let stats = (self.exec)
-            .run(Section::Gradients, ids, targets, &scalars)
+            .run(Section::Gradients, &ids, &targets, &scalars)
             .await?;
         let mut grads = vec![];
         for [_, g, _, _] in self.exec.plan().state.clone() {

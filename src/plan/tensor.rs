@@ -18,6 +18,9 @@ pub enum TensorKind {
     Targets,
     /// Fixed when the plan is built (`Plan::constants`).
     Constant,
+    /// f32 values the host writes before a run (`StepExecutor::write`: a model's values
+    /// inputs), kept until it writes them again.
+    Input,
     /// A part of a gradient that a data-parallel step sums over its ranks before adding it in
     /// (`Plan::split_for_ranks`): kept between the step's two runs.
     Partial,
