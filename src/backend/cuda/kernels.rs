@@ -30,6 +30,7 @@ pub enum Module {
     /// attention.cu: fused causal attention, forward and backward, per head size.
     Attention,
     /// matmul_split_bf16.cu with LEVELS = 2 (bf16x3), 3 (bf16x6) or 5 (bf16x9).
+    /// Split levels: 2, 3 or 5.
     SplitMatmul { levels: usize },
 }
 
@@ -45,6 +46,7 @@ impl Module {
         Module::SplitMatmul { levels: 5 },
     ];
 
+    /// The module's file under `cuda/`.
     pub fn file(self) -> &'static str {
         match self {
             Module::Cast => "cast.cu",
