@@ -60,8 +60,10 @@ pub enum Fp8Recipe {
         margin: i32,
     },
     /// Scales from the current tensor, just in time.
-    /// The recipe's only choice: which fp8 format each tensor takes.
-    Current { formats: Fp8Formats },
+    Current {
+        /// The recipe's only choice: which fp8 format each tensor takes.
+        formats: Fp8Formats,
+    },
 }
 
 impl Default for Fp8Recipe {

@@ -30,8 +30,10 @@ pub enum Module {
     /// attention.cu: fused causal attention, forward and backward, per head size.
     Attention,
     /// matmul_split_bf16.cu with LEVELS = 2 (bf16x3), 3 (bf16x6) or 5 (bf16x9).
-    /// Split levels: 2, 3 or 5.
-    SplitMatmul { levels: usize },
+    SplitMatmul {
+        /// Split levels: 2, 3 or 5.
+        levels: usize,
+    },
 }
 
 impl Module {
