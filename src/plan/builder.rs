@@ -36,7 +36,7 @@ pub struct Outline {
     pub logits: TensorId,
     /// Per parameter: (parameter, gradient, first moment, second moment).
     pub state: Vec<[TensorId; 4]>,
-    /// Where the step's loss, gradient flags and squared norms go (slots of the stats).
+    /// Where the step's loss, gradient flags, squared norms and fp8 amaxes go (slots of the stats).
     pub stats: Stats,
 }
 

@@ -312,7 +312,7 @@ pub enum Op {
         a: TensorId,
         /// The right factor.
         b: TensorId,
-        /// The product (m, n).
+        /// The product C (batch x m x n).
         out: TensorId,
         /// Scalar slots of a's and b's fp8 scales (delayed scaling), in place of those `algorithm` gives.
         scales: Option<[usize; 2]>,

@@ -42,7 +42,7 @@ impl Family {
         }
     }
 
-    /// The family named `s` (any case), or an error listing the names.
+    /// The family named `s` (surrounding spaces ignored), or an error listing the names.
     pub fn parse(s: &str) -> Result<Family> {
         Family::ALL
             .into_iter()
