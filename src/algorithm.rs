@@ -449,7 +449,8 @@ impl MatmulShape {
         }
     }
 
-    /// Floating-point operations of the product, 2 m n k per batch (the convention of TFLOP/s figures).
+    /// Floating-point operations of the product, 2 m n k per batch (the convention of TFLOP/s
+    /// figures).
     pub fn flops(&self) -> f64 {
         2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64
     }

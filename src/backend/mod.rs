@@ -73,7 +73,8 @@ impl fmt::Display for BackendKind {
 /// What the user asked for: a kind, or the best one found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum BackendChoice {
-    /// CUDA where it is built in and a device exists, else the best wgpu adapter (or `MANTISSA_BACKEND`, where set).
+    /// CUDA where it is built in and a device exists, else the best wgpu adapter (or
+    /// `MANTISSA_BACKEND`, where set).
     #[default]
     Auto,
     /// This kind only; its absence is an error.

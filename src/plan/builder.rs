@@ -66,7 +66,8 @@ impl Outline {
 }
 
 impl PlanBuilder {
-    /// A new tensor of `len` f32 values holding `kind`; stored as f32 until `Plan::store_codes` says otherwise.
+    /// A new tensor of `len` f32 values holding `kind`; stored as f32 until `Plan::store_codes`
+    /// says otherwise.
     pub fn tensor(&mut self, len: usize, kind: TensorKind) -> TensorId {
         self.tensors.push(TensorInfo {
             len,

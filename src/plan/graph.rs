@@ -18,7 +18,8 @@ use crate::error::Result;
 /// a recording keeps.
 #[allow(async_fn_in_trait)]
 pub trait Recorder {
-    /// A recording of a section's launches, replayed as one (a CUDA graph; the host interpreter's list of ops).
+    /// A recording of a section's launches, replayed as one (a CUDA graph; the host interpreter's
+    /// list of ops).
     type Graph;
     /// Runs the ops of `section` one by one.
     async fn launch(&mut self, section: Section, scalars: &[f32]) -> Result<()>;

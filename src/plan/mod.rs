@@ -176,7 +176,8 @@ impl Plan {
         self.stats
     }
 
-    /// Slots of the scalars array a step takes: the fixed slots, then three fp8 scales per linear layer.
+    /// Slots of the scalars array a step takes: the fixed slots, then three fp8 scales per linear
+    /// layer.
     pub fn scalar_count(&self) -> usize {
         scalar::FP8 + 3 * self.stats.linears
     }

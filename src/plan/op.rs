@@ -83,14 +83,14 @@ pub enum Op {
         table: TensorId,
         /// One row index per output row (u32 ids as f32 bit patterns).
         ids: TensorId,
-        /// The (ids, c) gathered rows.
+        /// The gathered rows, one per id (ids x c).
         out: TensorId,
         /// Width of a row.
         c: usize,
     },
     /// out (rows x c) = scatter-add of the rows of `dout` by `ids`.
     EmbeddingBwd {
-        /// The gradient of the gathered rows (ids, c).
+        /// The gradient of the gathered rows (ids x c).
         dout: TensorId,
         /// The row index each gradient row adds into.
         ids: TensorId,
@@ -118,7 +118,8 @@ pub enum Op {
         /// The format `out` is held in.
         held: Format,
     },
-    /// The gradients dx, dg and db (dg and db summed over the rows) of `LayerNorm`, from its (mean, rstd) per row in `stats`.
+    /// The gradients dx, dg and db (dg and db summed over the rows) of `LayerNorm`, from its (mean,
+    /// rstd) per row in `stats`.
     LayerNormBwd {
         /// The gradient of the output (rows, c).
         dy: TensorId,
@@ -231,7 +232,8 @@ pub enum Op {
         /// The factor on the scores and the format the scaled scores are held in.
         scale: ScoreScale,
     },
-    /// The gradient of the unscaled scores from the probabilities and their gradient: the softmax's backward, held and scaled as `ScoreScale` says.
+    /// The gradient of the unscaled scores from the probabilities and their gradient: the softmax's
+    /// backward, held and scaled as `ScoreScale` says.
     SoftmaxBwd {
         /// The forward's probabilities, rows of t.
         p: TensorId,
@@ -314,7 +316,8 @@ pub enum Op {
         b: TensorId,
         /// The product C (batch x m x n).
         out: TensorId,
-        /// Scalar slots of a's and b's fp8 scales (delayed scaling), in place of those `algorithm` gives.
+        /// Scalar slots of a's and b's fp8 scales (delayed scaling), in place of those `algorithm`
+        /// gives.
         scales: Option<[usize; 2]>,
     },
     /// x rounded to `format` in place (autocast holds x in `format`).

@@ -112,7 +112,8 @@ pub struct DelayedScaling {
 }
 
 impl DelayedScaling {
-    /// Fresh state at scale 1 under a `Delayed` recipe; refused for current scaling and for an empty history.
+    /// Fresh state at scale 1 under a `Delayed` recipe; refused for current scaling and for an
+    /// empty history.
     pub fn new(format: Format, recipe: &Fp8Recipe) -> Result<DelayedScaling> {
         match *recipe {
             Fp8Recipe::Delayed {

@@ -78,7 +78,8 @@ named_enum!(PrecisionClass, "matmul precision", [Highest => "highest", High => "
 /// Everything else is still computed, emulated with the same numerics.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Capabilities {
-    /// The algorithms this backend accelerates (compared by base name: an fp8 algorithm's scaling does not matter).
+    /// The algorithms this backend accelerates (compared by base name: an fp8 algorithm's scaling
+    /// does not matter).
     pub accelerated: Vec<Algorithm>,
     /// Where its executor fuses causal attention.
     pub fused_attention: FusedAttention,
@@ -141,7 +142,8 @@ pub enum Preset {
     True16,
     /// `bf16-true`: bf16 parameters and compute, no master weights.
     TrueBf16,
-    /// `transformer-engine`: bf16 autocast with f32 master weights, fp8 linear layers (the default `Fp8Recipe`).
+    /// `transformer-engine`: bf16 autocast with f32 master weights, fp8 linear layers (the default
+    /// `Fp8Recipe`).
     TransformerEngine,
 }
 

@@ -85,7 +85,8 @@ struct SplitParams {
 pub struct Grouping {
     /// Elements per batch.
     pub batch_len: u32,
-    /// Consecutive elements that share a group (the row length for row groups, 1 for column groups).
+    /// Consecutive elements that share a group (the row length for row groups, 1 for column
+    /// groups).
     pub div: u32,
     /// Groups a batch cycles through (1, rows, or columns).
     pub modulus: u32,

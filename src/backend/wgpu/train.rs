@@ -136,7 +136,8 @@ pub enum StepOp {
     StridedCopy,
     /// A stats slot = the mean of x (the loss). One workgroup.
     MeanToStat,
-    /// GradScaler's unscale of a gradient in place, with per-workgroup partial sums of squares and non-finite flags.
+    /// GradScaler's unscale of a gradient in place, with per-workgroup partial sums of squares and
+    /// non-finite flags.
     UnscalePartials,
     /// Each gradient's partials into its finite flag and squared norm in the stats.
     UnscaleReduce,
@@ -223,7 +224,8 @@ pub struct TrainParams {
 pub struct StepParams {
     /// Elements (the kernel's items; gradients for `unscale_reduce`).
     pub n: u32,
-    /// x repeats every c elements (an add's bias width; n where elementwise); `unscale_partials`: 1 where scalar POISON goes in; `unscale_reduce`: the most partials of one gradient.
+    /// x repeats every c elements (an add's bias width; n where elementwise); `unscale_partials`: 1
+    /// where scalar POISON goes in; `unscale_reduce`: the most partials of one gradient.
     pub c: u32,
     /// Format id the result is held in (`round_to_format`, `add`, `add_into`).
     pub format: u32,
@@ -235,7 +237,9 @@ pub struct StepParams {
     pub src: [u32; 4],
     /// A strided copy's destination strides.
     pub dst: [u32; 4],
-    /// Per-kernel operands: `add` (y's format, residual flag, residual's format), `add_into` (codes flag, y's format), the strided copy's offsets, `unscale_partials`' first partial, `adamw`'s gated gradients and decay flag.
+    /// Per-kernel operands: `add` (y's format, residual flag, residual's format), `add_into` (codes
+    /// flag, y's format), the strided copy's offsets, `unscale_partials`' first partial, `adamw`'s
+    /// gated gradients and decay flag.
     pub extra: [u32; 4],
     /// A bias add's GELU: (1 if it has one, the format it is held in, 1 if stored as codes, 0).
     pub gelu: [u32; 4],
@@ -682,7 +686,8 @@ pub mod launch {
         l
     }
 
-    /// The backward of `softmax_fwd`: dp and the probabilities -> the gradient of the unscaled scores.
+    /// The backward of `softmax_fwd`: dp and the probabilities -> the gradient of the unscaled
+    /// scores.
     pub fn softmax_bwd(rows: usize, t: usize, scale: ScoreScale) -> TrainLaunch {
         let mut l = row_op(TrainOp::CausalSoftmaxBwd, rows, t);
         l.params.scale = scale.scale as f32;
