@@ -27,7 +27,7 @@ macro_rules! named_enum {
         impl $ty {
             /// Every variant, in the order of the table of names.
             pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
-            /// Its name (the CLI's, Python's and the reports'); `from_str` takes it in any case.
+            /// Its name (the CLI's, Python's and the reports'); `from_str` takes it in upper or lower case.
             pub fn name(self) -> &'static str {
                 match self { $($ty::$variant => $name),+ }
             }

@@ -297,7 +297,7 @@ pub struct LossCurve {
     pub label: String,
     /// (step, training loss) per step, steps from 1.
     pub losses: Vec<(u32, f64)>,
-    /// (step, loss) points drawn as markers (evaluations).
+    /// (step, validation loss) points, drawn as markers.
     pub points: Vec<(u32, f64)>,
 }
 
