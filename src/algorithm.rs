@@ -26,7 +26,12 @@ pub enum Scaling {
     /// One scale per row of A and per column of B.
     Rowwise,
     /// Scales handed in (for example by a delayed-scaling recipe).
-    Given { a: f32, b: f32 },
+    Given {
+        /// A's scale: A times it is rounded to fp8 (the product is divided by it again).
+        a: f32,
+        /// B's scale, as A's.
+        b: f32,
+    },
 }
 
 impl fmt::Display for Scaling {
@@ -82,9 +87,13 @@ impl FromStr for Scaling {
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(into = "String", try_from = "String")]
 pub enum Algorithm {
+    /// Plain f32 products, f32 accumulation.
     F32,
+    /// Operands rounded to tf32 (10-bit mantissa), f32 accumulation.
     Tf32,
+    /// Operands rounded to bf16, f32 accumulation.
     Bf16,
+    /// Operands rounded to f16, f32 accumulation.
     F16,
     /// f32 emulated from split-bf16 products: levels L0 + L1.
     Bf16x3,
@@ -94,8 +103,11 @@ pub enum Algorithm {
     Bf16x9,
     /// fp8-emulated: A in format `a`, B in format `b` (each e4m3 or e5m2), with scales.
     Fp8 {
+        /// A's fp8 format.
         a: Format,
+        /// B's fp8 format.
         b: Format,
+        /// How the scales are chosen.
         scaling: Scaling,
     },
 }
@@ -193,14 +205,17 @@ impl Algorithm {
         }
     }
 
+    /// Whether it is a split-bf16 algorithm (bf16x3, x6, x9).
     pub fn is_split(&self) -> bool {
         self.split_levels() > 0
     }
 
+    /// Whether it is an fp8 algorithm.
     pub fn is_fp8(&self) -> bool {
         matches!(self, Algorithm::Fp8 { .. })
     }
 
+    /// The scales' choice of an fp8 algorithm; None for the others.
     pub fn scaling(&self) -> Option<Scaling> {
         match self {
             Algorithm::Fp8 { scaling, .. } => Some(*scaling),
@@ -324,9 +339,13 @@ impl TryFrom<String> for Algorithm {
 /// The shape of a (batched) matmul C[b] = op(A[b]) . op(B[b]), every operand row-major.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulShape {
+    /// Independent products (1 for a plain matmul).
     pub batch: usize,
+    /// Rows of C and of op(A).
     pub m: usize,
+    /// Columns of C and of op(B).
     pub n: usize,
+    /// The inner dimension.
     pub k: usize,
     /// A is stored as k x m (and used transposed).
     pub a_transposed: bool,
@@ -354,6 +373,7 @@ impl MatmulShape {
         Ok(())
     }
 
+    /// A plain m x n x k product: one batch, no transposes.
     pub fn new(m: usize, n: usize, k: usize) -> MatmulShape {
         MatmulShape {
             batch: 1,
@@ -396,12 +416,15 @@ impl MatmulShape {
         Ok(MatmulShape::new(a.0, b.1, a.1))
     }
 
+    /// Elements of A (every batch).
     pub fn a_len(&self) -> usize {
         self.batch * self.m * self.k
     }
+    /// Elements of B (every batch).
     pub fn b_len(&self) -> usize {
         self.batch * self.k * self.n
     }
+    /// Elements of C (every batch).
     pub fn c_len(&self) -> usize {
         self.batch * self.m * self.n
     }
@@ -426,6 +449,8 @@ impl MatmulShape {
         }
     }
 
+    /// Floating-point operations of the product, 2 m n k per batch (the convention of TFLOP/s
+    /// figures).
     pub fn flops(&self) -> f64 {
         2.0 * self.batch as f64 * self.m as f64 * self.n as f64 * self.k as f64
     }

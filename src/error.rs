@@ -3,54 +3,87 @@
 
 use thiserror::Error;
 
+/// The library's result: `Error` unless said otherwise.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// Every error the library returns. `class` sorts it into bad input, a failure of the machine, a
+/// contract break or a diverged run (the CLI's exit code and the Python exception follow from it).
 #[derive(Debug, Error)]
 pub enum Error {
+    /// A name (preset, format, algorithm, backend...) that is not one of the known ones.
     #[error("unknown {kind} '{given}'; valid: {}", valid.join(", "))]
     UnknownName {
+        /// What the name names ("format", "preset").
         kind: &'static str,
+        /// The name as given.
         given: String,
+        /// The names that would have been accepted.
         valid: Vec<String>,
     },
 
+    /// An argument out of its range or inconsistent with the others.
     #[error("invalid {what}: {why}")]
-    Invalid { what: &'static str, why: String },
+    Invalid {
+        /// The argument ("batch", "learning rate").
+        what: &'static str,
+        /// What is wrong with it, with the numbers.
+        why: String,
+    },
 
+    /// Matmul operands whose inner dimensions differ.
     #[error(
         "matmul shapes do not match: A is {a_rows}x{a_cols}, B is {b_rows}x{b_cols} (A's columns must equal B's rows)"
     )]
     ShapeMismatch {
+        /// Rows of A.
         a_rows: usize,
+        /// Columns of A.
         a_cols: usize,
+        /// Rows of B.
         b_rows: usize,
+        /// Columns of B.
         b_cols: usize,
     },
 
+    /// A buffer whose length is not the one its shape asks for.
     #[error("{what}: expected {expected} values, got {got}")]
     LengthMismatch {
+        /// The buffer ("A", "the batch's ids").
         what: &'static str,
+        /// Elements its shape asks for.
         expected: usize,
+        /// Elements given.
         got: usize,
     },
 
+    /// A hardware feature (shader-f16, cooperative matrices...) that the adapter lacks, where
+    /// native execution was asked for instead of the emulated fallback.
     #[error(
         "{feature} is not offered by adapter '{adapter}' and native execution was requested; fallback: {fallback}"
     )]
     MissingFeature {
+        /// The feature asked for.
         feature: &'static str,
+        /// The adapter's name.
         adapter: String,
+        /// What runs without it.
         fallback: &'static str,
     },
 
+    /// An operand, buffer or dispatch larger than a limit of the device.
     #[error(
         "{what} needs {requested} bytes but {limit_name} on '{device}' is {limit} bytes; use smaller operands"
     )]
     TooLarge {
+        /// The buffer.
         what: String,
+        /// Bytes it needs.
         requested: u64,
+        /// Bytes the device allows.
         limit: u64,
+        /// The limit's name (as wgpu's `Limits` spells it).
         limit_name: &'static str,
+        /// The device's name.
         device: String,
     },
 
@@ -60,20 +93,35 @@ pub enum Error {
         "{what} runs {iterations} loop iterations per invocation, but '{device}' stops a shader's loops after {budget} (half of which a kernel may plan on); {advice}"
     )]
     LoopBudget {
+        /// The kernel and its shape.
         what: String,
+        /// Loop iterations one invocation would run.
         iterations: u64,
+        /// Loop iterations the adapter lets a shader run.
         budget: u32,
+        /// The device's name.
         device: String,
+        /// What to do instead.
         advice: String,
     },
 
+    /// A backend (wgpu, CUDA, MPI) that cannot run here: no adapter or driver, or not built in.
     #[error("backend '{backend}' is not available: {why}")]
-    BackendUnavailable { backend: String, why: String },
+    BackendUnavailable {
+        /// The backend's name.
+        backend: String,
+        /// Why it is absent.
+        why: String,
+    },
 
+    /// A fault the device reported (other than running out of memory).
     #[error("GPU error on '{device}' during {op}: {fault}")]
     Device {
+        /// The device's name.
         device: String,
+        /// What was running (`during` prefixes the caller's context).
         op: String,
+        /// The device library's own error.
         #[source]
         fault: Box<DeviceFault>,
     },
@@ -84,9 +132,13 @@ pub enum Error {
         total_bytes.map(|t| format!(" ({:.1} GiB in all)", t as f64 / (1u64 << 30) as f64)).unwrap_or_default()
     )]
     OutOfMemory {
+        /// The device's name.
         device: String,
+        /// What was running (`during` prefixes the caller's context).
         op: String,
+        /// The device's total memory in bytes, where known.
         total_bytes: Option<u64>,
+        /// The device library's own error.
         #[source]
         fault: Box<DeviceFault>,
     },
@@ -98,8 +150,11 @@ pub enum Error {
         gib(*needed_bytes)
     )]
     PlanTooLarge {
+        /// The device's name.
         device: String,
+        /// The batch the plan was built for (sequences per step).
         batch: usize,
+        /// Bytes of device memory the plan needs.
         needed_bytes: u64,
         /// What the plan may take, in words ("only 3.5 GiB are free").
         available: String,
@@ -107,17 +162,34 @@ pub enum Error {
         advice: String,
     },
 
+    /// A kernel (WGSL, or CUDA C through NVRTC) that failed to compile: a defect of the library
+    /// or of the driver, not of the input.
     #[error("shader '{kernel}' failed to compile:\n{log}")]
-    ShaderCompile { kernel: String, log: String },
+    ShaderCompile {
+        /// The kernel's name.
+        kernel: String,
+        /// The compiler's log.
+        log: String,
+    },
 
     /// An input file that cannot be used: absent, not a regular file, larger than its format
     /// allows, malformed.
     #[error("{path}: {why}")]
-    File { path: String, why: String },
+    File {
+        /// The file as given.
+        path: String,
+        /// What is wrong with it.
+        why: String,
+    },
 
     /// An output that cannot be written (a failure of the machine, not of the input).
     #[error("{path}: {why}")]
-    Output { path: String, why: String },
+    Output {
+        /// The file as given.
+        path: String,
+        /// Why it could not be written.
+        why: String,
+    },
 
     /// Host memory that the system does not have for a size asked from outside (`memory.rs`):
     /// `bytes` is None where the size does not even fit in 64 bits.
@@ -127,8 +199,11 @@ pub enum Error {
         available.map_or(String::new(), |a| format!(", and {} are available", gib(a)))
     )]
     HostOutOfMemory {
+        /// What the memory was for.
         what: String,
+        /// Bytes asked for; None where the size overflows 64 bits.
         bytes: Option<u64>,
+        /// Bytes the system has available, where known.
         available: Option<u64>,
     },
 
@@ -136,8 +211,11 @@ pub enum Error {
     /// absorb it (no loss scaling). `step` counts from the run's start, resumed steps included.
     #[error("training under {preset} stopped at step {step}: {why}")]
     Diverged {
+        /// The precision preset of the run.
         preset: String,
+        /// The step that went non-finite, counted from the run's start.
         step: u32,
+        /// What went non-finite.
         why: String,
     },
 
@@ -154,27 +232,37 @@ pub enum Error {
         whole.as_ref().map_or(String::new(), |w| format!(": {w}"))
     )]
     ContractBreak {
+        /// The algorithm whose contract broke.
         algorithm: String,
+        /// Elements outside their tolerance.
         count: usize,
+        /// The whole product's error outside its band, in words, where it is.
         whole: Option<String>,
     },
 
     /// Another rank of a data-parallel run failed; its message, and its error's class.
     #[error("rank {rank} failed: {message}")]
     Rank {
+        /// The failed rank.
         rank: usize,
+        /// Its error's class (this error takes it on).
         class: ErrorClass,
+        /// Its error's message.
         message: String,
     },
 
     /// A collective between the ranks failed (the engine's own error).
     #[error("{engine} {op} failed: {why}")]
     Collective {
+        /// The collective engine ("MPI", "NCCL").
         engine: &'static str,
+        /// The collective that failed.
         op: String,
+        /// The engine's message.
         why: String,
     },
 
+    /// An I/O error with nothing more to add (a failure of the machine).
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -183,22 +271,30 @@ pub enum Error {
 /// `Error::Device` and `Error::OutOfMemory`, so callers can match on it.
 #[derive(Debug, Error)]
 pub enum DeviceFault {
+    /// An error wgpu reported through its error scopes (validation, out of memory, internal).
     #[error(transparent)]
     Wgpu(#[from] wgpu::Error),
+    /// The adapter refused a device.
     #[error(transparent)]
     RequestDevice(#[from] wgpu::RequestDeviceError),
+    /// Waiting on the device failed.
     #[error(transparent)]
     Poll(#[from] wgpu::PollError),
+    /// Mapping a buffer for reading failed.
     #[error(transparent)]
     Map(#[from] wgpu::BufferAsyncError),
+    /// Reading a mapped range failed.
     #[error(transparent)]
     MapRange(#[from] wgpu::MapRangeError),
+    /// An error of the CUDA driver.
     #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
     #[error(transparent)]
     Cuda(#[from] cudarc::driver::DriverError),
+    /// An error of cuBLAS.
     #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
     #[error(transparent)]
     Cublas(#[from] cudarc::cublas::result::CublasError),
+    /// An error of cuBLASLt.
     #[cfg(all(feature = "cuda", not(target_arch = "wasm32")))]
     #[error(transparent)]
     CublasLt(#[from] cudarc::cublaslt::result::CublasError),
@@ -247,6 +343,7 @@ pub enum ErrorClass {
 }
 
 impl Error {
+    /// What kind of failure this is (a `Rank` error takes the failed rank's class).
     pub fn class(&self) -> ErrorClass {
         match self {
             Error::Device { .. }
@@ -310,6 +407,7 @@ impl Error {
         }
     }
 
+    /// An `Invalid` error: `what` is the argument, `why` what is wrong with it.
     pub fn invalid(what: &'static str, why: impl Into<String>) -> Error {
         Error::Invalid {
             what,
@@ -317,6 +415,7 @@ impl Error {
         }
     }
 
+    /// A `File` error: an input file that cannot be used, and why.
     pub fn file(path: impl AsRef<std::path::Path>, why: impl std::fmt::Display) -> Error {
         Error::File {
             path: path.as_ref().display().to_string(),
@@ -324,6 +423,7 @@ impl Error {
         }
     }
 
+    /// An `Output` error: an output that cannot be written, and why.
     pub fn output(path: impl AsRef<std::path::Path>, why: impl std::fmt::Display) -> Error {
         Error::Output {
             path: path.as_ref().display().to_string(),

@@ -142,6 +142,7 @@ impl Input {
         self.len
     }
 
+    /// Whether the input is known to hold no bytes (its length known and 0).
     pub fn is_empty(&self) -> bool {
         self.len == Some(0)
     }

@@ -193,6 +193,7 @@ pub struct WholeProduct {
 }
 
 impl WholeProduct {
+    /// Whether the whole product is within its band.
     pub fn holds(&self) -> bool {
         self.error <= self.allowed
     }
@@ -213,13 +214,16 @@ impl std::fmt::Display for WholeProduct {
 /// whole product against its band.
 #[derive(Clone, Debug)]
 pub struct ContractCheck {
+    /// The first elements outside the tolerance (up to 10).
     pub mismatches: Vec<Mismatch>,
     /// Elements outside the per-element tolerance.
     pub count: usize,
+    /// The whole product against its band.
     pub whole: WholeProduct,
 }
 
 impl ContractCheck {
+    /// Whether every element and the whole product are within the contract.
     pub fn holds(&self) -> bool {
         self.count == 0 && self.whole.holds()
     }
@@ -348,9 +352,13 @@ pub fn max_ulp_error(c: &[f32], exact: &[f64]) -> f64 {
 /// A difference between a result and the reference that breaks the contract.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Mismatch {
+    /// The element's index in C (row-major).
     pub index: usize,
+    /// The backend's value.
     pub got: f32,
+    /// The reference's value.
     pub want: f32,
+    /// The largest difference the contract allows there.
     pub allowed: f64,
 }
 

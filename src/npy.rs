@@ -9,12 +9,16 @@ use std::path::Path;
 /// A row-major f32 matrix.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Matrix {
+    /// Rows.
     pub rows: usize,
+    /// Columns.
     pub cols: usize,
+    /// rows x cols values, row-major.
     pub data: Vec<f32>,
 }
 
 impl Matrix {
+    /// A matrix of `data`, refused where its length is not rows x cols.
     pub fn new(rows: usize, cols: usize, data: Vec<f32>) -> Result<Matrix> {
         let expected = rows.checked_mul(cols).ok_or_else(|| {
             Error::invalid(

@@ -42,14 +42,19 @@ pub use reference::Reference;
 /// The kinds of backend mantissa knows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BackendKind {
+    /// The host reference (`backend::reference`): defines every algorithm's numbers.
     Reference,
+    /// wgpu: WGSL kernels on any GPU (Vulkan, Metal, DX12, the browser), or lavapipe on the CPU.
     Wgpu,
+    /// CUDA: cuBLAS and NVRTC kernels on NVIDIA GPUs (the `cuda` feature).
     Cuda,
 }
 
 impl BackendKind {
+    /// Every kind.
     pub const ALL: [BackendKind; 3] =
         [BackendKind::Reference, BackendKind::Wgpu, BackendKind::Cuda];
+    /// Its name, as `--backend` takes it.
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Reference => "reference",
@@ -68,8 +73,11 @@ impl fmt::Display for BackendKind {
 /// What the user asked for: a kind, or the best one found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum BackendChoice {
+    /// CUDA where it is built in and a device exists, else the best wgpu adapter (or
+    /// `MANTISSA_BACKEND`, where set).
     #[default]
     Auto,
+    /// This kind only; its absence is an error.
     Only(BackendKind),
 }
 
@@ -108,13 +116,16 @@ impl FromStr for BackendChoice {
 /// fp8 scales of one batch: one per tensor (length 1) or one per row of A / column of B.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Fp8Scales {
+    /// A's scales: one (tensorwise) or one per row of A.
     pub a: Vec<f32>,
+    /// B's scales: one (tensorwise) or one per column of B.
     pub b: Vec<f32>,
     /// The inner dimension the scales were computed over.
     pub k: usize,
 }
 
 impl Fp8Scales {
+    /// The scale of A's row `i`.
     pub fn a_for_row(&self, i: usize) -> f32 {
         if self.a.len() == 1 {
             self.a[0]
@@ -122,6 +133,7 @@ impl Fp8Scales {
             self.a[i]
         }
     }
+    /// The scale of B's column `j`.
     pub fn b_for_col(&self, j: usize) -> f32 {
         if self.b.len() == 1 {
             self.b[0]
@@ -147,8 +159,10 @@ pub enum Operands {
 }
 
 impl Operands {
+    /// Both, in the order benchmarks list them.
     pub const ALL: [Operands; 2] = [Operands::F32, Operands::Prepared];
 
+    /// Its name, as `--operands` takes it.
     pub fn name(self) -> &'static str {
         match self {
             Operands::F32 => "f32",
@@ -188,6 +202,7 @@ pub struct MatmulTiming {
     pub operands: Operands,
     /// How the time was taken: "gpu-timestamps" or "wall-clock".
     pub clock: &'static str,
+    /// Timed matmuls the median is taken over.
     pub repetitions: usize,
     /// Which kernel variant ran ("simt, tile 64x64x16 (autotuned at 1.234 ms)", "coop-matrix
     /// 16x16x16, subgroup 32, block 32x32x16"; "host" on the reference).
@@ -204,6 +219,7 @@ pub struct MatmulTiming {
 /// (a readback resolves from the page's event loop), natively callers use `pollster::block_on`.
 #[async_trait::async_trait]
 pub trait Backend: Send + Sync {
+    /// Which kind of backend this is.
     fn kind(&self) -> BackendKind;
     /// Short name shown in tables: "reference", "wgpu:llvmpipe (Vulkan)", "cuda:NVIDIA H100".
     fn name(&self) -> String;
@@ -274,6 +290,7 @@ pub trait Backend: Send + Sync {
     fn executor<'a>(&'a self, plan: Plan) -> Result<Box<dyn StepExecutor + 'a>>;
 }
 
+/// The median of `values` (the upper one of an even count; NaN where empty), sorting them in place.
 pub fn median(values: &mut [f64]) -> f64 {
     if values.is_empty() {
         return f64::NAN;

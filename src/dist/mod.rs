@@ -22,7 +22,9 @@ use crate::error::{Error, ErrorClass, Result};
 /// collectives in the same order; a rank that fails between them calls `abort` (or `agree`
 /// where every rank reaches the same point), so that no rank waits for ever.
 pub trait Collective: Send + Sync {
+    /// This rank, 0-based.
     fn rank(&self) -> usize;
+    /// Ranks in the run.
     fn size(&self) -> usize;
     /// This rank among the ranks of its host (the device it opens).
     fn local_rank(&self) -> usize;
@@ -32,6 +34,7 @@ pub trait Collective: Send + Sync {
     fn engine(&self) -> String;
     /// Element-wise sum over the ranks, in place.
     fn sum_f32(&self, values: &mut [f32]) -> Result<()>;
+    /// Element-wise sum over the ranks, in place, in f64.
     fn sum_f64(&self, values: &mut [f64]) -> Result<()>;
     /// Element-wise maximum over the ranks, in place.
     fn max_f64(&self, values: &mut [f64]) -> Result<()>;
@@ -57,8 +60,10 @@ pub enum Reducer {
 }
 
 impl Reducer {
+    /// Every reducer.
     pub const ALL: [Reducer; 3] = [Reducer::Auto, Reducer::Mpi, Reducer::Nccl];
 
+    /// Its name ("auto", "mpi", "nccl").
     pub fn name(self) -> &'static str {
         match self {
             Reducer::Auto => "auto",
@@ -86,6 +91,7 @@ impl std::str::FromStr for Reducer {
 /// How a data-parallel step sums its gradients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reduction {
+    /// The engine that sums.
     pub reducer: Reducer,
     /// Bytes of f32 values per collective call (`--bucket-size`; 16 MiB by default).
     pub bucket_bytes: u64,
@@ -95,6 +101,7 @@ pub struct Reduction {
 }
 
 impl Reduction {
+    /// `bucket_bytes`' default: 16 MiB.
     pub const DEFAULT_BUCKET_BYTES: u64 = 16 << 20;
 
     /// f32 values per bucket (at least one).

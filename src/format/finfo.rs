@@ -5,16 +5,21 @@ use super::Format;
 /// The machine limits of a format, as `torch.finfo` reports them.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct Finfo {
+    /// The format described.
     pub format: Format,
     /// Bits of one stored value (tf32: 19 significant bits carried in 32).
     pub bits: u32,
+    /// Exponent field width in bits.
     pub exponent_bits: u32,
+    /// Explicit mantissa bits.
     pub mantissa_bits: u32,
+    /// Largest finite value.
     pub max: f64,
     /// Most negative finite value (-max).
     pub min: f64,
     /// Smallest positive normal value (`tiny` / `smallest_normal`).
     pub smallest_normal: f64,
+    /// Smallest positive subnormal value.
     pub smallest_subnormal: f64,
     /// Distance from 1.0 to the next larger value.
     pub eps: f64,
@@ -23,6 +28,7 @@ pub struct Finfo {
 }
 
 impl Finfo {
+    /// The limits of `format`.
     pub fn of(format: Format) -> Finfo {
         let layout = format.layout();
         let eps = layout.eps();

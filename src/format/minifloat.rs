@@ -10,7 +10,9 @@ use super::Overflow;
 /// 2^(exp_bits - 1) - 1.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MiniFloat {
+    /// Exponent field width in bits.
     pub exp_bits: u32,
+    /// Explicit mantissa (fraction) bits.
     pub man_bits: u32,
     /// IEEE-like: the all-ones exponent holds inf and NaN. Otherwise ("fn" formats such as OCP
     /// e4m3fn) there is no inf and only the all-ones pattern S.1111.111 is NaN.
@@ -18,37 +20,44 @@ pub struct MiniFloat {
 }
 
 impl MiniFloat {
+    /// IEEE binary32.
     pub const IEEE_F32: MiniFloat = MiniFloat {
         exp_bits: 8,
         man_bits: 23,
         ieee_specials: true,
     };
+    /// NVIDIA TensorFloat-32: f32's exponent, 10 mantissa bits.
     pub const TF32: MiniFloat = MiniFloat {
         exp_bits: 8,
         man_bits: 10,
         ieee_specials: true,
     };
+    /// bfloat16.
     pub const BF16: MiniFloat = MiniFloat {
         exp_bits: 8,
         man_bits: 7,
         ieee_specials: true,
     };
+    /// IEEE binary16.
     pub const F16: MiniFloat = MiniFloat {
         exp_bits: 5,
         man_bits: 10,
         ieee_specials: true,
     };
+    /// OCP e4m3fn: no inf, one NaN pattern, max 448.
     pub const E4M3FN: MiniFloat = MiniFloat {
         exp_bits: 4,
         man_bits: 3,
         ieee_specials: false,
     };
+    /// OCP e5m2: IEEE-like, max 57344.
     pub const E5M2: MiniFloat = MiniFloat {
         exp_bits: 5,
         man_bits: 2,
         ieee_specials: true,
     };
 
+    /// The exponent bias, 2^(exp_bits - 1) - 1.
     pub fn bias(&self) -> i32 {
         (1 << (self.exp_bits - 1)) - 1
     }
@@ -61,6 +70,7 @@ impl MiniFloat {
         (1 << self.man_bits) - 1
     }
 
+    /// Bits of a code: sign, exponent and mantissa.
     pub fn total_bits(&self) -> u32 {
         1 + self.exp_bits + self.man_bits
     }
@@ -71,20 +81,24 @@ impl MiniFloat {
         if self.ieee_specials { top - 1 } else { top }
     }
 
+    /// The largest finite value.
     pub fn max_finite(&self) -> f64 {
         // IEEE: all mantissa bits set; fn formats: all but the last (all ones is NaN).
         let ulps_below_two = if self.ieee_specials { 1.0 } else { 2.0 };
         (2.0 - ulps_below_two * pow2(-(self.man_bits as i32))) * pow2(self.max_exponent())
     }
 
+    /// The smallest positive normal value.
     pub fn min_normal(&self) -> f64 {
         pow2(1 - self.bias())
     }
 
+    /// The smallest positive subnormal value.
     pub fn min_subnormal(&self) -> f64 {
         pow2(1 - self.bias() - self.man_bits as i32)
     }
 
+    /// Machine epsilon: the spacing of values in [1, 2).
     pub fn eps(&self) -> f64 {
         pow2(-(self.man_bits as i32))
     }

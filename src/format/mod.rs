@@ -21,10 +21,13 @@ use std::str::FromStr;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(into = "String", try_from = "String")]
 pub enum Format {
+    /// IEEE binary32.
     F32,
     /// f32 with 10 explicit mantissa bits (NVIDIA TensorFloat-32), carried in an f32.
     Tf32,
+    /// bfloat16: f32's 8 exponent bits, 7 mantissa bits.
     Bf16,
+    /// IEEE binary16: 5 exponent bits, 10 mantissa bits, max 65504.
     F16,
     /// OCP e4m3fn: bias 7, no inf, NaN = S.1111.111, max 448.
     E4m3,
@@ -43,6 +46,7 @@ pub enum Overflow {
 }
 
 impl Format {
+    /// Every format, in the order of their kernel ids (`id`).
     pub const ALL: [Format; 6] = [
         Format::F32,
         Format::Tf32,
@@ -58,6 +62,7 @@ impl Format {
         self as u32
     }
 
+    /// Its name, as the CLI and Python take it ("f32", "tf32", "bf16", "f16", "e4m3", "e5m2").
     pub fn name(self) -> &'static str {
         match self {
             Format::F32 => "f32",
@@ -90,6 +95,7 @@ impl Format {
         }
     }
 
+    /// Bytes a value takes in storage (tf32: 4, carried in an f32).
     pub fn storage_bytes(self) -> usize {
         self.storage_bits() as usize / 8
     }
@@ -130,6 +136,7 @@ impl Format {
         self.decode(self.encode(x, overflow))
     }
 
+    /// Its numeric limits, as `torch.finfo` gives them.
     pub fn finfo(self) -> Finfo {
         Finfo::of(self)
     }
@@ -171,16 +178,23 @@ impl Format {
 /// One value cast to one format: its code, bit fields and the error of the cast.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Encoding {
+    /// The format cast to.
     pub format: Format,
+    /// The code: the value's bits (tf32: the f32 bits).
     pub code: u32,
+    /// The code in hex, zero-padded to the storage width.
     pub hex: String,
+    /// The sign bit, in binary.
     pub sign: String,
+    /// The exponent field, in binary.
     pub exponent: String,
+    /// The mantissa field, in binary (tf32: its 10 bits).
     pub mantissa: String,
     /// The decoded value.
     pub value: f32,
     /// value - x (none where either is not finite).
     pub error: Option<f64>,
+    /// error / x (none where x is 0 or either is not finite).
     pub relative_error: Option<f64>,
 }
 

@@ -8,8 +8,11 @@ use crate::format::Format;
 /// Records a plan: its tensors and ops, then `finish` checks them and makes the `Plan`.
 #[derive(Default)]
 pub struct PlanBuilder {
+    /// The tensors recorded; a `TensorId` is an index here.
     pub tensors: Vec<TensorInfo>,
+    /// The ops recorded, in the order they run.
     pub ops: Vec<Op>,
+    /// The values of the `Constant` tensors, set when the plan is built.
     pub constants: Vec<(TensorId, Vec<f32>)>,
 }
 
@@ -20,16 +23,20 @@ pub struct Outline {
     /// to the scaled gradients, `ops[..gradients]` to the unscaled, checked gradients; the rest
     /// update the trained state.
     pub forward: usize,
+    /// The end of the backward pass in `ops` (see `forward`).
     pub backward: usize,
+    /// The end of the gradients' unscale and check in `ops` (see `forward`).
     pub gradients: usize,
     /// The tensors a run writes its tokens and targets into (kinds `Tokens` and `Targets`, as
     /// long as the batch has rows).
     pub tokens: TensorId,
+    /// The targets' tensor (see `tokens`).
     pub targets: TensorId,
     /// The tensor the host reads after the forward pass, kept whole after it.
     pub logits: TensorId,
     /// Per parameter: (parameter, gradient, first moment, second moment).
     pub state: Vec<[TensorId; 4]>,
+    /// Where the step's loss, gradient flags, squared norms and fp8 amaxes go (slots of the stats).
     pub stats: Stats,
 }
 
@@ -59,6 +66,8 @@ impl Outline {
 }
 
 impl PlanBuilder {
+    /// A new tensor of `len` f32 values holding `kind`; stored as f32 until `Plan::store_codes`
+    /// says otherwise.
     pub fn tensor(&mut self, len: usize, kind: TensorKind) -> TensorId {
         self.tensors.push(TensorInfo {
             len,
@@ -68,16 +77,19 @@ impl PlanBuilder {
         self.tensors.len() - 1
     }
 
+    /// A new `Temp` tensor of `len` values.
     pub fn temp(&mut self, len: usize) -> TensorId {
         self.tensor(len, TensorKind::Temp)
     }
 
+    /// A new `Constant` tensor holding `values`.
     pub fn constant(&mut self, values: Vec<f32>) -> TensorId {
         let id = self.tensor(values.len(), TensorKind::Constant);
         self.constants.push((id, values));
         id
     }
 
+    /// Elements of tensor `id`.
     pub fn len(&self, id: TensorId) -> usize {
         self.tensors[id].len
     }

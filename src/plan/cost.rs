@@ -11,7 +11,9 @@ use std::ops::Range;
 /// Element and row ops have no FLOPs here: memory bounds them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Cost {
+    /// Bytes read and written.
     pub bytes: u64,
+    /// Floating-point operations of the matmuls and attention products.
     pub flops: u64,
 }
 

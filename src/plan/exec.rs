@@ -27,7 +27,9 @@ pub struct Reduced {
 pub struct GradientSum<'a> {
     /// The tensors to sum (`Plan::split_for_ranks`).
     pub ids: &'a [TensorId],
+    /// The ranks the sum runs over.
     pub group: &'a dyn Collective,
+    /// The engine that sums.
     pub reducer: Reducer,
     /// Values per bucket (`Plan::gradient_buckets`).
     pub bucket: usize,
@@ -143,6 +145,7 @@ pub struct Timings {
 /// Runs a plan, holding its tensors (parameters and optimizer state included) between steps.
 #[async_trait::async_trait]
 pub trait StepExecutor: Send {
+    /// The plan it runs.
     fn plan(&self) -> &Plan;
     /// How the executor runs ("device-resident, one submission per step").
     fn describe(&self) -> String;
@@ -171,7 +174,9 @@ pub trait StepExecutor: Send {
         targets: &[u32],
         scalars: &[f32],
     ) -> Result<(Vec<f64>, Timings)>;
+    /// The values of tensor `id` as f32 (a coded tensor's codes decoded).
     async fn read(&mut self, id: TensorId) -> Result<Vec<f32>>;
+    /// Sets tensor `id` to `values` (rounded to its format where it is stored as codes).
     async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()>;
     /// The memory the steps so far took (on the host for the host interpreter).
     fn memory(&self) -> Memory;

@@ -18,6 +18,8 @@ use crate::error::Result;
 /// a recording keeps.
 #[allow(async_fn_in_trait)]
 pub trait Recorder {
+    /// A recording of a section's launches, replayed as one (a CUDA graph; the host interpreter's
+    /// list of ops).
     type Graph;
     /// Runs the ops of `section` one by one.
     async fn launch(&mut self, section: Section, scalars: &[f32]) -> Result<()>;
@@ -39,8 +41,11 @@ pub enum Graphs<G> {
     /// The sections run once (the next run records them), and those recorded; `paused`: run
     /// op by op for now, the recordings kept (a measured choice times both ways in turn).
     On {
+        /// The sections run once so far (each recorded on its next run).
         seen: Vec<Section>,
+        /// The sections recorded, with their recordings.
         recorded: Vec<(Section, G)>,
+        /// Run op by op for now, the recordings kept.
         paused: bool,
     },
 }

@@ -77,9 +77,11 @@ impl Stats {
     pub fn amax(&self, layer: usize, role: usize) -> usize {
         1 + 2 * self.grads + 3 * layer + role
     }
+    /// Slots of the stats array.
     pub fn len(&self) -> usize {
         1 + 2 * self.grads + 3 * self.linears
     }
+    /// Never: the loss slot is always there.
     pub fn is_empty(&self) -> bool {
         false
     }
@@ -129,10 +131,12 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The plan's tensors; a `TensorId` indexes them.
     pub fn tensors(&self) -> &[TensorInfo] {
         &self.tensors
     }
 
+    /// The plan's ops, in the order they run.
     pub fn ops(&self) -> &[Op] {
         &self.ops
     }
@@ -172,6 +176,8 @@ impl Plan {
         self.stats
     }
 
+    /// Slots of the scalars array a step takes: the fixed slots, then three fp8 scales per linear
+    /// layer.
     pub fn scalar_count(&self) -> usize {
         scalar::FP8 + 3 * self.stats.linears
     }

@@ -15,7 +15,9 @@ use crate::format::Format;
 /// holds the softmax's gradient in `held`, then its product with the scale again.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ScoreScale {
+    /// The factor on the scores (1 / sqrt(d) for attention).
     pub scale: f64,
+    /// The format the scaled scores are held in (the compute format under autocast).
     pub held: Format,
 }
 
@@ -28,13 +30,21 @@ pub struct ScoreScale {
 /// it, instead of the (B, H, T, T) probabilities.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Attention {
+    /// Sequences in the batch.
     pub b: usize,
+    /// Tokens per sequence (the causal mask's width).
     pub t: usize,
+    /// Heads.
     pub h: usize,
+    /// Width of one head (C = h * d).
     pub d: usize,
+    /// The factor on q.k^T (1 / sqrt(d) in the model).
     pub scale: f64,
+    /// How q.k^T and P.v are computed (inputs rounded, f32 accumulation).
     pub algorithm: Algorithm,
+    /// The format the probabilities P are held in.
     pub probs: Format,
+    /// The format the matmul products and the scaled scores are held in.
     pub compute: Format,
 }
 
@@ -69,130 +79,214 @@ impl Attention {
 pub enum Op {
     /// out = rows of `table` (c wide) picked by `ids`.
     Embedding {
+        /// The (rows, c) table of vectors.
         table: TensorId,
+        /// One row index per output row (u32 ids as f32 bit patterns).
         ids: TensorId,
+        /// The gathered rows, one per id (ids x c).
         out: TensorId,
+        /// Width of a row.
         c: usize,
     },
     /// out (rows x c) = scatter-add of the rows of `dout` by `ids`.
     EmbeddingBwd {
+        /// The gradient of the gathered rows (ids x c).
         dout: TensorId,
+        /// The row index each gradient row adds into.
         ids: TensorId,
+        /// The (rows, c) gradient of the table.
         out: TensorId,
+        /// Rows of the table.
         rows: usize,
+        /// Width of a row.
         c: usize,
     },
     /// Layer norm over rows of c, `out` held in `held`; `stats` holds (mean, rstd) per row.
     LayerNorm {
+        /// The input (rows, c).
         x: TensorId,
+        /// The gain (c).
         g: TensorId,
+        /// The bias (c).
         b: TensorId,
+        /// The normalized output (rows, c).
         out: TensorId,
+        /// Two f32 per row, (mean, rstd), for the backward.
         stats: TensorId,
+        /// Width of a row.
         c: usize,
+        /// The format `out` is held in.
         held: Format,
     },
+    /// The gradients dx, dg and db (dg and db summed over the rows) of `LayerNorm`, from its (mean,
+    /// rstd) per row in `stats`.
     LayerNormBwd {
+        /// The gradient of the output (rows, c).
         dy: TensorId,
+        /// The forward's input (rows, c).
         x: TensorId,
+        /// The forward's gain (c).
         g: TensorId,
+        /// The forward's (mean, rstd) per row.
         stats: TensorId,
+        /// The gradient of x (rows, c).
         dx: TensorId,
+        /// The gradient of the gain (c).
         dg: TensorId,
+        /// The gradient of the bias (c).
         db: TensorId,
+        /// Width of a row.
         c: usize,
     },
     /// out = GELU(x) (tanh form), held in `held`.
     Gelu {
+        /// The input.
         x: TensorId,
+        /// The output (x's length).
         out: TensorId,
+        /// The format `out` is held in.
         held: Format,
     },
+    /// out = dy * GELU'(x) (the tanh form's derivative).
     GeluBwd {
+        /// The forward's input.
         x: TensorId,
+        /// The gradient of the forward's output.
         dy: TensorId,
+        /// The gradient of x.
         out: TensorId,
     },
     /// RMS norm over rows of c (torch.nn.RMSNorm): out = x * rstd * g held in `held`, rstd =
     /// 1 / sqrt(mean(x^2) + eps); `stats` holds rstd per row.
     RmsNorm {
+        /// The input (rows, c).
         x: TensorId,
+        /// The gain (c).
         g: TensorId,
+        /// The normalized output (rows, c).
         out: TensorId,
+        /// One f32 per row, rstd, for the backward.
         stats: TensorId,
+        /// Width of a row.
         c: usize,
+        /// The epsilon added to mean(x^2).
         eps: f32,
+        /// The format `out` is held in.
         held: Format,
     },
     /// dx and dg (summed over the rows) of `RmsNorm`, from its rstd per row in `stats`.
     RmsNormBwd {
+        /// The gradient of the output (rows, c).
         dy: TensorId,
+        /// The forward's input (rows, c).
         x: TensorId,
+        /// The forward's gain (c).
         g: TensorId,
+        /// The forward's rstd per row.
         stats: TensorId,
+        /// The gradient of x (rows, c).
         dx: TensorId,
+        /// The gradient of the gain (c).
         dg: TensorId,
+        /// Width of a row.
         c: usize,
     },
     /// out = SiLU(x) = x * sigmoid(x), held in `held`.
     Silu {
+        /// The input.
         x: TensorId,
+        /// The output (x's length).
         out: TensorId,
+        /// The format `out` is held in.
         held: Format,
     },
+    /// out = dy * SiLU'(x) = dy * s * (1 + x * (1 - s)), s = sigmoid(x).
     SiluBwd {
+        /// The forward's input.
         x: TensorId,
+        /// The gradient of the forward's output.
         dy: TensorId,
+        /// The gradient of x.
         out: TensorId,
     },
     /// out = a * b elementwise (the same length), the f32 product held in `held`. Its backward
     /// is two of them: da = dy * b, db = dy * a.
     Mul {
+        /// The left factor.
         a: TensorId,
+        /// The right factor (a's length).
         b: TensorId,
+        /// The product.
         out: TensorId,
+        /// The format `out` is held in.
         held: Format,
     },
     /// Causal softmax of `scale * x` (held as `ScoreScale` says) per row of t.
     Softmax {
+        /// The scores, rows of t.
         x: TensorId,
+        /// The probabilities, rows of t (zero past the diagonal).
         out: TensorId,
+        /// Width of a row (the sequence's length).
         t: usize,
+        /// The factor on the scores and the format the scaled scores are held in.
         scale: ScoreScale,
     },
+    /// The gradient of the unscaled scores from the probabilities and their gradient: the softmax's
+    /// backward, held and scaled as `ScoreScale` says.
     SoftmaxBwd {
+        /// The forward's probabilities, rows of t.
         p: TensorId,
+        /// The gradient of the probabilities.
         dp: TensorId,
+        /// The gradient of the forward's (unscaled) scores.
         out: TensorId,
+        /// Width of a row.
         t: usize,
+        /// The forward's score scale.
         scale: ScoreScale,
     },
     /// out (B, T, C) = causal self-attention of `qkv` (`Attention`); `stats` gets each score
     /// row's (max of z, sum of exp(z - max)), z the scaled scores (`Attention::score_scale`).
     Attention {
+        /// The (B, T, 3C) q|k|v input.
         qkv: TensorId,
+        /// The (B, T, C) output.
         out: TensorId,
+        /// Two f32 per score row (`Attention::score_rows`), (max, sum), for the backward.
         stats: TensorId,
+        /// The shapes, scale, algorithm and formats.
         spec: Attention,
     },
     /// The gradient of `qkv` (B, T, 3C) from that of the output (B, T, C), P recomputed from
     /// `stats`; `delta` gets each score row's sum(P * dP) (the softmax backward's dot).
     AttentionBwd {
+        /// The forward's (B, T, 3C) q|k|v.
         qkv: TensorId,
+        /// The gradient of the forward's (B, T, C) output.
         dout: TensorId,
+        /// The forward's (max, sum) per score row.
         stats: TensorId,
+        /// One f32 per score row: sum(P * dP), written here.
         delta: TensorId,
+        /// The gradient of q|k|v (B, T, 3C).
         dqkv: TensorId,
+        /// The forward's shapes, scale, algorithm and formats.
         spec: Attention,
     },
     /// The loss of each row of v logits, their mean into `Stats::LOSS`, and the loss's gradient
     /// (softmax(logits) - onehot(targets)) * scalar `DLOSS_PER_ROW` into `grad`, held in `held`:
     /// the backward fused into the forward, so the probabilities never reach memory.
     CrossEntropy {
+        /// The logits, rows of v.
         logits: TensorId,
+        /// One target class per row (u32 ids as f32 bit patterns).
         targets: TensorId,
+        /// The gradient of the logits (logits' length).
         grad: TensorId,
+        /// Classes per row.
         v: usize,
+        /// The format `grad` is held in.
         held: Format,
     },
     /// The mean squared error over every element, mean((pred - target)^2), into `Stats::LOSS`,
@@ -200,23 +294,39 @@ pub enum Op {
     /// (the backward fused into the forward, as `CrossEntropy`'s). `target` holds f32 values
     /// (the batch's `Targets` as f32 bit patterns, or any tensor of pred's length).
     MseLoss {
+        /// The predictions.
         pred: TensorId,
+        /// The target values, pred's length.
         target: TensorId,
+        /// The gradient of pred (pred's length).
         grad: TensorId,
+        /// The format `grad` is held in.
         held: Format,
     },
     /// out = op(a) . op(b) under `algorithm`; an fp8 algorithm with given scales takes them
     /// from the scalar slots `scales` (delayed scaling: they change every step).
     Matmul {
+        /// The shape and transposes of a and b.
         shape: MatmulShape,
+        /// How the product is computed (its formats, scaling and accumulation).
         algorithm: Algorithm,
+        /// The left factor.
         a: TensorId,
+        /// The right factor.
         b: TensorId,
+        /// The product C (batch x m x n).
         out: TensorId,
+        /// Scalar slots of a's and b's fp8 scales (delayed scaling), in place of those `algorithm`
+        /// gives.
         scales: Option<[usize; 2]>,
     },
     /// x rounded to `format` in place (autocast holds x in `format`).
-    Round { x: TensorId, format: Format },
+    Round {
+        /// The tensor rounded.
+        x: TensorId,
+        /// The format its values are rounded to (they stay f32).
+        format: Format,
+    },
     /// out = y' + x held in `held`, where y' is y rounded to `y_held` (a matmul's product
     /// that autocast holds in the compute format, rounded as the add reads it:
     /// `PlanBuilder::push`), x repeated over y when shorter (a bias added to every row); then,
@@ -228,47 +338,76 @@ pub enum Op {
     /// one pass, folded by `PlanBuilder::push`; out stays the activation's input, which the
     /// backward pass reads).
     Add {
+        /// The tensor added (y's length, or a divisor of it: a bias repeated over y's rows).
         x: TensorId,
+        /// The tensor x is added to (a matmul's product).
         y: TensorId,
+        /// The sum (y's length); may be `y` itself.
         out: TensorId,
+        /// The format the sum is held in.
         held: Format,
+        /// The format y is rounded to as the add reads it.
         y_held: Format,
+        /// A residual (r, format): out + r held in that format, into `out`.
         residual: Option<(TensorId, Format)>,
+        /// A GELU (g, format): g = GELU(out) held in that format.
         gelu: Option<(TensorId, Format)>,
     },
     /// out[j] = sum over rows of x[row, j] (bias gradients).
     ColumnSums {
+        /// The input (rows, c).
         x: TensorId,
+        /// The column sums (c).
         out: TensorId,
+        /// Width of a row.
         c: usize,
     },
     /// out[map.dst(e)] = x[map.src(e)].
     Copy {
+        /// The source.
         x: TensorId,
+        /// The destination.
         out: TensorId,
+        /// Which element of x goes to which of out.
         map: Strided,
     },
     /// Stats slot `slot` = largest finite |x| (fp8 delayed scaling's amax).
-    Amax { x: TensorId, slot: usize },
+    Amax {
+        /// The tensor read.
+        x: TensorId,
+        /// The stats slot written.
+        slot: usize,
+    },
     /// GradScaler's unscale of every gradient at once (`grads[i]` is the stats' gradient i):
     /// g *= scalar `INVERSE_SCALE` (gradient 0's first element also gets scalar `POISON`, 0
     /// except when a test injects a fault), and each gradient's finite flag and squared norm
     /// into the stats. One op over the list, as a multi-tensor kernel runs it: a launch per
     /// gradient would cost more than the work on a model of many small tensors.
-    UnscaleCheck { grads: Vec<TensorId> },
+    UnscaleCheck {
+        /// The gradients; gradient i of the stats is `grads[i]`.
+        grads: Vec<TensorId>,
+    },
     /// AdamW update of every parameter at once, applied only where every gradient is finite,
     /// with the gradients clipped to the global norm scalar `CLIP` (0: no clipping).
-    AdamW { params: Vec<AdamWParam> },
+    AdamW {
+        /// One entry per parameter, in the order of the stats' gradients.
+        params: Vec<AdamWParam>,
+    },
 }
 
 /// One parameter of an `Op::AdamW`: what it updates in place (the parameter and its moments),
 /// its gradient, and whether weight decay applies to it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamWParam {
+    /// The parameter, updated in place.
     pub param: TensorId,
+    /// Its gradient.
     pub grad: TensorId,
+    /// Adam's first moment (the gradient's running mean), updated in place.
     pub m: TensorId,
+    /// Adam's second moment (the squared gradient's running mean), updated in place.
     pub v: TensorId,
+    /// Whether weight decay applies (to matrices and embeddings, not to biases and gains).
     pub decay: bool,
 }
 

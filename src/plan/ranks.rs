@@ -8,7 +8,9 @@ use crate::error::Result;
 /// once it has run `ops[..ready]` (`Plan::gradient_buckets`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Bucket {
+    /// Ops the backward pass must have run (`ops[..ready]`) before the bucket is complete.
     pub ready: usize,
+    /// The bucket's tensors.
     pub ids: Vec<TensorId>,
 }
 

@@ -11,13 +11,19 @@ pub const DLOSS_PER_ROW: usize = 0;
 pub const INVERSE_SCALE: usize = 1;
 /// Added to the first element of gradient 0 before the check (fault injection; else 0).
 pub const POISON: usize = 2;
+/// AdamW's learning rate.
 pub const LR: usize = 3;
+/// AdamW's beta1 (first-moment decay).
 pub const BETA1: usize = 4;
+/// AdamW's beta2 (second-moment decay).
 pub const BETA2: usize = 5;
+/// AdamW's epsilon.
 pub const EPS: usize = 6;
+/// AdamW's decoupled weight decay.
 pub const WEIGHT_DECAY: usize = 7;
 /// AdamW's bias corrections 1 - beta^t, computed in f64 on the host.
 pub const BIAS_CORRECTION1: usize = 8;
+/// See `BIAS_CORRECTION1`: 1 - beta2^t.
 pub const BIAS_CORRECTION2: usize = 9;
 /// Global gradient-norm clip (0: none).
 pub const CLIP: usize = 10;
@@ -51,10 +57,15 @@ pub const SLOTS: [(&str, usize); 14] = [
 /// AdamW hyper-parameters (the host update itself is `backend::reference::ops::adamw`).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct AdamW {
+    /// Learning rate.
     pub lr: f32,
+    /// First-moment decay.
     pub beta1: f32,
+    /// Second-moment decay.
     pub beta2: f32,
+    /// Added to the square root of the bias-corrected second moment (the update's denominator).
     pub eps: f32,
+    /// Decoupled weight decay (times lr), on the parameters that take it.
     pub weight_decay: f32,
 }
 
@@ -96,9 +107,11 @@ pub fn adamw(o: &AdamW, t: u32) -> [(usize, f32); 7] {
 /// What a step's scalars are made of.
 #[derive(Clone, Copy, Debug)]
 pub struct StepScalars<'a> {
+    /// The optimizer's hyper-parameters.
     pub adamw: &'a AdamW,
     /// Global gradient-norm clip (0: none).
     pub clip: f32,
+    /// The dynamic loss scale (1 without loss scaling).
     pub loss_scale: f32,
     /// Added to the first element of gradient 0 (fault injection; else 0).
     pub poison: f32,

@@ -4,18 +4,25 @@
 /// (i0, i1, i2, i3) < dims moves from `src_offset + sum(i * src)` to `dst_offset + sum(i * dst)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Strided {
+    /// The index space (i0 slowest, i3 fastest).
     pub dims: [u32; 4],
+    /// Source strides of each axis, in elements.
     pub src: [u32; 4],
+    /// Destination strides of each axis, in elements.
     pub dst: [u32; 4],
+    /// The source's element of index (0, 0, 0, 0).
     pub src_offset: u32,
+    /// The destination's element of index (0, 0, 0, 0).
     pub dst_offset: u32,
 }
 
 impl Strided {
+    /// Elements copied.
     pub fn len(&self) -> usize {
         self.dims.iter().map(|&d| d as usize).product()
     }
 
+    /// Whether nothing is copied.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

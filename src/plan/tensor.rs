@@ -10,11 +10,15 @@ pub type TensorId = usize;
 pub enum TensorKind {
     /// Trained state, kept across steps: parameter i, its AdamW moments, its gradient.
     Param(usize),
+    /// AdamW's first moment of parameter i.
     Moment1(usize),
+    /// AdamW's second moment of parameter i.
     Moment2(usize),
+    /// The gradient of parameter i.
     Grad(usize),
     /// The step's token ids and targets (u32 ids as f32 bit patterns).
     Tokens,
+    /// The step's targets (u32 ids as f32 bit patterns).
     Targets,
     /// Fixed when the plan is built (`Plan::constants`).
     Constant,
@@ -28,9 +32,12 @@ pub enum TensorKind {
     Temp,
 }
 
+/// A tensor of the plan: its length, what it holds and how a device stores it.
 #[derive(Clone, Debug)]
 pub struct TensorInfo {
+    /// Elements (f32 values as every executor sees them).
     pub len: usize,
+    /// What it holds, and so how long it lives.
     pub kind: TensorKind,
     /// What a device stores per element: f32, or the 16-bit codes of bf16 or f16 (two to a
     /// 4-byte word, the even element in the low half) for a tensor `Plan::store_codes` chose.
@@ -48,6 +55,7 @@ impl TensorInfo {
         }
     }
 
+    /// Bytes of the tensor's storage.
     pub fn bytes(&self) -> u64 {
         self.words() as u64 * 4
     }

@@ -13,7 +13,9 @@ use crate::format::Format;
 /// reads them as ids.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct IdLimits {
+    /// Rows of the tables the token ids index.
     pub tokens: usize,
+    /// Classes of the loss the targets pick.
     pub targets: usize,
 }
 

@@ -21,9 +21,11 @@ pub enum Fp8Formats {
 named_enum!(Fp8Formats, "fp8 format recipe", [Hybrid => "hybrid", E4m3 => "e4m3"]);
 
 impl Fp8Formats {
+    /// The format of forward tensors (activations and weights): e4m3 under both.
     pub fn forward(self) -> Format {
         Format::E4m3
     }
+    /// The format of gradients: e5m2 under `Hybrid`, e4m3 under `E4m3`.
     pub fn backward(self) -> Format {
         match self {
             Fp8Formats::Hybrid => Format::E5m2,
@@ -35,7 +37,9 @@ impl Fp8Formats {
 /// How the amax history becomes one amax (Transformer Engine's `amax_compute_algo`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AmaxCompute {
+    /// The largest amax of the history.
     Max,
+    /// The latest amax.
     MostRecent,
 }
 
@@ -46,13 +50,20 @@ named_enum!(AmaxCompute, "amax compute algorithm", [Max => "max", MostRecent => 
 pub enum Fp8Recipe {
     /// Scales from an amax history (Transformer Engine's DelayedScaling).
     Delayed {
+        /// Which fp8 format each tensor takes.
         formats: Fp8Formats,
+        /// Steps of amax history kept (at least 1).
         history_len: usize,
+        /// How the history becomes one amax.
         amax_compute: AmaxCompute,
+        /// Powers of two of headroom: the scale is divided by 2^margin.
         margin: i32,
     },
     /// Scales from the current tensor, just in time.
-    Current { formats: Fp8Formats },
+    Current {
+        /// The recipe's only choice: which fp8 format each tensor takes.
+        formats: Fp8Formats,
+    },
 }
 
 impl Default for Fp8Recipe {
@@ -68,12 +79,14 @@ impl Default for Fp8Recipe {
 }
 
 impl Fp8Recipe {
+    /// Current scaling with the `Hybrid` formats.
     pub fn current() -> Fp8Recipe {
         Fp8Recipe::Current {
             formats: Fp8Formats::Hybrid,
         }
     }
 
+    /// Which fp8 format each tensor takes.
     pub fn formats(&self) -> Fp8Formats {
         match self {
             Fp8Recipe::Delayed { formats, .. } | Fp8Recipe::Current { formats } => *formats,
@@ -84,16 +97,23 @@ impl Fp8Recipe {
 /// The delayed-scaling state of one fp8 tensor: an amax history and the scale it gives.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct DelayedScaling {
+    /// The tensor's fp8 format (its FMAX sets the scale).
     pub format: Format,
+    /// Steps of amax history kept.
     pub history_len: usize,
+    /// How the history becomes one amax.
     pub amax_compute: AmaxCompute,
+    /// Powers of two of headroom.
     pub margin: i32,
+    /// The amaxes of the last `history_len` steps, oldest first (finite ones only).
     pub history: VecDeque<f32>,
     /// The scale the next step quantizes with.
     pub scale: f32,
 }
 
 impl DelayedScaling {
+    /// Fresh state at scale 1 under a `Delayed` recipe; refused for current scaling and for an
+    /// empty history.
     pub fn new(format: Format, recipe: &Fp8Recipe) -> Result<DelayedScaling> {
         match *recipe {
             Fp8Recipe::Delayed {
@@ -148,8 +168,11 @@ impl DelayedScaling {
 /// amax slots).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fp8Role {
+    /// The layer's input (activation), forward format.
     Input = 0,
+    /// The layer's weight, forward format.
     Weight = 1,
+    /// The gradient of the layer's output, backward format.
     Grad = 2,
 }
 
@@ -167,8 +190,11 @@ impl Fp8Role {
 /// fp8 state of one linear layer: delayed scaling of its input, weight and output gradient.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Fp8Linear {
+    /// Delayed scaling of the input.
     pub input: DelayedScaling,
+    /// Delayed scaling of the weight.
     pub weight: DelayedScaling,
+    /// Delayed scaling of the output gradient.
     pub grad: DelayedScaling,
 }
 
@@ -178,6 +204,7 @@ impl Fp8Linear {
         [&mut self.input, &mut self.weight, &mut self.grad]
     }
 
+    /// The three states in role order.
     pub fn roles(&self) -> [&DelayedScaling; 3] {
         [&self.input, &self.weight, &self.grad]
     }
@@ -187,6 +214,7 @@ impl Fp8Linear {
 /// Each step's amaxes enter the histories, and the scales of the next step follow.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Fp8State {
+    /// One entry per linear layer, in the model's order.
     pub layers: Vec<Fp8Linear>,
 }
 

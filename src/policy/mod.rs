@@ -25,7 +25,9 @@ use std::str::FromStr;
 macro_rules! named_enum {
     ($ty:ident, $kind:literal, [$($variant:ident => $name:literal),+ $(,)?]) => {
         impl $ty {
+            /// Every variant, in the order of the table of names.
             pub const ALL: &'static [$ty] = &[$($ty::$variant),+];
+            /// Its name (the CLI's, Python's and the reports'); `from_str` takes it in upper or lower case.
             pub fn name(self) -> &'static str {
                 match self { $($ty::$variant => $name),+ }
             }
@@ -61,8 +63,11 @@ pub mod precision;
 /// PyTorch's float32 matmul precision classes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PrecisionClass {
+    /// Full f32 products: plain f32.
     Highest,
+    /// tf32 where accelerated, else bf16x3 where accelerated, else f32.
     High,
+    /// bf16 where accelerated; else as `High`.
     Medium,
 }
 
@@ -73,7 +78,10 @@ named_enum!(PrecisionClass, "matmul precision", [Highest => "highest", High => "
 /// Everything else is still computed, emulated with the same numerics.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Capabilities {
+    /// The algorithms this backend accelerates (compared by base name: an fp8 algorithm's scaling
+    /// does not matter).
     pub accelerated: Vec<Algorithm>,
+    /// Where its executor fuses causal attention.
     pub fused_attention: FusedAttention,
 }
 
@@ -83,11 +91,14 @@ pub struct Capabilities {
 /// function.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FusedAttention {
+    /// Algorithms under which attention is fused.
     pub algorithms: Vec<Algorithm>,
+    /// Head sizes (d) for which attention is fused.
     pub head_sizes: Vec<usize>,
 }
 
 impl Capabilities {
+    /// Whether `algorithm` (by its base name) is among the accelerated ones.
     pub fn accelerates(&self, algorithm: Algorithm) -> bool {
         self.accelerated
             .iter()
@@ -121,11 +132,18 @@ impl PrecisionClass {
 /// Training presets, by PyTorch Lightning's names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Preset {
+    /// `32-true`: f32 everywhere.
     True32,
+    /// `16-mixed`: f16 autocast, f32 master weights, dynamic loss scaling.
     Mixed16,
+    /// `bf16-mixed`: bf16 autocast, f32 master weights.
     MixedBf16,
+    /// `16-true`: f16 parameters and compute, no master weights.
     True16,
+    /// `bf16-true`: bf16 parameters and compute, no master weights.
     TrueBf16,
+    /// `transformer-engine`: bf16 autocast with f32 master weights, fp8 linear layers (the default
+    /// `Fp8Recipe`).
     TransformerEngine,
 }
 
@@ -141,6 +159,7 @@ named_enum!(Preset, "precision preset", [
 /// What a preset means for training.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct PresetSpec {
+    /// The preset described.
     pub preset: Preset,
     /// Format the autocast "matmul-like" ops compute in.
     pub compute: Format,
@@ -155,6 +174,7 @@ pub struct PresetSpec {
 }
 
 impl Preset {
+    /// What the preset means: its formats, master weights, loss scaling and fp8 recipe.
     pub fn spec(self) -> PresetSpec {
         let (compute, params, master_weights, loss_scaling, fp8) = match self {
             Preset::True32 => (Format::F32, Format::F32, false, None, None),
@@ -203,25 +223,45 @@ pub enum OpClass {
 /// An op the training executor runs, for autocast purposes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
+    /// A linear layer (x . W + b).
     Linear,
+    /// A matrix product.
     Matmul,
+    /// A batched matrix product.
     Bmm,
+    /// Attention's scores q.k^T.
     AttentionScores,
+    /// Softmax.
     Softmax,
+    /// Log-softmax.
     LogSoftmax,
+    /// Layer norm.
     LayerNorm,
+    /// Cross entropy.
     CrossEntropy,
+    /// A sum.
     Sum,
+    /// A mean.
     Mean,
+    /// exp.
     Exp,
+    /// log.
     Log,
+    /// pow.
     Pow,
+    /// GELU.
     Gelu,
+    /// An add (bias, residual).
     Add,
+    /// An embedding lookup.
     Embedding,
+    /// RMS norm.
     RmsNorm,
+    /// Mean squared error.
     MseLoss,
+    /// SiLU.
     Silu,
+    /// An elementwise product.
     Mul,
 }
 
@@ -249,6 +289,7 @@ named_enum!(Op, "op", [
 ]);
 
 impl Op {
+    /// Its autocast class, as PyTorch's autocast lists it.
     pub fn class(self) -> OpClass {
         match self {
             Op::Linear | Op::Matmul | Op::Bmm | Op::AttentionScores => OpClass::MatmulLike,
@@ -271,11 +312,14 @@ impl Op {
 /// Autocast: the format each op runs in under a preset, with per-op overrides.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Autocast {
+    /// The format matmul-like ops compute in.
     pub compute: Format,
+    /// Per-op formats that replace the class's choice.
     pub overrides: BTreeMap<Op, Format>,
 }
 
 impl Autocast {
+    /// Autocast computing matmul-like ops in `compute`, with no overrides.
     pub fn new(compute: Format) -> Autocast {
         Autocast {
             compute,
@@ -323,9 +367,13 @@ impl Autocast {
 /// Dynamic loss scaling configuration; the defaults are PyTorch GradScaler's.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct LossScaleConfig {
+    /// The scale of the first step.
     pub init_scale: f32,
+    /// Factor the scale grows by after `growth_interval` clean steps.
     pub growth_factor: f32,
+    /// Factor the scale shrinks by on a step with inf/NaN gradients.
     pub backoff_factor: f32,
+    /// Clean steps in a row before the scale grows.
     pub growth_interval: u32,
 }
 
@@ -343,7 +391,9 @@ impl Default for LossScaleConfig {
 /// The state of dynamic loss scaling, updated once per step as GradScaler.update() does.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct LossScaler {
+    /// The constants of the scaling.
     pub config: LossScaleConfig,
+    /// The current scale the loss is multiplied by.
     pub scale: f32,
     /// Clean steps since the last growth or backoff.
     pub growth_tracker: u32,
@@ -352,12 +402,14 @@ pub struct LossScaler {
 /// Whether the optimizer may apply this step's gradients.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StepDecision {
+    /// Every gradient is finite: the optimizer applies the step.
     Apply,
     /// A gradient held inf/NaN: weights and optimizer state stay untouched.
     Skip,
 }
 
 impl LossScaler {
+    /// The scaler at its initial scale.
     pub fn new(config: LossScaleConfig) -> LossScaler {
         LossScaler {
             config,

@@ -21,7 +21,9 @@ pub struct Precision {
     /// Formats of the f32-class ops that hold an output (softmax, layer norm, RMS norm), after
     /// overrides; the losses (cross entropy, mean squared error) compute in f32 too.
     pub softmax: Format,
+    /// Format layer norm's output is held in.
     pub layer_norm: Format,
+    /// Format RMS norm's output is held in.
     pub rms_norm: Format,
     /// fp8 linear layers (transformer-engine): the recipe, current or delayed scaling.
     pub fp8: Option<Fp8Recipe>,
@@ -33,7 +35,9 @@ pub struct Precision {
 /// What a run asks for; `Precision::decide` turns it into the step's precision.
 #[derive(Clone, Debug)]
 pub struct PrecisionRequest<'a> {
+    /// The training preset.
     pub preset: Preset,
+    /// The precision class the matmuls resolve from (where no algorithm is pinned).
     pub matmul_precision: PrecisionClass,
     /// Pins the algorithm of every matmul-like op (overrides preset and precision class).
     pub algorithm: Option<Algorithm>,

@@ -293,8 +293,11 @@ pub fn render_html(report: &Report) -> String {
 /// One loss curve of a chart: the training loss per step, and evaluation points if any.
 #[derive(Clone, Debug, serde::Deserialize)]
 pub struct LossCurve {
+    /// The curve's name in the legend.
     pub label: String,
+    /// (step, training loss) per step, steps from 1.
     pub losses: Vec<(u32, f64)>,
+    /// (step, validation loss) points, drawn as markers.
     pub points: Vec<(u32, f64)>,
 }
 

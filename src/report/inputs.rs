@@ -22,6 +22,7 @@ pub enum Family {
 }
 
 impl Family {
+    /// Every family, in the report's order.
     pub const ALL: [Family; 5] = [
         Family::Normal,
         Family::WideRange,
@@ -30,6 +31,7 @@ impl Family {
         Family::NonFinite,
     ];
 
+    /// Its name in reports and on the command line ("normal", "wide-range", ...).
     pub fn name(self) -> &'static str {
         match self {
             Family::Normal => "normal",
@@ -40,6 +42,7 @@ impl Family {
         }
     }
 
+    /// The family named `s` (surrounding spaces ignored), or an error listing the names.
     pub fn parse(s: &str) -> Result<Family> {
         Family::ALL
             .into_iter()

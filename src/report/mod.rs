@@ -25,45 +25,62 @@ use crate::train::{Corpus, GptConfig, TrainOptions, Trainer};
 /// A backend in the report, or why it is absent.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct BackendEntry {
+    /// Its short name (`Backend::name`).
     pub name: String,
+    /// The device in words.
     pub device: String,
+    /// Its kind ("reference", "wgpu", "cuda").
     pub kind: String,
     /// (class, algorithm) pairs: what highest/high/medium resolve to here.
     pub precision_classes: Vec<(String, String)>,
 }
 
+/// A backend the report did not check, and why.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Skipped {
+    /// The backend's name (or kind, where no adapter was found).
     pub backend: String,
+    /// Why it was absent or failed to open.
     pub reason: String,
 }
 
 /// Bit-level agreement of one cast-like op with the reference.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct CastCheck {
+    /// The backend's name.
     pub backend: String,
     /// "encode bf16", "encode e4m3 (saturating)", "decode f16", "split bf16", "amax".
     pub op: String,
+    /// Values compared.
     pub values: usize,
+    /// Values whose bits differ from the reference's (or missing).
     pub mismatches: usize,
+    /// The first mismatch in words (input, got, want).
     pub first_mismatch: Option<String>,
 }
 
 /// One matmul measurement.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MatmulCheck {
+    /// The backend's name.
     pub backend: String,
+    /// The algorithm's name.
     pub algorithm: String,
+    /// The input family's name.
     pub family: String,
+    /// (m, n, k).
     pub shape: (usize, usize, usize),
     /// Relative Frobenius error against the f64 product (over entries where it is finite).
     pub relative_error: f64,
+    /// Largest error in f32 ulps (`measure::max_ulp_error`).
     pub max_ulp_error: f64,
     /// Non-finite outputs of this backend and of the reference.
     pub nonfinite: usize,
+    /// Non-finite outputs of the reference.
     pub nonfinite_reference: usize,
     /// Elements outside the contract (non-finite pattern or accumulation tolerance).
     pub contract_breaks: usize,
+    /// The first break in words.
     pub first_break: Option<String>,
     /// The whole product against its band (`measure::WholeProduct`); outside it is a break
     /// even where every element is within its tolerance.
@@ -75,25 +92,38 @@ pub struct MatmulCheck {
 /// A short training run of the tiny GPT under one preset on one backend.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct TrainingLine {
+    /// The backend's name.
     pub backend: String,
+    /// The preset's name.
     pub preset: String,
+    /// The algorithm its matmuls resolved to.
     pub matmul_algorithm: String,
     /// Training loss per step.
     pub losses: Vec<f64>,
+    /// The last step's loss; None where the run stopped early.
     pub final_loss: Option<f64>,
     /// Why the run stopped early, if it did (16-true's NaN, for example).
     pub stopped: Option<String>,
 }
 
+/// The whole report, as `mantissa report` writes it (JSON, and HTML through `render_html`).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Report {
+    /// The crate's version that wrote it.
     pub version: &'static str,
+    /// The seed of every random input.
     pub seed: u64,
+    /// The matmul shapes (m, n, k).
     pub shapes: Vec<(usize, usize, usize)>,
+    /// The input families' names.
     pub families: Vec<String>,
+    /// The backends checked.
     pub backends: Vec<BackendEntry>,
+    /// The backends absent or failed to open, with why.
     pub skipped: Vec<Skipped>,
+    /// Cast, split and amax agreement, per backend and op.
     pub casts: Vec<CastCheck>,
+    /// Every matmul check, per backend, algorithm, family and shape.
     pub matmuls: Vec<MatmulCheck>,
     /// The training-level comparison: tiny GPT, the same steps per preset per backend.
     pub training: Vec<TrainingLine>,
@@ -104,6 +134,7 @@ pub struct Report {
     /// Why the report did not pass, in words (breaks, backends named but not checked); empty
     /// when it passed.
     pub failures: Vec<String>,
+    /// Whether every backend kept the contract and every backend named was checked.
     pub passed: bool,
 }
 
@@ -115,14 +146,21 @@ pub struct ReportConfig {
     /// Whether a backend of `kinds` that is absent (or fails to open) is skipped with its
     /// reason (`--backends all`); otherwise it fails the report, which checked nothing there.
     pub skip_absent: bool,
+    /// The matmul shapes (m, n, k).
     pub shapes: Vec<(usize, usize, usize)>,
+    /// The algorithms to check.
     pub algorithms: Vec<Algorithm>,
+    /// The input families.
     pub families: Vec<Family>,
+    /// The seed of every random input.
     pub seed: u64,
+    /// Timed repetitions of the throughput measurement.
     pub repetitions: usize,
     /// Steps of the tiny GPT per preset per backend (0: no training lines).
     pub train_steps: u32,
+    /// The presets of the training lines.
     pub train_presets: Vec<Preset>,
+    /// The corpus the training lines train on (a text file).
     pub corpus: std::path::PathBuf,
 }
 

@@ -20,19 +20,33 @@ const FORMAT_1: &str = "mantissa-checkpoint-1";
 /// What a checkpoint holds besides the tensors.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CheckpointMeta {
+    /// "mantissa-checkpoint-2" (format 1 still loads).
     pub format: String,
+    /// The model configuration's name ("tiny", ...).
     pub config: String,
+    /// Transformer blocks.
     pub n_layer: usize,
+    /// Attention heads per block.
     pub n_head: usize,
+    /// Embedding width.
     pub n_embd: usize,
+    /// Context length in tokens.
     pub block_size: usize,
+    /// Sequences per step.
     pub batch_size: usize,
+    /// The corpus's vocabulary, its characters in token order.
     pub vocab: String,
+    /// The precision preset's name.
     pub preset: String,
+    /// The run's seed.
     pub seed: u64,
+    /// Steps run, skipped ones included.
     pub step: u32,
+    /// Optimizer steps applied (AdamW's step count).
     pub applied: u32,
+    /// The dynamic loss scale, under a preset with loss scaling.
     pub loss_scale: Option<f32>,
+    /// GradScaler's clean steps since the last growth or backoff, with loss scaling.
     pub growth_tracker: Option<u32>,
     /// fp8 delayed scaling: per linear layer, the state of its input, weight and gradient
     /// (absent in checkpoints of other presets, and of earlier versions).
@@ -57,7 +71,9 @@ fn checksum(params: &[Vec<f32>], adam_m: &[Vec<f32>], adam_v: &[Vec<f32>]) -> u3
 /// round-trip f32 exactly).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SavedScaling {
+    /// The amaxes, oldest first.
     pub history: Vec<f32>,
+    /// The scale the next step quantizes with.
     pub scale: f32,
 }
 
@@ -100,6 +116,7 @@ pub struct SafetensorsFile {
     input: Input,
     /// What was read: the length and the header.
     head: Vec<u8>,
+    /// The safetensors header (tensor names, dtypes, shapes, offsets; metadata).
     pub header: safetensors::tensor::Metadata,
     /// Bytes of tensor data the header declares.
     pub data_len: u64,
@@ -166,10 +183,12 @@ impl SafetensorsFile {
 /// tensors are read by `read` once their size is known to be what the run's model takes.
 pub struct CheckpointFile {
     file: SafetensorsFile,
+    /// The run state from the header's metadata.
     pub meta: CheckpointMeta,
 }
 
 impl CheckpointFile {
+    /// Opens `path` and reads its header and run state (the tensors are read by `read`).
     pub fn open(path: &Path) -> Result<CheckpointFile> {
         let file = SafetensorsFile::open(path, "a usable checkpoint")?;
         let meta = file
@@ -200,9 +219,13 @@ impl CheckpointFile {
 
 /// The tensors and state of a checkpoint, validated.
 pub struct Checkpoint {
+    /// The run state.
     pub meta: CheckpointMeta,
+    /// The parameters, in `GptConfig::parameter_shapes` order.
     pub params: Vec<Vec<f32>>,
+    /// AdamW's first moments, in the same order.
     pub adam_m: Vec<Vec<f32>>,
+    /// AdamW's second moments, in the same order.
     pub adam_v: Vec<Vec<f32>>,
 }
 

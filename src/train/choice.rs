@@ -52,6 +52,7 @@ impl ChosenBy {
 /// One candidate of a choice, as this run saw it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Candidate {
+    /// The candidate's name.
     pub name: String,
     /// The median seconds of its timed runs (None: not timed).
     pub seconds: Option<f64>,
@@ -64,7 +65,9 @@ pub struct Candidate {
 pub struct Choice {
     /// What was chosen ("attention").
     pub what: String,
+    /// The candidate taken.
     pub chosen: String,
+    /// How it came to be taken.
     pub by: ChosenBy,
     /// The candidates built or timed (empty where nothing was).
     pub candidates: Vec<Candidate>,
@@ -117,7 +120,9 @@ pub struct Chooser {
     cache: Tuner<u8>,
     /// Seconds from some fixed instant (a fake in tests).
     clock: Box<dyn Fn() -> f64 + Send + Sync>,
+    /// Untimed runs of each candidate before the timed ones.
     pub warmup: u32,
+    /// Timed runs of each candidate (their median decides).
     pub runs: usize,
 }
 
@@ -145,6 +150,7 @@ impl Chooser {
         }
     }
 
+    /// How hard choices are timed (`MANTISSA_AUTOTUNE`: off, fast, full).
     pub fn mode(&self) -> AutotuneMode {
         self.cache.mode()
     }

@@ -15,7 +15,9 @@ pub const MAX_CORPUS_BYTES: u64 = 256 << 20;
 pub struct Corpus {
     /// The distinct characters, sorted; a character's id is its index.
     pub vocab: Vec<char>,
+    /// The first 90% of the text, as ids.
     pub train: Vec<u32>,
+    /// The last 10% of the text, as ids (validation).
     pub val: Vec<u32>,
 }
 
@@ -34,6 +36,7 @@ impl Corpus {
         Corpus::from_text(&text).map_err(|e| Error::file(path, e))
     }
 
+    /// Encodes `text` and splits it 90/10; refused under 64 characters.
     pub fn from_text(text: &str) -> Result<Corpus> {
         let mut vocab: Vec<char> = text.chars().collect();
         vocab.sort_unstable();
@@ -73,6 +76,7 @@ impl Corpus {
             .sum()
     }
 
+    /// The text of `ids` ('?' for an id outside the vocabulary).
     pub fn decode(&self, ids: &[u32]) -> String {
         ids.iter()
             .map(|&i| self.vocab.get(i as usize).copied().unwrap_or('?'))
@@ -129,6 +133,7 @@ impl Corpus {
 pub struct Batches {
     /// Rows per batch and tokens per row (without the last target).
     pub batch: usize,
+    /// Tokens per row (without the last target).
     pub t: usize,
     /// steps x batch x (t + 1) ids (shared: each preset of a run takes them).
     ids: std::sync::Arc<[u32]>,
@@ -238,6 +243,7 @@ impl Batches {
         self.ids.len() / (self.batch * (self.t + 1))
     }
 
+    /// Whether no batch is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

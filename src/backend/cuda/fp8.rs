@@ -58,12 +58,19 @@ pub const K_ALIGN: usize = 16;
 /// columns each `padded_k` bytes long.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fp8Gemm {
+    /// Rows of C.
     pub m: usize,
+    /// Columns of C.
     pub n: usize,
+    /// The inner dimension.
     pub k: usize,
+    /// K rounded up to a multiple of `K_ALIGN` (the padding is zeros).
     pub padded_k: usize,
+    /// Independent products.
     pub batch: usize,
+    /// A's fp8 format.
     pub a: Format,
+    /// B's fp8 format.
     pub b: Format,
 }
 
@@ -71,10 +78,15 @@ pub struct Fp8Gemm {
 /// `batch * batch_stride + r * row_stride + c * col_stride`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Placement {
+    /// Rows of the stored operand.
     pub rows: usize,
+    /// Columns of the stored operand.
     pub cols: usize,
+    /// Bytes between batches.
     pub batch_stride: usize,
+    /// Bytes between rows.
     pub row_stride: usize,
+    /// Bytes between columns.
     pub col_stride: usize,
 }
 

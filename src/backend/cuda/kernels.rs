@@ -30,7 +30,10 @@ pub enum Module {
     /// attention.cu: fused causal attention, forward and backward, per head size.
     Attention,
     /// matmul_split_bf16.cu with LEVELS = 2 (bf16x3), 3 (bf16x6) or 5 (bf16x9).
-    SplitMatmul { levels: usize },
+    SplitMatmul {
+        /// Split levels: 2, 3 or 5.
+        levels: usize,
+    },
 }
 
 impl Module {
@@ -45,6 +48,7 @@ impl Module {
         Module::SplitMatmul { levels: 5 },
     ];
 
+    /// The module's file under `cuda/`.
     pub fn file(self) -> &'static str {
         match self {
             Module::Cast => "cast.cu",

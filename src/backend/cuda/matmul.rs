@@ -301,10 +301,14 @@ fn check_sizes(shape: &MatmulShape) -> Result<()> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum SplitPath {
+    /// Per-level cuBLAS bf16 GEMMs over split planes (`split.rs`): the default, and the fallback.
     #[default]
     Gemms,
+    /// The fused `mma.sync` kernel (`matmul_split_bf16.cu`).
     Fused,
+    /// bf16x3 as one K-tripled GEMM (up to `split::TRIPLED_MAX_K`).
     Tripled,
+    /// bf16x6/x9's promoted level 0 as strided-batched partial sums.
     Partials,
 }
 

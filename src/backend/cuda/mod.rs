@@ -85,10 +85,15 @@ pub const MIN_COMPUTE_CAPABILITY: (i32, i32) = (8, 0);
 /// What `mantissa info` shows of a CUDA device.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DeviceInfo {
+    /// The device's CUDA ordinal.
     pub ordinal: usize,
+    /// The device's name.
     pub name: String,
+    /// Compute capability (major, minor): (9, 0) on an H100.
     pub compute_capability: (i32, i32),
+    /// Device memory in bytes.
     pub memory_bytes: usize,
+    /// Streaming multiprocessors.
     pub multiprocessors: i32,
 }
 
@@ -249,6 +254,7 @@ impl CudaBackend {
         Ok((whole, self.download(&c, shape.c_len())?))
     }
 
+    /// The device as `mantissa info` shows it.
     pub fn info(&self) -> &DeviceInfo {
         &self.info
     }

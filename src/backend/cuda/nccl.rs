@@ -17,6 +17,7 @@ use std::sync::Arc;
 pub struct Nccl {
     comm: Comm,
     stream: Arc<CudaStream>,
+    /// NCCL's version ("2.27.3").
     pub version: String,
 }
 

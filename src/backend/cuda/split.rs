@@ -57,7 +57,9 @@ pub const PARTIALS_MAX_BYTES: usize = 512 << 20;
 pub const H: usize = 0;
 /// h with non-finite values as 0.
 pub const H_FINITE: usize = 1;
+/// The middle part m = bf16(x - h).
 pub const M: usize = 2;
+/// The low part l = bf16(x - h - m).
 pub const L: usize = 3;
 
 /// A slot a plane does not occupy (the kernel's "not written").
@@ -78,10 +80,15 @@ pub struct SplitLayout {
 /// (`H`, `H_FINITE`, `M`, `L`) in `slots`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlaneMap {
+    /// Rows of each matrix.
     pub rows: usize,
+    /// Columns of each matrix.
     pub cols: usize,
+    /// Strides (elements) of the source: per batch, per row, per column.
     pub source: [i64; 3],
+    /// Strides (codes) of the planes: per batch, per row, per slot.
     pub out: [i64; 3],
+    /// The slot of each plane (`H`, `H_FINITE`, `M`, `L`), or `NO_SLOT`.
     pub slots: [u32; 4],
 }
 
@@ -90,7 +97,9 @@ pub struct PlaneMap {
 pub struct Span {
     /// A's first slot, B's first slot, and how many slots the GEMM sums over.
     pub a: usize,
+    /// B's first slot.
     pub b: usize,
+    /// Slots the GEMM sums over.
     pub width: usize,
 }
 
@@ -98,10 +107,13 @@ pub struct Span {
 /// what each computes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arrangement {
+    /// One GEMM per level, the smallest first (level 0 promoted in K chunks for bf16x6 and bf16x9).
     PerLevel,
+    /// bf16x3 as one GEMM over 3K (one accumulator for both levels).
     Tripled,
     /// With room for `planes` partial planes.
     Partials {
+        /// Partial planes the scratch buffer holds.
         planes: usize,
     },
 }
@@ -110,8 +122,11 @@ pub enum Arrangement {
 /// promoted), or the partial planes (`Partials`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Out {
+    /// The output C.
     C,
+    /// The scratch sum of the lower levels.
     Lower,
+    /// The partial planes.
     Partials,
 }
 
@@ -121,28 +136,44 @@ pub enum Out {
 /// (element (i, p) at `p*lda + i`) or B (element (p, j) at `j*ldb + p`) where said.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GemmCall {
+    /// Rows of the output.
     pub m: usize,
+    /// Columns of the output.
     pub n: usize,
+    /// Terms summed per output element.
     pub k: usize,
+    /// Independent GEMMs (strided batches).
     pub batch: usize,
+    /// A's first element (elements from the buffer's start).
     pub a_offset: usize,
+    /// A's leading dimension (elements between rows, or between columns where transposed).
     pub lda: usize,
+    /// Elements between A's batches.
     pub a_stride: usize,
+    /// A read transposed.
     pub a_transposed: bool,
+    /// B's first element.
     pub b_offset: usize,
+    /// B's leading dimension (elements between rows, or between columns where transposed).
     pub ldb: usize,
+    /// Elements between B's batches.
     pub b_stride: usize,
+    /// B read transposed.
     pub b_transposed: bool,
+    /// The output's first element.
     pub c_offset: usize,
+    /// Elements between the output's batches.
     pub c_stride: usize,
     /// 0: the GEMM's result replaces `out`; 1: it is added to it (in f32).
     pub beta: f32,
+    /// The buffer written.
     pub out: Out,
 }
 
 /// One step of a split matmul, in order.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Step {
+    /// A GEMM.
     Gemm(GemmCall),
     /// C += the scratch sum of the lower levels, in f32.
     AddLower,
@@ -150,7 +181,9 @@ pub enum Step {
     /// starting from 0 (train.cu's `sum_partials`): into C where `into_c`, else into plane 0,
     /// which then holds level 0's running sum for the next chunks.
     Sum {
+        /// Partial planes summed.
         count: usize,
+        /// Into C (the last sum), else into plane 0.
         into_c: bool,
     },
 }

@@ -38,6 +38,7 @@ pub struct HostExecutor {
 pub struct HostGraph(Vec<(usize, Op)>);
 
 impl HostExecutor {
+    /// An executor of `plan`, its constants set; every other tensor reads as zeros until written.
     pub fn new(plan: Plan) -> HostExecutor {
         let mut tensors = vec![Vec::new(); plan.tensors.len()];
         for (id, values) in &plan.constants {

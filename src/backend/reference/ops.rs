@@ -180,6 +180,7 @@ pub fn gelu_fwd<T: Float>(x: &[T]) -> Vec<T> {
         .collect()
 }
 
+/// The gradient of GELU (tanh form): dy * GELU'(x).
 pub fn gelu_bwd<T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
     x.iter()
         .zip(dy)
@@ -382,6 +383,7 @@ pub fn heads_to_rows(x: &[f32], b: usize, t: usize, h: usize, d: usize) -> Vec<f
     out
 }
 
+/// The inverse of `heads_to_rows`: (B, T, H*D) rows into (B, H, T, D) heads.
 pub fn rows_to_heads(x: &[f32], b: usize, t: usize, h: usize, d: usize) -> Vec<f32> {
     let mut out = vec![0f32; x.len()];
     for bi in 0..b {

@@ -28,6 +28,7 @@ enum PoolMode {
     Fitting,
 }
 
+/// The usages of every storage buffer: bound to kernels, copied from and to.
 pub const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
     .union(wgpu::BufferUsages::COPY_DST);
@@ -187,8 +188,11 @@ pub fn uniform<T: bytemuck::Pod>(gpu: &Gpu, params: &T) -> wgpu::Buffer {
 /// One dispatch of a kernel with its bindings.
 #[derive(Clone)]
 pub struct Dispatch {
+    /// The compiled kernel.
     pub pipeline: Arc<Pipeline>,
+    /// Its buffers, bound.
     pub bind_group: wgpu::BindGroup,
+    /// Workgroups dispatched (x, y, z).
     pub groups: [u32; 3],
 }
 

@@ -83,10 +83,16 @@ struct SplitParams {
 /// group(e) = (e / batch_len) * groups_per_batch + ((e % batch_len) / div) % modulus.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grouping {
+    /// Elements per batch.
     pub batch_len: u32,
+    /// Consecutive elements that share a group (the row length for row groups, 1 for column
+    /// groups).
     pub div: u32,
+    /// Groups a batch cycles through (1, rows, or columns).
     pub modulus: u32,
+    /// Groups per batch.
     pub groups_per_batch: u32,
+    /// Batches.
     pub batches: u32,
 }
 
@@ -117,6 +123,7 @@ impl Grouping {
         }
     }
 
+    /// Groups in all (batches times groups per batch).
     pub fn groups(&self) -> usize {
         self.batches as usize * self.groups_per_batch as usize
     }

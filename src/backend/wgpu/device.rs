@@ -13,20 +13,31 @@ type ScopeCheck = Pin<Box<dyn Future<Output = Option<wgpu::Error>> + Send>>;
 /// An adapter as `mantissa info` lists it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct AdapterSummary {
+    /// The adapter's name ("unnamed ... adapter" where a browser hides it).
     pub name: String,
+    /// The graphics API wgpu drives it through ("Vulkan", "Metal", "Dx12", "BrowserWebGpu").
     pub backend: String,
+    /// The kind of adapter ("DiscreteGpu", "IntegratedGpu", "Cpu", ...).
     pub device_type: String,
+    /// The driver and its version, in words.
     pub driver: String,
+    /// Whether it offers SHADER_F16 (native f16 in WGSL).
     pub shader_f16: bool,
+    /// Whether it offers subgroup operations.
     pub subgroups: bool,
     /// Subgroup size when the adapter has one fixed size (min = max), else 0.
     pub subgroup_size: u32,
+    /// Whether it offers timestamp queries (kernels timed on the GPU, else by the wall clock).
     pub timestamps: bool,
     /// Cooperative-matrix configurations wgpu can use ("16x16x16 f16->f32").
     pub cooperative_matrix: Vec<String>,
+    /// The largest storage buffer binding, in bytes.
     pub max_storage_binding_bytes: u64,
+    /// The largest buffer, in bytes.
     pub max_buffer_bytes: u64,
+    /// Workgroup memory per workgroup, in bytes.
     pub max_workgroup_storage_bytes: u32,
+    /// The most invocations one workgroup may have.
     pub max_invocations_per_workgroup: u32,
 }
 
@@ -217,7 +228,9 @@ fn bindings(kernel: &Kernel) -> &'static [Binding] {
 
 /// A compiled kernel with its bind group layout.
 pub struct Pipeline {
+    /// The compute pipeline.
     pub pipeline: wgpu::ComputePipeline,
+    /// The layout its bind groups follow.
     pub layout: wgpu::BindGroupLayout,
 }
 
@@ -227,10 +240,15 @@ pub const GPU_ROW_LANES: u32 = 64;
 
 /// The device and everything cached on it.
 pub struct Gpu {
+    /// The wgpu device.
     pub device: wgpu::Device,
+    /// Its queue.
     pub queue: wgpu::Queue,
+    /// The adapter as `mantissa info` lists it.
     pub summary: AdapterSummary,
+    /// The features the device was opened with.
     pub features: wgpu::Features,
+    /// The limits the device was opened with.
     pub limits: wgpu::Limits,
     /// Whether shaders keep wgpu's runtime bounds checks (as browsers always do).
     pub runtime_checks: bool,
@@ -316,6 +334,7 @@ impl Gpu {
         Ok(gpu)
     }
 
+    /// The adapter's name.
     pub fn name(&self) -> &str {
         &self.summary.name
     }

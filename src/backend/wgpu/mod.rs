@@ -41,9 +41,12 @@ pub use device::{AdapterSummary, adapters, list_adapters, no_adapter_reason};
 /// `packed` always uses the core-WGSL path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum F16Path {
+    /// `f16` values where the adapter has SHADER_F16, else packed.
     #[default]
     Auto,
+    /// `f16` values; an error where the adapter lacks SHADER_F16.
     Native,
+    /// Packed u32 words decoded in integer arithmetic (core WGSL), on every adapter.
     Packed,
 }
 
@@ -66,6 +69,7 @@ impl std::str::FromStr for F16Path {
 /// Options of the wgpu backend.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct WgpuOptions {
+    /// How f16 operands are read.
     pub f16: F16Path,
     /// Keep wgpu's shader runtime checks (as browsers always do). Off natively by default: the
     /// kernels guard their own indices, and the checks cost up to 40x (../docs/wgpu.md).
@@ -478,6 +482,7 @@ impl WgpuBackend {
         Ok((median(&mut times), clock, times.len()))
     }
 
+    /// The adapter as `mantissa info` lists it.
     pub fn summary(&self) -> &AdapterSummary {
         &self.gpu.summary
     }
@@ -487,6 +492,7 @@ impl WgpuBackend {
         self.f16
     }
 
+    /// Whether shaders keep wgpu's runtime bounds checks.
     pub fn runtime_checks(&self) -> bool {
         self.gpu.runtime_checks
     }

@@ -30,7 +30,9 @@ const LOOP_PROBE: &str = include_str!("../../../shaders/loop_probe.wgsl");
 /// u32 words decoded in integer arithmetic (core WGSL, works everywhere).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum F16Read {
+    /// As `f16` values (`enable f16;`): needs SHADER_F16.
     Native,
+    /// As packed u32 words decoded in integer arithmetic: core WGSL, runs everywhere.
     Packed,
 }
 
@@ -47,6 +49,7 @@ pub enum Operand {
     /// plain bf16, which reads only the few flagged lines and so needs no bf16 copy of the
     /// operands beside the cooperative kernel's f16 planes.
     Bf16Rounded,
+    /// f16 codes, read as `F16Read` says.
     F16(F16Read),
     /// fp8 codes, four per word.
     Fp8(Format),
@@ -169,9 +172,13 @@ pub fn format_id(format: Format) -> u32 {
 /// operands: four 4x4 blocks, a quarter of the workgroup memory reads per multiply-add).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Tile {
+    /// Output rows per workgroup.
     pub bm: u32,
+    /// Output columns per workgroup.
     pub bn: u32,
+    /// Elements of the inner dimension per step.
     pub bk: u32,
+    /// Outputs per invocation along each side (`reg` x `reg`).
     #[serde(default = "Tile::default_reg")]
     pub reg: u32,
     /// Cooperative kernel only: subgroups per workgroup. 1: the subgroup reads its tiles
@@ -451,19 +458,28 @@ impl fmt::Display for Tile {
 /// on Apple and lavapipe), f16 operands, f32 accumulators, on subgroups of `subgroup` lanes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Coop {
+    /// Tile side (M = N = K of one cooperative multiply).
     pub size: u32,
+    /// Lanes of a subgroup.
     pub subgroup: u32,
 }
 
 /// One compiled variant of the matmul kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulVariant {
+    /// How A is stored and decoded.
     pub a: Operand,
+    /// How B is stored and decoded.
     pub b: Operand,
+    /// bf16 planes per operand (1 without a split; 2 or 3: h, m, l).
     pub parts: u32,
+    /// Split levels, each with its own accumulators (0 without a split).
     pub levels: u32,
+    /// Whether the operands are fp8 codes with scales.
     pub fp8: bool,
+    /// fp8 with one scale per row of A and column of B (else per tensor).
     pub rowwise: bool,
+    /// The workgroup tile.
     pub tile: Tile,
     /// On cooperative matrices (`matmul_coop.wgsl`); else SIMT.
     pub coop: Option<Coop>,
@@ -539,12 +555,14 @@ impl MatmulVariant {
         self.coop.is_some() && self.a == Operand::Bf16
     }
 
+    /// Whether the kernel needs SHADER_F16 (cooperative matrices, or native f16 reads).
     pub fn uses_f16(&self) -> bool {
         self.coop.is_some()
             || matches!(self.a, Operand::F16(F16Read::Native))
             || matches!(self.b, Operand::F16(F16Read::Native))
     }
 
+    /// Bytes of workgroup memory the kernel takes.
     pub fn workgroup_bytes(&self) -> u32 {
         match self.coop {
             Some(c) => self.tile.coop_workgroup_bytes(c.size, self.parts),
@@ -688,30 +706,43 @@ impl MatmulVariant {
 /// `unit_k`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KLoops {
+    /// Loop iterations per dispatch, whatever its K.
     pub fixed: u64,
+    /// Loop iterations for each `unit_k` of K.
     pub per_unit: u64,
+    /// The unit K is counted (and split) in.
     pub unit_k: u32,
 }
 
 /// A kernel: one entry point of one family, with its variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
+    /// f32 -> packed codes of a format (cast.wgsl).
     Encode,
+    /// Packed codes of a format -> f32 (cast.wgsl).
     Decode,
+    /// f32 -> fp8 codes of the scaled value, saturating (cast.wgsl).
     Quantize,
+    /// The largest finite |x| per scaling group (scale.wgsl).
     Amax,
+    /// The fp8 scale FMAX / amax per group (scale.wgsl).
     ScaleFromAmax,
+    /// The bf16 split x = h + m + l into packed planes (split.wgsl).
     SplitBf16,
+    /// An operand of the cooperative kernel as f16 codes padded to whole tiles (coop_pack.wgsl).
     CoopPack,
+    /// The matmul kernel of a variant (matmul.wgsl, or matmul_coop.wgsl on cooperative matrices).
     Matmul(MatmulVariant),
     /// A train.wgsl kernel, for rows of this many lanes (`Gpu::row_lanes`).
     Train(TrainOp, u32),
+    /// A step.wgsl kernel.
     Step(StepOp),
     /// The loop budget's probe (`budget.rs`).
     LoopProbe,
 }
 
 impl Kernel {
+    /// The entry point's name in its WGSL module.
     pub fn entry_point(&self) -> &'static str {
         match self {
             Kernel::Encode => "encode",
@@ -768,6 +799,7 @@ impl Kernel {
         }
     }
 
+    /// Whether the kernel needs SHADER_F16.
     pub fn needs_f16(&self) -> bool {
         matches!(self, Kernel::Matmul(v) if v.uses_f16())
     }
@@ -929,6 +961,7 @@ impl Kernel {
 /// partial sums the previous span left) and the last (the sums are finished, else left for the
 /// next span). One span, both flags, where the budget does not split the loop.
 pub const SPAN_FIRST: u32 = 1;
+/// The span is the last: its sums are finished.
 pub const SPAN_LAST: u32 = 2;
 
 /// `params.span` of span `i` of `count`.

@@ -13,33 +13,58 @@ use bytemuck::{Pod, Zeroable};
 /// The training ops of `shaders/train.wgsl` (entry points of one module).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum TrainOp {
+    /// Layer norm's y and (mean, rstd) per row.
     LayernormFwd,
+    /// Layer norm's dx per row.
     LayernormBwdX,
+    /// Partials of layer norm's dg and db per chunk of rows (`SumPartials` adds them).
     LayernormBwdPartials,
+    /// Partials of column sums per chunk of rows (bias gradients).
     ColumnPartials,
+    /// The sum over chunks of column partials, in chunk order.
     SumPartials,
+    /// GELU (tanh form).
     GeluFwd,
+    /// GELU's backward: dy * GELU'(x).
     GeluBwd,
+    /// RMS norm's y and rstd per row.
     RmsnormFwd,
+    /// RMS norm's dx per row.
     RmsnormBwdX,
+    /// Partials of RMS norm's dg per chunk of rows.
     RmsnormBwdPartials,
+    /// SiLU.
     SiluFwd,
+    /// SiLU's backward.
     SiluBwd,
+    /// The elementwise product.
     Mul,
+    /// The mean squared error's gradient and squared differences.
     MseFwd,
+    /// Causal softmax of scaled scores per row.
     CausalSoftmaxFwd,
+    /// Causal softmax's backward.
     CausalSoftmaxBwd,
+    /// Cross entropy per row of logits: the loss, and the probabilities or the loss's gradient.
     CrossEntropyFwd,
+    /// Embedding gather.
     EmbeddingFwd,
+    /// Embedding backward, first: a stable counting sort of the ids (one workgroup).
     EmbeddingSort,
+    /// Embedding backward, then: each table row sums its tokens' gradients in token order.
     EmbeddingSum,
+    /// Fused causal attention's output and (max, sum) per score row.
     AttentionFwd,
+    /// Fused attention's backward: dq, and sum(P * dP) per score row.
     AttentionBwdQ,
+    /// Fused attention's backward: dk.
     AttentionBwdK,
+    /// Fused attention's backward: dv.
     AttentionBwdV,
 }
 
 impl TrainOp {
+    /// Every entry point, in the order of the shader module.
     pub const ALL: [TrainOp; 24] = [
         TrainOp::LayernormFwd,
         TrainOp::LayernormBwdX,
@@ -67,6 +92,7 @@ impl TrainOp {
         TrainOp::AttentionBwdV,
     ];
 
+    /// The entry point's name in `shaders/train.wgsl`.
     pub fn entry_point(self) -> &'static str {
         match self {
             TrainOp::LayernormFwd => "layernorm_fwd",
@@ -100,17 +126,27 @@ impl TrainOp {
 /// The kernels of the device-resident step plan (`shaders/step.wgsl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum StepOp {
+    /// y rounded to a format in place.
     Round,
+    /// y = y' + x (a bias or residual add into the product), with its residual and GELU.
     Add,
+    /// z = y' + x, an add whose output is a tensor of its own (f32, or 16-bit codes in w).
     AddInto,
+    /// y[dst(e)] = x[src(e)] over a 4-d index space (`Strided`).
     StridedCopy,
+    /// A stats slot = the mean of x (the loss). One workgroup.
     MeanToStat,
+    /// GradScaler's unscale of a gradient in place, with per-workgroup partial sums of squares and
+    /// non-finite flags.
     UnscalePartials,
+    /// Each gradient's partials into its finite flag and squared norm in the stats.
     UnscaleReduce,
+    /// AdamW on one parameter, gated on the gradients' flags, clipped to the global norm.
     Adamw,
 }
 
 impl StepOp {
+    /// Every entry point, in the order of the shader module.
     pub const ALL: [StepOp; 8] = [
         StepOp::Round,
         StepOp::Add,
@@ -122,6 +158,7 @@ impl StepOp {
         StepOp::Adamw,
     ];
 
+    /// The entry point's name in `shaders/step.wgsl`.
     pub fn entry_point(self) -> &'static str {
         match self {
             StepOp::Round => "round_to_format",
@@ -151,9 +188,13 @@ pub struct TrainParams {
     /// Fused attention: heads, head size, and the format ids of the matmul inputs, the stored
     /// probabilities and the held matmul results.
     pub h: u32,
+    /// Head size.
     pub d: u32,
+    /// Format id the matmul inputs are rounded to.
     pub inputs: u32,
+    /// Format id the probabilities are held in.
     pub probs: u32,
+    /// Format id the matmul results and scaled scores are held in.
     pub compute: u32,
     /// Format id the op's output is held in (layer norm, GELU, the cross entropy's gradient).
     pub held: u32,
@@ -169,7 +210,9 @@ pub struct TrainParams {
     /// start at zero (else from the output, where the previous span left them): the whole
     /// loop, unless the adapter's loop budget splits it (budget.rs). Set by `launched`.
     pub begin: u32,
+    /// The span's end (exclusive).
     pub end: u32,
+    /// Flags: SPAN_FIRST where the sums start at zero.
     pub span: u32,
     /// RMS norm's eps.
     pub eps: f32,
@@ -179,13 +222,24 @@ pub struct TrainParams {
 #[repr(C)]
 #[derive(Clone, Copy, Default, Pod, Zeroable)]
 pub struct StepParams {
+    /// Elements (the kernel's items; gradients for `unscale_reduce`).
     pub n: u32,
+    /// x repeats every c elements (an add's bias width; n where elementwise); `unscale_partials`: 1
+    /// where scalar POISON goes in; `unscale_reduce`: the most partials of one gradient.
     pub c: u32,
+    /// Format id the result is held in (`round_to_format`, `add`, `add_into`).
     pub format: u32,
+    /// Stats slot written (`mean_to_stat`).
     pub slot: u32,
+    /// A strided copy's index space.
     pub dims: [u32; 4],
+    /// A strided copy's source strides.
     pub src: [u32; 4],
+    /// A strided copy's destination strides.
     pub dst: [u32; 4],
+    /// Per-kernel operands: `add` (y's format, residual flag, residual's format), `add_into` (codes
+    /// flag, y's format), the strided copy's offsets, `unscale_partials`' first partial, `adamw`'s
+    /// gated gradients and decay flag.
     pub extra: [u32; 4],
     /// A bias add's GELU: (1 if it has one, the format it is held in, 1 if stored as codes, 0).
     pub gelu: [u32; 4],
@@ -194,7 +248,9 @@ pub struct StepParams {
 /// One launch of a train.wgsl kernel: which entry point, its uniform, and how many invocations.
 #[derive(Clone, Copy)]
 pub struct TrainLaunch {
+    /// The entry point.
     pub op: TrainOp,
+    /// Its uniform (`begin`, `end` and `span` are set by `launched`).
     pub params: TrainParams,
     /// Invocations, or rows of a row op (`rows`).
     pub items: usize,
@@ -207,9 +263,13 @@ pub struct TrainLaunch {
 /// budget.rs); `carry_words`: the dispatches pass per-invocation partial results on through
 /// the step kernels' z and w (buffers of that many words bound there), else 0.
 pub struct Launched<P> {
+    /// The pipeline.
     pub kernel: Kernel,
+    /// Workgroups of each dispatch.
     pub groups: [u32; 3],
+    /// One uniform per dispatch, in order.
     pub params: Vec<P>,
+    /// Words of the carried partial results (0: none).
     pub carry_words: usize,
 }
 
@@ -364,8 +424,11 @@ impl TrainLaunch {
 /// a whole tensor into the stats).
 #[derive(Clone, Copy)]
 pub struct StepLaunch {
+    /// The entry point.
     pub op: StepOp,
+    /// Its uniform.
     pub params: StepParams,
+    /// Invocations; None: one workgroup.
     pub items: Option<usize>,
 }
 
@@ -623,6 +686,8 @@ pub mod launch {
         l
     }
 
+    /// The backward of `softmax_fwd`: dp and the probabilities -> the gradient of the unscaled
+    /// scores.
     pub fn softmax_bwd(rows: usize, t: usize, scale: ScoreScale) -> TrainLaunch {
         let mut l = row_op(TrainOp::CausalSoftmaxBwd, rows, t);
         l.params.scale = scale.scale as f32;
@@ -687,6 +752,7 @@ pub mod launch {
         step(StepOp::MeanToStat, params, None)
     }
 
+    /// `n` values rounded to `format` in place.
     pub fn round(n: usize, format: Format) -> StepLaunch {
         let params = StepParams {
             n: n as u32,
@@ -758,6 +824,7 @@ pub mod launch {
         }
     }
 
+    /// A strided copy of `map`'s elements (offsets in `extra`).
     pub fn strided_copy(map: &Strided) -> StepLaunch {
         let params = StepParams {
             n: map.len() as u32,
