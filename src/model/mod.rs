@@ -548,10 +548,7 @@ impl ModelBuilder {
     /// RMS norm of x ([..., c]) over its last axis with gain g ([c]) (torch.nn.RMSNorm):
     /// x / sqrt(mean(x^2) + eps) * g, eps finite and not negative.
     pub fn rms_norm(&mut self, x: Var, g: Var, eps: f32) -> Result<Var> {
-        let (xs, gs) = (
-            self.operand("rms_norm", x)?,
-            self.operand("rms_norm", g)?,
-        );
+        let (xs, gs) = (self.operand("rms_norm", x)?, self.operand("rms_norm", g)?);
         let c = *xs.last().expect("shapes have an axis");
         if gs != [c] || !(eps.is_finite() && eps >= 0.0) {
             return Err(refuse(
@@ -657,7 +654,10 @@ impl ModelBuilder {
                 "finish",
                 format!(
                     "a model reads a batch: one tokens input of as many ids as the loss has rows ({rows}), or values inputs; got {}",
-                    tokens.map_or("neither".into(), |t| format!("tokens {}", shape_of(&t.shape)))
+                    tokens.map_or("neither".into(), |t| format!(
+                        "tokens {}",
+                        shape_of(&t.shape)
+                    ))
                 ),
             )),
         }
@@ -679,7 +679,9 @@ impl Model {
     /// error's predictions without their last axis), the length of the plan's tokens and
     /// targets.
     pub fn rows(&self) -> usize {
-        self.nodes[self.loss].op.loss_rows(self, &self.nodes[self.loss])
+        self.nodes[self.loss]
+            .op
+            .loss_rows(self, &self.nodes[self.loss])
     }
 
     /// The shape of each values input, in declaration order (`ModelBuilder::values`).
