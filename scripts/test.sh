@@ -18,6 +18,8 @@ skipped=target/tmp/skipped.txt
 fuzzed=target/tmp/fuzz.txt
 rm -f "$skipped" "$fuzzed"
 cargo test --all-targets --features mpi "$@" 2>&1 | tee "$log"
+# The documentation's examples (the crate's quick start trains a model of its own).
+cargo test --doc --features mpi "$@" 2>&1 | tee -a "$log"
 # The conformance tests of an absent CUDA backend pass as skipped; say why once, here.
 ./target/debug/mantissa info 2>/dev/null | grep '^cuda:' | tee -a "$log" || true
 # The gate: both backends named, so a wgpu that is absent fails it as a contract break does.

@@ -130,7 +130,7 @@ pub(crate) fn write_stdout(args: std::fmt::Arguments) -> Result<(), Error> {
 /// The process exit code of an error: the one place that decides it (README's table). 1: the
 /// machine (no device, device faults, out of memory, an output that cannot be written); 2: bad
 /// input; 3: a result outside the contract; 4: a training run that stopped.
-pub(crate) fn exit_code(e: &Error) -> i32 {
+pub fn exit_code(e: &Error) -> i32 {
     match e.class() {
         ErrorClass::Machine => 1,
         ErrorClass::BadInput => 2,

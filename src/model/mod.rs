@@ -37,10 +37,13 @@ pub struct Var {
 /// How a parameter starts.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Init {
+    /// Every value 0 (biases).
     Zeros,
+    /// Every value 1 (norm gains).
     Ones,
     /// N(0, std^2), drawn from the model's seed and the parameter's index.
     Normal {
+        /// The standard deviation.
         std: f32,
     },
 }
@@ -62,18 +65,23 @@ impl Init {
 /// A declared parameter.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Param {
+    /// Its name, unique in the model (checkpoints and errors use it).
     pub name: String,
+    /// Its shape, row-major.
     pub shape: Vec<usize>,
+    /// How its values start.
     pub init: Init,
     /// Whether AdamW's weight decay applies to it.
     pub decay: bool,
 }
 
 impl Param {
+    /// Its number of values.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
     }
 
+    /// Whether it has no values (never for a declared parameter: `param` refuses them).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -157,6 +165,8 @@ fn refuse(op: &str, why: impl std::fmt::Display) -> Error {
 }
 
 impl ModelBuilder {
+    /// A builder with nothing declared; its values are its own (another builder's ops refuse
+    /// them).
     pub fn new() -> ModelBuilder {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         ModelBuilder {
@@ -671,6 +681,7 @@ pub(crate) struct Live {
 }
 
 impl Model {
+    /// The declared parameters, in declaration order (the order of the step's state).
     pub fn params(&self) -> &[Param] {
         &self.params
     }

@@ -26,8 +26,11 @@ pub struct Stepped {
 
 /// A model being trained on a backend under one precision.
 pub struct ModelTrainer<'a> {
+    /// The model it trains.
     pub model: Model,
+    /// The formats and algorithms the preset decided on this backend.
     pub precision: Precision,
+    /// AdamW's settings for the steps to come (nanoGPT's by default).
     pub adamw: AdamW,
     /// Clip the global gradient norm to this; 0 disables.
     pub grad_clip: f32,
@@ -98,6 +101,7 @@ impl<'a> ModelTrainer<'a> {
         })
     }
 
+    /// The step plan its executor runs.
     pub fn plan(&self) -> &Plan {
         self.exec.plan()
     }
