@@ -1,8 +1,9 @@
-//! What each op of a plan costs by its definition: the bytes it must move through device memory
-//! and the multiply-add FLOPs of its products. A profile divides them by an op's measured time
-//! (achieved GB/s or TFLOP/s) and by the device's measured rates (how far from the limit).
+//! What ops cost by their definitions: the bytes they must move through device memory and the
+//! multiply-add FLOPs of their products (each op's own in `Op::cost`, op.rs). A profile divides
+//! them by an op's measured time (achieved GB/s or TFLOP/s) and by the device's measured rates
+//! (how far from the limit).
 
-use super::{Op, Plan, TensorId, TensorInfo};
+use super::Plan;
 use std::ops::Range;
 
 /// The least an op (or a run of ops) moves and computes: each tensor it reads read once, each
@@ -40,74 +41,6 @@ impl Cost {
     }
 }
 
-impl Op {
-    /// What the op costs on the plan's `tensors` (`Cost`).
-    pub fn cost(&self, tensors: &[TensorInfo]) -> Cost {
-        let bytes = |id: TensorId| tensors.get(id).map_or(0, TensorInfo::bytes);
-        // `elements` of tensor `id`, at its stored width.
-        let part = |id: TensorId, elements: usize| {
-            tensors
-                .get(id)
-                .map_or(0, |t| elements as u64 * t.stored.storage_bytes() as u64)
-        };
-        let (reads, writes) = self.reads_writes();
-        let whole = || reads.iter().chain(&writes).map(|&t| bytes(t)).sum::<u64>();
-        match *self {
-            // A gather reads the rows it picks, not the table.
-            Op::Embedding { ids, out, .. } => Cost {
-                bytes: bytes(ids) + 2 * bytes(out),
-                flops: 0,
-            },
-            // The strided copies move their map's elements, which may be a part of either side.
-            Op::Copy { x, out, map } => Cost {
-                bytes: part(x, map.len()) + part(out, map.len()),
-                flops: 0,
-            },
-            Op::Matmul { shape, .. } => Cost {
-                bytes: whole(),
-                flops: 2 * (shape.batch * shape.m * shape.n * shape.k) as u64,
-            },
-            // Causal: q.k^T and P.v over the t (t + 1) / 2 pairs at and below the diagonal; the
-            // backward recomputes the scores and takes four more products (dP, dV, dQ, dK).
-            Op::Attention { spec, .. } | Op::AttentionBwd { spec, .. } => {
-                let pairs = (spec.b * spec.h * spec.t * (spec.t + 1) / 2) as u64;
-                let products = if matches!(self, Op::Attention { .. }) {
-                    2
-                } else {
-                    5
-                };
-                Cost {
-                    bytes: whole(),
-                    flops: products * 2 * pairs * spec.d as u64,
-                }
-            }
-            Op::EmbeddingBwd { .. }
-            | Op::LayerNorm { .. }
-            | Op::LayerNormBwd { .. }
-            | Op::RmsNorm { .. }
-            | Op::RmsNormBwd { .. }
-            | Op::Silu { .. }
-            | Op::SiluBwd { .. }
-            | Op::Mul { .. }
-            | Op::MseLoss { .. }
-            | Op::Gelu { .. }
-            | Op::GeluBwd { .. }
-            | Op::Softmax { .. }
-            | Op::SoftmaxBwd { .. }
-            | Op::CrossEntropy { .. }
-            | Op::Round { .. }
-            | Op::Add { .. }
-            | Op::ColumnSums { .. }
-            | Op::Amax { .. }
-            | Op::UnscaleCheck { .. }
-            | Op::AdamW { .. } => Cost {
-                bytes: whole(),
-                flops: 0,
-            },
-        }
-    }
-}
-
 impl Plan {
     /// The cost of ops `range` (`Op::cost`).
     pub fn cost(&self, range: Range<usize>) -> Cost {
@@ -123,7 +56,7 @@ mod tests {
     use super::*;
     use crate::algorithm::{Algorithm, MatmulShape};
     use crate::format::Format;
-    use crate::plan::{Attention, Outline, PlanBuilder, Strided, TensorKind};
+    use crate::plan::{Attention, Op, Outline, PlanBuilder, Strided, TensorKind};
 
     #[test]
     fn costs_follow_the_definitions() {
