@@ -81,10 +81,10 @@ struct PackParams {
 
 /// A matmul recorded on the device: its buffers and dispatches, ready to submit (repeatedly).
 pub struct MatmulRun {
-    /// Buffers zeroed before each submission: the amaxes and per-line flags the preparing
+    /// Buffers zeroed before each submission: the amaxes and per-line flags the run's
     /// dispatches accumulate into.
     pub clears: Vec<wgpu::Buffer>,
-    /// The run's compute dispatches, in order: preparation first, then the product.
+    /// The run's compute dispatches, in submission order (`product` says which compute C).
     pub dispatches: Vec<Dispatch>,
     /// Which of `dispatches` compute the product from the prepared operands (the rest, and
     /// the clears, prepare them: scales, flags, packed or split planes). Once a run has been
@@ -189,9 +189,9 @@ impl Side {
 /// (a step plan's coded tensors, `Plan::store_codes`).
 #[derive(Clone, Copy)]
 pub struct OnDevice<'a> {
-    /// Operand A (m × k, row-major, per batch).
+    /// Operand A: `shape.batch` row-major m × k matrices (k × m where `a_transposed`).
     pub a: &'a wgpu::Buffer,
-    /// Operand B (k × n, row-major, per batch).
+    /// Operand B: `shape.batch` row-major k × n matrices (n × k where `b_transposed`).
     pub b: &'a wgpu::Buffer,
     /// What A and B store: `Format::F32` values, or the 16-bit codes of that format.
     pub stored: [Format; 2],
