@@ -336,7 +336,7 @@ impl TryFrom<String> for Algorithm {
     }
 }
 
-/// The shape of a (batched) matmul C[b] = op(A[b]) . op(B[b]), every operand row-major.
+/// The shape of a (batched) matmul C\[b\] = op(A\[b\]) . op(B\[b\]), every operand row-major.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct MatmulShape {
     /// Independent products (1 for a plain matmul).

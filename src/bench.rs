@@ -18,18 +18,29 @@ use crate::train::{Choice, Chooser, Corpus, GptConfig, TrainOptions, Trainer};
 /// One measurement.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MatmulRecord {
+    /// The backend's name (`Backend::name`: `reference`, `wgpu:<adapter> (<api>)`,
+    /// `cuda:<device>`).
     pub backend: String,
+    /// The device in words (`Backend::device_name`).
     pub device: String,
+    /// The algorithm's name, as `mantissa matmul --algorithm` takes it.
     pub algorithm: String,
     /// What the timing started from: f32 operands (their preparation timed too), or operands
     /// prepared in the algorithm's storage format (the product alone).
     pub operands: Operands,
+    /// Rows of A and C.
     pub m: usize,
+    /// Columns of B and C.
     pub n: usize,
+    /// Columns of A, rows of B: the length of each dot product.
     pub k: usize,
+    /// Median seconds of one matmul, from `operands`.
     pub seconds: f64,
+    /// Throughput in TFLOP/s: 2·m·n·k / `seconds` / 1e12.
     pub tflops: f64,
+    /// How the time was taken: "gpu-timestamps", "cuda-events" or "wall-clock".
     pub clock: &'static str,
+    /// Timed matmuls the median is taken over.
     pub repetitions: usize,
     /// The kernel variant that ran (wgpu: its tile, and whether the autotuner chose it and
     /// the median time it timed it at).
@@ -37,12 +48,15 @@ pub struct MatmulRecord {
     /// The median seconds the autotuner timed the chosen variant at (from f32 operands, their
     /// preparation included), where it chose it.
     pub tuned_seconds: Option<f64>,
-    /// Bytes one element of A and of B occupies on the device (split: all planes).
+    /// Bytes one element of A occupies on the device (split: all planes).
     pub bytes_per_element_a: usize,
+    /// Bytes one element of B occupies on the device (split: all planes).
     pub bytes_per_element_b: usize,
     /// Relative Frobenius error against the f64 product, over `error_rows` sampled rows.
     pub relative_error: f64,
+    /// Largest error in f32 ulps over the sampled rows (`measure::max_ulp_error`).
     pub max_ulp_error: f64,
+    /// Rows of C the errors were measured on (`MatmulBench::error_rows`, at most m).
     pub error_rows: usize,
     /// The range the contract of docs/design.md expects on N(0,1) inputs.
     pub expected_error: (f64, f64),
@@ -57,12 +71,15 @@ pub struct MatmulRecord {
 pub struct MatmulBench {
     /// Square sizes n (m = n = k), or explicit (m, n, k).
     pub shapes: Vec<(usize, usize, usize)>,
+    /// The algorithms timed on each shape, in this order.
     pub algorithms: Vec<Algorithm>,
     /// Each (shape, algorithm) is timed from each of these.
     pub operands: Vec<Operands>,
+    /// Timed matmuls per (shape, algorithm, operands); the median is recorded.
     pub repetitions: usize,
     /// Rows of C whose error is measured.
     pub error_rows: usize,
+    /// Seed of the N(0,1) inputs (A from `seed`, B from `seed + 1`).
     pub seed: u64,
     /// Products of up to this many multiply-adds are also checked element by element against
     /// the host reference implementation of the algorithm (0: never).
@@ -175,12 +192,15 @@ fn sampled_error(
 /// each preset from a fresh model (the same seed).
 #[derive(Clone, Debug)]
 pub struct TrainBench {
+    /// The model trained (the same for every preset).
     pub config: GptConfig,
+    /// The presets run, in this order, each on a fresh model.
     pub presets: Vec<Preset>,
     /// Steps run before timing: the first compiles the plan and tunes its matmuls.
     pub warmup: u32,
     /// Steps timed (the median is reported).
     pub steps: u32,
+    /// Seed of the initial weights and of the sampled batches (`TrainOptions::seed`).
     pub seed: u64,
     /// Attention fused or not (`TrainOptions::fused_attention`; None: auto, the faster of the
     /// two timed before the first step, or cached: `Trainer::choose`).
@@ -195,10 +215,15 @@ pub struct TrainBench {
 /// One preset's training steps on one backend.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct TrainRecord {
+    /// The backend's name (`Backend::name`).
     pub backend: String,
+    /// The device in words (`Backend::device_name`).
     pub device: String,
+    /// The preset's name ("bf16-mixed", ...).
     pub preset: String,
+    /// The model trained.
     pub config: GptConfig,
+    /// Trainable parameters of the model (`GptConfig::parameter_count`).
     pub parameters: usize,
     /// How the steps ran ("device-resident on ..., one submission per step").
     pub executor: String,
@@ -211,15 +236,19 @@ pub struct TrainRecord {
     /// How many of the plan's tensors are stored as 16-bit codes (`Plan::store_codes`; 0 with
     /// `MANTISSA_ACTIVATIONS=f32` or where no matmul rounds its inputs to 16 bits).
     pub coded_tensors: usize,
+    /// Tokens one step trains on: batch size × block size, every rank's together.
     pub tokens_per_step: usize,
     /// Seconds of the first step: plan compiled, matmuls tuned, buffers allocated.
     pub first_step_seconds: f64,
-    /// Median wall-clock seconds of a timed step (batch drawn, plan run, stats read back),
-    /// and the fastest and slowest.
+    /// Median wall-clock seconds of a timed step (batch drawn, plan run, stats read back).
     pub step_seconds: f64,
+    /// The fastest and slowest timed step, in seconds.
     pub step_seconds_range: (f64, f64),
+    /// Steps timed (`TrainBench::steps` less any after a divergence).
     pub steps_timed: usize,
+    /// `tokens_per_step` / `step_seconds`.
     pub tokens_per_second: f64,
+    /// The memory the steps took: the plan's tensors and the executor's peak.
     pub memory: Memory,
     /// What a step asks of the device: ops, launches, bytes and FLOPs.
     pub work: StepWork,
@@ -237,13 +266,16 @@ pub struct TrainRecord {
 /// them, and the bytes and FLOPs its ops cost by their definitions (`plan::Cost`).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct StepWork {
+    /// Ops in the whole plan.
     pub ops: usize,
     /// Kernels launched and library GEMMs called (None where the executor launches nothing on
     /// a device: the host reference runs each op as one host function).
     pub launches: Option<usize>,
     /// Standalone roundings among the ops (a rounding no op before it could take in).
     pub roundings: usize,
+    /// Bytes the step's ops read and write by their definitions (`plan::Cost::bytes`).
     pub bytes: u64,
+    /// Floating-point operations the step's ops do by their definitions (`plan::Cost::flops`).
     pub flops: u64,
 }
 
@@ -279,10 +311,14 @@ pub struct Limits {
     pub missing: Vec<String>,
 }
 
+/// The FLOP/s one algorithm reaches on a square matmul (`Limits::matmul`).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct MatmulLimit {
+    /// The algorithm's name.
     pub algorithm: String,
+    /// The size of the square matmul timed (m = n = k).
     pub n: usize,
+    /// 2·n³ / the median seconds of one matmul.
     pub flops_per_second: f64,
 }
 
@@ -403,6 +439,7 @@ async fn time_one_op(backend: &dyn Backend, plan: Result<Plan>) -> Result<f64> {
 /// part of the step and by op label (`Op::label`: a matmul's algorithm and shape).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct StepProfile {
+    /// Steps profiled (the median of each op is over these).
     pub steps: usize,
     /// What an op's time includes (`Timings::measured_by`).
     pub measured_by: String,
@@ -421,11 +458,17 @@ pub struct StepProfile {
 /// Ops summed under one name.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ProfileRow {
+    /// The part ("forward", ...) or the op label the row sums.
     pub name: String,
+    /// Ops summed.
     pub ops: usize,
+    /// Launches the ops make together (None where the executor launches nothing on a device).
     pub launches: Option<usize>,
+    /// The sum of the ops' median seconds.
     pub seconds: f64,
+    /// Bytes the ops read and write by their definitions.
     pub bytes: u64,
+    /// Floating-point operations the ops do by their definitions.
     pub flops: u64,
     /// The fraction of the limit (`Limits`) the ops reach together (None where a limit is
     /// missing).
@@ -435,15 +478,24 @@ pub struct ProfileRow {
 /// One op's median time, what it costs by its definition and what it reaches.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct OpTime {
+    /// The op's index in the plan.
     pub index: usize,
+    /// What the op is (`Op::label`: a matmul's algorithm and shape).
     pub label: String,
+    /// Launches the executor makes of the op (None where it launches nothing on a device).
     pub launches: Option<usize>,
+    /// Median seconds of the op over the profiled steps.
     pub seconds: f64,
+    /// Bytes the op reads and writes by its definition (`plan::Cost::bytes`).
     pub bytes: u64,
+    /// Floating-point operations the op does by its definition (`plan::Cost::flops`).
     pub flops: u64,
-    /// Bytes read and written per second, and FLOP/s where the op computes products.
+    /// Bytes read and written per second (`bytes` / `seconds`).
     pub bytes_per_second: f64,
+    /// FLOP/s (`flops` / `seconds`; 0 for an op that computes no products).
     pub flops_per_second: f64,
+    /// The fraction of its limit the op reaches (`Limits::fraction`; None where the limit is
+    /// missing).
     pub of_limit: Option<f64>,
 }
 

@@ -4,7 +4,7 @@
 //! split-bf16 x3/x6/x9, fp8-emulated e4m3/e5m2 with scales) as WGSL shaders through wgpu, a host
 //! reference that defines the numbers, and one precision-policy API over every backend.
 //!
-//! - [`format`]: bit-exact number formats and `finfo`.
+//! - [`format`](mod@format): bit-exact number formats and `finfo`.
 //! - [`algorithm`]: matmul algorithms and their specification.
 //! - [`policy`]: precision classes, presets, autocast, loss scaling, fp8 recipes.
 //! - [`plan`]: the step program (ops on numbered tensors) and the executor contract.

@@ -22,9 +22,13 @@ use std::sync::atomic::{AtomicU8, Ordering};
 /// How hard the autotuner tries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum AutotuneMode {
+    /// No tuning: every matmul runs the backend's default variant (`off`, `0`, `no`).
     #[default]
     Off,
+    /// A few likely candidates per shape class, and any stored choice reused (`fast`, `on`, `1`,
+    /// `yes`; the mode where `MANTISSA_AUTOTUNE` is unset).
     Fast,
+    /// Every candidate per shape class; a choice stored by a `fast` search is re-tuned (`full`).
     Full,
 }
 
@@ -96,6 +100,8 @@ pub struct Search<'a, T> {
 }
 
 impl<'a, T: Copy> Search<'a, T> {
+    /// A search for the shape class `key` (named in its messages) that stops starting candidates
+    /// once `budget` seconds are spent.
     pub fn new(key: &'a str, budget: f64) -> Search<'a, T> {
         Search {
             key,
@@ -170,6 +176,8 @@ struct Choice<T> {
 /// written after every new choice. Natively a file (`FileStore`); in the browser the page's
 /// localStorage (web/src/lib.rs).
 pub trait TileStore: Send + Sync {
+    /// The JSON text last saved, or None where there is none (or it cannot be read: the tuner
+    /// then starts afresh).
     fn load(&self) -> Option<String>;
     /// Best effort: a store that cannot be written costs a re-tune next run, not this run's
     /// result.

@@ -7,6 +7,7 @@ pub struct Table {
 }
 
 impl Table {
+    /// An empty table with these column headers (they set the number of columns).
     pub fn new(header: &[&str]) -> Table {
         Table {
             header: header.iter().map(|s| s.to_string()).collect(),
@@ -14,10 +15,15 @@ impl Table {
         }
     }
 
+    /// Appends a row of cells, one per column (cells beyond the header's columns are dropped when
+    /// rendered).
     pub fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
 
+    /// The table as text: the header, a line of dashes under each column, then the rows in
+    /// order; columns padded to their widest cell and separated by two spaces, each line ending
+    /// in a newline.
     pub fn render(&self) -> String {
         let cols = self.header.len();
         let mut widths: Vec<usize> = self.header.iter().map(|h| h.len()).collect();

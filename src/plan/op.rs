@@ -353,7 +353,7 @@ pub enum Op {
         /// A GELU (g, format): g = GELU(out) held in that format.
         gelu: Option<(TensorId, Format)>,
     },
-    /// out[j] = sum over rows of x[row, j] (bias gradients).
+    /// out\[j\] = sum over rows of x\[row, j\] (bias gradients).
     ColumnSums {
         /// The input (rows, c).
         x: TensorId,

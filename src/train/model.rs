@@ -18,12 +18,19 @@ use crate::policy::Precision;
 /// Model and batch shape.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct GptConfig {
+    /// The configuration's name ("tiny", "small"), as `--config` takes it.
     pub name: String,
+    /// Transformer blocks.
     pub n_layer: usize,
+    /// Attention heads per block, each `head_dim` wide.
     pub n_head: usize,
+    /// Width of the residual stream (the embedding dimension).
     pub n_embd: usize,
+    /// Tokens per sequence: the context length, and the rows of the position embedding.
     pub block_size: usize,
+    /// Sequences per step: the global batch, which the ranks of a data-parallel run divide.
     pub batch_size: usize,
+    /// Distinct tokens: the corpus's characters (the rows of the token embedding and the head).
     pub vocab_size: usize,
 }
 
@@ -52,6 +59,7 @@ impl GptConfig {
         })
     }
 
+    /// Width of one attention head: `n_embd / n_head`.
     pub fn head_dim(&self) -> usize {
         self.n_embd / self.n_head
     }
@@ -86,6 +94,7 @@ impl GptConfig {
         s
     }
 
+    /// Trainable parameters: the elements of every tensor of `parameter_shapes`.
     pub fn parameter_count(&self) -> usize {
         self.parameter_shapes()
             .iter()
@@ -147,7 +156,9 @@ const FC2_B: usize = 11;
 
 /// The GPT on a backend.
 pub struct Gpt<'a> {
+    /// The model's configuration.
     pub config: GptConfig,
+    /// The backend its plans are built for and run on.
     pub backend: &'a dyn Backend,
 }
 

@@ -21,8 +21,12 @@ use web_time::Instant;
 /// What to train and how.
 #[derive(Clone, Debug)]
 pub struct TrainOptions {
+    /// The model trained.
     pub config: GptConfig,
+    /// The training preset: formats, master weights, loss scaling, fp8 (`Preset::spec`).
     pub preset: Preset,
+    /// PyTorch's float32 matmul precision: the algorithm of the matmuls where the preset computes
+    /// in f32 and no algorithm is pinned (`highest`, plain f32, by default).
     pub matmul_precision: PrecisionClass,
     /// Pins the algorithm of every matmul-like op (overrides preset and precision class).
     pub algorithm: Option<Algorithm>,
@@ -30,7 +34,10 @@ pub struct TrainOptions {
     pub fp8_current: bool,
     /// Autocast overrides, "op=format,..." (e.g. "softmax=bf16").
     pub autocast_overrides: String,
+    /// Seed of the initial weights and of the sampled batches (batch `i` is drawn from `seed`
+    /// and `i`, so a run is reproducible step by step).
     pub seed: u64,
+    /// The optimizer's hyperparameters.
     pub adamw: AdamW,
     /// Clip the global gradient norm to this (nanoGPT: 1.0); 0 disables.
     pub grad_clip: f32,
@@ -119,28 +126,46 @@ impl TrainOptions {
 /// One optimizer step, as the log shows it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct StepRecord {
+    /// The number of this step, from 1 (skipped steps counted).
     pub step: u32,
+    /// The loss of the step's batch (`Stats::LOSS`: the mean cross-entropy over its tokens),
+    /// before the update.
     pub loss: f64,
     /// The step was skipped: a gradient held inf/NaN (weights and optimizer state untouched).
     pub skipped: bool,
+    /// The loss scale after this step's update of the scaler (backed off where the step was
+    /// skipped, grown after a run of clean steps): the scale the next step runs under. None
+    /// where the preset does not scale the loss.
     pub loss_scale: Option<f32>,
+    /// The global L2 norm of the unscaled gradients, before clipping (`grad_clip`).
     pub grad_norm: f64,
+    /// Wall-clock milliseconds of the step: batch drawn, plan run, stats read back.
     pub dt_ms: f64,
+    /// Tokens of the global batch per second of `dt_ms`.
     pub tokens_per_s: f64,
 }
 
 /// A model being trained under one preset on one backend.
 pub struct Trainer<'a> {
+    /// The model: its configuration and the backend it runs on.
     pub gpt: Gpt<'a>,
+    /// The text the training and validation batches are drawn from (unless `use_batches` gives
+    /// the training batches).
     pub corpus: &'a Corpus,
+    /// The options the trainer was built with.
     pub options: TrainOptions,
+    /// What the preset means (`Preset::spec`).
     pub spec: PresetSpec,
+    /// The formats and algorithms of the step, as the preset, autocast and the options resolve
+    /// them.
     pub precision: Precision,
     /// Delayed fp8 scaling's amax histories and scales (the one mutable precision state).
     pub fp8: Option<Fp8State>,
     /// Steps run (skipped ones included) and optimizer steps applied.
     pub step: u32,
+    /// Optimizer steps applied (skipped steps not counted): AdamW's step count `t`.
     pub applied: u32,
+    /// Dynamic loss scaling's state (GradScaler), where the preset scales the loss.
     pub scaler: Option<LossScaler>,
     /// Runs the step plan and holds the weights (f32 master weights, or 16-bit in "true"
     /// presets) and the AdamW moments.
@@ -279,8 +304,12 @@ static ALONE: Single = Single;
 /// Weights and AdamW moments, per parameter (`GptConfig::parameter_shapes` order).
 #[derive(Clone, Debug, PartialEq)]
 pub struct TrainState {
+    /// The weights, one row-major vector per parameter (in a "true" preset, its 16-bit values
+    /// as f32).
     pub params: Vec<Vec<f32>>,
+    /// AdamW's first moments, one vector per parameter, shaped as its weights.
     pub adam_m: Vec<Vec<f32>>,
+    /// AdamW's second moments, one vector per parameter, shaped as its weights.
     pub adam_v: Vec<Vec<f32>>,
 }
 

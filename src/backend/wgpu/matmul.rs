@@ -81,13 +81,17 @@ struct PackParams {
 
 /// A matmul recorded on the device: its buffers and dispatches, ready to submit (repeatedly).
 pub struct MatmulRun {
+    /// Buffers zeroed before each submission: the amaxes and per-line flags the run's
+    /// dispatches accumulate into.
     pub clears: Vec<wgpu::Buffer>,
+    /// The run's compute dispatches, in submission order (`product` says which compute C).
     pub dispatches: Vec<Dispatch>,
     /// Which of `dispatches` compute the product from the prepared operands (the rest, and
     /// the clears, prepare them: scales, flags, packed or split planes). Once a run has been
     /// submitted whole, these alone compute C again from what it left (the bench's prepared
     /// mode).
     pub product: Vec<usize>,
+    /// The result C: f32, row-major, `shape.c_len()` elements (`out` where the caller gave one).
     pub c: wgpu::Buffer,
     /// Pooled buffers the run keeps between submissions (amaxes, flags, scales: cleared or
     /// rewritten before each), returned to the pool when the run is done.
@@ -95,6 +99,8 @@ pub struct MatmulRun {
     /// Pooled operand planes, written and read within the run's own dispatches: a run
     /// submitted after this one may take them over (a step plan's matmuls share them).
     pub scratch: Vec<wgpu::Buffer>,
+    /// The kernel variant that computes the product (its operands' storage, tile, cooperative
+    /// matrices or SIMT).
     pub variant: MatmulVariant,
     /// Given fp8 scales: the buffer holding A's scale for each of its `.1` groups, then B's
     /// for its `.2` (a step plan rewrites them before each step).
@@ -127,8 +133,11 @@ impl MatmulRun {
 /// of them.
 #[derive(Clone, Copy)]
 pub struct Pools<'a> {
+    /// Buffers of tensors with nothing live during the op, lent for operand planes (None: none).
     pub lent: Option<&'a BufferPool>,
+    /// Where operand planes come from where nothing lent fits.
     pub scratch: &'a BufferPool,
+    /// Where the buffers the run keeps between submissions come from (C, amaxes, flags, scales).
     pub kept: &'a BufferPool,
 }
 
@@ -180,12 +189,16 @@ impl Side {
 /// (a step plan's coded tensors, `Plan::store_codes`).
 #[derive(Clone, Copy)]
 pub struct OnDevice<'a> {
+    /// Operand A: `shape.batch` row-major m × k matrices (k × m where `a_transposed`).
     pub a: &'a wgpu::Buffer,
+    /// Operand B: `shape.batch` row-major k × n matrices (n × k where `b_transposed`).
     pub b: &'a wgpu::Buffer,
+    /// What A and B store: `Format::F32` values, or the 16-bit codes of that format.
     pub stored: [Format; 2],
 }
 
 impl<'a> OnDevice<'a> {
+    /// Both operands f32 values.
     pub fn f32(a: &'a wgpu::Buffer, b: &'a wgpu::Buffer) -> OnDevice<'a> {
         OnDevice {
             a,

@@ -88,6 +88,9 @@ pub struct ResidentPlan<'a> {
 }
 
 impl<'a> ResidentPlan<'a> {
+    /// The executor of `plan` on `backend`. Nothing is allocated or compiled here: the first run
+    /// (or `prepare`) compiles the plan's kernels and allocates its tensors, uploading the plan's
+    /// constants and whatever was written before.
     pub fn new(backend: &'a WgpuBackend, plan: Plan) -> ResidentPlan<'a> {
         let pending = plan.constants.iter().cloned().collect();
         ResidentPlan {
