@@ -69,6 +69,9 @@
 //! # Ok::<(), mantissa::Error>(())
 //! ```
 
+// Every public item says what it is for (the crate is a library for users' models too).
+#![deny(missing_docs)]
+
 pub mod algorithm;
 pub mod backend;
 pub mod bench;

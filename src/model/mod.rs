@@ -325,7 +325,7 @@ impl ModelBuilder {
         out
     }
 
-    /// Rows of `table` ([rows, c]) picked by `ids` (tokens or constant ids): ids' shape + [c].
+    /// Rows of `table` (`[rows, c]`) picked by `ids` (tokens or constant ids): ids' shape + `[c]`.
     pub fn embedding(&mut self, table: Var, ids: Var) -> Result<Var> {
         let t = self.operand("embedding", table)?;
         let ids_value = self.read("embedding", ids)?;
@@ -365,7 +365,7 @@ impl ModelBuilder {
         ))
     }
 
-    /// x ([..., k]) . w ([k, m]) + b ([m]): a linear layer (fp8 where the precision says so).
+    /// x (`[..., k]`) . w (`[k, m]`) + b (`[m]`): a linear layer (fp8 where the precision says so).
     pub fn linear(&mut self, x: Var, w: Var, b: Var) -> Result<Var> {
         let (xs, ws, bs) = (
             self.operand("linear", x)?,
@@ -422,7 +422,7 @@ impl ModelBuilder {
         ))
     }
 
-    /// Layer norm of x ([..., c]) over its last axis, gain g and bias b ([c]).
+    /// Layer norm of x (`[..., c]`) over its last axis, gain g and bias b (`[c]`).
     pub fn layer_norm(&mut self, x: Var, g: Var, b: Var) -> Result<Var> {
         let (xs, gs, bs) = (
             self.operand("layer_norm", x)?,
@@ -555,7 +555,7 @@ impl ModelBuilder {
         ))
     }
 
-    /// RMS norm of x ([..., c]) over its last axis with gain g ([c]) (torch.nn.RMSNorm):
+    /// RMS norm of x (`[..., c]`) over its last axis with gain g (`[c]`) (torch.nn.RMSNorm):
     /// x / sqrt(mean(x^2) + eps) * g, eps finite and not negative.
     pub fn rms_norm(&mut self, x: Var, g: Var, eps: f32) -> Result<Var> {
         let (xs, gs) = (self.operand("rms_norm", x)?, self.operand("rms_norm", g)?);
