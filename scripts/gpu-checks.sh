@@ -29,9 +29,9 @@
 # The PyTorch comparisons are scripts/anchors/*.py (they need torch with CUDA). Where the GPU
 # machine has no Rust toolchain, build on another x86-64 Linux machine and bring the binaries:
 #   cargo build --release
-#   cargo test --release --test conformance --test train --no-run   # then copy the
-#     target/release/deps/conformance-* and train-* executables it names to .bin/conformance
-#     and .bin/train
+#   cargo test --release --test conformance --test train --test model --no-run   # then copy
+#     the target/release/deps/conformance-*, train-* and model-* executables it names to
+#     .bin/conformance, .bin/train and .bin/model
 # and, where the machine has no Vulkan loader, Debian's libvulkan1 .deb in .gl/ (unpacked below).
 # Every step has its own time limit, so one that hangs costs only itself; all output lands in
 # $OUT (or ./gpu-checks when OUT is unset).
@@ -72,6 +72,8 @@ correct)
         [ "${ONLY:-}" = wgpu ] || run 150 .bin/conformance cuda:: --test-threads 1
         run 200 .bin/conformance wgpu --test-threads 1
     fi
+    # Users' models: a built model learning on the device, every preset the test names.
+    [ -x .bin/model ] && run 60 .bin/model a_built_model_learns ${ONLY:+--skip cuda} --test-threads 1
     if [ -x .bin/train ]; then
         run 120 .bin/train resident loss_falls fused_attention_ops ${ONLY:+--skip cuda} --test-threads 1
         # The 16-bit presets with every tensor stored as f32, beside their coded matmul inputs above.

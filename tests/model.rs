@@ -346,6 +346,7 @@ fn a_built_model_learns_on_the_reference() {
 }
 
 backend_tests!(wgpu: a_built_model_learns);
+backend_tests!(cuda: a_built_model_learns);
 
 fn refused(e: Error, words: &[&str]) {
     let text = e.to_string();
