@@ -1,12 +1,15 @@
-//! The model's ops: each one's forward emission (the plan ops it records, with the formats the
-//! step's `Precision` gives its class) and its backward rule (the plan ops of its inputs'
-//! gradients, from its output's), side by side. A rule hands each input's gradient to
+//! The model's ops, each whole in one place: its `ModelBuilder` method (the shapes it takes,
+//! checked, an error naming the op and the shapes), its forward emission (the plan ops it
+//! records, with the formats the step's `Precision` gives its class) and its backward rule (the
+//! plan ops of its inputs' gradients, from its output's). A new op is a method and a `NodeOp`
+//! here, beside its plan op and kernels. A rule hands each input's gradient to
 //! `Emit::contribute`, which sums the gradients of a value read twice; parameter gradients go
 //! straight into their `Grad` tensors where they are the first (`Emit::grad_out`).
 
 use super::derive::Emit;
-use super::{Model, Node};
+use super::{Model, ModelBuilder, Node, Source, Var, refuse, shape_of};
 use crate::algorithm::MatmulShape;
+use crate::error::Result;
 use crate::format::Format;
 use crate::plan::{Attention, Op, ScoreScale, Strided, TensorId};
 use crate::policy::Fp8Role;
@@ -60,6 +63,44 @@ pub(crate) enum Held {
     Stream,
 }
 
+impl ModelBuilder {
+    /// Rows of `table` (`[rows, c]`) picked by `ids` (tokens or constant ids): ids' shape + `[c]`.
+    pub fn embedding(&mut self, table: Var, ids: Var) -> Result<Var> {
+        let t = self.operand("embedding", table)?;
+        let ids_value = self.read("embedding", ids)?;
+        let (id_shape, source) = (ids_value.shape.clone(), ids_value.source.clone());
+        let [rows, c] = t[..] else {
+            return Err(refuse(
+                "embedding",
+                format!("table {} is not [rows, width]", shape_of(&t)),
+            ));
+        };
+        match source {
+            Source::Tokens => {}
+            Source::Ids(values) => {
+                if let Some(bad) = values.iter().find(|&&i| i as usize >= rows) {
+                    return Err(refuse(
+                        "embedding",
+                        format!("id {bad} is outside table {}", shape_of(&t)),
+                    ));
+                }
+            }
+            _ => {
+                return Err(refuse(
+                    "embedding",
+                    format!(
+                        "ids {} must be the tokens or constant ids",
+                        shape_of(&id_shape)
+                    ),
+                ));
+            }
+        }
+        let mut shape = id_shape;
+        shape.push(c);
+        Ok(self.node(Box::new(Embedding { rows, c }), vec![table, ids], shape))
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Embedding {
     pub rows: usize,
@@ -94,6 +135,34 @@ impl NodeOp for Embedding {
             c: self.c,
         });
         cx.contribute(table, out, true, Held::AsIs);
+    }
+}
+
+impl ModelBuilder {
+    /// x (`[..., k]`) . w (`[k, m]`) + b (`[m]`): a linear layer (fp8 where the precision says so).
+    pub fn linear(&mut self, x: Var, w: Var, b: Var) -> Result<Var> {
+        let (xs, ws, bs) = (
+            self.operand("linear", x)?,
+            self.operand("linear", w)?,
+            self.operand("linear", b)?,
+        );
+        let k = *xs.last().expect("shapes have an axis");
+        match (&ws[..], &bs[..]) {
+            ([wk, m], [bm]) if *wk == k && bm == m => {
+                let mut shape = xs.clone();
+                *shape.last_mut().expect("shapes have an axis") = *m;
+                Ok(self.node(Box::new(Linear { k, m: *m }), vec![x, w, b], shape))
+            }
+            _ => Err(refuse(
+                "linear",
+                format!(
+                    "x {} . w {} + b {}: w must be [{k}, m] and b [m]",
+                    shape_of(&xs),
+                    shape_of(&ws),
+                    shape_of(&bs)
+                ),
+            )),
+        }
     }
 }
 
@@ -167,6 +236,35 @@ impl NodeOp for Linear {
     }
 }
 
+impl ModelBuilder {
+    /// x ([..., k]) . w, w [k, m] (or [m, k] used transposed where `transpose_w`): a matmul in
+    /// the step's matmul algorithm, not a linear layer (never fp8; e.g. a head tied to an
+    /// embedding table).
+    pub fn matmul(&mut self, x: Var, w: Var, transpose_w: bool) -> Result<Var> {
+        let (xs, ws) = (self.operand("matmul", x)?, self.operand("matmul", w)?);
+        let k = *xs.last().expect("shapes have an axis");
+        let m = match (&ws[..], transpose_w) {
+            ([wk, m], false) if *wk == k => *m,
+            ([m, wk], true) if *wk == k => *m,
+            _ => {
+                return Err(refuse(
+                    "matmul",
+                    format!(
+                        "x {} . w{} {}: w's {} axis must be {k}",
+                        shape_of(&xs),
+                        if transpose_w { "^T" } else { "" },
+                        shape_of(&ws),
+                        if transpose_w { "second" } else { "first" }
+                    ),
+                ));
+            }
+        };
+        let mut shape = xs;
+        *shape.last_mut().expect("shapes have an axis") = m;
+        Ok(self.node(Box::new(Matmul { k, m, transpose_w }), vec![x, w], shape))
+    }
+}
+
 /// x . w (or x . w^T) in the step's matmul algorithm.
 #[derive(Debug)]
 pub(crate) struct Matmul {
@@ -205,6 +303,30 @@ impl NodeOp for Matmul {
         let dw = cx.grad_out(w);
         cx.mm(dw_shape, dw_operands, Some(dw));
         cx.contribute(w, dw, true, Held::AsIs);
+    }
+}
+
+impl ModelBuilder {
+    /// Layer norm of x (`[..., c]`) over its last axis, gain g and bias b (`[c]`).
+    pub fn layer_norm(&mut self, x: Var, g: Var, b: Var) -> Result<Var> {
+        let (xs, gs, bs) = (
+            self.operand("layer_norm", x)?,
+            self.operand("layer_norm", g)?,
+            self.operand("layer_norm", b)?,
+        );
+        let c = *xs.last().expect("shapes have an axis");
+        if gs != [c] || bs != [c] {
+            return Err(refuse(
+                "layer_norm",
+                format!(
+                    "x {} with g {} and b {}: both must be [{c}]",
+                    shape_of(&xs),
+                    shape_of(&gs),
+                    shape_of(&bs)
+                ),
+            ));
+        }
+        Ok(self.node(Box::new(LayerNorm { c }), vec![x, g, b], xs))
     }
 }
 
@@ -263,6 +385,14 @@ impl NodeOp for LayerNorm {
     }
 }
 
+impl ModelBuilder {
+    /// GELU (tanh form) of every element.
+    pub fn gelu(&mut self, x: Var) -> Result<Var> {
+        let xs = self.operand("gelu", x)?;
+        Ok(self.node(Box::new(Gelu), vec![x], xs))
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Gelu;
 
@@ -290,6 +420,20 @@ impl NodeOp for Gelu {
         cx.g.push(Op::GeluBwd { x: tx, dy, out });
         cx.g.round(out, cx.p.compute);
         cx.contribute(x, out, true, Held::AsIs);
+    }
+}
+
+impl ModelBuilder {
+    /// a + b, of the same shape (a residual connection, or two embeddings).
+    pub fn add(&mut self, a: Var, b: Var) -> Result<Var> {
+        let (as_, bs) = (self.operand("add", a)?, self.operand("add", b)?);
+        if as_ != bs {
+            return Err(refuse(
+                "add",
+                format!("{} + {}: shapes differ", shape_of(&as_), shape_of(&bs)),
+            ));
+        }
+        Ok(self.node(Box::new(Add), vec![a, b], as_))
     }
 }
 
@@ -331,6 +475,35 @@ impl NodeOp for Add {
     fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
         for &x in &node.inputs {
             cx.contribute(x, dy, false, Held::AsIs);
+        }
+    }
+}
+
+impl ModelBuilder {
+    /// Causal self-attention of q|k|v ([b, t, 3c], each token's q, k, v side by side) over
+    /// `heads` heads of c / heads: [b, t, c]. One fused op where the plan is asked for it
+    /// (`PlanOptions::fused_attention`), else the separate ops (heads copied out, scores,
+    /// causal softmax, P.v, heads copied back).
+    pub fn causal_attention(&mut self, qkv: Var, heads: usize) -> Result<Var> {
+        let s = self.operand("causal_attention", qkv)?;
+        match s[..] {
+            [b, t, c3] if heads > 0 && c3 % (3 * heads) == 0 => Ok(self.node(
+                Box::new(CausalAttention {
+                    b,
+                    t,
+                    h: heads,
+                    d: c3 / 3 / heads,
+                }),
+                vec![qkv],
+                vec![b, t, c3 / 3],
+            )),
+            _ => Err(refuse(
+                "causal_attention",
+                format!(
+                    "qkv {} over {heads} heads: must be [batch, tokens, 3 x heads x head width]",
+                    shape_of(&s)
+                ),
+            )),
         }
     }
 }
@@ -488,6 +661,26 @@ impl NodeOp for CausalAttention {
     }
 }
 
+impl ModelBuilder {
+    /// Causal softmax of `scale * x` over the last axis of square [..., t, t] score matrices
+    /// (row i sees columns 0..=i).
+    pub fn causal_softmax(&mut self, x: Var, scale: f64) -> Result<Var> {
+        let s = self.operand("causal_softmax", x)?;
+        match s[..] {
+            [.., r, t] if r == t && scale.is_finite() => {
+                Ok(self.node(Box::new(CausalSoftmax { t, scale }), vec![x], s))
+            }
+            _ => Err(refuse(
+                "causal_softmax",
+                format!(
+                    "x {} times {scale}: must be [..., t, t] with a finite scale",
+                    shape_of(&s)
+                ),
+            )),
+        }
+    }
+}
+
 /// Causal softmax of scaled score matrices, held in the softmax class's format.
 #[derive(Debug)]
 pub(crate) struct CausalSoftmax {
@@ -542,6 +735,25 @@ impl NodeOp for CausalSoftmax {
     }
 }
 
+impl ModelBuilder {
+    /// x with another shape of the same elements (no op: the same tensor).
+    pub fn reshape(&mut self, x: Var, shape: &[usize]) -> Result<Var> {
+        let s = self.operand("reshape", x)?;
+        Self::checked_shape("reshape", shape)?;
+        if s.iter().product::<usize>() != shape.iter().product::<usize>() {
+            return Err(refuse(
+                "reshape",
+                format!(
+                    "{} to {}: element counts differ",
+                    shape_of(&s),
+                    shape_of(shape)
+                ),
+            ));
+        }
+        Ok(self.node(Box::new(Reshape), vec![x], shape.to_vec()))
+    }
+}
+
 /// The same tensor under another shape.
 #[derive(Debug)]
 pub(crate) struct Reshape;
@@ -561,6 +773,35 @@ impl NodeOp for Reshape {
 
     fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
         cx.contribute(node.inputs[0], dy, false, Held::AsIs);
+    }
+}
+
+impl ModelBuilder {
+    /// The mean over rows of the cross entropy of logits ([..., v]) against the targets
+    /// (shaped as the logits' rows): a scalar loss.
+    pub fn cross_entropy(&mut self, logits: Var, targets: Var) -> Result<Var> {
+        let ls = self.operand("cross_entropy", logits)?;
+        let target = self.read("cross_entropy", targets)?;
+        let v = *ls.last().expect("shapes have an axis");
+        if !matches!(target.source, Source::Targets) || target.shape[..] != ls[..ls.len() - 1] {
+            return Err(refuse(
+                "cross_entropy",
+                format!(
+                    "logits {} against {} {}: the targets input, shaped as the logits without their last axis",
+                    shape_of(&ls),
+                    if matches!(target.source, Source::Targets) {
+                        "the targets"
+                    } else {
+                        "a value other than the targets input"
+                    },
+                    shape_of(&target.shape)
+                ),
+            ));
+        }
+        if self.nodes.iter().any(|n| n.op.is_loss()) {
+            return Err(refuse("cross_entropy", "a model has one loss"));
+        }
+        Ok(self.node(Box::new(CrossEntropy { v }), vec![logits, targets], vec![]))
     }
 }
 
@@ -604,6 +845,26 @@ impl NodeOp for CrossEntropy {
 
     fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, _: TensorId) {
         cx.contribute(node.inputs[0], saved[0], true, Held::AsIs);
+    }
+}
+
+impl ModelBuilder {
+    /// RMS norm of x (`[..., c]`) over its last axis with gain g (`[c]`) (torch.nn.RMSNorm):
+    /// x / sqrt(mean(x^2) + eps) * g, eps finite and not negative.
+    pub fn rms_norm(&mut self, x: Var, g: Var, eps: f32) -> Result<Var> {
+        let (xs, gs) = (self.operand("rms_norm", x)?, self.operand("rms_norm", g)?);
+        let c = *xs.last().expect("shapes have an axis");
+        if gs != [c] || !(eps.is_finite() && eps >= 0.0) {
+            return Err(refuse(
+                "rms_norm",
+                format!(
+                    "x {} with g {} and eps {eps}: g must be [{c}], eps finite and not negative",
+                    shape_of(&xs),
+                    shape_of(&gs)
+                ),
+            ));
+        }
+        Ok(self.node(Box::new(RmsNorm { c, eps }), vec![x, g], xs))
     }
 }
 
@@ -656,6 +917,14 @@ impl NodeOp for RmsNorm {
     }
 }
 
+impl ModelBuilder {
+    /// SiLU (x * sigmoid(x)) of every element.
+    pub fn silu(&mut self, x: Var) -> Result<Var> {
+        let xs = self.operand("silu", x)?;
+        Ok(self.node(Box::new(Silu), vec![x], xs))
+    }
+}
+
 /// SiLU, held in the compute format (autocast runs it in its input's format, a matmul's).
 #[derive(Debug)]
 pub(crate) struct Silu;
@@ -684,6 +953,20 @@ impl NodeOp for Silu {
         cx.g.push(Op::SiluBwd { x: tx, dy, out });
         cx.g.round(out, cx.p.compute);
         cx.contribute(x, out, true, Held::AsIs);
+    }
+}
+
+impl ModelBuilder {
+    /// a * b elementwise, of the same shape (a gated unit's product).
+    pub fn mul(&mut self, a: Var, b: Var) -> Result<Var> {
+        let (as_, bs) = (self.operand("mul", a)?, self.operand("mul", b)?);
+        if as_ != bs {
+            return Err(refuse(
+                "mul",
+                format!("{} * {}: shapes differ", shape_of(&as_), shape_of(&bs)),
+            ));
+        }
+        Ok(self.node(Box::new(Mul), vec![a, b], as_))
     }
 }
 
@@ -725,6 +1008,29 @@ impl NodeOp for Mul {
                 cx.contribute(x, d, true, Held::AsIs);
             }
         }
+    }
+}
+
+impl ModelBuilder {
+    /// The mean over every element of (pred - target)^2: a scalar loss. `target` (usually a
+    /// values input) has pred's shape and takes no gradient.
+    pub fn mse(&mut self, pred: Var, target: Var) -> Result<Var> {
+        let (ps, ts) = (self.operand("mse", pred)?, self.operand("mse", target)?);
+        if ps != ts {
+            return Err(refuse(
+                "mse",
+                format!(
+                    "pred {} against target {}: shapes differ",
+                    shape_of(&ps),
+                    shape_of(&ts)
+                ),
+            ));
+        }
+        if self.nodes.iter().any(|n| n.op.is_loss()) {
+            return Err(refuse("mse", "a model has one loss"));
+        }
+        let rows = ps[..ps.len() - 1].iter().product();
+        Ok(self.node(Box::new(Mse { rows }), vec![pred, target], vec![]))
     }
 }
 
