@@ -352,12 +352,14 @@ extern "C" __global__ void gelu_fwd(const void* x, void* y, i64 n, u32 fmt, u32 
     FOR_EACH(e, n) store_held(y, e, gelu(load_stored(x, e, x_fmt)), fmt, coded);
 }
 
-extern "C" __global__ void gelu_bwd(const void* x, const float* dy, float* dx, i64 n, u32 x_fmt) {
+// dx held in `fmt` (the rounding autocast gives it, in the same pass).
+extern "C" __global__ void gelu_bwd(const void* x, const float* dy, float* dx, i64 n, u32 fmt,
+                                    u32 x_fmt) {
     FOR_EACH(e, n) {
         float v = load_stored(x, e, x_fmt);
         float t = tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v));
         float du = SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * v * v);
-        dx[e] = dy[e] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+        dx[e] = held(dy[e] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du), fmt);
     }
 }
 
@@ -372,11 +374,13 @@ extern "C" __global__ void silu_fwd(const void* x, void* y, i64 n, u32 fmt, u32 
 }
 
 // dx = dy * s * (1 + x (1 - s)), s = sigmoid(x).
-extern "C" __global__ void silu_bwd(const void* x, const float* dy, float* dx, i64 n, u32 x_fmt) {
+// dx held in `fmt`, as gelu_bwd's.
+extern "C" __global__ void silu_bwd(const void* x, const float* dy, float* dx, i64 n, u32 fmt,
+                                    u32 x_fmt) {
     FOR_EACH(e, n) {
         float v = load_stored(x, e, x_fmt);
         float s = 1.0f / (1.0f + expf(-v));
-        dx[e] = dy[e] * s * (1.0f + v * (1.0f - s));
+        dx[e] = held(dy[e] * s * (1.0f + v * (1.0f - s)), fmt);
     }
 }
 

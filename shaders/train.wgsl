@@ -417,7 +417,7 @@ fn gelu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     out0[e] = held(gelu(in0v(e)), params.held);
 }
 
-// in0 = x, in1 = dy; out0 = dx.
+// in0 = x, in1 = dy; out0 = dx, held in `held`.
 @compute @workgroup_size(256)
 fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
@@ -428,7 +428,7 @@ fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let x = in0v(e);
     let t = gelu_tanh(x);
     let du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
-    out0[e] = in1[e] * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du);
+    out0[e] = held(in1[e] * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du), params.held);
 }
 
 // SiLU, x * sigmoid(x), as the host reference computes it: x / (1 + exp(-x)).
@@ -456,7 +456,7 @@ fn silu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     out0[e] = held(silu(in0v(e)), params.held);
 }
 
-// dx = dy * s * (1 + x (1 - s)), s = sigmoid(x): in0 = x, in1 = dy; out0 = dx.
+// dx = dy * s * (1 + x (1 - s)), s = sigmoid(x): in0 = x, in1 = dy; out0 = dx, held in `held`.
 @compute @workgroup_size(256)
 fn silu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) lid: u32) {
@@ -466,7 +466,7 @@ fn silu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     let x = in0v(e);
     let s = 1.0 / (1.0 + exp(-x));
-    out0[e] = in1[e] * s * (1.0 + x * (1.0 - s));
+    out0[e] = held(in1[e] * s * (1.0 + x * (1.0 - s)), params.held);
 }
 
 // out = a * b elementwise, the f32 product held in params.held: in0 = a, in1 = b; out0 = the

@@ -680,6 +680,7 @@ fn train_ops(b: &dyn Backend) {
         x: xi,
         dy: dyi,
         out,
+        held: Format::F32,
     };
     let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
     agree(
@@ -688,6 +689,27 @@ fn train_ops(b: &dyn Backend) {
         &ops::gelu_bwd(&x, &dy),
         tol::ROW,
     );
+    // The backward's output held in bf16 (the rounding autocast gives it, in the same pass):
+    // bf16 values within one step of the host's f32 result, on every executor.
+    let mut p = common::OneOp::new(1);
+    let (xi, dyi, out) = (p.input(x.clone()), p.input(dy.clone()), p.output(rows * c));
+    let op = Op::GeluBwd {
+        x: xi,
+        dy: dyi,
+        out,
+        held: Format::Bf16,
+    };
+    let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
+    let exact = ops::gelu_bwd(&x, &dy);
+    for r in &ran {
+        common::held_close(
+            &format!("{} gelu bwd held in bf16", b.name()),
+            &r.outs[0],
+            &exact,
+            Format::Bf16,
+            tol::ROW,
+        );
+    }
     // Contexts shorter and longer than a row op's workgroup; the scaled scores held in f32, and
     // in bf16 (their f32 product is the same bits on both sides, so the forward is as close as
     // f32's; a power-of-two scale makes the backward's two roundings one).
@@ -1151,6 +1173,7 @@ fn model_ops(b: &dyn Backend) {
         x: xi,
         dy: dyi,
         out,
+        held: Format::F32,
     };
     let ran = p.run_both(b, op, (&one, &one), 1.0, &[out]);
     agree(

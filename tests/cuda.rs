@@ -602,7 +602,7 @@ fn cuda_model_ops_match_the_host_reference() {
     let n = x.len();
     let silu = run_f32(h, "silu_fwd", &strings(&[n, f32_, 0, f32_]), &[&x]);
     common::close_with_edges("silu", &silu, &ops::silu_fwd(&x), tol::ROW);
-    let silu_bwd = run_f32(h, "silu_bwd", &strings(&[n, f32_]), &[&x, &dy]);
+    let silu_bwd = run_f32(h, "silu_bwd", &strings(&[n, f32_, f32_]), &[&x, &dy]);
     common::close_with_edges("silu bwd", &silu_bwd, &ops::silu_bwd(&x, &dy), tol::ROW);
     let m = finite.len();
     let held = run_f32(h, "silu_fwd", &strings(&[m, f16, 0, f32_]), &[&finite]);
@@ -623,8 +623,8 @@ fn cuda_model_ops_match_the_host_reference() {
         let from_codes: Vec<f32> = from_codes.into_iter().map(f32::from_bits).collect();
         same_or_nan(&format!("silu of {format} codes"), &from_codes, &plain);
         let with_dy: Vec<u32> = [codes.clone(), bits(&dy)].concat();
-        let plain = run_f32(h, "silu_bwd", &strings(&[n, f32_]), &[&values, &dy]);
-        let from_codes = run(h, "silu_bwd", &strings(&[n, id]), &with_dy);
+        let plain = run_f32(h, "silu_bwd", &strings(&[n, f32_, f32_]), &[&values, &dy]);
+        let from_codes = run(h, "silu_bwd", &strings(&[n, f32_, id]), &with_dy);
         let from_codes: Vec<f32> = from_codes.into_iter().map(f32::from_bits).collect();
         same_or_nan(&format!("silu bwd of {format} codes"), &from_codes, &plain);
     }
@@ -825,7 +825,7 @@ fn cuda_training_kernels_match_the_host_reference() {
     );
     let coded = run(h, "gelu_fwd", &strings(&[x.len(), f16, 1, f32_]), &bits(&x));
     same_codes("gelu as f16 codes", &coded, &held, Format::F16);
-    let gelu_bwd = run_f32(h, "gelu_bwd", &strings(&[x.len(), f32_]), &[&x, &dy]);
+    let gelu_bwd = run_f32(h, "gelu_bwd", &strings(&[x.len(), f32_, f32_]), &[&x, &dy]);
     close("gelu bwd", &gelu_bwd, &ops::gelu_bwd(&x, &dy), tol::ROW);
     // GELU reading its input as codes (a plan's coded pre-GELU activations): the bits it
     // gives for the f32 values of those codes, forward and backward, over NaN, infinities and
@@ -860,8 +860,13 @@ fn cuda_training_kernels_match_the_host_reference() {
         same(&format!("gelu of {format} codes"), &from_codes, &plain);
         let dy_bits = bits(&dy);
         let with = |x: &[u32]| [x, &dy_bits[..]].concat();
-        let plain = run(h, "gelu_bwd", &strings(&[n, f32_]), &with(&bits(&values)));
-        let from_codes = run(h, "gelu_bwd", &strings(&[n, id]), &with(&codes));
+        let plain = run(
+            h,
+            "gelu_bwd",
+            &strings(&[n, f32_, f32_]),
+            &with(&bits(&values)),
+        );
+        let from_codes = run(h, "gelu_bwd", &strings(&[n, f32_, id]), &with(&codes));
         same(&format!("gelu bwd of {format} codes"), &from_codes, &plain);
     }
     // Softmax rows shorter and longer than a block; heads of t x t; the scaled scores held in

@@ -340,6 +340,38 @@ fn a_regression_on_values_inputs_differentiates_and_outputs_its_predictions() {
     );
 }
 
+/// A gradient the preset holds in 16 bits is rounded by the op that writes it: at bf16-mixed,
+/// no standalone rounding follows GELU's or SiLU's backward in a derived plan.
+#[test]
+fn activation_gradients_are_rounded_as_they_are_written() {
+    use mantissa::plan::Op;
+    use mantissa::policy::Precision;
+    let mut o = OneOp::new(&[4]);
+    let x = o.input("x", VOCAB);
+    let g = o.m.gelu(x).unwrap();
+    let s = o.m.silu(g).unwrap();
+    let (model, _) = o.finish(s);
+    let p = Precision::decide(&request(Preset::MixedBf16), &Reference.capabilities()).unwrap();
+    let options = mantissa::model::PlanOptions {
+        fused_attention: false,
+        coded: false,
+    };
+    let plan = model.plan(&p, options).unwrap();
+    let ops = plan.ops();
+    let mut backwards = 0;
+    for (i, op) in ops.iter().enumerate() {
+        if let Op::GeluBwd { held, .. } | Op::SiluBwd { held, .. } = op {
+            backwards += 1;
+            assert_eq!(*held, mantissa::Format::Bf16, "{op:?}");
+            assert!(
+                !matches!(ops.get(i + 1), Some(Op::Round { .. })),
+                "a rounding after {op:?}"
+            );
+        }
+    }
+    assert_eq!(backwards, 2);
+}
+
 #[test]
 fn a_built_model_learns_on_the_reference() {
     a_built_model_learns(&Reference);

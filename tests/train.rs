@@ -204,6 +204,7 @@ fn a_plan_of_the_new_ops_differentiates_as_its_loss() {
         x: h,
         dy: da,
         out: dh_silu,
+        held: mantissa::format::Format::F32,
     });
     g.push(Op::add_in_place(dh_silu, dh));
     g.push(Op::RmsNormBwd {
@@ -2004,11 +2005,17 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
             });
         }
         pairs.extend([(format, sum, coded_sum), (format, gelu, coded_gelu)]);
-        p.push(Op::GeluBwd { x: sum, dy, out: d });
+        p.push(Op::GeluBwd {
+            x: sum,
+            dy,
+            out: d,
+            held: Format::F32,
+        });
         p.push(Op::GeluBwd {
             x: coded_sum,
             dy,
             out: coded_d,
+            held: Format::F32,
         });
         pairs.push((format, d, coded_d));
         // A bias add and its GELU as one op (`Op::Add`'s gelu) against the two ops: in place

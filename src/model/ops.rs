@@ -417,7 +417,12 @@ impl NodeOp for Gelu {
         let x = node.inputs[0];
         let tx = cx.t(x);
         let out = cx.g.temp(cx.g.len(tx));
-        cx.g.push(Op::GeluBwd { x: tx, dy, out });
+        cx.g.push(Op::GeluBwd {
+            x: tx,
+            dy,
+            out,
+            held: Format::F32,
+        });
         cx.g.round(out, cx.p.compute);
         cx.contribute(x, out, true, Held::AsIs);
     }
@@ -950,7 +955,12 @@ impl NodeOp for Silu {
         let x = node.inputs[0];
         let tx = cx.t(x);
         let out = cx.g.temp(cx.g.len(tx));
-        cx.g.push(Op::SiluBwd { x: tx, dy, out });
+        cx.g.push(Op::SiluBwd {
+            x: tx,
+            dy,
+            out,
+            held: Format::F32,
+        });
         cx.g.round(out, cx.p.compute);
         cx.contribute(x, out, true, Held::AsIs);
     }

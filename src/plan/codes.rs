@@ -310,6 +310,7 @@ mod tests {
             x: y,
             dy: act,
             out: dx,
+            held: Format::F32,
         });
         let ops = g.ops.len();
         let batch = (

@@ -147,7 +147,7 @@ pub enum Op {
         /// The format `out` is held in.
         held: Format,
     },
-    /// out = dy * GELU'(x) (the tanh form's derivative).
+    /// out = dy * GELU'(x) (the tanh form's derivative), held in `held`.
     GeluBwd {
         /// The forward's input.
         x: TensorId,
@@ -155,6 +155,8 @@ pub enum Op {
         dy: TensorId,
         /// The gradient of x.
         out: TensorId,
+        /// The format `out` is held in (autocast holds it in the compute format).
+        held: Format,
     },
     /// RMS norm over rows of c (torch.nn.RMSNorm): out = x * rstd * g held in `held`, rstd =
     /// 1 / sqrt(mean(x^2) + eps); `stats` holds rstd per row.
@@ -208,6 +210,8 @@ pub enum Op {
         dy: TensorId,
         /// The gradient of x.
         out: TensorId,
+        /// The format `out` is held in (autocast holds it in the compute format).
+        held: Format,
     },
     /// out = a * b elementwise (the same length), the f32 product held in `held`. Its backward
     /// is two of them: da = dy * b, db = dy * a.
@@ -465,6 +469,8 @@ impl Op {
             | Op::RmsNorm { out, held, .. }
             | Op::Silu { out, held, .. }
             | Op::Mul { out, held, .. }
+            | Op::GeluBwd { out, held, .. }
+            | Op::SiluBwd { out, held, .. }
             | Op::CrossEntropy {
                 grad: out, held, ..
             }
@@ -474,9 +480,7 @@ impl Op {
             Op::Embedding { .. }
             | Op::EmbeddingBwd { .. }
             | Op::LayerNormBwd { .. }
-            | Op::GeluBwd { .. }
             | Op::RmsNormBwd { .. }
-            | Op::SiluBwd { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }
@@ -526,7 +530,7 @@ impl Op {
                 ..
             } => vec![dy, x, g, stats, dx, dg, db],
             Op::Gelu { x, out, .. } => vec![x, out],
-            Op::GeluBwd { x, dy, out } => vec![x, dy, out],
+            Op::GeluBwd { x, dy, out, .. } => vec![x, dy, out],
             Op::RmsNorm {
                 x, g, out, stats, ..
             } => vec![x, g, out, stats],
@@ -540,7 +544,7 @@ impl Op {
                 ..
             } => vec![dy, x, g, stats, dx, dg],
             Op::Silu { x, out, .. } => vec![x, out],
-            Op::SiluBwd { x, dy, out } => vec![x, dy, out],
+            Op::SiluBwd { x, dy, out, .. } => vec![x, dy, out],
             Op::Mul { a, b, out, .. } => vec![a, b, out],
             Op::MseLoss {
                 pred, target, grad, ..
@@ -726,7 +730,7 @@ impl Op {
                 ..
             } => (vec![dy, x, g, stats], vec![dx, dg, db]),
             Op::Gelu { x, out, .. } => (vec![x], vec![out]),
-            Op::GeluBwd { x, dy, out } => (vec![x, dy], vec![out]),
+            Op::GeluBwd { x, dy, out, .. } => (vec![x, dy], vec![out]),
             Op::RmsNorm {
                 x, g, out, stats, ..
             } => (vec![x, g], vec![out, stats]),
@@ -740,7 +744,7 @@ impl Op {
                 ..
             } => (vec![dy, x, g, stats], vec![dx, dg]),
             Op::Silu { x, out, .. } => (vec![x], vec![out]),
-            Op::SiluBwd { x, dy, out } => (vec![x, dy], vec![out]),
+            Op::SiluBwd { x, dy, out, .. } => (vec![x, dy], vec![out]),
             Op::Mul { a, b, out, .. } => (vec![a, b], vec![out]),
             Op::MseLoss {
                 pred, target, grad, ..
@@ -864,7 +868,7 @@ impl Op {
                 check.holds("the bias's gradient", db, c)
             }
             Op::Gelu { x, out, .. } => check.holds("the output", out, check.len(x)),
-            Op::GeluBwd { x, dy, out } => {
+            Op::GeluBwd { x, dy, out, .. } => {
                 check.holds("dy", dy, check.len(x))?;
                 check.holds("the output", out, check.len(x))
             }
@@ -903,7 +907,7 @@ impl Op {
                 check.holds("the gain's gradient", dg, c)
             }
             Op::Silu { x, out, .. } => check.holds("the output", out, check.len(x)),
-            Op::SiluBwd { x, dy, out } => {
+            Op::SiluBwd { x, dy, out, .. } => {
                 check.holds("dy", dy, check.len(x))?;
                 check.holds("the output", out, check.len(x))
             }

@@ -350,6 +350,7 @@ mod tests {
                 x: 0,
                 dy: 1,
                 out: 2,
+                held: Format::F32,
             }],
             "gelu backward",
             "dy (tensor 1) has 5 values",

@@ -587,10 +587,10 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> both(dx.f(), dx.f() + n);
         both.insert(both.end(), dg.begin(), dg.end());
         out = bits_of(both);
-    } else if ((k == "silu_fwd" && argc == 6) || (k == "silu_bwd" && argc == 4)) {
-        // silu_fwd N FMT CODED XFMT < x > y; silu_bwd N XFMT < x dy > dx; codes as gelu's.
+    } else if ((k == "silu_fwd" && argc == 6) || (k == "silu_bwd" && argc == 5)) {
+        // silu_fwd N FMT CODED XFMT < x > y; silu_bwd N FMT XFMT < x dy > dx; codes as gelu's.
         i64 n = arg(argv, 2);
-        u32 x_fmt = arg(argv, k == "silu_fwd" ? 5 : 3);
+        u32 x_fmt = arg(argv, k == "silu_fwd" ? 5 : 4);
         u32* words = input.u(n);
         std::vector<unsigned short> x_codes(words, words + n);
         const void* x = x_fmt == FMT_F32 ? (const void*)words : (const void*)x_codes.data();
@@ -607,8 +607,9 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
             }
         } else {
             float* dy = input.f(n);
+            u32 fmt = arg(argv, 3);
             emu::launch(elementwise_grid(n), element_block,
-                        [&] { silu_bwd(x, dy, y.data(), n, x_fmt); });
+                        [&] { silu_bwd(x, dy, y.data(), n, fmt, x_fmt); });
         }
         out = bits_of(y);
     } else if (k == "elementwise_mul" && argc == 5) {  // N FMT CODED < a b > out (codes one a word)
@@ -640,11 +641,12 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> sums(c);
         column_sums_of(x, sums.data(), rows, c);
         out = bits_of(sums);
-    } else if ((k == "gelu_fwd" && argc == 6) || (k == "gelu_bwd" && argc == 4)) {
-        // gelu_fwd N FMT CODED XFMT < x > y; gelu_bwd N XFMT < x dy > dx. Codes travel one to
-        // each word: x where XFMT is not f32's (a coded input), y where CODED.
+    } else if ((k == "gelu_fwd" && argc == 6) || (k == "gelu_bwd" && argc == 5)) {
+        // gelu_fwd N FMT CODED XFMT < x > y; gelu_bwd N FMT XFMT < x dy > dx (held in FMT).
+        // Codes travel one to each word: x where XFMT is not f32's (a coded input), y where
+        // CODED.
         i64 n = arg(argv, 2);
-        u32 x_fmt = arg(argv, k == "gelu_fwd" ? 5 : 3);
+        u32 x_fmt = arg(argv, k == "gelu_fwd" ? 5 : 4);
         u32* words = input.u(n);
         std::vector<unsigned short> x_codes(words, words + n);
         const void* x = x_fmt == FMT_F32 ? (const void*)words : (const void*)x_codes.data();
@@ -661,8 +663,9 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
             }
         } else {
             float* dy = input.f(n);
+            u32 fmt = arg(argv, 3);
             emu::launch(elementwise_grid(n), element_block,
-                        [&] { gelu_bwd(x, dy, y.data(), n, x_fmt); });
+                        [&] { gelu_bwd(x, dy, y.data(), n, fmt, x_fmt); });
         }
         out = bits_of(y);
     } else if ((k == "softmax_fwd" || k == "softmax_bwd") && argc == 6) {  // ROWS T SCALE FMT

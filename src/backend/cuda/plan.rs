@@ -250,10 +250,11 @@ impl<'a> CudaPlan<'a> {
                 (held, self.coded(out)),
                 self.stored(x),
             ),
-            Op::GeluBwd { x, dy, out } => launch::gelu_bwd(
+            Op::GeluBwd { x, dy, out, held } => launch::gelu_bwd(
                 cb,
                 [self.p(x), self.p(dy), self.p(out)],
                 self.len(x),
+                held,
                 self.stored(x),
             ),
             Op::RmsNorm {
@@ -288,10 +289,11 @@ impl<'a> CudaPlan<'a> {
                 (held, self.coded(out)),
                 self.stored(x),
             ),
-            Op::SiluBwd { x, dy, out } => launch::silu_bwd(
+            Op::SiluBwd { x, dy, out, held } => launch::silu_bwd(
                 cb,
                 [self.p(x), self.p(dy), self.p(out)],
                 self.len(x),
+                held,
                 self.stored(x),
             ),
             Op::Mul { a, b, out, held } => launch::mul(

@@ -337,15 +337,16 @@ pub(super) fn gelu_fwd(
     launch_1d!(cb, Module::Train, "gelu_fwd", n; &x, &y, &len, &fmt, &coded, &x_fmt)
 }
 
-/// dx = dy * GELU'(x), x stored in `x_stored`.
+/// dx = dy * GELU'(x) held in `held`, x stored in `x_stored`.
 pub(super) fn gelu_bwd(
     cb: &CudaBackend,
     [x, dy, dx]: [Ptr; 3],
     n: usize,
+    held: Format,
     x_stored: Format,
 ) -> Result<()> {
-    let (len, x_fmt) = (n as i64, format_id(x_stored));
-    launch_1d!(cb, Module::Train, "gelu_bwd", n; &x, &dy, &dx, &len, &x_fmt)
+    let (len, fmt, x_fmt) = (n as i64, format_id(held), format_id(x_stored));
+    launch_1d!(cb, Module::Train, "gelu_bwd", n; &x, &dy, &dx, &len, &fmt, &x_fmt)
 }
 
 /// y = SiLU(x) held in `held` (codes where `coded`); x stored in `x_stored`.
@@ -361,15 +362,16 @@ pub(super) fn silu_fwd(
     launch_1d!(cb, Module::Train, "silu_fwd", n; &x, &y, &len, &fmt, &coded, &x_fmt)
 }
 
-/// dx = dy * SiLU'(x), x stored in `x_stored`.
+/// dx = dy * SiLU'(x) held in `held`, x stored in `x_stored`.
 pub(super) fn silu_bwd(
     cb: &CudaBackend,
     [x, dy, dx]: [Ptr; 3],
     n: usize,
+    held: Format,
     x_stored: Format,
 ) -> Result<()> {
-    let (len, x_fmt) = (n as i64, format_id(x_stored));
-    launch_1d!(cb, Module::Train, "silu_bwd", n; &x, &dy, &dx, &len, &x_fmt)
+    let (len, fmt, x_fmt) = (n as i64, format_id(held), format_id(x_stored));
+    launch_1d!(cb, Module::Train, "silu_bwd", n; &x, &dy, &dx, &len, &fmt, &x_fmt)
 }
 
 /// out = a * b held in `held` (codes where `coded`).

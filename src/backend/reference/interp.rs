@@ -150,7 +150,11 @@ impl HostExecutor {
                 round_to(&mut y, held);
                 self.tensors[out] = y;
             }
-            Op::GeluBwd { x, dy, out } => self.tensors[out] = ops::gelu_bwd(&t[x], &t[dy]),
+            Op::GeluBwd { x, dy, out, held } => {
+                let mut dx = ops::gelu_bwd(&t[x], &t[dy]);
+                round_to(&mut dx, held);
+                self.tensors[out] = dx;
+            }
             Op::RmsNorm {
                 x,
                 g,
@@ -183,7 +187,11 @@ impl HostExecutor {
                 round_to(&mut y, held);
                 self.tensors[out] = y;
             }
-            Op::SiluBwd { x, dy, out } => self.tensors[out] = ops::silu_bwd(&t[x], &t[dy]),
+            Op::SiluBwd { x, dy, out, held } => {
+                let mut dx = ops::silu_bwd(&t[x], &t[dy]);
+                round_to(&mut dx, held);
+                self.tensors[out] = dx;
+            }
             Op::Mul { a, b, out, held } => {
                 let mut y = ops::mul(&t[a], &t[b]);
                 round_to(&mut y, held);

@@ -441,8 +441,8 @@ impl<'a> ResidentPlan<'a> {
                 let l = launch::gelu_fwd(len(x), held, coded(out), stored(x));
                 train(l, [Some(x), None, None], outs_for(out, None))?
             }
-            Op::GeluBwd { x, dy, out } => train(
-                launch::gelu_bwd(len(x), stored(x)),
+            Op::GeluBwd { x, dy, out, held } => train(
+                launch::gelu_bwd(len(x), held, stored(x)),
                 [Some(x), Some(dy), None],
                 [Some(out), None, None],
             )?,
@@ -494,8 +494,8 @@ impl<'a> ResidentPlan<'a> {
                 let l = launch::silu_fwd(len(x), held, coded(out), stored(x));
                 train(l, [Some(x), None, None], outs_for(out, None))?
             }
-            Op::SiluBwd { x, dy, out } => train(
-                launch::silu_bwd(len(x), stored(x)),
+            Op::SiluBwd { x, dy, out, held } => train(
+                launch::silu_bwd(len(x), held, stored(x)),
                 [Some(x), Some(dy), None],
                 [Some(out), None, None],
             )?,

@@ -615,9 +615,10 @@ pub mod launch {
         l
     }
 
-    /// GELU's backward, x stored as in `gelu_fwd`, dy in in1.
-    pub fn gelu_bwd(n: usize, x_stored: Format) -> TrainLaunch {
+    /// GELU's backward held in `held`, x stored as in `gelu_fwd`, dy in in1.
+    pub fn gelu_bwd(n: usize, held: Format, x_stored: Format) -> TrainLaunch {
         let mut l = train(TrainOp::GeluBwd, n, 0, n);
+        l.params.held = format_id(held);
         l.params.x_stored = format_id(x_stored);
         l
     }
@@ -652,9 +653,10 @@ pub mod launch {
         l
     }
 
-    /// SiLU's backward, x stored as in `silu_fwd`, dy in in1.
-    pub fn silu_bwd(n: usize, x_stored: Format) -> TrainLaunch {
+    /// SiLU's backward held in `held`, x stored as in `silu_fwd`, dy in in1.
+    pub fn silu_bwd(n: usize, held: Format, x_stored: Format) -> TrainLaunch {
         let mut l = train(TrainOp::SiluBwd, n, 0, n);
+        l.params.held = format_id(held);
         l.params.x_stored = format_id(x_stored);
         l
     }
