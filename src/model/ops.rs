@@ -388,26 +388,43 @@ impl NodeOp for LayerNorm {
 impl ModelBuilder {
     /// GELU (tanh form) of every element.
     pub fn gelu(&mut self, x: Var) -> Result<Var> {
-        let xs = self.operand("gelu", x)?;
-        Ok(self.node(Box::new(Gelu), vec![x], xs))
+        self.activation(Activation::Gelu, x)
+    }
+
+    /// SiLU (x * sigmoid(x)) of every element.
+    pub fn silu(&mut self, x: Var) -> Result<Var> {
+        self.activation(Activation::Silu, x)
+    }
+
+    fn activation(&mut self, kind: Activation, x: Var) -> Result<Var> {
+        let xs = self.operand(kind.name(), x)?;
+        Ok(self.node(Box::new(kind), vec![x], xs))
     }
 }
 
-#[derive(Debug)]
-pub(crate) struct Gelu;
+/// An elementwise activation (GELU, SiLU), held in the compute format as is its gradient
+/// (autocast runs both in their input's format, a matmul's).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Activation {
+    Gelu,
+    Silu,
+}
 
-impl NodeOp for Gelu {
+impl NodeOp for Activation {
     fn name(&self) -> &'static str {
-        "gelu"
+        match self {
+            Activation::Gelu => "gelu",
+            Activation::Silu => "silu",
+        }
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
         let x = cx.t(node.inputs[0]);
         let out = cx.g.temp(cx.g.len(x));
-        cx.g.push(Op::Gelu {
-            x,
-            out,
-            held: Format::F32,
+        let held = Format::F32;
+        cx.g.push(match self {
+            Activation::Gelu => Op::Gelu { x, out, held },
+            Activation::Silu => Op::Silu { x, out, held },
         });
         cx.g.round(out, cx.p.compute);
         (out, vec![])
@@ -417,11 +434,20 @@ impl NodeOp for Gelu {
         let x = node.inputs[0];
         let tx = cx.t(x);
         let out = cx.g.temp(cx.g.len(tx));
-        cx.g.push(Op::GeluBwd {
-            x: tx,
-            dy,
-            out,
-            held: Format::F32,
+        let held = Format::F32;
+        cx.g.push(match self {
+            Activation::Gelu => Op::GeluBwd {
+                x: tx,
+                dy,
+                out,
+                held,
+            },
+            Activation::Silu => Op::SiluBwd {
+                x: tx,
+                dy,
+                out,
+                held,
+            },
         });
         cx.g.round(out, cx.p.compute);
         cx.contribute(x, out, true, Held::AsIs);
@@ -919,50 +945,6 @@ impl NodeOp for RmsNorm {
         });
         cx.contribute(g, dg, true, Held::AsIs);
         cx.contribute(x, dx, true, Held::Stream);
-    }
-}
-
-impl ModelBuilder {
-    /// SiLU (x * sigmoid(x)) of every element.
-    pub fn silu(&mut self, x: Var) -> Result<Var> {
-        let xs = self.operand("silu", x)?;
-        Ok(self.node(Box::new(Silu), vec![x], xs))
-    }
-}
-
-/// SiLU, held in the compute format (autocast runs it in its input's format, a matmul's).
-#[derive(Debug)]
-pub(crate) struct Silu;
-
-impl NodeOp for Silu {
-    fn name(&self) -> &'static str {
-        "silu"
-    }
-
-    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
-        let x = cx.t(node.inputs[0]);
-        let out = cx.g.temp(cx.g.len(x));
-        cx.g.push(Op::Silu {
-            x,
-            out,
-            held: Format::F32,
-        });
-        cx.g.round(out, cx.p.compute);
-        (out, vec![])
-    }
-
-    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
-        let x = node.inputs[0];
-        let tx = cx.t(x);
-        let out = cx.g.temp(cx.g.len(tx));
-        cx.g.push(Op::SiluBwd {
-            x: tx,
-            dy,
-            out,
-            held: Format::F32,
-        });
-        cx.g.round(out, cx.p.compute);
-        cx.contribute(x, out, true, Held::AsIs);
     }
 }
 

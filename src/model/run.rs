@@ -12,6 +12,7 @@ use crate::plan::scalar::StepScalars;
 use crate::plan::{AdamW, Plan, Section, Stats, StepExecutor, TensorKind};
 use crate::policy::precision::PrecisionRequest;
 use crate::policy::{Fp8Role, Fp8State, LossScaler, Precision, StepDecision};
+use std::borrow::Cow;
 
 /// What one training step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -122,11 +123,11 @@ impl<'a> ModelTrainer<'a> {
 
     /// The batch as the plan takes it: a model that reads no tokens (or no class targets) is
     /// given none (empty slices) and runs on zeros there.
-    fn batch<'b>(&self, ids: &'b [u32], targets: &'b [u32]) -> (Vec<u32>, Vec<u32>) {
+    fn batch<'b>(&self, ids: &'b [u32], targets: &'b [u32]) -> (Cow<'b, [u32]>, Cow<'b, [u32]>) {
         let rows = self.exec.plan().rows();
-        let or_zeros = |x: &[u32]| match x.is_empty() {
-            true => vec![0; rows],
-            false => x.to_vec(),
+        let or_zeros = |x: &'b [u32]| match x.is_empty() {
+            true => Cow::Owned(vec![0; rows]),
+            false => Cow::Borrowed(x),
         };
         (or_zeros(ids), or_zeros(targets))
     }
