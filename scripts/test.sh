@@ -17,6 +17,9 @@ skipped=target/tmp/skipped.txt
 # The fuzz suite (tests/fuzz.rs) counts the inputs it tried here.
 fuzzed=target/tmp/fuzz.txt
 rm -f "$skipped" "$fuzzed"
+# The examples as programs (tests/examples.rs runs them): `cargo test --all-targets` builds them
+# only as test harnesses.
+cargo build --examples --features mpi 2>&1 | tail -n 1
 cargo test --all-targets --features mpi "$@" 2>&1 | tee "$log"
 # The documentation's examples (the crate's quick start trains a model of its own).
 cargo test --doc --features mpi "$@" 2>&1 | tee -a "$log"
