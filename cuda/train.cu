@@ -179,15 +179,17 @@ extern "C" __global__ void layernorm_fwd(const float* x, const float* g, const f
     }
 }
 
-// dx of one row: dx = rstd * (d - mean(d) - xhat * mean(d * xhat)), d = dy * g.
+// dx of one row: dx = rstd * (d - mean(d) - xhat * mean(d * xhat)), d = dy * g; dy rounded to
+// `dy_fmt` as it is read (the rounding of the matmul product it is, folded in: so are the
+// other backward kernels' dy).
 extern "C" __global__ void layernorm_bwd_x(const float* dy, const float* x, const float* g,
-                                           const float* stats, float* dx, u32 c) {
+                                           const float* stats, float* dx, u32 c, u32 dy_fmt) {
     i64 base = (i64)blockIdx.x * c;
     float mean = stats[2 * (i64)blockIdx.x], rstd = stats[2 * (i64)blockIdx.x + 1];
     float sd = 0.0f, sdx = 0.0f;
     for (u32 i = threadIdx.x; i < c; i += blockDim.x) {
         float xhat = (x[base + i] - mean) * rstd;
-        float d = dy[base + i] * g[i];
+        float d = held(dy[base + i], dy_fmt) * g[i];
         sd += d;
         sdx += d * xhat;
     }
@@ -195,9 +197,14 @@ extern "C" __global__ void layernorm_bwd_x(const float* dy, const float* x, cons
     sdx = block_sum(sdx) / (float)c;
     for (u32 i = threadIdx.x; i < c; i += blockDim.x) {
         float xhat = (x[base + i] - mean) * rstd;
-        float d = dy[base + i] * g[i];
+        float d = held(dy[base + i], dy_fmt) * g[i];
         dx[base + i] = rstd * (d - sd - xhat * sdx);
     }
+}
+
+// Each of v's values held in `fmt` (`held`).
+__device__ __forceinline__ float4 held4(float4 v, u32 fmt) {
+    return {held(v.x, fmt), held(v.y, fmt), held(v.z, fmt), held(v.w, fmt)};
 }
 
 // ---- RMS norm (torch.nn.RMSNorm), one block per row of c ----
@@ -238,25 +245,26 @@ extern "C" __global__ void rmsnorm_fwd(const float* x, const float* g, void* y, 
 
 // dx of one row: dx = rstd * (d - xhat * mean(d * xhat)), d = dy * g, xhat = x * rstd.
 extern "C" __global__ void rmsnorm_bwd_x(const float* dy, const float* x, const float* g,
-                                         const float* rstds, float* dx, u32 c, u32 width) {
+                                         const float* rstds, float* dx, u32 c, u32 width,
+                                         u32 dy_fmt) {
     i64 base = (i64)blockIdx.x * c;
     float rstd = rstds[blockIdx.x];
     float s = 0.0f;
     if (width == 4u) {
         for (u32 k = threadIdx.x; k < c / 4u; k += blockDim.x) {
-            float4 d = ((const float4*)(dy + base))[k], v = ((const float4*)(x + base))[k];
+            float4 d = held4(((const float4*)(dy + base))[k], dy_fmt), v = ((const float4*)(x + base))[k];
             float4 gk = ((const float4*)g)[k];
             s += d.x * gk.x * (v.x * rstd) + d.y * gk.y * (v.y * rstd) +
                  d.z * gk.z * (v.z * rstd) + d.w * gk.w * (v.w * rstd);
         }
     } else {
         for (u32 i = threadIdx.x; i < c; i += blockDim.x)
-            s += dy[base + i] * g[i] * (x[base + i] * rstd);
+            s += held(dy[base + i], dy_fmt) * g[i] * (x[base + i] * rstd);
     }
     float mean = block_sum(s) / (float)c;
     if (width == 4u) {
         for (u32 k = threadIdx.x; k < c / 4u; k += blockDim.x) {
-            float4 d = ((const float4*)(dy + base))[k], v = ((const float4*)(x + base))[k];
+            float4 d = held4(((const float4*)(dy + base))[k], dy_fmt), v = ((const float4*)(x + base))[k];
             float4 gk = ((const float4*)g)[k];
             float4 o = {rstd * (d.x * gk.x - v.x * rstd * mean), rstd * (d.y * gk.y - v.y * rstd * mean),
                         rstd * (d.z * gk.z - v.z * rstd * mean), rstd * (d.w * gk.w - v.w * rstd * mean)};
@@ -264,7 +272,7 @@ extern "C" __global__ void rmsnorm_bwd_x(const float* dy, const float* x, const 
         }
     } else {
         for (u32 i = threadIdx.x; i < c; i += blockDim.x)
-            dx[base + i] = rstd * (dy[base + i] * g[i] - x[base + i] * rstd * mean);
+            dx[base + i] = rstd * (held(dy[base + i], dy_fmt) * g[i] - x[base + i] * rstd * mean);
     }
 }
 
@@ -301,14 +309,14 @@ extern "C" __global__ void column_partials(const float* x, float* partial, u32 r
 // then db's: 2 * chunks * c values).
 extern "C" __global__ void layernorm_bwd_partials(const float* dy, const float* x,
                                                   const float* stats, float* partial, u32 rows,
-                                                  u32 c) {
+                                                  u32 c, u32 dy_fmt) {
     u32 j = blockIdx.x * 32u + threadIdx.x;
     u32 jj = min(j, c - 1u);
     float dg = chunk_column_sum(rows, [&](u32 r) {
         i64 e = (i64)r * c + jj;
-        return dy[e] * ((x[e] - stats[2 * (i64)r]) * stats[2 * (i64)r + 1]);
+        return held(dy[e], dy_fmt) * ((x[e] - stats[2 * (i64)r]) * stats[2 * (i64)r + 1]);
     });
-    float db = chunk_column_sum(rows, [&](u32 r) { return dy[(i64)r * c + jj]; });
+    float db = chunk_column_sum(rows, [&](u32 r) { return held(dy[(i64)r * c + jj], dy_fmt); });
     if (threadIdx.y == 0u && j < c) {
         partial[(i64)blockIdx.y * c + j] = dg;
         partial[(i64)(gridDim.y + blockIdx.y) * c + j] = db;
@@ -318,12 +326,12 @@ extern "C" __global__ void layernorm_bwd_partials(const float* dy, const float* 
 // Partials of RMS norm's dg = sum dy * xhat per column (chunks * c values).
 extern "C" __global__ void rmsnorm_bwd_partials(const float* dy, const float* x,
                                                 const float* rstds, float* partial, u32 rows,
-                                                u32 c) {
+                                                u32 c, u32 dy_fmt) {
     u32 j = blockIdx.x * 32u + threadIdx.x;
     u32 jj = min(j, c - 1u);
     float dg = chunk_column_sum(rows, [&](u32 r) {
         i64 e = (i64)r * c + jj;
-        return dy[e] * (x[e] * rstds[r]);
+        return held(dy[e], dy_fmt) * (x[e] * rstds[r]);
     });
     if (threadIdx.y == 0u && j < c) partial[(i64)blockIdx.y * c + j] = dg;
 }
@@ -354,12 +362,12 @@ extern "C" __global__ void gelu_fwd(const void* x, void* y, i64 n, u32 fmt, u32 
 
 // dx held in `fmt` (the rounding autocast gives it, in the same pass).
 extern "C" __global__ void gelu_bwd(const void* x, const float* dy, float* dx, i64 n, u32 fmt,
-                                    u32 x_fmt) {
+                                    u32 x_fmt, u32 dy_fmt) {
     FOR_EACH(e, n) {
         float v = load_stored(x, e, x_fmt);
         float t = tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v));
         float du = SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * v * v);
-        dx[e] = held(dy[e] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du), fmt);
+        dx[e] = held(held(dy[e], dy_fmt) * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du), fmt);
     }
 }
 
@@ -376,11 +384,11 @@ extern "C" __global__ void silu_fwd(const void* x, void* y, i64 n, u32 fmt, u32 
 // dx = dy * s * (1 + x (1 - s)), s = sigmoid(x).
 // dx held in `fmt`, as gelu_bwd's.
 extern "C" __global__ void silu_bwd(const void* x, const float* dy, float* dx, i64 n, u32 fmt,
-                                    u32 x_fmt) {
+                                    u32 x_fmt, u32 dy_fmt) {
     FOR_EACH(e, n) {
         float v = load_stored(x, e, x_fmt);
         float s = 1.0f / (1.0f + expf(-v));
-        dx[e] = held(dy[e] * s * (1.0f + v * (1.0f - s)), fmt);
+        dx[e] = held(held(dy[e], dy_fmt) * s * (1.0f + v * (1.0f - s)), fmt);
     }
 }
 

@@ -43,6 +43,9 @@ struct TrainParams {
     span: u32,
     // RMS norm's eps.
     eps: f32,
+    // The format id the gradient dy is rounded to as it is read (the backward ops of the
+    // norms, GELU and SiLU: the rounding of the matmul product they read, folded in).
+    dy_held: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
@@ -173,7 +176,7 @@ fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     var sdx = 0.0;
     for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = (in1[base + i] - mean) * rstd;
-        let d = in0v(base + i) * in2[i];
+        let d = dy_at(base + i) * in2[i];
         sd += d;
         sdx += d * xhat;
     }
@@ -184,7 +187,7 @@ fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     }
     for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = (in1[base + i] - mean) * rstd;
-        let d = in0v(base + i) * in2[i];
+        let d = dy_at(base + i) * in2[i];
         out0[base + i] = rstd * (d - mean_d - xhat * mean_dx);
     }
 }
@@ -262,8 +265,8 @@ fn layernorm_bwd_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
     var db = 0.0;
     for (var r = b.first + lid / 32u; r < b.end; r += 8u) {
         let e = r * c + j;
-        dg += in0v(e) * ((in1[e] - out1[2u * r]) * out1[2u * r + 1u]);
-        db += in0v(e);
+        dg += dy_at(e) * ((in1[e] - out1[2u * r]) * out1[2u * r + 1u]);
+        db += dy_at(e);
     }
     let tg = lanes_sum(dg, lid);
     let tb = lanes_sum(db, lid);
@@ -351,7 +354,7 @@ fn rmsnorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     let rstd = out1[r];
     var sdx = 0.0;
     for (var i = slot.lane; i < c; i += ROW_LANES) {
-        sdx += in0v(base + i) * in2[i] * (in1[base + i] * rstd);
+        sdx += dy_at(base + i) * in2[i] * (in1[base + i] * rstd);
     }
     let mean_dx = row_sum(sdx, lid) / f32(c);
     if (!slot.live) {
@@ -359,7 +362,7 @@ fn rmsnorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     }
     for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = in1[base + i] * rstd;
-        out0[base + i] = rstd * (in0v(base + i) * in2[i] - xhat * mean_dx);
+        out0[base + i] = rstd * (dy_at(base + i) * in2[i] - xhat * mean_dx);
     }
 }
 
@@ -378,7 +381,7 @@ fn rmsnorm_bwd_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
     var dg = 0.0;
     for (var r = b.first + lid / 32u; r < b.end; r += 8u) {
         let e = r * c + j;
-        dg += in0v(e) * (in1[e] * out1[r]);
+        dg += dy_at(e) * (in1[e] * out1[r]);
     }
     let t = lanes_sum(dg, lid);
     if (lid < 32u && col < c) {
@@ -393,6 +396,12 @@ fn in0v(i: u32) -> f32 {
         return bitcast<f32>(in0[i]);
     }
     return code_value(in0[i >> 1u], i, params.x_stored);
+}
+
+// The norms' gradient dy (in0, through `in0v`) element i as their backward reads it: rounded
+// to `params.dy_held`.
+fn dy_at(i: u32) -> f32 {
+    return held(in0v(i), params.dy_held);
 }
 
 // GELU (tanh form, `gelu` of gelu.wgsl): in0 = x; out0 = y, or (coded) out2 = y's codes, one
@@ -428,7 +437,7 @@ fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let x = in0v(e);
     let t = gelu_tanh(x);
     let du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
-    out0[e] = held(in1[e] * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du), params.held);
+    out0[e] = held(held(in1[e], params.dy_held) * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du), params.held);
 }
 
 // SiLU, x * sigmoid(x), as the host reference computes it: x / (1 + exp(-x)).
@@ -466,7 +475,7 @@ fn silu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     let x = in0v(e);
     let s = 1.0 / (1.0 + exp(-x));
-    out0[e] = held(in1[e] * s * (1.0 + x * (1.0 - s)), params.held);
+    out0[e] = held(held(in1[e], params.dy_held) * s * (1.0 + x * (1.0 - s)), params.held);
 }
 
 // out = a * b elementwise, the f32 product held in params.held: in0 = a, in1 = b; out0 = the

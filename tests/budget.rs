@@ -230,6 +230,7 @@ fn layernorm_bwd(
         dg,
         db,
         c,
+        dy_held: Format::F32,
     };
     p.run(b, op, (&[0], &[0]), 1.0, &[dx, dg, db]).outs
 }

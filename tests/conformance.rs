@@ -421,6 +421,7 @@ fn train_ops_long_loops(b: &dyn Backend) {
             dg,
             db,
             c,
+            dy_held: Format::F32,
         };
         let [bwd, _] = p.run_both(b, op, (&one, &one), 1.0, &[dx, dg, db]);
         (fwd.outs, bwd.outs)
@@ -551,6 +552,7 @@ fn train_ops_long_loops(b: &dyn Backend) {
             dx,
             dg,
             c,
+            dy_held: Format::F32,
         };
         let [bwd, _] = p.run_both(b, op, (&one, &one), 1.0, &[dx, dg]);
         (fwd.outs, bwd.outs)
@@ -655,6 +657,7 @@ fn train_ops(b: &dyn Backend) {
             dg,
             db,
             c,
+            dy_held: Format::F32,
         };
         let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[dx, dg, db]);
         let (wdx, wdg, wdb) = ops::layernorm_bwd(&dy, &x, &g, &wm, &wr, c);
@@ -681,6 +684,7 @@ fn train_ops(b: &dyn Backend) {
         dy: dyi,
         out,
         held: Format::F32,
+        dy_held: Format::F32,
     };
     let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
     agree(
@@ -698,6 +702,7 @@ fn train_ops(b: &dyn Backend) {
         dy: dyi,
         out,
         held: Format::Bf16,
+        dy_held: Format::F32,
     };
     let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
     let exact = ops::gelu_bwd(&x, &dy);
@@ -1062,6 +1067,7 @@ fn model_ops(b: &dyn Backend) {
                 dx,
                 dg,
                 c,
+                dy_held: Format::F32,
             };
             let ran = p.run_both(b, op, (&one, &one), 1.0, &[dx, dg]);
             let (wdx, wdg) = ops::rmsnorm_bwd(&dy, values, &g, &wr, c);
@@ -1174,6 +1180,7 @@ fn model_ops(b: &dyn Backend) {
         dy: dyi,
         out,
         held: Format::F32,
+        dy_held: Format::F32,
     };
     let ran = p.run_both(b, op, (&one, &one), 1.0, &[out]);
     agree(
@@ -1326,12 +1333,116 @@ fn train_ops_bad_input(b: &dyn Backend) {
 
 // The reference is the truth the other backends are compared with: it runs only the tests
 // that check it against something else (f64 products and published error bands, bad input).
-backend_tests!(reference: matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_bad_input, model_ops);
-backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input, model_ops);
+/// The backward ops that round their gradient dy as they read it (the norms', GELU's and
+/// SiLU's: a plan folds the rounding of the matmul product before them in,
+/// `PlanBuilder::finish`) give, on each executor, the same bits as the op reading dy rounded
+/// first: dy over NaN, infinities, f16's overflow and subnormals, rows longer than a workgroup
+/// and not a multiple of it.
+fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
+    let seed = common::seed("backward_ops_round_dy_as_they_read_it");
+    let (rows, c) = (37, 300);
+    let n = rows * c;
+    let x = measure::normal(n, seed);
+    let g = measure::normal(c, seed + 1);
+    let mut dy = measure::normal(n, seed + 2);
+    for (v, e) in dy.iter_mut().zip(measure::boundary_values()) {
+        *v = e;
+    }
+    let stats: Vec<f32> = (0..rows).flat_map(|r| [0.1 * r as f32, 1.5]).collect();
+    let rstd: Vec<f32> = (0..rows).map(|r| 1.0 + 0.01 * r as f32).collect();
+    for format in [Format::Bf16, Format::F16] {
+        let rounded: Vec<f32> = dy
+            .iter()
+            .map(|&v| format.round(v, mantissa::format::Overflow::Standard))
+            .collect();
+        for kernel in ["layer norm", "rms norm", "gelu", "silu"] {
+            // The op reading `dy_values` and rounding them to `dy_held`: its outputs.
+            let run = |dy_values: &[f32], dy_held: Format| {
+                let mut p = common::OneOp::new(1);
+                let dy = p.input(dy_values.to_vec());
+                let xi = p.input(x.clone());
+                let (op, outs) = match kernel {
+                    "layer norm" | "rms norm" => {
+                        let (gi, (dx, dg, db)) =
+                            (p.input(g.clone()), (p.output(n), p.output(c), p.output(c)));
+                        if kernel == "layer norm" {
+                            let stats = p.input(stats.clone());
+                            let op = Op::LayerNormBwd {
+                                dy,
+                                x: xi,
+                                g: gi,
+                                stats,
+                                dx,
+                                dg,
+                                db,
+                                c,
+                                dy_held,
+                            };
+                            (op, vec![dx, dg, db])
+                        } else {
+                            let stats = p.input(rstd.clone());
+                            let op = Op::RmsNormBwd {
+                                dy,
+                                x: xi,
+                                g: gi,
+                                stats,
+                                dx,
+                                dg,
+                                c,
+                                dy_held,
+                            };
+                            (op, vec![dx, dg])
+                        }
+                    }
+                    _ => {
+                        let out = p.output(n);
+                        let held = Format::F32;
+                        let op = if kernel == "gelu" {
+                            Op::GeluBwd {
+                                x: xi,
+                                dy,
+                                out,
+                                held,
+                                dy_held,
+                            }
+                        } else {
+                            Op::SiluBwd {
+                                x: xi,
+                                dy,
+                                out,
+                                held,
+                                dy_held,
+                            }
+                        };
+                        (op, vec![out])
+                    }
+                };
+                p.run_both(b, op, (&[0], &[0]), 1.0, &outs)
+            };
+            let folded = run(&dy, format);
+            let plain = run(&rounded, Format::F32);
+            for (executor, (got, want)) in folded.iter().zip(&plain).enumerate() {
+                for (i, (got, want)) in got.outs.iter().zip(&want.outs).enumerate() {
+                    let differ = got.iter().zip(want).position(|(g, w)| {
+                        g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan())
+                    });
+                    assert!(
+                        differ.is_none(),
+                        "{} {kernel} backward rounding dy to {format} (executor {executor}, output {i}): element {differ:?}",
+                        b.name()
+                    );
+                }
+            }
+        }
+    }
+}
+
+backend_tests!(reference: matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_bad_input, model_ops, backward_ops_round_dy_as_they_read_it);
+backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input, model_ops, backward_ops_round_dy_as_they_read_it);
 backend_tests!(wgpu_packed_f16: matmul_random, matmul_edges);
 backend_tests!(wgpu_checked: casts, matmul_edges, matmul_long_k, train_ops, model_ops);
-backend_tests!(wgpu_gpu_rows: train_ops, model_ops);
-backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input, model_ops);
+backend_tests!(wgpu_gpu_rows: train_ops, model_ops, backward_ops_round_dy_as_they_read_it);
+backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input, model_ops, backward_ops_round_dy_as_they_read_it);
 
 /// The product alone over prepared operands (what the bench times from `Operands::Prepared`)
 /// computes C again bit for bit, for every algorithm and path of the CUDA backend.

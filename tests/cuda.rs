@@ -524,6 +524,69 @@ fn same_or_nan(what: &str, got: &[f32], want: &[f32]) {
     }
 }
 
+/// The backward kernels that round their gradient dy as they read it (the norms', GELU's and
+/// SiLU's: a plan folds the rounding of the matmul product into them) give the same bits as
+/// the plain kernel on dy rounded first, dy over NaN, infinities, f16's overflow and
+/// subnormals, rows not a multiple of a block.
+#[test]
+fn cuda_backward_kernels_round_dy_as_they_read_it() {
+    let Some(h) = harness() else { return };
+    let seed = common::seed("cuda_backward_kernels_round_dy_as_they_read_it");
+    let f32_ = Format::F32.id() as usize;
+    let (rows, c) = (37, 150);
+    let n = rows * c;
+    let x = measure::normal(n, seed);
+    let g = measure::normal(c, seed + 1);
+    let mut dy = measure::normal(n, seed + 2);
+    for (v, e) in dy.iter_mut().zip(measure::boundary_values()) {
+        *v = e;
+    }
+    let stats: Vec<f32> = (0..rows).flat_map(|r| [0.1 * r as f32, 1.5]).collect();
+    let rstd: Vec<f32> = (0..rows).map(|r| 1.0 + 0.01 * r as f32).collect();
+    for format in [Format::Bf16, Format::F16] {
+        let id = format.id() as usize;
+        let rounded: Vec<f32> = dy
+            .iter()
+            .map(|&v| format.round(v, Overflow::Standard))
+            .collect();
+        let cases: [(&str, Vec<usize>, Vec<usize>, Vec<&[f32]>, Vec<&[f32]>); 4] = [
+            (
+                "layernorm_bwd",
+                vec![rows, c, id],
+                vec![rows, c, f32_],
+                vec![&dy, &x, &g, &stats],
+                vec![&rounded, &x, &g, &stats],
+            ),
+            (
+                "rmsnorm_bwd",
+                vec![rows, c, 1, id],
+                vec![rows, c, 1, f32_],
+                vec![&dy, &x, &g, &rstd],
+                vec![&rounded, &x, &g, &rstd],
+            ),
+            (
+                "gelu_bwd",
+                vec![n, f32_, f32_, id],
+                vec![n, f32_, f32_, f32_],
+                vec![&x, &dy],
+                vec![&x, &rounded],
+            ),
+            (
+                "silu_bwd",
+                vec![n, f32_, f32_, id],
+                vec![n, f32_, f32_, f32_],
+                vec![&x, &dy],
+                vec![&x, &rounded],
+            ),
+        ];
+        for (kernel, folded, plain, inputs, inputs_rounded) in cases {
+            let got = run_f32(h, kernel, &strings(&folded), &inputs);
+            let want = run_f32(h, kernel, &strings(&plain), &inputs_rounded);
+            same_or_nan(&format!("{kernel} rounding dy to {format}"), &got, &want);
+        }
+    }
+}
+
 /// The ops of users' models besides the GPT's (RMS norm, SiLU, the elementwise product, the
 /// mean squared error) against `reference::ops`: RMS norm on rows wider and narrower than a
 /// block, over more rows than a chunk of the column reduction, one value at a time and with
@@ -561,7 +624,7 @@ fn cuda_model_ops_match_the_host_reference() {
                 let out = run_f32(h, "rmsnorm_fwd", &fwd_args(f32_, 0, width), &[values, &g]);
                 common::close_with_edges(&what(&format!("y{edge}")), &out[..n], &y, tol::ROW);
                 common::close_with_edges(&what("rstd"), &out[n..], &rstd, tol::ROW);
-                let args = strings(&[rows, c, width]);
+                let args = strings(&[rows, c, width, f32_]);
                 let out = run_f32(h, "rmsnorm_bwd", &args, &[&dy, values, &g, &rstd]);
                 let (dx, dg) = ops::rmsnorm_bwd(&dy, values, &g, &rstd, c);
                 let dx_what = what(&format!("dx{edge}"));
@@ -602,7 +665,7 @@ fn cuda_model_ops_match_the_host_reference() {
     let n = x.len();
     let silu = run_f32(h, "silu_fwd", &strings(&[n, f32_, 0, f32_]), &[&x]);
     common::close_with_edges("silu", &silu, &ops::silu_fwd(&x), tol::ROW);
-    let silu_bwd = run_f32(h, "silu_bwd", &strings(&[n, f32_, f32_]), &[&x, &dy]);
+    let silu_bwd = run_f32(h, "silu_bwd", &strings(&[n, f32_, f32_, f32_]), &[&x, &dy]);
     common::close_with_edges("silu bwd", &silu_bwd, &ops::silu_bwd(&x, &dy), tol::ROW);
     let m = finite.len();
     let held = run_f32(h, "silu_fwd", &strings(&[m, f16, 0, f32_]), &[&finite]);
@@ -623,8 +686,13 @@ fn cuda_model_ops_match_the_host_reference() {
         let from_codes: Vec<f32> = from_codes.into_iter().map(f32::from_bits).collect();
         same_or_nan(&format!("silu of {format} codes"), &from_codes, &plain);
         let with_dy: Vec<u32> = [codes.clone(), bits(&dy)].concat();
-        let plain = run_f32(h, "silu_bwd", &strings(&[n, f32_, f32_]), &[&values, &dy]);
-        let from_codes = run(h, "silu_bwd", &strings(&[n, f32_, id]), &with_dy);
+        let plain = run_f32(
+            h,
+            "silu_bwd",
+            &strings(&[n, f32_, f32_, f32_]),
+            &[&values, &dy],
+        );
+        let from_codes = run(h, "silu_bwd", &strings(&[n, f32_, id, f32_]), &with_dy);
         let from_codes: Vec<f32> = from_codes.into_iter().map(f32::from_bits).collect();
         same_or_nan(&format!("silu bwd of {format} codes"), &from_codes, &plain);
     }
@@ -790,7 +858,7 @@ fn cuda_training_kernels_match_the_host_reference() {
         let out = run_f32(
             h,
             "layernorm_bwd",
-            &strings(&[rows, c]),
+            &strings(&[rows, c, f32_]),
             &[&dy, &x, &g, &stats],
         );
         let (dx, dg, db) = ops::layernorm_bwd(&dy, &x, &g, &mean, &rstd, c);
@@ -825,7 +893,12 @@ fn cuda_training_kernels_match_the_host_reference() {
     );
     let coded = run(h, "gelu_fwd", &strings(&[x.len(), f16, 1, f32_]), &bits(&x));
     same_codes("gelu as f16 codes", &coded, &held, Format::F16);
-    let gelu_bwd = run_f32(h, "gelu_bwd", &strings(&[x.len(), f32_, f32_]), &[&x, &dy]);
+    let gelu_bwd = run_f32(
+        h,
+        "gelu_bwd",
+        &strings(&[x.len(), f32_, f32_, f32_]),
+        &[&x, &dy],
+    );
     close("gelu bwd", &gelu_bwd, &ops::gelu_bwd(&x, &dy), tol::ROW);
     // GELU reading its input as codes (a plan's coded pre-GELU activations): the bits it
     // gives for the f32 values of those codes, forward and backward, over NaN, infinities and
@@ -863,10 +936,10 @@ fn cuda_training_kernels_match_the_host_reference() {
         let plain = run(
             h,
             "gelu_bwd",
-            &strings(&[n, f32_, f32_]),
+            &strings(&[n, f32_, f32_, f32_]),
             &with(&bits(&values)),
         );
-        let from_codes = run(h, "gelu_bwd", &strings(&[n, f32_, id]), &with(&codes));
+        let from_codes = run(h, "gelu_bwd", &strings(&[n, f32_, id, f32_]), &with(&codes));
         same(&format!("gelu bwd of {format} codes"), &from_codes, &plain);
     }
     // Softmax rows shorter and longer than a block; heads of t x t; the scaled scores held in

@@ -25,7 +25,9 @@ fn run(name: &str, backend: &str, args: &[&str]) -> String {
         .args(["--backend", backend])
         .args(args)
         .output()
-        .unwrap_or_else(|e| panic!("{name}: {e} (built? `cargo build --examples`, as scripts/test.sh does)"));
+        .unwrap_or_else(|e| {
+            panic!("{name}: {e} (built? `cargo build --examples`, as scripts/test.sh does)")
+        });
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),

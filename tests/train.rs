@@ -205,6 +205,7 @@ fn a_plan_of_the_new_ops_differentiates_as_its_loss() {
         dy: da,
         out: dh_silu,
         held: mantissa::format::Format::F32,
+        dy_held: mantissa::format::Format::F32,
     });
     g.push(Op::add_in_place(dh_silu, dh));
     g.push(Op::RmsNormBwd {
@@ -215,6 +216,7 @@ fn a_plan_of_the_new_ops_differentiates_as_its_loss() {
         dx,
         dg: dgain,
         c,
+        dy_held: mantissa::format::Format::F32,
     });
     let batch = (
         g.tensor(1, TensorKind::Tokens),
@@ -2010,12 +2012,14 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
             dy,
             out: d,
             held: Format::F32,
+            dy_held: Format::F32,
         });
         p.push(Op::GeluBwd {
             x: coded_sum,
             dy,
             out: coded_d,
             held: Format::F32,
+            dy_held: Format::F32,
         });
         pairs.push((format, d, coded_d));
         // A bias add and its GELU as one op (`Op::Add`'s gelu) against the two ops: in place

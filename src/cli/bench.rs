@@ -59,10 +59,12 @@ struct TrainArgs {
     /// the backend prefers it, CUDA); fused or unfused to compare them.
     #[arg(long, default_value = "auto")]
     attention: String,
-    /// auto: the executor's default (CUDA: a CUDA graph where MANTISSA_CUDA_GRAPH=on; the host
-    /// interpreter: off); on: each section of the step recorded at its second run and replayed
-    /// from then on (a CUDA graph; the host interpreter's model of one); off: launched op by op.
-    /// wgpu records nothing and refuses on.
+    /// auto: where the executor records (CUDA, the host interpreter), the step launched op by
+    /// op and replayed from a recording are both timed before the first step and the faster
+    /// kept (cached; MANTISSA_AUTOTUNE=off: the executor's default, CUDA's
+    /// MANTISSA_CUDA_GRAPH); on: each section of the step recorded at its second run and
+    /// replayed from then on (a CUDA graph; the host interpreter's model of one); off: launched
+    /// op by op. wgpu records nothing and refuses on.
     #[arg(long, default_value = "auto")]
     graphs: String,
     /// After the timed steps, run three more with every op timed, and print where a step's

@@ -378,6 +378,7 @@ impl NodeOp for LayerNorm {
             dg,
             db,
             c: self.c,
+            dy_held: Format::F32,
         });
         cx.contribute(g, dg, true, Held::AsIs);
         cx.contribute(b, db, true, Held::AsIs);
@@ -441,12 +442,14 @@ impl NodeOp for Activation {
                 dy,
                 out,
                 held,
+                dy_held: Format::F32,
             },
             Activation::Silu => Op::SiluBwd {
                 x: tx,
                 dy,
                 out,
                 held,
+                dy_held: Format::F32,
             },
         });
         cx.g.round(out, cx.p.compute);
@@ -942,6 +945,7 @@ impl NodeOp for RmsNorm {
             dx,
             dg,
             c: self.c,
+            dy_held: Format::F32,
         });
         cx.contribute(g, dg, true, Held::AsIs);
         cx.contribute(x, dx, true, Held::Stream);

@@ -97,17 +97,18 @@ impl PlanBuilder {
     /// The plan of the ops recorded, for `outline`'s sections, batch and state, checked once
     /// here (tensors in range, each op's lengths, stored formats, ids, sections in order: see
     /// `plan::validate`): an error names the op and its tensors.
-    pub fn finish(self, outline: Outline) -> Result<Plan> {
+    pub fn finish(mut self, outline: Outline) -> Result<Plan> {
         let Outline {
-            forward,
-            backward,
-            gradients,
+            mut forward,
+            mut backward,
+            mut gradients,
             tokens,
             targets,
             logits,
             state,
             stats,
         } = outline;
+        self.fold_rounded_reads(logits, [&mut forward, &mut backward, &mut gradients]);
         let mut plan = Plan {
             rows: self.tensors.get(tokens).map_or(0, |t| t.len),
             tensors: self.tensors,
@@ -191,6 +192,54 @@ impl PlanBuilder {
         self.ops.push(op);
     }
 
+    /// Folds each rounding of x into the next op that touches x where that op can round x as
+    /// it reads it (`Op::rounded_read`: a backward pass's gradient from a matmul) and no one
+    /// else sees the rounded values: x a `Temp` that no op after reads, not the logits the host
+    /// reads, the two ops in the same section (`ends`: the sections' ends in `ops`, moved with
+    /// the ops). One launch and one pass over x fewer each; the same values.
+    fn fold_rounded_reads(&mut self, logits: TensorId, mut ends: [&mut usize; 3]) {
+        let touches = |op: &Op, x| {
+            let (reads, writes) = op.reads_writes();
+            reads.contains(&x) || writes.contains(&x)
+        };
+        let mut i = 0;
+        while i < self.ops.len() {
+            let Op::Round { x, format } = self.ops[i] else {
+                i += 1;
+                continue;
+            };
+            let next = (i + 1..self.ops.len()).find(|&j| touches(&self.ops[j], x));
+            let fold = next.filter(|&j| {
+                x != logits
+                    && self
+                        .tensors
+                        .get(x)
+                        .is_some_and(|t| t.kind == TensorKind::Temp)
+                    && ends.iter().all(|end| !(i + 1..=j).contains(&**end))
+                    && !self.ops[j + 1..]
+                        .iter()
+                        .any(|op| op.reads_writes().0.contains(&x))
+            });
+            let folded = fold.is_some_and(|j| {
+                self.ops[j]
+                    .rounded_read(x)
+                    .filter(|held| **held == Format::F32)
+                    .map(|held| *held = format)
+                    .is_some()
+            });
+            if !folded {
+                i += 1;
+                continue;
+            }
+            self.ops.remove(i);
+            for end in ends.iter_mut() {
+                if **end > i {
+                    **end -= 1;
+                }
+            }
+        }
+    }
+
     /// Rounds x to `format` in place (nothing for f32): the op just pushed holds its output in
     /// `format` where it wrote x and can (a layer norm, GELU, an add, the cross entropy's
     /// gradient: one pass over x instead of two), else a `Round` op follows.
@@ -242,6 +291,74 @@ mod tests {
             g.push(Op::add_in_place(x, y));
             assert!(
                 matches!(g.ops[..], [Op::Round { .. }, Op::Add { y_held, .. }] if y_held == Format::F32)
+            );
+        }
+    }
+
+    #[test]
+    fn a_rounding_folds_into_the_next_op_that_reads_it_where_no_one_else_sees_it() {
+        let (bf16, f32_) = (Format::Bf16, Format::F32);
+        // ops: round dy (tensor 1); an op on other tensors; GELU's backward reading dy; then
+        // `after`.
+        let fold = |dy_kind: TensorKind, logits_is_dy: bool, end: usize, after: Option<Op>| {
+            let mut g = PlanBuilder::default();
+            let (x, dy, out, a, b) = (
+                g.temp(8),
+                g.tensor(8, dy_kind),
+                g.temp(8),
+                g.temp(8),
+                g.temp(8),
+            );
+            let gelu_bwd = Op::GeluBwd {
+                x,
+                dy,
+                out,
+                held: bf16,
+                dy_held: f32_,
+            };
+            g.ops = vec![
+                Op::Round {
+                    x: dy,
+                    format: bf16,
+                },
+                Op::Gelu {
+                    x: a,
+                    out: b,
+                    held: f32_,
+                },
+                gelu_bwd,
+            ];
+            g.ops.extend(after);
+            let mut ends = [end, 3, 3];
+            let [e0, e1, e2] = &mut ends;
+            g.fold_rounded_reads(if logits_is_dy { dy } else { usize::MAX }, [e0, e1, e2]);
+            (g.ops, ends)
+        };
+        let (ops, ends) = fold(TensorKind::Temp, false, 3, None);
+        assert!(
+            matches!(ops[..], [Op::Gelu { .. }, Op::GeluBwd { dy_held, .. }] if dy_held == bf16),
+            "{ops:?}"
+        );
+        assert_eq!(ends, [2, 2, 2]);
+        // Not where another op reads the rounded values after, not across a section's end, not
+        // the logits or a gradient the host reads.
+        // GELU of dy (tensor 1) into b.
+        let reader = Op::Gelu {
+            x: 1,
+            out: 4,
+            held: f32_,
+        };
+        for (kind, logits, end, after) in [
+            (TensorKind::Temp, false, 3, Some(reader)),
+            (TensorKind::Temp, false, 1, None),
+            (TensorKind::Temp, false, 2, None),
+            (TensorKind::Temp, true, 3, None),
+            (TensorKind::Grad(0), false, 3, None),
+        ] {
+            let (ops, _) = fold(kind, logits, end, after);
+            assert!(
+                matches!(ops[0], Op::Round { .. }),
+                "{kind:?} {logits} {end}: {ops:?}"
             );
         }
     }

@@ -311,6 +311,7 @@ mod tests {
             dy: act,
             out: dx,
             held: Format::F32,
+            dy_held: Format::F32,
         });
         let ops = g.ops.len();
         let batch = (

@@ -137,6 +137,9 @@ pub enum Op {
         db: TensorId,
         /// Width of a row.
         c: usize,
+        /// The format dy is rounded to as it is read (a matmul's product that autocast holds
+        /// in the compute format: the rounding after the matmul folded in, `PlanBuilder::finish`).
+        dy_held: Format,
     },
     /// out = GELU(x) (tanh form), held in `held`.
     Gelu {
@@ -157,6 +160,9 @@ pub enum Op {
         out: TensorId,
         /// The format `out` is held in (autocast holds it in the compute format).
         held: Format,
+        /// The format dy is rounded to as it is read (a matmul's product that autocast holds
+        /// in the compute format: the rounding after the matmul folded in, `PlanBuilder::finish`).
+        dy_held: Format,
     },
     /// RMS norm over rows of c (torch.nn.RMSNorm): out = x * rstd * g held in `held`, rstd =
     /// 1 / sqrt(mean(x^2) + eps); `stats` holds rstd per row.
@@ -192,6 +198,9 @@ pub enum Op {
         dg: TensorId,
         /// Width of a row.
         c: usize,
+        /// The format dy is rounded to as it is read (a matmul's product that autocast holds
+        /// in the compute format: the rounding after the matmul folded in, `PlanBuilder::finish`).
+        dy_held: Format,
     },
     /// out = SiLU(x) = x * sigmoid(x), held in `held`.
     Silu {
@@ -212,6 +221,9 @@ pub enum Op {
         out: TensorId,
         /// The format `out` is held in (autocast holds it in the compute format).
         held: Format,
+        /// The format dy is rounded to as it is read (a matmul's product that autocast holds
+        /// in the compute format: the rounding after the matmul folded in, `PlanBuilder::finish`).
+        dy_held: Format,
     },
     /// out = a * b elementwise (the same length), the f32 product held in `held`. Its backward
     /// is two of them: da = dy * b, db = dy * a.
@@ -492,6 +504,23 @@ impl Op {
             | Op::Amax { .. }
             | Op::UnscaleCheck { .. }
             | Op::AdamW { .. } => None,
+        }
+    }
+
+    /// The format the op rounds its input `t` to as it reads it, where it can (the gradient
+    /// read by a layer norm's, an RMS norm's, GELU's or SiLU's backward): `PlanBuilder::finish`
+    /// folds a rounding of `t` right before the op into it.
+    pub(crate) fn rounded_read(&mut self, t: TensorId) -> Option<&mut Format> {
+        match self {
+            Op::LayerNormBwd { dy, dy_held, .. }
+            | Op::RmsNormBwd { dy, dy_held, .. }
+            | Op::GeluBwd { dy, dy_held, .. }
+            | Op::SiluBwd { dy, dy_held, .. }
+                if *dy == t =>
+            {
+                Some(dy_held)
+            }
+            _ => None,
         }
     }
 
@@ -858,6 +887,7 @@ impl Op {
                 dg,
                 db,
                 c,
+                ..
             } => {
                 let rows = check.rows("x", x, ("c", c))?;
                 check.holds("dy", dy, check.len(x))?;
@@ -898,6 +928,7 @@ impl Op {
                 dx,
                 dg,
                 c,
+                ..
             } => {
                 let rows = check.rows("x", x, ("c", c))?;
                 check.holds("dy", dy, check.len(x))?;

@@ -335,6 +335,7 @@ mod tests {
             dg: 8,
             db: 3,
             c: 4,
+            dy_held: Format::F32,
         };
         let lens = [12, 12, 4, 4, 6, 3, 5, 12, 4];
         assert!(plan_of(&lens, 2, vec![bwd(4)]).is_ok());
@@ -351,6 +352,7 @@ mod tests {
                 dy: 1,
                 out: 2,
                 held: Format::F32,
+                dy_held: Format::F32,
             }],
             "gelu backward",
             "dy (tensor 1) has 5 values",
@@ -546,6 +548,7 @@ mod tests {
             dx: 3,
             dg,
             c: 4,
+            dy_held: Format::F32,
         };
         let lens = [12, 12, 4, 12, 3, 4, 5];
         assert!(plan_of(&lens, 2, vec![bwd(5)]).is_ok());

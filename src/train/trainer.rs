@@ -58,8 +58,9 @@ pub struct TrainOptions {
     pub coded_activations: Option<bool>,
     /// Record each section of the step the second time it runs and replay the recording
     /// from then on (`plan::graph`: CUDA graphs, or the host interpreter's model of them), or
-    /// not; None: the executor's default (CUDA's `MANTISSA_CUDA_GRAPH`, the host's off). wgpu
-    /// refuses `Some(true)`.
+    /// not; None: timed both ways before the first step and the faster kept
+    /// (`Trainer::choose`; with autotuning off, the executor's default: CUDA's
+    /// `MANTISSA_CUDA_GRAPH`, the host's off). wgpu refuses `Some(true)`.
     pub graphs: Option<bool>,
 }
 
@@ -91,7 +92,7 @@ pub fn attention_choice(name: &str) -> Result<Option<bool>> {
     auto_or(name, "attention (--attention)", ["fused", "unfused"])
 }
 
-/// `--graphs`: auto (None: the executor's default, `TrainOptions::graphs`), on or off.
+/// `--graphs`: auto (None: a measured choice, `TrainOptions::graphs`), on or off.
 pub fn graphs_choice(name: &str) -> Result<Option<bool>> {
     auto_or(name, "graphs (--graphs)", ["on", "off"])
 }

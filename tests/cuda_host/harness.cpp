@@ -537,16 +537,16 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         out = coded ? std::vector<u32>(codes.begin(), codes.end()) : bits_of(y);
         std::vector<u32> stats = bits_of(st);
         out.insert(out.end(), stats.begin(), stats.end());
-    } else if (k == "layernorm_bwd" && argc == 4) {  // ROWS C < dy x g stats > dx dg db
-        u32 rows = arg(argv, 2), c = arg(argv, 3);
+    } else if (k == "layernorm_bwd" && argc == 5) {  // ROWS C DYFMT < dy x g stats > dx dg db
+        u32 rows = arg(argv, 2), c = arg(argv, 3), dy_fmt = arg(argv, 4);
         size_t n = (size_t)rows * c;
         float *dy = input.f(n), *x = input.f(n), *g = input.f(c), *st = input.f(2 * rows);
         std::vector<float> dx(n), dg(c), db(c);
-        emu::launch({rows, 1, 1}, row_block, [&] { layernorm_bwd_x(dy, x, g, st, dx.data(), c); });
+        emu::launch({rows, 1, 1}, row_block, [&] { layernorm_bwd_x(dy, x, g, st, dx.data(), c, dy_fmt); });
         u32 chunks = std::max(1u, (rows + CHUNK_ROWS - 1) / CHUNK_ROWS);
         std::vector<float> partial(2 * (size_t)chunks * c);
         emu::launch({(c + 31) / 32, chunks, 1}, {32, 8, 1},
-                    [&] { layernorm_bwd_partials(dy, x, st, partial.data(), rows, c); });
+                    [&] { layernorm_bwd_partials(dy, x, st, partial.data(), rows, c, dy_fmt); });
         emu::launch(elementwise_grid(c), element_block,
                     [&] { sum_partials(partial.data(), dg.data(), chunks, c); });
         emu::launch(elementwise_grid(c), element_block, [&] {
@@ -571,24 +571,25 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
                     : bits_of(std::vector<float>(y.f(), y.f() + n));
         std::vector<u32> r = bits_of(rstd);
         out.insert(out.end(), r.begin(), r.end());
-    } else if (k == "rmsnorm_bwd" && argc == 5) {  // ROWS C WIDTH < dy x g rstd > dx dg
-        u32 rows = arg(argv, 2), c = arg(argv, 3), width = arg(argv, 4);
+    } else if (k == "rmsnorm_bwd" && argc == 6) {  // ROWS C WIDTH DYFMT < dy x g rstd > dx dg
+        u32 rows = arg(argv, 2), c = arg(argv, 3), width = arg(argv, 4), dy_fmt = arg(argv, 5);
         size_t n = (size_t)rows * c;
         Aligned dy(input.f(n), n), x(input.f(n), n), g(input.f(c), c), dx(n);
         float* rstd = input.f(rows);
         emu::launch({rows, 1, 1}, row_block,
-                    [&] { rmsnorm_bwd_x(dy.f(), x.f(), g.f(), rstd, dx.f(), c, width); });
+                    [&] { rmsnorm_bwd_x(dy.f(), x.f(), g.f(), rstd, dx.f(), c, width, dy_fmt); });
         u32 chunks = std::max(1u, (rows + CHUNK_ROWS - 1) / CHUNK_ROWS);
         std::vector<float> partial((size_t)chunks * c), dg(c);
         emu::launch({(c + 31) / 32, chunks, 1}, {32, 8, 1},
-                    [&] { rmsnorm_bwd_partials(dy.f(), x.f(), rstd, partial.data(), rows, c); });
+                    [&] { rmsnorm_bwd_partials(dy.f(), x.f(), rstd, partial.data(), rows, c, dy_fmt); });
         emu::launch(elementwise_grid(c), element_block,
                     [&] { sum_partials(partial.data(), dg.data(), chunks, c); });
         std::vector<float> both(dx.f(), dx.f() + n);
         both.insert(both.end(), dg.begin(), dg.end());
         out = bits_of(both);
-    } else if ((k == "silu_fwd" && argc == 6) || (k == "silu_bwd" && argc == 5)) {
-        // silu_fwd N FMT CODED XFMT < x > y; silu_bwd N FMT XFMT < x dy > dx; codes as gelu's.
+    } else if ((k == "silu_fwd" || k == "silu_bwd") && argc == 6) {
+        // silu_fwd N FMT CODED XFMT < x > y; silu_bwd N FMT XFMT DYFMT < x dy > dx; codes as
+        // gelu's.
         i64 n = arg(argv, 2);
         u32 x_fmt = arg(argv, k == "silu_fwd" ? 5 : 4);
         u32* words = input.u(n);
@@ -607,9 +608,9 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
             }
         } else {
             float* dy = input.f(n);
-            u32 fmt = arg(argv, 3);
+            u32 fmt = arg(argv, 3), dy_fmt = arg(argv, 5);
             emu::launch(elementwise_grid(n), element_block,
-                        [&] { silu_bwd(x, dy, y.data(), n, fmt, x_fmt); });
+                        [&] { silu_bwd(x, dy, y.data(), n, fmt, x_fmt, dy_fmt); });
         }
         out = bits_of(y);
     } else if (k == "elementwise_mul" && argc == 5) {  // N FMT CODED < a b > out (codes one a word)
@@ -641,8 +642,9 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> sums(c);
         column_sums_of(x, sums.data(), rows, c);
         out = bits_of(sums);
-    } else if ((k == "gelu_fwd" && argc == 6) || (k == "gelu_bwd" && argc == 5)) {
-        // gelu_fwd N FMT CODED XFMT < x > y; gelu_bwd N FMT XFMT < x dy > dx (held in FMT).
+    } else if ((k == "gelu_fwd" || k == "gelu_bwd") && argc == 6) {
+        // gelu_fwd N FMT CODED XFMT < x > y; gelu_bwd N FMT XFMT DYFMT < x dy > dx (held in
+        // FMT, dy rounded to DYFMT as it is read).
         // Codes travel one to each word: x where XFMT is not f32's (a coded input), y where
         // CODED.
         i64 n = arg(argv, 2);
@@ -663,9 +665,9 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
             }
         } else {
             float* dy = input.f(n);
-            u32 fmt = arg(argv, 3);
+            u32 fmt = arg(argv, 3), dy_fmt = arg(argv, 5);
             emu::launch(elementwise_grid(n), element_block,
-                        [&] { gelu_bwd(x, dy, y.data(), n, fmt, x_fmt); });
+                        [&] { gelu_bwd(x, dy, y.data(), n, fmt, x_fmt, dy_fmt); });
         }
         out = bits_of(y);
     } else if ((k == "softmax_fwd" || k == "softmax_bwd") && argc == 6) {  // ROWS T SCALE FMT

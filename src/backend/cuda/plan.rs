@@ -239,9 +239,10 @@ impl<'a> CudaPlan<'a> {
                 dg,
                 db,
                 c,
+                dy_held,
             } => {
                 let ptrs = [dy, x, g, st, dx, dg, db].map(|id| self.p(id));
-                launch::layernorm_bwd(cb, ptrs, self.rows(x, c), c, work)
+                launch::layernorm_bwd(cb, ptrs, (self.rows(x, c), c), dy_held, work)
             }
             Op::Gelu { x, out, held } => launch::gelu_fwd(
                 cb,
@@ -250,11 +251,17 @@ impl<'a> CudaPlan<'a> {
                 (held, self.coded(out)),
                 self.stored(x),
             ),
-            Op::GeluBwd { x, dy, out, held } => launch::gelu_bwd(
+            Op::GeluBwd {
+                x,
+                dy,
+                out,
+                held,
+                dy_held,
+            } => launch::gelu_bwd(
                 cb,
                 [self.p(x), self.p(dy), self.p(out)],
                 self.len(x),
-                held,
+                (held, dy_held),
                 self.stored(x),
             ),
             Op::RmsNorm {
@@ -278,9 +285,10 @@ impl<'a> CudaPlan<'a> {
                 dx,
                 dg,
                 c,
+                dy_held,
             } => {
                 let ptrs = [dy, x, g, st, dx, dg].map(|id| self.p(id));
-                launch::rmsnorm_bwd(cb, ptrs, self.rows(x, c), c, work)
+                launch::rmsnorm_bwd(cb, ptrs, (self.rows(x, c), c), dy_held, work)
             }
             Op::Silu { x, out, held } => launch::silu_fwd(
                 cb,
@@ -289,11 +297,17 @@ impl<'a> CudaPlan<'a> {
                 (held, self.coded(out)),
                 self.stored(x),
             ),
-            Op::SiluBwd { x, dy, out, held } => launch::silu_bwd(
+            Op::SiluBwd {
+                x,
+                dy,
+                out,
+                held,
+                dy_held,
+            } => launch::silu_bwd(
                 cb,
                 [self.p(x), self.p(dy), self.p(out)],
                 self.len(x),
-                held,
+                (held, dy_held),
                 self.stored(x),
             ),
             Op::Mul { a, b, out, held } => launch::mul(

@@ -219,17 +219,17 @@ pub(super) fn layernorm_fwd(
 pub(super) fn layernorm_bwd(
     cb: &CudaBackend,
     [dy, x, g, stats, dx, dg, db]: [Ptr; 7],
-    rows: usize,
-    c: usize,
+    (rows, c): (usize, usize),
+    dy_held: Format,
     scratch: Ptr,
 ) -> Result<()> {
     if rows == 0 || c == 0 {
         return Ok(());
     }
-    let (c32, rows32) = (c as u32, rows as u32);
-    launch!(cb, Module::Train, "layernorm_bwd_x", CudaBackend::rows_config(rows)?; &dy, &x, &g, &stats, &dx, &c32)?;
+    let (c32, rows32, dy_fmt) = (c as u32, rows as u32, format_id(dy_held));
+    launch!(cb, Module::Train, "layernorm_bwd_x", CudaBackend::rows_config(rows)?; &dy, &x, &g, &stats, &dx, &c32, &dy_fmt)?;
     let chunks = chunks(rows);
-    launch!(cb, Module::Train, "layernorm_bwd_partials", column_config(c, chunks)?; &dy, &x, &stats, &scratch, &rows32, &c32)?;
+    launch!(cb, Module::Train, "layernorm_bwd_partials", column_config(c, chunks)?; &dy, &x, &stats, &scratch, &rows32, &c32, &dy_fmt)?;
     let chunks32 = chunks as u32;
     let db_partials = scratch + (chunks * c * 4) as u64;
     launch_1d!(cb, Module::Train, "sum_partials", c; &scratch, &dg, &chunks32, &c32)?;
@@ -268,18 +268,18 @@ pub(super) fn rmsnorm_fwd(
 pub(super) fn rmsnorm_bwd(
     cb: &CudaBackend,
     [dy, x, g, rstds, dx, dg]: [Ptr; 6],
-    rows: usize,
-    c: usize,
+    (rows, c): (usize, usize),
+    dy_held: Format,
     scratch: Ptr,
 ) -> Result<()> {
     if rows == 0 || c == 0 {
         return Ok(());
     }
     let width = quad_width(c, &[dy, x, g, dx]);
-    let (c32, rows32) = (c as u32, rows as u32);
-    launch!(cb, Module::Train, "rmsnorm_bwd_x", CudaBackend::rows_config(rows)?; &dy, &x, &g, &rstds, &dx, &c32, &width)?;
+    let (c32, rows32, dy_fmt) = (c as u32, rows as u32, format_id(dy_held));
+    launch!(cb, Module::Train, "rmsnorm_bwd_x", CudaBackend::rows_config(rows)?; &dy, &x, &g, &rstds, &dx, &c32, &width, &dy_fmt)?;
     let chunks = chunks(rows);
-    launch!(cb, Module::Train, "rmsnorm_bwd_partials", column_config(c, chunks)?; &dy, &x, &rstds, &scratch, &rows32, &c32)?;
+    launch!(cb, Module::Train, "rmsnorm_bwd_partials", column_config(c, chunks)?; &dy, &x, &rstds, &scratch, &rows32, &c32, &dy_fmt)?;
     let chunks32 = chunks as u32;
     launch_1d!(cb, Module::Train, "sum_partials", c; &scratch, &dg, &chunks32, &c32)
 }
@@ -337,16 +337,18 @@ pub(super) fn gelu_fwd(
     launch_1d!(cb, Module::Train, "gelu_fwd", n; &x, &y, &len, &fmt, &coded, &x_fmt)
 }
 
-/// dx = dy * GELU'(x) held in `held`, x stored in `x_stored`.
+/// dx = dy * GELU'(x) held in `held`, dy rounded to `dy_held` as it is read, x stored in
+/// `x_stored`.
 pub(super) fn gelu_bwd(
     cb: &CudaBackend,
     [x, dy, dx]: [Ptr; 3],
     n: usize,
-    held: Format,
+    (held, dy_held): (Format, Format),
     x_stored: Format,
 ) -> Result<()> {
     let (len, fmt, x_fmt) = (n as i64, format_id(held), format_id(x_stored));
-    launch_1d!(cb, Module::Train, "gelu_bwd", n; &x, &dy, &dx, &len, &fmt, &x_fmt)
+    let dy_fmt = format_id(dy_held);
+    launch_1d!(cb, Module::Train, "gelu_bwd", n; &x, &dy, &dx, &len, &fmt, &x_fmt, &dy_fmt)
 }
 
 /// y = SiLU(x) held in `held` (codes where `coded`); x stored in `x_stored`.
@@ -362,16 +364,18 @@ pub(super) fn silu_fwd(
     launch_1d!(cb, Module::Train, "silu_fwd", n; &x, &y, &len, &fmt, &coded, &x_fmt)
 }
 
-/// dx = dy * SiLU'(x) held in `held`, x stored in `x_stored`.
+/// dx = dy * SiLU'(x) held in `held`, dy rounded to `dy_held` as it is read, x stored in
+/// `x_stored`.
 pub(super) fn silu_bwd(
     cb: &CudaBackend,
     [x, dy, dx]: [Ptr; 3],
     n: usize,
-    held: Format,
+    (held, dy_held): (Format, Format),
     x_stored: Format,
 ) -> Result<()> {
     let (len, fmt, x_fmt) = (n as i64, format_id(held), format_id(x_stored));
-    launch_1d!(cb, Module::Train, "silu_bwd", n; &x, &dy, &dx, &len, &fmt, &x_fmt)
+    let dy_fmt = format_id(dy_held);
+    launch_1d!(cb, Module::Train, "silu_bwd", n; &x, &dy, &dx, &len, &fmt, &x_fmt, &dy_fmt)
 }
 
 /// out = a * b held in `held` (codes where `coded`).

@@ -6,7 +6,7 @@
 use super::matmul::matmul;
 use super::ops::{self, round_to};
 use crate::error::Result;
-use crate::format;
+use crate::format::{self, Format};
 use crate::plan::exec::{
     GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
     check_write, tensor_len, update_factor,
@@ -83,7 +83,7 @@ impl HostExecutor {
     /// format, as a device's kernels round them when they store its codes.
     fn store(&mut self, id: TensorId) {
         let info = &self.plan.tensors[id];
-        if info.stored != format::Format::F32 {
+        if info.stored != Format::F32 {
             self.tensors[id] = info.from_words(&info.to_words(&self.tensors[id]));
         }
     }
@@ -136,11 +136,13 @@ impl HostExecutor {
                 dg,
                 db,
                 c,
+                dy_held,
             } => {
                 let mean: Vec<f32> = t[st].iter().step_by(2).copied().collect();
                 let rstd: Vec<f32> = t[st].iter().skip(1).step_by(2).copied().collect();
+                let dy = rounded(&t[dy], dy_held);
                 let (x_grad, g_grad, b_grad) =
-                    ops::layernorm_bwd(&t[dy], &t[x], &t[g], &mean, &rstd, c);
+                    ops::layernorm_bwd(&dy, &t[x], &t[g], &mean, &rstd, c);
                 self.tensors[dx] = x_grad;
                 self.tensors[dg] = g_grad;
                 self.tensors[db] = b_grad;
@@ -150,8 +152,14 @@ impl HostExecutor {
                 round_to(&mut y, held);
                 self.tensors[out] = y;
             }
-            Op::GeluBwd { x, dy, out, held } => {
-                let mut dx = ops::gelu_bwd(&t[x], &t[dy]);
+            Op::GeluBwd {
+                x,
+                dy,
+                out,
+                held,
+                dy_held,
+            } => {
+                let mut dx = ops::gelu_bwd(&t[x], &rounded(&t[dy], dy_held));
                 round_to(&mut dx, held);
                 self.tensors[out] = dx;
             }
@@ -177,8 +185,10 @@ impl HostExecutor {
                 dx,
                 dg,
                 c,
+                dy_held,
             } => {
-                let (x_grad, g_grad) = ops::rmsnorm_bwd(&t[dy], &t[x], &t[g], &t[st], c);
+                let dy = rounded(&t[dy], dy_held);
+                let (x_grad, g_grad) = ops::rmsnorm_bwd(&dy, &t[x], &t[g], &t[st], c);
                 self.tensors[dx] = x_grad;
                 self.tensors[dg] = g_grad;
             }
@@ -187,8 +197,14 @@ impl HostExecutor {
                 round_to(&mut y, held);
                 self.tensors[out] = y;
             }
-            Op::SiluBwd { x, dy, out, held } => {
-                let mut dx = ops::silu_bwd(&t[x], &t[dy]);
+            Op::SiluBwd {
+                x,
+                dy,
+                out,
+                held,
+                dy_held,
+            } => {
+                let mut dx = ops::silu_bwd(&t[x], &rounded(&t[dy], dy_held));
                 round_to(&mut dx, held);
                 self.tensors[out] = dx;
             }
@@ -610,4 +626,14 @@ impl Recorder for HostExecutor {
         self.stats = stats;
         ran
     }
+}
+
+/// `x` as an op that rounds it to `format` as it reads it sees it (`Op::rounded_read`).
+fn rounded(x: &[f32], format: Format) -> std::borrow::Cow<'_, [f32]> {
+    if format == Format::F32 {
+        return x.into();
+    }
+    let mut x = x.to_vec();
+    round_to(&mut x, format);
+    x.into()
 }

@@ -413,9 +413,10 @@ impl<'a> ResidentPlan<'a> {
                 dg,
                 db,
                 c,
+                dy_held,
             } => {
                 let rows = rows_of(x, c);
-                let [for_x, partials, sums] = launch::layernorm_bwd(rows, c);
+                let [for_x, partials, sums] = launch::layernorm_bwd(rows, c, dy_held);
                 let parts = storage_of(gpu, launch::partials_len(rows, c, 2))?;
                 let d = [
                     train(
@@ -441,8 +442,14 @@ impl<'a> ResidentPlan<'a> {
                 let l = launch::gelu_fwd(len(x), held, coded(out), stored(x));
                 train(l, [Some(x), None, None], outs_for(out, None))?
             }
-            Op::GeluBwd { x, dy, out, held } => train(
-                launch::gelu_bwd(len(x), held, stored(x)),
+            Op::GeluBwd {
+                x,
+                dy,
+                out,
+                held,
+                dy_held,
+            } => train(
+                launch::gelu_bwd(len(x), held, dy_held, stored(x)),
                 [Some(x), Some(dy), None],
                 [Some(out), None, None],
             )?,
@@ -466,9 +473,10 @@ impl<'a> ResidentPlan<'a> {
                 dx,
                 dg,
                 c,
+                dy_held,
             } => {
                 let rows = rows_of(x, c);
-                let [for_x, partials, sums] = launch::rmsnorm_bwd(rows, c);
+                let [for_x, partials, sums] = launch::rmsnorm_bwd(rows, c, dy_held);
                 let parts = storage_of(gpu, launch::partials_len(rows, c, 1))?;
                 let d = [
                     train(
@@ -494,8 +502,14 @@ impl<'a> ResidentPlan<'a> {
                 let l = launch::silu_fwd(len(x), held, coded(out), stored(x));
                 train(l, [Some(x), None, None], outs_for(out, None))?
             }
-            Op::SiluBwd { x, dy, out, held } => train(
-                launch::silu_bwd(len(x), held, stored(x)),
+            Op::SiluBwd {
+                x,
+                dy,
+                out,
+                held,
+                dy_held,
+            } => train(
+                launch::silu_bwd(len(x), held, dy_held, stored(x)),
                 [Some(x), Some(dy), None],
                 [Some(out), None, None],
             )?,

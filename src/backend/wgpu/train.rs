@@ -216,6 +216,9 @@ pub struct TrainParams {
     pub span: u32,
     /// RMS norm's eps.
     pub eps: f32,
+    /// Format id the gradient dy is rounded to as it is read (the norms', GELU's and SiLU's
+    /// backward: `Op::rounded_read`).
+    pub dy_held: u32,
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -594,13 +597,16 @@ pub mod launch {
     }
 
     /// dy, x, g -> dx (stats read); then dy, x -> the partials of dg and db
-    /// (`partials_len(rows, c, 2)`), and the partials -> dg, db.
-    pub fn layernorm_bwd(rows: usize, c: usize) -> [TrainLaunch; 3] {
-        [
+    /// (`partials_len(rows, c, 2)`), and the partials -> dg, db; dy rounded to `dy_held` as
+    /// it is read.
+    pub fn layernorm_bwd(rows: usize, c: usize, dy_held: Format) -> [TrainLaunch; 3] {
+        let [mut for_x, mut partials] = [
             row_op(TrainOp::LayernormBwdX, rows, c),
             column_partials(TrainOp::LayernormBwdPartials, rows, c),
-            sum_partials(rows, c, 2),
-        ]
+        ];
+        for_x.params.dy_held = format_id(dy_held);
+        partials.params.dy_held = format_id(dy_held);
+        [for_x, partials, sum_partials(rows, c, 2)]
     }
 
     /// GELU of x, stored as `x_stored` (f32, or a coded tensor's codes), held in `held`; where
@@ -615,10 +621,12 @@ pub mod launch {
         l
     }
 
-    /// GELU's backward held in `held`, x stored as in `gelu_fwd`, dy in in1.
-    pub fn gelu_bwd(n: usize, held: Format, x_stored: Format) -> TrainLaunch {
+    /// GELU's backward held in `held`, x stored as in `gelu_fwd`, dy in in1 (rounded to
+    /// `dy_held` as it is read).
+    pub fn gelu_bwd(n: usize, held: Format, dy_held: Format, x_stored: Format) -> TrainLaunch {
         let mut l = train(TrainOp::GeluBwd, n, 0, n);
         l.params.held = format_id(held);
+        l.params.dy_held = format_id(dy_held);
         l.params.x_stored = format_id(x_stored);
         l
     }
@@ -635,12 +643,14 @@ pub mod launch {
 
     /// dy, x, g -> dx (rstd read); then dy, x -> the partials of dg (`partials_len(rows, c,
     /// 1)`), and the partials -> dg.
-    pub fn rmsnorm_bwd(rows: usize, c: usize) -> [TrainLaunch; 3] {
-        [
+    pub fn rmsnorm_bwd(rows: usize, c: usize, dy_held: Format) -> [TrainLaunch; 3] {
+        let [mut for_x, mut partials] = [
             row_op(TrainOp::RmsnormBwdX, rows, c),
             column_partials(TrainOp::RmsnormBwdPartials, rows, c),
-            sum_partials(rows, c, 1),
-        ]
+        ];
+        for_x.params.dy_held = format_id(dy_held);
+        partials.params.dy_held = format_id(dy_held);
+        [for_x, partials, sum_partials(rows, c, 1)]
     }
 
     /// SiLU of x, stored and held as in `gelu_fwd`.
@@ -654,9 +664,10 @@ pub mod launch {
     }
 
     /// SiLU's backward held in `held`, x stored as in `silu_fwd`, dy in in1.
-    pub fn silu_bwd(n: usize, held: Format, x_stored: Format) -> TrainLaunch {
+    pub fn silu_bwd(n: usize, held: Format, dy_held: Format, x_stored: Format) -> TrainLaunch {
         let mut l = train(TrainOp::SiluBwd, n, 0, n);
         l.params.held = format_id(held);
+        l.params.dy_held = format_id(dy_held);
         l.params.x_stored = format_id(x_stored);
         l
     }
