@@ -549,7 +549,9 @@ fn cuda_backward_kernels_round_dy_as_they_read_it() {
             .iter()
             .map(|&v| format.round(v, Overflow::Standard))
             .collect();
-        let cases: [(&str, Vec<usize>, Vec<usize>, Vec<&[f32]>, Vec<&[f32]>); 4] = [
+        // (kernel, its arguments rounding dy, plain, its inputs, with dy rounded first)
+        type Case<'a> = (&'a str, Vec<usize>, Vec<usize>, Vec<&'a [f32]>, Vec<&'a [f32]>);
+        let cases: [Case; 4] = [
             (
                 "layernorm_bwd",
                 vec![rows, c, id],
