@@ -345,6 +345,19 @@ extern "C" __global__ void sum_partials(const float* partial, float* out, u32 ch
     }
 }
 
+// Two planes of partials at once (layer norm's dg's chunks, then db's): out0[j] and out1[j]
+// as `sum_partials` gives each, in one launch.
+extern "C" __global__ void sum_partial_pairs(const float* partial, float* out0, float* out1,
+                                             u32 chunks, u32 c) {
+    FOR_EACH(e, 2 * (i64)c) {
+        u32 part = (u32)(e / c), j = (u32)(e % c);
+        const float* plane = partial + (i64)part * chunks * c;
+        float s = 0.0f;
+        for (u32 k = 0; k < chunks; k++) s += plane[(i64)k * c + j];
+        (part == 0u ? out0 : out1)[j] = s;
+    }
+}
+
 // ---- GELU (tanh form) ----
 
 #define SQRT_2_OVER_PI 0.7978845608f

@@ -547,11 +547,8 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> partial(2 * (size_t)chunks * c);
         emu::launch({(c + 31) / 32, chunks, 1}, {32, 8, 1},
                     [&] { layernorm_bwd_partials(dy, x, st, partial.data(), rows, c, dy_fmt); });
-        emu::launch(elementwise_grid(c), element_block,
-                    [&] { sum_partials(partial.data(), dg.data(), chunks, c); });
-        emu::launch(elementwise_grid(c), element_block, [&] {
-            sum_partials(partial.data() + (size_t)chunks * c, db.data(), chunks, c);
-        });
+        emu::launch(elementwise_grid(2 * (i64)c), element_block,
+                    [&] { sum_partial_pairs(partial.data(), dg.data(), db.data(), chunks, c); });
         dx.insert(dx.end(), dg.begin(), dg.end());
         dx.insert(dx.end(), db.begin(), db.end());
         out = bits_of(dx);

@@ -231,9 +231,7 @@ pub(super) fn layernorm_bwd(
     let chunks = chunks(rows);
     launch!(cb, Module::Train, "layernorm_bwd_partials", column_config(c, chunks)?; &dy, &x, &stats, &scratch, &rows32, &c32, &dy_fmt)?;
     let chunks32 = chunks as u32;
-    let db_partials = scratch + (chunks * c * 4) as u64;
-    launch_1d!(cb, Module::Train, "sum_partials", c; &scratch, &dg, &chunks32, &c32)?;
-    launch_1d!(cb, Module::Train, "sum_partials", c; &db_partials, &db, &chunks32, &c32)
+    launch_1d!(cb, Module::Train, "sum_partial_pairs", 2 * c; &scratch, &dg, &db, &chunks32, &c32)
 }
 
 /// 4 where RMS norm's kernels take 16-byte accesses: rows of a multiple of 4 values and every
