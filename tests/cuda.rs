@@ -550,7 +550,13 @@ fn cuda_backward_kernels_round_dy_as_they_read_it() {
             .map(|&v| format.round(v, Overflow::Standard))
             .collect();
         // (kernel, its arguments rounding dy, plain, its inputs, with dy rounded first)
-        type Case<'a> = (&'a str, Vec<usize>, Vec<usize>, Vec<&'a [f32]>, Vec<&'a [f32]>);
+        type Case<'a> = (
+            &'a str,
+            Vec<usize>,
+            Vec<usize>,
+            Vec<&'a [f32]>,
+            Vec<&'a [f32]>,
+        );
         let cases: [Case; 4] = [
             (
                 "layernorm_bwd",
