@@ -193,7 +193,8 @@ impl PlanBuilder {
     }
 
     /// Folds each rounding of x into the next op that touches x where that op can round x as
-    /// it reads it (`Op::rounded_read`: a backward pass's gradient from a matmul) and no one
+    /// it reads it (`Op::rounded_read`: a backward pass's gradient from a matmul), or drops it
+    /// where that op rounds x so by its definition (`Op::reads_rounded`), and no one
     /// else sees the rounded values: x a `Temp` that no op after reads, not the logits the host
     /// reads, the two ops in the same section (`ends`: the sections' ends in `ops`, moved with
     /// the ops). One launch and one pass over x fewer each; the same values.
@@ -221,11 +222,12 @@ impl PlanBuilder {
                         .any(|op| op.reads_writes().0.contains(&x))
             });
             let folded = fold.is_some_and(|j| {
-                self.ops[j]
-                    .rounded_read(x)
-                    .filter(|held| **held == Format::F32)
-                    .map(|held| *held = format)
-                    .is_some()
+                self.ops[j].reads_rounded(x) == Some(format)
+                    || self.ops[j]
+                        .rounded_read(x)
+                        .filter(|held| **held == Format::F32)
+                        .map(|held| *held = format)
+                        .is_some()
             });
             if !folded {
                 i += 1;
@@ -360,6 +362,48 @@ mod tests {
                 matches!(ops[0], Op::Round { .. }),
                 "{kind:?} {logits} {end}: {ops:?}"
             );
+        }
+    }
+
+    #[test]
+    fn a_rounding_to_the_format_the_attention_backward_rounds_its_dout_to_is_dropped() {
+        use crate::algorithm::Algorithm;
+        use crate::plan::Attention;
+        for (algorithm, format, dropped) in [
+            (Algorithm::Bf16, Format::Bf16, true),
+            (Algorithm::Bf16, Format::F16, false),
+            (Algorithm::F16, Format::F16, true),
+            (Algorithm::Bf16x3, Format::Bf16, false),
+            (Algorithm::F32, Format::Bf16, false),
+        ] {
+            let spec = Attention {
+                b: 1,
+                t: 2,
+                h: 1,
+                d: 4,
+                scale: 0.5,
+                algorithm,
+                probs: Format::Bf16,
+                compute: format,
+            };
+            let mut g = PlanBuilder::default();
+            let (qkv, dout, stats, delta, dqkv) =
+                (g.temp(24), g.temp(8), g.temp(4), g.temp(2), g.temp(24));
+            g.ops = vec![
+                Op::Round { x: dout, format },
+                Op::AttentionBwd {
+                    qkv,
+                    dout,
+                    stats,
+                    delta,
+                    dqkv,
+                    spec,
+                },
+            ];
+            let mut ends = [2, 2, 2];
+            let [e0, e1, e2] = &mut ends;
+            g.fold_rounded_reads(usize::MAX, [e0, e1, e2]);
+            assert_eq!(g.ops.len() == 1, dropped, "{algorithm} {format}");
         }
     }
 

@@ -524,6 +524,21 @@ impl Op {
         }
     }
 
+    /// The format the op's own definition rounds its input `t` to wherever it reads it, so
+    /// that a rounding of `t` to that format right before it changes nothing: the fused
+    /// attention backward's dout, read only as an operand of its products, whose algorithm
+    /// (bf16 or f16, not split or scaled) rounds its operands.
+    pub(crate) fn reads_rounded(&self, t: TensorId) -> Option<Format> {
+        match self {
+            Op::AttentionBwd { dout, spec, .. }
+                if *dout == t && matches!(spec.algorithm, Algorithm::Bf16 | Algorithm::F16) =>
+            {
+                Some(spec.algorithm.operand_formats().0)
+            }
+            _ => None,
+        }
+    }
+
     /// The op with every tensor id `t` it names replaced by `to(t)`.
     pub fn map_tensors(&self, mut to: impl FnMut(TensorId) -> TensorId) -> Op {
         let mut op = self.clone();
