@@ -182,8 +182,11 @@ extern "C" __global__ void layernorm_fwd(const float* x, const float* g, const f
 // dx of one row: dx = rstd * (d - mean(d) - xhat * mean(d * xhat)), d = dy * g; dy rounded to
 // `dy_fmt` as it is read (the rounding of the matmul product it is, folded in: so are the
 // other backward kernels' dy).
+// With `sum` (not null), dx + sum held in `sum_fmt` is written instead (the gradient of x from
+// its other reader summed in: an add's sum, the same operands).
 extern "C" __global__ void layernorm_bwd_x(const float* dy, const float* x, const float* g,
-                                           const float* stats, float* dx, u32 c, u32 dy_fmt) {
+                                           const float* stats, float* dx, u32 c, u32 dy_fmt,
+                                           const float* sum, u32 sum_fmt) {
     i64 base = (i64)blockIdx.x * c;
     float mean = stats[2 * (i64)blockIdx.x], rstd = stats[2 * (i64)blockIdx.x + 1];
     float sd = 0.0f, sdx = 0.0f;
@@ -198,7 +201,8 @@ extern "C" __global__ void layernorm_bwd_x(const float* dy, const float* x, cons
     for (u32 i = threadIdx.x; i < c; i += blockDim.x) {
         float xhat = (x[base + i] - mean) * rstd;
         float d = held(dy[base + i], dy_fmt) * g[i];
-        dx[base + i] = rstd * (d - sd - xhat * sdx);
+        float v = rstd * (d - sd - xhat * sdx);
+        dx[base + i] = sum ? held(v + sum[base + i], sum_fmt) : v;
     }
 }
 

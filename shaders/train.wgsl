@@ -46,6 +46,9 @@ struct TrainParams {
     // The format id the gradient dy is rounded to as it is read (the backward ops of the
     // norms, GELU and SiLU: the rounding of the matmul product they read, folded in).
     dy_held: u32,
+    // 1: layer norm's backward sums out2's values (f32 bits: the gradient of x from its other
+    // reader) into dx, held in `held`.
+    sum: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
@@ -162,7 +165,8 @@ fn layernorm_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 
-// dx per row: in0 = dy, in1 = x, in2 = g; out1 holds (mean, rstd) (read here); out0 = dx.
+// dx per row: in0 = dy, in1 = x, in2 = g; out1 holds (mean, rstd) (read here); out0 = dx, or
+// (params.sum) dx + out2's values held in `held` (out2 read here).
 @compute @workgroup_size(256)
 fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
@@ -188,7 +192,12 @@ fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = (in1[base + i] - mean) * rstd;
         let d = dy_at(base + i) * in2[i];
-        out0[base + i] = rstd * (d - mean_d - xhat * mean_dx);
+        let dx = rstd * (d - mean_d - xhat * mean_dx);
+        if (params.sum != 0u) {
+            out0[base + i] = held(dx + bitcast<f32>(out2[base + i]), params.held);
+        } else {
+            out0[base + i] = dx;
+        }
     }
 }
 

@@ -231,6 +231,7 @@ fn layernorm_bwd(
         db,
         c,
         dy_held: Format::F32,
+        sum: None,
     };
     p.run(b, op, (&[0], &[0]), 1.0, &[dx, dg, db]).outs
 }

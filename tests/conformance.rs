@@ -425,6 +425,7 @@ fn train_ops_long_loops(b: &dyn Backend) {
             db,
             c,
             dy_held: Format::F32,
+            sum: None,
         };
         let [bwd, _] = p.run_both(b, op, (&one, &one), 1.0, &[dx, dg, db]);
         (fwd.outs, bwd.outs)
@@ -661,6 +662,7 @@ fn train_ops(b: &dyn Backend) {
             db,
             c,
             dy_held: Format::F32,
+            sum: None,
         };
         let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[dx, dg, db]);
         let (wdx, wdg, wdb) = ops::layernorm_bwd(&dy, &x, &g, &wm, &wr, c);
@@ -1380,6 +1382,7 @@ fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
                                 db,
                                 c,
                                 dy_held,
+                                sum: None,
                             };
                             (op, vec![dx, dg, db])
                         } else {
@@ -1440,12 +1443,76 @@ fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
     }
 }
 
-backend_tests!(reference: matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_bad_input, model_ops, backward_ops_round_dy_as_they_read_it);
-backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input, model_ops, backward_ops_round_dy_as_they_read_it);
+/// The layer norm's backward summing a second gradient r into dx (the add after it, folded in
+/// by `PlanBuilder::push`) writes dx + r held in the format, and dg and db as without it: on
+/// each executor, bit for bit against its own plain dx summed on the host, r over NaN,
+/// infinities and f16's overflow and subnormals.
+fn layer_norm_backward_sums_a_second_gradient(b: &dyn Backend) {
+    let seed = common::seed("layer_norm_backward_sums_a_second_gradient");
+    let (rows, c) = (37, 300);
+    let n = rows * c;
+    let (x, g, dy) = (
+        measure::normal(n, seed),
+        measure::normal(c, seed + 1),
+        measure::normal(n, seed + 2),
+    );
+    let mut r = measure::normal(n, seed + 3);
+    for (v, e) in r.iter_mut().zip(measure::boundary_values()) {
+        *v = e;
+    }
+    let stats: Vec<f32> = (0..rows).flat_map(|i| [0.1 * i as f32, 1.5]).collect();
+    for format in [Format::F32, Format::Bf16, Format::F16] {
+        let run = |sum: bool| {
+            let mut p = common::OneOp::new(1);
+            let (dyi, xi, gi, si) = (
+                p.input(dy.clone()),
+                p.input(x.clone()),
+                p.input(g.clone()),
+                p.input(stats.clone()),
+            );
+            let ri = p.input(r.clone());
+            let (dx, dg, db) = (p.output(n), p.output(c), p.output(c));
+            let op = Op::LayerNormBwd {
+                dy: dyi,
+                x: xi,
+                g: gi,
+                stats: si,
+                dx,
+                dg,
+                db,
+                c,
+                sum: sum.then_some((ri, format)),
+                dy_held: Format::F32,
+            };
+            p.run_both(b, op, (&[0], &[0]), 1.0, &[dx, dg, db])
+        };
+        let (summed, plain) = (run(true), run(false));
+        for (executor, (got, plain)) in summed.iter().zip(&plain).enumerate() {
+            let mut want = plain.outs.clone();
+            for (w, r) in want[0].iter_mut().zip(&r) {
+                *w = format.round(*w + r, Overflow::Standard);
+            }
+            for (i, (got, want)) in got.outs.iter().zip(&want).enumerate() {
+                let differ = got
+                    .iter()
+                    .zip(want)
+                    .position(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan()));
+                assert!(
+                    differ.is_none(),
+                    "{} layer norm backward summing r in {format} (executor {executor}, output {i}): element {differ:?}",
+                    b.name()
+                );
+            }
+        }
+    }
+}
+
+backend_tests!(reference: matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_bad_input, model_ops, backward_ops_round_dy_as_they_read_it, layer_norm_backward_sums_a_second_gradient);
+backend_tests!(wgpu: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_too_large, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input, model_ops, backward_ops_round_dy_as_they_read_it, layer_norm_backward_sums_a_second_gradient);
 backend_tests!(wgpu_packed_f16: matmul_random, matmul_edges);
 backend_tests!(wgpu_checked: casts, matmul_edges, matmul_long_k, train_ops, model_ops);
-backend_tests!(wgpu_gpu_rows: train_ops, model_ops, backward_ops_round_dy_as_they_read_it);
-backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input, model_ops, backward_ops_round_dy_as_they_read_it);
+backend_tests!(wgpu_gpu_rows: train_ops, model_ops, backward_ops_round_dy_as_they_read_it, layer_norm_backward_sums_a_second_gradient);
+backend_tests!(cuda: casts, matmul_random, matmul_edges, matmul_error_bands, matmul_bad_input, matmul_long_k, train_ops, train_ops_long_loops, train_ops_bad_input, model_ops, backward_ops_round_dy_as_they_read_it, layer_norm_backward_sums_a_second_gradient);
 
 /// The product alone over prepared operands (what the bench times from `Operands::Prepared`)
 /// computes C again bit for bit, for every algorithm and path of the CUDA backend.

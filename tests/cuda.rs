@@ -527,7 +527,8 @@ fn same_or_nan(what: &str, got: &[f32], want: &[f32]) {
 /// The backward kernels that round their gradient dy as they read it (the norms', GELU's and
 /// SiLU's: a plan folds the rounding of the matmul product into them) give the same bits as
 /// the plain kernel on dy rounded first, dy over NaN, infinities, f16's overflow and
-/// subnormals, rows not a multiple of a block.
+/// subnormals, rows not a multiple of a block; and the layer norm's backward summing a second
+/// gradient into dx gives dx + r held in the format.
 #[test]
 fn cuda_backward_kernels_round_dy_as_they_read_it() {
     let Some(h) = harness() else { return };
@@ -560,8 +561,8 @@ fn cuda_backward_kernels_round_dy_as_they_read_it() {
         let cases: [Case; 4] = [
             (
                 "layernorm_bwd",
-                vec![rows, c, id],
-                vec![rows, c, f32_],
+                vec![rows, c, id, 0, f32_],
+                vec![rows, c, f32_, 0, f32_],
                 vec![&dy, &x, &g, &stats],
                 vec![&rounded, &x, &g, &stats],
             ),
@@ -592,6 +593,30 @@ fn cuda_backward_kernels_round_dy_as_they_read_it() {
             let want = run_f32(h, kernel, &strings(&plain), &inputs_rounded);
             same_or_nan(&format!("{kernel} rounding dy to {format}"), &got, &want);
         }
+        // The layer norm's backward with a gradient summed into dx (the add after it folded
+        // in): dx + r held in the format, dg and db as they were, bit for bit.
+        let r = measure::normal(n, seed + 3);
+        let plain = run_f32(
+            h,
+            "layernorm_bwd",
+            &strings(&[rows, c, f32_, 0, f32_]),
+            &[&dy, &x, &g, &stats],
+        );
+        let summed = run_f32(
+            h,
+            "layernorm_bwd",
+            &strings(&[rows, c, f32_, 1, id]),
+            &[&dy, &x, &g, &stats, &r],
+        );
+        let mut want = plain.clone();
+        for (w, r) in want[..n].iter_mut().zip(&r) {
+            *w = format.round(*w + r, Overflow::Standard);
+        }
+        same_or_nan(
+            &format!("layernorm_bwd summing r in {format}"),
+            &summed,
+            &want,
+        );
     }
 }
 
@@ -866,7 +891,7 @@ fn cuda_training_kernels_match_the_host_reference() {
         let out = run_f32(
             h,
             "layernorm_bwd",
-            &strings(&[rows, c, f32_]),
+            &strings(&[rows, c, f32_, 0, f32_]),
             &[&dy, &x, &g, &stats],
         );
         let (dx, dg, db) = ops::layernorm_bwd(&dy, &x, &g, &mean, &rstd, c);

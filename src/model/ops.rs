@@ -379,6 +379,7 @@ impl NodeOp for LayerNorm {
             db,
             c: self.c,
             dy_held: Format::F32,
+            sum: None,
         });
         cx.contribute(g, dg, true, Held::AsIs);
         cx.contribute(b, db, true, Held::AsIs);

@@ -135,7 +135,9 @@ impl PlanBuilder {
     /// values: an add into y right after y's rounding rounds y as it reads it (`Op::Add`'s
     /// `y_held`); an add of r into y in place right after an in-place add into y (a residual
     /// after a bias) becomes that add's `residual`; a GELU of an in-place add's output right
-    /// after it becomes that add's `gelu`.
+    /// after it becomes that add's `gelu`; an add of r into a layer norm backward's dx right
+    /// after it becomes that op's `sum` (the two gradients of the norm's input summed as dx
+    /// is written).
     pub fn push(&mut self, mut op: Op) {
         if let Op::Add { x, y, y_held, .. } = &mut op
             && *y_held == Format::F32
@@ -161,6 +163,33 @@ impl PlanBuilder {
             && *y == x
         {
             *gelu = Some((out, held));
+            return;
+        }
+        if let Op::Add {
+            x: r,
+            y,
+            out,
+            held,
+            y_held: Format::F32,
+            residual: None,
+            gelu: None,
+        } = op
+            && out == y
+            && r != y
+            // Not a gradient: `Plan::split_for_ranks` moves its adds one by one.
+            && !matches!(self.tensors.get(y).map(|t| t.kind), Some(TensorKind::Grad(_)))
+            && let Some(Op::LayerNormBwd {
+                dx,
+                dg,
+                db,
+                sum: sum @ None,
+                ..
+            }) = self.ops.last_mut()
+            && *dx == y
+            && r != *dg
+            && r != *db
+        {
+            *sum = Some((r, held));
             return;
         }
         if let Op::Add {

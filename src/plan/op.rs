@@ -137,6 +137,10 @@ pub enum Op {
         db: TensorId,
         /// Width of a row.
         c: usize,
+        /// Where Some((r, format)): dx + r held in that format is written instead of dx (the
+        /// gradient of x from its other reader summed in: the add after the op folded in by
+        /// `PlanBuilder::push`, one pass over dx, not two).
+        sum: Option<(TensorId, Format)>,
         /// The format dy is rounded to as it is read (a matmul's product that autocast holds
         /// in the compute format: the rounding after the matmul folded in, `PlanBuilder::finish`).
         dy_held: Format,
@@ -463,7 +467,8 @@ impl Op {
     /// The output the op holds in a format of its own choosing (`PlanBuilder::round` folds a
     /// rounding into it) and that format: a layer norm's, an RMS norm's, GELU's, SiLU's, a
     /// product's, the cross entropy's and the mean squared error's gradient, an add's sum
-    /// (with a residual, its last sum; with a GELU, the GELU).
+    /// (with a residual, its last sum; with a GELU, the GELU), a layer norm backward's dx with
+    /// a gradient summed in.
     pub(crate) fn held_output(&mut self) -> Option<(TensorId, &mut Format)> {
         match self {
             Op::Add {
@@ -488,6 +493,11 @@ impl Op {
             }
             | Op::MseLoss {
                 grad: out, held, ..
+            }
+            | Op::LayerNormBwd {
+                dx: out,
+                sum: Some((_, held)),
+                ..
             } => Some((*out, held)),
             Op::Embedding { .. }
             | Op::EmbeddingBwd { .. }
@@ -571,8 +581,13 @@ impl Op {
                 dx,
                 dg,
                 db,
+                sum,
                 ..
-            } => vec![dy, x, g, stats, dx, dg, db],
+            } => {
+                let mut all = vec![dy, x, g, stats, dx, dg, db];
+                all.extend(sum.as_mut().map(|(r, _)| r));
+                all
+            }
             Op::Gelu { x, out, .. } => vec![x, out],
             Op::GeluBwd { x, dy, out, .. } => vec![x, dy, out],
             Op::RmsNorm {
@@ -771,8 +786,13 @@ impl Op {
                 dx,
                 dg,
                 db,
+                sum,
                 ..
-            } => (vec![dy, x, g, stats], vec![dx, dg, db]),
+            } => {
+                let mut reads = vec![dy, x, g, stats];
+                reads.extend(sum.map(|(r, _)| r));
+                (reads, vec![dx, dg, db])
+            }
             Op::Gelu { x, out, .. } => (vec![x], vec![out]),
             Op::GeluBwd { x, dy, out, .. } => (vec![x, dy], vec![out]),
             Op::RmsNorm {
@@ -902,6 +922,7 @@ impl Op {
                 dg,
                 db,
                 c,
+                sum,
                 ..
             } => {
                 let rows = check.rows("x", x, ("c", c))?;
@@ -909,6 +930,9 @@ impl Op {
                 check.holds("the gain", g, c)?;
                 check.holds("the (mean, rstd) pairs", stats, 2 * rows)?;
                 check.holds("dx", dx, check.len(x))?;
+                if let Some((r, _)) = sum {
+                    check.holds("the gradient summed into dx", r, check.len(x))?;
+                }
                 check.holds("the gain's gradient", dg, c)?;
                 check.holds("the bias's gradient", db, c)
             }

@@ -336,6 +336,7 @@ mod tests {
             db: 3,
             c: 4,
             dy_held: Format::F32,
+            sum: None,
         };
         let lens = [12, 12, 4, 4, 6, 3, 5, 12, 4];
         assert!(plan_of(&lens, 2, vec![bwd(4)]).is_ok());

@@ -537,12 +537,16 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         out = coded ? std::vector<u32>(codes.begin(), codes.end()) : bits_of(y);
         std::vector<u32> stats = bits_of(st);
         out.insert(out.end(), stats.begin(), stats.end());
-    } else if (k == "layernorm_bwd" && argc == 5) {  // ROWS C DYFMT < dy x g stats > dx dg db
-        u32 rows = arg(argv, 2), c = arg(argv, 3), dy_fmt = arg(argv, 4);
+    } else if (k == "layernorm_bwd" && argc == 7) {
+        // ROWS C DYFMT SUM SUMFMT < dy x g stats [r] > dx dg db; SUM 1: dx + r held in SUMFMT.
+        u32 rows = arg(argv, 2), c = arg(argv, 3), dy_fmt = arg(argv, 4), summed = arg(argv, 5);
+        u32 sum_fmt = arg(argv, 6);
         size_t n = (size_t)rows * c;
         float *dy = input.f(n), *x = input.f(n), *g = input.f(c), *st = input.f(2 * rows);
+        float* r = summed ? input.f(n) : nullptr;
         std::vector<float> dx(n), dg(c), db(c);
-        emu::launch({rows, 1, 1}, row_block, [&] { layernorm_bwd_x(dy, x, g, st, dx.data(), c, dy_fmt); });
+        emu::launch({rows, 1, 1}, row_block,
+                    [&] { layernorm_bwd_x(dy, x, g, st, dx.data(), c, dy_fmt, r, sum_fmt); });
         u32 chunks = std::max(1u, (rows + CHUNK_ROWS - 1) / CHUNK_ROWS);
         std::vector<float> partial(2 * (size_t)chunks * c);
         emu::launch({(c + 31) / 32, chunks, 1}, {32, 8, 1},

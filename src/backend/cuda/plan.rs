@@ -239,10 +239,12 @@ impl<'a> CudaPlan<'a> {
                 dg,
                 db,
                 c,
+                sum,
                 dy_held,
             } => {
                 let ptrs = [dy, x, g, st, dx, dg, db].map(|id| self.p(id));
-                launch::layernorm_bwd(cb, ptrs, (self.rows(x, c), c), dy_held, work)
+                let sum = sum.map(|(r, held)| (self.p(r), held));
+                launch::layernorm_bwd(cb, ptrs, (self.rows(x, c), c), (dy_held, sum), work)
             }
             Op::Gelu { x, out, held } => launch::gelu_fwd(
                 cb,

@@ -215,19 +215,22 @@ pub(super) fn layernorm_fwd(
     launch!(cb, Module::Train, "layernorm_fwd", CudaBackend::rows_config(rows)?; &x, &g, &b, &y, &stats, &c, &fmt, &coded)
 }
 
-/// dx, then dg and db through per-chunk partials in `scratch` (`scratch::layernorm_bwd`).
+/// dx (dy rounded to `dy_held` as it is read; with `sum` (r, format), dx + r held in that
+/// format), then dg and db through per-chunk partials in `scratch` (`scratch::layernorm_bwd`).
 pub(super) fn layernorm_bwd(
     cb: &CudaBackend,
     [dy, x, g, stats, dx, dg, db]: [Ptr; 7],
     (rows, c): (usize, usize),
-    dy_held: Format,
+    (dy_held, sum): (Format, Option<(Ptr, Format)>),
     scratch: Ptr,
 ) -> Result<()> {
     if rows == 0 || c == 0 {
         return Ok(());
     }
     let (c32, rows32, dy_fmt) = (c as u32, rows as u32, format_id(dy_held));
-    launch!(cb, Module::Train, "layernorm_bwd_x", CudaBackend::rows_config(rows)?; &dy, &x, &g, &stats, &dx, &c32, &dy_fmt)?;
+    // No sum: a null pointer, which the kernel reads as none.
+    let (sum, sum_fmt) = sum.map_or((0, 0), |(p, f)| (p, format_id(f)));
+    launch!(cb, Module::Train, "layernorm_bwd_x", CudaBackend::rows_config(rows)?; &dy, &x, &g, &stats, &dx, &c32, &dy_fmt, &sum, &sum_fmt)?;
     let chunks = chunks(rows);
     launch!(cb, Module::Train, "layernorm_bwd_partials", column_config(c, chunks)?; &dy, &x, &stats, &scratch, &rows32, &c32, &dy_fmt)?;
     let chunks32 = chunks as u32;

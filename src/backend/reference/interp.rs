@@ -136,13 +136,19 @@ impl HostExecutor {
                 dg,
                 db,
                 c,
+                sum,
                 dy_held,
             } => {
                 let mean: Vec<f32> = t[st].iter().step_by(2).copied().collect();
                 let rstd: Vec<f32> = t[st].iter().skip(1).step_by(2).copied().collect();
                 let dy = rounded(&t[dy], dy_held);
-                let (x_grad, g_grad, b_grad) =
+                let (mut x_grad, g_grad, b_grad) =
                     ops::layernorm_bwd(&dy, &t[x], &t[g], &mean, &rstd, c);
+                // The add it took in: dx + r, held (`Op::Add`'s sum, the same operands).
+                if let Some((r, held)) = sum {
+                    x_grad.iter_mut().zip(&t[r]).for_each(|(d, r)| *d += r);
+                    round_to(&mut x_grad, held);
+                }
                 self.tensors[dx] = x_grad;
                 self.tensors[dg] = g_grad;
                 self.tensors[db] = b_grad;

@@ -413,16 +413,27 @@ impl<'a> ResidentPlan<'a> {
                 dg,
                 db,
                 c,
+                sum,
                 dy_held,
             } => {
                 let rows = rows_of(x, c);
-                let [for_x, partials, sums] = launch::layernorm_bwd(rows, c, dy_held);
+                // The gradient summed in is read as f32 words (no writer of codes writes it).
+                if let Some((r, _)) = sum
+                    && stored(r) != Format::F32
+                {
+                    return Err(Error::invalid(
+                        "layer norm backward",
+                        "the gradient summed into dx is stored as codes",
+                    ));
+                }
+                let [for_x, partials, sums] =
+                    launch::layernorm_bwd(rows, c, dy_held, sum.map(|(_, held)| held));
                 let parts = storage_of(gpu, launch::partials_len(rows, c, 2))?;
                 let d = [
                     train(
                         for_x,
                         [Some(dy), Some(x), Some(g)],
-                        [Some(dx), Some(stats), None],
+                        [Some(dx), Some(stats), sum.map(|(r, _)| r)],
                     )?,
                     train_on(
                         partials,

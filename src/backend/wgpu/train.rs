@@ -219,6 +219,9 @@ pub struct TrainParams {
     /// Format id the gradient dy is rounded to as it is read (the norms', GELU's and SiLU's
     /// backward: `Op::rounded_read`).
     pub dy_held: u32,
+    /// 1: layer norm's backward sums its third output's values (read: the gradient of x from
+    /// its other reader) into dx, held in `held`.
+    pub sum: u32,
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -598,13 +601,22 @@ pub mod launch {
 
     /// dy, x, g -> dx (stats read); then dy, x -> the partials of dg and db
     /// (`partials_len(rows, c, 2)`), and the partials -> dg, db; dy rounded to `dy_held` as
-    /// it is read.
-    pub fn layernorm_bwd(rows: usize, c: usize, dy_held: Format) -> [TrainLaunch; 3] {
+    /// it is read; with `sum`, dx + the third output's values (read) held in that format.
+    pub fn layernorm_bwd(
+        rows: usize,
+        c: usize,
+        dy_held: Format,
+        sum: Option<Format>,
+    ) -> [TrainLaunch; 3] {
         let [mut for_x, mut partials] = [
             row_op(TrainOp::LayernormBwdX, rows, c),
             column_partials(TrainOp::LayernormBwdPartials, rows, c),
         ];
         for_x.params.dy_held = format_id(dy_held);
+        if let Some(held) = sum {
+            for_x.params.sum = 1;
+            for_x.params.held = format_id(held);
+        }
         partials.params.dy_held = format_id(dy_held);
         [for_x, partials, sum_partials(rows, c, 2)]
     }
