@@ -4,9 +4,11 @@
 //
 // Row ops (layer norm, RMS norm, softmax, cross entropy) run one block per row and reduce with warp
 // shuffles. Column reductions (bias and layer-norm parameter gradients) write one partial sum
-// per chunk of rows and a second kernel adds the chunks in order; the embedding scatter-add is
-// a counting sort of the ids then a sum over each id's own tokens. No float atomics anywhere: a step rerun gives the same bits, which
-// is what makes a resumed run reproduce an uninterrupted one.
+// per chunk of rows and the last block of each column block to finish adds the chunks in order
+// (one launch; an integer counter says which block is last); the embedding scatter-add is a
+// counting sort of the ids then a sum over each id's own tokens. No float atomics anywhere: a
+// step rerun gives the same bits, which is what makes a resumed run reproduce an
+// uninterrupted one.
 
 // Scalar slots the host writes before a step: S_<NAME>, generated from src/plan/scalar.rs
 // into the header (src/backend/defs.rs).
@@ -301,64 +303,89 @@ __device__ float chunk_column_sum(u32 rows, F value) {
     return t;
 }
 
-// partial[chunk, j] = sum over the chunk's rows of x[row, j].
-extern "C" __global__ void column_partials(const float* x, float* partial, u32 rows, u32 c) {
+// Whether this block is the last of its column block's chunks to finish, so that it adds
+// their partial sums up (one launch where a second one did it; NVIDIA's threadFenceReduction
+// sample): each block's partials are fenced before it counts itself in, and the count goes
+// back to zero for the next launch. `counters` holds one zero per column block between
+// launches.
+__device__ bool last_chunk(u32* counters) {
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0u && threadIdx.y == 0u) {
+        last = atomicAdd(&counters[blockIdx.x], 1u) == gridDim.y - 1u;
+        if (last) counters[blockIdx.x] = 0u;
+    }
+    __syncthreads();
+    return last;
+}
+
+// out[j] for this block's columns: the chunks' partial sums in `plane` added in chunk order
+// (`sum_partials`' order, wgpu's), read past L1 (other blocks wrote them).
+__device__ void sum_chunks(const float* plane, float* out, u32 c) {
+    u32 j = blockIdx.x * 32u + threadIdx.x;
+    if (threadIdx.y != 0u || j >= c) return;
+    float s = 0.0f;
+    for (u32 k = 0; k < gridDim.y; k++) s += __ldcg(plane + (i64)k * c + j);
+    out[j] = s;
+}
+
+// out[j] = sum over rows of x[row, j]: partial[chunk, j] over each chunk's rows, then the last
+// chunk's block adds the chunks in order.
+extern "C" __global__ void column_sums(const float* x, float* partial, float* out, u32* counters,
+                                       u32 rows, u32 c) {
     u32 j = blockIdx.x * 32u + threadIdx.x;
     u32 jj = min(j, c - 1u);  // out-of-range columns compute a copy and write nothing
     float t = chunk_column_sum(rows, [&](u32 r) { return x[(i64)r * c + jj]; });
     if (threadIdx.y == 0u && j < c) partial[(i64)blockIdx.y * c + j] = t;
+    if (last_chunk(counters)) sum_chunks(partial, out, c);
 }
 
-// Partials of layer norm's dg = sum dy * xhat and db = sum dy per column (dg's chunks first,
-// then db's: 2 * chunks * c values).
-extern "C" __global__ void layernorm_bwd_partials(const float* dy, const float* x,
-                                                  const float* stats, float* partial, u32 rows,
-                                                  u32 c, u32 dy_fmt) {
+// Layer norm's dg = sum dy * xhat and db = sum dy per column, through partials per chunk (dg's
+// chunks first, then db's: 2 * chunks * c values) that the last chunk's block adds.
+extern "C" __global__ void layernorm_bwd_columns(const float* dy, const float* x,
+                                                 const float* stats, float* partial, float* dg,
+                                                 float* db, u32* counters, u32 rows, u32 c,
+                                                 u32 dy_fmt) {
     u32 j = blockIdx.x * 32u + threadIdx.x;
     u32 jj = min(j, c - 1u);
-    float dg = chunk_column_sum(rows, [&](u32 r) {
+    float g = chunk_column_sum(rows, [&](u32 r) {
         i64 e = (i64)r * c + jj;
         return held(dy[e], dy_fmt) * ((x[e] - stats[2 * (i64)r]) * stats[2 * (i64)r + 1]);
     });
-    float db = chunk_column_sum(rows, [&](u32 r) { return held(dy[(i64)r * c + jj], dy_fmt); });
+    float b = chunk_column_sum(rows, [&](u32 r) { return held(dy[(i64)r * c + jj], dy_fmt); });
     if (threadIdx.y == 0u && j < c) {
-        partial[(i64)blockIdx.y * c + j] = dg;
-        partial[(i64)(gridDim.y + blockIdx.y) * c + j] = db;
+        partial[(i64)blockIdx.y * c + j] = g;
+        partial[(i64)(gridDim.y + blockIdx.y) * c + j] = b;
+    }
+    if (last_chunk(counters)) {
+        sum_chunks(partial, dg, c);
+        sum_chunks(partial + (i64)gridDim.y * c, db, c);
     }
 }
 
-// Partials of RMS norm's dg = sum dy * xhat per column (chunks * c values).
-extern "C" __global__ void rmsnorm_bwd_partials(const float* dy, const float* x,
-                                                const float* rstds, float* partial, u32 rows,
-                                                u32 c, u32 dy_fmt) {
+// RMS norm's dg = sum dy * xhat per column, through partials per chunk (chunks * c values)
+// that the last chunk's block adds.
+extern "C" __global__ void rmsnorm_bwd_columns(const float* dy, const float* x,
+                                               const float* rstds, float* partial, float* dg,
+                                               u32* counters, u32 rows, u32 c, u32 dy_fmt) {
     u32 j = blockIdx.x * 32u + threadIdx.x;
     u32 jj = min(j, c - 1u);
-    float dg = chunk_column_sum(rows, [&](u32 r) {
+    float g = chunk_column_sum(rows, [&](u32 r) {
         i64 e = (i64)r * c + jj;
         return held(dy[e], dy_fmt) * (x[e] * rstds[r]);
     });
-    if (threadIdx.y == 0u && j < c) partial[(i64)blockIdx.y * c + j] = dg;
+    if (threadIdx.y == 0u && j < c) partial[(i64)blockIdx.y * c + j] = g;
+    if (last_chunk(counters)) sum_chunks(partial, dg, c);
 }
 
-// out[j] = sum over chunks of partial[chunk, j], in chunk order.
+// out[j] = sum over chunks of partial[chunk, j], in chunk order (the split GEMMs' planes:
+// matmul.rs).
 extern "C" __global__ void sum_partials(const float* partial, float* out, u32 chunks, u32 c) {
     FOR_EACH(j, c) {
         float s = 0.0f;
         for (u32 k = 0; k < chunks; k++) s += partial[(i64)k * c + j];
         out[j] = s;
-    }
-}
-
-// Two planes of partials at once (layer norm's dg's chunks, then db's): out0[j] and out1[j]
-// as `sum_partials` gives each, in one launch.
-extern "C" __global__ void sum_partial_pairs(const float* partial, float* out0, float* out1,
-                                             u32 chunks, u32 c) {
-    FOR_EACH(e, 2 * (i64)c) {
-        u32 part = (u32)(e / c), j = (u32)(e % c);
-        const float* plane = partial + (i64)part * chunks * c;
-        float s = 0.0f;
-        for (u32 k = 0; k < chunks; k++) s += plane[(i64)k * c + j];
-        (part == 0u ? out0 : out1)[j] = s;
     }
 }
 

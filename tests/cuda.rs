@@ -905,6 +905,14 @@ fn cuda_training_kernels_match_the_host_reference() {
         close("layernorm db", &out[rows * c + c..], &db, tol::REDUCTION);
         let sums = run_f32(h, "column_sums", &strings(&[rows, c]), &[&x]);
         close("column sums", &sums, &ops::column_sums(&x, c), tol::ROW);
+        // The split GEMMs' planes added in order: f32 sums in chunk order, to the bit.
+        let chunks = rows.div_ceil(64);
+        let planes = measure::normal(chunks * c, seed + 7);
+        let got = run_f32(h, "sum_partials", &strings(&[chunks, c]), &[&planes]);
+        let want: Vec<f32> = (0..c)
+            .map(|j| (0..chunks).fold(0.0f32, |s, k| s + planes[k * c + j]))
+            .collect();
+        same_or_nan("sum_partials", &got, &want);
     }
     let x = measure::normal(1001, seed + 4);
     let dy = measure::normal(1001, seed + 5);

@@ -79,6 +79,14 @@ static inline unsigned atomicMax(unsigned* p, unsigned v) {
     if (v > old) *p = v;
     return old;
 }
+static inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    unsigned old = *p;
+    *p = old + v;
+    return old;
+}
+// Blocks run one after the other here: every write is seen by the blocks after.
+static inline void __threadfence() {}
+static inline float __ldcg(const float* p) { return *p; }
 using std::min;
 
 // The block emulator: one coroutine per thread of the running block.
@@ -512,13 +520,26 @@ struct Aligned {
     float* f() { return (float*)v.data(); }
 };
 
+// The zeros a column reduction's blocks count themselves in with, checked back at zero after.
+struct Counters {
+    std::vector<u32> v;
+    explicit Counters(u32 c) : v((c + 31) / 32, 0u) {}
+    u32* p() { return v.data(); }
+    ~Counters() {
+        for (u32 n : v)
+            if (n != 0u) {
+                std::fprintf(stderr, "a column reduction left its counter at %u\n", n);
+                std::exit(3);
+            }
+    }
+};
+
 static void column_sums_of(const float* x, float* out, u32 rows, u32 c) {
     u32 chunks = std::max(1u, (rows + CHUNK_ROWS - 1) / CHUNK_ROWS);
     std::vector<float> partial((size_t)chunks * c);
+    Counters counters(c);
     emu::launch({(c + 31) / 32, chunks, 1}, {32, 8, 1},
-                [&] { column_partials(x, partial.data(), rows, c); });
-    emu::launch(elementwise_grid(c), {ELEMENT_THREADS, 1, 1},
-                [&] { sum_partials(partial.data(), out, chunks, c); });
+                [&] { column_sums(x, partial.data(), out, counters.p(), rows, c); });
 }
 
 // Runs train.cu kernel `k`; false if `k` is not one of them.
@@ -549,10 +570,11 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
                     [&] { layernorm_bwd_x(dy, x, g, st, dx.data(), c, dy_fmt, r, sum_fmt); });
         u32 chunks = std::max(1u, (rows + CHUNK_ROWS - 1) / CHUNK_ROWS);
         std::vector<float> partial(2 * (size_t)chunks * c);
-        emu::launch({(c + 31) / 32, chunks, 1}, {32, 8, 1},
-                    [&] { layernorm_bwd_partials(dy, x, st, partial.data(), rows, c, dy_fmt); });
-        emu::launch(elementwise_grid(2 * (i64)c), element_block,
-                    [&] { sum_partial_pairs(partial.data(), dg.data(), db.data(), chunks, c); });
+        Counters counters(c);
+        emu::launch({(c + 31) / 32, chunks, 1}, {32, 8, 1}, [&] {
+            layernorm_bwd_columns(dy, x, st, partial.data(), dg.data(), db.data(), counters.p(),
+                                  rows, c, dy_fmt);
+        });
         dx.insert(dx.end(), dg.begin(), dg.end());
         dx.insert(dx.end(), db.begin(), db.end());
         out = bits_of(dx);
@@ -581,10 +603,11 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
                     [&] { rmsnorm_bwd_x(dy.f(), x.f(), g.f(), rstd, dx.f(), c, width, dy_fmt); });
         u32 chunks = std::max(1u, (rows + CHUNK_ROWS - 1) / CHUNK_ROWS);
         std::vector<float> partial((size_t)chunks * c), dg(c);
-        emu::launch({(c + 31) / 32, chunks, 1}, {32, 8, 1},
-                    [&] { rmsnorm_bwd_partials(dy.f(), x.f(), rstd, partial.data(), rows, c, dy_fmt); });
-        emu::launch(elementwise_grid(c), element_block,
-                    [&] { sum_partials(partial.data(), dg.data(), chunks, c); });
+        Counters counters(c);
+        emu::launch({(c + 31) / 32, chunks, 1}, {32, 8, 1}, [&] {
+            rmsnorm_bwd_columns(dy.f(), x.f(), rstd, partial.data(), dg.data(), counters.p(), rows,
+                                c, dy_fmt);
+        });
         std::vector<float> both(dx.f(), dx.f() + n);
         both.insert(both.end(), dg.begin(), dg.end());
         out = bits_of(both);
@@ -642,6 +665,13 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         float* x = input.f((size_t)rows * c);
         std::vector<float> sums(c);
         column_sums_of(x, sums.data(), rows, c);
+        out = bits_of(sums);
+    } else if (k == "sum_partials" && argc == 4) {  // CHUNKS C < partial > sums
+        u32 chunks = arg(argv, 2), c = arg(argv, 3);
+        float* partial = input.f((size_t)chunks * c);
+        std::vector<float> sums(c);
+        emu::launch(elementwise_grid(c), element_block,
+                    [&] { sum_partials(partial, sums.data(), chunks, c); });
         out = bits_of(sums);
     } else if ((k == "gelu_fwd" || k == "gelu_bwd") && argc == 6) {
         // gelu_fwd N FMT CODED XFMT < x > y; gelu_bwd N FMT XFMT DYFMT < x dy > dx (held in

@@ -42,6 +42,8 @@ pub struct CudaPlan<'a> {
     stats: CudaSlice<f32>,
     /// Shared by the ops that need temporaries (they run one after the other on one stream).
     scratch: CudaSlice<f32>,
+    /// The column reductions' counters (`launch::counters_for`): zeros between launches.
+    counters: CudaSlice<u32>,
     /// Stands in for a matmul's output while that output is lent to `matmul::run`.
     spare: CudaSlice<f32>,
     /// The tensor tables of the multi-tensor ops (unscale and check, AdamW), by op index:
@@ -95,6 +97,7 @@ impl<'a> CudaPlan<'a> {
             .map(|op| scratch::of(op, len))
             .max()
             .unwrap_or(0);
+        let counters = plan.ops.iter().map(launch::counters_for).max().unwrap_or(0);
         let graphs = Graphs::for_plan(
             &plan,
             std::env::var("MANTISSA_CUDA_GRAPH").is_ok_and(|v| v == "on"),
@@ -107,6 +110,7 @@ impl<'a> CudaPlan<'a> {
             scalars: cb.zeros::<f32>(plan.scalar_count())?,
             stats: cb.zeros::<f32>(plan.stats.len())?,
             scratch: cb.zeros::<f32>(work)?,
+            counters: cb.zeros::<u32>(counters.max(1))?,
             spare: cb.zeros::<f32>(1)?,
             storage,
             buffers,
@@ -201,6 +205,7 @@ impl<'a> CudaPlan<'a> {
             cb.ptr(&self.stats),
             cb.ptr(&self.scratch),
         );
+        let counters = cb.ptr(&self.counters);
         let layout = self.plan.stats;
         match *op {
             Op::Embedding { table, ids, out, c } => {
@@ -244,7 +249,13 @@ impl<'a> CudaPlan<'a> {
             } => {
                 let ptrs = [dy, x, g, st, dx, dg, db].map(|id| self.p(id));
                 let sum = sum.map(|(r, held)| (self.p(r), held));
-                launch::layernorm_bwd(cb, ptrs, (self.rows(x, c), c), (dy_held, sum), work)
+                launch::layernorm_bwd(
+                    cb,
+                    ptrs,
+                    (self.rows(x, c), c),
+                    (dy_held, sum),
+                    (work, counters),
+                )
             }
             Op::Gelu { x, out, held } => launch::gelu_fwd(
                 cb,
@@ -290,7 +301,7 @@ impl<'a> CudaPlan<'a> {
                 dy_held,
             } => {
                 let ptrs = [dy, x, g, st, dx, dg].map(|id| self.p(id));
-                launch::rmsnorm_bwd(cb, ptrs, (self.rows(x, c), c), dy_held, work)
+                launch::rmsnorm_bwd(cb, ptrs, (self.rows(x, c), c), dy_held, (work, counters))
             }
             Op::Silu { x, out, held } => launch::silu_fwd(
                 cb,
@@ -423,9 +434,12 @@ impl<'a> CudaPlan<'a> {
                 let formats = (y_held, held, self.coded(out));
                 launch::add(cb, ptrs, lens, formats, (r, r_held), g)
             }
-            Op::ColumnSums { x, out, c } => {
-                launch::column_sums(cb, self.p(x), self.p(out), self.rows(x, c), c, work)
-            }
+            Op::ColumnSums { x, out, c } => launch::column_sums(
+                cb,
+                [self.p(x), self.p(out)],
+                (self.rows(x, c), c),
+                (work, counters),
+            ),
             Op::Copy { x, out, ref map } => launch::strided_copy(cb, self.p(x), self.p(out), map),
             Op::Amax { x, slot } => launch::amax_into(cb, self.p(x), self.len(x), stats, slot),
             Op::UnscaleCheck { .. } => {
@@ -605,7 +619,7 @@ impl StepExecutor for CudaPlan<'_> {
     }
 
     fn memory(&self) -> Memory {
-        let held = self.storage.bytes() + self.scratch.len() as u64 * 4;
+        let held = self.storage.bytes() + (self.scratch.len() + self.counters.len()) as u64 * 4;
         let (peak_bytes, measured_by) = match (self.pool_base, self.cb.pool_usage()) {
             (Some(base), Some((_, high))) => (
                 high.saturating_sub(base),

@@ -7,7 +7,7 @@
 use super::{CudaBackend, Module, format_id};
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::plan::{Attention, ScoreScale, Strided};
+use crate::plan::{Attention, Op, ScoreScale, Strided};
 use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, sys::CUdeviceptr};
 
 /// A device address (of f32 values unless said otherwise).
@@ -216,13 +216,14 @@ pub(super) fn layernorm_fwd(
 }
 
 /// dx (dy rounded to `dy_held` as it is read; with `sum` (r, format), dx + r held in that
-/// format), then dg and db through per-chunk partials in `scratch` (`scratch::layernorm_bwd`).
+/// format), then dg and db through per-chunk partials in `scratch` (`scratch::layernorm_bwd`)
+/// and `counters` (`counters_for`).
 pub(super) fn layernorm_bwd(
     cb: &CudaBackend,
     [dy, x, g, stats, dx, dg, db]: [Ptr; 7],
     (rows, c): (usize, usize),
     (dy_held, sum): (Format, Option<(Ptr, Format)>),
-    scratch: Ptr,
+    (scratch, counters): (Ptr, Ptr),
 ) -> Result<()> {
     if rows == 0 || c == 0 {
         return Ok(());
@@ -232,9 +233,7 @@ pub(super) fn layernorm_bwd(
     let (sum, sum_fmt) = sum.map_or((0, 0), |(p, f)| (p, format_id(f)));
     launch!(cb, Module::Train, "layernorm_bwd_x", CudaBackend::rows_config(rows)?; &dy, &x, &g, &stats, &dx, &c32, &dy_fmt, &sum, &sum_fmt)?;
     let chunks = chunks(rows);
-    launch!(cb, Module::Train, "layernorm_bwd_partials", column_config(c, chunks)?; &dy, &x, &stats, &scratch, &rows32, &c32, &dy_fmt)?;
-    let chunks32 = chunks as u32;
-    launch_1d!(cb, Module::Train, "sum_partial_pairs", 2 * c; &scratch, &dg, &db, &chunks32, &c32)
+    launch!(cb, Module::Train, "layernorm_bwd_columns", column_config(c, chunks)?; &dy, &x, &stats, &scratch, &dg, &db, &counters, &rows32, &c32, &dy_fmt)
 }
 
 /// 4 where RMS norm's kernels take 16-byte accesses: rows of a multiple of 4 values and every
@@ -265,13 +264,14 @@ pub(super) fn rmsnorm_fwd(
     launch!(cb, Module::Train, "rmsnorm_fwd", CudaBackend::rows_config(rows)?; &x, &g, &y, &rstds, &c, &eps, &fmt, &coded, &width)
 }
 
-/// dx, then dg through per-chunk partials in `scratch` (`scratch::rmsnorm_bwd`).
+/// dx, then dg through per-chunk partials in `scratch` (`scratch::rmsnorm_bwd`) and
+/// `counters` (`counters_for`).
 pub(super) fn rmsnorm_bwd(
     cb: &CudaBackend,
     [dy, x, g, rstds, dx, dg]: [Ptr; 6],
     (rows, c): (usize, usize),
     dy_held: Format,
-    scratch: Ptr,
+    (scratch, counters): (Ptr, Ptr),
 ) -> Result<()> {
     if rows == 0 || c == 0 {
         return Ok(());
@@ -280,9 +280,7 @@ pub(super) fn rmsnorm_bwd(
     let (c32, rows32, dy_fmt) = (c as u32, rows as u32, format_id(dy_held));
     launch!(cb, Module::Train, "rmsnorm_bwd_x", CudaBackend::rows_config(rows)?; &dy, &x, &g, &rstds, &dx, &c32, &width, &dy_fmt)?;
     let chunks = chunks(rows);
-    launch!(cb, Module::Train, "rmsnorm_bwd_partials", column_config(c, chunks)?; &dy, &x, &rstds, &scratch, &rows32, &c32, &dy_fmt)?;
-    let chunks32 = chunks as u32;
-    launch_1d!(cb, Module::Train, "sum_partials", c; &scratch, &dg, &chunks32, &c32)
+    launch!(cb, Module::Train, "rmsnorm_bwd_columns", column_config(c, chunks)?; &dy, &x, &rstds, &scratch, &dg, &counters, &rows32, &c32, &dy_fmt)
 }
 
 fn column_config(c: usize, chunks: usize) -> Result<LaunchConfig> {
@@ -306,22 +304,30 @@ fn column_config(c: usize, chunks: usize) -> Result<LaunchConfig> {
     })
 }
 
-/// out[j] = sum over rows of x[row, j], through `scratch` (`scratch::column_sums`).
+/// out[j] = sum over rows of x[row, j], through `scratch` (`scratch::column_sums`) and the
+/// zeros of `counters` (`counters_for`), in one launch.
 pub(super) fn column_sums(
     cb: &CudaBackend,
-    x: Ptr,
-    out: Ptr,
-    rows: usize,
-    c: usize,
-    scratch: Ptr,
+    [x, out]: [Ptr; 2],
+    (rows, c): (usize, usize),
+    (scratch, counters): (Ptr, Ptr),
 ) -> Result<()> {
     if c == 0 {
         return Ok(());
     }
     let (c32, rows32, chunks) = (c as u32, rows as u32, chunks(rows));
-    launch!(cb, Module::Train, "column_partials", column_config(c, chunks)?; &x, &scratch, &rows32, &c32)?;
-    let chunks32 = chunks as u32;
-    launch_1d!(cb, Module::Train, "sum_partials", c; &scratch, &out, &chunks32, &c32)
+    launch!(cb, Module::Train, "column_sums", column_config(c, chunks)?; &x, &scratch, &out, &counters, &rows32, &c32)
+}
+
+/// The u32 counters (zeros between launches) the column reductions of `op` need: one per
+/// block of 32 columns (`last_chunk` in train.cu).
+pub(super) fn counters_for(op: &Op) -> usize {
+    match *op {
+        Op::ColumnSums { c, .. } | Op::LayerNormBwd { c, .. } | Op::RmsNormBwd { c, .. } => {
+            c.div_ceil(32)
+        }
+        _ => 0,
+    }
 }
 
 /// y = GELU(x) held in `held`; `coded`: y stores its 16-bit codes (a plan's coded tensor);
