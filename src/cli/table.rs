@@ -26,7 +26,7 @@ impl Table {
     /// in a newline.
     pub fn render(&self) -> String {
         let cols = self.header.len();
-        let mut widths: Vec<usize> = self.header.iter().map(|h| h.len()).collect();
+        let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
         for r in &self.rows {
             for (i, c) in r.iter().enumerate().take(cols) {
                 widths[i] = widths[i].max(c.chars().count());
@@ -102,7 +102,17 @@ fn trim_zeros(s: &str) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use super::g;
+    use super::{Table, g};
+
+    #[test]
+    fn columns_align_by_characters_not_bytes() {
+        let mut t = Table::new(&["µs", "x"]);
+        t.row(vec!["1".into(), "2".into()]);
+        let text = t.render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines, ["µs  x", "--  -", "1   2"]);
+    }
+
     #[test]
     fn g_matches_printf() {
         assert_eq!(g(3.3895313892515355e38, 6), "3.38953e+38");
