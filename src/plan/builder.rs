@@ -179,6 +179,10 @@ impl PlanBuilder {
             // Not a gradient: `Plan::split_for_ranks` moves its adds one by one.
             && !matches!(self.tensors.get(y).map(|t| t.kind), Some(TensorKind::Grad(_)))
             && let Some(Op::LayerNormBwd {
+                dy,
+                x,
+                g,
+                stats,
                 dx,
                 dg,
                 db,
@@ -186,8 +190,8 @@ impl PlanBuilder {
                 ..
             }) = self.ops.last_mut()
             && *dx == y
-            && r != *dg
-            && r != *db
+            // r bound beside the op's own tensors (wgpu binds each buffer once per dispatch).
+            && ![*dy, *x, *g, *stats, *dg, *db].contains(&r)
         {
             *sum = Some((r, held));
             return;
@@ -434,6 +438,50 @@ mod tests {
             g.fold_rounded_reads(usize::MAX, [e0, e1, e2]);
             assert_eq!(g.ops.len() == 1, dropped, "{algorithm} {format}");
         }
+    }
+
+    #[test]
+    fn an_add_into_a_layer_norm_backward_s_dx_right_after_it_is_that_op_s_sum() {
+        let ln_bwd = |g: &mut PlanBuilder, dx_kind: TensorKind| {
+            let (dy, x, gain, stats) = (g.temp(8), g.temp(8), g.temp(4), g.temp(4));
+            let (dx, dg, db) = (g.tensor(8, dx_kind), g.temp(4), g.temp(4));
+            let op = Op::LayerNormBwd {
+                dy,
+                x,
+                g: gain,
+                stats,
+                dx,
+                dg,
+                db,
+                c: 4,
+                sum: None,
+                dy_held: Format::F32,
+            };
+            (op, dy, dx)
+        };
+        let mut g = PlanBuilder::default();
+        let (op, _, dx) = ln_bwd(&mut g, TensorKind::Temp);
+        let r = g.temp(8);
+        g.push(op);
+        g.push(Op::add_in_place(r, dx));
+        g.round(dx, Format::Bf16);
+        assert!(
+            matches!(g.ops[..], [Op::LayerNormBwd { sum: Some((s, Format::Bf16)), .. }] if s == r),
+            "{:?}",
+            g.ops
+        );
+        // Not where r is one of the op's own tensors, nor into a gradient.
+        let mut g = PlanBuilder::default();
+        let (op, dy, dx) = ln_bwd(&mut g, TensorKind::Temp);
+        g.push(op);
+        g.push(Op::add_in_place(dy, dx));
+        assert_eq!(g.ops.len(), 2);
+        let mut g = PlanBuilder::default();
+        let (op, _, dx) = ln_bwd(&mut g, TensorKind::Grad(0));
+        let r = g.temp(8);
+        g.push(op);
+        g.push(Op::add_in_place(r, dx));
+        assert_eq!(g.ops.len(), 2);
     }
 
     #[test]
