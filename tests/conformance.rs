@@ -1429,14 +1429,11 @@ fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
             let plain = run(&rounded, Format::F32);
             for (executor, (got, want)) in folded.iter().zip(&plain).enumerate() {
                 for (i, (got, want)) in got.outs.iter().zip(&want.outs).enumerate() {
-                    let differ = got.iter().zip(want).position(|(g, w)| {
-                        g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan())
-                    });
-                    assert!(
-                        differ.is_none(),
-                        "{} {kernel} backward rounding dy to {format} (executor {executor}, output {i}): element {differ:?}",
+                    let what = format!(
+                        "{} {kernel} backward rounding dy to {format} (executor {executor}, output {i})",
                         b.name()
                     );
+                    common::same_or_nan(&what, got, want);
                 }
             }
         }
@@ -1493,15 +1490,11 @@ fn layer_norm_backward_sums_a_second_gradient(b: &dyn Backend) {
                 *w = format.round(*w + r, Overflow::Standard);
             }
             for (i, (got, want)) in got.outs.iter().zip(&want).enumerate() {
-                let differ = got
-                    .iter()
-                    .zip(want)
-                    .position(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan()));
-                assert!(
-                    differ.is_none(),
-                    "{} layer norm backward summing r in {format} (executor {executor}, output {i}): element {differ:?}",
+                let what = format!(
+                    "{} layer norm backward summing r in {format} (executor {executor}, output {i})",
                     b.name()
                 );
+                common::same_or_nan(&what, got, want);
             }
         }
     }

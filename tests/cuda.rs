@@ -512,18 +512,6 @@ fn elementwise_edges() -> Vec<f32> {
     ]
 }
 
-/// The same bits, NaN for NaN (the host's NaN may carry another payload).
-fn same_or_nan(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    let differ = got
-        .iter()
-        .zip(want)
-        .position(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan()));
-    if let Some(i) = differ {
-        panic!("{what}, element {i}: {:e}, not {:e}", got[i], want[i]);
-    }
-}
-
 /// The backward kernels that round their gradient dy as they read it (the norms', GELU's and
 /// SiLU's: a plan folds the rounding of the matmul product into them) give the same bits as
 /// the plain kernel on dy rounded first, dy over NaN, infinities, f16's overflow and
@@ -591,7 +579,7 @@ fn cuda_backward_kernels_round_dy_as_they_read_it() {
         for (kernel, folded, plain, inputs, inputs_rounded) in cases {
             let got = run_f32(h, kernel, &strings(&folded), &inputs);
             let want = run_f32(h, kernel, &strings(&plain), &inputs_rounded);
-            same_or_nan(&format!("{kernel} rounding dy to {format}"), &got, &want);
+            common::same_or_nan(&format!("{kernel} rounding dy to {format}"), &got, &want);
         }
         // The layer norm's backward with a gradient summed into dx (the add after it folded
         // in): dx + r held in the format, dg and db as they were, bit for bit.
@@ -612,7 +600,7 @@ fn cuda_backward_kernels_round_dy_as_they_read_it() {
         for (w, r) in want[..n].iter_mut().zip(&r) {
             *w = format.round(*w + r, Overflow::Standard);
         }
-        same_or_nan(
+        common::same_or_nan(
             &format!("layernorm_bwd summing r in {format}"),
             &summed,
             &want,
@@ -717,7 +705,7 @@ fn cuda_model_ops_match_the_host_reference() {
         let plain = run_f32(h, "silu_fwd", &strings(&[n, f32_, 0, f32_]), &[&values]);
         let from_codes = run(h, "silu_fwd", &strings(&[n, f32_, 0, id]), &codes);
         let from_codes: Vec<f32> = from_codes.into_iter().map(f32::from_bits).collect();
-        same_or_nan(&format!("silu of {format} codes"), &from_codes, &plain);
+        common::same_or_nan(&format!("silu of {format} codes"), &from_codes, &plain);
         let with_dy: Vec<u32> = [codes.clone(), bits(&dy)].concat();
         let plain = run_f32(
             h,
@@ -727,7 +715,7 @@ fn cuda_model_ops_match_the_host_reference() {
         );
         let from_codes = run(h, "silu_bwd", &strings(&[n, f32_, id, f32_]), &with_dy);
         let from_codes: Vec<f32> = from_codes.into_iter().map(f32::from_bits).collect();
-        same_or_nan(&format!("silu bwd of {format} codes"), &from_codes, &plain);
+        common::same_or_nan(&format!("silu bwd of {format} codes"), &from_codes, &plain);
     }
     // The product: f32's, bit for bit (the host multiplies as the kernel does); held in bf16
     // and stored as its codes.
@@ -738,7 +726,7 @@ fn cuda_model_ops_match_the_host_reference() {
     b.extend(edges.iter().rev());
     let n = a.len();
     let product = run_f32(h, "elementwise_mul", &strings(&[n, f32_, 0]), &[&a, &b]);
-    same_or_nan("product", &product, &ops::mul(&a, &b));
+    common::same_or_nan("product", &product, &ops::mul(&a, &b));
     let m = 1001;
     let held = run_f32(
         h,
@@ -912,7 +900,7 @@ fn cuda_training_kernels_match_the_host_reference() {
         let want: Vec<f32> = (0..c)
             .map(|j| (0..chunks).fold(0.0f32, |s, k| s + planes[k * c + j]))
             .collect();
-        same_or_nan("sum_partials", &got, &want);
+        common::same_or_nan("sum_partials", &got, &want);
     }
     let x = measure::normal(1001, seed + 4);
     let dy = measure::normal(1001, seed + 5);

@@ -255,6 +255,18 @@ pub fn same_bits(x: &[f32], y: &[f32]) -> bool {
     x.len() == y.len() && x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits())
 }
 
+/// Asserts the same bits, NaN for NaN (the host's NaN may carry another payload).
+pub fn same_or_nan(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let differ = got
+        .iter()
+        .zip(want)
+        .position(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan()));
+    if let Some(i) = differ {
+        panic!("{what}, element {i}: {:e}, not {:e}", got[i], want[i]);
+    }
+}
+
 /// Elementwise tolerance of fused attention against its definition (`ops::attention_fwd`,
 /// `attention_bwd`): where a value is held in a 16-bit format, the kernel's f32 sums and the
 /// reference's f64 sums can round to neighbouring values, and such a flip in a score or a
