@@ -563,7 +563,9 @@ struct Strided {
     u32 dst_offset;
 };
 
-extern "C" __global__ void strided_copy(const float* x, float* y, i64 n, Strided map) {
+// The values rounded to `fmt` as they are copied (a rounding of the matmul product copied,
+// folded in).
+extern "C" __global__ void strided_copy(const float* x, float* y, i64 n, Strided map, u32 fmt) {
     FOR_EACH(e, n) {
         i64 rest = e, s = map.src_offset, d = map.dst_offset;
         for (int axis = 3; axis >= 0; axis--) {
@@ -572,7 +574,7 @@ extern "C" __global__ void strided_copy(const float* x, float* y, i64 n, Strided
             s += i * map.src[axis];
             d += i * map.dst[axis];
         }
-        y[d] = x[s];
+        y[d] = held(x[s], fmt);
     }
 }
 

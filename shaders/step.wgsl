@@ -144,7 +144,7 @@ fn strided_copy(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     let i = vec4<u32>(i0, i1, i2, i3);
     let s = params.extra.x + dot(i, params.src);
     let t = params.extra.y + dot(i, params.dst);
-    y[t] = x[s];
+    y[t] = held(x[s], params.format);
 }
 
 var<workgroup> partial: array<f32, 256>;

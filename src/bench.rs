@@ -338,7 +338,12 @@ impl Limits {
             src_offset: 0,
             dst_offset: 0,
         };
-        let copy = one_op(COPY_ELEMENTS, 0, |x, _, out| Op::Copy { x, out, map });
+        let copy = one_op(COPY_ELEMENTS, 0, |x, _, out| Op::Copy {
+            x,
+            out,
+            map,
+            held: crate::format::Format::F32,
+        });
         let copy_bytes_per_second = match time_one_op(backend, copy).await {
             Ok(s) => Some((2 * 4 * COPY_ELEMENTS) as f64 / s),
             Err(e) => {

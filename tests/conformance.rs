@@ -1339,10 +1339,10 @@ fn train_ops_bad_input(b: &dyn Backend) {
 // The reference is the truth the other backends are compared with: it runs only the tests
 // that check it against something else (f64 products and published error bands, bad input).
 /// The backward ops that round their gradient dy as they read it (the norms', GELU's and
-/// SiLU's: a plan folds the rounding of the matmul product before them in,
-/// `PlanBuilder::finish`) give, on each executor, the same bits as the op reading dy rounded
-/// first: dy over NaN, infinities, f16's overflow and subnormals, rows longer than a workgroup
-/// and not a multiple of it.
+/// SiLU's), and a strided copy rounding its source (a plan folds the rounding of the matmul
+/// product before them in, `PlanBuilder::finish`) give, on each executor, the same bits as the
+/// op reading dy rounded first: dy over NaN, infinities, f16's overflow and subnormals, rows
+/// longer than a workgroup and not a multiple of it.
 fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
     let seed = common::seed("backward_ops_round_dy_as_they_read_it");
     let (rows, c) = (37, 300);
@@ -1360,7 +1360,7 @@ fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
             .iter()
             .map(|&v| format.round(v, mantissa::format::Overflow::Standard))
             .collect();
-        for kernel in ["layer norm", "rms norm", "gelu", "silu"] {
+        for kernel in ["layer norm", "rms norm", "gelu", "silu", "strided copy"] {
             // The op reading `dy_values` and rounding them to `dy_held`: its outputs.
             let run = |dy_values: &[f32], dy_held: Format| {
                 let mut p = common::OneOp::new(1);
@@ -1399,6 +1399,18 @@ fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
                             };
                             (op, vec![dx, dg])
                         }
+                    }
+                    // A head's third of (37, 1, 3 x 4 heads x 25) q|k|v, rounded as copied.
+                    "strided copy" => {
+                        let map = mantissa::plan::Strided::split_head(1, rows, 1, 4, 25);
+                        let out = p.output(map.len());
+                        let op = Op::Copy {
+                            x: dy,
+                            out,
+                            map,
+                            held: dy_held,
+                        };
+                        (op, vec![out])
                     }
                     _ => {
                         let out = p.output(n);

@@ -1161,10 +1161,23 @@ fn cuda_training_kernels_match_the_host_reference() {
     let split = mantissa::plan::Strided::split_head(1, b, t, heads, d);
     let mut want = vec![0.0; split.len()];
     split.apply(&qkv, &mut want);
-    let mut args: Vec<u32> = [split.dims, split.src, split.dst].concat();
-    args.extend([split.src_offset, split.dst_offset, split.len() as u32]);
-    let args: Vec<String> = args.iter().map(|v| v.to_string()).collect();
-    assert_eq!(run_f32(h, "strided_copy", &args, &[&qkv]), want);
+    let copy_args = |format: Format| -> Vec<String> {
+        let mut args: Vec<u32> = [split.dims, split.src, split.dst].concat();
+        args.extend([split.src_offset, split.dst_offset, split.len() as u32]);
+        args.push(format.id());
+        args.iter().map(|v| v.to_string()).collect()
+    };
+    assert_eq!(
+        run_f32(h, "strided_copy", &copy_args(Format::F32), &[&qkv]),
+        want
+    );
+    // Rounding as it copies (the rounding of the matmul product it copies, folded in).
+    let held: Vec<f32> = want
+        .iter()
+        .map(|&v| Format::Bf16.round(v, Overflow::Standard))
+        .collect();
+    let got = run_f32(h, "strided_copy", &copy_args(Format::Bf16), &[&qkv]);
+    common::same_or_nan("strided copy rounding to bf16", &got, &held);
     // GradScaler's unscale, one launch over many gradients (one of several blocks, one of
     // more than the most blocks a tensor takes): exact; each one's flag for inf, NaN and an
     // injected fault; each one's norm.

@@ -1780,6 +1780,7 @@ fn held_outputs_match_their_definition(b: &dyn Backend) {
             src_offset: 0,
             dst_offset: 0,
         },
+        held: Format::F32,
     });
     p.round(z, Format::Bf16);
     p.push(Op::add_in_place(bias, z));
@@ -2046,6 +2047,7 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
                         src_offset: 0,
                         dst_offset: 0,
                     },
+                    held: Format::F32,
                 });
             }
             let add = |y, out, gelu| Op::Add {

@@ -347,6 +347,7 @@ impl Model {
                             src_offset: 0,
                             dst_offset: 0,
                         },
+                        held: Format::F32,
                     });
                 }
             }

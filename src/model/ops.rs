@@ -614,6 +614,7 @@ impl NodeOp for CausalAttention {
                 x: qkv,
                 out,
                 map: Strided::split_head(part, b, t, h, d),
+                held: Format::F32,
             });
             out
         });
@@ -640,6 +641,7 @@ impl NodeOp for CausalAttention {
             x: y,
             out: rows,
             map: Strided::heads_to_rows(b, t, h, d),
+            held: Format::F32,
         });
         (rows, vec![q, k, v, att])
     }
@@ -668,6 +670,7 @@ impl NodeOp for CausalAttention {
                 x: dy,
                 out: dy_heads,
                 map: Strided::rows_to_heads(b, t, h, d),
+                held: Format::F32,
             });
             let bh = b * h;
             let shape = |m, n, k, ta, tb| MatmulShape::batched(bh, (m, n, k), ta, tb);
@@ -689,6 +692,7 @@ impl NodeOp for CausalAttention {
                     x,
                     out: dqkv,
                     map: Strided::merge_head(part, b, t, h, d),
+                    held: Format::F32,
                 });
             }
         }

@@ -93,6 +93,7 @@ mod tests {
             x: c,
             out: half,
             map,
+            held: Format::F32,
         });
         let plan = g
             .finish(Outline::ops_alone(3, 3, (tokens, targets), c))

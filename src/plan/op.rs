@@ -382,7 +382,7 @@ pub enum Op {
         /// Width of a row.
         c: usize,
     },
-    /// out[map.dst(e)] = x[map.src(e)].
+    /// out[map.dst(e)] = x[map.src(e)], rounded to `held`.
     Copy {
         /// The source.
         x: TensorId,
@@ -390,6 +390,10 @@ pub enum Op {
         out: TensorId,
         /// Which element of x goes to which of out.
         map: Strided,
+        /// The format the values are rounded to as they are copied (a matmul's product that
+        /// autocast holds in the compute format, copied to or from heads: the rounding after
+        /// the matmul folded in, `PlanBuilder::finish`).
+        held: Format,
     },
     /// Stats slot `slot` = largest finite |x| (fp8 delayed scaling's amax).
     Amax {
@@ -518,7 +522,8 @@ impl Op {
     }
 
     /// The format the op rounds its input `t` to as it reads it, where it can (the gradient
-    /// read by a layer norm's, an RMS norm's, GELU's or SiLU's backward): `PlanBuilder::finish`
+    /// read by a layer norm's, an RMS norm's, GELU's or SiLU's backward; a strided copy's
+    /// source): `PlanBuilder::finish`
     /// folds a rounding of `t` right before the op into it.
     pub(crate) fn rounded_read(&mut self, t: TensorId) -> Option<&mut Format> {
         match self {
@@ -530,6 +535,7 @@ impl Op {
             {
                 Some(dy_held)
             }
+            Op::Copy { x, held, .. } if *x == t => Some(held),
             _ => None,
         }
     }
@@ -1103,7 +1109,9 @@ impl Op {
                 check.rows("x", x, ("c", c))?;
                 check.holds("the sums", out, c)
             }
-            Op::Copy { x, out, ref map } => {
+            Op::Copy {
+                x, out, ref map, ..
+            } => {
                 if map.is_empty() {
                     return Ok(());
                 }
@@ -1305,7 +1313,7 @@ impl Op {
                 flops: 0,
             },
             // The strided copies move their map's elements, which may be a part of either side.
-            Op::Copy { x, out, map } => Cost {
+            Op::Copy { x, out, map, .. } => Cost {
                 bytes: part(x, map.len()) + part(out, map.len()),
                 flops: 0,
             },

@@ -482,10 +482,27 @@ mod tests {
             src_offset: 1,
             dst_offset: 0,
         };
-        assert!(plan_of(&[7, 6], 2, vec![Op::Copy { x: 0, out: 1, map }]).is_ok());
+        assert!(
+            plan_of(
+                &[7, 6],
+                2,
+                vec![Op::Copy {
+                    x: 0,
+                    out: 1,
+                    map,
+                    held: Format::F32
+                }]
+            )
+            .is_ok()
+        );
         refused(
             &[6, 6],
-            vec![Op::Copy { x: 0, out: 1, map }],
+            vec![Op::Copy {
+                x: 0,
+                out: 1,
+                map,
+                held: Format::F32,
+            }],
             "strided copy",
             "element 6 of x",
         );

@@ -789,7 +789,8 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
             std::vector<u32> g_out = g_coded ? std::vector<u32>(g_codes.begin(), g_codes.end()) : bits_of(g_values);
             out.insert(out.end(), g_out.begin(), g_out.end());
         }
-    } else if (k == "strided_copy" && argc == 17) {  // DIMS*4 SRC*4 DST*4 SRC_OFF DST_OFF OUT_LEN
+    } else if (k == "strided_copy" && argc == 18) {
+        // DIMS*4 SRC*4 DST*4 SRC_OFF DST_OFF OUT_LEN FMT (the values rounded to FMT)
         Strided map;
         for (int i = 0; i < 4; i++) {
             map.dims[i] = arg(argv, 2 + i);
@@ -801,7 +802,9 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         i64 n = (i64)map.dims[0] * map.dims[1] * map.dims[2] * map.dims[3];
         float* x = input.f(in.size());
         std::vector<float> y(arg(argv, 16), 0.0f);
-        emu::launch(elementwise_grid(n), element_block, [&] { strided_copy(x, y.data(), n, map); });
+        u32 fmt = arg(argv, 17);
+        emu::launch(elementwise_grid(n), element_block,
+                    [&] { strided_copy(x, y.data(), n, map, fmt); });
         out = bits_of(y);
     } else if (k == "unscale" && argc >= 5) {  // S_INVERSE_SCALE S_POISON LEN... < g... > g... flags norms
         std::vector<float> scalars(16, 0.0f);

@@ -440,7 +440,12 @@ impl<'a> CudaPlan<'a> {
                 (self.rows(x, c), c),
                 (work, counters),
             ),
-            Op::Copy { x, out, ref map } => launch::strided_copy(cb, self.p(x), self.p(out), map),
+            Op::Copy {
+                x,
+                out,
+                ref map,
+                held,
+            } => launch::strided_copy(cb, [self.p(x), self.p(out)], map, held),
             Op::Amax { x, slot } => launch::amax_into(cb, self.p(x), self.len(x), stats, slot),
             Op::UnscaleCheck { .. } => {
                 let slots = (layout.flag(0), layout.norm_sq(0));

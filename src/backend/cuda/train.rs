@@ -485,7 +485,13 @@ pub(super) fn add(
         &x, &y, &out, &len, &c, &y_fmt, &fmt, &coded, &r, &r_fmt, &g, &g_fmt, &g_coded)
 }
 
-pub(super) fn strided_copy(cb: &CudaBackend, x: Ptr, y: Ptr, map: &Strided) -> Result<()> {
+/// y[map.dst(e)] = x[map.src(e)] rounded to `held`.
+pub(super) fn strided_copy(
+    cb: &CudaBackend,
+    [x, y]: [Ptr; 2],
+    map: &Strided,
+    held: Format,
+) -> Result<()> {
     let arg = StridedArg {
         dims: map.dims,
         src: map.src,
@@ -493,8 +499,8 @@ pub(super) fn strided_copy(cb: &CudaBackend, x: Ptr, y: Ptr, map: &Strided) -> R
         src_offset: map.src_offset,
         dst_offset: map.dst_offset,
     };
-    let n = map.len() as i64;
-    launch_1d!(cb, Module::Train, "strided_copy", map.len(); &x, &y, &n, &arg)
+    let (n, fmt) = (map.len() as i64, format_id(held));
+    launch_1d!(cb, Module::Train, "strided_copy", map.len(); &x, &y, &n, &arg, &fmt)
 }
 
 /// A multi-tensor kernel's table (train.cu's `TensorBlocks`, 7 words a tensor): each tensor's

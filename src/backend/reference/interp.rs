@@ -332,9 +332,9 @@ impl HostExecutor {
                 }
             }
             Op::ColumnSums { x, out, c } => self.tensors[out] = ops::column_sums(&t[x], c),
-            Op::Copy { x, out, map } => {
+            Op::Copy { x, out, map, held } => {
                 let mut target = std::mem::take(self.slot(out));
-                map.apply(&self.tensors[x], &mut target);
+                map.apply(&rounded(&self.tensors[x], held), &mut target);
                 self.tensors[out] = target;
             }
             Op::Amax { x, slot } => {

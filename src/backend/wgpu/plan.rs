@@ -703,9 +703,11 @@ impl<'a> ResidentPlan<'a> {
                 r.temporaries.push(parts);
                 d.concat()
             }
-            Op::Copy { x, out, map } => {
-                step(launch::strided_copy(&map), Some(x), [Some(out), None, None])?
-            }
+            Op::Copy { x, out, map, held } => step(
+                launch::strided_copy(&map, held),
+                Some(x),
+                [Some(out), None, None],
+            )?,
             Op::Amax { x, slot } => vec![cast::amax(
                 gpu,
                 (&t[x], stored(x)),

@@ -233,7 +233,7 @@ pub struct StepParams {
     /// x repeats every c elements (an add's bias width; n where elementwise); `unscale_partials`: 1
     /// where scalar POISON goes in; `unscale_reduce`: the most partials of one gradient.
     pub c: u32,
-    /// Format id the result is held in (`round_to_format`, `add`, `add_into`).
+    /// Format id the result is held in (`round_to_format`, `add`, `add_into`, `strided_copy`).
     pub format: u32,
     /// Stats slot written (`mean_to_stat`).
     pub slot: u32,
@@ -849,10 +849,11 @@ pub mod launch {
         }
     }
 
-    /// A strided copy of `map`'s elements (offsets in `extra`).
-    pub fn strided_copy(map: &Strided) -> StepLaunch {
+    /// A strided copy of `map`'s elements (offsets in `extra`), rounded to `held`.
+    pub fn strided_copy(map: &Strided, held: Format) -> StepLaunch {
         let params = StepParams {
             n: map.len() as u32,
+            format: format_id(held),
             dims: map.dims,
             src: map.src,
             dst: map.dst,
