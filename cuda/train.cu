@@ -447,31 +447,34 @@ extern "C" __global__ void elementwise_mul(const float* a, const float* b, void*
 // block per row of t (row i of each t x t block sees columns 0..=i; the masked probabilities
 // are 0) ----
 
+// The scores x rounded to `x_fmt` as they are read (the rounding of the matmul product they
+// are, folded in).
 extern "C" __global__ void causal_softmax_fwd(const float* x, float* p, u32 t, float scale,
-                                              u32 fmt) {
+                                              u32 fmt, u32 x_fmt) {
     i64 base = (i64)blockIdx.x * t;
     u32 i = blockIdx.x % t;
+    auto z = [&](u32 j) { return held(held(x[base + j], x_fmt) * scale, fmt); };
     float m = NEG_INF;
-    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, held(x[base + j] * scale, fmt));
+    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, z(j));
     m = block_max(m);
     float s = 0.0f;
-    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) s += expf(held(x[base + j] * scale, fmt) - m);
+    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) s += expf(z(j) - m);
     s = block_sum(s);
-    for (u32 j = threadIdx.x; j < t; j += blockDim.x)
-        p[base + j] = j <= i ? expf(held(x[base + j] * scale, fmt) - m) / s : 0.0f;
+    for (u32 j = threadIdx.x; j < t; j += blockDim.x) p[base + j] = j <= i ? expf(z(j) - m) / s : 0.0f;
 }
 
 // d(scores) = held(held(p * (dp - sum(p * dp))) * scale): the gradient of the held scaled
-// scores, held, times the scale.
+// scores, held, times the scale; dp rounded to `dp_fmt` as it is read.
 extern "C" __global__ void causal_softmax_bwd(const float* p, const float* dp, float* ds, u32 t,
-                                              float scale, u32 fmt) {
+                                              float scale, u32 fmt, u32 dp_fmt) {
     i64 base = (i64)blockIdx.x * t;
     u32 i = blockIdx.x % t;
+    auto g = [&](u32 j) { return held(dp[base + j], dp_fmt); };
     float dot = 0.0f;
-    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) dot += p[base + j] * dp[base + j];
+    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) dot += p[base + j] * g(j);
     dot = block_sum(dot);
     for (u32 j = threadIdx.x; j < t; j += blockDim.x)
-        ds[base + j] = j <= i ? held(held(p[base + j] * (dp[base + j] - dot), fmt) * scale, fmt) : 0.0f;
+        ds[base + j] = j <= i ? held(held(p[base + j] * (g(j) - dot), fmt) * scale, fmt) : 0.0f;
 }
 
 // ---- cross entropy ----

@@ -43,9 +43,10 @@ struct TrainParams {
     span: u32,
     // RMS norm's eps.
     eps: f32,
-    // The format id the gradient dy is rounded to as it is read (the backward ops of the
-    // norms, GELU and SiLU: the rounding of the matmul product they read, folded in).
-    dy_held: u32,
+    // The format id the input an op rounds as it reads it is rounded to (the norms', GELU's
+    // and SiLU's backward's dy, the softmax's scores, its backward's dp: the rounding of the
+    // matmul product they read, folded in).
+    read_held: u32,
     // 1: layer norm's backward sums out2's values (f32 bits: the gradient of x from its other
     // reader) into dx, held in `held`.
     sum: u32,
@@ -180,7 +181,7 @@ fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     var sdx = 0.0;
     for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = (in1[base + i] - mean) * rstd;
-        let d = dy_at(base + i) * in2[i];
+        let d = read_at(base + i) * in2[i];
         sd += d;
         sdx += d * xhat;
     }
@@ -191,7 +192,7 @@ fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     }
     for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = (in1[base + i] - mean) * rstd;
-        let d = dy_at(base + i) * in2[i];
+        let d = read_at(base + i) * in2[i];
         let dx = rstd * (d - mean_d - xhat * mean_dx);
         if (params.sum != 0u) {
             out0[base + i] = held(dx + bitcast<f32>(out2[base + i]), params.held);
@@ -274,8 +275,8 @@ fn layernorm_bwd_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
     var db = 0.0;
     for (var r = b.first + lid / 32u; r < b.end; r += 8u) {
         let e = r * c + j;
-        dg += dy_at(e) * ((in1[e] - out1[2u * r]) * out1[2u * r + 1u]);
-        db += dy_at(e);
+        dg += read_at(e) * ((in1[e] - out1[2u * r]) * out1[2u * r + 1u]);
+        db += read_at(e);
     }
     let tg = lanes_sum(dg, lid);
     let tb = lanes_sum(db, lid);
@@ -363,7 +364,7 @@ fn rmsnorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     let rstd = out1[r];
     var sdx = 0.0;
     for (var i = slot.lane; i < c; i += ROW_LANES) {
-        sdx += dy_at(base + i) * in2[i] * (in1[base + i] * rstd);
+        sdx += read_at(base + i) * in2[i] * (in1[base + i] * rstd);
     }
     let mean_dx = row_sum(sdx, lid) / f32(c);
     if (!slot.live) {
@@ -371,7 +372,7 @@ fn rmsnorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     }
     for (var i = slot.lane; i < c; i += ROW_LANES) {
         let xhat = in1[base + i] * rstd;
-        out0[base + i] = rstd * (dy_at(base + i) * in2[i] - xhat * mean_dx);
+        out0[base + i] = rstd * (read_at(base + i) * in2[i] - xhat * mean_dx);
     }
 }
 
@@ -390,7 +391,7 @@ fn rmsnorm_bwd_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
     var dg = 0.0;
     for (var r = b.first + lid / 32u; r < b.end; r += 8u) {
         let e = r * c + j;
-        dg += dy_at(e) * (in1[e] * out1[r]);
+        dg += read_at(e) * (in1[e] * out1[r]);
     }
     let t = lanes_sum(dg, lid);
     if (lid < 32u && col < c) {
@@ -407,10 +408,10 @@ fn in0v(i: u32) -> f32 {
     return code_value(in0[i >> 1u], i, params.x_stored);
 }
 
-// The norms' gradient dy (in0, through `in0v`) element i as their backward reads it: rounded
-// to `params.dy_held`.
-fn dy_at(i: u32) -> f32 {
-    return held(in0v(i), params.dy_held);
+// Element i of in0 (through `in0v`) as an op that rounds it as it reads it sees it (the
+// norms' backward's dy, the softmax's scores): rounded to `params.read_held`.
+fn read_at(i: u32) -> f32 {
+    return held(in0v(i), params.read_held);
 }
 
 // GELU (tanh form, `gelu` of gelu.wgsl): in0 = x; out0 = y, or (coded) out2 = y's codes, one
@@ -446,7 +447,7 @@ fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let x = in0v(e);
     let t = gelu_tanh(x);
     let du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
-    out0[e] = held(held(in1[e], params.dy_held) * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du), params.held);
+    out0[e] = held(held(in1[e], params.read_held) * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du), params.held);
 }
 
 // SiLU, x * sigmoid(x), as the host reference computes it: x / (1 + exp(-x)).
@@ -484,7 +485,7 @@ fn silu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     }
     let x = in0v(e);
     let s = 1.0 / (1.0 + exp(-x));
-    out0[e] = held(held(in1[e], params.dy_held) * s * (1.0 + x * (1.0 - s)), params.held);
+    out0[e] = held(held(in1[e], params.read_held) * s * (1.0 + x * (1.0 - s)), params.held);
 }
 
 // out = a * b elementwise, the f32 product held in params.held: in0 = a, in1 = b; out0 = the
@@ -530,7 +531,7 @@ fn scaled(s: f32, fmt: u32) -> f32 {
 }
 
 // Causal softmax of the scaled scores per row of t = c (row i of each t x t block sees 0..=i):
-// in0 = scores; out0 = probabilities (0 where masked).
+// in0 = scores (rounded to `read_held` as they are read); out0 = probabilities (0 where masked).
 @compute @workgroup_size(256)
 fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
@@ -540,12 +541,12 @@ fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     let base = slot.row * t;
     var m = -3.4e38;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {
-        m = max(m, scaled(in0v(base + j), params.held));
+        m = max(m, scaled(read_at(base + j), params.held));
     }
     m = row_max(m, lid);
     var s = 0.0;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {
-        s += exp(scaled(in0v(base + j), params.held) - m);
+        s += exp(scaled(read_at(base + j), params.held) - m);
     }
     let sum = row_sum(s, lid);
     if (!slot.live) {
@@ -554,14 +555,15 @@ fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     for (var j = slot.lane; j < t; j += ROW_LANES) {
         var p = 0.0;
         if (j <= i) {
-            p = exp(scaled(in0v(base + j), params.held) - m) / sum;
+            p = exp(scaled(read_at(base + j), params.held) - m) / sum;
         }
         out0[base + j] = p;
     }
 }
 
-// in0 = p, in1 = dp; out0 = d(scores) = scaled(held(p * (dp - sum(p * dp)))): the gradient of
-// the held scaled scores, held, times the scale.
+// in0 = p, in1 = dp (rounded to `read_held` as it is read); out0 = d(scores) =
+// scaled(held(p * (dp - sum(p * dp)))): the gradient of the held scaled scores, held, times the
+// scale.
 @compute @workgroup_size(256)
 fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
@@ -571,7 +573,7 @@ fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     let base = slot.row * t;
     var s = 0.0;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {
-        s += in0v(base + j) * in1[base + j];
+        s += in0v(base + j) * held(in1[base + j], params.read_held);
     }
     let dot = row_sum(s, lid);
     if (!slot.live) {
@@ -580,7 +582,7 @@ fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
     for (var j = slot.lane; j < t; j += ROW_LANES) {
         var d = 0.0;
         if (j <= i) {
-            d = scaled(held(in0v(base + j) * (in1[base + j] - dot), params.held), params.held);
+            d = scaled(held(in0v(base + j) * (held(in1[base + j], params.read_held) - dot), params.held), params.held);
         }
         out0[base + j] = d;
     }

@@ -320,6 +320,7 @@ fn rows_too_long_for_one_lane_take_more() {
             scale: 0.125,
             held: Format::F32,
         },
+        x_held: Format::F32,
     };
     let probs = p.run(&split, op, (&[0], &[0]), 1.0, &[out]).outs.remove(0);
     common::close(
@@ -340,6 +341,7 @@ fn rows_too_long_for_one_lane_take_more() {
             scale: 0.125,
             held: Format::F32,
         },
+        dp_held: Format::F32,
     };
     common::close(
         "softmax backward",

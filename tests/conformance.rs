@@ -736,6 +736,7 @@ fn train_ops(b: &dyn Backend) {
                 out,
                 t,
                 scale: k,
+                x_held: Format::F32,
             };
             let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
             let want = ops::causal_softmax_scaled_fwd(&s, t, k);
@@ -752,6 +753,7 @@ fn train_ops(b: &dyn Backend) {
                 out,
                 t,
                 scale: k,
+                dp_held: Format::F32,
             };
             let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
             let want = ops::causal_softmax_scaled_bwd(&want, &dp, t, k);
@@ -1339,8 +1341,8 @@ fn train_ops_bad_input(b: &dyn Backend) {
 // The reference is the truth the other backends are compared with: it runs only the tests
 // that check it against something else (f64 products and published error bands, bad input).
 /// The backward ops that round their gradient dy as they read it (the norms', GELU's and
-/// SiLU's), and a strided copy rounding its source (a plan folds the rounding of the matmul
-/// product before them in, `PlanBuilder::finish`) give, on each executor, the same bits as the
+/// SiLU's), a strided copy rounding its source, the softmax its scores and its backward dp (a
+/// plan folds the rounding of the matmul product before them in, `PlanBuilder::finish`) give, on each executor, the same bits as the
 /// op reading dy rounded first: dy over NaN, infinities, f16's overflow and subnormals, rows
 /// longer than a workgroup and not a multiple of it.
 fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
@@ -1360,7 +1362,15 @@ fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
             .iter()
             .map(|&v| format.round(v, mantissa::format::Overflow::Standard))
             .collect();
-        for kernel in ["layer norm", "rms norm", "gelu", "silu", "strided copy"] {
+        for kernel in [
+            "layer norm",
+            "rms norm",
+            "gelu",
+            "silu",
+            "strided copy",
+            "softmax",
+            "softmax backward",
+        ] {
             // The op reading `dy_values` and rounding them to `dy_held`: its outputs.
             let run = |dy_values: &[f32], dy_held: Format| {
                 let mut p = common::OneOp::new(1);
@@ -1399,6 +1409,34 @@ fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
                             };
                             (op, vec![dx, dg])
                         }
+                    }
+                    // Scores (dy's values) in 37 causal rows of 300, or dp.
+                    "softmax" | "softmax backward" => {
+                        let out = p.output(n);
+                        let scale = ScoreScale {
+                            scale: 0.3,
+                            held: Format::Bf16,
+                        };
+                        let op = if kernel == "softmax" {
+                            Op::Softmax {
+                                x: dy,
+                                out,
+                                t: c,
+                                scale,
+                                x_held: dy_held,
+                            }
+                        } else {
+                            let probs = p.input(x.iter().map(|v| v.abs() / 300.0).collect());
+                            Op::SoftmaxBwd {
+                                p: probs,
+                                dp: dy,
+                                out,
+                                t: c,
+                                scale,
+                                dp_held: dy_held,
+                            }
+                        };
+                        (op, vec![out])
                     }
                     // A head's third of (37, 1, 3 x 4 heads x 25) q|k|v, rounded as copied.
                     "strided copy" => {

@@ -984,6 +984,7 @@ fn cuda_training_kernels_match_the_host_reference() {
                 t.to_string(),
                 scale.to_string(),
                 format_id(held),
+                format_id(Format::F32),
             ];
             let p = run_f32(h, "softmax_fwd", &args, &[&s]);
             let want = ops::causal_softmax_scaled_fwd(&s, t, k);
@@ -996,6 +997,22 @@ fn cuda_training_kernels_match_the_host_reference() {
                 _ if scale == 0.25 => common::held_close(&what, &ds, &want, held, tol::ROW),
                 _ => {}
             }
+            // The scores and dp rounded to bf16 as they are read: the bits of the kernels
+            // reading them rounded first.
+            let round = |x: &[f32]| -> Vec<f32> {
+                x.iter()
+                    .map(|&v| Format::Bf16.round(v, Overflow::Standard))
+                    .collect()
+            };
+            let mut folded = args.clone();
+            folded[4] = format_id(Format::Bf16);
+            let (rs, rdp) = (round(&s), round(&dp));
+            let what = format!("softmax rounding its scores to bf16, {held}");
+            let got = run_f32(h, "softmax_fwd", &folded, &[&s]);
+            common::same_or_nan(&what, &got, &run_f32(h, "softmax_fwd", &args, &[&rs]));
+            let what = format!("softmax bwd rounding dp to bf16, {held}");
+            let got = run_f32(h, "softmax_bwd", &folded, &[&p, &dp]);
+            common::same_or_nan(&what, &got, &run_f32(h, "softmax_bwd", &args, &[&p, &rdp]));
         }
     }
     let (rows, v) = (37, 76);

@@ -629,6 +629,7 @@ impl NodeOp for CausalAttention {
             out: att,
             t,
             scale: self.score_scale(cx),
+            x_held: Format::F32,
         });
         cx.g.round(att, cx.p.softmax.narrower(cx.p.stream));
         let y = cx.mm(
@@ -683,8 +684,9 @@ impl NodeOp for CausalAttention {
                 out: dscores,
                 t,
                 scale: self.score_scale(cx),
+                dp_held: Format::F32,
             });
-            cx.g.round(dscores, cx.p.compute);
+            // Held in the compute format already (`ScoreScale::held`): no rounding after it.
             let dq = cx.mm(shape(t, d, t, false, false), (dscores, k), None);
             let dk = cx.mm(shape(t, d, t, true, false), (dscores, q), None);
             for (part, x) in [dq, dk, dv].into_iter().enumerate() {
@@ -753,6 +755,7 @@ impl NodeOp for CausalSoftmax {
             out,
             t: self.t,
             scale: self.score_scale(cx),
+            x_held: Format::F32,
         });
         cx.g.round(out, cx.p.softmax.narrower(cx.p.stream));
         (out, vec![])
@@ -768,8 +771,9 @@ impl NodeOp for CausalSoftmax {
             out,
             t: self.t,
             scale: self.score_scale(cx),
+            dp_held: Format::F32,
         });
-        cx.g.round(out, cx.p.compute);
+        // Held in the compute format already (`ScoreScale::held`): no rounding after it.
         cx.contribute(x, out, true, Held::AsIs);
     }
 }

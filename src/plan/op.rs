@@ -251,6 +251,10 @@ pub enum Op {
         t: usize,
         /// The factor on the scores and the format the scaled scores are held in.
         scale: ScoreScale,
+        /// The format the scores are rounded to as they are read (the product of the matmul
+        /// before, which autocast holds in the compute format: its rounding folded in,
+        /// `PlanBuilder::finish`).
+        x_held: Format,
     },
     /// The gradient of the unscaled scores from the probabilities and their gradient: the softmax's
     /// backward, held and scaled as `ScoreScale` says.
@@ -265,6 +269,8 @@ pub enum Op {
         t: usize,
         /// The forward's score scale.
         scale: ScoreScale,
+        /// The format dp is rounded to as it is read (as `Softmax`'s `x_held`).
+        dp_held: Format,
     },
     /// out (B, T, C) = causal self-attention of `qkv` (`Attention`); `stats` gets each score
     /// row's (max of z, sum of exp(z - max)), z the scaled scores (`Attention::score_scale`).
@@ -523,7 +529,7 @@ impl Op {
 
     /// The format the op rounds its input `t` to as it reads it, where it can (the gradient
     /// read by a layer norm's, an RMS norm's, GELU's or SiLU's backward; a strided copy's
-    /// source): `PlanBuilder::finish`
+    /// source; the softmax's scores and its backward's dp): `PlanBuilder::finish`
     /// folds a rounding of `t` right before the op into it.
     pub(crate) fn rounded_read(&mut self, t: TensorId) -> Option<&mut Format> {
         match self {
@@ -536,6 +542,8 @@ impl Op {
                 Some(dy_held)
             }
             Op::Copy { x, held, .. } if *x == t => Some(held),
+            Op::Softmax { x, x_held, .. } if *x == t => Some(x_held),
+            Op::SoftmaxBwd { dp, dp_held, .. } if *dp == t => Some(dp_held),
             _ => None,
         }
     }

@@ -369,6 +369,7 @@ mod tests {
                     scale: 1.0,
                     held: Format::F32,
                 },
+                dp_held: Format::F32,
             }],
             "causal softmax backward",
             "has 7 values",
@@ -666,6 +667,7 @@ mod tests {
                 scale: 1.0,
                 held: Format::F32,
             },
+            x_held: Format::F32,
         });
         let err = g
             .finish(Outline::ops_alone(1, 1, batch, y))

@@ -701,18 +701,20 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
                         [&] { gelu_bwd(x, dy, y.data(), n, fmt, x_fmt, dy_fmt); });
         }
         out = bits_of(y);
-    } else if ((k == "softmax_fwd" || k == "softmax_bwd") && argc == 6) {  // ROWS T SCALE FMT
-        u32 rows = arg(argv, 2), t = arg(argv, 3), fmt = arg(argv, 5);
+    } else if ((k == "softmax_fwd" || k == "softmax_bwd") && argc == 7) {
+        // ROWS T SCALE FMT READFMT (the scores, or dp, rounded to READFMT as they are read)
+        u32 rows = arg(argv, 2), t = arg(argv, 3), fmt = arg(argv, 5), read_fmt = arg(argv, 6);
         float scale = farg(argv, 4);
         size_t n = (size_t)rows * t;
         float* x = input.f(n);
         std::vector<float> y(n);
         if (k == "softmax_fwd") {
-            emu::launch({rows, 1, 1}, row_block, [&] { causal_softmax_fwd(x, y.data(), t, scale, fmt); });
+            emu::launch({rows, 1, 1}, row_block,
+                        [&] { causal_softmax_fwd(x, y.data(), t, scale, fmt, read_fmt); });
         } else {
             float* dp = input.f(n);
             emu::launch({rows, 1, 1}, row_block,
-                        [&] { causal_softmax_bwd(x, dp, y.data(), t, scale, fmt); });
+                        [&] { causal_softmax_bwd(x, dp, y.data(), t, scale, fmt, read_fmt); });
         }
         out = bits_of(y);
     } else if (k == "cross_entropy_fwd" && (argc == 4 || argc == 6)) {

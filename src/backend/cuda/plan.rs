@@ -339,9 +339,15 @@ impl<'a> CudaPlan<'a> {
                 let shape = (crate::plan::Stats::LOSS, self.len(pred));
                 launch::mse_fwd(cb, ptrs, shape, work, (scalars, held))
             }
-            Op::Softmax { x, out, t, scale } => {
+            Op::Softmax {
+                x,
+                out,
+                t,
+                scale,
+                x_held,
+            } => {
                 let shape = (self.rows(x, t), t, scale);
-                launch::softmax_fwd(cb, self.p(x), self.p(out), shape)
+                launch::softmax_fwd(cb, [self.p(x), self.p(out)], shape, x_held)
             }
             Op::SoftmaxBwd {
                 p,
@@ -349,9 +355,10 @@ impl<'a> CudaPlan<'a> {
                 out,
                 t,
                 scale,
+                dp_held,
             } => {
                 let shape = (self.rows(p, t), t, scale);
-                launch::softmax_bwd(cb, self.p(p), self.p(dp), self.p(out), shape)
+                launch::softmax_bwd(cb, [self.p(p), self.p(dp), self.p(out)], shape, dp_held)
             }
             Op::Attention {
                 qkv,

@@ -413,31 +413,34 @@ pub(super) fn mse_fwd(
     launch!(cb, Module::Train, "mean_to_stat", one_block(256); &scratch, &stats, &n32, &slot)
 }
 
+/// The causal softmax of the scaled scores x (rounded to `x_held` as they are read) into p.
 pub(super) fn softmax_fwd(
     cb: &CudaBackend,
-    x: Ptr,
-    p: Ptr,
+    [x, p]: [Ptr; 2],
     (rows, t, scale): (usize, usize, ScoreScale),
+    x_held: Format,
 ) -> Result<()> {
     if rows == 0 || t == 0 {
         return Ok(());
     }
     let (t, k, fmt) = (t as u32, scale.scale as f32, format_id(scale.held));
-    launch!(cb, Module::Train, "causal_softmax_fwd", CudaBackend::rows_config(rows)?; &x, &p, &t, &k, &fmt)
+    let x_fmt = format_id(x_held);
+    launch!(cb, Module::Train, "causal_softmax_fwd", CudaBackend::rows_config(rows)?; &x, &p, &t, &k, &fmt, &x_fmt)
 }
 
+/// Its backward: p and dp (rounded to `dp_held` as it is read) -> the scores' gradient ds.
 pub(super) fn softmax_bwd(
     cb: &CudaBackend,
-    p: Ptr,
-    dp: Ptr,
-    ds: Ptr,
+    [p, dp, ds]: [Ptr; 3],
     (rows, t, scale): (usize, usize, ScoreScale),
+    dp_held: Format,
 ) -> Result<()> {
     if rows == 0 || t == 0 {
         return Ok(());
     }
     let (t, k, fmt) = (t as u32, scale.scale as f32, format_id(scale.held));
-    launch!(cb, Module::Train, "causal_softmax_bwd", CudaBackend::rows_config(rows)?; &p, &dp, &ds, &t, &k, &fmt)
+    let dp_fmt = format_id(dp_held);
+    launch!(cb, Module::Train, "causal_softmax_bwd", CudaBackend::rows_config(rows)?; &p, &dp, &ds, &t, &k, &fmt, &dp_fmt)
 }
 
 /// The mean of the rows' losses into stats[slot], and into `out` the loss's gradient

@@ -237,14 +237,22 @@ impl HostExecutor {
                 out,
                 t: width,
                 scale,
-            } => self.tensors[out] = ops::causal_softmax_scaled_fwd(&t[x], width, scale),
+                x_held,
+            } => {
+                let x = rounded(&t[x], x_held);
+                self.tensors[out] = ops::causal_softmax_scaled_fwd(&x, width, scale);
+            }
             Op::SoftmaxBwd {
                 p,
                 dp,
                 out,
                 t: width,
                 scale,
-            } => self.tensors[out] = ops::causal_softmax_scaled_bwd(&t[p], &t[dp], width, scale),
+                dp_held,
+            } => {
+                let dp = rounded(&t[dp], dp_held);
+                self.tensors[out] = ops::causal_softmax_scaled_bwd(&t[p], &dp, width, scale);
+            }
             Op::Attention {
                 qkv,
                 out,

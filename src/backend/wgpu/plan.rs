@@ -580,8 +580,14 @@ impl<'a> ResidentPlan<'a> {
                     .collect::<Result<Vec<_>>>()?
                     .concat()
             }
-            Op::Softmax { x, out, t, scale } => train(
-                launch::softmax_fwd(rows_of(x, t), t, scale),
+            Op::Softmax {
+                x,
+                out,
+                t,
+                scale,
+                x_held,
+            } => train(
+                launch::softmax_fwd(rows_of(x, t), t, scale, x_held),
                 [Some(x), None, None],
                 [Some(out), None, None],
             )?,
@@ -591,8 +597,9 @@ impl<'a> ResidentPlan<'a> {
                 out,
                 t,
                 scale,
+                dp_held,
             } => train(
-                launch::softmax_bwd(rows_of(p, t), t, scale),
+                launch::softmax_bwd(rows_of(p, t), t, scale, dp_held),
                 [Some(p), Some(dp), None],
                 [Some(out), None, None],
             )?,

@@ -216,9 +216,9 @@ pub struct TrainParams {
     pub span: u32,
     /// RMS norm's eps.
     pub eps: f32,
-    /// Format id the gradient dy is rounded to as it is read (the norms', GELU's and SiLU's
-    /// backward: `Op::rounded_read`).
-    pub dy_held: u32,
+    /// Format id the input an op rounds as it reads it is rounded to (`Op::rounded_read`: the
+    /// norms', GELU's and SiLU's backward's dy, the softmax's scores, its backward's dp).
+    pub read_held: u32,
     /// 1: layer norm's backward sums its third output's values (read: the gradient of x from
     /// its other reader) into dx, held in `held`.
     pub sum: u32,
@@ -612,12 +612,12 @@ pub mod launch {
             row_op(TrainOp::LayernormBwdX, rows, c),
             column_partials(TrainOp::LayernormBwdPartials, rows, c),
         ];
-        for_x.params.dy_held = format_id(dy_held);
+        for_x.params.read_held = format_id(dy_held);
         if let Some(held) = sum {
             for_x.params.sum = 1;
             for_x.params.held = format_id(held);
         }
-        partials.params.dy_held = format_id(dy_held);
+        partials.params.read_held = format_id(dy_held);
         [for_x, partials, sum_partials(rows, c, 2)]
     }
 
@@ -638,7 +638,7 @@ pub mod launch {
     pub fn gelu_bwd(n: usize, held: Format, dy_held: Format, x_stored: Format) -> TrainLaunch {
         let mut l = train(TrainOp::GeluBwd, n, 0, n);
         l.params.held = format_id(held);
-        l.params.dy_held = format_id(dy_held);
+        l.params.read_held = format_id(dy_held);
         l.params.x_stored = format_id(x_stored);
         l
     }
@@ -660,8 +660,8 @@ pub mod launch {
             row_op(TrainOp::RmsnormBwdX, rows, c),
             column_partials(TrainOp::RmsnormBwdPartials, rows, c),
         ];
-        for_x.params.dy_held = format_id(dy_held);
-        partials.params.dy_held = format_id(dy_held);
+        for_x.params.read_held = format_id(dy_held);
+        partials.params.read_held = format_id(dy_held);
         [for_x, partials, sum_partials(rows, c, 1)]
     }
 
@@ -679,7 +679,7 @@ pub mod launch {
     pub fn silu_bwd(n: usize, held: Format, dy_held: Format, x_stored: Format) -> TrainLaunch {
         let mut l = train(TrainOp::SiluBwd, n, 0, n);
         l.params.held = format_id(held);
-        l.params.dy_held = format_id(dy_held);
+        l.params.read_held = format_id(dy_held);
         l.params.x_stored = format_id(x_stored);
         l
     }
@@ -703,20 +703,22 @@ pub mod launch {
     }
 
     /// Causal softmax of the scaled `x` (`ScoreScale`: the scale, its product held in
-    /// `held`) over rows of `t`.
-    pub fn softmax_fwd(rows: usize, t: usize, scale: ScoreScale) -> TrainLaunch {
+    /// `held`) over rows of `t`, x rounded to `x_held` as it is read.
+    pub fn softmax_fwd(rows: usize, t: usize, scale: ScoreScale, x_held: Format) -> TrainLaunch {
         let mut l = row_op(TrainOp::CausalSoftmaxFwd, rows, t);
         l.params.scale = scale.scale as f32;
         l.params.held = format_id(scale.held);
+        l.params.read_held = format_id(x_held);
         l
     }
 
     /// The backward of `softmax_fwd`: dp and the probabilities -> the gradient of the unscaled
-    /// scores.
-    pub fn softmax_bwd(rows: usize, t: usize, scale: ScoreScale) -> TrainLaunch {
+    /// scores; dp rounded to `dp_held` as it is read.
+    pub fn softmax_bwd(rows: usize, t: usize, scale: ScoreScale, dp_held: Format) -> TrainLaunch {
         let mut l = row_op(TrainOp::CausalSoftmaxBwd, rows, t);
         l.params.scale = scale.scale as f32;
         l.params.held = format_id(scale.held);
+        l.params.read_held = format_id(dp_held);
         l
     }
 
