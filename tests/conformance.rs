@@ -1342,21 +1342,21 @@ fn train_ops_bad_input(b: &dyn Backend) {
 // that check it against something else (f64 products and published error bands, bad input).
 /// The backward ops that round their gradient dy as they read it (the norms', GELU's and
 /// SiLU's), a strided copy rounding its source, the softmax its scores and its backward dp (a
-/// plan folds the rounding of the matmul product before them in, `PlanBuilder::finish`) give, on each executor, the same bits as the
-/// op reading dy rounded first: dy over NaN, infinities, f16's overflow and subnormals, rows
-/// longer than a workgroup and not a multiple of it.
+/// plan folds the rounding of the matmul product before them in, `PlanBuilder::finish`) give,
+/// on each executor, the same bits as the op reading dy rounded first: dy over NaN,
+/// infinities, f16's overflow and subnormals, rows longer than a workgroup and not a multiple
+/// of it.
 fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
     let seed = common::seed("backward_ops_round_dy_as_they_read_it");
     let (rows, c) = (37, 300);
     let n = rows * c;
-    let x = measure::normal(n, seed);
-    let g = measure::normal(c, seed + 1);
-    let mut dy = measure::normal(n, seed + 2);
-    for (v, e) in dy.iter_mut().zip(measure::boundary_values()) {
-        *v = e;
-    }
-    let stats: Vec<f32> = (0..rows).flat_map(|r| [0.1 * r as f32, 1.5]).collect();
-    let rstd: Vec<f32> = (0..rows).map(|r| 1.0 + 0.01 * r as f32).collect();
+    let common::NormBackwardInputs {
+        x,
+        g,
+        dy,
+        stats,
+        rstd,
+    } = common::norm_backward_inputs(rows, c, seed);
     for format in [Format::Bf16, Format::F16] {
         let rounded: Vec<f32> = dy
             .iter()
@@ -1498,16 +1498,11 @@ fn layer_norm_backward_sums_a_second_gradient(b: &dyn Backend) {
     let seed = common::seed("layer_norm_backward_sums_a_second_gradient");
     let (rows, c) = (37, 300);
     let n = rows * c;
-    let (x, g, dy) = (
-        measure::normal(n, seed),
-        measure::normal(c, seed + 1),
-        measure::normal(n, seed + 2),
-    );
-    let mut r = measure::normal(n, seed + 3);
-    for (v, e) in r.iter_mut().zip(measure::boundary_values()) {
-        *v = e;
-    }
-    let stats: Vec<f32> = (0..rows).flat_map(|i| [0.1 * i as f32, 1.5]).collect();
+    // r, the gradient summed in, carries the edge values.
+    let common::NormBackwardInputs {
+        x, g, dy: r, stats, ..
+    } = common::norm_backward_inputs(rows, c, seed);
+    let dy = measure::normal(n, seed + 3);
     for format in [Format::F32, Format::Bf16, Format::F16] {
         let run = |sum: bool| {
             let mut p = common::OneOp::new(1);

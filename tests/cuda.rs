@@ -524,14 +524,13 @@ fn cuda_backward_kernels_round_dy_as_they_read_it() {
     let f32_ = Format::F32.id() as usize;
     let (rows, c) = (37, 150);
     let n = rows * c;
-    let x = measure::normal(n, seed);
-    let g = measure::normal(c, seed + 1);
-    let mut dy = measure::normal(n, seed + 2);
-    for (v, e) in dy.iter_mut().zip(measure::boundary_values()) {
-        *v = e;
-    }
-    let stats: Vec<f32> = (0..rows).flat_map(|r| [0.1 * r as f32, 1.5]).collect();
-    let rstd: Vec<f32> = (0..rows).map(|r| 1.0 + 0.01 * r as f32).collect();
+    let common::NormBackwardInputs {
+        x,
+        g,
+        dy,
+        stats,
+        rstd,
+    } = common::norm_backward_inputs(rows, c, seed);
     for format in [Format::Bf16, Format::F16] {
         let id = format.id() as usize;
         let rounded: Vec<f32> = dy

@@ -461,14 +461,20 @@ impl NodeOp for Activation {
 impl ModelBuilder {
     /// a + b, of the same shape (a residual connection, or two embeddings).
     pub fn add(&mut self, a: Var, b: Var) -> Result<Var> {
-        let (as_, bs) = (self.operand("add", a)?, self.operand("add", b)?);
+        let shape = self.same_shapes(("add", "+"), a, b)?;
+        Ok(self.node(Box::new(Add), vec![a, b], shape))
+    }
+
+    /// The shape of an elementwise op's two operands, which must be the same.
+    fn same_shapes(&self, (op, sign): (&str, &str), a: Var, b: Var) -> Result<Vec<usize>> {
+        let (as_, bs) = (self.operand(op, a)?, self.operand(op, b)?);
         if as_ != bs {
             return Err(refuse(
-                "add",
-                format!("{} + {}: shapes differ", shape_of(&as_), shape_of(&bs)),
+                op,
+                format!("{} {sign} {}: shapes differ", shape_of(&as_), shape_of(&bs)),
             ));
         }
-        Ok(self.node(Box::new(Add), vec![a, b], as_))
+        Ok(as_)
     }
 }
 
@@ -964,14 +970,8 @@ impl NodeOp for RmsNorm {
 impl ModelBuilder {
     /// a * b elementwise, of the same shape (a gated unit's product).
     pub fn mul(&mut self, a: Var, b: Var) -> Result<Var> {
-        let (as_, bs) = (self.operand("mul", a)?, self.operand("mul", b)?);
-        if as_ != bs {
-            return Err(refuse(
-                "mul",
-                format!("{} * {}: shapes differ", shape_of(&as_), shape_of(&bs)),
-            ));
-        }
-        Ok(self.node(Box::new(Mul), vec![a, b], as_))
+        let shape = self.same_shapes(("mul", "*"), a, b)?;
+        Ok(self.node(Box::new(Mul), vec![a, b], shape))
     }
 }
 

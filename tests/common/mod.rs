@@ -255,6 +255,31 @@ pub fn same_bits(x: &[f32], y: &[f32]) -> bool {
     x.len() == y.len() && x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits())
 }
 
+/// The inputs of a norm's backward over `rows` rows of `c`: x, the gain g, a gradient dy whose
+/// first values are `measure::boundary_values` (NaN, infinities, f16's overflow and
+/// subnormals), and each row's layer-norm (mean, rstd) pair and RMS-norm rstd.
+pub struct NormBackwardInputs {
+    pub x: Vec<f32>,
+    pub g: Vec<f32>,
+    pub dy: Vec<f32>,
+    pub stats: Vec<f32>,
+    pub rstd: Vec<f32>,
+}
+
+pub fn norm_backward_inputs(rows: usize, c: usize, seed: u64) -> NormBackwardInputs {
+    let mut dy = measure::normal(rows * c, seed + 2);
+    for (v, e) in dy.iter_mut().zip(measure::boundary_values()) {
+        *v = e;
+    }
+    NormBackwardInputs {
+        x: measure::normal(rows * c, seed),
+        g: measure::normal(c, seed + 1),
+        dy,
+        stats: (0..rows).flat_map(|r| [0.1 * r as f32, 1.5]).collect(),
+        rstd: (0..rows).map(|r| 1.0 + 0.01 * r as f32).collect(),
+    }
+}
+
 /// Asserts the same bits, NaN for NaN (the host's NaN may carry another payload).
 pub fn same_or_nan(what: &str, got: &[f32], want: &[f32]) {
     assert_eq!(got.len(), want.len(), "{what}: lengths");
