@@ -436,9 +436,12 @@ fn train_ops_long_loops(b: &dyn Backend) {
     let dy = measure::normal(rows * c, seed + 3);
     let (fwd, bwd) = layernorm(&x, &g, &bias, &dy, c);
     let (wy, wm, wr) = ops::layernorm_fwd(&x, &g, &bias, c);
-    common::close("long layer norm y", &fwd[0], &wy, tol::ROW);
+    // A row's mean and variance are f32 sums of 30,000 terms here, 30 times the ~1000 that
+    // `tol::ROW` allows for (the host sums in f64): Mesa 26's lavapipe missed it by 2.5% for
+    // seed 1795701065672120927 (1.03e-5 on a y of 0.022), so the reductions' tolerance.
+    common::close("long layer norm y", &fwd[0], &wy, tol::REDUCTION);
     let rstd: Vec<f32> = fwd[1].iter().skip(1).step_by(2).copied().collect();
-    common::close("long layer norm rstd", &rstd, &wr, tol::ROW);
+    common::close("long layer norm rstd", &rstd, &wr, tol::REDUCTION);
     let want = ops::layernorm_bwd(&dy, &x, &g, &wm, &wr, c);
     common::close("long layer norm dx", &bwd[0], &want.0, tol::REDUCTION);
     let targets = [3u32, c as u32 - 1];
