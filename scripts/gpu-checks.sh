@@ -40,16 +40,7 @@ cd "$(dirname "$0")/.."
 stage="${1:-correct}"
 out="${OUT:-gpu-checks}"
 mkdir -p "$out"
-for f in .gl/*.deb; do [ -e "$f" ] && dpkg -x "$f" /; done
-ldconfig
-export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
-# The driver's own ICD file names libGLX_nvidia, which finds no display in a headless container
-# and returns no vkCreateInstance; the EGL library is the headless entry to the same driver.
-printf '{"file_format_version":"1.0.1","ICD":{"library_path":"libEGL_nvidia.so.0","api_version":"1.3.0"}}' >/tmp/nvidia_headless_icd.json
-export VK_DRIVER_FILES=/tmp/nvidia_headless_icd.json
-# CUDA from PyTorch's pip wheels (cuBLAS, NVRTC): put their lib directories on the path.
-nv_libs=$(python3 -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + "/*/lib/*.so*") + glob.glob(d + "/*/*/lib/*.so*")})))' 2>/dev/null)
-[ -n "$nv_libs" ] && export LD_LIBRARY_PATH="$nv_libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source scripts/gpu-env.sh
 m=./target/release/mantissa
 # run SECONDS CMD...: one step, limited, logged (with its exit status) to $out/log.txt.
 run() {

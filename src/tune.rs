@@ -86,6 +86,65 @@ pub fn budget_from_env() -> Result<f64> {
     }
 }
 
+/// The environment variable naming a JSON file of candidates that the tuners try, in its order,
+/// instead of their own lists: `{"wgpu": [tile, ...], "cuda": [split path, ...]}`, a wgpu tile
+/// as `autotune.json` stores one (`{"bm": 128, "bn": 64, "bk": 16, "reg": 8}`, the fields left
+/// out at their defaults), a CUDA split-bf16 path by name (`"tripled"`). Either list may be
+/// left out (that backend keeps its own). For kernel iteration on a GPU (docs/wgpu.md):
+/// choices made from a listed set are stored apart (the key holds the set's fingerprint).
+pub const CANDIDATES_ENV: &str = "MANTISSA_TUNE_CANDIDATES";
+
+/// The candidates `MANTISSA_TUNE_CANDIDATES` lists for `backend` ("wgpu" or "cuda"), if it is
+/// set and lists that backend; the file is read once per process, and an unreadable file, bad
+/// JSON, an unknown key or a candidate that does not parse is an error naming the file.
+pub fn listed<T: serde::de::DeserializeOwned>(backend: &str) -> Result<Option<Vec<T>>> {
+    use std::sync::OnceLock;
+    static FILE: OnceLock<std::result::Result<Option<(String, serde_json::Value)>, String>> =
+        OnceLock::new();
+    let read = FILE.get_or_init(|| {
+        let Ok(path) = std::env::var(CANDIDATES_ENV) else {
+            return Ok(None);
+        };
+        if path.trim().is_empty() {
+            return Ok(None);
+        }
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+        let Some(object) = value.as_object() else {
+            return Err(format!(
+                "{path}: expected an object with \"wgpu\" and/or \"cuda\" lists"
+            ));
+        };
+        if let Some(key) = object
+            .keys()
+            .find(|k| !["wgpu", "cuda"].contains(&k.as_str()))
+        {
+            return Err(format!(
+                "{path}: unknown key {key:?} (the keys are \"wgpu\" and \"cuda\")"
+            ));
+        }
+        Ok(Some((path, value)))
+    });
+    let (path, value) = match read {
+        Err(why) => return Err(Error::invalid(CANDIDATES_ENV, why.clone())),
+        Ok(None) => return Ok(None),
+        Ok(Some(read)) => read,
+    };
+    let Some(list) = value.get(backend) else {
+        return Ok(None);
+    };
+    let list: Vec<T> = serde_json::from_value(list.clone())
+        .map_err(|e| Error::invalid(CANDIDATES_ENV, format!("{path}: {backend:?}: {e}")))?;
+    if list.is_empty() {
+        return Err(Error::invalid(
+            CANDIDATES_ENV,
+            format!("{path}: {backend:?} lists no candidate"),
+        ));
+    }
+    Ok(Some(list))
+}
+
 /// One shape class's search: candidates timed in the order offered, the likeliest first,
 /// until the budget is spent (the first that runs is always timed); a candidate that fails to
 /// compile or run is dropped, and said.
@@ -275,13 +334,13 @@ impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Tuner<T> {
 
     /// The stored choice for `key`, when it was tuned at least as thoroughly as asked now.
     pub fn get(&self, key: &str) -> Option<T> {
-        let choice = self.tiles.lock().ok()?.get(key).copied()?;
+        let choice = self.tiles.lock().ok()?.get(&stored_key(key)).copied()?;
         (choice.full || self.mode() != AutotuneMode::Full).then_some(choice.choice)
     }
 
     /// The median seconds the search that made the stored choice for `key` timed it at.
     pub fn seconds(&self, key: &str) -> Option<f64> {
-        self.tiles.lock().ok()?.get(key)?.seconds
+        self.tiles.lock().ok()?.get(&stored_key(key))?.seconds
     }
 
     /// Records a choice and saves every choice to the store.
@@ -297,7 +356,7 @@ impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Tuner<T> {
         };
         let full = self.mode() == AutotuneMode::Full;
         tiles.insert(
-            key,
+            stored_key(&key),
             Choice {
                 choice,
                 full,
@@ -307,6 +366,16 @@ impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Tuner<T> {
         if let (Some(store), Ok(text)) = (&self.store, serde_json::to_string_pretty(&*tiles)) {
             store.save(&text);
         }
+    }
+}
+
+/// The key a choice is stored under: the backend's, and where MANTISSA_KERNEL_DIR replaces
+/// kernel sources, their fingerprint (choices made with edited kernels are kept apart from
+/// those of the built-in ones, and from each other's).
+fn stored_key(key: &str) -> String {
+    match crate::backend::sources::replacements() {
+        Ok(Some(r)) => format!("{key} | kernels {}", r.fingerprint),
+        _ => key.to_string(),
     }
 }
 

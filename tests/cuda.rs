@@ -6,6 +6,7 @@
 #![cfg(feature = "cuda")]
 
 use mantissa::backend::cuda::{self, Module, Target};
+use mantissa::backend::sources::Sources;
 
 /// Ampere, Ada and Hopper; the PTX of the newest also runs on later GPUs.
 const ARCHITECTURES: [(i32, i32); 4] = [(8, 0), (8, 6), (8, 9), (9, 0)];
@@ -57,7 +58,7 @@ fn cubin_cache_paths_are_distinct_per_module_and_architecture() {
     let mut seen = std::collections::HashSet::new();
     for cc in ARCHITECTURES {
         for module in Module::ALL {
-            let Some(path) = cuda::cubin_cache_path(module, cc) else {
+            let Some(path) = cuda::cubin_cache_path(module, Sources::Builtin, cc) else {
                 eprintln!("SKIPPED cubin cache paths: no cache directory (HOME unset)");
                 return;
             };

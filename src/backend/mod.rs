@@ -23,6 +23,7 @@ pub mod choice;
 pub mod cuda;
 pub mod defs;
 pub mod reference;
+pub mod sources;
 pub mod wgpu;
 
 use crate::algorithm::{Algorithm, MatmulShape};

@@ -27,6 +27,8 @@ pub fn run(_: Args) -> Result<()> {
             " (cuda: not in this build)"
         }
     )?;
+    // MANTISSA_KERNEL_DIR: which kernel sources the backends build from.
+    say!("kernel sources: {}", crate::backend::sources::describe())?;
     say!()?;
     say!("reference: {}", Reference.device_name())?;
     say!("  precision classes: {}", classes(&Reference))?;

@@ -6,6 +6,7 @@
 //! `formats.wgsl`. Options keep float arithmetic IEEE (no flush to zero, divisions and square
 //! roots rounded to nearest, no contraction into FMAs): the casts must match the host bit for bit.
 
+use crate::backend::sources::Sources;
 use crate::error::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule};
 use cudarc::nvrtc::Ptx;
@@ -13,9 +14,6 @@ use cudarc::nvrtc::result as nvrtc;
 use std::collections::{HashMap, HashSet};
 use std::ffi::CString;
 use std::sync::{Arc, Mutex};
-
-const FORMATS: &str = include_str!("../../../cuda/formats.cuh");
-const MMA: &str = include_str!("../../../cuda/mma.cuh");
 
 /// One kernel module: a `.cu` file and the defines it is compiled with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -59,16 +57,6 @@ impl Module {
         }
     }
 
-    fn text(self) -> &'static str {
-        match self {
-            Module::Cast => include_str!("../../../cuda/cast.cu"),
-            Module::Scale => include_str!("../../../cuda/scale.cu"),
-            Module::Train => include_str!("../../../cuda/train.cu"),
-            Module::Attention => include_str!("../../../cuda/attention.cu"),
-            Module::SplitMatmul { .. } => include_str!("../../../cuda/matmul_split_bf16.cu"),
-        }
-    }
-
     fn defines(self) -> Vec<String> {
         match self {
             Module::SplitMatmul { levels } => vec![format!("-DLEVELS={levels}")],
@@ -85,20 +73,36 @@ impl Module {
     /// mma.cuh where the module uses it, then the module's file (with `#line` so that compiler
     /// messages name the right file and line).
     pub fn source(self) -> String {
+        self.source_in(Sources::Current)
+    }
+
+    /// The source NVRTC compiles, from `src`.
+    pub fn source_in(self, src: Sources) -> String {
         let mma = if self.uses_mma() {
-            format!("#line 1 \"mma.cuh\"\n{MMA}\n")
+            format!("#line 1 \"mma.cuh\"\n{}\n", src.text("mma.cuh"))
         } else {
             String::new()
         };
         format!(
-            "#line 1 \"defs.cuh (generated)\"\n{}\n#line 1 \"formats.cuh\"\n{FORMATS}\n{mma}#line 1 \"{}\"\n{}",
+            "#line 1 \"defs.cuh (generated)\"\n{}\n#line 1 \"formats.cuh\"\n{}\n{mma}#line 1 \"{}\"\n{}",
             crate::backend::defs::cuda(),
+            src.text("formats.cuh"),
             self.file(),
-            self.text()
+            src.text(self.file())
         )
     }
 
-    fn describe(self) -> String {
+    /// The source files the module is built from (`backend::sources`).
+    pub fn files(self) -> Vec<&'static str> {
+        let mut files = vec!["formats.cuh", self.file()];
+        if self.uses_mma() {
+            files.push("mma.cuh");
+        }
+        files
+    }
+
+    /// The module as messages name it: its file, and its defines.
+    pub fn describe(self) -> String {
         match self {
             Module::SplitMatmul { levels } => format!("{} (LEVELS={levels})", self.file()),
             _ => self.file().to_string(),
@@ -127,6 +131,11 @@ pub enum Target {
 /// a compiler library (the cubin path runs ptxas inside it too), which is how the test suite
 /// checks the kernels on any machine that has it.
 pub fn compile(module: Module, cc: (i32, i32), target: Target) -> Result<Vec<u8>> {
+    compile_in(module, Sources::Current, cc, target)
+}
+
+/// As `compile`, from the sources `src`.
+pub fn compile_in(module: Module, src: Sources, cc: (i32, i32), target: Target) -> Result<Vec<u8>> {
     if !nvrtc_present() {
         return Err(Error::BackendUnavailable {
             backend: "cuda".into(),
@@ -138,7 +147,7 @@ pub fn compile(module: Module, cc: (i32, i32), target: Target) -> Result<Vec<u8>
         kernel: module.describe(),
         log,
     };
-    let source = CString::new(module.source()).map_err(|e| failed(e.to_string()))?;
+    let source = CString::new(module.source_in(src)).map_err(|e| failed(e.to_string()))?;
     let name = CString::new(module.file()).map_err(|e| failed(e.to_string()))?;
     let program = nvrtc::create_program(&source, Some(&name)).map_err(|e| failed(e.to_string()))?;
     // SAFETY: `program` was created above and is destroyed once, at the end; `source` and
@@ -202,10 +211,14 @@ fn nvrtc_version() -> (i32, i32) {
 /// hash of everything that shapes the binary (source, options, NVRTC's version), so that an
 /// edited kernel or another NVRTC never loads a stale binary. The hash is std's, which may
 /// change between Rust releases: that costs one recompile.
-pub fn cubin_cache_path(module: Module, cc: (i32, i32)) -> Option<std::path::PathBuf> {
+pub fn cubin_cache_path(
+    module: Module,
+    src: Sources,
+    cc: (i32, i32),
+) -> Option<std::path::PathBuf> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    module.source().hash(&mut h);
+    module.source_in(src).hash(&mut h);
     options(module, cc, Target::Cubin).hash(&mut h);
     nvrtc_version().hash(&mut h);
     let name = module
@@ -271,14 +284,28 @@ impl Kernels {
     /// The module's cubin from the cache when it holds one that loads, else compiled (and
     /// cached; a cache that cannot be written costs a compile next run).
     fn load(&self, module: Module) -> Result<Arc<CudaModule>> {
-        let path = cubin_cache_path(module, self.cc);
+        // A module built from replaced sources (MANTISSA_KERNEL_DIR) that does not compile is
+        // refused, said once, and the built-in one is loaded instead.
+        match self.load_from(module, Sources::Current) {
+            Err(e @ Error::ShaderCompile { .. })
+                if Sources::Current.replaces_any(&module.files()) =>
+            {
+                Sources::refuse(&module.describe(), &e.to_string());
+                self.load_from(module, Sources::Builtin)
+            }
+            loaded => loaded,
+        }
+    }
+
+    fn load_from(&self, module: Module, src: Sources) -> Result<Arc<CudaModule>> {
+        let path = cubin_cache_path(module, src, self.cc);
         let cached = path.as_deref().and_then(crate::cache::read);
         // A torn or foreign file fails to load, and is replaced.
         let load = |bytes: Vec<u8>| self.ctx.load_module(Ptx::from_binary(bytes));
         if let Some(m) = cached.and_then(|bytes| load(bytes).ok()) {
             return Ok(m);
         }
-        let cubin = compile(module, self.cc, Target::Cubin)?;
+        let cubin = compile_in(module, src, self.cc, Target::Cubin)?;
         if let Some(p) = &path {
             let _ = crate::cache::write_atomic(p, &cubin);
         }
@@ -425,7 +452,7 @@ mod tests {
 
     /// Each `extern "C" __global__` kernel of a module: its name and parameter count.
     fn kernels(module: Module) -> Vec<(String, usize)> {
-        let text = module.text();
+        let text = super::Sources::Builtin.text(module.file());
         text.match_indices("__global__ void ")
             .map(|(at, m)| {
                 let rest = &text[at + m.len()..];

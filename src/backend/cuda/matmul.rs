@@ -384,6 +384,16 @@ impl std::str::FromStr for SplitPath {
     }
 }
 
+/// The split paths tuning tries for `s`: those MANTISSA_TUNE_CANDIDATES lists under "cuda" that
+/// can run it, in its order, or every one that can.
+fn listed_split_paths(algorithm: &Algorithm, s: &MatmulShape) -> Result<Vec<SplitPath>> {
+    let offered = SplitPath::candidates(algorithm, s);
+    Ok(match crate::tune::listed::<SplitPath>("cuda")? {
+        Some(listed) => listed.into_iter().filter(|p| offered.contains(p)).collect(),
+        None => offered,
+    })
+}
+
 /// The split path already settled for `shape` (see `split_path`), or the tuner's key under
 /// which it is still to be tuned.
 fn settled_split_path(
@@ -400,8 +410,16 @@ fn settled_split_path(
         return Ok((SplitPath::default(), false));
     }
     let (major, minor) = cb.info.compute_capability;
+    // A choice among the paths MANTISSA_TUNE_CANDIDATES lists is kept apart.
+    let listed = match listed_split_paths(algorithm, s) {
+        Ok(paths) if paths != candidates => format!(
+            " | listed {}",
+            paths.iter().map(|p| p.name()).collect::<Vec<_>>().join(",")
+        ),
+        _ => String::new(),
+    };
     let key = format!(
-        "{} | sm_{major}{minor} | {algorithm} | {}",
+        "{} | sm_{major}{minor} | {algorithm} | {}{listed}",
         cb.info.name,
         shape_class(s)
     );
@@ -431,7 +449,7 @@ fn split_path(
     };
     let mut c = cb.zeros::<f32>(s.c_len())?;
     let mut search = cb.tuner.search(&key);
-    for path in SplitPath::candidates(algorithm, s) {
+    for path in listed_split_paths(algorithm, s)? {
         if !search.open() {
             continue;
         }

@@ -154,6 +154,8 @@ pub struct CudaBackend {
 impl CudaBackend {
     /// Opens device `ordinal`, or says why it cannot.
     pub fn open(ordinal: usize) -> Result<CudaBackend> {
+        // A kernel directory that cannot be used is refused before anything opens.
+        crate::backend::sources::replacements()?;
         probe().map_err(unavailable)?;
         // The bindings panic where a library lacks a symbol they expect (another CUDA version).
         std::panic::catch_unwind(|| Self::open_probed(ordinal)).unwrap_or_else(|_| {

@@ -24,8 +24,23 @@ use super::matmul::OnDevice;
 use super::shaders::Tile;
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::Operands;
-use crate::error::Result;
+use crate::backend::sources::Sources;
+use crate::error::{Error, Result};
 use std::path::PathBuf;
+
+/// The source files of the matmul kernels and of the kernels that prepare their operands.
+pub const MATMUL_FILES: [&str; 10] = [
+    "formats.wgsl",
+    "fetch.wgsl",
+    "matmul.wgsl",
+    "matmul_step.wgsl",
+    "matmul_coop.wgsl",
+    "coop_block.wgsl",
+    "coop_pack.wgsl",
+    "cast.wgsl",
+    "scale.wgsl",
+    "split.wgsl",
+];
 
 pub use crate::tune::{
     AUTOTUNE_ENV, AutotuneMode, FileStore, TUNE_MIN_FLOPS, TileStore, Tuner, shape_class,
@@ -58,7 +73,25 @@ impl WgpuBackend {
             return Ok((default, false, None));
         }
         let s = &self.gpu.summary;
-        let all = self.tile_candidates(algorithm);
+        // MANTISSA_TUNE_CANDIDATES: the listed tiles, in their order (those this variant
+        // cannot run are dropped with the reason); else this device's candidates.
+        let listed: Option<Vec<Tile>> = crate::tune::listed("wgpu")?;
+        let offered = self.tile_candidates(algorithm);
+        let mut unfit = Vec::new();
+        let all = match &listed {
+            Some(tiles) => tiles
+                .iter()
+                .copied()
+                .filter(|t| match self.fits(&variant, *t, &offered) {
+                    Ok(()) => true,
+                    Err(why) => {
+                        unfit.push((*t, why));
+                        false
+                    }
+                })
+                .collect(),
+            None => offered,
+        };
         let key = format!(
             "{} | {} | {}{}{:?} {:?} parts {} levels {} fp8 {} rowwise {} | {} | {}",
             s.name,
@@ -105,18 +138,33 @@ impl WgpuBackend {
         let mut candidates: Vec<Tile> = all
             .into_iter()
             .filter(|t| {
-                self.tuner.mode() == AutotuneMode::Full
+                listed.is_some()
+                    || self.tuner.mode() == AutotuneMode::Full
                     || neighbour(*t, default)
                     || designs.contains(t)
             })
             .collect();
-        candidates.sort_by_key(rank);
+        if listed.is_none() {
+            candidates.sort_by_key(rank);
+        }
         let mut search = self.tuner.search(&key);
+        for (tile, why) in unfit {
+            search.record(
+                tile,
+                &format!("listed tile {tile}"),
+                Err(Error::invalid("tile", why)),
+            );
+        }
+        // With listed tiles or replaced kernel sources, each candidate's product must be the
+        // first one's, bit for bit (every tile computes the same bits: docs/wgpu.md), or it is
+        // dropped: a tile or an edited kernel that computes something else never wins.
+        let checked = listed.is_some() || Sources::Current.replaces_any(&MATMUL_FILES);
+        let mut first: Option<Vec<f32>> = None;
         for tile in candidates {
             if !search.open() {
                 continue;
             }
-            let timed = self
+            let mut timed = self
                 .time_on_tile(
                     shape,
                     algorithm,
@@ -127,6 +175,32 @@ impl WgpuBackend {
                 )
                 .await
                 .map(|(seconds, _, _)| seconds);
+            if checked && timed.is_ok() {
+                match self.product_on_tile(shape, algorithm, tile, operands).await {
+                    Err(e) => timed = Err(e),
+                    Ok(c) => match &first {
+                        None => first = Some(c),
+                        Some(want) => {
+                            let differ = c
+                                .iter()
+                                .zip(want)
+                                .filter(|(x, y)| {
+                                    x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan())
+                                })
+                                .count();
+                            if differ > 0 {
+                                timed = Err(Error::invalid(
+                                    "tile",
+                                    format!(
+                                        "its product differs from the first candidate's in {differ} of {} outputs",
+                                        c.len()
+                                    ),
+                                ));
+                            }
+                        }
+                    },
+                }
+            }
             search.record(tile, &format!("tile {tile}"), timed);
         }
         match search.finish()? {

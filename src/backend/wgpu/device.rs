@@ -1,6 +1,7 @@
 //! Adapter choice, the device, the pipeline cache and error capture.
 
 use super::shaders::{Coop, Kernel};
+use crate::backend::sources::Sources;
 use crate::error::{DeviceFault, Error, Result};
 use std::collections::HashMap;
 use std::future::Future;
@@ -276,6 +277,8 @@ impl Gpu {
         row_lanes: Option<u32>,
         assumed_loop_budget: Option<u32>,
     ) -> Result<Gpu> {
+        // A kernel directory that cannot be used is refused before anything opens.
+        crate::backend::sources::replacements()?;
         let summary = AdapterSummary::of(adapter);
         let cpu = adapter.get_info().device_type == wgpu::DeviceType::Cpu;
         let row_lanes = row_lanes.unwrap_or(if cpu { 1 } else { GPU_ROW_LANES });
@@ -458,14 +461,32 @@ impl Gpu {
         Ok(pipeline)
     }
 
+    /// Forgets every pipeline built so far: the next use of a kernel builds it again (from the
+    /// sources current then).
+    pub fn forget_pipelines(&self) {
+        if let Ok(mut m) = self.pipelines.lock() {
+            m.clear();
+        }
+    }
+
     fn build(&self, kernel: &Kernel) -> Result<Pipeline> {
         let label = kernel.label();
-        let source = kernel.source();
-        // Validate first: a shader that fails must come back as an error with its log.
-        super::shaders::validate(kernel).map_err(|log| Error::ShaderCompile {
-            kernel: label.clone(),
-            log,
-        })?;
+        // Validate first: a shader that fails must come back as an error with its log. One
+        // built from replaced sources (MANTISSA_KERNEL_DIR) that fails is refused, said once,
+        // and the built-in one is built instead.
+        let mut src = Sources::Current;
+        if let Err(log) = super::shaders::validate_in(kernel, src) {
+            if !src.replaces_any(&kernel.files()) {
+                return Err(Error::ShaderCompile { kernel: label, log });
+            }
+            Sources::refuse(&label, &log);
+            src = Sources::Builtin;
+            super::shaders::validate_in(kernel, src).map_err(|log| Error::ShaderCompile {
+                kernel: label.clone(),
+                log,
+            })?;
+        }
+        let source = kernel.source_in(src);
         // The build gets its own scopes so that its errors are told apart from the op's; their
         // verdict is read by the enclosing op (`check_builds`), since nothing may block here.
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);

@@ -28,6 +28,8 @@ use self::matmul::OnDevice;
 use self::shaders::{Coop, F16Read, MatmulVariant, Tile};
 use super::{Backend, BackendKind, MatmulTiming, Operands, median};
 use crate::algorithm::{Algorithm, MatmulShape};
+use crate::backend::Reference;
+use crate::backend::sources::Sources;
 use crate::error::{Error, Result};
 use crate::format::{Format, Overflow};
 use crate::plan::{Plan, StepExecutor};
@@ -237,7 +239,7 @@ impl WgpuBackend {
         };
         // The cooperative kernels read f16 natively; MANTISSA_F16=packed keeps everything packed.
         let coop = gpu.coop.filter(|_| options.coop && f16 == F16Read::Native);
-        Ok(WgpuBackend {
+        let backend = WgpuBackend {
             gpu,
             pool: BufferPool::default(),
             f16,
@@ -246,7 +248,61 @@ impl WgpuBackend {
             poison: options.poison_outputs,
             tuner: Autotuner::new(options.autotune, Autotuner::default_path())
                 .with_budget(options.tune_seconds),
-        })
+        };
+        backend.check_replaced_matmuls().await?;
+        Ok(backend)
+    }
+
+    /// Where MANTISSA_KERNEL_DIR replaces a file the matmuls are built from, every algorithm's
+    /// default kernel here must first meet its contract against the host reference, on fresh
+    /// N(0,1) operands with a row beyond f16's range, an inf and a NaN, K past one group of
+    /// `shaders::GROUP_K`, batched: where one does not, the replaced files are refused and the
+    /// built-in ones run (`Sources::refuse_files`, said once).
+    async fn check_replaced_matmuls(&self) -> Result<()> {
+        const FILES: [&str; 10] = autotune::MATMUL_FILES;
+        if !Sources::Current.replaces_any(&FILES) {
+            return Ok(());
+        }
+        let shape = MatmulShape {
+            batch: 2,
+            m: 37,
+            n: 45,
+            k: shaders::GROUP_K as usize + 77,
+            a_transposed: false,
+            b_transposed: false,
+        };
+        let seed = web_time::SystemTime::now()
+            .duration_since(web_time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        let mut a = crate::measure::normal(shape.a_len(), seed);
+        let b = crate::measure::normal(shape.b_len(), seed ^ 0x9e37_79b9);
+        // Row 3 of A beyond f16's range; an inf and a NaN.
+        for x in &mut a[3 * shape.k..4 * shape.k] {
+            *x *= 1e6;
+        }
+        a[5 * shape.k + 1] = f32::INFINITY;
+        a[9 * shape.k + 2] = f32::NAN;
+        for algorithm in Algorithm::ALL {
+            let tile = self.variant(&algorithm).tile;
+            let checked = async {
+                let got = self
+                    .matmul_on_tile(&shape, &algorithm, tile, &a, &b)
+                    .await?;
+                let want = Reference.matmul(&shape, &algorithm, &a, &b).await?;
+                crate::measure::check_product(&algorithm, &shape, (&a, &b), &got, &want)?
+                    .verdict(&algorithm)
+            };
+            if let Err(e) = checked.await {
+                Sources::refuse_files(
+                    &FILES,
+                    &format!("{algorithm} on its default tile (seed {seed}): {e}"),
+                );
+                // Pipelines built from the refused files are built again from the built-in ones.
+                self.gpu.forget_pipelines();
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// The autotuner's (choices held, choices loaded from its store at the start).
@@ -271,6 +327,57 @@ impl WgpuBackend {
         self.coop
             .and_then(|c| MatmulVariant::coop(algorithm, c))
             .unwrap_or_else(|| MatmulVariant::for_algorithm(algorithm, self.f16))
+    }
+
+    /// Whether `variant` can run on `tile` here (a tile listed in MANTISSA_TUNE_CANDIDATES):
+    /// a cooperative block must be one of `offered` (this device's candidates); a SIMT tile
+    /// needs a register block of 4 (or 8 for one-plane operands) dividing its sides, a K step
+    /// a multiple of 4, one or two buffers, and the device's invocations and workgroup memory.
+    pub fn fits(
+        &self,
+        variant: &MatmulVariant,
+        tile: Tile,
+        offered: &[Tile],
+    ) -> std::result::Result<(), String> {
+        if variant.coop.is_some() {
+            return if offered.contains(&tile) {
+                Ok(())
+            } else {
+                Err("not one of this device's cooperative blocks (Tile::coop_candidates)".into())
+            };
+        }
+        let limits = &self.gpu.limits;
+        let why = if !(tile.reg == 4 || (tile.reg == 8 && variant.parts <= 1)) {
+            "a register block of 4, or 8 for one-plane operands".to_string()
+        } else if tile.bm == 0
+            || tile.bn == 0
+            || !tile.bm.is_multiple_of(tile.reg)
+            || !tile.bn.is_multiple_of(tile.reg)
+        {
+            format!(
+                "sides that are multiples of its register block ({})",
+                tile.reg
+            )
+        } else if tile.bk == 0 || !tile.bk.is_multiple_of(4) {
+            "a K step that is a multiple of 4".into()
+        } else if !(tile.buffers == 1 || tile.buffers == 2) || tile.warps != 1 || tile.prefetch {
+            "one or two buffers, one subgroup, no prefetch (those are cooperative blocks')".into()
+        } else if tile.threads() > limits.max_compute_invocations_per_workgroup {
+            format!(
+                "at most {} invocations (it has {})",
+                limits.max_compute_invocations_per_workgroup,
+                tile.threads()
+            )
+        } else if tile.workgroup_bytes(variant.parts) > limits.max_compute_workgroup_storage_size {
+            format!(
+                "at most {} bytes of workgroup memory (it takes {})",
+                limits.max_compute_workgroup_storage_size,
+                tile.workgroup_bytes(variant.parts)
+            )
+        } else {
+            return Ok(());
+        };
+        Err(format!("the SIMT kernel needs {why}"))
     }
 
     /// The tiles the autotuner may choose from for `algorithm` on this device, default first.
@@ -400,7 +507,7 @@ impl WgpuBackend {
         )
     }
 
-    /// The matmul of operands on the device, on `tile`, read back.
+    /// The matmul of f32 operands on the device, on `tile`, read back.
     async fn multiply(
         &self,
         shape: &MatmulShape,
@@ -409,10 +516,22 @@ impl WgpuBackend {
         a: &wgpu::Buffer,
         b: &wgpu::Buffer,
     ) -> Result<Vec<f32>> {
+        self.product_on_tile(shape, algorithm, tile, OnDevice::f32(a, b))
+            .await
+    }
+
+    /// The matmul of operands on the device (f32 values or 16-bit codes), on `tile`, read back.
+    async fn product_on_tile(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        tile: Tile,
+        operands: OnDevice<'_>,
+    ) -> Result<Vec<f32>> {
         let run = self
             .gpu
             .scoped("matmul", || {
-                let run = self.record_on_tile(shape, algorithm, tile, OnDevice::f32(a, b))?;
+                let run = self.record_on_tile(shape, algorithm, tile, operands)?;
                 if self.poison {
                     self.poison(&run.c, shape.c_len());
                 }

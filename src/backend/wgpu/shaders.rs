@@ -5,26 +5,12 @@
 
 use crate::algorithm::{Algorithm, SPLIT_LEVELS};
 use crate::backend::defs;
+use crate::backend::sources::Sources;
 use crate::format::Format;
 use std::fmt;
 
 /// The training kernels' entry points live with their launches.
 pub use super::train::{StepOp, TrainOp};
-
-const FORMATS: &str = include_str!("../../../shaders/formats.wgsl");
-const CAST: &str = include_str!("../../../shaders/cast.wgsl");
-const SCALE: &str = include_str!("../../../shaders/scale.wgsl");
-const SPLIT: &str = include_str!("../../../shaders/split.wgsl");
-const MATMUL: &str = include_str!("../../../shaders/matmul.wgsl");
-const MATMUL_COOP: &str = include_str!("../../../shaders/matmul_coop.wgsl");
-const COOP_PACK: &str = include_str!("../../../shaders/coop_pack.wgsl");
-const TRAIN: &str = include_str!("../../../shaders/train.wgsl");
-const STEP: &str = include_str!("../../../shaders/step.wgsl");
-const GELU: &str = include_str!("../../../shaders/gelu.wgsl");
-const FETCH: &str = include_str!("../../../shaders/fetch.wgsl");
-const COOP_BLOCK: &str = include_str!("../../../shaders/coop_block.wgsl");
-const MATMUL_STEP: &str = include_str!("../../../shaders/matmul_step.wgsl");
-const LOOP_PROBE: &str = include_str!("../../../shaders/loop_probe.wgsl");
 
 /// How f16 operands are read: as `f16` values (`enable f16;`, needs SHADER_F16) or as packed
 /// u32 words decoded in integer arithmetic (core WGSL, works everywhere).
@@ -127,7 +113,7 @@ impl Operand {
 
     /// `fn {name}(idx: u32) -> f32` and `fn {name}4(quad: u32) -> vec4<f32>` over `array`:
     /// fetch.wgsl's pieces for this kind, loaded as `load` says.
-    fn fetch_fn(self, name: &str, array: &str, load: Load) -> String {
+    fn fetch_fn(self, src: Sources, name: &str, array: &str, load: Load) -> String {
         let quads = load != Load::Scalar;
         let piece = match self {
             Operand::F32 if quads => "f32_quads",
@@ -145,9 +131,12 @@ impl Operand {
             _ => String::new(),
         };
         let vars = [("name", name), ("array", array), ("fmt", fmt.as_str())];
-        let mut out = template::fill(template::piece(FETCH, piece), &vars);
+        let mut out = template::fill(template::piece(src.text("fetch.wgsl"), piece), &vars);
         if !quads {
-            out.push_str(&template::fill(template::piece(FETCH, "no_quads"), &vars));
+            out.push_str(&template::fill(
+                template::piece(src.text("fetch.wgsl"), "no_quads"),
+                &vars,
+            ));
         }
         out
     }
@@ -804,19 +793,51 @@ impl Kernel {
         matches!(self, Kernel::Matmul(v) if v.uses_f16())
     }
 
-    /// The complete WGSL source of this kernel.
+    /// The source files this kernel is built from (`backend::sources`).
+    pub fn files(&self) -> Vec<&'static str> {
+        let mut files = vec!["formats.wgsl"];
+        files.extend_from_slice(match self {
+            Kernel::Encode | Kernel::Decode | Kernel::Quantize => &["cast.wgsl"],
+            Kernel::Amax | Kernel::ScaleFromAmax => &["scale.wgsl"],
+            Kernel::SplitBf16 => &["split.wgsl"],
+            Kernel::CoopPack => &["coop_pack.wgsl"],
+            Kernel::Matmul(v) if v.coop.is_some() => &["matmul_coop.wgsl", "coop_block.wgsl"],
+            Kernel::Matmul(_) => &["matmul.wgsl", "matmul_step.wgsl", "fetch.wgsl"],
+            Kernel::Train(..) => &["train.wgsl", "gelu.wgsl"],
+            Kernel::Step(_) => &["step.wgsl", "gelu.wgsl"],
+            Kernel::LoopProbe => &["loop_probe.wgsl"],
+        });
+        files
+    }
+
+    /// The complete WGSL source of this kernel, from the current sources (`MANTISSA_KERNEL_DIR`'s
+    /// files where it replaces any).
     pub fn source(&self) -> String {
-        let family = match self {
-            Kernel::Encode | Kernel::Decode | Kernel::Quantize => CAST,
-            Kernel::Amax | Kernel::ScaleFromAmax => SCALE,
-            Kernel::SplitBf16 => SPLIT,
-            Kernel::CoopPack => COOP_PACK,
-            Kernel::Matmul(v) if v.coop.is_some() => MATMUL_COOP,
-            Kernel::Matmul(_) => MATMUL,
-            Kernel::Train(..) => TRAIN,
-            Kernel::Step(_) => STEP,
-            Kernel::LoopProbe => LOOP_PROBE,
+        self.source_in(Sources::Current)
+    }
+
+    /// The complete WGSL source of this kernel, from `src`.
+    pub fn source_in(&self, src: Sources) -> String {
+        self.composed(src).0
+    }
+
+    /// Where a line of the kernel's source comes from: the file and its line, or "generated"
+    /// (the loader's header and written-out pieces).
+    pub fn source_line(&self, src: Sources, line: usize) -> String {
+        let (_, map) = self.composed(src);
+        let Some(&(start, file)) = map.iter().rev().find(|(start, _)| *start <= line) else {
+            return format!("generated line {line}");
         };
+        match file {
+            Some(f) => format!("{f}:{}", line - start + 1),
+            None => format!("generated line {line}"),
+        }
+    }
+
+    /// The kernel's source, and where each of its parts starts: (first line, the file it is,
+    /// or None where the loader wrote it).
+    fn composed(&self, src: Sources) -> (String, Vec<(usize, Option<&'static str>)>) {
+        let family = src.text(self.files()[1]);
         let mut header = String::new();
         if self.needs_f16() {
             header.push_str("enable f16;\n\n");
@@ -836,7 +857,7 @@ impl Kernel {
                 if v.tile.warps > 1 { "Octet" } else { "f16" }
             ));
             header.push_str(&span_consts());
-            header.push_str(&coop_block(v));
+            header.push_str(&coop_block(src, v));
         } else if let Kernel::Train(_, lanes) = self {
             header.push_str(&format!("const ROW_LANES: u32 = {lanes}u;\n\n"));
             header.push_str(&span_consts());
@@ -861,8 +882,8 @@ impl Kernel {
                 v.loads[0].id(),
                 v.loads[1].id()
             ));
-            header.push_str(&v.a.fetch_fn("fetch_a", "a_data", v.loads[0]));
-            header.push_str(&v.b.fetch_fn("fetch_b", "b_data", v.loads[1]));
+            header.push_str(&v.a.fetch_fn(src, "fetch_a", "a_data", v.loads[0]));
+            header.push_str(&v.b.fetch_fn(src, "fetch_b", "b_data", v.loads[1]));
             header.push_str(&span_consts());
             header.push_str(if v.masked {
                 "const MASKED: bool = true;\n\
@@ -872,20 +893,40 @@ impl Kernel {
                 "const MASKED: bool = false;\nfn flagged(line: u32) -> bool {\n    return false;\n}\n"
             });
         }
-        let family = match self {
-            Kernel::Matmul(v) if v.coop.is_none() => format!("{family}\n{}", k_step(v)),
-            Kernel::Train(..) | Kernel::Step(_) => format!("{GELU}\n{family}"),
-            _ => family.to_string(),
-        };
-        // Directives first (WGSL wants them before any declaration), then the definitions.
+        // Directives first (WGSL wants them before any declaration), then the definitions,
+        // formats.wgsl and the family's file (after gelu.wgsl for the training kernels, before
+        // the written-out K step for the SIMT matmul).
         let (directives, rest): (Vec<&str>, Vec<&str>) =
             header.lines().partition(|l| l.starts_with("enable "));
-        format!(
-            "// generated header\n{}\n{}{}\n{FORMATS}\n{family}",
-            directives.join("\n"),
-            defs::wgsl(),
-            rest.join("\n")
-        )
+        let mut parts: Vec<(Option<&'static str>, String)> = vec![(
+            None,
+            format!(
+                "// generated header\n{}\n{}{}",
+                directives.join("\n"),
+                defs::wgsl(),
+                rest.join("\n")
+            ),
+        )];
+        parts.push((Some("formats.wgsl"), src.text("formats.wgsl").to_string()));
+        if let Kernel::Train(..) | Kernel::Step(_) = self {
+            parts.push((Some("gelu.wgsl"), src.text("gelu.wgsl").to_string()));
+        }
+        parts.push((Some(self.files()[1]), family.to_string()));
+        if let Kernel::Matmul(v) = self
+            && v.coop.is_none()
+        {
+            parts.push((None, k_step(src, v)));
+        }
+        let mut text = String::new();
+        let mut map = Vec::new();
+        for (file, part) in parts {
+            map.push((text.lines().count() + 1, file));
+            text.push_str(&part);
+            if !text.ends_with('\n') {
+                text.push('\n');
+            }
+        }
+        (text, map)
     }
 
     /// Every kernel variant the backend can build (for validation in tests).
@@ -956,6 +997,13 @@ impl Kernel {
     }
 }
 
+/// The length of K over which a matmul kernel sums each output in registers from zero: K is
+/// summed in groups of this many terms, and the groups' sums are added in order, (((g0 + g1) +
+/// g2) + ...), in f32 (docs/design.md, "Summation order"). Spans of K that the loop budget
+/// splits off, and the splits of a split-K product, start at group boundaries, so neither
+/// changes a bit: tiles and splits change speed alone.
+pub const GROUP_K: u32 = 1024;
+
 /// The span flags of a kernel whose long loop the loop budget may split over dispatches
 /// (budget.rs): the dispatch's span is the first (its sums start at zero, else from the
 /// partial sums the previous span left) and the last (the sums are finished, else left for the
@@ -987,10 +1035,10 @@ fn level_terms(levels: u32) -> &'static [&'static [(usize, usize)]] {
 /// every level at each k of the K step in that buffer, written once per k where the variant is
 /// unrolled, else in a loop over k), `k_loop` (the K steps, with their loads and barriers) and
 /// `store_tiles`.
-fn k_step(v: &MatmulVariant) -> String {
+fn k_step(src: Sources, v: &MatmulVariant) -> String {
     use template::{fill, piece};
     let put = |out: &mut String, name: &str, vars: &[(&str, &str)]| {
-        out.push_str(&fill(piece(MATMUL_STEP, name), vars));
+        out.push_str(&fill(piece(src.text("matmul_step.wgsl"), name), vars));
     };
     let n = |x: u32| x.to_string();
     let levels = level_terms(v.levels);
@@ -1142,7 +1190,7 @@ fn coop_slots(v: &MatmulVariant) -> (u32, u32) {
 /// `fn coop_block(batch, row0, col0, lindex)` of a cooperative variant: coop_block.wgsl's pieces written
 /// out over its levels, tiles and planes (one named accumulator each: WGSL has no arrays of
 /// cooperative matrices to index).
-fn coop_block(v: &MatmulVariant) -> String {
+fn coop_block(src: Sources, v: &MatmulVariant) -> String {
     use template::{fill, piece};
     let t = v.coop.map_or(16, |c| c.size);
     let staged = v.tile.warps > 1;
@@ -1165,7 +1213,7 @@ fn coop_block(v: &MatmulVariant) -> String {
     ];
     let put = |out: &mut String, name: &str, vars: &[(&str, &str)]| {
         let all: Vec<(&str, &str)> = shared.iter().chain(vars).copied().collect();
-        out.push_str(&fill(piece(COOP_BLOCK, name), &all));
+        out.push_str(&fill(piece(src.text("coop_block.wgsl"), name), &all));
     };
     // Each accumulator piece once per level and tile.
     let per_tile = |out: &mut String, name: &str| {
@@ -1342,19 +1390,60 @@ pub fn validate(kernel: &Kernel) -> Result<(), String> {
     spirv(kernel, true).map(|_| ())
 }
 
+/// As `validate`, for the kernel's source from `src`; the error's locations name the file and
+/// its line ("matmul.wgsl:120:5") where the line is one of a file's.
+pub fn validate_in(kernel: &Kernel, src: Sources) -> Result<(), String> {
+    spirv_of(&kernel.source_in(src), true)
+        .map(|_| ())
+        .map_err(|log| {
+            // naga names the module "wgsl": `wgsl:LINE:COLUMN`.
+            let mut out = String::new();
+            let mut rest = log.as_str();
+            while let Some(at) = rest.find("wgsl:") {
+                out.push_str(&rest[..at]);
+                let after = &rest[at + 5..];
+                let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+                match after[..digits].parse::<usize>() {
+                    Ok(line) => out.push_str(&kernel.source_line(src, line)),
+                    Err(_) => out.push_str("wgsl:"),
+                }
+                rest = &after[digits..];
+            }
+            out.push_str(rest);
+            // The excerpt's gutter numbers the composed source's lines: left blank, the
+            // location above says where the line is.
+            out.lines()
+                .map(|l| {
+                    let digits = l.trim_start();
+                    let n = digits.bytes().take_while(u8::is_ascii_digit).count();
+                    if n > 0 && digits[n..].starts_with(" │") {
+                        format!("{}{}", " ".repeat(l.len() - digits.len() + n), &digits[n..])
+                    } else {
+                        l.to_string()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+}
+
 /// The SPIR-V wgpu's Vulkan backend writes for `kernel`, with its runtime checks (`checked`:
 /// every index that is not a constant clamped, a counter on every loop, as on a device without
 /// robust buffer access) or without (a trusted module).
 pub fn spirv(kernel: &Kernel, checked: bool) -> Result<Vec<u32>, String> {
+    spirv_of(&kernel.source(), checked)
+}
+
+/// The SPIR-V of the WGSL `source` (as `spirv`).
+fn spirv_of(source: &str, checked: bool) -> Result<Vec<u32>, String> {
     use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
-    let source = kernel.source();
-    let module = naga::front::wgsl::parse_str(&source).map_err(|e| e.emit_to_string(&source))?;
+    let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
     let info = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
         naga::valid::Capabilities::all(),
     )
     .validate(&module)
-    .map_err(|e| e.emit_to_string(&source))?;
+    .map_err(|e| e.emit_to_string(source))?;
     let policy = if checked {
         BoundsCheckPolicy::Restrict
     } else {
