@@ -118,7 +118,7 @@ fn stage_copy(a0: u32, b0: u32, k0: u32, lindex: u32, at_a: u32, at_b: u32) {
 }
 
 // @@begin
-fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
+fn coop_block(batch: u32, split: u32, row0: u32, col0: u32, lindex: u32) {
     let a0 = batch * params.mp * params.kp + row0 * params.kp;
     let b0 = batch * params.kp * params.np + col0;
     // Uniform over the workgroup (its origin and the parameters), as the barriers below need.
@@ -126,6 +126,19 @@ fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
     // Strides bound with `let`: naga's SPIR-V writer needs a store's stride so.
     let c_stride = params.n;
     let partial_stride = params.np;
+    // The K this workgroup sums: its dispatch's span, or its split's groups; none where it adds
+    // the group planes (MODE_REDUCE).
+    // (Bound with `let` and `select`: naga's uniformity analysis takes a variable assigned in a
+    // branch for a non-uniform value, which the cooperative operations below may not follow.)
+    let reduce = params.mode == MODE_REDUCE;
+    let is_split = params.mode == MODE_SPLIT;
+    let split_begin = min(params.k_begin + split * params.split_groups * GROUP_K, params.k_end);
+    let k_begin = select(params.k_begin, split_begin, is_split);
+    let k_end = select(
+        select(params.k_end, min(k_begin + params.split_groups * GROUP_K, params.k_end), is_split),
+        k_begin,
+        reduce
+    );
 
 // @@origin_staged
     let warp = lindex / SG;
@@ -137,36 +150,53 @@ fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
     let col_tile0 = 0u;
 
 // @@stage_first
-    // Two stages, or prefetch: the span's first K step goes into stage 0 before the loop.
-    if (params.k_begin < params.k_end) {
-        stage_copy(a0, b0, params.k_begin, lindex, 0u, 0u);
+    // Two stages, or prefetch: the first K step goes into stage 0 before the loop.
+    if (k_begin < k_end) {
+        stage_copy(a0, b0, k_begin, lindex, 0u, 0u);
     }
     workgroupBarrier();
 
 // @@total
     var total_{{l}}_{{r}}_{{c}} = {{zero}};
 
-// @@partials_load_begin
-    // A span after the first goes on from the totals the previous one left.
-    if ((params.span & SPAN_FIRST) == 0u) {
+// @@totals_init_begin
+    // The running totals (`partials`, level l's at l * partial_plane, padded rows of np) start
+    // at -0, which adds to any value exactly (+0 included), where K has more than one group
+    // and this is the first span: every group can then add them unconditionally (a branch on
+    // the group's index would be non-uniform to naga, which cooperative operations may not
+    // follow).
+    if (params.mode == MODE_SUM && k_begin == 0u && params.kp > GROUP_K) {
 
-// @@partial_load
-        let ip_{{l}}_{{r}}_{{c}} = {{l}}u * params.partial_plane + batch * params.mp * params.np
+// @@totals_init
+        let i0_{{l}}_{{r}}_{{c}} = {{l}}u * params.partial_plane + batch * params.mp * params.np
             + (row0 + (row_tile0 + {{r}}u) * {{t}}u) * params.np + col0 + (col_tile0 + {{c}}u) * {{t}}u;
-        total_{{l}}_{{r}}_{{c}} = coopLoadT<{{mat}}<f32, C>>(&partials[ip_{{l}}_{{r}}_{{c}}], partial_stride);
+        // (The totals are still zero here: times -1 they are -0.)
+        let minus_zero_{{l}}_{{r}}_{{c}} = total_{{l}}_{{r}}_{{c}} * -1.0;
+        coopStoreT(minus_zero_{{l}}_{{r}}_{{c}}, &partials[i0_{{l}}_{{r}}_{{c}}], partial_stride);
 
-// @@partials_load_end
+// @@groups_begin
     }
+    // The groups of GROUP_K, in order: each summed from zero, then added to the running totals
+    // or stored as its plane.
+    var g0 = k_begin;
+    loop {
+        if (g0 >= k_end) {
+            break;
+        }
+        let g1 = min(g0 + GROUP_K, k_end);
+
+// @@group_zero
+        total_{{l}}_{{r}}_{{c}} = {{zero}};
 
 // @@promote_loop
-    for (var k1 = params.k_begin; k1 < params.k_end; k1 += {{promote}}u) {
+        for (var k1 = g0; k1 < g1; k1 += {{promote}}u) {
 
 // @@part
         var part_{{l}}_{{r}}_{{c}} = {{zero}};
 
 // @@k_loop
-        let k_end = min(k1 + {{promote}}u, params.k_end);
-        for (var k0 = k1; k0 < k_end; k0 += BK) {
+        let k_stop = min(k1 + {{promote}}u, g1);
+        for (var k0 = k1; k0 < k_stop; k0 += BK) {
 
 // @@stage_copy
             // One stage: copy this K step, wait for every subgroup's part of it.
@@ -182,7 +212,7 @@ fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
             let cur = (k0 / BK) % 2u;
             let at_a = cur * A_STAGE;
             let at_b = cur * B_STAGE;
-            if (k0 + BK < params.k_end) {
+            if (k0 + BK < k_end) {
                 stage_copy(a0, b0, k0 + BK, lindex, (1u - cur) * A_STAGE, (1u - cur) * B_STAGE);
             }
 
@@ -193,7 +223,7 @@ fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
             let cur = {{cur}};
             let at_a = cur * A_STAGE;
             let at_b = cur * B_STAGE;
-            let more = k0 + BK < params.k_end;
+            let more = k0 + BK < k_end;
             if (more) {
                 stage_load(a0, b0, k0 + BK, lindex);
             }
@@ -257,16 +287,52 @@ fn coop_block(batch: u32, row0: u32, col0: u32, lindex: u32) {
 // @@promote_loop_end
     }
 
-// @@partials_store_begin
-    // A span before the last leaves its totals for the next one.
-    if ((params.span & SPAN_LAST) == 0u) {
+// @@group_end
+        if (params.mode == MODE_SPLIT) {
 
-// @@partial_store
-        let iq_{{l}}_{{r}}_{{c}} = {{l}}u * params.partial_plane + batch * params.mp * params.np
+// @@plane_store
+            let iq_{{l}}_{{r}}_{{c}} = (g0 / GROUP_K * {{levels}}u + {{l}}u) * params.partial_plane
+                + batch * params.mp * params.np + (row0 + (row_tile0 + {{r}}u) * {{t}}u) * params.np
+                + col0 + (col_tile0 + {{c}}u) * {{t}}u;
+            coopStoreT(total_{{l}}_{{r}}_{{c}}, &partials[iq_{{l}}_{{r}}_{{c}}], partial_stride);
+
+// @@totals_add_begin
+        } else if (params.kp > GROUP_K) {
+
+// @@total_add
+            let ip_{{l}}_{{r}}_{{c}} = {{l}}u * params.partial_plane + batch * params.mp * params.np
+                + (row0 + (row_tile0 + {{r}}u) * {{t}}u) * params.np + col0 + (col_tile0 + {{c}}u) * {{t}}u;
+            total_{{l}}_{{r}}_{{c}} = total_{{l}}_{{r}}_{{c}} + coopLoadT<{{mat}}<f32, C>>(&partials[ip_{{l}}_{{r}}_{{c}}], partial_stride);
+            coopStoreT(total_{{l}}_{{r}}_{{c}}, &partials[ip_{{l}}_{{r}}_{{c}}], partial_stride);
+
+// @@groups_end
+        }
+        g0 = g1;
+    }
+
+// @@reduce_begin
+    // Split-K's reduction: the group planes added in group order, the additions the running
+    // totals make.
+    if (reduce) {
+
+// @@reduce_first
+        let ir_{{l}}_{{r}}_{{c}} = {{l}}u * params.partial_plane + batch * params.mp * params.np
             + (row0 + (row_tile0 + {{r}}u) * {{t}}u) * params.np + col0 + (col_tile0 + {{c}}u) * {{t}}u;
-        coopStoreT(total_{{l}}_{{r}}_{{c}}, &partials[iq_{{l}}_{{r}}_{{c}}], partial_stride);
+        total_{{l}}_{{r}}_{{c}} = coopLoadT<{{mat}}<f32, C>>(&partials[ir_{{l}}_{{r}}_{{c}}], partial_stride);
 
-// @@partials_store_end
+// @@reduce_loop
+        for (var g = 1u; g < params.planes; g++) {
+
+// @@reduce_add
+            let ig_{{l}}_{{r}}_{{c}} = (g * {{levels}}u + {{l}}u) * params.partial_plane
+                + batch * params.mp * params.np + (row0 + (row_tile0 + {{r}}u) * {{t}}u) * params.np
+                + col0 + (col_tile0 + {{c}}u) * {{t}}u;
+            total_{{l}}_{{r}}_{{c}} = total_{{l}}_{{r}}_{{c}} + coopLoadT<{{mat}}<f32, C>>(&partials[ig_{{l}}_{{r}}_{{c}}], partial_stride);
+
+// @@reduce_end
+        }
+    } else if (params.mode == MODE_SPLIT || k_end < params.kp) {
+        // A split's planes, or a span before the last: nothing of C is this dispatch's.
         return;
     }
 

@@ -23,23 +23,27 @@
 //   const MASKED: bool, fn flagged(line: u32) -> bool: as the fallback of the cooperative-matrix
 //                               kernel, compute only outputs whose row of A or column of B is
 //                               flagged (coop_pack.wgsl); the flags are binding 6
-//   const SPAN_FIRST, SPAN_LAST: u32
-//                               the flags of `params.span` (below)
+//   const GROUP_K: u32          the summation group (below)
 //   the pieces of matmul_step.wgsl: the accumulators (a vec4 per row of each 4x4 block and
-//   level), fn k_step_0 (and k_step_1 with two buffers: one K step out of its buffer into the
-//   accumulators; written out per k for checked modules, so that their hot code has no loop
-//   counter and no bounds clamp that varies with k), fn k_loop (every K step of this
-//   dispatch's span, loads and barriers included), fn store_tiles, and fn load_partials and
-//   fn store_partials (the accumulators from and to the partial sums between spans)
+//   level) and fn zero_accumulators, fn k_step_0 (and k_step_1 with two buffers: one K step out
+//   of its buffer into the accumulators; written out per k for checked modules, so that their
+//   hot code has no loop counter and no bounds clamp that varies with k), fn k_loop (the K
+//   steps of one group, loads and barriers included), fn store_tiles, fn add_totals and
+//   fn store_totals (a group's sums added to and stored as the running totals), fn store_plane
+//   and fn load_planes (a group's sums into its plane; the planes summed in order)
 // Workgroup size is (BN / REG, BM / REG).
 //
-// A dispatch sums the span [k_begin, k_end) of K: all of it, unless the adapter's loop budget
-// (src/backend/wgpu/budget.rs) splits K over several dispatches. Then each output's sums go on
-// from where the previous span left them, in the same order, so the bits are those of one
-// dispatch: a span without SPAN_FIRST starts its accumulators from the partial sums, one
-// without SPAN_LAST leaves them there, unscaled, levels apart (level 0 in C, level l > 0 in
-// `partials` at (l - 1) * partial_plane).
-
+// Summation order (docs/design.md): K is summed in groups of GROUP_K terms, each output's group
+// from zero in its accumulators (in k order), and the groups' sums are added in order: the
+// running total after group g is (total after g - 1) + (group g's sums), held between groups
+// in memory (level 0 in C, level l > 0 in `partials` at (l - 1) * partial_plane). A dispatch
+// sums the groups of its span [k_begin, k_end) of K (MODE_SUM): all of K, unless the adapter's
+// loop budget (src/backend/wgpu/budget.rs) splits it over dispatches, at group boundaries. A
+// split-K product (MODE_SPLIT) gives each of `splits` workgroups of an output tile
+// `split_groups` groups (z = split * batches + batch), each group's sums stored in its own
+// plane (plane g, level l at (g * levels + l) * partial_plane); then MODE_REDUCE adds the
+// planes in group order, the additions the running total makes, and finishes. So spans and
+// splits change no bit: every tile and split computes the same function.
 struct MatmulParams {
     m: u32,
     n: u32,
@@ -65,18 +69,29 @@ struct MatmulParams {
     // MASKED: where B's lines start in the flags (A's lines: batch * m + row).
     b_lines: u32,
     k_end: u32,
-    // SPAN_FIRST | SPAN_LAST: whether the span starts, ends K.
-    span: u32,
-    // Elements of a level's partial sums (all of C's batches).
+    // MODE_SUM, MODE_SPLIT or MODE_REDUCE (above).
+    mode: u32,
+    // Elements of a level's totals (all of C's batches).
     partial_plane: u32,
+    // MODE_SPLIT: the groups each split sums; z is split * batches + batch.
+    split_groups: u32,
+    batches: u32,
+    // MODE_REDUCE: the group planes to add.
+    planes: u32,
+    _pad: u32,
 }
+
+const MODE_SUM: u32 = 0u;
+const MODE_SPLIT: u32 = 1u;
+const MODE_REDUCE: u32 = 2u;
 
 @group(0) @binding(0) var<uniform> params: MatmulParams;
 @group(0) @binding(1) var<storage, read> a_data: array<A_T>;
 @group(0) @binding(2) var<storage, read> b_data: array<B_T>;
 @group(0) @binding(3) var<storage, read_write> c_data: array<f32>;
 @group(0) @binding(4) var<storage, read> scales: array<f32>;
-// Partial sums of levels 1.. between spans of K (a word where K is one span or one level).
+// The running totals of levels 1.. between groups of K, or the group planes of a split-K
+// product (a word where there are none).
 @group(0) @binding(5) var<storage, read_write> partials: array<f32>;
 
 const WG_X: u32 = BN / REG;
@@ -328,7 +343,8 @@ fn load_tiles(o: Origin, k0: u32, lindex: u32, at: u32) {
 @compute @workgroup_size(WG_X, WG_Y, 1)
 fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
           @builtin(local_invocation_index) lindex: u32) {
-    let batch = wg.z;
+    let batch = wg.z % params.batches;
+    let split = wg.z / params.batches;
     let o = Origin(batch, wg.y * BM, wg.x * BN, batch * params.a_batch, batch * params.b_batch);
 
     if (MASKED) {
@@ -363,14 +379,44 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
     let tx = lid.x;
     let ty2 = lid.y + WG_Y;
     let tx2 = lid.x + WG_X;
-    if ((params.span & SPAN_FIRST) == 0u) {
-        load_partials(o, ty, tx, ty2, tx2);
-    }
-    k_loop(o, lindex, ty, tx, ty2, tx2);
-    if ((params.span & SPAN_LAST) != 0u) {
+    if (params.mode == MODE_REDUCE) {
+        load_planes(o, ty, tx, ty2, tx2);
         store_tiles(o, ty, tx, ty2, tx2);
-    } else {
-        store_partials(o, ty, tx, ty2, tx2);
+        return;
+    }
+    var k_begin = params.k_begin;
+    var k_end = params.k_end;
+    if (params.mode == MODE_SPLIT) {
+        k_begin = min(params.k_begin + split * params.split_groups * GROUP_K, params.k_end);
+        k_end = min(k_begin + params.split_groups * GROUP_K, params.k_end);
+    }
+    // The groups of this dispatch's span (or split), in order: at least one in MODE_SUM, whose
+    // last dispatch stores C even where K is empty. Everything here is uniform across the
+    // workgroup (the parameters and its split), as k_loop's barriers need.
+    var g0 = k_begin;
+    loop {
+        if (params.mode == MODE_SPLIT && g0 >= k_end) {
+            break;
+        }
+        let g1 = min(g0 + GROUP_K, k_end);
+        zero_accumulators();
+        k_loop(o, lindex, ty, tx, ty2, tx2, g0, g1);
+        if (params.mode == MODE_SPLIT) {
+            store_plane(o, g0 / GROUP_K, ty, tx, ty2, tx2);
+        } else {
+            if (g0 != 0u) {
+                add_totals(o, ty, tx, ty2, tx2);
+            }
+            if (g1 >= params.k) {
+                store_tiles(o, ty, tx, ty2, tx2);
+            } else {
+                store_totals(o, ty, tx, ty2, tx2);
+            }
+        }
+        g0 = g1;
+        if (g0 >= k_end) {
+            break;
+        }
     }
 }
 
@@ -380,7 +426,7 @@ fn mine(batch: u32, row: u32, col: u32) -> bool {
     return !MASKED || flagged(batch * params.m + row) || flagged(params.b_lines + batch * params.n + col);
 }
 
-// Level `level`'s partial sums of row `row` of C from column col_start on, four outputs (0
+// Level `level`'s running totals of row `row` of C from column col_start on, four outputs (0
 // outside C).
 fn load_partial_row(level: u32, batch: u32, row: u32, col_start: u32) -> vec4<f32> {
     var v = vec4<f32>();
@@ -401,8 +447,8 @@ fn load_partial_row(level: u32, batch: u32, row: u32, col_start: u32) -> vec4<f3
     return v;
 }
 
-// Level `level`'s partial sums of four outputs of row `row` from column col_start on, as they
-// are (no scales applied), for the next span.
+// Level `level`'s running totals of four outputs of row `row` from column col_start on, as
+// they are (no scales applied), for the next group.
 fn store_partial_row(level: u32, batch: u32, row: u32, col_start: u32, v: vec4<f32>) {
     if (row >= params.m) {
         return;
@@ -416,6 +462,42 @@ fn store_partial_row(level: u32, batch: u32, row: u32, col_start: u32, v: vec4<f
             } else {
                 partials[(level - 1u) * params.partial_plane + at + col] = v[c];
             }
+        }
+    }
+}
+
+// Where level `level` of group plane `g` starts in `partials`.
+fn plane_at(level: u32, g: u32) -> u32 {
+    return (g * max(LEVELS, 1u) + level) * params.partial_plane;
+}
+
+// Level `level`'s sums of group `g`, four outputs of row `row` from column col_start on (0
+// outside C).
+fn load_plane_row(level: u32, g: u32, batch: u32, row: u32, col_start: u32) -> vec4<f32> {
+    var v = vec4<f32>();
+    if (row >= params.m) {
+        return v;
+    }
+    let at = plane_at(level, g) + batch * params.c_batch + row * params.n;
+    for (var c = 0u; c < 4u; c++) {
+        let col = col_start + c;
+        if (col < params.n) {
+            v[c] = partials[at + col];
+        }
+    }
+    return v;
+}
+
+// Level `level`'s sums of group `g`, four outputs, into its plane.
+fn store_plane_row(level: u32, g: u32, batch: u32, row: u32, col_start: u32, v: vec4<f32>) {
+    if (row >= params.m) {
+        return;
+    }
+    let at = plane_at(level, g) + batch * params.c_batch + row * params.n;
+    for (var c = 0u; c < 4u; c++) {
+        let col = col_start + c;
+        if (col < params.n) {
+            partials[at + col] = v[c];
         }
     }
 }

@@ -19,14 +19,16 @@
 //                               not accumulate long sums in exact f32), levels summed smallest
 //                               first (docs/design.md); each tile stored straight into C, or
 //                               through `staging` and `store_tile`
-//   const SPAN_FIRST, SPAN_LAST: u32
-//                               the flags of `params.span`
+//   const GROUP_K: u32          the summation group (matmul.wgsl, "Summation order")
 //
-// A dispatch sums the span [k_begin, k_end) of the padded K: all of it, unless the adapter's
-// loop budget (src/backend/wgpu/budget.rs) splits it over several dispatches, at multiples of
-// the promotion interval. Then a span without SPAN_FIRST starts the f32 totals from the partial
-// sums the previous one left, and one without SPAN_LAST leaves them there (`partials`: level
-// l's at l * partial_plane, padded rows of np), so the bits are those of one dispatch.
+// Summation order, as matmul.wgsl's, with one more level inside a group: each level's products
+// of a promotion interval of 256 are summed on the cooperative matrices, each interval's sum
+// added into the group's f32 total, and the groups' totals added in order, held between groups
+// in `partials` (level l's at l * partial_plane, padded rows of np). A dispatch sums its span's
+// groups (MODE_SUM: all of the padded K, unless the adapter's loop budget splits it, at group
+// boundaries); a split-K product (MODE_SPLIT) stores each group's totals in its plane (plane g,
+// level l at (g * levels + l) * partial_plane), and MODE_REDUCE adds the planes in order and
+// stores C. Spans and splits change no bit.
 
 struct CoopParams {
     m: u32,
@@ -42,15 +44,25 @@ struct CoopParams {
     c_batch: u32,
     // Where B's lines start in amax_bits and flags (A's lines: batch * m + row).
     b_lines: u32,
-    // This dispatch's span of the padded K, and SPAN_FIRST | SPAN_LAST.
+    // This dispatch's span of the padded K, and MODE_SUM, MODE_SPLIT or MODE_REDUCE.
     k_begin: u32,
     k_end: u32,
-    span: u32,
-    // Elements of a level's partial sums (batch * mp * np).
+    mode: u32,
+    // Elements of a level's totals (batch * mp * np).
     partial_plane: u32,
+    // MODE_SPLIT: the groups each split sums; z is split * batches + batch.
+    split_groups: u32,
+    batches: u32,
+    // MODE_REDUCE: the group planes to add.
+    planes: u32,
     _pad0: u32,
     _pad1: u32,
+    _pad2: u32,
 }
+
+const MODE_SUM: u32 = 0u;
+const MODE_SPLIT: u32 = 1u;
+const MODE_REDUCE: u32 = 2u;
 
 @group(0) @binding(0) var<uniform> params: CoopParams;
 // f16, or Octet where the block is staged (copied eight halves, 16 bytes, per load).
@@ -58,7 +70,8 @@ struct CoopParams {
 @group(0) @binding(2) var<storage, read> b_data: array<OPERAND_T>;
 @group(0) @binding(3) var<storage, read_write> c_data: array<f32>;
 @group(0) @binding(4) var<storage, read> amax_bits: array<u32>;
-// The f32 totals between spans of K (a word where K is one span).
+// The running totals between groups of K, or the group planes of a split-K product (a word
+// where there are none).
 @group(0) @binding(5) var<storage, read_write> partials: array<f32>;
 // One bit per line, set by coop_pack.wgsl.
 @group(0) @binding(6) var<storage, read> flags: array<u32>;
@@ -112,5 +125,5 @@ fn ldexp_wide(x: f32, e: i32) -> f32 {
 @compute @workgroup_size(WG, 1, 1)
 fn matmul_coop(@builtin(workgroup_id) wg: vec3<u32>,
                @builtin(local_invocation_index) lindex: u32) {
-    coop_block(wg.z, wg.y * BM, wg.x * BN, lindex);
+    coop_block(wg.z % params.batches, wg.z / params.batches, wg.y * BM, wg.x * BN, lindex);
 }

@@ -15,6 +15,13 @@
 // @@accumulator
 var<private> acc_{{l}}_{{q}}_{{r}}: vec4<f32>;
 
+// @@zero_begin
+// The accumulators at zero: a group's sums start there.
+fn zero_accumulators() {
+
+// @@zero
+    acc_{{l}}_{{q}}_{{r}} = vec4<f32>();
+
 // @@step_begin
 // The K step in workgroup buffer {{s}}, multiplied into the accumulators.
 fn k_step_{{s}}(ty: u32, tx: u32, ty2: u32, tx2: u32) {
@@ -53,9 +60,9 @@ fn k_step_{{s}}(ty: u32, tx: u32, ty2: u32, tx2: u32) {
 }
 
 // @@loop_single
-// Every K step of the span: load it, multiply it, each behind a barrier.
-fn k_loop(o: Origin, lindex: u32, ty: u32, tx: u32, ty2: u32, tx2: u32) {
-    for (var k0 = params.k_begin; k0 < params.k_end; k0 += BK) {
+// Every K step of [k_begin, k_end) (one group): load it, multiply it, each behind a barrier.
+fn k_loop(o: Origin, lindex: u32, ty: u32, tx: u32, ty2: u32, tx2: u32, k_begin: u32, k_end: u32) {
+    for (var k0 = k_begin; k0 < k_end; k0 += BK) {
         load_tiles(o, k0, lindex, 0u);
         workgroupBarrier();
         k_step_0(ty, tx, ty2, tx2);
@@ -64,21 +71,24 @@ fn k_loop(o: Origin, lindex: u32, ty: u32, tx: u32, ty2: u32, tx2: u32) {
 }
 
 // @@loop_double
-// Every K step of the span, two buffers: the next step loads into one while the other is multiplied, so
-// a step waits at one barrier instead of two. A buffer is rewritten only after the barrier
-// that follows its last read. The same products in the same order as one buffer.
-fn k_loop(o: Origin, lindex: u32, ty: u32, tx: u32, ty2: u32, tx2: u32) {
-    load_tiles(o, params.k_begin, lindex, 0u);
+// Every K step of [k_begin, k_end) (one group), two buffers: the next step loads into one while
+// the other is multiplied, so a step waits at one barrier instead of two. A buffer is rewritten
+// only after the barrier that follows its last read. The same products in the same order as one
+// buffer.
+fn k_loop(o: Origin, lindex: u32, ty: u32, tx: u32, ty2: u32, tx2: u32, k_begin: u32, k_end: u32) {
+    if (k_begin < k_end) {
+        load_tiles(o, k_begin, lindex, 0u);
+    }
     workgroupBarrier();
-    for (var k0 = params.k_begin; k0 < params.k_end; k0 += 2u * BK) {
-        let second = k0 + BK < params.k_end;
+    for (var k0 = k_begin; k0 < k_end; k0 += 2u * BK) {
+        let second = k0 + BK < k_end;
         if (second) {
             load_tiles(o, k0 + BK, lindex, PARTS * BK);
         }
         k_step_0(ty, tx, ty2, tx2);
         workgroupBarrier();
         if (second) {
-            if (k0 + 2u * BK < params.k_end) {
+            if (k0 + 2u * BK < k_end) {
                 load_tiles(o, k0 + 2u * BK, lindex, 0u);
             }
             k_step_1(ty, tx, ty2, tx2);
@@ -94,19 +104,44 @@ fn store_tiles(o: Origin, ty: u32, tx: u32, ty2: u32, tx2: u32) {
 // @@store
     store_row(o.batch, o.row0 + {{row}} * 4u + {{r}}u, o.col0 + {{col}} * 4u, {{sum}});
 
-// @@partials_begin
-// The accumulators from the partial sums the previous span of K left.
-fn load_partials(o: Origin, ty: u32, tx: u32, ty2: u32, tx2: u32) {
+// @@add_totals_begin
+// The running totals the earlier groups left, added to this group's sums.
+fn add_totals(o: Origin, ty: u32, tx: u32, ty2: u32, tx2: u32) {
 
-// @@load_partial
-    acc_{{l}}_{{q}}_{{r}} = load_partial_row({{l}}u, o.batch, o.row0 + {{row}} * 4u + {{r}}u, o.col0 + {{col}} * 4u);
+// @@add_total
+    acc_{{l}}_{{q}}_{{r}} += load_partial_row({{l}}u, o.batch, o.row0 + {{row}} * 4u + {{r}}u, o.col0 + {{col}} * 4u);
 
-// @@store_partials_begin
-// The accumulators as partial sums, for the next span of K.
-fn store_partials(o: Origin, ty: u32, tx: u32, ty2: u32, tx2: u32) {
+// @@store_totals_begin
+// The accumulators as the running totals, for the next group.
+fn store_totals(o: Origin, ty: u32, tx: u32, ty2: u32, tx2: u32) {
 
-// @@store_partial
+// @@store_total
     store_partial_row({{l}}u, o.batch, o.row0 + {{row}} * 4u + {{r}}u, o.col0 + {{col}} * 4u, acc_{{l}}_{{q}}_{{r}});
+
+// @@store_plane_begin
+// The accumulators as group g's sums, into its plane (split-K).
+fn store_plane(o: Origin, g: u32, ty: u32, tx: u32, ty2: u32, tx2: u32) {
+
+// @@store_plane
+    store_plane_row({{l}}u, g, o.batch, o.row0 + {{row}} * 4u + {{r}}u, o.col0 + {{col}} * 4u, acc_{{l}}_{{q}}_{{r}});
+
+// @@load_planes_begin
+// The accumulators as the group planes' sums added in group order (split-K's reduction): the
+// additions a running total makes.
+fn load_planes(o: Origin, ty: u32, tx: u32, ty2: u32, tx2: u32) {
+
+// @@load_plane_first
+    acc_{{l}}_{{q}}_{{r}} = load_plane_row({{l}}u, 0u, o.batch, o.row0 + {{row}} * 4u + {{r}}u, o.col0 + {{col}} * 4u);
+
+// @@load_planes_loop
+    for (var g = 1u; g < params.planes; g++) {
+
+// @@load_plane_add
+        acc_{{l}}_{{q}}_{{r}} += load_plane_row({{l}}u, g, o.batch, o.row0 + {{row}} * 4u + {{r}}u, o.col0 + {{col}} * 4u);
+
+// @@load_planes_loop_end
+    }
 
 // @@end
 }
+

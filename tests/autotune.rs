@@ -5,7 +5,7 @@
 mod common;
 
 use mantissa::backend::wgpu::autotune::{AutotuneMode, Autotuner};
-use mantissa::backend::wgpu::shaders::Tile;
+use mantissa::backend::wgpu::shaders::{GROUP_K, Tile};
 use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
 use mantissa::backend::{Backend, Operands};
 use mantissa::{Algorithm, Format, MatmulShape, Scaling, measure};
@@ -387,4 +387,108 @@ fn a_spent_budget_keeps_the_first_tile_timed() {
         .map(|v| serde_json::from_value(v["choice"].clone()).unwrap())
         .collect();
     assert_eq!(chosen, [b.tile_candidates(&Algorithm::F32)[0]]);
+}
+
+/// Split-K (`Tile::splits`) computes the unsplit product's bits (matmul.wgsl, "Summation
+/// order"): K summed in groups of `GROUP_K`, each split's groups into their planes, the planes
+/// added in group order as the running totals add them. Every algorithm (fp8 also rowwise and
+/// with given scales) on its default tile split 2, 3 and 5 ways (K has five groups; more splits
+/// than groups take one each), f32 and bf16x3 also double-buffered and on 8x8 register blocks,
+/// batched and transposed; rows of A in a wide range, an inf, a NaN, a row beyond f16's range.
+/// With runtime checks (the K step written out) for a sample; on a backend whose loop budget
+/// holds one group per dispatch (each split then sums one group), too. And the unsplit product
+/// keeps its contract against the host reference: the grouped sum is the function.
+#[test]
+fn split_k_gives_the_unsplit_bits() {
+    let test = "split_k_gives_the_unsplit_bits";
+    let seed = common::seed(test);
+    let shapes = [
+        MatmulShape::new(37, 29, 4 * GROUP_K as usize + 77),
+        MatmulShape {
+            batch: 2,
+            m: 19,
+            n: 41,
+            k: 4 * GROUP_K as usize + 1,
+            a_transposed: true,
+            b_transposed: true,
+        },
+    ];
+    let options = WgpuOptions {
+        poison_outputs: true,
+        coop: false,
+        ..WgpuOptions::default()
+    };
+    let Some(plain) = common::fresh_wgpu(test, options) else {
+        return;
+    };
+    let Some(checked) = common::fresh_wgpu(
+        test,
+        WgpuOptions {
+            runtime_checks: true,
+            ..options
+        },
+    ) else {
+        return;
+    };
+    // Half the budget holds one group of the default f32 tile, and its fixed loops.
+    let loops = plain.variant(&Algorithm::F32).k_loops();
+    let Some(tight) = common::fresh_wgpu(
+        test,
+        WgpuOptions {
+            assume_loop_budget: Some(2 * (loops.fixed + loops.per_unit + 100) as u32),
+            ..options
+        },
+    ) else {
+        return;
+    };
+    for (s, shape) in shapes.iter().enumerate() {
+        let seed = seed + 10 * s as u64;
+        let (_, _, algorithms) = common::prepared_cases(shape, seed);
+        let mut a = measure::normal(shape.a_len(), seed);
+        let line = shape.a_len() / (shape.batch * shape.m);
+        let wide = measure::wide_range(line, seed + 1);
+        a[3 * line..4 * line].copy_from_slice(&wide);
+        for x in &mut a[5 * line..6 * line] {
+            *x *= 1e6;
+        }
+        a[7 * line + 5] = f32::INFINITY;
+        a[9 * line + 2] = f32::NAN;
+        let b = measure::normal(shape.b_len(), seed + 2);
+        for alg in algorithms {
+            let name = alg.to_string();
+            let candidates = plain.tile_candidates(&alg);
+            let mut tiles = vec![candidates[0]];
+            if matches!(alg, Algorithm::F32 | Algorithm::Bf16x3) {
+                tiles.extend(candidates.iter().find(|t| t.buffers == 2));
+                tiles.extend(candidates.iter().find(|t| t.reg == 8));
+            }
+            for tile in tiles {
+                let mut backends = vec![("plain", &plain)];
+                if ["f32", "bf16x6", "e4m3-e5m2:rowwise"].contains(&name.as_str()) {
+                    backends.push(("checked", &checked));
+                }
+                if alg == Algorithm::F32 && tile == candidates[0] {
+                    backends.push(("one group a dispatch", &tight));
+                }
+                for (how, backend) in &backends {
+                    let run = |t: Tile| {
+                        backend
+                            .matmul_on_tile(shape, &alg, t, &a, &b)
+                            .block_on()
+                            .unwrap()
+                    };
+                    let whole = run(tile);
+                    if s == 0 && *how == "plain" && tile == candidates[0] {
+                        common::assert_contract(how, &alg, shape, &a, &b, &whole, "grouped sums");
+                    }
+                    for splits in [2, 3, 5, 8] {
+                        assert!(
+                            common::same_bits(&run(tile.with_splits(splits)), &whole),
+                            "{alg} tile {tile} split {splits} ({how}) {shape:?}: not the unsplit bits"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

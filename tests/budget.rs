@@ -17,13 +17,18 @@ use mantissa::measure::train_tolerance as tol;
 use mantissa::plan::{Op, ScoreScale};
 use pollster::FutureExt as _;
 
-/// The budget the split backends assume: half of it (what kernels plan on) holds a few dozen
-/// K steps of the matmul kernel, so K = 3000 takes several dispatches.
+/// The budget the split backends of the training kernels assume: half of it (what kernels plan
+/// on) holds sums of a few thousand terms.
 const SMALL_BUDGET: u32 = 2000;
 
-/// A backend that runs loops whole where the adapter allows, and one that assumes
-/// `SMALL_BUDGET`, both with `checks` (the K step written out per k), on SIMT kernels.
-fn pair(test: &str, checks: bool) -> Option<(WgpuBackend, WgpuBackend)> {
+/// The budget the split backends of the matmul assume: half of it holds one or two summation
+/// groups of K (`GROUP_K`; spans start at group boundaries), up to eight with the K step
+/// written out (fewer loops), so K = 9000 (nine groups) takes several dispatches.
+const MATMUL_BUDGET: u32 = 6000;
+
+/// A backend that runs loops whole where the adapter allows, and one that assumes `budget`,
+/// both with `checks` (the K step written out per k), on SIMT kernels.
+fn pair(test: &str, checks: bool, budget: u32) -> Option<(WgpuBackend, WgpuBackend)> {
     let options = WgpuOptions {
         poison_outputs: true,
         runtime_checks: checks,
@@ -34,17 +39,13 @@ fn pair(test: &str, checks: bool) -> Option<(WgpuBackend, WgpuBackend)> {
     let split = common::fresh_wgpu(
         test,
         WgpuOptions {
-            assume_loop_budget: Some(SMALL_BUDGET),
+            assume_loop_budget: Some(budget),
             ..options
         },
     )?;
     assert_eq!(
         split.loop_budget(),
-        Some(
-            whole
-                .loop_budget()
-                .map_or(SMALL_BUDGET, |b| b.min(SMALL_BUDGET))
-        )
+        Some(whole.loop_budget().map_or(budget, |b| b.min(budget)))
     );
     Some((whole, split))
 }
@@ -78,18 +79,18 @@ fn a_split_k_gives_the_bits_of_one_dispatch() {
     let test = "a_split_k_gives_the_bits_of_one_dispatch";
     let seed = common::seed(test);
     let shapes = [
-        MatmulShape::new(37, 29, 3000),
+        MatmulShape::new(37, 29, 9000),
         MatmulShape {
             batch: 2,
             m: 19,
             n: 41,
-            k: 3001,
+            k: 9001,
             a_transposed: true,
             b_transposed: true,
         },
     ];
     for checks in [false, true] {
-        let Some((whole, split)) = pair(test, checks) else {
+        let Some((whole, split)) = pair(test, checks, MATMUL_BUDGET) else {
             return;
         };
         for (s, shape) in shapes.iter().enumerate() {
@@ -143,7 +144,7 @@ fn a_split_k_gives_the_bits_of_one_dispatch() {
 fn split_training_loops_give_the_bits_of_one_dispatch() {
     let test = "split_training_loops_give_the_bits_of_one_dispatch";
     let seed = common::seed(test);
-    let Some((whole, split)) = pair(test, false) else {
+    let Some((whole, split)) = pair(test, false, SMALL_BUDGET) else {
         return;
     };
     let (vocab, width, tokens) = (7, 3, 5000);
@@ -277,7 +278,7 @@ fn reductions_plan(b: &dyn Backend, seed: u64) -> Vec<f64> {
 fn rows_too_long_for_one_lane_take_more() {
     let test = "rows_too_long_for_one_lane_take_more";
     let seed = common::seed(test);
-    let Some((_, split)) = pair(test, false) else {
+    let Some((_, split)) = pair(test, false, SMALL_BUDGET) else {
         return;
     };
     let (rows, c) = (3, 1500);
@@ -374,12 +375,12 @@ fn rows_too_long_for_one_lane_take_more() {
 fn fused_attention_beyond_the_budget_is_refused() {
     use mantissa::plan::{Attention, Outline, PlanBuilder, Section, TensorKind};
     let test = "fused_attention_beyond_the_budget_is_refused";
-    let Some((_, split)) = pair(test, false) else {
+    let Some((_, split)) = pair(test, false, SMALL_BUDGET) else {
         return;
     };
     let spec = Attention {
         b: 1,
-        t: 64,
+        t: 512,
         h: 1,
         d: 16,
         scale: 0.25,
@@ -405,7 +406,7 @@ fn fused_attention_beyond_the_budget_is_refused() {
     let ids = vec![0u32; spec.t];
     let err = mantissa::backend::executor(&split, plan, true)
         .and_then(|mut exec| exec.run(Section::Step, &ids, &ids, &scalars).block_on())
-        .expect_err("attention over 64 tokens under a budget of 2000");
+        .expect_err("attention over 512 tokens under a budget of 2000");
     let msg = err.to_string();
     assert!(
         msg.contains("loop iterations") && msg.contains("--attention unfused"),

@@ -8,7 +8,7 @@ mod common;
 
 use mantissa::backend::Backend;
 use mantissa::backend::reference as host;
-use mantissa::backend::wgpu::shaders::Tile;
+use mantissa::backend::wgpu::shaders::{GROUP_K, Tile};
 use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
 use mantissa::{Algorithm, MatmulShape, measure};
 use pollster::FutureExt as _;
@@ -351,8 +351,8 @@ fn the_product_alone_recomputes_c_from_prepared_operands() {
 /// K split into spans (where a loop budget calls for it: src/backend/wgpu/budget.rs) gives the
 /// bits of one span on cooperative matrices: the f32 totals carried between spans, the SIMT
 /// fallback of the flagged lines split too (rows of A beyond f16's range, an inf). Each block
-/// runs on a backend told to assume a budget that holds a few promotion intervals (256 of K) a
-/// span, against one that runs K whole: every cooperative algorithm on the default block, f16
+/// runs on a backend told to assume a budget that holds a summation group (`GROUP_K`) of the
+/// block and of its fallback a span, against one that runs K whole: every cooperative algorithm on the default block, f16
 /// also staged in one stage and in two, each with and without prefetch.
 #[test]
 fn a_split_k_gives_the_bits_of_one_dispatch_on_cooperative_matrices() {
@@ -361,16 +361,6 @@ fn a_split_k_gives_the_bits_of_one_dispatch_on_cooperative_matrices() {
         return;
     };
     let seed = common::seed(test);
-    let shape = MatmulShape::new(37, 29, 2000);
-    // N(0,1), but for two rows of A beyond f16's range (flagged: the SIMT fallback's) and an
-    // inf in a third.
-    let mut a = measure::normal(shape.a_len(), seed);
-    let wide = measure::wide_range(shape.k, seed + 1);
-    for row in [3, 11] {
-        a[row * shape.k..(row + 1) * shape.k].copy_from_slice(&wide);
-    }
-    a[20 * shape.k + 5] = f32::INFINITY;
-    let bm = measure::normal(shape.b_len(), seed + 2);
     for alg in COOP_ALGORITHMS {
         let tiles = whole.tile_candidates(&alg);
         let mut blocks = vec![tiles[0]];
@@ -384,10 +374,24 @@ fn a_split_k_gives_the_bits_of_one_dispatch_on_cooperative_matrices() {
             }
         }
         for tile in blocks {
-            // Half the budget holds the block's fixed loops and at least one promotion
-            // interval, and the SIMT fallback's fixed loops and a few of its K steps.
-            let loops = whole.variant(&alg).with_tile(tile).k_loops();
-            let usable = (loops.fixed + loops.per_unit).max(300);
+            // Half the budget holds the block's fixed loops and one summation group (spans
+            // start at group boundaries), and the SIMT fallback's; K is one group longer than
+            // a span of the block holds.
+            let variant = whole.variant(&alg).with_tile(tile);
+            let loops = variant.k_loops();
+            let simt = variant.fallback().k_loops();
+            let usable = (loops.fixed + loops.per_unit).max(simt.fixed + simt.per_unit);
+            let groups = (usable - loops.fixed) / loops.per_unit;
+            let shape = MatmulShape::new(37, 29, (groups as usize + 1) * GROUP_K as usize + 5);
+            // N(0,1), but for two rows of A beyond f16's range (flagged: the SIMT fallback's)
+            // and an inf in a third.
+            let mut a = measure::normal(shape.a_len(), seed);
+            let wide = measure::wide_range(shape.k, seed + 1);
+            for row in [3, 11] {
+                a[row * shape.k..(row + 1) * shape.k].copy_from_slice(&wide);
+            }
+            a[20 * shape.k + 5] = f32::INFINITY;
+            let bm = measure::normal(shape.b_len(), seed + 2);
             let options = WgpuOptions {
                 poison_outputs: true,
                 assume_loop_budget: Some(2 * usable as u32),
@@ -408,6 +412,66 @@ fn a_split_k_gives_the_bits_of_one_dispatch_on_cooperative_matrices() {
                 "{alg} block {tile}: {} spans differ from one",
                 spans.len()
             );
+        }
+    }
+}
+
+/// Split-K on cooperative matrices computes the unsplit product's bits (matmul_coop.wgsl,
+/// "Summation order"): each split's groups' f32 totals into their planes, the planes added in
+/// group order as the running totals add them. Every cooperative algorithm on the default
+/// block split 2 and 3 ways, f16 also on staged blocks in one and two stages, with and without
+/// prefetch; batched; a row of A beyond f16's range (the SIMT fallback's, unsplit), an inf, a
+/// NaN. And the unsplit product keeps its contract against the host reference.
+#[test]
+fn split_k_gives_the_unsplit_bits_on_cooperative_matrices() {
+    let test = "split_k_gives_the_unsplit_bits_on_cooperative_matrices";
+    let Some(b) = coop_backend(test, true) else {
+        return;
+    };
+    let seed = common::seed(test);
+    let shape = MatmulShape {
+        batch: 2,
+        m: 37,
+        n: 29,
+        k: 3 * GROUP_K as usize + 45,
+        a_transposed: false,
+        b_transposed: false,
+    };
+    let mut a = measure::normal(shape.a_len(), seed);
+    let k = shape.k;
+    let wide = measure::wide_range(k, seed + 1);
+    a[3 * k..4 * k].copy_from_slice(&wide);
+    a[20 * k + 5] = f32::INFINITY;
+    a[41 * k + 7] = f32::NAN;
+    let bm = measure::normal(shape.b_len(), seed + 2);
+    for alg in COOP_ALGORITHMS {
+        let tiles = b.tile_candidates(&alg);
+        let mut blocks = vec![tiles[0]];
+        if alg == Algorithm::F16 {
+            for (buffers, prefetch) in [(1, false), (2, false), (1, true), (2, true)] {
+                blocks.extend(
+                    tiles
+                        .iter()
+                        .find(|t| t.warps > 1 && t.buffers == buffers && t.prefetch == prefetch),
+                );
+            }
+        }
+        for tile in blocks {
+            let run = |t: Tile| {
+                b.matmul_on_tile(&shape, &alg, t, &a, &bm)
+                    .block_on()
+                    .unwrap()
+            };
+            let whole = run(tile);
+            if tile == tiles[0] {
+                common::assert_contract("coop", &alg, &shape, &a, &bm, &whole, "grouped sums");
+            }
+            for splits in [2, 3] {
+                assert!(
+                    common::same_bits(&run(tile.with_splits(splits)), &whole),
+                    "{alg} block {tile} split {splits}: not the unsplit bits"
+                );
+            }
         }
     }
 }

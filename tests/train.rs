@@ -1599,7 +1599,7 @@ backend_tests!(
     matches_pytorch_step_for_step
 );
 
-/// A device's fused attention kernels (wgpu: shaders/train.wgsl, CUDA: cuda/attention.cu) in a
+/// A device's fused attention kernels (wgpu: shaders/attention.wgsl, CUDA: cuda/attention.cu) in a
 /// plan of their two ops alone, run by its resident executor: the output, each row's (max, sum),
 /// dqkv and each row's sum(P * dP) read back against the op's definition (`ops::attention_fwd`,
 /// `attention_bwd`), under the formats of 32-true, bf16-mixed and 16-true, on heads that do not
@@ -1617,6 +1617,10 @@ fn fused_attention_ops_match_their_definition(b: &dyn Backend) {
         (1, 70, 2, 32, Algorithm::Bf16, f32_, bf16),
         (1, 45, 1, 64, Algorithm::F16, f16, f16),
         (2, 32, 2, 32, Algorithm::Bf16, f32_, bf16),
+        // Heads that leave a tiled kernel's lanes part of a pair, or none (d = 9, 20), and a
+        // context of several blocks and tiles of rows, none whole.
+        (1, 83, 2, 20, Algorithm::F32, f32_, f32_),
+        (2, 19, 3, 9, Algorithm::Bf16, f32_, bf16),
     ];
     for (case, &(sequences, t, h, d, algorithm, probs, compute)) in cases.iter().enumerate() {
         let exact = case == 3;
@@ -2112,7 +2116,7 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
     }
 }
 
-/// A device's fused attention kernels (wgpu: shaders/train.wgsl, CUDA: cuda/attention.cu) in a
+/// A device's fused attention kernels (wgpu: shaders/attention.wgsl, CUDA: cuda/attention.cu) in a
 /// resident plan against the host interpreter of the same plan, which runs the fused op's
 /// definition (the unfused ops on the host): losses, gradient norms and gradients after three
 /// steps, under a preset with f32 and one with 16-bit held values.

@@ -2,8 +2,9 @@
 //! class) on the operands of the first matmul of that class, keeps the fastest, and persists the
 //! choice in a JSON cache file so later runs start tuned.
 //!
-//! Every tile computes bit for bit the same result (each output sums its k terms in order,
-//! whatever the tile), so tuning changes speed only; `tests/conformance.rs` checks that.
+//! Every tile, and every split of K, computes bit for bit the same result (each output sums K
+//! in groups of `GROUP_K` in order, whatever the tile or split: matmul.wgsl, "Summation
+//! order"), so tuning changes speed only; tests/autotune.rs and tests/coop.rs check that.
 //!
 //! Matmuls under `TUNE_MIN_FLOPS` (a 128x128x128 product) take the default tile untuned: their
 //! time is mostly the dispatch's, and each candidate costs a kernel compile, which on a
@@ -21,7 +22,7 @@
 
 use super::WgpuBackend;
 use super::matmul::OnDevice;
-use super::shaders::Tile;
+use super::shaders::{GROUP_K, Tile};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::Operands;
 use crate::backend::sources::Sources;
@@ -90,7 +91,7 @@ impl WgpuBackend {
                     }
                 })
                 .collect(),
-            None => offered,
+            None => with_splits(offered, shape),
         };
         let key = format!(
             "{} | {} | {}{}{:?} {:?} parts {} levels {} fp8 {} rowwise {} | {} | {}",
@@ -126,22 +127,25 @@ impl WgpuBackend {
             Some(c) => Tile::coop_designs(c.size),
             None => Vec::new(),
         };
+        // A tile's splits of K rank with the tile, right after it.
         let rank = |t: &Tile| {
-            let design = designs.iter().position(|d| d == t);
+            let t = t.with_splits(1);
+            let design = designs.iter().position(|d| *d == t);
             (
-                *t != default,
+                t != default,
                 design.is_none(),
                 design,
-                !neighbour(*t, default),
+                !neighbour(t, default),
             )
         };
         let mut candidates: Vec<Tile> = all
             .into_iter()
             .filter(|t| {
+                let base = t.with_splits(1);
                 listed.is_some()
                     || self.tuner.mode() == AutotuneMode::Full
-                    || neighbour(*t, default)
-                    || designs.contains(t)
+                    || neighbour(base, default)
+                    || designs.contains(&base)
             })
             .collect();
         if listed.is_none() {
@@ -211,6 +215,32 @@ impl WgpuBackend {
             None => Ok((default, false, None)),
         }
     }
+}
+
+/// Split-K's counts offered for a tile (where K has that many groups).
+pub const SPLITS: [u32; 4] = [2, 4, 8, 16];
+
+/// `tiles`, each followed by its splits of K (`SPLITS`) where `shape`'s K has at least two
+/// summation groups and the tile gives it fewer than 1024 workgroups (a GPU is full before
+/// that; more splits only add the reduction's traffic). Every split computes the tile's bits.
+pub fn with_splits(tiles: Vec<Tile>, shape: &MatmulShape) -> Vec<Tile> {
+    let groups = (shape.k as u64).div_ceil(GROUP_K.into());
+    let mut out = Vec::with_capacity(tiles.len());
+    for t in tiles {
+        out.push(t);
+        let workgroups = (shape.m as u64).div_ceil(t.bm.into())
+            * (shape.n as u64).div_ceil(t.bn.into())
+            * shape.batch as u64;
+        if groups >= 2 && workgroups < 1024 {
+            out.extend(
+                SPLITS
+                    .iter()
+                    .filter(|&&s| u64::from(s) <= groups)
+                    .map(|&s| t.with_splits(s)),
+            );
+        }
+    }
+    out
 }
 
 /// Names a list of candidates in a tuning's key: their number and a hash of them (a hash that

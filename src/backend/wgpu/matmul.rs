@@ -6,7 +6,7 @@ use super::buffer::{self, BufferPool, Dispatch, check_binding, upload};
 use super::cast::{self, Grouping, packed_words};
 use super::device::Gpu;
 use super::shaders::{
-    Coop, F16Read, Kernel, Load, MatmulVariant, Operand, Tile, format_id, span_flags,
+    Coop, F16Read, GROUP_K, Kernel, Load, MatmulVariant, Operand, Tile, format_id,
 };
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::Result;
@@ -35,8 +35,79 @@ struct MatmulParams {
     sb_offset: u32,
     b_lines: u32,
     k_end: u32,
-    span: u32,
+    mode: u32,
     partial_plane: u32,
+    split_groups: u32,
+    batches: u32,
+    planes: u32,
+    _pad: u32,
+}
+
+/// `params.mode` of the matmul kernels (matmul.wgsl, "Summation order"): the groups of a span of
+/// K with running totals; each group of a split into its plane; the planes added in order.
+const MODE_SUM: u32 = 0;
+const MODE_SPLIT: u32 = 1;
+const MODE_REDUCE: u32 = 2;
+
+/// How a split-K product runs: `splits` workgroups per output tile, each summing
+/// `split_groups` groups of `GROUP_K`, into `planes` group planes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitK {
+    /// Workgroups per output tile (along z, per batch).
+    pub splits: u32,
+    /// Groups each sums.
+    pub split_groups: u32,
+    /// Group planes (all of K's groups).
+    pub planes: u32,
+}
+
+/// The split-K plan of `variant` (its tile's `splits`) over K (padded K on cooperative
+/// matrices) with `plane` elements per plane and level, or None where it does not split: fewer
+/// than two groups or splits, the planes beyond a binding or 256 MiB, the batches times splits
+/// beyond a dispatch's 65535 workgroups, or a reduction that the loop budget cannot hold. A
+/// split that would run past the loop budget takes more, shorter splits.
+pub fn split_k(
+    gpu: &Gpu,
+    variant: &MatmulVariant,
+    k: u32,
+    plane: u64,
+    batch: u32,
+) -> Option<SplitK> {
+    let planes = k.div_ceil(GROUP_K);
+    let wanted = variant.tile.splits.min(planes);
+    if wanted < 2 || variant.masked {
+        return None;
+    }
+    let levels = u64::from(variant.level_count());
+    let bytes = u64::from(planes) * levels * plane * 4;
+    if bytes > gpu.limits.max_storage_buffer_binding_size.min(256 << 20) {
+        return None;
+    }
+    let loops = variant.k_loops();
+    // Groups a split may take within the budget (all where there is none).
+    let most = match gpu.usable_loop_iterations() {
+        None => planes,
+        Some(usable) => {
+            let reduce = variant.reduce_loops(planes);
+            if reduce > usable {
+                return None;
+            }
+            (usable.saturating_sub(loops.fixed) / loops.per_unit.max(1)).min(planes.into()) as u32
+        }
+    };
+    if most == 0 {
+        return None;
+    }
+    let split_groups = planes.div_ceil(wanted).min(most);
+    let splits = planes.div_ceil(split_groups);
+    if splits < 2 || u64::from(splits) * u64::from(batch) > 65535 {
+        return None;
+    }
+    Some(SplitK {
+        splits,
+        split_groups,
+        planes,
+    })
 }
 
 #[repr(C)]
@@ -54,9 +125,12 @@ struct CoopParams {
     b_lines: u32,
     k_begin: u32,
     k_end: u32,
-    span: u32,
+    mode: u32,
     partial_plane: u32,
-    _pad: [u32; 2],
+    split_groups: u32,
+    batches: u32,
+    planes: u32,
+    _pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -349,15 +423,18 @@ fn simt(
     let variant = variant
         .with_loads(loads)
         .with_tile(variant.tile.with_quad_blocks(false));
+    // The split is the dispatches', not the kernel's: one pipeline whatever the splits.
+    let splits = variant.tile.splits;
+    let variant = variant.with_tile(variant.tile.with_splits(1));
     let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
     let (m, n, k) = (shape.m as u32, shape.n as u32, shape.k as u32);
     let (a_row, a_col) = if shape.a_transposed { (1, m) } else { (k, 1) };
     let (b_row, b_col) = if shape.b_transposed { (1, k) } else { (n, 1) };
     let rowwise = matches!(algorithm.scaling(), Some(Scaling::Rowwise));
     let (sa_batch, sb_batch) = if rowwise { (m, n) } else { (1, 1) };
-    let spans = k_spans(gpu, &variant, k)?;
     let levels = variant.level_count();
-    let partials = partial_sums(gpu, pools, &spans, levels - 1, shape.c_len() as u64, run)?;
+    let batch = shape.batch as u32;
+    let plane = shape.c_len() as u64;
     let params = MatmulParams {
         m,
         n,
@@ -374,34 +451,69 @@ fn simt(
         c_batch: m * n,
         sa_batch,
         sb_batch,
-        sb_offset: shape.batch as u32 * sa_batch,
-        b_lines: shape.batch as u32 * m,
+        sb_offset: batch * sa_batch,
+        b_lines: batch * m,
         k_end: k,
-        span: 0,
+        mode: MODE_SUM,
         partial_plane: shape.c_len() as u32,
+        split_groups: 0,
+        batches: batch,
+        planes: 0,
+        _pad: 0,
     };
-    let groups = [
-        n.div_ceil(variant.tile.bn),
-        m.div_ceil(variant.tile.bm),
-        shape.batch as u32,
-    ];
-    for (i, &(k_begin, k_end)) in spans.iter().enumerate() {
-        let span = span_flags(i, spans.len());
-        let uniform = buffer::uniform(
-            gpu,
-            &MatmulParams {
-                k_begin,
-                k_end,
-                span,
-                ..params
-            },
-        );
+    let tiles = [n.div_ceil(variant.tile.bn), m.div_ceil(variant.tile.bm)];
+    let dispatch = |params: MatmulParams, partials: &wgpu::Buffer, z: u32, run: &mut MatmulRun| {
+        let uniform = buffer::uniform(gpu, &params);
         let mut buffers = vec![&uniform, &pa.buffer, &pb.buffer, &run.c, scale_buffer];
-        buffers.push(&partials);
+        buffers.push(partials);
         buffers.extend(flags);
         run.product.push(run.dispatches.len());
-        run.dispatches
-            .push(Dispatch::new(gpu, pipeline.clone(), &buffers, groups));
+        run.dispatches.push(Dispatch::new(
+            gpu,
+            pipeline.clone(),
+            &buffers,
+            [tiles[0], tiles[1], z],
+        ));
+    };
+    match split_k(
+        gpu,
+        &variant.with_tile(variant.tile.with_splits(splits)),
+        k,
+        plane,
+        batch,
+    ) {
+        Some(sk) => {
+            // Each split's groups into their planes, then the planes added in group order.
+            let bytes = u64::from(sk.planes) * u64::from(levels) * plane * 4;
+            check_binding(gpu, "split-K's group planes", bytes)?;
+            let planes = pools.scratch.take(gpu, bytes)?;
+            run.scratch.push(planes.clone());
+            let split = MatmulParams {
+                mode: MODE_SPLIT,
+                split_groups: sk.split_groups,
+                ..params
+            };
+            dispatch(split, &planes, sk.splits * batch, run);
+            let reduce = MatmulParams {
+                mode: MODE_REDUCE,
+                planes: sk.planes,
+                ..params
+            };
+            dispatch(reduce, &planes, batch, run);
+        }
+        None => {
+            // The running totals of levels 1.. between groups (level 0's are in C).
+            let spans = k_spans(gpu, &variant, k)?;
+            let totals = running_totals(gpu, pools, k, levels - 1, plane, run)?;
+            for &(k_begin, k_end) in &spans {
+                let span = MatmulParams {
+                    k_begin,
+                    k_end,
+                    ..params
+                };
+                dispatch(span, &totals, batch, run);
+            }
+        }
     }
     run.scratch
         .extend([pa, pb].into_iter().filter(|p| p.pooled).map(|p| p.buffer));
@@ -422,7 +534,6 @@ fn record_coop(
     OnDevice { a, b, stored }: OnDevice,
     c: wgpu::Buffer,
 ) -> Result<MatmulRun> {
-    let pipeline = gpu.pipeline(&Kernel::Matmul(variant))?;
     let tile = variant.tile;
     let (m, n, k, batch) = (
         shape.m as u32,
@@ -525,36 +636,71 @@ fn record_coop(
         "operand B as padded f16",
         &mut run,
     )?;
-    let spans = k_spans(gpu, &variant, kp)?;
     let partial_plane = u64::from(batch * mp * np);
     let levels = variant.level_count();
-    let partials = partial_sums(gpu, pools, &spans, levels, partial_plane, &mut run)?;
-    for (i, &(k_begin, k_end)) in spans.iter().enumerate() {
-        let params = CoopParams {
-            m,
-            n,
-            k,
-            kp,
-            mp,
-            np,
-            a_plane: 2 * a_words,
-            b_plane: 2 * b_words,
-            c_batch: m * n,
-            b_lines: batch * m,
-            k_begin,
-            k_end,
-            span: span_flags(i, spans.len()),
-            partial_plane: partial_plane as u32,
-            _pad: [0; 2],
-        };
+    let params = CoopParams {
+        m,
+        n,
+        k,
+        kp,
+        mp,
+        np,
+        a_plane: 2 * a_words,
+        b_plane: 2 * b_words,
+        c_batch: m * n,
+        b_lines: batch * m,
+        k_begin: 0,
+        k_end: kp,
+        mode: MODE_SUM,
+        partial_plane: partial_plane as u32,
+        split_groups: 0,
+        batches: batch,
+        planes: 0,
+        _pad: [0; 3],
+    };
+    // The split is the dispatches', not the kernel's: one pipeline whatever the splits.
+    let pipeline = gpu.pipeline(&Kernel::Matmul(variant.with_tile(tile.with_splits(1))))?;
+    let dispatch = |params: CoopParams, partials: &wgpu::Buffer, z: u32, run: &mut MatmulRun| {
         let uniform = buffer::uniform(gpu, &params);
         run.product.push(run.dispatches.len());
         run.dispatches.push(Dispatch::new(
             gpu,
             pipeline.clone(),
-            &[&uniform, &pa, &pb, &run.c, &amax_bits, &partials, &flags],
-            [np / tile.bn, mp / tile.bm, batch],
+            &[&uniform, &pa, &pb, &run.c, &amax_bits, partials, &flags],
+            [np / tile.bn, mp / tile.bm, z],
         ));
+    };
+    match split_k(gpu, &variant, kp, partial_plane, batch) {
+        Some(sk) => {
+            let bytes = u64::from(sk.planes) * u64::from(levels) * partial_plane * 4;
+            check_binding(gpu, "split-K's group planes", bytes)?;
+            let planes = pools.scratch.take(gpu, bytes)?;
+            run.scratch.push(planes.clone());
+            let split = CoopParams {
+                mode: MODE_SPLIT,
+                split_groups: sk.split_groups,
+                ..params
+            };
+            dispatch(split, &planes, sk.splits * batch, &mut run);
+            let reduce = CoopParams {
+                mode: MODE_REDUCE,
+                planes: sk.planes,
+                ..params
+            };
+            dispatch(reduce, &planes, batch, &mut run);
+        }
+        None => {
+            // Every level's running totals between groups.
+            let totals = running_totals(gpu, pools, kp, levels, partial_plane, &mut run)?;
+            for (k_begin, k_end) in k_spans(gpu, &variant, kp)? {
+                let span = CoopParams {
+                    k_begin,
+                    k_end,
+                    ..params
+                };
+                dispatch(span, &totals, batch, &mut run);
+            }
+        }
     }
     run.scratch.extend([pa, pb]);
     if scaled && fallback {
@@ -590,26 +736,26 @@ pub fn k_spans(gpu: &Gpu, variant: &MatmulVariant, k: u32) -> Result<Vec<(u32, u
         .collect())
 }
 
-/// The buffer where `levels` planes of `plane` partial sums wait between spans of K: from the
-/// scratch pool (written and read within the run's dispatches) where K is split and there are
-/// any, else a word to bind in its place.
-fn partial_sums(
+/// The buffer where `levels` planes of `plane` running totals wait between groups of K: from the
+/// scratch pool (written and read within the run's dispatches) where K has more than one group
+/// and there are any, else a word to bind in its place.
+fn running_totals(
     gpu: &Gpu,
     pools: Pools,
-    spans: &[(u32, u32)],
+    k: u32,
     levels: u32,
     plane: u64,
     run: &mut MatmulRun,
 ) -> Result<wgpu::Buffer> {
-    let split = spans.len() > 1 && levels > 0;
-    let buffer = if split {
+    let groups = k > GROUP_K && levels > 0;
+    let buffer = if groups {
         let bytes = u64::from(levels) * plane * 4;
-        check_binding(gpu, "the partial sums between spans of K", bytes)?;
+        check_binding(gpu, "the running totals between groups of K", bytes)?;
         pools.scratch.take(gpu, bytes)?
     } else {
         pools.kept.take(gpu, 4)?
     };
-    if split {
+    if groups {
         run.scratch.push(buffer.clone());
     } else {
         run.temporaries.push(buffer.clone());

@@ -340,7 +340,10 @@ impl WgpuBackend {
         offered: &[Tile],
     ) -> std::result::Result<(), String> {
         if variant.coop.is_some() {
-            return if offered.contains(&tile) {
+            if !(1..=64).contains(&tile.splits) {
+                return Err("between 1 and 64 splits of K".into());
+            }
+            return if offered.contains(&tile.with_splits(1)) {
                 Ok(())
             } else {
                 Err("not one of this device's cooperative blocks (Tile::coop_candidates)".into())
@@ -360,6 +363,8 @@ impl WgpuBackend {
             )
         } else if tile.bk == 0 || !tile.bk.is_multiple_of(4) {
             "a K step that is a multiple of 4".into()
+        } else if !(1..=64).contains(&tile.splits) {
+            "between 1 and 64 splits of K".into()
         } else if !(tile.buffers == 1 || tile.buffers == 2) || tile.warps != 1 || tile.prefetch {
             "one or two buffers, one subgroup, no prefetch (those are cooperative blocks')".into()
         } else if tile.threads() > limits.max_compute_invocations_per_workgroup {

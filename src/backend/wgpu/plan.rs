@@ -1051,9 +1051,9 @@ impl StepExecutor for ResidentPlan<'_> {
     }
 }
 
-/// train.wgsl's attention holds a row's vectors in arrays of `ATT_MAX_D` (64).
+/// attention.wgsl holds a row's vectors in arrays of `ATT_MAX_D` (64).
 fn attention_fits(op: &Op, spec: &crate::plan::Attention) -> Result<()> {
-    if spec.d > 64 {
+    if spec.d > super::train::ATT_MAX_D as usize {
         return Err(Error::invalid(
             "step plan",
             format!(

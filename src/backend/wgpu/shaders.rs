@@ -190,6 +190,12 @@ pub struct Tile {
     /// (`Load::QuadBlocksAlongK`), rather than a quad spread over four k.
     #[serde(default)]
     pub quad_blocks: bool,
+    /// Split-K: the workgroups that share an output tile's K, each summing whole groups of
+    /// `GROUP_K` into planes that one more dispatch adds in group order (1: none). The same
+    /// bits whatever the number (matmul.wgsl, "Summation order"); where K has fewer groups, or
+    /// the planes do not fit, fewer.
+    #[serde(default = "Tile::one")]
+    pub splits: u32,
 }
 
 impl Tile {
@@ -205,6 +211,7 @@ impl Tile {
             buffers: 1,
             prefetch: false,
             quad_blocks: false,
+            splits: 1,
         }
     }
 
@@ -229,6 +236,11 @@ impl Tile {
     /// The same tile with `buffers` workgroup buffers per operand.
     pub fn with_buffers(self, buffers: u32) -> Tile {
         Tile { buffers, ..self }
+    }
+
+    /// The same tile with its K split over `splits` workgroups (1: none).
+    pub fn with_splits(self, splits: u32) -> Tile {
+        Tile { splits, ..self }
     }
 
     /// The same tile loading f32 operands contiguous in K in blocks of four lines or not.
@@ -261,6 +273,7 @@ impl Tile {
                             buffers: 1,
                             prefetch: false,
                             quad_blocks: false,
+                            splits: 1,
                         };
                         if t.threads() < 32 || t.threads() > max_threads {
                             continue;
@@ -291,6 +304,7 @@ impl Tile {
             buffers: 1,
             prefetch: false,
             quad_blocks: false,
+            splits: 1,
         }
     }
 
@@ -392,6 +406,7 @@ impl Tile {
             buffers,
             prefetch,
             quad_blocks: false,
+            splits: 1,
         }
     }
 
@@ -438,6 +453,9 @@ impl fmt::Display for Tile {
         }
         if self.quad_blocks {
             write!(f, " quad blocks")?;
+        }
+        if self.splits > 1 {
+            write!(f, " split-K {}", self.splits)?;
         }
         Ok(())
     }
@@ -638,26 +656,26 @@ impl MatmulVariant {
             } else {
                 looped(t.bk.into())
             };
-            // store_row, load_partial_row, store_partial_row: a loop over four outputs, once
-            // per row of each 4x4 block (and level, for the partial sums).
+            // store_row, and the totals' and planes' rows: a loop over four outputs, once per
+            // row of each 4x4 block (and level, for the totals and planes).
             let rows = 4 * if t.reg == 8 { 4 } else { 1 };
             let levels = u64::from(self.level_count());
-            let rows_out = rows * (1 + 2 * levels) * looped(4);
-            // The MASKED flag scan, and k_loop's exit.
-            let mut fixed = looped(u64::from(t.bm + t.bn).div_ceil(threads)) + 1 + rows_out;
-            if t.buffers == 2 {
-                // The first step is loaded before the loop, which takes two steps a pass.
-                fixed += loads;
-                return KLoops {
-                    fixed,
-                    per_unit: 1 + 2 * (loads + step),
-                    unit_k: 2 * t.bk,
-                };
-            }
+            let row = looped(4);
+            // A group: the pass of the groups' loop, k_loop's steps (two a pass with two
+            // buffers, the first loaded before) and its exit, then its totals added and stored
+            // (or its plane stored: fewer).
+            let steps = u64::from(GROUP_K / t.bk);
+            let k_loop = if t.buffers == 2 {
+                loads + looped(steps / 2) + steps * (loads + step)
+            } else {
+                looped(steps) + steps * (loads + step)
+            };
+            // The MASKED flag scan, and the final store.
+            let fixed = looped(u64::from(t.bm + t.bn).div_ceil(threads)) + rows * row;
             return KLoops {
                 fixed,
-                per_unit: 1 + loads + step,
-                unit_k: t.bk,
+                per_unit: 1 + k_loop + 2 * rows * levels * row,
+                unit_k: GROUP_K,
             };
         };
         let planes = u64::from(coop_planes(self));
@@ -681,11 +699,38 @@ impl MatmulVariant {
         } else {
             0
         };
+        // A group: its pass, and its promotion intervals' loop, each interval a pass, the K
+        // loop over its steps, their copies.
+        let intervals = u64::from(GROUP_K / COOP_PROMOTE_K);
         KLoops {
             fixed: tiles * looped(per_tile) + first + 1,
-            // A promotion interval: its pass, the K loop over its steps, their copies.
-            per_unit: 1 + looped(steps) + steps * copy,
-            unit_k: COOP_PROMOTE_K,
+            per_unit: 1 + looped(intervals) + intervals * (1 + looped(steps) + steps * copy),
+            unit_k: GROUP_K,
+        }
+    }
+}
+
+impl MatmulVariant {
+    /// Loop iterations per invocation of a split-K product's reduction over `planes` group
+    /// planes (MODE_REDUCE): the loop over the planes after the first, each pass reading every
+    /// accumulator's outputs (SIMT: a loop over four a row), then the final store.
+    pub fn reduce_loops(&self, planes: u32) -> u64 {
+        use super::budget::looped;
+        let t = self.tile;
+        let levels = u64::from(self.level_count());
+        let rest = u64::from(planes.saturating_sub(1));
+        match self.coop {
+            None => {
+                let rows = 4 * if t.reg == 8 { 4 } else { 1 };
+                let read = rows * levels * looped(4);
+                read + looped(rest) + rest * read + rows * looped(4)
+            }
+            Some(coop) => {
+                let (wr, wc) = t.coop_warp_grid(coop.size).unwrap_or((1, 1));
+                let tiles = u64::from((t.bm / coop.size / wr) * (t.bn / coop.size / wc));
+                let per_tile = u64::from(coop.size * coop.size).div_ceil(coop.subgroup.into());
+                looped(rest) + tiles * looped(per_tile)
+            }
         }
     }
 }
@@ -803,6 +848,9 @@ impl Kernel {
             Kernel::CoopPack => &["coop_pack.wgsl"],
             Kernel::Matmul(v) if v.coop.is_some() => &["matmul_coop.wgsl", "coop_block.wgsl"],
             Kernel::Matmul(_) => &["matmul.wgsl", "matmul_step.wgsl", "fetch.wgsl"],
+            Kernel::Train(op, _) if op.is_attention() => {
+                &["train.wgsl", "gelu.wgsl", "attention.wgsl"]
+            }
             Kernel::Train(..) => &["train.wgsl", "gelu.wgsl"],
             Kernel::Step(_) => &["step.wgsl", "gelu.wgsl"],
             Kernel::LoopProbe => &["loop_probe.wgsl"],
@@ -846,7 +894,7 @@ impl Kernel {
             header.push_str(&format!(
                 "enable wgpu_cooperative_matrix;\n\nconst BM: u32 = {}u;\nconst BN: u32 = {}u;\n\
                  const T: u32 = {}u;\nconst BK: u32 = {}u;\nconst SG: u32 = {}u;\nconst WG: u32 = {}u;\n\
-                 const SCALED: bool = {};\nalias OPERAND_T = {};\n\n",
+                 const SCALED: bool = {};\nalias OPERAND_T = {};\nconst GROUP_K: u32 = {}u;\n\n",
                 v.tile.bm,
                 v.tile.bn,
                 c.size,
@@ -854,12 +902,20 @@ impl Kernel {
                 c.subgroup,
                 c.subgroup * v.tile.warps,
                 v.scaled(),
-                if v.tile.warps > 1 { "Octet" } else { "f16" }
+                if v.tile.warps > 1 { "Octet" } else { "f16" },
+                GROUP_K
             ));
             header.push_str(&span_consts());
             header.push_str(&coop_block(src, v));
-        } else if let Kernel::Train(_, lanes) = self {
+        } else if let Kernel::Train(op, lanes) = self {
             header.push_str(&format!("const ROW_LANES: u32 = {lanes}u;\n\n"));
+            if op.is_attention() {
+                use super::train::{ATT_BC, ATT_LANES, ATT_MAX_D};
+                header.push_str(&format!(
+                    "const ATT_MAX_D: u32 = {ATT_MAX_D}u;\nconst ATT_LANES: u32 = {ATT_LANES}u;\n\
+                     const ATT_BC: u32 = {ATT_BC}u;\n\n"
+                ));
+            }
             header.push_str(&span_consts());
         } else if let Kernel::Step(_) = self {
             header.push_str(&span_consts());
@@ -882,6 +938,7 @@ impl Kernel {
                 v.loads[0].id(),
                 v.loads[1].id()
             ));
+            header.push_str(&format!("const GROUP_K: u32 = {GROUP_K}u;\n"));
             header.push_str(&v.a.fetch_fn(src, "fetch_a", "a_data", v.loads[0]));
             header.push_str(&v.b.fetch_fn(src, "fetch_b", "b_data", v.loads[1]));
             header.push_str(&span_consts());
@@ -912,6 +969,11 @@ impl Kernel {
             parts.push((Some("gelu.wgsl"), src.text("gelu.wgsl").to_string()));
         }
         parts.push((Some(self.files()[1]), family.to_string()));
+        if let Kernel::Train(op, _) = self
+            && op.is_attention()
+        {
+            parts.push((Some("attention.wgsl"), src.text("attention.wgsl").to_string()));
+        }
         if let Kernel::Matmul(v) = self
             && v.coop.is_none()
         {
@@ -1062,6 +1124,11 @@ fn k_step(src: Sources, v: &MatmulVariant) -> String {
             &[("l", &n(l)), ("q", &n(q)), ("r", &n(r))],
         );
     }
+    put(&mut f, "zero_begin", &[]);
+    for (l, q, r) in each_accumulator() {
+        put(&mut f, "zero", &[("l", &n(l)), ("q", &n(q)), ("r", &n(r))]);
+    }
+    put(&mut f, "end", &[]);
     // A step function per workgroup buffer; buffer s starts at s * PARTS * BK.
     for s in 0..tile.buffers {
         let base = s * v.parts * tile.bk;
@@ -1144,12 +1211,9 @@ fn k_step(src: Sources, v: &MatmulVariant) -> String {
         }
     }
     put(&mut f, "end", &[]);
-    // Between spans of K (budget.rs): every accumulator from and to its partial sums.
-    for (begin, each) in [
-        ("partials_begin", "load_partial"),
-        ("store_partials_begin", "store_partial"),
-    ] {
-        put(&mut f, begin, &[]);
+    // Between groups of K: every accumulator added to and stored as the running totals, into
+    // its group's plane, or (split-K's reduction) the planes' sums in group order.
+    let each = |f: &mut String, piece: &str| {
         for (l, q, r) in each_accumulator() {
             let (row, col) = blocks[q as usize];
             let vars = [
@@ -1159,10 +1223,24 @@ fn k_step(src: Sources, v: &MatmulVariant) -> String {
                 ("row", row),
                 ("col", col),
             ];
-            put(&mut f, each, &vars);
+            put(f, piece, &vars);
         }
+    };
+    for (begin, piece) in [
+        ("add_totals_begin", "add_total"),
+        ("store_totals_begin", "store_total"),
+        ("store_plane_begin", "store_plane"),
+    ] {
+        put(&mut f, begin, &[]);
+        each(&mut f, piece);
         put(&mut f, "end", &[]);
     }
+    put(&mut f, "load_planes_begin", &[]);
+    each(&mut f, "load_plane_first");
+    put(&mut f, "load_planes_loop", &[]);
+    each(&mut f, "load_plane_add");
+    put(&mut f, "load_planes_loop_end", &[]);
+    put(&mut f, "end", &[]);
     f
 }
 
@@ -1204,12 +1282,14 @@ fn coop_block(src: Sources, v: &MatmulVariant) -> String {
     let n = |x: u32| x.to_string();
     let (t_s, planes_s, promote) = (n(t), planes.to_string(), n(COOP_PROMOTE_K));
     let zero = format!("{mat}<f32, C>()");
-    let shared: [(&str, &str); 5] = [
+    let levels_s = n(levels.len() as u32);
+    let shared: [(&str, &str); 6] = [
         ("t", &t_s),
         ("mat", &mat),
         ("zero", &zero),
         ("planes", &planes_s),
         ("promote", &promote),
+        ("levels", &levels_s),
     ];
     let put = |out: &mut String, name: &str, vars: &[(&str, &str)]| {
         let all: Vec<(&str, &str)> = shared.iter().chain(vars).copied().collect();
@@ -1262,9 +1342,10 @@ fn coop_block(src: Sources, v: &MatmulVariant) -> String {
         put(&mut f, "origin_single", &[]);
     }
     per_tile(&mut f, "total");
-    put(&mut f, "partials_load_begin", &[]);
-    per_tile(&mut f, "partial_load");
-    put(&mut f, "partials_load_end", &[]);
+    put(&mut f, "totals_init_begin", &[]);
+    per_tile(&mut f, "totals_init");
+    put(&mut f, "groups_begin", &[]);
+    per_tile(&mut f, "group_zero");
     put(&mut f, "promote_loop", &[]);
     per_tile(&mut f, "part");
     put(&mut f, "k_loop", &[]);
@@ -1331,9 +1412,16 @@ fn coop_block(src: Sources, v: &MatmulVariant) -> String {
     put(&mut f, "k_loop_end", &[]);
     per_tile(&mut f, "promote");
     put(&mut f, "promote_loop_end", &[]);
-    put(&mut f, "partials_store_begin", &[]);
-    per_tile(&mut f, "partial_store");
-    put(&mut f, "partials_store_end", &[]);
+    put(&mut f, "group_end", &[]);
+    per_tile(&mut f, "plane_store");
+    put(&mut f, "totals_add_begin", &[]);
+    per_tile(&mut f, "total_add");
+    put(&mut f, "groups_end", &[]);
+    put(&mut f, "reduce_begin", &[]);
+    per_tile(&mut f, "reduce_first");
+    put(&mut f, "reduce_loop", &[]);
+    per_tile(&mut f, "reduce_add");
+    put(&mut f, "reduce_end", &[]);
     for (r, c) in tiles() {
         // Smallest level first. Scaled planes carry 2^(8p) more than plane 0 (coop_pack.wgsl),
         // so level l's terms all carry 2^(8l): undone exactly before the sum.

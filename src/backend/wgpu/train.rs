@@ -57,15 +57,13 @@ pub enum TrainOp {
     AttentionFwd,
     /// Fused attention's backward: dq, and sum(P * dP) per score row.
     AttentionBwdQ,
-    /// Fused attention's backward: dk.
-    AttentionBwdK,
-    /// Fused attention's backward: dv.
-    AttentionBwdV,
+    /// Fused attention's backward: dk and dv.
+    AttentionBwdKv,
 }
 
 impl TrainOp {
     /// Every entry point, in the order of the shader module.
-    pub const ALL: [TrainOp; 24] = [
+    pub const ALL: [TrainOp; 23] = [
         TrainOp::LayernormFwd,
         TrainOp::LayernormBwdX,
         TrainOp::LayernormBwdPartials,
@@ -88,8 +86,7 @@ impl TrainOp {
         TrainOp::EmbeddingSum,
         TrainOp::AttentionFwd,
         TrainOp::AttentionBwdQ,
-        TrainOp::AttentionBwdK,
-        TrainOp::AttentionBwdV,
+        TrainOp::AttentionBwdKv,
     ];
 
     /// The entry point's name in `shaders/train.wgsl`.
@@ -117,10 +114,32 @@ impl TrainOp {
             TrainOp::EmbeddingSum => "embedding_sum",
             TrainOp::AttentionFwd => "attention_fwd",
             TrainOp::AttentionBwdQ => "attention_bwd_q",
-            TrainOp::AttentionBwdK => "attention_bwd_k",
-            TrainOp::AttentionBwdV => "attention_bwd_v",
+            TrainOp::AttentionBwdKv => "attention_bwd_kv",
         }
     }
+}
+
+impl TrainOp {
+    /// Whether the op is fused attention's (attention.wgsl, spliced after train.wgsl).
+    pub fn is_attention(self) -> bool {
+        matches!(
+            self,
+            TrainOp::AttentionFwd | TrainOp::AttentionBwdQ | TrainOp::AttentionBwdKv
+        )
+    }
+}
+
+/// Fused attention's tiles (attention.wgsl; the loader writes these into its header): the
+/// largest head, invocations to a row (of a workgroup's 256), rows of a streamed tile.
+pub const ATT_MAX_D: u32 = 64;
+/// Invocations to a row of a block; a block is 256 / ATT_LANES rows.
+pub const ATT_LANES: u32 = 8;
+/// Rows of a streamed tile (k and v, or q and the output's gradient).
+pub const ATT_BC: u32 = 16;
+
+/// Rows of a workgroup's block of fused attention.
+pub const fn att_block_rows() -> u32 {
+    256 / ATT_LANES
 }
 
 /// The kernels of the device-resident step plan (`shaders/step.wgsl`).
@@ -289,13 +308,7 @@ impl TrainLaunch {
     /// fit is an error.
     pub fn launched(&self, gpu: &Gpu) -> Result<Launched<TrainParams>> {
         let p = self.params;
-        let attention = matches!(
-            self.op,
-            TrainOp::AttentionFwd
-                | TrainOp::AttentionBwdQ
-                | TrainOp::AttentionBwdK
-                | TrainOp::AttentionBwdV
-        );
+        let attention = self.op.is_attention();
         let name = self.op.entry_point();
         let what = match self.op {
             _ if self.rows => format!("{name} on rows of {}", p.c),
@@ -379,18 +392,31 @@ impl TrainLaunch {
                 let per = u64::from(p.tokens).div_ceil(lanes);
                 2 * looped(per) + 3 * looped(rows) + looped(lanes) + looped(rows.div_ceil(lanes))
             }
-            // The row's vectors in; pass 1 over the keys, each a score over the head; pass 2,
-            // each a score and a step of P . v; the output (as codes or f32).
-            TrainOp::AttentionFwd => {
-                head + looped(t) + t * head + looped(t) + t * 2 * head + 2 * head
-            }
-            // The vectors in; two sweeps over the keys, each a score, dP over the head and a
-            // step of dq; dq out.
-            TrainOp::AttentionBwdQ => head + looped(2) + 2 * (looped(t) + t * 3 * head) + head,
-            // The vectors in; the queries from this key on, each a score, dP, and a step of
-            // dk (or dv); the result out.
-            TrainOp::AttentionBwdK | TrainOp::AttentionBwdV => {
-                head + looped(t) + t * 4 * head + head
+            // attention.wgsl's tiled kernels: the row's own vectors in; tiles of the other side,
+            // each loaded by every invocation, this lane's rows of it (a score, and dP, over the
+            // head), the block's rows' products (pairs of the head per lane); lanes combined;
+            // the output. Every key of the context is a bound (the causal block sees fewer).
+            TrainOp::AttentionFwd | TrainOp::AttentionBwdQ | TrainOp::AttentionBwdKv => {
+                let (lanes, bc) = (u64::from(ATT_LANES), u64::from(ATT_BC));
+                let pairs = u64::from(ATT_MAX_D / 2 / ATT_LANES);
+                let tiles = t.div_ceil(bc);
+                let load = looped((bc * d).div_ceil(256));
+                let mine = looped(bc.div_ceil(lanes)) + bc.div_ceil(lanes) * 2 * head;
+                let products = looped(bc) + bc * looped(pairs);
+                let sweep = |loads: u64, products: u64| {
+                    looped(tiles) + tiles * (loads * load + mine + products)
+                };
+                let own = 2 * head;
+                let out = looped(pairs);
+                match self.op {
+                    TrainOp::AttentionFwd => {
+                        own + sweep(1, 0) + 2 * looped(lanes) + sweep(2, products) + out
+                    }
+                    TrainOp::AttentionBwdQ => {
+                        own + sweep(2, 0) + looped(lanes) + sweep(2, products) + out
+                    }
+                    _ => own + sweep(2, products) + out,
+                }
             }
             _ => 0,
         }
@@ -731,21 +757,19 @@ pub mod launch {
         l
     }
 
-    /// Its backward: dq with each row's sum(P * dP), then dk (which reads it), then dv, each
-    /// into its third of dqkv (inputs q|k|v, the output's gradient, (max, sum); outputs dqkv,
+    /// Its backward: dq with each row's sum(P * dP), then dk and dv (which read it), each into
+    /// its third of dqkv (inputs q|k|v, the output's gradient, (max, sum); outputs dqkv,
     /// sum(P * dP)).
-    pub fn attention_bwd(spec: &Attention, qkv_stored: Format) -> [TrainLaunch; 3] {
-        [
-            TrainOp::AttentionBwdQ,
-            TrainOp::AttentionBwdK,
-            TrainOp::AttentionBwdV,
-        ]
-        .map(|op| attention(op, spec, qkv_stored))
+    pub fn attention_bwd(spec: &Attention, qkv_stored: Format) -> [TrainLaunch; 2] {
+        [TrainOp::AttentionBwdQ, TrainOp::AttentionBwdKv].map(|op| attention(op, spec, qkv_stored))
     }
 
+    /// A workgroup of 256 invocations for each block of `att_block_rows()` rows of each
+    /// (sequence, head) (attention.wgsl).
     fn attention(op: TrainOp, spec: &Attention, qkv_stored: Format) -> TrainLaunch {
         let rows = spec.score_rows();
-        let mut l = train(op, rows, spec.t, rows);
+        let blocks = spec.b * spec.h * spec.t.div_ceil(super::att_block_rows() as usize);
+        let mut l = train(op, rows, spec.t, blocks * 256);
         l.params.scale = spec.scale as f32;
         l.params.h = spec.h as u32;
         l.params.d = spec.d as u32;
