@@ -207,11 +207,12 @@ fn mean_to_stat(@builtin(local_invocation_index) lid: u32) {
 }
 
 // GradScaler's unscale and check of every gradient, in two kernels (a gradient may be too
-// long for one workgroup to reduce quickly, and there may be many). First, per gradient over
-// as many workgroups as it has spans of UNSCALE_SPAN elements: gradient y unscaled in place
-// (times scalar INVERSE_SCALE, scalar POISON added to its first element first where c = 1),
-// each workgroup's sum of squares and non-finite flag into z[extra.x + group] and
-// w[extra.x + group] (extra.x: where this gradient's partials start among all gradients').
+// long for one workgroup to reduce quickly, and there may be many). First, per gradient (or
+// per arena segment of gradients, each starting on a span: src/backend/wgpu/arena.rs) over as
+// many workgroups as it has spans of UNSCALE_SPAN elements: y unscaled in place (times scalar
+// INVERSE_SCALE, scalar POISON added to element extra.z first where c = 1), each workgroup's
+// sum of squares and non-finite flag into z[extra.x + group] and w[extra.x + group] (extra.x:
+// where these partials start among all gradients').
 const UNSCALE_SPAN: u32 = 4096u;
 
 @compute @workgroup_size(256)
@@ -225,7 +226,7 @@ fn unscale_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
     let inverse = scalars[S_INVERSE_SCALE];
     for (var e = start + lid; e < end; e += 256u) {
         var g = y[e];
-        if (params.c == 1u && e == 0u) {
+        if (params.c == 1u && e == params.extra.z) {
             g = g + scalars[S_POISON];
         }
         g = g * inverse;

@@ -2761,3 +2761,72 @@ fn small_plans_are_no_larger_than_recorded() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The trained state in arenas (src/backend/wgpu/arena.rs): a backend told that its largest
+/// binding holds 64 KiB, whose arenas take several segments (tiny's embedding alone is 16 KiB;
+/// AdamW and the unscale a dispatch or two a segment), trains `tiny` as one whose arenas are
+/// one segment, bit for bit, under 16-mixed and bf16-mixed: losses, gradient norms and (16-mixed)
+/// a skipped step (an inf added to the first gradient, in its segment), then weights and
+/// moments. And the update takes a few dispatches where a buffer per tensor took one per
+/// tensor: AdamW at most two a segment, the unscale one a segment and its reduction.
+#[test]
+fn arena_segments_train_as_one_segment() {
+    use mantissa::backend::wgpu::WgpuOptions;
+    let test = "arena_segments_train_as_one_segment";
+    let Some(one) = common::fresh_wgpu(test, WgpuOptions::default()) else {
+        return;
+    };
+    let options_many = WgpuOptions {
+        assume_arena_binding: Some(64 << 10),
+        ..WgpuOptions::default()
+    };
+    let Some(many) = common::fresh_wgpu(test, options_many) else {
+        return;
+    };
+    let corpus = corpus();
+    for preset in [Preset::Mixed16, Preset::MixedBf16] {
+        let mut a = Trainer::new(&one, &corpus, options(&corpus, preset, 5)).unwrap();
+        let mut b = Trainer::new(&many, &corpus, options(&corpus, preset, 5)).unwrap();
+        for step in 0..3 {
+            let (ra, rb) = match step {
+                1 if preset == Preset::Mixed16 => (
+                    a.step_injecting(f32::INFINITY).block_on().unwrap(),
+                    b.step_injecting(f32::INFINITY).block_on().unwrap(),
+                ),
+                _ => (a.step().block_on().unwrap(), b.step().block_on().unwrap()),
+            };
+            assert_eq!(
+                (ra.loss.to_bits(), ra.grad_norm.to_bits(), ra.skipped),
+                (rb.loss.to_bits(), rb.grad_norm.to_bits(), rb.skipped),
+                "{preset:?} step {step}"
+            );
+            assert_eq!(ra.skipped, step == 1 && preset == Preset::Mixed16);
+        }
+        assert_eq!(
+            a.state().block_on().unwrap(),
+            b.state().block_on().unwrap(),
+            "{preset:?}: weights and moments"
+        );
+        // The update's dispatches: the unscale-and-check and AdamW ops' launches.
+        let update = |t: &Trainer| {
+            let launches = t.launches().expect("wgpu counts its launches");
+            let ops = t.plan().ops();
+            let of = |name: &str| -> usize {
+                (ops.iter().zip(&launches))
+                    .filter(|(op, _)| op.name() == name)
+                    .map(|(_, &n)| n)
+                    .sum()
+            };
+            (of("unscale and check"), of("adamw"))
+        };
+        let params = a.plan().ops().iter().filter(|op| op.name() == "adamw").count();
+        assert_eq!(params, 1);
+        let (unscale, adamw) = update(&a);
+        assert!(unscale <= 2 && adamw <= 2, "one segment: {unscale} + {adamw}");
+        let (unscale_many, adamw_many) = update(&b);
+        assert!(
+            unscale_many > 2 && adamw_many > 2 && unscale_many < 2 * 30,
+            "several segments: {unscale_many} + {adamw_many}"
+        );
+    }
+}

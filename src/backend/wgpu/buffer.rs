@@ -185,6 +185,59 @@ pub fn uniform<T: bytemuck::Pod>(gpu: &Gpu, params: &T) -> wgpu::Buffer {
         })
 }
 
+/// Bytes of a buffer a kernel binds: all of it, or a range (a step plan's tensor in an arena:
+/// `plan.rs`). Offsets are multiples of the device's storage offset alignment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Region {
+    /// The buffer.
+    pub buffer: wgpu::Buffer,
+    /// Where the range starts, in bytes.
+    pub offset: u64,
+    /// Its length in bytes.
+    pub size: u64,
+}
+
+impl Region {
+    /// All of `buffer`.
+    pub fn whole(buffer: &wgpu::Buffer) -> Region {
+        Region {
+            buffer: buffer.clone(),
+            offset: 0,
+            size: buffer.size(),
+        }
+    }
+}
+
+/// What a dispatch binds: a whole buffer, or a region of one.
+pub trait Bind {
+    /// The binding resource.
+    fn resource(&self) -> wgpu::BindingResource<'_>;
+    /// Its bytes.
+    fn bytes(&self) -> u64;
+}
+
+impl Bind for wgpu::Buffer {
+    fn resource(&self) -> wgpu::BindingResource<'_> {
+        self.as_entire_binding()
+    }
+    fn bytes(&self) -> u64 {
+        self.size()
+    }
+}
+
+impl Bind for Region {
+    fn resource(&self) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &self.buffer,
+            offset: self.offset,
+            size: std::num::NonZeroU64::new(self.size),
+        })
+    }
+    fn bytes(&self) -> u64 {
+        self.size
+    }
+}
+
 /// One dispatch of a kernel with its bindings.
 #[derive(Clone)]
 pub struct Dispatch {
@@ -197,11 +250,11 @@ pub struct Dispatch {
 }
 
 impl Dispatch {
-    /// A dispatch binding `buffers` in order (binding 0, 1, ...).
+    /// A dispatch binding `buffers` (whole buffers or regions) in order (binding 0, 1, ...).
     pub fn new(
         gpu: &Gpu,
         pipeline: Arc<Pipeline>,
-        buffers: &[&wgpu::Buffer],
+        buffers: &[&dyn Bind],
         groups: [u32; 3],
     ) -> Dispatch {
         let entries: Vec<wgpu::BindGroupEntry> = buffers
@@ -209,7 +262,7 @@ impl Dispatch {
             .enumerate()
             .map(|(i, b)| wgpu::BindGroupEntry {
                 binding: i as u32,
-                resource: b.as_entire_binding(),
+                resource: b.resource(),
             })
             .collect();
         let bind_group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -344,7 +397,7 @@ pub fn submit_passes(
 /// Copies the first `bytes` of `src` back to the host. Nothing blocks: natively the poll below
 /// returns once the copy is done, in the browser the mapping resolves from the event loop.
 pub async fn read_bytes(gpu: &Gpu, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
-    Staged::copy(gpu, &[(src, bytes)]).read(gpu).await
+    Staged::copy(gpu, &[(&Region::whole(src), bytes)]).read(gpu).await
 }
 
 /// A copy of the first bytes of some buffers into one mappable buffer, one after another,
@@ -359,8 +412,8 @@ pub struct Staged {
 }
 
 impl Staged {
-    /// Stages `parts`: (buffer, its first bytes, a multiple of 4).
-    pub fn copy(gpu: &Gpu, parts: &[(&wgpu::Buffer, u64)]) -> Staged {
+    /// Stages `parts`: (a buffer's region, its first bytes, a multiple of 4).
+    pub fn copy(gpu: &Gpu, parts: &[(&Region, u64)]) -> Staged {
         let bytes: u64 = parts.iter().map(|p| p.1).sum();
         let size = bytes.div_ceil(4).max(1) * 4;
         let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -378,7 +431,7 @@ impl Staged {
         for &(src, len) in parts {
             // A lone part of an odd length copies whole words (the staging buffer has them).
             let len = if parts.len() == 1 { size } else { len };
-            encoder.copy_buffer_to_buffer(src, 0, &staging, at, len);
+            encoder.copy_buffer_to_buffer(&src.buffer, src.offset, &staging, at, len);
             at += len;
         }
         let submission = gpu.queue.submit([encoder.finish()]);
@@ -425,6 +478,11 @@ impl Staged {
 
 /// Reads `count` u32 words back.
 pub async fn read_words(gpu: &Gpu, src: &wgpu::Buffer, count: usize) -> Result<Vec<u32>> {
-    let bytes = read_bytes(gpu, src, count as u64 * 4).await?;
+    read_region(gpu, &Region::whole(src), count).await
+}
+
+/// Reads the first `count` u32 words of a region back.
+pub async fn read_region(gpu: &Gpu, src: &Region, count: usize) -> Result<Vec<u32>> {
+    let bytes = Staged::copy(gpu, &[(src, count as u64 * 4)]).read(gpu).await?;
     Ok(bytemuck::pod_collect_to_vec(&bytes))
 }

@@ -1,7 +1,7 @@
 //! Element kernels: casts, fp8 quantization, amax and scales, the bf16 split. Each function
 //! returns a `Dispatch` so that callers can chain several into one submission.
 
-use super::buffer::Dispatch;
+use super::buffer::{Bind, Dispatch};
 use super::device::Gpu;
 use super::shaders::{Kernel, format_id};
 use crate::error::Result;
@@ -138,7 +138,7 @@ pub fn packed_words(format: Format, len: usize) -> usize {
 /// f32 words in `src` -> packed codes of `format` in `dst`.
 pub fn encode(
     gpu: &Gpu,
-    src: &wgpu::Buffer,
+    src: &dyn Bind,
     dst: &wgpu::Buffer,
     len: usize,
     format: Format,
@@ -159,7 +159,7 @@ pub fn encode(
 /// Packed codes of `format` in `src` -> f32 words in `dst`.
 pub fn decode(
     gpu: &Gpu,
-    src: &wgpu::Buffer,
+    src: &dyn Bind,
     dst: &wgpu::Buffer,
     len: usize,
     format: Format,
@@ -172,9 +172,9 @@ pub fn decode(
 #[allow(clippy::too_many_arguments)]
 pub fn quantize(
     gpu: &Gpu,
-    src: &wgpu::Buffer,
+    src: &dyn Bind,
     dst: &wgpu::Buffer,
-    scales: &wgpu::Buffer,
+    scales: &dyn Bind,
     len: usize,
     format: Format,
     grouping: Grouping,
@@ -205,9 +205,9 @@ fn element_cast(
     gpu: &Gpu,
     kernel: Kernel,
     params: CastParams,
-    src: &wgpu::Buffer,
+    src: &dyn Bind,
     dst: &wgpu::Buffer,
-    scales: &wgpu::Buffer,
+    scales: &dyn Bind,
     items: usize,
 ) -> Result<Dispatch> {
     let pipeline = gpu.pipeline(&kernel)?;
@@ -225,7 +225,7 @@ fn element_cast(
 #[allow(clippy::too_many_arguments)]
 pub fn current_scales(
     gpu: &Gpu,
-    src: &wgpu::Buffer,
+    src: &dyn Bind,
     amax_bits: &wgpu::Buffer,
     scales: &wgpu::Buffer,
     len: usize,
@@ -235,7 +235,7 @@ pub fn current_scales(
 ) -> Result<[Dispatch; 2]> {
     let params = ScaleParams::new(len, grouping, format.max().to_bits(), offset);
     let uniform = super::buffer::uniform(gpu, &params);
-    let buffers = [&uniform, src, amax_bits, scales];
+    let buffers: [&dyn Bind; 4] = [&uniform, src, amax_bits, scales];
     let amax = Dispatch::new(
         gpu,
         gpu.pipeline(&Kernel::Amax)?,
@@ -263,7 +263,7 @@ fn amax_groups(gpu: &Gpu, len: usize) -> Result<[u32; 3]> {
 /// Atomic amax of each group of `src` into `amax_bits[offset..]` (which must be zeroed first).
 pub fn amax(
     gpu: &Gpu,
-    (src, stored): (&wgpu::Buffer, Format),
+    (src, stored): (&dyn Bind, Format),
     amax_bits: &wgpu::Buffer,
     len: usize,
     grouping: Grouping,
@@ -285,7 +285,7 @@ pub fn amax(
 /// words per plane.
 pub fn split_bf16(
     gpu: &Gpu,
-    src: &wgpu::Buffer,
+    src: &dyn Bind,
     dst: &wgpu::Buffer,
     len: usize,
     parts: usize,

@@ -2,7 +2,7 @@
 //! f16, split bf16 planes, scaled fp8), then one tiled kernel computes C. Everything is recorded
 //! into one compute pass and submitted once.
 
-use super::buffer::{self, BufferPool, Dispatch, check_binding, upload};
+use super::buffer::{self, Bind, BufferPool, Dispatch, Region, check_binding, upload};
 use super::cast::{self, Grouping, packed_words};
 use super::device::Gpu;
 use super::shaders::{
@@ -166,7 +166,7 @@ pub struct MatmulRun {
     /// mode).
     pub product: Vec<usize>,
     /// The result C: f32, row-major, `shape.c_len()` elements (`out` where the caller gave one).
-    pub c: wgpu::Buffer,
+    pub c: Region,
     /// Pooled buffers the run keeps between submissions (amaxes, flags, scales: cleared or
     /// rewritten before each), returned to the pool when the run is done.
     pub temporaries: Vec<wgpu::Buffer>,
@@ -195,7 +195,7 @@ impl MatmulRun {
         self.temporaries
             .into_iter()
             .chain(self.scratch)
-            .chain([self.c])
+            .chain([self.c.buffer])
     }
 }
 
@@ -236,7 +236,7 @@ impl<'a> Pools<'a> {
 
 /// One operand as the matmul kernel reads it.
 struct Prepared {
-    buffer: wgpu::Buffer,
+    buffer: Region,
     /// Element stride between split planes (0 without planes).
     plane: usize,
     /// Taken from the pool (else it is the caller's f32 upload).
@@ -264,16 +264,16 @@ impl Side {
 #[derive(Clone, Copy)]
 pub struct OnDevice<'a> {
     /// Operand A: `shape.batch` row-major m × k matrices (k × m where `a_transposed`).
-    pub a: &'a wgpu::Buffer,
+    pub a: &'a Region,
     /// Operand B: `shape.batch` row-major k × n matrices (n × k where `b_transposed`).
-    pub b: &'a wgpu::Buffer,
+    pub b: &'a Region,
     /// What A and B store: `Format::F32` values, or the 16-bit codes of that format.
     pub stored: [Format; 2],
 }
 
 impl<'a> OnDevice<'a> {
     /// Both operands f32 values.
-    pub fn f32(a: &'a wgpu::Buffer, b: &'a wgpu::Buffer) -> OnDevice<'a> {
+    pub fn f32(a: &'a Region, b: &'a Region) -> OnDevice<'a> {
         OnDevice {
             a,
             b,
@@ -296,7 +296,7 @@ pub fn record(
     coop: Option<(Coop, bool)>,
     tile: Option<Tile>,
     operands: OnDevice,
-    out: Option<&wgpu::Buffer>,
+    out: Option<&Region>,
 ) -> Result<MatmulRun> {
     // Codes are read as they are stored: the SIMT kernel reads them as the codes it would have
     // encoded, the cooperative kernel packs from them.
@@ -312,7 +312,7 @@ pub fn record(
     check_binding(gpu, "result C", shape.c_len() as u64 * 4)?;
     let c = match out {
         Some(c) => c.clone(),
-        None => pools.kept.take(gpu, shape.c_len() as u64 * 4)?,
+        None => Region::whole(&pools.kept.take(gpu, shape.c_len() as u64 * 4)?),
     };
     if variant.coop.is_some() {
         return record_coop(gpu, pools, shape, algorithm, variant, fallback, operands, c);
@@ -328,7 +328,7 @@ fn record_simt(
     algorithm: &Algorithm,
     variant: MatmulVariant,
     OnDevice { a, b, stored }: OnDevice,
-    c: wgpu::Buffer,
+    c: Region,
 ) -> Result<MatmulRun> {
     let mut run = MatmulRun {
         clears: vec![],
@@ -351,7 +351,10 @@ fn record_simt(
         (a, b),
         stored,
         &scales,
-        scale_buffer.as_ref().unwrap_or(a),
+        match &scale_buffer {
+            Some(s) => s,
+            None => a,
+        },
         None,
         &mut run,
     )?;
@@ -370,10 +373,10 @@ fn simt(
     shape: &MatmulShape,
     algorithm: &Algorithm,
     variant: MatmulVariant,
-    (a, b): (&wgpu::Buffer, &wgpu::Buffer),
+    (a, b): (&Region, &Region),
     stored: [Format; 2],
     scales: &Option<Scales>,
-    scale_buffer: &wgpu::Buffer,
+    scale_buffer: &dyn Bind,
     flags: Option<&wgpu::Buffer>,
     run: &mut MatmulRun,
 ) -> Result<()> {
@@ -408,14 +411,14 @@ fn simt(
             variant.a,
             !shape.a_transposed,
             if shape.a_transposed { shape.m } else { shape.k },
-            pa.buffer.size(),
+            pa.buffer.size,
             variant.tile,
         ),
         Load::for_operand(
             variant.b,
             shape.b_transposed,
             if shape.b_transposed { shape.k } else { shape.n },
-            pb.buffer.size(),
+            pb.buffer.size,
             variant.tile,
         ),
     ];
@@ -464,9 +467,9 @@ fn simt(
     let tiles = [n.div_ceil(variant.tile.bn), m.div_ceil(variant.tile.bm)];
     let dispatch = |params: MatmulParams, partials: &wgpu::Buffer, z: u32, run: &mut MatmulRun| {
         let uniform = buffer::uniform(gpu, &params);
-        let mut buffers = vec![&uniform, &pa.buffer, &pb.buffer, &run.c, scale_buffer];
+        let mut buffers: Vec<&dyn Bind> = vec![&uniform, &pa.buffer, &pb.buffer, &run.c, scale_buffer];
         buffers.push(partials);
-        buffers.extend(flags);
+        buffers.extend(flags.map(|f| f as &dyn Bind));
         run.product.push(run.dispatches.len());
         run.dispatches.push(Dispatch::new(
             gpu,
@@ -516,7 +519,7 @@ fn simt(
         }
     }
     run.scratch
-        .extend([pa, pb].into_iter().filter(|p| p.pooled).map(|p| p.buffer));
+        .extend([pa, pb].into_iter().filter(|p| p.pooled).map(|p| p.buffer.buffer));
     Ok(())
 }
 
@@ -532,7 +535,7 @@ fn record_coop(
     variant: MatmulVariant,
     fallback: bool,
     OnDevice { a, b, stored }: OnDevice,
-    c: wgpu::Buffer,
+    c: Region,
 ) -> Result<MatmulRun> {
     let tile = variant.tile;
     let (m, n, k, batch) = (
@@ -577,7 +580,7 @@ fn record_coop(
     }
     let parts = if scaled { variant.parts } else { 0 };
     let planes = parts.max(1);
-    let pack = |src: &wgpu::Buffer, params: PackParams, what: &str, run: &mut MatmulRun| {
+    let pack = |src: &Region, params: PackParams, what: &str, run: &mut MatmulRun| {
         let bytes = u64::from(planes) * u64::from(params.plane_words) * 4;
         check_binding(gpu, what, bytes)?;
         let dst = pools.plane(gpu, bytes)?;
@@ -775,8 +778,8 @@ fn fp8_scales(
     pools: Pools,
     shape: &MatmulShape,
     algorithm: &Algorithm,
-    a: &wgpu::Buffer,
-    b: &wgpu::Buffer,
+    a: &Region,
+    b: &Region,
     run: &mut MatmulRun,
 ) -> Result<Option<Scales>> {
     let Algorithm::Fp8 {
@@ -850,7 +853,7 @@ fn prepare(
     algorithm: &Algorithm,
     side: Side,
     (operand, stored): (Operand, Format),
-    src: &wgpu::Buffer,
+    src: &Region,
     scales: &Option<Scales>,
     run: &mut MatmulRun,
 ) -> Result<Prepared> {
@@ -874,7 +877,7 @@ fn prepare(
         let (dispatch, plane_words) = cast::split_bf16(gpu, src, &dst, len, parts)?;
         run.dispatches.push(dispatch);
         return Ok(Prepared {
-            buffer: dst,
+            buffer: Region::whole(&dst),
             plane: plane_words * 2,
             pooled: true,
         });
@@ -899,7 +902,7 @@ fn prepare(
             run.dispatches
                 .push(cast::encode(gpu, src, &dst, len, format, false)?);
             Ok(Prepared {
-                buffer: dst,
+                buffer: Region::whole(&dst),
                 plane: 0,
                 pooled: true,
             })
@@ -913,12 +916,15 @@ fn prepare(
             } else {
                 (gb, ga.groups())
             };
-            let scales = scales.as_ref().map(|s| &s.scales).unwrap_or(src);
+            let scales: &dyn Bind = match scales {
+                Some(s) => &s.scales,
+                None => src,
+            };
             run.dispatches.push(cast::quantize(
                 gpu, src, &dst, scales, len, format, grouping, offset,
             )?);
             Ok(Prepared {
-                buffer: dst,
+                buffer: Region::whole(&dst),
                 plane: 0,
                 pooled: true,
             })

@@ -11,6 +11,7 @@
 //! - `autotune.rs`: the matmul tile autotuner
 //! - `budget.rs`: the adapter's loop budget, measured, and how kernels keep within it
 
+pub mod arena;
 pub mod autotune;
 pub mod budget;
 pub mod buffer;
@@ -22,7 +23,9 @@ pub mod shaders;
 pub mod train;
 
 use self::autotune::{AutotuneMode, Autotuner};
-use self::buffer::{BufferPool, Timer, check_binding, read_words, submit, upload};
+use self::buffer::{
+    BufferPool, Region, Timer, check_binding, read_region, read_words, submit, upload,
+};
 use self::device::Gpu;
 use self::matmul::OnDevice;
 use self::shaders::{Coop, F16Read, MatmulVariant, Tile};
@@ -94,6 +97,10 @@ pub struct WgpuOptions {
     /// invocation, where it measures none or a larger budget (`budget.rs`). Only tests set it,
     /// so that the split dispatches run, and are checked, on any adapter.
     pub assume_loop_budget: Option<u32>,
+    /// Treat the adapter's largest storage binding as this many bytes where it is larger, for
+    /// the step plans' arenas (`arena.rs`). Only tests set it, so that arenas of several
+    /// segments run, and are checked, with small models.
+    pub assume_arena_binding: Option<u64>,
     /// Seconds one shape class's tile search may take (`MANTISSA_TUNE_SECONDS`).
     pub tune_seconds: f64,
 }
@@ -109,6 +116,7 @@ impl Default for WgpuOptions {
             coop_fallback: true,
             row_lanes: None,
             assume_loop_budget: None,
+            assume_arena_binding: None,
             tune_seconds: crate::tune::TUNE_SECONDS,
         }
     }
@@ -185,6 +193,8 @@ pub struct WgpuBackend {
     coop_fallback: bool,
     poison: bool,
     tuner: Autotuner,
+    /// The most bytes an arena segment may bind (`arena.rs`).
+    arena_binding: u64,
 }
 
 impl WgpuBackend {
@@ -239,7 +249,13 @@ impl WgpuBackend {
         };
         // The cooperative kernels read f16 natively; MANTISSA_F16=packed keeps everything packed.
         let coop = gpu.coop.filter(|_| options.coop && f16 == F16Read::Native);
+        let limits = &gpu.limits;
+        let binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let arena_binding = options
+            .assume_arena_binding
+            .map_or(binding, |b| b.min(binding));
         let backend = WgpuBackend {
+            arena_binding,
             gpu,
             pool: BufferPool::default(),
             f16,
@@ -469,14 +485,14 @@ impl WgpuBackend {
         let run = self
             .gpu
             .scoped("matmul", || {
-                let run = self.record_on_tile(shape, algorithm, tile, OnDevice::f32(&ab, &bb))?;
+                let run = self.record_on_tile(shape, algorithm, tile, OnDevice::f32(&Region::whole(&ab), &Region::whole(&bb)))?;
                 let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
                 submit(&self.gpu, &clears, &run.dispatches, None);
                 Ok(run)
             })
             .await?;
-        let whole = read_words(&self.gpu, &run.c, shape.c_len()).await;
-        self.poison(&run.c, shape.c_len());
+        let whole = read_region(&self.gpu, &run.c, shape.c_len()).await;
+        self.poison(&run.c.buffer, shape.c_len());
         let product = run.product_dispatches();
         self.gpu
             .scoped("matmul product", || {
@@ -484,7 +500,7 @@ impl WgpuBackend {
                 Ok(())
             })
             .await?;
-        let again = read_words(&self.gpu, &run.c, shape.c_len()).await;
+        let again = read_region(&self.gpu, &run.c, shape.c_len()).await;
         self.pool.give(run.into_buffers());
         let floats = |w: Vec<u32>| bytemuck::cast_slice(&w).to_vec();
         Ok((floats(whole?), floats(again?)))
@@ -521,7 +537,7 @@ impl WgpuBackend {
         a: &wgpu::Buffer,
         b: &wgpu::Buffer,
     ) -> Result<Vec<f32>> {
-        self.product_on_tile(shape, algorithm, tile, OnDevice::f32(a, b))
+        self.product_on_tile(shape, algorithm, tile, OnDevice::f32(&Region::whole(a), &Region::whole(b)))
             .await
     }
 
@@ -538,14 +554,14 @@ impl WgpuBackend {
             .scoped("matmul", || {
                 let run = self.record_on_tile(shape, algorithm, tile, operands)?;
                 if self.poison {
-                    self.poison(&run.c, shape.c_len());
+                    self.poison(&run.c.buffer, shape.c_len());
                 }
                 let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
                 submit(&self.gpu, &clears, &run.dispatches, None);
                 Ok(run)
             })
             .await?;
-        let words = read_words(&self.gpu, &run.c, shape.c_len()).await;
+        let words = read_region(&self.gpu, &run.c, shape.c_len()).await;
         self.pool.give(run.into_buffers());
         Ok(bytemuck::cast_slice(&words?).to_vec())
     }
@@ -768,7 +784,7 @@ impl Backend for WgpuBackend {
         }
         let (ab, bb) = self.upload_operands(a, b).await?;
         let (tile, ..) = self
-            .tile_for(shape, algorithm, OnDevice::f32(&ab, &bb))
+            .tile_for(shape, algorithm, OnDevice::f32(&Region::whole(&ab), &Region::whole(&bb)))
             .await?;
         self.multiply(shape, algorithm, tile, &ab, &bb).await
     }
@@ -863,14 +879,14 @@ impl Backend for WgpuBackend {
         shape.check(a.len(), b.len())?;
         let (ab, bb) = self.upload_operands(a, b).await?;
         let (tile, tuned, tuned_seconds) = self
-            .tile_for(shape, algorithm, OnDevice::f32(&ab, &bb))
+            .tile_for(shape, algorithm, OnDevice::f32(&Region::whole(&ab), &Region::whole(&bb)))
             .await?;
         let (seconds, clock, repetitions) = self
             .time_on_tile(
                 shape,
                 algorithm,
                 tile,
-                OnDevice::f32(&ab, &bb),
+                OnDevice::f32(&Region::whole(&ab), &Region::whole(&bb)),
                 repetitions.max(1),
                 operands,
             )

@@ -1,15 +1,18 @@
-//! The device-resident step plan on wgpu: every tensor of a `Plan` gets its own buffer, every
-//! op its dispatches (bind groups and uniforms built once), and a step is one submission of
-//! them all; the host writes the step's tokens, targets and scalars before it and reads back
+//! The device-resident step plan on wgpu: every tensor of a `Plan` gets its own buffer (the
+//! temporaries with disjoint lives share them), the trained state its arenas (`arena.rs`: a
+//! region of four buffers per parameter, so that AdamW and the unscale run over all of it in a
+//! dispatch or two), every op its dispatches (bind groups and uniforms built once, binding each
+//! tensor's region), and a step is one submission of them all; the host writes the step's tokens, targets and scalars before it and reads back
 //! only the stats after it (loss, finite flags, squared norms, fp8 amaxes: a few hundred bytes).
 //!
 //! The plan is compiled on its first use (pipelines, tiles from the autotuner, buffers), so
 //! that every build error surfaces through the async error scopes as an `Error`.
 
 use super::WgpuBackend;
+use super::arena::{self, Layout};
 use super::buffer::{
-    BufferPool, Dispatch, STORAGE, Staged, Timer, check_binding, read_words, submit, submit_passes,
-    uniform,
+    Bind, BufferPool, Dispatch, Region, STORAGE, Staged, Timer, check_binding, read_region,
+    submit, submit_passes, uniform,
 };
 use super::cast::{self, Grouping};
 use super::matmul;
@@ -31,7 +34,10 @@ const UNSET: u64 = u64::MAX;
 
 /// A plan compiled for the device.
 struct Compiled {
-    tensors: Vec<wgpu::Buffer>,
+    /// Each tensor's bytes: its slot's buffer, or its range of an arena.
+    tensors: Vec<Region>,
+    /// The arenas' buffers, four a segment (`arena::ROLES`).
+    arenas: Vec<[wgpu::Buffer; 4]>,
     scalars: wgpu::Buffer,
     stats: wgpu::Buffer,
     dispatches: Vec<Dispatch>,
@@ -58,10 +64,11 @@ impl Compiled {
         (tokens, targets, scalars): (&[u32], &[u32], &[f32]),
     ) {
         let q = &gpu.queue;
-        q.write_buffer(&self.tensors[plan.tokens], 0, bytemuck::cast_slice(tokens));
+        let [ids, targeted] = [plan.tokens, plan.targets].map(|t| &self.tensors[t]);
+        q.write_buffer(&ids.buffer, ids.offset, bytemuck::cast_slice(tokens));
         q.write_buffer(
-            &self.tensors[plan.targets],
-            0,
+            &targeted.buffer,
+            targeted.offset,
             bytemuck::cast_slice(targets),
         );
         q.write_buffer(&self.scalars, 0, bytemuck::cast_slice(scalars));
@@ -78,6 +85,9 @@ pub struct ResidentPlan<'a> {
     backend: &'a WgpuBackend,
     plan: Plan,
     storage: Storage,
+    /// The trained state's arenas (None: a plan without AdamW, or one whose tensors cannot
+    /// take them; each tensor then has its own buffer).
+    layout: Option<Layout>,
     compiled: Option<Compiled>,
     /// Values written before the plan was compiled (uploaded by the compile).
     pending: HashMap<TensorId, Vec<f32>>,
@@ -95,6 +105,7 @@ impl<'a> ResidentPlan<'a> {
         let pending = plan.constants.iter().cloned().collect();
         ResidentPlan {
             backend,
+            layout: arena_layout(&plan, backend.arena_binding),
             storage: Storage::shared(&plan),
             plan,
             compiled: None,
@@ -116,11 +127,24 @@ impl<'a> ResidentPlan<'a> {
     /// Bytes of the buffers the plan holds (what the allocator would count, less its
     /// alignment and the launches' parameters).
     fn held_bytes(&self) -> u64 {
-        let tensors = self.storage.bytes();
+        let tensors = self.tensor_bytes();
         match &self.compiled {
             Some(c) => tensors + c.temporaries.iter().map(|b| b.size()).sum::<u64>(),
             None => tensors,
         }
+    }
+
+    /// Bytes of the tensors' buffers: the slots', but that the arenas (their padding
+    /// included) hold the trained state.
+    fn tensor_bytes(&self) -> u64 {
+        let Some(layout) = &self.layout else {
+            return self.storage.bytes();
+        };
+        let in_arenas: u64 = (layout.members.iter())
+            .flat_map(|m| m.tensors)
+            .map(|t| self.plan.tensors[t].words() as u64 * 4)
+            .sum();
+        self.storage.bytes() - in_arenas + layout.bytes()
     }
 
     fn gpu_and_plan(&self) -> Result<(&super::device::Gpu, &Compiled)> {
@@ -134,7 +158,7 @@ impl<'a> ResidentPlan<'a> {
     async fn read_stats(&self) -> Result<Vec<f64>> {
         let (gpu, c) = self.gpu_and_plan()?;
         self.sample_memory();
-        let words = read_words(gpu, &c.stats, self.plan.stats.len()).await?;
+        let words = read_region(gpu, &Region::whole(&c.stats), self.plan.stats.len()).await?;
         self.sample_memory();
         Ok(words.iter().map(|&w| f32::from_bits(w) as f64).collect())
     }
@@ -171,31 +195,57 @@ impl<'a> ResidentPlan<'a> {
             })
         };
         let plan = &self.plan;
-        let (slot_buffers, tensors, scalars, stats) = gpu
+        let layout = self.layout.as_ref();
+        let (slot_buffers, tensors, arenas, scalars, stats) = gpu
             .scoped("allocating the step plan", || {
-                // Temporaries with disjoint lives share a buffer (`Storage::shared`).
-                let buffers: Vec<wgpu::Buffer> = slots
+                // The arenas: four buffers a segment, a role each.
+                let segments: Vec<[wgpu::Buffer; 4]> = layout
+                    .map(|l| &l.segments[..])
+                    .unwrap_or_default()
                     .iter()
-                    .map(|&n| storage("mantissa.plan.tensor", n as u64 * 4))
+                    .map(|s| arena::ROLES.map(|_| storage("mantissa.plan.arena", s.len * 4)))
                     .collect();
-                let tensors: Vec<wgpu::Buffer> = self
-                    .storage
-                    .slot_of
-                    .iter()
-                    .map(|&s| buffers[s].clone())
+                let place = |id: TensorId| {
+                    let l = layout?;
+                    let (segment, offset) = l.place(id)?;
+                    let role = l.role(id)?;
+                    Some(Region {
+                        buffer: segments[segment][role].clone(),
+                        offset: offset * 4,
+                        size: (plan.tensors[id].words() as u64 * 4).max(4),
+                    })
+                };
+                // Temporaries with disjoint lives share a buffer (`Storage::shared`); a slot
+                // of an arena's tensor is left unallocated.
+                let in_arena: std::collections::HashSet<usize> = (0..plan.tensors.len())
+                    .filter(|&t| place(t).is_some())
+                    .map(|t| self.storage.slot_of[t])
+                    .collect();
+                let buffers: Vec<wgpu::Buffer> = (slots.iter().enumerate())
+                    .map(|(s, &n)| {
+                        let words = if in_arena.contains(&s) { 1 } else { n };
+                        storage("mantissa.plan.tensor", words as u64 * 4)
+                    })
+                    .collect();
+                let tensors: Vec<Region> = (0..plan.tensors.len())
+                    .map(|t| {
+                        place(t).unwrap_or_else(|| Region::whole(&buffers[self.storage.slot_of[t]]))
+                    })
                     .collect();
                 for (id, values) in &self.pending {
                     let words = plan.tensors[*id].to_words(values);
+                    let r = &tensors[*id];
                     gpu.queue
-                        .write_buffer(&tensors[*id], 0, bytemuck::cast_slice(&words));
+                        .write_buffer(&r.buffer, r.offset, bytemuck::cast_slice(&words));
                 }
                 let scalars = storage("mantissa.plan.scalars", plan.scalar_count() as u64 * 4);
                 let stats = storage("mantissa.plan.stats", plan.stats.len() as u64 * 4);
-                Ok((buffers, tensors, scalars, stats))
+                Ok((buffers, tensors, segments, scalars, stats))
             })
             .await?;
         let mut c = Compiled {
             tensors,
+            arenas,
             clears: vec![stats.clone()],
             scalars,
             stats,
@@ -301,13 +351,13 @@ impl<'a> ResidentPlan<'a> {
         let dispatches = |kernel: &Kernel,
                           groups: [u32; 3],
                           uniforms: Vec<wgpu::Buffer>,
-                          buffers: &[&wgpu::Buffer]|
+                          buffers: &[&dyn Bind]|
          -> Result<Vec<Dispatch>> {
             let pipeline = gpu.pipeline(kernel)?;
             Ok(uniforms
                 .iter()
                 .map(|u| {
-                    let mut bound = vec![u];
+                    let mut bound: Vec<&dyn Bind> = vec![u];
                     bound.extend(buffers);
                     Dispatch::new(gpu, pipeline.clone(), &bound, groups)
                 })
@@ -315,8 +365,8 @@ impl<'a> ResidentPlan<'a> {
         };
         // A train kernel on buffers: inputs, then outputs.
         let train_on = |l: TrainLaunch,
-                        ins: [&wgpu::Buffer; 3],
-                        outs: [&wgpu::Buffer; 3]|
+                        ins: [&dyn Bind; 3],
+                        outs: [&dyn Bind; 3]|
          -> Result<Vec<Dispatch>> {
             let l = l.launched(gpu)?;
             let uniforms = l.params.iter().map(|p| uniform(gpu, p)).collect();
@@ -328,10 +378,13 @@ impl<'a> ResidentPlan<'a> {
                      ins: [Option<TensorId>; 3],
                      outs: [Option<TensorId>; 3]|
          -> Result<Vec<Dispatch>> {
-            let ins = ins.map(|i| i.map(|i| &t[i]).unwrap_or(&dummies.read));
+            let ins = ins.map(|i| match i {
+                Some(i) => &t[i] as &dyn Bind,
+                None => &dummies.read,
+            });
             let mut w = dummies.write.iter();
             let outs = outs.map(|o| match o {
-                Some(o) => &t[o],
+                Some(o) => &t[o] as &dyn Bind,
                 None => w.next().unwrap_or(&dummies.write[0]),
             });
             train_on(l, ins, outs)
@@ -340,25 +393,31 @@ impl<'a> ResidentPlan<'a> {
         // partial results between them, in z and w (buffers of their own, kept in `carried`).
         let carried = std::cell::RefCell::new(Vec::new());
         let step_on =
-            |l: StepLaunch, x: &wgpu::Buffer, outs: [&wgpu::Buffer; 3]| -> Result<Vec<Dispatch>> {
+            |l: StepLaunch, x: &dyn Bind, outs: [&dyn Bind; 3]| -> Result<Vec<Dispatch>> {
                 let l = l.launched(gpu)?;
                 let uniforms = l.params.iter().map(|p| uniform(gpu, p)).collect();
                 let carry = match l.carry_words {
                     0 => None,
                     n => Some([storage_of(gpu, n)?, storage_of(gpu, n)?]),
                 };
-                let [z, w] = match &carry {
+                let [z, w]: [&dyn Bind; 2] = match &carry {
                     Some([z, w]) => [z, w],
                     None => [outs[1], outs[2]],
                 };
-                let buffers = [&c.scalars, &c.stats, x, outs[0], z, w];
+                let buffers: [&dyn Bind; 6] = [&c.scalars, &c.stats, x, outs[0], z, w];
                 let d = dispatches(&l.kernel, l.groups, uniforms, &buffers)?;
                 carried.borrow_mut().extend(carry.into_iter().flatten());
                 Ok(d)
             };
         let step = |l: StepLaunch, x: Option<TensorId>, outs: [Option<TensorId>; 3]| {
-            let x = x.map(|i| &t[i]).unwrap_or(&dummies.read);
-            let [y, z, w] = [0, 1, 2].map(|i| outs[i].map(|o| &t[o]).unwrap_or(&dummies.write[i]));
+            let x: &dyn Bind = match x {
+                Some(i) => &t[i],
+                None => &dummies.read,
+            };
+            let [y, z, w] = [0, 1, 2].map(|i| match outs[i] {
+                Some(o) => &t[o] as &dyn Bind,
+                None => &dummies.write[i],
+            });
             step_on(l, x, [y, z, w])
         };
         let rows_of = |id: TensorId, width: usize| len(id) / width.max(1);
@@ -727,23 +786,65 @@ impl<'a> ResidentPlan<'a> {
             // leaves partial sums, then one dispatch reduces every gradient's into the stats.
             Op::UnscaleCheck { ref grads } => {
                 let stats = &self.plan.stats;
+                // Where every gradient is in the arenas, one dispatch a segment over all of
+                // them (each workgroup's span is one gradient's: arena.rs); else one a gradient.
+                let layout = self
+                    .layout
+                    .as_ref()
+                    .filter(|l| grads.iter().all(|&g| l.place(g).is_some()));
                 let spans: Vec<usize> = (grads.iter())
                     .map(|&g| launch::unscale_spans(len(g)))
                     .collect();
-                let total: usize = spans.iter().sum();
-                let (norms, flags) = (storage_of(gpu, total)?, storage_of(gpu, total)?);
-                let mut table = Vec::with_capacity(4 * grads.len());
                 let mut d = Vec::new();
-                let mut first = 0;
-                for (index, (&grad, &n)) in grads.iter().zip(&spans).enumerate() {
-                    d.extend(step_on(
-                        launch::unscale_partials(len(grad), index == 0, first),
-                        &dummies.read,
-                        [&t[grad], &norms, &flags],
-                    )?);
-                    table.extend([first, n, stats.flag(index), stats.norm_sq(index)]);
-                    first += n;
-                }
+                let mut table = Vec::with_capacity(4 * grads.len());
+                let total = match layout {
+                    Some(l) => {
+                        let total = l.spans_before(l.segments.len()) as usize;
+                        let (norms, flags) = (storage_of(gpu, total)?, storage_of(gpu, total)?);
+                        let poisoned = l.place(grads[0]);
+                        for (s, segment) in l.segments.iter().enumerate() {
+                            let region = Region {
+                                buffer: c.arenas[s][0].clone(),
+                                offset: 0,
+                                size: segment.len.max(1) * 4,
+                            };
+                            let poison = poisoned.filter(|&(p, _)| p == s).map(|(_, at)| at);
+                            d.extend(step_on(
+                                launch::unscale_partials_from(
+                                    segment.len as usize,
+                                    poison.map(|at| at as usize),
+                                    l.spans_before(s) as usize,
+                                ),
+                                &dummies.read,
+                                [&region, &norms, &flags],
+                            )?);
+                        }
+                        for (index, (&grad, &n)) in grads.iter().zip(&spans).enumerate() {
+                            let (s, at) = l.place(grad).unwrap_or_default();
+                            let first = l.spans_before(s) + at / arena::SPAN;
+                            table.extend([first as usize, n, stats.flag(index), stats.norm_sq(index)]);
+                        }
+                        r.temporaries.extend([norms.clone(), flags.clone()]);
+                        (norms, flags)
+                    }
+                    None => {
+                        let total: usize = spans.iter().sum();
+                        let (norms, flags) = (storage_of(gpu, total)?, storage_of(gpu, total)?);
+                        let mut first = 0;
+                        for (index, (&grad, &n)) in grads.iter().zip(&spans).enumerate() {
+                            d.extend(step_on(
+                                launch::unscale_partials(len(grad), index == 0, first),
+                                &dummies.read,
+                                [&t[grad], &norms, &flags],
+                            )?);
+                            table.extend([first, n, stats.flag(index), stats.norm_sq(index)]);
+                            first += n;
+                        }
+                        r.temporaries.extend([norms.clone(), flags.clone()]);
+                        (norms, flags)
+                    }
+                };
+                let (norms, flags) = total;
                 let table: Vec<u32> = table.into_iter().map(|w| w as u32).collect();
                 let rows = storage_of(gpu, table.len())?;
                 gpu.queue
@@ -754,17 +855,47 @@ impl<'a> ResidentPlan<'a> {
                     &rows,
                     [&dummies.write[0], &norms, &flags],
                 )?);
-                r.temporaries.extend([norms, flags, rows]);
+                r.temporaries.push(rows);
                 d
             }
             Op::AdamW { ref params } => {
                 let mut d = Vec::new();
-                for a in params {
-                    d.extend(step(
-                        launch::adamw(len(a.param), self.plan.stats.grads, a.decay),
-                        Some(a.grad),
-                        [Some(a.param), Some(a.m), Some(a.v)],
-                    )?);
+                let gated = self.plan.stats.grads;
+                match &self.layout {
+                    // One dispatch over each segment's tensors with weight decay, one over the
+                    // rest: the four roles' regions of the same elements.
+                    Some(l) => {
+                        for (s, segment) in l.segments.iter().enumerate() {
+                            let buffers = &c.arenas[s];
+                            for (begin, end, decay) in [
+                                (0, segment.decayed, true),
+                                (segment.decayed, segment.len, false),
+                            ] {
+                                if begin >= end {
+                                    continue;
+                                }
+                                let [g, p, m1, m2] = buffers.clone().map(|buffer| Region {
+                                    buffer,
+                                    offset: begin * 4,
+                                    size: (end - begin) * 4,
+                                });
+                                d.extend(step_on(
+                                    launch::adamw((end - begin) as usize, gated, decay),
+                                    &g,
+                                    [&p, &m1, &m2],
+                                )?);
+                            }
+                        }
+                    }
+                    None => {
+                        for a in params {
+                            d.extend(step(
+                                launch::adamw(len(a.param), gated, a.decay),
+                                Some(a.grad),
+                                [Some(a.param), Some(a.m), Some(a.v)],
+                            )?);
+                        }
+                    }
                 }
                 d
             }
@@ -971,8 +1102,9 @@ impl StepExecutor for ResidentPlan<'_> {
                 for &id in &b.ids {
                     let info = &plan.tensors[id];
                     let words = info.to_words(&flat[at..at + info.len]);
+                    let r = &c.tensors[id];
                     gpu.queue
-                        .write_buffer(&c.tensors[id], 0, bytemuck::cast_slice(&words));
+                        .write_buffer(&r.buffer, r.offset, bytemuck::cast_slice(&words));
                     at += info.len;
                 }
             }
@@ -994,7 +1126,7 @@ impl StepExecutor for ResidentPlan<'_> {
         }
         let backend = self.backend;
         let c = self.compiled().await?;
-        let words = read_words(&backend.gpu, &c.tensors[id], info.words()).await?;
+        let words = read_region(&backend.gpu, &c.tensors[id], info.words()).await?;
         self.sample_memory();
         Ok(info.from_words(&words))
     }
@@ -1009,8 +1141,9 @@ impl StepExecutor for ResidentPlan<'_> {
                 let gpu = &self.backend.gpu;
                 let words = self.plan.tensors[id].to_words(values);
                 gpu.scoped("writing a plan tensor", || {
+                    let r = &c.tensors[id];
                     gpu.queue
-                        .write_buffer(&c.tensors[id], 0, bytemuck::cast_slice(&words));
+                        .write_buffer(&r.buffer, r.offset, bytemuck::cast_slice(&words));
                     Ok(())
                 })
                 .await?
@@ -1044,9 +1177,48 @@ impl StepExecutor for ResidentPlan<'_> {
             ),
         };
         Memory {
-            plan_bytes: self.storage.bytes(),
+            plan_bytes: self.tensor_bytes(),
             peak_bytes,
             measured_by,
+        }
+    }
+}
+
+/// The arenas of `plan`'s trained state (its AdamW's parameters, their gradients and moments:
+/// `arena.rs`), in segments of at most `binding` bytes; None where it has no AdamW, a tensor of
+/// it is stored as codes, or one is longer than a binding (said once: each tensor then has a
+/// buffer of its own, and AdamW and the unscale a dispatch each).
+fn arena_layout(plan: &Plan, binding: u64) -> Option<Layout> {
+    let params = plan.ops.iter().find_map(|op| match op {
+        Op::AdamW { params } => Some(params),
+        _ => None,
+    })?;
+    let tensors = |p: &crate::plan::AdamWParam| [p.grad, p.param, p.m, p.v];
+    if (params.iter().flat_map(tensors)).any(|t| plan.tensors[t].stored != Format::F32) {
+        return None;
+    }
+    let said = |line: String| {
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| eprintln!("mantissa: {line}"));
+    };
+    match Layout::of(params, |t| plan.tensors[t].len, binding / 4) {
+        Ok(layout) => {
+            if layout.segments.len() > 1 {
+                said(format!(
+                    "the trained state takes {} arena segments of at most {} MiB (the adapter's \
+                     largest storage binding): AdamW and the unscale run a dispatch or two each",
+                    layout.segments.len(),
+                    binding >> 20
+                ));
+            }
+            Some(layout)
+        }
+        Err(why) => {
+            said(format!(
+                "the trained state stays in a buffer per tensor ({why}): AdamW and the unscale \
+                 run a dispatch per tensor"
+            ));
+            None
         }
     }
 }

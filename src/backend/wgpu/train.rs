@@ -915,6 +915,15 @@ pub mod launch {
         )
     }
 
+    /// As `unscale_partials`, over an arena segment of `n` values whose partials start at
+    /// `first` (every workgroup's span one gradient's: arena.rs); scalar POISON goes into the
+    /// element `poison` where it is in this segment (the first gradient's first).
+    pub fn unscale_partials_from(n: usize, poison: Option<usize>, first: usize) -> StepLaunch {
+        let mut l = unscale_partials(n, poison.is_some(), first);
+        l.params.extra[2] = poison.unwrap_or(0) as u32;
+        l
+    }
+
     /// Every gradient's partials summed into its flag and squared norm (`count` gradients, a
     /// table row of four words each; `longest`: the most partials of one gradient).
     pub fn unscale_reduce(count: usize, longest: usize) -> StepLaunch {
