@@ -1,5 +1,6 @@
-//! naga validates every WGSL kernel variant and writes SPIR-V from it: a broken shader fails
-//! `cargo test` on any machine, GPU or not.
+//! naga validates every WGSL kernel variant and writes SPIR-V from it, and MSL and HLSL as
+//! wgpu's Metal and DX12 back ends would: a broken shader fails `cargo test` on any machine,
+//! GPU or not.
 
 use mantissa::backend::wgpu::shaders::{Kernel, validate};
 
@@ -458,4 +459,93 @@ fn float_literals_are_found_as_wgsl_writes_them() {
         decimal_float_literals(source),
         ["3.4028235e38", "1e-5f", "2.0h", ".5", "1.25"]
     );
+}
+
+/// Whether `k` runs on cooperative matrices.
+fn is_coop(k: &Kernel) -> bool {
+    matches!(k, Kernel::Matmul(v) if v.coop.is_some())
+}
+
+/// Every kernel translates to MSL and HLSL with the options wgpu's Metal and DX12 back ends
+/// pass naga, with runtime checks and without, except the cooperative kernels to HLSL, which
+/// naga cannot write: the capability that chooses cooperative matrices must refuse DX12.
+#[test]
+fn every_kernel_translates_for_metal_and_dx12() {
+    use mantissa::Algorithm;
+    use mantissa::backend::wgpu::shaders::{F16Read, MatmulVariant, Target, translate};
+    let kernels = Kernel::all();
+    let mut failures = Vec::new();
+    let mut refused = 0;
+    for k in &kernels {
+        for target in [Target::Msl, Target::Hlsl] {
+            for checked in [false, true] {
+                let got = translate(k, target, checked);
+                let what = format!(
+                    "{} to {target} ({}, runtime checks {checked})",
+                    k.label(),
+                    target.version(k)
+                );
+                match got {
+                    Err(e) if target == Target::Hlsl && is_coop(k) => {
+                        // Refused by the validator with its location, never written.
+                        assert!(e.contains("COOPERATIVE_MATRIX"), "{what}: {e}");
+                        refused += 1;
+                    }
+                    Err(e) => failures.push(format!("{what}:\n{e}")),
+                    Ok(_) if target == Target::Hlsl && is_coop(k) => failures.push(format!(
+                        "{what}: written, but HLSL has no cooperative matrices"
+                    )),
+                    Ok(text) => assert!(text.contains(k.entry_point()), "{what}:\n{text}"),
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} translations fail:\n{}",
+        failures.len(),
+        4 * kernels.len(),
+        failures.join("\n\n")
+    );
+    let coop = kernels.iter().filter(|k| is_coop(k)).count();
+    assert!(
+        coop > 0 && refused == 2 * coop,
+        "{refused} refused, {coop} cooperative kernels"
+    );
+
+    // The bindings where wgpu's layouts put them: the SIMT matmul's uniform, a, b, c, scales
+    // and partial sums (device.rs) in Metal buffer slots in order, the sizes of its runtime
+    // arrays after them; on DX12 registers by kind, num_workgroups' constants after the
+    // uniforms.
+    let k = Kernel::Matmul(MatmulVariant::for_algorithm(
+        &Algorithm::F32,
+        F16Read::Native,
+    ));
+    let msl = translate(&k, Target::Msl, false).expect("MSL");
+    for slot in 0..=6 {
+        assert!(
+            msl.contains(&format!("[[buffer({slot})]]")),
+            "{slot}:\n{msl}"
+        );
+    }
+    let hlsl = translate(&k, Target::Hlsl, false).expect("HLSL");
+    for (name, register) in [
+        ("params", "b0"),
+        ("a_data", "t0"),
+        ("b_data", "t1"),
+        ("c_data", "u0"),
+        ("scales", "t2"),
+        ("partials", "u1"),
+        ("_NagaConstants", "b1"),
+    ] {
+        let line = hlsl.lines().find(|l| {
+            l.contains("register(")
+                && l.split_whitespace()
+                    .any(|w| w.trim_end_matches(':') == name)
+        });
+        assert!(
+            line.is_some_and(|l| l.contains(&format!("register({register})"))),
+            "{name} not at {register}:\n{hlsl}"
+        );
+    }
 }

@@ -199,13 +199,13 @@ pub async fn list_adapters() -> Vec<AdapterSummary> {
 
 /// Bindings of a kernel family, in binding order.
 #[derive(Clone, Copy)]
-enum Binding {
+pub(crate) enum Binding {
     Uniform,
     Read,
     ReadWrite,
 }
 
-fn bindings(kernel: &Kernel) -> &'static [Binding] {
+pub(crate) fn bindings(kernel: &Kernel) -> &'static [Binding] {
     use Binding::*;
     match kernel {
         Kernel::Encode | Kernel::Decode | Kernel::Quantize => &[Uniform, Read, ReadWrite, Read],
