@@ -556,6 +556,14 @@ impl MatmulVariant {
         })
     }
 
+    /// The variant that computes `algorithm` where the matmuls run on `coop` (None: on no
+    /// cooperative matrices, as `device::coop_choice` decides): cooperative where the
+    /// algorithm has such a variant, else SIMT, reading f16 as `f16` says.
+    pub fn chosen(algorithm: &Algorithm, coop: Option<Coop>, f16: F16Read) -> MatmulVariant {
+        coop.and_then(|c| MatmulVariant::coop(algorithm, c))
+            .unwrap_or_else(|| MatmulVariant::for_algorithm(algorithm, f16))
+    }
+
     /// Whether the cooperative kernel scales bf16 planes per line (and so needs the SIMT
     /// fallback for flagged lines).
     pub fn scaled(&self) -> bool {
