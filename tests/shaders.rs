@@ -1,5 +1,6 @@
-//! naga validates every WGSL kernel variant and writes SPIR-V from it: a broken shader fails
-//! `cargo test` on any machine, GPU or not.
+//! naga validates every WGSL kernel variant and writes SPIR-V from it, and MSL and HLSL as
+//! wgpu's Metal and DX12 back ends would: a broken shader fails `cargo test` on any machine,
+//! GPU or not.
 
 use mantissa::backend::wgpu::shaders::{Kernel, validate};
 
@@ -458,4 +459,198 @@ fn float_literals_are_found_as_wgsl_writes_them() {
         decimal_float_literals(source),
         ["3.4028235e38", "1e-5f", "2.0h", ".5", "1.25"]
     );
+}
+
+/// Whether `k` runs on cooperative matrices.
+fn is_coop(k: &Kernel) -> bool {
+    matches!(k, Kernel::Matmul(v) if v.coop.is_some())
+}
+
+/// Every kernel translates to MSL and HLSL with the options wgpu's Metal and DX12 back ends
+/// pass naga, with runtime checks and without, except the cooperative kernels to HLSL, which
+/// naga cannot write: the capability that chooses cooperative matrices must refuse DX12.
+#[test]
+fn every_kernel_translates_for_metal_and_dx12() {
+    use mantissa::Algorithm;
+    use mantissa::backend::wgpu::shaders::{F16Read, MatmulVariant, Target, translate};
+    let kernels = Kernel::all();
+    let mut failures = Vec::new();
+    let mut refused = 0;
+    for k in &kernels {
+        for target in [Target::Msl, Target::Hlsl] {
+            for checked in [false, true] {
+                let got = translate(k, target, checked);
+                let what = format!(
+                    "{} to {target} ({}, runtime checks {checked})",
+                    k.label(),
+                    target.version(k)
+                );
+                match got {
+                    Err(e) if target == Target::Hlsl && is_coop(k) => {
+                        // Refused by the validator with its location, never written.
+                        assert!(e.contains("COOPERATIVE_MATRIX"), "{what}: {e}");
+                        refused += 1;
+                    }
+                    Err(e) => failures.push(format!("{what}:\n{e}")),
+                    Ok(_) if target == Target::Hlsl && is_coop(k) => failures.push(format!(
+                        "{what}: written, but HLSL has no cooperative matrices"
+                    )),
+                    Ok(text) => assert!(text.contains(k.entry_point()), "{what}:\n{text}"),
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} translations fail:\n{}",
+        failures.len(),
+        4 * kernels.len(),
+        failures.join("\n\n")
+    );
+    let coop = kernels.iter().filter(|k| is_coop(k)).count();
+    assert!(
+        coop > 0 && refused == 2 * coop,
+        "{refused} refused, {coop} cooperative kernels"
+    );
+
+    // The bindings where wgpu's layouts put them: the SIMT matmul's uniform, a, b, c, scales
+    // and partial sums (device.rs) in Metal buffer slots in order, the sizes of its runtime
+    // arrays after them; on DX12 registers by kind, num_workgroups' constants after the
+    // uniforms.
+    let k = Kernel::Matmul(MatmulVariant::for_algorithm(
+        &Algorithm::F32,
+        F16Read::Native,
+    ));
+    let msl = translate(&k, Target::Msl, false).expect("MSL");
+    for slot in 0..=6 {
+        assert!(
+            msl.contains(&format!("[[buffer({slot})]]")),
+            "{slot}:\n{msl}"
+        );
+    }
+    let hlsl = translate(&k, Target::Hlsl, false).expect("HLSL");
+    for (name, register) in [
+        ("params", "b0"),
+        ("a_data", "t0"),
+        ("b_data", "t1"),
+        ("c_data", "u0"),
+        ("scales", "t2"),
+        ("partials", "u1"),
+        ("_NagaConstants", "b1"),
+    ] {
+        let line = hlsl.lines().find(|l| {
+            l.contains("register(")
+                && l.split_whitespace()
+                    .any(|w| w.trim_end_matches(':') == name)
+        });
+        assert!(
+            line.is_some_and(|l| l.contains(&format!("register({register})"))),
+            "{name} not at {register}:\n{hlsl}"
+        );
+    }
+}
+
+/// The capability that puts matmuls on cooperative matrices (`device::coop_choice`) takes them
+/// where the back end's language has them (SPIR-V, MSL) and refuses them on DX12, whose HLSL
+/// does not, for an adapter that otherwise qualifies: there every algorithm's kernel is the
+/// SIMT one, which translates; on Vulkan and Metal the chosen kernels translate too.
+#[test]
+fn cooperative_matrices_only_where_their_kernels_translate() {
+    use mantissa::Algorithm;
+    use mantissa::backend::wgpu::device::{CoopProperties, NoCoop, coop_choice};
+    use mantissa::backend::wgpu::shaders::{Coop, F16Read, MatmulVariant, Target, translate};
+    use wgpu::{Backend, CooperativeMatrixProperties, CooperativeScalarType as S};
+    let config = |t: u32, ab: S, cr: S| CooperativeMatrixProperties {
+        m_size: t,
+        n_size: t,
+        k_size: t,
+        ab_type: ab,
+        cr_type: cr,
+        saturating_accumulation: false,
+    };
+    // An NVIDIA GPU as Vulkan (and DX12's WaveLaneCountMin/Max) reports it: subgroups of 32,
+    // 16x16x16 f16 -> f32 among its configurations.
+    let nvidia = CoopProperties {
+        subgroup_min_size: 32,
+        subgroup_max_size: 32,
+        shader_f16: true,
+        configs: vec![config(16, S::F16, S::F16), config(16, S::F16, S::F32)],
+    };
+    // An Apple7+ GPU: wgpu-hal's Metal configurations (8x8x8 only), on its SIMD groups of 32.
+    let apple = CoopProperties {
+        subgroup_min_size: 32,
+        subgroup_max_size: 32,
+        shader_f16: true,
+        configs: vec![
+            config(8, S::F32, S::F32),
+            config(8, S::F16, S::F16),
+            config(8, S::F16, S::F32),
+        ],
+    };
+    let nv = Coop {
+        size: 16,
+        subgroup: 32,
+    };
+    let ap = Coop {
+        size: 8,
+        subgroup: 32,
+    };
+    assert_eq!(coop_choice(Backend::Vulkan, &nvidia), Ok(nv));
+    assert_eq!(coop_choice(Backend::Metal, &apple), Ok(ap));
+    for backend in [Backend::Dx12, Backend::BrowserWebGpu, Backend::Gl] {
+        for adapter in [&nvidia, &apple] {
+            assert_eq!(coop_choice(backend, adapter), Err(NoCoop::Backend(backend)));
+        }
+    }
+    let why = NoCoop::Backend(Backend::Dx12).to_string();
+    assert!(why.contains("Dx12") && why.contains("HLSL"), "{why}");
+    // The adapter's own reasons, on a back end that takes the kernels.
+    let without = |f: &dyn Fn(&mut CoopProperties)| {
+        let mut a = nvidia.clone();
+        f(&mut a);
+        coop_choice(Backend::Vulkan, &a)
+    };
+    assert_eq!(without(&|a| a.configs.clear()), Err(NoCoop::NotOffered));
+    assert_eq!(without(&|a| a.shader_f16 = false), Err(NoCoop::NoShaderF16));
+    assert_eq!(
+        without(&|a| a.configs.truncate(1)),
+        Err(NoCoop::NoSquareF16)
+    );
+    // wgpu 30's Metal adapters report subgroup sizes 4 to 64 (metal/mod.rs, `expose`),
+    // which no fixed-size workgroup of one subgroup can assume: refused, and said so.
+    let metal_as_reported = CoopProperties {
+        subgroup_min_size: 4,
+        subgroup_max_size: 64,
+        ..apple.clone()
+    };
+    assert_eq!(
+        coop_choice(Backend::Metal, &metal_as_reported),
+        Err(NoCoop::SubgroupSize)
+    );
+
+    // Each back end's chosen kernels, in its language: cooperative for the f16 and bf16
+    // algorithms on Vulkan and Metal, SIMT for everything on DX12.
+    for (backend, adapter, target) in [
+        (Backend::Vulkan, &nvidia, None),
+        (Backend::Metal, &apple, Some(Target::Msl)),
+        (Backend::Dx12, &nvidia, Some(Target::Hlsl)),
+    ] {
+        let coop = coop_choice(backend, adapter).ok();
+        for alg in [Algorithm::F16, Algorithm::Bf16x3, Algorithm::F32] {
+            let v = MatmulVariant::chosen(&alg, coop, F16Read::Native);
+            let on_coop = alg != Algorithm::F32 && backend != Backend::Dx12;
+            assert_eq!(v.coop.is_some(), on_coop, "{backend:?} {alg}");
+            let k = Kernel::Matmul(v);
+            let got = match target {
+                None => validate(&k),
+                Some(t) => translate(&k, t, false).map(|_| ()),
+            };
+            if let Err(e) = got {
+                panic!(
+                    "{backend:?} chose {}, which does not translate:\n{e}",
+                    k.label()
+                );
+            }
+        }
+    }
 }

@@ -86,10 +86,13 @@ pub fn run(_: Args) -> Result<()> {
                     a.name,
                     classes(&b),
                     b.f16_read(),
-                    if b.uses_coop() {
-                        "cooperative-matrix (f16, bf16, bf16x3/6/9) + SIMT"
-                    } else {
-                        "SIMT"
+                    match (b.uses_coop(), &a.coop_refused) {
+                        (true, _) => "cooperative-matrix (f16, bf16, bf16x3/6/9) + SIMT".into(),
+                        (false, Some(why)) => format!("SIMT (no cooperative matrices: {why})"),
+                        (false, None) => {
+                            "SIMT (cooperative matrices off: MANTISSA_COOP=off or packed f16)"
+                                .into()
+                        }
                     },
                     if b.runtime_checks() { "on" } else { "off" },
                     match b.loop_budget() {

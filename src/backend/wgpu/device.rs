@@ -32,6 +32,9 @@ pub struct AdapterSummary {
     pub timestamps: bool,
     /// Cooperative-matrix configurations wgpu can use ("16x16x16 f16->f32").
     pub cooperative_matrix: Vec<String>,
+    /// Why the matmuls do not run on cooperative matrices here (`coop_choice`); None where
+    /// they may.
+    pub coop_refused: Option<String>,
     /// The largest storage buffer binding, in bytes.
     pub max_storage_binding_bytes: u64,
     /// The largest buffer, in bytes.
@@ -78,6 +81,7 @@ impl AdapterSummary {
                     .to_lowercase()
                 })
                 .collect(),
+            coop_refused: coop_of(adapter).err().map(|e| e.to_string()),
             max_storage_binding_bytes: limits.max_storage_buffer_binding_size,
             max_buffer_bytes: limits.max_buffer_size,
             max_workgroup_storage_bytes: limits.max_compute_workgroup_storage_size,
@@ -98,22 +102,89 @@ fn cooperative_configs(adapter: &wgpu::Adapter) -> Vec<wgpu::CooperativeMatrixPr
     }
 }
 
-/// The cooperative-matrix configuration the matmul kernels use here: square tiles with f16
+/// What of an adapter decides whether its matmuls run on cooperative matrices (`coop_choice`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CoopProperties {
+    /// The smallest subgroup size.
+    pub subgroup_min_size: u32,
+    /// The largest subgroup size.
+    pub subgroup_max_size: u32,
+    /// Whether it offers SHADER_F16.
+    pub shader_f16: bool,
+    /// Its cooperative-matrix configurations (none without EXPERIMENTAL_COOPERATIVE_MATRIX).
+    pub configs: Vec<wgpu::CooperativeMatrixProperties>,
+}
+
+impl CoopProperties {
+    /// `adapter`'s.
+    pub fn of(adapter: &wgpu::Adapter) -> CoopProperties {
+        let info = adapter.get_info();
+        CoopProperties {
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
+            shader_f16: adapter.features().contains(wgpu::Features::SHADER_F16),
+            configs: cooperative_configs(adapter),
+        }
+    }
+}
+
+/// Why an adapter's matmuls do not run on cooperative matrices (`coop_choice`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoCoop {
+    /// Its back end cannot take the cooperative kernels: naga writes cooperative matrices to
+    /// SPIR-V (Vulkan) and MSL (Metal) only; on DX12 their HLSL does not exist.
+    Backend(wgpu::Backend),
+    /// It offers no cooperative matrices.
+    NotOffered,
+    /// None of its configurations is square f16 x f16 -> f32 of 16 or 8.
+    NoSquareF16,
+    /// Its subgroup size is not fixed (a cooperative workgroup is sized in subgroups).
+    SubgroupSize,
+    /// It lacks SHADER_F16 (the cooperative kernels read f16).
+    NoShaderF16,
+}
+
+impl std::fmt::Display for NoCoop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NoCoop::Backend(b) => write!(
+                f,
+                "wgpu's {b:?} back end cannot take the cooperative kernels (naga translates \
+                 cooperative matrices to SPIR-V for Vulkan and MSL for Metal, not to HLSL or \
+                 for a browser)"
+            ),
+            NoCoop::NotOffered => f.write_str("the adapter offers none"),
+            NoCoop::NoSquareF16 => {
+                f.write_str("no 16x16x16 or 8x8x8 f16->f32 configuration among the adapter's")
+            }
+            NoCoop::SubgroupSize => f.write_str("the adapter's subgroup size is not fixed"),
+            NoCoop::NoShaderF16 => f.write_str("the adapter lacks shader-f16"),
+        }
+    }
+}
+
+/// The cooperative-matrix configuration the matmul kernels use on an adapter of `backend`
+/// with `adapter`'s properties, or why they use none: the back end must take the cooperative
+/// kernels (Vulkan, Metal; `shaders::translate` shows HLSL cannot), then square tiles with f16
 /// operands and f32 accumulators (16x16x16 preferred, else 8x8x8), on a subgroup of one fixed
 /// size (the kernel's workgroup is one subgroup), with shader-f16.
-fn coop_of(adapter: &wgpu::Adapter) -> Option<Coop> {
-    let info = adapter.get_info();
-    if info.subgroup_min_size != info.subgroup_max_size
-        || info.subgroup_max_size == 0
-        || !adapter.features().contains(wgpu::Features::SHADER_F16)
-    {
-        return None;
+pub fn coop_choice(backend: wgpu::Backend, adapter: &CoopProperties) -> Result<Coop, NoCoop> {
+    if !matches!(backend, wgpu::Backend::Vulkan | wgpu::Backend::Metal) {
+        return Err(NoCoop::Backend(backend));
     }
-    let configs = cooperative_configs(adapter);
+    if adapter.configs.is_empty() {
+        return Err(NoCoop::NotOffered);
+    }
+    if !adapter.shader_f16 {
+        return Err(NoCoop::NoShaderF16);
+    }
+    if adapter.subgroup_min_size != adapter.subgroup_max_size || adapter.subgroup_max_size == 0 {
+        return Err(NoCoop::SubgroupSize);
+    }
     [16, 8]
         .into_iter()
         .find(|&t| {
-            configs.iter().any(|c| {
+            adapter.configs.iter().any(|c| {
                 (c.m_size, c.n_size, c.k_size) == (t, t, t)
                     && c.ab_type == wgpu::CooperativeScalarType::F16
                     && c.cr_type == wgpu::CooperativeScalarType::F32
@@ -121,8 +192,14 @@ fn coop_of(adapter: &wgpu::Adapter) -> Option<Coop> {
         })
         .map(|size| Coop {
             size,
-            subgroup: info.subgroup_max_size,
+            subgroup: adapter.subgroup_max_size,
         })
+        .ok_or(NoCoop::NoSquareF16)
+}
+
+/// `coop_choice` for `adapter`.
+fn coop_of(adapter: &wgpu::Adapter) -> Result<Coop, NoCoop> {
+    coop_choice(adapter.get_info().backend, &CoopProperties::of(adapter))
 }
 
 /// Environment variable that restricts adapters to those whose name contains its value.
@@ -199,13 +276,13 @@ pub async fn list_adapters() -> Vec<AdapterSummary> {
 
 /// Bindings of a kernel family, in binding order.
 #[derive(Clone, Copy)]
-enum Binding {
+pub(crate) enum Binding {
     Uniform,
     Read,
     ReadWrite,
 }
 
-fn bindings(kernel: &Kernel) -> &'static [Binding] {
+pub(crate) fn bindings(kernel: &Kernel) -> &'static [Binding] {
     use Binding::*;
     match kernel {
         Kernel::Encode | Kernel::Decode | Kernel::Quantize => &[Uniform, Read, ReadWrite, Read],
@@ -282,7 +359,7 @@ impl Gpu {
         let summary = AdapterSummary::of(adapter);
         let cpu = adapter.get_info().device_type == wgpu::DeviceType::Cpu;
         let row_lanes = row_lanes.unwrap_or(if cpu { 1 } else { GPU_ROW_LANES });
-        let coop = coop_of(adapter);
+        let coop = coop_of(adapter).ok();
         let mut wanted = wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY;
         if coop.is_some() {
             wanted |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;

@@ -340,9 +340,7 @@ impl WgpuBackend {
     /// The kernel variant that computes `algorithm` here (before tile choice): cooperative
     /// where the device offers it and the algorithm has such a variant, else SIMT.
     pub fn variant(&self, algorithm: &Algorithm) -> MatmulVariant {
-        self.coop
-            .and_then(|c| MatmulVariant::coop(algorithm, c))
-            .unwrap_or_else(|| MatmulVariant::for_algorithm(algorithm, self.f16))
+        MatmulVariant::chosen(algorithm, self.coop, self.f16)
     }
 
     /// Whether `variant` can run on `tile` here (a tile listed in MANTISSA_TUNE_CANDIDATES):

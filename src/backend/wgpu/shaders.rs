@@ -556,6 +556,14 @@ impl MatmulVariant {
         })
     }
 
+    /// The variant that computes `algorithm` where the matmuls run on `coop` (None: on no
+    /// cooperative matrices, as `device::coop_choice` decides): cooperative where the
+    /// algorithm has such a variant, else SIMT, reading f16 as `f16` says.
+    pub fn chosen(algorithm: &Algorithm, coop: Option<Coop>, f16: F16Read) -> MatmulVariant {
+        coop.and_then(|c| MatmulVariant::coop(algorithm, c))
+            .unwrap_or_else(|| MatmulVariant::for_algorithm(algorithm, f16))
+    }
+
     /// Whether the cooperative kernel scales bf16 planes per line (and so needs the SIMT
     /// fallback for flagged lines).
     pub fn scaled(&self) -> bool {
@@ -972,7 +980,10 @@ impl Kernel {
         if let Kernel::Train(op, _) = self
             && op.is_attention()
         {
-            parts.push((Some("attention.wgsl"), src.text("attention.wgsl").to_string()));
+            parts.push((
+                Some("attention.wgsl"),
+                src.text("attention.wgsl").to_string(),
+            ));
         }
         if let Kernel::Matmul(v) = self
             && v.coop.is_none()
@@ -1522,28 +1533,40 @@ pub fn spirv(kernel: &Kernel, checked: bool) -> Result<Vec<u32>, String> {
     spirv_of(&kernel.source(), checked)
 }
 
-/// The SPIR-V of the WGSL `source` (as `spirv`).
-fn spirv_of(source: &str, checked: bool) -> Result<Vec<u32>, String> {
-    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
+/// The WGSL `source` parsed and validated with `capabilities`, or the first error with its
+/// location.
+fn module_of(
+    source: &str,
+    capabilities: naga::valid::Capabilities,
+) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
     let module = naga::front::wgsl::parse_str(source).map_err(|e| e.emit_to_string(source))?;
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::all(),
-    )
-    .validate(&module)
-    .map_err(|e| e.emit_to_string(source))?;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities)
+        .validate(&module)
+        .map_err(|e| e.emit_to_string(source))?;
+    Ok((module, info))
+}
+
+/// wgpu's bounds-check policies for a module with its runtime checks (`checked`) or without.
+fn bounds_checks(checked: bool) -> naga::proc::BoundsCheckPolicies {
+    use naga::proc::{BoundsCheckPolicies, BoundsCheckPolicy};
     let policy = if checked {
         BoundsCheckPolicy::Restrict
     } else {
         BoundsCheckPolicy::Unchecked
     };
+    BoundsCheckPolicies {
+        index: policy,
+        buffer: policy,
+        image_load: policy,
+        binding_array: BoundsCheckPolicy::Unchecked,
+    }
+}
+
+/// The SPIR-V of the WGSL `source` (as `spirv`).
+fn spirv_of(source: &str, checked: bool) -> Result<Vec<u32>, String> {
+    let (module, info) = module_of(source, naga::valid::Capabilities::all())?;
     let options = naga::back::spv::Options {
-        bounds_check_policies: BoundsCheckPolicies {
-            index: policy,
-            buffer: policy,
-            image_load: policy,
-            binding_array: BoundsCheckPolicy::Unchecked,
-        },
+        bounds_check_policies: bounds_checks(checked),
         force_loop_bounding: checked,
         // Names on functions, so that tests can find them in the module.
         flags: naga::back::spv::WriterFlags::DEBUG | naga::back::spv::Options::default().flags,
@@ -1551,4 +1574,215 @@ fn spirv_of(source: &str, checked: bool) -> Result<Vec<u32>, String> {
     };
     naga::back::spv::write_vec(&module, &info, &options, None)
         .map_err(|e| format!("SPIR-V generation failed: {e}"))
+}
+
+/// A shading language wgpu translates kernels into on a back end other than Vulkan's SPIR-V.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// Metal Shading Language: wgpu's Metal back end (macOS, iOS).
+    Msl,
+    /// HLSL, compiled by DXC: wgpu's DX12 back end (Windows).
+    Hlsl,
+}
+
+impl Target {
+    /// The MSL version or HLSL shader model `kernel` is translated at: the lowest wgpu's back
+    /// end runs it at, where naga refuses most (it refuses by version, never the other way).
+    /// wgpu-hal picks the newest version the OS or DXC offers (`metal/adapter.rs`,
+    /// `dx12/adapter.rs`). Metal: cooperative matrices from MSL 2.3 (wgpu offers them from
+    /// there), else 1.2 (macOS 10.12 and iOS 10, Rust's oldest Apple targets). DX12: shader
+    /// model 6.0 (wgpu exposes no adapter below it), 6.2 where the kernel reads f16 (wgpu's
+    /// condition for SHADER_F16).
+    pub fn version(self, kernel: &Kernel) -> String {
+        match self {
+            Target::Msl => {
+                let (major, minor) = msl_version(kernel);
+                format!("MSL {major}.{minor}")
+            }
+            Target::Hlsl => format!(
+                "shader model {}",
+                shader_model(kernel).to_str().replace('_', ".")
+            ),
+        }
+    }
+}
+
+/// The MSL version `kernel` is translated at (`Target::version`).
+fn msl_version(kernel: &Kernel) -> (u8, u8) {
+    match kernel {
+        Kernel::Matmul(v) if v.coop.is_some() => (2, 3),
+        _ => (1, 2),
+    }
+}
+
+/// The HLSL shader model `kernel` is translated at (`Target::version`).
+fn shader_model(kernel: &Kernel) -> naga::back::hlsl::ShaderModel {
+    if kernel.needs_f16() {
+        naga::back::hlsl::ShaderModel::V6_2
+    } else {
+        naga::back::hlsl::ShaderModel::V6_0
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Target::Msl => "MSL",
+            Target::Hlsl => "HLSL",
+        })
+    }
+}
+
+/// The source wgpu's Metal or DX12 back end hands its driver for `kernel` (`target`), with its
+/// runtime checks (`checked`) or without (a trusted module), as `spirv` for Vulkan: the options
+/// are wgpu-hal 30's for a compute pipeline (`metal/device.rs` `load_shader`, `dx12/device.rs`
+/// `load_shader` and `create_pipeline_layout`): the module validated against what naga's
+/// writer for `target` supports (so a kernel it cannot write, as cooperative matrices in
+/// HLSL, is an error, with its location where naga has one, rather than a panic in the
+/// writer), specialised to the entry point,
+/// the device's bindings (`device::bindings`) mapped to Metal buffer slots or to DX12
+/// registers as wgpu lays them out, at `Target::version`. What the drivers' compilers would
+/// refuse is not checked here.
+pub fn translate(kernel: &Kernel, target: Target, checked: bool) -> Result<String, String> {
+    let source = kernel.source();
+    let capabilities = match target {
+        Target::Msl => naga::back::msl::supported_capabilities(),
+        Target::Hlsl => naga::back::hlsl::supported_capabilities(),
+    };
+    let (module, info) = module_of(&source, capabilities).map_err(|e| {
+        // Valid WGSL that names what the target's language lacks (its error may carry no
+        // source span: say which language).
+        match module_of(&source, naga::valid::Capabilities::all()) {
+            Ok(_) => format!("naga cannot write this kernel in {target}:\n{e}"),
+            Err(_) => e,
+        }
+    })?;
+    let entry = kernel.entry_point();
+    let stage = naga::ShaderStage::Compute;
+    // wgpu keeps the one entry point (and what it uses) of a module of several.
+    let (module, info) = naga::back::pipeline_constants::process_overrides(
+        &module,
+        &info,
+        Some((stage, entry)),
+        &naga::back::PipelineConstants::default(),
+    )
+    .map_err(|e| format!("{target}: specialising {entry}: {e}"))?;
+    let bindings = super::device::bindings(kernel);
+    let at = |binding: usize| naga::ResourceBinding {
+        group: 0,
+        binding: binding as u32,
+    };
+    let failed = |e: &dyn fmt::Display| {
+        format!(
+            "{target} ({}) generation failed for {entry}: {e}",
+            target.version(kernel)
+        )
+    };
+    use super::device::Binding;
+    match target {
+        Target::Msl => {
+            use naga::back::msl;
+            // One buffer slot per binding in order, then the slot of the runtime arrays'
+            // sizes (wgpu sets it aside where a layout holds a storage buffer).
+            let mut resources = msl::BindingMap::default();
+            for (i, b) in bindings.iter().enumerate() {
+                let target = msl::BindTarget {
+                    buffer: Some(i as msl::Slot),
+                    mutable: matches!(b, Binding::ReadWrite),
+                    ..Default::default()
+                };
+                resources.insert(at(i), target);
+            }
+            let storage = bindings.iter().any(|b| !matches!(b, Binding::Uniform));
+            let resources = msl::EntryPointResources {
+                resources,
+                immediates_buffer: None,
+                sizes_buffer: storage.then_some(bindings.len() as msl::Slot),
+            };
+            let options = msl::Options {
+                lang_version: msl_version(kernel),
+                per_entry_point_map: [(entry.to_string(), resources)].into(),
+                inline_samplers: Vec::new(),
+                spirv_cross_compatibility: false,
+                fake_missing_bindings: false,
+                bounds_check_policies: bounds_checks(checked),
+                // The pipelines ask for none (device.rs: every kernel writes workgroup memory
+                // before reading it).
+                zero_initialize_workgroup_memory: false,
+                force_loop_bounding: checked,
+                // Task shaders' only: nothing here.
+                task_dispatch_limits: None,
+                mesh_shader_primitive_indices_clamp: checked,
+                emit_int_div_checks: checked,
+                ray_query_initialization_tracking: checked,
+            };
+            let pipeline = msl::PipelineOptions {
+                entry_point: Some((stage, entry.to_string())),
+                allow_and_force_point_size: false,
+                vertex_pulling_transform: true,
+                vertex_buffer_mappings: Vec::new(),
+                binding_array_length_map: Default::default(),
+            };
+            let (text, translated) =
+                msl::write_string(&module, &info, &options, &pipeline).map_err(|e| failed(&e))?;
+            match translated.entry_point_names.first() {
+                Some(Ok(_)) => Ok(text),
+                Some(Err(e)) => Err(failed(e)),
+                None => Err(failed(&"no entry point written")),
+            }
+        }
+        Target::Hlsl => {
+            use naga::back::hlsl;
+            // Registers by kind in binding order, space 0: uniforms b#, read-only storage t#,
+            // read-write storage u#; then the special constants (num_workgroups), which wgpu
+            // places after the group's uniforms in every pipeline layout.
+            let mut binding_map = hlsl::BindingMap::default();
+            let mut next = [0u32; 3];
+            for (i, b) in bindings.iter().enumerate() {
+                let kind = match b {
+                    Binding::Uniform => 0,
+                    Binding::Read => 1,
+                    Binding::ReadWrite => 2,
+                };
+                let register = next[kind];
+                next[kind] += 1;
+                binding_map.insert(
+                    at(i),
+                    hlsl::BindTarget {
+                        register,
+                        ..Default::default()
+                    },
+                );
+            }
+            let options = hlsl::Options {
+                shader_model: shader_model(kernel),
+                binding_map,
+                fake_missing_bindings: false,
+                special_constants_binding: Some(hlsl::BindTarget {
+                    register: next[0],
+                    ..Default::default()
+                }),
+                zero_initialize_workgroup_memory: false,
+                restrict_indexing: checked,
+                force_loop_bounding: checked,
+                // Task shaders' only: nothing here.
+                task_dispatch_limits: None,
+                mesh_shader_primitive_indices_clamp: checked,
+                ray_query_initialization_tracking: checked,
+                ..Default::default()
+            };
+            let pipeline = hlsl::PipelineOptions {
+                entry_point: Some((stage, entry.to_string())),
+            };
+            let mut text = String::new();
+            let reflection = hlsl::Writer::new(&mut text, &options, &pipeline)
+                .write(&module, &info, None)
+                .map_err(|e| failed(&e))?;
+            match reflection.entry_point_names.first() {
+                Some(Ok(_)) => Ok(text),
+                Some(Err(e)) => Err(failed(e)),
+                None => Err(failed(&"no entry point written")),
+            }
+        }
+    }
 }
