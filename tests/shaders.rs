@@ -463,7 +463,7 @@ fn float_literals_are_found_as_wgsl_writes_them() {
 
 /// Whether `k` runs on cooperative matrices.
 fn is_coop(k: &Kernel) -> bool {
-    matches!(k, Kernel::Matmul(v) if v.coop.is_some())
+    k.uses_coop()
 }
 
 /// Every kernel translates to MSL and HLSL with the options wgpu's Metal and DX12 back ends

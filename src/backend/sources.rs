@@ -70,6 +70,7 @@ files! {
     Wgsl "shaders" "coop_pack.wgsl",
     Wgsl "shaders" "train.wgsl",
     Wgsl "shaders" "attention.wgsl",
+    Wgsl "shaders" "attention_coop.wgsl",
     Wgsl "shaders" "step.wgsl",
     Wgsl "shaders" "gelu.wgsl",
     Wgsl "shaders" "loop_probe.wgsl",

@@ -295,7 +295,9 @@ pub(crate) fn bindings(kernel: &Kernel) -> &'static [Binding] {
             &[Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read]
         }
         Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read, ReadWrite],
-        Kernel::Train(..) => &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite],
+        Kernel::Train(..) | Kernel::AttentionCoop(..) => {
+            &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite]
+        }
         // scalars, stats, x, y, z, w.
         Kernel::Step(_) => &[
             Uniform, Read, ReadWrite, Read, ReadWrite, ReadWrite, ReadWrite,
@@ -524,7 +526,7 @@ impl Gpu {
                 fallback: "packed f16 (MANTISSA_F16=packed)",
             });
         }
-        if matches!(kernel, Kernel::Matmul(v) if v.coop.is_some()) && self.coop.is_none() {
+        if kernel.uses_coop() && self.coop.is_none() {
             return Err(Error::MissingFeature {
                 feature: "cooperative matrices (f16 -> f32)",
                 adapter: self.summary.name.clone(),

@@ -615,7 +615,8 @@ impl<'a> ResidentPlan<'a> {
                 ref spec,
             } => {
                 attention_fits(op, spec)?;
-                let l = launch::attention_fwd(spec, coded(out), stored(qkv));
+                let mut l = launch::attention_fwd(spec, coded(out), stored(qkv));
+                l.coop = backend.coop;
                 train(l, [Some(qkv), None, None], outs_for(out, Some(stats)))?
             }
             Op::AttentionBwd {
@@ -629,7 +630,8 @@ impl<'a> ResidentPlan<'a> {
                 attention_fits(op, spec)?;
                 launch::attention_bwd(spec, stored(qkv))
                     .into_iter()
-                    .map(|l| {
+                    .map(|mut l| {
+                        l.coop = backend.coop;
                         train(
                             l,
                             [Some(qkv), Some(dout), Some(stats)],

@@ -777,6 +777,9 @@ pub enum Kernel {
     Matmul(MatmulVariant),
     /// A train.wgsl kernel, for rows of this many lanes (`Gpu::row_lanes`).
     Train(TrainOp, u32),
+    /// Fused attention on cooperative matrices (attention_coop.wgsl; one of the attention ops),
+    /// for f16 matmul inputs.
+    AttentionCoop(TrainOp, Coop),
     /// A step.wgsl kernel.
     Step(StepOp),
     /// The loop budget's probe (`budget.rs`).
@@ -797,6 +800,11 @@ impl Kernel {
             Kernel::Matmul(v) if v.coop.is_some() => "matmul_coop",
             Kernel::Matmul(_) => "matmul",
             Kernel::Train(op, _) => op.entry_point(),
+            Kernel::AttentionCoop(op, _) => match op {
+                TrainOp::AttentionBwdQ => "attention_coop_bwd_q",
+                TrainOp::AttentionBwdKv => "attention_coop_bwd_kv",
+                _ => "attention_coop_fwd",
+            },
             Kernel::Step(op) => op.entry_point(),
             Kernel::LoopProbe => "loop_probe",
         }
@@ -812,6 +820,12 @@ impl Kernel {
             Kernel::SplitBf16 => "split.split_bf16".into(),
             Kernel::CoopPack => "coop_pack.coop_pack".into(),
             Kernel::Train(op, lanes) => format!("train.{}[row lanes {lanes}]", op.entry_point()),
+            Kernel::AttentionCoop(_, c) => format!(
+                "attention_coop.{}[{1}x{1}x{1}, subgroup {2}]",
+                self.entry_point(),
+                c.size,
+                c.subgroup
+            ),
             Kernel::Step(op) => format!("step.{}", op.entry_point()),
             Kernel::LoopProbe => "loop_probe.loop_probe".into(),
             Kernel::Matmul(v) => format!(
@@ -841,9 +855,15 @@ impl Kernel {
         }
     }
 
+    /// Whether the kernel runs on cooperative matrices.
+    pub fn uses_coop(&self) -> bool {
+        matches!(self, Kernel::Matmul(v) if v.coop.is_some())
+            || matches!(self, Kernel::AttentionCoop(..))
+    }
+
     /// Whether the kernel needs SHADER_F16.
     pub fn needs_f16(&self) -> bool {
-        matches!(self, Kernel::Matmul(v) if v.uses_f16())
+        matches!(self, Kernel::Matmul(v) if v.uses_f16()) || matches!(self, Kernel::AttentionCoop(..))
     }
 
     /// The source files this kernel is built from (`backend::sources`).
@@ -860,6 +880,12 @@ impl Kernel {
                 &["train.wgsl", "gelu.wgsl", "attention.wgsl"]
             }
             Kernel::Train(..) => &["train.wgsl", "gelu.wgsl"],
+            Kernel::AttentionCoop(..) => &[
+                "train.wgsl",
+                "gelu.wgsl",
+                "attention.wgsl",
+                "attention_coop.wgsl",
+            ],
             Kernel::Step(_) => &["step.wgsl", "gelu.wgsl"],
             Kernel::LoopProbe => &["loop_probe.wgsl"],
         });
@@ -915,6 +941,20 @@ impl Kernel {
             ));
             header.push_str(&span_consts());
             header.push_str(&coop_block(src, v));
+        } else if let Kernel::AttentionCoop(_, c) = self {
+            use super::train::{ATT_BC, ATT_COOP_SUBGROUPS, ATT_LANES, ATT_MAX_D};
+            let t = c.size;
+            header.push_str(&format!(
+                "enable wgpu_cooperative_matrix;\n\nconst ROW_LANES: u32 = 1u;\n\
+                 const ATT_MAX_D: u32 = {ATT_MAX_D}u;\nconst ATT_LANES: u32 = {ATT_LANES}u;\n\
+                 const ATT_BC: u32 = {ATT_BC}u;\nconst T: u32 = {t}u;\nconst SG: u32 = {}u;\n\
+                 const ATT_W: u32 = {ATT_COOP_SUBGROUPS}u;\nconst ATT_KC: u32 = {}u;\n\
+                 alias CoopA = coop_mat{t}x{t}<f16, A>;\nalias CoopB = coop_mat{t}x{t}<f16, B>;\n\
+                 alias CoopC = coop_mat{t}x{t}<f32, C>;\n\n",
+                c.subgroup,
+                2 * t
+            ));
+            header.push_str(&span_consts());
         } else if let Kernel::Train(op, lanes) = self {
             header.push_str(&format!("const ROW_LANES: u32 = {lanes}u;\n\n"));
             if op.is_attention() {
@@ -973,17 +1013,15 @@ impl Kernel {
             ),
         )];
         parts.push((Some("formats.wgsl"), src.text("formats.wgsl").to_string()));
-        if let Kernel::Train(..) | Kernel::Step(_) = self {
+        if let Kernel::Train(..) | Kernel::Step(_) | Kernel::AttentionCoop(..) = self {
             parts.push((Some("gelu.wgsl"), src.text("gelu.wgsl").to_string()));
         }
         parts.push((Some(self.files()[1]), family.to_string()));
-        if let Kernel::Train(op, _) = self
-            && op.is_attention()
-        {
-            parts.push((
-                Some("attention.wgsl"),
-                src.text("attention.wgsl").to_string(),
-            ));
+        // Fused attention after train.wgsl, whose uniform, bindings and helpers it uses.
+        for file in self.files().into_iter().skip(2) {
+            if file.starts_with("attention") {
+                parts.push((Some(file), src.text(file).to_string()));
+            }
         }
         if let Kernel::Matmul(v) = self
             && v.coop.is_none()
@@ -1019,6 +1057,20 @@ impl Kernel {
             kernels.extend(TrainOp::ALL.map(|op| Kernel::Train(op, lanes)));
         }
         kernels.extend(StepOp::ALL.map(Kernel::Step));
+        for c in [
+            Coop {
+                size: 8,
+                subgroup: 8,
+            },
+            Coop {
+                size: 16,
+                subgroup: 32,
+            },
+        ] {
+            for op in TrainOp::ALL.into_iter().filter(|op| op.is_attention()) {
+                kernels.push(Kernel::AttentionCoop(op, c));
+            }
+        }
         // Cooperative variants for lavapipe's (and Apple's) 8x8 and NVIDIA's 16x16 tiles, and
         // their fallbacks.
         for alg in Algorithm::ALL {
@@ -1609,10 +1661,7 @@ impl Target {
 
 /// The MSL version `kernel` is translated at (`Target::version`).
 fn msl_version(kernel: &Kernel) -> (u8, u8) {
-    match kernel {
-        Kernel::Matmul(v) if v.coop.is_some() => (2, 3),
-        _ => (1, 2),
-    }
+    if kernel.uses_coop() { (2, 3) } else { (1, 2) }
 }
 
 /// The HLSL shader model `kernel` is translated at (`Target::version`).

@@ -137,6 +137,10 @@ pub const ATT_LANES: u32 = 8;
 /// Rows of a streamed tile (k and v, or q and the output's gradient).
 pub const ATT_BC: u32 = 16;
 
+/// Subgroups to a workgroup of fused attention on cooperative matrices (attention_coop.wgsl),
+/// each taking a tile's side of rows.
+pub const ATT_COOP_SUBGROUPS: u32 = 2;
+
 /// Rows of a workgroup's block of fused attention.
 pub const fn att_block_rows() -> u32 {
     256 / ATT_LANES
@@ -281,6 +285,9 @@ pub struct TrainLaunch {
     pub items: usize,
     /// A row op: `Gpu::row_lanes` invocations to each of the `items` rows.
     pub rows: bool,
+    /// Fused attention: the cooperative matrices its products may run on (attention_coop.wgsl,
+    /// where its matmul inputs are f16 and its heads whole tiles), else SIMT (attention.wgsl).
+    pub coop: Option<super::shaders::Coop>,
 }
 
 /// A launch as it is dispatched on a device: its kernel, workgroups, and the uniform of each
@@ -300,6 +307,10 @@ pub struct Launched<P> {
 
 /// What to do where a training op's loops do not fit the adapter's loop budget.
 const SMALLER: &str = "use smaller sizes, or a device without such a limit";
+
+/// What to do where fused attention's loops do not fit it.
+const ATTENTION_ADVICE: &str =
+    "record attention unfused (--attention unfused), or use a shorter context";
 
 impl TrainLaunch {
     /// The launch on `gpu`, within its loop budget (budget.rs): a row op takes more lanes to a
@@ -324,6 +335,9 @@ impl TrainLaunch {
         } else {
             gpu.row_lanes
         };
+        if let Some(coop) = self.on_coop() {
+            return self.launched_on_coop(gpu, coop, &what);
+        }
         let kernel = Kernel::Train(self.op, lanes);
         let lanes = if self.rows { lanes as usize } else { 1 };
         let groups = Dispatch::element_groups(gpu, self.items * lanes)?;
@@ -352,7 +366,7 @@ impl TrainLaunch {
             }
             _ => {
                 let advice = if attention {
-                    "record attention unfused (--attention unfused), or use a shorter context"
+                    ATTENTION_ADVICE
                 } else {
                     SMALLER
                 };
@@ -366,6 +380,56 @@ impl TrainLaunch {
             kernel,
             groups,
             params,
+            carry_words: 0,
+        })
+    }
+
+    /// The cooperative matrices fused attention runs on: its `coop`, where its matmul inputs
+    /// are f16 (every product's operands f16 by definition) and its heads whole tiles.
+    fn on_coop(&self) -> Option<super::shaders::Coop> {
+        let p = &self.params;
+        self.coop.filter(|c| {
+            self.op.is_attention()
+                && p.inputs == crate::format::Format::F16.id()
+                && p.d > 0
+                && p.d.is_multiple_of(c.size)
+                && p.d <= ATT_MAX_D
+                && c.subgroup.is_multiple_of(c.size)
+        })
+    }
+
+    /// Fused attention on cooperative matrices: a workgroup of `ATT_COOP_SUBGROUPS` subgroups
+    /// for each block of that many tiles' rows of each (sequence, head).
+    fn launched_on_coop(
+        &self,
+        gpu: &Gpu,
+        coop: super::shaders::Coop,
+        what: &str,
+    ) -> Result<Launched<TrainParams>> {
+        let p = self.params;
+        let heads = (p.n / p.c.max(1)) as u64;
+        let block = u64::from(ATT_COOP_SUBGROUPS * coop.size);
+        let blocks = heads * u64::from(p.c).div_ceil(block);
+        let max = u64::from(gpu.limits.max_compute_workgroups_per_dimension);
+        let x = blocks.clamp(1, max);
+        let y = blocks.div_ceil(x);
+        if y > max {
+            return Err(crate::error::Error::invalid(
+                "fused attention",
+                format!("{what}: {blocks} blocks of rows are more than a dispatch holds"),
+            ));
+        }
+        // The SIMT kernel's count bounds this one's (its tiles are no shorter).
+        gpu.check_loops(what, self.loops(), ATTENTION_ADVICE)?;
+        Ok(Launched {
+            kernel: Kernel::AttentionCoop(self.op, coop),
+            groups: [x as u32, y as u32, 1],
+            params: vec![TrainParams {
+                begin: 0,
+                end: p.tokens,
+                span: span_flags(0, 1),
+                ..p
+            }],
             carry_words: 0,
         })
     }
@@ -547,6 +611,7 @@ pub mod launch {
             },
             items,
             rows: false,
+            coop: None,
         }
     }
 
