@@ -1998,6 +1998,7 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
                 out: input,
                 held: format,
                 y_held: Format::F16,
+                x_held: format,
                 residual: None,
                 gelu: None,
             });
@@ -2056,6 +2057,7 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
                 out,
                 held: format,
                 y_held: Format::F16,
+                x_held: format,
                 residual: None,
                 gelu,
             };

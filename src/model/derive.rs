@@ -139,6 +139,7 @@ impl Emit<'_> {
                     out,
                     held: Format::F32,
                     y_held: Format::F32,
+                    x_held: Format::F32,
                     residual: None,
                     gelu: None,
                 });
@@ -163,14 +164,15 @@ impl Emit<'_> {
         Some(grad.t)
     }
 
-    /// A matmul into `out` (a fresh tensor when none), held in the compute format.
+    /// A matmul into `out` (a fresh tensor when none), held in `held` (the compute format, or
+    /// f32 for a product its bias add rounds: `ops::Linear`).
     pub fn mm_with(
         &mut self,
         shape: MatmulShape,
-        algorithm: Algorithm,
-        scales: Option<[usize; 2]>,
+        (algorithm, scales): (Algorithm, Option<[usize; 2]>),
         (a, b): (TensorId, TensorId),
         out: Option<TensorId>,
+        held: Format,
     ) -> TensorId {
         let out = out.unwrap_or_else(|| self.g.temp(shape.c_len()));
         self.g.push(Op::Matmul {
@@ -181,30 +183,31 @@ impl Emit<'_> {
             out,
             scales,
         });
-        self.g.round(out, self.p.compute);
+        self.g.round(out, held);
         out
     }
 
-    /// A matmul in the step's matmul algorithm.
+    /// A matmul in the step's matmul algorithm, held in the compute format.
     pub fn mm(
         &mut self,
         shape: MatmulShape,
         operands: (TensorId, TensorId),
         out: Option<TensorId>,
     ) -> TensorId {
-        self.mm_with(shape, self.p.matmul, None, operands, out)
+        self.mm_with(shape, (self.p.matmul, None), operands, out, self.p.compute)
     }
 
     /// A matmul of linear layer `layer`: fp8 where the precision says so, with the scales of
     /// the operands' roles; delayed scaling records each tensor's amax once per step (input
-    /// and weight in the forward matmul, the gradient where it meets the weight).
+    /// and weight in the forward matmul, the gradient where it meets the weight). Held in
+    /// `held` (`mm_with`).
     pub fn linear_mm(
         &mut self,
-        layer: usize,
-        roles: (Fp8Role, Fp8Role),
+        (layer, roles): (usize, (Fp8Role, Fp8Role)),
         shape: MatmulShape,
         (a, b): (TensorId, TensorId),
         out: Option<TensorId>,
+        held: Format,
     ) -> TensorId {
         let algorithm = self.p.linear_algorithm(roles);
         let mut scales = None;
@@ -225,7 +228,7 @@ impl Emit<'_> {
             }
             scales = Some([slot(roles.0), slot(roles.1)]);
         }
-        self.mm_with(shape, algorithm, scales, (a, b), out)
+        self.mm_with(shape, (algorithm, scales), (a, b), out, held)
     }
 }
 

@@ -182,24 +182,34 @@ impl NodeOp for Linear {
         true
     }
 
+    /// y = x . w + b as autocast's linear computes it (cuBLASLt's bias epilogue, or the GEMM
+    /// with beta = 1 over the bias): the bias rounded to the compute format, added to the f32
+    /// product, the sum rounded once to the compute format (the product is not rounded first).
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
         let [x, w, b] = [0, 1, 2].map(|i| cx.t(node.inputs[i]));
         let layer = cx.next_linear();
         let n = cx.g.len(x) / self.k;
         let roles = (Fp8Role::Input, Fp8Role::Weight);
-        let y = cx.linear_mm(
-            layer,
-            roles,
-            MatmulShape::new(n, self.m, self.k),
-            (x, w),
-            None,
-        );
-        cx.g.push(Op::add_in_place(b, y));
+        let shape = MatmulShape::new(n, self.m, self.k);
+        let y = cx.linear_mm((layer, roles), shape, (x, w), None, Format::F32);
+        cx.g.push(Op::Add {
+            x: b,
+            y,
+            out: y,
+            held: Format::F32,
+            y_held: Format::F32,
+            x_held: cx.p.compute,
+            residual: None,
+            gelu: None,
+        });
         cx.g.round(y, cx.p.compute);
         (y, vec![layer])
     }
 
-    /// dW = x^T . dy and db = column sums of dy; dx = dy . W^T.
+    /// dW = x^T . dy and db = column sums of dy; dx = dy . W^T. The output is held in the
+    /// compute format, and so is its gradient as autocast holds it: the bias gradient sums dy
+    /// rounded to it (the matmuls round their operands to it already) and is held in it (the
+    /// gradient of the bias's compute-format copy).
     fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, dy: TensorId) {
         let [x, w, b] = [node.inputs[0], node.inputs[1], node.inputs[2]];
         let (tx, tw, layer) = (cx.t(x), cx.t(w), saved[0]);
@@ -209,29 +219,23 @@ impl NodeOp for Linear {
             x: dy,
             out: db,
             c: self.m,
+            x_held: cx.p.compute,
+            held: Format::F32,
         });
+        cx.g.round(db, cx.p.compute);
         cx.contribute(b, db, true, Held::AsIs);
         let dw = cx.grad_out(w);
         let roles = (Fp8Role::Input, Fp8Role::Grad);
-        cx.linear_mm(
-            layer,
-            roles,
-            transposed_a(self.k, self.m, n),
-            (tx, dy),
-            Some(dw),
-        );
+        let compute = cx.p.compute;
+        let shape = transposed_a(self.k, self.m, n);
+        cx.linear_mm((layer, roles), shape, (tx, dy), Some(dw), compute);
         cx.contribute(w, dw, true, Held::AsIs);
         if !cx.needs_grad(x) {
             return;
         }
         let roles = (Fp8Role::Grad, Fp8Role::Weight);
-        let dx = cx.linear_mm(
-            layer,
-            roles,
-            transposed_b(n, self.k, self.m),
-            (dy, tw),
-            None,
-        );
+        let shape = transposed_b(n, self.k, self.m);
+        let dx = cx.linear_mm((layer, roles), shape, (dy, tw), None, compute);
         cx.contribute(x, dx, true, Held::AsIs);
     }
 }
@@ -504,6 +508,7 @@ impl NodeOp for Add {
                 out,
                 held: Format::F32,
                 y_held: Format::F32,
+                x_held: Format::F32,
                 residual: None,
                 gelu: None,
             });
