@@ -41,7 +41,6 @@ use mantissa::plan::{TensorId, TensorKind};
 use mantissa::policy::precision::PrecisionRequest;
 use mantissa::policy::{Precision, Preset};
 use pollster::FutureExt as _;
-use safetensors::tensor::{Dtype, SafeTensors};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -73,11 +72,8 @@ const NOISE: f64 = 8.0;
 /// The fixtures, read once: the manifest and the tensors by name.
 struct Fixtures {
     manifest: Value,
-    tensors: Tensors,
+    tensors: common::Tensors,
 }
-
-/// The fixture's tensors by name: shape and values.
-type Tensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
 
 fn fixtures() -> &'static Fixtures {
     static F: std::sync::OnceLock<Fixtures> = std::sync::OnceLock::new();
@@ -87,26 +83,9 @@ fn fixtures() -> &'static Fixtures {
         let bytes = std::fs::read(data.join("op_parity.safetensors")).expect("the tensors");
         Fixtures {
             manifest: serde_json::from_str(&json).expect("the manifest"),
-            tensors: read_tensors(&bytes).expect("the tensors"),
+            tensors: common::f32_tensors(&bytes).expect("the tensors"),
         }
     })
-}
-
-fn read_tensors(bytes: &[u8]) -> Result<Tensors, String> {
-    let st = SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
-    let mut out = BTreeMap::new();
-    for (name, view) in st.tensors() {
-        if view.dtype() != Dtype::F32 {
-            return Err(format!("{name}: {:?}, not f32", view.dtype()));
-        }
-        let values = view
-            .data()
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        out.insert(name, (view.shape().to_vec(), values));
-    }
-    Ok(out)
 }
 
 /// One input of a case.
@@ -168,7 +147,7 @@ fn shape_of(v: &Value) -> Result<Vec<usize>, String> {
 /// The tensor `key` of case `name`, which must have `shape`: a fixture whose tensor does not
 /// match the shape its manifest records is refused, the case's op named.
 fn tensor(
-    tensors: &Tensors,
+    tensors: &common::Tensors,
     (op, name): (&str, &str),
     key: &str,
     shape: &[usize],
@@ -187,7 +166,7 @@ fn tensor(
 }
 
 /// The cases of the manifest with their tensors.
-fn cases_of(manifest: &Value, tensors: &Tensors) -> Result<Vec<Case>, String> {
+fn cases_of(manifest: &Value, tensors: &common::Tensors) -> Result<Vec<Case>, String> {
     let list = manifest["cases"]
         .as_array()
         .ok_or("the manifest has no cases")?;

@@ -280,6 +280,32 @@ def cases(g):
                     {"out": "compute", "grad/a": "compute", "grad/b": "compute"},
                     {"out": 1, "grad/a": 1, "grad/b": 1}, dy=(-8, 2)))
 
+    # The ops that run in their inputs' dtype, on other formats than a model usually gives
+    # them: GELU and SiLU of an f32 value (a norm's output) stay f32; a product of an f32 and a
+    # 16-bit value is f32 (promotion) and the 16-bit one's gradient 16-bit; RMS norm of a
+    # 16-bit value (an activation) computes in f32, its input's gradient 16-bit; the mean
+    # squared error of f32 predictions gives an f32 gradient.
+    x = normal(g, (3, 50), 2.0)
+    for op in ["gelu", "silu"]:
+        out.append(case(f"{op}_of_f32", op, [("x", x, "f32", "param")],
+                        (lambda c, x: c.gelu(x)) if op == "gelu" else (lambda c, x: c.silu(x)),
+                        {"out": "f32", "grad/x": "f32"}, {"out": 1, "grad/x": 1},
+                        scale=gelu_terms if op == "gelu" else silu_terms))
+    a, b = normal(g, (3, 50), 2.0), both16(normal(g, (3, 50), 2.0))
+    out.append(case("mul_mixed", "mul", [("a", a, "f32", "param"), ("b", b, "compute", "param")],
+                    lambda c, a, b: a * b,
+                    {"out": "f32", "grad/a": "f32", "grad/b": "compute"},
+                    {"out": 1, "grad/a": 1, "grad/b": 1}))
+    x, rg = both16(row_scaled(g, (3, 50), -2, 2, offset=1.0)), gains(g, (50,))
+    out.append(case("rms_norm_of_compute", "rms_norm", [("x", x, "compute", "param"), ("g", rg, "f32", "param")],
+                    lambda cs, x, g_: cs.rms_norm(x, g_, 1e-5),
+                    {"out": "f32", "grad/x": "compute", "grad/g": "f32"},
+                    {"out": 50, "grad/x": 50, "grad/g": 3}, {"eps": 1e-5}))
+    pred, target = normal(g, (3, 50), 2.0), normal(g, (3, 50), 2.0)
+    out.append(case("mse_of_f32", "mse", [("pred", pred, "f32", "param"), ("target", target, "f32", "values")],
+                    lambda c, p, t: F.mse_loss(p.float(), t),
+                    {"out": "f32", "grad/pred": "f32"}, {"out": 150, "grad/pred": 1}))
+
     # causal attention over q|k|v (a linear's output, compute): 17 tokens, heads of 16 and 32.
     for bsz, t, h, d in [(2, 17, 2, 16), (1, 33, 1, 32)]:
         qkv = both16(normal(g, (bsz, t, 3 * h * d), 1.0))
@@ -392,12 +418,205 @@ def run(cs, preset, dy):
     return got, held
 
 
+# ---- whole models ----
+#
+# Two models written with the builder's ops, the same functions of the same parameters (the
+# engine's names and layouts: a linear's w is [in, out]) as tests/op_parity.rs builds them: a
+# small language model (token and position embeddings, two pre-norm blocks of RMS norm, causal
+# attention and a SwiGLU MLP, linear layers with biases, a final RMS norm and a head tied to the
+# token embedding; cross entropy) and a regression MLP (linear, GELU, RMS norm, linear, SiLU,
+# linear; mean squared error). Each is drawn with biases and gains perturbed by N(0, 0.1^2) and
+# trained in f32 (40 steps of AdamW at lr 3e-3 on batches of its own); from that state,
+# per preset: the gradient of every parameter on batch 0 at loss scale 1, and 10 steps of the
+# engine's recipe (ModelTrainer's defaults: AdamW lr 1e-3, betas (0.9, 0.99), eps 1e-8, weight
+# decay 0.1 on the parameters declared with it, no clipping; GradScaler's defaults at 16-mixed).
+
+LM = dict(vocab=None, context=16, batch=4, width=32, heads=2, blocks=2, hidden=64, eps=1e-6)
+MLP = dict(rows=64, inputs=8, hidden=32, outputs=4, eps=1e-6)
+
+
+def lm_params(g):
+    """(name, shape, decay, std or the constant) in declaration order."""
+    c, h, v, t = LM["width"], LM["hidden"], LM["vocab"], LM["context"]
+    out = [("wte", (v, c), True, 0.02), ("wpe", (t, c), True, 0.02)]
+    for i in range(LM["blocks"]):
+        out += [(f"h{i}.attn_norm", (c,), False, 1.0),
+                (f"h{i}.qkv.w", (c, 3 * c), True, 0.02), (f"h{i}.qkv.b", (3 * c,), False, 0.0),
+                (f"h{i}.out.w", (c, c), True, 0.02), (f"h{i}.out.b", (c,), False, 0.0),
+                (f"h{i}.mlp_norm", (c,), False, 1.0),
+                (f"h{i}.gate.w", (c, h), True, 0.02), (f"h{i}.gate.b", (h,), False, 0.0),
+                (f"h{i}.up.w", (c, h), True, 0.02), (f"h{i}.up.b", (h,), False, 0.0),
+                (f"h{i}.down.w", (h, c), True, 0.02), (f"h{i}.down.b", (c,), False, 0.0)]
+    return out + [("norm", (c,), False, 1.0)]
+
+
+def mlp_params(g):
+    i, h, o = MLP["inputs"], MLP["hidden"], MLP["outputs"]
+    return [("fc0.w", (i, h), True, (2 / i) ** 0.5), ("fc0.b", (h,), False, 0.0),
+            ("norm", (h,), False, 1.0),
+            ("fc1.w", (h, h), True, (2 / h) ** 0.5), ("fc1.b", (h,), False, 0.0),
+            ("fc2.w", (h, o), True, (2 / h) ** 0.5), ("fc2.b", (o,), False, 0.0)]
+
+
+def draw(spec, g):
+    """Initial values: N(0, std^2) for matrices; gains 1 and biases 0, each plus N(0, 0.1^2)
+    (the state pretraining starts from is not a fresh one either)."""
+    return {n: (torch.randn(s, generator=g) * std if len(s) == 2
+                else torch.full(s, std) + 0.1 * torch.randn(s, generator=g))
+            for n, s, _, std in spec}
+
+
+def lm_loss(c, p, batch):
+    """The language model's mean cross entropy on batch [B, T + 1] of ids."""
+    b, t1 = batch.shape
+    t, heads, eps = t1 - 1, LM["heads"], LM["eps"]
+    tokens, targets = batch[:, :t], batch[:, 1:]
+    x = F.embedding(tokens, p["wte"]) + F.embedding(torch.arange(t).expand(b, t), p["wpe"])
+    for i in range(LM["blocks"]):
+        q = lambda n: p[f"h{i}.{n}"]  # noqa: E731
+        h = c.rms_norm(x, q("attn_norm"), eps)
+        y = attention(c, c.linear(h, q("qkv.w").t(), q("qkv.b")), heads)
+        x = x + c.linear(y, q("out.w").t(), q("out.b"))
+        h = c.rms_norm(x, q("mlp_norm"), eps)
+        gated = c.silu(c.linear(h, q("gate.w").t(), q("gate.b")))
+        m = c.mul(gated, c.linear(h, q("up.w").t(), q("up.b")))
+        x = x + c.linear(m, q("down.w").t(), q("down.b"))
+    logits = c.matmul(c.rms_norm(x, p["norm"], eps), p["wte"].t())
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def mlp_loss(c, p, batch):
+    """The MLP's mean squared error on batch (x [N, inputs], y [N, outputs])."""
+    x, y = batch
+    h = c.gelu(c.linear(x, p["fc0.w"].t(), p["fc0.b"]))
+    h = c.rms_norm(h, p["norm"], MLP["eps"])
+    h = c.silu(c.linear(h, p["fc1.w"].t(), p["fc1.b"]))
+    pred = c.linear(h, p["fc2.w"].t(), p["fc2.b"])
+    return F.mse_loss(pred.float(), y)
+
+
+def corpus_ids(root):
+    """The corpus's first 200,000 characters as ids of its sorted characters, and how many
+    there are."""
+    text = open(os.path.join(root, "data", "shakespeare.txt")).read()
+    chars = sorted(set(text))
+    stoi = {ch: i for i, ch in enumerate(chars)}
+    return torch.tensor([stoi[ch] for ch in text[:200_000]], dtype=torch.long), len(chars)
+
+
+def lm_batches(g, n, ids):
+    t = LM["context"] + 1
+    starts = torch.randint(len(ids) - t, (n, LM["batch"]), generator=g)
+    return [torch.stack([ids[s:s + t] for s in row]) for row in starts]
+
+
+def mlp_batches(g, n):
+    a = torch.randn(MLP["inputs"], MLP["outputs"], generator=g)
+    out = []
+    for _ in range(n):
+        x = torch.randn(MLP["rows"], MLP["inputs"], generator=g)
+        y = 2 * torch.tanh(x @ a) + 0.5 + 0.1 * torch.randn(MLP["rows"], MLP["outputs"], generator=g)
+        out.append((x, y))
+    return out
+
+
+def optimizer(spec, p, lr):
+    decay = {n for n, _, d, _ in spec if d}
+    groups = [{"params": [p[n] for n, *_ in spec if n in decay], "weight_decay": 0.1},
+              {"params": [p[n] for n, *_ in spec if n not in decay], "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99), eps=1e-8)
+
+
+def leaves(init):
+    return {n: v.detach().clone().requires_grad_() for n, v in init.items()}
+
+
+def pretrain(spec, loss_fn, init, batches):
+    """40 steps at 32-true, lr 3e-3: the trained state the runs start from."""
+    p = leaves(init)
+    opt = optimizer(spec, p, 3e-3)
+    for batch in batches:
+        opt.zero_grad(set_to_none=True)
+        loss_fn(NONE_CASTS, p, batch).backward()
+        opt.step()
+    return {n: v.detach().clone() for n, v in p.items()}
+
+
+NONE_CASTS = OpCasts()
+
+
+def model_run(spec, loss_fn, init, batches, preset, steps=10):
+    """Step 1's gradients at loss scale 1, then `steps` steps of the recipe under `preset`."""
+    c = casts(preset)
+    p = leaves(init)
+    loss = loss_fn(c, p, batches[0])
+    loss.backward()
+    grads = {n: v.grad.detach().clone() for n, v in p.items()}
+    first = loss.item()
+    p = leaves(init)
+    opt = optimizer(spec, p, 1e-3)
+    scaler = torch.amp.GradScaler("cpu", enabled=(preset == "16-mixed"))
+    losses, scales = [], []
+    for batch in batches[:steps]:
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(c, p, batch)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+        if scaler.is_enabled():
+            scales.append(scaler.get_scale())
+    assert losses[0] == first, (losses[0], first)
+    return grads, losses, scales or None
+
+
+def models(root, tensors):
+    """The whole-model fixtures: tensors into `tensors`, and the manifest's entries."""
+    g = torch.Generator().manual_seed(1053)
+    ids, LM["vocab"] = corpus_ids(root)
+    entries = {}
+    for name, spec, loss_fn, batches in [
+            ("lm", lm_params(g), lm_loss, lambda n: lm_batches(g, n, ids)),
+            ("mlp", mlp_params(g), mlp_loss, lambda n: mlp_batches(g, n))]:
+        init = pretrain(spec, loss_fn, draw(spec, g), batches(40))
+        runs = batches(10)
+        for n, v in init.items():
+            tensors[f"{name}/init/{n}"] = v.clone().contiguous()
+        for k, batch in enumerate(runs):
+            if name == "lm":
+                tensors[f"{name}/batch/{k}"] = batch.float().contiguous()
+            else:
+                tensors[f"{name}/batch/{k}/x"] = batch[0].clone().contiguous()
+                tensors[f"{name}/batch/{k}/y"] = batch[1].clone().contiguous()
+        entry = {"params": [{"name": n, "shape": list(s), "decay": d} for n, s, d, _ in spec],
+                 "config": LM if name == "lm" else MLP, "presets": {}}
+        for preset in PRESETS:
+            grads, losses, scales = model_run(spec, loss_fn, init, runs, preset)
+            for n, v in grads.items():
+                tensors[f"{name}/{preset}/grad/{n}"] = v.clone().contiguous()
+            entry["presets"][preset] = {"losses": losses, "loss_scales": scales}
+            print(f"{name:4s} {preset:10s} loss {losses[0]:.6f} -> {losses[-1]:.6f}", flush=True)
+        biases = max(init[n].abs().max().item() for n, *_ in spec if n.endswith(".b"))
+        print(f"{name:4s} trained state: largest |bias| {biases:.3f}", flush=True)
+        entries[name] = entry
+    return entries
+
+
 def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=os.path.join(root, "tests", "data"))
     a = ap.parse_args()
     torch.use_deterministic_algorithms(True)
+    tensors = {}
+    entries = models(root, tensors)
+    path = os.path.join(a.out, "model_parity.safetensors")
+    save_file(tensors, path, metadata={"torch": torch.__version__})
+    with open(os.path.join(a.out, "model_parity.json"), "w") as f:
+        json.dump({"torch": torch.__version__, "autocast": "CUDA's op lists as casts",
+                   "models": entries}, f, indent=1)
+    total = sum(t.numel() for t in tensors.values())
+    print(f"wrote {path}: {total} values ({os.path.getsize(path) / 1e6:.2f} MB)", file=sys.stderr)
     g = torch.Generator().manual_seed(53)
     tensors, manifest = {}, []
     for cs in cases(g):
