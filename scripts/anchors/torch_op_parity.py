@@ -18,10 +18,15 @@ writes into DIR (default tests/data):
   (`sum`) and whether the fixtures give the magnitudes of its f32 formula's terms
   (`CASE/scale/KEY`: GELU's and SiLU's tails, layer norm's rows): what the test's tolerance is
   derived from. With the PyTorch version that wrote it.
+- model_parity.safetensors and model_parity.json: two whole models from a trained state
+  ("whole models" below, tests/model_parity.rs): their parameters (`MODEL/init/NAME`), 10
+  batches, and per preset step 1's gradients (`MODEL/PRESET/grad/NAME`), 10 steps' losses and
+  loss scales, and PyTorch's own loss noise.
 
-About ten seconds on two CPU cores (most of it importing torch); the fixtures are about 1 MB. Regenerate with
-`python scripts/anchors/torch_op_parity.py` (torch, numpy and safetensors installed) whenever a
-case is added; the test reads the manifest, so it needs no change for a new case of a known op.
+About two minutes on two CPU cores (most of it the models' noise, 16 reruns of each); the
+fixtures are about 1.5 MB. Regenerate with `python scripts/anchors/torch_op_parity.py` (torch,
+numpy and safetensors installed) whenever a case is added; tests/op_parity.rs reads the
+manifest, so it needs no change for a new case of a known op.
 
 Autocast is CUDA's, written out as casts on the CPU as in torch_step_parity.py (its class
 `Casts`, which this script extends with SiLU, RMS norm and the elementwise product): a

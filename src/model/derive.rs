@@ -5,10 +5,10 @@
 //! Each value is held in a format, as autocast holds the tensor (`NodeOp::format`), and so is
 //! its gradient once complete: the gradients of a value read more than once (a tied weight, a
 //! residual stream) are summed as they arrive, in f32, and rounded once, to the value's format;
-//! a parameter's first gradient is written into its `Grad` tensor, the later ones added in. The ops are
-//! recorded through `PlanBuilder::push` and `round` as a hand-written plan's would be, so its
-//! folds (a rounding into the add that reads it, a residual into the bias add before it, a
-//! GELU into its bias add) apply here too.
+//! a parameter's first gradient is written into its `Grad` tensor, the later ones added in.
+//! The ops are recorded through `PlanBuilder::push` and `round` as a hand-written plan's would
+//! be, so its folds (a rounding into the add that reads it, a residual into the bias add before
+//! it, a GELU into its bias add) apply here too.
 
 use super::ops::Saved;
 use super::{Model, Source, Var};
