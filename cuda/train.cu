@@ -321,24 +321,25 @@ __device__ bool last_chunk(u32* counters) {
 }
 
 // out[j] for this block's columns: the chunks' partial sums in `plane` added in chunk order
-// (`sum_partials`' order, wgpu's), read past L1 (other blocks wrote them).
-__device__ void sum_chunks(const float* plane, float* out, u32 c) {
+// (`sum_partials`' order, wgpu's), read past L1 (other blocks wrote them), held in `fmt`.
+__device__ void sum_chunks(const float* plane, float* out, u32 c, u32 fmt = FMT_F32) {
     u32 j = blockIdx.x * 32u + threadIdx.x;
     if (threadIdx.y != 0u || j >= c) return;
     float s = 0.0f;
     for (u32 k = 0; k < gridDim.y; k++) s += __ldcg(plane + (i64)k * c + j);
-    out[j] = s;
+    out[j] = held(s, fmt);
 }
 
-// out[j] = sum over rows of x[row, j]: partial[chunk, j] over each chunk's rows, then the last
-// chunk's block adds the chunks in order.
+// out[j] = sum over rows of x[row, j], x rounded to x_fmt as it is read (a linear layer's
+// output gradient, held in the compute format), held in fmt: partial[chunk, j] over each
+// chunk's rows, then the last chunk's block adds the chunks in order.
 extern "C" __global__ void column_sums(const float* x, float* partial, float* out, u32* counters,
-                                       u32 rows, u32 c) {
+                                       u32 rows, u32 c, u32 x_fmt, u32 fmt) {
     u32 j = blockIdx.x * 32u + threadIdx.x;
     u32 jj = min(j, c - 1u);  // out-of-range columns compute a copy and write nothing
-    float t = chunk_column_sum(rows, [&](u32 r) { return x[(i64)r * c + jj]; });
+    float t = chunk_column_sum(rows, [&](u32 r) { return held(x[(i64)r * c + jj], x_fmt); });
     if (threadIdx.y == 0u && j < c) partial[(i64)blockIdx.y * c + j] = t;
-    if (last_chunk(counters)) sum_chunks(partial, out, c);
+    if (last_chunk(counters)) sum_chunks(partial, out, c, fmt);
 }
 
 // Layer norm's dg = sum dy * xhat and db = sum dy per column, through partials per chunk (dg's
@@ -537,15 +538,16 @@ extern "C" __global__ void mse_fwd(const float* pred, const float* target, float
 
 // ---- data movement ----
 
-// out = held(y, y_fmt) + x held in fmt, x repeated every c elements (c = n: elementwise;
-// c = width: a bias per row); then, where r is not null, plus r held in r_fmt (a residual after
-// a bias); stored as codes where `coded`. out may be y. Where g is not null, g = GELU of out's
-// value, held in g_fmt (codes where `g_coded`): a bias add and the activation after it.
+// out = held(y, y_fmt) + held(x, x_fmt) held in fmt, x repeated every c elements (c = n:
+// elementwise; c = width: a bias per row, in the compute format); then, where r is not null,
+// plus r held in r_fmt (a residual after a bias); stored as codes where `coded`. out may be y.
+// Where g is not null, g = GELU of out's value, held in g_fmt (codes where `g_coded`): a bias
+// add and the activation after it.
 extern "C" __global__ void add(const float* x, const float* y, void* out, i64 n, u32 c, u32 y_fmt,
-                               u32 fmt, u32 coded, const float* r, u32 r_fmt, void* g, u32 g_fmt,
-                               u32 g_coded) {
+                               u32 x_fmt, u32 fmt, u32 coded, const float* r, u32 r_fmt, void* g,
+                               u32 g_fmt, u32 g_coded) {
     FOR_EACH(e, n) {
-        float v = held(y[e], y_fmt) + x[e % c];
+        float v = held(y[e], y_fmt) + held(x[e % c], x_fmt);
         u32 f = fmt;
         if (r) {
             v = held(v, fmt) + r[e];

@@ -22,6 +22,8 @@ struct StepParams {
     extra: vec4<u32>,
     // A bias add's GELU: (1 if it has one, format id it is held in, 1 if stored as codes, -).
     gelu: vec4<u32>,
+    // Format ids operands are rounded to as they are read: `add`, `add_into`: (x's, -, -, -).
+    read: vec4<u32>,
 }
 
 @group(0) @binding(0) var<uniform> params: StepParams;
@@ -48,9 +50,10 @@ fn round_to_format(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     y[e] = bitcast<f32>(decode_format(code, params.format));
 }
 
-// y = y' + x held in format `format`, where y' is y held in format extra.y (a matmul's product
-// rounded as it is read), x repeated every c elements (c = n: elementwise; c = width: a bias
-// per row); with extra.z = 1, then plus z (a residual after a bias), held in format extra.w.
+// y = y' + x' held in format `format`, where y' is y held in format extra.y (a matmul's product
+// rounded as it is read) and x' is x held in format read.x (a linear layer's bias, in the
+// compute format), x repeated every c elements (c = n: elementwise; c = width: a bias per
+// row); with extra.z = 1, then plus z (a residual after a bias), held in format extra.w.
 // With a GELU (`params.gelu`, never with a residual), z = GELU(y) too: f32 bits, or codes two
 // to a word, one invocation per word (an odd n's last word holds one code).
 @compute @workgroup_size(256)
@@ -84,7 +87,7 @@ fn add(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<
     y[e] = sum;
 }
 
-// z = y' + x held in format `format`, y' as in `add`, x repeated every c elements (a bias add
+// z = y' + x' held in format `format`, y' and x' as in `add`, x repeated every c elements (a bias add
 // whose output is a tensor of its own); with extra.x = 1, its 16-bit codes go to w instead, two
 // to a word, one invocation per word (an odd n's last word holds one code), and a GELU of the
 // values so stored (`params.gelu`) to z, as f32 bits or codes.
@@ -117,9 +120,9 @@ fn add_into(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     z[e] = bitcast<u32>(held_sum(e));
 }
 
-// Element e of `add`'s and `add_into`'s sum y' + x, held in `format`.
+// Element e of `add`'s and `add_into`'s sum y' + x', held in `format`.
 fn held_sum(e: u32) -> f32 {
-    return held(held(y[e], params.extra.y) + x[e % params.c], params.format);
+    return held(held(y[e], params.extra.y) + held(x[e % params.c], params.read.x), params.format);
 }
 
 // The codes of the GELUs of two held sums, one word (an odd n's missing second is 0, whose

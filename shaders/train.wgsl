@@ -237,7 +237,9 @@ fn lanes_sum(s: f32, lid: u32) -> f32 {
     return t;
 }
 
-// partial[chunk, j] = the chunk's sum of x[row, j]: in0 = x; out0 = partials; n = rows.
+// partial[chunk, j] = the chunk's sum of x[row, j], x rounded to `read_held` as it is read (a
+// linear layer's output gradient, held in the compute format): in0 = x; out0 = partials;
+// n = rows.
 @compute @workgroup_size(256)
 fn column_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
@@ -251,7 +253,7 @@ fn column_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     let j = min(col, c - 1u);
     var s = 0.0;
     for (var r = b.first + lid / 32u; r < b.end; r += 8u) {
-        s += in0v(r * c + j);
+        s += read_at(r * c + j);
     }
     let t = lanes_sum(s, lid);
     if (lid < 32u && col < c) {
@@ -289,7 +291,7 @@ fn layernorm_bwd_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
 
 // out[j] = the sum over chunks of partial[chunk, j], in chunk order: in0 = partials of
 // `tokens` chunks, one or two parts (n = parts * c); part 0 into out0, part 1 into out2 (as
-// f32 bits: layer norm's db).
+// f32 bits: layer norm's db); the complete sums (the last span's) held in `held`.
 @compute @workgroup_size(256)
 fn sum_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                 @builtin(local_invocation_index) lid: u32) {
@@ -307,6 +309,9 @@ fn sum_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) n
     }
     for (var k = params.begin; k < params.end; k++) {
         s += in0v((part * chunks + k) * c + j);
+    }
+    if ((params.span & SPAN_LAST) != 0u) {
+        s = held(s, params.held);
     }
     if (part == 0u) {
         out0[j] = s;

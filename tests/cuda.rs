@@ -891,8 +891,26 @@ fn cuda_training_kernels_match_the_host_reference() {
             tol::REDUCTION,
         );
         close("layernorm db", &out[rows * c + c..], &db, tol::REDUCTION);
-        let sums = run_f32(h, "column_sums", &strings(&[rows, c]), &[&x]);
+        let sums = run_f32(h, "column_sums", &strings(&[rows, c, f32_, f32_]), &[&x]);
         close("column sums", &sums, &ops::column_sums(&x, c), tol::ROW);
+        // A linear layer's bias gradient: x rounded to bf16 as it is read, the sums held in
+        // bf16. Within one step of bf16 of the definition's (the f32 sums' order), and bf16.
+        let b16 = Format::Bf16;
+        let id = b16.id() as usize;
+        let sums = run_f32(h, "column_sums", &strings(&[rows, c, id, id]), &[&x]);
+        let mut xr = x.clone();
+        ops::round_to(&mut xr, b16);
+        let mut want = ops::column_sums(&xr, c);
+        ops::round_to(&mut want, b16);
+        let mut rounded = sums.clone();
+        ops::round_to(&mut rounded, b16);
+        assert_eq!(rounded, sums, "column sums held in bf16");
+        close(
+            "column sums of bf16 x, held in bf16",
+            &sums,
+            &want,
+            2.0 * tol::ROW + 1.0 / 128.0,
+        );
         // The split GEMMs' planes added in order: f32 sums in chunk order, to the bit.
         let chunks = rows.div_ceil(64);
         let planes = measure::normal(chunks * c, seed + 7);
@@ -1088,11 +1106,14 @@ fn cuda_training_kernels_match_the_host_reference() {
         measure::normal(37 * 50, seed + 11),
         measure::normal(50, seed + 12),
     );
-    // N C YFMT FMT CODED, no residual, no GELU.
-    let add = |args: &[usize], x: &[f32]| {
-        let args: Vec<usize> = args.iter().copied().chain([f32_, 0, 0, f32_, 0]).collect();
+    // N C YFMT FMT CODED, no residual, no GELU, x read as it is.
+    let add_x = |args: &[usize], x: &[f32], x_fmt: usize| {
+        let args: Vec<usize> = (args.iter().copied())
+            .chain([f32_, 0, 0, f32_, 0, x_fmt])
+            .collect();
         run_f32(h, "add", &strings(&args), &[x, &y])
     };
+    let add = |args: &[usize], x: &[f32]| add_x(args, x, f32_);
     let mut want = y.clone();
     ops::add_bias(&mut want, &bias);
     assert_eq!(add(&[y.len(), 50, f32_, f32_, 0], &bias), want);
@@ -1114,6 +1135,17 @@ fn cuda_training_kernels_match_the_host_reference() {
     let coded = add(&[y.len(), 50, f16, bf16, 1], &bias);
     let codes: Vec<u32> = coded.iter().map(|c| c.to_bits()).collect();
     same_codes("f16(y) + bias as bf16 codes", &codes, &want, Format::Bf16);
+    // A linear layer's bias add: the bias rounded to bf16 as it is read, added to the f32
+    // product, the sum rounded once (in place and as codes).
+    let mut bias16 = bias.clone();
+    ops::round_to(&mut bias16, Format::Bf16);
+    let mut want = y.clone();
+    ops::add_bias(&mut want, &bias16);
+    ops::round_to(&mut want, Format::Bf16);
+    assert_eq!(add_x(&[y.len(), 50, f32_, bf16, 0], &bias, bf16), want);
+    let coded = add_x(&[y.len(), 50, f32_, bf16, 1], &bias, bf16);
+    let codes: Vec<u32> = coded.iter().map(|c| c.to_bits()).collect();
+    same_codes("y + bf16(bias) as bf16 codes", &codes, &want, Format::Bf16);
     let x = measure::normal(y.len(), seed + 17);
     let mut want = y.clone();
     want.iter_mut().zip(&x).for_each(|(a, b)| *a += b);
@@ -1127,7 +1159,7 @@ fn cuda_training_kernels_match_the_host_reference() {
     want.iter_mut().zip(&r).for_each(|(a, b)| *a += b);
     ops::round_to(&mut want, Format::F16);
     let with_r = |coded: usize| {
-        let args = [y.len(), 50, f32_, bf16, coded, f16, 1, 0, f32_, 0];
+        let args = [y.len(), 50, f32_, bf16, coded, f16, 1, 0, f32_, 0, f32_];
         run_f32(h, "add", &strings(&args), &[&bias, &y, &r])
     };
     assert_eq!(with_r(0), want);
@@ -1159,7 +1191,7 @@ fn cuda_training_kernels_match_the_host_reference() {
         (1, f16, f32_, 0),
     ] {
         let args =
-            |has_g: usize| strings(&[n, c, f32_, fmt, coded, f32_, 0, has_g, g_fmt, g_coded]);
+            |has_g: usize| strings(&[n, c, f32_, fmt, coded, f32_, 0, has_g, g_fmt, g_coded, f32_]);
         let input = [bits(&bias), bits(&y)].concat();
         let fused = run(h, "add", &args(1), &input);
         let sum = run(h, "add", &args(0), &input);

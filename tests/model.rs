@@ -357,13 +357,16 @@ fn a_regression_on_values_inputs_differentiates_and_outputs_its_predictions() {
 }
 
 /// A gradient the preset holds in 16 bits is rounded by the op that writes it: at bf16-mixed,
-/// no standalone rounding follows GELU's or SiLU's backward in a derived plan.
+/// no standalone rounding follows GELU's or SiLU's backward in a derived plan (of a matmul's
+/// output, held in bf16; of an f32 value they would run in f32, as autocast runs them).
 #[test]
 fn activation_gradients_are_rounded_as_they_are_written() {
     use mantissa::plan::Op;
     use mantissa::policy::Precision;
     let mut o = OneOp::new(&[4]);
     let x = o.input("x", VOCAB);
+    let w = o.param("w", &[VOCAB, VOCAB]);
+    let x = o.m.matmul(x, w, false).unwrap();
     let g = o.m.gelu(x).unwrap();
     let s = o.m.silu(g).unwrap();
     let (model, _) = o.finish(s);

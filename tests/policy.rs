@@ -95,13 +95,17 @@ fn autocast_classes_and_overrides() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("OP=FORMAT"), "{err}");
-    assert!(
-        Autocast::new(Format::F16)
-            .with_overrides("softmux=f32")
-            .unwrap_err()
-            .to_string()
-            .contains("layer_norm")
-    );
+    // An op the policy does not know is refused (bad input), the name given and every known
+    // one named.
+    let err = Autocast::new(Format::F16)
+        .with_overrides("softmux=f32")
+        .unwrap_err();
+    let said = err.to_string();
+    assert!(said.contains("softmux"), "{said}");
+    for op in Op::ALL {
+        assert!(said.contains(op.name()), "{said} does not name {op}");
+    }
+    assert_eq!(mantissa::cli::exit_code(&err), 2, "{said}");
 }
 
 #[test]

@@ -2002,6 +2002,7 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
                 out: input,
                 held: format,
                 y_held: Format::F16,
+                x_held: format,
                 residual: None,
                 gelu: None,
             });
@@ -2060,6 +2061,7 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
                 out,
                 held: format,
                 y_held: Format::F16,
+                x_held: format,
                 residual: None,
                 gelu,
             };
@@ -2286,10 +2288,12 @@ fn the_update_is_one_unscale_and_one_adamw_over_every_parameter() {
 
 /// A rank's plan of a data-parallel step (`Plan::split_for_ranks`) holds the same ops, with
 /// only what finishes the gradients (roundings, the embedding's scatter into the tied head's
-/// gradient) moved after the backward pass; run as `Backward` then `Update` on one rank it gives
-/// the very bits of the whole step, in every preset.
+/// gradient) moved after the backward pass, and a bias gradient's rounding, which its column
+/// sum does as it writes it in one rank's plan, an op of its own there; run as `Backward` then
+/// `Update` on one rank it gives the very bits of the whole step, in every preset.
 #[test]
 fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
+    use mantissa::format::Format;
     use mantissa::plan::{Op, TensorKind};
     let corpus = corpus();
     for preset in [
@@ -2311,7 +2315,35 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
         let part = summed[grads];
         assert_eq!(split.tensors()[part].kind, TensorKind::Partial);
         let names = |ops: &[Op]| {
-            let mut n: Vec<String> = ops.iter().map(|o| format!("{o:?}")).collect();
+            let mut n = vec![];
+            for op in ops {
+                match *op {
+                    Op::ColumnSums {
+                        x,
+                        out,
+                        c,
+                        x_held,
+                        held,
+                    } if held != Format::F32 => {
+                        let unheld = Op::ColumnSums {
+                            x,
+                            out,
+                            c,
+                            x_held,
+                            held: Format::F32,
+                        };
+                        n.push(format!("{unheld:?}"));
+                        n.push(format!(
+                            "{:?}",
+                            Op::Round {
+                                x: out,
+                                format: held
+                            }
+                        ));
+                    }
+                    _ => n.push(format!("{op:?}")),
+                }
+            }
             n.sort();
             n
         };

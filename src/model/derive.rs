@@ -2,14 +2,15 @@
 //! reverse, each one's backward rule (`ops::NodeOp::backward`) from its output's gradient once
 //! that is complete; then GradScaler's unscale and check and the AdamW update.
 //!
-//! The gradients of a value read more than once (a tied weight, a residual stream) are summed
-//! as they arrive, in f32, and rounded once to the stream format when complete; a parameter's
-//! first gradient is written into its `Grad` tensor, the later ones added in. The ops are
-//! recorded through `PlanBuilder::push` and `round` as a hand-written plan's would be, so its
-//! folds (a rounding into the add that reads it, a residual into the bias add before it, a
-//! GELU into its bias add) apply here too.
+//! Each value is held in a format, as autocast holds the tensor (`NodeOp::format`), and so is
+//! its gradient once complete: the gradients of a value read more than once (a tied weight, a
+//! residual stream) are summed as they arrive, in f32, and rounded once, to the value's format;
+//! a parameter's first gradient is written into its `Grad` tensor, the later ones added in.
+//! The ops are recorded through `PlanBuilder::push` and `round` as a hand-written plan's would
+//! be, so its folds (a rounding into the add that reads it, a residual into the bias add before
+//! it, a GELU into its bias add) apply here too.
 
-use super::ops::{Held, Saved};
+use super::ops::Saved;
 use super::{Model, Source, Var};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::{Error, Result};
@@ -36,9 +37,10 @@ struct Grad {
     /// The tensor is this value's own (a later gradient may be added into it); else it is
     /// another value's too (an add's output gradient, handed to both operands).
     owned: bool,
-    /// More than one gradient was summed into it (rounded to the stream format when complete).
+    /// More than one gradient was summed into it (in f32).
     summed: bool,
-    held: Held,
+    /// The format its values are known to be held in (f32: none known).
+    known: Format,
 }
 
 /// The plan being recorded, and where each value and gradient of the model lies in it.
@@ -55,6 +57,16 @@ pub(crate) struct Emit<'a> {
     /// Whether a parameter's gradient flows through each value (none reaches the batch's
     /// inputs, constants, or values computed from them alone).
     needs: Vec<bool>,
+    /// The format each value is held in, as autocast holds the tensor (its gradient is held
+    /// in it too: a tensor's gradient has its dtype).
+    formats: Vec<Format>,
+    /// The format the backward rule being recorded reads its `dy` in: f32, or the format of
+    /// its output where the gradient is a tensor shared with another value that holds it
+    /// wider (an add's output gradient, f32, handed to a 16-bit operand), which the rule's
+    /// ops round as they read it (`dy_held`, a matmul's operands) or `dy_rounded` copies.
+    pub dy_read: Format,
+    /// The format `dy`'s values are known to be held in (f32: none known).
+    pub dy_known: Format,
     linears: usize,
 }
 
@@ -66,6 +78,37 @@ impl Emit<'_> {
 
     pub fn len(&self, v: Var) -> usize {
         self.model.values[v.index].len()
+    }
+
+    /// The format `v` is held in (`NodeOp::format` for an op's output).
+    pub fn format(&self, v: Var) -> Format {
+        self.formats[v.index]
+    }
+
+    /// `dy` as the rule being recorded reads it, where its ops cannot round it as they read it:
+    /// a copy rounded to `dy_read` (`dy` itself where there is nothing to round).
+    pub fn dy_rounded(&mut self, dy: TensorId) -> TensorId {
+        if self.dy_read == Format::F32 {
+            return dy;
+        }
+        let out = self.g.temp(self.g.len(dy));
+        self.g
+            .push(dense_copy(dy, out, self.g.len(dy), self.dy_read));
+        out
+    }
+
+    /// `dy` for the operands of matmuls under `algorithm`: as it is where the algorithm rounds
+    /// its operands to `dy_read` (bf16, f16), else `dy_rounded`. An fp8 linear layer quantizes
+    /// dy from its f32 values, as it always has (Transformer Engine would see it in bf16
+    /// first: a rounding not reproduced, which would cost a pass per layer).
+    pub fn dy_for(&mut self, algorithm: Algorithm, dy: TensorId) -> TensorId {
+        match (algorithm, self.dy_read) {
+            (_, Format::F32) | (Algorithm::Bf16, Format::Bf16) | (Algorithm::F16, Format::F16) => {
+                dy
+            }
+            (Algorithm::Fp8 { .. }, _) => dy,
+            _ => self.dy_rounded(dy),
+        }
     }
 
     /// The next fp8 linear layer's index.
@@ -108,8 +151,9 @@ impl Emit<'_> {
     }
 
     /// Adds `t` to the gradient of `v` (`owned`: `t` is this gradient's alone and may be
-    /// added into). The sum is in f32, into a tensor of `v`'s own.
-    pub fn contribute(&mut self, v: Var, t: TensorId, owned: bool, held: Held) {
+    /// added into; `known`: the format its values are held in, f32 where none is). The sum is
+    /// in f32, into a tensor of `v`'s own.
+    pub fn contribute(&mut self, v: Var, t: TensorId, owned: bool, known: Format) {
         if !self.needs[v.index] {
             return;
         }
@@ -119,7 +163,7 @@ impl Emit<'_> {
                     t,
                     owned,
                     summed: false,
-                    held,
+                    known,
                 });
                 return;
             }
@@ -139,6 +183,7 @@ impl Emit<'_> {
                     out,
                     held: Format::F32,
                     y_held: Format::F32,
+                    x_held: Format::F32,
                     residual: None,
                     gelu: None,
                 });
@@ -149,28 +194,39 @@ impl Emit<'_> {
             t: sum,
             owned: true,
             summed: true,
-            held: Held::Stream,
+            known: Format::F32,
         });
     }
 
-    /// The complete gradient of `v`, rounded once: a sum to the stream format, a single
-    /// gradient as its rule said. None where no gradient reaches `v`.
-    fn complete(&mut self, v: Var) -> Option<TensorId> {
+    /// The complete gradient of `v`, held in `v`'s format as autocast holds a tensor's
+    /// gradient (a sum, or a gradient its rule left in f32, rounded once): where the tensor
+    /// is `v`'s own it is rounded in place (`PlanBuilder::round`: folded into the op that
+    /// wrote it where it can); where it is shared with another value, `v`'s rule reads it
+    /// rounded (`dy_read`). Returns it with the format the rule reads it in and the format its
+    /// values are known to be held in; None where no gradient reaches `v`.
+    fn complete(&mut self, v: Var) -> Option<(TensorId, Format, Format)> {
         let grad = self.grads[v.index].take()?;
-        if grad.summed || grad.held == Held::Stream {
-            self.g.round(grad.t, self.p.stream);
+        let want = self.formats[v.index];
+        let known = if grad.summed { Format::F32 } else { grad.known };
+        if want == Format::F32 || known == want {
+            return Some((grad.t, Format::F32, known));
         }
-        Some(grad.t)
+        if grad.owned {
+            self.g.round(grad.t, want);
+            return Some((grad.t, Format::F32, want));
+        }
+        Some((grad.t, want, known))
     }
 
-    /// A matmul into `out` (a fresh tensor when none), held in the compute format.
+    /// A matmul into `out` (a fresh tensor when none), held in `held` (the compute format, or
+    /// f32 for a product its bias add rounds: `ops::Linear`).
     pub fn mm_with(
         &mut self,
         shape: MatmulShape,
-        algorithm: Algorithm,
-        scales: Option<[usize; 2]>,
+        (algorithm, scales): (Algorithm, Option<[usize; 2]>),
         (a, b): (TensorId, TensorId),
         out: Option<TensorId>,
+        held: Format,
     ) -> TensorId {
         let out = out.unwrap_or_else(|| self.g.temp(shape.c_len()));
         self.g.push(Op::Matmul {
@@ -181,30 +237,31 @@ impl Emit<'_> {
             out,
             scales,
         });
-        self.g.round(out, self.p.compute);
+        self.g.round(out, held);
         out
     }
 
-    /// A matmul in the step's matmul algorithm.
+    /// A matmul in the step's matmul algorithm, held in the compute format.
     pub fn mm(
         &mut self,
         shape: MatmulShape,
         operands: (TensorId, TensorId),
         out: Option<TensorId>,
     ) -> TensorId {
-        self.mm_with(shape, self.p.matmul, None, operands, out)
+        self.mm_with(shape, (self.p.matmul, None), operands, out, self.p.compute)
     }
 
     /// A matmul of linear layer `layer`: fp8 where the precision says so, with the scales of
     /// the operands' roles; delayed scaling records each tensor's amax once per step (input
-    /// and weight in the forward matmul, the gradient where it meets the weight).
+    /// and weight in the forward matmul, the gradient where it meets the weight). Held in
+    /// `held` (`mm_with`).
     pub fn linear_mm(
         &mut self,
-        layer: usize,
-        roles: (Fp8Role, Fp8Role),
+        (layer, roles): (usize, (Fp8Role, Fp8Role)),
         shape: MatmulShape,
         (a, b): (TensorId, TensorId),
         out: Option<TensorId>,
+        held: Format,
     ) -> TensorId {
         let algorithm = self.p.linear_algorithm(roles);
         let mut scales = None;
@@ -225,7 +282,7 @@ impl Emit<'_> {
             }
             scales = Some([slot(roles.0), slot(roles.1)]);
         }
-        self.mm_with(shape, algorithm, scales, (a, b), out)
+        self.mm_with(shape, (algorithm, scales), (a, b), out, held)
     }
 }
 
@@ -289,6 +346,15 @@ impl Model {
             grads: self.params.len(),
             linears: self.linear_layers(),
         };
+        // A parameter is held in the weights' format, a values input in the stream's (a "true"
+        // preset's model takes its inputs in its dtype); an op's output as its op says.
+        let formats = (self.values.iter())
+            .map(|value| match value.source {
+                Source::Param(_) => p.weights,
+                Source::Values(_) => p.stream,
+                _ => Format::F32,
+            })
+            .collect();
         let mut cx = Emit {
             g,
             p,
@@ -300,10 +366,14 @@ impl Model {
             tensors,
             grads: (0..self.values.len()).map(|_| None).collect(),
             needs,
+            formats,
+            dy_read: Format::F32,
+            dy_known: Format::F32,
             linears: 0,
         };
         let mut saved: Vec<Saved> = vec![vec![]; self.nodes.len()];
         for (i, node) in self.nodes.iter().enumerate() {
+            cx.formats[node.out.index] = node.op.format(&cx, node);
             if live.nodes[i] {
                 let (out, kept) = node.op.forward(&mut cx, node);
                 cx.tensors[node.out.index] = Some(out);
@@ -319,10 +389,14 @@ impl Model {
             }
             let dy = if node.op.is_loss() {
                 // The loss op's own pass holds its gradient (times the loss scale).
+                (cx.dy_read, cx.dy_known) = (Format::F32, Format::F32);
                 TensorId::MAX
             } else {
                 match cx.complete(node.out) {
-                    Some(dy) => dy,
+                    Some((dy, read, known)) => {
+                        (cx.dy_read, cx.dy_known) = (read, known);
+                        dy
+                    }
                     None => continue,
                 }
             };
@@ -335,20 +409,7 @@ impl Model {
                 let grad = cx.state[i][1];
                 let got = cx.grads[v].take().map(|g| g.t);
                 if let Some(t) = got.filter(|&t| t != grad) {
-                    let len = value.len() as u32;
-                    let dims = [1, 1, 1, len];
-                    cx.g.push(Op::Copy {
-                        x: t,
-                        out: grad,
-                        map: Strided {
-                            dims,
-                            src: Strided::dense(dims),
-                            dst: Strided::dense(dims),
-                            src_offset: 0,
-                            dst_offset: 0,
-                        },
-                        held: Format::F32,
-                    });
+                    cx.g.push(dense_copy(t, grad, value.len(), Format::F32));
                 }
             }
         }
@@ -392,6 +453,23 @@ impl Model {
             plan.store_codes();
         }
         Ok(plan)
+    }
+}
+
+/// out = x, the first `len` values, rounded to `held` as they are copied.
+fn dense_copy(x: TensorId, out: TensorId, len: usize, held: Format) -> Op {
+    let dims = [1, 1, 1, len as u32];
+    Op::Copy {
+        x,
+        out,
+        map: Strided {
+            dims,
+            src: Strided::dense(dims),
+            dst: Strided::dense(dims),
+            src_offset: 0,
+            dst_offset: 0,
+        },
+        held,
     }
 }
 

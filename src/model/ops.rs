@@ -47,20 +47,23 @@ pub(crate) trait NodeOp: std::fmt::Debug + Send + Sync {
         true
     }
 
+    /// The format its output is held in, as autocast holds the tensor (`cx.format` of its
+    /// inputs: an op that runs in its inputs' dtype keeps theirs, two of them promoted).
+    fn format(&self, cx: &Emit, node: &Node) -> Format;
+
     /// Records the forward ops; returns the output's tensor and what the backward reads.
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved);
 
-    /// Records the backward ops from `dy`, the gradient of the output (complete, in its
-    /// format), contributing each input's gradient.
+    /// Records the backward ops from `dy`, the gradient of the output (complete; read in
+    /// `cx.dy_read`: its ops round it as they read it, or `cx.dy_rounded`), contributing each
+    /// input's gradient with the format its values are held in.
     fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, dy: TensorId);
 }
 
-/// How a gradient a rule contributes is to be rounded once it is complete (alone; a sum is
-/// rounded to the stream format): already held as its class says, or to the stream format.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) enum Held {
-    AsIs,
-    Stream,
+/// The dtype PyTorch's type promotion gives an elementwise op of two tensors: theirs where
+/// they agree, else f32 (f32 with a 16-bit one, or bf16 with f16).
+fn promote(a: Format, b: Format) -> Format {
+    if a == b { a } else { Format::F32 }
 }
 
 impl ModelBuilder {
@@ -112,6 +115,10 @@ impl NodeOp for Embedding {
         "embedding"
     }
 
+    fn format(&self, cx: &Emit, node: &Node) -> Format {
+        cx.format(node.inputs[0])
+    }
+
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
         let (table, ids) = (cx.t(node.inputs[0]), cx.t(node.inputs[1]));
         let out = cx.g.temp(cx.len(node.out));
@@ -126,6 +133,7 @@ impl NodeOp for Embedding {
 
     fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
         let (table, ids) = (node.inputs[0], cx.t(node.inputs[1]));
+        let dy = cx.dy_rounded(dy);
         let out = cx.grad_out(table);
         cx.g.push(Op::EmbeddingBwd {
             dout: dy,
@@ -134,7 +142,7 @@ impl NodeOp for Embedding {
             rows: self.rows,
             c: self.c,
         });
-        cx.contribute(table, out, true, Held::AsIs);
+        cx.contribute(table, out, true, Format::F32);
     }
 }
 
@@ -182,57 +190,67 @@ impl NodeOp for Linear {
         true
     }
 
+    fn format(&self, cx: &Emit, _: &Node) -> Format {
+        cx.p.compute
+    }
+
+    /// y = x . w + b as autocast's linear computes it (cuBLASLt's bias epilogue, or the GEMM
+    /// with beta = 1 over the bias): the bias rounded to the compute format, added to the f32
+    /// product, the sum rounded once to the compute format (the product is not rounded first).
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
         let [x, w, b] = [0, 1, 2].map(|i| cx.t(node.inputs[i]));
         let layer = cx.next_linear();
         let n = cx.g.len(x) / self.k;
         let roles = (Fp8Role::Input, Fp8Role::Weight);
-        let y = cx.linear_mm(
-            layer,
-            roles,
-            MatmulShape::new(n, self.m, self.k),
-            (x, w),
-            None,
-        );
-        cx.g.push(Op::add_in_place(b, y));
+        let shape = MatmulShape::new(n, self.m, self.k);
+        let y = cx.linear_mm((layer, roles), shape, (x, w), None, Format::F32);
+        cx.g.push(Op::Add {
+            x: b,
+            y,
+            out: y,
+            held: Format::F32,
+            y_held: Format::F32,
+            x_held: cx.p.compute,
+            residual: None,
+            gelu: None,
+        });
         cx.g.round(y, cx.p.compute);
         (y, vec![layer])
     }
 
-    /// dW = x^T . dy and db = column sums of dy; dx = dy . W^T.
+    /// dW = x^T . dy and db = column sums of dy; dx = dy . W^T. The output is held in the
+    /// compute format, and so is its gradient as autocast holds it: the bias gradient sums dy
+    /// rounded to it (the matmuls round their operands to it already) and is held in it (the
+    /// gradient of the bias's compute-format copy).
     fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, dy: TensorId) {
         let [x, w, b] = [node.inputs[0], node.inputs[1], node.inputs[2]];
         let (tx, tw, layer) = (cx.t(x), cx.t(w), saved[0]);
         let n = cx.g.len(tx) / self.k;
+        let compute = cx.p.compute;
         let db = cx.grad_out(b);
         cx.g.push(Op::ColumnSums {
             x: dy,
             out: db,
             c: self.m,
+            x_held: cx.p.compute,
+            held: Format::F32,
         });
-        cx.contribute(b, db, true, Held::AsIs);
+        cx.g.round(db, compute);
+        cx.contribute(b, db, true, compute);
         let dw = cx.grad_out(w);
         let roles = (Fp8Role::Input, Fp8Role::Grad);
-        cx.linear_mm(
-            layer,
-            roles,
-            transposed_a(self.k, self.m, n),
-            (tx, dy),
-            Some(dw),
-        );
-        cx.contribute(w, dw, true, Held::AsIs);
+        let shape = transposed_a(self.k, self.m, n);
+        let operand = cx.dy_for(cx.p.linear_algorithm(roles), dy);
+        cx.linear_mm((layer, roles), shape, (tx, operand), Some(dw), compute);
+        cx.contribute(w, dw, true, compute);
         if !cx.needs_grad(x) {
             return;
         }
         let roles = (Fp8Role::Grad, Fp8Role::Weight);
-        let dx = cx.linear_mm(
-            layer,
-            roles,
-            transposed_b(n, self.k, self.m),
-            (dy, tw),
-            None,
-        );
-        cx.contribute(x, dx, true, Held::AsIs);
+        let shape = transposed_b(n, self.k, self.m);
+        let operand = cx.dy_for(cx.p.linear_algorithm(roles), dy);
+        let dx = cx.linear_mm((layer, roles), shape, (operand, tw), None, compute);
+        cx.contribute(x, dx, true, compute);
     }
 }
 
@@ -278,6 +296,10 @@ impl NodeOp for Matmul {
         "matmul"
     }
 
+    fn format(&self, cx: &Emit, _: &Node) -> Format {
+        cx.p.compute
+    }
+
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
         let (x, w) = (cx.t(node.inputs[0]), cx.t(node.inputs[1]));
         let n = cx.g.len(x) / self.k;
@@ -290,6 +312,7 @@ impl NodeOp for Matmul {
         let (x, w) = (node.inputs[0], node.inputs[1]);
         let (tx, tw) = (cx.t(x), cx.t(w));
         let (n, k, m) = (cx.g.len(tx) / self.k, self.k, self.m);
+        let (dy, compute) = (cx.dy_for(cx.p.matmul, dy), cx.p.compute);
         let (dx_shape, dw_shape, dw_operands) = if self.transpose_w {
             let dw = MatmulShape::batched(1, (m, k, n), true, false);
             (MatmulShape::new(n, k, m), dw, (dy, tx))
@@ -298,11 +321,11 @@ impl NodeOp for Matmul {
         };
         if cx.needs_grad(x) {
             let dx = cx.mm(dx_shape, (dy, tw), None);
-            cx.contribute(x, dx, true, Held::AsIs);
+            cx.contribute(x, dx, true, compute);
         }
         let dw = cx.grad_out(w);
         cx.mm(dw_shape, dw_operands, Some(dw));
-        cx.contribute(w, dw, true, Held::AsIs);
+        cx.contribute(w, dw, true, compute);
     }
 }
 
@@ -340,6 +363,10 @@ impl NodeOp for LayerNorm {
         "layer_norm"
     }
 
+    fn format(&self, cx: &Emit, _: &Node) -> Format {
+        cx.p.layer_norm.narrower(cx.p.stream)
+    }
+
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
         let [x, g, b] = [0, 1, 2].map(|i| cx.t(node.inputs[i]));
         let len = cx.g.len(x);
@@ -353,7 +380,7 @@ impl NodeOp for LayerNorm {
             c: self.c,
             held: Format::F32,
         });
-        cx.g.round(out, cx.p.layer_norm.narrower(cx.p.stream));
+        cx.g.round(out, cx.format(node.out));
         (out, vec![stats])
     }
 
@@ -378,12 +405,12 @@ impl NodeOp for LayerNorm {
             dg,
             db,
             c: self.c,
-            dy_held: Format::F32,
+            dy_held: cx.dy_read,
             sum: None,
         });
-        cx.contribute(g, dg, true, Held::AsIs);
-        cx.contribute(b, db, true, Held::AsIs);
-        cx.contribute(x, dx, true, Held::Stream);
+        cx.contribute(g, dg, true, Format::F32);
+        cx.contribute(b, db, true, Format::F32);
+        cx.contribute(x, dx, true, Format::F32);
     }
 }
 
@@ -404,8 +431,8 @@ impl ModelBuilder {
     }
 }
 
-/// An elementwise activation (GELU, SiLU), held in the compute format as is its gradient
-/// (autocast runs both in their input's format, a matmul's).
+/// An elementwise activation (GELU, SiLU), held in its input's format as is its gradient
+/// (autocast runs both in their input's dtype, usually a matmul's, computing in f32).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Activation {
     Gelu,
@@ -420,6 +447,10 @@ impl NodeOp for Activation {
         }
     }
 
+    fn format(&self, cx: &Emit, node: &Node) -> Format {
+        cx.format(node.inputs[0])
+    }
+
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
         let x = cx.t(node.inputs[0]);
         let out = cx.g.temp(cx.g.len(x));
@@ -428,7 +459,7 @@ impl NodeOp for Activation {
             Activation::Gelu => Op::Gelu { x, out, held },
             Activation::Silu => Op::Silu { x, out, held },
         });
-        cx.g.round(out, cx.p.compute);
+        cx.g.round(out, cx.format(node.out));
         (out, vec![])
     }
 
@@ -443,18 +474,18 @@ impl NodeOp for Activation {
                 dy,
                 out,
                 held,
-                dy_held: Format::F32,
+                dy_held: cx.dy_read,
             },
             Activation::Silu => Op::SiluBwd {
                 x: tx,
                 dy,
                 out,
                 held,
-                dy_held: Format::F32,
+                dy_held: cx.dy_read,
             },
         });
-        cx.g.round(out, cx.p.compute);
-        cx.contribute(x, out, true, Held::AsIs);
+        cx.g.round(out, cx.format(x));
+        cx.contribute(x, out, true, cx.format(x));
     }
 }
 
@@ -478,13 +509,18 @@ impl ModelBuilder {
     }
 }
 
-/// a + b in the stream format, in place into an operand nothing reads after it.
+/// a + b in f32, held in the operands' format (f32 where they differ: the residual stream plus
+/// a 16-bit projection), in place into an operand nothing reads after it.
 #[derive(Debug)]
 pub(crate) struct Add;
 
 impl NodeOp for Add {
     fn name(&self) -> &'static str {
         "add"
+    }
+
+    fn format(&self, cx: &Emit, node: &Node) -> Format {
+        promote(cx.format(node.inputs[0]), cx.format(node.inputs[1]))
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -504,18 +540,21 @@ impl NodeOp for Add {
                 out,
                 held: Format::F32,
                 y_held: Format::F32,
+                x_held: Format::F32,
                 residual: None,
                 gelu: None,
             });
             out
         };
-        cx.g.round(out, cx.p.stream);
+        cx.g.round(out, cx.format(node.out));
         (out, vec![])
     }
 
+    /// Each operand's gradient is dy (each rounded to its operand's format once complete).
     fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        let known = cx.dy_known;
         for &x in &node.inputs {
-            cx.contribute(x, dy, false, Held::AsIs);
+            cx.contribute(x, dy, false, known);
         }
     }
 }
@@ -597,6 +636,10 @@ impl NodeOp for CausalAttention {
         Some(self.d)
     }
 
+    fn format(&self, cx: &Emit, _: &Node) -> Format {
+        cx.p.compute
+    }
+
     /// Fused: q|k|v and each score row's (max, sum) kept. Unfused: q, k, v copied out by head,
     /// scores, softmax, P.v, the heads copied back into rows; q, k, v and P kept.
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -659,6 +702,8 @@ impl NodeOp for CausalAttention {
         let dqkv = cx.g.temp(cx.len(qkv));
         if let [stats] = saved[..] {
             let spec = self.spec(cx);
+            // It reads dout only as an operand of its products (`Op::reads_rounded`).
+            let dy = cx.dy_for(spec.algorithm, dy);
             let delta = cx.g.temp(spec.score_rows());
             cx.g.push(Op::AttentionBwd {
                 qkv: cx.t(qkv),
@@ -677,7 +722,7 @@ impl NodeOp for CausalAttention {
                 x: dy,
                 out: dy_heads,
                 map: Strided::rows_to_heads(b, t, h, d),
-                held: Format::F32,
+                held: cx.dy_read,
             });
             let bh = b * h;
             let shape = |m, n, k, ta, tb| MatmulShape::batched(bh, (m, n, k), ta, tb);
@@ -704,7 +749,7 @@ impl NodeOp for CausalAttention {
                 });
             }
         }
-        cx.contribute(qkv, dqkv, true, Held::AsIs);
+        cx.contribute(qkv, dqkv, true, cx.p.compute);
     }
 }
 
@@ -749,6 +794,10 @@ impl NodeOp for CausalSoftmax {
         "causal_softmax"
     }
 
+    fn format(&self, cx: &Emit, _: &Node) -> Format {
+        cx.p.softmax.narrower(cx.p.stream)
+    }
+
     fn output_overwritable(&self) -> bool {
         false
     }
@@ -763,7 +812,7 @@ impl NodeOp for CausalSoftmax {
             scale: self.score_scale(cx),
             x_held: Format::F32,
         });
-        cx.g.round(out, cx.p.softmax.narrower(cx.p.stream));
+        cx.g.round(out, cx.format(node.out));
         (out, vec![])
     }
 
@@ -777,10 +826,10 @@ impl NodeOp for CausalSoftmax {
             out,
             t: self.t,
             scale: self.score_scale(cx),
-            dp_held: Format::F32,
+            dp_held: cx.dy_read,
         });
         // Held in the compute format already (`ScoreScale::held`): no rounding after it.
-        cx.contribute(x, out, true, Held::AsIs);
+        cx.contribute(x, out, true, cx.p.compute);
     }
 }
 
@@ -812,6 +861,10 @@ impl NodeOp for Reshape {
         "reshape"
     }
 
+    fn format(&self, cx: &Emit, node: &Node) -> Format {
+        cx.format(node.inputs[0])
+    }
+
     fn output_overwritable(&self) -> bool {
         false
     }
@@ -821,7 +874,8 @@ impl NodeOp for Reshape {
     }
 
     fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
-        cx.contribute(node.inputs[0], dy, false, Held::AsIs);
+        let known = cx.dy_known;
+        cx.contribute(node.inputs[0], dy, false, known);
     }
 }
 
@@ -866,6 +920,10 @@ impl NodeOp for CrossEntropy {
         "cross_entropy"
     }
 
+    fn format(&self, _: &Emit, _: &Node) -> Format {
+        Format::F32
+    }
+
     fn is_loss(&self) -> bool {
         true
     }
@@ -888,12 +946,14 @@ impl NodeOp for CrossEntropy {
             v: self.v,
             held: Format::F32,
         });
-        cx.g.round(grad, cx.p.compute);
+        // Computed in f32; the gradient held in the logits' format (a matmul's: compute).
+        cx.g.round(grad, cx.format(node.inputs[0]));
         (logits, vec![grad])
     }
 
     fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, _: TensorId) {
-        cx.contribute(node.inputs[0], saved[0], true, Held::AsIs);
+        let x = node.inputs[0];
+        cx.contribute(x, saved[0], true, cx.format(x));
     }
 }
 
@@ -930,6 +990,10 @@ impl NodeOp for RmsNorm {
         "rms_norm"
     }
 
+    fn format(&self, cx: &Emit, _: &Node) -> Format {
+        cx.p.rms_norm.narrower(cx.p.stream)
+    }
+
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
         let (x, g) = (cx.t(node.inputs[0]), cx.t(node.inputs[1]));
         let len = cx.g.len(x);
@@ -943,7 +1007,7 @@ impl NodeOp for RmsNorm {
             eps: self.eps,
             held: Format::F32,
         });
-        cx.g.round(out, cx.p.rms_norm.narrower(cx.p.stream));
+        cx.g.round(out, cx.format(node.out));
         (out, vec![stats])
     }
 
@@ -960,10 +1024,10 @@ impl NodeOp for RmsNorm {
             dx,
             dg,
             c: self.c,
-            dy_held: Format::F32,
+            dy_held: cx.dy_read,
         });
-        cx.contribute(g, dg, true, Held::AsIs);
-        cx.contribute(x, dx, true, Held::Stream);
+        cx.contribute(g, dg, true, Format::F32);
+        cx.contribute(x, dx, true, Format::F32);
     }
 }
 
@@ -975,13 +1039,14 @@ impl ModelBuilder {
     }
 }
 
-/// a * b, held in the compute format (autocast multiplies in its inputs' format); its
-/// backward is two products: da = dy * b, db = dy * a.
+/// a * b, held in its operands' format (autocast multiplies in its inputs' dtype, promoted
+/// where they differ); its backward is two products: da = dy * b held in a's format, db =
+/// dy * a in b's.
 #[derive(Debug)]
 pub(crate) struct Mul;
 
 impl Mul {
-    fn product(cx: &mut Emit, (a, b): (TensorId, TensorId)) -> TensorId {
+    fn product(cx: &mut Emit, (a, b): (TensorId, TensorId), held: Format) -> TensorId {
         let out = cx.g.temp(cx.g.len(a));
         cx.g.push(Op::Mul {
             a,
@@ -989,7 +1054,7 @@ impl Mul {
             out,
             held: Format::F32,
         });
-        cx.g.round(out, cx.p.compute);
+        cx.g.round(out, held);
         out
     }
 }
@@ -999,18 +1064,25 @@ impl NodeOp for Mul {
         "mul"
     }
 
+    fn format(&self, cx: &Emit, node: &Node) -> Format {
+        promote(cx.format(node.inputs[0]), cx.format(node.inputs[1]))
+    }
+
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
         let (a, b) = (cx.t(node.inputs[0]), cx.t(node.inputs[1]));
-        (Mul::product(cx, (a, b)), vec![])
+        let held = cx.format(node.out);
+        (Mul::product(cx, (a, b), held), vec![])
     }
 
     fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
         let (a, b) = (node.inputs[0], node.inputs[1]);
         let (ta, tb) = (cx.t(a), cx.t(b));
+        let dy = cx.dy_rounded(dy);
         for (x, other) in [(a, tb), (b, ta)] {
             if cx.needs_grad(x) {
-                let d = Mul::product(cx, (dy, other));
-                cx.contribute(x, d, true, Held::AsIs);
+                let held = cx.format(x);
+                let d = Mul::product(cx, (dy, other), held);
+                cx.contribute(x, d, true, held);
             }
         }
     }
@@ -1051,6 +1123,10 @@ impl NodeOp for Mse {
         "mse"
     }
 
+    fn format(&self, _: &Emit, _: &Node) -> Format {
+        Format::F32
+    }
+
     fn is_loss(&self) -> bool {
         true
     }
@@ -1072,12 +1148,14 @@ impl NodeOp for Mse {
             grad,
             held: Format::F32,
         });
-        cx.g.round(grad, cx.p.compute);
+        // Computed in f32; the gradient held in the predictions' format (a linear's: compute).
+        cx.g.round(grad, cx.format(node.inputs[0]));
         (pred, vec![grad])
     }
 
     fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, _: TensorId) {
-        cx.contribute(node.inputs[0], saved[0], true, Held::AsIs);
+        let x = node.inputs[0];
+        cx.contribute(x, saved[0], true, cx.format(x));
     }
 }
 

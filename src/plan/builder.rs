@@ -171,6 +171,7 @@ impl PlanBuilder {
             out,
             held,
             y_held: Format::F32,
+            x_held: Format::F32,
             residual: None,
             gelu: None,
         } = op
@@ -202,6 +203,7 @@ impl PlanBuilder {
             out,
             held: Format::F32,
             y_held: Format::F32,
+            x_held: Format::F32,
             residual: None,
             gelu: None,
         } = op
@@ -309,6 +311,7 @@ mod tests {
                 out,
                 held,
                 y_held,
+                x_held: Format::F32,
                 residual: None,
                 gelu: None,
             }] if x == bias && read == y && out == y && held == f16 && y_held == bf16
@@ -521,6 +524,7 @@ mod tests {
             out,
             held: f32_,
             y_held: f32_,
+            x_held: f32_,
             residual: None,
             gelu: None,
         });
@@ -574,6 +578,7 @@ mod tests {
             out,
             held: bf16,
             y_held: Format::F32,
+            x_held: Format::F32,
             residual: None,
             gelu: None,
         });

@@ -353,9 +353,12 @@ pub enum Op {
         /// The format its values are rounded to (they stay f32).
         format: Format,
     },
-    /// out = y' + x held in `held`, where y' is y rounded to `y_held` (a matmul's product
+    /// out = y' + x' held in `held`, where y' is y rounded to `y_held` (a matmul's product
     /// that autocast holds in the compute format, rounded as the add reads it:
-    /// `PlanBuilder::push`), x repeated over y when shorter (a bias added to every row); then,
+    /// `PlanBuilder::push`) and x' is x rounded to `x_held` (a linear layer's bias, which
+    /// autocast casts to the compute format and adds to the f32 product before its one
+    /// rounding, as cuBLASLt's bias epilogue), x repeated over y when shorter (a bias added to
+    /// every row); then,
     /// with a `residual` (r, format), out + r held in that format (a block's residual
     /// connection after its projection's bias: one pass, not two). In place where `out` is `y`
     /// (as the model records it: `Plan::store_codes` gives a bias add whose output it stores
@@ -374,12 +377,16 @@ pub enum Op {
         held: Format,
         /// The format y is rounded to as the add reads it.
         y_held: Format,
+        /// The format x is rounded to as the add reads it.
+        x_held: Format,
         /// A residual (r, format): out + r held in that format, into `out`.
         residual: Option<(TensorId, Format)>,
         /// A GELU (g, format): g = GELU(out) held in that format.
         gelu: Option<(TensorId, Format)>,
     },
-    /// out\[j\] = sum over rows of x\[row, j\] (bias gradients).
+    /// out\[j\] = sum over rows of x'\[row, j\] in f32, held in `held`, x' being x rounded to
+    /// `x_held` (a linear layer's bias gradient: autocast holds the layer's output, and so its
+    /// gradient, in the compute format, and sums it into the compute format's bias).
     ColumnSums {
         /// The input (rows, c).
         x: TensorId,
@@ -387,6 +394,10 @@ pub enum Op {
         out: TensorId,
         /// Width of a row.
         c: usize,
+        /// The format x is rounded to as it is read.
+        x_held: Format,
+        /// The format the sums are held in.
+        held: Format,
     },
     /// out[map.dst(e)] = x[map.src(e)], rounded to `held`.
     Copy {
@@ -508,7 +519,8 @@ impl Op {
                 dx: out,
                 sum: Some((_, held)),
                 ..
-            } => Some((*out, held)),
+            }
+            | Op::ColumnSums { out, held, .. } => Some((*out, held)),
             Op::Embedding { .. }
             | Op::EmbeddingBwd { .. }
             | Op::LayerNormBwd { .. }
@@ -519,7 +531,6 @@ impl Op {
             | Op::AttentionBwd { .. }
             | Op::Matmul { .. }
             | Op::Round { .. }
-            | Op::ColumnSums { .. }
             | Op::Copy { .. }
             | Op::Amax { .. }
             | Op::UnscaleCheck { .. }
@@ -676,6 +687,7 @@ impl Op {
             out: y,
             held: Format::F32,
             y_held: Format::F32,
+            x_held: Format::F32,
             residual: None,
             gelu: None,
         }
@@ -1113,7 +1125,7 @@ impl Op {
                 }
                 Ok(())
             }
-            Op::ColumnSums { x, out, c } => {
+            Op::ColumnSums { x, out, c, .. } => {
                 check.rows("x", x, ("c", c))?;
                 check.holds("the sums", out, c)
             }

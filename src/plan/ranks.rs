@@ -3,6 +3,7 @@
 
 use super::{Op, Plan, TensorId, TensorKind, exec};
 use crate::error::Result;
+use crate::format::Format;
 
 /// Tensors of a data-parallel step's gradient sum that the backward pass has finished with
 /// once it has run `ops[..ready]` (`Plan::gradient_buckets`).
@@ -25,6 +26,7 @@ impl Plan {
     /// additions (PyTorch's DDP instead sums gradients already rounded per rank). A gradient
     /// finished in any other way keeps its ops where they are and is summed as it is.
     pub fn split_for_ranks(&mut self) -> Vec<TensorId> {
+        self.unfold_held_gradient_sums();
         let backward = &self.ops[..self.backward];
         let mut first = vec![usize::MAX; self.tensors.len()];
         for (i, op) in backward.iter().enumerate() {
@@ -88,6 +90,30 @@ impl Plan {
         sum.extend(parts);
         debug_assert_eq!(self.validate().map_err(|e| e.to_string()), Ok(self.ids));
         sum
+    }
+
+    /// A column sum holding a gradient in a 16-bit format (a linear layer's bias gradient)
+    /// rounds as it writes it; a rank's plan rounds the ranks' sum instead, so the rounding
+    /// becomes an op of its own right after it, which `split_for_ranks` moves with the
+    /// gradient's other finishing ops.
+    fn unfold_held_gradient_sums(&mut self) {
+        let mut i = 0;
+        while i < self.backward {
+            if let Op::ColumnSums { out, held, .. } = &mut self.ops[i]
+                && *held != Format::F32
+                && matches!(self.tensors[*out].kind, TensorKind::Grad(_))
+            {
+                let (x, format) = (*out, std::mem::replace(held, Format::F32));
+                self.ops.insert(i + 1, Op::Round { x, format });
+                for end in [&mut self.forward, &mut self.backward, &mut self.gradients] {
+                    if *end > i {
+                        *end += 1;
+                    }
+                }
+                i += 1;
+            }
+            i += 1;
+        }
     }
 
     /// Groups `ids` (the tensors a data-parallel step sums, `split_for_ranks`) into buckets of

@@ -451,6 +451,7 @@ mod tests {
             out,
             held: Format::F32,
             y_held: Format::F32,
+            x_held: Format::F32,
             residual,
             gelu,
         };

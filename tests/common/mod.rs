@@ -500,6 +500,26 @@ pub fn same_row_maxes(what: &str, got: &[f32], want: &[f32]) {
     }
 }
 
+/// A safetensors file's tensors by name (shape, values), every one f32 (the parity fixtures).
+pub type Tensors = std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)>;
+
+/// The tensors of safetensors `bytes`, each of which must be f32.
+pub fn f32_tensors(bytes: &[u8]) -> Result<Tensors, String> {
+    use safetensors::tensor::{Dtype, SafeTensors};
+    let st = SafeTensors::deserialize(bytes).map_err(|e| e.to_string())?;
+    let mut out = Tensors::new();
+    for (name, view) in st.tensors() {
+        if view.dtype() != Dtype::F32 {
+            return Err(format!("{name}: {:?}, not f32", view.dtype()));
+        }
+        let values = (view.data().chunks_exact(4))
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        out.insert(name, (view.shape().to_vec(), values));
+    }
+    Ok(out)
+}
+
 /// A file of the repository, `rel` from its root: where the tests were built, or, where that
 /// path is gone (a test executable carried to another machine, run from the repository's root
 /// there), the same path from the current directory.

@@ -534,12 +534,12 @@ struct Counters {
     }
 };
 
-static void column_sums_of(const float* x, float* out, u32 rows, u32 c) {
+static void column_sums_of(const float* x, float* out, u32 rows, u32 c, u32 x_fmt, u32 fmt) {
     u32 chunks = std::max(1u, (rows + CHUNK_ROWS - 1) / CHUNK_ROWS);
     std::vector<float> partial((size_t)chunks * c);
     Counters counters(c);
     emu::launch({(c + 31) / 32, chunks, 1}, {32, 8, 1},
-                [&] { column_sums(x, partial.data(), out, counters.p(), rows, c); });
+                [&] { column_sums(x, partial.data(), out, counters.p(), rows, c, x_fmt, fmt); });
 }
 
 // Runs train.cu kernel `k`; false if `k` is not one of them.
@@ -660,11 +660,12 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
                     [&] { mean_to_stat(squares.data(), stats.data(), (u32)n, 1); });
         grad.push_back(stats[1]);
         out = bits_of(grad);
-    } else if (k == "column_sums" && argc == 4) {  // ROWS C < x > sums
-        u32 rows = arg(argv, 2), c = arg(argv, 3);
+    } else if (k == "column_sums" && argc == 6) {
+        // ROWS C XFMT FMT < x > sums of x held in XFMT, held in FMT
+        u32 rows = arg(argv, 2), c = arg(argv, 3), x_fmt = arg(argv, 4), fmt = arg(argv, 5);
         float* x = input.f((size_t)rows * c);
         std::vector<float> sums(c);
-        column_sums_of(x, sums.data(), rows, c);
+        column_sums_of(x, sums.data(), rows, c, x_fmt, fmt);
         out = bits_of(sums);
     } else if (k == "sum_partials" && argc == 4) {  // CHUNKS C < partial > sums
         u32 chunks = arg(argv, 2), c = arg(argv, 3);
@@ -768,15 +769,17 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
             embedding_sum(dout, offsets.data(), sorted.data(), y.data(), c, width);
         });
         out = bits_of(y);
-    } else if (k == "add" && argc == 12) {
-        // N C YFMT FMT CODED RFMT HAS_R HAS_G GFMT GCODED < x(c) y(n) [r(n)] > y held in YFMT,
-        // plus x, held in FMT; then with HAS_R plus r held in RFMT (its codes, one to each word,
-        // where CODED: written to a separate output, as a plan's coded bias add does; else in
-        // place); then with HAS_G, the GELU of that, held in GFMT (codes where GCODED)
+    } else if (k == "add" && argc == 13) {
+        // N C YFMT FMT CODED RFMT HAS_R HAS_G GFMT GCODED XFMT < x(c) y(n) [r(n)] > y held in
+        // YFMT, plus x held in XFMT, held in FMT; then with HAS_R plus r held in RFMT (its codes,
+        // one to each word, where CODED: written to a separate output, as a plan's coded bias
+        // add does; else in place); then with HAS_G, the GELU of that, held in GFMT (codes where
+        // GCODED)
         i64 n = arg(argv, 2);
         u32 c = arg(argv, 3), y_fmt = arg(argv, 4), fmt = arg(argv, 5), coded = arg(argv, 6);
         u32 r_fmt = arg(argv, 7), has_r = arg(argv, 8);
         u32 has_g = arg(argv, 9), g_fmt = arg(argv, 10), g_coded = arg(argv, 11);
+        u32 x_fmt = arg(argv, 12);
         float *x = input.f(c), *y = input.f(n);
         const float* r = has_r ? input.f(n) : nullptr;
         std::vector<unsigned short> codes(n), g_codes(n);
@@ -784,7 +787,7 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         void* dst = coded ? (void*)codes.data() : (void*)y;
         void* g = !has_g ? nullptr : g_coded ? (void*)g_codes.data() : (void*)g_values.data();
         emu::launch(elementwise_grid(n), element_block, [&] {
-            add(x, y, dst, n, c, y_fmt, fmt, coded, r, r_fmt, g, g_fmt, g_coded);
+            add(x, y, dst, n, c, y_fmt, x_fmt, fmt, coded, r, r_fmt, g, g_fmt, g_coded);
         });
         out = coded ? std::vector<u32>(codes.begin(), codes.end()) : bits_of(std::vector<float>(y, y + n));
         if (has_g) {

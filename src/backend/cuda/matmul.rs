@@ -770,7 +770,7 @@ fn split_gemms(
                     let len = PIECE.min(s.c_len() - start);
                     let x = cb.ptr(&lower.slice(start..start + len));
                     let y = cb.ptr(&c.slice(start..start + len));
-                    let f32_ = (Format::F32, Format::F32, false);
+                    let f32_ = (Format::F32, Format::F32, Format::F32, false);
                     let none = (0, Format::F32);
                     train::add(
                         cb,

@@ -424,6 +424,7 @@ impl<'a> CudaPlan<'a> {
                 out,
                 held,
                 y_held,
+                x_held,
                 residual,
                 gelu,
             } => {
@@ -438,13 +439,20 @@ impl<'a> CudaPlan<'a> {
                     Some((g, format)) => (self.p(g), format, self.coded(g)),
                     None => (0, Format::F32, false),
                 };
-                let formats = (y_held, held, self.coded(out));
+                let formats = (y_held, x_held, held, self.coded(out));
                 launch::add(cb, ptrs, lens, formats, (r, r_held), g)
             }
-            Op::ColumnSums { x, out, c } => launch::column_sums(
+            Op::ColumnSums {
+                x,
+                out,
+                c,
+                x_held,
+                held,
+            } => launch::column_sums(
                 cb,
                 [self.p(x), self.p(out)],
                 (self.rows(x, c), c),
+                (x_held, held),
                 (work, counters),
             ),
             Op::Copy {

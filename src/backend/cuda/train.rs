@@ -304,19 +304,22 @@ fn column_config(c: usize, chunks: usize) -> Result<LaunchConfig> {
     })
 }
 
-/// out[j] = sum over rows of x[row, j], through `scratch` (`scratch::column_sums`) and the
-/// zeros of `counters` (`counters_for`), in one launch.
+/// out[j] = sum over rows of x[row, j], x rounded to `x_held` as it is read and the sums held
+/// in `held`, through `scratch` (`scratch::column_sums`) and the zeros of `counters`
+/// (`counters_for`), in one launch.
 pub(super) fn column_sums(
     cb: &CudaBackend,
     [x, out]: [Ptr; 2],
     (rows, c): (usize, usize),
+    (x_held, held): (Format, Format),
     (scratch, counters): (Ptr, Ptr),
 ) -> Result<()> {
     if c == 0 {
         return Ok(());
     }
     let (c32, rows32, chunks) = (c as u32, rows as u32, chunks(rows));
-    launch!(cb, Module::Train, "column_sums", column_config(c, chunks)?; &x, &scratch, &out, &counters, &rows32, &c32)
+    let (x_fmt, fmt) = (format_id(x_held), format_id(held));
+    launch!(cb, Module::Train, "column_sums", column_config(c, chunks)?; &x, &scratch, &out, &counters, &rows32, &c32, &x_fmt, &fmt)
 }
 
 /// The u32 counters (zeros between launches) the column reductions of `op` need: one per
@@ -470,22 +473,22 @@ fn one_block(threads: u32) -> LaunchConfig {
     }
 }
 
-/// out = y rounded to `y_held`, plus x, held in `held`, x (c elements) repeated over y (n);
-/// then, where `r` is not null, plus r (n elements) held in `r_held`; its 16-bit codes where
-/// `coded`. out may be y.
+/// out = y rounded to `y_held`, plus x rounded to `x_held`, held in `held`, x (c elements)
+/// repeated over y (n); then, where `r` is not null, plus r (n elements) held in `r_held`;
+/// its 16-bit codes where `coded`. out may be y.
 pub(super) fn add(
     cb: &CudaBackend,
     [x, y, out]: [Ptr; 3],
     (n, c): (usize, usize),
-    (y_held, held, coded): (Format, Format, bool),
+    (y_held, x_held, held, coded): (Format, Format, Format, bool),
     (r, r_held): (Ptr, Format),
     (g, g_held, g_coded): (Ptr, Format, bool),
 ) -> Result<()> {
     let (len, c, coded, g_coded) = (n as i64, c.max(1) as u32, coded as u32, g_coded as u32);
-    let (y_fmt, fmt, r_fmt) = (format_id(y_held), format_id(held), format_id(r_held));
-    let g_fmt = format_id(g_held);
+    let (y_fmt, x_fmt, fmt) = (format_id(y_held), format_id(x_held), format_id(held));
+    let (r_fmt, g_fmt) = (format_id(r_held), format_id(g_held));
     launch_1d!(cb, Module::Train, "add", n;
-        &x, &y, &out, &len, &c, &y_fmt, &fmt, &coded, &r, &r_fmt, &g, &g_fmt, &g_coded)
+        &x, &y, &out, &len, &c, &y_fmt, &x_fmt, &fmt, &coded, &r, &r_fmt, &g, &g_fmt, &g_coded)
 }
 
 /// y[map.dst(e)] = x[map.src(e)] rounded to `held`.

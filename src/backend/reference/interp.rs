@@ -310,6 +310,7 @@ impl HostExecutor {
                 out,
                 held,
                 y_held,
+                x_held,
                 residual,
                 gelu,
             } => {
@@ -318,7 +319,7 @@ impl HostExecutor {
                     false => t[y].clone(),
                 };
                 round_to(&mut target, y_held);
-                let src = &self.tensors[x];
+                let src = rounded(&self.tensors[x], x_held);
                 for (i, t) in target.iter_mut().enumerate() {
                     *t += src[i % src.len()];
                 }
@@ -339,7 +340,17 @@ impl HostExecutor {
                     self.tensors[g] = y;
                 }
             }
-            Op::ColumnSums { x, out, c } => self.tensors[out] = ops::column_sums(&t[x], c),
+            Op::ColumnSums {
+                x,
+                out,
+                c,
+                x_held,
+                held,
+            } => {
+                let mut sums = ops::column_sums(&rounded(&t[x], x_held), c);
+                round_to(&mut sums, held);
+                self.tensors[out] = sums;
+            }
             Op::Copy { x, out, map, held } => {
                 let mut target = std::mem::take(self.slot(out));
                 map.apply(&rounded(&self.tensors[x], held), &mut target);

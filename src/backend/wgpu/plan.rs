@@ -733,13 +733,15 @@ impl<'a> ResidentPlan<'a> {
                 out,
                 held,
                 y_held,
+                x_held,
                 residual,
                 gelu,
             } => {
                 let g = gelu.map(|(g, format)| (format, coded(g)));
+                let formats = (y_held, x_held, held);
                 let launch = if out == y {
                     let z = residual.map(|r| r.0).or(gelu.map(|g| g.0));
-                    let l = launch::add(len(y), len(x), (y_held, held), residual.map(|r| r.1), g);
+                    let l = launch::add(len(y), len(x), formats, residual.map(|r| r.1), g);
                     (l, [Some(y), z, None])
                 } else {
                     debug_assert!(residual.is_none() && (gelu.is_none() || coded(out)));
@@ -747,14 +749,20 @@ impl<'a> ResidentPlan<'a> {
                         true => [Some(y), gelu.map(|g| g.0), Some(out)],
                         false => [Some(y), Some(out), None],
                     };
-                    let l = launch::add_into(len(y), len(x), (y_held, held), coded(out), g);
+                    let l = launch::add_into(len(y), len(x), formats, coded(out), g);
                     (l, outs)
                 };
                 step(launch.0, Some(x), launch.1)?
             }
-            Op::ColumnSums { x, out, c } => {
+            Op::ColumnSums {
+                x,
+                out,
+                c,
+                x_held,
+                held,
+            } => {
                 let rows = rows_of(x, c);
-                let [partials, sums] = launch::column_sums(rows, c);
+                let [partials, sums] = launch::column_sums(rows, c, (x_held, held));
                 let parts = storage_of(gpu, launch::partials_len(rows, c, 1))?;
                 let d = [
                     train_on(

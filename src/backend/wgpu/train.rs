@@ -272,6 +272,9 @@ pub struct StepParams {
     pub extra: [u32; 4],
     /// A bias add's GELU: (1 if it has one, the format it is held in, 1 if stored as codes, 0).
     pub gelu: [u32; 4],
+    /// The formats operands are rounded to as they are read: `add` and `add_into` (x's: a
+    /// linear layer's bias in the compute format, 0, 0, 0).
+    pub read: [u32; 4],
 }
 
 /// One launch of a train.wgsl kernel: which entry point, its uniform, and how many invocations.
@@ -649,12 +652,18 @@ pub mod launch {
         l
     }
 
-    /// The sums over `rows` rows of each of `c` columns: x -> partials, then partials -> sums.
-    pub fn column_sums(rows: usize, c: usize) -> [TrainLaunch; 2] {
-        [
-            column_partials(TrainOp::ColumnPartials, rows, c),
-            sum_partials(rows, c, 1),
-        ]
+    /// The sums over `rows` rows of each of `c` columns, x rounded to `x_held` as it is read
+    /// and the sums held in `held`: x -> partials, then partials -> sums.
+    pub fn column_sums(
+        rows: usize,
+        c: usize,
+        (x_held, held): (Format, Format),
+    ) -> [TrainLaunch; 2] {
+        let mut partials = column_partials(TrainOp::ColumnPartials, rows, c);
+        partials.params.read_held = format_id(x_held);
+        let mut sums = sum_partials(rows, c, 1);
+        sums.params.held = format_id(held);
+        [partials, sums]
     }
 
     /// Gathers `n` elements (rows of `c`): table, ids -> y.
@@ -878,13 +887,13 @@ pub mod launch {
         step(StepOp::Round, params, Some(n))
     }
 
-    /// y (n) = y rounded to `y_held`, plus x (c, repeated over y), held in `held`; then, with
-    /// a residual (bound as z) held in its format, plus it; or with a GELU (its format, and
-    /// whether stored as codes), z = GELU(y).
+    /// y (n) = y rounded to `y_held`, plus x (c, repeated over y) rounded to `x_held`, held in
+    /// `held`; then, with a residual (bound as z) held in its format, plus it; or with a GELU
+    /// (its format, and whether stored as codes), z = GELU(y).
     pub fn add(
         n: usize,
         c: usize,
-        (y_held, held): (Format, Format),
+        (y_held, x_held, held): (Format, Format, Format),
         residual: Option<Format>,
         gelu: Option<(Format, bool)>,
     ) -> StepLaunch {
@@ -900,6 +909,7 @@ pub mod launch {
                 format_id(r_held),
             ],
             gelu: gelu_params(gelu),
+            read: [format_id(x_held), 0, 0, 0],
             ..Default::default()
         };
         let items = match gelu {
@@ -909,13 +919,13 @@ pub mod launch {
         step(StepOp::Add, params, Some(items))
     }
 
-    /// z = y rounded to `y_held`, plus x, held in `held`, x (c values) repeated over y (n);
-    /// where `coded`, its codes go to w instead, two to a word, and a GELU (its format, and
-    /// whether stored as codes) of them to z.
+    /// z = y rounded to `y_held`, plus x rounded to `x_held`, held in `held`, x (c values)
+    /// repeated over y (n); where `coded`, its codes go to w instead, two to a word, and a GELU
+    /// (its format, and whether stored as codes) of them to z.
     pub fn add_into(
         n: usize,
         c: usize,
-        (y_held, held): (Format, Format),
+        (y_held, x_held, held): (Format, Format, Format),
         coded: bool,
         gelu: Option<(Format, bool)>,
     ) -> StepLaunch {
@@ -925,6 +935,7 @@ pub mod launch {
             format: format_id(held),
             extra: [coded as u32, format_id(y_held), 0, 0],
             gelu: gelu_params(gelu),
+            read: [format_id(x_held), 0, 0, 0],
             ..Default::default()
         };
         let items = if coded { n.div_ceil(2) } else { n };
