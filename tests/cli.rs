@@ -795,13 +795,16 @@ fn bench_train_profiles_every_op_of_the_step() {
         assert!(close(seconds, total), "{rows:?}");
     }
     assert_eq!(p["parts"].as_array().unwrap().len(), 3);
-    // Each op's cost by its definition: products have FLOPs, the rest bytes alone, and the
-    // step's work is their sum; each has a fraction of the device's limits, measured.
+    // Each op's cost by its definition: products (matmuls, fused attention) have FLOPs, the rest
+    // bytes alone, and the step's work is their sum; each has a fraction of the device's
+    // limits, measured.
     for op in ops {
         let label = op["label"].as_str().unwrap();
         let (bytes, flops) = (op["bytes"].as_u64().unwrap(), op["flops"].as_u64().unwrap());
         assert!(bytes > 0, "{op}");
-        assert_eq!(label.starts_with("matmul"), flops > 0, "{op}");
+        // (Fused attention's products count too, where `--attention auto` took it.)
+        let product = label.starts_with("matmul") || label.starts_with("attention");
+        assert_eq!(product, flops > 0, "{op}");
         assert!(op["of_limit"].as_f64().is_some_and(|f| f > 0.0), "{op}");
     }
     let work = &v[0]["work"];
