@@ -30,9 +30,9 @@ cargo test --doc --features mpi "$@" 2>&1 | tee -a "$log"
 if command -v dpkg-deb >/dev/null && [ "$(uname -m)" = x86_64 ]; then
     bash scripts/lavapipe-coop.sh cargo test --test coop --test conformance --features mpi "$@" 2>&1 | tee -a "$log"
     # The step plans on cooperative matrices (their operand planes in idle slots and shared
-    # between matmuls; their peak memory), and the 16-bit coded tensors read by their kernels
-    # there, bit for bit as stored in f32.
-    bash scripts/lavapipe-coop.sh cargo test --test train --features mpi "$@" -- resident coded 2>&1 | tee -a "$log"
+    # between matmuls; their peak memory), the 16-bit coded tensors read by their kernels
+    # there, bit for bit as stored in f32, and fused attention on them (attention_coop.wgsl).
+    bash scripts/lavapipe-coop.sh cargo test --test train --features mpi "$@" -- resident coded fused_attention 2>&1 | tee -a "$log"
     echo "cooperative matrices: passed" >> "$log"
 else
     echo "SKIPPED cooperative matrices: scripts/lavapipe-coop.sh needs Debian's dpkg-deb on x86_64" | tee -a "$log"

@@ -17,8 +17,9 @@
 // tile, 2T); aliases CoopA, CoopB (f16 operands) and CoopC (f32 accumulators) of the device's
 // T x T matrices; ATT_MAX_D. A workgroup takes a block of ATT_W * T rows of one (sequence,
 // head), a subgroup T of them: query rows in the forward and dq, key rows in dk|dv. Heads of a
-// multiple of T, up to ATT_MAX_D (64): up to four fragments a row, named (WGSL has no arrays of
-// cooperative matrices), those past d left alone.
+// multiple of T, up to four of them (64 on 16 x 16 tiles, 32 on 8 x 8; ATT_MAX_D at most): an
+// output row's four fragments are named (WGSL has no arrays of cooperative matrices), those
+// past d left alone.
 
 const CB: u32 = ATT_W * T;
 // SIMT lanes to a row of a subgroup's T rows.

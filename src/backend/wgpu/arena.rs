@@ -147,7 +147,12 @@ mod tests {
 
     #[test]
     fn decayed_tensors_come_first_each_on_a_span_and_segments_stay_within_their_capacity() {
-        let params = [param(0, true), param(1, false), param(2, true), param(3, false)];
+        let params = [
+            param(0, true),
+            param(1, false),
+            param(2, true),
+            param(3, false),
+        ];
         let lens = [5000, 7, 4096, 3];
         let len = |id: TensorId| lens[id / 10];
         let one = Layout::of(&params, len, 1 << 20).unwrap();
@@ -162,7 +167,10 @@ mod tests {
         assert_eq!(one.role(99), None);
         // Two spans a segment: each segment within it, a new one where the next does not fit.
         let small = Layout::of(&params, len, 2 * SPAN).unwrap();
-        assert!(small.segments.iter().all(|s| s.len <= 2 * SPAN), "{small:?}");
+        assert!(
+            small.segments.iter().all(|s| s.len <= 2 * SPAN),
+            "{small:?}"
+        );
         assert_eq!(small.segments.len(), 3);
         assert_eq!(small.spans_before(2), 2 + 2);
         let err = Layout::of(&params, len, 4000).unwrap_err();

@@ -397,7 +397,9 @@ pub fn submit_passes(
 /// Copies the first `bytes` of `src` back to the host. Nothing blocks: natively the poll below
 /// returns once the copy is done, in the browser the mapping resolves from the event loop.
 pub async fn read_bytes(gpu: &Gpu, src: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
-    Staged::copy(gpu, &[(&Region::whole(src), bytes)]).read(gpu).await
+    Staged::copy(gpu, &[(&Region::whole(src), bytes)])
+        .read(gpu)
+        .await
 }
 
 /// A copy of the first bytes of some buffers into one mappable buffer, one after another,
@@ -483,6 +485,8 @@ pub async fn read_words(gpu: &Gpu, src: &wgpu::Buffer, count: usize) -> Result<V
 
 /// Reads the first `count` u32 words of a region back.
 pub async fn read_region(gpu: &Gpu, src: &Region, count: usize) -> Result<Vec<u32>> {
-    let bytes = Staged::copy(gpu, &[(src, count as u64 * 4)]).read(gpu).await?;
+    let bytes = Staged::copy(gpu, &[(src, count as u64 * 4)])
+        .read(gpu)
+        .await?;
     Ok(bytemuck::pod_collect_to_vec(&bytes))
 }

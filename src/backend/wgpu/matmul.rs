@@ -467,7 +467,8 @@ fn simt(
     let tiles = [n.div_ceil(variant.tile.bn), m.div_ceil(variant.tile.bm)];
     let dispatch = |params: MatmulParams, partials: &wgpu::Buffer, z: u32, run: &mut MatmulRun| {
         let uniform = buffer::uniform(gpu, &params);
-        let mut buffers: Vec<&dyn Bind> = vec![&uniform, &pa.buffer, &pb.buffer, &run.c, scale_buffer];
+        let mut buffers: Vec<&dyn Bind> =
+            vec![&uniform, &pa.buffer, &pb.buffer, &run.c, scale_buffer];
         buffers.push(partials);
         buffers.extend(flags.map(|f| f as &dyn Bind));
         run.product.push(run.dispatches.len());
@@ -518,8 +519,12 @@ fn simt(
             }
         }
     }
-    run.scratch
-        .extend([pa, pb].into_iter().filter(|p| p.pooled).map(|p| p.buffer.buffer));
+    run.scratch.extend(
+        [pa, pb]
+            .into_iter()
+            .filter(|p| p.pooled)
+            .map(|p| p.buffer.buffer),
+    );
     Ok(())
 }
 

@@ -250,7 +250,9 @@ impl WgpuBackend {
         // The cooperative kernels read f16 natively; MANTISSA_F16=packed keeps everything packed.
         let coop = gpu.coop.filter(|_| options.coop && f16 == F16Read::Native);
         let limits = &gpu.limits;
-        let binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let binding = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
         let arena_binding = options
             .assume_arena_binding
             .map_or(binding, |b| b.min(binding));
@@ -483,7 +485,12 @@ impl WgpuBackend {
         let run = self
             .gpu
             .scoped("matmul", || {
-                let run = self.record_on_tile(shape, algorithm, tile, OnDevice::f32(&Region::whole(&ab), &Region::whole(&bb)))?;
+                let run = self.record_on_tile(
+                    shape,
+                    algorithm,
+                    tile,
+                    OnDevice::f32(&Region::whole(&ab), &Region::whole(&bb)),
+                )?;
                 let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
                 submit(&self.gpu, &clears, &run.dispatches, None);
                 Ok(run)
@@ -535,8 +542,13 @@ impl WgpuBackend {
         a: &wgpu::Buffer,
         b: &wgpu::Buffer,
     ) -> Result<Vec<f32>> {
-        self.product_on_tile(shape, algorithm, tile, OnDevice::f32(&Region::whole(a), &Region::whole(b)))
-            .await
+        self.product_on_tile(
+            shape,
+            algorithm,
+            tile,
+            OnDevice::f32(&Region::whole(a), &Region::whole(b)),
+        )
+        .await
     }
 
     /// The matmul of operands on the device (f32 values or 16-bit codes), on `tile`, read back.
@@ -782,7 +794,11 @@ impl Backend for WgpuBackend {
         }
         let (ab, bb) = self.upload_operands(a, b).await?;
         let (tile, ..) = self
-            .tile_for(shape, algorithm, OnDevice::f32(&Region::whole(&ab), &Region::whole(&bb)))
+            .tile_for(
+                shape,
+                algorithm,
+                OnDevice::f32(&Region::whole(&ab), &Region::whole(&bb)),
+            )
             .await?;
         self.multiply(shape, algorithm, tile, &ab, &bb).await
     }
@@ -877,7 +893,11 @@ impl Backend for WgpuBackend {
         shape.check(a.len(), b.len())?;
         let (ab, bb) = self.upload_operands(a, b).await?;
         let (tile, tuned, tuned_seconds) = self
-            .tile_for(shape, algorithm, OnDevice::f32(&Region::whole(&ab), &Region::whole(&bb)))
+            .tile_for(
+                shape,
+                algorithm,
+                OnDevice::f32(&Region::whole(&ab), &Region::whole(&bb)),
+            )
             .await?;
         let (seconds, clock, repetitions) = self
             .time_on_tile(

@@ -11,8 +11,8 @@
 use super::WgpuBackend;
 use super::arena::{self, Layout};
 use super::buffer::{
-    Bind, BufferPool, Dispatch, Region, STORAGE, Staged, Timer, check_binding, read_region,
-    submit, submit_passes, uniform,
+    Bind, BufferPool, Dispatch, Region, STORAGE, Staged, Timer, check_binding, read_region, submit,
+    submit_passes, uniform,
 };
 use super::cast::{self, Grouping};
 use super::matmul;
@@ -364,15 +364,13 @@ impl<'a> ResidentPlan<'a> {
                 .collect())
         };
         // A train kernel on buffers: inputs, then outputs.
-        let train_on = |l: TrainLaunch,
-                        ins: [&dyn Bind; 3],
-                        outs: [&dyn Bind; 3]|
-         -> Result<Vec<Dispatch>> {
-            let l = l.launched(gpu)?;
-            let uniforms = l.params.iter().map(|p| uniform(gpu, p)).collect();
-            let buffers = [ins[0], ins[1], ins[2], outs[0], outs[1], outs[2]];
-            dispatches(&l.kernel, l.groups, uniforms, &buffers)
-        };
+        let train_on =
+            |l: TrainLaunch, ins: [&dyn Bind; 3], outs: [&dyn Bind; 3]| -> Result<Vec<Dispatch>> {
+                let l = l.launched(gpu)?;
+                let uniforms = l.params.iter().map(|p| uniform(gpu, p)).collect();
+                let buffers = [ins[0], ins[1], ins[2], outs[0], outs[1], outs[2]];
+                dispatches(&l.kernel, l.groups, uniforms, &buffers)
+            };
         // A train kernel on tensors; a missing one is a dummy.
         let train = |l: TrainLaunch,
                      ins: [Option<TensorId>; 3],
@@ -832,7 +830,12 @@ impl<'a> ResidentPlan<'a> {
                         for (index, (&grad, &n)) in grads.iter().zip(&spans).enumerate() {
                             let (s, at) = l.place(grad).unwrap_or_default();
                             let first = l.spans_before(s) + at / arena::SPAN;
-                            table.extend([first as usize, n, stats.flag(index), stats.norm_sq(index)]);
+                            table.extend([
+                                first as usize,
+                                n,
+                                stats.flag(index),
+                                stats.norm_sq(index),
+                            ]);
                         }
                         r.temporaries.extend([norms.clone(), flags.clone()]);
                         (norms, flags)

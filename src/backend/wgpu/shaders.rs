@@ -863,7 +863,8 @@ impl Kernel {
 
     /// Whether the kernel needs SHADER_F16.
     pub fn needs_f16(&self) -> bool {
-        matches!(self, Kernel::Matmul(v) if v.uses_f16()) || matches!(self, Kernel::AttentionCoop(..))
+        matches!(self, Kernel::Matmul(v) if v.uses_f16())
+            || matches!(self, Kernel::AttentionCoop(..))
     }
 
     /// The source files this kernel is built from (`backend::sources`).

@@ -141,6 +141,23 @@ pub const ATT_BC: u32 = 16;
 /// each taking a tile's side of rows.
 pub const ATT_COOP_SUBGROUPS: u32 = 2;
 
+/// Bytes of workgroup memory attention_coop.wgsl's kernels take on `coop`'s tiles (its arrays:
+/// the block's two sets of own rows and the streamed tile's two, f16 rows of the largest head
+/// padded by 8; per subgroup the scores or output rows, dP, and P and dS^T; the query tile's
+/// stats; the lanes' reductions).
+pub fn coop_attention_bytes(coop: super::shaders::Coop) -> u32 {
+    let (t, w) = (coop.size, ATT_COOP_SUBGROUPS);
+    let kc = 2 * t;
+    let row = (ATT_MAX_D + 8) * 2;
+    2 * w * t * row
+        + 2 * kc * row
+        + w * t * ATT_MAX_D * 4
+        + w * t * kc * 4
+        + 2 * w * t * (kc + 8) * 2
+        + 3 * kc * 4
+        + 2 * w * coop.subgroup * 4
+}
+
 /// Rows of a workgroup's block of fused attention.
 pub const fn att_block_rows() -> u32 {
     256 / ATT_LANES
@@ -338,7 +355,7 @@ impl TrainLaunch {
         } else {
             gpu.row_lanes
         };
-        if let Some(coop) = self.on_coop() {
+        if let Some(coop) = self.on_coop(gpu) {
             return self.launched_on_coop(gpu, coop, &what);
         }
         let kernel = Kernel::Train(self.op, lanes);
@@ -368,11 +385,7 @@ impl TrainLaunch {
                     .collect()
             }
             _ => {
-                let advice = if attention {
-                    ATTENTION_ADVICE
-                } else {
-                    SMALLER
-                };
+                let advice = if attention { ATTENTION_ADVICE } else { SMALLER };
                 if !self.rows {
                     gpu.check_loops(&what, self.loops(), advice)?;
                 }
@@ -388,15 +401,19 @@ impl TrainLaunch {
     }
 
     /// The cooperative matrices fused attention runs on: its `coop`, where its matmul inputs
-    /// are f16 (every product's operands f16 by definition) and its heads whole tiles.
-    fn on_coop(&self) -> Option<super::shaders::Coop> {
+    /// are f16 (every product's operands f16 by definition) and its heads whole tiles, at most
+    /// four of them (the kernels' named output fragments: 64 on 16 x 16 tiles, 32 on 8 x 8).
+    fn on_coop(&self, gpu: &Gpu) -> Option<super::shaders::Coop> {
         let p = &self.params;
+        let limits = &gpu.limits;
         self.coop.filter(|c| {
-            self.op.is_attention()
+            coop_attention_bytes(*c) <= limits.max_compute_workgroup_storage_size
+                && ATT_COOP_SUBGROUPS * c.subgroup <= limits.max_compute_invocations_per_workgroup
+                && self.op.is_attention()
                 && p.inputs == crate::format::Format::F16.id()
                 && p.d > 0
                 && p.d.is_multiple_of(c.size)
-                && p.d <= ATT_MAX_D
+                && p.d <= ATT_MAX_D.min(4 * c.size)
                 && c.subgroup.is_multiple_of(c.size)
         })
     }
@@ -1020,5 +1037,29 @@ pub mod launch {
             ..Default::default()
         };
         step(StepOp::Adamw, params, Some(n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::wgpu::shaders::Coop;
+
+    /// attention_coop.wgsl fits NVIDIA's 48 KiB of workgroup memory on 16 x 16 tiles and
+    /// lavapipe's 32 KiB on 8 x 8 (the count is what `on_coop` checks against the device).
+    #[test]
+    fn cooperative_attention_fits_the_devices_workgroup_memory() {
+        let nvidia = coop_attention_bytes(Coop {
+            size: 16,
+            subgroup: 32,
+        });
+        let lavapipe = coop_attention_bytes(Coop {
+            size: 8,
+            subgroup: 8,
+        });
+        assert!(
+            nvidia <= 48 * 1024 && lavapipe <= 32 * 1024,
+            "{nvidia} {lavapipe}"
+        );
     }
 }
