@@ -20,6 +20,8 @@
 //                               M / N a multiple of 4); quads only for one-plane f32 and tf32
 //   fn fetch_a(idx: u32) -> f32 and fn fetch_b(idx: u32) -> f32: decode one stored element;
 //   fn fetch_a4(quad: u32) -> vec4<f32>, fetch_b4: four, from one quad (fetch.wgsl)
+//   const EPILOGUE: bool, fn epilogue(e, col, v) -> f32: a fused bias add in the store
+//                               (epilogue.wgsl, spliced after this file where EPILOGUE)
 //   const MASKED: bool, fn flagged(line: u32) -> bool: as the fallback of the cooperative-matrix
 //                               kernel, compute only outputs whose row of A or column of B is
 //                               flagged (coop_pack.wgsl); the flags are binding 6
@@ -79,6 +81,9 @@ struct MatmulParams {
     // MODE_REDUCE: the group planes to add.
     planes: u32,
     _pad: u32,
+    // EPILOGUE: the fused bias add's formats and flags (epilogue.wgsl).
+    epi: vec4<u32>,
+    epi2: vec4<u32>,
 }
 
 const MODE_SUM: u32 = 0u;
@@ -516,6 +521,9 @@ fn store_row(batch: u32, row: u32, col_start: u32, v: vec4<f32>) {
                 let sa = scales[batch * params.sa_batch + select(0u, row, ROWWISE)];
                 let sb = scales[params.sb_offset + batch * params.sb_batch + select(0u, col, ROWWISE)];
                 out = unscale(out, sa, sb);
+            }
+            if (EPILOGUE) {
+                out = epilogue(batch * params.c_batch + row * params.n + col, col, out);
             }
             c_data[batch * params.c_batch + row * params.n + col] = out;
         }

@@ -12,6 +12,9 @@
 //   const SG: u32               the subgroup size
 //   const WG: u32               the workgroup size: SG times the subgroups per workgroup
 //   const SCALED: bool          operands scaled per line by coop_pack (bf16 planes), else f16(x)
+//   const EPILOGUE: bool, fn epilogue(e, col, v) -> f32
+//                               a fused bias add in the store (epilogue.wgsl; its blocks then
+//                               store through `staging`)
 //   alias OPERAND_T             f16, or Octet (eight halves, coop_block.wgsl) for staged blocks
 //   fn coop_block(batch, row0, col0, lindex)
 //                               the block's products into C: one accumulator per split level and
@@ -58,6 +61,9 @@ struct CoopParams {
     _pad0: u32,
     _pad1: u32,
     _pad2: u32,
+    // EPILOGUE: the fused bias add's formats and flags (epilogue.wgsl).
+    epi: vec4<u32>,
+    epi2: vec4<u32>,
 }
 
 const MODE_SUM: u32 = 0u;
@@ -87,7 +93,7 @@ var<workgroup> staging: array<f32, WG / SG * T * T>;
 // Whether a block's tiles go from the accumulators straight into C: unscaled, the whole block
 // inside C, and every row of C starting on 16 bytes (the alignment cooperative stores need).
 fn stores_straight(row0: u32, col0: u32) -> bool {
-    return !SCALED && row0 + BM <= params.m && col0 + BN <= params.n && params.n % 4u == 0u
+    return !SCALED && !EPILOGUE && row0 + BM <= params.m && col0 + BN <= params.n && params.n % 4u == 0u
         && params.c_batch % 4u == 0u;
 }
 
@@ -110,6 +116,9 @@ fn store_tile(batch: u32, row: u32, col: u32, lindex: u32) {
                 continue;
             }
             out = ldexp_wide(out, -(shift_for_amax(amax_bits[la]) + shift_for_amax(amax_bits[lb])));
+        }
+        if (EPILOGUE) {
+            out = epilogue(batch * params.c_batch + r * params.n + c, c, out);
         }
         c_data[batch * params.c_batch + r * params.n + c] = out;
     }

@@ -210,20 +210,27 @@ fn mean_to_stat(@builtin(local_invocation_index) lid: u32) {
 }
 
 // GradScaler's unscale and check of every gradient, in two kernels (a gradient may be too
-// long for one workgroup to reduce quickly, and there may be many). First, per gradient (or
-// per arena segment of gradients, each starting on a span: src/backend/wgpu/arena.rs) over as
-// many workgroups as it has spans of UNSCALE_SPAN elements: y unscaled in place (times scalar
+// long for one workgroup to reduce quickly, and there may be many). First, per gradient over
+// as many workgroups as it has spans of UNSCALE_SPAN elements: y unscaled in place (times scalar
 // INVERSE_SCALE, scalar POISON added to element extra.z first where c = 1), each workgroup's
 // sum of squares and non-finite flag into z[extra.x + group] and w[extra.x + group] (extra.x:
-// where these partials start among all gradients').
+// where these partials start among all gradients'). Or (extra.y = 1) over an arena segment of
+// gradients (src/backend/wgpu/arena.rs), the same spans of each, workgroup `group` taking the
+// one in row `group` of the table in x: (first element, end, partial slot), three words.
 const UNSCALE_SPAN: u32 = 4096u;
 
 @compute @workgroup_size(256)
 fn unscale_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_index) lid: u32) {
     let group = flat_index(wg, nwg, 0u) / 256u;
-    let start = group * UNSCALE_SPAN;
-    let end = min(params.n, start + UNSCALE_SPAN);
+    var start = group * UNSCALE_SPAN;
+    var end = min(params.n, start + UNSCALE_SPAN);
+    var slot = params.extra.x + group;
+    if (params.extra.y == 1u) {
+        start = bitcast<u32>(x[3u * group]);
+        end = bitcast<u32>(x[3u * group + 1u]);
+        slot = bitcast<u32>(x[3u * group + 2u]);
+    }
     var s = 0.0;
     var nonfinite = 0u;
     let inverse = scalars[S_INVERSE_SCALE];
@@ -243,8 +250,8 @@ fn unscale_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroup
     bad[lid] = nonfinite;
     reduce_workgroup(lid);
     if (lid == 0u) {
-        z[params.extra.x + group] = bitcast<u32>(partial[0]);
-        w[params.extra.x + group] = bad[0];
+        z[slot] = bitcast<u32>(partial[0]);
+        w[slot] = bad[0];
     }
 }
 

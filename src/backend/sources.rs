@@ -73,6 +73,7 @@ files! {
     Wgsl "shaders" "attention_coop.wgsl",
     Wgsl "shaders" "step.wgsl",
     Wgsl "shaders" "gelu.wgsl",
+    Wgsl "shaders" "epilogue.wgsl",
     Wgsl "shaders" "loop_probe.wgsl",
     Cuda "cuda" "formats.cuh",
     Cuda "cuda" "mma.cuh",

@@ -6,17 +6,19 @@
 //! its tensor's range (`buffer::Region`).
 //!
 //! Layout: the tensors in the plan's order, those with weight decay first (AdamW runs over each
-//! kind's range with its own flag), each starting at a multiple of `SPAN` elements (16 KiB:
-//! a multiple of every device's storage offset alignment, and of the unscale's span, so that
-//! each of its workgroups' partial sums is one tensor's). The gaps stay zero (buffers start
-//! zeroed, and no kernel writes there: AdamW over zeros leaves zeros), so the unscale and
-//! AdamW may run over them. Where the state does not fit one binding of the adapter, it takes
-//! several segments of the four buffers, each within the limit, each its own dispatches.
+//! kind's range with its own flag), each starting at a multiple of `ALIGN` elements (256 bytes,
+//! every device's storage offset alignment at most). The gaps stay zero (buffers start zeroed,
+//! and no kernel writes there: AdamW over zeros leaves zeros), so AdamW may run over them; the
+//! unscale's workgroups take each gradient's spans of 4096 values from a table, as a buffer per
+//! gradient gives them (the same partial sums). Where the state does not fit one binding of the
+//! adapter, it takes several segments of the four buffers, each within the limit, each its own
+//! dispatches.
 
 use crate::plan::{AdamWParam, TensorId};
 
-/// Elements a tensor's offset is a multiple of: the unscale's span (step.wgsl's UNSCALE_SPAN).
-pub const SPAN: u64 = super::train::launch::UNSCALE_SPAN as u64;
+/// Elements a tensor's offset is a multiple of: 256 bytes, the largest storage offset alignment
+/// a device may ask for.
+pub const ALIGN: u64 = 64;
 
 /// The roles, in the order of `Member::tensors` and `Segment`'s buffers.
 pub const ROLES: [&str; 4] = ["gradients", "parameters", "first moments", "second moments"];
@@ -77,7 +79,7 @@ impl Layout {
                 ));
             }
             let seg = segments.len() - 1;
-            let mut offset = segments[seg].len.next_multiple_of(SPAN);
+            let mut offset = segments[seg].len.next_multiple_of(ALIGN);
             if offset + n > capacity {
                 segments.push(Segment { len: 0, decayed: 0 });
                 offset = 0;
@@ -117,12 +119,11 @@ impl Layout {
             .find_map(|m| m.tensors.iter().position(|&t| t == id))
     }
 
-    /// Partial sums of the unscale before segment `s`'s (its spans' first index).
-    pub fn spans_before(&self, s: usize) -> u64 {
-        self.segments[..s]
-            .iter()
-            .map(|g| g.len.div_ceil(SPAN))
-            .sum()
+    /// The members of segment `s`, in the order of their offsets.
+    pub fn members_of(&self, s: usize) -> Vec<&Member> {
+        let mut members: Vec<&Member> = self.members.iter().filter(|m| m.segment == s).collect();
+        members.sort_by_key(|m| m.offset);
+        members
     }
 
     /// Bytes of the four roles' buffers, padding included.
@@ -146,33 +147,26 @@ mod tests {
     }
 
     #[test]
-    fn decayed_tensors_come_first_each_on_a_span_and_segments_stay_within_their_capacity() {
-        let params = [
-            param(0, true),
-            param(1, false),
-            param(2, true),
-            param(3, false),
-        ];
+    fn decayed_tensors_come_first_each_aligned_and_segments_stay_within_their_capacity() {
+        let params = [param(0, true), param(1, false), param(2, true), param(3, false)];
         let lens = [5000, 7, 4096, 3];
         let len = |id: TensorId| lens[id / 10];
         let one = Layout::of(&params, len, 1 << 20).unwrap();
         assert_eq!(one.segments.len(), 1);
         let offsets: Vec<u64> = one.members.iter().map(|m| m.offset).collect();
-        // Plan order kept in `members`; decayed 0 and 2 first, at spans 0 and 2.
-        assert_eq!(offsets, [0, 3 * SPAN, 2 * SPAN, 4 * SPAN]);
-        assert_eq!(one.segments[0].decayed, 2 * SPAN + 4096);
-        assert_eq!(one.segments[0].len, 4 * SPAN + 3);
-        assert_eq!(one.place(21), Some((0, 2 * SPAN)));
+        // Plan order kept in `members`; decayed 0 and 2 first, each on 64 elements.
+        assert_eq!(offsets, [0, 5056 + 4096, 5056, 5056 + 4096 + 64]);
+        assert_eq!(one.segments[0].decayed, 5056 + 4096);
+        assert_eq!(one.segments[0].len, 5056 + 4096 + 64 + 3);
+        assert_eq!(one.place(21), Some((0, 5056)));
         assert_eq!(one.role(33), Some(3));
         assert_eq!(one.role(99), None);
-        // Two spans a segment: each segment within it, a new one where the next does not fit.
-        let small = Layout::of(&params, len, 2 * SPAN).unwrap();
-        assert!(
-            small.segments.iter().all(|s| s.len <= 2 * SPAN),
-            "{small:?}"
-        );
-        assert_eq!(small.segments.len(), 3);
-        assert_eq!(small.spans_before(2), 2 + 2);
+        let order: Vec<usize> = one.members_of(0).iter().map(|m| m.tensors[1]).collect();
+        assert_eq!(order, [0, 20, 10, 30]);
+        // 8192 values a segment: each within it, a new one where the next does not fit.
+        let small = Layout::of(&params, len, 8192).unwrap();
+        assert!(small.segments.iter().all(|s| s.len <= 8192), "{small:?}");
+        assert_eq!(small.segments.len(), 2);
         let err = Layout::of(&params, len, 4000).unwrap_err();
         assert!(err.contains("5000"), "{err}");
     }

@@ -291,9 +291,16 @@ pub(crate) fn bindings(kernel: &Kernel) -> &'static [Binding] {
         Kernel::CoopPack => &[Uniform, Read, ReadWrite, Read, ReadWrite],
         // a, b, c, scales (SIMT) or amax_bits (cooperative), the partial sums between spans of
         // K, and flags (cooperative, SIMT fallback).
+        // ... and with a fused bias add (epilogue.wgsl), its bias, residual and GELU.
+        Kernel::Matmul(v) if (v.coop.is_some() || v.masked) && v.epilogue => &[
+            Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read, Read, Read, ReadWrite,
+        ],
         Kernel::Matmul(v) if v.coop.is_some() || v.masked => {
             &[Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read]
         }
+        Kernel::Matmul(v) if v.epilogue => &[
+            Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read, Read, ReadWrite,
+        ],
         Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read, ReadWrite],
         Kernel::Train(..) | Kernel::AttentionCoop(..) => {
             &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite]

@@ -41,6 +41,8 @@ struct MatmulParams {
     batches: u32,
     planes: u32,
     _pad: u32,
+    epi: [u32; 4],
+    epi2: [u32; 4],
 }
 
 /// `params.mode` of the matmul kernels (matmul.wgsl, "Summation order"): the groups of a span of
@@ -131,6 +133,8 @@ struct CoopParams {
     batches: u32,
     planes: u32,
     _pad: [u32; 3],
+    epi: [u32; 4],
+    epi2: [u32; 4],
 }
 
 #[repr(C)]
@@ -282,6 +286,56 @@ impl<'a> OnDevice<'a> {
     }
 }
 
+/// A linear layer's bias add done in the matmul's store (epilogue.wgsl), as the step plan's
+/// `Op::Add` would do it reading the product in place right after the matmul: C = (C' + x')
+/// held in `held`, C' the product held in `y_held`, x' the bias (one per column of C) held in
+/// `x_held`; then plus a residual (held in its format), or a GELU of C (held in its format)
+/// into a tensor of its own, as f32.
+pub struct Epilogue<'a> {
+    /// The bias: one value per column of C.
+    pub bias: &'a Region,
+    /// The format the product is held in as the add reads it.
+    pub y_held: Format,
+    /// The format the bias is held in as the add reads it.
+    pub x_held: Format,
+    /// The format the sum is held in.
+    pub held: Format,
+    /// A residual added after (same layout as C) and the format that sum is held in.
+    pub residual: Option<(&'a Region, Format)>,
+    /// A GELU of the sum into this tensor (f32, C's layout), held in its format.
+    pub gelu: Option<(&'a Region, Format)>,
+}
+
+/// An epilogue's three bindings (a small buffer of the run's where it has no residual or
+/// GELU) and its words of the kernel's uniform.
+struct BoundEpilogue {
+    buffers: [Region; 3],
+    epi: [u32; 4],
+    epi2: [u32; 4],
+}
+
+impl BoundEpilogue {
+    fn of(gpu: &Gpu, pools: Pools, e: &Epilogue, run: &mut MatmulRun) -> Result<BoundEpilogue> {
+        // A kernel may not bind one buffer writable twice: the GELU's stand-in is its own.
+        let spare = pools.kept.take(gpu, 4)?;
+        run.temporaries.push(spare.clone());
+        let flags = u32::from(e.residual.is_some()) | (u32::from(e.gelu.is_some()) << 1);
+        let residual = e.residual.map_or(e.bias.clone(), |(r, _)| r.clone());
+        let gelu = e.gelu.map_or(Region::whole(&spare), |(g, _)| g.clone());
+        let fmt = |f: Option<(&Region, Format)>| f.map_or(0, |(_, f)| format_id(f));
+        Ok(BoundEpilogue {
+            buffers: [e.bias.clone(), residual, gelu],
+            epi: [
+                format_id(e.y_held),
+                format_id(e.x_held),
+                format_id(e.held),
+                flags,
+            ],
+            epi2: [fmt(e.residual), fmt(e.gelu), 0, 0],
+        })
+    }
+}
+
 /// Checks sizes and records the matmul of the operands already on the device into `out` (a
 /// pooled buffer when none), on cooperative matrices `coop` (with its SIMT fallback or not)
 /// where the algorithm has such a variant, on `tile` (the variant's default tile when none).
@@ -297,6 +351,7 @@ pub fn record(
     tile: Option<Tile>,
     operands: OnDevice,
     out: Option<&Region>,
+    epilogue: Option<&Epilogue>,
 ) -> Result<MatmulRun> {
     // Codes are read as they are stored: the SIMT kernel reads them as the codes it would have
     // encoded, the cooperative kernel packs from them.
@@ -315,9 +370,11 @@ pub fn record(
         None => Region::whole(&pools.kept.take(gpu, shape.c_len() as u64 * 4)?),
     };
     if variant.coop.is_some() {
-        return record_coop(gpu, pools, shape, algorithm, variant, fallback, operands, c);
+        return record_coop(
+            gpu, pools, shape, algorithm, variant, fallback, operands, c, epilogue,
+        );
     }
-    record_simt(gpu, pools, shape, algorithm, variant, operands, c)
+    record_simt(gpu, pools, shape, algorithm, variant, operands, c, epilogue)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -329,6 +386,7 @@ fn record_simt(
     variant: MatmulVariant,
     OnDevice { a, b, stored }: OnDevice,
     c: Region,
+    epilogue: Option<&Epilogue>,
 ) -> Result<MatmulRun> {
     let mut run = MatmulRun {
         clears: vec![],
@@ -342,6 +400,9 @@ fn record_simt(
     };
     let scales = fp8_scales(gpu, pools, shape, algorithm, a, b, &mut run)?;
     let scale_buffer = scales.as_ref().map(|s| s.scales.clone());
+    let bound = epilogue
+        .map(|e| BoundEpilogue::of(gpu, pools, e, &mut run))
+        .transpose()?;
     simt(
         gpu,
         pools,
@@ -356,6 +417,7 @@ fn record_simt(
             None => a,
         },
         None,
+        bound.as_ref(),
         &mut run,
     )?;
     if let Some(s) = scales {
@@ -378,10 +440,13 @@ fn simt(
     scales: &Option<Scales>,
     scale_buffer: &dyn Bind,
     flags: Option<&wgpu::Buffer>,
+    epilogue: Option<&BoundEpilogue>,
     run: &mut MatmulRun,
 ) -> Result<()> {
     // Checked modules get the K step written out: it is what keeps them fast.
-    let variant = variant.with_unrolled(gpu.runtime_checks);
+    let variant = variant
+        .with_unrolled(gpu.runtime_checks)
+        .with_epilogue(epilogue.is_some());
     let pa = prepare(
         gpu,
         pools,
@@ -463,6 +528,8 @@ fn simt(
         batches: batch,
         planes: 0,
         _pad: 0,
+        epi: epilogue.map_or([0; 4], |e| e.epi),
+        epi2: epilogue.map_or([0; 4], |e| e.epi2),
     };
     let tiles = [n.div_ceil(variant.tile.bn), m.div_ceil(variant.tile.bm)];
     let dispatch = |params: MatmulParams, partials: &wgpu::Buffer, z: u32, run: &mut MatmulRun| {
@@ -471,6 +538,9 @@ fn simt(
             vec![&uniform, &pa.buffer, &pb.buffer, &run.c, scale_buffer];
         buffers.push(partials);
         buffers.extend(flags.map(|f| f as &dyn Bind));
+        if let Some(e) = epilogue {
+            buffers.extend(e.buffers.iter().map(|b| b as &dyn Bind));
+        }
         run.product.push(run.dispatches.len());
         run.dispatches.push(Dispatch::new(
             gpu,
@@ -541,7 +611,9 @@ fn record_coop(
     fallback: bool,
     OnDevice { a, b, stored }: OnDevice,
     c: Region,
+    epilogue: Option<&Epilogue>,
 ) -> Result<MatmulRun> {
+    let variant = variant.with_epilogue(epilogue.is_some());
     let tile = variant.tile;
     let (m, n, k, batch) = (
         shape.m as u32,
@@ -564,6 +636,9 @@ fn record_coop(
         variant,
         given_scales: None,
     };
+    let bound = epilogue
+        .map(|e| BoundEpilogue::of(gpu, pools, e, &mut run))
+        .transpose()?;
     let scaled = variant.scaled();
     let lines = if scaled { batch * (m + n) } else { 1 };
     let amax_bits = pools.kept.take(gpu, lines as u64 * 4)?;
@@ -665,16 +740,23 @@ fn record_coop(
         batches: batch,
         planes: 0,
         _pad: [0; 3],
+        epi: bound.as_ref().map_or([0; 4], |e| e.epi),
+        epi2: bound.as_ref().map_or([0; 4], |e| e.epi2),
     };
     // The split is the dispatches', not the kernel's: one pipeline whatever the splits.
     let pipeline = gpu.pipeline(&Kernel::Matmul(variant.with_tile(tile.with_splits(1))))?;
     let dispatch = |params: CoopParams, partials: &wgpu::Buffer, z: u32, run: &mut MatmulRun| {
         let uniform = buffer::uniform(gpu, &params);
         run.product.push(run.dispatches.len());
+        let mut buffers: Vec<&dyn Bind> =
+            vec![&uniform, &pa, &pb, &run.c, &amax_bits, partials, &flags];
+        if let Some(e) = &bound {
+            buffers.extend(e.buffers.iter().map(|b| b as &dyn Bind));
+        }
         run.dispatches.push(Dispatch::new(
             gpu,
             pipeline.clone(),
-            &[&uniform, &pa, &pb, &run.c, &amax_bits, partials, &flags],
+            &buffers,
             [np / tile.bn, mp / tile.bm, z],
         ));
     };
@@ -723,6 +805,7 @@ fn record_coop(
             &None,
             &amax_bits,
             Some(&flags),
+            bound.as_ref(),
             &mut run,
         )?;
     }

@@ -530,6 +530,7 @@ impl WgpuBackend {
             Some(tile),
             operands,
             None,
+            None,
         )
     }
 

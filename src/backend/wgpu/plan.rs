@@ -270,6 +270,11 @@ impl<'a> ResidentPlan<'a> {
         };
         for (i, op) in plan.ops.iter().enumerate() {
             c.first.push(c.dispatches.len());
+            // An add folded into the matmul before it (`folds_into`) records nothing.
+            if i > 0 && folds_into(plan, i - 1) {
+                continue;
+            }
+            let folded = folds_into(plan, i).then(|| &plan.ops[i + 1]);
             // A matmul's tile, from the autotuner.
             let mut tile = None;
             if let Op::Matmul {
@@ -301,7 +306,7 @@ impl<'a> ResidentPlan<'a> {
                 kept: &BufferPool::exact(),
             };
             let recorded = gpu
-                .scoped(&what, || self.record(op, tile, &c, &dummies, pools))
+                .scoped(&what, || self.record(op, tile, &c, &dummies, pools, folded))
                 .await?;
             c.dispatches.extend(recorded.dispatches);
             c.clears.extend(recorded.clears);
@@ -321,7 +326,7 @@ impl<'a> ResidentPlan<'a> {
         Ok(c)
     }
 
-    /// The dispatches of one op.
+    /// The dispatches of one op; of a matmul with `folded`, the add after it too (its epilogue).
     fn record(
         &self,
         op: &Op,
@@ -329,6 +334,7 @@ impl<'a> ResidentPlan<'a> {
         c: &Compiled,
         dummies: &Dummies,
         pools: matmul::Pools,
+        folded: Option<&Op>,
     ) -> Result<Recorded> {
         let backend = self.backend;
         let gpu = &backend.gpu;
@@ -696,6 +702,25 @@ impl<'a> ResidentPlan<'a> {
                     // An empty sum: the zero-initialised output stands.
                     return Ok(r);
                 }
+                let epilogue = match folded {
+                    Some(&Op::Add {
+                        x,
+                        held,
+                        y_held,
+                        x_held,
+                        residual,
+                        gelu,
+                        ..
+                    }) => Some(matmul::Epilogue {
+                        bias: &t[x],
+                        y_held,
+                        x_held,
+                        held,
+                        residual: residual.map(|(r, f)| (&t[r], f)),
+                        gelu: gelu.map(|(g, f)| (&t[g], f)),
+                    }),
+                    _ => None,
+                };
                 let run = matmul::record(
                     gpu,
                     pools,
@@ -710,6 +735,7 @@ impl<'a> ResidentPlan<'a> {
                         stored: [stored(a), stored(b)],
                     },
                     Some(&t[out]),
+                    epilogue.as_ref(),
                 )?;
                 if let (Some((buffer, ga, gb)), Some(slots)) = (run.given_scales, scales) {
                     r.given.push((buffer, ga, gb, slots));
@@ -807,10 +833,38 @@ impl<'a> ResidentPlan<'a> {
                 let mut table = Vec::with_capacity(4 * grads.len());
                 let total = match layout {
                     Some(l) => {
-                        let total = l.spans_before(l.segments.len()) as usize;
+                        // Each gradient's spans as a buffer of its own gives them, their
+                        // partial slots in the gradients' order; a table of (first, end, slot)
+                        // per segment.
+                        let mut slot_of = Vec::with_capacity(grads.len());
+                        let mut total = 0;
+                        for &n in &spans {
+                            slot_of.push(total);
+                            total += n;
+                        }
                         let (norms, flags) = (storage_of(gpu, total)?, storage_of(gpu, total)?);
                         let poisoned = l.place(grads[0]);
                         for (s, segment) in l.segments.iter().enumerate() {
+                            let mut rows: Vec<u32> = Vec::new();
+                            for m in l.members_of(s) {
+                                let Some(index) = grads.iter().position(|&g| g == m.tensors[0])
+                                else {
+                                    continue;
+                                };
+                                let span = launch::UNSCALE_SPAN as u64;
+                                for k in 0..spans[index] as u64 {
+                                    let first = m.offset + k * span;
+                                    let end = (first + span).min(m.offset + m.len);
+                                    let slot = (slot_of[index] as u64 + k) as u32;
+                                    rows.extend([first as u32, end as u32, slot]);
+                                }
+                            }
+                            if rows.is_empty() {
+                                continue;
+                            }
+                            let table = storage_of(gpu, rows.len())?;
+                            gpu.queue
+                                .write_buffer(&table, 0, bytemuck::cast_slice(&rows));
                             let region = Region {
                                 buffer: c.arenas[s][0].clone(),
                                 offset: 0,
@@ -818,20 +872,19 @@ impl<'a> ResidentPlan<'a> {
                             };
                             let poison = poisoned.filter(|&(p, _)| p == s).map(|(_, at)| at);
                             d.extend(step_on(
-                                launch::unscale_partials_from(
+                                launch::unscale_partials_table(
                                     segment.len as usize,
+                                    rows.len() / 3,
                                     poison.map(|at| at as usize),
-                                    l.spans_before(s) as usize,
                                 ),
-                                &dummies.read,
+                                &table,
                                 [&region, &norms, &flags],
                             )?);
+                            r.temporaries.push(table);
                         }
-                        for (index, (&grad, &n)) in grads.iter().zip(&spans).enumerate() {
-                            let (s, at) = l.place(grad).unwrap_or_default();
-                            let first = l.spans_before(s) + at / arena::SPAN;
+                        for (index, &n) in spans.iter().enumerate() {
                             table.extend([
-                                first as usize,
+                                slot_of[index],
                                 n,
                                 stats.flag(index),
                                 stats.norm_sq(index),
@@ -1195,6 +1248,44 @@ impl StepExecutor for ResidentPlan<'_> {
             measured_by,
         }
     }
+}
+
+/// Whether op `i` is a matmul whose product op `i + 1` adds a bias to in place, so that the add
+/// can run in the matmul's store (its epilogue: `matmul::Epilogue`, epilogue.wgsl) with the same
+/// numbers and no dispatch of its own: the add reads the whole product and writes it back
+/// (nothing else reads the product), its bias is one value per column, every tensor it touches
+/// is stored as f32 (a GELU or sum stored as codes keeps its own dispatch), the product is not
+/// empty, and both ops run in every section together.
+fn folds_into(plan: &Plan, i: usize) -> bool {
+    let (Some(Op::Matmul { shape, out, .. }), Some(add)) = (plan.ops.get(i), plan.ops.get(i + 1))
+    else {
+        return false;
+    };
+    let Op::Add {
+        x,
+        y,
+        out: sum,
+        residual,
+        gelu,
+        ..
+    } = *add
+    else {
+        return false;
+    };
+    let f32_ = |t: TensorId| plan.tensors[t].stored == Format::F32;
+    let boundary = [Section::Forward, Section::Backward, Section::Gradients]
+        .iter()
+        .any(|&s| plan.range_of(s).end == i + 1);
+    y == *out
+        && sum == *out
+        && shape.c_len() > 0
+        && shape.k > 0
+        && plan.tensors[x].len == shape.n
+        && f32_(x)
+        && f32_(*out)
+        && residual.is_none_or(|(r, _)| f32_(r) && r != *out)
+        && gelu.is_none_or(|(g, _)| f32_(g) && g != *out)
+        && !boundary
 }
 
 /// The arenas of `plan`'s trained state (its AdamW's parameters, their gradients and moments:

@@ -497,6 +497,9 @@ pub struct MatmulVariant {
     pub unrolled: bool,
     /// SIMT: how A's and B's tiles are loaded (quads where the layout and sizes allow).
     pub loads: [Load; 2],
+    /// A linear layer's bias add (with its residual or GELU) done in the store
+    /// (epilogue.wgsl): three more bindings, the add's formats in the uniform.
+    pub epilogue: bool,
 }
 
 impl MatmulVariant {
@@ -527,6 +530,7 @@ impl MatmulVariant {
             masked: false,
             unrolled: false,
             loads: [Load::Scalar; 2],
+            epilogue: false,
         }
     }
 
@@ -553,6 +557,7 @@ impl MatmulVariant {
             masked: false,
             unrolled: false,
             loads: [Load::Scalar; 2],
+            epilogue: false,
         })
     }
 
@@ -632,6 +637,22 @@ impl MatmulVariant {
     /// The same variant on another tile.
     pub fn with_tile(self, tile: Tile) -> MatmulVariant {
         MatmulVariant { tile, ..self }
+    }
+
+    /// The same variant with a bias add in its store or without (epilogue.wgsl).
+    pub fn with_epilogue(self, epilogue: bool) -> MatmulVariant {
+        MatmulVariant { epilogue, ..self }
+    }
+
+    /// The first binding of the epilogue's three (bias, residual, GELU), after the kernel's
+    /// own: uniform, A, B, C, scales or amaxes, partial sums (and the flags of a cooperative
+    /// kernel or its masked fallback).
+    pub fn epilogue_binding(&self) -> u32 {
+        if self.coop.is_some() || self.masked {
+            7
+        } else {
+            6
+        }
     }
 
     /// Split levels, each with its own accumulators (1 without a split).
@@ -847,6 +868,7 @@ impl Kernel {
                     (None, true) => ", masked".into(),
                     _ => String::new(),
                 } + if v.unrolled { ", unrolled" } else { "" }
+                    + if v.epilogue { ", epilogue" } else { "" }
                     + &match v.loads {
                         [Load::Scalar, Load::Scalar] => String::new(),
                         [a, b] => format!(", loads {a:?} x {b:?}"),
@@ -875,7 +897,20 @@ impl Kernel {
             Kernel::Amax | Kernel::ScaleFromAmax => &["scale.wgsl"],
             Kernel::SplitBf16 => &["split.wgsl"],
             Kernel::CoopPack => &["coop_pack.wgsl"],
+            Kernel::Matmul(v) if v.coop.is_some() && v.epilogue => &[
+                "matmul_coop.wgsl",
+                "coop_block.wgsl",
+                "epilogue.wgsl",
+                "gelu.wgsl",
+            ],
             Kernel::Matmul(v) if v.coop.is_some() => &["matmul_coop.wgsl", "coop_block.wgsl"],
+            Kernel::Matmul(v) if v.epilogue => &[
+                "matmul.wgsl",
+                "matmul_step.wgsl",
+                "fetch.wgsl",
+                "epilogue.wgsl",
+                "gelu.wgsl",
+            ],
             Kernel::Matmul(_) => &["matmul.wgsl", "matmul_step.wgsl", "fetch.wgsl"],
             Kernel::Train(op, _) if op.is_attention() => {
                 &["train.wgsl", "gelu.wgsl", "attention.wgsl"]
@@ -941,6 +976,7 @@ impl Kernel {
                 GROUP_K
             ));
             header.push_str(&span_consts());
+            header.push_str(&epilogue_consts(v));
             header.push_str(&coop_block(src, v));
         } else if let Kernel::AttentionCoop(_, c) = self {
             use super::train::{ATT_BC, ATT_COOP_SUBGROUPS, ATT_LANES, ATT_MAX_D};
@@ -991,6 +1027,7 @@ impl Kernel {
             header.push_str(&v.a.fetch_fn(src, "fetch_a", "a_data", v.loads[0]));
             header.push_str(&v.b.fetch_fn(src, "fetch_b", "b_data", v.loads[1]));
             header.push_str(&span_consts());
+            header.push_str(&epilogue_consts(v));
             header.push_str(if v.masked {
                 "const MASKED: bool = true;\n\
                  @group(0) @binding(6) var<storage, read> flags: array<u32>;\n\
@@ -1029,6 +1066,13 @@ impl Kernel {
         {
             parts.push((None, k_step(src, v)));
         }
+        if let Kernel::Matmul(v) = self
+            && v.epilogue
+        {
+            for file in ["epilogue.wgsl", "gelu.wgsl"] {
+                parts.push((Some(file), src.text(file).to_string()));
+            }
+        }
         let mut text = String::new();
         let mut map = Vec::new();
         for (file, part) in parts {
@@ -1058,6 +1102,35 @@ impl Kernel {
             kernels.extend(TrainOp::ALL.map(|op| Kernel::Train(op, lanes)));
         }
         kernels.extend(StepOp::ALL.map(Kernel::Step));
+        // Fused bias adds (epilogue.wgsl): SIMT f32, bf16 and f16 both ways, the cooperative f16
+        // and bf16 kernels on both tile sizes, and the masked fallback of the scaled one.
+        for f16 in [F16Read::Native, F16Read::Packed] {
+            for alg in [Algorithm::F32, Algorithm::Bf16, Algorithm::F16] {
+                let v = MatmulVariant::for_algorithm(&alg, f16).with_epilogue(true);
+                if !kernels.contains(&Kernel::Matmul(v)) {
+                    kernels.push(Kernel::Matmul(v));
+                }
+            }
+        }
+        for c in [
+            Coop {
+                size: 8,
+                subgroup: 8,
+            },
+            Coop {
+                size: 16,
+                subgroup: 32,
+            },
+        ] {
+            for alg in [Algorithm::F16, Algorithm::Bf16] {
+                if let Some(v) = MatmulVariant::coop(&alg, c) {
+                    kernels.push(Kernel::Matmul(v.with_epilogue(true)));
+                    if v.scaled() {
+                        kernels.push(Kernel::Matmul(v.fallback().with_epilogue(true)));
+                    }
+                }
+            }
+        }
         for c in [
             Coop {
                 size: 8,
@@ -1143,6 +1216,20 @@ pub fn span_flags(i: usize, count: usize) -> u32 {
     let first = if i == 0 { SPAN_FIRST } else { 0 };
     let last = if i + 1 == count { SPAN_LAST } else { 0 };
     first | last
+}
+
+/// A matmul variant's EPILOGUE constant, and where it has one its first binding (epilogue.wgsl
+/// follows), else an epilogue that stores the product as it is.
+fn epilogue_consts(v: &MatmulVariant) -> String {
+    if v.epilogue {
+        format!(
+            "const EPILOGUE: bool = true;\nconst EPI_BINDING: u32 = {}u;\n",
+            v.epilogue_binding()
+        )
+    } else {
+        "const EPILOGUE: bool = false;\nfn epilogue(e: u32, col: u32, v: f32) -> f32 {\n    return v;\n}\n"
+            .into()
+    }
 }
 
 /// The span flags as the kernels' headers declare them.

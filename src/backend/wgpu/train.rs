@@ -1008,13 +1008,18 @@ pub mod launch {
         )
     }
 
-    /// As `unscale_partials`, over an arena segment of `n` values whose partials start at
-    /// `first` (every workgroup's span one gradient's: arena.rs); scalar POISON goes into the
-    /// element `poison` where it is in this segment (the first gradient's first).
-    pub fn unscale_partials_from(n: usize, poison: Option<usize>, first: usize) -> StepLaunch {
-        let mut l = unscale_partials(n, poison.is_some(), first);
-        l.params.extra[2] = poison.unwrap_or(0) as u32;
-        l
+    /// As `unscale_partials`, over an arena segment of `n` values, `spans` workgroups each
+    /// taking a row of the table bound as x: (first element, end, partial slot), a gradient's
+    /// span (arena.rs); scalar POISON goes into the element `poison` where it is in this
+    /// segment (the first gradient's first).
+    pub fn unscale_partials_table(n: usize, spans: usize, poison: Option<usize>) -> StepLaunch {
+        let params = StepParams {
+            n: n as u32,
+            c: poison.is_some() as u32,
+            extra: [0, 1, poison.unwrap_or(0) as u32, 0],
+            ..Default::default()
+        };
+        step(StepOp::UnscalePartials, params, Some(spans * 256))
     }
 
     /// Every gradient's partials summed into its flag and squared norm (`count` gradients, a
