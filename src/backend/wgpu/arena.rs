@@ -39,13 +39,25 @@ pub struct Member {
 }
 
 /// A segment: four buffers (a role each) of `len` elements; the tensors with weight decay in
-/// [0, decayed), the others in [decayed, len).
+/// [0, decayed), the others from the next multiple of `ALIGN` on (`ranges`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Segment {
     /// Elements (the last tensor's end).
     pub len: u64,
-    /// Where the tensors without weight decay start.
+    /// Where the tensors with weight decay end.
     pub decayed: u64,
+}
+
+impl Segment {
+    /// AdamW's ranges of elements: (begin, end, weight decay), empty ones left out. The second
+    /// begins on `ALIGN`, as its first tensor does: a binding's offset must be aligned.
+    pub fn ranges(&self) -> Vec<(u64, u64, bool)> {
+        let undecayed = self.decayed.next_multiple_of(ALIGN).min(self.len);
+        [(0, self.decayed, true), (undecayed, self.len, false)]
+            .into_iter()
+            .filter(|(begin, end, _)| begin < end)
+            .collect()
+    }
 }
 
 /// The arenas' layout.
@@ -148,7 +160,12 @@ mod tests {
 
     #[test]
     fn decayed_tensors_come_first_each_aligned_and_segments_stay_within_their_capacity() {
-        let params = [param(0, true), param(1, false), param(2, true), param(3, false)];
+        let params = [
+            param(0, true),
+            param(1, false),
+            param(2, true),
+            param(3, false),
+        ];
         let lens = [5000, 7, 4096, 3];
         let len = |id: TensorId| lens[id / 10];
         let one = Layout::of(&params, len, 1 << 20).unwrap();
@@ -167,6 +184,17 @@ mod tests {
         let small = Layout::of(&params, len, 8192).unwrap();
         assert!(small.segments.iter().all(|s| s.len <= 8192), "{small:?}");
         assert_eq!(small.segments.len(), 2);
+        let err = Layout::of(&params, len, 4000).unwrap_err();
+        assert!(err.contains("5000"), "{err}");
+        // A decayed range ending off the alignment: the other starts on it.
+        let odd = Layout::of(&params, |id| [1001, 7, 34, 3][id / 10], 1 << 20).unwrap();
+        assert_eq!(odd.segments[0].decayed, 1024 + 34);
+        assert_eq!(
+            odd.segments[0].ranges(),
+            [(0, 1058, true), (1088, 1088 + 64 + 3, false)]
+        );
+        let all = Layout::of(&params[..1], len, 1 << 20).unwrap();
+        assert_eq!(all.segments[0].ranges(), [(0, 5000, true)]);
         let err = Layout::of(&params, len, 4000).unwrap_err();
         assert!(err.contains("5000"), "{err}");
     }

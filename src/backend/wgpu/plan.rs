@@ -933,13 +933,7 @@ impl<'a> ResidentPlan<'a> {
                     Some(l) => {
                         for (s, segment) in l.segments.iter().enumerate() {
                             let buffers = &c.arenas[s];
-                            for (begin, end, decay) in [
-                                (0, segment.decayed, true),
-                                (segment.decayed, segment.len, false),
-                            ] {
-                                if begin >= end {
-                                    continue;
-                                }
+                            for (begin, end, decay) in segment.ranges() {
                                 let [g, p, m1, m2] = buffers.clone().map(|buffer| Region {
                                     buffer,
                                     offset: begin * 4,
