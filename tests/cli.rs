@@ -1642,3 +1642,70 @@ fn sigterm_removes_the_pending_temporary() {
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// A .npy header's shape is read by the parser the reader uses (round four's M3): a shape in
+/// double quotes went past the size check to a 2 PiB allocation request (exit 1), and a
+/// repeated 'shape' key, whose last value the reader takes, wrapped the size check's product
+/// to three batches. Both are refused as bad input, naming the file.
+#[test]
+fn forged_npy_headers_are_read_as_the_reader_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let npy = |name: &str, header: &str, data: usize| {
+        let mut header = header.to_string();
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend((header.len() as u16).to_le_bytes());
+        bytes.extend(header.as_bytes());
+        bytes.extend(vec![0u8; data]);
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let row = 16 * 33;
+    let cases = [
+        (
+            npy(
+                "dquote.npy",
+                r#"{"descr": "|u1", "fortran_order": False, "shape": (1099511627776, 16, 33), }"#,
+                row,
+            ),
+            "1099511627776x16x33",
+        ),
+        (
+            npy(
+                "twice.npy",
+                "{'descr': '|u1', 'fortran_order': False, 'shape': (1,), 'shape': (1152921504606846979, 16, 33), }",
+                3 * row,
+            ),
+            "'shape' twice",
+        ),
+    ];
+    for (path, why) in cases {
+        let args = [
+            "train",
+            "--batches",
+            &path,
+            "--steps",
+            "5",
+            "--backend",
+            "reference",
+            "--out",
+        ];
+        let out = dir.path().join("out");
+        let mut args = args.to_vec();
+        args.push(out.to_str().unwrap());
+        let o = mantissa(&args);
+        assert_eq!(o.status.code(), Some(2), "{path}: {}", text(&o));
+        assert!(
+            text(&o).contains(&path) && text(&o).contains(why),
+            "{}",
+            text(&o)
+        );
+        assert!(!out.exists(), "{}", text(&o));
+        let o = mantissa(&["matmul", &path, &path, "--backend", "reference"]);
+        assert_eq!(o.status.code(), Some(2), "{path}: {}", text(&o));
+    }
+}

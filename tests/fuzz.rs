@@ -143,19 +143,22 @@ fn apply(seed: &[u8], edits: &[Edit]) -> Vec<u8> {
     b
 }
 
-/// An .npy header written by hand: any shape (huge ones too), any dtype, either order, followed
-/// by `data` bytes.
+/// An .npy header written by hand: any shape (huge ones too), any dtype, either order, keys in
+/// single or double quotes, a 'shape' given twice (the reader takes the last), followed by
+/// `data` bytes.
 fn forged_npy() -> impl Strategy<Value = Vec<u8>> {
-    let dim = prop_oneof![0..8u64, any::<u64>(), (0..64u32).prop_map(|s| 1u64 << s)];
+    let dim = || prop_oneof![0..8u64, any::<u64>(), (0..64u32).prop_map(|s| 1u64 << s)];
     let descr = prop::sample::select(vec!["<f4", ">f4", "<f8", "<i4", "|u1", "<f2", "zz"]);
     (
-        proptest::collection::vec(dim, 0..4),
+        proptest::collection::vec(dim(), 0..4),
         descr,
         any::<bool>(),
         proptest::collection::vec(any::<u8>(), 0..256),
+        any::<bool>(),
+        prop::option::of(proptest::collection::vec(dim(), 0..4)),
     )
-        .prop_map(|(dims, descr, fortran, data)| {
-            let shape = match dims.len() {
+        .prop_map(|(dims, descr, fortran, data, double, before)| {
+            let shape = |dims: &[u64]| match dims.len() {
                 1 => format!("({},)", dims[0]),
                 _ => format!(
                     "({})",
@@ -165,9 +168,12 @@ fn forged_npy() -> impl Strategy<Value = Vec<u8>> {
                         .join(", ")
                 ),
             };
+            let q = if double { '"' } else { '\'' };
+            let earlier = before.map_or(String::new(), |b| format!("{q}shape{q}: {}, ", shape(&b)));
             let mut header = format!(
-                "{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape}, }}",
-                if fortran { "True" } else { "False" }
+                "{{{q}descr{q}: {q}{descr}{q}, {earlier}{q}fortran_order{q}: {}, {q}shape{q}: {}, }}",
+                if fortran { "True" } else { "False" },
+                shape(&dims)
             );
             while (10 + header.len() + 1) % 64 != 0 {
                 header.push(' ');

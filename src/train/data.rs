@@ -188,12 +188,18 @@ impl Batches {
         }
         if n < steps as u64 {
             return Err(bad(format!(
-                "{n} batches (dimension 0), fewer than the {steps} steps asked for"
+                "{n} batch{} (dimension 0), fewer than the {steps} steps asked for",
+                if n == 1 { "" } else { "es" }
             )));
         }
         let dtype = npy.dtype();
-        // check_claimed_shape has held n * b * row within the file's bytes.
-        let count = (n * b * row) as usize;
+        // check_claimed_shape has held n * b * row within the file's bytes; checked again here,
+        // where it becomes a size.
+        let count = [b, row]
+            .iter()
+            .try_fold(n, |acc, &d| acc.checked_mul(d))
+            .and_then(|c| usize::try_from(c).ok())
+            .ok_or_else(|| bad(format!("a shape {shape:?} whose size overflows")))?;
         let mut ids = crate::memory::empty_with_capacity::<u32>("the batches", count)?;
         use npyz::TypeChar::{Int, Uint};
         match &dtype {
