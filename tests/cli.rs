@@ -1709,3 +1709,78 @@ fn forged_npy_headers_are_read_as_the_reader_reads_them() {
         assert_eq!(o.status.code(), Some(2), "{path}: {}", text(&o));
     }
 }
+
+/// The rule for non-finite state (round four's H1 and M6): a run whose weights overflow stops
+/// with exit 4 at the step it went non-finite, its validation loss NaN, and writes no
+/// checkpoint (`--lr 1e30` exited 0, and `sample` then panicked on its checkpoint, exit 101);
+/// `sample` refuses weights whose logits are not finite (a checkpoint of finite, huge weights)
+/// with exit 2, and a prompt character outside the vocabulary before echoing anything (it was
+/// dropped silently, and echoed).
+#[test]
+fn overflowing_weights_stop_a_run_and_are_refused_by_sample() {
+    use mantissa::train::{Checkpoint, Corpus, TrainOptions, Trainer};
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = mantissa(&[
+        "train",
+        "--steps",
+        "1",
+        "--lr",
+        "1e30",
+        "--eval-batches",
+        "1",
+        "--backend",
+        "reference",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert!(
+        text(&o).contains("stopped at step 1") && text(&o).contains("validation loss NaN"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        !out.join("32-true.safetensors").exists(),
+        "a checkpoint of NaN losses"
+    );
+    assert_eq!(train_log(&out)[0]["stopped_at"], 1);
+
+    // A checkpoint of finite weights so large that the logits overflow.
+    let corpus = Corpus::load(Path::new("data/shakespeare.txt")).unwrap();
+    let options = TrainOptions::new(
+        mantissa::train::GptConfig::named("tiny", corpus.vocab.len()).unwrap(),
+        mantissa::Preset::True32,
+        1,
+    );
+    let mut t = Trainer::new(&mantissa::backend::Reference, &corpus, options).unwrap();
+    let huge: Vec<Vec<f32>> = (t.gpt.config.init(1).unwrap().into_iter())
+        .map(|p| p.into_iter().map(|x| x * 1e30 + 1e30).collect())
+        .collect();
+    pollster::block_on(t.set_weights(&huge)).unwrap();
+    let ck = dir.path().join("huge.safetensors");
+    pollster::block_on(Checkpoint::save(&mut t, &ck)).unwrap();
+    let ck = ck.to_str().unwrap();
+    for temperature in ["0.8", "0"] {
+        let o = mantissa(&[
+            "sample",
+            "--checkpoint",
+            ck,
+            "--tokens",
+            "3",
+            "--temperature",
+            temperature,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{temperature}: {}", text(&o));
+        assert!(text(&o).contains("inf or NaN"), "{}", text(&o));
+        assert!(!text(&o).contains("panicked"), "{}", text(&o));
+    }
+    let o = mantissa(&["sample", "--checkpoint", ck, "--prompt", "ROMEO€:"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("--prompt") && text(&o).contains("'€'"),
+        "{}",
+        text(&o)
+    );
+    assert!(o.stdout.is_empty(), "echoed: {}", text(&o));
+}

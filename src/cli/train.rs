@@ -602,15 +602,27 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
         );
         bar.set_position(trainer.step as u64);
         let checkpoint = checkpoint_path(args, preset);
+        // A checkpoint refused on rank 0 alone (weights that overflowed) ends every rank of a
+        // data-parallel run, exit 4; alone, it stops the run as a divergence does.
+        let alone = group.size() <= 1;
         while trainer.step < args.steps {
             let poison = match setup.inject {
                 Some(s) if s == trainer.step + 1 => f32::INFINITY,
                 _ => 0.0,
             };
-            let record = match trainer.step_injecting(poison).block_on() {
-                Ok(r) => r,
+            let stepped = step_once(args, &mut trainer, &mut run, poison, &bar, &tell);
+            let saved = stepped.and_then(|step| match leader && args.checkpoint_every > 0 {
+                true if step % args.checkpoint_every == 0 => {
+                    Checkpoint::save(&mut trainer, &checkpoint)
+                        .block_on()
+                        .map_err(|e| (e, alone))
+                }
+                _ => Ok(()),
+            });
+            match saved {
+                Ok(()) => {}
                 // Divergence is the run's finding (kept in the log); any other error ends the tool.
-                Err(e @ Error::Diverged { .. }) => {
+                Err((e @ Error::Diverged { .. }, true)) => {
                     bar.abandon();
                     tell(format!("stopped: {e}"))?;
                     if let Error::Diverged { step, why, .. } = &e {
@@ -619,38 +631,10 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
                     }
                     break;
                 }
-                Err(e) => {
+                Err((e, _)) => {
                     bar.abandon();
                     return Err(e);
                 }
-            };
-            if let (None, Some(r)) = (&run.reduction, &trainer.reduced) {
-                bar.suspend(|| {
-                    tell(format!(
-                        "   gradients summed by {}: {:.2} MiB per step in {} call(s), {}",
-                        r.engine,
-                        r.bytes as f64 / (1u64 << 20) as f64,
-                        r.calls,
-                        if r.overlapped {
-                            "each as the backward pass finished its gradients"
-                        } else {
-                            "after the backward pass"
-                        }
-                    ))
-                })?;
-                run.reduction = Some(r.clone());
-            }
-            bar.set_position(record.step as u64);
-            bar.set_message(format!("loss {:.4}", record.loss));
-            let step = record.step;
-            run.steps.push(record.clone());
-            if step % args.eval_interval.max(1) == 0 || step == args.steps || step == 1 {
-                let val = trainer.evaluate(args.eval_batches).block_on()?;
-                run.val.push((step, val));
-                bar.suspend(|| tell(log_line(&record, val)))?;
-            }
-            if leader && args.checkpoint_every > 0 && step % args.checkpoint_every == 0 {
-                Checkpoint::save(&mut trainer, &checkpoint).block_on()?;
             }
         }
         bar.finish_and_clear();
@@ -664,12 +648,66 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             m.measured_by
         ))?;
         if leader && run.stopped.is_none() {
-            Checkpoint::save(&mut trainer, &checkpoint).block_on()?;
-            tell(format!("saved {}", checkpoint.display()))?;
+            match Checkpoint::save(&mut trainer, &checkpoint).block_on() {
+                Ok(()) => tell(format!("saved {}", checkpoint.display()))?,
+                Err(e @ Error::Diverged { .. }) if alone => {
+                    tell(format!("stopped: {e}"))?;
+                    if let Error::Diverged { step, why, .. } = &e {
+                        run.stopped_at = Some(*step);
+                        run.stopped = Some(why.clone());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         }
         runs.push(run);
     }
     Ok(runs)
+}
+
+/// One step of a run, its log line and its evaluation where due; returns the step's number.
+/// A non-finite loss or validation loss is `Error::Diverged` (the same on every rank: true
+/// with it).
+fn step_once(
+    args: &TrainArgs,
+    trainer: &mut Trainer,
+    run: &mut Run,
+    poison: f32,
+    bar: &indicatif::ProgressBar,
+    tell: &dyn Fn(String) -> Result<()>,
+) -> std::result::Result<u32, (Error, bool)> {
+    let record = trainer
+        .step_injecting(poison)
+        .block_on()
+        .map_err(|e| (e, true))?;
+    if let (None, Some(r)) = (&run.reduction, &trainer.reduced) {
+        bar.suspend(|| {
+            tell(format!(
+                "   gradients summed by {}: {:.2} MiB per step in {} call(s), {}",
+                r.engine,
+                r.bytes as f64 / (1u64 << 20) as f64,
+                r.calls,
+                if r.overlapped {
+                    "each as the backward pass finished its gradients"
+                } else {
+                    "after the backward pass"
+                }
+            ))
+        })
+        .map_err(|e| (e, false))?;
+        run.reduction = Some(r.clone());
+    }
+    bar.set_position(record.step as u64);
+    bar.set_message(format!("loss {:.4}", record.loss));
+    let step = record.step;
+    run.steps.push(record.clone());
+    if step % args.eval_interval.max(1) == 0 || step == args.steps || step == 1 {
+        let val = (trainer.evaluate(args.eval_batches).block_on()).map_err(|e| (e, true))?;
+        run.val.push((step, val));
+        bar.suspend(|| tell(log_line(&record, val)))
+            .map_err(|e| (e, false))?;
+    }
+    Ok(step)
 }
 
 /// Where a preset's checkpoint goes.
@@ -803,6 +841,10 @@ pub fn sample(args: SampleArgs) -> Result<()> {
     }
     let choice = args.backend.parse::<BackendChoice>()?;
     let corpus = Corpus::load(&args.corpus)?;
+    // Checked before anything is echoed: a character the model does not know cannot condition it.
+    corpus
+        .encode(&args.prompt)
+        .map_err(|why| Error::invalid("--prompt", why))?;
     // The header alone names the config; the tensors are read once their size is its size.
     let file = CheckpointFile::open(&args.checkpoint)?;
     let config = GptConfig::named(&file.meta.config, corpus.vocab.len())?;

@@ -234,6 +234,28 @@ impl Checkpoint {
     pub async fn save(trainer: &mut Trainer<'_>, path: &Path) -> Result<()> {
         let state = trainer.state().await?;
         let cfg = &trainer.gpt.config;
+        // A checkpoint holds what a run can go on from: weights that overflowed stop the run
+        // instead (`load` would refuse them).
+        let groups = [
+            ("param", &state.params),
+            ("adam_m", &state.adam_m),
+            ("adam_v", &state.adam_v),
+        ];
+        for (prefix, tensors) in groups {
+            for ((name, _), t) in cfg.parameter_shapes().iter().zip(tensors.iter()) {
+                if let Some(i) = t.iter().position(|x| !x.is_finite()) {
+                    return Err(Error::Diverged {
+                        preset: trainer.options.preset.to_string(),
+                        step: trainer.step,
+                        why: format!(
+                            "{prefix}.{name}[{i}] is {} after step {}, so no checkpoint is \
+                             written; try a smaller learning rate",
+                            t[i], trainer.step
+                        ),
+                    });
+                }
+            }
+        }
         let meta = CheckpointMeta {
             format: FORMAT.into(),
             config: cfg.name.clone(),

@@ -83,6 +83,23 @@ impl Corpus {
             .collect()
     }
 
+    /// The ids of `text`, every character of which must be in the vocabulary (else why not,
+    /// naming the first that is not).
+    pub fn encode(&self, text: &str) -> std::result::Result<Vec<u32>, String> {
+        text.chars()
+            .enumerate()
+            .map(|(i, ch)| match self.vocab.binary_search(&ch) {
+                Ok(id) => Ok(id as u32),
+                Err(_) => Err(format!(
+                    "character {i}, {ch:?} (U+{:04X}), is not in the corpus's vocabulary of {} \
+                     characters",
+                    ch as u32,
+                    self.vocab.len()
+                )),
+            })
+            .collect()
+    }
+
     /// Refuses a corpus whose training or validation split cannot hold a context of `t`
     /// tokens and its target (checked before a run creates anything).
     pub fn check_context(&self, t: usize) -> Result<()> {
