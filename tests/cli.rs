@@ -1784,3 +1784,47 @@ fn overflowing_weights_stop_a_run_and_are_refused_by_sample() {
     );
     assert!(o.stdout.is_empty(), "echoed: {}", text(&o));
 }
+
+/// Every count has a bound (round four's M4, M5): `bench train --steps 4294967295` wrapped to
+/// no step and reported NaN with exit 0, and `--eval-batches 100000000000` evaluated for
+/// hours; each is refused by name before anything runs.
+#[test]
+fn counts_beyond_their_bounds_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let out = out.to_str().unwrap();
+    let bench = [
+        "bench",
+        "train",
+        "--precision",
+        "32-true",
+        "--backends",
+        "reference",
+    ];
+    for (flag, value, other) in [
+        ("--steps", "4294967295", ["--warmup", "0"]),
+        ("--warmup", "4294967295", ["--steps", "1"]),
+        ("--steps", "0", ["--warmup", "0"]),
+    ] {
+        let mut args = bench.to_vec();
+        args.extend([flag, value]);
+        args.extend(other);
+        let o = mantissa_within(&args, &[], 60).expect("it ended");
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {}", text(&o));
+        assert!(text(&o).contains(flag), "{}", text(&o));
+    }
+    for value in ["0", "100000000000"] {
+        let args = [
+            "train",
+            "--eval-batches",
+            value,
+            "--steps",
+            "1",
+            "--out",
+            out,
+        ];
+        let o = mantissa_within(&args, &[], 60).expect("it ended");
+        assert_eq!(o.status.code(), Some(2), "{value}: {}", text(&o));
+        assert!(text(&o).contains("--eval-batches"), "{}", text(&o));
+    }
+}

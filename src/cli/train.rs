@@ -9,6 +9,7 @@ use crate::plan::AdamW;
 use crate::plan::exec::{Memory, Reduced};
 use crate::policy::{PrecisionClass, Preset};
 use crate::train::checkpoint::CheckpointFile;
+use crate::train::trainer::MAX_EVAL_BATCHES;
 use crate::train::{
     Batches, Checkpoint, Choice, Chooser, Corpus, GptConfig, StepRecord, TrainOptions, Trainer,
     attention_choice, graphs_choice, init,
@@ -332,6 +333,15 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
     }
     if args.eval_interval == 0 {
         return Err(Error::invalid("--eval-interval", "must be at least 1"));
+    }
+    if !(1..=MAX_EVAL_BATCHES).contains(&args.eval_batches) {
+        return Err(Error::invalid(
+            "--eval-batches",
+            format!(
+                "{} batches: between 1 and {MAX_EVAL_BATCHES}",
+                args.eval_batches
+            ),
+        ));
     }
     let presets: Vec<Preset> = parse_list("--precision", &args.precision)?;
     if args.resume.as_deref().is_some_and(|r| r.as_os_str() == "-")
