@@ -879,11 +879,20 @@ fn init_and_batches_start_a_run_or_are_refused_by_name() {
         "5",
         "--export-init",
         &s("init.safetensors"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    // It trains nothing, so it writes nowhere else: --out is refused by name, as any flag of
+    // a training run.
+    let o = mantissa(&[
+        "train",
+        "--export-init",
+        &s("other.safetensors"),
         "--out",
         &out,
     ]);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(!p("out").exists(), "--export-init trains nothing");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--out is not used"), "{}", text(&o));
+    assert!(!p("out").exists() && !p("other.safetensors").exists());
     let train = |extra: &[&str], out: &str| {
         let mut args = vec![
             "train",
@@ -1827,4 +1836,115 @@ fn counts_beyond_their_bounds_are_refused_by_name() {
         assert_eq!(o.status.code(), Some(2), "{value}: {}", text(&o));
         assert!(text(&o).contains("--eval-batches"), "{}", text(&o));
     }
+}
+
+/// Standard output carries data alone when it is an output (round four's H2): `--export-init -`
+/// wrote its message after the safetensors bytes, and `--init` refused the file. The export
+/// round-trips into `--init`; with `--resume` it exports the checkpoint's weights (it exported
+/// the seeded ones); a flag it does not use is refused by name (M1: it ignored them all, a bad
+/// `--precision` or `--batches` included). `bench --json -` writes JSON alone there too.
+#[test]
+fn exports_to_standard_output_carry_data_alone_and_unused_flags_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let o = mantissa(&["train", "--seed", "3", "--export-init", "-"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("wrote -"),
+        "{}",
+        text(&o)
+    );
+    std::fs::write(p("x.safetensors"), &o.stdout).unwrap();
+    let o = mantissa(&["train", "--seed", "3", "--export-init", &p("y.safetensors")]);
+    assert!(o.status.success(), "{}", text(&o));
+    let again = ["train", "--init", &p("x.safetensors"), "--export-init", "-"];
+    let o = mantissa(&again);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(o.stdout, std::fs::read(p("y.safetensors")).unwrap());
+
+    // A checkpoint two steps on from seed 3: --resume exports its weights, not seed 3's.
+    let run = p("run");
+    let o = mantissa(&[
+        "train",
+        "--seed",
+        "3",
+        "--steps",
+        "2",
+        "--eval-batches",
+        "1",
+        "--backend",
+        "reference",
+        "--out",
+        &run,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let ck = format!("{run}/32-true.safetensors");
+    let o = mantissa(&[
+        "train",
+        "--resume",
+        &ck,
+        "--export-init",
+        &p("r.safetensors"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let corpus = mantissa::train::Corpus::load(Path::new("data/shakespeare.txt")).unwrap();
+    let config = mantissa::train::GptConfig::named("tiny", corpus.vocab.len()).unwrap();
+    let trained = mantissa::train::Checkpoint::load(Path::new(&ck), &config, &corpus.vocab);
+    let read =
+        mantissa::train::init::read_init(Path::new(&p("r.safetensors")), &config, &corpus.vocab);
+    assert!(
+        read.unwrap() == trained.unwrap().params,
+        "not the checkpoint's weights"
+    );
+    for (flag, value) in [
+        ("--precision", "bogus"),
+        ("--backend", "bogus"),
+        ("--batches", "/nonexistent.npy"),
+        ("--attention", "bogus"),
+        ("--batch", "0"),
+        ("--steps", "5"),
+        ("--out", "elsewhere"),
+    ] {
+        let o = mantissa(&["train", "--export-init", &p("z.safetensors"), flag, value]);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {}", text(&o));
+        assert!(
+            text(&o).contains(&format!("{flag} is not used")),
+            "{}",
+            text(&o)
+        );
+    }
+    let o = mantissa(&[
+        "train",
+        "--export-init",
+        "-",
+        "--seed",
+        "1",
+        "--resume",
+        &ck,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(o.stdout.is_empty() && !Path::new(&p("z.safetensors")).exists());
+
+    let o = mantissa(&[
+        "bench",
+        "matmul",
+        "--sizes",
+        "8",
+        "--algorithms",
+        "f32",
+        "--backends",
+        "reference",
+        "--reps",
+        "1",
+        "--json",
+        "-",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let records: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON alone");
+    assert_eq!(records.as_array().map(Vec::len), Some(1), "{records}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("f32"),
+        "the table: {}",
+        text(&o)
+    );
 }

@@ -152,6 +152,10 @@ fn train(args: TrainArgs) -> Result<()> {
     }
     let choices: Vec<BackendChoice> = parse_list("--backends", &args.backends)?;
     if let Some(path) = &args.json {
+        if path.as_os_str() == "-" {
+            // The JSON is the data on standard output; the tables go to standard error.
+            super::messages_to_stderr();
+        }
         crate::output::check_writable(path)?;
     }
     let corpus = Corpus::load(&args.corpus)?;
@@ -399,6 +403,10 @@ fn matmul(args: MatmulArgs) -> Result<()> {
         parse_list("--operands", &args.operands)?
     };
     if let Some(path) = &args.json {
+        if path.as_os_str() == "-" {
+            // The JSON is the data on standard output; the tables go to standard error.
+            super::messages_to_stderr();
+        }
         crate::output::check_writable(path)?;
     }
     let bench = MatmulBench {

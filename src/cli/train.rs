@@ -132,6 +132,10 @@ pub struct TrainArgs {
     /// op by op. wgpu records nothing and refuses on.
     #[arg(long, default_value = "auto")]
     graphs: String,
+    /// The flags given on the command line (clap's ids), filled by `cli::main`: a mode refuses
+    /// those it does not use (`--export-init` trains nothing).
+    #[arg(skip)]
+    pub(super) given: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -809,20 +813,71 @@ fn log_line(r: &StepRecord, val: f64) -> String {
     line
 }
 
-/// `--export-init`: the initial weights a run would start from, under PyTorch's names.
+/// What `--export-init` reads: the corpus (its vocabulary), the config, and the weights from
+/// `--init`, `--resume` or `--seed`; it trains nothing, so every other flag is refused by name.
+const EXPORT_USES: [&str; 6] = ["export_init", "config", "corpus", "seed", "init", "resume"];
+
+/// `--export-init`: the initial weights a run would start from (seeded by `--seed`, read from
+/// `--init`, or a checkpoint's under `--resume`, checked as `--resume` checks it), under
+/// PyTorch's names. Its messages go to standard error where the file is standard output (`-`).
 fn export_init(args: &TrainArgs, path: &std::path::Path) -> Result<i32> {
+    let flag = |id: &str| format!("--{}", id.replace('_', "-"));
+    if let Some(unused) = args
+        .given
+        .iter()
+        .find(|id| !EXPORT_USES.contains(&id.as_str()))
+    {
+        return Err(Error::invalid(
+            "--export-init",
+            format!(
+                "{} is not used when exporting initial weights (nothing is trained); the \
+                 export reads {}",
+                flag(unused),
+                EXPORT_USES[1..]
+                    .iter()
+                    .map(|id| flag(id))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    let given = |id: &str| args.given.iter().any(|g| g == id);
+    if args.init.is_some() && args.resume.is_some() {
+        return Err(Error::invalid(
+            "--export-init",
+            "--init and --resume both name the weights to export; name one of them",
+        ));
+    }
+    if given("seed") && (args.init.is_some() || args.resume.is_some()) {
+        return Err(Error::invalid(
+            "--export-init",
+            "--seed draws the weights, which --init or --resume already name; leave it out",
+        ));
+    }
+    if path.as_os_str() == "-" {
+        super::messages_to_stderr();
+    }
+    crate::output::check_writable(path)?;
     let corpus = Corpus::load(&args.corpus)?;
     let config = GptConfig::named(&args.config, corpus.vocab.len())?;
-    let params = match &args.init {
-        Some(from) => init::read_init(from, &config, &corpus.vocab)?,
-        None => config.init(args.seed),
+    let params = match (&args.init, &args.resume) {
+        (Some(from), _) => init::read_init(from, &config, &corpus.vocab)?,
+        (None, Some(ck)) => {
+            let bytes = CheckpointFile::open(ck)?.read(&config)?;
+            Checkpoint::from_bytes(&bytes, ck, &config, &corpus.vocab)?.params
+        }
+        (None, None) => config.init(args.seed),
     };
     init::write_torch_init(path, &config, &params)?;
     say!(
-        "wrote {} ({} initial weights of {}, PyTorch state_dict names)",
+        "wrote {} ({} initial weights of {}{}, PyTorch state_dict names)",
         path.display(),
         config.parameter_count(),
-        config.name
+        config.name,
+        match &args.resume {
+            Some(ck) => format!(" from {}", ck.display()),
+            None => String::new(),
+        }
     )?;
     Ok(0)
 }
