@@ -59,7 +59,7 @@ pub struct CheckpointMeta {
 }
 
 /// The CRC-32 of the state's tensors in checkpoint order.
-fn checksum(params: &[Vec<f32>], adam_m: &[Vec<f32>], adam_v: &[Vec<f32>]) -> u32 {
+pub fn checksum(params: &[Vec<f32>], adam_m: &[Vec<f32>], adam_v: &[Vec<f32>]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     for t in params.iter().chain(adam_m).chain(adam_v) {
         h.update(bytemuck::cast_slice(t));
@@ -280,39 +280,43 @@ impl Checkpoint {
             }),
             crc32: Some(checksum(&state.params, &state.adam_m, &state.adam_v)),
         };
-        let shapes = cfg.parameter_shapes();
-        let bytes: Vec<(String, Vec<usize>, &[u8])> =
-            shapes
-                .iter()
-                .zip(&state.params)
-                .map(|((n, s), p)| {
-                    (
-                        format!("param.{n}"),
-                        s.clone(),
-                        bytemuck::cast_slice::<f32, u8>(p),
-                    )
-                })
-                .chain(
-                    shapes.iter().zip(&state.adam_m).map(|((n, s), p)| {
-                        (format!("adam_m.{n}"), s.clone(), bytemuck::cast_slice(p))
-                    }),
-                )
-                .chain(
-                    shapes.iter().zip(&state.adam_v).map(|((n, s), p)| {
-                        (format!("adam_v.{n}"), s.clone(), bytemuck::cast_slice(p))
-                    }),
-                )
-                .collect();
-        let views = bytes
-            .iter()
-            .map(|(n, s, b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| Error::output(path, format!("cannot serialise: {e}")))?;
-        let json = serde_json::to_string(&meta).map_err(|e| Error::output(path, e))?;
-        let data =
-            safetensors::serialize(views, Some(HashMap::from([("mantissa".to_string(), json)])))
-                .map_err(|e| Error::output(path, format!("cannot serialise: {e}")))?;
+        let data = Checkpoint::bytes(&meta, cfg, &state).map_err(|e| Error::output(path, e))?;
         crate::output::write_bytes(path, &data)
+    }
+
+    /// The bytes of a checkpoint file holding `state` (`config`'s parameters and moments, in
+    /// `GptConfig::parameter_shapes` order) with `meta` (its `crc32` as given); or why it
+    /// cannot be serialised.
+    pub fn bytes(
+        meta: &CheckpointMeta,
+        config: &GptConfig,
+        state: &TrainState,
+    ) -> std::result::Result<Vec<u8>, String> {
+        let shapes = config.parameter_shapes();
+        let groups = [
+            ("param", &state.params),
+            ("adam_m", &state.adam_m),
+            ("adam_v", &state.adam_v),
+        ];
+        let mut views = Vec::new();
+        for (prefix, tensors) in groups {
+            if tensors.len() != shapes.len() {
+                return Err(format!(
+                    "{} {prefix} tensors, config '{}' has {}",
+                    tensors.len(),
+                    config.name,
+                    shapes.len()
+                ));
+            }
+            for ((name, shape), t) in shapes.iter().zip(tensors.iter()) {
+                let view = TensorView::new(Dtype::F32, shape.clone(), bytemuck::cast_slice(t))
+                    .map_err(|e| format!("cannot serialise {prefix}.{name}: {e}"))?;
+                views.push((format!("{prefix}.{name}"), view));
+            }
+        }
+        let json = serde_json::to_string(meta).map_err(|e| e.to_string())?;
+        safetensors::serialize(views, Some(HashMap::from([("mantissa".to_string(), json)])))
+            .map_err(|e| format!("cannot serialise: {e}"))
     }
 
     /// Loads and validates a checkpoint for `config` (the same shapes) and `vocab`, header

@@ -8,9 +8,10 @@
 //! `blocks.{i}.qkv|proj|fc|out.weight|bias` `h{i}.attn|proj|fc|fc2.w|b`, `ln.weight|bias`
 //! `lnf.g|b`. PyTorch's linear weights are [out, in], the engine's [in, out]: they are
 //! transposed on the way in and out. The engine's names are those of its checkpoints
-//! (`param.wte`, ...), whose AdamW moments an init leaves aside.
+//! (`param.wte`, ...): such a file is read as a checkpoint, every check of `--resume` made, and
+//! its AdamW moments are left aside.
 
-use super::checkpoint::SafetensorsFile;
+use super::checkpoint::{Checkpoint, SafetensorsFile};
 use super::model::GptConfig;
 use crate::error::{Error, Result};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
@@ -63,8 +64,9 @@ const MOMENTS: [&str; 2] = ["adam_m.", "adam_v."];
 const USABLE: &str = "usable as initial weights";
 
 /// Reads initial weights for `config` from a safetensors file (see the module's header),
-/// refusing a missing, extra, misshapen or non-finite tensor by name, and a file of the engine's
-/// whose vocabulary differs from `vocab`. Returns them in `GptConfig::parameter_shapes` order
+/// refusing a missing, extra, misshapen or non-finite tensor by name; a file under the engine's
+/// names is one of its checkpoints, checked as `--resume` checks it (`Checkpoint::from_bytes`:
+/// metadata, CRC-32, config, vocabulary). Returns them in `GptConfig::parameter_shapes` order
 /// and layout, in f32 (f64 tensors rounded to nearest). The header is read first
 /// (`SafetensorsFile`), and tensors beyond what such a file of `config` holds are refused
 /// unread.
@@ -147,6 +149,11 @@ pub fn init_from_bytes(
                 "the engine's checkpoint names (param.wte, param.h0.attn.w, ...)"
             }
         )));
+    }
+    if !torch {
+        // The engine's names are its checkpoints': checked as `--resume` checks them (metadata,
+        // format, CRC-32, config, vocabulary, finite values), the moments then left aside.
+        return Checkpoint::from_bytes(bytes, path, config, vocab).map(|ck| ck.params);
     }
     let read = |name: &str, shape: &[usize], transposed: bool| -> Result<Vec<f32>> {
         let t = tensors
@@ -321,7 +328,11 @@ mod tests {
             let read = init_from_bytes(&file(&torch, dtype), path, &cfg, &vocab).unwrap();
             assert!(read == params, "{dtype:?}");
         }
-        let ours: Vec<_> = ["param", "adam_m", "adam_v"]
+        let ours = checkpoint(&cfg, &params, &vocab, |_| {});
+        let read = init_from_bytes(&ours, path, &cfg, &vocab).unwrap();
+        assert!(read == params);
+        // The engine's names beside PyTorch's: the PyTorch one is the extra.
+        let mut mixed: Vec<_> = ["param", "adam_m", "adam_v"]
             .iter()
             .flat_map(|prefix| {
                 let shapes = cfg.parameter_shapes();
@@ -331,10 +342,6 @@ mod tests {
                     .map(move |((n, s), v)| (format!("{prefix}.{n}"), s, v))
             })
             .collect();
-        let read = init_from_bytes(&file(&ours, Dtype::F32), path, &cfg, &vocab).unwrap();
-        assert!(read == params);
-        // The engine's names beside PyTorch's: the PyTorch one is the extra.
-        let mut mixed = ours;
         mixed.push(torch[0].clone());
         let err = init_from_bytes(&file(&mixed, Dtype::F32), path, &cfg, &vocab).unwrap_err();
         assert!(
@@ -342,6 +349,91 @@ mod tests {
                 .contains(&format!("tensor {} is not", torch[0].0)),
             "{err}"
         );
+    }
+
+    /// The bytes of a checkpoint of `cfg` holding `params` (moments zero) over `vocab`, its
+    /// metadata changed by `edit` after its checksum is taken.
+    fn checkpoint(
+        cfg: &GptConfig,
+        params: &[Vec<f32>],
+        vocab: &[char],
+        edit: impl FnOnce(&mut crate::train::checkpoint::CheckpointMeta),
+    ) -> Vec<u8> {
+        use crate::train::TrainState;
+        use crate::train::checkpoint::{CheckpointMeta, checksum};
+        let zeros: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
+        let state = TrainState {
+            params: params.to_vec(),
+            adam_m: zeros.clone(),
+            adam_v: zeros,
+        };
+        let mut meta = CheckpointMeta {
+            format: "mantissa-checkpoint-2".into(),
+            config: cfg.name.clone(),
+            n_layer: cfg.n_layer,
+            n_head: cfg.n_head,
+            n_embd: cfg.n_embd,
+            block_size: cfg.block_size,
+            batch_size: cfg.batch_size,
+            vocab: vocab.iter().collect(),
+            preset: "32-true".into(),
+            seed: 1,
+            step: 1,
+            applied: 1,
+            loss_scale: None,
+            growth_tracker: None,
+            fp8: None,
+            crc32: Some(checksum(&state.params, &state.adam_m, &state.adam_v)),
+        };
+        edit(&mut meta);
+        Checkpoint::bytes(&meta, cfg, &state).unwrap()
+    }
+
+    /// Initial weights under the engine's names are read as `--resume` reads a checkpoint:
+    /// a flipped bit, metadata missing, unreadable or naming another shape of model, or another
+    /// vocabulary, are refused by name (`--init` took them all, the CRC-32 unchecked).
+    #[test]
+    fn engine_names_are_checked_as_a_checkpoint_is() {
+        let cfg = config();
+        let params = cfg.init(3);
+        let vocab: Vec<char> = "abcde".chars().collect();
+        let path = Path::new("ck.safetensors");
+        let refused = |bytes: &[u8], words: &str| {
+            let e = init_from_bytes(bytes, path, &cfg, &vocab).unwrap_err();
+            assert!(e.to_string().contains(words), "{words}: {e}");
+            assert_eq!(e.class(), crate::error::ErrorClass::BadInput, "{e}");
+        };
+        let good = checkpoint(&cfg, &params, &vocab, |_| {});
+        // One bit of param.wte's first value flipped (the data follows the header).
+        let mut flipped = good.clone();
+        let n = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+        let at = 8 + n + 4 * (params.iter().map(Vec::len).sum::<usize>());
+        flipped[at.min(good.len() - 1)] ^= 1;
+        refused(&flipped, "CRC-32");
+        refused(
+            &checkpoint(&cfg, &params, &vocab, |m| m.n_layer = 6),
+            "config",
+        );
+        refused(
+            &checkpoint(&cfg, &params, &vocab, |m| m.vocab = "abcdf".into()),
+            "vocabulary",
+        );
+        refused(
+            &checkpoint(&cfg, &params, &vocab, |m| m.crc32 = None),
+            "checksum",
+        );
+        // No metadata at all: the tensors alone, under the engine's names.
+        let bare: Vec<_> = ["param", "adam_m", "adam_v"]
+            .iter()
+            .flat_map(|prefix| {
+                let shapes = cfg.parameter_shapes();
+                shapes
+                    .into_iter()
+                    .zip(params.clone())
+                    .map(move |((n, s), v)| (format!("{prefix}.{n}"), s, v))
+            })
+            .collect();
+        refused(&file(&bare, Dtype::F32), "no mantissa metadata");
     }
 
     #[test]
