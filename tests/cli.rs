@@ -1948,3 +1948,42 @@ fn exports_to_standard_output_carry_data_alone_and_unused_flags_are_refused() {
         text(&o)
     );
 }
+
+/// The host-memory check honours the process's address-space limit (`ulimit -v`): a batch
+/// within MemAvailable but beyond the limit passed the check and aborted the run; it is
+/// refused with the bytes and a batch that fits (exit 1).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_batch_beyond_the_address_space_limit_is_refused_with_one_that_fits() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mantissa"));
+    cmd.args([
+        "train",
+        "--batch",
+        "20000",
+        "--backend",
+        "reference",
+        "--steps",
+        "1",
+    ])
+    .arg("--out")
+    .arg(dir.path().join("out"))
+    .env("XDG_RUNTIME_DIR", "/tmp");
+    // SAFETY: setrlimit between fork and exec touches nothing the parent holds.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 6 << 30,
+                rlim_max: 6 << 30,
+            };
+            match libc::setrlimit(libc::RLIMIT_AS, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("try --batch"), "{}", text(&o));
+}
