@@ -1987,3 +1987,28 @@ fn a_batch_beyond_the_address_space_limit_is_refused_with_one_that_fits() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("try --batch"), "{}", text(&o));
 }
+
+/// A step plan whose tensor is larger than a device limit allows is a limit of the machine,
+/// exit 1, with a batch that fits (round four's M11: exit 2, as bad input, with no batch).
+#[test]
+fn a_batch_beyond_a_device_limit_is_a_machine_limit_with_one_that_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let args = [
+        "train",
+        "--batch",
+        "1048576",
+        "--backend",
+        "wgpu",
+        "--steps",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let o = mantissa_within(&args, &[("MANTISSA_AUTOTUNE", "off")], 300).expect("it ended");
+    if text(&o).contains("not available") {
+        return common::skip("device_limit_batch", &text(&o));
+    }
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("try --batch"), "{}", text(&o));
+}

@@ -1062,7 +1062,9 @@ impl<'a> PlanFit<'a> {
         }
     }
 
-    /// `e` as `PlanTooLarge` where the plan's allocation ran out of memory.
+    /// `e` as `PlanTooLarge` where the plan's allocation ran out of memory, or one of its
+    /// tensors is larger than a device limit allows (a binding's size on wgpu): a limit of the
+    /// machine (exit 1), with a batch that fits.
     fn explain(&self, e: Error) -> Error {
         match e {
             Error::OutOfMemory { total_bytes, .. } => {
@@ -1072,18 +1074,37 @@ impl<'a> PlanFit<'a> {
                 };
                 self.too_large(available, None)
             }
+            Error::TooLarge {
+                what,
+                requested,
+                limit,
+                limit_name,
+                ..
+            } => {
+                let available = format!(
+                    "and {what} needs {}, more than {limit_name} ({}) allows",
+                    gib(requested),
+                    gib(limit)
+                );
+                self.advise(available, Some(limit), largest_tensor)
+            }
             e => e,
         }
     }
 
     fn too_large(&self, available: String, cap: Option<u64>) -> Error {
+        self.advise(available, cap, |plan| Storage::shared(plan).bytes())
+    }
+
+    /// `PlanTooLarge` saying `available`, with the largest batch (halving, one the ranks
+    /// divide) whose plan `measure`s within `cap` (without a cap, half).
+    fn advise(&self, available: String, cap: Option<u64>, measure: fn(&Plan) -> u64) -> Error {
         let batch = self.gpt.config.batch_size;
         let ranks = self.group.size();
-        // Batches the ranks divide, halving: the largest that fits `cap` (without a cap, half).
         let mut smaller = Vec::new();
         let mut b = batch / 2;
         while b >= ranks && b.is_multiple_of(ranks) {
-            if let Some(bytes) = self.bytes_at(b / ranks) {
+            if let Some(bytes) = self.plan_at(b / ranks).map(|p| measure(&p)) {
                 smaller.push((b, bytes));
                 if cap.is_none_or(|c| bytes <= c) {
                     break;
@@ -1110,14 +1131,17 @@ impl<'a> PlanFit<'a> {
         }
     }
 
-    /// Bytes of the step plan of `sequences` per rank, built on the host.
-    fn bytes_at(&self, sequences: usize) -> Option<u64> {
-        let plan = self
-            .gpt
+    /// The step plan of `sequences` per rank, built on the host.
+    fn plan_at(&self, sequences: usize) -> Option<Plan> {
+        (self.gpt)
             .plan(self.precision, sequences, self.gpt.config.block_size)
-            .ok()?;
-        Some(Storage::shared(&plan).bytes())
+            .ok()
     }
+}
+
+/// The bytes of the largest tensor of `plan`.
+fn largest_tensor(plan: &Plan) -> u64 {
+    plan.tensors().iter().map(|t| t.bytes()).max().unwrap_or(0)
 }
 
 #[cfg(test)]
