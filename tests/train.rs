@@ -1456,7 +1456,7 @@ fn auto_attention_trains_as_the_chosen_way_named(b: &dyn Backend) {
     ] {
         let mut chooser = Chooser::new(AutotuneMode::Fast, None, clock);
         (chooser.warmup, chooser.runs) = (1, 3);
-        let given = options(&corpus, preset, 5).config.init(99);
+        let given = options(&corpus, preset, 5).config.init(99).unwrap();
         let trainer = |fused: Option<bool>| {
             let mut o = options(&corpus, preset, 5);
             o.fused_attention = fused;
@@ -2349,7 +2349,7 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
         .array(whole.rows(), whole.scalar_count());
         let mut a = mantissa::backend::executor(&Reference, whole.clone(), true).unwrap();
         let mut b = mantissa::backend::executor(&Reference, split.clone(), true).unwrap();
-        for (i, p) in t.gpt.config.init(3).into_iter().enumerate() {
+        for (i, p) in t.gpt.config.init(3).unwrap().into_iter().enumerate() {
             a.write(whole.state()[i][0], &p).block_on().unwrap();
             b.write(whole.state()[i][0], &p).block_on().unwrap();
         }

@@ -17,10 +17,9 @@ pub fn executor<'a>(
     if resident {
         backend.executor(plan)
     } else {
-        // Its tensors live in host memory, whatever the backend's device.
-        let bytes = crate::plan::Storage::shared(&plan).bytes();
-        crate::memory::check("the host interpreter's tensors", Some(bytes))?;
-        Ok(Box::new(HostExecutor::new(plan)))
+        // Its tensors live in host memory, whatever the backend's device (`HostExecutor::new`
+        // asks for it first).
+        Ok(Box::new(HostExecutor::new(plan)?))
     }
 }
 

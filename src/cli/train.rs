@@ -866,7 +866,7 @@ fn export_init(args: &TrainArgs, path: &std::path::Path) -> Result<i32> {
             let bytes = CheckpointFile::open(ck)?.read(&config)?;
             Checkpoint::from_bytes(&bytes, ck, &config, &corpus.vocab)?.params
         }
-        (None, None) => config.init(args.seed),
+        (None, None) => config.init(args.seed)?,
     };
     init::write_torch_init(path, &config, &params)?;
     say!(

@@ -358,12 +358,15 @@ impl Model {
         }
 
         // GradScaler's unscale and check, then AdamW where every gradient is finite. Without
-        // master weights the weights and the optimizer state live in 16-bit.
+        // master weights the weights and the optimizer state live in 16-bit. A model of no
+        // parameters has neither (its step is its forward pass: the same loss everywhere).
         let backward = cx.g.ops.len();
-        let grads = cx.state.iter().map(|s| s[1]).collect();
-        cx.g.push(Op::UnscaleCheck { grads });
+        let grads: Vec<_> = cx.state.iter().map(|s| s[1]).collect();
+        if !grads.is_empty() {
+            cx.g.push(Op::UnscaleCheck { grads });
+        }
         let gradients = cx.g.ops.len();
-        let params = (cx.state.iter().zip(self.decays()))
+        let params: Vec<_> = (cx.state.iter().zip(self.decays()))
             .map(|(&[param, grad, m, v], decay)| AdamWParam {
                 param,
                 grad,
@@ -372,7 +375,9 @@ impl Model {
                 decay,
             })
             .collect();
-        cx.g.push(Op::AdamW { params });
+        if !params.is_empty() {
+            cx.g.push(Op::AdamW { params });
+        }
         for [param, _, m, v] in cx.state.clone() {
             for x in [param, m, v] {
                 cx.g.round(x, p.weights);

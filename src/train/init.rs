@@ -316,7 +316,7 @@ mod tests {
     #[test]
     fn both_namings_read_back_the_weights() {
         let cfg = config();
-        let params = cfg.init(3);
+        let params = cfg.init(3).unwrap();
         let vocab: Vec<char> = "abcde".chars().collect();
         let path = Path::new("init.safetensors");
         let torch: Vec<_> = torch_state_dict(&cfg, &params)
@@ -395,7 +395,7 @@ mod tests {
     #[test]
     fn engine_names_are_checked_as_a_checkpoint_is() {
         let cfg = config();
-        let params = cfg.init(3);
+        let params = cfg.init(3).unwrap();
         let vocab: Vec<char> = "abcde".chars().collect();
         let path = Path::new("ck.safetensors");
         let refused = |bytes: &[u8], words: &str| {

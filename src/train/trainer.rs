@@ -278,7 +278,7 @@ fn build_executor<'a>(
         None => super::model::stores_codes()?,
     };
     let mut plan = gpt.plan_with(precision, sequences, cfg.block_size, fused, coded)?;
-    for (i, mut p) in cfg.init(options.seed).into_iter().enumerate() {
+    for (i, mut p) in cfg.init(options.seed)?.into_iter().enumerate() {
         round_to(&mut p, precision.weights);
         plan.constants.push((plan.state[i][0], p));
     }

@@ -86,6 +86,6 @@ impl Backend for Reference {
 
     /// The host interpreter: host memory is where the reference keeps its tensors.
     fn executor<'a>(&'a self, plan: Plan) -> Result<Box<dyn StepExecutor + 'a>> {
-        Ok(Box::new(HostExecutor::new(plan)))
+        Ok(Box::new(HostExecutor::new(plan)?))
     }
 }
