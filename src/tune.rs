@@ -49,9 +49,9 @@ impl std::str::FromStr for AutotuneMode {
 }
 
 impl AutotuneMode {
-    /// The mode `MANTISSA_AUTOTUNE` names (fast when unset).
+    /// The mode `MANTISSA_AUTOTUNE` names (fast when unset or empty; `crate::env`'s rules).
     pub fn from_env() -> Result<AutotuneMode> {
-        std::env::var(AUTOTUNE_ENV).map_or(Ok(AutotuneMode::Fast), |v| v.parse())
+        crate::env::word(AUTOTUNE_ENV)?.map_or(Ok(AutotuneMode::Fast), str::parse)
     }
 }
 
@@ -72,18 +72,10 @@ pub const TUNE_SECONDS: f64 = 20.0;
 /// The environment variable that sets the search's budget in seconds.
 pub const TUNE_SECONDS_ENV: &str = "MANTISSA_TUNE_SECONDS";
 
-/// The budget `MANTISSA_TUNE_SECONDS` gives (`TUNE_SECONDS` when unset).
+/// The budget `MANTISSA_TUNE_SECONDS` gives (`TUNE_SECONDS` when unset or empty; a number of
+/// seconds >= 0, `crate::env`'s rules).
 pub fn budget_from_env() -> Result<f64> {
-    match std::env::var(TUNE_SECONDS_ENV) {
-        Err(_) => Ok(TUNE_SECONDS),
-        Ok(v) => match v.trim().parse::<f64>() {
-            Ok(s) if s.is_finite() && s >= 0.0 => Ok(s),
-            _ => Err(Error::invalid(
-                TUNE_SECONDS_ENV,
-                format!("{v:?} is not a number of seconds >= 0"),
-            )),
-        },
-    }
+    Ok(crate::env::number(TUNE_SECONDS_ENV)?.unwrap_or(TUNE_SECONDS))
 }
 
 /// The environment variable naming a JSON file of candidates that the tuners try, in its order,

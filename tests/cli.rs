@@ -2012,3 +2012,38 @@ fn a_batch_beyond_a_device_limit_is_a_machine_limit_with_one_that_fits() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("try --batch"), "{}", text(&o));
 }
+
+/// The environment switches are read by one parser on every backend (round four): a value a
+/// switch does not take is refused by name with the words it takes whichever backend runs
+/// (`MANTISSA_TUNE_SECONDS=-1` and `MANTISSA_CUDA_SPLIT=bogus` were ignored on the reference),
+/// case and spaces aside (`MANTISSA_ACTIVATIONS=F32` was refused), an empty value as unset
+/// (`MANTISSA_COOP=` was an error).
+#[test]
+fn switches_read_alike_on_every_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.npy");
+    write_matrix(&a, &Matrix::new(4, 4, measure::normal(16, 5)).unwrap()).unwrap();
+    let a = a.to_str().unwrap();
+    let args = ["matmul", a, a, "--backend", "reference"];
+    for (var, value, words) in [
+        ("MANTISSA_TUNE_SECONDS", "-1", "seconds >= 0"),
+        ("MANTISSA_CUDA_SPLIT", "bogus", "gemms"),
+        ("MANTISSA_COOP", "maybe", "auto, on"),
+        ("MANTISSA_ROW_LANES", "3", "power of two"),
+    ] {
+        let o = mantissa_within(&args, &[(var, value)], 60).expect("it ended");
+        assert_eq!(o.status.code(), Some(2), "{var}={value}: {}", text(&o));
+        assert!(text(&o).contains(&format!("{var}=")), "{}", text(&o));
+        assert!(text(&o).contains(words), "{}", text(&o));
+    }
+    for (var, value) in [
+        ("MANTISSA_ACTIVATIONS", "F32"),
+        ("MANTISSA_AUTOTUNE", " Off "),
+        ("MANTISSA_COOP", ""),
+        ("MANTISSA_WGSL_CHECKS", "  "),
+        ("MANTISSA_BACKEND", ""),
+    ] {
+        let o = mantissa_within(&args, &[(var, value)], 60).expect("it ended");
+        assert!(o.status.success(), "{var}={value:?}: {}", text(&o));
+    }
+}

@@ -36,8 +36,10 @@ pub async fn open(choice: BackendChoice) -> Result<Box<dyn Backend>> {
 /// `open` on the `device`-th device of the chosen kind (counted modulo the devices there are):
 /// rank `device` of a host's data-parallel ranks opens its own GPU where there are enough.
 pub async fn open_device(choice: BackendChoice, device: usize) -> Result<Box<dyn Backend>> {
-    let choice = match (choice, std::env::var(BACKEND_ENV)) {
-        (BackendChoice::Auto, Ok(v)) if !v.trim().is_empty() => v.parse()?,
+    // Every switch, whichever backend reads it: a bad value is refused by every backend.
+    crate::env::check_all()?;
+    let choice = match (choice, crate::env::word(BACKEND_ENV)?) {
+        (BackendChoice::Auto, Some(v)) => v.parse()?,
         (c, _) => c,
     };
     match choice {

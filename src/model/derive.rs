@@ -12,7 +12,7 @@
 use super::ops::{Held, Saved};
 use super::{Model, Source, Var};
 use crate::algorithm::{Algorithm, MatmulShape};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::format::Format;
 use crate::plan::scalar;
 use crate::plan::{
@@ -403,12 +403,5 @@ impl Model {
 /// Whether plans store the matmuls' 16-bit inputs as codes where nothing else says: yes, unless
 /// `MANTISSA_ACTIVATIONS=f32` (to compare memory and step time with f32 storage).
 pub fn stores_codes() -> Result<bool> {
-    match std::env::var("MANTISSA_ACTIVATIONS").as_deref() {
-        Err(_) | Ok("codes") => Ok(true),
-        Ok("f32") => Ok(false),
-        Ok(other) => Err(Error::invalid(
-            "MANTISSA_ACTIVATIONS",
-            format!("{other:?}: expected codes (the default) or f32"),
-        )),
-    }
+    Ok(crate::env::word("MANTISSA_ACTIVATIONS")? != Some("f32"))
 }
