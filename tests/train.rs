@@ -659,6 +659,31 @@ fn checkpoints_with_corrupt_bytes_or_impossible_state_are_refused() {
     }
 }
 
+/// The trainer refuses settings no step can use, at its start and before each step (the
+/// options are public): a NaN learning rate made every weight NaN after a step that said it
+/// applied, a NaN clip skipped the update silently; and `sample` refuses a count beyond its
+/// bound and a prompt character outside the vocabulary.
+#[test]
+fn the_trainer_refuses_settings_no_step_can_use() {
+    let corpus = corpus();
+    let mut o = options(&corpus, Preset::True32, 1);
+    o.adamw.lr = f32::NAN;
+    let e = Trainer::new(&Reference, &corpus, o.clone())
+        .err()
+        .expect("refused");
+    assert!(e.to_string().contains("learning rate NaN"), "{e}");
+    o.adamw.lr = 1e-3;
+    let mut t = Trainer::new(&Reference, &corpus, o).unwrap();
+    t.options.grad_clip = f32::NAN;
+    let e = t.step().block_on().unwrap_err();
+    assert!(e.to_string().contains("grad_clip"), "{e}");
+    assert_eq!(t.step, 0, "nothing ran");
+    let e = t.sample("Th", 1 << 30, 0.8, 1).block_on().unwrap_err();
+    assert!(e.to_string().contains("at most"), "{e}");
+    let e = t.sample("Th€", 4, 0.8, 1).block_on().unwrap_err();
+    assert!(e.to_string().contains("'€'"), "{e}");
+}
+
 #[test]
 fn corpus_errors_are_clear() {
     let err = Corpus::load(std::path::Path::new("/nonexistent/corpus.txt"))

@@ -9,7 +9,7 @@ use crate::plan::AdamW;
 use crate::plan::exec::{Memory, Reduced};
 use crate::policy::{PrecisionClass, Preset};
 use crate::train::checkpoint::CheckpointFile;
-use crate::train::trainer::MAX_EVAL_BATCHES;
+use crate::train::trainer::{MAX_EVAL_BATCHES, MAX_SAMPLE_TOKENS};
 use crate::train::{
     Batches, Checkpoint, Choice, Chooser, Corpus, GptConfig, StepRecord, TrainOptions, Trainer,
     attention_choice, graphs_choice, init,
@@ -881,9 +881,6 @@ fn export_init(args: &TrainArgs, path: &std::path::Path) -> Result<i32> {
     )?;
     Ok(0)
 }
-
-/// The most characters `sample --tokens` generates (each is a forward pass of the model).
-const MAX_SAMPLE_TOKENS: usize = 100_000;
 
 pub fn sample(args: SampleArgs) -> Result<()> {
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {

@@ -172,10 +172,20 @@ pub fn init_from_bytes(
         }
         let values: Vec<f32> = match t.dtype() {
             Dtype::F32 => bytemuck::pod_collect_to_vec(t.data()),
-            Dtype::F64 => bytemuck::pod_collect_to_vec::<u8, f64>(t.data())
-                .into_iter()
-                .map(|x| x as f32)
-                .collect(),
+            Dtype::F64 => {
+                let wide = bytemuck::pod_collect_to_vec::<u8, f64>(t.data());
+                // A finite f64 beyond f32's range becomes inf: said as the value it was.
+                if let Some(i) = wide
+                    .iter()
+                    .position(|x| x.is_finite() && !(*x as f32).is_finite())
+                {
+                    return Err(bad(format!(
+                        "{name}[{i}] is {:e}, beyond f32's range",
+                        wide[i]
+                    )));
+                }
+                wide.into_iter().map(|x| x as f32).collect()
+            }
             other => {
                 return Err(bad(format!(
                     "tensor {name} is {other:?}; initial weights are F32 or F64"
@@ -434,6 +444,32 @@ mod tests {
             })
             .collect();
         refused(&file(&bare, Dtype::F32), "no mantissa metadata");
+    }
+
+    /// An f64 weight beyond f32's range is refused as the value it is (it was said to be inf).
+    #[test]
+    fn an_f64_weight_beyond_f32_is_named_as_it_is() {
+        let cfg = config();
+        let params = cfg.init(3).unwrap();
+        let vocab: Vec<char> = "abcde".chars().collect();
+        let mut torch: Vec<_> = torch_state_dict(&cfg, &params)
+            .unwrap()
+            .into_iter()
+            .map(|(n, (s, v))| (n, s, v))
+            .collect();
+        let bytes = |torch: &[(String, Vec<usize>, Vec<f32>)], big: f64| {
+            // As `file` writes F64, with one value set beyond f32's range.
+            let mut bytes = file(torch, Dtype::F64);
+            let at = bytes.len() - 8;
+            bytes[at..].copy_from_slice(&big.to_le_bytes());
+            bytes
+        };
+        torch.sort_by(|a, b| a.0.cmp(&b.0));
+        let e = init_from_bytes(&bytes(&torch, 1e300), Path::new("w"), &cfg, &vocab).unwrap_err();
+        assert!(
+            e.to_string().contains("is 1e300, beyond f32's range"),
+            "{e}"
+        );
     }
 
     #[test]

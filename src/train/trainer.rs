@@ -339,6 +339,7 @@ impl<'a> Trainer<'a> {
         reduction: Reduction,
     ) -> Result<Trainer<'a>> {
         let local = dist::shard(options.config.batch_size, group.rank(), group.size())?;
+        check_settings(&options)?;
         let spec = options.preset.spec();
         let precision = Precision::decide(&options.precision_request(), &backend.capabilities())?;
         let fp8 = match &precision.fp8 {
@@ -741,6 +742,8 @@ impl<'a> Trainer<'a> {
         timed: bool,
     ) -> Result<(StepRecord, Option<Timings>)> {
         let start = Instant::now();
+        // The options are the caller's to change between steps: checked before each.
+        check_settings(&self.options)?;
         let (ids, targets) = self.local_batch(false, self.step as u64)?;
         self.gpt
             .check_batch(&ids, &targets, self.gpt.config.block_size)?;
@@ -891,6 +894,12 @@ impl<'a> Trainer<'a> {
         mut each: impl FnMut(&str) -> Result<()>,
     ) -> Result<String> {
         use rand::SeedableRng;
+        if count > MAX_SAMPLE_TOKENS {
+            return Err(Error::invalid(
+                "characters to sample",
+                format!("{count}: at most {MAX_SAMPLE_TOKENS}"),
+            ));
+        }
         if !(temperature.is_finite() && temperature >= 0.0) {
             return Err(Error::invalid(
                 "temperature",
@@ -976,6 +985,25 @@ impl<'a> Trainer<'a> {
         Ok(loss)
     }
 }
+
+/// Refuses settings no step can use: AdamW's (`AdamW::check`), and a clip that is not finite
+/// and >= 0 (a NaN learning rate made every weight NaN after a step that said it applied).
+fn check_settings(options: &TrainOptions) -> Result<()> {
+    options.adamw.check()?;
+    if !(options.grad_clip.is_finite() && options.grad_clip >= 0.0) {
+        return Err(Error::invalid(
+            "grad_clip",
+            format!(
+                "{} is not finite and >= 0 (0 disables clipping)",
+                options.grad_clip
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The most characters `sample` generates (each is a forward pass of the model).
+pub const MAX_SAMPLE_TOKENS: usize = 100_000;
 
 /// The most validation batches one evaluation runs (`--eval-batches`): each is a forward pass.
 pub const MAX_EVAL_BATCHES: usize = 10_000;
