@@ -111,7 +111,7 @@ pub fn read_matrix_from(
     file_bytes: Option<u64>,
     path: &Path,
 ) -> Result<Matrix> {
-    check_claimed_shape(path, &mut source, file_bytes)?;
+    let data_start = check_claimed_shape(path, &mut source, file_bytes)?;
     let npy = npyz::NpyFile::new(source)
         .map_err(|e| Error::file(path, format!("not a valid .npy file: {e}")))?;
     let shape = npy.shape().to_vec();
@@ -161,6 +161,7 @@ pub fn read_matrix_from(
             format!("truncated: {} of {count} values", values.len()),
         ));
     }
+    check_no_trailing(path, data_start, 4 * count as u64, file_bytes)?;
     let data = match order {
         npyz::Order::C => values,
         npyz::Order::Fortran => {
@@ -182,6 +183,8 @@ pub(crate) struct Header {
     pub descr: py_literal::Value,
     /// The dimensions.
     pub shape: Vec<u64>,
+    /// Bytes before the data: the preamble, the header's length and the header.
+    pub data_start: u64,
 }
 
 impl Header {
@@ -238,6 +241,7 @@ pub(crate) fn parse_header(bytes: &[u8]) -> std::result::Result<Header, String> 
     Ok(Header {
         descr: get("descr")?.clone(),
         shape,
+        data_start: 0,
     })
 }
 
@@ -265,7 +269,10 @@ fn read_header(
                     file.seek(std::io::SeekFrom::Start(at))?;
                     let mut text = Vec::with_capacity(len as usize);
                     file.by_ref().take(len).read_to_end(&mut text)?;
-                    Some(parse_header(&text))
+                    Some(parse_header(&text).map(|h| Header {
+                        data_start: at + len,
+                        ..h
+                    }))
                 }
                 false => None,
             }
@@ -280,15 +287,15 @@ fn read_header(
 /// or whose sizes overflow where `npyz` multiplies them, before the `npyz` parser reads it: the
 /// header read by the parser `npyz` uses (`parse_header`), so that both see one shape. A header
 /// that parser refuses is refused here with its reason; a file with no .npy preamble is left
-/// to `npyz`, whose error says what is wrong.
+/// to `npyz`, whose error says what is wrong. Returns the bytes before the data, where read.
 pub(crate) fn check_claimed_shape(
     path: &Path,
     file: &mut (impl Read + Seek),
     file_bytes: Option<u64>,
-) -> Result<()> {
+) -> Result<Option<u64>> {
     let header = read_header(file, file_bytes).map_err(|e| Error::file(path, e))?;
     let header = match header {
-        None => return Ok(()),
+        None => return Ok(None),
         Some(Err(why)) => {
             return Err(Error::file(path, format!("not a valid .npy file: {why}")));
         }
@@ -314,6 +321,34 @@ pub(crate) fn check_claimed_shape(
             ),
         ));
     }
+    Ok(Some(header.data_start))
+}
+
+/// Refuses a file that holds more than its header declares (`data_start` and `data` bytes
+/// after it): bytes a reader would leave unread, as a stream's reader refuses them.
+pub(crate) fn check_no_trailing(
+    path: &Path,
+    data_start: Option<u64>,
+    data: u64,
+    file_bytes: Option<u64>,
+) -> Result<()> {
+    if let (Some(start), Some(len)) = (data_start, file_bytes)
+        && let Some(extra) = len
+            .checked_sub(start.saturating_add(data))
+            .filter(|&e| e > 0)
+    {
+        return Err(Error::file(
+            path,
+            format!(
+                "{extra} {} the data its header declares ({len} in all)",
+                if extra == 1 {
+                    "byte follows"
+                } else {
+                    "bytes follow"
+                }
+            ),
+        ));
+    }
     Ok(())
 }
 
@@ -332,4 +367,46 @@ pub fn write_matrix(path: &Path, m: &Matrix) -> Result<()> {
             .map_err(|e| Error::output(path, e))?;
         writer.finish().map_err(|e| Error::output(path, e))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    /// Bytes after the data a header declares are refused, by a file's reader as by a
+    /// stream's, the matrix's and the batches' alike (a file's were left unread in silence).
+    #[test]
+    fn bytes_after_the_declared_data_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.npy");
+        write_matrix(&path, &Matrix::new(2, 3, vec![1.0; 6]).unwrap()).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let read =
+            |b: &[u8]| read_matrix_from(Cursor::new(b.to_vec()), Some(b.len() as u64), &path);
+        assert!(read(&bytes).is_ok());
+        bytes.extend([0u8; 3]);
+        let e = read(&bytes).unwrap_err();
+        assert!(e.to_string().contains("3 bytes follow the data"), "{e}");
+
+        // Batches of u8 ids [1, 1, 3]: three bytes of data, then one more.
+        let mut header =
+            "{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1, 3), }".to_string();
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut batches = b"\x93NUMPY\x01\x00".to_vec();
+        batches.extend((header.len() as u16).to_le_bytes());
+        batches.extend(header.as_bytes());
+        batches.extend([1u8, 2, 3]);
+        let load = |b: &[u8]| {
+            let len = Some(b.len() as u64);
+            crate::train::Batches::read(&mut Cursor::new(b.to_vec()), len, &path, (1, 2, 5, 1))
+        };
+        assert!(load(&batches).is_ok());
+        batches.push(4);
+        let e = load(&batches).unwrap_err();
+        assert!(e.to_string().contains("1 byte follows the data"), "{e}");
+    }
 }

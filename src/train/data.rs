@@ -177,7 +177,7 @@ impl Batches {
         (batch, t, vocab, steps): (usize, usize, usize, u32),
     ) -> Result<Batches> {
         let bad = |why: String| Error::file(path, format!("not usable as batches: {why}"));
-        crate::npy::check_claimed_shape(path, source, file_bytes)?;
+        let data_start = crate::npy::check_claimed_shape(path, source, file_bytes)?;
         let npy =
             npyz::NpyFile::new(source).map_err(|e| bad(format!("not a valid .npy file ({e})")))?;
         let shape: Vec<u64> = npy.shape().to_vec();
@@ -244,6 +244,8 @@ impl Batches {
         if ids.len() != count {
             return Err(bad(format!("truncated: {} of {count} ids", ids.len())));
         }
+        let width = dtype.num_bytes().unwrap_or(1) as u64;
+        crate::npy::check_no_trailing(path, data_start, width * count as u64, file_bytes)?;
         if let Some(e) = ids.iter().position(|&id| id as usize >= vocab) {
             let (row_len, batch_len) = (t + 1, batch * (t + 1));
             return Err(bad(format!(
