@@ -74,7 +74,7 @@ fn address_space_left() -> Option<u64> {
         // SAFETY: sysconf reads a constant of the system.
         let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
         let mapped = pages.saturating_mul(u64::try_from(page).ok()?);
-        Some((limit.rlim_cur as u64).saturating_sub(mapped))
+        Some(limit.rlim_cur.saturating_sub(mapped))
     }
     #[cfg(not(target_os = "linux"))]
     {

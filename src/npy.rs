@@ -392,7 +392,7 @@ mod tests {
         // Batches of u8 ids [1, 1, 3]: three bytes of data, then one more.
         let mut header =
             "{'descr': '|u1', 'fortran_order': False, 'shape': (1, 1, 3), }".to_string();
-        while (10 + header.len() + 1) % 64 != 0 {
+        while !(10 + header.len() + 1).is_multiple_of(64) {
             header.push(' ');
         }
         header.push('\n');

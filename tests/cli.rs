@@ -1661,7 +1661,7 @@ fn forged_npy_headers_are_read_as_the_reader_reads_them() {
     let dir = tempfile::tempdir().unwrap();
     let npy = |name: &str, header: &str, data: usize| {
         let mut header = header.to_string();
-        while (10 + header.len() + 1) % 64 != 0 {
+        while !(10 + header.len() + 1).is_multiple_of(64) {
             header.push(' ');
         }
         header.push('\n');

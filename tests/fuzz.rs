@@ -672,9 +672,9 @@ fn run_program(p: &Program) -> Result<(), TestCaseError> {
     };
     let mut set = vec![false; shapes.len()];
     if p.run.2 {
-        for k in 0..shapes.len() {
+        for (k, set) in set.iter_mut().enumerate() {
             t.set_values(k, &written(k)).block_on().unwrap();
-            set[k] = true;
+            *set = true;
         }
     }
     // Whether a run of (ids form, targets form) must be refused: ids the model reads but not

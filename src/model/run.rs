@@ -14,6 +14,9 @@ use crate::policy::precision::PrecisionRequest;
 use crate::policy::{Fp8Role, Fp8State, LossScaler, Precision, StepDecision};
 use std::borrow::Cow;
 
+/// A run's token ids and class targets, as the plan takes them.
+type Batch<'b> = (Cow<'b, [u32]>, Cow<'b, [u32]>);
+
 /// What one training step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Stepped {
@@ -158,11 +161,7 @@ impl<'a> ModelTrainer<'a> {
     /// values input it reads written (`set_values`). An empty slice for what the model reads
     /// (which trained on token 0), ids for a model that reads none, or a values input never
     /// written, is refused by name.
-    fn batch<'b>(
-        &self,
-        ids: &'b [u32],
-        targets: &'b [u32],
-    ) -> Result<(Cow<'b, [u32]>, Cow<'b, [u32]>)> {
+    fn batch<'b>(&self, ids: &'b [u32], targets: &'b [u32]) -> Result<Batch<'b>> {
         let rows = self.exec.plan().rows();
         let given = |x: &'b [u32], what: &'static str, reads: bool| match (reads, x.is_empty()) {
             (true, true) => Err(Error::invalid(
