@@ -87,6 +87,15 @@ impl<'a> ModelTrainer<'a> {
             coded: super::stores_codes()?,
         };
         let mut plan = model.plan(&precision, options)?;
+        // The parameters are held twice on the host: as the plan's constants, and as the
+        // executor's copy (the host interpreter's tensors, a device's upload).
+        let params = (model.params().iter())
+            .try_fold(0u64, |n, p| n.checked_add(p.len() as u64 * 4))
+            .and_then(|bytes| bytes.checked_mul(2));
+        crate::memory::check(
+            "the model's parameters, in its plan and its executor",
+            params,
+        )?;
         for (i, p) in model.init(seed)?.into_iter().enumerate() {
             let p = held_as(precision.weights, &model.params()[i].name, p)?;
             plan.constants.push((plan.state[i][0], p));

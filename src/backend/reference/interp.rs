@@ -38,15 +38,18 @@ pub struct HostExecutor {
 pub struct HostGraph(Vec<(usize, Op)>);
 
 impl HostExecutor {
-    /// An executor of `plan`, its constants set (moved out of the plan, not copied); every
-    /// other tensor reads as zeros until written. The tensors' host memory is asked for first
-    /// (`memory::check`): `HostOutOfMemory` with the bytes, not an abort.
-    pub fn new(mut plan: Plan) -> Result<HostExecutor> {
+    /// An executor of `plan`, its constants set; every other tensor reads as zeros until
+    /// written. The tensors' host memory is asked for first (`memory::check`), and the
+    /// constants are copied with `try_reserve`: `HostOutOfMemory` with the bytes, not an abort.
+    pub fn new(plan: Plan) -> Result<HostExecutor> {
         let bytes = crate::plan::Storage::shared(&plan).bytes();
         crate::memory::check("the host interpreter's tensors", Some(bytes))?;
         let mut tensors = vec![Vec::new(); plan.tensors.len()];
-        for (id, values) in std::mem::take(&mut plan.constants) {
-            tensors[id] = values;
+        for (id, values) in &plan.constants {
+            let mut copy =
+                crate::memory::empty_with_capacity("a step plan constant", values.len())?;
+            copy.extend_from_slice(values);
+            tensors[*id] = copy;
         }
         let mut last_uses = vec![Vec::new(); plan.ops.len()];
         for (t, life) in plan.temporary_lives().into_iter().enumerate() {

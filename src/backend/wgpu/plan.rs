@@ -101,9 +101,8 @@ impl<'a> ResidentPlan<'a> {
     /// The executor of `plan` on `backend`. Nothing is allocated or compiled here: the first run
     /// (or `prepare`) compiles the plan's kernels and allocates its tensors, uploading the plan's
     /// constants and whatever was written before.
-    pub fn new(backend: &'a WgpuBackend, mut plan: Plan) -> ResidentPlan<'a> {
-        // Moved, not copied: a model's parameters may be most of the host's memory.
-        let pending = std::mem::take(&mut plan.constants).into_iter().collect();
+    pub fn new(backend: &'a WgpuBackend, plan: Plan) -> ResidentPlan<'a> {
+        let pending = plan.constants.iter().cloned().collect();
         ResidentPlan {
             backend,
             layout: arena_layout(&plan, backend.arena_binding),
