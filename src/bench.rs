@@ -188,6 +188,10 @@ fn sampled_error(
     )
 }
 
+/// The most steps `TrainBench` times, and the most it warms up with (`bench train --steps`,
+/// `--warmup`): each is a training step.
+pub const MAX_BENCH_STEPS: u32 = 100_000;
+
 /// What `mantissa bench train` measures: whole training steps of one model under each preset,
 /// each preset from a fresh model (the same seed).
 #[derive(Clone, Debug)]
@@ -601,6 +605,16 @@ impl TrainBench {
         corpus: &Corpus,
         mut each: impl FnMut(&TrainRecord),
     ) -> Result<Vec<TrainRecord>> {
+        for (flag, n, least) in [("--steps", self.steps, 1), ("--warmup", self.warmup, 0)] {
+            if !(least..=MAX_BENCH_STEPS).contains(&n) {
+                return Err(Error::invalid(
+                    flag,
+                    format!("{n} steps: between {least} and {MAX_BENCH_STEPS}"),
+                ));
+            }
+        }
+        // Within the bounds above: no sum overflows.
+        let runs = self.warmup.max(1) + self.steps;
         let mut out = Vec::new();
         let chooser = Chooser::from_env()?;
         for &preset in &self.presets {
@@ -612,7 +626,7 @@ impl TrainBench {
             let mut trainer = Trainer::new(backend, corpus, options)?;
             trainer.choose(&chooser).await?;
             let (mut first, mut timed, mut loss, mut stopped) = (0.0, vec![], f64::NAN, None);
-            for i in 0..self.warmup.max(1) + self.steps {
+            for i in 0..runs {
                 match trainer.step().await {
                     Ok(r) => {
                         loss = r.loss;

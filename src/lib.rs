@@ -79,6 +79,7 @@ pub mod cache;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cli;
 pub mod dist;
+pub mod env;
 pub mod error;
 pub mod format;
 pub mod input;

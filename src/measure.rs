@@ -10,8 +10,15 @@ use rayon::prelude::*;
 
 /// N(0,1) values.
 pub fn normal(len: usize, seed: u64) -> Vec<f32> {
+    let mut values = Vec::with_capacity(len);
+    normal_into(&mut values, len, seed);
+    values
+}
+
+/// `normal(len, seed)` appended to `values` (whose room the caller reserved).
+pub fn normal_into(values: &mut Vec<f32>, len: usize, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
-    (0..len).map(|_| StandardNormal.sample(&mut rng)).collect()
+    values.extend((0..len).map(|_| -> f32 { StandardNormal.sample(&mut rng) }));
 }
 
 /// Values of random sign with magnitudes spread log-uniformly over 2^-20..2^20.

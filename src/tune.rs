@@ -49,9 +49,9 @@ impl std::str::FromStr for AutotuneMode {
 }
 
 impl AutotuneMode {
-    /// The mode `MANTISSA_AUTOTUNE` names (fast when unset).
+    /// The mode `MANTISSA_AUTOTUNE` names (fast when unset or empty; `crate::env`'s rules).
     pub fn from_env() -> Result<AutotuneMode> {
-        std::env::var(AUTOTUNE_ENV).map_or(Ok(AutotuneMode::Fast), |v| v.parse())
+        crate::env::word(AUTOTUNE_ENV)?.map_or(Ok(AutotuneMode::Fast), str::parse)
     }
 }
 
@@ -72,18 +72,10 @@ pub const TUNE_SECONDS: f64 = 20.0;
 /// The environment variable that sets the search's budget in seconds.
 pub const TUNE_SECONDS_ENV: &str = "MANTISSA_TUNE_SECONDS";
 
-/// The budget `MANTISSA_TUNE_SECONDS` gives (`TUNE_SECONDS` when unset).
+/// The budget `MANTISSA_TUNE_SECONDS` gives (`TUNE_SECONDS` when unset or empty; a number of
+/// seconds >= 0, `crate::env`'s rules).
 pub fn budget_from_env() -> Result<f64> {
-    match std::env::var(TUNE_SECONDS_ENV) {
-        Err(_) => Ok(TUNE_SECONDS),
-        Ok(v) => match v.trim().parse::<f64>() {
-            Ok(s) if s.is_finite() && s >= 0.0 => Ok(s),
-            _ => Err(Error::invalid(
-                TUNE_SECONDS_ENV,
-                format!("{v:?} is not a number of seconds >= 0"),
-            )),
-        },
-    }
+    Ok(crate::env::number(TUNE_SECONDS_ENV)?.unwrap_or(TUNE_SECONDS))
 }
 
 /// The environment variable naming a JSON file of candidates that the tuners try, in its order,
@@ -232,8 +224,8 @@ struct Choice<T> {
 }
 
 /// Where tuned choices persist between runs: a JSON text read when the tuner starts and
-/// written after every new choice. Natively a file (`FileStore`); in the browser the page's
-/// localStorage (web/src/lib.rs).
+/// updated after every new choice. Natively a file that many processes share (`FileStore`); in
+/// the browser the page's localStorage (web/src/lib.rs).
 pub trait TileStore: Send + Sync {
     /// The JSON text last saved, or None where there is none (or it cannot be read: the tuner
     /// then starts afresh).
@@ -241,10 +233,69 @@ pub trait TileStore: Send + Sync {
     /// Best effort: a store that cannot be written costs a re-tune next run, not this run's
     /// result.
     fn save(&self, json: &str);
+    /// Replaces the text with `merge` of the text stored now, with no other writer between
+    /// the read and the write where others may write (a file: under a lock). Best effort, as
+    /// `save`.
+    fn update(&self, merge: &mut dyn FnMut(Option<String>) -> String) {
+        let text = merge(self.load());
+        self.save(&text);
+    }
 }
 
-/// Choices in a JSON file, rewritten atomically.
+/// Choices in a JSON file that concurrent runs share: each update reads it and writes the
+/// merge under an exclusive lock (`flock` on a `.lock` file beside it, where the platform has
+/// one), atomically (`cache::write_atomic`), so that every run's choices are kept. A file that
+/// cannot be written is said once per process (`said_once`), not silently re-tuned every run.
 pub struct FileStore(pub PathBuf);
+
+impl FileStore {
+    /// `TileStore::update`, or why the file could not be locked or written.
+    pub fn try_update(&self, merge: &mut dyn FnMut(Option<String>) -> String) -> Result<()> {
+        let path = &self.0;
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Error::output(parent, e))?;
+        }
+        let mut lock_name = path.clone().into_os_string();
+        lock_name.push(".lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_name)
+            .map_err(|e| Error::output(&lock_name, e))?;
+        #[cfg(unix)]
+        {
+            use std::os::fd::AsRawFd;
+            // SAFETY: flock on a descriptor this function holds open; released when it closes.
+            if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                return Err(Error::output(&lock_name, std::io::Error::last_os_error()));
+            }
+        }
+        let text = merge(self.load());
+        let written = crate::cache::write_atomic(path, text.as_bytes());
+        drop(lock);
+        written
+    }
+}
+
+/// Whether this is the first time this process is told that the cache `path` cannot be
+/// written (the warning is then printed; later failures of the same file are not).
+pub fn said_once(path: &std::path::Path, why: &Error) -> bool {
+    static SAID: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    let Ok(mut said) = SAID.lock() else {
+        return false;
+    };
+    if said.iter().any(|p| p == path) {
+        return false;
+    }
+    said.push(path.to_path_buf());
+    eprintln!(
+        "mantissa: warning: the cache {} cannot be written ({why}); what is tuned now is not kept, \
+         and the next run tunes it again",
+        path.display()
+    );
+    true
+}
 
 impl TileStore for FileStore {
     fn load(&self) -> Option<String> {
@@ -252,8 +303,30 @@ impl TileStore for FileStore {
     }
 
     fn save(&self, json: &str) {
-        let _ = crate::cache::write_atomic(&self.0, json.as_bytes());
+        self.update(&mut |_| json.to_string());
     }
+
+    fn update(&self, merge: &mut dyn FnMut(Option<String>) -> String) {
+        if let Err(e) = self.try_update(merge) {
+            said_once(&self.0, &e);
+        }
+    }
+}
+
+/// The choices of a stored JSON text, each entry read alone: an entry that does not parse as
+/// a choice of `T`, or whose seconds are not finite and >= 0, is dropped, and the others kept
+/// (one bad entry discarded the whole file). A text that is not a JSON object holds none.
+fn entries<T: serde::de::DeserializeOwned>(text: Option<&str>) -> BTreeMap<String, Choice<T>> {
+    let Some(Ok(serde_json::Value::Object(map))) = text.map(serde_json::from_str) else {
+        return BTreeMap::new();
+    };
+    map.into_iter()
+        .filter_map(|(key, value)| {
+            let choice: Choice<T> = serde_json::from_value(value).ok()?;
+            let timed_ok = choice.seconds.is_none_or(|s| s.is_finite() && s >= 0.0);
+            timed_ok.then_some((key, choice))
+        })
+        .collect()
 }
 
 /// Tuned choices (wgpu: tiles; CUDA: the split-bf16 path) by key, and where they persist.
@@ -281,11 +354,8 @@ impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Tuner<T> {
 
     /// A tuner in `mode` persisting its choices in `store` (none: kept for the process's life).
     pub fn with_store(mode: AutotuneMode, store: Option<Box<dyn TileStore>>) -> Tuner<T> {
-        let tiles: BTreeMap<String, Choice<T>> = store
-            .as_ref()
-            .and_then(|s| s.load())
-            .and_then(|text| serde_json::from_str(&text).ok())
-            .unwrap_or_default();
+        let text = store.as_ref().and_then(|s| s.load());
+        let tiles: BTreeMap<String, Choice<T>> = entries(text.as_deref());
         Tuner {
             mode: AtomicU8::new(mode as u8),
             store,
@@ -348,14 +418,15 @@ impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Tuner<T> {
         self.put_timed(key, choice, None);
     }
 
-    /// Records a choice with the median seconds it was timed at, and saves every choice to the
-    /// store.
+    /// Records a choice with the median seconds it was timed at, and adds it to the store:
+    /// merged into what the store holds now (other processes' choices kept), whose choices
+    /// this tuner then holds too.
     pub fn put_timed(&self, key: String, choice: T, seconds: Option<f64>) {
         let Ok(mut tiles) = self.tiles.lock() else {
             return;
         };
         let full = self.mode() == AutotuneMode::Full;
-        tiles.insert(
+        let (key, choice) = (
             stored_key(&key),
             Choice {
                 choice,
@@ -363,19 +434,34 @@ impl<T: Copy + serde::Serialize + serde::de::DeserializeOwned> Tuner<T> {
                 seconds,
             },
         );
-        if let (Some(store), Ok(text)) = (&self.store, serde_json::to_string_pretty(&*tiles)) {
-            store.save(&text);
+        tiles.insert(key.clone(), choice);
+        if let Some(store) = &self.store {
+            let mut stored = BTreeMap::new();
+            store.update(&mut |now| {
+                stored = entries::<T>(now.as_deref());
+                stored.insert(key.clone(), choice);
+                serde_json::to_string_pretty(&stored).unwrap_or_default()
+            });
+            for (k, c) in stored {
+                tiles.entry(k).or_insert(c);
+            }
         }
     }
 }
 
-/// The key a choice is stored under: the backend's, and where MANTISSA_KERNEL_DIR replaces
-/// kernel sources, their fingerprint (choices made with edited kernels are kept apart from
-/// those of the built-in ones, and from each other's).
+/// The key a choice is stored under: the backend's; the switches that change the kernels
+/// timed, where set (`env::keyed`: MANTISSA_COOP, MANTISSA_F16, MANTISSA_ROW_LANES, ...); and
+/// where MANTISSA_KERNEL_DIR replaces kernel sources, their fingerprint (choices made with
+/// edited kernels are kept apart from those of the built-in ones, and from each other's).
 fn stored_key(key: &str) -> String {
+    let mut key = key.to_string();
+    let switches = crate::env::keyed();
+    if !switches.is_empty() {
+        key = format!("{key} | {switches}");
+    }
     match crate::backend::sources::replacements() {
         Ok(Some(r)) => format!("{key} | kernels {}", r.fingerprint),
-        _ => key.to_string(),
+        _ => key,
     }
 }
 
@@ -437,6 +523,75 @@ mod tests {
         *store.0.lock().unwrap() = Some("{ not json".into());
         let fresh = Tuner::<u8>::with_store(AutotuneMode::Fast, Some(Box::new(store)));
         assert_eq!(fresh.entries(), (0, 0));
+    }
+
+    /// Tuners that started from the same store (concurrent runs) each add their choices to
+    /// what it holds when they write: all are kept (only the last writer's were), in a file
+    /// many threads write at once too.
+    #[test]
+    fn concurrent_tuners_keep_every_choice() {
+        let store = Memory::default();
+        let a = Tuner::<u8>::with_store(AutotuneMode::Fast, Some(Box::new(store.clone())));
+        let b = Tuner::<u8>::with_store(AutotuneMode::Fast, Some(Box::new(store.clone())));
+        a.put("a".into(), 1);
+        b.put("b".into(), 2);
+        let c = Tuner::<u8>::with_store(AutotuneMode::Fast, Some(Box::new(store)));
+        assert_eq!((c.get("a"), c.get("b")), (Some(1), Some(2)));
+        assert_eq!(b.get("a"), Some(1), "a writer takes in what it merged");
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cache").join("choices.json");
+        std::thread::scope(|scope| {
+            for t in 0..4u8 {
+                let path = path.clone();
+                scope.spawn(move || {
+                    let tuner = Tuner::<u8>::new(AutotuneMode::Fast, Some(path));
+                    for k in 0..10u8 {
+                        tuner.put(format!("{t}/{k}"), k);
+                    }
+                });
+            }
+        });
+        let all = Tuner::<u8>::new(AutotuneMode::Fast, Some(path));
+        assert_eq!(all.entries(), (40, 40));
+    }
+
+    /// One entry that cannot be read (another type, negative seconds: "autotuned at -5000 ms")
+    /// drops that entry alone, and the next write keeps the others (the whole file was
+    /// discarded and rewritten with the new choice alone).
+    #[test]
+    fn a_bad_entry_drops_that_entry_alone() {
+        let store = Memory::default();
+        *store.0.lock().unwrap() = Some(
+            r#"{"good": {"choice": 3, "full": false, "seconds": 0.5},
+                "other type": {"choice": "tripled", "full": false},
+                "negative": {"choice": 4, "full": true, "seconds": -5.0},
+                "no choice": {"full": true}}"#
+                .into(),
+        );
+        let t = Tuner::<u8>::with_store(AutotuneMode::Fast, Some(Box::new(store.clone())));
+        assert_eq!(t.entries(), (1, 1));
+        assert_eq!((t.get("good"), t.get("negative")), (Some(3), None));
+        t.put("new".into(), 5);
+        let again = Tuner::<u8>::with_store(AutotuneMode::Fast, Some(Box::new(store)));
+        assert_eq!((again.get("good"), again.get("new")), (Some(3), Some(5)));
+        assert_eq!(again.entries(), (2, 2));
+    }
+
+    /// A cache that cannot be written is said, once per file and process (it was ignored in
+    /// silence, every run re-tuning).
+    #[test]
+    fn an_unwritable_cache_is_said_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a file");
+        std::fs::write(&file, "x").unwrap();
+        let store = FileStore(file.join("choices.json"));
+        let e = store.try_update(&mut |_| "{}".into()).unwrap_err();
+        assert!(said_once(&store.0, &e));
+        assert!(!said_once(&store.0, &e), "said twice");
+        let tuner = Tuner::<u8>::with_store(AutotuneMode::Fast, Some(Box::new(store)));
+        tuner.put("k".into(), 1);
+        assert_eq!(tuner.get("k"), Some(1), "kept for this run");
     }
 
     #[test]

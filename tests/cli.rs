@@ -882,11 +882,20 @@ fn init_and_batches_start_a_run_or_are_refused_by_name() {
         "5",
         "--export-init",
         &s("init.safetensors"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    // It trains nothing, so it writes nowhere else: --out is refused by name, as any flag of
+    // a training run.
+    let o = mantissa(&[
+        "train",
+        "--export-init",
+        &s("other.safetensors"),
         "--out",
         &out,
     ]);
-    assert!(o.status.success(), "{}", text(&o));
-    assert!(!p("out").exists(), "--export-init trains nothing");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--out is not used"), "{}", text(&o));
+    assert!(!p("out").exists() && !p("other.safetensors").exists());
     let train = |extra: &[&str], out: &str| {
         let mut args = vec![
             "train",
@@ -1644,4 +1653,400 @@ fn sigterm_removes_the_pending_temporary() {
     assert!(!status.success());
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// A .npy header's shape is read by the parser the reader uses (round four's M3): a shape in
+/// double quotes went past the size check to a 2 PiB allocation request (exit 1), and a
+/// repeated 'shape' key, whose last value the reader takes, wrapped the size check's product
+/// to three batches. Both are refused as bad input, naming the file.
+#[test]
+fn forged_npy_headers_are_read_as_the_reader_reads_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let npy = |name: &str, header: &str, data: usize| {
+        let mut header = header.to_string();
+        while !(10 + header.len() + 1).is_multiple_of(64) {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend((header.len() as u16).to_le_bytes());
+        bytes.extend(header.as_bytes());
+        bytes.extend(vec![0u8; data]);
+        let path = dir.path().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    let row = 16 * 33;
+    let cases = [
+        (
+            npy(
+                "dquote.npy",
+                r#"{"descr": "|u1", "fortran_order": False, "shape": (1099511627776, 16, 33), }"#,
+                row,
+            ),
+            "1099511627776x16x33",
+        ),
+        (
+            npy(
+                "twice.npy",
+                "{'descr': '|u1', 'fortran_order': False, 'shape': (1,), 'shape': (1152921504606846979, 16, 33), }",
+                3 * row,
+            ),
+            "'shape' twice",
+        ),
+    ];
+    for (path, why) in cases {
+        let args = [
+            "train",
+            "--batches",
+            &path,
+            "--steps",
+            "5",
+            "--backend",
+            "reference",
+            "--out",
+        ];
+        let out = dir.path().join("out");
+        let mut args = args.to_vec();
+        args.push(out.to_str().unwrap());
+        let o = mantissa(&args);
+        assert_eq!(o.status.code(), Some(2), "{path}: {}", text(&o));
+        assert!(
+            text(&o).contains(&path) && text(&o).contains(why),
+            "{}",
+            text(&o)
+        );
+        assert!(!out.exists(), "{}", text(&o));
+        let o = mantissa(&["matmul", &path, &path, "--backend", "reference"]);
+        assert_eq!(o.status.code(), Some(2), "{path}: {}", text(&o));
+    }
+}
+
+/// The rule for non-finite state (round four's H1 and M6): a run whose weights overflow stops
+/// with exit 4 at the step it went non-finite, its validation loss NaN, and writes no
+/// checkpoint (`--lr 1e30` exited 0, and `sample` then panicked on its checkpoint, exit 101);
+/// `sample` refuses weights whose logits are not finite (a checkpoint of finite, huge weights)
+/// with exit 2, and a prompt character outside the vocabulary before echoing anything (it was
+/// dropped silently, and echoed).
+#[test]
+fn overflowing_weights_stop_a_run_and_are_refused_by_sample() {
+    use mantissa::train::{Checkpoint, Corpus, TrainOptions, Trainer};
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("run");
+    let o = mantissa(&[
+        "train",
+        "--steps",
+        "1",
+        "--lr",
+        "1e30",
+        "--eval-batches",
+        "1",
+        "--backend",
+        "reference",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert!(
+        text(&o).contains("stopped at step 1") && text(&o).contains("validation loss NaN"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        !out.join("32-true.safetensors").exists(),
+        "a checkpoint of NaN losses"
+    );
+    assert_eq!(train_log(&out)[0]["stopped_at"], 1);
+
+    // A checkpoint of finite weights so large that the logits overflow.
+    let corpus = Corpus::load(Path::new("data/shakespeare.txt")).unwrap();
+    let options = TrainOptions::new(
+        mantissa::train::GptConfig::named("tiny", corpus.vocab.len()).unwrap(),
+        mantissa::Preset::True32,
+        1,
+    );
+    let mut t = Trainer::new(&mantissa::backend::Reference, &corpus, options).unwrap();
+    let huge: Vec<Vec<f32>> = (t.gpt.config.init(1).unwrap().into_iter())
+        .map(|p| p.into_iter().map(|x| x * 1e30 + 1e30).collect())
+        .collect();
+    pollster::block_on(t.set_weights(&huge)).unwrap();
+    let ck = dir.path().join("huge.safetensors");
+    pollster::block_on(Checkpoint::save(&mut t, &ck)).unwrap();
+    let ck = ck.to_str().unwrap();
+    for temperature in ["0.8", "0"] {
+        let o = mantissa(&[
+            "sample",
+            "--checkpoint",
+            ck,
+            "--tokens",
+            "3",
+            "--temperature",
+            temperature,
+        ]);
+        assert_eq!(o.status.code(), Some(2), "{temperature}: {}", text(&o));
+        assert!(text(&o).contains("inf or NaN"), "{}", text(&o));
+        assert!(!text(&o).contains("panicked"), "{}", text(&o));
+    }
+    let o = mantissa(&["sample", "--checkpoint", ck, "--prompt", "ROMEO€:"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("--prompt") && text(&o).contains("'€'"),
+        "{}",
+        text(&o)
+    );
+    assert!(o.stdout.is_empty(), "echoed: {}", text(&o));
+}
+
+/// Every count has a bound (round four's M4, M5): `bench train --steps 4294967295` wrapped to
+/// no step and reported NaN with exit 0, and `--eval-batches 100000000000` evaluated for
+/// hours; each is refused by name before anything runs.
+#[test]
+fn counts_beyond_their_bounds_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let out = out.to_str().unwrap();
+    let bench = [
+        "bench",
+        "train",
+        "--precision",
+        "32-true",
+        "--backends",
+        "reference",
+    ];
+    for (flag, value, other) in [
+        ("--steps", "4294967295", ["--warmup", "0"]),
+        ("--warmup", "4294967295", ["--steps", "1"]),
+        ("--steps", "0", ["--warmup", "0"]),
+    ] {
+        let mut args = bench.to_vec();
+        args.extend([flag, value]);
+        args.extend(other);
+        let o = mantissa_within(&args, &[], 60).expect("it ended");
+        assert_eq!(o.status.code(), Some(2), "{flag} {value}: {}", text(&o));
+        assert!(text(&o).contains(flag), "{}", text(&o));
+    }
+    for value in ["0", "100000000000"] {
+        let args = [
+            "train",
+            "--eval-batches",
+            value,
+            "--steps",
+            "1",
+            "--out",
+            out,
+        ];
+        let o = mantissa_within(&args, &[], 60).expect("it ended");
+        assert_eq!(o.status.code(), Some(2), "{value}: {}", text(&o));
+        assert!(text(&o).contains("--eval-batches"), "{}", text(&o));
+    }
+}
+
+/// Standard output carries data alone when it is an output (round four's H2): `--export-init -`
+/// wrote its message after the safetensors bytes, and `--init` refused the file. The export
+/// round-trips into `--init`; with `--resume` it exports the checkpoint's weights (it exported
+/// the seeded ones); a flag it does not use is refused by name (M1: it ignored them all, a bad
+/// `--precision` or `--batches` included). `bench --json -` writes JSON alone there too.
+#[test]
+fn exports_to_standard_output_carry_data_alone_and_unused_flags_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let o = mantissa(&["train", "--seed", "3", "--export-init", "-"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("wrote -"),
+        "{}",
+        text(&o)
+    );
+    std::fs::write(p("x.safetensors"), &o.stdout).unwrap();
+    let o = mantissa(&["train", "--seed", "3", "--export-init", &p("y.safetensors")]);
+    assert!(o.status.success(), "{}", text(&o));
+    let again = ["train", "--init", &p("x.safetensors"), "--export-init", "-"];
+    let o = mantissa(&again);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(o.stdout, std::fs::read(p("y.safetensors")).unwrap());
+
+    // A checkpoint two steps on from seed 3: --resume exports its weights, not seed 3's.
+    let run = p("run");
+    let o = mantissa(&[
+        "train",
+        "--seed",
+        "3",
+        "--steps",
+        "2",
+        "--eval-batches",
+        "1",
+        "--backend",
+        "reference",
+        "--out",
+        &run,
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let ck = format!("{run}/32-true.safetensors");
+    let o = mantissa(&[
+        "train",
+        "--resume",
+        &ck,
+        "--export-init",
+        &p("r.safetensors"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let corpus = mantissa::train::Corpus::load(Path::new("data/shakespeare.txt")).unwrap();
+    let config = mantissa::train::GptConfig::named("tiny", corpus.vocab.len()).unwrap();
+    let trained = mantissa::train::Checkpoint::load(Path::new(&ck), &config, &corpus.vocab);
+    let read =
+        mantissa::train::init::read_init(Path::new(&p("r.safetensors")), &config, &corpus.vocab);
+    assert!(
+        read.unwrap() == trained.unwrap().params,
+        "not the checkpoint's weights"
+    );
+    for (flag, value) in [
+        ("--precision", "bogus"),
+        ("--backend", "bogus"),
+        ("--batches", "/nonexistent.npy"),
+        ("--attention", "bogus"),
+        ("--batch", "0"),
+        ("--steps", "5"),
+        ("--out", "elsewhere"),
+    ] {
+        let o = mantissa(&["train", "--export-init", &p("z.safetensors"), flag, value]);
+        assert_eq!(o.status.code(), Some(2), "{flag}: {}", text(&o));
+        assert!(
+            text(&o).contains(&format!("{flag} is not used")),
+            "{}",
+            text(&o)
+        );
+    }
+    let o = mantissa(&[
+        "train",
+        "--export-init",
+        "-",
+        "--seed",
+        "1",
+        "--resume",
+        &ck,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(o.stdout.is_empty() && !Path::new(&p("z.safetensors")).exists());
+
+    let o = mantissa(&[
+        "bench",
+        "matmul",
+        "--sizes",
+        "8",
+        "--algorithms",
+        "f32",
+        "--backends",
+        "reference",
+        "--reps",
+        "1",
+        "--json",
+        "-",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    let records: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON alone");
+    assert_eq!(records.as_array().map(Vec::len), Some(1), "{records}");
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("f32"),
+        "the table: {}",
+        text(&o)
+    );
+}
+
+/// The host-memory check honours the process's address-space limit (`ulimit -v`): a batch
+/// within MemAvailable but beyond the limit passed the check and aborted the run; it is
+/// refused with the bytes and a batch that fits (exit 1).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_batch_beyond_the_address_space_limit_is_refused_with_one_that_fits() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mantissa"));
+    cmd.args([
+        "train",
+        "--batch",
+        "20000",
+        "--backend",
+        "reference",
+        "--steps",
+        "1",
+    ])
+    .arg("--out")
+    .arg(dir.path().join("out"))
+    .env("XDG_RUNTIME_DIR", "/tmp");
+    // SAFETY: setrlimit between fork and exec touches nothing the parent holds.
+    unsafe {
+        cmd.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: 6 << 30,
+                rlim_max: 6 << 30,
+            };
+            match libc::setrlimit(libc::RLIMIT_AS, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    let o = cmd.output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("try --batch"), "{}", text(&o));
+}
+
+/// A step plan whose tensor is larger than a device limit allows is a limit of the machine,
+/// exit 1, with a batch that fits (round four's M11: exit 2, as bad input, with no batch).
+#[test]
+fn a_batch_beyond_a_device_limit_is_a_machine_limit_with_one_that_fits() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let args = [
+        "train",
+        "--batch",
+        "1048576",
+        "--backend",
+        "wgpu",
+        "--steps",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let o = mantissa_within(&args, &[("MANTISSA_AUTOTUNE", "off")], 300).expect("it ended");
+    if text(&o).contains("not available") {
+        return common::skip("device_limit_batch", &text(&o));
+    }
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("try --batch"), "{}", text(&o));
+}
+
+/// The environment switches are read by one parser on every backend (round four): a value a
+/// switch does not take is refused by name with the words it takes whichever backend runs
+/// (`MANTISSA_TUNE_SECONDS=-1` and `MANTISSA_CUDA_SPLIT=bogus` were ignored on the reference),
+/// case and spaces aside (`MANTISSA_ACTIVATIONS=F32` was refused), an empty value as unset
+/// (`MANTISSA_COOP=` was an error).
+#[test]
+fn switches_read_alike_on_every_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = dir.path().join("a.npy");
+    write_matrix(&a, &Matrix::new(4, 4, measure::normal(16, 5)).unwrap()).unwrap();
+    let a = a.to_str().unwrap();
+    let args = ["matmul", a, a, "--backend", "reference"];
+    for (var, value, words) in [
+        ("MANTISSA_TUNE_SECONDS", "-1", "seconds >= 0"),
+        ("MANTISSA_CUDA_SPLIT", "bogus", "gemms"),
+        ("MANTISSA_COOP", "maybe", "auto, on"),
+        ("MANTISSA_ROW_LANES", "3", "power of two"),
+    ] {
+        let o = mantissa_within(&args, &[(var, value)], 60).expect("it ended");
+        assert_eq!(o.status.code(), Some(2), "{var}={value}: {}", text(&o));
+        assert!(text(&o).contains(&format!("{var}=")), "{}", text(&o));
+        assert!(text(&o).contains(words), "{}", text(&o));
+    }
+    for (var, value) in [
+        ("MANTISSA_ACTIVATIONS", "F32"),
+        ("MANTISSA_AUTOTUNE", " Off "),
+        ("MANTISSA_COOP", ""),
+        ("MANTISSA_WGSL_CHECKS", "  "),
+        ("MANTISSA_BACKEND", ""),
+    ] {
+        let o = mantissa_within(&args, &[(var, value)], 60).expect("it ended");
+        assert!(o.status.success(), "{var}={value:?}: {}", text(&o));
+    }
 }

@@ -1,8 +1,10 @@
 //! The property and fuzz suite: every reader of outside input (the .npy reader, the checkpoint
 //! loader, the algorithm, format, preset and backend names, the raw cast stream) run on
-//! arbitrary and mutated input under proptest. The properties: no panic, no abort, and what is
-//! accepted is consistent (shapes that fit the file, finite checkpoint state, names that print
-//! back as themselves, raw casts equal to element-by-element conversion).
+//! arbitrary and mutated input under proptest, and the library API (`ModelBuilder` and
+//! `ModelTrainer` on the reference) under random programs. The properties: no panic, no abort,
+//! and what is accepted is consistent (shapes that fit the file, finite checkpoint state, names
+//! that print back as themselves, raw casts equal to element-by-element conversion; a batch the
+//! model cannot read refused, parameters finite, a non-finite loss never applied).
 //!
 //! Bounded in time: `MANTISSA_FUZZ_CASES` inputs per target (default 50000, a few seconds;
 //! raise it for a long run). The number tried lands in target/tmp/fuzz.txt, which
@@ -143,19 +145,22 @@ fn apply(seed: &[u8], edits: &[Edit]) -> Vec<u8> {
     b
 }
 
-/// An .npy header written by hand: any shape (huge ones too), any dtype, either order, followed
-/// by `data` bytes.
+/// An .npy header written by hand: any shape (huge ones too), any dtype, either order, keys in
+/// single or double quotes, a 'shape' given twice (the reader takes the last), followed by
+/// `data` bytes.
 fn forged_npy() -> impl Strategy<Value = Vec<u8>> {
-    let dim = prop_oneof![0..8u64, any::<u64>(), (0..64u32).prop_map(|s| 1u64 << s)];
+    let dim = || prop_oneof![0..8u64, any::<u64>(), (0..64u32).prop_map(|s| 1u64 << s)];
     let descr = prop::sample::select(vec!["<f4", ">f4", "<f8", "<i4", "|u1", "<f2", "zz"]);
     (
-        proptest::collection::vec(dim, 0..4),
+        proptest::collection::vec(dim(), 0..4),
         descr,
         any::<bool>(),
         proptest::collection::vec(any::<u8>(), 0..256),
+        any::<bool>(),
+        prop::option::of(proptest::collection::vec(dim(), 0..4)),
     )
-        .prop_map(|(dims, descr, fortran, data)| {
-            let shape = match dims.len() {
+        .prop_map(|(dims, descr, fortran, data, double, before)| {
+            let shape = |dims: &[u64]| match dims.len() {
                 1 => format!("({},)", dims[0]),
                 _ => format!(
                     "({})",
@@ -165,9 +170,12 @@ fn forged_npy() -> impl Strategy<Value = Vec<u8>> {
                         .join(", ")
                 ),
             };
+            let q = if double { '"' } else { '\'' };
+            let earlier = before.map_or(String::new(), |b| format!("{q}shape{q}: {}, ", shape(&b)));
             let mut header = format!(
-                "{{'descr': '{descr}', 'fortran_order': {}, 'shape': {shape}, }}",
-                if fortran { "True" } else { "False" }
+                "{{{q}descr{q}: {q}{descr}{q}, {earlier}{q}fortran_order{q}: {}, {q}shape{q}: {}, }}",
+                if fortran { "True" } else { "False" },
+                shape(&dims)
             );
             while (10 + header.len() + 1) % 64 != 0 {
                 header.push(' ');
@@ -508,4 +516,279 @@ fn long_sums_missing_terms_are_seen_and_honest_ones_are_not() {
             Ok(())
         },
     );
+}
+
+/// A random program against the library API: a model written from a few declared values and
+/// up to six ops picked at random (any operands, any shapes, NaN and huge settings among
+/// them), built, and if it builds trained on the reference by a random sequence of calls
+/// (values, parameters, steps, losses, gradients, settings), each with well-formed or broken
+/// arguments.
+#[derive(Clone, Debug)]
+struct Program {
+    /// Rows, width, vocabulary.
+    dims: (usize, usize, usize),
+    /// Each declared parameter's initialisation (zeros, ones, std 0.5, 1e6, NaN, inf, -1).
+    inits: [u8; 4],
+    /// (op, first operand, second, third, its setting).
+    ops: Vec<(u8, u8, u8, u8, u8)>,
+    /// Cross entropy (else mse), and the operand of the loss.
+    loss: (bool, u8),
+    /// Preset, attention fused, unfused or left to the backend, and whether every values input
+    /// is written before the calls.
+    run: (u8, u8, bool),
+    /// (call, its argument's form, a setting).
+    calls: Vec<(u8, u8, u8)>,
+}
+
+fn program() -> impl Strategy<Value = Program> {
+    let op = (0..16u8, any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>());
+    (
+        (1..4usize, 1..5usize, 1..6usize),
+        [0..16u8, 0..16u8, 0..16u8, 0..16u8],
+        proptest::collection::vec(op, 0..7),
+        (any::<bool>(), any::<u8>()),
+        (0..5u8, 0..3u8, any::<bool>()),
+        proptest::collection::vec((0..12u8, 0..6u8, any::<u8>()), 0..12),
+    )
+        .prop_map(|(dims, inits, ops, loss, run, calls)| Program {
+            dims,
+            inits,
+            ops,
+            loss,
+            run,
+            calls,
+        })
+}
+
+/// Builds the program's model: an error where the builder refuses it, as it must, by name.
+fn build_model(p: &Program) -> mantissa::Result<mantissa::model::Model> {
+    use mantissa::model::{Init, ModelBuilder};
+    let (r, c, v) = p.dims;
+    let init = |i: u8| match i {
+        0 => Init::Zeros,
+        1 => Init::Ones,
+        12 => Init::Normal { std: 1e6 },
+        13 => Init::Normal { std: f32::NAN },
+        14 => Init::Normal { std: f32::INFINITY },
+        15 => Init::Normal { std: -1.0 },
+        _ => Init::Normal { std: 0.5 },
+    };
+    let mut m = ModelBuilder::new();
+    let tokens = m.tokens(&[r])?;
+    let targets = m.targets(&[r])?;
+    let x = m.values(&[r, c])?;
+    let y = m.values(&[r, c])?;
+    let table = m.param("table", &[v, c], init(p.inits[0]), true)?;
+    let w = m.param("w", &[c, c], init(p.inits[1]), true)?;
+    let b = m.param("b", &[c], init(p.inits[2]), false)?;
+    let g = m.param("g", &[c], init(p.inits[3]), false)?;
+    let head = m.param("head", &[c, v], Init::Normal { std: 0.5 }, true)?;
+    // A path through every parameter, so that a model may build: the random ops add to it.
+    let embedded = m.embedding(table, tokens)?;
+    let normed = m.layer_norm(embedded, g, b)?;
+    let base = m.linear(normed, w, b)?;
+    let mut vars = vec![tokens, targets, x, y, table, w, b, g, head, embedded, base];
+    for &(op, i, j, k, s) in &p.ops {
+        let pick = |n: u8| vars[n as usize % vars.len()];
+        let (a, bb, cc) = (pick(i), pick(j), pick(k));
+        let made = match op {
+            0 => m.linear(a, bb, cc),
+            1 => m.matmul(a, bb, s % 2 == 1),
+            2 => m.layer_norm(a, bb, cc),
+            3 => m.rms_norm(a, bb, [1e-5, 0.0, -1.0, f32::NAN][s as usize % 4]),
+            4 => m.gelu(a),
+            5 => m.silu(a),
+            6 => m.add(a, bb),
+            7 => m.mul(a, bb),
+            8 => m.causal_attention(a, [1, 2, 3, 0, usize::MAX][s as usize % 5]),
+            9 => m.causal_softmax(a, [1.0, 0.5, -2.0, 1e300, f64::NAN][s as usize % 5]),
+            10 => m.reshape(a, &[[r * c, 1], [1, r * c], [r, c], [c, r]][s as usize % 4]),
+            11 => m.embedding(a, bb),
+            12 => m.reshape(a, &[1, r, c]),
+            13 => m.constant_ids(&[r], (0..r as u32).map(|i| i * s as u32).collect()),
+            14 => m.add(a, a),
+            _ => m.matmul(a, head, false),
+        };
+        // A refused op leaves the builder as it was; the program goes on.
+        if let Ok(var) = made {
+            vars.push(var);
+        }
+    }
+    let last = vars[p.loss.1 as usize % vars.len()];
+    let out = m.add(base, last).unwrap_or(base);
+    let logits = m.matmul(out, head, false)?;
+    let loss = match p.loss.0 {
+        true => m.cross_entropy(logits, targets)?,
+        false => {
+            let back = m.matmul(logits, head, true)?;
+            m.mse(back, y)?
+        }
+    };
+    m.finish(loss)
+}
+
+/// The API's contract on a program: no panic and no abort; every refusal bad input; a step's
+/// loss finite unless the step was skipped (nothing applied); a refused `set_params` changes
+/// nothing; the parameters finite after every call.
+fn run_program(p: &Program) -> Result<(), TestCaseError> {
+    use mantissa::model::ModelTrainer;
+    use mantissa::policy::precision::PrecisionRequest;
+    let bad_input = |e: &mantissa::Error| e.class() == mantissa::error::ErrorClass::BadInput;
+    let model = match build_model(p) {
+        Ok(model) => model,
+        Err(e) => {
+            prop_assert!(bad_input(&e), "{e}");
+            return Ok(());
+        }
+    };
+    let preset = [
+        Preset::True32,
+        Preset::MixedBf16,
+        Preset::Mixed16,
+        Preset::TrueBf16,
+        Preset::True16,
+    ][p.run.0 as usize];
+    let request = PrecisionRequest {
+        preset,
+        matmul_precision: PrecisionClass::Highest,
+        algorithm: None,
+        fp8_current: false,
+        autocast_overrides: "",
+    };
+    let fused = [None, Some(true), Some(false)][p.run.1 as usize];
+    let backend = mantissa::backend::Reference;
+    let mut t = match ModelTrainer::new(&backend, model, &request, fused, 7) {
+        Ok(t) => t,
+        Err(e) => {
+            prop_assert!(bad_input(&e), "{e}");
+            return Ok(());
+        }
+    };
+    let (r, _, v) = p.dims;
+    let shapes = t.model.values_inputs();
+    let written = |k: usize| -> Vec<f32> {
+        let len: usize = shapes[k].iter().product();
+        (0..len).map(|i| (i as f32 * 0.37).sin()).collect()
+    };
+    let mut set = vec![false; shapes.len()];
+    if p.run.2 {
+        for (k, set) in set.iter_mut().enumerate() {
+            t.set_values(k, &written(k)).block_on().unwrap();
+            *set = true;
+        }
+    }
+    // Whether a run of (ids form, targets form) must be refused: ids the model reads but not
+    // given or not fitting, targets likewise, targets given to a model that reads none, or a
+    // values input it reads never written (each trained on zeros, once).
+    let reads_targets = t.model.reads_targets();
+    let reads_values: Vec<bool> = (0..shapes.len()).map(|k| t.model.reads_values(k)).collect();
+    let must_refuse = |ids: u8, targets: u8, set: &[bool]| {
+        ids >= 4
+            || (reads_targets && targets >= 4)
+            || (!reads_targets && targets != 4)
+            || (0..set.len()).any(|k| !set[k] && reads_values[k])
+    };
+    // Ids of forms 0 to 3 fit the model; 4 is none, 5 too many, out of range or u32::MAX.
+    let ids = |form: u8, seed: u8| -> Vec<u32> {
+        match (form, seed % 3) {
+            (0..=3, _) => (0..r as u32)
+                .map(|i| (i + seed as u32) % v as u32)
+                .collect(),
+            (4, _) => vec![],
+            (_, 0) => vec![0; r + 1],
+            (_, 1) => vec![v as u32; r],
+            _ => vec![u32::MAX; r],
+        }
+    };
+    for &(call, form, s) in &p.calls {
+        let result: mantissa::Result<()> = match call {
+            0..=2 => {
+                let k = if s == 255 {
+                    99
+                } else {
+                    s as usize % shapes.len().max(1)
+                };
+                let mut values = if k < shapes.len() {
+                    written(k)
+                } else {
+                    vec![1.0]
+                };
+                match form {
+                    4 => values.push(0.0),
+                    5 => values[0] = f32::NAN,
+                    _ => {}
+                }
+                let written = t.set_values(k, &values).block_on();
+                if written.is_ok() {
+                    set[k] = true;
+                }
+                written
+            }
+            3 => {
+                let before = t.params().block_on().unwrap();
+                let mut given: Vec<Vec<f32>> = before.iter().map(|p| vec![0.25; p.len()]).collect();
+                match form {
+                    1 => drop(given.pop()),
+                    2 => given.last_mut().unwrap().push(1.0),
+                    3 => given.last_mut().unwrap()[0] = f32::NAN,
+                    4 => given.last_mut().unwrap()[0] = 1e30,
+                    _ => {}
+                }
+                let set = t.set_params(&given).block_on();
+                if set.is_err() {
+                    prop_assert!(
+                        t.params().block_on().unwrap() == before,
+                        "a refused call wrote"
+                    );
+                }
+                set
+            }
+            4..=7 => {
+                let applied = t.applied;
+                let refuse = must_refuse(form, s % 6, &set);
+                let stepped = t.step(&ids(form, s), &ids(s % 6, s)).block_on();
+                prop_assert!(!refuse || stepped.is_err(), "ran: {stepped:?}");
+                if let Ok(stepped) = &stepped {
+                    prop_assert!(
+                        stepped.loss.is_finite() || stepped.skipped,
+                        "a non-finite loss applied: {stepped:?}"
+                    );
+                    prop_assert_eq!(t.applied, applied + u32::from(!stepped.skipped));
+                }
+                stepped.map(drop)
+            }
+            8 | 9 => {
+                let refuse = must_refuse(form, s % 6, &set);
+                let (ids, targets) = (ids(form, s), ids(s % 6, s));
+                let ran = match call {
+                    8 => t.loss(&ids, &targets).block_on().map(drop),
+                    _ => t.gradients(&ids, &targets).block_on().map(drop),
+                };
+                prop_assert!(!refuse || ran.is_err(), "call {call} ran");
+                ran
+            }
+            10 => {
+                t.adamw.lr = [1e-3, 0.1, f32::NAN, f32::INFINITY, -1.0, 0.0][form as usize];
+                Ok(())
+            }
+            _ => {
+                t.grad_clip = [0.0, 1.0, -1.0, f32::NAN, f32::INFINITY, 1e-3][form as usize];
+                Ok(())
+            }
+        };
+        if let Err(e) = &result {
+            prop_assert!(bad_input(e), "call {call} form {form}: {e}");
+        }
+        let params = t.params().block_on().unwrap();
+        prop_assert!(
+            params.iter().flatten().all(|x| x.is_finite()),
+            "call {call} form {form} left a parameter non-finite"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn model_api_takes_any_program() {
+    fuzz_scaled("model_api", 20, program(), |p| run_program(&p));
 }

@@ -396,7 +396,7 @@ fn a_built_model_learns_on_the_reference() {
     a_built_model_learns(&Reference);
 }
 
-backend_tests!(wgpu: a_built_model_learns);
+backend_tests!(wgpu: a_built_model_learns, a_model_of_no_parameters_steps_to_its_loss);
 backend_tests!(cuda: a_built_model_learns);
 
 fn refused(e: Error, words: &[&str]) {
@@ -505,4 +505,249 @@ fn fused_attention_where_a_device_has_no_kernel_is_refused() {
             .expect("refused");
         refused(e, &["causal_attention", "[2, 3, 12]", "heads of 2"]);
     });
+}
+
+/// tokens [4] -> embedding [VOCAB, 3] -> matmul -> logits [4, VOCAB]; cross entropy.
+fn language_model() -> Model {
+    let mut m = ModelBuilder::new();
+    let (tokens, targets) = (m.tokens(&[4]).unwrap(), m.targets(&[4]).unwrap());
+    let wte = m.param("wte", &[VOCAB, 3], Init::Normal { std: 0.5 }, true);
+    let x = m.embedding(wte.unwrap(), tokens).unwrap();
+    let w = m.param("w", &[3, VOCAB], Init::Normal { std: 0.5 }, true);
+    let logits = m.matmul(x, w.unwrap(), false).unwrap();
+    let loss = m.cross_entropy(logits, targets).unwrap();
+    m.finish(loss).unwrap()
+}
+
+/// values x [4, 3] -> linear -> mse against values y [4, 2].
+fn regression(init: Init) -> mantissa::Result<Model> {
+    let mut m = ModelBuilder::new();
+    let (x, y) = (m.values(&[4, 3])?, m.values(&[4, 2])?);
+    let w = m.param("w", &[3, 2], init, true)?;
+    let b = m.param("b", &[2], Init::Zeros, false)?;
+    let pred = m.linear(x, w, b)?;
+    let loss = m.mse(pred, y)?;
+    m.finish(loss)
+}
+
+/// The library refuses what the CLI refuses (the round-four probe: each of these trained on
+/// zeros, was skipped silently, poisoned the weights or gave a zero gradient): an empty batch
+/// for a model that reads one, ids for a model that reads none, values never written, settings
+/// that are NaN or infinite (initialisation, learning rate, clip, loss scale, parameters,
+/// values, a softmax's scale), a target computed from a parameter, a nameless parameter; and a
+/// refused `set_params` leaves every parameter as it was.
+#[test]
+fn the_api_refuses_what_the_cli_refuses() {
+    let b: &dyn Backend = &Reference;
+    let new = |model| ModelTrainer::new(b, model, &request(Preset::True32), None, 1).unwrap();
+    let mut lm = new(language_model());
+    let (ids, targets) = ([0, 1, 2, 3], [1, 2, 3, 4]);
+    refused(
+        lm.step(&[], &targets).block_on().unwrap_err(),
+        &["token ids", "none"],
+    );
+    refused(
+        lm.step(&ids, &[]).block_on().unwrap_err(),
+        &["class targets", "none"],
+    );
+    refused(
+        lm.loss(&[], &targets).block_on().unwrap_err(),
+        &["token ids"],
+    );
+    refused(
+        lm.gradients(&ids, &[]).block_on().unwrap_err(),
+        &["class targets"],
+    );
+    assert_eq!(lm.applied, 0, "nothing ran");
+    // Settings no step can use, each refused before the step runs.
+    lm.adamw.lr = f32::NAN;
+    refused(
+        lm.step(&ids, &targets).block_on().unwrap_err(),
+        &["learning rate NaN"],
+    );
+    lm.adamw.lr = 1e-3;
+    lm.adamw.beta2 = 1.0;
+    refused(
+        lm.step(&ids, &targets).block_on().unwrap_err(),
+        &["beta2 1"],
+    );
+    lm.adamw.beta2 = 0.99;
+    for clip in [-1.0, f32::INFINITY, f32::NAN] {
+        lm.grad_clip = clip;
+        refused(
+            lm.step(&ids, &targets).block_on().unwrap_err(),
+            &["grad_clip"],
+        );
+    }
+    lm.grad_clip = 0.0;
+    let before = lm.params().block_on().unwrap();
+    // A refused set_params writes nothing: not the first tensor before the bad second one.
+    let (good, short) = (vec![7.0; before[0].len()], vec![0.0; before[1].len() - 1]);
+    refused(
+        lm.set_params(&[good.clone(), short])
+            .block_on()
+            .unwrap_err(),
+        &["w is [3, 5]"],
+    );
+    let mut nan = before[1].clone();
+    nan[2] = f32::NAN;
+    refused(
+        lm.set_params(&[good, nan]).block_on().unwrap_err(),
+        &["w[2] is NaN"],
+    );
+    assert!(
+        lm.params().block_on().unwrap() == before,
+        "a refused call changed the model"
+    );
+    let stepped = lm.step(&ids, &targets).block_on().unwrap();
+    assert!(stepped.loss.is_finite() && !stepped.skipped, "{stepped:?}");
+
+    // A values model: ids given to it, values never written, values that are not finite.
+    let mut reg = new(regression(Init::Normal { std: 0.5 }).unwrap());
+    refused(
+        reg.step(&[], &[]).block_on().unwrap_err(),
+        &["input 0", "never written"],
+    );
+    reg.set_values(0, &[1.0; 12]).block_on().unwrap();
+    refused(
+        reg.loss(&[], &[]).block_on().unwrap_err(),
+        &["input 1", "never written"],
+    );
+    let mut y = [0.5; 8];
+    y[3] = f32::INFINITY;
+    refused(
+        reg.set_values(1, &y).block_on().unwrap_err(),
+        &["input 1[3] is inf"],
+    );
+    reg.set_values(1, &[0.5; 8]).block_on().unwrap();
+    refused(
+        reg.step(&[9, 9, 9, 9], &[]).block_on().unwrap_err(),
+        &["reads no token ids", "4 were given"],
+    );
+    refused(
+        reg.step(&[], &[1000; 4]).block_on().unwrap_err(),
+        &["reads no class targets"],
+    );
+    assert!(reg.step(&[], &[]).block_on().unwrap().loss.is_finite());
+    // A loss scale or an initialisation that is not finite.
+    let mut mixed = ModelTrainer::new(
+        b,
+        regression(Init::Normal { std: 0.5 }).unwrap(),
+        &request(Preset::Mixed16),
+        None,
+        1,
+    )
+    .unwrap();
+    mixed.set_values(0, &[1.0; 12]).block_on().unwrap();
+    mixed.set_values(1, &[1.0; 8]).block_on().unwrap();
+    mixed.scaler.as_mut().unwrap().scale = f32::NAN;
+    refused(
+        mixed.step(&[], &[]).block_on().unwrap_err(),
+        &["loss scale", "NaN"],
+    );
+    for std in [f32::NAN, f32::INFINITY, -1.0] {
+        refused(
+            regression(Init::Normal { std }).unwrap_err(),
+            &["param w", "std"],
+        );
+    }
+    // A 16-bit preset holds weights in 16 bits: one that overflows there is refused by name.
+    let e = ModelTrainer::new(
+        b,
+        regression(Init::Normal { std: 1e6 }).unwrap(),
+        &request(Preset::True16),
+        None,
+        1,
+    )
+    .err()
+    .expect("refused");
+    refused(e, &["overflows f16"]);
+
+    // Models refused as they are built.
+    let mut m = ModelBuilder::new();
+    let (x, y) = (m.values(&[2, 3]).unwrap(), m.values(&[2, 3]).unwrap());
+    refused(
+        m.param("", &[2], Init::Zeros, true).unwrap_err(),
+        &["no name"],
+    );
+    let w = m
+        .param("w", &[3, 3], Init::Normal { std: 1.0 }, true)
+        .unwrap();
+    let p = m.param("p", &[2, 3], Init::Ones, false).unwrap();
+    let h = m.matmul(x, w, false).unwrap();
+    refused(m.mse(h, p).unwrap_err(), &["mse", "parameter p"]);
+    refused(m.mse(h, h).unwrap_err(), &["mse", "parameter w"]);
+    let scores = m.values(&[1, 3, 3]).unwrap();
+    for scale in [1e300, f64::NAN, f64::INFINITY] {
+        refused(
+            m.causal_softmax(scores, scale).unwrap_err(),
+            &["causal_softmax", "finite in f32"],
+        );
+    }
+    let qkv = m.values(&[1, 2, 12]).unwrap();
+    refused(
+        m.causal_attention(qkv, usize::MAX).unwrap_err(),
+        &["causal_attention"],
+    );
+    assert!(m.mse(h, y).is_ok(), "a values target is a target");
+}
+
+/// A model of no parameters has nothing to train: its step is its forward pass, with the loss
+/// `loss()` gives, on every backend (wgpu's step said 0 where the reference said 1), and a
+/// gradient norm of +0 (it was -0.0, an empty f64 sum).
+fn a_model_of_no_parameters_steps_to_its_loss(b: &dyn Backend) {
+    for preset in [Preset::True32, Preset::MixedBf16] {
+        let mut m = ModelBuilder::new();
+        let (x, y) = (m.values(&[2, 3]).unwrap(), m.values(&[2, 3]).unwrap());
+        let g = m.gelu(x).unwrap();
+        let loss = m.mse(g, y).unwrap();
+        let model = m.finish(loss).unwrap();
+        let mut t = ModelTrainer::new(b, model, &request(preset), None, 1).unwrap();
+        t.set_values(0, &[1.0; 6]).block_on().unwrap();
+        t.set_values(1, &[0.0; 6]).block_on().unwrap();
+        let loss = t.loss(&[], &[]).block_on().unwrap();
+        // GELU(1)^2, as the preset rounds it.
+        assert!((loss - 0.7076).abs() < 3e-3, "{preset}: {loss}");
+        let stepped = t.step(&[], &[]).block_on().unwrap();
+        assert_eq!(stepped.loss, loss, "{preset}: {stepped:?}");
+        assert!(!stepped.skipped, "{preset}");
+        assert_eq!(stepped.grad_norm.to_bits(), 0f64.to_bits(), "{preset}");
+    }
+}
+
+#[test]
+fn a_model_of_no_parameters_steps_to_its_loss_on_the_reference() {
+    a_model_of_no_parameters_steps_to_its_loss(&Reference);
+}
+
+/// A parameter larger than the process may allocate is `HostOutOfMemory` with its bytes, not
+/// an abort: under a 2 GiB address-space limit, 4 GiB of initial values aborted the process in
+/// `Init::draw` ("memory allocation of 4294967296 bytes failed"), and 1 GiB in the copy an
+/// executor makes of the plan's constants. The bytes asked for are the parameters' twice: the
+/// plan's and the executor's.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_parameter_beyond_memory_is_an_error_not_an_abort() {
+    let name = "a_parameter_beyond_memory_is_an_error_not_an_abort";
+    if let Some(out) = common::under_address_limit(name, 2 << 30) {
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}");
+        return;
+    }
+    for side in [1 << 15, 1 << 14] {
+        let mut m = ModelBuilder::new();
+        let (x, y) = (m.values(&[1, side]).unwrap(), m.values(&[1, side]).unwrap());
+        let w = m.param("w", &[side, side], Init::Normal { std: 0.01 }, true);
+        let h = m.matmul(x, w.unwrap(), false).unwrap();
+        let loss = m.mse(h, y).unwrap();
+        let model = m.finish(loss).unwrap();
+        let e = ModelTrainer::new(&Reference, model, &request(Preset::True32), None, 1)
+            .err()
+            .expect("refused");
+        let bytes = 2 * (side * side * 4) as u64;
+        assert!(e.is_out_of_memory(), "{e}");
+        assert!(e.to_string().contains("the model's parameters"), "{e}");
+        assert!(e.to_string().contains(&format!("{bytes} bytes")), "{e}");
+    }
 }

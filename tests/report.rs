@@ -171,7 +171,7 @@ impl Backend for Fake {
 
     /// The reference's executor: training on this backend is the reference's.
     fn executor<'a>(&'a self, plan: Plan) -> R<Box<dyn StepExecutor + 'a>> {
-        Ok(Box::new(HostExecutor::new(plan)))
+        Ok(Box::new(HostExecutor::new(plan)?))
     }
 }
 

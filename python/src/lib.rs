@@ -454,7 +454,7 @@ fn export_init(
     let config = GptConfig::named(config, corpus.vocab.len()).map_err(py_err)?;
     let params = match init {
         Some(from) => init::read_init(from.as_ref(), &config, &corpus.vocab).map_err(py_err)?,
-        None => config.init(seed),
+        None => config.init(seed).map_err(py_err)?,
     };
     init::write_torch_init(path.as_ref(), &config, &params).map_err(py_err)
 }

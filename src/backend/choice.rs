@@ -17,10 +17,9 @@ pub fn executor<'a>(
     if resident {
         backend.executor(plan)
     } else {
-        // Its tensors live in host memory, whatever the backend's device.
-        let bytes = crate::plan::Storage::shared(&plan).bytes();
-        crate::memory::check("the host interpreter's tensors", Some(bytes))?;
-        Ok(Box::new(HostExecutor::new(plan)))
+        // Its tensors live in host memory, whatever the backend's device (`HostExecutor::new`
+        // asks for it first).
+        Ok(Box::new(HostExecutor::new(plan)?))
     }
 }
 
@@ -37,8 +36,10 @@ pub async fn open(choice: BackendChoice) -> Result<Box<dyn Backend>> {
 /// `open` on the `device`-th device of the chosen kind (counted modulo the devices there are):
 /// rank `device` of a host's data-parallel ranks opens its own GPU where there are enough.
 pub async fn open_device(choice: BackendChoice, device: usize) -> Result<Box<dyn Backend>> {
-    let choice = match (choice, std::env::var(BACKEND_ENV)) {
-        (BackendChoice::Auto, Ok(v)) if !v.trim().is_empty() => v.parse()?,
+    // Every switch, whichever backend reads it: a bad value is refused by every backend.
+    crate::env::check_all()?;
+    let choice = match (choice, crate::env::word(BACKEND_ENV)?) {
+        (BackendChoice::Auto, Some(v)) => v.parse()?,
         (c, _) => c,
     };
     match choice {

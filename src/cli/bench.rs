@@ -5,7 +5,9 @@ use super::parse_list;
 use super::table::{Table, g};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::backend::{self, BackendChoice, Operands};
-use crate::bench::{MatmulBench, MatmulRecord, ProfileRow, StepProfile, TrainBench, TrainRecord};
+use crate::bench::{
+    MAX_BENCH_STEPS, MatmulBench, MatmulRecord, ProfileRow, StepProfile, TrainBench, TrainRecord,
+};
 use crate::error::{Error, Result};
 use crate::policy::Preset;
 use crate::train::{Choice, ChosenBy, Corpus, GptConfig, attention_choice, graphs_choice};
@@ -140,11 +142,20 @@ fn train(args: TrainArgs) -> Result<()> {
     } else {
         parse_list("--precision", &args.precision)?
     };
-    if args.steps == 0 {
-        return Err(Error::invalid("--steps", "time at least one step"));
+    for (flag, n, least) in [("--steps", args.steps, 1), ("--warmup", args.warmup, 0)] {
+        if !(least..=MAX_BENCH_STEPS).contains(&n) {
+            return Err(Error::invalid(
+                flag,
+                format!("{n} steps: between {least} and {MAX_BENCH_STEPS}"),
+            ));
+        }
     }
     let choices: Vec<BackendChoice> = parse_list("--backends", &args.backends)?;
     if let Some(path) = &args.json {
+        if path.as_os_str() == "-" {
+            // The JSON is the data on standard output; the tables go to standard error.
+            super::messages_to_stderr();
+        }
         crate::output::check_writable(path)?;
     }
     let corpus = Corpus::load(&args.corpus)?;
@@ -392,6 +403,10 @@ fn matmul(args: MatmulArgs) -> Result<()> {
         parse_list("--operands", &args.operands)?
     };
     if let Some(path) = &args.json {
+        if path.as_os_str() == "-" {
+            // The JSON is the data on standard output; the tables go to standard error.
+            super::messages_to_stderr();
+        }
         crate::output::check_writable(path)?;
     }
     let bench = MatmulBench {

@@ -29,7 +29,8 @@ pub mod table;
 mod train;
 
 use crate::error::{Error, ErrorClass};
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -90,7 +91,21 @@ pub fn main() -> i32 {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
-    let cli = Cli::parse();
+    let command = Cli::command();
+    let matches = command.clone().get_matches();
+    let mut cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // The flags given on the command line (arguments, not their groups), for the modes that
+    // refuse those they do not use.
+    if let (Command::Train(args), Some((name, sub))) = (&mut cli.command, matches.subcommand()) {
+        let flags: Vec<String> = (command.find_subcommand(name).into_iter())
+            .flat_map(|c| c.get_arguments().map(|a| a.get_id().to_string()))
+            .collect();
+        args.given = (sub.ids())
+            .map(|id| id.to_string())
+            .filter(|id| flags.contains(id))
+            .filter(|id| sub.value_source(id) == Some(ValueSource::CommandLine))
+            .collect();
+    }
     let result = match cli.command {
         Command::Info(a) => info::run(a).map(|_| 0),
         Command::Finfo(a) => finfo::run(a).map(|_| 0),
@@ -118,9 +133,26 @@ pub fn main() -> i32 {
     }
 }
 
-/// Writes to standard output (`say!`), any failure as `Error::Output`.
+/// Set where standard output carries a command's data (an output named `-`): `say!` then
+/// writes to standard error, so that nothing but the data reaches standard output.
+static STDOUT_IS_DATA: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Sends every message (`say!`) to standard error from now on: standard output is an output
+/// (`-`) and carries its data alone.
+pub(crate) fn messages_to_stderr() {
+    STDOUT_IS_DATA.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Writes a message to standard output (`say!`), any failure as `Error::Output`; to standard
+/// error where standard output carries data (`messages_to_stderr`).
 pub(crate) fn write_stdout(args: std::fmt::Arguments) -> Result<(), Error> {
     use std::io::Write;
+    if STDOUT_IS_DATA.load(std::sync::atomic::Ordering::Relaxed) {
+        return std::io::stderr()
+            .lock()
+            .write_fmt(args)
+            .map_err(|e| Error::output("standard error", e));
+    }
     std::io::stdout()
         .lock()
         .write_fmt(args)

@@ -9,6 +9,7 @@ use crate::plan::AdamW;
 use crate::plan::exec::{Memory, Reduced};
 use crate::policy::{PrecisionClass, Preset};
 use crate::train::checkpoint::CheckpointFile;
+use crate::train::trainer::{MAX_EVAL_BATCHES, MAX_SAMPLE_TOKENS};
 use crate::train::{
     Batches, Checkpoint, Choice, Chooser, Corpus, GptConfig, StepRecord, TrainOptions, Trainer,
     attention_choice, graphs_choice, init,
@@ -131,6 +132,10 @@ pub struct TrainArgs {
     /// op by op. wgpu records nothing and refuses on.
     #[arg(long, default_value = "auto")]
     graphs: String,
+    /// The flags given on the command line (clap's ids), filled by `cli::main`: a mode refuses
+    /// those it does not use (`--export-init` trains nothing).
+    #[arg(skip)]
+    pub(super) given: Vec<String>,
 }
 
 #[derive(clap::Args)]
@@ -332,6 +337,15 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
     }
     if args.eval_interval == 0 {
         return Err(Error::invalid("--eval-interval", "must be at least 1"));
+    }
+    if !(1..=MAX_EVAL_BATCHES).contains(&args.eval_batches) {
+        return Err(Error::invalid(
+            "--eval-batches",
+            format!(
+                "{} batches: between 1 and {MAX_EVAL_BATCHES}",
+                args.eval_batches
+            ),
+        ));
     }
     let presets: Vec<Preset> = parse_list("--precision", &args.precision)?;
     if args.resume.as_deref().is_some_and(|r| r.as_os_str() == "-")
@@ -602,15 +616,27 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
         );
         bar.set_position(trainer.step as u64);
         let checkpoint = checkpoint_path(args, preset);
+        // A checkpoint refused on rank 0 alone (weights that overflowed) ends every rank of a
+        // data-parallel run, exit 4; alone, it stops the run as a divergence does.
+        let alone = group.size() <= 1;
         while trainer.step < args.steps {
             let poison = match setup.inject {
                 Some(s) if s == trainer.step + 1 => f32::INFINITY,
                 _ => 0.0,
             };
-            let record = match trainer.step_injecting(poison).block_on() {
-                Ok(r) => r,
+            let stepped = step_once(args, &mut trainer, &mut run, poison, &bar, &tell);
+            let saved = stepped.and_then(|step| match leader && args.checkpoint_every > 0 {
+                true if step % args.checkpoint_every == 0 => {
+                    Checkpoint::save(&mut trainer, &checkpoint)
+                        .block_on()
+                        .map_err(|e| (e, alone))
+                }
+                _ => Ok(()),
+            });
+            match saved {
+                Ok(()) => {}
                 // Divergence is the run's finding (kept in the log); any other error ends the tool.
-                Err(e @ Error::Diverged { .. }) => {
+                Err((e @ Error::Diverged { .. }, true)) => {
                     bar.abandon();
                     tell(format!("stopped: {e}"))?;
                     if let Error::Diverged { step, why, .. } = &e {
@@ -619,38 +645,10 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
                     }
                     break;
                 }
-                Err(e) => {
+                Err((e, _)) => {
                     bar.abandon();
                     return Err(e);
                 }
-            };
-            if let (None, Some(r)) = (&run.reduction, &trainer.reduced) {
-                bar.suspend(|| {
-                    tell(format!(
-                        "   gradients summed by {}: {:.2} MiB per step in {} call(s), {}",
-                        r.engine,
-                        r.bytes as f64 / (1u64 << 20) as f64,
-                        r.calls,
-                        if r.overlapped {
-                            "each as the backward pass finished its gradients"
-                        } else {
-                            "after the backward pass"
-                        }
-                    ))
-                })?;
-                run.reduction = Some(r.clone());
-            }
-            bar.set_position(record.step as u64);
-            bar.set_message(format!("loss {:.4}", record.loss));
-            let step = record.step;
-            run.steps.push(record.clone());
-            if step % args.eval_interval.max(1) == 0 || step == args.steps || step == 1 {
-                let val = trainer.evaluate(args.eval_batches).block_on()?;
-                run.val.push((step, val));
-                bar.suspend(|| tell(log_line(&record, val)))?;
-            }
-            if leader && args.checkpoint_every > 0 && step % args.checkpoint_every == 0 {
-                Checkpoint::save(&mut trainer, &checkpoint).block_on()?;
             }
         }
         bar.finish_and_clear();
@@ -664,12 +662,66 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             m.measured_by
         ))?;
         if leader && run.stopped.is_none() {
-            Checkpoint::save(&mut trainer, &checkpoint).block_on()?;
-            tell(format!("saved {}", checkpoint.display()))?;
+            match Checkpoint::save(&mut trainer, &checkpoint).block_on() {
+                Ok(()) => tell(format!("saved {}", checkpoint.display()))?,
+                Err(e @ Error::Diverged { .. }) if alone => {
+                    tell(format!("stopped: {e}"))?;
+                    if let Error::Diverged { step, why, .. } = &e {
+                        run.stopped_at = Some(*step);
+                        run.stopped = Some(why.clone());
+                    }
+                }
+                Err(e) => return Err(e),
+            }
         }
         runs.push(run);
     }
     Ok(runs)
+}
+
+/// One step of a run, its log line and its evaluation where due; returns the step's number.
+/// A non-finite loss or validation loss is `Error::Diverged` (the same on every rank: true
+/// with it).
+fn step_once(
+    args: &TrainArgs,
+    trainer: &mut Trainer,
+    run: &mut Run,
+    poison: f32,
+    bar: &indicatif::ProgressBar,
+    tell: &dyn Fn(String) -> Result<()>,
+) -> std::result::Result<u32, (Error, bool)> {
+    let record = trainer
+        .step_injecting(poison)
+        .block_on()
+        .map_err(|e| (e, true))?;
+    if let (None, Some(r)) = (&run.reduction, &trainer.reduced) {
+        bar.suspend(|| {
+            tell(format!(
+                "   gradients summed by {}: {:.2} MiB per step in {} call(s), {}",
+                r.engine,
+                r.bytes as f64 / (1u64 << 20) as f64,
+                r.calls,
+                if r.overlapped {
+                    "each as the backward pass finished its gradients"
+                } else {
+                    "after the backward pass"
+                }
+            ))
+        })
+        .map_err(|e| (e, false))?;
+        run.reduction = Some(r.clone());
+    }
+    bar.set_position(record.step as u64);
+    bar.set_message(format!("loss {:.4}", record.loss));
+    let step = record.step;
+    run.steps.push(record.clone());
+    if step % args.eval_interval.max(1) == 0 || step == args.steps || step == 1 {
+        let val = (trainer.evaluate(args.eval_batches).block_on()).map_err(|e| (e, true))?;
+        run.val.push((step, val));
+        bar.suspend(|| tell(log_line(&record, val)))
+            .map_err(|e| (e, false))?;
+    }
+    Ok(step)
 }
 
 /// Where a preset's checkpoint goes.
@@ -761,26 +813,74 @@ fn log_line(r: &StepRecord, val: f64) -> String {
     line
 }
 
-/// `--export-init`: the initial weights a run would start from, under PyTorch's names.
+/// What `--export-init` reads: the corpus (its vocabulary), the config, and the weights from
+/// `--init`, `--resume` or `--seed`; it trains nothing, so every other flag is refused by name.
+const EXPORT_USES: [&str; 6] = ["export_init", "config", "corpus", "seed", "init", "resume"];
+
+/// `--export-init`: the initial weights a run would start from (seeded by `--seed`, read from
+/// `--init`, or a checkpoint's under `--resume`, checked as `--resume` checks it), under
+/// PyTorch's names. Its messages go to standard error where the file is standard output (`-`).
 fn export_init(args: &TrainArgs, path: &std::path::Path) -> Result<i32> {
+    let flag = |id: &str| format!("--{}", id.replace('_', "-"));
+    if let Some(unused) = args
+        .given
+        .iter()
+        .find(|id| !EXPORT_USES.contains(&id.as_str()))
+    {
+        return Err(Error::invalid(
+            "--export-init",
+            format!(
+                "{} is not used when exporting initial weights (nothing is trained); the \
+                 export reads {}",
+                flag(unused),
+                EXPORT_USES[1..]
+                    .iter()
+                    .map(|id| flag(id))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    let given = |id: &str| args.given.iter().any(|g| g == id);
+    if args.init.is_some() && args.resume.is_some() {
+        return Err(Error::invalid(
+            "--export-init",
+            "--init and --resume both name the weights to export; name one of them",
+        ));
+    }
+    if given("seed") && (args.init.is_some() || args.resume.is_some()) {
+        return Err(Error::invalid(
+            "--export-init",
+            "--seed draws the weights, which --init or --resume already name; leave it out",
+        ));
+    }
+    if path.as_os_str() == "-" {
+        super::messages_to_stderr();
+    }
+    crate::output::check_writable(path)?;
     let corpus = Corpus::load(&args.corpus)?;
     let config = GptConfig::named(&args.config, corpus.vocab.len())?;
-    let params = match &args.init {
-        Some(from) => init::read_init(from, &config, &corpus.vocab)?,
-        None => config.init(args.seed),
+    let params = match (&args.init, &args.resume) {
+        (Some(from), _) => init::read_init(from, &config, &corpus.vocab)?,
+        (None, Some(ck)) => {
+            let bytes = CheckpointFile::open(ck)?.read(&config)?;
+            Checkpoint::from_bytes(&bytes, ck, &config, &corpus.vocab)?.params
+        }
+        (None, None) => config.init(args.seed)?,
     };
     init::write_torch_init(path, &config, &params)?;
     say!(
-        "wrote {} ({} initial weights of {}, PyTorch state_dict names)",
+        "wrote {} ({} initial weights of {}{}, PyTorch state_dict names)",
         path.display(),
         config.parameter_count(),
-        config.name
+        config.name,
+        match &args.resume {
+            Some(ck) => format!(" from {}", ck.display()),
+            None => String::new(),
+        }
     )?;
     Ok(0)
 }
-
-/// The most characters `sample --tokens` generates (each is a forward pass of the model).
-const MAX_SAMPLE_TOKENS: usize = 100_000;
 
 pub fn sample(args: SampleArgs) -> Result<()> {
     if !(args.temperature.is_finite() && args.temperature >= 0.0) {
@@ -803,6 +903,10 @@ pub fn sample(args: SampleArgs) -> Result<()> {
     }
     let choice = args.backend.parse::<BackendChoice>()?;
     let corpus = Corpus::load(&args.corpus)?;
+    // Checked before anything is echoed: a character the model does not know cannot condition it.
+    corpus
+        .encode(&args.prompt)
+        .map_err(|why| Error::invalid("--prompt", why))?;
     // The header alone names the config; the tensors are read once their size is its size.
     let file = CheckpointFile::open(&args.checkpoint)?;
     let config = GptConfig::named(&file.meta.config, corpus.vocab.len())?;

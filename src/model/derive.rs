@@ -13,7 +13,7 @@
 use super::ops::Saved;
 use super::{Model, Source, Var};
 use crate::algorithm::{Algorithm, MatmulShape};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::format::Format;
 use crate::plan::scalar;
 use crate::plan::{
@@ -419,12 +419,15 @@ impl Model {
         }
 
         // GradScaler's unscale and check, then AdamW where every gradient is finite. Without
-        // master weights the weights and the optimizer state live in 16-bit.
+        // master weights the weights and the optimizer state live in 16-bit. A model of no
+        // parameters has neither (its step is its forward pass: the same loss everywhere).
         let backward = cx.g.ops.len();
-        let grads = cx.state.iter().map(|s| s[1]).collect();
-        cx.g.push(Op::UnscaleCheck { grads });
+        let grads: Vec<_> = cx.state.iter().map(|s| s[1]).collect();
+        if !grads.is_empty() {
+            cx.g.push(Op::UnscaleCheck { grads });
+        }
         let gradients = cx.g.ops.len();
-        let params = (cx.state.iter().zip(self.decays()))
+        let params: Vec<_> = (cx.state.iter().zip(self.decays()))
             .map(|(&[param, grad, m, v], decay)| AdamWParam {
                 param,
                 grad,
@@ -433,7 +436,9 @@ impl Model {
                 decay,
             })
             .collect();
-        cx.g.push(Op::AdamW { params });
+        if !params.is_empty() {
+            cx.g.push(Op::AdamW { params });
+        }
         for [param, _, m, v] in cx.state.clone() {
             for x in [param, m, v] {
                 cx.g.round(x, p.weights);
@@ -476,12 +481,5 @@ fn dense_copy(x: TensorId, out: TensorId, len: usize, held: Format) -> Op {
 /// Whether plans store the matmuls' 16-bit inputs as codes where nothing else says: yes, unless
 /// `MANTISSA_ACTIVATIONS=f32` (to compare memory and step time with f32 storage).
 pub fn stores_codes() -> Result<bool> {
-    match std::env::var("MANTISSA_ACTIVATIONS").as_deref() {
-        Err(_) | Ok("codes") => Ok(true),
-        Ok("f32") => Ok(false),
-        Ok(other) => Err(Error::invalid(
-            "MANTISSA_ACTIVATIONS",
-            format!("{other:?}: expected codes (the default) or f32"),
-        )),
-    }
+    Ok(crate::env::word("MANTISSA_ACTIVATIONS")? != Some("f32"))
 }

@@ -50,15 +50,31 @@ pub enum Init {
 }
 
 impl Init {
-    /// The values of parameter `index` (of `len` elements) from the model's `seed`.
-    pub fn draw(self, len: usize, seed: u64, index: usize) -> Vec<f32> {
+    /// The values of parameter `index` (of `len` elements) from the model's `seed`;
+    /// `HostOutOfMemory` with the bytes where the host cannot hold them.
+    pub fn draw(self, len: usize, seed: u64, index: usize) -> Result<Vec<f32>> {
+        let mut values = crate::memory::empty_with_capacity("a parameter's initial values", len)?;
         match self {
-            Init::Zeros => vec![0.0; len],
-            Init::Ones => vec![1.0; len],
-            Init::Normal { std } => crate::measure::normal(len, seed.wrapping_add(index as u64))
-                .into_iter()
-                .map(|x| x * std)
-                .collect(),
+            Init::Zeros => values.resize(len, 0.0),
+            Init::Ones => values.resize(len, 1.0),
+            Init::Normal { std } => {
+                let seed = seed.wrapping_add(index as u64);
+                crate::measure::normal_into(&mut values, len, seed);
+                values.iter_mut().for_each(|x| *x *= std);
+            }
+        }
+        Ok(values)
+    }
+
+    /// Refuses an initialisation that gives no usable values: a standard deviation that is
+    /// not finite and >= 0 (NaN made every parameter NaN and every step skipped).
+    fn check(self, param: &str) -> Result<()> {
+        match self {
+            Init::Normal { std } if !(std.is_finite() && std >= 0.0) => Err(refuse(
+                &format!("param {param}"),
+                format!("Init::Normal's std {std} is not finite and >= 0"),
+            )),
+            _ => Ok(()),
         }
     }
 }
@@ -227,9 +243,16 @@ impl ModelBuilder {
         Ok(())
     }
 
-    /// Declares a parameter; its name must be new.
+    /// Declares a parameter; its name must be new and not empty, its initialisation usable.
     pub fn param(&mut self, name: &str, shape: &[usize], init: Init, decay: bool) -> Result<Var> {
+        if name.trim().is_empty() {
+            return Err(refuse(
+                "param",
+                format!("{name:?} is no name: checkpoints and errors name parameters"),
+            ));
+        }
         Self::checked_shape(&format!("param {name}"), shape)?;
+        init.check(name)?;
         if self.params.iter().any(|p| p.name == name) {
             return Err(refuse(
                 &format!("param {name}"),
@@ -318,6 +341,22 @@ impl ModelBuilder {
             ));
         }
         Ok(self.value(shape.to_vec(), Source::Ids(ids)))
+    }
+
+    /// The name of a parameter that `v` is, or is computed from (None: it depends on inputs
+    /// and constants alone). `v` was read by `read` (it is this builder's).
+    pub(crate) fn parameter_behind(&self, v: Var) -> Option<&str> {
+        // Values are declared in order: a node's inputs come before its output.
+        let mut from: Vec<Option<usize>> = Vec::with_capacity(v.index + 1);
+        for value in &self.values[..=v.index.min(self.values.len().saturating_sub(1))] {
+            from.push(match value.source {
+                Source::Param(i) => Some(i),
+                Source::Node(n) => (self.nodes[n].inputs.iter()).find_map(|x| from[x.index]),
+                _ => None,
+            });
+        }
+        let param = from.get(v.index).copied().flatten()?;
+        Some(self.params[param].name.as_str())
     }
 
     fn node(&mut self, op: Box<dyn NodeOp>, inputs: Vec<Var>, shape: Vec<usize>) -> Var {
@@ -423,9 +462,23 @@ impl Model {
 
     /// Whether the model reads the batch's token ids.
     pub fn reads_tokens(&self) -> bool {
+        self.reads(|s| matches!(s, Source::Tokens))
+    }
+
+    /// Whether the model reads the batch's class targets (a cross entropy's).
+    pub fn reads_targets(&self) -> bool {
+        self.reads(|s| matches!(s, Source::Targets))
+    }
+
+    /// Whether the model reads values input `k` (`ModelBuilder::values`).
+    pub fn reads_values(&self, k: usize) -> bool {
+        self.reads(|s| matches!(s, Source::Values(j) if *j == k))
+    }
+
+    fn reads(&self, source: impl Fn(&Source) -> bool) -> bool {
         let live = self.live();
         (self.values.iter().enumerate())
-            .any(|(v, value)| matches!(value.source, Source::Tokens) && live.reads[v] > 0)
+            .any(|(v, value)| source(&value.source) && live.reads[v] > 0)
     }
 
     /// Whether AdamW's weight decay applies, per parameter.
@@ -434,8 +487,12 @@ impl Model {
     }
 
     /// The initial values of the parameters: each `Init` drawn from `seed` and the
-    /// parameter's index.
-    pub fn init(&self, seed: u64) -> Vec<Vec<f32>> {
+    /// parameter's index; `HostOutOfMemory` where the host cannot hold them.
+    pub fn init(&self, seed: u64) -> Result<Vec<Vec<f32>>> {
+        let values = self.params.iter().try_fold(0u64, |n, p| {
+            n.checked_add(crate::memory::bytes_of::<f32>(p.len())?)
+        });
+        crate::memory::check("the model's parameters", values)?;
         self.params
             .iter()
             .enumerate()

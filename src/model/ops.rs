@@ -567,7 +567,7 @@ impl ModelBuilder {
     pub fn causal_attention(&mut self, qkv: Var, heads: usize) -> Result<Var> {
         let s = self.operand("causal_attention", qkv)?;
         match s[..] {
-            [b, t, c3] if heads > 0 && c3 % (3 * heads) == 0 => Ok(self.node(
+            [b, t, c3] if heads > 0 && heads <= c3 / 3 && c3 % (3 * heads) == 0 => Ok(self.node(
                 Box::new(CausalAttention {
                     b,
                     t,
@@ -759,13 +759,13 @@ impl ModelBuilder {
     pub fn causal_softmax(&mut self, x: Var, scale: f64) -> Result<Var> {
         let s = self.operand("causal_softmax", x)?;
         match s[..] {
-            [.., r, t] if r == t && scale.is_finite() => {
+            [.., r, t] if r == t && (scale as f32).is_finite() => {
                 Ok(self.node(Box::new(CausalSoftmax { t, scale }), vec![x], s))
             }
             _ => Err(refuse(
                 "causal_softmax",
                 format!(
-                    "x {} times {scale}: must be [..., t, t] with a finite scale",
+                    "x {} times {scale:?}: must be [..., t, t] with a scale finite in f32",
                     shape_of(&s)
                 ),
             )),
@@ -1090,7 +1090,8 @@ impl NodeOp for Mul {
 
 impl ModelBuilder {
     /// The mean over every element of (pred - target)^2: a scalar loss. `target` (usually a
-    /// values input) has pred's shape and takes no gradient.
+    /// values input) has pred's shape and takes no gradient, so it may not be a parameter nor
+    /// computed from one (whose gradient through it would be silently zero).
     pub fn mse(&mut self, pred: Var, target: Var) -> Result<Var> {
         let (ps, ts) = (self.operand("mse", pred)?, self.operand("mse", target)?);
         if ps != ts {
@@ -1105,6 +1106,16 @@ impl ModelBuilder {
         }
         if self.nodes.iter().any(|n| n.op.is_loss()) {
             return Err(refuse("mse", "a model has one loss"));
+        }
+        if let Some(param) = self.parameter_behind(target) {
+            return Err(refuse(
+                "mse",
+                format!(
+                    "target {} is computed from parameter {param}, and a target takes no \
+                     gradient; give a values input (or a constant) as the target",
+                    shape_of(&ts)
+                ),
+            ));
         }
         let rows = ps[..ps.len() - 1].iter().product();
         Ok(self.node(Box::new(Mse { rows }), vec![pred, target], vec![]))

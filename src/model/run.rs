@@ -14,6 +14,9 @@ use crate::policy::precision::PrecisionRequest;
 use crate::policy::{Fp8Role, Fp8State, LossScaler, Precision, StepDecision};
 use std::borrow::Cow;
 
+/// A run's token ids and class targets, as the plan takes them.
+type Batch<'b> = (Cow<'b, [u32]>, Cow<'b, [u32]>);
+
 /// What one training step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Stepped {
@@ -42,6 +45,8 @@ pub struct ModelTrainer<'a> {
     /// Optimizer steps applied.
     pub applied: u32,
     exec: Box<dyn StepExecutor + 'a>,
+    /// Which values inputs `set_values` has written (a run reads only inputs given).
+    values_set: Vec<bool>,
 }
 
 impl<'a> ModelTrainer<'a> {
@@ -82,8 +87,17 @@ impl<'a> ModelTrainer<'a> {
             coded: super::stores_codes()?,
         };
         let mut plan = model.plan(&precision, options)?;
-        for (i, mut p) in model.init(seed).into_iter().enumerate() {
-            round_to(&mut p, precision.weights);
+        // The parameters are held twice on the host: as the plan's constants, and as the
+        // executor's copy (the host interpreter's tensors, a device's upload).
+        let params = (model.params().iter())
+            .try_fold(0u64, |n, p| n.checked_add(p.len() as u64 * 4))
+            .and_then(|bytes| bytes.checked_mul(2));
+        crate::memory::check(
+            "the model's parameters, in its plan and its executor",
+            params,
+        )?;
+        for (i, p) in model.init(seed)?.into_iter().enumerate() {
+            let p = held_as(precision.weights, &model.params()[i].name, p)?;
             plan.constants.push((plan.state[i][0], p));
         }
         let fp8 = match &precision.fp8 {
@@ -92,6 +106,7 @@ impl<'a> ModelTrainer<'a> {
         };
         Ok(ModelTrainer {
             scaler: request.preset.spec().loss_scaling.map(LossScaler::new),
+            values_set: vec![false; model.values_inputs().len()],
             model,
             precision,
             adamw: AdamW::default(),
@@ -107,29 +122,82 @@ impl<'a> ModelTrainer<'a> {
         self.exec.plan()
     }
 
-    fn scalars(&self, loss_scale: f32) -> Vec<f32> {
+    /// The scalars of a run at `loss_scale`, the settings checked first: AdamW's
+    /// (`AdamW::check`), the clip finite and >= 0, the loss scale and fp8 scales finite and
+    /// > 0 (a NaN among them poisoned the weights, or skipped every step, silently).
+    fn scalars(&self, loss_scale: f32) -> Result<Vec<f32>> {
+        self.adamw.check()?;
+        if !(self.grad_clip.is_finite() && self.grad_clip >= 0.0) {
+            return Err(Error::invalid(
+                "grad_clip",
+                format!(
+                    "{} is not finite and >= 0 (0 disables clipping)",
+                    self.grad_clip
+                ),
+            ));
+        }
+        let scale_ok = |s: f32| s.is_finite() && s > 0.0;
+        if !scale_ok(loss_scale) {
+            return Err(Error::invalid(
+                "loss scale",
+                format!("{loss_scale} is not finite and > 0"),
+            ));
+        }
+        let fp8 = self.fp8.as_ref().map(Fp8State::scales).unwrap_or_default();
+        if let Some((l, s)) = (fp8.iter().enumerate())
+            .find_map(|(l, s)| s.iter().find(|&&s| !scale_ok(s)).map(|&s| (l, s)))
+        {
+            return Err(Error::invalid(
+                "fp8 scales",
+                format!("linear layer {l}'s scale {s} is not finite and > 0"),
+            ));
+        }
         let plan = self.exec.plan();
-        StepScalars {
+        Ok(StepScalars {
             adamw: &self.adamw,
             clip: self.grad_clip,
             loss_scale,
             poison: 0.0,
             t: self.applied + 1,
             ranks: 1,
-            fp8: &self.fp8.as_ref().map(Fp8State::scales).unwrap_or_default(),
+            fp8: &fp8,
         }
-        .array(plan.rows, plan.scalar_count())
+        .array(plan.rows, plan.scalar_count()))
     }
 
-    /// The batch as the plan takes it: a model that reads no tokens (or no class targets) is
-    /// given none (empty slices) and runs on zeros there.
-    fn batch<'b>(&self, ids: &'b [u32], targets: &'b [u32]) -> (Cow<'b, [u32]>, Cow<'b, [u32]>) {
+    /// The batch as the plan takes it: token ids and class targets where the model reads them
+    /// (a model that reads none is given none, empty slices, and runs on zeros there), and every
+    /// values input it reads written (`set_values`). An empty slice for what the model reads
+    /// (which trained on token 0), ids for a model that reads none, or a values input never
+    /// written, is refused by name.
+    fn batch<'b>(&self, ids: &'b [u32], targets: &'b [u32]) -> Result<Batch<'b>> {
         let rows = self.exec.plan().rows();
-        let or_zeros = |x: &'b [u32]| match x.is_empty() {
-            true => Cow::Owned(vec![0; rows]),
-            false => Cow::Borrowed(x),
+        let given = |x: &'b [u32], what: &'static str, reads: bool| match (reads, x.is_empty()) {
+            (true, true) => Err(Error::invalid(
+                what,
+                format!("the model reads {what} ({rows} of them); none were given"),
+            )),
+            (false, false) => Err(Error::invalid(
+                what,
+                format!(
+                    "the model reads no {what}; {} were given (pass an empty slice)",
+                    x.len()
+                ),
+            )),
+            (true, false) => Ok(Cow::Borrowed(x)),
+            (false, true) => Ok(Cow::Owned(vec![0; rows])),
         };
-        (or_zeros(ids), or_zeros(targets))
+        let ids = given(ids, "token ids", self.model.reads_tokens())?;
+        let targets = given(targets, "class targets", self.model.reads_targets())?;
+        if let Some(k) =
+            (0..self.values_set.len()).find(|&k| !self.values_set[k] && self.model.reads_values(k))
+        {
+            return Err(Error::invalid(
+                "values",
+                format!("input {k} is read by the model but was never written (set_values)"),
+            ));
+        }
+        Ok((ids, targets))
     }
 
     /// Writes values input `k` (`ModelBuilder::values`, in declaration order) for the runs
@@ -156,7 +224,15 @@ impl<'a> ModelTrainer<'a> {
                 ),
             ));
         }
-        self.exec.write(t, values).await
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            return Err(Error::invalid(
+                "values",
+                format!("input {k}[{i}] is {}: values are finite", values[i]),
+            ));
+        }
+        self.exec.write(t, values).await?;
+        self.values_set[k] = true;
+        Ok(())
     }
 
     /// What the loss reads of the last forward pass (its logits, or its predictions), as the
@@ -171,8 +247,8 @@ impl<'a> ModelTrainer<'a> {
     /// unscale and check, and the AdamW update where every gradient is finite.
     pub async fn step(&mut self, ids: &[u32], targets: &[u32]) -> Result<Stepped> {
         let scale = self.scaler.map_or(1.0, |s| s.scale);
-        let scalars = self.scalars(scale);
-        let (ids, targets) = self.batch(ids, targets);
+        let scalars = self.scalars(scale)?;
+        let (ids, targets) = self.batch(ids, targets)?;
         let stats = (self.exec)
             .run(Section::Step, &ids, &targets, &scalars)
             .await?;
@@ -195,8 +271,8 @@ impl<'a> ModelTrainer<'a> {
 
     /// The batch's mean loss under the current parameters.
     pub async fn loss(&mut self, ids: &[u32], targets: &[u32]) -> Result<f64> {
-        let scalars = self.scalars(1.0);
-        let (ids, targets) = self.batch(ids, targets);
+        let scalars = self.scalars(1.0)?;
+        let (ids, targets) = self.batch(ids, targets)?;
         let stats = self
             .exec
             .run(Section::Forward, &ids, &targets, &scalars)
@@ -211,8 +287,8 @@ impl<'a> ModelTrainer<'a> {
         ids: &[u32],
         targets: &[u32],
     ) -> Result<(f64, Vec<Vec<f32>>)> {
-        let scalars = self.scalars(1.0);
-        let (ids, targets) = self.batch(ids, targets);
+        let scalars = self.scalars(1.0)?;
+        let (ids, targets) = self.batch(ids, targets)?;
         let stats = (self.exec)
             .run(Section::Gradients, &ids, &targets, &scalars)
             .await?;
@@ -232,8 +308,9 @@ impl<'a> ModelTrainer<'a> {
         Ok(values)
     }
 
-    /// Sets every parameter (declaration order, each of its declared length), held as the
-    /// preset holds weights.
+    /// Sets every parameter (declaration order, each of its declared length, finite), held as
+    /// the preset holds weights. Everything is checked before anything is written: a refused
+    /// call leaves every parameter as it was.
     pub async fn set_params(&mut self, params: &[Vec<f32>]) -> Result<()> {
         let state = self.exec.plan().state.clone();
         if params.len() != state.len() {
@@ -243,7 +320,7 @@ impl<'a> ModelTrainer<'a> {
                 got: params.len(),
             });
         }
-        for (([p, ..], values), declared) in state.iter().zip(params).zip(self.model.params()) {
+        for (values, declared) in params.iter().zip(self.model.params()) {
             if values.len() != declared.len() {
                 return Err(Error::invalid(
                     "parameters",
@@ -256,10 +333,44 @@ impl<'a> ModelTrainer<'a> {
                     ),
                 ));
             }
-            let mut v = values.clone();
-            round_to(&mut v, self.precision.weights);
+            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+                return Err(Error::invalid(
+                    "parameters",
+                    format!(
+                        "{}[{i}] is {}: parameters are finite",
+                        declared.name, values[i]
+                    ),
+                ));
+            }
+        }
+        let mut held = Vec::with_capacity(params.len());
+        for (values, declared) in params.iter().zip(self.model.params()) {
+            let mut v = crate::memory::empty_with_capacity("a parameter's values", values.len())?;
+            v.extend_from_slice(values);
+            held.push(self.held(&declared.name, v)?);
+        }
+        for ([p, ..], v) in state.iter().zip(held) {
             self.exec.write(*p, &v).await?;
         }
         Ok(())
+    }
+
+    /// `values` of parameter `name` as the preset holds weights (rounded to 16 bits in the
+    /// "true" presets), refused where that overflows (1e5 is inf in f16).
+    fn held(&self, name: &str, values: Vec<f32>) -> Result<Vec<f32>> {
+        held_as(self.precision.weights, name, values)
+    }
+}
+
+/// `values` of parameter `name` rounded to `weights` (the preset's format for them), refused
+/// where a value becomes inf or NaN there.
+fn held_as(weights: crate::format::Format, name: &str, mut values: Vec<f32>) -> Result<Vec<f32>> {
+    round_to(&mut values, weights);
+    match values.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(Error::invalid(
+            "parameters",
+            format!("{name}[{i}] overflows {weights}, the format the preset holds weights in"),
+        )),
+        None => Ok(values),
     }
 }

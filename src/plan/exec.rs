@@ -352,8 +352,9 @@ pub fn update_factor(layout: &Stats, stats: &[f64], clip: f32) -> Option<f32> {
 
 /// The global norm of the unscaled gradients.
 pub fn grad_norm(layout: &Stats, stats: &[f64]) -> f64 {
+    // From +0: an empty f64 sum is -0.0, the norm of no gradients 0.
     (0..layout.grads)
         .map(|i| stats[layout.norm_sq(i)])
-        .sum::<f64>()
+        .fold(0.0, |a, b| a + b)
         .sqrt()
 }

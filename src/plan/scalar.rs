@@ -83,6 +83,51 @@ impl Default for AdamW {
 }
 
 impl AdamW {
+    /// Refuses settings no step can use (a NaN learning rate made every weight NaN after a
+    /// step that reported itself applied): the learning rate and weight decay finite and >= 0,
+    /// the betas in [0, 1), epsilon finite and > 0.
+    pub fn check(&self) -> crate::error::Result<()> {
+        let settings = [
+            (
+                "learning rate",
+                self.lr,
+                self.lr.is_finite() && self.lr >= 0.0,
+                "finite and >= 0",
+            ),
+            (
+                "beta1",
+                self.beta1,
+                (0.0..1.0).contains(&self.beta1),
+                "in [0, 1)",
+            ),
+            (
+                "beta2",
+                self.beta2,
+                (0.0..1.0).contains(&self.beta2),
+                "in [0, 1)",
+            ),
+            (
+                "epsilon",
+                self.eps,
+                self.eps.is_finite() && self.eps > 0.0,
+                "finite and > 0",
+            ),
+            (
+                "weight decay",
+                self.weight_decay,
+                self.weight_decay.is_finite() && self.weight_decay >= 0.0,
+                "finite and >= 0",
+            ),
+        ];
+        match settings.into_iter().find(|(_, _, ok, _)| !ok) {
+            Some((what, value, _, range)) => Err(crate::error::Error::invalid(
+                "AdamW",
+                format!("{what} {value} is not {range}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// The bias corrections (1 - beta1^t, 1 - beta2^t) at step `t` (1-based), in f64.
     pub fn bias_corrections(&self, t: u32) -> (f64, f64) {
         let bias = |beta: f32| 1.0 - (beta as f64).powi(t as i32);

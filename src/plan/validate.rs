@@ -119,6 +119,16 @@ impl Plan {
             w
         };
         for (i, op) in self.ops.iter().enumerate() {
+            // Nothing to unscale or update: a plan of no parameters has neither op (an
+            // executor may take a list's first element as its segment's).
+            let empty = match op {
+                Op::UnscaleCheck { grads } => grads.is_empty(),
+                Op::AdamW { params } => params.is_empty(),
+                _ => false,
+            };
+            if empty {
+                return refuse(format!("op {i} ({op:?}) has no gradient to work on"));
+            }
             let check = Check { plan: self, i, op };
             check.tensors()?;
             op.check_lengths(&check)?;

@@ -59,7 +59,7 @@ pub struct CheckpointMeta {
 }
 
 /// The CRC-32 of the state's tensors in checkpoint order.
-fn checksum(params: &[Vec<f32>], adam_m: &[Vec<f32>], adam_v: &[Vec<f32>]) -> u32 {
+pub fn checksum(params: &[Vec<f32>], adam_m: &[Vec<f32>], adam_v: &[Vec<f32>]) -> u32 {
     let mut h = crc32fast::Hasher::new();
     for t in params.iter().chain(adam_m).chain(adam_v) {
         h.update(bytemuck::cast_slice(t));
@@ -204,8 +204,47 @@ impl CheckpointFile {
     }
 
     /// The whole file, its tensors read once their size is what `config`'s parameters and
-    /// AdamW moments take.
+    /// AdamW moments take. A checkpoint of another model shape or vocabulary, or one holding a
+    /// tensor no checkpoint holds, is refused saying so (not by its bytes), before the tensors
+    /// are read.
     pub fn read(self, config: &GptConfig) -> Result<Vec<u8>> {
+        let meta = &self.meta;
+        let theirs = (meta.n_layer, meta.n_head, meta.n_embd, meta.block_size);
+        let ours = (
+            config.n_layer,
+            config.n_head,
+            config.n_embd,
+            config.block_size,
+        );
+        if theirs != ours {
+            return Err(self.file.bad(format!(
+                "it holds config '{}' (layers, heads, width, context = {theirs:?}), this run is \
+                 '{}' ({ours:?})",
+                meta.config, config.name
+            )));
+        }
+        let vocab = meta.vocab.chars().count();
+        if vocab != config.vocab_size {
+            return Err(self.file.bad(format!(
+                "it was trained on a corpus with another vocabulary ({vocab} characters; this \
+                 corpus has {})",
+                config.vocab_size
+            )));
+        }
+        let names: std::collections::BTreeSet<String> = (config.parameter_shapes().into_iter())
+            .flat_map(|(n, _)| ["param", "adam_m", "adam_v"].map(|p| format!("{p}.{n}")))
+            .collect();
+        let mut extra: Vec<String> = (self.file.header.tensors().into_keys())
+            .filter(|n| !names.contains(n))
+            .collect();
+        extra.sort();
+        if let Some(name) = extra.first() {
+            return Err(self.file.bad(format!(
+                "tensor {name} is not part of a checkpoint of config '{}' ({} such in all)",
+                config.name,
+                extra.len()
+            )));
+        }
         let expected = 3 * 4 * config.parameter_count() as u64;
         if self.file.data_len != expected {
             return Err(self.file.bad(format!(
@@ -234,6 +273,28 @@ impl Checkpoint {
     pub async fn save(trainer: &mut Trainer<'_>, path: &Path) -> Result<()> {
         let state = trainer.state().await?;
         let cfg = &trainer.gpt.config;
+        // A checkpoint holds what a run can go on from: weights that overflowed stop the run
+        // instead (`load` would refuse them).
+        let groups = [
+            ("param", &state.params),
+            ("adam_m", &state.adam_m),
+            ("adam_v", &state.adam_v),
+        ];
+        for (prefix, tensors) in groups {
+            for ((name, _), t) in cfg.parameter_shapes().iter().zip(tensors.iter()) {
+                if let Some(i) = t.iter().position(|x| !x.is_finite()) {
+                    return Err(Error::Diverged {
+                        preset: trainer.options.preset.to_string(),
+                        step: trainer.step,
+                        why: format!(
+                            "{prefix}.{name}[{i}] is {} after step {}, so no checkpoint is \
+                             written; try a smaller learning rate",
+                            t[i], trainer.step
+                        ),
+                    });
+                }
+            }
+        }
         let meta = CheckpointMeta {
             format: FORMAT.into(),
             config: cfg.name.clone(),
@@ -258,39 +319,43 @@ impl Checkpoint {
             }),
             crc32: Some(checksum(&state.params, &state.adam_m, &state.adam_v)),
         };
-        let shapes = cfg.parameter_shapes();
-        let bytes: Vec<(String, Vec<usize>, &[u8])> =
-            shapes
-                .iter()
-                .zip(&state.params)
-                .map(|((n, s), p)| {
-                    (
-                        format!("param.{n}"),
-                        s.clone(),
-                        bytemuck::cast_slice::<f32, u8>(p),
-                    )
-                })
-                .chain(
-                    shapes.iter().zip(&state.adam_m).map(|((n, s), p)| {
-                        (format!("adam_m.{n}"), s.clone(), bytemuck::cast_slice(p))
-                    }),
-                )
-                .chain(
-                    shapes.iter().zip(&state.adam_v).map(|((n, s), p)| {
-                        (format!("adam_v.{n}"), s.clone(), bytemuck::cast_slice(p))
-                    }),
-                )
-                .collect();
-        let views = bytes
-            .iter()
-            .map(|(n, s, b)| TensorView::new(Dtype::F32, s.clone(), b).map(|v| (n.clone(), v)))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| Error::output(path, format!("cannot serialise: {e}")))?;
-        let json = serde_json::to_string(&meta).map_err(|e| Error::output(path, e))?;
-        let data =
-            safetensors::serialize(views, Some(HashMap::from([("mantissa".to_string(), json)])))
-                .map_err(|e| Error::output(path, format!("cannot serialise: {e}")))?;
+        let data = Checkpoint::bytes(&meta, cfg, &state).map_err(|e| Error::output(path, e))?;
         crate::output::write_bytes(path, &data)
+    }
+
+    /// The bytes of a checkpoint file holding `state` (`config`'s parameters and moments, in
+    /// `GptConfig::parameter_shapes` order) with `meta` (its `crc32` as given); or why it
+    /// cannot be serialised.
+    pub fn bytes(
+        meta: &CheckpointMeta,
+        config: &GptConfig,
+        state: &TrainState,
+    ) -> std::result::Result<Vec<u8>, String> {
+        let shapes = config.parameter_shapes();
+        let groups = [
+            ("param", &state.params),
+            ("adam_m", &state.adam_m),
+            ("adam_v", &state.adam_v),
+        ];
+        let mut views = Vec::new();
+        for (prefix, tensors) in groups {
+            if tensors.len() != shapes.len() {
+                return Err(format!(
+                    "{} {prefix} tensors, config '{}' has {}",
+                    tensors.len(),
+                    config.name,
+                    shapes.len()
+                ));
+            }
+            for ((name, shape), t) in shapes.iter().zip(tensors.iter()) {
+                let view = TensorView::new(Dtype::F32, shape.clone(), bytemuck::cast_slice(t))
+                    .map_err(|e| format!("cannot serialise {prefix}.{name}: {e}"))?;
+                views.push((format!("{prefix}.{name}"), view));
+            }
+        }
+        let json = serde_json::to_string(meta).map_err(|e| e.to_string())?;
+        safetensors::serialize(views, Some(HashMap::from([("mantissa".to_string(), json)])))
+            .map_err(|e| format!("cannot serialise: {e}"))
     }
 
     /// Loads and validates a checkpoint for `config` (the same shapes) and `vocab`, header
@@ -470,5 +535,89 @@ impl Checkpoint {
         }
         trainer.fp8 = fp8;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A checkpoint of `config` (zero state) over `vocab`, written to a file in `dir`, with
+    /// `extra` tensors beside its own.
+    fn file(
+        dir: &Path,
+        config: &GptConfig,
+        vocab: &str,
+        extra: &[(&str, Vec<f32>)],
+    ) -> std::path::PathBuf {
+        let zeros: Vec<Vec<f32>> = (config.parameter_shapes().iter())
+            .map(|(_, s)| vec![0.0; s.iter().product()])
+            .collect();
+        let state = TrainState {
+            params: zeros.clone(),
+            adam_m: zeros.clone(),
+            adam_v: zeros,
+        };
+        let meta = CheckpointMeta {
+            format: FORMAT.into(),
+            config: config.name.clone(),
+            n_layer: config.n_layer,
+            n_head: config.n_head,
+            n_embd: config.n_embd,
+            block_size: config.block_size,
+            batch_size: config.batch_size,
+            vocab: vocab.into(),
+            preset: "32-true".into(),
+            seed: 1,
+            step: 0,
+            applied: 0,
+            loss_scale: None,
+            growth_tracker: None,
+            fp8: None,
+            crc32: Some(checksum(&state.params, &state.adam_m, &state.adam_v)),
+        };
+        let mut bytes = Checkpoint::bytes(&meta, config, &state).unwrap();
+        if !extra.is_empty() {
+            let read = SafeTensors::deserialize(&bytes).unwrap();
+            let mut views: Vec<(String, TensorView)> = read.tensors();
+            for (name, values) in extra {
+                let view =
+                    TensorView::new(Dtype::F32, vec![values.len()], bytemuck::cast_slice(values));
+                views.push((name.to_string(), view.unwrap()));
+            }
+            let json = serde_json::to_string(&meta).unwrap();
+            let metadata = HashMap::from([("mantissa".to_string(), json)]);
+            bytes = safetensors::serialize(views, Some(metadata)).unwrap();
+        }
+        let path = dir.join("ck.safetensors");
+        std::fs::write(&path, bytes).unwrap();
+        path
+    }
+
+    /// A checkpoint of another vocabulary or model shape, or holding a tensor no checkpoint
+    /// holds, is refused saying so, not by a count of bytes (round four: "its tensors take N
+    /// bytes, config 'tiny' takes M").
+    #[test]
+    fn another_models_checkpoint_is_refused_by_what_differs() {
+        let dir = tempfile::tempdir().unwrap();
+        let tiny = GptConfig::named("tiny", 5).unwrap();
+        let read = |path: &Path, config: &GptConfig| {
+            let e = CheckpointFile::open(path)
+                .and_then(|f| f.read(config))
+                .unwrap_err();
+            assert_eq!(e.class(), crate::error::ErrorClass::BadInput, "{e}");
+            e.to_string()
+        };
+        let path = file(dir.path(), &tiny, "abcdef", &[]);
+        let said = read(&path, &tiny);
+        assert!(said.contains("another vocabulary (6 characters"), "{said}");
+        let path = file(dir.path(), &tiny, "abcde", &[]);
+        let said = read(&path, &GptConfig::named("small", 5).unwrap());
+        assert!(said.contains("it holds config 'tiny'"), "{said}");
+        let path = file(dir.path(), &tiny, "abcde", &[("adam_q.wte", vec![0.0; 4])]);
+        let said = read(&path, &tiny);
+        assert!(said.contains("tensor adam_q.wte is not part"), "{said}");
+        let path = file(dir.path(), &tiny, "abcde", &[]);
+        assert!(Checkpoint::load(&path, &tiny, &"abcde".chars().collect::<Vec<_>>()).is_ok());
     }
 }

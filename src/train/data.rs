@@ -83,6 +83,23 @@ impl Corpus {
             .collect()
     }
 
+    /// The ids of `text`, every character of which must be in the vocabulary (else why not,
+    /// naming the first that is not).
+    pub fn encode(&self, text: &str) -> std::result::Result<Vec<u32>, String> {
+        text.chars()
+            .enumerate()
+            .map(|(i, ch)| match self.vocab.binary_search(&ch) {
+                Ok(id) => Ok(id as u32),
+                Err(_) => Err(format!(
+                    "character {i}, {ch:?} (U+{:04X}), is not in the corpus's vocabulary of {} \
+                     characters",
+                    ch as u32,
+                    self.vocab.len()
+                )),
+            })
+            .collect()
+    }
+
     /// Refuses a corpus whose training or validation split cannot hold a context of `t`
     /// tokens and its target (checked before a run creates anything).
     pub fn check_context(&self, t: usize) -> Result<()> {
@@ -160,7 +177,7 @@ impl Batches {
         (batch, t, vocab, steps): (usize, usize, usize, u32),
     ) -> Result<Batches> {
         let bad = |why: String| Error::file(path, format!("not usable as batches: {why}"));
-        crate::npy::check_claimed_shape(path, source, file_bytes)?;
+        let data_start = crate::npy::check_claimed_shape(path, source, file_bytes)?;
         let npy =
             npyz::NpyFile::new(source).map_err(|e| bad(format!("not a valid .npy file ({e})")))?;
         let shape: Vec<u64> = npy.shape().to_vec();
@@ -188,12 +205,18 @@ impl Batches {
         }
         if n < steps as u64 {
             return Err(bad(format!(
-                "{n} batches (dimension 0), fewer than the {steps} steps asked for"
+                "{n} batch{} (dimension 0), fewer than the {steps} steps asked for",
+                if n == 1 { "" } else { "es" }
             )));
         }
         let dtype = npy.dtype();
-        // check_claimed_shape has held n * b * row within the file's bytes.
-        let count = (n * b * row) as usize;
+        // check_claimed_shape has held n * b * row within the file's bytes; checked again here,
+        // where it becomes a size.
+        let count = [b, row]
+            .iter()
+            .try_fold(n, |acc, &d| acc.checked_mul(d))
+            .and_then(|c| usize::try_from(c).ok())
+            .ok_or_else(|| bad(format!("a shape {shape:?} whose size overflows")))?;
         let mut ids = crate::memory::empty_with_capacity::<u32>("the batches", count)?;
         use npyz::TypeChar::{Int, Uint};
         match &dtype {
@@ -221,6 +244,8 @@ impl Batches {
         if ids.len() != count {
             return Err(bad(format!("truncated: {} of {count} ids", ids.len())));
         }
+        let width = dtype.num_bytes().unwrap_or(1) as u64;
+        crate::npy::check_no_trailing(path, data_start, width * count as u64, file_bytes)?;
         if let Some(e) = ids.iter().position(|&id| id as usize >= vocab) {
             let (row_len, batch_len) = (t + 1, batch * (t + 1));
             return Err(bad(format!(

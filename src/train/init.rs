@@ -8,9 +8,10 @@
 //! `blocks.{i}.qkv|proj|fc|out.weight|bias` `h{i}.attn|proj|fc|fc2.w|b`, `ln.weight|bias`
 //! `lnf.g|b`. PyTorch's linear weights are [out, in], the engine's [in, out]: they are
 //! transposed on the way in and out. The engine's names are those of its checkpoints
-//! (`param.wte`, ...), whose AdamW moments an init leaves aside.
+//! (`param.wte`, ...): such a file is read as a checkpoint, every check of `--resume` made, and
+//! its AdamW moments are left aside.
 
-use super::checkpoint::SafetensorsFile;
+use super::checkpoint::{Checkpoint, SafetensorsFile};
 use super::model::GptConfig;
 use crate::error::{Error, Result};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
@@ -63,8 +64,9 @@ const MOMENTS: [&str; 2] = ["adam_m.", "adam_v."];
 const USABLE: &str = "usable as initial weights";
 
 /// Reads initial weights for `config` from a safetensors file (see the module's header),
-/// refusing a missing, extra, misshapen or non-finite tensor by name, and a file of the engine's
-/// whose vocabulary differs from `vocab`. Returns them in `GptConfig::parameter_shapes` order
+/// refusing a missing, extra, misshapen or non-finite tensor by name; a file under the engine's
+/// names is one of its checkpoints, checked as `--resume` checks it (`Checkpoint::from_bytes`:
+/// metadata, CRC-32, config, vocabulary). Returns them in `GptConfig::parameter_shapes` order
 /// and layout, in f32 (f64 tensors rounded to nearest). The header is read first
 /// (`SafetensorsFile`), and tensors beyond what such a file of `config` holds are refused
 /// unread.
@@ -148,6 +150,11 @@ pub fn init_from_bytes(
             }
         )));
     }
+    if !torch {
+        // The engine's names are its checkpoints': checked as `--resume` checks them (metadata,
+        // format, CRC-32, config, vocabulary, finite values), the moments then left aside.
+        return Checkpoint::from_bytes(bytes, path, config, vocab).map(|ck| ck.params);
+    }
     let read = |name: &str, shape: &[usize], transposed: bool| -> Result<Vec<f32>> {
         let t = tensors
             .tensor(name)
@@ -165,10 +172,20 @@ pub fn init_from_bytes(
         }
         let values: Vec<f32> = match t.dtype() {
             Dtype::F32 => bytemuck::pod_collect_to_vec(t.data()),
-            Dtype::F64 => bytemuck::pod_collect_to_vec::<u8, f64>(t.data())
-                .into_iter()
-                .map(|x| x as f32)
-                .collect(),
+            Dtype::F64 => {
+                let wide = bytemuck::pod_collect_to_vec::<u8, f64>(t.data());
+                // A finite f64 beyond f32's range becomes inf: said as the value it was.
+                if let Some(i) = wide
+                    .iter()
+                    .position(|x| x.is_finite() && !(*x as f32).is_finite())
+                {
+                    return Err(bad(format!(
+                        "{name}[{i}] is {:e}, beyond f32's range",
+                        wide[i]
+                    )));
+                }
+                wide.into_iter().map(|x| x as f32).collect()
+            }
             other => {
                 return Err(bad(format!(
                     "tensor {name} is {other:?}; initial weights are F32 or F64"
@@ -309,7 +326,7 @@ mod tests {
     #[test]
     fn both_namings_read_back_the_weights() {
         let cfg = config();
-        let params = cfg.init(3);
+        let params = cfg.init(3).unwrap();
         let vocab: Vec<char> = "abcde".chars().collect();
         let path = Path::new("init.safetensors");
         let torch: Vec<_> = torch_state_dict(&cfg, &params)
@@ -321,7 +338,11 @@ mod tests {
             let read = init_from_bytes(&file(&torch, dtype), path, &cfg, &vocab).unwrap();
             assert!(read == params, "{dtype:?}");
         }
-        let ours: Vec<_> = ["param", "adam_m", "adam_v"]
+        let ours = checkpoint(&cfg, &params, &vocab, |_| {});
+        let read = init_from_bytes(&ours, path, &cfg, &vocab).unwrap();
+        assert!(read == params);
+        // The engine's names beside PyTorch's: the PyTorch one is the extra.
+        let mut mixed: Vec<_> = ["param", "adam_m", "adam_v"]
             .iter()
             .flat_map(|prefix| {
                 let shapes = cfg.parameter_shapes();
@@ -331,16 +352,123 @@ mod tests {
                     .map(move |((n, s), v)| (format!("{prefix}.{n}"), s, v))
             })
             .collect();
-        let read = init_from_bytes(&file(&ours, Dtype::F32), path, &cfg, &vocab).unwrap();
-        assert!(read == params);
-        // The engine's names beside PyTorch's: the PyTorch one is the extra.
-        let mut mixed = ours;
         mixed.push(torch[0].clone());
         let err = init_from_bytes(&file(&mixed, Dtype::F32), path, &cfg, &vocab).unwrap_err();
         assert!(
             err.to_string()
                 .contains(&format!("tensor {} is not", torch[0].0)),
             "{err}"
+        );
+    }
+
+    /// The bytes of a checkpoint of `cfg` holding `params` (moments zero) over `vocab`, its
+    /// metadata changed by `edit` after its checksum is taken.
+    fn checkpoint(
+        cfg: &GptConfig,
+        params: &[Vec<f32>],
+        vocab: &[char],
+        edit: impl FnOnce(&mut crate::train::checkpoint::CheckpointMeta),
+    ) -> Vec<u8> {
+        use crate::train::TrainState;
+        use crate::train::checkpoint::{CheckpointMeta, checksum};
+        let zeros: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
+        let state = TrainState {
+            params: params.to_vec(),
+            adam_m: zeros.clone(),
+            adam_v: zeros,
+        };
+        let mut meta = CheckpointMeta {
+            format: "mantissa-checkpoint-2".into(),
+            config: cfg.name.clone(),
+            n_layer: cfg.n_layer,
+            n_head: cfg.n_head,
+            n_embd: cfg.n_embd,
+            block_size: cfg.block_size,
+            batch_size: cfg.batch_size,
+            vocab: vocab.iter().collect(),
+            preset: "32-true".into(),
+            seed: 1,
+            step: 1,
+            applied: 1,
+            loss_scale: None,
+            growth_tracker: None,
+            fp8: None,
+            crc32: Some(checksum(&state.params, &state.adam_m, &state.adam_v)),
+        };
+        edit(&mut meta);
+        Checkpoint::bytes(&meta, cfg, &state).unwrap()
+    }
+
+    /// Initial weights under the engine's names are read as `--resume` reads a checkpoint:
+    /// a flipped bit, metadata missing, unreadable or naming another shape of model, or another
+    /// vocabulary, are refused by name (`--init` took them all, the CRC-32 unchecked).
+    #[test]
+    fn engine_names_are_checked_as_a_checkpoint_is() {
+        let cfg = config();
+        let params = cfg.init(3).unwrap();
+        let vocab: Vec<char> = "abcde".chars().collect();
+        let path = Path::new("ck.safetensors");
+        let refused = |bytes: &[u8], words: &str| {
+            let e = init_from_bytes(bytes, path, &cfg, &vocab).unwrap_err();
+            assert!(e.to_string().contains(words), "{words}: {e}");
+            assert_eq!(e.class(), crate::error::ErrorClass::BadInput, "{e}");
+        };
+        let good = checkpoint(&cfg, &params, &vocab, |_| {});
+        // One bit of param.wte's first value flipped (the data follows the header).
+        let mut flipped = good.clone();
+        let n = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize;
+        let at = 8 + n + 4 * (params.iter().map(Vec::len).sum::<usize>());
+        flipped[at.min(good.len() - 1)] ^= 1;
+        refused(&flipped, "CRC-32");
+        refused(
+            &checkpoint(&cfg, &params, &vocab, |m| m.n_layer = 6),
+            "config",
+        );
+        refused(
+            &checkpoint(&cfg, &params, &vocab, |m| m.vocab = "abcdf".into()),
+            "vocabulary",
+        );
+        refused(
+            &checkpoint(&cfg, &params, &vocab, |m| m.crc32 = None),
+            "checksum",
+        );
+        // No metadata at all: the tensors alone, under the engine's names.
+        let bare: Vec<_> = ["param", "adam_m", "adam_v"]
+            .iter()
+            .flat_map(|prefix| {
+                let shapes = cfg.parameter_shapes();
+                shapes
+                    .into_iter()
+                    .zip(params.clone())
+                    .map(move |((n, s), v)| (format!("{prefix}.{n}"), s, v))
+            })
+            .collect();
+        refused(&file(&bare, Dtype::F32), "no mantissa metadata");
+    }
+
+    /// An f64 weight beyond f32's range is refused as the value it is (it was said to be inf).
+    #[test]
+    fn an_f64_weight_beyond_f32_is_named_as_it_is() {
+        let cfg = config();
+        let params = cfg.init(3).unwrap();
+        let vocab: Vec<char> = "abcde".chars().collect();
+        let mut torch: Vec<_> = torch_state_dict(&cfg, &params)
+            .unwrap()
+            .into_iter()
+            .map(|(n, (s, v))| (n, s, v))
+            .collect();
+        let bytes = |torch: &[(String, Vec<usize>, Vec<f32>)], big: f64| {
+            // As `file` writes F64, with one value set beyond f32's range.
+            let mut bytes = file(torch, Dtype::F64);
+            let at = bytes.len() - 8;
+            bytes[at..].copy_from_slice(&big.to_le_bytes());
+            bytes
+        };
+        torch.sort_by(|a, b| a.0.cmp(&b.0));
+        let e = init_from_bytes(&bytes(&torch, 1e300), Path::new("w"), &cfg, &vocab).unwrap_err();
+        assert!(
+            e.to_string().contains("is 1e300, beyond f32's range"),
+            "{e}"
         );
     }
 

@@ -21,4 +21,6 @@ pub use checkpoint::Checkpoint;
 pub use choice::{Choice, Chooser, ChosenBy};
 pub use data::{Batches, Corpus};
 pub use model::{Gpt, GptConfig};
-pub use trainer::{StepRecord, TrainOptions, TrainState, Trainer, attention_choice, graphs_choice};
+pub use trainer::{
+    StepRecord, TrainOptions, TrainState, Trainer, attention_choice, graphs_choice, pick_token,
+};

@@ -123,8 +123,9 @@ impl GptConfig {
             .collect()
     }
 
-    /// The parameters' initial values (`inits`) drawn from `seed`.
-    pub fn init(&self, seed: u64) -> Vec<Vec<f32>> {
+    /// The parameters' initial values (`inits`) drawn from `seed` (`HostOutOfMemory` where the
+    /// host cannot hold them).
+    pub fn init(&self, seed: u64) -> crate::error::Result<Vec<Vec<f32>>> {
         (self.parameter_shapes().iter().zip(self.inits()).enumerate())
             .map(|(i, ((_, shape), init))| init.draw(shape.iter().product(), seed, i))
             .collect()

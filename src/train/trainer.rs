@@ -278,7 +278,7 @@ fn build_executor<'a>(
         None => super::model::stores_codes()?,
     };
     let mut plan = gpt.plan_with(precision, sequences, cfg.block_size, fused, coded)?;
-    for (i, mut p) in cfg.init(options.seed).into_iter().enumerate() {
+    for (i, mut p) in cfg.init(options.seed)?.into_iter().enumerate() {
         round_to(&mut p, precision.weights);
         plan.constants.push((plan.state[i][0], p));
     }
@@ -339,6 +339,7 @@ impl<'a> Trainer<'a> {
         reduction: Reduction,
     ) -> Result<Trainer<'a>> {
         let local = dist::shard(options.config.batch_size, group.rank(), group.size())?;
+        check_settings(&options)?;
         let spec = options.preset.spec();
         let precision = Precision::decide(&options.precision_request(), &backend.capabilities())?;
         let fp8 = match &precision.fp8 {
@@ -741,6 +742,8 @@ impl<'a> Trainer<'a> {
         timed: bool,
     ) -> Result<(StepRecord, Option<Timings>)> {
         let start = Instant::now();
+        // The options are the caller's to change between steps: checked before each.
+        check_settings(&self.options)?;
         let (ids, targets) = self.local_batch(false, self.step as u64)?;
         self.gpt
             .check_batch(&ids, &targets, self.gpt.config.block_size)?;
@@ -878,7 +881,10 @@ impl<'a> Trainer<'a> {
     }
 
     /// `sample`, handing each character to `each` as soon as it is drawn (`mantissa sample`
-    /// prints them as they come); an error of `each` ends the sampling.
+    /// prints them as they come); an error of `each` ends the sampling. A prompt character
+    /// outside the corpus's vocabulary is refused (it cannot condition the model), and so is a
+    /// temperature that is not finite and >= 0; logits that are not finite (weights that
+    /// overflow) end the sampling with an error naming the character (`pick_token`).
     pub async fn sample_streaming(
         &mut self,
         prompt: &str,
@@ -887,13 +893,25 @@ impl<'a> Trainer<'a> {
         seed: u64,
         mut each: impl FnMut(&str) -> Result<()>,
     ) -> Result<String> {
-        use rand::{RngExt, SeedableRng};
+        use rand::SeedableRng;
+        if count > MAX_SAMPLE_TOKENS {
+            return Err(Error::invalid(
+                "characters to sample",
+                format!("{count}: at most {MAX_SAMPLE_TOKENS}"),
+            ));
+        }
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            return Err(Error::invalid(
+                "temperature",
+                format!("{temperature} is not a finite temperature >= 0"),
+            ));
+        }
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let vocab = &self.corpus.vocab;
-        let mut ids: Vec<u32> = prompt
-            .chars()
-            .filter_map(|ch| vocab.binary_search(&ch).ok().map(|i| i as u32))
-            .collect();
+        let mut ids = self
+            .corpus
+            .encode(prompt)
+            .map_err(|why| Error::invalid("prompt", why))?;
         if ids.is_empty() {
             ids.push(vocab.binary_search(&'\n').unwrap_or(0) as u32);
         }
@@ -903,7 +921,7 @@ impl<'a> Trainer<'a> {
         let fp8 = self.fp8_scales();
         // One executor per context length: once the context is full, every token reuses it.
         let mut exec: Option<(Box<dyn StepExecutor + '_>, Vec<f32>)> = None;
-        for _ in 0..count {
+        for drawn in 0..count {
             let context = &ids[ids.len().saturating_sub(t)..];
             let (e, scalars) = match &mut exec {
                 Some((e, s)) if e.plan().rows() == context.len() => (e, s),
@@ -918,37 +936,30 @@ impl<'a> Trainer<'a> {
             e.run(Section::Forward, context, context, scalars).await?;
             let logits = e.read(e.plan().logits()).await?;
             let last = &logits[(context.len() - 1) * v..context.len() * v];
-            let next = if temperature <= 0.0 {
-                last.iter()
-                    .enumerate()
-                    .max_by(|a, b| a.1.total_cmp(b.1))
-                    .map(|(i, _)| i)
-                    .unwrap_or(0)
-            } else {
-                let max = last.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let weights: Vec<f64> = last
-                    .iter()
-                    .map(|&l| (((l - max) / temperature) as f64).exp())
-                    .collect();
-                let mut pick = rng.random_range(0.0..weights.iter().sum::<f64>());
-                weights
-                    .iter()
-                    .position(|&w| {
-                        pick -= w;
-                        pick <= 0.0
-                    })
-                    .unwrap_or(v - 1)
-            };
+            let next = pick_token(last, temperature, &mut rng).map_err(|why| {
+                Error::invalid(
+                    "weights",
+                    format!("sampling character {} of {count}: {why}", drawn + 1),
+                )
+            })?;
             ids.push(next as u32);
             each(&self.corpus.decode(&ids[ids.len() - 1..]))?;
         }
         Ok(self.corpus.decode(&ids[start..]))
     }
 
-    /// Mean validation loss over `batches` fixed batches.
+    /// Mean validation loss over `batches` fixed batches (1 to `MAX_EVAL_BATCHES`). A loss
+    /// that is not finite stops the run: `Error::Diverged` at the step it follows (weights that
+    /// overflowed in an update whose own loss was finite, as a huge learning rate makes them).
     pub async fn evaluate(&mut self, batches: usize) -> Result<f64> {
+        if !(1..=MAX_EVAL_BATCHES).contains(&batches) {
+            return Err(Error::invalid(
+                "evaluation batches",
+                format!("{batches}: between 1 and {MAX_EVAL_BATCHES}"),
+            ));
+        }
         let mut total = [0.0];
-        for i in 0..batches.max(1) {
+        for i in 0..batches {
             let (ids, targets) = self.local_batch(true, i as u64)?;
             let scalars = self.scalars(1.0, 0.0);
             let stats = self
@@ -959,8 +970,84 @@ impl<'a> Trainer<'a> {
         }
         // Each rank's loss is the mean over its slice: the batch's is the mean over the ranks.
         self.group.sum_f64(&mut total)?;
-        Ok(total[0] / (batches.max(1) * self.group.size()) as f64)
+        let loss = total[0] / (batches * self.group.size()) as f64;
+        if !loss.is_finite() {
+            return Err(Error::Diverged {
+                preset: self.options.preset.to_string(),
+                step: self.step,
+                why: format!(
+                    "validation loss {loss} after step {}: the weights no longer give finite \
+                     losses; try a smaller learning rate",
+                    self.step
+                ),
+            });
+        }
+        Ok(loss)
     }
+}
+
+/// Refuses settings no step can use: AdamW's (`AdamW::check`), and a clip that is not finite
+/// and >= 0 (a NaN learning rate made every weight NaN after a step that said it applied).
+fn check_settings(options: &TrainOptions) -> Result<()> {
+    options.adamw.check()?;
+    if !(options.grad_clip.is_finite() && options.grad_clip >= 0.0) {
+        return Err(Error::invalid(
+            "grad_clip",
+            format!(
+                "{} is not finite and >= 0 (0 disables clipping)",
+                options.grad_clip
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The most characters `sample` generates (each is a forward pass of the model).
+pub const MAX_SAMPLE_TOKENS: usize = 100_000;
+
+/// The most validation batches one evaluation runs (`--eval-batches`): each is a forward pass.
+pub const MAX_EVAL_BATCHES: usize = 10_000;
+
+/// The next token after `logits` (one per vocabulary entry, finite): the largest at
+/// temperature 0 (the first of equals), else drawn from softmax(logits / temperature) with
+/// `rng` (`temperature` finite and > 0). Logits that are not all finite (a model whose weights
+/// overflow) are refused, with how many are inf or NaN: there is no distribution to draw from.
+pub fn pick_token(
+    logits: &[f32],
+    temperature: f32,
+    rng: &mut impl rand::Rng,
+) -> std::result::Result<usize, String> {
+    use rand::RngExt;
+    let bad = logits.iter().filter(|l| !l.is_finite()).count();
+    if bad > 0 || logits.is_empty() {
+        return Err(format!(
+            "{bad} of the {} logits are inf or NaN: the weights overflow (a run that diverged)",
+            logits.len()
+        ));
+    }
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let first_max = logits.iter().position(|&l| l == max).unwrap_or(0);
+    if temperature <= 0.0 {
+        return Ok(first_max);
+    }
+    // In f64: a difference of two finite f32 logits, over a finite temperature, is finite or
+    // -inf, its exponential in [0, 1], and the largest logit's weight is 1.
+    let weights: Vec<f64> = logits
+        .iter()
+        .map(|&l| ((l as f64 - max as f64) / temperature as f64).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    if !(total.is_finite() && total >= 1.0) {
+        return Ok(first_max);
+    }
+    let mut pick = rng.random_range(0.0..total);
+    Ok(weights
+        .iter()
+        .position(|&w| {
+            pick -= w;
+            pick < 0.0
+        })
+        .unwrap_or(first_max))
 }
 
 /// Whether a step plan fits the device memory it may take (what the device has free, where
@@ -1003,7 +1090,9 @@ impl<'a> PlanFit<'a> {
         }
     }
 
-    /// `e` as `PlanTooLarge` where the plan's allocation ran out of memory.
+    /// `e` as `PlanTooLarge` where the plan's allocation ran out of memory, or one of its
+    /// tensors is larger than a device limit allows (a binding's size on wgpu): a limit of the
+    /// machine (exit 1), with a batch that fits.
     fn explain(&self, e: Error) -> Error {
         match e {
             Error::OutOfMemory { total_bytes, .. } => {
@@ -1013,18 +1102,37 @@ impl<'a> PlanFit<'a> {
                 };
                 self.too_large(available, None)
             }
+            Error::TooLarge {
+                what,
+                requested,
+                limit,
+                limit_name,
+                ..
+            } => {
+                let available = format!(
+                    "and {what} needs {}, more than {limit_name} ({}) allows",
+                    gib(requested),
+                    gib(limit)
+                );
+                self.advise(available, Some(limit), largest_tensor)
+            }
             e => e,
         }
     }
 
     fn too_large(&self, available: String, cap: Option<u64>) -> Error {
+        self.advise(available, cap, |plan| Storage::shared(plan).bytes())
+    }
+
+    /// `PlanTooLarge` saying `available`, with the largest batch (halving, one the ranks
+    /// divide) whose plan `measure`s within `cap` (without a cap, half).
+    fn advise(&self, available: String, cap: Option<u64>, measure: fn(&Plan) -> u64) -> Error {
         let batch = self.gpt.config.batch_size;
         let ranks = self.group.size();
-        // Batches the ranks divide, halving: the largest that fits `cap` (without a cap, half).
         let mut smaller = Vec::new();
         let mut b = batch / 2;
         while b >= ranks && b.is_multiple_of(ranks) {
-            if let Some(bytes) = self.bytes_at(b / ranks) {
+            if let Some(bytes) = self.plan_at(b / ranks).map(|p| measure(&p)) {
                 smaller.push((b, bytes));
                 if cap.is_none_or(|c| bytes <= c) {
                     break;
@@ -1051,12 +1159,52 @@ impl<'a> PlanFit<'a> {
         }
     }
 
-    /// Bytes of the step plan of `sequences` per rank, built on the host.
-    fn bytes_at(&self, sequences: usize) -> Option<u64> {
-        let plan = self
-            .gpt
+    /// The step plan of `sequences` per rank, built on the host.
+    fn plan_at(&self, sequences: usize) -> Option<Plan> {
+        (self.gpt)
             .plan(self.precision, sequences, self.gpt.config.block_size)
-            .ok()?;
-        Some(Storage::shared(&plan).bytes())
+            .ok()
+    }
+}
+
+/// The bytes of the largest tensor of `plan`.
+fn largest_tensor(plan: &Plan) -> u64 {
+    plan.tensors().iter().map(|t| t.bytes()).max().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pick_token;
+    use rand::SeedableRng;
+
+    /// Sampling cannot panic on any logits: non-finite ones are refused with a count, and
+    /// finite ones at any temperature give a token in range (`random_range(0.0..NaN)` panicked
+    /// on the logits of weights that overflow).
+    #[test]
+    fn any_logits_give_a_token_or_an_error() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+        for bad in [
+            vec![f32::INFINITY, 1.0],
+            vec![f32::NAN, 0.0, 2.0],
+            vec![f32::NEG_INFINITY, 0.0],
+            vec![f32::INFINITY, f32::INFINITY],
+            vec![],
+        ] {
+            for t in [0.0, 0.8] {
+                let e = pick_token(&bad, t, &mut rng).unwrap_err();
+                assert!(e.contains("inf or NaN"), "{bad:?}: {e}");
+            }
+        }
+        let extreme = [3e38, -3e38, 3e38, f32::MIN_POSITIVE];
+        for t in [0.0, 1e-45, 1e-30, 0.8, 1e30, f32::MAX] {
+            for _ in 0..100 {
+                let i = pick_token(&extreme, t, &mut rng).unwrap();
+                assert!(i < extreme.len(), "{t}: {i}");
+                if t < 1.0 {
+                    assert!(i == 0 || i == 2, "{t}: the largest logits only, got {i}");
+                }
+            }
+        }
+        assert_eq!(pick_token(&[1.0, 5.0, 5.0], 0.0, &mut rng), Ok(1));
     }
 }

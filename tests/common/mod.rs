@@ -530,3 +530,34 @@ pub fn repo_file(rel: &str) -> std::path::PathBuf {
         false => std::path::PathBuf::from(rel),
     }
 }
+
+/// Runs the test `name` of this test binary again in a child process whose address space is
+/// limited to `bytes` (`ulimit -v`), and returns its output; in that child, returns None (the
+/// test's body then runs there). An abort in the child (an allocation that failed) is its exit
+/// status, not the whole suite's.
+#[cfg(target_os = "linux")]
+pub fn under_address_limit(name: &str, bytes: u64) -> Option<std::process::Output> {
+    const CHILD: &str = "MANTISSA_TEST_ADDRESS_LIMIT";
+    if std::env::var_os(CHILD).is_some() {
+        return None;
+    }
+    use std::os::unix::process::CommandExt;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child
+        .args(["--exact", name, "--test-threads=1", "--nocapture"])
+        .env(CHILD, "1");
+    // SAFETY: setrlimit between fork and exec touches nothing the parent holds.
+    unsafe {
+        child.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            match libc::setrlimit(libc::RLIMIT_AS, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    Some(child.output().unwrap())
+}

@@ -36,18 +36,10 @@ pub enum Fp8Path {
 impl Fp8Path {
     /// The path `MANTISSA_CUDA_FP8` names (`f16`, the default, or `cublaslt`).
     pub fn from_env() -> crate::error::Result<Fp8Path> {
-        match std::env::var("MANTISSA_CUDA_FP8") {
-            Err(_) => Ok(Fp8Path::F16),
-            Ok(v) => match v.trim().to_ascii_lowercase().as_str() {
-                "" | "f16" => Ok(Fp8Path::F16),
-                "cublaslt" => Ok(Fp8Path::Cublaslt),
-                _ => Err(crate::error::Error::UnknownName {
-                    kind: "fp8 path (MANTISSA_CUDA_FP8)",
-                    given: v,
-                    valid: ["f16", "cublaslt"].map(String::from).to_vec(),
-                }),
-            },
-        }
+        Ok(match crate::env::word("MANTISSA_CUDA_FP8")? {
+            Some("cublaslt") => Fp8Path::Cublaslt,
+            _ => Fp8Path::F16,
+        })
     }
 }
 

@@ -322,10 +322,9 @@ impl SplitPath {
 
     /// The path `MANTISSA_CUDA_SPLIT` forces, if any (none: unset or `auto`).
     pub fn from_env() -> Result<Option<SplitPath>> {
-        match std::env::var("MANTISSA_CUDA_SPLIT") {
-            Ok(v) if v.trim().eq_ignore_ascii_case("auto") => Ok(None),
-            Ok(v) => v.parse().map(Some),
-            Err(_) => Ok(None),
+        match crate::env::word("MANTISSA_CUDA_SPLIT")? {
+            None | Some("auto") => Ok(None),
+            Some(path) => path.parse().map(Some),
         }
     }
 

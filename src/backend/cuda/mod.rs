@@ -487,17 +487,9 @@ impl Backend for CudaBackend {
     /// f32 (not the split or fp8 ones), for the head sizes it is compiled for;
     /// `MANTISSA_CUDA_ATTENTION=unfused` keeps the unfused ops (to compare the two).
     fn capabilities(&self) -> Capabilities {
-        let wanted = match std::env::var("MANTISSA_CUDA_ATTENTION") {
-            Ok(v) if v.trim().eq_ignore_ascii_case("unfused") => false,
-            Ok(v) if !v.trim().eq_ignore_ascii_case("fused") => {
-                static SAID: std::sync::Once = std::sync::Once::new();
-                SAID.call_once(|| {
-                    eprintln!("mantissa: MANTISSA_CUDA_ATTENTION={v:?} is neither fused nor unfused; using fused")
-                });
-                true
-            }
-            _ => true,
-        };
+        // A value other than fused or unfused was refused when the backend opened
+        // (`env::check_all`).
+        let wanted = crate::env::word("MANTISSA_CUDA_ATTENTION").ok().flatten() != Some("unfused");
         let fused_attention = match wanted {
             true => FusedAttention {
                 algorithms: vec![

@@ -100,7 +100,7 @@ impl<'a> CudaPlan<'a> {
         let counters = plan.ops.iter().map(launch::counters_for).max().unwrap_or(0);
         let graphs = Graphs::for_plan(
             &plan,
-            std::env::var("MANTISSA_CUDA_GRAPH").is_ok_and(|v| v == "on"),
+            crate::env::on("MANTISSA_CUDA_GRAPH").ok().flatten() == Some(true),
             "MANTISSA_CUDA_GRAPH is not on",
         );
         let plan_ops = plan.ops.len();

@@ -38,11 +38,18 @@ pub struct HostExecutor {
 pub struct HostGraph(Vec<(usize, Op)>);
 
 impl HostExecutor {
-    /// An executor of `plan`, its constants set; every other tensor reads as zeros until written.
-    pub fn new(plan: Plan) -> HostExecutor {
+    /// An executor of `plan`, its constants set; every other tensor reads as zeros until
+    /// written. The tensors' host memory is asked for first (`memory::check`), and the
+    /// constants are copied with `try_reserve`: `HostOutOfMemory` with the bytes, not an abort.
+    pub fn new(plan: Plan) -> Result<HostExecutor> {
+        let bytes = crate::plan::Storage::shared(&plan).bytes();
+        crate::memory::check("the host interpreter's tensors", Some(bytes))?;
         let mut tensors = vec![Vec::new(); plan.tensors.len()];
         for (id, values) in &plan.constants {
-            tensors[*id] = values.clone();
+            let mut copy =
+                crate::memory::empty_with_capacity("a step plan constant", values.len())?;
+            copy.extend_from_slice(values);
+            tensors[*id] = copy;
         }
         let mut last_uses = vec![Vec::new(); plan.ops.len()];
         for (t, life) in plan.temporary_lives().into_iter().enumerate() {
@@ -50,7 +57,7 @@ impl HostExecutor {
                 last_uses[last].push(t);
             }
         }
-        HostExecutor {
+        Ok(HostExecutor {
             plan,
             tensors,
             last_uses,
@@ -58,7 +65,7 @@ impl HostExecutor {
             scalars: vec![],
             stats: vec![],
             graphs: Graphs::Off("not asked for".into()),
-        }
+        })
     }
 
     fn held_bytes(&self) -> u64 {
@@ -69,14 +76,22 @@ impl HostExecutor {
         self.tensors.iter().enumerate().map(stored).sum()
     }
 
-    /// Tensor `id`, allocated (zeros) on first use.
-    fn slot(&mut self, id: TensorId) -> &mut Vec<f32> {
+    /// Tensor `id`, allocated (zeros) on first use: `HostOutOfMemory` where the host cannot.
+    fn slot(&mut self, id: TensorId) -> Result<&mut Vec<f32>> {
         let len = self.plan.tensors[id].len;
         let t = &mut self.tensors[id];
         if t.len() != len {
+            if let Some(more) = len.checked_sub(t.len()) {
+                t.try_reserve_exact(more)
+                    .map_err(|_| crate::error::Error::HostOutOfMemory {
+                        what: format!("step plan tensor {id}"),
+                        bytes: crate::memory::bytes_of::<f32>(len),
+                        available: crate::memory::available(),
+                    })?;
+            }
             t.resize(len, 0.0);
         }
-        t
+        Ok(t)
     }
 
     /// Tensor `id` as its device storage holds it: a coded tensor's values rounded to its
@@ -97,7 +112,7 @@ impl HostExecutor {
     /// checked (`check_inputs`): lengths and ids fit.
     fn exec(&mut self, op: &Op, scalars: &[f32], stats: &mut [f64]) -> Result<()> {
         for t in op.reads_writes().0 {
-            self.slot(t);
+            self.slot(t)?;
         }
         let t = &self.tensors;
         match *op {
@@ -352,7 +367,7 @@ impl HostExecutor {
                 self.tensors[out] = sums;
             }
             Op::Copy { x, out, map, held } => {
-                let mut target = std::mem::take(self.slot(out));
+                let mut target = std::mem::take(self.slot(out)?);
                 map.apply(&rounded(&self.tensors[x], held), &mut target);
                 self.tensors[out] = target;
             }
@@ -541,7 +556,7 @@ impl StepExecutor for HostExecutor {
 
     async fn read(&mut self, id: TensorId) -> Result<Vec<f32>> {
         tensor_len(&self.plan, id)?;
-        Ok(self.slot(id).clone())
+        Ok(self.slot(id)?.clone())
     }
 
     async fn write(&mut self, id: TensorId, values: &[f32]) -> Result<()> {
@@ -578,7 +593,7 @@ impl StepExecutor for HostExecutor {
             done = bucket.ready;
             let mut flat = Vec::new();
             for &id in &bucket.ids {
-                flat.extend_from_slice(self.slot(id));
+                flat.extend_from_slice(self.slot(id)?);
             }
             sum.sum_bucket(&self.plan, bucket, &mut flat, &mut reduced)?;
             let mut at = 0;

@@ -44,9 +44,11 @@ impl Backend for Reference {
         Capabilities::default()
     }
 
-    /// The host's memory: a step plan the host interpreter could not hold is refused first.
+    /// The host's memory, as this process may take it (`memory::available`: the address-space
+    /// and cgroup limits too): a step plan the host interpreter could not hold is refused first.
     fn memory_available(&self) -> Option<(u64, u64)> {
-        crate::memory::host()
+        let (free, total) = crate::memory::host()?;
+        Some((crate::memory::available().unwrap_or(free), total))
     }
 
     async fn matmul(
@@ -84,6 +86,6 @@ impl Backend for Reference {
 
     /// The host interpreter: host memory is where the reference keeps its tensors.
     fn executor<'a>(&'a self, plan: Plan) -> Result<Box<dyn StepExecutor + 'a>> {
-        Ok(Box::new(HostExecutor::new(plan)))
+        Ok(Box::new(HostExecutor::new(plan)?))
     }
 }

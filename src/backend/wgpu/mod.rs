@@ -132,54 +132,16 @@ impl WgpuOptions {
             tune_seconds: crate::tune::budget_from_env()?,
             ..WgpuOptions::default()
         };
-        if let Ok(v) = std::env::var("MANTISSA_F16") {
-            o.f16 = v.parse()?;
+        // `crate::env`'s rules: case and spaces aside, empty as unset, a typo refused with the
+        // words the switch takes (it must not silently run the other way).
+        use crate::env;
+        if let Some(path) = env::word("MANTISSA_F16")? {
+            o.f16 = path.parse()?;
         }
-        if let Some(on) = env_switch(
-            "MANTISSA_COOP",
-            "cooperative-matrix setting",
-            ["auto", "off"],
-        )? {
-            o.coop = on;
-        }
-        if let Ok(v) = std::env::var("MANTISSA_ROW_LANES") {
-            let lanes = v.trim().parse::<u32>().ok();
-            match lanes.filter(|l| l.is_power_of_two() && *l <= 256) {
-                Some(l) => o.row_lanes = Some(l),
-                None => {
-                    return Err(Error::invalid(
-                        "MANTISSA_ROW_LANES",
-                        format!("{v:?} is not a power of two from 1 to 256"),
-                    ));
-                }
-            }
-        }
-        if let Some(on) = env_switch(
-            "MANTISSA_WGSL_CHECKS",
-            "runtime-check setting",
-            ["on", "off"],
-        )? {
-            o.runtime_checks = on;
-        }
+        o.coop = env::on("MANTISSA_COOP")?.unwrap_or(o.coop);
+        o.row_lanes = env::number("MANTISSA_ROW_LANES")?;
+        o.runtime_checks = env::on("MANTISSA_WGSL_CHECKS")?.unwrap_or(o.runtime_checks);
         Ok(o)
-    }
-}
-
-/// An on/off switch from the environment variable `var`: `on`, `auto`, `1`, `yes` or `true`;
-/// `off`, `0`, `no` or `false`; unset is none; anything else is refused with the words `shown`
-/// (a typo must not silently run the other way).
-fn env_switch(var: &str, what: &'static str, shown: [&str; 2]) -> Result<Option<bool>> {
-    let Ok(v) = std::env::var(var) else {
-        return Ok(None);
-    };
-    match v.trim().to_ascii_lowercase().as_str() {
-        "on" | "auto" | "1" | "yes" | "true" => Ok(Some(true)),
-        "off" | "0" | "no" | "false" => Ok(Some(false)),
-        _ => Err(Error::UnknownName {
-            kind: what,
-            given: format!("{var}={v}"),
-            valid: shown.map(String::from).to_vec(),
-        }),
     }
 }
 
