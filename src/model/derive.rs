@@ -10,7 +10,6 @@
 //! be, so its folds (a rounding into the add that reads it, a residual into the bias add before
 //! it, a GELU into its bias add) apply here too.
 
-use super::ops::Saved;
 use super::{Model, Source, Var};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::Result;
@@ -42,6 +41,9 @@ struct Grad {
     /// The format its values are known to be held in (f32: none known).
     known: Format,
 }
+
+/// What a forward emission keeps for its backward rule (tensors, an fp8 layer's index).
+pub(crate) type Saved = Vec<usize>;
 
 /// The plan being recorded, and where each value and gradient of the model lies in it.
 pub(crate) struct Emit<'a> {

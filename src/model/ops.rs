@@ -6,16 +6,13 @@
 //! `Emit::contribute`, which sums the gradients of a value read twice; parameter gradients go
 //! straight into their `Grad` tensors where they are the first (`Emit::grad_out`).
 
-use super::derive::Emit;
+use super::derive::{Emit, Saved};
 use super::{Model, ModelBuilder, Node, Source, Var, refuse, shape_of};
 use crate::algorithm::MatmulShape;
 use crate::error::Result;
 use crate::format::Format;
 use crate::plan::{Attention, Op, ScoreScale, Strided, TensorId};
 use crate::policy::Fp8Role;
-
-/// What a forward emission keeps for its backward rule (tensors, an fp8 layer's index).
-pub(crate) type Saved = Vec<usize>;
 
 /// One kind of model op.
 pub(crate) trait NodeOp: std::fmt::Debug + Send + Sync {

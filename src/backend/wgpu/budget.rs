@@ -27,9 +27,17 @@ use crate::error::{Error, Result};
 /// budget (a limit above this would go unseen; the known one is 65535).
 pub const PROBE_ITERATIONS: u32 = 1 << 22;
 
-/// Loop iterations a loop of `n` passes costs: its passes and its exit test.
-pub const fn looped(n: u64) -> u64 {
-    n + 1
+pub use super::shaders::looped;
+
+/// Measures `gpu`'s loop budget into `Gpu::loop_budget` (a smaller `assumed` stands in for
+/// it: tests that need a budget where the adapter has none).
+pub async fn measure_into(gpu: &mut Gpu, assumed: Option<u32>) -> Result<()> {
+    let measured = measure(gpu).await?;
+    gpu.loop_budget = match (measured, assumed) {
+        (Some(m), Some(a)) => Some(m.min(a)),
+        (m, a) => m.or(a),
+    };
+    Ok(())
 }
 
 /// The adapter's budget: what one invocation of `loop_probe.wgsl` counts of a loop of

@@ -1,6 +1,6 @@
 //! Adapter choice, the device, the pipeline cache and error capture.
 
-use super::shaders::{Coop, Kernel};
+use super::shaders::{Binding, Coop, GPU_ROW_LANES, Kernel, bindings};
 use crate::backend::sources::Sources;
 use crate::error::{DeviceFault, Error, Result};
 use std::collections::HashMap;
@@ -274,45 +274,6 @@ pub async fn list_adapters() -> Vec<AdapterSummary> {
     adapters().await.iter().map(AdapterSummary::of).collect()
 }
 
-/// Bindings of a kernel family, in binding order.
-#[derive(Clone, Copy)]
-pub(crate) enum Binding {
-    Uniform,
-    Read,
-    ReadWrite,
-}
-
-pub(crate) fn bindings(kernel: &Kernel) -> &'static [Binding] {
-    use Binding::*;
-    match kernel {
-        Kernel::Encode | Kernel::Decode | Kernel::Quantize => &[Uniform, Read, ReadWrite, Read],
-        Kernel::Amax | Kernel::ScaleFromAmax => &[Uniform, Read, ReadWrite, ReadWrite],
-        Kernel::SplitBf16 => &[Uniform, Read, ReadWrite],
-        Kernel::CoopPack => &[Uniform, Read, ReadWrite, Read, ReadWrite],
-        // a, b, c, scales (SIMT) or amax_bits (cooperative), the partial sums between spans of
-        // K, and flags (cooperative, SIMT fallback).
-        // ... and with a fused bias add (epilogue.wgsl), its bias, residual and GELU.
-        Kernel::Matmul(v) if (v.coop.is_some() || v.masked) && v.epilogue => &[
-            Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read, Read, Read, ReadWrite,
-        ],
-        Kernel::Matmul(v) if v.coop.is_some() || v.masked => {
-            &[Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read]
-        }
-        Kernel::Matmul(v) if v.epilogue => &[
-            Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read, Read, ReadWrite,
-        ],
-        Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read, ReadWrite],
-        Kernel::Train(..) | Kernel::AttentionCoop(..) => {
-            &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite]
-        }
-        // scalars, stats, x, y, z, w.
-        Kernel::Step(_) => &[
-            Uniform, Read, ReadWrite, Read, ReadWrite, ReadWrite, ReadWrite,
-        ],
-        Kernel::LoopProbe => &[ReadWrite],
-    }
-}
-
 /// A compiled kernel with its bind group layout.
 pub struct Pipeline {
     /// The compute pipeline.
@@ -320,10 +281,6 @@ pub struct Pipeline {
     /// The layout its bind groups follow.
     pub layout: wgpu::BindGroupLayout,
 }
-
-/// Lanes of a training row op's row on a GPU (`Gpu::row_lanes`): a row of a few hundred values
-/// is a few loads a lane, four rows to a workgroup of 256.
-pub const GPU_ROW_LANES: u32 = 64;
 
 /// The device and everything cached on it.
 pub struct Gpu {
@@ -355,13 +312,12 @@ pub struct Gpu {
 }
 
 impl Gpu {
-    /// Opens a device on `adapter` with every limit it offers and the features mantissa uses,
-    /// and measures its loop budget (a smaller `assumed_loop_budget` stands in for it).
+    /// Opens a device on `adapter` with every limit it offers and the features mantissa uses;
+    /// its loop budget is measured next (`budget::measure_into`).
     pub async fn open(
         adapter: &wgpu::Adapter,
         runtime_checks: bool,
         row_lanes: Option<u32>,
-        assumed_loop_budget: Option<u32>,
     ) -> Result<Gpu> {
         // A kernel directory that cannot be used is refused before anything opens.
         crate::backend::sources::replacements()?;
@@ -401,7 +357,7 @@ impl Gpu {
                 slot.get_or_insert(e);
             }
         }));
-        let mut gpu = Gpu {
+        Ok(Gpu {
             device,
             queue,
             summary,
@@ -414,13 +370,7 @@ impl Gpu {
             pipelines: Mutex::new(HashMap::new()),
             unchecked_builds: Mutex::new(Vec::new()),
             uncaptured,
-        };
-        let measured = super::budget::measure(&gpu).await?;
-        gpu.loop_budget = match (measured, assumed_loop_budget) {
-            (Some(m), Some(a)) => Some(m.min(a)),
-            (m, a) => m.or(a),
-        };
-        Ok(gpu)
+        })
     }
 
     /// The adapter's name.

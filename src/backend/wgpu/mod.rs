@@ -17,6 +17,7 @@ pub mod budget;
 pub mod buffer;
 pub mod cast;
 pub mod device;
+mod entries;
 pub mod matmul;
 pub mod plan;
 pub mod shaders;
@@ -188,13 +189,8 @@ impl WgpuBackend {
                 why,
             });
         };
-        let gpu = Gpu::open(
-            adapter,
-            options.runtime_checks,
-            options.row_lanes,
-            options.assume_loop_budget,
-        )
-        .await?;
+        let mut gpu = Gpu::open(adapter, options.runtime_checks, options.row_lanes).await?;
+        budget::measure_into(&mut gpu, options.assume_loop_budget).await?;
         let has_f16 = gpu.features.contains(wgpu::Features::SHADER_F16);
         let f16 = match options.f16 {
             F16Path::Packed => F16Read::Packed,

@@ -9,8 +9,16 @@ use crate::backend::sources::Sources;
 use crate::format::Format;
 use std::fmt;
 
-/// The training kernels' entry points live with their launches.
-pub use super::train::{StepOp, TrainOp};
+pub use super::entries::{StepOp, TrainOp};
+
+/// Loop iterations a loop of `n` passes costs: its passes and its exit test (`budget.rs`).
+pub const fn looped(n: u64) -> u64 {
+    n + 1
+}
+
+/// Lanes of a training row op's row on a GPU (`Gpu::row_lanes`): a row of a few hundred values
+/// is a few loads a lane, four rows to a workgroup of 256.
+pub const GPU_ROW_LANES: u32 = 64;
 
 /// How f16 operands are read: as `f16` values (`enable f16;`, needs SHADER_F16) or as packed
 /// u32 words decoded in integer arithmetic (core WGSL, works everywhere).
@@ -664,7 +672,6 @@ impl MatmulVariant {
     /// code the loader writes: every loop with its exit test, loops a compiler may unroll and
     /// loops of branches not taken included, so an upper bound.
     pub fn k_loops(&self) -> KLoops {
-        use super::budget::looped;
         let t = self.tile;
         let Some(coop) = self.coop else {
             let threads = u64::from(t.threads());
@@ -744,7 +751,6 @@ impl MatmulVariant {
     /// planes (MODE_REDUCE): the loop over the planes after the first, each pass reading every
     /// accumulator's outputs (SIMT: a loop over four a row), then the final store.
     pub fn reduce_loops(&self, planes: u32) -> u64 {
-        use super::budget::looped;
         let t = self.tile;
         let levels = u64::from(self.level_count());
         let rest = u64::from(planes.saturating_sub(1));
@@ -979,7 +985,7 @@ impl Kernel {
             header.push_str(&epilogue_consts(v));
             header.push_str(&coop_block(src, v));
         } else if let Kernel::AttentionCoop(_, c) = self {
-            use super::train::{ATT_BC, ATT_COOP_SUBGROUPS, ATT_LANES, ATT_MAX_D};
+            use super::entries::{ATT_BC, ATT_COOP_SUBGROUPS, ATT_LANES, ATT_MAX_D};
             let t = c.size;
             header.push_str(&format!(
                 "enable wgpu_cooperative_matrix;\n\nconst ROW_LANES: u32 = 1u;\n\
@@ -995,7 +1001,7 @@ impl Kernel {
         } else if let Kernel::Train(op, lanes) = self {
             header.push_str(&format!("const ROW_LANES: u32 = {lanes}u;\n\n"));
             if op.is_attention() {
-                use super::train::{ATT_BC, ATT_LANES, ATT_MAX_D};
+                use super::entries::{ATT_BC, ATT_LANES, ATT_MAX_D};
                 header.push_str(&format!(
                     "const ATT_MAX_D: u32 = {ATT_MAX_D}u;\nconst ATT_LANES: u32 = {ATT_LANES}u;\n\
                      const ATT_BC: u32 = {ATT_BC}u;\n\n"
@@ -1098,7 +1104,7 @@ impl Kernel {
             Kernel::LoopProbe,
         ];
         // Rows of one lane (CPUs) and of a GPU's default.
-        for lanes in [1, super::device::GPU_ROW_LANES] {
+        for lanes in [1, GPU_ROW_LANES] {
             kernels.extend(TrainOp::ALL.map(|op| Kernel::Train(op, lanes)));
         }
         kernels.extend(StepOp::ALL.map(Kernel::Step));
@@ -1777,7 +1783,7 @@ impl fmt::Display for Target {
 /// writer for `target` supports (so a kernel it cannot write, as cooperative matrices in
 /// HLSL, is an error, with its location where naga has one, rather than a panic in the
 /// writer), specialised to the entry point,
-/// the device's bindings (`device::bindings`) mapped to Metal buffer slots or to DX12
+/// the kernel's bindings (`bindings`) mapped to Metal buffer slots or to DX12
 /// registers as wgpu lays them out, at `Target::version`. What the drivers' compilers would
 /// refuse is not checked here.
 pub fn translate(kernel: &Kernel, target: Target, checked: bool) -> Result<String, String> {
@@ -1804,7 +1810,7 @@ pub fn translate(kernel: &Kernel, target: Target, checked: bool) -> Result<Strin
         &naga::back::PipelineConstants::default(),
     )
     .map_err(|e| format!("{target}: specialising {entry}: {e}"))?;
-    let bindings = super::device::bindings(kernel);
+    let bindings = bindings(kernel);
     let at = |binding: usize| naga::ResourceBinding {
         group: 0,
         binding: binding as u32,
@@ -1815,7 +1821,6 @@ pub fn translate(kernel: &Kernel, target: Target, checked: bool) -> Result<Strin
             target.version(kernel)
         )
     };
-    use super::device::Binding;
     match target {
         Target::Msl => {
             use naga::back::msl;
@@ -1921,5 +1926,43 @@ pub fn translate(kernel: &Kernel, target: Target, checked: bool) -> Result<Strin
                 None => Err(failed(&"no entry point written")),
             }
         }
+    }
+}
+/// Bindings of a kernel family, in binding order.
+#[derive(Clone, Copy)]
+pub(crate) enum Binding {
+    Uniform,
+    Read,
+    ReadWrite,
+}
+
+pub(crate) fn bindings(kernel: &Kernel) -> &'static [Binding] {
+    use Binding::*;
+    match kernel {
+        Kernel::Encode | Kernel::Decode | Kernel::Quantize => &[Uniform, Read, ReadWrite, Read],
+        Kernel::Amax | Kernel::ScaleFromAmax => &[Uniform, Read, ReadWrite, ReadWrite],
+        Kernel::SplitBf16 => &[Uniform, Read, ReadWrite],
+        Kernel::CoopPack => &[Uniform, Read, ReadWrite, Read, ReadWrite],
+        // a, b, c, scales (SIMT) or amax_bits (cooperative), the partial sums between spans of
+        // K, and flags (cooperative, SIMT fallback).
+        // ... and with a fused bias add (epilogue.wgsl), its bias, residual and GELU.
+        Kernel::Matmul(v) if (v.coop.is_some() || v.masked) && v.epilogue => &[
+            Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read, Read, Read, ReadWrite,
+        ],
+        Kernel::Matmul(v) if v.coop.is_some() || v.masked => {
+            &[Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read]
+        }
+        Kernel::Matmul(v) if v.epilogue => &[
+            Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read, Read, ReadWrite,
+        ],
+        Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read, ReadWrite],
+        Kernel::Train(..) | Kernel::AttentionCoop(..) => {
+            &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite]
+        }
+        // scalars, stats, x, y, z, w.
+        Kernel::Step(_) => &[
+            Uniform, Read, ReadWrite, Read, ReadWrite, ReadWrite, ReadWrite,
+        ],
+        Kernel::LoopProbe => &[ReadWrite],
     }
 }

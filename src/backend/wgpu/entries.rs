@@ -1,0 +1,189 @@
+//! The entry points of the training kernels (`shaders/train.wgsl` with `attention.wgsl`,
+//! `shaders/step.wgsl`) and fused attention's tile constants: the vocabulary the loader
+//! (`shaders.rs`) generates kernels for and the launches (`train.rs`) dispatch.
+
+/// The training ops of `shaders/train.wgsl` (entry points of one module).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TrainOp {
+    /// Layer norm's y and (mean, rstd) per row.
+    LayernormFwd,
+    /// Layer norm's dx per row.
+    LayernormBwdX,
+    /// Partials of layer norm's dg and db per chunk of rows (`SumPartials` adds them).
+    LayernormBwdPartials,
+    /// Partials of column sums per chunk of rows (bias gradients).
+    ColumnPartials,
+    /// The sum over chunks of column partials, in chunk order.
+    SumPartials,
+    /// GELU (tanh form).
+    GeluFwd,
+    /// GELU's backward: dy * GELU'(x).
+    GeluBwd,
+    /// RMS norm's y and rstd per row.
+    RmsnormFwd,
+    /// RMS norm's dx per row.
+    RmsnormBwdX,
+    /// Partials of RMS norm's dg per chunk of rows.
+    RmsnormBwdPartials,
+    /// SiLU.
+    SiluFwd,
+    /// SiLU's backward.
+    SiluBwd,
+    /// The elementwise product.
+    Mul,
+    /// The mean squared error's gradient and squared differences.
+    MseFwd,
+    /// Causal softmax of scaled scores per row.
+    CausalSoftmaxFwd,
+    /// Causal softmax's backward.
+    CausalSoftmaxBwd,
+    /// Cross entropy per row of logits: the loss, and the probabilities or the loss's gradient.
+    CrossEntropyFwd,
+    /// Embedding gather.
+    EmbeddingFwd,
+    /// Embedding backward, first: a stable counting sort of the ids (one workgroup).
+    EmbeddingSort,
+    /// Embedding backward, then: each table row sums its tokens' gradients in token order.
+    EmbeddingSum,
+    /// Fused causal attention's output and (max, sum) per score row.
+    AttentionFwd,
+    /// Fused attention's backward: dq, and sum(P * dP) per score row.
+    AttentionBwdQ,
+    /// Fused attention's backward: dk and dv.
+    AttentionBwdKv,
+}
+
+impl TrainOp {
+    /// Every entry point, in the order of the shader module.
+    pub const ALL: [TrainOp; 23] = [
+        TrainOp::LayernormFwd,
+        TrainOp::LayernormBwdX,
+        TrainOp::LayernormBwdPartials,
+        TrainOp::ColumnPartials,
+        TrainOp::SumPartials,
+        TrainOp::GeluFwd,
+        TrainOp::GeluBwd,
+        TrainOp::RmsnormFwd,
+        TrainOp::RmsnormBwdX,
+        TrainOp::RmsnormBwdPartials,
+        TrainOp::SiluFwd,
+        TrainOp::SiluBwd,
+        TrainOp::Mul,
+        TrainOp::MseFwd,
+        TrainOp::CausalSoftmaxFwd,
+        TrainOp::CausalSoftmaxBwd,
+        TrainOp::CrossEntropyFwd,
+        TrainOp::EmbeddingFwd,
+        TrainOp::EmbeddingSort,
+        TrainOp::EmbeddingSum,
+        TrainOp::AttentionFwd,
+        TrainOp::AttentionBwdQ,
+        TrainOp::AttentionBwdKv,
+    ];
+
+    /// The entry point's name in `shaders/train.wgsl`.
+    pub fn entry_point(self) -> &'static str {
+        match self {
+            TrainOp::LayernormFwd => "layernorm_fwd",
+            TrainOp::LayernormBwdX => "layernorm_bwd_x",
+            TrainOp::LayernormBwdPartials => "layernorm_bwd_partials",
+            TrainOp::ColumnPartials => "column_partials",
+            TrainOp::SumPartials => "sum_partials",
+            TrainOp::GeluFwd => "gelu_fwd",
+            TrainOp::GeluBwd => "gelu_bwd",
+            TrainOp::RmsnormFwd => "rmsnorm_fwd",
+            TrainOp::RmsnormBwdX => "rmsnorm_bwd_x",
+            TrainOp::RmsnormBwdPartials => "rmsnorm_bwd_partials",
+            TrainOp::SiluFwd => "silu_fwd",
+            TrainOp::SiluBwd => "silu_bwd",
+            TrainOp::Mul => "elementwise_mul",
+            TrainOp::MseFwd => "mse_fwd",
+            TrainOp::CausalSoftmaxFwd => "causal_softmax_fwd",
+            TrainOp::CausalSoftmaxBwd => "causal_softmax_bwd",
+            TrainOp::CrossEntropyFwd => "cross_entropy_fwd",
+            TrainOp::EmbeddingFwd => "embedding_fwd",
+            TrainOp::EmbeddingSort => "embedding_sort",
+            TrainOp::EmbeddingSum => "embedding_sum",
+            TrainOp::AttentionFwd => "attention_fwd",
+            TrainOp::AttentionBwdQ => "attention_bwd_q",
+            TrainOp::AttentionBwdKv => "attention_bwd_kv",
+        }
+    }
+}
+
+impl TrainOp {
+    /// Whether the op is fused attention's (attention.wgsl, spliced after train.wgsl).
+    pub fn is_attention(self) -> bool {
+        matches!(
+            self,
+            TrainOp::AttentionFwd | TrainOp::AttentionBwdQ | TrainOp::AttentionBwdKv
+        )
+    }
+}
+
+/// Fused attention's tiles (attention.wgsl; the loader writes these into its header): the
+/// largest head, invocations to a row (of a workgroup's 256), rows of a streamed tile.
+pub const ATT_MAX_D: u32 = 64;
+/// Invocations to a row of a block; a block is 256 / ATT_LANES rows.
+pub const ATT_LANES: u32 = 8;
+/// Rows of a streamed tile (k and v, or q and the output's gradient).
+pub const ATT_BC: u32 = 16;
+
+/// Subgroups to a workgroup of fused attention on cooperative matrices (attention_coop.wgsl),
+/// each taking a tile's side of rows.
+pub const ATT_COOP_SUBGROUPS: u32 = 2;
+
+/// Rows of a workgroup's block of fused attention.
+pub const fn att_block_rows() -> u32 {
+    256 / ATT_LANES
+}
+
+/// The kernels of the device-resident step plan (`shaders/step.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum StepOp {
+    /// y rounded to a format in place.
+    Round,
+    /// y = y' + x (a bias or residual add into the product), with its residual and GELU.
+    Add,
+    /// z = y' + x, an add whose output is a tensor of its own (f32, or 16-bit codes in w).
+    AddInto,
+    /// y[dst(e)] = x[src(e)] over a 4-d index space (`Strided`).
+    StridedCopy,
+    /// A stats slot = the mean of x (the loss). One workgroup.
+    MeanToStat,
+    /// GradScaler's unscale of a gradient in place, with per-workgroup partial sums of squares and
+    /// non-finite flags.
+    UnscalePartials,
+    /// Each gradient's partials into its finite flag and squared norm in the stats.
+    UnscaleReduce,
+    /// AdamW on one parameter, gated on the gradients' flags, clipped to the global norm.
+    Adamw,
+}
+
+impl StepOp {
+    /// Every entry point, in the order of the shader module.
+    pub const ALL: [StepOp; 8] = [
+        StepOp::Round,
+        StepOp::Add,
+        StepOp::AddInto,
+        StepOp::StridedCopy,
+        StepOp::MeanToStat,
+        StepOp::UnscalePartials,
+        StepOp::UnscaleReduce,
+        StepOp::Adamw,
+    ];
+
+    /// The entry point's name in `shaders/step.wgsl`.
+    pub fn entry_point(self) -> &'static str {
+        match self {
+            StepOp::Round => "round_to_format",
+            StepOp::Add => "add",
+            StepOp::AddInto => "add_into",
+            StepOp::StridedCopy => "strided_copy",
+            StepOp::MeanToStat => "mean_to_stat",
+            StepOp::UnscalePartials => "unscale_partials",
+            StepOp::UnscaleReduce => "unscale_reduce",
+            StepOp::Adamw => "adamw",
+        }
+    }
+}
