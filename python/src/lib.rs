@@ -16,12 +16,14 @@ use pyo3::exceptions::{PyMemoryError, PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
+
+mod model;
 
 /// Bad input is a ValueError; memory that ran out (the host's or a device's) a MemoryError;
 /// everything else (the machine, a wrong result, a diverged run) a RuntimeError, as
 /// `Error::class` sorts them. The message is the tool's own one line.
-fn py_err(e: Error) -> PyErr {
+pub(crate) fn py_err(e: Error) -> PyErr {
     if e.is_out_of_memory() {
         return PyMemoryError::new_err(e.to_string());
     }
@@ -40,22 +42,23 @@ fn floats(bytes: &[u8]) -> PyResult<Vec<f32>> {
     Ok(bytemuck::pod_collect_to_vec(bytes))
 }
 
-fn parse<T: std::str::FromStr<Err = Error>>(s: &str) -> PyResult<T> {
+pub(crate) fn parse<T: std::str::FromStr<Err = Error>>(s: &str) -> PyResult<T> {
     s.parse().map_err(py_err)
 }
 
 /// Backends opened once per process and choice: opening a GPU costs far more than most calls.
-fn open(choice: &str) -> PyResult<Arc<dyn Backend>> {
-    static OPEN: Mutex<Option<HashMap<String, Arc<dyn Backend>>>> = Mutex::new(None);
+/// Each lives as long as the process (a trainer borrows its backend for as long as it lives).
+pub(crate) fn open(choice: &str) -> PyResult<&'static dyn Backend> {
+    static OPEN: Mutex<Option<HashMap<String, &'static dyn Backend>>> = Mutex::new(None);
     let choice: BackendChoice = parse(choice)?;
     let key = format!("{choice:?}");
     let mut open = OPEN.lock().unwrap_or_else(|p| p.into_inner());
     let cache = open.get_or_insert_with(HashMap::new);
-    if let Some(b) = cache.get(&key) {
-        return Ok(b.clone());
+    if let Some(&b) = cache.get(&key) {
+        return Ok(b);
     }
-    let b: Arc<dyn Backend> = Arc::from(backend::open(choice).block_on().map_err(py_err)?);
-    cache.insert(key, b.clone());
+    let b: &'static dyn Backend = Box::leak(backend::open(choice).block_on().map_err(py_err)?);
+    cache.insert(key, b);
     Ok(b)
 }
 
@@ -391,7 +394,7 @@ fn train_json(
                 },
                 ..TrainOptions::new(config.clone(), preset, seed)
             };
-            let mut trainer = Trainer::new(device.as_ref(), &corpus, options).map_err(py_err)?;
+            let mut trainer = Trainer::new(device, &corpus, options).map_err(py_err)?;
             if let Some(w) = &weights {
                 trainer.set_weights(w).block_on().map_err(py_err)?;
             }
@@ -472,5 +475,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(report_json, m)?)?;
     m.add_function(wrap_pyfunction!(train_json, m)?)?;
     m.add_function(wrap_pyfunction!(export_init, m)?)?;
+    m.add_class::<model::PyVar>()?;
+    m.add_class::<model::PyModelBuilder>()?;
+    m.add_class::<model::PyModelTrainer>()?;
     Ok(())
 }

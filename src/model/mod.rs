@@ -298,6 +298,11 @@ impl ModelBuilder {
         })
     }
 
+    /// The shape of `v`, a value of this builder (bindings show it; `[]` is the scalar loss).
+    pub fn shape(&self, v: Var) -> Result<Vec<usize>> {
+        Ok(self.read("shape", v)?.shape.clone())
+    }
+
     fn input(&mut self, op: &str, shape: &[usize], source: Source) -> Result<Var> {
         Self::checked_shape(op, shape)?;
         let kind = std::mem::discriminant(&source);

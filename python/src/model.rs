@@ -1,0 +1,390 @@
+//! The model builder and its trainer for Python (`mantissa.ModelBuilder`,
+//! `mantissa.ModelTrainer` wrap these): every op of `mantissa::model::ModelBuilder`, checked as
+//! it is added, and a built model trained on a backend. Arrays cross as little-endian bytes in
+//! the engine's layout; python/mantissa/_model.py checks shapes and dtypes, transposes
+//! parameters declared in PyTorch's layout and turns bytes into numpy arrays.
+
+use crate::{open, parse, py_err};
+use mantissa::PrecisionClass;
+use mantissa::backend::Backend;
+use mantissa::error::Error;
+use mantissa::model::{Init, ModelBuilder, ModelTrainer, Var};
+use mantissa::plan::AdamW;
+use mantissa::policy::Preset;
+use mantissa::policy::precision::PrecisionRequest;
+use pollster::FutureExt as _;
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+use std::sync::{Mutex, MutexGuard};
+
+/// A value of a model being built: a parameter, an input or an op's output.
+#[pyclass(name = "Var", module = "mantissa._native", frozen)]
+#[derive(Clone)]
+pub struct PyVar {
+    var: Var,
+    /// Its shape as the ops read it (`[]`: the scalar loss).
+    #[pyo3(get)]
+    shape: Vec<usize>,
+}
+
+#[pymethods]
+impl PyVar {
+    fn __repr__(&self) -> String {
+        format!("Var(shape={:?})", self.shape)
+    }
+}
+
+/// Records a model op by op (`mantissa::model::ModelBuilder`); a trainer takes it whole.
+#[pyclass(name = "ModelBuilder", module = "mantissa._native")]
+pub struct PyModelBuilder {
+    inner: Option<ModelBuilder>,
+}
+
+impl PyModelBuilder {
+    fn builder(&mut self) -> PyResult<&mut ModelBuilder> {
+        self.inner.as_mut().ok_or_else(|| {
+            PyValueError::new_err("this builder's model was handed to a trainer; build another")
+        })
+    }
+
+    /// The value an op returned, with its shape; the op's error (naming it) as a ValueError.
+    fn out(&mut self, made: mantissa::Result<Var>) -> PyResult<PyVar> {
+        let var = made.map_err(py_err)?;
+        let shape = self.builder()?.shape(var).map_err(py_err)?;
+        Ok(PyVar { var, shape })
+    }
+}
+
+#[pymethods]
+impl PyModelBuilder {
+    #[new]
+    fn new() -> Self {
+        PyModelBuilder {
+            inner: Some(ModelBuilder::new()),
+        }
+    }
+
+    /// Declares a parameter: `init` is "zeros", "ones" or "normal" (N(0, std^2)).
+    #[pyo3(signature = (name, shape, init="normal", std=0.02, decay=true))]
+    fn param(
+        &mut self,
+        name: &str,
+        shape: Vec<usize>,
+        init: &str,
+        std: f32,
+        decay: bool,
+    ) -> PyResult<PyVar> {
+        let init = match init {
+            "zeros" => Init::Zeros,
+            "ones" => Init::Ones,
+            "normal" => Init::Normal { std },
+            other => {
+                return Err(py_err(Error::UnknownName {
+                    kind: "initialisation",
+                    given: other.into(),
+                    valid: vec!["zeros".into(), "ones".into(), "normal".into()],
+                }));
+            }
+        };
+        let v = self.builder()?.param(name, &shape, init, decay);
+        self.out(v)
+    }
+
+    fn tokens(&mut self, shape: Vec<usize>) -> PyResult<PyVar> {
+        let v = self.builder()?.tokens(&shape);
+        self.out(v)
+    }
+
+    fn targets(&mut self, shape: Vec<usize>) -> PyResult<PyVar> {
+        let v = self.builder()?.targets(&shape);
+        self.out(v)
+    }
+
+    fn values(&mut self, shape: Vec<usize>) -> PyResult<PyVar> {
+        let v = self.builder()?.values(&shape);
+        self.out(v)
+    }
+
+    fn constant_ids(&mut self, shape: Vec<usize>, ids: Vec<u32>) -> PyResult<PyVar> {
+        let v = self.builder()?.constant_ids(&shape, ids);
+        self.out(v)
+    }
+
+    fn embedding(&mut self, table: &PyVar, ids: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.embedding(table.var, ids.var);
+        self.out(v)
+    }
+
+    fn linear(&mut self, x: &PyVar, w: &PyVar, b: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.linear(x.var, w.var, b.var);
+        self.out(v)
+    }
+
+    #[pyo3(signature = (x, w, transpose_w=false))]
+    fn matmul(&mut self, x: &PyVar, w: &PyVar, transpose_w: bool) -> PyResult<PyVar> {
+        let v = self.builder()?.matmul(x.var, w.var, transpose_w);
+        self.out(v)
+    }
+
+    fn layer_norm(&mut self, x: &PyVar, g: &PyVar, b: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.layer_norm(x.var, g.var, b.var);
+        self.out(v)
+    }
+
+    fn rms_norm(&mut self, x: &PyVar, g: &PyVar, eps: f32) -> PyResult<PyVar> {
+        let v = self.builder()?.rms_norm(x.var, g.var, eps);
+        self.out(v)
+    }
+
+    fn gelu(&mut self, x: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.gelu(x.var);
+        self.out(v)
+    }
+
+    fn silu(&mut self, x: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.silu(x.var);
+        self.out(v)
+    }
+
+    fn add(&mut self, a: &PyVar, b: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.add(a.var, b.var);
+        self.out(v)
+    }
+
+    fn mul(&mut self, a: &PyVar, b: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.mul(a.var, b.var);
+        self.out(v)
+    }
+
+    fn causal_attention(&mut self, qkv: &PyVar, heads: usize) -> PyResult<PyVar> {
+        let v = self.builder()?.causal_attention(qkv.var, heads);
+        self.out(v)
+    }
+
+    fn causal_softmax(&mut self, x: &PyVar, scale: f64) -> PyResult<PyVar> {
+        let v = self.builder()?.causal_softmax(x.var, scale);
+        self.out(v)
+    }
+
+    fn reshape(&mut self, x: &PyVar, shape: Vec<usize>) -> PyResult<PyVar> {
+        let v = self.builder()?.reshape(x.var, &shape);
+        self.out(v)
+    }
+
+    fn cross_entropy(&mut self, logits: &PyVar, targets: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.cross_entropy(logits.var, targets.var);
+        self.out(v)
+    }
+
+    fn mse(&mut self, pred: &PyVar, target: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.mse(pred.var, target.var);
+        self.out(v)
+    }
+}
+
+/// A built model trained on a backend under one precision preset.
+#[pyclass(name = "ModelTrainer", module = "mantissa._native")]
+pub struct PyModelTrainer {
+    // Locked while the GIL is released: a second Python thread on the same trainer waits.
+    t: Mutex<ModelTrainer<'static>>,
+    device: &'static dyn Backend,
+    preset: Preset,
+}
+
+impl PyModelTrainer {
+    fn lock(&self) -> MutexGuard<'_, ModelTrainer<'static>> {
+        self.t.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+fn u32s(bytes: &[u8], what: &str) -> PyResult<Vec<u32>> {
+    if !bytes.len().is_multiple_of(4) {
+        return Err(PyValueError::new_err(format!(
+            "{what}: uint32 data must be a multiple of 4 bytes"
+        )));
+    }
+    Ok(bytemuck::pod_collect_to_vec(bytes))
+}
+
+fn f32s(bytes: &[u8], what: &str) -> PyResult<Vec<f32>> {
+    if !bytes.len().is_multiple_of(4) {
+        return Err(PyValueError::new_err(format!(
+            "{what}: float32 data must be a multiple of 4 bytes"
+        )));
+    }
+    Ok(bytemuck::pod_collect_to_vec(bytes))
+}
+
+fn bytes<'py>(py: Python<'py>, v: &[f32]) -> Bound<'py, PyBytes> {
+    PyBytes::new(py, bytemuck::cast_slice(v))
+}
+
+#[pymethods]
+impl PyModelTrainer {
+    /// Finishes `builder`'s model at `loss` (the builder is used up) and opens it on `backend`
+    /// under `preset`, its parameters drawn from `seed`. The settings are checked first.
+    #[new]
+    #[pyo3(signature = (builder, loss, preset="32-true", backend="auto", seed=0, lr=1e-3,
+        betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, grad_clip=0.0,
+        matmul_precision="highest", fused_attention=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        builder: &mut PyModelBuilder,
+        loss: &PyVar,
+        preset: &str,
+        backend: &str,
+        seed: u64,
+        lr: f32,
+        betas: (f32, f32),
+        eps: f32,
+        weight_decay: f32,
+        grad_clip: f32,
+        matmul_precision: &str,
+        fused_attention: Option<bool>,
+    ) -> PyResult<Self> {
+        let preset: Preset = parse(preset)?;
+        let matmul_precision: PrecisionClass = parse(matmul_precision)?;
+        let adamw = AdamW {
+            lr,
+            beta1: betas.0,
+            beta2: betas.1,
+            eps,
+            weight_decay,
+        };
+        adamw.check().map_err(py_err)?;
+        if !(grad_clip.is_finite() && grad_clip >= 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "grad_clip {grad_clip} is not finite and >= 0 (0 disables clipping)"
+            )));
+        }
+        let model = builder
+            .inner
+            .take()
+            .ok_or_else(|| {
+                PyValueError::new_err("this builder's model was handed to a trainer already")
+            })?
+            .finish(loss.var)
+            .map_err(py_err)?;
+        let device = open(backend)?;
+        let request = PrecisionRequest {
+            preset,
+            matmul_precision,
+            algorithm: None,
+            fp8_current: false,
+            autocast_overrides: "",
+        };
+        let mut t = py
+            .detach(|| ModelTrainer::new(device, model, &request, fused_attention, seed))
+            .map_err(py_err)?;
+        t.adamw = adamw;
+        t.grad_clip = grad_clip;
+        Ok(PyModelTrainer {
+            t: Mutex::new(t),
+            device,
+            preset,
+        })
+    }
+
+    /// (name, shape) of each parameter, in declaration order, as the ops read them.
+    fn param_info(&self) -> Vec<(String, Vec<usize>)> {
+        (self.lock().model.params().iter())
+            .map(|p| (p.name.clone(), p.shape.clone()))
+            .collect()
+    }
+
+    /// The shape of each values input, in declaration order.
+    fn values_inputs(&self) -> Vec<Vec<usize>> {
+        self.lock().model.values_inputs()
+    }
+
+    /// Whether the model reads token ids, class targets.
+    fn reads(&self) -> (bool, bool) {
+        let t = self.lock();
+        (t.model.reads_tokens(), t.model.reads_targets())
+    }
+
+    #[getter]
+    fn preset(&self) -> String {
+        self.preset.to_string()
+    }
+
+    #[getter]
+    fn backend(&self) -> String {
+        self.device.name().to_string()
+    }
+
+    #[getter]
+    fn matmul_algorithm(&self) -> String {
+        self.lock().precision.matmul.to_string()
+    }
+
+    /// GradScaler's current loss scale (None where the preset does not scale its loss).
+    #[getter]
+    fn loss_scale(&self) -> Option<f32> {
+        self.lock().scaler.map(|s| s.scale)
+    }
+
+    /// Optimizer steps applied so far.
+    #[getter]
+    fn applied(&self) -> u32 {
+        self.lock().applied
+    }
+
+    fn set_values(&self, py: Python<'_>, k: usize, values: &[u8]) -> PyResult<()> {
+        let values = f32s(values, "values")?;
+        py.detach(|| self.lock().set_values(k, &values).block_on())
+            .map_err(py_err)
+    }
+
+    /// One training step: (loss, skipped, grad_norm).
+    fn step(&self, py: Python<'_>, ids: &[u8], targets: &[u8]) -> PyResult<(f64, bool, f64)> {
+        let (ids, targets) = (u32s(ids, "tokens")?, u32s(targets, "targets")?);
+        let s = py
+            .detach(|| self.lock().step(&ids, &targets).block_on())
+            .map_err(py_err)?;
+        Ok((s.loss, s.skipped, s.grad_norm))
+    }
+
+    fn loss(&self, py: Python<'_>, ids: &[u8], targets: &[u8]) -> PyResult<f64> {
+        let (ids, targets) = (u32s(ids, "tokens")?, u32s(targets, "targets")?);
+        py.detach(|| self.lock().loss(&ids, &targets).block_on())
+            .map_err(py_err)
+    }
+
+    fn gradients<'py>(
+        &self,
+        py: Python<'py>,
+        ids: &[u8],
+        targets: &[u8],
+    ) -> PyResult<(f64, Vec<Bound<'py, PyBytes>>)> {
+        let (ids, targets) = (u32s(ids, "tokens")?, u32s(targets, "targets")?);
+        let (loss, grads) = py
+            .detach(|| self.lock().gradients(&ids, &targets).block_on())
+            .map_err(py_err)?;
+        Ok((loss, grads.iter().map(|g| bytes(py, g)).collect()))
+    }
+
+    fn outputs<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyBytes>> {
+        let out = py
+            .detach(|| self.lock().outputs().block_on())
+            .map_err(py_err)?;
+        Ok(bytes(py, &out))
+    }
+
+    fn params<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let params = py
+            .detach(|| self.lock().params().block_on())
+            .map_err(py_err)?;
+        Ok(params.iter().map(|p| bytes(py, p)).collect())
+    }
+
+    fn set_params(&self, py: Python<'_>, params: Vec<Vec<u8>>) -> PyResult<()> {
+        let params = (params.iter())
+            .map(|p| f32s(p, "parameters"))
+            .collect::<PyResult<Vec<_>>>()?;
+        py.detach(|| self.lock().set_params(&params).block_on())
+            .map_err(py_err)
+    }
+}

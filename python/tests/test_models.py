@@ -1,0 +1,307 @@
+"""mantissa.ModelBuilder and ModelTrainer against PyTorch's runs of the same torch.nn models
+(python/tests/data/python_models.npz, recorded by scripts/anchors/torch_python_models.py: the
+tests need no PyTorch), and the errors users meet. Run on the installed wheel."""
+
+import os
+import pathlib
+import threading
+
+import numpy as np
+import pytest
+
+import mantissa
+
+DATA = pathlib.Path(__file__).resolve().parent / "data" / "python_models.npz"
+FIX = dict(np.load(DATA, allow_pickle=False))
+STEPS = 50
+
+
+def fixture_state(model):
+    prefix = f"{model}/init/"
+    return {k[len(prefix):]: v for k, v in FIX.items() if k.startswith(prefix)}
+
+
+def build(model, state):
+    """The torch.nn.Sequential of the anchor script, parameters by its state_dict names and
+    layouts (Linear weights [out, in]: transpose=True), weights decayed and the rest not."""
+    b = mantissa.ModelBuilder()
+    x = b.values(FIX[f"{model}/x"].shape[1:])
+
+    def p(name, **kw):
+        shape = state[name].shape
+        return b.param(name, shape, decay=len(shape) == 2, transpose=len(shape) == 2, **kw)
+
+    if model == "mlp":
+        y = b.values(FIX["mlp/y"].shape[1:])
+        h = b.gelu(b.linear(x, p("0.weight"), p("0.bias")))
+        h = b.gelu(b.linear(h, p("2.weight"), p("2.bias")))
+        b.mse(b.linear(h, p("4.weight"), p("4.bias")), y)
+    else:
+        y = b.targets(FIX["classifier/y"].shape[1:])
+        h = b.linear(x, p("0.weight"), p("0.bias"))
+        h = b.gelu(b.layer_norm(h, p("1.weight"), p("1.bias")))
+        b.cross_entropy(b.linear(h, p("3.weight"), p("3.bias")), y)
+    return b
+
+
+def batch(model, i):
+    x, y = FIX[f"{model}/x"][i], FIX[f"{model}/y"][i]
+    return ((x, y), {}) if model == "mlp" else ((x,), {"targets": y})
+
+
+@pytest.mark.parametrize("model", ["mlp", "classifier"])
+@pytest.mark.parametrize("preset", ["32-true", "bf16-mixed"])
+def test_built_models_follow_pytorch_step_for_step(model, preset):
+    state = fixture_state(model)
+    t = mantissa.ModelTrainer(build(model, state), preset=preset, backend="reference")
+    t.load_state_dict(state)
+    args, kw = batch(model, 0)
+    _, grads = t.gradients(*args, **kw)
+    losses = np.array([t.step(*batch(model, i)[0], **batch(model, i)[1]).loss for i in range(STEPS)])
+    want = FIX[f"{model}/{preset}/losses"]
+    noise = float(FIX[f"{model}/{preset}/noise"])
+    if preset == "32-true":
+        # The issue's bounds: PyTorch's f32 moves its own losses by ~5e-7 (noise), far below.
+        loss_tol, grad_tol = 1e-5, 1e-5
+    else:
+        # bf16-mixed: two correct runs differ where a bf16 rounding falls on the other side, and
+        # a flipped rounding moves the later losses. PyTorch moves its own losses by `noise` when
+        # its weights move by one f32 rounding (the largest of 64 draws over the 50 steps: 2.4e-4
+        # for the MLP, 7e-5 for the classifier), so no run can be held closer to it than that:
+        # twice it (tests/model_parity.rs's rule). Step 1 has had no update to amplify a flip:
+        # 2e-5 there. A gradient may differ by one bf16 rounding (2^-8) of the largest one.
+        loss_tol, grad_tol = 2 * noise, 2**-8
+        assert abs(losses[0] - want[0]) <= 2e-5
+    np.testing.assert_array_less(np.abs(losses - want), loss_tol)
+    for name, g in grads.items():
+        w = FIX[f"{model}/{preset}/grad/{name}"]
+        assert g.shape == w.shape, name
+        assert np.abs(g - w).max() <= grad_tol * np.abs(w).max(), name
+
+
+def test_state_dict_round_trips_in_torchs_names_and_layouts():
+    state = fixture_state("mlp")
+    t = mantissa.ModelTrainer(build("mlp", state), backend="reference")
+    t.load_state_dict(state)
+    got = t.state_dict()
+    assert list(got) == ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight", "4.bias"]
+    for name, v in state.items():
+        assert got[name].dtype == np.float32
+        np.testing.assert_array_equal(got[name], v)
+    assert [p.shape for p in t.params()] == [v.shape for v in state.values()]
+    # outputs: the predictions of the last forward pass, as numpy computes them.
+    x, y = FIX["mlp/x"][0], FIX["mlp/y"][0]
+    t.loss(x, y)
+    gelu = lambda z: 0.5 * z * (1 + np.tanh(np.sqrt(2 / np.pi) * (z + 0.044715 * z**3)))  # noqa: E731
+    s = {k: v.astype(np.float64) for k, v in state.items()}
+    h = gelu(x @ s["0.weight"].T + s["0.bias"])
+    h = gelu(h @ s["2.weight"].T + s["2.bias"])
+    np.testing.assert_allclose(t.outputs(), h @ s["4.weight"].T + s["4.bias"], atol=1e-5)
+
+
+def test_load_state_dict_names_what_is_missing_unexpected_or_misshapen():
+    state = fixture_state("mlp")
+    t = mantissa.ModelTrainer(build("mlp", state), backend="reference")
+    before = t.state_dict()
+    partial = dict(state)
+    del partial["2.bias"]
+    with pytest.raises(ValueError, match=r"missing 2\.bias"):
+        t.load_state_dict(partial)
+    with pytest.raises(ValueError, match=r"unexpected 9\.weight"):
+        t.load_state_dict({**state, "9.weight": np.zeros(3, np.float32)})
+    with pytest.raises(ValueError, match=r"parameter 0\.weight: expected shape \(32, 8\), got \(8, 32\)"):
+        t.load_state_dict({**state, "0.weight": state["0.weight"].T})
+    with pytest.raises(ValueError, match=r"parameter 0\.bias: expected a float array"):
+        t.load_state_dict({**state, "0.bias": np.zeros(32, np.int64)})
+    with pytest.raises(ValueError, match=r"4\.bias\[0\] is NaN"):
+        t.load_state_dict({**state, "4.bias": np.full(4, np.nan, np.float32)})
+    # Nothing was written by a refused call.
+    for name, v in t.state_dict().items():
+        np.testing.assert_array_equal(v, before[name])
+
+
+class Exporter:
+    """An array that only speaks DLPack (a host torch or JAX tensor, as numpy sees it)."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, **kw):
+        return self._a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_batches_are_checked_and_dlpack_is_taken():
+    state = fixture_state("classifier")
+    t = mantissa.ModelTrainer(build("classifier", state), backend="reference")
+    x, y = FIX["classifier/x"][0], FIX["classifier/y"][0]
+    loss = t.loss(Exporter(x), targets=Exporter(y))
+    assert loss == t.loss(x, targets=y)
+    with pytest.raises(ValueError, match=r"values input 0: expected shape \(32, 8\), got \(32, 9\)"):
+        t.step(np.zeros((32, 9), np.float32), targets=y)
+    with pytest.raises(ValueError, match="values input 0: expected a float array, got dtype int64"):
+        t.step(np.zeros((32, 8), np.int64), targets=y)
+    with pytest.raises(ValueError, match="targets: expected integer ids, got dtype float32"):
+        t.step(x, targets=y.astype(np.float32))
+    with pytest.raises(ValueError, match=r"targets: expected shape \(32,\)"):
+        t.step(x, targets=y[:5])
+    with pytest.raises(ValueError, match="1 values inputs; 2 arrays"):
+        t.step(x, x, targets=y)
+    with pytest.raises(ValueError, match="tokens: the model reads no tokens"):
+        t.step(x, tokens=y, targets=y)
+    with pytest.raises(ValueError, match="class targets|target"):
+        t.step(x, targets=np.full(32, 5))  # five classes: 0..4
+    with pytest.raises(ValueError, match="class targets"):
+        t.step(x)
+    assert t.applied == 0  # no refused step updated anything
+
+
+def test_misused_ops_raise_value_errors_naming_the_op():
+    b = mantissa.ModelBuilder()
+    x = b.values([4, 3])
+    w = b.param("w", [3, 2])
+    with pytest.raises(ValueError, match=r"linear: x \[4, 3\] \. w \[3, 2\] \+ b \[3\]"):
+        b.linear(x, w, b.param("b", [3]))
+    with pytest.raises(ValueError, match="param w: a parameter of that name is already declared"):
+        b.param("w", [3, 2])
+    with pytest.raises(ValueError, match="unknown initialisation 'uniform'"):
+        b.param("u", [2], init="uniform")
+    with pytest.raises(ValueError, match="param t: transpose=True needs a 2-d shape"):
+        b.param("t", [2], transpose=True)
+    with pytest.raises(ValueError, match="param n: shape"):
+        b.param("n", [2, -1])
+    with pytest.raises(ValueError, match="gelu: x must be a Var"):
+        b.gelu(np.zeros(3))
+    other = mantissa.ModelBuilder().values([4, 3])
+    with pytest.raises(ValueError, match="add: reads a value of another ModelBuilder"):
+        b.add(x, other)
+    with pytest.raises(ValueError, match="add: .* shapes differ"):
+        b.add(x, b.values([4, 2]))
+    with pytest.raises(ValueError, match="cross_entropy: .*targets"):
+        b.cross_entropy(x, x)
+    with pytest.raises(ValueError, match="causal_attention"):
+        b.causal_attention(x, 2)
+    with pytest.raises(ValueError, match="reshape: .* element counts differ"):
+        b.reshape(x, [5])
+    with pytest.raises(ValueError, match="parameter v: not declared"):
+        b.parameter("v")
+    with pytest.raises(ValueError, match="the builder has no loss"):
+        mantissa.ModelTrainer(b, backend="reference")
+    loss = b.mse(b.matmul(x, w), b.values([4, 2]))
+    # "b" was declared and never read: finishing names it.
+    with pytest.raises(ValueError, match="param b: .* does not reach the loss"):
+        mantissa.ModelTrainer(b, backend="reference")
+    with pytest.raises(ValueError, match="unknown precision preset 'bf17-mixed'"):
+        mantissa.ModelTrainer(b, loss, preset="bf17-mixed", backend="reference")
+    with pytest.raises(ValueError, match="learning rate|lr"):
+        mantissa.ModelTrainer(b, loss, lr=float("nan"), backend="reference")
+
+
+def test_a_model_the_host_cannot_hold_raises_memory_error():
+    # 64 layers of 65535 x 65535 weights: 1.1 TB of parameters, refused before any is drawn.
+    b = mantissa.ModelBuilder()
+    h = b.values([1, 65535])
+    for i in range(64):
+        h = b.matmul(h, b.param(f"w{i}", [65535, 65535]))
+    b.mse(h, b.values([1, 65535]))
+    with pytest.raises(MemoryError, match="out of host memory"):
+        mantissa.ModelTrainer(b, backend="reference")
+    # The interpreter lives on, and so do other models.
+    state = fixture_state("mlp")
+    assert np.isfinite(mantissa.ModelTrainer(build("mlp", state), backend="reference").loss(*batch("mlp", 0)[0]))
+
+
+def lm():
+    """A small language model with every op the builder has."""
+    b = mantissa.ModelBuilder()
+    bs, t, c, v, heads = 2, 8, 16, 11, 2
+    tokens, targets = b.tokens([bs, t]), b.targets([bs, t])
+    wte = b.param("wte", [v, c])
+    pos = b.constant_ids([bs, t], np.tile(np.arange(t), bs))
+    x = b.add(b.embedding(wte, tokens), b.embedding(b.param("wpe", [t, c]), pos))
+    h = b.layer_norm(x, b.param("ln.g", [c], init="ones", decay=False), b.param("ln.b", [c], init="zeros", decay=False))
+    qkv = b.linear(h, b.param("qkv.w", [c, 3 * c]), b.param("qkv.b", [3 * c], init="zeros", decay=False))
+    x = b.add(x, b.causal_attention(qkv, heads))
+    h = b.rms_norm(x, b.param("rms.g", [c], init="ones", decay=False), 1e-6)
+    gate = b.silu(b.matmul(h, b.param("gate", [4 * c, c], transpose=False), transpose_w=True))
+    up = b.gelu(b.matmul(h, b.param("up", [c, 4 * c])))
+    x = b.add(x, b.matmul(b.mul(gate, up), b.param("down", [4 * c, c])))
+    # A scores matrix through causal_softmax and reshape, added back in.
+    s = b.causal_softmax(b.reshape(b.matmul(x, b.param("sq", [c, t])), [bs, t, t]), 0.5)
+    x = b.add(x, b.matmul(s, b.param("sv", [t, c])))
+    b.cross_entropy(b.matmul(x, wte, transpose_w=True), targets)
+    return b
+
+
+def test_every_op_trains_and_the_builder_makes_many_models():
+    b = lm()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 11, size=(2, 9))
+    kw = dict(tokens=ids[:, :-1], targets=ids[:, 1:])
+    t = mantissa.ModelTrainer(b, backend="reference", lr=1e-2, seed=3)
+    first = [t.step(**kw).loss for _ in range(20)]
+    assert first[-1] < first[0] - 0.1
+    again = mantissa.ModelTrainer(b, backend="reference", lr=1e-2, seed=3)
+    assert [again.step(**kw).loss for _ in range(3)] == first[:3]
+    assert t.outputs().shape == (2, 8, 11)
+    with pytest.raises(ValueError, match="token ids|outside|vocab|range"):
+        t.step(tokens=np.full((2, 8), 11), targets=ids[:, 1:])
+
+
+def test_compare_trains_every_preset_from_the_same_weights():
+    state = fixture_state("mlp")
+    batches = [(FIX["mlp/x"][i], FIX["mlp/y"][i]) for i in range(10)]
+    r = mantissa.compare(lambda: build("mlp", state), batches, presets=["32-true", "bf16-mixed"],
+                         backends=["reference"], init=state)
+    assert list(r.losses) == ["32-true@reference", "bf16-mixed@reference"]
+    assert r.baseline == "32-true@reference" and r.largest["32-true@reference"] == 0
+    np.testing.assert_allclose(r.losses["32-true@reference"], FIX["mlp/32-true/losses"][:10], atol=1e-5)
+    np.testing.assert_allclose(r.losses["bf16-mixed@reference"], FIX["mlp/bf16-mixed/losses"][:10], atol=2e-4)
+    assert 0 < r.largest["bf16-mixed@reference"] < 1e-2
+    assert "bf16-mixed@reference" in str(r) and r.to_dict()["largest"] == r.largest
+    # A builder (not a factory) works too, and 12 steps reuse the 10 batches in order.
+    again = mantissa.compare(build("mlp", state), batches, presets="32-true", steps=12, init=state)
+    np.testing.assert_array_equal(again.losses["32-true@reference"][:10], r.losses["32-true@reference"])
+    with pytest.raises(ValueError, match="named twice"):
+        mantissa.compare(build("mlp", state), batches, presets=["32-true", "32-true"])
+    with pytest.raises(ValueError, match="no batches"):
+        mantissa.compare(build("mlp", state), [])
+
+
+def test_steps_release_the_gil():
+    # Two threads step two trainers at once (each step releases the GIL and locks its own
+    # trainer): the same losses, no deadlock, no error.
+    state = fixture_state("mlp")
+    trainers = [mantissa.ModelTrainer(build("mlp", state), backend="reference") for _ in range(2)]
+    losses = [[], []]
+
+    def work(k):
+        for i in range(20):
+            losses[k].append(trainers[k].step(*batch("mlp", i)[0]).loss)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert losses[0] == losses[1] and len(losses[0]) == 20
+
+
+def test_the_package_lists_its_api_and_trains_from_any_directory(tmp_path):
+    public = [n for n in dir(mantissa) if not n.startswith("_")]
+    assert sorted(public) == sorted(mantissa.__all__)
+    for leaked in ("np", "os", "json", "Any", "annotations", "ml_dtypes"):
+        assert leaked not in public
+    # The shipped corpus, from a directory without data/.
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        assert os.path.isfile(mantissa.corpus_path())
+        runs = mantissa.train(steps=1, backend="reference")
+        assert np.isfinite(runs["32-true"]["losses"][0])
+        runs = mantissa.train(steps=1, backend="reference", text="to be or not to be " * 400)
+        assert np.isfinite(runs["32-true"]["losses"][0])
+    finally:
+        os.chdir(cwd)
