@@ -68,7 +68,7 @@ pub fn wgpu_gpu_rows() -> &'static Present {
     B.get_or_init(|| {
         open_wgpu(WgpuOptions {
             poison_outputs: true,
-            row_lanes: Some(mantissa::backend::wgpu::device::GPU_ROW_LANES),
+            row_lanes: Some(mantissa::backend::wgpu::shaders::GPU_ROW_LANES),
             ..WgpuOptions::default()
         })
     })
