@@ -28,14 +28,19 @@ pub fn matmul(
     b: &[f32],
 ) -> Result<Vec<f32>> {
     shape.check(a.len(), b.len())?;
-    // One batch's operands as rows and columns, and their planes in f64.
+    // One batch's operands as rows and columns, and their planes in f64, asked for together
+    // with C: C is allocated first, and a check of the operands alone passed where the two
+    // did not fit (an abort under `ulimit -v`).
     let per_value = 4 + 8 * algorithm.split_parts().max(1) as u64;
+    let c_len = shape.checked_c_len()?;
     let operands = (a.len() / shape.batch.max(1)).checked_add(b.len() / shape.batch.max(1));
     memory::check(
-        "the reference's prepared operands",
-        operands.and_then(|e| (e as u64).checked_mul(per_value)),
+        "the reference's product and its prepared operands",
+        operands
+            .and_then(|e| (e as u64).checked_mul(per_value))
+            .and_then(|bytes| bytes.checked_add(memory::bytes_of::<f32>(c_len)?)),
     )?;
-    let mut c = memory::host_buffer::<f32>("the reference's C", shape.checked_c_len()?)?;
+    let mut c = memory::host_buffer::<f32>("the reference's C", c_len)?;
     matmul_into(shape, algorithm, a, b, &mut c);
     Ok(c)
 }
