@@ -309,3 +309,49 @@ pub fn split_bf16(
         plane_words,
     ))
 }
+
+#[cfg(test)]
+mod uniform_layout {
+    use super::*;
+    use crate::backend::wgpu::shaders::assert_uniform_layout;
+
+    /// Each uniform struct here is its kernel's, member for member (`assert_uniform_layout`).
+    #[test]
+    fn uniforms_match_their_wgsl_structs() {
+        assert_uniform_layout!(
+            "cast.wgsl",
+            CastParams {
+                len,
+                format,
+                saturate,
+                batch_len,
+                div,
+                modulus,
+                groups_per_batch,
+                scale_offset
+            }
+        );
+        assert_uniform_layout!(
+            "scale.wgsl",
+            ScaleParams {
+                len,
+                batch_len,
+                div,
+                modulus,
+                groups_per_batch,
+                groups,
+                fmax_bits,
+                offset,
+                src_format
+            }
+        );
+        assert_uniform_layout!(
+            "split.wgsl",
+            SplitParams {
+                len,
+                plane_words,
+                parts
+            }
+        );
+    }
+}

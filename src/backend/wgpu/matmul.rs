@@ -1019,3 +1019,86 @@ fn prepare(
         }
     }
 }
+
+#[cfg(test)]
+mod uniform_layout {
+    use super::*;
+    use crate::backend::wgpu::shaders::assert_uniform_layout;
+
+    /// Each uniform struct here is its kernel's, member for member (`assert_uniform_layout`).
+    #[test]
+    fn uniforms_match_their_wgsl_structs() {
+        assert_uniform_layout!(
+            "matmul.wgsl",
+            MatmulParams {
+                m,
+                n,
+                k,
+                k_begin,
+                a_batch,
+                a_row,
+                a_col,
+                a_plane,
+                b_batch,
+                b_row,
+                b_col,
+                b_plane,
+                c_batch,
+                sa_batch,
+                sb_batch,
+                sb_offset,
+                b_lines,
+                k_end,
+                mode,
+                partial_plane,
+                split_groups,
+                batches,
+                planes,
+                epi,
+                epi2
+            }
+        );
+        assert_uniform_layout!(
+            "matmul_coop.wgsl",
+            CoopParams {
+                m,
+                n,
+                k,
+                kp,
+                mp,
+                np,
+                a_plane,
+                b_plane,
+                c_batch,
+                b_lines,
+                k_begin,
+                k_end,
+                mode,
+                partial_plane,
+                split_groups,
+                batches,
+                planes,
+                epi,
+                epi2
+            }
+        );
+        assert_uniform_layout!(
+            "coop_pack.wgsl",
+            PackParams {
+                rows,
+                cols,
+                rows_p,
+                cols_p,
+                src_batch,
+                src_row,
+                src_col,
+                plane_words,
+                words,
+                parts,
+                by_row,
+                line_offset,
+                src_format
+            }
+        );
+    }
+}

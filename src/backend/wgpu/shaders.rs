@@ -1928,6 +1928,52 @@ pub fn translate(kernel: &Kernel, target: Target, checked: bool) -> Result<Strin
         }
     }
 }
+/// The members (name, byte offset; padding, named `pad*` or `_pad*`, left out) and the size of
+/// struct `name` as naga lays it out in the first kernel built from `file`: what a uniform
+/// struct written on the Rust side must match (`assert_uniform_layout`).
+#[cfg(test)]
+pub(super) fn wgsl_struct(file: &str, name: &str) -> (Vec<(String, u32)>, u32) {
+    let kernel = Kernel::all()
+        .into_iter()
+        .find(|k| k.files().contains(&file))
+        .unwrap_or_else(|| panic!("no kernel is built from {file}"));
+    let source = kernel.source();
+    let module = naga::front::wgsl::parse_str(&source).expect("the built-in kernels parse");
+    let found = module.types.iter().find_map(|(_, ty)| match &ty.inner {
+        naga::TypeInner::Struct { members, span } if ty.name.as_deref() == Some(name) => {
+            Some((members.clone(), *span))
+        }
+        _ => None,
+    });
+    let (members, span) = found.unwrap_or_else(|| panic!("no struct {name} in {file}"));
+    let named = members
+        .into_iter()
+        .filter_map(|m| {
+            let n = m.name?;
+            (!n.trim_start_matches('_').starts_with("pad")).then_some((n, m.offset))
+        })
+        .collect();
+    (named, span)
+}
+
+/// Asserts that the Rust struct `$ty` (a kernel's uniform) has the named members of the WGSL
+/// struct of the same name in `$file`, at the same byte offsets, and its size: the two are
+/// written by hand on both sides, and a member added, moved or renamed on one side alone would
+/// hand the kernel other numbers without any error.
+#[cfg(test)]
+macro_rules! assert_uniform_layout {
+    ($file:literal, $ty:ident { $($field:ident),* $(,)? }) => {{
+        let (wgsl, size) = $crate::backend::wgpu::shaders::wgsl_struct($file, stringify!($ty));
+        let rust: Vec<(String, u32)> = vec![$(
+            (stringify!($field).to_string(), std::mem::offset_of!($ty, $field) as u32)
+        ),*];
+        assert_eq!(rust, wgsl, "{} in Rust and in {}", stringify!($ty), $file);
+        assert_eq!(std::mem::size_of::<$ty>(), size as usize, "{}'s size", stringify!($ty));
+    }};
+}
+#[cfg(test)]
+pub(super) use assert_uniform_layout;
+
 /// Bindings of a kernel family, in binding order.
 #[derive(Clone, Copy)]
 pub(crate) enum Binding {

@@ -886,3 +886,53 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod uniform_layout {
+    use super::*;
+    use crate::backend::wgpu::shaders::assert_uniform_layout;
+
+    /// Each uniform struct here is its kernel's, member for member (`assert_uniform_layout`).
+    #[test]
+    fn uniforms_match_their_wgsl_structs() {
+        assert_uniform_layout!(
+            "train.wgsl",
+            TrainParams {
+                n,
+                c,
+                tokens,
+                scale,
+                h,
+                d,
+                inputs,
+                probs,
+                compute,
+                held,
+                coded,
+                grad,
+                x_stored,
+                begin,
+                end,
+                span,
+                eps,
+                read_held,
+                sum
+            }
+        );
+        assert_uniform_layout!(
+            "step.wgsl",
+            StepParams {
+                n,
+                c,
+                format,
+                slot,
+                dims,
+                src,
+                dst,
+                extra,
+                gelu,
+                read
+            }
+        );
+    }
+}
