@@ -34,6 +34,7 @@ from ._arrays import as_array as _as_array
 from ._model import Comparison, ModelBuilder, ModelTrainer, Stepped, Var, compare
 
 __all__ = [
+    "BackendUnavailable",
     "Comparison",
     "ContractError",
     "ModelBuilder",
@@ -55,6 +56,8 @@ __all__ = [
 ]
 
 __version__: str = _native.__version__
+
+BackendUnavailable = _native.BackendUnavailable
 
 
 class ContractError(RuntimeError):

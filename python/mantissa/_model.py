@@ -475,9 +475,16 @@ class Comparison:
     ``largest``: label -> the largest of those; ``skipped``: label -> skipped steps (1-based);
     ``str()`` prints them side by side."""
 
-    def __init__(self, losses: Dict[str, np.ndarray], skipped: Dict[str, List[int]]):
+    def __init__(
+        self,
+        losses: Dict[str, np.ndarray],
+        skipped: Dict[str, List[int]],
+        unavailable: Optional[Dict[str, str]] = None,
+    ):
         self.losses = losses
         self.skipped = skipped
+        # Runs whose backend this machine cannot open: label -> why (not compared).
+        self.unavailable = dict(unavailable or {})
         self.baseline = next(iter(losses))
         base = losses[self.baseline]
         self.differences = {k: np.abs(v - base) for k, v in losses.items()}
@@ -491,6 +498,7 @@ class Comparison:
             "differences": {k: v.tolist() for k, v in self.differences.items()},
             "largest": dict(self.largest),
             "skipped": dict(self.skipped),
+            "unavailable": dict(self.unavailable),
         }
 
     def __str__(self) -> str:
@@ -504,7 +512,9 @@ class Comparison:
         for i in shown:
             rows.append(f"{i + 1:4d} " + " ".join(f"{self.losses[k][i]:>{width}.7f}" for k in labels))
         rows.append("max  " + " ".join(f"{self.largest[k]:>{width}.2e}" for k in labels))
-        return "\n".join(rows) + f"\n(max: largest |loss - {self.baseline}| over {steps} steps)"
+        rows.append(f"(max: largest |loss - {self.baseline}| over {steps} steps)")
+        rows.extend(f"{k}: skipped, {why}" for k, why in self.unavailable.items())
+        return "\n".join(rows)
 
     def __repr__(self) -> str:
         return f"Comparison(baseline={self.baseline!r}, largest={self.largest!r})"
@@ -541,7 +551,9 @@ def compare(
     every backend, each run from the same weights (``init``, a state dict; else the seeded
     initial weights, as 32-true holds them) on the same batches, and returns the per-step
     losses side by side with their largest differences from the first run (``Comparison``).
-    ``trainer``: further ``ModelTrainer`` settings (lr, betas, weight_decay, grad_clip, ...)."""
+    ``trainer``: further ``ModelTrainer`` settings (lr, betas, weight_decay, grad_clip, ...).
+    A backend this machine cannot open is skipped, its reason in ``Comparison.unavailable``;
+    ``BackendUnavailable`` where no run can open its backend."""
     if isinstance(presets, str):
         presets = [presets]
     if isinstance(backends, str):
@@ -560,10 +572,16 @@ def compare(
         raise ValueError(f"compare: a preset and backend named twice in {labels}")
     losses: Dict[str, np.ndarray] = {}
     skipped: Dict[str, List[int]] = {}
+    unavailable: Dict[str, str] = {}
     start = None if init is None else dict(init)
     for (preset, backend), label in zip(runs, labels):
         builder = model() if callable(model) and not isinstance(model, ModelBuilder) else model
-        t = ModelTrainer(builder, preset=preset, backend=backend, seed=seed, **trainer)
+        try:
+            t = ModelTrainer(builder, preset=preset, backend=backend, seed=seed, **trainer)
+        except _native.BackendUnavailable as e:
+            # A backend this machine lacks is skipped with its reason, as the test suites do.
+            unavailable[label] = str(e)
+            continue
         if start is None:
             # One starting point for every run: the first's weights (f32 unless a "true"
             # preset rounded them).
@@ -577,4 +595,9 @@ def compare(
             if s.skipped:
                 skip.append(i + 1)
         losses[label], skipped[label] = np.asarray(got, dtype=np.float64), skip
-    return Comparison(losses, skipped)
+    if not losses:
+        raise _native.BackendUnavailable(
+            "compare: no run could open its backend: "
+            + "; ".join(f"{k}: {why}" for k, why in unavailable.items())
+        )
+    return Comparison(losses, skipped, unavailable)

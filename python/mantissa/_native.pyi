@@ -4,6 +4,9 @@ from typing import List, Optional, Sequence, Tuple
 
 __version__: str
 
+class BackendUnavailable(RuntimeError):
+    """A backend this machine cannot open (no such device, driver or adapter)."""
+
 def devices_json() -> str: ...
 def finfo_json(name: str) -> str: ...
 def encode(data: bytes, fmt: str, saturate: bool) -> bytes: ...

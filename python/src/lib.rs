@@ -20,10 +20,21 @@ use std::sync::Mutex;
 
 mod model;
 
-/// Bad input is a ValueError; memory that ran out (the host's or a device's) a MemoryError;
+pyo3::create_exception!(
+    _native,
+    BackendUnavailable,
+    PyRuntimeError,
+    "A backend this machine cannot open (no such device, driver or adapter): the message says why."
+);
+
+/// A backend this machine cannot open is BackendUnavailable (a RuntimeError); bad input is a
+/// ValueError; memory that ran out (the host's or a device's) a MemoryError;
 /// everything else (the machine, a wrong result, a diverged run) a RuntimeError, as
 /// `Error::class` sorts them. The message is the tool's own one line.
 pub(crate) fn py_err(e: Error) -> PyErr {
+    if let Error::BackendUnavailable { .. } = e {
+        return BackendUnavailable::new_err(e.to_string());
+    }
     if e.is_out_of_memory() {
         return PyMemoryError::new_err(e.to_string());
     }
@@ -475,6 +486,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(report_json, m)?)?;
     m.add_function(wrap_pyfunction!(train_json, m)?)?;
     m.add_function(wrap_pyfunction!(export_init, m)?)?;
+    m.add(
+        "BackendUnavailable",
+        m.py().get_type::<BackendUnavailable>(),
+    )?;
     m.add_class::<model::PyVar>()?;
     m.add_class::<model::PyModelBuilder>()?;
     m.add_class::<model::PyModelTrainer>()?;

@@ -270,6 +270,24 @@ def test_compare_trains_every_preset_from_the_same_weights():
         mantissa.compare(build("mlp", state), [])
 
 
+def test_compare_skips_a_backend_this_machine_lacks():
+    # CUDA is absent on a machine without an NVIDIA driver: its run is skipped with the
+    # reason, the others compared; where CUDA is present its run is compared like any other.
+    state = fixture_state("mlp")
+    batches = [(FIX["mlp/x"][i], FIX["mlp/y"][i]) for i in range(3)]
+    r = mantissa.compare(build("mlp", state), batches, presets="32-true",
+                         backends=["reference", "cuda"], init=state)
+    assert list(r.losses)[0] == "32-true@reference"
+    if "32-true@cuda" in r.losses:
+        assert r.unavailable == {}
+    else:
+        assert list(r.unavailable) == ["32-true@cuda"] and "cuda" in r.unavailable["32-true@cuda"]
+        assert "32-true@cuda: skipped" in str(r) and r.to_dict()["unavailable"] == r.unavailable
+        # No run that can open its backend: an error, not an empty comparison.
+        with pytest.raises(mantissa.BackendUnavailable, match="no run could open"):
+            mantissa.compare(build("mlp", state), batches, presets="32-true", backends="cuda")
+
+
 def test_steps_release_the_gil():
     # Two threads step two trainers at once (each step releases the GIL and locks its own
     # trainer): the same losses, no deadlock, no error.
