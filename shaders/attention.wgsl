@@ -67,17 +67,18 @@ struct AttBlock {
     live: bool,
 }
 
-fn att_block(wg: vec3<u32>, nwg: vec3<u32>) -> AttBlock {
+// The block of a workgroup, in blocks of `rows` rows (ATT_BR here; attention_coop.wgsl's CB).
+fn att_block(wg: vec3<u32>, nwg: vec3<u32>, rows: u32) -> AttBlock {
     let t = params.c;
     let c = params.h * params.d;
-    let per_head = (t + ATT_BR - 1u) / ATT_BR;
+    let per_head = (t + rows - 1u) / rows;
     let w = wg.y * nwg.x + wg.x;
     let bh = w / per_head;
     let b = bh / params.h;
     let head = bh % params.h;
     return AttBlock(
         bh,
-        (w % per_head) * ATT_BR,
+        (w % per_head) * rows,
         b * t * 3u * c + head * params.d,
         b * t * c + head * params.d,
         bh * t < params.n
@@ -179,7 +180,7 @@ fn att_own(x: ptr<function, array<f32, ATT_MAX_D>>, base: u32, i: u32) {
 @compute @workgroup_size(256)
 fn attention_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
-    let blk = att_block(wg, nwg);
+    let blk = att_block(wg, nwg, ATT_BR);
     // Uniform over the workgroup, as the barriers below need.
     if (!blk.live) {
         return;
@@ -287,7 +288,7 @@ fn attention_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
 @compute @workgroup_size(256)
 fn attention_bwd_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    let blk = att_block(wg, nwg);
+    let blk = att_block(wg, nwg, ATT_BR);
     if (!blk.live) {
         return;
     }
@@ -378,7 +379,7 @@ fn attention_bwd_q(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
 @compute @workgroup_size(256)
 fn attention_bwd_kv(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                     @builtin(local_invocation_index) lid: u32) {
-    let blk = att_block(wg, nwg);
+    let blk = att_block(wg, nwg, ATT_BR);
     if (!blk.live) {
         return;
     }

@@ -46,24 +46,6 @@ var<workgroup> c_q: array<f32, 3u * ATT_KC>;
 // A row's lanes' two values.
 var<workgroup> c_red: array<f32, 2u * ATT_W * SG>;
 
-// The block of a workgroup, as att_block with blocks of CB rows.
-fn coop_att_block(wg: vec3<u32>, nwg: vec3<u32>) -> AttBlock {
-    let t = params.c;
-    let c = params.h * params.d;
-    let per_head = (t + CB - 1u) / CB;
-    let w = wg.y * nwg.x + wg.x;
-    let bh = w / per_head;
-    let b = bh / params.h;
-    let head = bh % params.h;
-    return AttBlock(
-        bh,
-        (w % per_head) * CB,
-        b * t * 3u * c + head * params.d,
-        b * t * c + head * params.d,
-        bh * t < params.n
-    );
-}
-
 // Row r0 + r, value x of q|k|v from `base` (rows 3C apart), or (`grad`) of the output's
 // gradient (rows C apart), as f16 of its inputs' value; 0 at or past `end`.
 fn coop_value(grad: bool, base: u32, r: u32, x: u32, end: u32) -> f16 {
@@ -237,7 +219,7 @@ fn coop_combine(lid: u32, m: f32, l: f32) -> vec2<f32> {
 fn attention_coop_fwd(@builtin(workgroup_id) wg: vec3<u32>,
                       @builtin(num_workgroups) nwg: vec3<u32>,
                       @builtin(local_invocation_index) lid: u32) {
-    let blk = coop_att_block(wg, nwg);
+    let blk = att_block(wg, nwg, CB);
     // Uniform over the workgroup, as the barriers and cooperative operations below need.
     if (!blk.live) {
         return;
@@ -335,7 +317,7 @@ fn attention_coop_fwd(@builtin(workgroup_id) wg: vec3<u32>,
 fn attention_coop_bwd_q(@builtin(workgroup_id) wg: vec3<u32>,
                         @builtin(num_workgroups) nwg: vec3<u32>,
                         @builtin(local_invocation_index) lid: u32) {
-    let blk = coop_att_block(wg, nwg);
+    let blk = att_block(wg, nwg, CB);
     if (!blk.live) {
         return;
     }
@@ -438,7 +420,7 @@ fn attention_coop_bwd_q(@builtin(workgroup_id) wg: vec3<u32>,
 fn attention_coop_bwd_kv(@builtin(workgroup_id) wg: vec3<u32>,
                          @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
-    let blk = coop_att_block(wg, nwg);
+    let blk = att_block(wg, nwg, CB);
     if (!blk.live) {
         return;
     }

@@ -1136,17 +1136,6 @@ impl Kernel {
                     }
                 }
             }
-        }
-        for c in [
-            Coop {
-                size: 8,
-                subgroup: 8,
-            },
-            Coop {
-                size: 16,
-                subgroup: 32,
-            },
-        ] {
             for op in TrainOp::ALL.into_iter().filter(|op| op.is_attention()) {
                 kernels.push(Kernel::AttentionCoop(op, c));
             }
