@@ -12,6 +12,8 @@
 #                                        # alone and the tuner's choice), the PyTorch anchors
 #   bash scripts/gpu-checks.sh bench     # wgpu matmul benchmarks (the weight gradients' shapes
 #                                        # split-K and not) and the PyTorch anchors
+#   bash scripts/gpu-checks.sh wgrad     # the weight gradients' matmuls on wgpu, tuned (split-K)
+#                                        # and not, beside cuBLAS (under three minutes)
 #   bash scripts/gpu-checks.sh tune      # a full autotune, and matrix-vector shapes
 #   bash scripts/gpu-checks.sh train     # report, training on both backends, PyTorch anchor
 #   bash scripts/gpu-checks.sh steps     # PyTorch anchor; step time, tokens/s, peak memory and
@@ -53,11 +55,18 @@ run() {
 case "$stage" in
 quick)
     run 20 nvidia-smi
-    OUT="$out" STEPS=80 run 150 python3 scripts/anchors/torch_gpt.py
-    run 170 $m bench train --config small --backends cuda --precision 32-true,bf16-mixed,16-mixed,bf16-true --warmup 3 --steps 20 --profile --json "$out/bench-train-cuda.json"
-    # The tuner's search capped at 8 s a shape class (split-K adds candidates to the weight
+    run 30 $m info
+    OUT="$out" STEPS=80 run 100 python3 scripts/anchors/torch_gpt.py
+    run 120 $m bench train --config small --backends cuda --precision 32-true,bf16-mixed,16-mixed,bf16-true --warmup 3 --steps 20 --profile --json "$out/bench-train-cuda.json"
+    # The tuner's search capped at 6 s a shape class (split-K adds candidates to the weight
     # gradients'), so that three presets fit the stage.
-    MANTISSA_TUNE_SECONDS=8 run 200 $m bench train --config small --backends wgpu --precision 32-true,bf16-mixed,16-mixed --warmup 3 --steps 10 --profile --json "$out/bench-train-wgpu.json"
+    MANTISSA_TUNE_SECONDS=6 run 200 $m bench train --config small --backends wgpu --precision 32-true,bf16-mixed,16-mixed --warmup 3 --steps 10 --profile --json "$out/bench-train-wgpu.json"
+    # The step's kernels on this driver, where the test executables came along (.bin/, see the
+    # header): fused attention (SIMT and cooperative), arenas and epilogues in resident plans on
+    # both backends, the cooperative-matrix kernels and split-K's fixed-order sums.
+    [ -x .bin/train ] && run 100 .bin/train fused_attention resident arena --test-threads 1
+    [ -x .bin/coop ] && run 45 .bin/coop --test-threads 1
+    [ -x .bin/autotune ] && run 30 .bin/autotune split_k --test-threads 1
     ;;
 correct)
     run 20 nvidia-smi
@@ -110,6 +119,14 @@ bench)
     MANTISSA_AUTOTUNE=off run 60 $m bench matmul --sizes 384x1152x16384,384x1536x16384,1536x384x16384 --algorithms f32,bf16,f16 --backends wgpu --reps 10 --json "$out/bench-wgpu-wgrad-default.json"
     run 120 python3 scripts/anchors/torch_matmul.py
     ;;
+wgrad)
+    # The weight gradients' shapes (long K, few output tiles) and one square size, the tuner's
+    # choice (split-K among its candidates) against the unsplit default tile, beside cuBLAS
+    # through PyTorch: the matmul half of `bench` in under three minutes.
+    OUT="$out" run 40 python3 scripts/anchors/torch_matmul.py 4096
+    MANTISSA_TUNE_SECONDS=6 run 70 $m bench matmul --sizes 384x1152x16384,1536x384x16384,4096 --algorithms f32,bf16,f16 --backends wgpu,cuda --reps 10 --json "$out/bench-wgpu-wgrad.json"
+    MANTISSA_AUTOTUNE=off run 50 $m bench matmul --sizes 384x1152x16384,1536x384x16384,4096 --algorithms f32,bf16,f16 --backends wgpu --reps 10 --json "$out/bench-wgpu-wgrad-default.json"
+    ;;
 tune)
     MANTISSA_AUTOTUNE=full run 300 $m bench matmul --sizes 4096,8192 --algorithms f32,f16,bf16x3 --backends wgpu --reps 5 --json "$out/bench-tuned.json"
     MANTISSA_WGSL_CHECKS=on MANTISSA_AUTOTUNE=full run 200 $m bench matmul --sizes 4096 --algorithms f32,f16,bf16x3 --backends wgpu --reps 5 --json "$out/bench-tuned-checked.json"
@@ -159,5 +176,5 @@ parity)
     done
     run 30 python3 scripts/anchors/torch_step_parity.py --config small --out "$p" --compare "$p"/*-*/train.json
     ;;
-*) echo "unknown stage '$stage' (quick, correct, cuda, bench, tune, train, steps, dist, parity)" >&2; exit 2 ;;
+*) echo "unknown stage '$stage' (quick, correct, cuda, bench, wgrad, tune, train, steps, dist, parity)" >&2; exit 2 ;;
 esac
