@@ -12,6 +12,8 @@
 #                                        # alone and the tuner's choice), the PyTorch anchors
 #   bash scripts/gpu-checks.sh bench     # wgpu matmul benchmarks (the weight gradients' shapes
 #                                        # split-K and not) and the PyTorch anchors
+#   bash scripts/gpu-checks.sh again     # after a change to the step: its tests, then both
+#                                        # backends' steps, no anchor (under seven minutes)
 #   bash scripts/gpu-checks.sh wgrad     # the weight gradients' matmuls on wgpu, tuned (split-K)
 #                                        # and not, beside cuBLAS (under three minutes)
 #   bash scripts/gpu-checks.sh tune      # a full autotune, and matrix-vector shapes
@@ -119,6 +121,18 @@ bench)
     MANTISSA_AUTOTUNE=off run 60 $m bench matmul --sizes 384x1152x16384,384x1536x16384,1536x384x16384 --algorithms f32,bf16,f16 --backends wgpu --reps 10 --json "$out/bench-wgpu-wgrad-default.json"
     run 120 python3 scripts/anchors/torch_matmul.py
     ;;
+again)
+    # After a change to the step, in under seven minutes: the tests of what changed (CUDA graphs
+    # replayed against the interpreter, fused attention and the cooperative tiles, SIMT tiles
+    # on a cooperative-matrix device), then both backends' steps with their measured choices
+    # (no anchor: set them against the last `quick` on the same kind of machine).
+    run 10 nvidia-smi -L
+    [ -x .bin/train ] && MANTISSA_CUDA_GRAPH=on run 60 .bin/train cuda::resident --test-threads 1
+    [ -x .bin/train ] && run 30 .bin/train cuda::fused_attention_ops --test-threads 1
+    [ -x .bin/coop ] && run 40 .bin/coop every_coop_block simt_tiles --test-threads 1
+    MANTISSA_TUNE_SECONDS=8 run 230 $m bench train --config small --backends wgpu --precision 32-true,bf16-mixed,16-mixed --warmup 3 --steps 10 --profile --json "$out/bench-train-wgpu.json"
+    run 60 $m bench train --config small --backends cuda --precision 32-true,bf16-mixed,16-mixed,bf16-true --warmup 3 --steps 20 --json "$out/bench-train-cuda.json"
+    ;;
 wgrad)
     # The weight gradients' shapes (long K, few output tiles) and one square size, the tuner's
     # choice (split-K among its candidates) against the unsplit default tile, beside cuBLAS
@@ -176,5 +190,5 @@ parity)
     done
     run 30 python3 scripts/anchors/torch_step_parity.py --config small --out "$p" --compare "$p"/*-*/train.json
     ;;
-*) echo "unknown stage '$stage' (quick, correct, cuda, bench, wgrad, tune, train, steps, dist, parity)" >&2; exit 2 ;;
+*) echo "unknown stage '$stage' (quick, again, correct, cuda, bench, wgrad, tune, train, steps, dist, parity)" >&2; exit 2 ;;
 esac

@@ -1678,7 +1678,17 @@ fn fused_attention_ops_match_their_definition(b: &dyn Backend) {
         (2, 50, 2, 16, Algorithm::F16, f16, f16),
         (1, 37, 2, 32, Algorithm::F16, f32_, f16),
     ];
+    let fused = b.capabilities().fused_attention;
     for (case, &(sequences, t, h, d, algorithm, probs, compute)) in cases.iter().enumerate() {
+        // Heads the backend fuses no kernel for (CUDA's are 16, 32 and 64) are refused when
+        // the plan runs; a model records the unfused ops for them instead.
+        if !fused.head_sizes.is_empty() && !fused.head_sizes.contains(&d) {
+            eprintln!(
+                "case {case}: head size {d} is not among {:?}: not run",
+                fused.head_sizes
+            );
+            continue;
+        }
         let exact = case == 3;
         let spec = Attention {
             b: sequences,

@@ -38,6 +38,9 @@ pub trait Recorder {
 pub enum Graphs<G> {
     /// Launched op by op, and why.
     Off(String),
+    /// Launched op by op for good: a recording failed, and why (turning recording on again
+    /// is refused, so a measured choice drops "on" rather than timing the ops one by one).
+    Failed(String),
     /// The sections run once (the next run records them), and those recorded; `paused`: run
     /// op by op for now, the recordings kept (a measured choice times both ways in turn).
     On {
@@ -81,11 +84,16 @@ impl<G> Graphs<G> {
     /// Recording turned on or off for `plan` (`StepExecutor::record_sections`): on keeps what
     /// is recorded, or starts recording (`for_plan`); off pauses recordings, kept for when it
     /// is turned on again, and otherwise says why (`off`).
-    pub fn set(&mut self, plan: &Plan, on: bool, off: &str) {
+    pub fn set(&mut self, plan: &Plan, on: bool, off: &str) -> Result<()> {
         match self {
             Graphs::On { paused, .. } => *paused = !on,
             Graphs::Off(_) => *self = Graphs::for_plan(plan, on, off),
+            Graphs::Failed(why) if on => {
+                return Err(crate::error::Error::invalid("graphs", why.clone()));
+            }
+            Graphs::Failed(_) => {}
         }
+        Ok(())
     }
 
     /// Runs `section` on `exec`: its recording where there is one; else recorded now and
@@ -116,7 +124,7 @@ impl<G> Graphs<G> {
                         eprintln!(
                             "mantissa: the step is not recorded ({why}); launching its ops one by one"
                         );
-                        *self = Graphs::Off(format!("capture failed: {why}"));
+                        *self = Graphs::Failed(format!("capture failed: {why}"));
                     }
                 }
             }
@@ -138,7 +146,9 @@ impl<G> Graphs<G> {
                 format!("launched one by one (not as {what}: turned off after recording)")
             }
             Graphs::On { .. } => format!("replayed as {what} from the second step"),
-            Graphs::Off(why) => format!("launched one by one (not as {what}: {why})"),
+            Graphs::Off(why) | Graphs::Failed(why) => {
+                format!("launched one by one (not as {what}: {why})")
+            }
         }
     }
 }
@@ -176,11 +186,11 @@ mod tests {
         assert!(on(&Graphs::for_plan(&plan(None), true, "")));
         match Graphs::<()>::for_plan(&plan(None), false, "not asked for") {
             Graphs::Off(why) => assert_eq!(why, "not asked for"),
-            Graphs::On { .. } => panic!("recorded where not wanted"),
+            _ => panic!("recorded where not wanted"),
         }
         match Graphs::<()>::for_plan(&plan(Some([0, 1])), true, "") {
             Graphs::Off(why) => assert!(why.contains("delayed fp8"), "{why}"),
-            Graphs::On { .. } => panic!("a plan with per-step scales was captured"),
+            _ => panic!("a plan with per-step scales was captured"),
         }
     }
 
@@ -287,7 +297,7 @@ mod tests {
         );
         // Off from the start: turned on, it records as a new plan's would.
         let mut graphs = Graphs::<(Section, f32)>::for_plan(&p, false, "off");
-        graphs.set(&p, true, "");
+        graphs.set(&p, true, "").unwrap();
         assert!(matches!(graphs, Graphs::On { paused: false, .. }));
     }
 
@@ -321,6 +331,15 @@ mod tests {
         );
         let why = graphs.describe("a CUDA graph");
         assert!(why.contains("capture failed: the driver said no"), "{why}");
+        // Turning recording on again is refused with the reason (a measured choice drops
+        // "on"), and nothing is recorded on later steps; off stays accepted.
+        let p = plan(None);
+        let refused = graphs.set(&p, true, "").unwrap_err().to_string();
+        assert!(refused.contains("capture failed"), "{refused}");
+        graphs.set(&p, false, "").unwrap();
+        let before = exec.calls.len();
+        steps(&mut graphs, &mut exec, &[Backward]);
+        assert_eq!(exec.calls[before..], ["launch Backward 0"]);
     }
 
     #[test]

@@ -209,7 +209,12 @@ impl CudaBackend {
         // SAFETY: the backend uses one stream, which orders every use of every buffer; cudarc's
         // per-buffer events (for work spread over several streams) would only cost time.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A stream of its own: the legacy default stream cannot be captured into a CUDA graph
+        // (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, seen on an H100 and an H200), so every
+        // recording of a step failed there and ran op by op.
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| unavailable(format!("no CUDA stream could be created: {e}")))?;
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| unavailable(format!("cuBLAS did not initialise: {e}")))?;
         let kernels = Kernels::new(ctx.clone(), info.compute_capability, info.name.clone());

@@ -607,8 +607,7 @@ impl StepExecutor for CudaPlan<'_> {
     /// Overrides `MANTISSA_CUDA_GRAPH` (what is recorded already is dropped).
     fn record_sections(&mut self, on: bool) -> Result<()> {
         self.graphs
-            .set(&self.plan, on, "turned off (TrainOptions::graphs)");
-        Ok(())
+            .set(&self.plan, on, "turned off (TrainOptions::graphs)")
     }
 
     async fn read(&mut self, id: TensorId) -> Result<Vec<f32>> {

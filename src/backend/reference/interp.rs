@@ -515,6 +515,7 @@ impl StepExecutor for HostExecutor {
         let recorded = match self.graphs {
             Graphs::On { .. } => format!(", {}", self.graphs.describe("a recording")),
             Graphs::Off(_) => String::new(),
+            Graphs::Failed(_) => format!(", {}", self.graphs.describe("a recording")),
         };
         format!("host interpreter, the reference's definition of each op{recorded}")
     }
@@ -567,8 +568,7 @@ impl StepExecutor for HostExecutor {
     }
 
     fn record_sections(&mut self, on: bool) -> Result<()> {
-        self.graphs.set(&self.plan, on, "not asked for");
-        Ok(())
+        self.graphs.set(&self.plan, on, "not asked for")
     }
 
     /// The backward pass bucket by bucket (`Plan::gradient_buckets`), each bucket summed as

@@ -4,7 +4,10 @@
 //!
 //! Every tile, and every split of K, computes bit for bit the same result (each output sums K
 //! in groups of `GROUP_K` in order, whatever the tile or split: matmul.wgsl, "Summation
-//! order"), so tuning changes speed only; tests/autotune.rs and tests/coop.rs check that.
+//! order"), so tuning changes speed only; tests/autotune.rs and tests/coop.rs check that. On a
+//! cooperative-matrix device the tuner also times SIMT tiles (`Tile::simt`), which compute
+//! the SIMT kernel's bits: both meet the algorithm's contract, and the cached choice keeps a
+//! machine's runs alike.
 //!
 //! Matmuls under `TUNE_MIN_FLOPS` (a 128x128x128 product) take the default tile untuned: their
 //! time is mostly the dispatch's, and each candidate costs a kernel compile, which on a
@@ -91,7 +94,16 @@ impl WgpuBackend {
                     }
                 })
                 .collect(),
-            None => with_splits(offered, shape),
+            // On cooperative matrices, SIMT tiles too: the scaling passes and small blocks can
+            // cost the cooperative path more than its products save (docs/h100.md).
+            None => with_splits(
+                offered
+                    .iter()
+                    .copied()
+                    .chain(self.simt_candidates(algorithm))
+                    .collect(),
+                shape,
+            ),
         };
         let key = format!(
             "{} | {} | {}{}{:?} {:?} parts {} levels {} fp8 {} rowwise {} | {} | {}",
@@ -127,15 +139,24 @@ impl WgpuBackend {
             Some(c) => Tile::coop_designs(c.size),
             None => Vec::new(),
         };
+        // On cooperative matrices the SIMT default comes right after the default (on an H100 it
+        // outran the cooperative path on every matmul of the bf16-mixed step), and its
+        // neighbours rank with the default's.
+        let simt_default = Tile::default_for(variant.parts).on_simt(true);
+        let near = |t: Tile| match t.simt {
+            true => t == simt_default || neighbour(t, simt_default),
+            false => neighbour(t, default),
+        };
         // A tile's splits of K rank with the tile, right after it.
         let rank = |t: &Tile| {
             let t = t.with_splits(1);
             let design = designs.iter().position(|d| *d == t);
             (
                 t != default,
+                t != simt_default,
                 design.is_none(),
                 design,
-                !neighbour(t, default),
+                !near(t),
             )
         };
         let mut candidates: Vec<Tile> = all
@@ -144,7 +165,7 @@ impl WgpuBackend {
                 let base = t.with_splits(1);
                 listed.is_some()
                     || self.tuner.mode() == AutotuneMode::Full
-                    || neighbour(base, default)
+                    || near(base)
                     || designs.contains(&base)
             })
             .collect();
@@ -163,7 +184,9 @@ impl WgpuBackend {
         // first one's, bit for bit (every tile computes the same bits: docs/wgpu.md), or it is
         // dropped: a tile or an edited kernel that computes something else never wins.
         let checked = listed.is_some() || Sources::Current.replaces_any(&MATMUL_FILES);
-        let mut first: Option<Vec<f32>> = None;
+        // The first product of each kernel (cooperative, SIMT): the two meet the contract
+        // with bits of their own.
+        let mut firsts: [Option<Vec<f32>>; 2] = [None, None];
         for tile in candidates {
             if !search.open() {
                 continue;
@@ -182,8 +205,8 @@ impl WgpuBackend {
             if checked && timed.is_ok() {
                 match self.product_on_tile(shape, algorithm, tile, operands).await {
                     Err(e) => timed = Err(e),
-                    Ok(c) => match &first {
-                        None => first = Some(c),
+                    Ok(c) => match &firsts[usize::from(tile.simt)] {
+                        None => firsts[usize::from(tile.simt)] = Some(c),
                         Some(want) => {
                             let differ = c
                                 .iter()

@@ -358,11 +358,13 @@ pub fn record(
     check_stored_operands(algorithm, operands.stored)?;
     let mut variant = MatmulVariant::for_algorithm(algorithm, f16);
     let fallback = coop.is_none_or(|(_, f)| f);
+    // A SIMT tile chosen on a cooperative-matrix device (`Tile::simt`) runs matmul.wgsl.
+    let coop = coop.filter(|_| !tile.is_some_and(|t| t.simt));
     if let Some(v) = coop.and_then(|(c, _)| MatmulVariant::coop(algorithm, c)) {
         variant = v;
     }
     if let Some(t) = tile {
-        variant = variant.with_tile(t);
+        variant = variant.with_tile(t.on_simt(false));
     }
     check_binding(gpu, "result C", shape.c_len() as u64 * 4)?;
     let c = match out {

@@ -303,6 +303,16 @@ impl WgpuBackend {
         MatmulVariant::chosen(algorithm, self.coop, self.f16)
     }
 
+    /// The variant that runs `algorithm` on `tile`: the SIMT kernel where the tile says so
+    /// (`Tile::simt`), else `variant`'s.
+    pub fn variant_on(&self, algorithm: &Algorithm, tile: Tile) -> MatmulVariant {
+        let v = match tile.simt {
+            true => MatmulVariant::for_algorithm(algorithm, self.f16),
+            false => self.variant(algorithm),
+        };
+        v.with_tile(tile.on_simt(false))
+    }
+
     /// Whether `variant` can run on `tile` here (a tile listed in MANTISSA_TUNE_CANDIDATES):
     /// a cooperative block must be one of `offered` (this device's candidates); a SIMT tile
     /// needs a register block of 4 (or 8 for one-plane operands) dividing its sides, a K step
@@ -313,7 +323,7 @@ impl WgpuBackend {
         tile: Tile,
         offered: &[Tile],
     ) -> std::result::Result<(), String> {
-        if variant.coop.is_some() {
+        if variant.coop.is_some() && !tile.simt {
             if !(1..=64).contains(&tile.splits) {
                 return Err("between 1 and 64 splits of K".into());
             }
@@ -387,6 +397,25 @@ impl WgpuBackend {
         tiles.into_iter().chain(blocks).collect()
     }
 
+    /// On a cooperative-matrix device, the SIMT tiles the autotuner also times for
+    /// `algorithm` (`Tile::simt`), the SIMT default first; none elsewhere (`tile_candidates`
+    /// are SIMT tiles there).
+    pub fn simt_candidates(&self, algorithm: &Algorithm) -> Vec<Tile> {
+        if self.variant(algorithm).coop.is_none() {
+            return Vec::new();
+        }
+        let limits = &self.gpu.limits;
+        let v = MatmulVariant::for_algorithm(algorithm, self.f16);
+        Tile::candidates(
+            v.parts,
+            limits.max_compute_invocations_per_workgroup,
+            limits.max_compute_workgroup_storage_size,
+        )
+        .into_iter()
+        .map(|t| t.on_simt(true))
+        .collect()
+    }
+
     /// The spans of K that the product's dispatches of `algorithm` on `tile` sum (of the K
     /// padded to the tile on cooperative matrices): one, unless the adapter's loop budget
     /// splits K (budget.rs).
@@ -396,7 +425,7 @@ impl WgpuBackend {
         algorithm: &Algorithm,
         tile: Tile,
     ) -> Result<Vec<(u32, u32)>> {
-        let v = self.variant(algorithm).with_tile(tile);
+        let v = self.variant_on(algorithm, tile);
         let k = shape.k as u32;
         match v.coop {
             Some(_) => matmul::k_spans(&self.gpu, &v, k.next_multiple_of(tile.bk)),
@@ -874,14 +903,15 @@ impl Backend for WgpuBackend {
             clock,
             repetitions,
             variant: format!(
-                "{}{tile}{}",
-                match self.variant(algorithm).coop {
+                "{}{}{}",
+                match self.variant_on(algorithm, tile).coop {
                     Some(c) => format!(
                         "coop-matrix {0}x{0}x{0}, subgroup {1}, block ",
                         c.size, c.subgroup
                     ),
                     None => "simt, tile ".into(),
                 },
+                tile.on_simt(false),
                 match (tuned, tuned_seconds) {
                     (true, Some(s)) => format!(" (autotuned at {:.3} ms)", s * 1e3),
                     (true, None) => " (autotuned)".into(),

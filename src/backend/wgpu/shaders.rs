@@ -204,6 +204,13 @@ pub struct Tile {
     /// the planes do not fit, fewer.
     #[serde(default = "Tile::one")]
     pub splits: u32,
+    /// On a device with cooperative matrices: the SIMT kernel (matmul.wgsl) on this tile
+    /// instead of a cooperative block, where the tuner timed it faster for the shape class
+    /// (on an H100 the f32 SIMT kernel outran the bf16 cooperative path, with its scaling
+    /// passes, on every matmul of the training step: docs/h100.md). Both meet the algorithm's
+    /// contract; their bits may differ, and the cached choice keeps a machine's runs alike.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub simt: bool,
 }
 
 impl Tile {
@@ -220,6 +227,7 @@ impl Tile {
             prefetch: false,
             quad_blocks: false,
             splits: 1,
+            simt: false,
         }
     }
 
@@ -249,6 +257,11 @@ impl Tile {
     /// The same tile with its K split over `splits` workgroups (1: none).
     pub fn with_splits(self, splits: u32) -> Tile {
         Tile { splits, ..self }
+    }
+
+    /// The same tile as a SIMT tile chosen on a cooperative-matrix device (`simt`) or not.
+    pub fn on_simt(self, simt: bool) -> Tile {
+        Tile { simt, ..self }
     }
 
     /// The same tile loading f32 operands contiguous in K in blocks of four lines or not.
@@ -282,6 +295,7 @@ impl Tile {
                             prefetch: false,
                             quad_blocks: false,
                             splits: 1,
+                            simt: false,
                         };
                         if t.threads() < 32 || t.threads() > max_threads {
                             continue;
@@ -313,6 +327,7 @@ impl Tile {
             prefetch: false,
             quad_blocks: false,
             splits: 1,
+            simt: false,
         }
     }
 
@@ -415,6 +430,7 @@ impl Tile {
             prefetch,
             quad_blocks: false,
             splits: 1,
+            simt: false,
         }
     }
 
@@ -464,6 +480,9 @@ impl fmt::Display for Tile {
         }
         if self.splits > 1 {
             write!(f, " split-K {}", self.splits)?;
+        }
+        if self.simt {
+            write!(f, " on SIMT")?;
         }
         Ok(())
     }
