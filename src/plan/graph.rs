@@ -280,9 +280,9 @@ mod tests {
         let mut graphs = Graphs::for_plan(&p, true, "");
         let mut exec = Log::default();
         steps(&mut graphs, &mut exec, &[Backward, Backward]);
-        graphs.set(&p, false, "paused");
+        graphs.set(&p, false, "paused").unwrap();
         steps(&mut graphs, &mut exec, &[Backward, Backward]);
-        graphs.set(&p, true, "");
+        graphs.set(&p, true, "").unwrap();
         steps(&mut graphs, &mut exec, &[Backward]);
         assert_eq!(
             exec.calls,
