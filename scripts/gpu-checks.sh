@@ -130,7 +130,7 @@ again)
     [ -x .bin/train ] && MANTISSA_CUDA_GRAPH=on run 60 .bin/train cuda::resident --test-threads 1
     [ -x .bin/train ] && run 30 .bin/train cuda::fused_attention_ops --test-threads 1
     [ -x .bin/coop ] && run 40 .bin/coop every_coop_block simt_tiles --test-threads 1
-    MANTISSA_TUNE_SECONDS=8 run 230 $m bench train --config small --backends wgpu --precision 32-true,bf16-mixed,16-mixed --warmup 3 --steps 10 --profile --json "$out/bench-train-wgpu.json"
+    MANTISSA_TUNE_SECONDS=6 run 230 $m bench train --config small --backends wgpu --precision 32-true,bf16-mixed,16-mixed --warmup 3 --steps 10 --profile --json "$out/bench-train-wgpu.json"
     run 60 $m bench train --config small --backends cuda --precision 32-true,bf16-mixed,16-mixed,bf16-true --warmup 3 --steps 20 --json "$out/bench-train-cuda.json"
     ;;
 wgrad)
