@@ -366,6 +366,7 @@ pub fn record(
     if let Some(t) = tile {
         variant = variant.with_tile(t.on_simt(false));
     }
+    let variant = variant.reading(operands.stored);
     check_binding(gpu, "result C", shape.c_len() as u64 * 4)?;
     let c = match out {
         Some(c) => c.clone(),

@@ -456,6 +456,59 @@ impl WgpuBackend {
         self.multiply(shape, algorithm, tile, &ab, &bb).await
     }
 
+    /// The matmul on `tile` of operands held on the device as `stored` says: f32 values, or
+    /// their codes (encoded on the host, overflow to inf), as a step plan holds its tensors.
+    /// Tests hold it to the product of the same values held in f32.
+    pub async fn matmul_held(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        tile: Tile,
+        (a, b): (&[f32], &[f32]),
+        stored: [Format; 2],
+    ) -> Result<Vec<f32>> {
+        shape.check(a.len(), b.len())?;
+        let hold = |what: &str, x: &[f32], format: Format| match format {
+            Format::F32 => self.upload_f32(what, x),
+            _ => {
+                let codes: Vec<u32> = x
+                    .iter()
+                    .map(|&v| format.encode(v, crate::format::Overflow::Standard))
+                    .collect();
+                let words = pack(&codes, format);
+                check_binding(&self.gpu, what, words.len() as u64 * 4)?;
+                Ok(upload(&self.gpu, what, bytemuck::cast_slice(&words)))
+            }
+        };
+        let (ab, bb) = self
+            .gpu
+            .scoped("matmul operands", || {
+                Ok((
+                    hold("operand A", a, stored[0])?,
+                    hold("operand B", b, stored[1])?,
+                ))
+            })
+            .await?;
+        let (ra, rb) = (Region::whole(&ab), Region::whole(&bb));
+        let run = self
+            .gpu
+            .scoped("matmul", || {
+                let on = OnDevice {
+                    a: &ra,
+                    b: &rb,
+                    stored,
+                };
+                let run = self.record_on_tile(shape, algorithm, tile, on)?;
+                let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
+                submit(&self.gpu, &clears, &run.dispatches, None);
+                Ok(run)
+            })
+            .await?;
+        let c = read_region(&self.gpu, &run.c, shape.c_len()).await;
+        self.pool.give(run.into_buffers());
+        Ok(bytemuck::cast_slice(&c?).to_vec())
+    }
+
     /// The matmul on `tile` twice: whole, then its product's dispatches alone over the
     /// operands the whole run prepared, C poisoned in between (both Cs). The second is what
     /// `time_matmul` times from `Operands::Prepared`; tests check that it is the first.

@@ -39,9 +39,10 @@ pub enum Operand {
     Tf32,
     /// bf16 codes, two per word (also the planes of the split algorithms).
     Bf16,
-    /// f32 words rounded to bf16 as they are read: the cooperative kernel's SIMT fallback for
-    /// plain bf16, which reads only the few flagged lines and so needs no bf16 copy of the
-    /// operands beside the cooperative kernel's f16 planes.
+    /// f32 words rounded to bf16 as they are read: a plain bf16 operand held in f32 on SIMT
+    /// (`MatmulVariant::reading`: no encoding pass before the product), and the cooperative
+    /// kernel's SIMT fallback, which reads only the few flagged lines and so needs no bf16 copy
+    /// of the operands beside the cooperative kernel's f16 planes.
     Bf16Rounded,
     /// f16 codes, read as `F16Read` says.
     F16(F16Read),
@@ -623,6 +624,27 @@ impl MatmulVariant {
             .map_or_else(|| self.tile.threads(), |c| c.subgroup * self.tile.warps)
     }
 
+    /// The SIMT variant for operands stored as `stored`: a plain bf16 operand held in f32 is
+    /// rounded as the kernel reads it (`Operand::Bf16Rounded`) rather than encoded by a pass of
+    /// its own first. On an H100 the f32 kernel, which reads as much, ran the step's weight
+    /// gradients in 0.78 ms an op where encode-then-read took 1.0 (docs/h100.md); the rounding
+    /// is the encoder's, so the bits are the same (tests/autotune.rs,
+    /// `bf16_read_from_f32_gives_the_codes_bits`).
+    pub fn reading(self, stored: [Format; 2]) -> MatmulVariant {
+        if self.coop.is_some() || self.parts > 1 {
+            return self;
+        }
+        let rounded = |o: Operand, f: Format| match (o, f) {
+            (Operand::Bf16, Format::F32) => Operand::Bf16Rounded,
+            _ => o,
+        };
+        MatmulVariant {
+            a: rounded(self.a, stored[0]),
+            b: rounded(self.b, stored[1]),
+            ..self
+        }
+    }
+
     /// `fallback` for operands stored as `stored`: a plain bf16 operand stored as bf16 codes
     /// (a step plan's coded tensor) is read as the packed codes it is.
     pub fn fallback_for(&self, stored: [Format; 2]) -> MatmulVariant {
@@ -1127,6 +1149,18 @@ impl Kernel {
             kernels.extend(TrainOp::ALL.map(|op| Kernel::Train(op, lanes)));
         }
         kernels.extend(StepOp::ALL.map(Kernel::Step));
+        // bf16 read from f32 (`MatmulVariant::reading`) on either side or both, with and
+        // without an epilogue.
+        let bf16 = MatmulVariant::for_algorithm(&Algorithm::Bf16, F16Read::Native);
+        let (f32_, coded) = (Format::F32, Format::Bf16);
+        for stored in [[f32_, f32_], [f32_, coded], [coded, f32_]] {
+            for epilogue in [false, true] {
+                let k = Kernel::Matmul(bf16.reading(stored).with_epilogue(epilogue));
+                if !kernels.contains(&k) {
+                    kernels.push(k);
+                }
+            }
+        }
         // Fused bias adds (epilogue.wgsl): SIMT f32, bf16 and f16 both ways, the cooperative f16
         // and bf16 kernels on both tile sizes, and the masked fallback of the scaled one.
         for f16 in [F16Read::Native, F16Read::Packed] {
