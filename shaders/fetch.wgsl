@@ -25,6 +25,11 @@ fn {{name}}(idx: u32) -> f32 {
     return bitcast<f32>(encode_format({{array}}[idx], FMT_BF16, false) << 16u);
 }
 
+// @@f16_rounded
+fn {{name}}(idx: u32) -> f32 {
+    return bitcast<f32>(decode_format(encode_format({{array}}[idx], FMT_F16, false), FMT_F16));
+}
+
 // @@f16_native
 fn {{name}}(idx: u32) -> f32 {
     return f32({{array}}[idx]);

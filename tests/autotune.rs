@@ -493,65 +493,72 @@ fn split_k_gives_the_unsplit_bits() {
     }
 }
 
-/// A bf16 operand held in f32 (a step plan's gradients) is rounded as the SIMT kernel reads it
-/// (`MatmulVariant::reading`), not encoded by a pass first: the same bits as the same values
-/// held as bf16 codes, either side or both, transposed or not, on values that round both ways,
-/// ties, subnormals, values that overflow bf16, inf and NaN.
+/// A bf16 or f16 operand held in f32 (a step plan's gradients) is rounded as the SIMT kernel
+/// reads it (`MatmulVariant::reading`), not encoded by a pass first: the same bits as the same
+/// values held as codes, either side or both, transposed or not, on values that round both
+/// ways, ties, subnormals, values that overflow the format, inf and NaN.
 #[test]
-fn bf16_read_from_f32_gives_the_codes_bits() {
-    let test = "bf16_read_from_f32_gives_the_codes_bits";
+fn sixteen_bit_reads_from_f32_give_the_codes_bits() {
+    let test = "sixteen_bit_reads_from_f32_give_the_codes_bits";
     let Some(b) = common::fresh_wgpu(test, WgpuOptions::default()) else {
         return;
     };
     let seed = common::seed(test);
     let edges = [
-        1.0 + f32::EPSILON * 64.0, // a tie below bf16's next value: to even
+        1.0 + f32::EPSILON * 64.0, // a tie between two bf16 values: to even
         1.0 + f32::EPSILON * 192.0,
-        -3.0e38, // past bf16's largest finite after rounding: -inf
-        1.0e-40, // subnormal
-        -2.5e-39,
+        1.0 + f32::EPSILON * 2048.0, // a tie between two f16 values
+        -3.0e38,                     // past bf16's largest finite after rounding: -inf
+        70000.0,                     // past f16's
+        1.0e-40,                     // subnormal in f32 (and bf16)
+        3.0e-6,                      // subnormal in f16
         f32::INFINITY,
         f32::NAN,
     ];
-    let (f32_, bf16) = (Format::F32, Format::Bf16);
-    for (s, (a_t, b_t)) in [(false, false), (true, false), (false, true), (true, true)]
-        .into_iter()
-        .enumerate()
-    {
-        let shape = MatmulShape {
-            batch: 2,
-            m: 37,
-            n: 29,
-            k: 70,
-            a_transposed: a_t,
-            b_transposed: b_t,
-        };
-        let at = seed + 10 * s as u64;
-        let mut a = measure::normal(shape.a_len(), at);
-        let mut bm = measure::normal(shape.b_len(), at + 1);
-        let (la, lb) = (a.len(), bm.len());
-        for (i, e) in edges.iter().enumerate() {
-            a[(i * 131) % la] = *e;
-            bm[(i * 97 + 5) % lb] = -*e;
-        }
-        let tile = b.tile_candidates(&Algorithm::Bf16)[0];
-        let held = |stored| {
-            b.matmul_held(&shape, &Algorithm::Bf16, tile, (&a, &bm), stored)
-                .block_on()
-                .unwrap()
-        };
-        let codes = held([bf16, bf16]);
-        for stored in [[f32_, f32_], [f32_, bf16], [bf16, f32_]] {
-            let got = held(stored);
-            let differ = got
-                .iter()
-                .zip(&codes)
-                .filter(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()))
-                .count();
-            assert_eq!(
-                differ, 0,
-                "{shape:?} held as {stored:?}: {differ} outputs differ"
-            );
+    let f32_ = Format::F32;
+    for (alg, coded) in [
+        (Algorithm::Bf16, Format::Bf16),
+        (Algorithm::F16, Format::F16),
+    ] {
+        for (s, (a_t, b_t)) in [(false, false), (true, false), (false, true), (true, true)]
+            .into_iter()
+            .enumerate()
+        {
+            let shape = MatmulShape {
+                batch: 2,
+                m: 37,
+                n: 29,
+                k: 70,
+                a_transposed: a_t,
+                b_transposed: b_t,
+            };
+            let at = seed + 10 * s as u64;
+            let mut a = measure::normal(shape.a_len(), at);
+            let mut bm = measure::normal(shape.b_len(), at + 1);
+            let (la, lb) = (a.len(), bm.len());
+            for (i, e) in edges.iter().enumerate() {
+                a[(i * 131) % la] = *e;
+                bm[(i * 97 + 5) % lb] = -*e;
+            }
+            let tile = b.tile_candidates(&alg)[0];
+            let held = |stored| {
+                b.matmul_held(&shape, &alg, tile, (&a, &bm), stored)
+                    .block_on()
+                    .unwrap()
+            };
+            let codes = held([coded, coded]);
+            for stored in [[f32_, f32_], [f32_, coded], [coded, f32_]] {
+                let got = held(stored);
+                let differ = got
+                    .iter()
+                    .zip(&codes)
+                    .filter(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()))
+                    .count();
+                assert_eq!(
+                    differ, 0,
+                    "{alg} {shape:?} held as {stored:?}: {differ} outputs differ"
+                );
+            }
         }
     }
 }

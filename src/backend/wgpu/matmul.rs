@@ -976,7 +976,7 @@ fn prepare(
     match operand {
         // f32 is read as is; tf32 (and bf16 for the cooperative kernel's fallback) is rounded
         // as it is read.
-        Operand::F32 | Operand::Tf32 | Operand::Bf16Rounded => Ok(Prepared {
+        Operand::F32 | Operand::Tf32 | Operand::Bf16Rounded | Operand::F16Rounded => Ok(Prepared {
             buffer: src.clone(),
             plane: 0,
             pooled: false,

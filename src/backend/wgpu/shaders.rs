@@ -46,6 +46,9 @@ pub enum Operand {
     Bf16Rounded,
     /// f16 codes, read as `F16Read` says.
     F16(F16Read),
+    /// f32 words rounded to f16 as they are read, in integers (no f16 arithmetic needed): a
+    /// plain f16 operand held in f32 on SIMT (`MatmulVariant::reading`).
+    F16Rounded,
     /// fp8 codes, four per word.
     Fp8(Format),
 }
@@ -131,6 +134,7 @@ impl Operand {
             Operand::Tf32 => "tf32",
             Operand::Bf16 => "bf16",
             Operand::Bf16Rounded => "bf16_rounded",
+            Operand::F16Rounded => "f16_rounded",
             Operand::F16(F16Read::Native) => "f16_native",
             Operand::F16(F16Read::Packed) => "f16_packed",
             Operand::Fp8(_) => "fp8",
@@ -153,7 +157,7 @@ impl Operand {
     /// Elements per 32-bit word in storage.
     pub fn per_word(self) -> usize {
         match self {
-            Operand::F32 | Operand::Tf32 | Operand::Bf16Rounded => 1,
+            Operand::F32 | Operand::Tf32 | Operand::Bf16Rounded | Operand::F16Rounded => 1,
             Operand::Bf16 | Operand::F16(_) => 2,
             Operand::Fp8(_) => 4,
         }
@@ -624,18 +628,19 @@ impl MatmulVariant {
             .map_or_else(|| self.tile.threads(), |c| c.subgroup * self.tile.warps)
     }
 
-    /// The SIMT variant for operands stored as `stored`: a plain bf16 operand held in f32 is
-    /// rounded as the kernel reads it (`Operand::Bf16Rounded`) rather than encoded by a pass of
-    /// its own first. On an H100 the f32 kernel, which reads as much, ran the step's weight
+    /// The SIMT variant for operands stored as `stored`: a plain bf16 or f16 operand held in
+    /// f32 is rounded as the kernel reads it (`Operand::Bf16Rounded`, `F16Rounded`) rather
+    /// than encoded by a pass of its own first. On an H100 the f32 kernel, which reads as much, ran the step's weight
     /// gradients in 0.78 ms an op where encode-then-read took 1.0 (docs/h100.md); the rounding
     /// is the encoder's, so the bits are the same (tests/autotune.rs,
-    /// `bf16_read_from_f32_gives_the_codes_bits`).
+    /// `sixteen_bit_reads_from_f32_give_the_codes_bits`).
     pub fn reading(self, stored: [Format; 2]) -> MatmulVariant {
         if self.coop.is_some() || self.parts > 1 {
             return self;
         }
         let rounded = |o: Operand, f: Format| match (o, f) {
             (Operand::Bf16, Format::F32) => Operand::Bf16Rounded,
+            (Operand::F16(_), Format::F32) => Operand::F16Rounded,
             _ => o,
         };
         MatmulVariant {
@@ -1149,15 +1154,22 @@ impl Kernel {
             kernels.extend(TrainOp::ALL.map(|op| Kernel::Train(op, lanes)));
         }
         kernels.extend(StepOp::ALL.map(Kernel::Step));
-        // bf16 read from f32 (`MatmulVariant::reading`) on either side or both, with and
-        // without an epilogue.
-        let bf16 = MatmulVariant::for_algorithm(&Algorithm::Bf16, F16Read::Native);
-        let (f32_, coded) = (Format::F32, Format::Bf16);
-        for stored in [[f32_, f32_], [f32_, coded], [coded, f32_]] {
-            for epilogue in [false, true] {
-                let k = Kernel::Matmul(bf16.reading(stored).with_epilogue(epilogue));
-                if !kernels.contains(&k) {
-                    kernels.push(k);
+        // bf16 and f16 (both reads) read from f32 (`MatmulVariant::reading`) on either side or
+        // both, with and without an epilogue.
+        let reads = [
+            (Algorithm::Bf16, F16Read::Native, Format::Bf16),
+            (Algorithm::F16, F16Read::Native, Format::F16),
+            (Algorithm::F16, F16Read::Packed, Format::F16),
+        ];
+        for (alg, f16, coded) in reads {
+            let v = MatmulVariant::for_algorithm(&alg, f16);
+            let f32_ = Format::F32;
+            for stored in [[f32_, f32_], [f32_, coded], [coded, f32_]] {
+                for epilogue in [false, true] {
+                    let k = Kernel::Matmul(v.reading(stored).with_epilogue(epilogue));
+                    if !kernels.contains(&k) {
+                        kernels.push(k);
+                    }
                 }
             }
         }
