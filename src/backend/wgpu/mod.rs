@@ -490,23 +490,12 @@ impl WgpuBackend {
             })
             .await?;
         let (ra, rb) = (Region::whole(&ab), Region::whole(&bb));
-        let run = self
-            .gpu
-            .scoped("matmul", || {
-                let on = OnDevice {
-                    a: &ra,
-                    b: &rb,
-                    stored,
-                };
-                let run = self.record_on_tile(shape, algorithm, tile, on)?;
-                let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
-                submit(&self.gpu, &clears, &run.dispatches, None);
-                Ok(run)
-            })
-            .await?;
-        let c = read_region(&self.gpu, &run.c, shape.c_len()).await;
-        self.pool.give(run.into_buffers());
-        Ok(bytemuck::cast_slice(&c?).to_vec())
+        let on = OnDevice {
+            a: &ra,
+            b: &rb,
+            stored,
+        };
+        self.product_on_tile(shape, algorithm, tile, on).await
     }
 
     /// The matmul on `tile` twice: whole, then its product's dispatches alone over the
