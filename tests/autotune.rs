@@ -516,10 +516,16 @@ fn sixteen_bit_reads_from_f32_give_the_codes_bits() {
         f32::NAN,
     ];
     let f32_ = Format::F32;
+    assert!(b.encoded_candidates(&Algorithm::F32).is_empty());
     for (alg, coded) in [
         (Algorithm::Bf16, Format::Bf16),
         (Algorithm::F16, Format::F16),
     ] {
+        assert_eq!(
+            b.encoded_candidates(&alg),
+            [b.tile_candidates(&alg)[0].with_encoded(true)],
+            "{alg}"
+        );
         for (s, (a_t, b_t)) in [(false, false), (true, false), (false, true), (true, true)]
             .into_iter()
             .enumerate()
@@ -559,6 +565,21 @@ fn sixteen_bit_reads_from_f32_give_the_codes_bits() {
                     "{alg} {shape:?} held as {stored:?}: {differ} outputs differ"
                 );
             }
+            // The tuner's other candidate (`Tile::encoded`): encoded by a pass first, the same
+            // bits again.
+            let encoded = b
+                .matmul_held(&shape, &alg, tile.with_encoded(true), (&a, &bm), [f32_; 2])
+                .block_on()
+                .unwrap();
+            let differ = encoded
+                .iter()
+                .zip(&codes)
+                .filter(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()))
+                .count();
+            assert_eq!(
+                differ, 0,
+                "{alg} {shape:?} encoded first: {differ} outputs differ"
+            );
         }
     }
 }

@@ -248,6 +248,7 @@ fn checked_k_step_runs_the_unchecked_instructions() {
         quad_blocks: false,
         splits: 1,
         simt: false,
+        encoded: false,
     };
     let bf16x3 = MatmulVariant::for_algorithm(&Algorithm::Bf16x3, F16Read::Packed);
     let variants = [

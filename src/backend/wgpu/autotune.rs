@@ -101,6 +101,7 @@ impl WgpuBackend {
                     .iter()
                     .copied()
                     .chain(self.simt_candidates(algorithm))
+                    .chain(self.encoded_candidates(algorithm))
                     .collect(),
                 shape,
             ),
@@ -147,9 +148,10 @@ impl WgpuBackend {
             true => t == simt_default || neighbour(t, simt_default),
             false => neighbour(t, default),
         };
-        // A tile's splits of K rank with the tile, right after it.
+        // A tile's splits of K, and the tile encoding its operands first, rank with the tile,
+        // right after it.
         let rank = |t: &Tile| {
-            let t = t.with_splits(1);
+            let t = t.with_splits(1).with_encoded(false);
             let design = designs.iter().position(|d| *d == t);
             (
                 t != default,
@@ -162,7 +164,7 @@ impl WgpuBackend {
         let mut candidates: Vec<Tile> = all
             .into_iter()
             .filter(|t| {
-                let base = t.with_splits(1);
+                let base = t.with_splits(1).with_encoded(false);
                 listed.is_some()
                     || self.tuner.mode() == AutotuneMode::Full
                     || near(base)

@@ -364,9 +364,12 @@ pub fn record(
         variant = v;
     }
     if let Some(t) = tile {
-        variant = variant.with_tile(t.on_simt(false));
+        variant = variant.with_tile(t.on_simt(false).with_encoded(false));
     }
-    let variant = variant.reading(operands.stored);
+    // 16-bit operands held in f32 rounded as read, unless the tile encodes them first.
+    if !tile.is_some_and(|t| t.encoded) {
+        variant = variant.reading(operands.stored);
+    }
     check_binding(gpu, "result C", shape.c_len() as u64 * 4)?;
     let c = match out {
         Some(c) => c.clone(),

@@ -310,7 +310,7 @@ impl WgpuBackend {
             true => MatmulVariant::for_algorithm(algorithm, self.f16),
             false => self.variant(algorithm),
         };
-        v.with_tile(tile.on_simt(false))
+        v.with_tile(tile.on_simt(false).with_encoded(false))
     }
 
     /// Whether `variant` can run on `tile` here (a tile listed in MANTISSA_TUNE_CANDIDATES):
@@ -414,6 +414,18 @@ impl WgpuBackend {
         .into_iter()
         .map(|t| t.on_simt(true))
         .collect()
+    }
+
+    /// The SIMT default tile encoding its f32-held 16-bit operands first (`Tile::encoded`),
+    /// which the autotuner times beside the same tile reading them rounded; none where
+    /// `algorithm`'s SIMT operands read f32 as they are (f32, tf32, split, fp8).
+    pub fn encoded_candidates(&self, algorithm: &Algorithm) -> Vec<Tile> {
+        let v = MatmulVariant::for_algorithm(algorithm, self.f16);
+        if v.reading([Format::F32; 2]) == v {
+            return Vec::new();
+        }
+        let simt = self.variant(algorithm).coop.is_some();
+        vec![Tile::default_for(v.parts).on_simt(simt).with_encoded(true)]
     }
 
     /// The spans of K that the product's dispatches of `algorithm` on `tile` sum (of the K

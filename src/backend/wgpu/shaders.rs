@@ -216,6 +216,11 @@ pub struct Tile {
     /// contract; their bits may differ, and the cached choice keeps a machine's runs alike.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub simt: bool,
+    /// SIMT only: a bf16 or f16 operand held in f32 encoded by a pass of its own before the
+    /// product, rather than rounded as the kernel reads it (`MatmulVariant::reading`, the
+    /// default). The same bits either way; the tuner times both on the default SIMT tile.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub encoded: bool,
 }
 
 impl Tile {
@@ -233,6 +238,7 @@ impl Tile {
             quad_blocks: false,
             splits: 1,
             simt: false,
+            encoded: false,
         }
     }
 
@@ -269,6 +275,11 @@ impl Tile {
         Tile { simt, ..self }
     }
 
+    /// The same tile encoding its f32-held 16-bit operands first (`encoded`) or not.
+    pub fn with_encoded(self, encoded: bool) -> Tile {
+        Tile { encoded, ..self }
+    }
+
     /// The same tile loading f32 operands contiguous in K in blocks of four lines or not.
     pub fn with_quad_blocks(self, quad_blocks: bool) -> Tile {
         Tile {
@@ -301,6 +312,7 @@ impl Tile {
                             quad_blocks: false,
                             splits: 1,
                             simt: false,
+                            encoded: false,
                         };
                         if t.threads() < 32 || t.threads() > max_threads {
                             continue;
@@ -333,6 +345,7 @@ impl Tile {
             quad_blocks: false,
             splits: 1,
             simt: false,
+            encoded: false,
         }
     }
 
@@ -436,6 +449,7 @@ impl Tile {
             quad_blocks: false,
             splits: 1,
             simt: false,
+            encoded: false,
         }
     }
 
@@ -488,6 +502,9 @@ impl fmt::Display for Tile {
         }
         if self.simt {
             write!(f, " on SIMT")?;
+        }
+        if self.encoded {
+            write!(f, " encoded first")?;
         }
         Ok(())
     }
@@ -630,9 +647,10 @@ impl MatmulVariant {
 
     /// The SIMT variant for operands stored as `stored`: a plain bf16 or f16 operand held in
     /// f32 is rounded as the kernel reads it (`Operand::Bf16Rounded`, `F16Rounded`) rather
-    /// than encoded by a pass of its own first. On an H100 the f32 kernel, which reads as much, ran the step's weight
-    /// gradients in 0.78 ms an op where encode-then-read took 1.0 (docs/h100.md); the rounding
-    /// is the encoder's, so the bits are the same (tests/autotune.rs,
+    /// than encoded by a pass of its own first. On an H100 the f32 kernel, which reads as
+    /// much, ran the step's weight gradients in 0.78 ms an op where encode-then-read took 1.0
+    /// (docs/h100.md); the tuner times the encoded path beside it (`Tile::encoded`). The
+    /// rounding is the encoder's, so the bits are the same (tests/autotune.rs,
     /// `sixteen_bit_reads_from_f32_give_the_codes_bits`).
     pub fn reading(self, stored: [Format; 2]) -> MatmulVariant {
         if self.coop.is_some() || self.parts > 1 {
