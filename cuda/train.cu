@@ -390,51 +390,84 @@ extern "C" __global__ void sum_partials(const float* partial, float* out, u32 ch
     }
 }
 
-// ---- GELU (tanh form) ----
+// ---- The unary family (src/plan/unary.rs defines each function and its derivative; the ids
+// are `Unary::id`, shaders/unary.wgsl computes the same). Adding a function: its arm in `unary`
+// and in `unary_grad`. ----
+
+#define UNARY_GELU 0u
+#define UNARY_SILU 1u
+#define UNARY_RELU 2u
+#define UNARY_SIGMOID 3u
+#define UNARY_TANH 4u
 
 #define SQRT_2_OVER_PI 0.7978845608f
 
-// The one GELU of `gelu_fwd` and of a bias add's (`add`), so the two give the same bits.
+__device__ __forceinline__ float gelu_tanh(float v) {
+    return tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v));
+}
+
+// The one GELU of `unary_fwd` and of a bias add's (`add`), so the two give the same bits.
 __device__ __forceinline__ float gelu(float v) {
-    return 0.5f * v * (1.0f + tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v)));
+    return 0.5f * v * (1.0f + gelu_tanh(v));
 }
 
-// y is held in format `fmt` (stored as codes where `coded`); x is stored in `x_fmt`
+__device__ __forceinline__ float sigmoid(float v) {
+    return 1.0f / (1.0f + expf(-v));
+}
+
+// f(v) of function `f` (`Unary::apply`).
+__device__ __forceinline__ float unary(u32 f, float v) {
+    switch (f) {
+        case UNARY_GELU: return gelu(v);
+        case UNARY_SILU: return v / (1.0f + expf(-v));
+        case UNARY_RELU: return v < 0.0f ? 0.0f : v;
+        case UNARY_SIGMOID: return sigmoid(v);
+        case UNARY_TANH: return tanhf(v);
+        default: return v;
+    }
+}
+
+// f'(v) of function `f` (`Unary::grad`): the backward's dx = dy * f'(v).
+__device__ __forceinline__ float unary_grad(u32 f, float v) {
+    switch (f) {
+        case UNARY_GELU: {
+            float t = gelu_tanh(v);
+            // v clamped where t is +-1 already, as unary.wgsl's (an overflow of v^2 would make
+            // the term's 0 a NaN).
+            float vc = fminf(fmaxf(v, -100.0f), 100.0f);
+            float du = SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * vc * vc);
+            return 0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du;
+        }
+        case UNARY_SILU: {
+            float s = sigmoid(v);
+            return s * (1.0f + v * (1.0f - s));
+        }
+        // PyTorch passes dy where the output is not <= 0 (a NaN's too).
+        case UNARY_RELU: return v <= 0.0f ? 0.0f : 1.0f;
+        case UNARY_SIGMOID: {
+            float s = sigmoid(v);
+            return s * (1.0f - s);
+        }
+        case UNARY_TANH: {
+            float t = tanhf(v);
+            return 1.0f - t * t;
+        }
+        default: return 1.0f;
+    }
+}
+
+// y = f(x) held in format `fmt` (stored as codes where `coded`); x is stored in `x_fmt`
 // (`load_stored`).
-extern "C" __global__ void gelu_fwd(const void* x, void* y, i64 n, u32 fmt, u32 coded, u32 x_fmt) {
-    FOR_EACH(e, n) store_held(y, e, gelu(load_stored(x, e, x_fmt)), fmt, coded);
+extern "C" __global__ void unary_fwd(const void* x, void* y, i64 n, u32 fmt, u32 coded, u32 x_fmt,
+                                     u32 f) {
+    FOR_EACH(e, n) store_held(y, e, unary(f, load_stored(x, e, x_fmt)), fmt, coded);
 }
 
-// dx held in `fmt` (the rounding autocast gives it, in the same pass).
-extern "C" __global__ void gelu_bwd(const void* x, const float* dy, float* dx, i64 n, u32 fmt,
-                                    u32 x_fmt, u32 dy_fmt) {
-    FOR_EACH(e, n) {
-        float v = load_stored(x, e, x_fmt);
-        float t = tanhf(SQRT_2_OVER_PI * (v + 0.044715f * v * v * v));
-        float du = SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * v * v);
-        dx[e] = held(held(dy[e], dy_fmt) * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du), fmt);
-    }
-}
-
-// ---- SiLU, x * sigmoid(x) as the host reference computes it: x / (1 + exp(-x)) ----
-
-// y is held in format `fmt` (stored as codes where `coded`); x is stored in `x_fmt`.
-extern "C" __global__ void silu_fwd(const void* x, void* y, i64 n, u32 fmt, u32 coded, u32 x_fmt) {
-    FOR_EACH(e, n) {
-        float v = load_stored(x, e, x_fmt);
-        store_held(y, e, v / (1.0f + expf(-v)), fmt, coded);
-    }
-}
-
-// dx = dy * s * (1 + x (1 - s)), s = sigmoid(x).
-// dx held in `fmt`, as gelu_bwd's.
-extern "C" __global__ void silu_bwd(const void* x, const float* dy, float* dx, i64 n, u32 fmt,
-                                    u32 x_fmt, u32 dy_fmt) {
-    FOR_EACH(e, n) {
-        float v = load_stored(x, e, x_fmt);
-        float s = 1.0f / (1.0f + expf(-v));
-        dx[e] = held(held(dy[e], dy_fmt) * s * (1.0f + v * (1.0f - s)), fmt);
-    }
+// dx = dy * f'(x) held in `fmt` (the rounding autocast gives it, in the same pass), dy rounded
+// to `dy_fmt` as it is read.
+extern "C" __global__ void unary_bwd(const void* x, const float* dy, float* dx, i64 n, u32 fmt,
+                                     u32 x_fmt, u32 dy_fmt, u32 f) {
+    FOR_EACH(e, n) dx[e] = held(held(dy[e], dy_fmt) * unary_grad(f, load_stored(x, e, x_fmt)), fmt);
 }
 
 // ---- elementwise product: out = a * b held in `fmt` (codes where `coded`) ----

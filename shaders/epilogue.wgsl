@@ -2,7 +2,7 @@
 // `Op::Add` reads the product in place right after it (src/backend/wgpu/plan.rs, "fused
 // epilogues"): step.wgsl's `add` on the value the matmul was about to store, so the product
 // makes no trip through memory and the add no dispatch of its own. Spliced after matmul.wgsl or
-// matmul_coop.wgsl (whose `params` hold the epilogue's formats) and gelu.wgsl, in the variants
+// matmul_coop.wgsl (whose `params` hold the epilogue's formats) and unary.wgsl, in the variants
 // with EPILOGUE (the loader sets EPI_BINDING, the first binding after the kernel's own).
 //
 // params.epi: (the format the product is held in as the add reads it, the bias's, the sum's,

@@ -4,7 +4,7 @@
 // Bindings: 0 params; 1 the step's scalars (written by the host before each step, slots as in
 // src/plan/scalar.rs, generated into the header); 2 the step's stats (written here, read back after the step);
 // 3 x (read); 4 y (written); 5, 6 z and w (extra operands, as words). GELU comes from
-// gelu.wgsl, spliced before this file.
+// unary.wgsl, spliced before this file.
 
 struct StepParams {
     // Elements (or rows, or columns) the kernel covers.

@@ -4,7 +4,7 @@
 // which stride the row (neighbours read neighbouring values) and reduce through workgroup
 // memory in a fixed tree, so a rerun gives the same bits. Column reductions (bias and norm
 // parameter gradients) write one partial sum per chunk of rows, then `sum_partials` adds the
-// chunks in order: the summation order of cuda/train.cu. Elementwise ops (GELU, SiLU, the
+// chunks in order: the summation order of cuda/train.cu. Elementwise ops (the unary family, the
 // product, the mean squared error's terms) take one invocation per element. Bindings:
 // 0 params; 1-3 inputs; 4-6 outputs.
 
@@ -50,6 +50,8 @@ struct TrainParams {
     // 1: layer norm's backward sums out2's values (f32 bits: the gradient of x from its other
     // reader) into dx, held in `held`.
     sum: u32,
+    // The unary family's function (UNARY_* of unary.wgsl).
+    func: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
@@ -419,11 +421,11 @@ fn read_at(i: u32) -> f32 {
     return held(in0v(i), params.read_held);
 }
 
-// GELU (tanh form, `gelu` of gelu.wgsl): in0 = x; out0 = y, or (coded) out2 = y's codes, one
-// word per invocation.
+// f(x) of the unary family (`unary` of unary.wgsl, f = params.func): in0 = x; out0 = y, or
+// (coded) out2 = y's codes, one word per invocation.
 @compute @workgroup_size(256)
-fn gelu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
+fn unary_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
     let e = flat_index(wg, nwg, lid);
     if (params.coded != 0u) {
         let lo = 2u * e;
@@ -431,66 +433,26 @@ fn gelu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
             return;
         }
         // An odd n's last word holds one code.
-        let hi = select(0.0, gelu(in0v(min(lo + 1u, params.n - 1u))), lo + 1u < params.n);
-        out2[e] = code_pair(gelu(in0v(lo)), hi, params.held);
+        let hi = select(0.0, unary(params.func, in0v(min(lo + 1u, params.n - 1u))), lo + 1u < params.n);
+        out2[e] = code_pair(unary(params.func, in0v(lo)), hi, params.held);
         return;
     }
     if (e >= params.n) {
         return;
     }
-    out0[e] = held(gelu(in0v(e)), params.held);
+    out0[e] = held(unary(params.func, in0v(e)), params.held);
 }
 
-// in0 = x, in1 = dy; out0 = dx, held in `held`.
+// dx = dy * f'(x): in0 = x, in1 = dy (rounded to `read_held` as it is read); out0 = dx, held
+// in `held`.
 @compute @workgroup_size(256)
-fn gelu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
+fn unary_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
     let e = flat_index(wg, nwg, lid);
     if (e >= params.n) {
         return;
     }
-    let x = in0v(e);
-    let t = gelu_tanh(x);
-    let du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * x * x);
-    out0[e] = held(held(in1[e], params.read_held) * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du), params.held);
-}
-
-// SiLU, x * sigmoid(x), as the host reference computes it: x / (1 + exp(-x)).
-fn silu(x: f32) -> f32 {
-    return x / (1.0 + exp(-x));
-}
-
-// in0 = x; out0 = y, or (coded) out2 = y's codes, one word per invocation (as gelu_fwd).
-@compute @workgroup_size(256)
-fn silu_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
-    let e = flat_index(wg, nwg, lid);
-    if (params.coded != 0u) {
-        let lo = 2u * e;
-        if (lo >= params.n) {
-            return;
-        }
-        let hi = select(0.0, silu(in0v(min(lo + 1u, params.n - 1u))), lo + 1u < params.n);
-        out2[e] = code_pair(silu(in0v(lo)), hi, params.held);
-        return;
-    }
-    if (e >= params.n) {
-        return;
-    }
-    out0[e] = held(silu(in0v(e)), params.held);
-}
-
-// dx = dy * s * (1 + x (1 - s)), s = sigmoid(x): in0 = x, in1 = dy; out0 = dx, held in `held`.
-@compute @workgroup_size(256)
-fn silu_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) lid: u32) {
-    let e = flat_index(wg, nwg, lid);
-    if (e >= params.n) {
-        return;
-    }
-    let x = in0v(e);
-    let s = 1.0 / (1.0 + exp(-x));
-    out0[e] = held(held(in1[e], params.read_held) * s * (1.0 + x * (1.0 - s)), params.held);
+    out0[e] = held(held(in1[e], params.read_held) * unary_grad(params.func, in0v(e)), params.held);
 }
 
 // out = a * b elementwise, the f32 product held in params.held: in0 = a, in1 = b; out0 = the

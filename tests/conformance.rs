@@ -13,7 +13,7 @@ use mantissa::backend::{self, Backend, BackendKind};
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
-use mantissa::plan::{AdamW, AdamWParam, Op, Outline, ScoreScale, Section};
+use mantissa::plan::{AdamW, AdamWParam, Op, Outline, ScoreScale, Section, Unary};
 use pollster::FutureExt as _;
 
 fn check_encode(b: &dyn Backend, seed: u64) {
@@ -678,16 +678,23 @@ fn train_ops(b: &dyn Backend) {
     let dy = measure::normal(rows * c, seed + 3);
     let mut p = common::OneOp::new(1);
     let (xi, out) = (p.input(x.clone()), p.output(rows * c));
-    let gelu = Op::Gelu {
+    let gelu = Op::Unary {
+        f: Unary::Gelu,
         x: xi,
         out,
         held: Format::F32,
     };
     let ran = p.run_both(b, gelu, (&ids(1), &ids(1)), 1.0, &[out]);
-    agree("gelu", &pair(&ran, 0), &ops::gelu_fwd(&x), tol::ROW);
+    agree(
+        "gelu",
+        &pair(&ran, 0),
+        &ops::unary_fwd(Unary::Gelu, &x),
+        tol::ROW,
+    );
     let mut p = common::OneOp::new(1);
     let (xi, dyi, out) = (p.input(x.clone()), p.input(dy.clone()), p.output(rows * c));
-    let op = Op::GeluBwd {
+    let op = Op::UnaryBwd {
+        f: Unary::Gelu,
         x: xi,
         dy: dyi,
         out,
@@ -698,14 +705,15 @@ fn train_ops(b: &dyn Backend) {
     agree(
         "gelu bwd",
         &pair(&ran, 0),
-        &ops::gelu_bwd(&x, &dy),
+        &ops::unary_bwd(Unary::Gelu, &x, &dy),
         tol::ROW,
     );
     // The backward's output held in bf16 (the rounding autocast gives it, in the same pass):
     // bf16 values within one step of the host's f32 result, on every executor.
     let mut p = common::OneOp::new(1);
     let (xi, dyi, out) = (p.input(x.clone()), p.input(dy.clone()), p.output(rows * c));
-    let op = Op::GeluBwd {
+    let op = Op::UnaryBwd {
+        f: Unary::Gelu,
         x: xi,
         dy: dyi,
         out,
@@ -713,7 +721,7 @@ fn train_ops(b: &dyn Backend) {
         dy_held: Format::F32,
     };
     let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
-    let exact = ops::gelu_bwd(&x, &dy);
+    let exact = ops::unary_bwd(Unary::Gelu, &x, &dy);
     for r in &ran {
         common::held_close(
             &format!("{} gelu bwd held in bf16", b.name()),
@@ -1117,7 +1125,7 @@ fn model_ops(b: &dyn Backend) {
         );
         same_as_held(&what, &held_run(true), &held);
     }
-    // SiLU and its backward, over values to +-16 and the edges.
+    // Every function of the unary family and its backward, over values to +-16 and the edges.
     let mut x: Vec<f32> = measure::normal(1000, seed + 3)
         .iter()
         .map(|v| 4.0 * v)
@@ -1137,68 +1145,76 @@ fn model_ops(b: &dyn Backend) {
     ]);
     let dy = measure::normal(x.len(), seed + 4);
     let n = x.len();
-    // An odd count: stored as codes, the last word holds one.
-    let silu_run = |held: Format, coded: bool| {
-        let mut p = common::OneOp::new(1);
-        let (xi, out) = (p.input(x.clone()), p.output(n));
-        if coded {
-            p.g.tensors[out].stored = held;
-        }
-        let op = Op::Silu { x: xi, out, held };
-        pair(&p.run_both(b, op, (&one, &one), 1.0, &[out]), 0)
-    };
-    let exact = ops::silu_fwd(&x);
-    for held in [Format::F32, Format::Bf16] {
-        let mut want = exact.clone();
-        ops::round_to(&mut want, held);
-        let what = format!("silu held in {held}");
-        let ran = silu_run(held, false);
-        if held == Format::F32 {
-            agree(&what, &ran, &want, tol::ROW);
-            continue;
-        }
-        // Held in bf16, a device's f32 SiLU may round to the bf16 value beside the host's
-        // where the two f32 results straddle a rounding boundary: each within one step of
-        // the host's f32 result; the non-finite ones (and those bf16 overflows) the host's.
-        let is_finite = |i: usize| exact[i].is_finite() && want[i].is_finite();
-        let finite: Vec<usize> = (0..x.len()).filter(|&i| is_finite(i)).collect();
-        let pick = |v: &[f32]| finite.iter().map(|&i| v[i]).collect::<Vec<f32>>();
-        for got in &ran {
-            common::held_close(
-                &format!("{name} {what}"),
-                &pick(got),
-                &pick(&exact),
+    for &f in Unary::ALL {
+        // An odd count: stored as codes, the last word holds one.
+        let run = |held: Format, coded: bool| {
+            let mut p = common::OneOp::new(1);
+            let (xi, out) = (p.input(x.clone()), p.output(n));
+            if coded {
+                p.g.tensors[out].stored = held;
+            }
+            let op = Op::Unary {
+                f,
+                x: xi,
+                out,
                 held,
-                tol::ROW,
-            );
-            let rest = (0..x.len()).filter(|&i| !is_finite(i));
-            for i in rest {
-                let (g, w) = (got[i], want[i]);
-                assert!(
-                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
-                    "{name} {what}[{i}]: {g} vs {w}"
+            };
+            pair(&p.run_both(b, op, (&one, &one), 1.0, &[out]), 0)
+        };
+        let exact = ops::unary_fwd(f, &x);
+        for held in [Format::F32, Format::Bf16] {
+            let mut want = exact.clone();
+            ops::round_to(&mut want, held);
+            let what = format!("{f} held in {held}");
+            let ran = run(held, false);
+            if held == Format::F32 {
+                agree(&what, &ran, &want, tol::ROW);
+                continue;
+            }
+            // Held in bf16, a device's f32 result may round to the bf16 value beside the host's
+            // where the two f32 results straddle a rounding boundary: each within one step of
+            // the host's f32 result; the non-finite ones (and those bf16 overflows) the host's.
+            let is_finite = |i: usize| exact[i].is_finite() && want[i].is_finite();
+            let finite: Vec<usize> = (0..x.len()).filter(|&i| is_finite(i)).collect();
+            let pick = |v: &[f32]| finite.iter().map(|&i| v[i]).collect::<Vec<f32>>();
+            for got in &ran {
+                common::held_close(
+                    &format!("{name} {what}"),
+                    &pick(got),
+                    &pick(&exact),
+                    held,
+                    tol::ROW,
                 );
+                let rest = (0..x.len()).filter(|&i| !is_finite(i));
+                for i in rest {
+                    let (g, w) = (got[i], want[i]);
+                    assert!(
+                        g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                        "{name} {what}[{i}]: {g} vs {w}"
+                    );
+                }
             }
         }
+        let held = run(Format::Bf16, false);
+        same_as_held(f.name(), &run(Format::Bf16, true), &held);
+        let mut p = common::OneOp::new(1);
+        let (xi, dyi, out) = (p.input(x.clone()), p.input(dy.clone()), p.output(n));
+        let op = Op::UnaryBwd {
+            f,
+            x: xi,
+            dy: dyi,
+            out,
+            held: Format::F32,
+            dy_held: Format::F32,
+        };
+        let ran = p.run_both(b, op, (&one, &one), 1.0, &[out]);
+        agree(
+            f.backward_name(),
+            &pair(&ran, 0),
+            &ops::unary_bwd(f, &x, &dy),
+            tol::ROW,
+        );
     }
-    let held = silu_run(Format::Bf16, false);
-    same_as_held("silu", &silu_run(Format::Bf16, true), &held);
-    let mut p = common::OneOp::new(1);
-    let (xi, dyi, out) = (p.input(x.clone()), p.input(dy.clone()), p.output(n));
-    let op = Op::SiluBwd {
-        x: xi,
-        dy: dyi,
-        out,
-        held: Format::F32,
-        dy_held: Format::F32,
-    };
-    let ran = p.run_both(b, op, (&one, &one), 1.0, &[out]);
-    agree(
-        "silu bwd",
-        &pair(&ran, 0),
-        &ops::silu_bwd(&x, &dy),
-        tol::ROW,
-    );
     // The product: f32's (one rounding, the same on every device but where one flushes a
     // subnormal), and held in bf16.
     let mut a = measure::normal(1000, seed + 5);
@@ -1457,7 +1473,8 @@ fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
                         let out = p.output(n);
                         let held = Format::F32;
                         let op = if kernel == "gelu" {
-                            Op::GeluBwd {
+                            Op::UnaryBwd {
+                                f: Unary::Gelu,
                                 x: xi,
                                 dy,
                                 out,
@@ -1465,7 +1482,8 @@ fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
                                 dy_held,
                             }
                         } else {
-                            Op::SiluBwd {
+                            Op::UnaryBwd {
+                                f: Unary::Silu,
                                 x: xi,
                                 dy,
                                 out,

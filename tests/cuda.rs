@@ -85,7 +85,11 @@ mod common;
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
-use mantissa::plan::ScoreScale;
+use mantissa::plan::{ScoreScale, Unary};
+
+/// The ids the unary family's kernels take for GELU and SiLU (`Unary::id`).
+const GELU: usize = Unary::Gelu as usize;
+const SILU: usize = Unary::Silu as usize;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -562,16 +566,16 @@ fn cuda_backward_kernels_round_dy_as_they_read_it() {
                 vec![&rounded, &x, &g, &rstd],
             ),
             (
-                "gelu_bwd",
-                vec![n, f32_, f32_, id],
-                vec![n, f32_, f32_, f32_],
+                "unary_bwd",
+                vec![GELU, n, f32_, f32_, id],
+                vec![GELU, n, f32_, f32_, f32_],
                 vec![&x, &dy],
                 vec![&x, &rounded],
             ),
             (
-                "silu_bwd",
-                vec![n, f32_, f32_, id],
-                vec![n, f32_, f32_, f32_],
+                "unary_bwd",
+                vec![SILU, n, f32_, f32_, id],
+                vec![SILU, n, f32_, f32_, f32_],
                 vec![&x, &dy],
                 vec![&x, &rounded],
             ),
@@ -684,38 +688,67 @@ fn cuda_model_ops_match_the_host_reference() {
     x.extend(elementwise_edges());
     let dy = measure::normal(x.len(), seed + 4);
     let n = x.len();
-    let silu = run_f32(h, "silu_fwd", &strings(&[n, f32_, 0, f32_]), &[&x]);
-    common::close_with_edges("silu", &silu, &ops::silu_fwd(&x), tol::ROW);
-    let silu_bwd = run_f32(h, "silu_bwd", &strings(&[n, f32_, f32_, f32_]), &[&x, &dy]);
-    common::close_with_edges("silu bwd", &silu_bwd, &ops::silu_bwd(&x, &dy), tol::ROW);
-    let m = finite.len();
-    let held = run_f32(h, "silu_fwd", &strings(&[m, f16, 0, f32_]), &[&finite]);
-    let want = ops::silu_fwd(&finite);
-    common::held_close("silu held in f16", &held, &want, Format::F16, tol::ROW);
-    let coded = run(h, "silu_fwd", &strings(&[m, f16, 1, f32_]), &bits(&finite));
-    same_codes("silu as f16 codes", &coded, &held, Format::F16);
-    // Its input read as codes: the bits of the f32 values of those codes.
-    for format in [Format::Bf16, Format::F16] {
-        let codes: Vec<u32> = x
-            .iter()
-            .map(|&v| format.encode(v, Overflow::Standard))
-            .collect();
-        let values: Vec<f32> = codes.iter().map(|&c| format.decode(c)).collect();
-        let id = format.id() as usize;
-        let plain = run_f32(h, "silu_fwd", &strings(&[n, f32_, 0, f32_]), &[&values]);
-        let from_codes = run(h, "silu_fwd", &strings(&[n, f32_, 0, id]), &codes);
-        let from_codes: Vec<f32> = from_codes.into_iter().map(f32::from_bits).collect();
-        common::same_or_nan(&format!("silu of {format} codes"), &from_codes, &plain);
-        let with_dy: Vec<u32> = [codes.clone(), bits(&dy)].concat();
-        let plain = run_f32(
+    // Every function of the unary family, forward and backward, over the edges; held in f16,
+    // stored as its codes, and reading its input as codes.
+    for &f in Unary::ALL {
+        let id_f = f.id() as usize;
+        let y = run_f32(h, "unary_fwd", &strings(&[id_f, n, f32_, 0, f32_]), &[&x]);
+        common::close_with_edges(f.name(), &y, &ops::unary_fwd(f, &x), tol::ROW);
+        let dx = run_f32(
             h,
-            "silu_bwd",
-            &strings(&[n, f32_, f32_, f32_]),
-            &[&values, &dy],
+            "unary_bwd",
+            &strings(&[id_f, n, f32_, f32_, f32_]),
+            &[&x, &dy],
         );
-        let from_codes = run(h, "silu_bwd", &strings(&[n, f32_, id, f32_]), &with_dy);
-        let from_codes: Vec<f32> = from_codes.into_iter().map(f32::from_bits).collect();
-        common::same_or_nan(&format!("silu bwd of {format} codes"), &from_codes, &plain);
+        common::close_with_edges(
+            f.backward_name(),
+            &dx,
+            &ops::unary_bwd(f, &x, &dy),
+            tol::ROW,
+        );
+        let m = finite.len();
+        let held = run_f32(
+            h,
+            "unary_fwd",
+            &strings(&[id_f, m, f16, 0, f32_]),
+            &[&finite],
+        );
+        let want = ops::unary_fwd(f, &finite);
+        common::held_close(
+            &format!("{f} held in f16"),
+            &held,
+            &want,
+            Format::F16,
+            tol::ROW,
+        );
+        let coded = run(
+            h,
+            "unary_fwd",
+            &strings(&[id_f, m, f16, 1, f32_]),
+            &bits(&finite),
+        );
+        same_codes(&format!("{f} as f16 codes"), &coded, &held, Format::F16);
+        // Its input read as codes: the bits of the f32 values of those codes.
+        for format in [Format::Bf16, Format::F16] {
+            let codes: Vec<u32> = x
+                .iter()
+                .map(|&v| format.encode(v, Overflow::Standard))
+                .collect();
+            let values: Vec<f32> = codes.iter().map(|&c| format.decode(c)).collect();
+            let id = format.id() as usize;
+            let fwd = |x_fmt| strings(&[id_f, n, f32_, 0, x_fmt]);
+            let plain = run_f32(h, "unary_fwd", &fwd(f32_), &[&values]);
+            let from_codes = run(h, "unary_fwd", &fwd(id), &codes);
+            let from_codes: Vec<f32> = from_codes.into_iter().map(f32::from_bits).collect();
+            common::same_or_nan(&format!("{f} of {format} codes"), &from_codes, &plain);
+            let with_dy: Vec<u32> = [codes.clone(), bits(&dy)].concat();
+            let bwd = |x_fmt| strings(&[id_f, n, f32_, x_fmt, f32_]);
+            let plain = run_f32(h, "unary_bwd", &bwd(f32_), &[&values, &dy]);
+            let from_codes = run(h, "unary_bwd", &bwd(id), &with_dy);
+            let from_codes: Vec<f32> = from_codes.into_iter().map(f32::from_bits).collect();
+            let what = format!("{} of {format} codes", f.backward_name());
+            common::same_or_nan(&what, &from_codes, &plain);
+        }
     }
     // The product: f32's, bit for bit (the host multiplies as the kernel does); held in bf16
     // and stored as its codes.
@@ -925,28 +958,48 @@ fn cuda_training_kernels_match_the_host_reference() {
     let f32_ = Format::F32.id() as usize;
     close(
         "gelu",
-        &run_f32(h, "gelu_fwd", &strings(&[x.len(), f32_, 0, f32_]), &[&x]),
-        &ops::gelu_fwd(&x),
+        &run_f32(
+            h,
+            "unary_fwd",
+            &strings(&[GELU, x.len(), f32_, 0, f32_]),
+            &[&x],
+        ),
+        &ops::unary_fwd(Unary::Gelu, &x),
         tol::ROW,
     );
     let f16 = Format::F16.id() as usize;
-    let held = run_f32(h, "gelu_fwd", &strings(&[x.len(), f16, 0, f32_]), &[&x]);
+    let held = run_f32(
+        h,
+        "unary_fwd",
+        &strings(&[GELU, x.len(), f16, 0, f32_]),
+        &[&x],
+    );
     common::held_close(
         "gelu held in f16",
         &held,
-        &ops::gelu_fwd(&x),
+        &ops::unary_fwd(Unary::Gelu, &x),
         Format::F16,
         tol::ROW,
     );
-    let coded = run(h, "gelu_fwd", &strings(&[x.len(), f16, 1, f32_]), &bits(&x));
+    let coded = run(
+        h,
+        "unary_fwd",
+        &strings(&[GELU, x.len(), f16, 1, f32_]),
+        &bits(&x),
+    );
     same_codes("gelu as f16 codes", &coded, &held, Format::F16);
     let gelu_bwd = run_f32(
         h,
-        "gelu_bwd",
-        &strings(&[x.len(), f32_, f32_, f32_]),
+        "unary_bwd",
+        &strings(&[GELU, x.len(), f32_, f32_, f32_]),
         &[&x, &dy],
     );
-    close("gelu bwd", &gelu_bwd, &ops::gelu_bwd(&x, &dy), tol::ROW);
+    close(
+        "gelu bwd",
+        &gelu_bwd,
+        &ops::unary_bwd(Unary::Gelu, &x, &dy),
+        tol::ROW,
+    );
     // GELU reading its input as codes (a plan's coded pre-GELU activations): the bits it
     // gives for the f32 values of those codes, forward and backward, over NaN, infinities and
     // f16's overflow and subnormals too.
@@ -975,18 +1028,28 @@ fn cuda_training_kernels_match_the_host_reference() {
                 );
             }
         };
-        let plain = run(h, "gelu_fwd", &strings(&[n, f32_, 0, f32_]), &bits(&values));
-        let from_codes = run(h, "gelu_fwd", &strings(&[n, f32_, 0, id]), &codes);
+        let plain = run(
+            h,
+            "unary_fwd",
+            &strings(&[GELU, n, f32_, 0, f32_]),
+            &bits(&values),
+        );
+        let from_codes = run(h, "unary_fwd", &strings(&[GELU, n, f32_, 0, id]), &codes);
         same(&format!("gelu of {format} codes"), &from_codes, &plain);
         let dy_bits = bits(&dy);
         let with = |x: &[u32]| [x, &dy_bits[..]].concat();
         let plain = run(
             h,
-            "gelu_bwd",
-            &strings(&[n, f32_, f32_, f32_]),
+            "unary_bwd",
+            &strings(&[GELU, n, f32_, f32_, f32_]),
             &with(&bits(&values)),
         );
-        let from_codes = run(h, "gelu_bwd", &strings(&[n, f32_, id, f32_]), &with(&codes));
+        let from_codes = run(
+            h,
+            "unary_bwd",
+            &strings(&[GELU, n, f32_, id, f32_]),
+            &with(&codes),
+        );
         same(&format!("gelu bwd of {format} codes"), &from_codes, &plain);
     }
     // Softmax rows shorter and longer than a block; heads of t x t; the scaled scores held in
@@ -1197,7 +1260,12 @@ fn cuda_training_kernels_match_the_host_reference() {
         let sum = run(h, "add", &args(0), &input);
         assert_eq!(fused[..n], sum[..], "the add's own output, GELU or not");
         let x_fmt = if coded == 1 { fmt } else { f32_ };
-        let gelu = run(h, "gelu_fwd", &strings(&[n, g_fmt, g_coded, x_fmt]), &sum);
+        let gelu = run(
+            h,
+            "unary_fwd",
+            &strings(&[GELU, n, g_fmt, g_coded, x_fmt]),
+            &sum,
+        );
         assert_eq!(
             fused[n..],
             gelu[..],

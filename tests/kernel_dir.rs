@@ -126,10 +126,10 @@ fn a_kernel_dir_that_cannot_be_used_is_refused_before_anything_runs() {
     let o = mantissa(&["info"], &[("MANTISSA_KERNEL_DIR", d)]);
     assert!(text(&o).contains("kernel sources: refused"), "{}", text(&o));
     std::fs::remove_file(dir.path().join("matmull.wgsl")).unwrap();
-    std::fs::write(dir.path().join("gelu.wgsl"), repo_shader("gelu.wgsl")).unwrap();
+    std::fs::write(dir.path().join("unary.wgsl"), repo_shader("unary.wgsl")).unwrap();
     let o = mantissa(&["info"], &[("MANTISSA_KERNEL_DIR", d)]);
     assert!(
-        text(&o).contains("kernel sources: 1 file(s) from") && text(&o).contains("gelu.wgsl"),
+        text(&o).contains("kernel sources: 1 file(s) from") && text(&o).contains("unary.wgsl"),
         "{}",
         text(&o)
     );

@@ -8,7 +8,7 @@ mod common;
 use mantissa::backend::reference::ops;
 use mantissa::backend::{Backend, BackendKind, Reference};
 use mantissa::measure;
-use mantissa::plan::{Op, Section};
+use mantissa::plan::{Op, Section, Unary};
 use mantissa::policy::{Fp8State, Preset};
 use mantissa::train::*;
 use pollster::FutureExt as _;
@@ -81,7 +81,6 @@ fn op_gradients_match_finite_differences() {
             ops::layernorm_bwd(dy, &x, &g, &m, &r, c).2
         },
     );
-    grad_check("gelu", &randn(20, 4), ops::gelu_fwd, ops::gelu_bwd);
     let eps = 1e-6;
     grad_check(
         "rmsnorm dx",
@@ -95,7 +94,16 @@ fn op_gradients_match_finite_differences() {
         |g| ops::rmsnorm_fwd(&x, g, c, eps).0,
         |g, dy| ops::rmsnorm_bwd(dy, &x, g, &ops::rmsnorm_fwd(&x, g, c, eps).1, c).1,
     );
-    grad_check("silu", &randn(20, 9), ops::silu_fwd, ops::silu_bwd);
+    // The unary family, each function against its own forward (GELU's and SiLU's were
+    // written out before the family; the formulas are src/plan/unary.rs's).
+    for (k, &f) in Unary::ALL.iter().enumerate() {
+        grad_check(
+            f.name(),
+            &randn(20, 4 + k as u64),
+            |x| ops::unary_fwd(f, x),
+            |x, dy| ops::unary_bwd(f, x, dy),
+        );
+    }
     let other = randn(12, 10);
     grad_check(
         "mul",
@@ -174,7 +182,12 @@ fn a_plan_of_the_new_ops_differentiates_as_its_loss() {
         eps: 1e-6,
         held,
     });
-    g.push(Op::Silu { x: h, out: a, held });
+    g.push(Op::Unary {
+        f: Unary::Silu,
+        x: h,
+        out: a,
+        held,
+    });
     g.push(Op::Mul {
         a,
         b: h,
@@ -200,7 +213,8 @@ fn a_plan_of_the_new_ops_differentiates_as_its_loss() {
         out: dh,
         held,
     });
-    g.push(Op::SiluBwd {
+    g.push(Op::UnaryBwd {
+        f: Unary::Silu,
         x: h,
         dy: da,
         out: dh_silu,
@@ -1826,7 +1840,8 @@ fn held_outputs_match_their_definition(b: &dyn Backend) {
         held: f32_,
     });
     p.round(norm, Format::Bf16);
-    p.push(Op::Gelu {
+    p.push(Op::Unary {
+        f: Unary::Gelu,
         x,
         out: y,
         held: f32_,
@@ -1894,7 +1909,7 @@ fn held_outputs_match_their_definition(b: &dyn Backend) {
     // rounding boundary that the device's (which differs in its last bits) may round to the
     // other side, one f16 step more: where the bias cancels most of the GELU, that step is
     // larger than the sum's.
-    let gelu = ops::gelu_fwd(&x_values);
+    let gelu = ops::unary_fwd(Unary::Gelu, &x_values);
     let mut want = gelu.clone();
     ops::round_to(&mut want, Format::F16);
     ops::add_bias(&mut want, &b_values);
@@ -2045,7 +2060,8 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
                 c,
                 held: format,
             });
-            p.push(Op::Gelu {
+            p.push(Op::Unary {
+                f: Unary::Gelu,
                 x: z,
                 out: y,
                 held: format,
@@ -2072,21 +2088,24 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
                 residual: None,
                 gelu: None,
             });
-            p.push(Op::Gelu {
+            p.push(Op::Unary {
+                f: Unary::Gelu,
                 x: input,
                 out,
                 held: format,
             });
         }
         pairs.extend([(format, sum, coded_sum), (format, gelu, coded_gelu)]);
-        p.push(Op::GeluBwd {
+        p.push(Op::UnaryBwd {
+            f: Unary::Gelu,
             x: sum,
             dy,
             out: d,
             held: Format::F32,
             dy_held: Format::F32,
         });
-        p.push(Op::GeluBwd {
+        p.push(Op::UnaryBwd {
+            f: Unary::Gelu,
             x: coded_sum,
             dy,
             out: coded_d,
@@ -2131,7 +2150,8 @@ fn coded_outputs_are_the_held_values(b: &dyn Backend) {
                 residual: None,
                 gelu,
             };
-            let gelu = |x, out| Op::Gelu {
+            let gelu = |x, out| Op::Unary {
+                f: Unary::Gelu,
                 x,
                 out,
                 held: gelu_held,

@@ -103,11 +103,13 @@ class ModelBuilder:
             if v._builder is not self:
                 raise ValueError(f"{op}: reads a value of another ModelBuilder")
             return ("var", v._index)
+        if isinstance(v, (list, tuple)) and v and all(isinstance(x, Var) for x in v):
+            return ("vars", tuple(self._arg(op, x)[1] for x in v))
         return v
 
     def _call(self, op: str, *args: Any) -> Var:
         recorded = tuple(self._arg(op, a) for a in args)
-        native = getattr(self._native, op)(*(self._vars[a[1]] if _is_ref(a) else a for a in recorded))
+        native = getattr(self._native, op)(*(_resolve(a, self._vars) for a in recorded))
         self._calls.append((op, recorded))
         self._vars.append(native)
         return Var(self, len(self._vars) - 1, native.shape)
@@ -121,7 +123,7 @@ class ModelBuilder:
         """A fresh native builder holding the recorded model, and its values by index."""
         native, vars_ = _native.ModelBuilder(), []
         for op, args in self._calls:
-            vars_.append(getattr(native, op)(*(vars_[a[1]] if _is_ref(a) else a for a in args)))
+            vars_.append(getattr(native, op)(*(_resolve(a, vars_) for a in args)))
         return native, vars_
 
     # -- parameters and inputs --
@@ -202,6 +204,26 @@ class ModelBuilder:
         self._vars_of("matmul", x=x, w=w)
         return self._call("matmul", x, w, bool(transpose_w))
 
+    def bmm(self, a: Var, b: Var, transpose_b: bool = False) -> Var:
+        """The matrix products of two values' last two axes (``torch.matmul`` of two
+        activations, no broadcasting): a [..., m, k] . b [..., k, n] (b [..., n, k] used
+        transposed where ``transpose_b``), in the step's matmul algorithm."""
+        self._vars_of("bmm", a=a, b=b)
+        return self._call("bmm", a, b, bool(transpose_b))
+
+    def transpose(self, x: Var) -> Var:
+        """x [..., r, c] with its last two axes swapped (``x.transpose(-2, -1)``)."""
+        self._vars_of("transpose", x=x)
+        return self._call("transpose", x)
+
+    def concat(self, xs: Sequence[Var]) -> Var:
+        """The values side by side along the last axis (``torch.cat(xs, -1)``)."""
+        xs = list(xs)
+        self._vars_of("concat", **{f"xs[{i}]": x for i, x in enumerate(xs)})
+        if not xs:
+            raise ValueError("concat: takes one value or more, got none")
+        return self._call("concat", xs)
+
     def layer_norm(self, x: Var, g: Var, b: Var) -> Var:
         """Layer norm of x [..., c] over its last axis with gain g and bias b [c] (eps 1e-5)."""
         self._vars_of("layer_norm", x=x, g=g, b=b)
@@ -212,15 +234,32 @@ class ModelBuilder:
         self._vars_of("rms_norm", x=x, g=g)
         return self._call("rms_norm", x, g, float(eps))
 
+    def unary(self, f: str, x: Var) -> Var:
+        """f(x) of every element, f one of "gelu" (tanh form), "silu", "relu", "sigmoid", "tanh"
+        (the unary family: held in x's format, computed in f32); an unknown name raises
+        ValueError listing the valid ones."""
+        self._vars_of(str(f), x=x)
+        return self._call("unary", str(f), x)
+
     def gelu(self, x: Var) -> Var:
         """GELU, tanh form (``torch.nn.GELU(approximate="tanh")``), of every element."""
-        self._vars_of("gelu", x=x)
-        return self._call("gelu", x)
+        return self.unary("gelu", x)
 
     def silu(self, x: Var) -> Var:
         """SiLU (x * sigmoid(x)) of every element."""
-        self._vars_of("silu", x=x)
-        return self._call("silu", x)
+        return self.unary("silu", x)
+
+    def relu(self, x: Var) -> Var:
+        """ReLU of every element (``torch.relu``: 0 below zero, a NaN kept)."""
+        return self.unary("relu", x)
+
+    def sigmoid(self, x: Var) -> Var:
+        """The logistic sigmoid of every element."""
+        return self.unary("sigmoid", x)
+
+    def tanh(self, x: Var) -> Var:
+        """tanh of every element."""
+        return self.unary("tanh", x)
 
     def add(self, a: Var, b: Var) -> Var:
         """a + b, of the same shape (a residual connection, two embeddings)."""
@@ -266,8 +305,14 @@ class ModelBuilder:
         return loss
 
 
-def _is_ref(a: Any) -> bool:
-    return isinstance(a, tuple) and len(a) == 2 and a[0] == "var"
+def _resolve(a: Any, vars_: List[Any]) -> Any:
+    """A recorded argument as the native builder takes it: a value ("var", i) or a list of
+    them ("vars", (i, ...)) by index into `vars_`, anything else as it is."""
+    if isinstance(a, tuple) and len(a) == 2 and a[0] == "var":
+        return vars_[a[1]]
+    if isinstance(a, tuple) and len(a) == 2 and a[0] == "vars":
+        return [vars_[i] for i in a[1]]
+    return a
 
 
 class Stepped(NamedTuple):

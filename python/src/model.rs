@@ -9,7 +9,7 @@ use mantissa::PrecisionClass;
 use mantissa::backend::Backend;
 use mantissa::error::Error;
 use mantissa::model::{Init, ModelBuilder, ModelTrainer, Var};
-use mantissa::plan::AdamW;
+use mantissa::plan::{AdamW, Unary};
 use mantissa::policy::Preset;
 use mantissa::policy::precision::PrecisionRequest;
 use pollster::FutureExt as _;
@@ -137,13 +137,10 @@ impl PyModelBuilder {
         self.out(v)
     }
 
-    fn gelu(&mut self, x: &PyVar) -> PyResult<PyVar> {
-        let v = self.builder()?.gelu(x.var);
-        self.out(v)
-    }
-
-    fn silu(&mut self, x: &PyVar) -> PyResult<PyVar> {
-        let v = self.builder()?.silu(x.var);
+    /// f(x) of every element for a function of the unary family, by name.
+    fn unary(&mut self, f: &str, x: &PyVar) -> PyResult<PyVar> {
+        let f: Unary = parse(f)?;
+        let v = self.builder()?.unary(f, x.var);
         self.out(v)
     }
 
@@ -154,6 +151,22 @@ impl PyModelBuilder {
 
     fn mul(&mut self, a: &PyVar, b: &PyVar) -> PyResult<PyVar> {
         let v = self.builder()?.mul(a.var, b.var);
+        self.out(v)
+    }
+
+    fn bmm(&mut self, a: &PyVar, b: &PyVar, transpose_b: bool) -> PyResult<PyVar> {
+        let v = self.builder()?.bmm(a.var, b.var, transpose_b);
+        self.out(v)
+    }
+
+    fn transpose(&mut self, x: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.transpose(x.var);
+        self.out(v)
+    }
+
+    fn concat(&mut self, xs: Vec<PyRef<'_, PyVar>>) -> PyResult<PyVar> {
+        let vars: Vec<Var> = xs.iter().map(|x| x.var).collect();
+        let v = self.builder()?.concat(&vars);
         self.out(v)
     }
 

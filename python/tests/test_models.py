@@ -99,6 +99,57 @@ def test_state_dict_round_trips_in_torchs_names_and_layouts():
     np.testing.assert_allclose(t.outputs(), h @ s["4.weight"].T + s["4.bias"], atol=1e-5)
 
 
+def test_unary_functions_compute_what_numpy_computes():
+    """relu, sigmoid and tanh (and the family by name) in a built model's forward pass, against
+    numpy in f64; an unknown function is refused with the valid names."""
+    state = fixture_state("mlp")
+    b = mantissa.ModelBuilder()
+    x = b.values(FIX["mlp/x"].shape[1:])
+    y = b.values(FIX["mlp/y"].shape[1:])
+
+    def p(name):
+        return b.param(name, state[name].shape, transpose=len(state[name].shape) == 2)
+
+    h = b.relu(b.linear(x, p("0.weight"), p("0.bias")))
+    h = b.tanh(b.sigmoid(b.linear(h, p("2.weight"), p("2.bias"))))
+    b.mse(b.linear(b.unary("silu", h), p("4.weight"), p("4.bias")), y)
+    with pytest.raises(ValueError, match="softplus.*gelu, silu, relu, sigmoid, tanh"):
+        b.unary("softplus", h)
+    t = mantissa.ModelTrainer(b, backend="reference")
+    t.load_state_dict(state)
+    xv = FIX["mlp/x"][0]
+    t.loss(xv, FIX["mlp/y"][0])
+    s = {k: v.astype(np.float64) for k, v in state.items()}
+    h = np.maximum(xv @ s["0.weight"].T + s["0.bias"], 0)
+    h = np.tanh(1 / (1 + np.exp(-(h @ s["2.weight"].T + s["2.bias"]))))
+    h = h / (1 + np.exp(-h))
+    np.testing.assert_allclose(t.outputs(), h @ s["4.weight"].T + s["4.bias"], atol=1e-5)
+
+
+def test_bmm_transpose_and_concat_compute_what_numpy_computes():
+    b = mantissa.ModelBuilder()
+    x = b.values([2, 3, 4])
+    y = b.values([2, 3, 7])
+    h = b.matmul(x, b.param("w", [4, 4]))
+    s = b.transpose(b.bmm(h, x, transpose_b=True))
+    b.mse(b.concat([s, x]), y)
+    with pytest.raises(ValueError, match=r"bmm: a \[2, 3, 4\] \. b \[2, 3, 7\]"):
+        b.bmm(x, y)
+    with pytest.raises(ValueError, match="concat: xs\\[1\\] must be a Var"):
+        b.concat([x, np.zeros(3)])
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((4, 4)).astype(np.float32)
+    xv = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    yv = rng.standard_normal((2, 3, 7)).astype(np.float32)
+    t = mantissa.ModelTrainer(b, backend="reference")
+    t.load_state_dict({"w": w})
+    t.loss(xv, yv)
+    x64 = xv.astype(np.float64)
+    scores = (x64 @ w.astype(np.float64)) @ x64.transpose(0, 2, 1)
+    want = np.concatenate([scores.transpose(0, 2, 1), x64], axis=-1)
+    np.testing.assert_allclose(t.outputs(), want, atol=1e-5)
+
+
 def test_load_state_dict_names_what_is_missing_unexpected_or_misshapen():
     state = fixture_state("mlp")
     t = mantissa.ModelTrainer(build("mlp", state), backend="reference")

@@ -72,7 +72,7 @@ files! {
     Wgsl "shaders" "attention.wgsl",
     Wgsl "shaders" "attention_coop.wgsl",
     Wgsl "shaders" "step.wgsl",
-    Wgsl "shaders" "gelu.wgsl",
+    Wgsl "shaders" "unary.wgsl",
     Wgsl "shaders" "epilogue.wgsl",
     Wgsl "shaders" "loop_probe.wgsl",
     Cuda "cuda" "formats.cuh",
@@ -339,18 +339,18 @@ mod tests {
             "{e}"
         );
         // Flat and in the repository's folders.
-        std::fs::write(dir.path().join("gelu.wgsl"), "// mine\n").unwrap();
+        std::fs::write(dir.path().join("unary.wgsl"), "// mine\n").unwrap();
         std::fs::create_dir(dir.path().join("cuda")).unwrap();
         std::fs::write(dir.path().join("cuda/train.cu"), "// mine too\n").unwrap();
         std::fs::write(dir.path().join("notes.txt"), "not a kernel").unwrap();
         let r = read_dir(&path).unwrap();
         assert_eq!(
             r.files.keys().copied().collect::<Vec<_>>(),
-            ["gelu.wgsl", "train.cu"]
+            ["train.cu", "unary.wgsl"]
         );
-        assert_eq!(r.files["gelu.wgsl"], "// mine\n");
+        assert_eq!(r.files["unary.wgsl"], "// mine\n");
         let fingerprint = r.fingerprint.clone();
-        std::fs::write(dir.path().join("gelu.wgsl"), "// mine, edited\n").unwrap();
+        std::fs::write(dir.path().join("unary.wgsl"), "// mine, edited\n").unwrap();
         assert_ne!(read_dir(&path).unwrap().fingerprint, fingerprint);
         // A misspelt kernel would change nothing: refused with its path and the names.
         std::fs::write(dir.path().join("matmull.wgsl"), "").unwrap();
@@ -375,7 +375,7 @@ mod tests {
         let e = read_dir(&path).unwrap_err();
         assert!(e.contains("step.wgsl"), "{e}");
         // Not a directory.
-        let e = read_dir(&format!("{path}/gelu.wgsl")).unwrap_err();
+        let e = read_dir(&format!("{path}/unary.wgsl")).unwrap_err();
         assert!(e.contains("not a directory"), "{e}");
     }
 }

@@ -7,6 +7,7 @@
 //! - `mod.rs`: the builder (parameters, inputs, `finish`), its values, and the finished model
 //! - `ops.rs`: each op whole, in one place: its builder method (the shapes it takes, checked),
 //!   its forward emission and its backward rule
+//! - `layout.rs`: the ops that move values (transpose, concatenation), as ops.rs's
 //! - `derive.rs`: the plan of a step: the forward ops, then each node's backward in reverse,
 //!   the gradients of a value read twice summed in f32 and rounded once
 //! - `run.rs`: a built model on a backend (its executor, losses, gradients, training steps)
@@ -17,6 +18,7 @@
 //! stream format, a gradient in the stream format once complete.
 
 mod derive;
+mod layout;
 mod ops;
 mod run;
 

@@ -11,7 +11,7 @@ use super::{Model, ModelBuilder, Node, Source, Var, refuse, shape_of};
 use crate::algorithm::MatmulShape;
 use crate::error::Result;
 use crate::format::Format;
-use crate::plan::{Attention, Op, ScoreScale, Strided, TensorId};
+use crate::plan::{Attention, Op, ScoreScale, Strided, TensorId, Unary};
 use crate::policy::Fp8Role;
 
 /// One kind of model op.
@@ -327,6 +327,98 @@ impl NodeOp for Matmul {
 }
 
 impl ModelBuilder {
+    /// The matrix products of two values' last two axes (`torch.matmul` of two activations,
+    /// no broadcasting): a [..., m, k] . b [..., k, n] (b [..., n, k] used transposed where
+    /// `transpose_b`), the leading axes the same, in the step's matmul algorithm (never fp8).
+    pub fn bmm(&mut self, a: Var, b: Var, transpose_b: bool) -> Result<Var> {
+        let (as_, bs) = (self.operand("bmm", a)?, self.operand("bmm", b)?);
+        let bad = || {
+            refuse(
+                "bmm",
+                format!(
+                    "a {} . b{} {}: must be [..., m, k] and [..., {}] with the same leading axes",
+                    shape_of(&as_),
+                    if transpose_b { "^T" } else { "" },
+                    shape_of(&bs),
+                    if transpose_b { "n, k" } else { "k, n" }
+                ),
+            )
+        };
+        let (n_a, n_b) = (as_.len(), bs.len());
+        if n_a < 2 || n_a != n_b || as_[..n_a - 2] != bs[..n_b - 2] {
+            return Err(bad());
+        }
+        let (m, k) = (as_[n_a - 2], as_[n_a - 1]);
+        let (bk, n) = match transpose_b {
+            false => (bs[n_b - 2], bs[n_b - 1]),
+            true => (bs[n_b - 1], bs[n_b - 2]),
+        };
+        if bk != k {
+            return Err(bad());
+        }
+        let mut shape = as_.clone();
+        shape[n_a - 1] = n;
+        Self::checked_shape("bmm", &shape)?;
+        let batch = as_[..n_a - 2].iter().product();
+        let op = Bmm {
+            batch,
+            m,
+            n,
+            k,
+            transpose_b,
+        };
+        Ok(self.node(Box::new(op), vec![a, b], shape))
+    }
+}
+
+/// `batch` products a (m x k) . b (k x n, or n x k used transposed), both operands values.
+#[derive(Debug)]
+pub(crate) struct Bmm {
+    pub batch: usize,
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub transpose_b: bool,
+}
+
+impl NodeOp for Bmm {
+    fn name(&self) -> &'static str {
+        "bmm"
+    }
+
+    fn format(&self, cx: &Emit, _: &Node) -> Format {
+        cx.p.compute
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let (a, b) = (cx.t(node.inputs[0]), cx.t(node.inputs[1]));
+        let (m, n, k) = (self.m, self.n, self.k);
+        let shape = MatmulShape::batched(self.batch, (m, n, k), false, self.transpose_b);
+        (cx.mm(shape, (a, b), None), vec![])
+    }
+
+    /// da = dy . b^T (dy . b where b is used transposed); db = a^T . dy (dy^T . a).
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        let (a, b) = (node.inputs[0], node.inputs[1]);
+        let (ta, tb) = (cx.t(a), cx.t(b));
+        let (batch, m, n, k) = (self.batch, self.m, self.n, self.k);
+        let (dy, compute) = (cx.dy_for(cx.p.matmul, dy), cx.p.compute);
+        let shape = |(m, n, k), ta, tb| MatmulShape::batched(batch, (m, n, k), ta, tb);
+        if cx.needs_grad(a) {
+            let da = cx.mm(shape((m, k, n), false, !self.transpose_b), (dy, tb), None);
+            cx.contribute(a, da, true, compute);
+        }
+        if cx.needs_grad(b) {
+            let db = match self.transpose_b {
+                false => cx.mm(shape((k, n, m), true, false), (ta, dy), None),
+                true => cx.mm(shape((n, k, m), true, false), (dy, ta), None),
+            };
+            cx.contribute(b, db, true, compute);
+        }
+    }
+}
+
+impl ModelBuilder {
     /// Layer norm of x (`[..., c]`) over its last axis, gain g and bias b (`[c]`).
     pub fn layer_norm(&mut self, x: Var, g: Var, b: Var) -> Result<Var> {
         let (xs, gs, bs) = (
@@ -412,36 +504,43 @@ impl NodeOp for LayerNorm {
 }
 
 impl ModelBuilder {
+    /// f(x) of every element, for a function of the unary family (GELU, SiLU, ReLU, sigmoid,
+    /// tanh: `plan::Unary`), held in x's format as is its gradient (autocast runs these in
+    /// their input's dtype, usually a matmul's, computing in f32).
+    pub fn unary(&mut self, f: Unary, x: Var) -> Result<Var> {
+        let xs = self.operand(f.name(), x)?;
+        Ok(self.node(Box::new(f), vec![x], xs))
+    }
+
     /// GELU (tanh form) of every element.
     pub fn gelu(&mut self, x: Var) -> Result<Var> {
-        self.activation(Activation::Gelu, x)
+        self.unary(Unary::Gelu, x)
     }
 
     /// SiLU (x * sigmoid(x)) of every element.
     pub fn silu(&mut self, x: Var) -> Result<Var> {
-        self.activation(Activation::Silu, x)
+        self.unary(Unary::Silu, x)
     }
 
-    fn activation(&mut self, kind: Activation, x: Var) -> Result<Var> {
-        let xs = self.operand(kind.name(), x)?;
-        Ok(self.node(Box::new(kind), vec![x], xs))
+    /// ReLU (max(x, 0), a NaN kept) of every element.
+    pub fn relu(&mut self, x: Var) -> Result<Var> {
+        self.unary(Unary::Relu, x)
+    }
+
+    /// The logistic sigmoid of every element.
+    pub fn sigmoid(&mut self, x: Var) -> Result<Var> {
+        self.unary(Unary::Sigmoid, x)
+    }
+
+    /// tanh of every element.
+    pub fn tanh(&mut self, x: Var) -> Result<Var> {
+        self.unary(Unary::Tanh, x)
     }
 }
 
-/// An elementwise activation (GELU, SiLU), held in its input's format as is its gradient
-/// (autocast runs both in their input's dtype, usually a matmul's, computing in f32).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Activation {
-    Gelu,
-    Silu,
-}
-
-impl NodeOp for Activation {
+impl NodeOp for Unary {
     fn name(&self) -> &'static str {
-        match self {
-            Activation::Gelu => "gelu",
-            Activation::Silu => "silu",
-        }
+        Unary::name(*self)
     }
 
     fn format(&self, cx: &Emit, node: &Node) -> Format {
@@ -452,9 +551,11 @@ impl NodeOp for Activation {
         let x = cx.t(node.inputs[0]);
         let out = cx.g.temp(cx.g.len(x));
         let held = Format::F32;
-        cx.g.push(match self {
-            Activation::Gelu => Op::Gelu { x, out, held },
-            Activation::Silu => Op::Silu { x, out, held },
+        cx.g.push(Op::Unary {
+            f: *self,
+            x,
+            out,
+            held,
         });
         cx.g.round(out, cx.format(node.out));
         (out, vec![])
@@ -464,22 +565,13 @@ impl NodeOp for Activation {
         let x = node.inputs[0];
         let tx = cx.t(x);
         let out = cx.g.temp(cx.g.len(tx));
-        let held = Format::F32;
-        cx.g.push(match self {
-            Activation::Gelu => Op::GeluBwd {
-                x: tx,
-                dy,
-                out,
-                held,
-                dy_held: cx.dy_read,
-            },
-            Activation::Silu => Op::SiluBwd {
-                x: tx,
-                dy,
-                out,
-                held,
-                dy_held: cx.dy_read,
-            },
+        cx.g.push(Op::UnaryBwd {
+            f: *self,
+            x: tx,
+            dy,
+            out,
+            held: Format::F32,
+            dy_held: cx.dy_read,
         });
         cx.g.round(out, cx.format(x));
         cx.contribute(x, out, true, cx.format(x));

@@ -1,7 +1,7 @@
 //! Recording a plan: tensors and ops pushed one by one, with the folds that merge an op into
 //! the one before it where one pass does both.
 
-use super::{Op, Plan, Stats, TensorId, TensorInfo, TensorKind};
+use super::{Op, Plan, Stats, TensorId, TensorInfo, TensorKind, Unary};
 use crate::error::Result;
 use crate::format::Format;
 
@@ -148,7 +148,7 @@ impl PlanBuilder {
             *y_held = format;
             self.ops.pop();
         }
-        if let Op::Gelu { x, out, held } = op
+        if let Op::Unary { f: Unary::Gelu, x, out, held } = op
             && x != out
             && let Some(Op::Add {
                 y,
@@ -347,7 +347,8 @@ mod tests {
                 g.temp(8),
                 g.temp(8),
             );
-            let gelu_bwd = Op::GeluBwd {
+            let gelu_bwd = Op::UnaryBwd {
+                f: Unary::Gelu,
                 x,
                 dy,
                 out,
@@ -359,7 +360,8 @@ mod tests {
                     x: dy,
                     format: bf16,
                 },
-                Op::Gelu {
+                Op::Unary {
+                    f: Unary::Gelu,
                     x: a,
                     out: b,
                     held: f32_,
@@ -374,14 +376,15 @@ mod tests {
         };
         let (ops, ends) = fold(TensorKind::Temp, false, 3, None);
         assert!(
-            matches!(ops[..], [Op::Gelu { .. }, Op::GeluBwd { dy_held, .. }] if dy_held == bf16),
+            matches!(ops[..], [Op::Unary { f: Unary::Gelu, .. }, Op::UnaryBwd { f: Unary::Gelu, dy_held, .. }] if dy_held == bf16),
             "{ops:?}"
         );
         assert_eq!(ends, [2, 2, 2]);
         // Not where another op reads the rounded values after, not across a section's end, not
         // the logits or a gradient the host reads.
         // GELU of dy (tensor 1) into b.
-        let reader = Op::Gelu {
+        let reader = Op::Unary {
+            f: Unary::Gelu,
             x: 1,
             out: 4,
             held: f32_,
@@ -542,7 +545,8 @@ mod tests {
         let (bias, y, act, r) = (g.temp(4), g.temp(16), g.temp(16), g.temp(16));
         g.push(Op::add_in_place(bias, y));
         g.round(y, bf16);
-        g.push(Op::Gelu {
+        g.push(Op::Unary {
+            f: Unary::Gelu,
             x: y,
             out: act,
             held: Format::F32,
@@ -563,7 +567,8 @@ mod tests {
         // tensor than the add wrote.
         let mut g = PlanBuilder::default();
         let (bias, y, act, r) = (g.temp(4), g.temp(16), g.temp(16), g.temp(16));
-        let gelu = |x| Op::Gelu {
+        let gelu = |x| Op::Unary {
+            f: Unary::Gelu,
             x,
             out: act,
             held: bf16,

@@ -186,7 +186,7 @@ impl Plan {
 mod tests {
     use super::*;
     use crate::algorithm::MatmulShape;
-    use crate::plan::{Outline, PlanBuilder, Storage};
+    use crate::plan::{Outline, PlanBuilder, Storage, Unary};
 
     /// A layer norm of width `c` (output held in `held`) read by a matmul under `algorithm`,
     /// and by `extra` if given: (plan, the norm's output).
@@ -294,7 +294,8 @@ mod tests {
         });
         g.push(Op::add_in_place(bias, y));
         g.round(y, held);
-        g.push(Op::Gelu {
+        g.push(Op::Unary {
+            f: Unary::Gelu,
             x: y,
             out: act,
             held,
@@ -306,7 +307,8 @@ mod tests {
         if let Some(extra) = extra {
             g.push(extra(y, dx));
         }
-        g.push(Op::GeluBwd {
+        g.push(Op::UnaryBwd {
+            f: Unary::Gelu,
             x: y,
             dy: act,
             out: dx,
@@ -357,7 +359,7 @@ mod tests {
                 Op::Add { y: from, out, gelu: Some((4, _)), .. } if from == y && out == twin
             ));
             assert!(
-                matches!(plan.ops[2], Op::GeluBwd { x, .. } if x == twin),
+                matches!(plan.ops[2], Op::UnaryBwd { f: Unary::Gelu, x, .. } if x == twin),
                 "{case}"
             );
             // y lives from the matmul to the add alone now; its twin adds at most its own
@@ -397,7 +399,8 @@ mod tests {
         });
         g.push(matmul(normed, gate));
         g.push(matmul(normed, up));
-        g.push(Op::Silu {
+        g.push(Op::Unary {
+            f: Unary::Silu,
             x: gate,
             out: act,
             held: Format::F32,
@@ -424,7 +427,8 @@ mod tests {
         ));
         assert!(matches!(
             plan.ops[3],
-            Op::Silu {
+            Op::Unary {
+                f: Unary::Silu,
                 held: Format::F32,
                 ..
             }

@@ -39,6 +39,7 @@ mod ranks;
 mod storage;
 mod strided;
 mod tensor;
+mod unary;
 mod validate;
 
 pub use builder::{Outline, PlanBuilder};
@@ -51,6 +52,7 @@ pub use scalar::AdamW;
 pub use storage::Storage;
 pub use strided::Strided;
 pub use tensor::{TensorId, TensorInfo, TensorKind};
+pub use unary::Unary;
 pub use validate::IdLimits;
 
 /// Where each statistic of a step lies in the stats array.

@@ -4,7 +4,7 @@
 //! `plan` module knows of a particular op is here.
 
 use super::validate::Check;
-use super::{Cost, Strided, TensorId, TensorInfo};
+use super::{Cost, Strided, TensorId, TensorInfo, Unary};
 use crate::algorithm::{Algorithm, MatmulShape};
 use crate::error::Result;
 use crate::format::Format;
@@ -145,8 +145,10 @@ pub enum Op {
         /// in the compute format: the rounding after the matmul folded in, `PlanBuilder::finish`).
         dy_held: Format,
     },
-    /// out = GELU(x) (tanh form), held in `held`.
-    Gelu {
+    /// out = f(x) of the unary family (GELU, SiLU, ReLU, sigmoid, tanh), held in `held`.
+    Unary {
+        /// The function.
+        f: Unary,
         /// The input.
         x: TensorId,
         /// The output (x's length).
@@ -154,8 +156,10 @@ pub enum Op {
         /// The format `out` is held in.
         held: Format,
     },
-    /// out = dy * GELU'(x) (the tanh form's derivative), held in `held`.
-    GeluBwd {
+    /// out = dy * f'(x), held in `held`.
+    UnaryBwd {
+        /// The forward's function.
+        f: Unary,
         /// The forward's input.
         x: TensorId,
         /// The gradient of the forward's output.
@@ -202,29 +206,6 @@ pub enum Op {
         dg: TensorId,
         /// Width of a row.
         c: usize,
-        /// The format dy is rounded to as it is read (a matmul's product that autocast holds
-        /// in the compute format: the rounding after the matmul folded in, `PlanBuilder::finish`).
-        dy_held: Format,
-    },
-    /// out = SiLU(x) = x * sigmoid(x), held in `held`.
-    Silu {
-        /// The input.
-        x: TensorId,
-        /// The output (x's length).
-        out: TensorId,
-        /// The format `out` is held in.
-        held: Format,
-    },
-    /// out = dy * SiLU'(x) = dy * s * (1 + x * (1 - s)), s = sigmoid(x).
-    SiluBwd {
-        /// The forward's input.
-        x: TensorId,
-        /// The gradient of the forward's output.
-        dy: TensorId,
-        /// The gradient of x.
-        out: TensorId,
-        /// The format `out` is held in (autocast holds it in the compute format).
-        held: Format,
         /// The format dy is rounded to as it is read (a matmul's product that autocast holds
         /// in the compute format: the rounding after the matmul folded in, `PlanBuilder::finish`).
         dy_held: Format,
@@ -453,15 +434,12 @@ pub struct AdamWParam {
 }
 
 impl Op {
-    /// The input this op's kernels may read as 16-bit codes (`Plan::store_codes`): GELU's and
-    /// SiLU's x (forward and backward) and fused attention's q|k|v; every other input is read
+    /// The input this op's kernels may read as 16-bit codes (`Plan::store_codes`): a unary
+    /// function's x (forward and backward) and fused attention's q|k|v; every other input is read
     /// as f32.
     pub fn coded_input(&self) -> Option<TensorId> {
         match *self {
-            Op::Gelu { x, .. }
-            | Op::GeluBwd { x, .. }
-            | Op::Silu { x, .. }
-            | Op::SiluBwd { x, .. } => Some(x),
+            Op::Unary { x, .. } | Op::UnaryBwd { x, .. } => Some(x),
             Op::Attention { qkv, .. } | Op::AttentionBwd { qkv, .. } => Some(qkv),
             Op::Embedding { .. }
             | Op::EmbeddingBwd { .. }
@@ -486,7 +464,7 @@ impl Op {
     }
 
     /// The output the op holds in a format of its own choosing (`PlanBuilder::round` folds a
-    /// rounding into it) and that format: a layer norm's, an RMS norm's, GELU's, SiLU's, a
+    /// rounding into it) and that format: a layer norm's, an RMS norm's, a unary function's, a
     /// product's, the cross entropy's and the mean squared error's gradient, an add's sum
     /// (with a residual, its last sum; with a GELU, the GELU), a layer norm backward's dx with
     /// a gradient summed in.
@@ -503,12 +481,10 @@ impl Op {
             }
             | Op::Add { out, held, .. }
             | Op::LayerNorm { out, held, .. }
-            | Op::Gelu { out, held, .. }
+            | Op::Unary { out, held, .. }
             | Op::RmsNorm { out, held, .. }
-            | Op::Silu { out, held, .. }
             | Op::Mul { out, held, .. }
-            | Op::GeluBwd { out, held, .. }
-            | Op::SiluBwd { out, held, .. }
+            | Op::UnaryBwd { out, held, .. }
             | Op::CrossEntropy {
                 grad: out, held, ..
             }
@@ -539,15 +515,14 @@ impl Op {
     }
 
     /// The format the op rounds its input `t` to as it reads it, where it can (the gradient
-    /// read by a layer norm's, an RMS norm's, GELU's or SiLU's backward; a strided copy's
+    /// read by a layer norm's, an RMS norm's or a unary function's backward; a strided copy's
     /// source; the softmax's scores and its backward's dp): `PlanBuilder::finish`
     /// folds a rounding of `t` right before the op into it.
     pub(crate) fn rounded_read(&mut self, t: TensorId) -> Option<&mut Format> {
         match self {
             Op::LayerNormBwd { dy, dy_held, .. }
             | Op::RmsNormBwd { dy, dy_held, .. }
-            | Op::GeluBwd { dy, dy_held, .. }
-            | Op::SiluBwd { dy, dy_held, .. }
+            | Op::UnaryBwd { dy, dy_held, .. }
                 if *dy == t =>
             {
                 Some(dy_held)
@@ -613,8 +588,8 @@ impl Op {
                 all.extend(sum.as_mut().map(|(r, _)| r));
                 all
             }
-            Op::Gelu { x, out, .. } => vec![x, out],
-            Op::GeluBwd { x, dy, out, .. } => vec![x, dy, out],
+            Op::Unary { x, out, .. } => vec![x, out],
+            Op::UnaryBwd { x, dy, out, .. } => vec![x, dy, out],
             Op::RmsNorm {
                 x, g, out, stats, ..
             } => vec![x, g, out, stats],
@@ -627,8 +602,6 @@ impl Op {
                 dg,
                 ..
             } => vec![dy, x, g, stats, dx, dg],
-            Op::Silu { x, out, .. } => vec![x, out],
-            Op::SiluBwd { x, dy, out, .. } => vec![x, dy, out],
             Op::Mul { a, b, out, .. } => vec![a, b, out],
             Op::MseLoss {
                 pred, target, grad, ..
@@ -700,12 +673,10 @@ impl Op {
             Op::EmbeddingBwd { .. } => "embedding backward",
             Op::LayerNorm { .. } => "layer norm",
             Op::LayerNormBwd { .. } => "layer norm backward",
-            Op::Gelu { .. } => "gelu",
-            Op::GeluBwd { .. } => "gelu backward",
+            Op::Unary { f, .. } => f.name(),
+            Op::UnaryBwd { f, .. } => f.backward_name(),
             Op::RmsNorm { .. } => "rms norm",
             Op::RmsNormBwd { .. } => "rms norm backward",
-            Op::Silu { .. } => "silu",
-            Op::SiluBwd { .. } => "silu backward",
             Op::Mul { .. } => "mul",
             Op::MseLoss { .. } => "mean squared error",
             Op::Softmax { .. } => "causal softmax",
@@ -757,12 +728,10 @@ impl Op {
             | Op::EmbeddingBwd { .. }
             | Op::LayerNorm { .. }
             | Op::LayerNormBwd { .. }
-            | Op::Gelu { .. }
-            | Op::GeluBwd { .. }
+            | Op::Unary { .. }
+            | Op::UnaryBwd { .. }
             | Op::RmsNorm { .. }
             | Op::RmsNormBwd { .. }
-            | Op::Silu { .. }
-            | Op::SiluBwd { .. }
             | Op::Mul { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
@@ -819,8 +788,8 @@ impl Op {
                 reads.extend(sum.map(|(r, _)| r));
                 (reads, vec![dx, dg, db])
             }
-            Op::Gelu { x, out, .. } => (vec![x], vec![out]),
-            Op::GeluBwd { x, dy, out, .. } => (vec![x, dy], vec![out]),
+            Op::Unary { x, out, .. } => (vec![x], vec![out]),
+            Op::UnaryBwd { x, dy, out, .. } => (vec![x, dy], vec![out]),
             Op::RmsNorm {
                 x, g, out, stats, ..
             } => (vec![x, g], vec![out, stats]),
@@ -833,8 +802,6 @@ impl Op {
                 dg,
                 ..
             } => (vec![dy, x, g, stats], vec![dx, dg]),
-            Op::Silu { x, out, .. } => (vec![x], vec![out]),
-            Op::SiluBwd { x, dy, out, .. } => (vec![x, dy], vec![out]),
             Op::Mul { a, b, out, .. } => (vec![a, b], vec![out]),
             Op::MseLoss {
                 pred, target, grad, ..
@@ -962,8 +929,8 @@ impl Op {
                 check.holds("the gain's gradient", dg, c)?;
                 check.holds("the bias's gradient", db, c)
             }
-            Op::Gelu { x, out, .. } => check.holds("the output", out, check.len(x)),
-            Op::GeluBwd { x, dy, out, .. } => {
+            Op::Unary { x, out, .. } => check.holds("the output", out, check.len(x)),
+            Op::UnaryBwd { x, dy, out, .. } => {
                 check.holds("dy", dy, check.len(x))?;
                 check.holds("the output", out, check.len(x))
             }
@@ -1001,11 +968,6 @@ impl Op {
                 check.holds("the rstd of each row", stats, rows)?;
                 check.holds("dx", dx, check.len(x))?;
                 check.holds("the gain's gradient", dg, c)
-            }
-            Op::Silu { x, out, .. } => check.holds("the output", out, check.len(x)),
-            Op::SiluBwd { x, dy, out, .. } => {
-                check.holds("dy", dy, check.len(x))?;
-                check.holds("the output", out, check.len(x))
             }
             Op::Mul { a, b, out, .. } => {
                 check.holds("b", b, check.len(a))?;
@@ -1180,14 +1142,12 @@ impl Op {
             Op::CrossEntropy { targets, v, .. } => vec![(targets, v)],
             Op::LayerNorm { .. }
             | Op::LayerNormBwd { .. }
-            | Op::Gelu { .. }
-            | Op::GeluBwd { .. }
+            | Op::Unary { .. }
+            | Op::UnaryBwd { .. }
             | Op::RmsNorm { .. }
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
             | Op::MseLoss { .. }
-            | Op::Silu { .. }
-            | Op::SiluBwd { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }
@@ -1214,14 +1174,12 @@ impl Op {
             | Op::EmbeddingBwd { .. }
             | Op::LayerNorm { .. }
             | Op::LayerNormBwd { .. }
-            | Op::Gelu { .. }
-            | Op::GeluBwd { .. }
+            | Op::Unary { .. }
+            | Op::UnaryBwd { .. }
             | Op::RmsNorm { .. }
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
             | Op::MseLoss { .. }
-            | Op::Silu { .. }
-            | Op::SiluBwd { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }
@@ -1241,9 +1199,7 @@ impl Op {
     pub fn coded_output(&self, t: TensorId, format: Format) -> bool {
         match *self {
             Op::LayerNorm { out, held, c, .. } => out == t && held == format && c % 2 == 0,
-            Op::Gelu { out, held, .. } | Op::Silu { out, held, .. } | Op::Mul { out, held, .. } => {
-                out == t && held == format
-            }
+            Op::Unary { out, held, .. } | Op::Mul { out, held, .. } => out == t && held == format,
             Op::RmsNorm { out, held, c, .. } => out == t && held == format && c % 2 == 0,
             Op::Add {
                 y,
@@ -1263,10 +1219,9 @@ impl Op {
             Op::Embedding { .. }
             | Op::EmbeddingBwd { .. }
             | Op::LayerNormBwd { .. }
-            | Op::GeluBwd { .. }
+            | Op::UnaryBwd { .. }
             | Op::RmsNormBwd { .. }
             | Op::MseLoss { .. }
-            | Op::SiluBwd { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::AttentionBwd { .. }
@@ -1290,14 +1245,12 @@ impl Op {
             | Op::EmbeddingBwd { .. }
             | Op::LayerNorm { .. }
             | Op::LayerNormBwd { .. }
-            | Op::Gelu { .. }
-            | Op::GeluBwd { .. }
+            | Op::Unary { .. }
+            | Op::UnaryBwd { .. }
             | Op::RmsNorm { .. }
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
             | Op::MseLoss { .. }
-            | Op::Silu { .. }
-            | Op::SiluBwd { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }
@@ -1360,12 +1313,10 @@ impl Op {
             | Op::LayerNormBwd { .. }
             | Op::RmsNorm { .. }
             | Op::RmsNormBwd { .. }
-            | Op::Silu { .. }
-            | Op::SiluBwd { .. }
             | Op::Mul { .. }
             | Op::MseLoss { .. }
-            | Op::Gelu { .. }
-            | Op::GeluBwd { .. }
+            | Op::Unary { .. }
+            | Op::UnaryBwd { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::CrossEntropy { .. }

@@ -281,7 +281,7 @@ impl Check<'_> {
 mod tests {
     use super::*;
     use crate::algorithm::{Algorithm, MatmulShape};
-    use crate::plan::{AdamWParam, Outline, PlanBuilder, ScoreScale, Strided};
+    use crate::plan::{AdamWParam, Outline, PlanBuilder, ScoreScale, Strided, Unary};
 
     /// The plan of `ops` on tensors of these lengths (and kinds; `Temp` where not given), with
     /// a batch of `rows` tokens and targets after them.
@@ -358,7 +358,8 @@ mod tests {
         );
         refused(
             &[12, 5, 12],
-            vec![Op::GeluBwd {
+            vec![Op::UnaryBwd {
+                f: Unary::Gelu,
                 x: 0,
                 dy: 1,
                 out: 2,
@@ -532,7 +533,8 @@ mod tests {
         );
         refused(
             &[4],
-            vec![Op::Gelu {
+            vec![Op::Unary {
+                f: Unary::Gelu,
                 x: 0,
                 out: 9,
                 held: Format::F32,
@@ -599,7 +601,8 @@ mod tests {
         );
         refused(
             &[5, 4],
-            vec![Op::Silu {
+            vec![Op::Unary {
+                f: Unary::Silu,
                 x: 0,
                 out: 1,
                 held: Format::F32,
@@ -695,7 +698,8 @@ mod tests {
             g.tensor(2, TensorKind::Tokens),
             g.tensor(2, TensorKind::Targets),
         );
-        g.push(Op::Gelu {
+        g.push(Op::Unary {
+            f: Unary::Gelu,
             x,
             out: y,
             held: Format::Bf16,

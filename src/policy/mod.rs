@@ -56,7 +56,9 @@ macro_rules! named_enum {
     };
 }
 
-// After the macro, so that the submodules can use it.
+// After the macro, so that the submodules can use it (and `plan::Unary`, through this).
+pub(crate) use named_enum;
+
 pub mod fp8;
 pub mod precision;
 

@@ -611,32 +611,6 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> both(dx.f(), dx.f() + n);
         both.insert(both.end(), dg.begin(), dg.end());
         out = bits_of(both);
-    } else if ((k == "silu_fwd" || k == "silu_bwd") && argc == 6) {
-        // silu_fwd N FMT CODED XFMT < x > y; silu_bwd N FMT XFMT DYFMT < x dy > dx; codes as
-        // gelu's.
-        i64 n = arg(argv, 2);
-        u32 x_fmt = arg(argv, k == "silu_fwd" ? 5 : 4);
-        u32* words = input.u(n);
-        std::vector<unsigned short> x_codes(words, words + n);
-        const void* x = x_fmt == FMT_F32 ? (const void*)words : (const void*)x_codes.data();
-        std::vector<float> y(n);
-        if (k == "silu_fwd") {
-            u32 fmt = arg(argv, 3), coded = arg(argv, 4);
-            std::vector<unsigned short> codes(n);
-            void* dst = coded ? (void*)codes.data() : (void*)y.data();
-            emu::launch(elementwise_grid(n), element_block,
-                        [&] { silu_fwd(x, dst, n, fmt, coded, x_fmt); });
-            if (coded) {
-                out = std::vector<u32>(codes.begin(), codes.end());
-                return true;
-            }
-        } else {
-            float* dy = input.f(n);
-            u32 fmt = arg(argv, 3), dy_fmt = arg(argv, 5);
-            emu::launch(elementwise_grid(n), element_block,
-                        [&] { silu_bwd(x, dy, y.data(), n, fmt, x_fmt, dy_fmt); });
-        }
-        out = bits_of(y);
     } else if (k == "elementwise_mul" && argc == 5) {  // N FMT CODED < a b > out (codes one a word)
         i64 n = arg(argv, 2);
         u32 fmt = arg(argv, 3), coded = arg(argv, 4);
@@ -674,32 +648,33 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         emu::launch(elementwise_grid(c), element_block,
                     [&] { sum_partials(partial, sums.data(), chunks, c); });
         out = bits_of(sums);
-    } else if ((k == "gelu_fwd" || k == "gelu_bwd") && argc == 6) {
-        // gelu_fwd N FMT CODED XFMT < x > y; gelu_bwd N FMT XFMT DYFMT < x dy > dx (held in
-        // FMT, dy rounded to DYFMT as it is read).
+    } else if ((k == "unary_fwd" || k == "unary_bwd") && argc == 7) {
+        // unary_fwd F N FMT CODED XFMT < x > y; unary_bwd F N FMT XFMT DYFMT < x dy > dx (held
+        // in FMT, dy rounded to DYFMT as it is read); F the function's id (`Unary::id`).
         // Codes travel one to each word: x where XFMT is not f32's (a coded input), y where
         // CODED.
-        i64 n = arg(argv, 2);
-        u32 x_fmt = arg(argv, k == "gelu_fwd" ? 5 : 4);
+        u32 f = arg(argv, 2);
+        i64 n = arg(argv, 3);
+        u32 x_fmt = arg(argv, k == "unary_fwd" ? 6 : 5);
         u32* words = input.u(n);
         std::vector<unsigned short> x_codes(words, words + n);
         const void* x = x_fmt == FMT_F32 ? (const void*)words : (const void*)x_codes.data();
         std::vector<float> y(n);
-        if (k == "gelu_fwd") {
-            u32 fmt = arg(argv, 3), coded = arg(argv, 4);
+        if (k == "unary_fwd") {
+            u32 fmt = arg(argv, 4), coded = arg(argv, 5);
             std::vector<unsigned short> codes(n);
             void* dst = coded ? (void*)codes.data() : (void*)y.data();
             emu::launch(elementwise_grid(n), element_block,
-                        [&] { gelu_fwd(x, dst, n, fmt, coded, x_fmt); });
+                        [&] { unary_fwd(x, dst, n, fmt, coded, x_fmt, f); });
             if (coded) {
                 out = std::vector<u32>(codes.begin(), codes.end());
                 return true;
             }
         } else {
             float* dy = input.f(n);
-            u32 fmt = arg(argv, 3), dy_fmt = arg(argv, 5);
+            u32 fmt = arg(argv, 4), dy_fmt = arg(argv, 6);
             emu::launch(elementwise_grid(n), element_block,
-                        [&] { gelu_bwd(x, dy, y.data(), n, fmt, x_fmt, dy_fmt); });
+                        [&] { unary_bwd(x, dy, y.data(), n, fmt, x_fmt, dy_fmt, f); });
         }
         out = bits_of(y);
     } else if ((k == "softmax_fwd" || k == "softmax_bwd") && argc == 7) {

@@ -257,21 +257,24 @@ impl<'a> CudaPlan<'a> {
                     (work, counters),
                 )
             }
-            Op::Gelu { x, out, held } => launch::gelu_fwd(
+            Op::Unary { f, x, out, held } => launch::unary_fwd(
                 cb,
+                f,
                 [self.p(x), self.p(out)],
                 self.len(x),
                 (held, self.coded(out)),
                 self.stored(x),
             ),
-            Op::GeluBwd {
+            Op::UnaryBwd {
+                f,
                 x,
                 dy,
                 out,
                 held,
                 dy_held,
-            } => launch::gelu_bwd(
+            } => launch::unary_bwd(
                 cb,
+                f,
                 [self.p(x), self.p(dy), self.p(out)],
                 self.len(x),
                 (held, dy_held),
@@ -303,26 +306,6 @@ impl<'a> CudaPlan<'a> {
                 let ptrs = [dy, x, g, st, dx, dg].map(|id| self.p(id));
                 launch::rmsnorm_bwd(cb, ptrs, (self.rows(x, c), c), dy_held, (work, counters))
             }
-            Op::Silu { x, out, held } => launch::silu_fwd(
-                cb,
-                [self.p(x), self.p(out)],
-                self.len(x),
-                (held, self.coded(out)),
-                self.stored(x),
-            ),
-            Op::SiluBwd {
-                x,
-                dy,
-                out,
-                held,
-                dy_held,
-            } => launch::silu_bwd(
-                cb,
-                [self.p(x), self.p(dy), self.p(out)],
-                self.len(x),
-                (held, dy_held),
-                self.stored(x),
-            ),
             Op::Mul { a, b, out, held } => launch::mul(
                 cb,
                 [self.p(a), self.p(b), self.p(out)],

@@ -7,7 +7,7 @@
 use super::{CudaBackend, Module, format_id};
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::plan::{Attention, Op, ScoreScale, Strided};
+use crate::plan::{Attention, Op, ScoreScale, Strided, Unary};
 use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, sys::CUdeviceptr};
 
 /// A device address (of f32 values unless said otherwise).
@@ -95,11 +95,9 @@ pub(super) mod scratch {
             Op::EmbeddingBwd { ids, rows, .. } => embedding_bwd(rows, len(ids)),
             Op::Embedding { .. }
             | Op::LayerNorm { .. }
-            | Op::Gelu { .. }
-            | Op::GeluBwd { .. }
+            | Op::Unary { .. }
+            | Op::UnaryBwd { .. }
             | Op::RmsNorm { .. }
-            | Op::Silu { .. }
-            | Op::SiluBwd { .. }
             | Op::Mul { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
@@ -333,59 +331,34 @@ pub(super) fn counters_for(op: &Op) -> usize {
     }
 }
 
-/// y = GELU(x) held in `held`; `coded`: y stores its 16-bit codes (a plan's coded tensor);
-/// x is stored in `x_stored` (f32, or the codes of a coded tensor).
-pub(super) fn gelu_fwd(
+/// y = f(x) held in `held`; `coded`: y stores its 16-bit codes (a plan's coded tensor); x is
+/// stored in `x_stored` (f32, or the codes of a coded tensor).
+pub(super) fn unary_fwd(
     cb: &CudaBackend,
+    f: Unary,
     [x, y]: [Ptr; 2],
     n: usize,
     (held, coded): (Format, bool),
     x_stored: Format,
 ) -> Result<()> {
     let (len, fmt, coded) = (n as i64, format_id(held), coded as u32);
-    let x_fmt = format_id(x_stored);
-    launch_1d!(cb, Module::Train, "gelu_fwd", n; &x, &y, &len, &fmt, &coded, &x_fmt)
+    let (x_fmt, f) = (format_id(x_stored), f.id());
+    launch_1d!(cb, Module::Train, "unary_fwd", n; &x, &y, &len, &fmt, &coded, &x_fmt, &f)
 }
 
-/// dx = dy * GELU'(x) held in `held`, dy rounded to `dy_held` as it is read, x stored in
+/// dx = dy * f'(x) held in `held`, dy rounded to `dy_held` as it is read, x stored in
 /// `x_stored`.
-pub(super) fn gelu_bwd(
+pub(super) fn unary_bwd(
     cb: &CudaBackend,
+    f: Unary,
     [x, dy, dx]: [Ptr; 3],
     n: usize,
     (held, dy_held): (Format, Format),
     x_stored: Format,
 ) -> Result<()> {
     let (len, fmt, x_fmt) = (n as i64, format_id(held), format_id(x_stored));
-    let dy_fmt = format_id(dy_held);
-    launch_1d!(cb, Module::Train, "gelu_bwd", n; &x, &dy, &dx, &len, &fmt, &x_fmt, &dy_fmt)
-}
-
-/// y = SiLU(x) held in `held` (codes where `coded`); x stored in `x_stored`.
-pub(super) fn silu_fwd(
-    cb: &CudaBackend,
-    [x, y]: [Ptr; 2],
-    n: usize,
-    (held, coded): (Format, bool),
-    x_stored: Format,
-) -> Result<()> {
-    let (len, fmt, coded) = (n as i64, format_id(held), coded as u32);
-    let x_fmt = format_id(x_stored);
-    launch_1d!(cb, Module::Train, "silu_fwd", n; &x, &y, &len, &fmt, &coded, &x_fmt)
-}
-
-/// dx = dy * SiLU'(x) held in `held`, dy rounded to `dy_held` as it is read, x stored in
-/// `x_stored`.
-pub(super) fn silu_bwd(
-    cb: &CudaBackend,
-    [x, dy, dx]: [Ptr; 3],
-    n: usize,
-    (held, dy_held): (Format, Format),
-    x_stored: Format,
-) -> Result<()> {
-    let (len, fmt, x_fmt) = (n as i64, format_id(held), format_id(x_stored));
-    let dy_fmt = format_id(dy_held);
-    launch_1d!(cb, Module::Train, "silu_bwd", n; &x, &dy, &dx, &len, &fmt, &x_fmt, &dy_fmt)
+    let (dy_fmt, f) = (format_id(dy_held), f.id());
+    launch_1d!(cb, Module::Train, "unary_bwd", n; &x, &dy, &dx, &len, &fmt, &x_fmt, &dy_fmt, &f)
 }
 
 /// out = a * b held in `held` (codes where `coded`).

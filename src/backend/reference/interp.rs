@@ -13,7 +13,7 @@ use crate::plan::exec::{
 };
 use crate::plan::graph::{Graphs, Recorder};
 use crate::plan::{
-    AdamW, AdamWParam, Op, Plan, Section, Stats, Storage, TensorId, scalar, step_algorithm,
+    AdamW, AdamWParam, Op, Plan, Section, Stats, Storage, TensorId, Unary, scalar, step_algorithm,
 };
 
 /// The host interpreter: tensors in host memory, each op the host reference's definition.
@@ -168,19 +168,20 @@ impl HostExecutor {
                 self.tensors[dg] = g_grad;
                 self.tensors[db] = b_grad;
             }
-            Op::Gelu { x, out, held } => {
-                let mut y = ops::gelu_fwd(&t[x]);
+            Op::Unary { f, x, out, held } => {
+                let mut y = ops::unary_fwd(f, &t[x]);
                 round_to(&mut y, held);
                 self.tensors[out] = y;
             }
-            Op::GeluBwd {
+            Op::UnaryBwd {
+                f,
                 x,
                 dy,
                 out,
                 held,
                 dy_held,
             } => {
-                let mut dx = ops::gelu_bwd(&t[x], &rounded(&t[dy], dy_held));
+                let mut dx = ops::unary_bwd(f, &t[x], &rounded(&t[dy], dy_held));
                 round_to(&mut dx, held);
                 self.tensors[out] = dx;
             }
@@ -212,22 +213,6 @@ impl HostExecutor {
                 let (x_grad, g_grad) = ops::rmsnorm_bwd(&dy, &t[x], &t[g], &t[st], c);
                 self.tensors[dx] = x_grad;
                 self.tensors[dg] = g_grad;
-            }
-            Op::Silu { x, out, held } => {
-                let mut y = ops::silu_fwd(&t[x]);
-                round_to(&mut y, held);
-                self.tensors[out] = y;
-            }
-            Op::SiluBwd {
-                x,
-                dy,
-                out,
-                held,
-                dy_held,
-            } => {
-                let mut dx = ops::silu_bwd(&t[x], &rounded(&t[dy], dy_held));
-                round_to(&mut dx, held);
-                self.tensors[out] = dx;
             }
             Op::Mul { a, b, out, held } => {
                 let mut y = ops::mul(&t[a], &t[b]);
@@ -350,7 +335,7 @@ impl HostExecutor {
                 // The two ops it replaces: GELU reads the sum as stored.
                 if let Some((g, held)) = gelu {
                     self.store(out);
-                    let mut y = ops::gelu_fwd(&self.tensors[out]);
+                    let mut y = ops::unary_fwd(Unary::Gelu, &self.tensors[out]);
                     round_to(&mut y, held);
                     self.tensors[g] = y;
                 }

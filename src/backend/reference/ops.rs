@@ -8,7 +8,7 @@
 use super::matmul::matmul_into;
 use crate::algorithm::MatmulShape;
 use crate::format::{Format, Overflow};
-use crate::plan::{AdamW, Attention, ScoreScale};
+use crate::plan::{AdamW, Attention, ScoreScale, Unary};
 use num_traits::Float;
 
 fn cast<T: Float>(x: f64) -> T {
@@ -121,25 +121,16 @@ pub fn rmsnorm_bwd<T: Float>(dy: &[T], x: &[T], g: &[T], rstd: &[T], c: usize) -
     (dx, dg.into_iter().map(cast).collect())
 }
 
-/// SiLU (swish): x * sigmoid(x), computed as x / (1 + exp(-x)).
-pub fn silu_fwd<T: Float>(x: &[T]) -> Vec<T> {
-    x.iter()
-        .map(|&v| {
-            let v = f64_of(v);
-            cast(v / (1.0 + (-v).exp()))
-        })
-        .collect()
+/// f(x) of every element (`Unary::apply`, in f64).
+pub fn unary_fwd<T: Float>(f: Unary, x: &[T]) -> Vec<T> {
+    x.iter().map(|&v| cast(f.apply(f64_of(v)))).collect()
 }
 
-/// dx = dy * s * (1 + x (1 - s)), s = sigmoid(x) (PyTorch's silu_backward).
-pub fn silu_bwd<T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
+/// dx = dy * f'(x) (`Unary::grad`, in f64).
+pub fn unary_bwd<T: Float>(f: Unary, x: &[T], dy: &[T]) -> Vec<T> {
     x.iter()
         .zip(dy)
-        .map(|(&v, &d)| {
-            let v = f64_of(v);
-            let s = 1.0 / (1.0 + (-v).exp());
-            cast(f64_of(d) * s * (1.0 + v * (1.0 - s)))
-        })
+        .map(|(&v, &d)| cast(f64_of(d) * f.grad(f64_of(v))))
         .collect()
 }
 
@@ -165,32 +156,6 @@ pub fn mse_bwd<T: Float>(pred: &[T], target: &[T], dloss: f64) -> Vec<T> {
     pred.iter()
         .zip(target)
         .map(|(&p, &t)| cast(2.0 * (f64_of(p) - f64_of(t)) * dloss / n))
-        .collect()
-}
-
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-
-/// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-pub fn gelu_fwd<T: Float>(x: &[T]) -> Vec<T> {
-    x.iter()
-        .map(|&v| {
-            let v = f64_of(v);
-            cast(0.5 * v * (1.0 + (SQRT_2_OVER_PI * (v + 0.044715 * v * v * v)).tanh()))
-        })
-        .collect()
-}
-
-/// The gradient of GELU (tanh form): dy * GELU'(x).
-pub fn gelu_bwd<T: Float>(x: &[T], dy: &[T]) -> Vec<T> {
-    x.iter()
-        .zip(dy)
-        .map(|(&v, &d)| {
-            let v = f64_of(v);
-            let u = SQRT_2_OVER_PI * (v + 0.044715 * v * v * v);
-            let t = u.tanh();
-            let du = SQRT_2_OVER_PI * (1.0 + 3.0 * 0.044715 * v * v);
-            cast(f64_of(d) * (0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * du))
-        })
         .collect()
 }
 

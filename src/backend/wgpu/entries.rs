@@ -15,20 +15,16 @@ pub enum TrainOp {
     ColumnPartials,
     /// The sum over chunks of column partials, in chunk order.
     SumPartials,
-    /// GELU (tanh form).
-    GeluFwd,
-    /// GELU's backward: dy * GELU'(x).
-    GeluBwd,
+    /// f(x) of the unary family (`plan::Unary`, its id in the uniform).
+    UnaryFwd,
+    /// The unary family's backward: dy * f'(x).
+    UnaryBwd,
     /// RMS norm's y and rstd per row.
     RmsnormFwd,
     /// RMS norm's dx per row.
     RmsnormBwdX,
     /// Partials of RMS norm's dg per chunk of rows.
     RmsnormBwdPartials,
-    /// SiLU.
-    SiluFwd,
-    /// SiLU's backward.
-    SiluBwd,
     /// The elementwise product.
     Mul,
     /// The mean squared error's gradient and squared differences.
@@ -55,19 +51,17 @@ pub enum TrainOp {
 
 impl TrainOp {
     /// Every entry point, in the order of the shader module.
-    pub const ALL: [TrainOp; 23] = [
+    pub const ALL: [TrainOp; 21] = [
         TrainOp::LayernormFwd,
         TrainOp::LayernormBwdX,
         TrainOp::LayernormBwdPartials,
         TrainOp::ColumnPartials,
         TrainOp::SumPartials,
-        TrainOp::GeluFwd,
-        TrainOp::GeluBwd,
+        TrainOp::UnaryFwd,
+        TrainOp::UnaryBwd,
         TrainOp::RmsnormFwd,
         TrainOp::RmsnormBwdX,
         TrainOp::RmsnormBwdPartials,
-        TrainOp::SiluFwd,
-        TrainOp::SiluBwd,
         TrainOp::Mul,
         TrainOp::MseFwd,
         TrainOp::CausalSoftmaxFwd,
@@ -89,13 +83,11 @@ impl TrainOp {
             TrainOp::LayernormBwdPartials => "layernorm_bwd_partials",
             TrainOp::ColumnPartials => "column_partials",
             TrainOp::SumPartials => "sum_partials",
-            TrainOp::GeluFwd => "gelu_fwd",
-            TrainOp::GeluBwd => "gelu_bwd",
+            TrainOp::UnaryFwd => "unary_fwd",
+            TrainOp::UnaryBwd => "unary_bwd",
             TrainOp::RmsnormFwd => "rmsnorm_fwd",
             TrainOp::RmsnormBwdX => "rmsnorm_bwd_x",
             TrainOp::RmsnormBwdPartials => "rmsnorm_bwd_partials",
-            TrainOp::SiluFwd => "silu_fwd",
-            TrainOp::SiluBwd => "silu_bwd",
             TrainOp::Mul => "elementwise_mul",
             TrainOp::MseFwd => "mse_fwd",
             TrainOp::CausalSoftmaxFwd => "causal_softmax_fwd",

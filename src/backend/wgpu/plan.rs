@@ -512,18 +512,19 @@ impl<'a> ResidentPlan<'a> {
                 r.temporaries.push(parts);
                 d.concat()
             }
-            Op::Gelu { x, out, held } => {
-                let l = launch::gelu_fwd(len(x), held, coded(out), stored(x));
+            Op::Unary { f, x, out, held } => {
+                let l = launch::unary_fwd(f, len(x), held, coded(out), stored(x));
                 train(l, [Some(x), None, None], outs_for(out, None))?
             }
-            Op::GeluBwd {
+            Op::UnaryBwd {
+                f,
                 x,
                 dy,
                 out,
                 held,
                 dy_held,
             } => train(
-                launch::gelu_bwd(len(x), held, dy_held, stored(x)),
+                launch::unary_bwd(f, len(x), held, dy_held, stored(x)),
                 [Some(x), Some(dy), None],
                 [Some(out), None, None],
             )?,
@@ -572,21 +573,6 @@ impl<'a> ResidentPlan<'a> {
                 r.temporaries.push(parts);
                 d.concat()
             }
-            Op::Silu { x, out, held } => {
-                let l = launch::silu_fwd(len(x), held, coded(out), stored(x));
-                train(l, [Some(x), None, None], outs_for(out, None))?
-            }
-            Op::SiluBwd {
-                x,
-                dy,
-                out,
-                held,
-                dy_held,
-            } => train(
-                launch::silu_bwd(len(x), held, dy_held, stored(x)),
-                [Some(x), Some(dy), None],
-                [Some(out), None, None],
-            )?,
             Op::Mul { a, b, out, held } => {
                 let l = launch::mul(len(a), held, coded(out));
                 train(l, [Some(a), Some(b), None], outs_for(out, None))?

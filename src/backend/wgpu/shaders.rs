@@ -971,7 +971,7 @@ impl Kernel {
                 "matmul_coop.wgsl",
                 "coop_block.wgsl",
                 "epilogue.wgsl",
-                "gelu.wgsl",
+                "unary.wgsl",
             ],
             Kernel::Matmul(v) if v.coop.is_some() => &["matmul_coop.wgsl", "coop_block.wgsl"],
             Kernel::Matmul(v) if v.epilogue => &[
@@ -979,20 +979,20 @@ impl Kernel {
                 "matmul_step.wgsl",
                 "fetch.wgsl",
                 "epilogue.wgsl",
-                "gelu.wgsl",
+                "unary.wgsl",
             ],
             Kernel::Matmul(_) => &["matmul.wgsl", "matmul_step.wgsl", "fetch.wgsl"],
             Kernel::Train(op, _) if op.is_attention() => {
-                &["train.wgsl", "gelu.wgsl", "attention.wgsl"]
+                &["train.wgsl", "unary.wgsl", "attention.wgsl"]
             }
-            Kernel::Train(..) => &["train.wgsl", "gelu.wgsl"],
+            Kernel::Train(..) => &["train.wgsl", "unary.wgsl"],
             Kernel::AttentionCoop(..) => &[
                 "train.wgsl",
-                "gelu.wgsl",
+                "unary.wgsl",
                 "attention.wgsl",
                 "attention_coop.wgsl",
             ],
-            Kernel::Step(_) => &["step.wgsl", "gelu.wgsl"],
+            Kernel::Step(_) => &["step.wgsl", "unary.wgsl"],
             Kernel::LoopProbe => &["loop_probe.wgsl"],
         });
         files
@@ -1107,7 +1107,7 @@ impl Kernel {
             });
         }
         // Directives first (WGSL wants them before any declaration), then the definitions,
-        // formats.wgsl and the family's file (after gelu.wgsl for the training kernels, before
+        // formats.wgsl and the family's file (after unary.wgsl for the training kernels, before
         // the written-out K step for the SIMT matmul).
         let (directives, rest): (Vec<&str>, Vec<&str>) =
             header.lines().partition(|l| l.starts_with("enable "));
@@ -1122,7 +1122,7 @@ impl Kernel {
         )];
         parts.push((Some("formats.wgsl"), src.text("formats.wgsl").to_string()));
         if let Kernel::Train(..) | Kernel::Step(_) | Kernel::AttentionCoop(..) = self {
-            parts.push((Some("gelu.wgsl"), src.text("gelu.wgsl").to_string()));
+            parts.push((Some("unary.wgsl"), src.text("unary.wgsl").to_string()));
         }
         parts.push((Some(self.files()[1]), family.to_string()));
         // Fused attention after train.wgsl, whose uniform, bindings and helpers it uses.
@@ -1139,7 +1139,7 @@ impl Kernel {
         if let Kernel::Matmul(v) = self
             && v.epilogue
         {
-            for file in ["epilogue.wgsl", "gelu.wgsl"] {
+            for file in ["epilogue.wgsl", "unary.wgsl"] {
                 parts.push((Some(file), src.text(file).to_string()));
             }
         }

@@ -54,13 +54,13 @@ pub struct TrainParams {
     pub probs: u32,
     /// Format id the matmul results and scaled scores are held in.
     pub compute: u32,
-    /// Format id the op's output is held in (layer norm, GELU, the cross entropy's gradient).
+    /// Format id the op's output is held in (layer norm, a unary function, the cross entropy's gradient).
     pub held: u32,
     /// 1: the output goes to out2 as 16-bit codes of `held` (a coded tensor).
     pub coded: u32,
     /// Cross entropy: 1 writes the loss's gradient (the backward fused in), 0 the probabilities.
     pub grad: u32,
-    /// The format id whose 16-bit codes the first input holds (a coded input: GELU's x,
+    /// The format id whose 16-bit codes the first input holds (a coded input: a unary function's x,
     /// fused attention's q|k|v); f32's id: it holds f32 values.
     pub x_stored: u32,
     /// The span [begin, end) of the op's long loop this dispatch runs (the tokens of the
@@ -75,11 +75,13 @@ pub struct TrainParams {
     /// RMS norm's eps.
     pub eps: f32,
     /// Format id the input an op rounds as it reads it is rounded to (`Op::rounded_read`: the
-    /// norms', GELU's and SiLU's backward's dy, the softmax's scores, its backward's dp).
+    /// norms' and the unary family's backward's dy, the softmax's scores, its backward's dp).
     pub read_held: u32,
     /// 1: layer norm's backward sums its third output's values (read: the gradient of x from
     /// its other reader) into dx, held in `held`.
     pub sum: u32,
+    /// The unary family's function (`plan::Unary::id`).
+    pub func: u32,
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -437,7 +439,7 @@ pub mod launch {
     use super::{StepOp, TrainOp};
     use crate::backend::wgpu::shaders::format_id;
     use crate::format::Format;
-    use crate::plan::{Attention, ScoreScale, Strided};
+    use crate::plan::{Attention, ScoreScale, Strided, Unary};
 
     fn train(op: TrainOp, n: usize, c: usize, items: usize) -> TrainLaunch {
         TrainLaunch {
@@ -556,22 +558,36 @@ pub mod launch {
         [for_x, partials, sum_partials(rows, c, 2)]
     }
 
-    /// GELU of x, stored as `x_stored` (f32, or a coded tensor's codes), held in `held`; where
-    /// `coded`, its 16-bit codes go to the third output, one word (two elements) per
-    /// invocation.
-    pub fn gelu_fwd(n: usize, held: Format, coded: bool, x_stored: Format) -> TrainLaunch {
+    /// f(x) of the unary family, x stored as `x_stored` (f32, or a coded tensor's codes),
+    /// held in `held`; where `coded`, its 16-bit codes go to the third output, one word (two
+    /// elements) per invocation.
+    pub fn unary_fwd(
+        f: Unary,
+        n: usize,
+        held: Format,
+        coded: bool,
+        x_stored: Format,
+    ) -> TrainLaunch {
         let items = if coded { n.div_ceil(2) } else { n };
-        let mut l = train(TrainOp::GeluFwd, n, 0, items);
+        let mut l = train(TrainOp::UnaryFwd, n, 0, items);
+        l.params.func = f.id();
         l.params.held = format_id(held);
         l.params.coded = coded as u32;
         l.params.x_stored = format_id(x_stored);
         l
     }
 
-    /// GELU's backward held in `held`, x stored as in `gelu_fwd`, dy in in1 (rounded to
+    /// dy * f'(x) held in `held`, x stored as in `unary_fwd`, dy in in1 (rounded to
     /// `dy_held` as it is read).
-    pub fn gelu_bwd(n: usize, held: Format, dy_held: Format, x_stored: Format) -> TrainLaunch {
-        let mut l = train(TrainOp::GeluBwd, n, 0, n);
+    pub fn unary_bwd(
+        f: Unary,
+        n: usize,
+        held: Format,
+        dy_held: Format,
+        x_stored: Format,
+    ) -> TrainLaunch {
+        let mut l = train(TrainOp::UnaryBwd, n, 0, n);
+        l.params.func = f.id();
         l.params.held = format_id(held);
         l.params.read_held = format_id(dy_held);
         l.params.x_stored = format_id(x_stored);
@@ -598,25 +614,6 @@ pub mod launch {
         for_x.params.read_held = format_id(dy_held);
         partials.params.read_held = format_id(dy_held);
         [for_x, partials, sum_partials(rows, c, 1)]
-    }
-
-    /// SiLU of x, stored and held as in `gelu_fwd`.
-    pub fn silu_fwd(n: usize, held: Format, coded: bool, x_stored: Format) -> TrainLaunch {
-        let items = if coded { n.div_ceil(2) } else { n };
-        let mut l = train(TrainOp::SiluFwd, n, 0, items);
-        l.params.held = format_id(held);
-        l.params.coded = coded as u32;
-        l.params.x_stored = format_id(x_stored);
-        l
-    }
-
-    /// SiLU's backward held in `held`, x stored as in `silu_fwd`, dy in in1.
-    pub fn silu_bwd(n: usize, held: Format, dy_held: Format, x_stored: Format) -> TrainLaunch {
-        let mut l = train(TrainOp::SiluBwd, n, 0, n);
-        l.params.held = format_id(held);
-        l.params.read_held = format_id(dy_held);
-        l.params.x_stored = format_id(x_stored);
-        l
     }
 
     /// a, b -> a * b held in `held`; where `coded`, its 16-bit codes go to the third output,
@@ -916,7 +913,8 @@ mod uniform_layout {
                 span,
                 eps,
                 read_held,
-                sum
+                sum,
+                func
             }
         );
         assert_uniform_layout!(

@@ -1,0 +1,208 @@
+//! The ops that move values without computing on them: a transpose of the last two axes and
+//! concatenation along the last axis, each a strided copy (`Op::Copy`) forward and back (the
+//! plan op the attention's head permutations use, with its kernels on every backend). As in
+//! ops.rs, each op whole: its builder method, its forward emission and its backward rule.
+
+use super::derive::{Emit, Saved};
+use super::ops::{Narrower, NodeOp};
+use super::{ModelBuilder, Node, Var, refuse, shape_of};
+use crate::error::Result;
+use crate::format::Format;
+use crate::plan::{Op, Strided, TensorId};
+
+impl ModelBuilder {
+    /// x [..., r, c] with its last two axes swapped: [..., c, r] (`x.transpose(-2, -1)` made
+    /// contiguous).
+    pub fn transpose(&mut self, x: Var) -> Result<Var> {
+        let s = self.operand("transpose", x)?;
+        let [.., r, c] = s[..] else {
+            return Err(refuse(
+                "transpose",
+                format!("x {} must have two axes or more", shape_of(&s)),
+            ));
+        };
+        let batch = s[..s.len() - 2].iter().product();
+        let mut shape = s.clone();
+        let n = shape.len();
+        shape.swap(n - 2, n - 1);
+        Ok(self.node(Box::new(Transpose { batch, r, c }), vec![x], shape))
+    }
+
+    /// The values side by side along the last axis (`torch.cat(xs, -1)`): every one of the
+    /// same shape but the last axis; held in their format where they agree, else f32 (the
+    /// promotion PyTorch gives them).
+    pub fn concat(&mut self, xs: &[Var]) -> Result<Var> {
+        let shapes = xs
+            .iter()
+            .map(|&x| self.operand("concat", x))
+            .collect::<Result<Vec<_>>>()?;
+        let Some(first) = shapes.first() else {
+            return Err(refuse("concat", "takes one value or more, got none"));
+        };
+        let lead = &first[..first.len() - 1];
+        if let Some(other) = shapes.iter().find(|s| &s[..s.len() - 1] != lead) {
+            return Err(refuse(
+                "concat",
+                format!(
+                    "{} beside {}: every value must have the same axes but the last",
+                    shape_of(first),
+                    shape_of(other)
+                ),
+            ));
+        }
+        let widths: Vec<usize> = shapes.iter().map(|s| s[s.len() - 1]).collect();
+        let mut shape = first.clone();
+        *shape.last_mut().expect("shapes have an axis") = widths.iter().sum();
+        Self::checked_shape("concat", &shape)?;
+        let rows = lead.iter().product();
+        Ok(self.node(Box::new(Concat { rows, widths }), xs.to_vec(), shape))
+    }
+}
+
+/// Swaps the last two axes of `batch` matrices of r x c.
+#[derive(Debug)]
+pub(crate) struct Transpose {
+    batch: usize,
+    r: usize,
+    c: usize,
+}
+
+impl Transpose {
+    /// batch matrices of r x c, row-major, into their transposes.
+    fn map(batch: usize, r: usize, c: usize) -> Strided {
+        let (b, r, c) = (batch as u32, r as u32, c as u32);
+        let dims = [1, b, r, c];
+        Strided {
+            dims,
+            src: Strided::dense(dims),
+            dst: [0, r * c, 1, r],
+            src_offset: 0,
+            dst_offset: 0,
+        }
+    }
+}
+
+impl NodeOp for Transpose {
+    fn name(&self) -> &'static str {
+        "transpose"
+    }
+
+    fn format(&self, cx: &Emit, node: &Node) -> Format {
+        cx.format(node.inputs[0])
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let x = cx.t(node.inputs[0]);
+        let out = cx.g.temp(cx.g.len(x));
+        let map = Transpose::map(self.batch, self.r, self.c);
+        let held = Format::F32;
+        cx.g.push(Op::Copy { x, out, map, held });
+        (out, vec![])
+    }
+
+    /// dx: dy's matrices (c x r) transposed back, rounded to `dy_read` as they are copied.
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        let x = node.inputs[0];
+        let dx = cx.g.temp(cx.len(x));
+        let map = Transpose::map(self.batch, self.c, self.r);
+        let held = cx.dy_read;
+        cx.g.push(Op::Copy {
+            x: dy,
+            out: dx,
+            map,
+            held,
+        });
+        cx.contribute(x, dx, true, held);
+    }
+}
+
+/// `rows` rows of each input, `widths[i]` wide, side by side.
+#[derive(Debug)]
+pub(crate) struct Concat {
+    rows: usize,
+    widths: Vec<usize>,
+}
+
+impl Concat {
+    /// Input `i`'s columns within a row of the output (rows of `widths`' sum): its
+    /// `(offset, width)` and the row's width.
+    fn part(&self, i: usize) -> (u32, u32, u32) {
+        let offset = self.widths[..i].iter().sum::<usize>() as u32;
+        let total = self.widths.iter().sum::<usize>() as u32;
+        (offset, self.widths[i] as u32, total)
+    }
+
+    /// Input `i` (rows x its width) into its columns of the output.
+    fn to_output(&self, i: usize) -> Strided {
+        let (offset, width, total) = self.part(i);
+        let dims = [1, 1, self.rows as u32, width];
+        Strided {
+            dims,
+            src: Strided::dense(dims),
+            dst: [0, 0, total, 1],
+            src_offset: 0,
+            dst_offset: offset,
+        }
+    }
+}
+
+impl NodeOp for Concat {
+    fn name(&self) -> &'static str {
+        "concat"
+    }
+
+    fn format(&self, cx: &Emit, node: &Node) -> Format {
+        let mut formats = node.inputs.iter().map(|&x| cx.format(x));
+        let first = formats.next().expect("concat reads a value or more");
+        if formats.all(|f| f == first) {
+            first
+        } else {
+            Format::F32
+        }
+    }
+
+    /// One copy per input, each into its columns; the values keep their bits (a promoted
+    /// output holds every narrower value exactly).
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let out = cx.g.temp(self.rows * self.widths.iter().sum::<usize>());
+        for (i, &x) in node.inputs.iter().enumerate() {
+            let x = cx.t(x);
+            let map = self.to_output(i);
+            cx.g.push(Op::Copy {
+                x,
+                out,
+                map,
+                held: Format::F32,
+            });
+        }
+        (out, vec![])
+    }
+
+    /// Each input's gradient: its columns of dy, rounded to the input's format as copied
+    /// (a promoted output's gradient is f32; PyTorch casts each part back to its input's
+    /// dtype).
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        for (i, &x) in node.inputs.iter().enumerate() {
+            if !cx.needs_grad(x) {
+                continue;
+            }
+            let into = self.to_output(i);
+            let map = Strided {
+                src: into.dst,
+                dst: into.src,
+                src_offset: into.dst_offset,
+                dst_offset: into.src_offset,
+                ..into
+            };
+            let dx = cx.g.temp(cx.len(x));
+            let held = cx.dy_read.narrower(cx.format(x));
+            cx.g.push(Op::Copy {
+                x: dy,
+                out: dx,
+                map,
+                held,
+            });
+            cx.contribute(x, dx, true, held);
+        }
+    }
+}
