@@ -477,16 +477,34 @@ extern "C" __global__ void elementwise_mul(const float* a, const float* b, void*
     FOR_EACH(e, n) store_held(out, e, a[e] * b[e], fmt, coded);
 }
 
-// ---- causal softmax of the scaled scores (plan::ScoreScale: scale * s held in `fmt`), one
-// block per row of t (row i of each t x t block sees columns 0..=i; the masked probabilities
-// are 0) ----
+// ---- a sum or mean over the last axis, and its backward ----
+
+// out[row] = (the sum of the row's c values) / divisor held in `fmt`, one block per row.
+extern "C" __global__ void row_sums(const float* x, float* out, u32 c, float divisor, u32 fmt) {
+    i64 base = (i64)blockIdx.x * c;
+    float s = 0.0f;
+    for (u32 j = threadIdx.x; j < c; j += blockDim.x) s += x[base + j];
+    s = block_sum(s);
+    if (threadIdx.x == 0) out[blockIdx.x] = held(s / divisor, fmt);
+}
+
+// out[e] = x[e / c] * scale / divisor held in `fmt`: each value repeated c times (a row sum's
+// or mean's backward), or with c = 1 x times a constant.
+extern "C" __global__ void broadcast(const float* x, float* out, i64 n, u32 c, float scale,
+                                     float divisor, u32 fmt) {
+    FOR_EACH(e, n) out[e] = held(x[e / c] * scale / divisor, fmt);
+}
+
+// ---- softmax of the scaled scores (plan::ScoreScale: scale * s held in `fmt`), one block per
+// row of t; `causal`: row i of each t x t block sees columns 0..=i (the masked probabilities
+// are 0), else every column ----
 
 // The scores x rounded to `x_fmt` as they are read (the rounding of the matmul product they
 // are, folded in).
-extern "C" __global__ void causal_softmax_fwd(const float* x, float* p, u32 t, float scale,
-                                              u32 fmt, u32 x_fmt) {
+extern "C" __global__ void softmax_fwd(const float* x, float* p, u32 t, float scale, u32 fmt,
+                                       u32 x_fmt, u32 causal) {
     i64 base = (i64)blockIdx.x * t;
-    u32 i = blockIdx.x % t;
+    u32 i = causal ? blockIdx.x % t : t - 1;
     auto z = [&](u32 j) { return held(held(x[base + j], x_fmt) * scale, fmt); };
     float m = NEG_INF;
     for (u32 j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, z(j));
@@ -499,10 +517,10 @@ extern "C" __global__ void causal_softmax_fwd(const float* x, float* p, u32 t, f
 
 // d(scores) = held(held(p * (dp - sum(p * dp))) * scale): the gradient of the held scaled
 // scores, held, times the scale; dp rounded to `dp_fmt` as it is read.
-extern "C" __global__ void causal_softmax_bwd(const float* p, const float* dp, float* ds, u32 t,
-                                              float scale, u32 fmt, u32 dp_fmt) {
+extern "C" __global__ void softmax_bwd(const float* p, const float* dp, float* ds, u32 t,
+                                       float scale, u32 fmt, u32 dp_fmt, u32 causal) {
     i64 base = (i64)blockIdx.x * t;
-    u32 i = blockIdx.x % t;
+    u32 i = causal ? blockIdx.x % t : t - 1;
     auto g = [&](u32 j) { return held(dp[base + j], dp_fmt); };
     float dot = 0.0f;
     for (u32 j = threadIdx.x; j <= i; j += blockDim.x) dot += p[base + j] * g(j);

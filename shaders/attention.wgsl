@@ -41,7 +41,7 @@ const ATT_PAIRS: u32 = ATT_MAX_D / 2u / ATT_LANES;
 // A tile's row stride in workgroup memory.
 const ATT_PAD: u32 = ATT_MAX_D + 1u;
 // No constant beyond f32's range (browsers reject one, infinities included): a max starts at
-// -3.4e38, as causal_softmax_fwd's does.
+// -3.4e38, as softmax_fwd's does.
 const ATT_LOW: f32 = -3.4e38;
 
 // The streamed tiles: k and v (forward, dq), or q and the output's gradient (dk|dv).

@@ -52,6 +52,10 @@ struct TrainParams {
     sum: u32,
     // The unary family's function (UNARY_* of unary.wgsl).
     func: u32,
+    // 1: the softmax's rows are blocks of t x t scores, row i seeing columns 0..=i.
+    causal: u32,
+    // What a row sum, or a broadcast's product, is divided by (1, or c for a mean).
+    divisor: f32,
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
@@ -492,19 +496,55 @@ fn mse_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     out1[e] = d * d;
 }
 
+// out0[row] = (the sum of the row's c values) / divisor, held in `held`: a sum (divisor 1) or
+// a mean (divisor c) over the last axis; in0 = x (rows of c).
+@compute @workgroup_size(256)
+fn row_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let slot = row_slot(wg, nwg, lid);
+    let c = params.c;
+    let base = slot.row * c;
+    var s = 0.0;
+    for (var j = slot.lane; j < c; j += ROW_LANES) {
+        s += in0v(base + j);
+    }
+    let total = row_sum(s, lid);
+    if (slot.live && slot.lane == 0u) {
+        out0[slot.row] = held(total / params.divisor, params.held);
+    }
+}
+
+// out0[e] = in0[e / c] * scale / divisor, held in `held`: each value repeated c times (a row
+// sum's or mean's backward), or with c = 1 x times a constant; n = out's length.
+@compute @workgroup_size(256)
+fn broadcast(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    out0[e] = held(in0v(e / params.c) * params.scale / params.divisor, params.held);
+}
+
 // A score times the scale, held in `fmt` (plan::ScoreScale): what a softmax reads.
 fn scaled(s: f32, fmt: u32) -> f32 {
     return held(s * params.scale, fmt);
 }
 
-// Causal softmax of the scaled scores per row of t = c (row i of each t x t block sees 0..=i):
-// in0 = scores (rounded to `read_held` as they are read); out0 = probabilities (0 where masked).
+// The last column a softmax row sees: with `params.causal`, row i of each t x t block sees
+// 0..=i; else every column.
+fn last_seen(row: u32, t: u32) -> u32 {
+    return select(t - 1u, row % t, params.causal != 0u);
+}
+
+// Softmax of the scaled scores per row of t = c (`last_seen`): in0 = scores (rounded to
+// `read_held` as they are read); out0 = probabilities (0 where masked).
 @compute @workgroup_size(256)
-fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                      @builtin(local_invocation_index) lid: u32) {
+fn softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
     let slot = row_slot(wg, nwg, lid);
     let t = params.c;
-    let i = slot.row % t;
+    let i = last_seen(slot.row, t);
     let base = slot.row * t;
     var m = -3.4e38;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {
@@ -532,11 +572,11 @@ fn causal_softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgro
 // scaled(held(p * (dp - sum(p * dp)))): the gradient of the held scaled scores, held, times the
 // scale.
 @compute @workgroup_size(256)
-fn causal_softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                      @builtin(local_invocation_index) lid: u32) {
+fn softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
     let slot = row_slot(wg, nwg, lid);
     let t = params.c;
-    let i = slot.row % t;
+    let i = last_seen(slot.row, t);
     let base = slot.row * t;
     var s = 0.0;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {

@@ -734,23 +734,33 @@ fn train_ops(b: &dyn Backend) {
     // Contexts shorter and longer than a row op's workgroup; the scaled scores held in f32, and
     // in bf16 (their f32 product is the same bits on both sides, so the forward is as close as
     // f32's; a power-of-two scale makes the backward's two roundings one).
-    for (t, scale) in [(13, 0.3), (300, 0.3), (13, 0.25)] {
+    // Causal, and over every column.
+    for (t, scale, causal) in [
+        (13, 0.3, true),
+        (300, 0.3, true),
+        (13, 0.25, true),
+        (13, 0.3, false),
+        (300, 0.25, false),
+    ] {
         let s = measure::normal(3 * t * t, seed + 4);
         let dp = measure::normal(3 * t * t, seed + 5);
         for held in [Format::F32, Format::Bf16] {
             let k = ScoreScale { scale, held };
-            let what = |dir: &str| format!("softmax{dir}, t {t}, scores x {scale} held in {held}");
+            let what = |dir: &str| {
+                format!("softmax{dir}, t {t}, causal {causal}, scores x {scale} held in {held}")
+            };
             let mut p = common::OneOp::new(1);
             let (si, out) = (p.input(s.clone()), p.output(s.len()));
             let op = Op::Softmax {
                 x: si,
                 out,
                 t,
+                causal,
                 scale: k,
                 x_held: Format::F32,
             };
             let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
-            let want = ops::causal_softmax_scaled_fwd(&s, t, k);
+            let want = ops::softmax_scaled_fwd(&s, t, k, causal);
             agree(&what(""), &pair(&ran, 0), &want, tol::ROW);
             let mut p = common::OneOp::new(1);
             let (pi, dpi, out) = (
@@ -763,11 +773,12 @@ fn train_ops(b: &dyn Backend) {
                 dp: dpi,
                 out,
                 t,
+                causal,
                 scale: k,
                 dp_held: Format::F32,
             };
             let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
-            let want = ops::causal_softmax_scaled_bwd(&want, &dp, t, k);
+            let want = ops::softmax_scaled_bwd(&want, &dp, t, k, causal);
             let [got, host] = pair(&ran, 0);
             assert!(
                 !on_reference || common::same_bits(&host, &want),
@@ -1251,6 +1262,89 @@ fn model_ops(b: &dyn Backend) {
     }
     let held = mul_run(Format::Bf16, false);
     same_as_held("product", &mul_run(Format::Bf16, true), &held);
+    // Sums and means of rows shorter and longer than a row op's lanes, held in f32 and bf16;
+    // their backward (each value repeated over a row, divided by c for a mean) and a product
+    // with a constant, over the edges, to the bit (two f32 roundings on every device).
+    for (rows, c) in [(37, 5), (3, 700)] {
+        let x = measure::normal(rows * c, seed + 9);
+        for (divisor, held) in [
+            (1.0, Format::F32),
+            (c as f32, Format::F32),
+            (1.0, Format::Bf16),
+        ] {
+            let mut p = common::OneOp::new(1);
+            let (xi, out) = (p.input(x.clone()), p.output(rows));
+            let op = Op::RowSum {
+                x: xi,
+                out,
+                c,
+                divisor,
+                held,
+            };
+            let ran = p.run_both(b, op, (&one, &one), 1.0, &[out]);
+            let mut want = ops::row_sums(&x, c, divisor as f64);
+            let what = format!("row sums of {rows} x {c} / {divisor} held in {held}");
+            if held == Format::F32 {
+                agree(&what, &pair(&ran, 0), &want, tol::REDUCTION);
+            } else {
+                ops::round_to(&mut want, held);
+                for r in &ran {
+                    common::held_close(
+                        &format!("{name} {what}"),
+                        &r.outs[0],
+                        &want,
+                        held,
+                        tol::REDUCTION,
+                    );
+                }
+            }
+        }
+    }
+    let mut v = measure::normal(300, seed + 10);
+    v.extend([
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.0,
+        -0.0,
+        1e-40,
+        3e38,
+    ]);
+    for (c, scale, divisor, held) in [
+        (7, 1.0, 1.0, Format::F32),
+        (7, 1.0, 7.0, Format::F32),
+        (1, -0.1, 1.0, Format::F32),
+        (1, 3.0, 1.0, Format::Bf16),
+    ] {
+        let mut p = common::OneOp::new(1);
+        let (xi, out) = (p.input(v.clone()), p.output(v.len() * c));
+        let op = Op::Broadcast {
+            x: xi,
+            out,
+            c,
+            scale,
+            divisor,
+            held,
+        };
+        let ran = pair(&p.run_both(b, op, (&one, &one), 1.0, &[out]), 0);
+        let mut want = ops::broadcast(&v, c, scale, divisor);
+        ops::round_to(&mut want, held);
+        for got in &ran {
+            let bad = got
+                .iter()
+                .zip(&want)
+                .position(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan()));
+            // A device may flush the subnormal (1e-40) to zero.
+            let bad = bad.filter(|&i| !(want[i].abs() < 1.2e-38 && got[i] == 0.0));
+            assert!(
+                bad.is_none(),
+                "{name} broadcast x{c} * {scale} / {divisor} held in {held}: [{}] {} vs {}",
+                bad.unwrap_or(0),
+                got[bad.unwrap_or(0)],
+                want[bad.unwrap_or(0)]
+            );
+        }
+    }
     // The mean squared error and its gradient (the loss scaled), against targets of its own
     // (1001 values: more than a reduction's lanes), then against the batch's targets, f32
     // values as the bit patterns a batch brings (37 rows of one value).
@@ -1441,6 +1535,7 @@ fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
                                 x: dy,
                                 out,
                                 t: c,
+                                causal: true,
                                 scale,
                                 x_held: dy_held,
                             }
@@ -1451,6 +1546,7 @@ fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
                                 dp: dy,
                                 out,
                                 t: c,
+                                causal: true,
                                 scale,
                                 dp_held: dy_held,
                             }

@@ -772,6 +772,40 @@ fn cuda_model_ops_match_the_host_reference() {
     let input: Vec<u32> = [&a[..m], &b[..m]].iter().flat_map(|v| bits(v)).collect();
     let coded = run(h, "elementwise_mul", &strings(&[m, bf16, 1]), &input);
     same_codes("product as bf16 codes", &coded, &held, Format::Bf16);
+    // Row sums and means, rows shorter and longer than a block; their backward and a product
+    // with a constant, to the bit, over the edges.
+    for (rows, c) in [(37, 5), (3, 700)] {
+        let x = measure::normal(rows * c, seed + 9);
+        for divisor in [1.0f32, c as f32] {
+            let args = [
+                rows.to_string(),
+                c.to_string(),
+                divisor.to_string(),
+                format_id(Format::F32),
+            ];
+            let got = run_f32(h, "row_sums", &args, &[&x]);
+            let want = ops::row_sums(&x, c, divisor as f64);
+            common::close(
+                &format!("row sums of {rows} x {c} / {divisor}"),
+                &got,
+                &want,
+                tol::REDUCTION,
+            );
+        }
+    }
+    for (c, scale, divisor) in [(7usize, 1.0f32, 1.0f32), (7, 1.0, 7.0), (1, -0.1, 1.0)] {
+        let n = a.len() * c;
+        let args = [
+            n.to_string(),
+            c.to_string(),
+            scale.to_string(),
+            divisor.to_string(),
+            format_id(Format::F32),
+        ];
+        let got = run_f32(h, "broadcast", &args, &[&a]);
+        let what = format!("broadcast x{c} * {scale} / {divisor}");
+        common::same_or_nan(&what, &got, &ops::broadcast(&a, c, scale, divisor));
+    }
     // The mean squared error and its gradient (the loss scale over the ranks 1024), over more
     // values than the mean's block; held in f32 and bf16.
     let (pred, target) = (
@@ -1054,7 +1088,15 @@ fn cuda_training_kernels_match_the_host_reference() {
     }
     // Softmax rows shorter and longer than a block; heads of t x t; the scaled scores held in
     // f32 and in bf16 (a power-of-two scale: the backward's two roundings are one).
-    for (heads, t, scale) in [(3, 13, 0.3), (1, 150, 0.3), (3, 13, 0.25)] {
+    // Causal, and over every column.
+    let cases = [
+        (3, 13, 0.3, true),
+        (1, 150, 0.3, true),
+        (3, 13, 0.25, true),
+        (3, 13, 0.3, false),
+        (1, 150, 0.25, false),
+    ];
+    for (heads, t, scale, causal) in cases {
         let rows = heads * t;
         let s = measure::normal(rows * t, seed + 6);
         let dp = measure::normal(rows * t, seed + 7);
@@ -1066,13 +1108,19 @@ fn cuda_training_kernels_match_the_host_reference() {
                 scale.to_string(),
                 format_id(held),
                 format_id(Format::F32),
+                (causal as u32).to_string(),
             ];
             let p = run_f32(h, "softmax_fwd", &args, &[&s]);
-            let want = ops::causal_softmax_scaled_fwd(&s, t, k);
-            close(&format!("softmax, {held}"), &p, &want, tol::ROW);
+            let want = ops::softmax_scaled_fwd(&s, t, k, causal);
+            close(
+                &format!("softmax, {held}, causal {causal}"),
+                &p,
+                &want,
+                tol::ROW,
+            );
             let ds = run_f32(h, "softmax_bwd", &args, &[&p, &dp]);
-            let want = ops::causal_softmax_scaled_bwd(&p, &dp, t, k);
-            let what = format!("softmax bwd, scores x {scale} held in {held}");
+            let want = ops::softmax_scaled_bwd(&p, &dp, t, k, causal);
+            let what = format!("softmax bwd, causal {causal}, scores x {scale} held in {held}");
             match held {
                 Format::F32 => close(&what, &ds, &want, tol::ROW),
                 _ if scale == 0.25 => common::held_close(&what, &ds, &want, held, tol::ROW),

@@ -217,6 +217,13 @@ gradients! {
         let w = o.param("w", &[3, VOCAB]);
         o.m.matmul(x, w, false).unwrap()
     };
+    softmax_gradient: [2, 3], false, |o| {
+        // Over every column of rows of 4 (not square: no mask).
+        let x = o.input("x", 4);
+        let x = o.m.softmax(x).unwrap();
+        let w = o.param("w", &[4, VOCAB]);
+        o.m.matmul(x, w, false).unwrap()
+    };
     causal_attention_gradient: [2, 3], false, |o| {
         // Two heads of 2: q|k|v 12 wide, the output 4 wide.
         let x = o.input("qkv", 12);
@@ -269,6 +276,27 @@ gradients! {
         let s = o.m.bmm(s, a, false).unwrap();
         let w = o.param("w", &[4, VOCAB]);
         o.m.matmul(s, w, false).unwrap()
+    };
+    sum_gradient: [2, 3], false, |o| {
+        // Rows of 4 summed into [2, 3], then a head over a width of 1.
+        let x = o.input("x", 4);
+        let x = o.m.sum(x).unwrap();
+        let x = o.m.reshape(x, &[2, 3, 1]).unwrap();
+        let w = o.param("w", &[1, VOCAB]);
+        o.m.matmul(x, w, false).unwrap()
+    };
+    mean_gradient: [4], false, |o| {
+        // [4, 3, 5] averaged over its last axis: [4, 3] (a width of 3 into the head).
+        let x = o.input("x", 15);
+        let x = o.m.reshape(x, &[4, 3, 5]).unwrap();
+        let x = o.m.mean(x).unwrap();
+        let w = o.param("w", &[3, VOCAB]);
+        o.m.matmul(x, w, false).unwrap()
+    };
+    scale_and_sub_gradient: [4], false, |o| {
+        let (x, y) = (o.input("x", VOCAB), o.input("y", VOCAB));
+        let y = o.m.scale(y, 0.3).unwrap();
+        o.m.sub(x, y).unwrap()
     };
     mul_gradient: [4], false, |o| {
         let (x, y) = (o.input("x", VOCAB), o.input("y", VOCAB));
@@ -434,7 +462,7 @@ fn activation_gradients_are_rounded_as_they_are_written() {
 }
 
 /// A model of the ops added with the unary family and the strided copies (ReLU, tanh,
-/// sigmoid, transpose, bmm both ways, concat) takes the reference's losses on `b`, step for
+/// sigmoid, transpose, bmm both ways, concat, softmax, mean, sum, scale, sub) takes the reference's losses on `b`, step for
 /// step, at 32-true and bf16-mixed.
 fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
     let (batch, t, c) = (2, 4, 8);
@@ -456,8 +484,20 @@ fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
         let kt = m.transpose(k).unwrap();
         let s = m.bmm(q, kt, false).unwrap();
         let s = m.sigmoid(s).unwrap();
+        let s = m.softmax(s).unwrap();
         let h = m.bmm(s, x, false).unwrap();
         let h = m.concat(&[h, x]).unwrap();
+        // Each row minus a third of its mean, broadcast back over the row by a product.
+        let mean = m.mean(h).unwrap();
+        let mean = m.reshape(mean, &[batch, t, 1]).unwrap();
+        let ones = m.param("ones", &[1, 2 * c], Init::Ones, false).unwrap();
+        let mean = m.matmul(mean, ones, false).unwrap();
+        let mean = m.scale(mean, 1.0 / 3.0).unwrap();
+        let h = m.sub(h, mean).unwrap();
+        let total = m.sum(h).unwrap();
+        let total = m.reshape(total, &[batch, t, 1]).unwrap();
+        let total = m.matmul(total, ones, false).unwrap();
+        let h = m.add(h, total).unwrap();
         let logits = m.matmul(h, head, false).unwrap();
         let loss = m.cross_entropy(logits, targets).unwrap();
         m.finish(loss).unwrap()
@@ -570,6 +610,14 @@ fn bad_models_are_refused_with_the_op_and_shapes() {
     refused(m.mul(x, logits).unwrap_err(), &["mul", "[4, 6]", "[4, 5]"]);
     refused(m.silu(targets).unwrap_err(), &["silu", "ids"]);
     refused(m.relu(tokens).unwrap_err(), &["relu", "ids"]);
+    refused(m.sum(b).unwrap_err(), &["sum", "[5]", "one axis"]);
+    refused(m.mean(targets).unwrap_err(), &["mean", "ids"]);
+    refused(m.scale(x, f64::INFINITY).unwrap_err(), &["scale", "inf"]);
+    refused(
+        m.scale(x, 1e39).unwrap_err(),
+        &["scale", "not finite in f32"],
+    );
+    refused(m.sub(x, logits).unwrap_err(), &["sub", "[4, 6]", "[4, 5]"]);
     refused(
         m.transpose(b).unwrap_err(),
         &["transpose", "[5]", "two axes"],

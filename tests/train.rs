@@ -119,12 +119,14 @@ fn op_gradients_match_finite_differences() {
         |p, dl| ops::mse_bwd(p, &target, dl[0]),
     );
     let t = 4;
-    grad_check(
-        "causal softmax",
-        &randn(2 * t * t, 5),
-        |s| ops::causal_softmax_fwd(s, t, 0.7),
-        |s, dp| ops::causal_softmax_bwd(&ops::causal_softmax_fwd(s, t, 0.7), dp, t, 0.7),
-    );
+    for causal in [true, false] {
+        grad_check(
+            if causal { "causal softmax" } else { "softmax" },
+            &randn(2 * t * t, 5),
+            |s| ops::softmax_fwd(s, t, 0.7, causal),
+            |s, dp| ops::softmax_bwd(&ops::softmax_fwd(s, t, 0.7, causal), dp, t, 0.7, causal),
+        );
+    }
     let targets = [2u32, 0, 4];
     grad_check(
         "cross entropy",

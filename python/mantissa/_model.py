@@ -278,6 +278,31 @@ class ModelBuilder:
             raise ValueError(f"causal_attention: heads {heads!r} is not a whole number")
         return self._call("causal_attention", qkv, int(heads))
 
+    def sum(self, x: Var) -> Var:
+        """The sum over the last axis (``x.sum(-1)``, in f32 as autocast runs it)."""
+        self._vars_of("sum", x=x)
+        return self._call("sum", x)
+
+    def mean(self, x: Var) -> Var:
+        """The mean over the last axis (``x.mean(-1)``: the sum divided by its length)."""
+        self._vars_of("mean", x=x)
+        return self._call("mean", x)
+
+    def scale(self, x: Var, k: float) -> Var:
+        """x times the constant k (``x * k``), held in x's format."""
+        self._vars_of("scale", x=x)
+        return self._call("scale", x, float(k))
+
+    def sub(self, a: Var, b: Var) -> Var:
+        """a - b, of the same shape."""
+        self._vars_of("sub", a=a, b=b)
+        return self._call("sub", a, b)
+
+    def softmax(self, x: Var) -> Var:
+        """Softmax over the last axis (``torch.softmax(x, -1)``, in f32 as autocast runs it)."""
+        self._vars_of("softmax", x=x)
+        return self._call("softmax", x)
+
     def causal_softmax(self, x: Var, scale: float) -> Var:
         """Causal softmax of ``scale * x`` over the last axis of square [..., t, t] scores."""
         self._vars_of("causal_softmax", x=x)

@@ -175,6 +175,31 @@ impl PyModelBuilder {
         self.out(v)
     }
 
+    fn sum(&mut self, x: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.sum(x.var);
+        self.out(v)
+    }
+
+    fn mean(&mut self, x: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.mean(x.var);
+        self.out(v)
+    }
+
+    fn scale(&mut self, x: &PyVar, k: f64) -> PyResult<PyVar> {
+        let v = self.builder()?.scale(x.var, k);
+        self.out(v)
+    }
+
+    fn sub(&mut self, a: &PyVar, b: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.sub(a.var, b.var);
+        self.out(v)
+    }
+
+    fn softmax(&mut self, x: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.softmax(x.var);
+        self.out(v)
+    }
+
     fn causal_softmax(&mut self, x: &PyVar, scale: f64) -> PyResult<PyVar> {
         let v = self.builder()?.causal_softmax(x.var, scale);
         self.out(v)

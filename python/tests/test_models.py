@@ -126,13 +126,16 @@ def test_unary_functions_compute_what_numpy_computes():
     np.testing.assert_allclose(t.outputs(), h @ s["4.weight"].T + s["4.bias"], atol=1e-5)
 
 
-def test_bmm_transpose_and_concat_compute_what_numpy_computes():
+def test_bmm_transpose_softmax_concat_and_arithmetic_compute_what_numpy_computes():
     b = mantissa.ModelBuilder()
     x = b.values([2, 3, 4])
     y = b.values([2, 3, 7])
     h = b.matmul(x, b.param("w", [4, 4]))
-    s = b.transpose(b.bmm(h, x, transpose_b=True))
-    b.mse(b.concat([s, x]), y)
+    s = b.softmax(b.transpose(b.bmm(h, x, transpose_b=True)))
+    c = b.concat([s, x])
+    m = b.mean(c)
+    b.mse(b.sub(c, b.scale(c, 0.5)), y)
+    assert m.shape == (2, 3) and b.sum(c).shape == (2, 3)
     with pytest.raises(ValueError, match=r"bmm: a \[2, 3, 4\] \. b \[2, 3, 7\]"):
         b.bmm(x, y)
     with pytest.raises(ValueError, match="concat: xs\\[1\\] must be a Var"):
@@ -146,7 +149,10 @@ def test_bmm_transpose_and_concat_compute_what_numpy_computes():
     t.loss(xv, yv)
     x64 = xv.astype(np.float64)
     scores = (x64 @ w.astype(np.float64)) @ x64.transpose(0, 2, 1)
-    want = np.concatenate([scores.transpose(0, 2, 1), x64], axis=-1)
+    st = scores.transpose(0, 2, 1)
+    st = np.exp(st - st.max(-1, keepdims=True))
+    want = np.concatenate([st / st.sum(-1, keepdims=True), x64], axis=-1)
+    want = want - 0.5 * want
     np.testing.assert_allclose(t.outputs(), want, atol=1e-5)
 
 

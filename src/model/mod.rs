@@ -8,6 +8,7 @@
 //! - `ops.rs`: each op whole, in one place: its builder method (the shapes it takes, checked),
 //!   its forward emission and its backward rule
 //! - `layout.rs`: the ops that move values (transpose, concatenation), as ops.rs's
+//! - `arith.rs`: sums and means over the last axis, scaling by a constant, subtraction
 //! - `derive.rs`: the plan of a step: the forward ops, then each node's backward in reverse,
 //!   the gradients of a value read twice summed in f32 and rounded once
 //! - `run.rs`: a built model on a backend (its executor, losses, gradients, training steps)
@@ -17,6 +18,7 @@
 //! norm's in the narrower of its class's format and the stream's, a residual add's in the
 //! stream format, a gradient in the stream format once complete.
 
+mod arith;
 mod derive;
 mod layout;
 mod ops;

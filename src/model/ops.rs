@@ -586,7 +586,12 @@ impl ModelBuilder {
     }
 
     /// The shape of an elementwise op's two operands, which must be the same.
-    fn same_shapes(&self, (op, sign): (&str, &str), a: Var, b: Var) -> Result<Vec<usize>> {
+    pub(super) fn same_shapes(
+        &self,
+        (op, sign): (&str, &str),
+        a: Var,
+        b: Var,
+    ) -> Result<Vec<usize>> {
         let (as_, bs) = (self.operand(op, a)?, self.operand(op, b)?);
         if as_ != bs {
             return Err(refuse(
@@ -766,6 +771,7 @@ impl NodeOp for CausalAttention {
             x: scores,
             out: att,
             t,
+            causal: true,
             scale: self.score_scale(cx),
             x_held: Format::F32,
         });
@@ -823,6 +829,7 @@ impl NodeOp for CausalAttention {
                 dp: datt,
                 out: dscores,
                 t,
+                causal: true,
                 scale: self.score_scale(cx),
                 dp_held: Format::F32,
             });
@@ -844,12 +851,18 @@ impl NodeOp for CausalAttention {
 
 impl ModelBuilder {
     /// Causal softmax of `scale * x` over the last axis of square [..., t, t] score matrices
-    /// (row i sees columns 0..=i).
+    /// (row i sees columns 0..=i), the scaled scores held in the compute format as attention
+    /// holds them.
     pub fn causal_softmax(&mut self, x: Var, scale: f64) -> Result<Var> {
         let s = self.operand("causal_softmax", x)?;
         match s[..] {
             [.., r, t] if r == t && (scale as f32).is_finite() => {
-                Ok(self.node(Box::new(CausalSoftmax { t, scale }), vec![x], s))
+                let op = Softmax {
+                    t,
+                    scale,
+                    causal: true,
+                };
+                Ok(self.node(Box::new(op), vec![x], s))
             }
             _ => Err(refuse(
                 "causal_softmax",
@@ -860,27 +873,52 @@ impl ModelBuilder {
             )),
         }
     }
+
+    /// Softmax over the last axis of x (`torch.softmax(x, -1)`, which autocast runs in f32),
+    /// held in the softmax class's format.
+    pub fn softmax(&mut self, x: Var) -> Result<Var> {
+        let s = self.operand("softmax", x)?;
+        let t = *s.last().expect("shapes have an axis");
+        let op = Softmax {
+            t,
+            scale: 1.0,
+            causal: false,
+        };
+        Ok(self.node(Box::new(op), vec![x], s))
+    }
 }
 
-/// Causal softmax of scaled score matrices, held in the softmax class's format.
+/// Softmax of scaled rows, causal (square score matrices) or over every column, held in the
+/// softmax class's format.
 #[derive(Debug)]
-pub(crate) struct CausalSoftmax {
+pub(crate) struct Softmax {
     pub t: usize,
     pub scale: f64,
+    pub causal: bool,
 }
 
-impl CausalSoftmax {
+impl Softmax {
+    /// The causal softmax reads attention's scores held in the compute format; the plain one
+    /// reads x as it is held (autocast casts it to f32), times 1.
     fn score_scale(&self, cx: &Emit) -> ScoreScale {
         ScoreScale {
             scale: self.scale,
-            held: cx.p.compute,
+            held: if self.causal {
+                cx.p.compute
+            } else {
+                Format::F32
+            },
         }
     }
 }
 
-impl NodeOp for CausalSoftmax {
+impl NodeOp for Softmax {
     fn name(&self) -> &'static str {
-        "causal_softmax"
+        if self.causal {
+            "causal_softmax"
+        } else {
+            "softmax"
+        }
     }
 
     fn format(&self, cx: &Emit, _: &Node) -> Format {
@@ -898,6 +936,7 @@ impl NodeOp for CausalSoftmax {
             x,
             out,
             t: self.t,
+            causal: self.causal,
             scale: self.score_scale(cx),
             x_held: Format::F32,
         });
@@ -909,16 +948,18 @@ impl NodeOp for CausalSoftmax {
         let x = node.inputs[0];
         let p = cx.t(node.out);
         let out = cx.g.temp(cx.g.len(p));
+        let scale = self.score_scale(cx);
         cx.g.push(Op::SoftmaxBwd {
             p,
             dp: dy,
             out,
             t: self.t,
-            scale: self.score_scale(cx),
+            causal: self.causal,
+            scale,
             dp_held: cx.dy_read,
         });
-        // Held in the compute format already (`ScoreScale::held`): no rounding after it.
-        cx.contribute(x, out, true, cx.p.compute);
+        // Held in the scores' format already (`ScoreScale::held`): no rounding after it.
+        cx.contribute(x, out, true, scale.held);
     }
 }
 

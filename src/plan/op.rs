@@ -222,14 +222,48 @@ pub enum Op {
         /// The format `out` is held in.
         held: Format,
     },
-    /// Causal softmax of `scale * x` (held as `ScoreScale` says) per row of t.
+    /// out\[r\] = (the sum of row r's c values of x, in f32) / divisor, held in `held`: a sum
+    /// (divisor 1) or a mean (divisor c) over the last axis.
+    RowSum {
+        /// The input (rows, c).
+        x: TensorId,
+        /// One value per row.
+        out: TensorId,
+        /// Width of a row.
+        c: usize,
+        /// What the sum is divided by.
+        divisor: f32,
+        /// The format `out` is held in.
+        held: Format,
+    },
+    /// out\[e\] = x\[e / c\] * scale / divisor in f32, held in `held`: each of x's values
+    /// repeated c times (a row sum's backward: scale 1; a mean's: divisor c), or with c = 1
+    /// x times a constant.
+    Broadcast {
+        /// The input (out's length / c).
+        x: TensorId,
+        /// The output.
+        out: TensorId,
+        /// How many times each value repeats.
+        c: usize,
+        /// The factor on each value.
+        scale: f32,
+        /// What the product is divided by.
+        divisor: f32,
+        /// The format `out` is held in.
+        held: Format,
+    },
+    /// Softmax of `scale * x` (held as `ScoreScale` says) per row of t: causal (the rows are
+    /// blocks of t x t scores, row i seeing columns 0..=i) or over every column.
     Softmax {
         /// The scores, rows of t.
         x: TensorId,
-        /// The probabilities, rows of t (zero past the diagonal).
+        /// The probabilities, rows of t (zero past the diagonal where causal).
         out: TensorId,
-        /// Width of a row (the sequence's length).
+        /// Width of a row (the sequence's length where causal).
         t: usize,
+        /// Whether row i of each t x t block sees columns 0..=i only.
+        causal: bool,
         /// The factor on the scores and the format the scaled scores are held in.
         scale: ScoreScale,
         /// The format the scores are rounded to as they are read (the product of the matmul
@@ -248,6 +282,8 @@ pub enum Op {
         out: TensorId,
         /// Width of a row.
         t: usize,
+        /// The forward's mask (`Softmax::causal`).
+        causal: bool,
         /// The forward's score scale.
         scale: ScoreScale,
         /// The format dp is rounded to as it is read (as `Softmax`'s `x_held`).
@@ -448,6 +484,8 @@ impl Op {
             | Op::RmsNorm { .. }
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
+            | Op::RowSum { .. }
+            | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
@@ -484,6 +522,8 @@ impl Op {
             | Op::Unary { out, held, .. }
             | Op::RmsNorm { out, held, .. }
             | Op::Mul { out, held, .. }
+            | Op::RowSum { out, held, .. }
+            | Op::Broadcast { out, held, .. }
             | Op::UnaryBwd { out, held, .. }
             | Op::CrossEntropy {
                 grad: out, held, ..
@@ -588,7 +628,9 @@ impl Op {
                 all.extend(sum.as_mut().map(|(r, _)| r));
                 all
             }
-            Op::Unary { x, out, .. } => vec![x, out],
+            Op::Unary { x, out, .. } | Op::RowSum { x, out, .. } | Op::Broadcast { x, out, .. } => {
+                vec![x, out]
+            }
             Op::UnaryBwd { x, dy, out, .. } => vec![x, dy, out],
             Op::RmsNorm {
                 x, g, out, stats, ..
@@ -678,9 +720,13 @@ impl Op {
             Op::RmsNorm { .. } => "rms norm",
             Op::RmsNormBwd { .. } => "rms norm backward",
             Op::Mul { .. } => "mul",
+            Op::RowSum { .. } => "row sum",
+            Op::Broadcast { .. } => "broadcast",
             Op::MseLoss { .. } => "mean squared error",
-            Op::Softmax { .. } => "causal softmax",
-            Op::SoftmaxBwd { .. } => "causal softmax backward",
+            Op::Softmax { causal: true, .. } => "causal softmax",
+            Op::Softmax { .. } => "softmax",
+            Op::SoftmaxBwd { causal: true, .. } => "causal softmax backward",
+            Op::SoftmaxBwd { .. } => "softmax backward",
             Op::Attention { .. } => "attention",
             Op::AttentionBwd { .. } => "attention backward",
             Op::CrossEntropy { .. } => "cross entropy",
@@ -733,6 +779,8 @@ impl Op {
             | Op::RmsNorm { .. }
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
+            | Op::RowSum { .. }
+            | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
@@ -788,7 +836,9 @@ impl Op {
                 reads.extend(sum.map(|(r, _)| r));
                 (reads, vec![dx, dg, db])
             }
-            Op::Unary { x, out, .. } => (vec![x], vec![out]),
+            Op::Unary { x, out, .. } | Op::RowSum { x, out, .. } | Op::Broadcast { x, out, .. } => {
+                (vec![x], vec![out])
+            }
             Op::UnaryBwd { x, dy, out, .. } => (vec![x, dy], vec![out]),
             Op::RmsNorm {
                 x, g, out, stats, ..
@@ -973,6 +1023,33 @@ impl Op {
                 check.holds("b", b, check.len(a))?;
                 check.holds("the output", out, check.len(a))
             }
+            Op::RowSum {
+                x, out, c, divisor, ..
+            } => {
+                let rows = check.rows("x", x, ("c", c))?;
+                if !(divisor.is_finite() && divisor != 0.0) {
+                    return Err(check.fail(format!("divisor {divisor} is not finite and nonzero")));
+                }
+                check.holds("the sums", out, rows)
+            }
+            Op::Broadcast {
+                x,
+                out,
+                c,
+                scale,
+                divisor,
+                ..
+            } => {
+                if c == 0 || !(scale.is_finite() && divisor.is_finite() && divisor != 0.0) {
+                    return Err(check.fail(format!(
+                        "repeats {c}, scale {scale} and divisor {divisor}: must be at least 1, \
+                         finite, and finite and nonzero"
+                    )));
+                }
+                let n = check.len(x).checked_mul(c);
+                let n = n.ok_or_else(|| check.fail("its output's length overflows".into()))?;
+                check.holds("the output", out, n)
+            }
             Op::MseLoss {
                 pred, target, grad, ..
             } => {
@@ -1147,6 +1224,8 @@ impl Op {
             | Op::RmsNorm { .. }
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
+            | Op::RowSum { .. }
+            | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
@@ -1179,6 +1258,8 @@ impl Op {
             | Op::RmsNorm { .. }
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
+            | Op::RowSum { .. }
+            | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
@@ -1217,6 +1298,8 @@ impl Op {
                 out == t && spec.compute == format && spec.d % 2 == 0
             }
             Op::Embedding { .. }
+            | Op::RowSum { .. }
+            | Op::Broadcast { .. }
             | Op::EmbeddingBwd { .. }
             | Op::LayerNormBwd { .. }
             | Op::UnaryBwd { .. }
@@ -1250,6 +1333,8 @@ impl Op {
             | Op::RmsNorm { .. }
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
+            | Op::RowSum { .. }
+            | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
@@ -1314,6 +1399,8 @@ impl Op {
             | Op::RmsNorm { .. }
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
+            | Op::RowSum { .. }
+            | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Unary { .. }
             | Op::UnaryBwd { .. }

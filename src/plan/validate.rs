@@ -376,6 +376,7 @@ mod tests {
                 dp: 1,
                 out: 2,
                 t: 2,
+                causal: true,
                 scale: ScoreScale {
                     scale: 1.0,
                     held: Format::F32,
@@ -677,6 +678,7 @@ mod tests {
             x,
             out: y,
             t: 2,
+            causal: true,
             scale: ScoreScale {
                 scale: 1.0,
                 held: Format::F32,

@@ -611,6 +611,22 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> both(dx.f(), dx.f() + n);
         both.insert(both.end(), dg.begin(), dg.end());
         out = bits_of(both);
+    } else if (k == "row_sums" && argc == 6) {  // ROWS C DIVISOR FMT < x > sums
+        u32 rows = arg(argv, 2), c = arg(argv, 3), fmt = arg(argv, 5);
+        float divisor = farg(argv, 4);
+        float* x = input.f((size_t)rows * c);
+        std::vector<float> y(rows);
+        emu::launch({rows, 1, 1}, row_block, [&] { row_sums(x, y.data(), c, divisor, fmt); });
+        out = bits_of(y);
+    } else if (k == "broadcast" && argc == 7) {  // N C SCALE DIVISOR FMT < x (N / C) > out (N)
+        i64 n = arg(argv, 2);
+        u32 c = arg(argv, 3), fmt = arg(argv, 6);
+        float scale = farg(argv, 4), divisor = farg(argv, 5);
+        float* x = input.f(n / c);
+        std::vector<float> y(n);
+        emu::launch(elementwise_grid(n), element_block,
+                    [&] { broadcast(x, y.data(), n, c, scale, divisor, fmt); });
+        out = bits_of(y);
     } else if (k == "elementwise_mul" && argc == 5) {  // N FMT CODED < a b > out (codes one a word)
         i64 n = arg(argv, 2);
         u32 fmt = arg(argv, 3), coded = arg(argv, 4);
@@ -677,20 +693,22 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
                         [&] { unary_bwd(x, dy, y.data(), n, fmt, x_fmt, dy_fmt, f); });
         }
         out = bits_of(y);
-    } else if ((k == "softmax_fwd" || k == "softmax_bwd") && argc == 7) {
-        // ROWS T SCALE FMT READFMT (the scores, or dp, rounded to READFMT as they are read)
+    } else if ((k == "softmax_fwd" || k == "softmax_bwd") && (argc == 7 || argc == 8)) {
+        // ROWS T SCALE FMT READFMT [CAUSAL] (the scores, or dp, rounded to READFMT as they are
+        // read; causal unless CAUSAL is 0)
         u32 rows = arg(argv, 2), t = arg(argv, 3), fmt = arg(argv, 5), read_fmt = arg(argv, 6);
+        u32 causal = argc == 8 ? arg(argv, 7) : 1;
         float scale = farg(argv, 4);
         size_t n = (size_t)rows * t;
         float* x = input.f(n);
         std::vector<float> y(n);
         if (k == "softmax_fwd") {
             emu::launch({rows, 1, 1}, row_block,
-                        [&] { causal_softmax_fwd(x, y.data(), t, scale, fmt, read_fmt); });
+                        [&] { softmax_fwd(x, y.data(), t, scale, fmt, read_fmt, causal); });
         } else {
             float* dp = input.f(n);
             emu::launch({rows, 1, 1}, row_block,
-                        [&] { causal_softmax_bwd(x, dp, y.data(), t, scale, fmt, read_fmt); });
+                        [&] { softmax_bwd(x, dp, y.data(), t, scale, fmt, read_fmt, causal); });
         }
         out = bits_of(y);
     } else if (k == "cross_entropy_fwd" && (argc == 4 || argc == 6)) {

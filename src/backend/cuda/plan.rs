@@ -312,6 +312,30 @@ impl<'a> CudaPlan<'a> {
                 self.len(a),
                 (held, self.coded(out)),
             ),
+            Op::RowSum {
+                x,
+                out,
+                c,
+                divisor,
+                held,
+            } => {
+                let shape = (self.rows(x, c), c, divisor);
+                launch::row_sums(cb, [self.p(x), self.p(out)], shape, held)
+            }
+            Op::Broadcast {
+                x,
+                out,
+                c,
+                scale,
+                divisor,
+                held,
+            } => launch::broadcast(
+                cb,
+                [self.p(x), self.p(out)],
+                (self.len(out), c),
+                (scale, divisor),
+                held,
+            ),
             Op::MseLoss {
                 pred,
                 target,
@@ -326,10 +350,11 @@ impl<'a> CudaPlan<'a> {
                 x,
                 out,
                 t,
+                causal,
                 scale,
                 x_held,
             } => {
-                let shape = (self.rows(x, t), t, scale);
+                let shape = (self.rows(x, t), t, scale, causal);
                 launch::softmax_fwd(cb, [self.p(x), self.p(out)], shape, x_held)
             }
             Op::SoftmaxBwd {
@@ -337,10 +362,11 @@ impl<'a> CudaPlan<'a> {
                 dp,
                 out,
                 t,
+                causal,
                 scale,
                 dp_held,
             } => {
-                let shape = (self.rows(p, t), t, scale);
+                let shape = (self.rows(p, t), t, scale, causal);
                 launch::softmax_bwd(cb, [self.p(p), self.p(dp), self.p(out)], shape, dp_held)
             }
             Op::Attention {

@@ -99,6 +99,8 @@ pub(super) mod scratch {
             | Op::UnaryBwd { .. }
             | Op::RmsNorm { .. }
             | Op::Mul { .. }
+            | Op::RowSum { .. }
+            | Op::Broadcast { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }
@@ -372,6 +374,32 @@ pub(super) fn mul(
     launch_1d!(cb, Module::Train, "elementwise_mul", n; &a, &b, &out, &len, &fmt, &coded)
 }
 
+/// out[row] = the sum of each row of c values / `divisor`, held in `held`.
+pub(super) fn row_sums(
+    cb: &CudaBackend,
+    [x, out]: [Ptr; 2],
+    (rows, c, divisor): (usize, usize, f32),
+    held: Format,
+) -> Result<()> {
+    if rows == 0 || c == 0 {
+        return Ok(());
+    }
+    let (c, fmt) = (c as u32, format_id(held));
+    launch!(cb, Module::Train, "row_sums", CudaBackend::rows_config(rows)?; &x, &out, &c, &divisor, &fmt)
+}
+
+/// out[e] = x[e / c] * scale / divisor held in `held`, over n values of out.
+pub(super) fn broadcast(
+    cb: &CudaBackend,
+    [x, out]: [Ptr; 2],
+    (n, c): (usize, usize),
+    (scale, divisor): (f32, f32),
+    held: Format,
+) -> Result<()> {
+    let (len, c, fmt) = (n as i64, c as u32, format_id(held));
+    launch_1d!(cb, Module::Train, "broadcast", n; &x, &out, &len, &c, &scale, &divisor, &fmt)
+}
+
 /// The mean of the squared errors into stats[slot], and into `grad` the loss's gradient
 /// 2 (pred - target) * scalars[DLOSS] / n held in `held`; `scratch` holds the squared errors
 /// (`scratch::mse`).
@@ -389,34 +417,35 @@ pub(super) fn mse_fwd(
     launch!(cb, Module::Train, "mean_to_stat", one_block(256); &scratch, &stats, &n32, &slot)
 }
 
-/// The causal softmax of the scaled scores x (rounded to `x_held` as they are read) into p.
+/// The softmax of the scaled scores x (rounded to `x_held` as they are read) into p, causal
+/// or not.
 pub(super) fn softmax_fwd(
     cb: &CudaBackend,
     [x, p]: [Ptr; 2],
-    (rows, t, scale): (usize, usize, ScoreScale),
+    (rows, t, scale, causal): (usize, usize, ScoreScale, bool),
     x_held: Format,
 ) -> Result<()> {
     if rows == 0 || t == 0 {
         return Ok(());
     }
     let (t, k, fmt) = (t as u32, scale.scale as f32, format_id(scale.held));
-    let x_fmt = format_id(x_held);
-    launch!(cb, Module::Train, "causal_softmax_fwd", CudaBackend::rows_config(rows)?; &x, &p, &t, &k, &fmt, &x_fmt)
+    let (x_fmt, causal) = (format_id(x_held), causal as u32);
+    launch!(cb, Module::Train, "softmax_fwd", CudaBackend::rows_config(rows)?; &x, &p, &t, &k, &fmt, &x_fmt, &causal)
 }
 
 /// Its backward: p and dp (rounded to `dp_held` as it is read) -> the scores' gradient ds.
 pub(super) fn softmax_bwd(
     cb: &CudaBackend,
     [p, dp, ds]: [Ptr; 3],
-    (rows, t, scale): (usize, usize, ScoreScale),
+    (rows, t, scale, causal): (usize, usize, ScoreScale, bool),
     dp_held: Format,
 ) -> Result<()> {
     if rows == 0 || t == 0 {
         return Ok(());
     }
     let (t, k, fmt) = (t as u32, scale.scale as f32, format_id(scale.held));
-    let dp_fmt = format_id(dp_held);
-    launch!(cb, Module::Train, "causal_softmax_bwd", CudaBackend::rows_config(rows)?; &p, &dp, &ds, &t, &k, &fmt, &dp_fmt)
+    let (dp_fmt, causal) = (format_id(dp_held), causal as u32);
+    launch!(cb, Module::Train, "softmax_bwd", CudaBackend::rows_config(rows)?; &p, &dp, &ds, &t, &k, &fmt, &dp_fmt, &causal)
 }
 
 /// The mean of the rows' losses into stats[slot], and into `out` the loss's gradient

@@ -214,6 +214,29 @@ impl HostExecutor {
                 self.tensors[dx] = x_grad;
                 self.tensors[dg] = g_grad;
             }
+            Op::RowSum {
+                x,
+                out,
+                c,
+                divisor,
+                held,
+            } => {
+                let mut y = ops::row_sums(&t[x], c, divisor as f64);
+                round_to(&mut y, held);
+                self.tensors[out] = y;
+            }
+            Op::Broadcast {
+                x,
+                out,
+                c,
+                scale,
+                divisor,
+                held,
+            } => {
+                let mut y = ops::broadcast(&t[x], c, scale, divisor);
+                round_to(&mut y, held);
+                self.tensors[out] = y;
+            }
             Op::Mul { a, b, out, held } => {
                 let mut y = ops::mul(&t[a], &t[b]);
                 round_to(&mut y, held);
@@ -236,22 +259,24 @@ impl HostExecutor {
                 x,
                 out,
                 t: width,
+                causal,
                 scale,
                 x_held,
             } => {
                 let x = rounded(&t[x], x_held);
-                self.tensors[out] = ops::causal_softmax_scaled_fwd(&x, width, scale);
+                self.tensors[out] = ops::softmax_scaled_fwd(&x, width, scale, causal);
             }
             Op::SoftmaxBwd {
                 p,
                 dp,
                 out,
                 t: width,
+                causal,
                 scale,
                 dp_held,
             } => {
                 let dp = rounded(&t[dp], dp_held);
-                self.tensors[out] = ops::causal_softmax_scaled_bwd(&t[p], &dp, width, scale);
+                self.tensors[out] = ops::softmax_scaled_bwd(&t[p], &dp, width, scale, causal);
             }
             Op::Attention {
                 qkv,

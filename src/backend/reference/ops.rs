@@ -140,6 +140,22 @@ pub fn mul<T: Float>(a: &[T], b: &[T]) -> Vec<T> {
     a.iter().zip(b).map(|(&x, &y)| x * y).collect()
 }
 
+/// The sum of each row of c values (in f64) divided by `divisor`: a sum (1) or a mean (c)
+/// over the last axis.
+pub fn row_sums<T: Float>(x: &[T], c: usize, divisor: f64) -> Vec<T> {
+    x.chunks(c)
+        .map(|row| cast(row.iter().map(|&v| f64_of(v)).sum::<f64>() / divisor))
+        .collect()
+}
+
+/// Each value of x repeated c times, times `scale` and divided by `divisor` in f32 (a row
+/// sum's or mean's backward; with c = 1, x times a constant): the kernels' two roundings.
+pub fn broadcast(x: &[f32], c: usize, scale: f32, divisor: f32) -> Vec<f32> {
+    x.iter()
+        .flat_map(|&v| std::iter::repeat_n(v * scale / divisor, c))
+        .collect()
+}
+
 /// Mean squared error over every element: mean((pred - target)^2), summed in f64.
 pub fn mse_fwd<T: Float>(pred: &[T], target: &[T]) -> f64 {
     let sum: f64 = pred
@@ -159,12 +175,18 @@ pub fn mse_bwd<T: Float>(pred: &[T], target: &[T], dloss: f64) -> Vec<T> {
         .collect()
 }
 
-/// Causal softmax of `scale * scores` over `heads` blocks of t x t scores: row i attends to
-/// columns 0..=i; the masked probabilities are 0.
-pub fn causal_softmax_fwd<T: Float>(scores: &[T], t: usize, scale: f64) -> Vec<T> {
+/// The last column row `row` of a softmax over rows of t sees: with `causal`, the rows are
+/// blocks of t x t scores and row i sees columns 0..=i; without, every column.
+fn last_seen(row: usize, t: usize, causal: bool) -> usize {
+    if causal { row % t } else { t - 1 }
+}
+
+/// Softmax of `scale * scores` over rows of t, `causal` or not (`last_seen`); the masked
+/// probabilities are 0.
+pub fn softmax_fwd<T: Float>(scores: &[T], t: usize, scale: f64, causal: bool) -> Vec<T> {
     let mut p = vec![T::zero(); scores.len()];
     for (row, out) in p.chunks_mut(t).enumerate() {
-        let i = row % t;
+        let i = last_seen(row, t, causal);
         let s = &scores[row * t..row * t + i + 1];
         let max = s
             .iter()
@@ -179,11 +201,11 @@ pub fn causal_softmax_fwd<T: Float>(scores: &[T], t: usize, scale: f64) -> Vec<T
     p
 }
 
-/// Backward of `causal_softmax_fwd` with respect to the (unscaled) scores.
-pub fn causal_softmax_bwd<T: Float>(p: &[T], dp: &[T], t: usize, scale: f64) -> Vec<T> {
+/// Backward of `softmax_fwd` with respect to the (unscaled) scores.
+pub fn softmax_bwd<T: Float>(p: &[T], dp: &[T], t: usize, scale: f64, causal: bool) -> Vec<T> {
     let mut ds = vec![T::zero(); p.len()];
     for (row, out) in ds.chunks_mut(t).enumerate() {
-        let i = row % t;
+        let i = last_seen(row, t, causal);
         let (pr, dr) = (&p[row * t..row * t + i + 1], &dp[row * t..row * t + i + 1]);
         let dot: f64 = pr
             .iter()
@@ -205,15 +227,21 @@ pub fn scaled_scores(s: &[f32], scale: ScoreScale) -> Vec<f32> {
     z
 }
 
-/// `causal_softmax_fwd` of the scores as `scaled_scores` holds them.
-pub fn causal_softmax_scaled_fwd(scores: &[f32], t: usize, scale: ScoreScale) -> Vec<f32> {
-    causal_softmax_fwd(&scaled_scores(scores, scale), t, 1.0)
+/// `softmax_fwd` of the scores as `scaled_scores` holds them.
+pub fn softmax_scaled_fwd(scores: &[f32], t: usize, scale: ScoreScale, causal: bool) -> Vec<f32> {
+    softmax_fwd(&scaled_scores(scores, scale), t, 1.0, causal)
 }
 
-/// The backward of `causal_softmax_scaled_fwd` with respect to the unscaled scores: the
-/// softmax's gradient (the gradient of the held scaled scores) held, then scaled and held again.
-pub fn causal_softmax_scaled_bwd(p: &[f32], dp: &[f32], t: usize, scale: ScoreScale) -> Vec<f32> {
-    let mut ds = causal_softmax_bwd(p, dp, t, 1.0);
+/// The backward of `softmax_scaled_fwd` with respect to the unscaled scores: the softmax's
+/// gradient (the gradient of the held scaled scores) held, then scaled and held again.
+pub fn softmax_scaled_bwd(
+    p: &[f32],
+    dp: &[f32],
+    t: usize,
+    scale: ScoreScale,
+    causal: bool,
+) -> Vec<f32> {
+    let mut ds = softmax_bwd(p, dp, t, 1.0, causal);
     round_to(&mut ds, scale.held);
     scaled_scores(&ds, scale)
 }
@@ -393,7 +421,7 @@ pub fn attention_bwd(qkv: &[f32], dout: &[f32], spec: &Attention) -> (Vec<f32>, 
     let dy = rows_to_heads(dout, b, t, h, d);
     let dp = held(bmm(spec, t, d, false, true), spec, &dy, &v);
     let dv = held(bmm(spec, d, t, true, false), spec, &p, &dy);
-    let ds = causal_softmax_scaled_bwd(&p, &dp, t, spec.score_scale());
+    let ds = softmax_scaled_bwd(&p, &dp, t, spec.score_scale(), true);
     let dq = held(bmm(spec, d, t, false, false), spec, &ds, &k);
     let dk = held(bmm(spec, d, t, true, false), spec, &ds, &q);
     let delta = (0..spec.score_rows())
@@ -416,7 +444,7 @@ fn attention_probs(qkv: &[f32], spec: &Attention) -> (Vec<f32>, Vec<f32>, [Vec<f
     let Attention { b, t, h, d, .. } = *spec;
     let heads = split_heads(qkv, b, t, h, d);
     let scores = held(bmm(spec, t, d, false, true), spec, &heads[0], &heads[1]);
-    let mut p = causal_softmax_scaled_fwd(&scores, t, spec.score_scale());
+    let mut p = softmax_scaled_fwd(&scores, t, spec.score_scale(), true);
     round_to(&mut p, spec.probs);
     (scores, p, heads)
 }

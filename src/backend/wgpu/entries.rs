@@ -27,12 +27,16 @@ pub enum TrainOp {
     RmsnormBwdPartials,
     /// The elementwise product.
     Mul,
+    /// A sum or mean of each row.
+    RowSums,
+    /// Values repeated (a row sum's backward), or scaled by a constant.
+    Broadcast,
     /// The mean squared error's gradient and squared differences.
     MseFwd,
-    /// Causal softmax of scaled scores per row.
-    CausalSoftmaxFwd,
-    /// Causal softmax's backward.
-    CausalSoftmaxBwd,
+    /// Softmax of scaled scores per row, causal or not.
+    SoftmaxFwd,
+    /// The softmax's backward.
+    SoftmaxBwd,
     /// Cross entropy per row of logits: the loss, and the probabilities or the loss's gradient.
     CrossEntropyFwd,
     /// Embedding gather.
@@ -51,7 +55,7 @@ pub enum TrainOp {
 
 impl TrainOp {
     /// Every entry point, in the order of the shader module.
-    pub const ALL: [TrainOp; 21] = [
+    pub const ALL: [TrainOp; 23] = [
         TrainOp::LayernormFwd,
         TrainOp::LayernormBwdX,
         TrainOp::LayernormBwdPartials,
@@ -63,9 +67,11 @@ impl TrainOp {
         TrainOp::RmsnormBwdX,
         TrainOp::RmsnormBwdPartials,
         TrainOp::Mul,
+        TrainOp::RowSums,
+        TrainOp::Broadcast,
         TrainOp::MseFwd,
-        TrainOp::CausalSoftmaxFwd,
-        TrainOp::CausalSoftmaxBwd,
+        TrainOp::SoftmaxFwd,
+        TrainOp::SoftmaxBwd,
         TrainOp::CrossEntropyFwd,
         TrainOp::EmbeddingFwd,
         TrainOp::EmbeddingSort,
@@ -89,9 +95,11 @@ impl TrainOp {
             TrainOp::RmsnormBwdX => "rmsnorm_bwd_x",
             TrainOp::RmsnormBwdPartials => "rmsnorm_bwd_partials",
             TrainOp::Mul => "elementwise_mul",
+            TrainOp::RowSums => "row_sums",
+            TrainOp::Broadcast => "broadcast",
             TrainOp::MseFwd => "mse_fwd",
-            TrainOp::CausalSoftmaxFwd => "causal_softmax_fwd",
-            TrainOp::CausalSoftmaxBwd => "causal_softmax_bwd",
+            TrainOp::SoftmaxFwd => "softmax_fwd",
+            TrainOp::SoftmaxBwd => "softmax_bwd",
             TrainOp::CrossEntropyFwd => "cross_entropy_fwd",
             TrainOp::EmbeddingFwd => "embedding_fwd",
             TrainOp::EmbeddingSort => "embedding_sort",

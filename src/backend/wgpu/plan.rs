@@ -573,6 +573,29 @@ impl<'a> ResidentPlan<'a> {
                 r.temporaries.push(parts);
                 d.concat()
             }
+            Op::RowSum {
+                x,
+                out,
+                c,
+                divisor,
+                held,
+            } => train(
+                launch::row_sums(rows_of(x, c), c, divisor, held),
+                [Some(x), None, None],
+                [Some(out), None, None],
+            )?,
+            Op::Broadcast {
+                x,
+                out,
+                c,
+                scale,
+                divisor,
+                held,
+            } => train(
+                launch::broadcast(len(out), c, (scale, divisor), held),
+                [Some(x), None, None],
+                [Some(out), None, None],
+            )?,
             Op::Mul { a, b, out, held } => {
                 let l = launch::mul(len(a), held, coded(out));
                 train(l, [Some(a), Some(b), None], outs_for(out, None))?
@@ -635,10 +658,11 @@ impl<'a> ResidentPlan<'a> {
                 x,
                 out,
                 t,
+                causal,
                 scale,
                 x_held,
             } => train(
-                launch::softmax_fwd(rows_of(x, t), t, scale, x_held),
+                launch::softmax_fwd(rows_of(x, t), (t, causal), scale, x_held),
                 [Some(x), None, None],
                 [Some(out), None, None],
             )?,
@@ -647,10 +671,11 @@ impl<'a> ResidentPlan<'a> {
                 dp,
                 out,
                 t,
+                causal,
                 scale,
                 dp_held,
             } => train(
-                launch::softmax_bwd(rows_of(p, t), t, scale, dp_held),
+                launch::softmax_bwd(rows_of(p, t), (t, causal), scale, dp_held),
                 [Some(p), Some(dp), None],
                 [Some(out), None, None],
             )?,

@@ -82,6 +82,10 @@ pub struct TrainParams {
     pub sum: u32,
     /// The unary family's function (`plan::Unary::id`).
     pub func: u32,
+    /// 1: the softmax's rows are blocks of t x t scores, row i seeing columns 0..=i.
+    pub causal: u32,
+    /// What a row sum, or a broadcast's product, is divided by (1, or c for a mean).
+    pub divisor: f32,
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -335,8 +339,8 @@ impl TrainLaunch {
         let (row_loops, trees) = match self.op {
             TrainOp::LayernormBwdX => (2, 2),
             TrainOp::RmsnormBwdX => (2, 1),
-            TrainOp::CausalSoftmaxFwd => (3, 2),
-            TrainOp::CausalSoftmaxBwd => (2, 1),
+            TrainOp::SoftmaxFwd => (3, 2),
+            TrainOp::SoftmaxBwd => (2, 1),
             // Layer norm's and the cross entropy's forward, and the most any row op has.
             _ => (4, 2),
         };
@@ -616,6 +620,28 @@ pub mod launch {
         [for_x, partials, sum_partials(rows, c, 1)]
     }
 
+    /// x (rows of c) -> each row's sum / `divisor`, held in `held`.
+    pub fn row_sums(rows: usize, c: usize, divisor: f32, held: Format) -> TrainLaunch {
+        let mut l = row_op(TrainOp::RowSums, rows, c);
+        l.params.divisor = divisor;
+        l.params.held = format_id(held);
+        l
+    }
+
+    /// x -> its values repeated c times over n outputs, times `scale` / `divisor`, held.
+    pub fn broadcast(
+        n: usize,
+        c: usize,
+        (scale, divisor): (f32, f32),
+        held: Format,
+    ) -> TrainLaunch {
+        let mut l = train(TrainOp::Broadcast, n, c, n);
+        l.params.scale = scale;
+        l.params.divisor = divisor;
+        l.params.held = format_id(held);
+        l
+    }
+
     /// a, b -> a * b held in `held`; where `coded`, its 16-bit codes go to the third output,
     /// one word (two elements) per invocation.
     pub fn mul(n: usize, held: Format, coded: bool) -> TrainLaunch {
@@ -636,8 +662,14 @@ pub mod launch {
 
     /// Causal softmax of the scaled `x` (`ScoreScale`: the scale, its product held in
     /// `held`) over rows of `t`, x rounded to `x_held` as it is read.
-    pub fn softmax_fwd(rows: usize, t: usize, scale: ScoreScale, x_held: Format) -> TrainLaunch {
-        let mut l = row_op(TrainOp::CausalSoftmaxFwd, rows, t);
+    pub fn softmax_fwd(
+        rows: usize,
+        (t, causal): (usize, bool),
+        scale: ScoreScale,
+        x_held: Format,
+    ) -> TrainLaunch {
+        let mut l = row_op(TrainOp::SoftmaxFwd, rows, t);
+        l.params.causal = causal as u32;
         l.params.scale = scale.scale as f32;
         l.params.held = format_id(scale.held);
         l.params.read_held = format_id(x_held);
@@ -646,8 +678,14 @@ pub mod launch {
 
     /// The backward of `softmax_fwd`: dp and the probabilities -> the gradient of the unscaled
     /// scores; dp rounded to `dp_held` as it is read.
-    pub fn softmax_bwd(rows: usize, t: usize, scale: ScoreScale, dp_held: Format) -> TrainLaunch {
-        let mut l = row_op(TrainOp::CausalSoftmaxBwd, rows, t);
+    pub fn softmax_bwd(
+        rows: usize,
+        (t, causal): (usize, bool),
+        scale: ScoreScale,
+        dp_held: Format,
+    ) -> TrainLaunch {
+        let mut l = row_op(TrainOp::SoftmaxBwd, rows, t);
+        l.params.causal = causal as u32;
         l.params.scale = scale.scale as f32;
         l.params.held = format_id(scale.held);
         l.params.read_held = format_id(dp_held);
@@ -914,7 +952,9 @@ mod uniform_layout {
                 eps,
                 read_held,
                 sum,
-                func
+                func,
+                causal,
+                divisor
             }
         );
         assert_uniform_layout!(

@@ -1,0 +1,161 @@
+//! Sums and means over the last axis, scaling by a constant and subtraction: `Op::RowSum`
+//! forward and `Op::Broadcast` back (a sum's gradient repeated over its row; with one repeat,
+//! a product with a constant). As in ops.rs, each op whole: its builder method, its forward
+//! emission and its backward rule.
+
+use super::derive::{Emit, Saved};
+use super::ops::NodeOp;
+use super::{ModelBuilder, Node, Var, refuse, shape_of};
+use crate::error::Result;
+use crate::format::Format;
+use crate::plan::{Op, TensorId};
+
+impl ModelBuilder {
+    /// The sum over the last axis of x [..., c]: [...] (`x.sum(-1)`; autocast runs it in f32,
+    /// so it is held in the stream format).
+    pub fn sum(&mut self, x: Var) -> Result<Var> {
+        self.row_reduce("sum", x, false)
+    }
+
+    /// The mean over the last axis of x [..., c]: [...] (`x.mean(-1)`: the sum divided by c).
+    pub fn mean(&mut self, x: Var) -> Result<Var> {
+        self.row_reduce("mean", x, true)
+    }
+
+    fn row_reduce(&mut self, op: &'static str, x: Var, mean: bool) -> Result<Var> {
+        let s = self.operand(op, x)?;
+        let [ref lead @ .., c] = s[..] else {
+            unreachable!("operands have an axis")
+        };
+        if lead.is_empty() {
+            return Err(refuse(
+                op,
+                format!(
+                    "x {} has one axis, which would leave the scalar only a loss is: reshape \
+                     it to [1, {c}]",
+                    shape_of(&s)
+                ),
+            ));
+        }
+        let node = RowReduce { op, c, mean };
+        Ok(self.node(Box::new(node), vec![x], lead.to_vec()))
+    }
+
+    /// x times the constant k, in f32 and held in x's format (`x * k` for a Python float).
+    pub fn scale(&mut self, x: Var, k: f64) -> Result<Var> {
+        let s = self.operand("scale", x)?;
+        if !(k as f32).is_finite() {
+            return Err(refuse("scale", format!("{k:?} is not finite in f32")));
+        }
+        Ok(self.node(Box::new(Scale { k: k as f32 }), vec![x], s))
+    }
+
+    /// a - b, of the same shape: a + (-1 . b), the same bits (negation is exact).
+    pub fn sub(&mut self, a: Var, b: Var) -> Result<Var> {
+        self.same_shapes(("sub", "-"), a, b)?;
+        let minus_b = self.scale(b, -1.0)?;
+        self.add(a, minus_b)
+    }
+}
+
+/// A sum or mean of each row of c values.
+#[derive(Debug)]
+pub(crate) struct RowReduce {
+    op: &'static str,
+    c: usize,
+    mean: bool,
+}
+
+impl RowReduce {
+    fn divisor(&self) -> f32 {
+        if self.mean { self.c as f32 } else { 1.0 }
+    }
+}
+
+impl NodeOp for RowReduce {
+    fn name(&self) -> &'static str {
+        self.op
+    }
+
+    fn format(&self, cx: &Emit, _: &Node) -> Format {
+        cx.p.stream
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let x = cx.t(node.inputs[0]);
+        let out = cx.g.temp(cx.g.len(x) / self.c);
+        cx.g.push(Op::RowSum {
+            x,
+            out,
+            c: self.c,
+            divisor: self.divisor(),
+            held: Format::F32,
+        });
+        cx.g.round(out, cx.format(node.out));
+        (out, vec![])
+    }
+
+    /// dx: each row's dy repeated over the row (divided by c for a mean), held in x's format.
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        let x = node.inputs[0];
+        let dy = cx.dy_rounded(dy);
+        let dx = cx.g.temp(cx.len(x));
+        cx.g.push(Op::Broadcast {
+            x: dy,
+            out: dx,
+            c: self.c,
+            scale: 1.0,
+            divisor: self.divisor(),
+            held: Format::F32,
+        });
+        cx.g.round(dx, cx.format(x));
+        cx.contribute(x, dx, true, cx.format(x));
+    }
+}
+
+/// x times a constant.
+#[derive(Debug)]
+pub(crate) struct Scale {
+    k: f32,
+}
+
+impl Scale {
+    /// x times k into a new tensor, held in `held` (f32: then rounded by the caller).
+    fn times(&self, cx: &mut Emit, x: TensorId) -> TensorId {
+        let out = cx.g.temp(cx.g.len(x));
+        cx.g.push(Op::Broadcast {
+            x,
+            out,
+            c: 1,
+            scale: self.k,
+            divisor: 1.0,
+            held: Format::F32,
+        });
+        out
+    }
+}
+
+impl NodeOp for Scale {
+    fn name(&self) -> &'static str {
+        "scale"
+    }
+
+    fn format(&self, cx: &Emit, node: &Node) -> Format {
+        cx.format(node.inputs[0])
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let out = self.times(cx, cx.t(node.inputs[0]));
+        cx.g.round(out, cx.format(node.out));
+        (out, vec![])
+    }
+
+    /// dx = dy * k, held in x's format.
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        let x = node.inputs[0];
+        let dy = cx.dy_rounded(dy);
+        let dx = self.times(cx, dy);
+        cx.g.round(dx, cx.format(x));
+        cx.contribute(x, dx, true, cx.format(x));
+    }
+}
