@@ -477,6 +477,34 @@ extern "C" __global__ void elementwise_mul(const float* a, const float* b, void*
     FOR_EACH(e, n) store_held(out, e, a[e] * b[e], fmt, coded);
 }
 
+// ---- dropout: src/plan/dropout.rs's mask, the first word of Philox4x32-10 of (e, step,
+// site, 0) under the seed's key as a uniform (its top 24 bits times 2^-24), kept where >= p ----
+
+__device__ __forceinline__ u32 philox_first(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
+    for (int round = 0; round < 10; round++) {
+        u32 hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+        u32 hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+        c0 = hi1 ^ c1 ^ k0;
+        c1 = lo1;
+        c2 = hi0 ^ c3 ^ k1;
+        c3 = lo0;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    return c0;
+}
+
+// out[e] = x[e] * (kept ? scale : 0) held in `fmt`, the step from scalars[S_STEP]: the forward,
+// and on dy the backward.
+extern "C" __global__ void dropout(const float* x, float* out, const float* scalars, i64 n,
+                                   float p, float scale, u32 site, u32 k0, u32 k1, u32 fmt) {
+    u32 step = (u32)scalars[S_STEP];
+    FOR_EACH(e, n) {
+        float u = (float)(philox_first((u32)e, step, site, 0u, k0, k1) >> 8) * (1.0f / 16777216.0f);
+        out[e] = held(x[e] * (u >= p ? scale : 0.0f), fmt);
+    }
+}
+
 // ---- a sum or mean over the last axis, and its backward ----
 
 // out[row] = (the sum of the row's c values) / divisor held in `fmt`, one block per row.

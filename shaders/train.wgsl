@@ -56,6 +56,12 @@ struct TrainParams {
     causal: u32,
     // What a row sum, or a broadcast's product, is divided by (1, or c for a mean).
     divisor: f32,
+    // Dropout: the probability of dropping, the site, the key's words (its factor on the kept
+    // values is `scale`).
+    drop_p: f32,
+    site: u32,
+    key_lo: u32,
+    key_hi: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
@@ -494,6 +500,50 @@ fn mse_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     let d = in0v(e) - in1[e];
     out0[e] = held(d * (2.0 * in2[S_DLOSS] / f32(params.n)), params.held);
     out1[e] = d * d;
+}
+
+// The high word of a * b (WGSL has no 64-bit integers): from the 16-bit halves.
+fn mul_hi(a: u32, b: u32) -> u32 {
+    let a0 = a & 0xffffu;
+    let a1 = a >> 16u;
+    let b0 = b & 0xffffu;
+    let b1 = b >> 16u;
+    let p00 = a0 * b0;
+    let p01 = a0 * b1;
+    let p10 = a1 * b0;
+    let carry = ((p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu)) >> 16u;
+    return a1 * b1 + (p01 >> 16u) + (p10 >> 16u) + carry;
+}
+
+// The first word of Philox4x32-10 of counter c under key k (src/plan/dropout.rs).
+fn philox_first(counter: vec4<u32>, key: vec2<u32>) -> u32 {
+    var c = counter;
+    var k = key;
+    for (var round = 0u; round < 10u; round++) {
+        let hi0 = mul_hi(0xD2511F53u, c.x);
+        let lo0 = 0xD2511F53u * c.x;
+        let hi1 = mul_hi(0xCD9E8D57u, c.z);
+        let lo1 = 0xCD9E8D57u * c.z;
+        c = vec4<u32>(hi1 ^ c.y ^ k.x, lo1, hi0 ^ c.w ^ k.y, lo0);
+        k += vec2<u32>(0x9E3779B9u, 0xBB67AE85u);
+    }
+    return c.x;
+}
+
+// out0[e] = in0[e] * (kept ? scale : 0), held: element e kept where the uniform of
+// philox_first(e, step, site, 0) (its top 24 bits times 2^-24) is >= drop_p; the step from the
+// scalars (in2). The forward, and on dy the backward.
+@compute @workgroup_size(256)
+fn dropout(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let step = u32(in2[S_STEP]);
+    let word = philox_first(vec4<u32>(e, step, params.site, 0u), vec2<u32>(params.key_lo, params.key_hi));
+    let u = f32(word >> 8u) * (1.0 / 16777216.0);
+    out0[e] = held(in0v(e) * select(0.0, params.scale, u >= params.drop_p), params.held);
 }
 
 // out0[row] = (the sum of the row's c values) / divisor, held in `held`: a sum (divisor 1) or

@@ -37,6 +37,18 @@ fn tanh_kept(x: f32) -> f32 {
     return select(safe_tanh(x), x, is_nan(x));
 }
 
+// x < 0 and x > 0 decided on the bits: a device that flushes subnormals (Mesa 26's lavapipe)
+// compares a subnormal as zero, where the host's definition sees its sign.
+fn below_zero(x: f32) -> bool {
+    let b = bitcast<u32>(x);
+    return (b >> 31u) == 1u && (b & 0x7fffffffu) != 0u && !is_nan(x);
+}
+
+fn above_zero(x: f32) -> bool {
+    let b = bitcast<u32>(x);
+    return (b >> 31u) == 0u && (b & 0x7fffffffu) != 0u && !is_nan(x);
+}
+
 fn sigmoid(x: f32) -> f32 {
     return 1.0 / (1.0 + exp(-x));
 }
@@ -51,7 +63,7 @@ fn unary(f: u32, x: f32) -> f32 {
             return x / (1.0 + exp(-x));
         }
         case UNARY_RELU: {
-            return select(x, 0.0, x < 0.0);
+            return select(x, 0.0, below_zero(x));
         }
         case UNARY_SIGMOID: {
             return sigmoid(x);
@@ -82,7 +94,7 @@ fn unary_grad(f: u32, x: f32) -> f32 {
         }
         case UNARY_RELU: {
             // PyTorch passes dy where the output is not <= 0 (a NaN's too).
-            return select(1.0, 0.0, x <= 0.0);
+            return select(0.0, 1.0, above_zero(x) || is_nan(x));
         }
         case UNARY_SIGMOID: {
             let s = sigmoid(x);

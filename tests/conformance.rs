@@ -1345,6 +1345,44 @@ fn model_ops(b: &dyn Backend) {
             );
         }
     }
+    // Dropout: the mask of plan::dropout at the runner's step (3), to the bit, over the edges
+    // (a dropped NaN or infinity is NaN, as x * 0), held in f32 and bf16, for several seeds
+    // (one past 32 bits), sites and rates.
+    for (p_drop, seed, site, held) in [
+        (0.1, 7u64, 0u32, Format::F32),
+        (0.5, 1 << 40 | 5, 3, Format::F32),
+        (0.9, 11, 1, Format::Bf16),
+        (0.0, 7, 0, Format::F32),
+    ] {
+        let mut p = common::OneOp::new(1);
+        let (xi, out) = (p.input(v.clone()), p.output(v.len()));
+        let op = Op::Dropout {
+            x: xi,
+            out,
+            p: p_drop,
+            seed,
+            site,
+            held,
+        };
+        let ran = pair(&p.run_both(b, op, (&one, &one), 1.0, &[out]), 0);
+        let key = mantissa::plan::dropout::key(seed);
+        let mut want = mantissa::plan::dropout::apply(&v, (3, site), key, p_drop);
+        ops::round_to(&mut want, held);
+        for got in &ran {
+            let bad = got
+                .iter()
+                .zip(&want)
+                .position(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan()));
+            let bad = bad.filter(|&i| !(want[i].abs() < 1.2e-38 && got[i] == 0.0));
+            assert!(
+                bad.is_none(),
+                "{name} dropout p {p_drop} seed {seed} site {site} held in {held}: [{}] {} vs {}",
+                bad.unwrap_or(0),
+                got[bad.unwrap_or(0)],
+                want[bad.unwrap_or(0)]
+            );
+        }
+    }
     // The mean squared error and its gradient (the loss scaled), against targets of its own
     // (1001 values: more than a reduction's lanes), then against the batch's targets, f32
     // values as the bit patterns a batch brings (37 rows of one value).

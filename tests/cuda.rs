@@ -772,6 +772,26 @@ fn cuda_model_ops_match_the_host_reference() {
     let input: Vec<u32> = [&a[..m], &b[..m]].iter().flat_map(|v| bits(v)).collect();
     let coded = run(h, "elementwise_mul", &strings(&[m, bf16, 1]), &input);
     same_codes("product as bf16 codes", &coded, &held, Format::Bf16);
+    // Dropout's masks, to the bit, at several steps, sites and seeds (plan::dropout).
+    for (p, step, site, seed) in [
+        (0.1f32, 1u32, 0u32, 7u64),
+        (0.5, 9, 2, 1 << 40 | 5),
+        (0.9, 123, 1, 3),
+    ] {
+        let [k0, k1] = mantissa::plan::dropout::key(seed);
+        let args = [
+            a.len().to_string(),
+            p.to_string(),
+            step.to_string(),
+            site.to_string(),
+            k0.to_string(),
+            k1.to_string(),
+            format_id(Format::F32),
+        ];
+        let got = run_f32(h, "dropout", &args, &[&a]);
+        let want = mantissa::plan::dropout::apply(&a, (step, site), [k0, k1], p);
+        common::same_or_nan(&format!("dropout p {p} step {step}"), &got, &want);
+    }
     // Row sums and means, rows shorter and longer than a block; their backward and a product
     // with a constant, to the bit, over the edges.
     for (rows, c) in [(37, 5), (3, 700)] {

@@ -541,7 +541,7 @@ struct Program {
 }
 
 fn program() -> impl Strategy<Value = Program> {
-    let op = (0..16u8, any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>());
+    let op = (0..28u8, any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>());
     (
         (1..4usize, 1..5usize, 1..6usize),
         [0..16u8, 0..16u8, 0..16u8, 0..16u8],
@@ -607,6 +607,18 @@ fn build_model(p: &Program) -> mantissa::Result<mantissa::model::Model> {
             12 => m.reshape(a, &[1, r, c]),
             13 => m.constant_ids(&[r], (0..r as u32).map(|i| i * s as u32).collect()),
             14 => m.add(a, a),
+            15 => m.relu(a),
+            16 => m.tanh(a),
+            17 => m.sigmoid(a),
+            18 => m.bmm(a, bb, s % 2 == 1),
+            19 => m.transpose(a),
+            20 => m.concat(&[a, bb, cc][..1 + s as usize % 3]),
+            21 => m.softmax(a),
+            22 => m.sum(a),
+            23 => m.mean(a),
+            24 => m.scale(a, [2.0, -0.5, 0.0, 1e39, f64::NAN][s as usize % 5]),
+            25 => m.sub(a, bb),
+            26 => m.dropout(a, [0.1, 0.0, 0.99, 1.0, -0.5, f64::NAN][s as usize % 6]),
             _ => m.matmul(a, head, false),
         };
         // A refused op leaves the builder as it was; the program goes on.

@@ -298,6 +298,12 @@ gradients! {
         let y = o.m.scale(y, 0.3).unwrap();
         o.m.sub(x, y).unwrap()
     };
+    dropout_gradient: [4], false, |o| {
+        // Half of the values dropped, the rest doubled: the same mask in the loss and its
+        // gradient (the same step).
+        let x = o.input("x", VOCAB);
+        o.m.dropout(x, 0.5).unwrap()
+    };
     mul_gradient: [4], false, |o| {
         let (x, y) = (o.input("x", VOCAB), o.input("y", VOCAB));
         o.m.mul(x, y).unwrap()
@@ -444,6 +450,7 @@ fn activation_gradients_are_rounded_as_they_are_written() {
     let options = mantissa::model::PlanOptions {
         fused_attention: false,
         coded: false,
+        seed: 0,
     };
     let plan = model.plan(&p, options).unwrap();
     let ops = plan.ops();
@@ -462,7 +469,8 @@ fn activation_gradients_are_rounded_as_they_are_written() {
 }
 
 /// A model of the ops added with the unary family and the strided copies (ReLU, tanh,
-/// sigmoid, transpose, bmm both ways, concat, softmax, mean, sum, scale, sub) takes the reference's losses on `b`, step for
+/// sigmoid, transpose, bmm both ways, concat, softmax, mean, sum, scale, sub, dropout: its
+/// masks the same bits on every backend, step after step) takes the reference's losses on `b`, step for
 /// step, at 32-true and bf16-mixed.
 fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
     let (batch, t, c) = (2, 4, 8);
@@ -498,6 +506,7 @@ fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
         let total = m.reshape(total, &[batch, t, 1]).unwrap();
         let total = m.matmul(total, ones, false).unwrap();
         let h = m.add(h, total).unwrap();
+        let h = m.dropout(h, 0.25).unwrap();
         let logits = m.matmul(h, head, false).unwrap();
         let loss = m.cross_entropy(logits, targets).unwrap();
         m.finish(loss).unwrap()
@@ -611,6 +620,9 @@ fn bad_models_are_refused_with_the_op_and_shapes() {
     refused(m.silu(targets).unwrap_err(), &["silu", "ids"]);
     refused(m.relu(tokens).unwrap_err(), &["relu", "ids"]);
     refused(m.sum(b).unwrap_err(), &["sum", "[5]", "one axis"]);
+    for p in [1.0, -0.1, f64::NAN, 0.999_999_999] {
+        refused(m.dropout(x, p).unwrap_err(), &["dropout", "not in [0, 1)"]);
+    }
     refused(m.mean(targets).unwrap_err(), &["mean", "ids"]);
     refused(m.scale(x, f64::INFINITY).unwrap_err(), &["scale", "inf"]);
     refused(

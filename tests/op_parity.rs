@@ -410,6 +410,7 @@ fn run(b: &dyn Backend, case: &Case, preset: Preset, fused: bool) -> Got {
     let options = PlanOptions {
         fused_attention: fused,
         coded: false,
+        seed: 0,
     };
     let plan = one.model.plan(&precision, options).unwrap();
     let (plan, seed) = match &case.dy {

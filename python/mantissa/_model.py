@@ -278,6 +278,14 @@ class ModelBuilder:
             raise ValueError(f"causal_attention: heads {heads!r} is not a whole number")
         return self._call("causal_attention", qkv, int(heads))
 
+    def dropout(self, x: Var, p: float) -> Var:
+        """Dropout in training (``torch.nn.functional.dropout``): each element kept with
+        probability 1 - p and scaled by 1 / (1 - p). The masks come from a counter-based
+        generator keyed by the trainer's seed, the step and the dropout's place: the same bits
+        on every backend (not PyTorch's masks). Every run applies them (no evaluation mode)."""
+        self._vars_of("dropout", x=x)
+        return self._call("dropout", x, float(p))
+
     def sum(self, x: Var) -> Var:
         """The sum over the last axis (``x.sum(-1)``, in f32 as autocast runs it)."""
         self._vars_of("sum", x=x)

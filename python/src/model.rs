@@ -175,6 +175,11 @@ impl PyModelBuilder {
         self.out(v)
     }
 
+    fn dropout(&mut self, x: &PyVar, p: f64) -> PyResult<PyVar> {
+        let v = self.builder()?.dropout(x.var, p);
+        self.out(v)
+    }
+
     fn sum(&mut self, x: &PyVar) -> PyResult<PyVar> {
         let v = self.builder()?.sum(x.var);
         self.out(v)

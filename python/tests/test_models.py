@@ -156,6 +156,26 @@ def test_bmm_transpose_softmax_concat_and_arithmetic_compute_what_numpy_computes
     np.testing.assert_allclose(t.outputs(), want, atol=1e-5)
 
 
+def test_dropout_masks_are_the_same_on_every_backend_and_refuse_a_bad_rate():
+    b = mantissa.ModelBuilder()
+    x = b.values([64, 8])
+    y = b.values([64, 8])
+    with pytest.raises(ValueError, match=r"dropout: p 1\.0 is not in \[0, 1\)"):
+        b.dropout(x, 1.0)
+    b.mse(b.dropout(b.matmul(x, b.param("w", [8, 8])), 0.5), y)
+    rng = np.random.default_rng(3)
+    xv, yv = rng.standard_normal((2, 64, 8)).astype(np.float32)
+    outs = []
+    for backend in ["reference", "auto"]:  # auto: wgpu where a Vulkan device (lavapipe) is
+        t = mantissa.ModelTrainer(b, backend=backend, seed=9)
+        t.step(xv, yv)
+        t.loss(xv, yv)
+        outs.append(t.outputs())
+    dropped = outs[0] == 0
+    assert 0.3 < dropped.mean() < 0.7
+    np.testing.assert_array_equal(outs[1] == 0, dropped)
+
+
 def test_load_state_dict_names_what_is_missing_unexpected_or_misshapen():
     state = fixture_state("mlp")
     t = mantissa.ModelTrainer(build("mlp", state), backend="reference")

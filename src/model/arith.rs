@@ -1,7 +1,7 @@
 //! Sums and means over the last axis, scaling by a constant and subtraction: `Op::RowSum`
 //! forward and `Op::Broadcast` back (a sum's gradient repeated over its row; with one repeat,
-//! a product with a constant). As in ops.rs, each op whole: its builder method, its forward
-//! emission and its backward rule.
+//! a product with a constant); dropout (`Op::Dropout` both ways: the same mask on dy). As in
+//! ops.rs, each op whole: its builder method, its forward emission and its backward rule.
 
 use super::derive::{Emit, Saved};
 use super::ops::NodeOp;
@@ -48,6 +48,26 @@ impl ModelBuilder {
             return Err(refuse("scale", format!("{k:?} is not finite in f32")));
         }
         Ok(self.node(Box::new(Scale { k: k as f32 }), vec![x], s))
+    }
+
+    /// Dropout of x (`torch.nn.functional.dropout` in training): each element kept with
+    /// probability 1 - p and scaled by 1 / (1 - p), else 0, held in x's format. The masks are
+    /// `plan::dropout`'s, keyed by the trainer's seed, the step and this dropout's place among
+    /// the model's: the same bits on every backend. Every run of the step applies them (the
+    /// forward-only runs too: there is no evaluation mode yet).
+    pub fn dropout(&mut self, x: Var, p: f64) -> Result<Var> {
+        let s = self.operand("dropout", x)?;
+        if !(0.0..1.0).contains(&p) || (p as f32) >= 1.0 {
+            return Err(refuse("dropout", format!("p {p:?} is not in [0, 1)")));
+        }
+        let site = self
+            .nodes
+            .iter()
+            .filter(|n| n.op.name() == "dropout")
+            .count();
+        let site = u32::try_from(site).map_err(|_| refuse("dropout", "too many dropouts"))?;
+        let node = Dropout { p: p as f32, site };
+        Ok(self.node(Box::new(node), vec![x], s))
     }
 
     /// a - b, of the same shape: a + (-1 . b), the same bits (negation is exact).
@@ -155,6 +175,53 @@ impl NodeOp for Scale {
         let x = node.inputs[0];
         let dy = cx.dy_rounded(dy);
         let dx = self.times(cx, dy);
+        cx.g.round(dx, cx.format(x));
+        cx.contribute(x, dx, true, cx.format(x));
+    }
+}
+
+/// Dropout: x times a mask of `plan::dropout`, and dy times the same mask.
+#[derive(Debug)]
+pub(crate) struct Dropout {
+    p: f32,
+    site: u32,
+}
+
+impl Dropout {
+    fn apply(&self, cx: &mut Emit, x: TensorId) -> TensorId {
+        let out = cx.g.temp(cx.g.len(x));
+        cx.g.push(Op::Dropout {
+            x,
+            out,
+            p: self.p,
+            seed: cx.seed,
+            site: self.site,
+            held: Format::F32,
+        });
+        out
+    }
+}
+
+impl NodeOp for Dropout {
+    fn name(&self) -> &'static str {
+        "dropout"
+    }
+
+    fn format(&self, cx: &Emit, node: &Node) -> Format {
+        cx.format(node.inputs[0])
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let out = self.apply(cx, cx.t(node.inputs[0]));
+        cx.g.round(out, cx.format(node.out));
+        (out, vec![])
+    }
+
+    /// dx = dy times the forward's mask and scale, held in x's format.
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        let x = node.inputs[0];
+        let dy = cx.dy_rounded(dy);
+        let dx = self.apply(cx, dy);
         cx.g.round(dx, cx.format(x));
         cx.contribute(x, dx, true, cx.format(x));
     }

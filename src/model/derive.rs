@@ -28,6 +28,8 @@ pub struct PlanOptions {
     pub fused_attention: bool,
     /// The matmuls' 16-bit inputs stored as 16-bit codes (`Plan::store_codes`).
     pub coded: bool,
+    /// The key of the model's dropout masks (`plan::dropout::key`): a trainer's seed.
+    pub seed: u64,
 }
 
 /// A value's gradient so far.
@@ -50,6 +52,8 @@ pub(crate) struct Emit<'a> {
     pub g: PlanBuilder,
     pub p: &'a Precision,
     pub fused_attention: bool,
+    /// The key of the dropout masks (`PlanOptions::seed`).
+    pub seed: u64,
     model: &'a Model,
     reads: Vec<usize>,
     stats: Stats,
@@ -361,6 +365,7 @@ impl Model {
             g,
             p,
             fused_attention: options.fused_attention,
+            seed: options.seed,
             model: self,
             reads: live.reads,
             stats,

@@ -85,6 +85,7 @@ impl<'a> ModelTrainer<'a> {
         let options = PlanOptions {
             fused_attention: fused,
             coded: super::stores_codes()?,
+            seed,
         };
         let mut plan = model.plan(&precision, options)?;
         // The parameters are held twice on the host: as the plan's constants, and as the

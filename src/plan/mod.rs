@@ -34,6 +34,7 @@ pub mod scalar;
 mod builder;
 mod codes;
 mod cost;
+pub mod dropout;
 mod op;
 mod ranks;
 mod storage;

@@ -253,6 +253,24 @@ pub enum Op {
         /// The format `out` is held in.
         held: Format,
     },
+    /// out\[e\] = x\[e\] * (kept ? 1 / (1 - p) : 0) in f32, held in `held`: element e kept
+    /// where Philox4x32-10 of (e, the step's scalar `STEP`, `site`, 0) under the seed's key
+    /// draws a uniform >= p (`plan::dropout`). The backward is the same op on dy (the same
+    /// mask at the same step).
+    Dropout {
+        /// The input.
+        x: TensorId,
+        /// The output (x's length).
+        out: TensorId,
+        /// The probability of dropping an element, in [0, 1).
+        p: f32,
+        /// The masks' key (`dropout::key`).
+        seed: u64,
+        /// Which dropout of the model (masks differ by site).
+        site: u32,
+        /// The format `out` is held in.
+        held: Format,
+    },
     /// Softmax of `scale * x` (held as `ScoreScale` says) per row of t: causal (the rows are
     /// blocks of t x t scores, row i seeing columns 0..=i) or over every column.
     Softmax {
@@ -485,6 +503,7 @@ impl Op {
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
             | Op::RowSum { .. }
+            | Op::Dropout { .. }
             | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
@@ -523,6 +542,7 @@ impl Op {
             | Op::RmsNorm { out, held, .. }
             | Op::Mul { out, held, .. }
             | Op::RowSum { out, held, .. }
+            | Op::Dropout { out, held, .. }
             | Op::Broadcast { out, held, .. }
             | Op::UnaryBwd { out, held, .. }
             | Op::CrossEntropy {
@@ -628,7 +648,10 @@ impl Op {
                 all.extend(sum.as_mut().map(|(r, _)| r));
                 all
             }
-            Op::Unary { x, out, .. } | Op::RowSum { x, out, .. } | Op::Broadcast { x, out, .. } => {
+            Op::Unary { x, out, .. }
+            | Op::RowSum { x, out, .. }
+            | Op::Broadcast { x, out, .. }
+            | Op::Dropout { x, out, .. } => {
                 vec![x, out]
             }
             Op::UnaryBwd { x, dy, out, .. } => vec![x, dy, out],
@@ -721,6 +744,7 @@ impl Op {
             Op::RmsNormBwd { .. } => "rms norm backward",
             Op::Mul { .. } => "mul",
             Op::RowSum { .. } => "row sum",
+            Op::Dropout { .. } => "dropout",
             Op::Broadcast { .. } => "broadcast",
             Op::MseLoss { .. } => "mean squared error",
             Op::Softmax { causal: true, .. } => "causal softmax",
@@ -780,6 +804,7 @@ impl Op {
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
             | Op::RowSum { .. }
+            | Op::Dropout { .. }
             | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
@@ -836,9 +861,10 @@ impl Op {
                 reads.extend(sum.map(|(r, _)| r));
                 (reads, vec![dx, dg, db])
             }
-            Op::Unary { x, out, .. } | Op::RowSum { x, out, .. } | Op::Broadcast { x, out, .. } => {
-                (vec![x], vec![out])
-            }
+            Op::Unary { x, out, .. }
+            | Op::RowSum { x, out, .. }
+            | Op::Broadcast { x, out, .. }
+            | Op::Dropout { x, out, .. } => (vec![x], vec![out]),
             Op::UnaryBwd { x, dy, out, .. } => (vec![x, dy], vec![out]),
             Op::RmsNorm {
                 x, g, out, stats, ..
@@ -1022,6 +1048,12 @@ impl Op {
             Op::Mul { a, b, out, .. } => {
                 check.holds("b", b, check.len(a))?;
                 check.holds("the output", out, check.len(a))
+            }
+            Op::Dropout { x, out, p, .. } => {
+                if !(0.0..1.0).contains(&p) {
+                    return Err(check.fail(format!("p {p} is not in [0, 1)")));
+                }
+                check.holds("the output", out, check.len(x))
             }
             Op::RowSum {
                 x, out, c, divisor, ..
@@ -1225,6 +1257,7 @@ impl Op {
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
             | Op::RowSum { .. }
+            | Op::Dropout { .. }
             | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
@@ -1259,6 +1292,7 @@ impl Op {
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
             | Op::RowSum { .. }
+            | Op::Dropout { .. }
             | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
@@ -1299,6 +1333,7 @@ impl Op {
             }
             Op::Embedding { .. }
             | Op::RowSum { .. }
+            | Op::Dropout { .. }
             | Op::Broadcast { .. }
             | Op::EmbeddingBwd { .. }
             | Op::LayerNormBwd { .. }
@@ -1334,6 +1369,7 @@ impl Op {
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
             | Op::RowSum { .. }
+            | Op::Dropout { .. }
             | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
@@ -1400,6 +1436,7 @@ impl Op {
             | Op::RmsNormBwd { .. }
             | Op::Mul { .. }
             | Op::RowSum { .. }
+            | Op::Dropout { .. }
             | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Unary { .. }

@@ -300,9 +300,11 @@ impl Gpt<'_> {
         fused_attention: bool,
         coded: bool,
     ) -> Result<Plan> {
+        // The GPT has no dropout: no masks to key.
         let options = PlanOptions {
             fused_attention,
             coded,
+            seed: 0,
         };
         self.model(sequences, t)?.plan(p, options)
     }

@@ -55,6 +55,9 @@ struct alignas(16) uint4 {
 static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 static inline float2 make_float2(float x, float y) { return {x, y}; }
 static inline int __clz(unsigned x) { return x ? __builtin_clz(x) : 32; }
+static inline unsigned __umulhi(unsigned a, unsigned b) {
+    return (unsigned)(((unsigned long long)a * b) >> 32);
+}
 static inline unsigned __float_as_uint(float f) {
     unsigned u;
     std::memcpy(&u, &f, 4);
@@ -611,6 +614,19 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> both(dx.f(), dx.f() + n);
         both.insert(both.end(), dg.begin(), dg.end());
         out = bits_of(both);
+    } else if (k == "dropout" && argc == 9) {
+        // N P STEP SITE KEYLO KEYHI FMT < x > out: the mask of step STEP (in the scalars).
+        i64 n = arg(argv, 2);
+        float p = farg(argv, 3);
+        u32 site = arg(argv, 5), k0 = arg(argv, 6), k1 = arg(argv, 7), fmt = arg(argv, 8);
+        float* x = input.f(n);
+        std::vector<float> y(n), scalars(16, 0.0f);
+        scalars[S_STEP] = farg(argv, 4);
+        float scale = (float)(1.0 / (1.0 - (double)p));
+        emu::launch(elementwise_grid(n), element_block, [&] {
+            dropout(x, y.data(), scalars.data(), n, p, scale, site, k0, k1, fmt);
+        });
+        out = bits_of(y);
     } else if (k == "row_sums" && argc == 6) {  // ROWS C DIVISOR FMT < x > sums
         u32 rows = arg(argv, 2), c = arg(argv, 3), fmt = arg(argv, 5);
         float divisor = farg(argv, 4);

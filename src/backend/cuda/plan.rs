@@ -312,6 +312,20 @@ impl<'a> CudaPlan<'a> {
                 self.len(a),
                 (held, self.coded(out)),
             ),
+            Op::Dropout {
+                x,
+                out,
+                p,
+                seed,
+                site,
+                held,
+            } => launch::dropout(
+                cb,
+                [self.p(x), self.p(out), scalars],
+                self.len(x),
+                (p, seed, site),
+                held,
+            ),
             Op::RowSum {
                 x,
                 out,

@@ -101,6 +101,7 @@ pub(super) mod scratch {
             | Op::Mul { .. }
             | Op::RowSum { .. }
             | Op::Broadcast { .. }
+            | Op::Dropout { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }
@@ -372,6 +373,23 @@ pub(super) fn mul(
 ) -> Result<()> {
     let (len, fmt, coded) = (n as i64, format_id(held), coded as u32);
     launch_1d!(cb, Module::Train, "elementwise_mul", n; &a, &b, &out, &len, &fmt, &coded)
+}
+
+/// out = x times dropout's mask (`plan::dropout`) at the step in the scalars, held in `held`.
+pub(super) fn dropout(
+    cb: &CudaBackend,
+    [x, out, scalars]: [Ptr; 3],
+    n: usize,
+    (p, seed, site): (f32, u64, u32),
+    held: Format,
+) -> Result<()> {
+    let (len, scale, fmt) = (
+        n as i64,
+        crate::plan::dropout::keep_scale(p),
+        format_id(held),
+    );
+    let [k0, k1] = crate::plan::dropout::key(seed);
+    launch_1d!(cb, Module::Train, "dropout", n; &x, &out, &scalars, &len, &p, &scale, &site, &k0, &k1, &fmt)
 }
 
 /// out[row] = the sum of each row of c values / `divisor`, held in `held`.

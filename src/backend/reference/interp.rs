@@ -13,7 +13,8 @@ use crate::plan::exec::{
 };
 use crate::plan::graph::{Graphs, Recorder};
 use crate::plan::{
-    AdamW, AdamWParam, Op, Plan, Section, Stats, Storage, TensorId, Unary, scalar, step_algorithm,
+    AdamW, AdamWParam, Op, Plan, Section, Stats, Storage, TensorId, Unary, dropout, scalar,
+    step_algorithm,
 };
 
 /// The host interpreter: tensors in host memory, each op the host reference's definition.
@@ -213,6 +214,19 @@ impl HostExecutor {
                 let (x_grad, g_grad) = ops::rmsnorm_bwd(&dy, &t[x], &t[g], &t[st], c);
                 self.tensors[dx] = x_grad;
                 self.tensors[dg] = g_grad;
+            }
+            Op::Dropout {
+                x,
+                out,
+                p,
+                seed,
+                site,
+                held,
+            } => {
+                let step = scalars[scalar::STEP] as u32;
+                let mut y = dropout::apply(&t[x], (step, site), dropout::key(seed), p);
+                round_to(&mut y, held);
+                self.tensors[out] = y;
             }
             Op::RowSum {
                 x,

@@ -27,6 +27,8 @@ pub enum TrainOp {
     RmsnormBwdPartials,
     /// The elementwise product.
     Mul,
+    /// Dropout's mask times x (or dy).
+    Dropout,
     /// A sum or mean of each row.
     RowSums,
     /// Values repeated (a row sum's backward), or scaled by a constant.
@@ -55,7 +57,7 @@ pub enum TrainOp {
 
 impl TrainOp {
     /// Every entry point, in the order of the shader module.
-    pub const ALL: [TrainOp; 23] = [
+    pub const ALL: [TrainOp; 24] = [
         TrainOp::LayernormFwd,
         TrainOp::LayernormBwdX,
         TrainOp::LayernormBwdPartials,
@@ -67,6 +69,7 @@ impl TrainOp {
         TrainOp::RmsnormBwdX,
         TrainOp::RmsnormBwdPartials,
         TrainOp::Mul,
+        TrainOp::Dropout,
         TrainOp::RowSums,
         TrainOp::Broadcast,
         TrainOp::MseFwd,
@@ -95,6 +98,7 @@ impl TrainOp {
             TrainOp::RmsnormBwdX => "rmsnorm_bwd_x",
             TrainOp::RmsnormBwdPartials => "rmsnorm_bwd_partials",
             TrainOp::Mul => "elementwise_mul",
+            TrainOp::Dropout => "dropout",
             TrainOp::RowSums => "row_sums",
             TrainOp::Broadcast => "broadcast",
             TrainOp::MseFwd => "mse_fwd",

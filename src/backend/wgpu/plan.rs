@@ -573,6 +573,18 @@ impl<'a> ResidentPlan<'a> {
                 r.temporaries.push(parts);
                 d.concat()
             }
+            Op::Dropout {
+                x,
+                out,
+                p,
+                seed,
+                site,
+                held,
+            } => train_on(
+                launch::dropout(len(x), (p, seed, site), held),
+                [&t[x], &dummies.read, &c.scalars],
+                [&t[out], &dummies.write[0], &dummies.write[1]],
+            )?,
             Op::RowSum {
                 x,
                 out,

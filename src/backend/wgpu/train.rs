@@ -86,6 +86,14 @@ pub struct TrainParams {
     pub causal: u32,
     /// What a row sum, or a broadcast's product, is divided by (1, or c for a mean).
     pub divisor: f32,
+    /// Dropout's probability of dropping.
+    pub drop_p: f32,
+    /// Dropout's site.
+    pub site: u32,
+    /// Dropout's key, low word.
+    pub key_lo: u32,
+    /// Dropout's key, high word.
+    pub key_hi: u32,
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -620,6 +628,17 @@ pub mod launch {
         [for_x, partials, sum_partials(rows, c, 1)]
     }
 
+    /// x -> x times dropout's mask at the step in the scalars (bound third), held in `held`.
+    pub fn dropout(n: usize, (p, seed, site): (f32, u64, u32), held: Format) -> TrainLaunch {
+        let mut l = train(TrainOp::Dropout, n, 0, n);
+        let [key_lo, key_hi] = crate::plan::dropout::key(seed);
+        l.params.drop_p = p;
+        l.params.scale = crate::plan::dropout::keep_scale(p);
+        (l.params.site, l.params.key_lo, l.params.key_hi) = (site, key_lo, key_hi);
+        l.params.held = format_id(held);
+        l
+    }
+
     /// x (rows of c) -> each row's sum / `divisor`, held in `held`.
     pub fn row_sums(rows: usize, c: usize, divisor: f32, held: Format) -> TrainLaunch {
         let mut l = row_op(TrainOp::RowSums, rows, c);
@@ -954,7 +973,11 @@ mod uniform_layout {
                 sum,
                 func,
                 causal,
-                divisor
+                divisor,
+                drop_p,
+                site,
+                key_lo,
+                key_hi
             }
         );
         assert_uniform_layout!(
