@@ -541,7 +541,7 @@ struct Program {
 }
 
 fn program() -> impl Strategy<Value = Program> {
-    let op = (0..28u8, any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>());
+    let op = (0..29u8, any::<u8>(), any::<u8>(), any::<u8>(), any::<u8>());
     (
         (1..4usize, 1..5usize, 1..6usize),
         [0..16u8, 0..16u8, 0..16u8, 0..16u8],
@@ -619,6 +619,7 @@ fn build_model(p: &Program) -> mantissa::Result<mantissa::model::Model> {
             24 => m.scale(a, [2.0, -0.5, 0.0, 1e39, f64::NAN][s as usize % 5]),
             25 => m.sub(a, bb),
             26 => m.dropout(a, [0.1, 0.0, 0.99, 1.0, -0.5, f64::NAN][s as usize % 6]),
+            27 => m.attention(a, [1, 2, 3, 0, usize::MAX][s as usize % 5]),
             _ => m.matmul(a, head, false),
         };
         // A refused op leaves the builder as it was; the program goes on.

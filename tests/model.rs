@@ -231,6 +231,20 @@ gradients! {
         let w = o.param("w", &[4, VOCAB]);
         o.m.matmul(y, w, false).unwrap()
     };
+    attention_gradient: [2, 3], false, |o| {
+        // Unmasked: every token sees the others; with the plan asked to fuse, still the
+        // separate ops (the fused kernels are causal).
+        let x = o.input("qkv", 12);
+        let y = o.m.attention(x, 2).unwrap();
+        let w = o.param("w", &[4, VOCAB]);
+        o.m.matmul(y, w, false).unwrap()
+    };
+    attention_fused_asked_gradient: [2, 3], true, |o| {
+        let x = o.input("qkv", 12);
+        let y = o.m.attention(x, 2).unwrap();
+        let w = o.param("w", &[4, VOCAB]);
+        o.m.matmul(y, w, false).unwrap()
+    };
     rms_norm_gradient: [4], false, |o| {
         let x = o.input("x", VOCAB);
         let g = o.param("g", &[VOCAB]);
@@ -469,7 +483,8 @@ fn activation_gradients_are_rounded_as_they_are_written() {
 }
 
 /// A model of the ops added with the unary family and the strided copies (ReLU, tanh,
-/// sigmoid, transpose, bmm both ways, concat, softmax, mean, sum, scale, sub, dropout: its
+/// sigmoid, transpose, bmm both ways, concat, softmax, unmasked attention, mean, sum, scale,
+/// sub, dropout: its
 /// masks the same bits on every backend, step after step) takes the reference's losses on `b`, step for
 /// step, at 32-true and bf16-mixed.
 fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
@@ -489,6 +504,10 @@ fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
         let q = m.relu(q).unwrap();
         let k = m.matmul(x, wk, false).unwrap();
         let k = m.tanh(k).unwrap();
+        // Unmasked attention over q|k|v = q|k|x (two heads of 4).
+        let qkv = m.concat(&[q, k, x]).unwrap();
+        let a = m.attention(qkv, 2).unwrap();
+        let k = m.add(k, a).unwrap();
         let kt = m.transpose(k).unwrap();
         let s = m.bmm(q, kt, false).unwrap();
         let s = m.sigmoid(s).unwrap();
@@ -620,6 +639,7 @@ fn bad_models_are_refused_with_the_op_and_shapes() {
     refused(m.silu(targets).unwrap_err(), &["silu", "ids"]);
     refused(m.relu(tokens).unwrap_err(), &["relu", "ids"]);
     refused(m.sum(b).unwrap_err(), &["sum", "[5]", "one axis"]);
+    refused(m.attention(x, 4).unwrap_err(), &["attention", "[4, 6]"]);
     for p in [1.0, -0.1, f64::NAN, 0.999_999_999] {
         refused(m.dropout(x, p).unwrap_err(), &["dropout", "not in [0, 1)"]);
     }

@@ -271,6 +271,12 @@ class ModelBuilder:
         self._vars_of("mul", a=a, b=b)
         return self._call("mul", a, b)
 
+    def attention(self, qkv: Var, heads: int) -> Var:
+        """Self-attention without a mask (an encoder's: every token sees every token) of q|k|v
+        [batch, tokens, 3 x width] over ``heads`` heads: [batch, tokens, width]."""
+        self._vars_of("attention", qkv=qkv)
+        return self._call("attention", qkv, int(heads))
+
     def causal_attention(self, qkv: Var, heads: int) -> Var:
         """Causal self-attention of q|k|v [b, t, 3c] over ``heads`` heads of c / heads: [b, t, c]."""
         self._vars_of("causal_attention", qkv=qkv)

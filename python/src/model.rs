@@ -170,6 +170,11 @@ impl PyModelBuilder {
         self.out(v)
     }
 
+    fn attention(&mut self, qkv: &PyVar, heads: usize) -> PyResult<PyVar> {
+        let v = self.builder()?.attention(qkv.var, heads);
+        self.out(v)
+    }
+
     fn causal_attention(&mut self, qkv: &PyVar, heads: usize) -> PyResult<PyVar> {
         let v = self.builder()?.causal_attention(qkv.var, heads);
         self.out(v)

@@ -131,6 +131,8 @@ def test_bmm_transpose_softmax_concat_and_arithmetic_compute_what_numpy_computes
     x = b.values([2, 3, 4])
     y = b.values([2, 3, 7])
     h = b.matmul(x, b.param("w", [4, 4]))
+    with pytest.raises(ValueError, match=r"attention: qkv \[2, 3, 4\] over 3 heads"):
+        b.attention(x, 3)
     s = b.softmax(b.transpose(b.bmm(h, x, transpose_b=True)))
     c = b.concat([s, x])
     m = b.mean(c)

@@ -659,7 +659,17 @@ impl ModelBuilder {
     /// (`PlanOptions::fused_attention`), else the separate ops (heads copied out, scores,
     /// causal softmax, P.v, heads copied back).
     pub fn causal_attention(&mut self, qkv: Var, heads: usize) -> Result<Var> {
-        let s = self.operand("causal_attention", qkv)?;
+        self.self_attention("causal_attention", qkv, heads, true)
+    }
+
+    /// Self-attention without a mask (every token sees every token: an encoder's), q|k|v and
+    /// heads as `causal_attention`'s; always the separate ops (the fused kernels are causal).
+    pub fn attention(&mut self, qkv: Var, heads: usize) -> Result<Var> {
+        self.self_attention("attention", qkv, heads, false)
+    }
+
+    fn self_attention(&mut self, op: &str, qkv: Var, heads: usize, causal: bool) -> Result<Var> {
+        let s = self.operand(op, qkv)?;
         match s[..] {
             [b, t, c3] if heads > 0 && heads <= c3 / 3 && c3 % (3 * heads) == 0 => Ok(self.node(
                 Box::new(CausalAttention {
@@ -667,12 +677,13 @@ impl ModelBuilder {
                     t,
                     h: heads,
                     d: c3 / 3 / heads,
+                    causal,
                 }),
                 vec![qkv],
                 vec![b, t, c3 / 3],
             )),
             _ => Err(refuse(
-                "causal_attention",
+                op,
                 format!(
                     "qkv {} over {heads} heads: must be [batch, tokens, 3 x heads x head width]",
                     shape_of(&s)
@@ -682,13 +693,16 @@ impl ModelBuilder {
     }
 }
 
-/// Causal self-attention, fused (`Op::Attention`) or as separate ops, with the same numerics.
+/// Self-attention, causal (fused, `Op::Attention`, or as separate ops, with the same
+/// numerics) or unmasked (the separate ops).
 #[derive(Debug)]
 pub(crate) struct CausalAttention {
     pub b: usize,
     pub t: usize,
     pub h: usize,
     pub d: usize,
+    /// Row i of each score matrix sees keys 0..=i; else every key.
+    pub causal: bool,
 }
 
 impl CausalAttention {
@@ -723,11 +737,16 @@ impl CausalAttention {
 
 impl NodeOp for CausalAttention {
     fn name(&self) -> &'static str {
-        "causal_attention"
+        if self.causal {
+            "causal_attention"
+        } else {
+            "attention"
+        }
     }
 
+    /// Only the causal attention has fused kernels (and so a say in whether a plan fuses).
     fn attention_head_dim(&self) -> Option<usize> {
-        Some(self.d)
+        self.causal.then_some(self.d)
     }
 
     fn format(&self, cx: &Emit, _: &Node) -> Format {
@@ -739,7 +758,7 @@ impl NodeOp for CausalAttention {
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
         let qkv = cx.t(node.inputs[0]);
         let (b, t, h, d) = (self.b, self.t, self.h, self.d);
-        if cx.fused_attention {
+        if cx.fused_attention && self.causal {
             let spec = self.spec(cx);
             let (out, stats) = (cx.g.temp(spec.out_len()), cx.g.temp(2 * spec.score_rows()));
             cx.g.push(Op::Attention {
@@ -771,7 +790,7 @@ impl NodeOp for CausalAttention {
             x: scores,
             out: att,
             t,
-            causal: true,
+            causal: self.causal,
             scale: self.score_scale(cx),
             x_held: Format::F32,
         });
@@ -829,7 +848,7 @@ impl NodeOp for CausalAttention {
                 dp: datt,
                 out: dscores,
                 t,
-                causal: true,
+                causal: self.causal,
                 scale: self.score_scale(cx),
                 dp_held: Format::F32,
             });
