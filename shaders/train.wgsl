@@ -24,15 +24,15 @@ struct TrainParams {
     inputs: u32,
     probs: u32,
     compute: u32,
-    // Format id the op's output is held in (layer norm, GELU, the cross entropy's gradient).
+    // Format id the op's output is held in (layer norm, a unary function, the cross entropy's gradient).
     held: u32,
     // 1: the output is stored as 16-bit codes of `held` in out2, two to a word (layer norm,
-    // GELU); 0: as f32 values in out0.
+    // a unary function); 0: as f32 values in out0.
     coded: u32,
     // Cross entropy: 1 writes the loss's gradient (the backward fused in), 0 the probabilities.
     grad: u32,
-    // The format id whose 16-bit codes in0 holds, two to a word (a coded input: GELU's x, the
-    // pre-GELU activations; fused attention's q|k|v); f32's id: in0 holds f32 words.
+    // The format id whose 16-bit codes in0 holds, two to a word (a coded input: a unary function's
+    // x, such as the pre-GELU activations; fused attention's q|k|v); f32's id: in0 holds f32 words.
     x_stored: u32,
     // The span [begin, end) of an id's tokens (embedding_sum) or chunks (sum_partials) this
     // dispatch adds, and SPAN_FIRST where the sums start at zero, else from what the previous
@@ -43,8 +43,8 @@ struct TrainParams {
     span: u32,
     // RMS norm's eps.
     eps: f32,
-    // The format id the input an op rounds as it reads it is rounded to (the norms', GELU's
-    // and SiLU's backward's dy, the softmax's scores, its backward's dp: the rounding of the
+    // The format id the input an op rounds as it reads it is rounded to (the norms' and
+    // the unary family's backward's dy, the softmax's scores, its backward's dp: the rounding of the
     // matmul product they read, folded in).
     read_held: u32,
     // 1: layer norm's backward sums out2's values (f32 bits: the gradient of x from its other
@@ -65,7 +65,7 @@ struct TrainParams {
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
-// Words: f32 bits, or two 16-bit codes of `params.x_stored` (a coded input: GELU's x,
+// Words: f32 bits, or two 16-bit codes of `params.x_stored` (a coded input: a unary function's x,
 // attention's q|k|v), the even element in the low half; read through `in0v`.
 @group(0) @binding(1) var<storage, read> in0: array<u32>;
 @group(0) @binding(2) var<storage, read> in1: array<f32>;
@@ -417,7 +417,7 @@ fn rmsnorm_bwd_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
 }
 
 // Element i of in0: the f32 its word holds, or where the input is a coded tensor
-// (`params.x_stored`: GELU's x, attention's q|k|v) the value of its code.
+// (`params.x_stored`: a unary function's x, attention's q|k|v) the value of its code.
 fn in0v(i: u32) -> f32 {
     if (params.x_stored == FMT_F32) {
         return bitcast<f32>(in0[i]);

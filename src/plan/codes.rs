@@ -37,8 +37,8 @@ pub fn check_stored_operands(
 impl Plan {
     /// Stores as 16-bit codes (`TensorInfo::stored`) the pre-GELU activations and fused
     /// attention's q|k|v that a bias add holds in bf16 or f16 (`store_bias_adds_as_codes`), and
-    /// each temporary written by one layer norm, RMS norm, GELU (a bias add's included), SiLU,
-    /// elementwise product or fused attention and read only by matmuls that round it to bf16,
+    /// each temporary written by one layer norm, RMS norm, unary function (a bias add's GELU
+    /// included), elementwise product or fused attention and read only by matmuls that round it to bf16,
     /// or only by matmuls that round it to f16 (`Algorithm::Bf16`, `Algorithm::F16`): its
     /// writer rounds it as it stores (its `held` becomes that format; attention must hold its
     /// output in it already), so the matmuls read the values they would have rounded from half
@@ -113,8 +113,8 @@ impl Plan {
     }
 
     /// The second rule of `store_codes`: a temporary y that an in-place bias add holding bf16
-    /// or f16 writes last, and that after it only ops that decode codes read (GELU or SiLU and
-    /// its backward: the MLP's pre-activations; fused attention forward and backward: the
+    /// or f16 writes last, and that after it only ops that decode codes read (a unary function
+    /// and its backward: the MLP's pre-activations; fused attention forward and backward: the
     /// q|k|v projection; all held until the backward pass), gets a coded twin: the add writes
     /// its output as codes into a new temporary, which those readers read instead, while y,
     /// the matmul's f32 product the add reads, dies at the add. The values are the add's held
