@@ -1330,19 +1330,8 @@ fn model_ops(b: &dyn Backend) {
         let mut want = ops::broadcast(&v, c, scale, divisor);
         ops::round_to(&mut want, held);
         for got in &ran {
-            let bad = got
-                .iter()
-                .zip(&want)
-                .position(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan()));
-            // A device may flush the subnormal (1e-40) to zero.
-            let bad = bad.filter(|&i| !(want[i].abs() < 1.2e-38 && got[i] == 0.0));
-            assert!(
-                bad.is_none(),
-                "{name} broadcast x{c} * {scale} / {divisor} held in {held}: [{}] {} vs {}",
-                bad.unwrap_or(0),
-                got[bad.unwrap_or(0)],
-                want[bad.unwrap_or(0)]
-            );
+            let what = format!("{name} broadcast x{c} * {scale} / {divisor} held in {held}");
+            common::same_or_flushed(&what, got, &want);
         }
     }
     // Dropout: the mask of plan::dropout at the runner's step (3), to the bit, over the edges
@@ -1369,18 +1358,8 @@ fn model_ops(b: &dyn Backend) {
         let mut want = mantissa::plan::dropout::apply(&v, (3, site), key, p_drop);
         ops::round_to(&mut want, held);
         for got in &ran {
-            let bad = got
-                .iter()
-                .zip(&want)
-                .position(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan()));
-            let bad = bad.filter(|&i| !(want[i].abs() < 1.2e-38 && got[i] == 0.0));
-            assert!(
-                bad.is_none(),
-                "{name} dropout p {p_drop} seed {seed} site {site} held in {held}: [{}] {} vs {}",
-                bad.unwrap_or(0),
-                got[bad.unwrap_or(0)],
-                want[bad.unwrap_or(0)]
-            );
+            let what = format!("{name} dropout p {p_drop} seed {seed} site {site} held in {held}");
+            common::same_or_flushed(&what, got, &want);
         }
     }
     // The mean squared error and its gradient (the loss scaled), against targets of its own

@@ -67,21 +67,6 @@ pub(crate) struct Transpose {
     c: usize,
 }
 
-impl Transpose {
-    /// batch matrices of r x c, row-major, into their transposes.
-    fn map(batch: usize, r: usize, c: usize) -> Strided {
-        let (b, r, c) = (batch as u32, r as u32, c as u32);
-        let dims = [1, b, r, c];
-        Strided {
-            dims,
-            src: Strided::dense(dims),
-            dst: [0, r * c, 1, r],
-            src_offset: 0,
-            dst_offset: 0,
-        }
-    }
-}
-
 impl NodeOp for Transpose {
     fn name(&self) -> &'static str {
         "transpose"
@@ -94,7 +79,7 @@ impl NodeOp for Transpose {
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
         let x = cx.t(node.inputs[0]);
         let out = cx.g.temp(cx.g.len(x));
-        let map = Transpose::map(self.batch, self.r, self.c);
+        let map = Strided::transpose(self.batch, self.r, self.c);
         let held = Format::F32;
         cx.g.push(Op::Copy { x, out, map, held });
         (out, vec![])
@@ -104,7 +89,7 @@ impl NodeOp for Transpose {
     fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
         let x = node.inputs[0];
         let dx = cx.g.temp(cx.len(x));
-        let map = Transpose::map(self.batch, self.c, self.r);
+        let map = Strided::transpose(self.batch, self.r, self.c).inverse();
         let held = cx.dy_read;
         cx.g.push(Op::Copy {
             x: dy,
@@ -124,25 +109,11 @@ pub(crate) struct Concat {
 }
 
 impl Concat {
-    /// Input `i`'s columns within a row of the output (rows of `widths`' sum): its
-    /// `(offset, width)` and the row's width.
-    fn part(&self, i: usize) -> (u32, u32, u32) {
-        let offset = self.widths[..i].iter().sum::<usize>() as u32;
-        let total = self.widths.iter().sum::<usize>() as u32;
-        (offset, self.widths[i] as u32, total)
-    }
-
     /// Input `i` (rows x its width) into its columns of the output.
     fn to_output(&self, i: usize) -> Strided {
-        let (offset, width, total) = self.part(i);
-        let dims = [1, 1, self.rows as u32, width];
-        Strided {
-            dims,
-            src: Strided::dense(dims),
-            dst: [0, 0, total, 1],
-            src_offset: 0,
-            dst_offset: offset,
-        }
+        let offset = self.widths[..i].iter().sum();
+        let total = self.widths.iter().sum();
+        Strided::into_columns(self.rows, self.widths[i], (offset, total))
     }
 }
 
@@ -186,14 +157,7 @@ impl NodeOp for Concat {
             if !cx.needs_grad(x) {
                 continue;
             }
-            let into = self.to_output(i);
-            let map = Strided {
-                src: into.dst,
-                dst: into.src,
-                src_offset: into.dst_offset,
-                dst_offset: into.src_offset,
-                ..into
-            };
+            let map = self.to_output(i).inverse();
             let dx = cx.g.temp(cx.len(x));
             let held = cx.dy_read.narrower(cx.format(x));
             cx.g.push(Op::Copy {

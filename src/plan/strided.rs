@@ -46,6 +46,44 @@ impl Strided {
         (s, d)
     }
 
+    /// The copy back: each element from where this copy writes it to where it reads it.
+    pub fn inverse(self) -> Strided {
+        Strided {
+            src: self.dst,
+            dst: self.src,
+            src_offset: self.dst_offset,
+            dst_offset: self.src_offset,
+            ..self
+        }
+    }
+
+    /// `batch` row-major r x c matrices into their c x r transposes (the last two axes
+    /// swapped).
+    pub fn transpose(batch: usize, r: usize, c: usize) -> Strided {
+        let (b, r, c) = (batch as u32, r as u32, c as u32);
+        let dims = [1, b, r, c];
+        Strided {
+            dims,
+            src: Strided::dense(dims),
+            dst: [0, r * c, 1, r],
+            src_offset: 0,
+            dst_offset: 0,
+        }
+    }
+
+    /// `rows` rows of `width` into columns [offset, offset + width) of rows of `total` (a
+    /// part of a concatenation along the last axis).
+    pub fn into_columns(rows: usize, width: usize, (offset, total): (usize, usize)) -> Strided {
+        let dims = [1, 1, rows as u32, width as u32];
+        Strided {
+            dims,
+            src: Strided::dense(dims),
+            dst: [0, 0, total as u32, 1],
+            src_offset: 0,
+            dst_offset: offset as u32,
+        }
+    }
+
     /// (B, T, 3C) -> one of q, k, v as (B, H, T, D).
     pub fn split_head(part: usize, b: usize, t: usize, h: usize, d: usize) -> Strided {
         let (b, t, h, d, c) = (b as u32, t as u32, h as u32, d as u32, (h * d) as u32);
@@ -61,14 +99,7 @@ impl Strided {
 
     /// The inverse of `split_head`: q, k or v (B, H, T, D) into its third of (B, T, 3C).
     pub fn merge_head(part: usize, b: usize, t: usize, h: usize, d: usize) -> Strided {
-        let s = Strided::split_head(part, b, t, h, d);
-        Strided {
-            src: s.dst,
-            dst: s.src,
-            src_offset: s.dst_offset,
-            dst_offset: s.src_offset,
-            ..s
-        }
+        Strided::split_head(part, b, t, h, d).inverse()
     }
 
     /// (B, H, T, D) -> (B, T, H * D).
@@ -86,12 +117,7 @@ impl Strided {
 
     /// (B, T, H * D) -> (B, H, T, D).
     pub fn rows_to_heads(b: usize, t: usize, h: usize, d: usize) -> Strided {
-        let s = Strided::heads_to_rows(b, t, h, d);
-        Strided {
-            src: s.dst,
-            dst: s.src,
-            ..s
-        }
+        Strided::heads_to_rows(b, t, h, d).inverse()
     }
 
     /// The host copy.
