@@ -684,8 +684,8 @@ impl TrainBench {
                     "unfused"
                 }
                 .into(),
-                attention_choice: trainer.attention.clone(),
-                graphs_choice: trainer.graphs.clone(),
+                attention_choice: trainer.run.attention.clone(),
+                graphs_choice: trainer.run.graphs.clone(),
                 coded_tensors: trainer.coded_tensors(),
                 tokens_per_step: tokens,
                 first_step_seconds: first,

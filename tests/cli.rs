@@ -1730,7 +1730,7 @@ fn forged_npy_headers_are_read_as_the_reader_reads_them() {
 /// dropped silently, and echoed).
 #[test]
 fn overflowing_weights_stop_a_run_and_are_refused_by_sample() {
-    use mantissa::train::{Checkpoint, Corpus, TrainOptions, Trainer};
+    use mantissa::train::{Corpus, TrainOptions, Trainer};
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("run");
     let o = mantissa(&[
@@ -1771,7 +1771,7 @@ fn overflowing_weights_stop_a_run_and_are_refused_by_sample() {
         .collect();
     pollster::block_on(t.set_weights(&huge)).unwrap();
     let ck = dir.path().join("huge.safetensors");
-    pollster::block_on(Checkpoint::save(&mut t, &ck)).unwrap();
+    pollster::block_on(t.save(&ck)).unwrap();
     let ck = ck.to_str().unwrap();
     for temperature in ["0.8", "0"] {
         let o = mantissa(&[
@@ -1892,7 +1892,10 @@ fn exports_to_standard_output_carry_data_alone_and_unused_flags_are_refused() {
     assert!(o.status.success(), "{}", text(&o));
     let corpus = mantissa::train::Corpus::load(Path::new("data/shakespeare.txt")).unwrap();
     let config = mantissa::train::GptConfig::named("tiny", corpus.vocab.len()).unwrap();
-    let trained = mantissa::train::Checkpoint::load(Path::new(&ck), &config, &corpus.vocab);
+    let trained = mantissa::train::Checkpoint::load(
+        Path::new(&ck),
+        &mantissa::train::Expected::gpt(&config, &corpus.vocab),
+    );
     let read =
         mantissa::train::init::read_init(Path::new(&p("r.safetensors")), &config, &corpus.vocab);
     assert!(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
+import os
 import ml_dtypes
 import numpy as np
 
@@ -444,6 +445,34 @@ class ModelTrainer:
     def applied(self) -> int:
         """Optimizer steps applied so far (skipped ones not counted)."""
         return self._t.applied
+
+    @property
+    def steps(self) -> int:
+        """Steps run so far (skipped ones counted)."""
+        return self._t.steps
+
+    def save_checkpoint(self, path) -> None:
+        """Writes a checkpoint of the run to ``path`` (safetensors, atomically): parameters,
+        AdamW's moments, the step counts, the loss scale. ``load_checkpoint`` resumes it."""
+        self._t.save_checkpoint(os.fspath(path))
+
+    def load_checkpoint(self, path) -> None:
+        """Resumes the run from a checkpoint of this model under this preset: the steps that
+        follow are those of the run that wrote it, to the bit. Another model's checkpoint is
+        refused with the names that differ."""
+        self._t.load_checkpoint(os.fspath(path))
+
+    def save_params(self, path) -> None:
+        """Writes the parameters to ``path`` as safetensors under their names (float32), what
+        ``load_params`` and ``safetensors.numpy.load_file`` read."""
+        self._t.save_params(os.fspath(path))
+
+    def load_params(self, path) -> None:
+        """Sets the parameters by name from a safetensors file: tensors named as the
+        parameters (float32 or float64, each of its parameter's shape), or a checkpoint of this
+        model. A file of another model is refused with the names that differ; nothing is
+        written then."""
+        self._t.load_params(os.fspath(path))
 
     @property
     def param_names(self) -> List[str]:

@@ -417,7 +417,7 @@ fn train_json(
             let mut stopped = None;
             // Drawn only where standard error is a terminal.
             let bar = indicatif::ProgressBar::new(steps as u64).with_message(preset.to_string());
-            while trainer.step < steps {
+            while trainer.run.steps < steps {
                 match trainer.step().block_on() {
                     Ok(r) => {
                         bar.set_position(r.step as u64);
@@ -439,13 +439,13 @@ fn train_json(
                 preset.to_string(),
                 serde_json::json!({
                     "losses": losses,
-                    "loss_scales": trainer.scaler.map(|_| scales),
+                    "loss_scales": trainer.run.scaler.map(|_| scales),
                     "skipped": skipped,
                     "stopped": stopped,
                     "backend": device.name(),
-                    "matmul_algorithm": trainer.precision.matmul.to_string(),
-                    "attention": trainer.attention,
-                    "graphs": trainer.graphs,
+                    "matmul_algorithm": trainer.run.precision.matmul.to_string(),
+                    "attention": trainer.run.attention,
+                    "graphs": trainer.run.graphs,
                 }),
             );
         }

@@ -12,10 +12,13 @@ use mantissa::model::{Init, ModelBuilder, ModelTrainer, Var};
 use mantissa::plan::{AdamW, Unary};
 use mantissa::policy::Preset;
 use mantissa::policy::precision::PrecisionRequest;
+use mantissa::train::checkpoint::{Checkpoint, Expected};
+use mantissa::train::init;
 use pollster::FutureExt as _;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 /// A value of a model being built: a parameter, an input or an op's output.
@@ -378,6 +381,54 @@ impl PyModelTrainer {
     #[getter]
     fn applied(&self) -> u32 {
         self.lock().applied
+    }
+
+    /// Steps run so far, skipped ones included.
+    #[getter]
+    fn steps(&self) -> u32 {
+        self.lock().steps
+    }
+
+    /// Writes a checkpoint of the run (parameters, AdamW's moments, the step counts, the loss
+    /// scale) to `path`, atomically.
+    fn save_checkpoint(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        py.detach(|| Checkpoint::save(&mut self.lock(), None, &path).block_on())
+            .map_err(py_err)
+    }
+
+    /// Resumes the run from a checkpoint of this model under this preset: the steps that
+    /// follow are those of the run that wrote it. Another model's is refused with the names
+    /// that differ.
+    fn load_checkpoint(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        py.detach(|| {
+            let mut t = self.lock();
+            let ck = Checkpoint::load(&path, &Expected::model(&t.model))?;
+            ck.restore(&mut t).block_on()
+        })
+        .map_err(py_err)
+    }
+
+    /// Writes the parameters to `path` as safetensors under their names (what `load_params`
+    /// and PyTorch's `load_file` read).
+    fn save_params(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        py.detach(|| {
+            let mut t = self.lock();
+            let params = t.params().block_on()?;
+            init::write_params(&path, &t.model, &params)
+        })
+        .map_err(py_err)
+    }
+
+    /// Sets the parameters by name from a safetensors file (tensors named as the parameters,
+    /// F32 or F64, or a checkpoint of this model); a file of another model is refused with the
+    /// names that differ, and nothing is written.
+    fn load_params(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {
+        py.detach(|| {
+            let mut t = self.lock();
+            let params = init::read_params(&path, &t.model)?;
+            t.set_params(&params).block_on()
+        })
+        .map_err(py_err)
     }
 
     fn set_values(&self, py: Python<'_>, k: usize, values: &[u8]) -> PyResult<()> {

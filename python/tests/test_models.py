@@ -178,6 +178,40 @@ def test_dropout_masks_are_the_same_on_every_backend_and_refuse_a_bad_rate():
     np.testing.assert_array_equal(outs[1] == 0, dropped)
 
 
+def _dropout_regression(name="w"):
+    b = mantissa.ModelBuilder()
+    x = b.values([16, 8])
+    y = b.values([16, 8])
+    b.mse(b.dropout(b.matmul(x, b.param(name, [8, 8])), 0.25), y)
+    return b
+
+
+def test_checkpoints_resume_bit_for_bit_and_params_load_by_name(tmp_path):
+    rng = np.random.default_rng(5)
+    xv, yv = rng.standard_normal((2, 16, 8)).astype(np.float32)
+    unbroken = mantissa.ModelTrainer(_dropout_regression(), preset="16-mixed", backend="reference", seed=4)
+    losses = [unbroken.step(xv, yv).loss for _ in range(4)]
+    first = mantissa.ModelTrainer(_dropout_regression(), preset="16-mixed", backend="reference", seed=4)
+    resumed_losses = [first.step(xv, yv).loss for _ in range(2)]
+    first.save_checkpoint(tmp_path / "ck.safetensors")
+    resumed = mantissa.ModelTrainer(_dropout_regression(), preset="16-mixed", backend="reference", seed=4)
+    resumed.load_checkpoint(tmp_path / "ck.safetensors")
+    assert resumed.steps == 2
+    resumed_losses += [resumed.step(xv, yv).loss for _ in range(2)]
+    assert resumed_losses == losses
+    assert resumed.loss_scale == unbroken.loss_scale
+    # Another model's checkpoint and parameters are refused by the names that differ.
+    other = mantissa.ModelTrainer(_dropout_regression("v"), backend="reference")
+    with pytest.raises(ValueError, match=r"another model.*lacks adam_m\.v, adam_v\.v, param\.v"):
+        other.load_checkpoint(tmp_path / "ck.safetensors")
+    resumed.save_params(tmp_path / "params.safetensors")
+    with pytest.raises(ValueError, match=r"it holds w that the model has not; it lacks v"):
+        other.load_params(tmp_path / "params.safetensors")
+    fresh = mantissa.ModelTrainer(_dropout_regression(), backend="reference", seed=99)
+    fresh.load_params(tmp_path / "params.safetensors")
+    np.testing.assert_array_equal(fresh.state_dict()["w"], resumed.state_dict()["w"])
+
+
 def test_load_state_dict_names_what_is_missing_unexpected_or_misshapen():
     state = fixture_state("mlp")
     t = mantissa.ModelTrainer(build("mlp", state), backend="reference")

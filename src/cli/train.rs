@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::plan::AdamW;
 use crate::plan::exec::{Memory, Reduced};
 use crate::policy::{PrecisionClass, Preset};
-use crate::train::checkpoint::CheckpointFile;
+use crate::train::checkpoint::{CheckpointFile, Expected};
 use crate::train::trainer::{MAX_EVAL_BATCHES, MAX_SAMPLE_TOKENS};
 use crate::train::{
     Batches, Checkpoint, Choice, Chooser, Corpus, GptConfig, StepRecord, TrainOptions, Trainer,
@@ -294,12 +294,17 @@ fn prepare(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
         Some(path) => {
             // Header first: the tensors are read once their size is this model's.
             let read = match group.rank() {
-                0 => CheckpointFile::open(path).and_then(|file| file.read(&setup.config)),
+                0 => CheckpointFile::open(path)
+                    .and_then(|file| file.read(&Expected::gpt(&setup.config, &setup.corpus.vocab))),
                 _ => Ok(vec![]),
             };
             let mut bytes = dist::agree(group, read)?;
             group.broadcast(&mut bytes, 0)?;
-            let ck = Checkpoint::from_bytes(&bytes, path, &setup.config, &setup.corpus.vocab);
+            let ck = Checkpoint::from_bytes(
+                &bytes,
+                path,
+                &Expected::gpt(&setup.config, &setup.corpus.vocab),
+            );
             Some(dist::agree(group, ck)?)
         }
         None => None,
@@ -569,28 +574,28 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
                     t.use_batches(batches.clone())?;
                 }
                 if let Some(ck) = resume.take() {
-                    ck.restore(&mut t).block_on()?;
+                    ck.restore(&mut t.run).block_on()?;
                 }
                 Ok(t)
             });
         let mut trainer = dist::agree(group, built)?;
         let chosen = trainer.choose(&chooser).block_on().map(|c| c.to_string());
         let chosen = dist::agree(group, chosen)?;
-        if trainer.step > 0 {
-            tell(format!("resumed {preset} at step {}", trainer.step))?;
+        if trainer.run.steps > 0 {
+            tell(format!("resumed {preset} at step {}", trainer.run.steps))?;
         }
         tell(format!(
             "-- {preset}: matmuls {} (compute {}), {}",
-            trainer.precision.matmul,
-            trainer.precision.compute,
+            trainer.run.precision.matmul,
+            trainer.run.precision.compute,
             describe(&trainer)
         ))?;
         tell(format!("   {}", trainer.executor()))?;
-        tell(format!("   {chosen}; {}", trainer.graphs))?;
+        tell(format!("   {chosen}; {}", trainer.run.graphs))?;
         let mut run = Run {
             preset: preset.to_string(),
             backend: backend.name(),
-            matmul_algorithm: trainer.precision.matmul.to_string(),
+            matmul_algorithm: trainer.run.precision.matmul.to_string(),
             config: config.clone(),
             parameters: config.parameter_count(),
             steps: vec![],
@@ -602,8 +607,8 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             unigram_entropy: corpus.unigram_entropy(),
             executor: trainer.executor(),
             memory: trainer.memory(),
-            attention: trainer.attention.clone(),
-            graphs: trainer.graphs.clone(),
+            attention: trainer.run.attention.clone(),
+            graphs: trainer.run.graphs.clone(),
         };
         let bar = if leader {
             indicatif::ProgressBar::new(args.steps as u64)
@@ -614,22 +619,20 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg}")
                 .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
-        bar.set_position(trainer.step as u64);
+        bar.set_position(trainer.run.steps as u64);
         let checkpoint = checkpoint_path(args, preset);
         // A checkpoint refused on rank 0 alone (weights that overflowed) ends every rank of a
         // data-parallel run, exit 4; alone, it stops the run as a divergence does.
         let alone = group.size() <= 1;
-        while trainer.step < args.steps {
+        while trainer.run.steps < args.steps {
             let poison = match setup.inject {
-                Some(s) if s == trainer.step + 1 => f32::INFINITY,
+                Some(s) if s == trainer.run.steps + 1 => f32::INFINITY,
                 _ => 0.0,
             };
             let stepped = step_once(args, &mut trainer, &mut run, poison, &bar, &tell);
             let saved = stepped.and_then(|step| match leader && args.checkpoint_every > 0 {
                 true if step % args.checkpoint_every == 0 => {
-                    Checkpoint::save(&mut trainer, &checkpoint)
-                        .block_on()
-                        .map_err(|e| (e, alone))
+                    trainer.save(&checkpoint).block_on().map_err(|e| (e, alone))
                 }
                 _ => Ok(()),
             });
@@ -662,7 +665,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             m.measured_by
         ))?;
         if leader && run.stopped.is_none() {
-            match Checkpoint::save(&mut trainer, &checkpoint).block_on() {
+            match trainer.save(&checkpoint).block_on() {
                 Ok(()) => tell(format!("saved {}", checkpoint.display()))?,
                 Err(e @ Error::Diverged { .. }) if alone => {
                     tell(format!("stopped: {e}"))?;
@@ -694,7 +697,7 @@ fn step_once(
         .step_injecting(poison)
         .block_on()
         .map_err(|e| (e, true))?;
-    if let (None, Some(r)) = (&run.reduction, &trainer.reduced) {
+    if let (None, Some(r)) = (&run.reduction, &trainer.run.reduced) {
         bar.suspend(|| {
             tell(format!(
                 "   gradients summed by {}: {:.2} MiB per step in {} call(s), {}",
@@ -863,8 +866,8 @@ fn export_init(args: &TrainArgs, path: &std::path::Path) -> Result<i32> {
     let params = match (&args.init, &args.resume) {
         (Some(from), _) => init::read_init(from, &config, &corpus.vocab)?,
         (None, Some(ck)) => {
-            let bytes = CheckpointFile::open(ck)?.read(&config)?;
-            Checkpoint::from_bytes(&bytes, ck, &config, &corpus.vocab)?.params
+            let bytes = CheckpointFile::open(ck)?.read(&Expected::gpt(&config, &corpus.vocab))?;
+            Checkpoint::from_bytes(&bytes, ck, &Expected::gpt(&config, &corpus.vocab))?.params
         }
         (None, None) => config.init(args.seed)?,
     };
@@ -909,10 +912,20 @@ pub fn sample(args: SampleArgs) -> Result<()> {
         .map_err(|why| Error::invalid("--prompt", why))?;
     // The header alone names the config; the tensors are read once their size is its size.
     let file = CheckpointFile::open(&args.checkpoint)?;
-    let config = GptConfig::named(&file.meta.config, corpus.vocab.len())?;
+    let Some(gpt) = &file.meta.gpt else {
+        return Err(Error::file(
+            &args.checkpoint,
+            "not a checkpoint of the GPT: a built model's checkpoint holds no configuration to sample",
+        ));
+    };
+    let config = GptConfig::named(&gpt.config, corpus.vocab.len())?;
     let seed = file.meta.seed;
-    let bytes = file.read(&config)?;
-    let ck = Checkpoint::from_bytes(&bytes, &args.checkpoint, &config, &corpus.vocab)?;
+    let bytes = file.read(&Expected::gpt(&config, &corpus.vocab))?;
+    let ck = Checkpoint::from_bytes(
+        &bytes,
+        &args.checkpoint,
+        &Expected::gpt(&config, &corpus.vocab),
+    )?;
     drop(bytes);
     let preset: Preset = ck.meta.preset.parse()?;
     let backend = backend::open(choice).block_on()?;
@@ -922,7 +935,7 @@ pub fn sample(args: SampleArgs) -> Result<()> {
         ..TrainOptions::new(config, preset, seed)
     };
     let mut trainer = Trainer::new(backend.as_ref(), &corpus, options)?;
-    ck.restore(&mut trainer).block_on()?;
+    ck.restore(&mut trainer.run).block_on()?;
     // Each character as it is drawn.
     let flushed = |text: &str| {
         say_raw!("{text}")?;

@@ -25,7 +25,7 @@ mod ops;
 mod run;
 
 pub use derive::{PlanOptions, stores_codes};
-pub use run::{ModelTrainer, Stepped};
+pub use run::{ModelTrainer, Resize, RunOptions, Stepped, TrainState};
 
 use crate::error::{Error, Result};
 use ops::NodeOp;
@@ -507,6 +507,31 @@ impl Model {
             .enumerate()
             .map(|(i, p)| p.init.draw(p.len(), seed, i))
             .collect()
+    }
+
+    /// A checksum of what the model is: its parameters (names, shapes, initialisations), its
+    /// inputs and its ops with what each reads; two models built alike have the same. Measured
+    /// choices are cached under it.
+    pub fn fingerprint(&self) -> u32 {
+        let mut h = crc32fast::Hasher::new();
+        for p in &self.params {
+            h.update(format!("{} {:?} {:?} {};", p.name, p.shape, p.init, p.decay).as_bytes());
+        }
+        for v in &self.values {
+            let source = match &v.source {
+                Source::Ids(ids) => {
+                    format!("ids {:08x}", crc32fast::hash(bytemuck::cast_slice(ids)))
+                }
+                other => format!("{other:?}"),
+            };
+            h.update(format!("{:?} {source};", v.shape).as_bytes());
+        }
+        for n in &self.nodes {
+            let inputs: Vec<usize> = n.inputs.iter().map(|v| v.index).collect();
+            h.update(format!("{:?} {inputs:?} {};", n.op, n.out.index).as_bytes());
+        }
+        h.update(&(self.loss as u64).to_le_bytes());
+        h.finalize()
     }
 
     /// The linear layers (fp8 state slots) of the step, in order.

@@ -1,37 +1,121 @@
-//! A built model on a backend: its step plan under a precision preset in the backend's own
-//! executor (device-resident where the backend has one), its parameters written in, and
-//! training steps with GradScaler's loss scaling and fp8 delayed scaling as the preset asks.
-//! The executor checks every batch (lengths, ids in range) before it runs.
+//! The one training step loop, for every built model (the GPT's `train::Trainer` is one of its
+//! users): the step plan under a precision preset in the backend's own executor
+//! (device-resident where the backend has one), its parameters written in, and training steps
+//! with GradScaler's loss scaling and fp8 delayed scaling as the preset asks; data parallel
+//! over the ranks of a `Collective`; the measured attention and graph choices; the state a
+//! checkpoint holds (`train::checkpoint`). Whether a step diverged, was skipped or applied is
+//! decided here alone. The executor checks every batch (lengths, ids in range) before it runs.
 
 use super::{Model, PlanOptions};
 use crate::backend::reference::ops::round_to;
 use crate::backend::{self, Backend};
-use crate::error::{Error, Result};
-use crate::plan::exec::{grad_norm, update_factor};
+use crate::dist::{Collective, Reducer, Reduction, Single};
+use crate::error::{Error, Result, gib};
+use crate::plan::exec::{GradientSum, Memory, Reduced, Timings, grad_norm, update_factor};
 use crate::plan::scalar::StepScalars;
-use crate::plan::{AdamW, Plan, Section, Stats, StepExecutor, TensorKind};
+use crate::plan::{AdamW, Plan, Section, Stats, StepExecutor, Storage, TensorId, TensorKind};
 use crate::policy::precision::PrecisionRequest;
-use crate::policy::{Fp8Role, Fp8State, LossScaler, Precision, StepDecision};
+use crate::policy::{Fp8Role, Fp8State, LossScaler, Precision, Preset, StepDecision};
+use crate::train::choice::{Candidate, Choice, Chooser, ChosenBy, Trials};
+use crate::tune::AutotuneMode;
 use std::borrow::Cow;
 
 /// A run's token ids and class targets, as the plan takes them.
 type Batch<'b> = (Cow<'b, [u32]>, Cow<'b, [u32]>);
 
+/// The model of another per-rank batch (sequences), where a model has one: the advice of a
+/// plan that does not fit names the largest batch that does.
+pub type Resize<'a> = Box<dyn Fn(usize) -> Result<Model> + Send + Sync + 'a>;
+
 /// What one training step did.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Stepped {
-    /// The batch's mean loss, before the update.
+    /// The batch's mean loss, before the update (over every rank's rows).
     pub loss: f64,
-    /// A gradient held inf or NaN: nothing was updated (GradScaler backs its scale off).
+    /// A gradient held inf or NaN under loss scaling: nothing was updated (GradScaler backs its
+    /// scale off). Without loss scaling such a step is `Error::Diverged`.
     pub skipped: bool,
-    /// The global norm of the unscaled gradients.
+    /// The global norm of the unscaled gradients, before clipping.
     pub grad_norm: f64,
 }
 
+/// Weights and AdamW moments, per parameter (declaration order).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TrainState {
+    /// The weights, one row-major vector per parameter (in a "true" preset, its 16-bit values
+    /// as f32).
+    pub params: Vec<Vec<f32>>,
+    /// AdamW's first moments, one vector per parameter, shaped as its weights.
+    pub adam_m: Vec<Vec<f32>>,
+    /// AdamW's second moments, one vector per parameter, shaped as its weights.
+    pub adam_v: Vec<Vec<f32>>,
+}
+
+/// How a trainer builds and runs its step, beside the model and the precision. Every choice
+/// here leaves the function the step computes as it is.
+pub struct RunOptions<'a> {
+    /// Seed of the initial parameters and of dropout's masks.
+    pub seed: u64,
+    /// Attention as one fused op or as separate ops; None: a measured choice (`choose`), fused
+    /// until then where the backend has the kernel for every attention op of the model.
+    pub fused_attention: Option<bool>,
+    /// The matmuls' 16-bit inputs stored as 16-bit codes or as f32; None: codes unless
+    /// `MANTISSA_ACTIVATIONS=f32`.
+    pub coded_activations: Option<bool>,
+    /// Record each section of the step the second time it runs and replay it from then on
+    /// (`plan::graph`), or not; None: a measured choice (`choose`), the executor's own until
+    /// then. wgpu refuses `Some(true)`.
+    pub graphs: Option<bool>,
+    /// Run the plan on the backend's own executor (device-resident on a GPU); false: on the host
+    /// interpreter, with the host reference's numbers.
+    pub resident: bool,
+    /// The most device memory the plan's tensors may take, beside what the device has free.
+    pub memory_limit: Option<u64>,
+    /// The ranks of a data-parallel run (`Single` alone): each runs the model on its slice of
+    /// the global batch, and each step sums the gradients over the ranks as `reduction` says
+    /// before the unscale, clip and AdamW, so that every rank applies the one-rank update.
+    pub group: &'a dyn Collective,
+    /// How the ranks sum the gradients. On one rank with a reducer named (`Reducer::Mpi`,
+    /// `Reducer::Nccl`) the step still goes through the reduction.
+    pub reduction: Reduction,
+    /// The global batch in sequences and the model at another per-rank batch, where the model
+    /// has them (the GPT's): a plan that does not fit is refused with the largest batch that
+    /// does.
+    pub resize: Option<(usize, Resize<'a>)>,
+}
+
+/// The world of a trainer that runs alone.
+static ALONE: Single = Single;
+
+impl RunOptions<'_> {
+    /// One rank, the backend's own executor, attention and graphs chosen by measurement.
+    pub fn new(seed: u64) -> RunOptions<'static> {
+        RunOptions {
+            seed,
+            fused_attention: None,
+            coded_activations: None,
+            graphs: None,
+            resident: true,
+            memory_limit: None,
+            group: &ALONE,
+            reduction: Reduction::default(),
+            resize: None,
+        }
+    }
+}
+
+/// The ways to run attention, as `Chooser::choose` names them: fused, then unfused.
+const ATTENTION: [&str; 2] = ["fused", "unfused"];
+
+/// The ways to run a step's sections: launched op by op, or recorded once and replayed.
+const GRAPHS: [&str; 2] = ["off", "on"];
+
 /// A model being trained on a backend under one precision.
 pub struct ModelTrainer<'a> {
-    /// The model it trains.
+    /// The model it trains (this rank's batch of it).
     pub model: Model,
+    /// The preset the precision was decided from.
+    pub preset: Preset,
     /// The formats and algorithms the preset decided on this backend.
     pub precision: Precision,
     /// AdamW's settings for the steps to come (nanoGPT's by default).
@@ -42,19 +126,86 @@ pub struct ModelTrainer<'a> {
     pub scaler: Option<LossScaler>,
     /// fp8 delayed scaling's amax histories and scales, where the preset has them.
     pub fp8: Option<Fp8State>,
-    /// Optimizer steps applied.
+    /// Steps run, skipped ones included.
+    pub steps: u32,
+    /// Optimizer steps applied: AdamW's step count `t`.
     pub applied: u32,
+    /// How attention came to be fused or not (`choose`).
+    pub attention: Choice,
+    /// How the step came to be recorded and replayed or not (`choose`).
+    pub graphs: Choice,
+    /// The last step's gradient reduction (None on one rank).
+    pub reduced: Option<Reduced>,
+    backend: &'a dyn Backend,
+    options: RunOptions<'a>,
     exec: Box<dyn StepExecutor + 'a>,
-    /// Which values inputs `set_values` has written (a run reads only inputs given).
-    values_set: Vec<bool>,
+    /// The tensors a data-parallel step sums (`Plan::split_for_ranks`).
+    summed: Vec<TensorId>,
+    /// The values inputs written (`set_values`), kept to write into a plan built later.
+    values: Vec<Option<Vec<f32>>>,
+}
+
+/// What builds a trainer's executors: the model, its precision, the backend and the options.
+struct Builder<'t, 'a> {
+    backend: &'a dyn Backend,
+    model: &'t Model,
+    precision: &'t Precision,
+    options: &'t RunOptions<'a>,
+}
+
+impl<'a> Builder<'_, 'a> {
+    fn plan_options(&self, fused_attention: bool) -> Result<PlanOptions> {
+        Ok(PlanOptions {
+            fused_attention,
+            coded: match self.options.coded_activations {
+                Some(coded) => coded,
+                None => super::stores_codes()?,
+            },
+            seed: self.options.seed,
+        })
+    }
+
+    /// The step plan, attention `fused` or not, with the initial parameters, split for the
+    /// ranks where the run sums gradients (the tensors summed returned), and its executor,
+    /// checked against the device's memory first and recording as `options.graphs` says.
+    fn executor(&self, fused: bool) -> Result<(Box<dyn StepExecutor + 'a>, Vec<TensorId>)> {
+        let mut plan = self.model.plan(self.precision, self.plan_options(fused)?)?;
+        // The parameters are held twice on the host: as the plan's constants, and as the
+        // executor's copy (the host interpreter's tensors, a device's upload).
+        let params = (self.model.params().iter())
+            .try_fold(0u64, |n, p| n.checked_add(p.len() as u64 * 4))
+            .and_then(|bytes| bytes.checked_mul(2));
+        crate::memory::check(
+            "the model's parameters, in its plan and its executor",
+            params,
+        )?;
+        for (i, p) in self.model.init(self.options.seed)?.into_iter().enumerate() {
+            let p = held_as(self.precision.weights, &self.model.params()[i].name, p)?;
+            plan.constants.push((plan.state[i][0], p));
+        }
+        let o = self.options;
+        let summed = if o.group.size() > 1 || o.reduction.reducer != Reducer::Auto {
+            plan.split_for_ranks()
+        } else {
+            vec![]
+        };
+        let mut exec = if o.resident {
+            let fit = self.fit(Storage::shared(&plan).bytes(), fused)?;
+            backend::executor(self.backend, plan, true).map_err(|e| fit.explain(e))?
+        } else {
+            backend::executor(self.backend, plan, false)?
+        };
+        if let Some(on) = o.graphs {
+            exec.record_sections(on)?;
+        }
+        Ok((exec, summed))
+    }
 }
 
 impl<'a> ModelTrainer<'a> {
-    /// `model` under `request` on `backend`, its parameters drawn from `seed` (`Model::init`)
-    /// and held as the preset holds weights. Attention is fused where `fused_attention` says,
-    /// else where the backend has the kernel for every attention op of the model (the
-    /// reference runs either); fused where a device has no kernel for the precision's matmul
-    /// algorithm and the op's head width is refused, naming the op.
+    /// `model` under `request` on `backend`, alone, its parameters drawn from `seed`
+    /// (`Model::init`) and held as the preset holds weights; attention fused where
+    /// `fused_attention` says (`RunOptions::fused_attention`).
     pub fn new(
         backend: &'a dyn Backend,
         model: Model,
@@ -62,60 +213,99 @@ impl<'a> ModelTrainer<'a> {
         fused_attention: Option<bool>,
         seed: u64,
     ) -> Result<ModelTrainer<'a>> {
+        let options = RunOptions {
+            fused_attention,
+            ..RunOptions::new(seed)
+        };
+        ModelTrainer::with_options(backend, model, request, options)
+    }
+
+    /// `model` under `request` on `backend`, built and run as `options` say. Attention is fused
+    /// where `options.fused_attention` says, else where the backend prefers it for every
+    /// attention op of the model (`Capabilities::fuses_attention`; the host interpreter runs
+    /// either way); fused where the executor has no kernel for the op's heads is refused.
+    pub fn with_options(
+        backend: &'a dyn Backend,
+        model: Model,
+        request: &PrecisionRequest,
+        options: RunOptions<'a>,
+    ) -> Result<ModelTrainer<'a>> {
         let caps = backend.capabilities();
         let precision = Precision::decide(request, &caps)?;
-        let unfusable = (model.attention_heads().into_iter())
-            .find(|&(d, _)| !caps.fuses_attention(&precision.matmul, d));
-        // The reference's executor runs every op by its definition; a device needs a kernel.
-        let host = backend.kind() == crate::backend::BackendKind::Reference;
-        let fused = match (fused_attention, unfusable) {
-            (Some(true), Some((d, shape))) if !host => {
-                return Err(Error::invalid(
-                    "model",
-                    format!(
-                        "causal_attention: qkv {shape:?} (heads of {d}) cannot be fused under {} on {}",
-                        precision.matmul,
-                        backend.name()
-                    ),
-                ));
-            }
-            (Some(fused), _) => fused,
-            (None, unfusable) => unfusable.is_none(),
+        let heads = model.attention_heads();
+        // Fused by default where the backend prefers it for every attention op of the model; a
+        // fused op its executor has no kernel for is refused as the executor is built.
+        let preferred = (heads.iter()).all(|(d, _)| caps.fuses_attention(&precision.matmul, *d));
+        let fused = options.fused_attention.unwrap_or(preferred);
+        let builder = Builder {
+            backend,
+            model: &model,
+            precision: &precision,
+            options: &options,
         };
-        let options = PlanOptions {
-            fused_attention: fused,
-            coded: super::stores_codes()?,
-            seed,
-        };
-        let mut plan = model.plan(&precision, options)?;
-        // The parameters are held twice on the host: as the plan's constants, and as the
-        // executor's copy (the host interpreter's tensors, a device's upload).
-        let params = (model.params().iter())
-            .try_fold(0u64, |n, p| n.checked_add(p.len() as u64 * 4))
-            .and_then(|bytes| bytes.checked_mul(2));
-        crate::memory::check(
-            "the model's parameters, in its plan and its executor",
-            params,
-        )?;
-        for (i, p) in model.init(seed)?.into_iter().enumerate() {
-            let p = held_as(precision.weights, &model.params()[i].name, p)?;
-            plan.constants.push((plan.state[i][0], p));
-        }
+        let (exec, summed) = builder.executor(fused)?;
         let fp8 = match &precision.fp8 {
-            Some(recipe) => Fp8State::new(recipe, plan.stats.linears)?,
+            Some(recipe) => Fp8State::new(recipe, exec.plan().stats.linears)?,
             None => None,
+        };
+        let attention = match (heads.is_empty(), options.fused_attention) {
+            (true, _) => Choice::untimed("attention", "none", ChosenBy::Default),
+            (false, Some(_)) => {
+                Choice::untimed("attention", ATTENTION[usize::from(!fused)], ChosenBy::Named)
+            }
+            (false, None) => Choice::untimed(
+                "attention",
+                ATTENTION[usize::from(!fused)],
+                ChosenBy::Default,
+            ),
+        };
+        let graphs = match options.graphs {
+            Some(on) => Choice::untimed("graphs", GRAPHS[usize::from(on)], ChosenBy::Named),
+            None => Choice::untimed("graphs", "the executor's own", ChosenBy::Default),
         };
         Ok(ModelTrainer {
             scaler: request.preset.spec().loss_scaling.map(LossScaler::new),
-            values_set: vec![false; model.values_inputs().len()],
+            preset: request.preset,
+            values: vec![None; model.values_inputs().len()],
             model,
             precision,
             adamw: AdamW::default(),
             grad_clip: 0.0,
             fp8,
+            steps: 0,
             applied: 0,
-            exec: backend::executor(backend, plan, true)?,
+            attention,
+            graphs,
+            reduced: None,
+            backend,
+            options,
+            exec,
+            summed,
         })
+    }
+
+    fn builder(&self) -> Builder<'_, 'a> {
+        Builder {
+            backend: self.backend,
+            model: &self.model,
+            precision: &self.precision,
+            options: &self.options,
+        }
+    }
+
+    /// The backend it runs on.
+    pub fn backend(&self) -> &'a dyn Backend {
+        self.backend
+    }
+
+    /// The ranks of its run (`RunOptions::group`).
+    pub fn group(&self) -> &'a dyn Collective {
+        self.options.group
+    }
+
+    /// The seed of its initial parameters and dropout masks.
+    pub fn seed(&self) -> u64 {
+        self.options.seed
     }
 
     /// The step plan its executor runs.
@@ -123,10 +313,189 @@ impl<'a> ModelTrainer<'a> {
         self.exec.plan()
     }
 
-    /// The scalars of a run at `loss_scale`, the settings checked first: AdamW's
-    /// (`AdamW::check`), the clip finite and >= 0, the loss scale and fp8 scales finite and
-    /// > 0 (a NaN among them poisoned the weights, or skipped every step, silently).
-    fn scalars(&self, loss_scale: f32) -> Result<Vec<f32>> {
+    /// How the steps run ("device-resident on ..., one submission per step").
+    pub fn executor(&self) -> String {
+        self.exec.describe()
+    }
+
+    /// The device launches of each op of the plan (`StepExecutor::launches`).
+    pub fn launches(&self) -> Option<Vec<usize>> {
+        self.exec.launches()
+    }
+
+    /// Whether the step runs attention as one fused op (`plan::Op::Attention`).
+    pub fn fused_attention(&self) -> bool {
+        (self.exec.plan().ops.iter()).any(|op| matches!(op, crate::plan::Op::Attention { .. }))
+    }
+
+    /// How many tensors the plan stores as 16-bit codes (`Plan::store_codes`).
+    pub fn coded_tensors(&self) -> usize {
+        self.exec.plan().coded_tensors()
+    }
+
+    /// The memory the steps so far took (the plan's tensors, and the peak of everything).
+    pub fn memory(&self) -> Memory {
+        self.exec.memory()
+    }
+
+    /// Delayed fp8 scaling's current scales per linear layer (empty without it).
+    pub fn fp8_scales(&self) -> Vec<[f32; 3]> {
+        self.fp8.as_ref().map(Fp8State::scales).unwrap_or_default()
+    }
+
+    /// Allocates the step plan on the device and builds its kernels (tuning their tiles) now
+    /// rather than at the first step, so that a plan the device cannot hold stops here with the
+    /// bytes it needs (and, where the model can be resized, a batch that fits), before anything
+    /// is written.
+    pub async fn prepare(&mut self) -> Result<()> {
+        let prepared = self.exec.prepare().await;
+        prepared.map_err(|e| {
+            let needed = Storage::shared(self.exec.plan()).bytes();
+            let fused = self.fused_attention();
+            let builder = self.builder();
+            PlanFit {
+                builder: &builder,
+                needed,
+                fused,
+            }
+            .explain(e)
+        })
+    }
+
+    /// The measured choices, before the first step, timed on `ids` and `targets` (a batch as
+    /// `step` takes it; nothing is updated): attention, then graphs for the attention chosen.
+    /// Every rank calls this. Returns how attention was chosen (`graphs` says how the graphs
+    /// were).
+    pub async fn choose(
+        &mut self,
+        chooser: &Chooser,
+        ids: &[u32],
+        targets: &[u32],
+    ) -> Result<&Choice> {
+        let (ids, targets) = self.batch(ids, targets)?;
+        let batch = (ids.into_owned(), targets.into_owned());
+        self.choose_attention(chooser, &batch).await?;
+        self.choose_graphs(chooser, &batch).await?;
+        Ok(&self.attention)
+    }
+
+    /// Where attention was left to a measurement and the model has attention: builds the step
+    /// plan the other way too, times the forward and backward pass of each on the device
+    /// (`Chooser::choose`, the update never run, so the run trains as it would with the chosen
+    /// way named), and keeps the faster, its parameters and moments those held now; or takes
+    /// the cached choice. A way that fails to build or run is dropped (its reason in
+    /// `attention`).
+    async fn choose_attention(
+        &mut self,
+        chooser: &Chooser,
+        batch: &(Vec<u32>, Vec<u32>),
+    ) -> Result<()> {
+        if self.options.fused_attention.is_some() || self.model.attention_heads().is_empty() {
+            return Ok(());
+        }
+        let current = usize::from(!self.fused_attention());
+        let scale = self.scaler.map_or(1.0, |s| s.scale);
+        let scalars = self.scalars(scale, 0.0)?;
+        let key = self.choice_key();
+        let group = self.options.group;
+        let builder = Builder {
+            backend: self.backend,
+            model: &self.model,
+            precision: &self.precision,
+            options: &self.options,
+        };
+        let mut trials = AttentionTrials {
+            builder,
+            values: &self.values,
+            current: (current, &mut self.exec),
+            other: None,
+            batch: (&batch.0, &batch.1, scalars),
+        };
+        let (chosen, choice) = chooser
+            .choose("attention", &key, &ATTENTION, current, &mut trials, group)
+            .await?;
+        let other = trials.other.take();
+        if let Some((i, mut exec, summed)) = other
+            && i == chosen
+        {
+            // The parameters and moments held now (set_params, a resumed checkpoint) go along.
+            let state = self.state().await?;
+            std::mem::swap(&mut self.exec, &mut exec);
+            self.summed = summed;
+            self.set_state(&state).await?;
+            drop(exec);
+        }
+        // The other plan, dropped now, is no part of the steps' memory.
+        self.exec.forget_peak();
+        self.attention = choice;
+        Ok(())
+    }
+
+    /// Where graphs were left to a measurement and the executor can record its sections (CUDA,
+    /// the host interpreter): times the forward and backward pass launched op by op and
+    /// replayed from a recording, keeps the faster, or takes the cached choice. An executor
+    /// that cannot record runs op by op, and says why.
+    async fn choose_graphs(
+        &mut self,
+        chooser: &Chooser,
+        batch: &(Vec<u32>, Vec<u32>),
+    ) -> Result<()> {
+        if self.options.graphs.is_some() || chooser.mode() == AutotuneMode::Off {
+            return Ok(());
+        }
+        if let Err(e) = self.exec.record_sections(true) {
+            self.exec.record_sections(false).ok();
+            self.graphs = Choice {
+                candidates: vec![Candidate {
+                    name: GRAPHS[1].into(),
+                    seconds: None,
+                    dropped: Some(e.to_string()),
+                }],
+                ..Choice::untimed("graphs", GRAPHS[0], ChosenBy::Default)
+            };
+            return Ok(());
+        }
+        let scale = self.scaler.map_or(1.0, |s| s.scale);
+        let scalars = self.scalars(scale, 0.0)?;
+        let key = format!("{} attention {}", self.choice_key(), self.attention.chosen);
+        let group = self.options.group;
+        let mut trials = GraphTrials {
+            exec: &mut self.exec,
+            batch: (&batch.0, &batch.1, scalars),
+        };
+        let (chosen, choice) = chooser
+            .choose("graphs", &key, &GRAPHS, 0, &mut trials, group)
+            .await?;
+        self.exec.record_sections(chosen == 1)?;
+        self.graphs = choice;
+        Ok(())
+    }
+
+    /// What a measured choice depends on besides itself: the device, the model and this rank's
+    /// share of the batch, the precision, and how the plan is stored and run.
+    fn choice_key(&self) -> String {
+        let (o, m) = (&self.options, &self.model);
+        format!(
+            "{} on {}: model {:08x} ({} parameters, {} rows a rank, {} ranks); {} matmuls {} \
+             codes {:?} graphs {:?} resident {}",
+            self.backend.name(),
+            self.backend.device_name(),
+            m.fingerprint(),
+            m.params().iter().map(|p| p.len()).sum::<usize>(),
+            m.rows(),
+            o.group.size(),
+            self.preset,
+            self.precision.matmul,
+            o.coded_activations,
+            o.graphs,
+            o.resident,
+        )
+    }
+
+    /// Refuses settings no step can use: AdamW's (`AdamW::check`), and a clip that is not
+    /// finite and >= 0 (a NaN learning rate made every weight NaN after a step that said it
+    /// applied).
+    pub fn check_settings(&self) -> Result<()> {
         self.adamw.check()?;
         if !(self.grad_clip.is_finite() && self.grad_clip >= 0.0) {
             return Err(Error::invalid(
@@ -137,6 +506,15 @@ impl<'a> ModelTrainer<'a> {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// The scalars of a run at `loss_scale` with `poison` added to the first gradient, the
+    /// settings checked first: AdamW's (`AdamW::check`), the clip finite and >= 0, the loss
+    /// scale and fp8 scales finite and > 0 (a NaN among them poisoned the weights, or skipped
+    /// every step, silently).
+    fn scalars(&self, loss_scale: f32, poison: f32) -> Result<Vec<f32>> {
+        self.check_settings()?;
         let scale_ok = |s: f32| s.is_finite() && s > 0.0;
         if !scale_ok(loss_scale) {
             return Err(Error::invalid(
@@ -144,7 +522,7 @@ impl<'a> ModelTrainer<'a> {
                 format!("{loss_scale} is not finite and > 0"),
             ));
         }
-        let fp8 = self.fp8.as_ref().map(Fp8State::scales).unwrap_or_default();
+        let fp8 = self.fp8_scales();
         if let Some((l, s)) = (fp8.iter().enumerate())
             .find_map(|(l, s)| s.iter().find(|&&s| !scale_ok(s)).map(|&s| (l, s)))
         {
@@ -158,9 +536,9 @@ impl<'a> ModelTrainer<'a> {
             adamw: &self.adamw,
             clip: self.grad_clip,
             loss_scale,
-            poison: 0.0,
+            poison,
             t: self.applied + 1,
-            ranks: 1,
+            ranks: self.options.group.size(),
             fp8: &fp8,
         }
         .array(plan.rows, plan.scalar_count()))
@@ -191,7 +569,7 @@ impl<'a> ModelTrainer<'a> {
         let ids = given(ids, "token ids", self.model.reads_tokens())?;
         let targets = given(targets, "class targets", self.model.reads_targets())?;
         if let Some(k) =
-            (0..self.values_set.len()).find(|&k| !self.values_set[k] && self.model.reads_values(k))
+            (0..self.values.len()).find(|&k| self.values[k].is_none() && self.model.reads_values(k))
         {
             return Err(Error::invalid(
                 "values",
@@ -205,11 +583,7 @@ impl<'a> ModelTrainer<'a> {
     /// that follow: `values` of its declared length.
     pub async fn set_values(&mut self, k: usize, values: &[f32]) -> Result<()> {
         let inputs = self.model.values_inputs();
-        let plan = self.exec.plan();
-        let tensor = (0..plan.tensors().len())
-            .filter(|&t| plan.tensors()[t].kind == TensorKind::Input)
-            .nth(k);
-        let (Some(t), Some(shape)) = (tensor, inputs.get(k)) else {
+        let (Some(t), Some(shape)) = (input_tensor(self.exec.plan(), k), inputs.get(k)) else {
             return Err(Error::invalid(
                 "values",
                 format!("input {k}: the model has {} values inputs", inputs.len()),
@@ -231,8 +605,10 @@ impl<'a> ModelTrainer<'a> {
                 format!("input {k}[{i}] is {}: values are finite", values[i]),
             ));
         }
+        let mut kept = crate::memory::empty_with_capacity("a values input", values.len())?;
+        kept.extend_from_slice(values);
         self.exec.write(t, values).await?;
-        self.values_set[k] = true;
+        self.values[k] = Some(kept);
         Ok(())
     }
 
@@ -244,35 +620,158 @@ impl<'a> ModelTrainer<'a> {
     }
 
     /// One training step on a batch (token ids and class targets; empty where the model
-    /// reads none: values inputs are written before, `set_values`): forward, backward,
-    /// unscale and check, and the AdamW update where every gradient is finite.
+    /// reads none: values inputs are written before, `set_values`): forward, backward, the
+    /// gradients summed over the ranks, unscale and check, and the AdamW update where every
+    /// gradient is finite. A step with a gradient or loss that is not finite is skipped under
+    /// loss scaling (GradScaler backs off) and is `Error::Diverged` without it, nothing
+    /// updated either way.
     pub async fn step(&mut self, ids: &[u32], targets: &[u32]) -> Result<Stepped> {
+        Ok(self.step_with(ids, targets, 0.0, false).await?.0)
+    }
+
+    /// `step` with `poison` added to the first element of this rank's first (scaled) gradient
+    /// before the check: tests inject inf and NaN faults through it.
+    pub async fn step_injecting(
+        &mut self,
+        ids: &[u32],
+        targets: &[u32],
+        poison: f32,
+    ) -> Result<Stepped> {
+        Ok(self.step_with(ids, targets, poison, false).await?.0)
+    }
+
+    /// `step` with each op of the plan timed (`StepExecutor::run_timed`): the same step, slower
+    /// by the timing. A data-parallel step is not timed (None).
+    pub async fn step_timed(
+        &mut self,
+        ids: &[u32],
+        targets: &[u32],
+    ) -> Result<(Stepped, Option<Timings>)> {
+        self.step_with(ids, targets, 0.0, true).await
+    }
+
+    async fn step_with(
+        &mut self,
+        ids: &[u32],
+        targets: &[u32],
+        poison: f32,
+        timed: bool,
+    ) -> Result<(Stepped, Option<Timings>)> {
         let scale = self.scaler.map_or(1.0, |s| s.scale);
-        let scalars = self.scalars(scale)?;
+        let scalars = self.scalars(scale, poison)?;
         let (ids, targets) = self.batch(ids, targets)?;
-        let stats = (self.exec)
-            .run(Section::Step, &ids, &targets, &scalars)
-            .await?;
+        let mut timings = None;
+        let stats = if !self.summed.is_empty() {
+            self.reduced_step(&ids, &targets, scale, poison).await?
+        } else if timed {
+            let run = self.exec.run_timed(Section::Step, &ids, &targets, &scalars);
+            let (stats, t) = run.await?;
+            timings = Some(t);
+            stats
+        } else {
+            (self.exec.run(Section::Step, &ids, &targets, &scalars)).await?
+        };
         let layout = self.exec.plan().stats;
+        let loss = stats[Stats::LOSS];
+        self.steps += 1;
+        // Delayed scaling: this step's amaxes enter the histories; the next step's scales follow.
         if let Some(fp8) = &mut self.fp8 {
             fp8.record(|l, role: Fp8Role| stats[layout.amax(l, role as usize)] as f32);
         }
+        // The executor applied AdamW exactly where every gradient was finite.
         let finite = update_factor(&layout, &stats, 0.0).is_some();
-        let applied = match self.scaler.as_mut() {
-            Some(s) => s.update(finite) == StepDecision::Apply,
-            None => finite,
+        let decision = match self.scaler.as_mut() {
+            Some(s) => s.update(finite),
+            None if !finite || !loss.is_finite() => {
+                return Err(Error::Diverged {
+                    preset: self.preset.to_string(),
+                    step: self.steps,
+                    why: format!(
+                        "{} with no loss scaling; try bf16-mixed, or 16-mixed, which scales the loss",
+                        if loss.is_finite() {
+                            "non-finite gradients"
+                        } else {
+                            "NaN loss"
+                        }
+                    ),
+                });
+            }
+            None => StepDecision::Apply,
         };
-        self.applied += applied as u32;
-        Ok(Stepped {
-            loss: stats[Stats::LOSS],
-            skipped: !applied,
+        self.applied += u32::from(decision == StepDecision::Apply);
+        let stepped = Stepped {
+            loss,
+            skipped: decision == StepDecision::Skip,
             grad_norm: grad_norm(&layout, &stats),
-        })
+        };
+        Ok((stepped, timings))
     }
 
-    /// The batch's mean loss under the current parameters.
+    /// A data-parallel step: this rank's gradients, summed over the ranks, then the update of
+    /// the sum (the same on every rank). Returns the step's stats as one rank would see them:
+    /// the mean loss over the ranks, the largest amax, and the flags and norms of the summed
+    /// gradients; checks that every rank took the same decision. `poison` (a test's fault)
+    /// goes into this rank's own gradient before the sum.
+    async fn reduced_step(
+        &mut self,
+        ids: &[u32],
+        targets: &[u32],
+        scale: f32,
+        poison: f32,
+    ) -> Result<Vec<f64>> {
+        let scalars = self.scalars(scale, 0.0)?;
+        let layout = self.exec.plan().stats;
+        let first = self.exec.plan().state.first().map(|s| s[1]);
+        let group = self.options.group;
+        let sum = GradientSum {
+            ids: &self.summed,
+            group,
+            reducer: self.options.reduction.reducer,
+            bucket: self.options.reduction.bucket_elements(),
+            overlap: self.options.reduction.overlap,
+            poison: first.filter(|_| poison != 0.0).map(|g| (g, poison)),
+        };
+        let (mut stats, reduced) = self
+            .exec
+            .backward_summed(ids, targets, &scalars, &sum)
+            .await?;
+        self.reduced = Some(reduced);
+        let ranks = group.size() as f64;
+        let mut loss = [stats[Stats::LOSS]];
+        group.sum_f64(&mut loss)?;
+        stats[Stats::LOSS] = loss[0] / ranks;
+        let amax = layout.amax(0, 0)..layout.len();
+        group.max_f64(&mut stats[amax.clone()])?;
+        let update = self
+            .exec
+            .run(Section::Update, ids, targets, &scalars)
+            .await?;
+        for i in 0..layout.grads {
+            stats[layout.flag(i)] = update[layout.flag(i)];
+            stats[layout.norm_sq(i)] = update[layout.norm_sq(i)];
+        }
+        // Identical sums give identical decisions; say so loudly if an engine's were not.
+        let skipped = update_factor(&layout, &stats, 0.0).is_none() as u8 as f64;
+        let norm = grad_norm(&layout, &stats);
+        let mut seen = [skipped, -skipped, norm, -norm];
+        group.max_f64(&mut seen)?;
+        if seen[0] != -seen[1] || seen[2].to_bits() != (-seen[3]).to_bits() {
+            return Err(Error::Collective {
+                engine: "data-parallel step",
+                op: format!("step {}", self.steps + 1),
+                why: format!(
+                    "the ranks' summed gradients differ (skip flags {}..{}, norms {}..{}); the \
+                     reduction was not the same on every rank",
+                    -seen[1], seen[0], -seen[3], seen[2]
+                ),
+            });
+        }
+        Ok(stats)
+    }
+
+    /// This rank's batch's mean loss under the current parameters.
     pub async fn loss(&mut self, ids: &[u32], targets: &[u32]) -> Result<f64> {
-        let scalars = self.scalars(1.0)?;
+        let scalars = self.scalars(1.0, 0.0)?;
         let (ids, targets) = self.batch(ids, targets)?;
         let stats = self
             .exec
@@ -281,23 +780,29 @@ impl<'a> ModelTrainer<'a> {
         Ok(stats[Stats::LOSS])
     }
 
-    /// The batch's mean loss and its gradient with respect to each parameter (loss scale 1;
-    /// nothing updated).
+    /// This rank's batch's mean loss and its gradient with respect to each parameter (loss
+    /// scale 1; nothing summed or updated).
     pub async fn gradients(
         &mut self,
         ids: &[u32],
         targets: &[u32],
     ) -> Result<(f64, Vec<Vec<f32>>)> {
-        let scalars = self.scalars(1.0)?;
+        let scalars = self.scalars(1.0, 0.0)?;
         let (ids, targets) = self.batch(ids, targets)?;
         let stats = (self.exec)
             .run(Section::Gradients, &ids, &targets, &scalars)
             .await?;
+        Ok((stats[Stats::LOSS], self.last_gradients().await?))
+    }
+
+    /// The gradients the last run left (a step's: summed over the ranks, unscaled, before
+    /// clipping), per parameter.
+    pub async fn last_gradients(&mut self) -> Result<Vec<Vec<f32>>> {
         let mut grads = vec![];
         for [_, g, _, _] in self.exec.plan().state.clone() {
             grads.push(self.exec.read(g).await?);
         }
-        Ok((stats[Stats::LOSS], grads))
+        Ok(grads)
     }
 
     /// The parameters' current values, in declaration order.
@@ -313,54 +818,97 @@ impl<'a> ModelTrainer<'a> {
     /// the preset holds weights. Everything is checked before anything is written: a refused
     /// call leaves every parameter as it was.
     pub async fn set_params(&mut self, params: &[Vec<f32>]) -> Result<()> {
+        let held = self.checked("parameters", params, |_| true)?;
         let state = self.exec.plan().state.clone();
-        if params.len() != state.len() {
-            return Err(Error::LengthMismatch {
-                what: "parameter tensors",
-                expected: state.len(),
-                got: params.len(),
-            });
-        }
-        for (values, declared) in params.iter().zip(self.model.params()) {
-            if values.len() != declared.len() {
-                return Err(Error::invalid(
-                    "parameters",
-                    format!(
-                        "{} is {:?} ({} values), got {}",
-                        declared.name,
-                        declared.shape,
-                        declared.len(),
-                        values.len()
-                    ),
-                ));
-            }
-            if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-                return Err(Error::invalid(
-                    "parameters",
-                    format!(
-                        "{}[{i}] is {}: parameters are finite",
-                        declared.name, values[i]
-                    ),
-                ));
-            }
-        }
-        let mut held = Vec::with_capacity(params.len());
-        for (values, declared) in params.iter().zip(self.model.params()) {
-            let mut v = crate::memory::empty_with_capacity("a parameter's values", values.len())?;
-            v.extend_from_slice(values);
-            held.push(self.held(&declared.name, v)?);
-        }
         for ([p, ..], v) in state.iter().zip(held) {
             self.exec.write(*p, &v).await?;
         }
         Ok(())
     }
 
-    /// `values` of parameter `name` as the preset holds weights (rounded to 16 bits in the
-    /// "true" presets), refused where that overflows (1e5 is inf in f16).
-    fn held(&self, name: &str, values: Vec<f32>) -> Result<Vec<f32>> {
-        held_as(self.precision.weights, name, values)
+    /// `tensors` (one per parameter, declaration order) checked against the parameters'
+    /// lengths, finite and `ok`, and held as the preset holds weights; refused by name.
+    fn checked(
+        &self,
+        what: &'static str,
+        tensors: &[Vec<f32>],
+        ok: fn(f32) -> bool,
+    ) -> Result<Vec<Vec<f32>>> {
+        let declared = self.model.params();
+        if tensors.len() != declared.len() {
+            return Err(Error::LengthMismatch {
+                what: "parameter tensors",
+                expected: declared.len(),
+                got: tensors.len(),
+            });
+        }
+        for (values, p) in tensors.iter().zip(declared) {
+            if values.len() != p.len() {
+                return Err(Error::invalid(
+                    what,
+                    format!(
+                        "{} is {:?} ({} values), got {}",
+                        p.name,
+                        p.shape,
+                        p.len(),
+                        values.len()
+                    ),
+                ));
+            }
+            if let Some(i) = values.iter().position(|&v| !(v.is_finite() && ok(v))) {
+                return Err(Error::invalid(
+                    what,
+                    format!("{}[{i}] is {}: not a value a run holds", p.name, values[i]),
+                ));
+            }
+        }
+        let mut held = Vec::with_capacity(tensors.len());
+        for (values, p) in tensors.iter().zip(declared) {
+            let mut v = crate::memory::empty_with_capacity("a parameter's values", values.len())?;
+            v.extend_from_slice(values);
+            held.push(held_as(self.precision.weights, &p.name, v)?);
+        }
+        Ok(held)
     }
+
+    /// The parameters and AdamW moments (read back from the device).
+    pub async fn state(&mut self) -> Result<TrainState> {
+        let ids = self.exec.plan().state.clone();
+        let mut state = TrainState {
+            params: vec![],
+            adam_m: vec![],
+            adam_v: vec![],
+        };
+        for [p, _, m, v] in ids {
+            state.params.push(self.exec.read(p).await?);
+            state.adam_m.push(self.exec.read(m).await?);
+            state.adam_v.push(self.exec.read(v).await?);
+        }
+        Ok(state)
+    }
+
+    /// Replaces the parameters and AdamW moments, all checked first (shapes, finite, second
+    /// moments >= 0): a refused call changes nothing.
+    pub async fn set_state(&mut self, state: &TrainState) -> Result<()> {
+        let params = self.checked("parameters", &state.params, |_| true)?;
+        let (m, v) = (&state.adam_m, &state.adam_v);
+        self.checked("AdamW's first moments", m, |_| true)?;
+        self.checked("AdamW's second moments", v, |x| x >= 0.0)?;
+        let ids = self.exec.plan().state.clone();
+        for (i, [p, _, m, v]) in ids.into_iter().enumerate() {
+            self.exec.write(p, &params[i]).await?;
+            self.exec.write(m, &state.adam_m[i]).await?;
+            self.exec.write(v, &state.adam_v[i]).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The plan's tensor of values input `k` (its `k`-th `Input`).
+fn input_tensor(plan: &Plan, k: usize) -> Option<TensorId> {
+    (0..plan.tensors().len())
+        .filter(|&t| plan.tensors()[t].kind == TensorKind::Input)
+        .nth(k)
 }
 
 /// `values` of parameter `name` rounded to `weights` (the preset's format for them), refused
@@ -374,4 +922,194 @@ fn held_as(weights: crate::format::Format, name: &str, mut values: Vec<f32>) -> 
         )),
         None => Ok(values),
     }
+}
+
+/// A trainer's graphs choice: its executor's forward and backward pass run with recording
+/// paused (`off`) or on, in turn; a recording made in the warm-up runs is kept for the timed
+/// ones (`Graphs::set`).
+struct GraphTrials<'t, 'a> {
+    exec: &'t mut Box<dyn StepExecutor + 'a>,
+    batch: (&'t [u32], &'t [u32], Vec<f32>),
+}
+
+#[async_trait::async_trait(?Send)]
+impl Trials for GraphTrials<'_, '_> {
+    async fn build(&mut self, i: usize) -> Result<()> {
+        self.exec.record_sections(i == 1)
+    }
+
+    async fn run(&mut self, i: usize) -> Result<()> {
+        self.exec.record_sections(i == 1)?;
+        let (ids, targets, scalars) = &self.batch;
+        self.exec
+            .run(Section::Backward, ids, targets, scalars)
+            .await?;
+        Ok(())
+    }
+}
+
+/// The two step plans of a trainer's attention choice: the one it holds (`current`, by its
+/// index in `ATTENTION`) and the other once built, with the values inputs written so far;
+/// each times its forward and backward pass on one batch (`Section::Backward`: the gradients
+/// written, the weights and moments untouched).
+struct AttentionTrials<'t, 'a> {
+    builder: Builder<'t, 'a>,
+    values: &'t [Option<Vec<f32>>],
+    current: (usize, &'t mut Box<dyn StepExecutor + 'a>),
+    other: Option<(usize, Box<dyn StepExecutor + 'a>, Vec<TensorId>)>,
+    batch: (&'t [u32], &'t [u32], Vec<f32>),
+}
+
+#[async_trait::async_trait(?Send)]
+impl Trials for AttentionTrials<'_, '_> {
+    async fn build(&mut self, i: usize) -> Result<()> {
+        if i == self.current.0 || self.other.as_ref().is_some_and(|o| o.0 == i) {
+            return Ok(());
+        }
+        let (mut exec, summed) = self.builder.executor(i == 0)?;
+        exec.prepare().await?;
+        for (k, values) in self.values.iter().enumerate() {
+            if let (Some(values), Some(t)) = (values, input_tensor(exec.plan(), k)) {
+                exec.write(t, values).await?;
+            }
+        }
+        self.other = Some((i, exec, summed));
+        Ok(())
+    }
+
+    async fn run(&mut self, i: usize) -> Result<()> {
+        let exec = match &mut self.other {
+            Some((j, exec, _)) if *j == i => exec,
+            _ => &mut *self.current.1,
+        };
+        let (ids, targets, scalars) = &self.batch;
+        exec.run(Section::Backward, ids, targets, scalars).await?;
+        Ok(())
+    }
+}
+
+/// What to say where a step plan does not fit the device memory it may take (what the device
+/// has free, where the backend can say, and `RunOptions::memory_limit`), checked before it
+/// allocates, or where its allocation failed: the bytes needed and available, and, where the
+/// model can be resized (`RunOptions::resize`), the largest batch that fits (plans of smaller
+/// batches are built on the host to find it).
+struct PlanFit<'f> {
+    builder: &'f Builder<'f, 'f>,
+    needed: u64,
+    fused: bool,
+}
+
+impl Builder<'_, '_> {
+    /// The plan of `needed` bytes (attention `fused`) checked against what the device has free
+    /// and the memory limit.
+    fn fit(&self, needed: u64, fused: bool) -> Result<PlanFit<'_>> {
+        let fit = PlanFit {
+            builder: self,
+            needed,
+            fused,
+        };
+        let free = self.backend.memory_available();
+        let limits = [
+            free.map(|(f, t)| (f, format!("and only {} of {} are free", gib(f), gib(t)))),
+            (self.options.memory_limit)
+                .map(|l| (l, format!("over the limit of {} (--memory-limit)", gib(l)))),
+        ];
+        let tightest = limits.into_iter().flatten().min_by_key(|(bytes, _)| *bytes);
+        match tightest {
+            Some((cap, available)) if needed > cap => Err(fit.too_large(available, Some(cap))),
+            _ => Ok(fit),
+        }
+    }
+}
+
+impl PlanFit<'_> {
+    /// `e` as `PlanTooLarge` where the plan's allocation ran out of memory, or one of its
+    /// tensors is larger than a device limit allows (a binding's size on wgpu): a limit of the
+    /// machine (exit 1), with a batch that fits.
+    fn explain(&self, e: Error) -> Error {
+        match e {
+            Error::OutOfMemory { total_bytes, .. } => {
+                let available = match total_bytes {
+                    Some(t) => format!("and the device ({} in all) could not allocate it", gib(t)),
+                    None => "and the device could not allocate it".into(),
+                };
+                self.too_large(available, None)
+            }
+            Error::TooLarge {
+                what,
+                requested,
+                limit,
+                limit_name,
+                ..
+            } => {
+                let available = format!(
+                    "and {what} needs {}, more than {limit_name} ({}) allows",
+                    gib(requested),
+                    gib(limit)
+                );
+                self.advise(available, Some(limit), largest_tensor)
+            }
+            e => e,
+        }
+    }
+
+    fn too_large(&self, available: String, cap: Option<u64>) -> Error {
+        self.advise(available, cap, |plan| Storage::shared(plan).bytes())
+    }
+
+    /// `PlanTooLarge` saying `available`, with the largest batch (halving, one the ranks
+    /// divide) whose plan `measure`s within `cap` (without a cap, half), where the model can be
+    /// resized.
+    fn advise(&self, available: String, cap: Option<u64>, measure: fn(&Plan) -> u64) -> Error {
+        let b = self.builder;
+        let ranks = b.options.group.size();
+        let Some((batch, resize)) = &b.options.resize else {
+            return Error::PlanTooLarge {
+                device: b.backend.name(),
+                batch: b.model.rows(),
+                needed_bytes: self.needed,
+                available,
+                advice: "build the model on a smaller batch, or use more devices".into(),
+            };
+        };
+        let plan_at = |sequences| {
+            let options = b.plan_options(self.fused).ok()?;
+            resize(sequences)
+                .and_then(|m| m.plan(b.precision, options))
+                .ok()
+        };
+        let mut smaller = Vec::new();
+        let mut n = batch / 2;
+        while n >= ranks && n.is_multiple_of(ranks) {
+            if let Some(bytes) = plan_at(n / ranks).map(|p| measure(&p)) {
+                smaller.push((n, bytes));
+                if cap.is_none_or(|c| bytes <= c) {
+                    break;
+                }
+            }
+            n /= 2;
+        }
+        let advice = match smaller.last() {
+            Some(&(n, bytes)) if cap.is_none_or(|c| bytes <= c) => {
+                format!("a batch of {n} needs {}: try --batch {n}", gib(bytes))
+            }
+            Some(&(n, bytes)) => format!(
+                "even a batch of {n} needs {}: use a smaller model or more devices",
+                gib(bytes)
+            ),
+            None => "use a smaller model or more devices".into(),
+        };
+        Error::PlanTooLarge {
+            device: b.backend.name(),
+            batch: *batch,
+            needed_bytes: self.needed,
+            available,
+            advice,
+        }
+    }
+}
+
+/// The bytes of the largest tensor of `plan`.
+fn largest_tensor(plan: &Plan) -> u64 {
+    plan.tensors().iter().map(|t| t.bytes()).max().unwrap_or(0)
 }

@@ -523,7 +523,7 @@ async fn train_line(
     let mut line = TrainingLine {
         backend: backend.name(),
         preset: preset.to_string(),
-        matmul_algorithm: trainer.precision.matmul.to_string(),
+        matmul_algorithm: trainer.run.precision.matmul.to_string(),
         losses: vec![],
         final_loss: None,
         stopped: None,

@@ -1,41 +1,37 @@
-//! Checkpoints: parameters and AdamW state as safetensors, the run's state in the metadata.
-//! Written atomically (temporary file, fsync, rename), so a crash never leaves a truncated
-//! checkpoint; loading validates everything before anything is used: the CRC-32 of the tensor
-//! bytes, finite weights and moments (the second moment not negative), a positive finite loss
-//! scale, the shapes and the vocabulary.
+//! Checkpoints of any built model (the GPT's among them): parameters and AdamW state as
+//! safetensors, each tensor named by its parameter ("param.NAME", "adam_m.NAME",
+//! "adam_v.NAME"), the run's state in the metadata. Written atomically (temporary file, fsync,
+//! rename), so a crash never leaves a truncated checkpoint; loading validates everything before
+//! anything is used: the CRC-32 of the tensor bytes, finite weights and moments (the second
+//! moment not negative), a positive finite loss scale, the parameters' names and shapes (a
+//! checkpoint of another model is refused with the names that differ) and, for the GPT, its
+//! configuration and vocabulary.
 
 use super::model::GptConfig;
-use super::trainer::{TrainState, Trainer};
 use crate::error::{Error, Result};
 use crate::input::Input;
+use crate::model::{Model, ModelTrainer, TrainState};
 use crate::policy::{DelayedScaling, Fp8State, Preset};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
 /// Format 2 adds the checksum; format 1 (without it) still loads, with every other check.
 const FORMAT: &str = "mantissa-checkpoint-2";
 const FORMAT_1: &str = "mantissa-checkpoint-1";
 
+/// The prefixes of a checkpoint's tensors: the parameters, AdamW's first and second moments.
+const GROUPS: [&str; 3] = ["param", "adam_m", "adam_v"];
+
 /// What a checkpoint holds besides the tensors.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CheckpointMeta {
     /// "mantissa-checkpoint-2" (format 1 still loads).
     pub format: String,
-    /// The model configuration's name ("tiny", ...).
-    pub config: String,
-    /// Transformer blocks.
-    pub n_layer: usize,
-    /// Attention heads per block.
-    pub n_head: usize,
-    /// Embedding width.
-    pub n_embd: usize,
-    /// Context length in tokens.
-    pub block_size: usize,
-    /// Sequences per step.
-    pub batch_size: usize,
-    /// The corpus's vocabulary, its characters in token order.
-    pub vocab: String,
+    /// The GPT's configuration and vocabulary, in a checkpoint of the GPT (absent in one of
+    /// another built model).
+    #[serde(flatten)]
+    pub gpt: Option<GptMeta>,
     /// The precision preset's name.
     pub preset: String,
     /// The run's seed.
@@ -53,9 +49,155 @@ pub struct CheckpointMeta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fp8: Option<Vec<[SavedScaling; 3]>>,
     /// CRC-32 of the tensor bytes: the parameters, then AdamW's first and second moments, each
-    /// in `GptConfig::parameter_shapes` order (format 2 on).
+    /// in the parameters' declaration order (format 2 on).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crc32: Option<u32>,
+}
+
+/// A GPT checkpoint's model: its configuration and the corpus's vocabulary.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct GptMeta {
+    /// The model configuration's name ("tiny", ...).
+    pub config: String,
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Attention heads per block.
+    pub n_head: usize,
+    /// Embedding width.
+    pub n_embd: usize,
+    /// Context length in tokens.
+    pub block_size: usize,
+    /// Sequences per step.
+    pub batch_size: usize,
+    /// The corpus's vocabulary, its characters in token order.
+    pub vocab: String,
+}
+
+impl GptMeta {
+    /// `config` on a corpus of `vocab`.
+    pub fn of(config: &GptConfig, vocab: &[char]) -> GptMeta {
+        GptMeta {
+            config: config.name.clone(),
+            n_layer: config.n_layer,
+            n_head: config.n_head,
+            n_embd: config.n_embd,
+            block_size: config.block_size,
+            batch_size: config.batch_size,
+            vocab: vocab.iter().collect(),
+        }
+    }
+}
+
+/// What a checkpoint must be of to be resumed: the parameters (names and shapes, in
+/// declaration order), and for the GPT its configuration and vocabulary.
+pub struct Expected<'e> {
+    params: Vec<(String, Vec<usize>)>,
+    gpt: Option<(&'e GptConfig, &'e [char])>,
+}
+
+impl<'e> Expected<'e> {
+    /// A checkpoint of the GPT of `config` trained on a corpus of `vocab`.
+    pub fn gpt(config: &'e GptConfig, vocab: &'e [char]) -> Expected<'e> {
+        Expected {
+            params: config.parameter_shapes(),
+            gpt: Some((config, vocab)),
+        }
+    }
+
+    /// A checkpoint of a model with `model`'s parameters.
+    pub fn model(model: &Model) -> Expected<'static> {
+        Expected {
+            params: (model.params().iter())
+                .map(|p| (p.name.clone(), p.shape.clone()))
+                .collect(),
+            gpt: None,
+        }
+    }
+
+    /// Values of every tensor the checkpoint holds.
+    fn values(&self) -> u64 {
+        (self.params.iter())
+            .map(|(_, s)| s.iter().product::<usize>() as u64)
+            .sum()
+    }
+
+    /// Refuses `meta` where it is of another GPT (configuration or vocabulary): `bad` words it.
+    fn check_gpt(&self, meta: &CheckpointMeta, bad: impl Fn(String) -> Error) -> Result<()> {
+        let Some((config, vocab)) = self.gpt else {
+            return Ok(());
+        };
+        let Some(theirs) = &meta.gpt else {
+            return Err(bad(format!(
+                "it is a checkpoint of a built model, not of the GPT of config '{}'",
+                config.name
+            )));
+        };
+        let dims = (
+            theirs.n_layer,
+            theirs.n_head,
+            theirs.n_embd,
+            theirs.block_size,
+        );
+        let ours = (
+            config.n_layer,
+            config.n_head,
+            config.n_embd,
+            config.block_size,
+        );
+        if dims != ours {
+            return Err(bad(format!(
+                "it holds config '{}' (layers, heads, width, context = {dims:?}), this run is \
+                 '{}' ({ours:?})",
+                theirs.config, config.name
+            )));
+        }
+        let saved: Vec<char> = theirs.vocab.chars().collect();
+        if saved != vocab {
+            return Err(bad(format!(
+                "it was trained on a corpus with another vocabulary ({} characters; this \
+                 corpus has {})",
+                saved.len(),
+                vocab.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Refuses tensor names that are not this model's checkpoint's, saying which parameters
+    /// the checkpoint has that the model lacks and which it lacks (at most 8 of each).
+    fn check_names<'n>(
+        &self,
+        names: impl Iterator<Item = &'n str>,
+        bad: impl Fn(String) -> Error,
+    ) -> Result<()> {
+        let ours: BTreeSet<String> = (self.params.iter())
+            .flat_map(|(n, _)| GROUPS.map(|g| format!("{g}.{n}")))
+            .collect();
+        let theirs: BTreeSet<String> = names.map(str::to_owned).collect();
+        if ours == theirs {
+            return Ok(());
+        }
+        let list = |names: Vec<&String>| {
+            let shown: Vec<&str> = names.iter().take(8).map(|s| s.as_str()).collect();
+            match names.len() {
+                n if n > 8 => format!("{} and {} more", shown.join(", "), n - 8),
+                _ => shown.join(", "),
+            }
+        };
+        let extra: Vec<&String> = theirs.difference(&ours).collect();
+        let missing: Vec<&String> = ours.difference(&theirs).collect();
+        let mut said = vec![];
+        if !extra.is_empty() {
+            said.push(format!("it holds {} that this model has not", list(extra)));
+        }
+        if !missing.is_empty() {
+            said.push(format!("it lacks {}", list(missing)));
+        }
+        Err(bad(format!(
+            "it is a checkpoint of another model: {}",
+            said.join("; ")
+        )))
+    }
 }
 
 /// The CRC-32 of the state's tensors in checkpoint order.
@@ -183,12 +325,12 @@ impl SafetensorsFile {
 /// tensors are read by `read` once their size is known to be what the run's model takes.
 pub struct CheckpointFile {
     file: SafetensorsFile,
-    /// The run state from the header's metadata.
+    /// The run state the header's metadata holds.
     pub meta: CheckpointMeta,
 }
 
 impl CheckpointFile {
-    /// Opens `path` and reads its header and run state (the tensors are read by `read`).
+    /// Opens a checkpoint and reads its header and metadata.
     pub fn open(path: &Path) -> Result<CheckpointFile> {
         let file = SafetensorsFile::open(path, "a usable checkpoint")?;
         let meta = file
@@ -203,93 +345,55 @@ impl CheckpointFile {
         Ok(CheckpointFile { file, meta })
     }
 
-    /// The whole file, its tensors read once their size is what `config`'s parameters and
-    /// AdamW moments take. A checkpoint of another model shape or vocabulary, or one holding a
-    /// tensor no checkpoint holds, is refused saying so (not by its bytes), before the tensors
-    /// are read.
-    pub fn read(self, config: &GptConfig) -> Result<Vec<u8>> {
-        let meta = &self.meta;
-        let theirs = (meta.n_layer, meta.n_head, meta.n_embd, meta.block_size);
-        let ours = (
-            config.n_layer,
-            config.n_head,
-            config.n_embd,
-            config.block_size,
-        );
-        if theirs != ours {
-            return Err(self.file.bad(format!(
-                "it holds config '{}' (layers, heads, width, context = {theirs:?}), this run is \
-                 '{}' ({ours:?})",
-                meta.config, config.name
-            )));
-        }
-        let vocab = meta.vocab.chars().count();
-        if vocab != config.vocab_size {
-            return Err(self.file.bad(format!(
-                "it was trained on a corpus with another vocabulary ({vocab} characters; this \
-                 corpus has {})",
-                config.vocab_size
-            )));
-        }
-        let names: std::collections::BTreeSet<String> = (config.parameter_shapes().into_iter())
-            .flat_map(|(n, _)| ["param", "adam_m", "adam_v"].map(|p| format!("{p}.{n}")))
-            .collect();
-        let mut extra: Vec<String> = (self.file.header.tensors().into_keys())
-            .filter(|n| !names.contains(n))
-            .collect();
-        extra.sort();
-        if let Some(name) = extra.first() {
-            return Err(self.file.bad(format!(
-                "tensor {name} is not part of a checkpoint of config '{}' ({} such in all)",
-                config.name,
-                extra.len()
-            )));
-        }
-        let expected = 3 * 4 * config.parameter_count() as u64;
-        if self.file.data_len != expected {
-            return Err(self.file.bad(format!(
-                "its tensors take {} bytes, config '{}' takes {expected}",
-                self.file.data_len, config.name
+    /// The whole file, read once its header is known to be a checkpoint of `expected`: its
+    /// model (the GPT's configuration and vocabulary; the parameters' names) and the size of
+    /// its tensors. A checkpoint of another model is refused by what differs, unread.
+    pub fn read(self, expected: &Expected) -> Result<Vec<u8>> {
+        let bad = |why: String| self.file.bad(why);
+        expected.check_gpt(&self.meta, bad)?;
+        let tensors = self.file.header.tensors();
+        expected.check_names(tensors.keys().map(String::as_str), bad)?;
+        let want = 3 * 4 * expected.values();
+        if self.file.data_len != want {
+            return Err(bad(format!(
+                "its tensors take {} bytes, this model's take {want}",
+                self.file.data_len
             )));
         }
         self.file.read()
     }
 }
 
-/// The tensors and state of a checkpoint, validated.
+/// A checkpoint, read and checked: its run state and tensors.
 pub struct Checkpoint {
     /// The run state.
     pub meta: CheckpointMeta,
-    /// The parameters, in `GptConfig::parameter_shapes` order.
+    /// The parameters, in declaration order.
     pub params: Vec<Vec<f32>>,
-    /// AdamW's first moments, in the same order.
+    /// AdamW's first moments.
     pub adam_m: Vec<Vec<f32>>,
-    /// AdamW's second moments, in the same order.
+    /// AdamW's second moments.
     pub adam_v: Vec<Vec<f32>>,
 }
 
 impl Checkpoint {
-    /// Saves `trainer` (its state read back from the device) to `path` atomically.
-    pub async fn save(trainer: &mut Trainer<'_>, path: &Path) -> Result<()> {
-        let state = trainer.state().await?;
-        let cfg = &trainer.gpt.config;
-        // A checkpoint holds what a run can go on from: weights that overflowed stop the run
-        // instead (`load` would refuse them).
-        let groups = [
-            ("param", &state.params),
-            ("adam_m", &state.adam_m),
-            ("adam_v", &state.adam_v),
-        ];
-        for (prefix, tensors) in groups {
-            for ((name, _), t) in cfg.parameter_shapes().iter().zip(tensors.iter()) {
+    /// Writes `run`'s state to `path` atomically (`gpt`: the GPT's configuration and
+    /// vocabulary, where the model is the GPT). A parameter or moment that is not finite is
+    /// `Error::Diverged`, and nothing is written.
+    pub async fn save(run: &mut ModelTrainer<'_>, gpt: Option<GptMeta>, path: &Path) -> Result<()> {
+        let state = run.state().await?;
+        let names: Vec<&str> = run.model.params().iter().map(|p| p.name.as_str()).collect();
+        let groups = [&state.params, &state.adam_m, &state.adam_v];
+        for (prefix, tensors) in GROUPS.iter().zip(groups) {
+            for (name, t) in names.iter().zip(tensors.iter()) {
                 if let Some(i) = t.iter().position(|x| !x.is_finite()) {
                     return Err(Error::Diverged {
-                        preset: trainer.options.preset.to_string(),
-                        step: trainer.step,
+                        preset: run.preset.to_string(),
+                        step: run.steps,
                         why: format!(
                             "{prefix}.{name}[{i}] is {} after step {}, so no checkpoint is \
                              written; try a smaller learning rate",
-                            t[i], trainer.step
+                            t[i], run.steps
                         ),
                     });
                 }
@@ -297,53 +401,40 @@ impl Checkpoint {
         }
         let meta = CheckpointMeta {
             format: FORMAT.into(),
-            config: cfg.name.clone(),
-            n_layer: cfg.n_layer,
-            n_head: cfg.n_head,
-            n_embd: cfg.n_embd,
-            block_size: cfg.block_size,
-            batch_size: cfg.batch_size,
-            vocab: trainer.corpus.vocab.iter().collect(),
-            preset: trainer.options.preset.to_string(),
-            seed: trainer.options.seed,
-            step: trainer.step,
-            applied: trainer.applied,
-            loss_scale: trainer.scaler.map(|s| s.scale),
-            growth_tracker: trainer.scaler.map(|s| s.growth_tracker),
-            fp8: trainer.fp8.as_ref().map(|state| {
-                state
-                    .layers
-                    .iter()
+            gpt,
+            preset: run.preset.to_string(),
+            seed: run.seed(),
+            step: run.steps,
+            applied: run.applied,
+            loss_scale: run.scaler.map(|s| s.scale),
+            growth_tracker: run.scaler.map(|s| s.growth_tracker),
+            fp8: run.fp8.as_ref().map(|state| {
+                (state.layers.iter())
                     .map(|l| l.roles().map(SavedScaling::of))
                     .collect()
             }),
             crc32: Some(checksum(&state.params, &state.adam_m, &state.adam_v)),
         };
-        let data = Checkpoint::bytes(&meta, cfg, &state).map_err(|e| Error::output(path, e))?;
+        let expected = Expected::model(&run.model);
+        let data =
+            Checkpoint::bytes(&meta, &expected, &state).map_err(|e| Error::output(path, e))?;
         crate::output::write_bytes(path, &data)
     }
 
-    /// The bytes of a checkpoint file holding `state` (`config`'s parameters and moments, in
-    /// `GptConfig::parameter_shapes` order) with `meta` (its `crc32` as given); or why it
-    /// cannot be serialised.
+    /// The bytes of a checkpoint of `state` (of `expected`'s parameters) with `meta`.
     pub fn bytes(
         meta: &CheckpointMeta,
-        config: &GptConfig,
+        expected: &Expected,
         state: &TrainState,
     ) -> std::result::Result<Vec<u8>, String> {
-        let shapes = config.parameter_shapes();
-        let groups = [
-            ("param", &state.params),
-            ("adam_m", &state.adam_m),
-            ("adam_v", &state.adam_v),
-        ];
+        let shapes = &expected.params;
+        let groups = [&state.params, &state.adam_m, &state.adam_v];
         let mut views = Vec::new();
-        for (prefix, tensors) in groups {
+        for (prefix, tensors) in GROUPS.iter().zip(groups) {
             if tensors.len() != shapes.len() {
                 return Err(format!(
-                    "{} {prefix} tensors, config '{}' has {}",
+                    "{} {prefix} tensors, the model has {}",
                     tensors.len(),
-                    config.name,
                     shapes.len()
                 ));
             }
@@ -358,20 +449,15 @@ impl Checkpoint {
             .map_err(|e| format!("cannot serialise: {e}"))
     }
 
-    /// Loads and validates a checkpoint for `config` (the same shapes) and `vocab`, header
-    /// first (`CheckpointFile`).
-    pub fn load(path: &Path, config: &GptConfig, vocab: &[char]) -> Result<Checkpoint> {
-        let bytes = CheckpointFile::open(path)?.read(config)?;
-        Checkpoint::from_bytes(&bytes, path, config, vocab)
+    /// Reads and checks a checkpoint of `expected` (`CheckpointFile`, `from_bytes`).
+    pub fn load(path: &Path, expected: &Expected) -> Result<Checkpoint> {
+        let bytes = CheckpointFile::open(path)?.read(expected)?;
+        Checkpoint::from_bytes(&bytes, path, expected)
     }
 
-    /// `load` over the bytes of a checkpoint file; `path` names it in errors.
-    pub fn from_bytes(
-        bytes: &[u8],
-        path: &Path,
-        config: &GptConfig,
-        vocab: &[char],
-    ) -> Result<Checkpoint> {
+    /// A checkpoint of `expected` from the bytes of a file (`path` names it in errors), every
+    /// check made: format, checksum, loss scale, counts, model, finite values.
+    pub fn from_bytes(bytes: &[u8], path: &Path, expected: &Expected) -> Result<Checkpoint> {
         let bad = |why: String| Error::file(path, format!("not a usable checkpoint: {why}"));
         let (_, header) = SafeTensors::read_metadata(bytes)
             .map_err(|e| bad(format!("corrupt or truncated ({e})")))?;
@@ -401,30 +487,12 @@ impl Checkpoint {
                 meta.applied, meta.step
             )));
         }
-        let theirs = (meta.n_layer, meta.n_head, meta.n_embd, meta.block_size);
-        let ours = (
-            config.n_layer,
-            config.n_head,
-            config.n_embd,
-            config.block_size,
-        );
-        if theirs != ours {
-            return Err(bad(format!(
-                "it holds config '{}' (layers, heads, width, context = {theirs:?}), this run is '{}' ({ours:?})",
-                meta.config, config.name
-            )));
-        }
-        if meta.vocab.chars().collect::<Vec<_>>() != vocab {
-            return Err(bad(
-                "it was trained on a corpus with another vocabulary".into()
-            ));
-        }
+        expected.check_gpt(&meta, bad)?;
         let tensors = SafeTensors::deserialize(bytes)
             .map_err(|e| bad(format!("corrupt or truncated ({e})")))?;
+        expected.check_names(tensors.names().into_iter().map(|n: &str| n), bad)?;
         let read = |prefix: &str| -> Result<Vec<Vec<f32>>> {
-            config
-                .parameter_shapes()
-                .iter()
+            (expected.params.iter())
                 .map(|(name, shape)| {
                     let key = format!("{prefix}.{name}");
                     let t = tensors
@@ -451,9 +519,9 @@ impl Checkpoint {
             }
         }
         // Values no run writes: a NaN or inf anywhere, or a negative second moment.
-        let names = config.parameter_shapes();
+        let names = &expected.params;
         let bad_value = |prefix: &str, tensors: &[Vec<f32>], ok: fn(f32) -> bool| {
-            tensors.iter().zip(&names).find_map(|(t, (name, _))| {
+            tensors.iter().zip(names).find_map(|(t, (name, _))| {
                 let i = t.iter().position(|&x| !ok(x))?;
                 Some(bad(format!("{prefix}.{name}[{i}] is {}", t[i])))
             })
@@ -474,20 +542,35 @@ impl Checkpoint {
         })
     }
 
-    /// Puts the checkpoint's state into `trainer` (which must run the checkpoint's preset).
-    pub async fn restore(self, trainer: &mut Trainer<'_>) -> Result<()> {
+    /// Puts the checkpoint's state into `run` (which must train the checkpoint's model under
+    /// its preset): parameters, moments, the step counts, the loss scale and fp8 scaling, so
+    /// that the steps that follow are those of the run that wrote it. Everything is checked
+    /// before anything changes.
+    pub async fn restore(self, run: &mut ModelTrainer<'_>) -> Result<()> {
         let preset: Preset = self.meta.preset.parse()?;
-        if preset != trainer.options.preset {
+        if preset != run.preset {
             return Err(Error::invalid(
                 "resume",
                 format!(
                     "the checkpoint was trained under {preset}, this run is {}",
-                    trainer.options.preset
+                    run.preset
                 ),
             ));
         }
+        // Read against another model's names, the counts or shapes differ (`set_state`).
+        let expected = Expected::model(&run.model);
+        if [&self.params, &self.adam_m, &self.adam_v]
+            .iter()
+            .any(|t| t.len() != expected.params.len())
+        {
+            return Err(Error::LengthMismatch {
+                what: "checkpoint tensors",
+                expected: expected.params.len(),
+                got: self.params.len(),
+            });
+        }
         // A preset that scales its loss needs the scale (JSON writes a non-finite one as null).
-        if trainer.scaler.is_some()
+        if run.scaler.is_some()
             && (self.meta.loss_scale.is_none() || self.meta.growth_tracker.is_none())
         {
             return Err(Error::invalid(
@@ -496,7 +579,7 @@ impl Checkpoint {
             ));
         }
         // Check the fp8 state before anything changes.
-        let mut fp8 = trainer.fp8.clone();
+        let mut fp8 = run.fp8.clone();
         if let (Some(Fp8State { layers: states }), Some(saved)) = (&mut fp8, &self.meta.fp8) {
             if saved.len() != states.len() {
                 return Err(Error::invalid(
@@ -516,24 +599,23 @@ impl Checkpoint {
                 }
             }
         }
-        trainer
-            .set_state(&TrainState {
-                params: self.params,
-                adam_m: self.adam_m,
-                adam_v: self.adam_v,
-            })
-            .await?;
-        trainer.step = self.meta.step;
-        trainer.applied = self.meta.applied;
+        run.set_state(&TrainState {
+            params: self.params,
+            adam_m: self.adam_m,
+            adam_v: self.adam_v,
+        })
+        .await?;
+        run.steps = self.meta.step;
+        run.applied = self.meta.applied;
         if let (Some(s), Some(scale), Some(tracker)) = (
-            trainer.scaler.as_mut(),
+            run.scaler.as_mut(),
             self.meta.loss_scale,
             self.meta.growth_tracker,
         ) {
             s.scale = scale;
             s.growth_tracker = tracker;
         }
-        trainer.fp8 = fp8;
+        run.fp8 = fp8;
         Ok(())
     }
 }
@@ -560,13 +642,7 @@ mod tests {
         };
         let meta = CheckpointMeta {
             format: FORMAT.into(),
-            config: config.name.clone(),
-            n_layer: config.n_layer,
-            n_head: config.n_head,
-            n_embd: config.n_embd,
-            block_size: config.block_size,
-            batch_size: config.batch_size,
-            vocab: vocab.into(),
+            gpt: Some(GptMeta::of(config, &vocab.chars().collect::<Vec<_>>())),
             preset: "32-true".into(),
             seed: 1,
             step: 0,
@@ -576,7 +652,7 @@ mod tests {
             fp8: None,
             crc32: Some(checksum(&state.params, &state.adam_m, &state.adam_v)),
         };
-        let mut bytes = Checkpoint::bytes(&meta, config, &state).unwrap();
+        let mut bytes = Checkpoint::bytes(&meta, &Expected::gpt(config, &[]), &state).unwrap();
         if !extra.is_empty() {
             let read = SafeTensors::deserialize(&bytes).unwrap();
             let mut views: Vec<(String, TensorView)> = read.tensors();
@@ -601,23 +677,27 @@ mod tests {
     fn another_models_checkpoint_is_refused_by_what_differs() {
         let dir = tempfile::tempdir().unwrap();
         let tiny = GptConfig::named("tiny", 5).unwrap();
+        let abcde: Vec<char> = "abcde".chars().collect();
         let read = |path: &Path, config: &GptConfig| {
             let e = CheckpointFile::open(path)
-                .and_then(|f| f.read(config))
+                .and_then(|f| f.read(&Expected::gpt(config, &abcde)))
                 .unwrap_err();
             assert_eq!(e.class(), crate::error::ErrorClass::BadInput, "{e}");
             e.to_string()
         };
-        let path = file(dir.path(), &tiny, "abcdef", &[]);
+        let path = file(dir.path(), &tiny, "abcdf", &[]);
         let said = read(&path, &tiny);
-        assert!(said.contains("another vocabulary (6 characters"), "{said}");
+        assert!(said.contains("another vocabulary (5 characters"), "{said}");
         let path = file(dir.path(), &tiny, "abcde", &[]);
         let said = read(&path, &GptConfig::named("small", 5).unwrap());
         assert!(said.contains("it holds config 'tiny'"), "{said}");
         let path = file(dir.path(), &tiny, "abcde", &[("adam_q.wte", vec![0.0; 4])]);
         let said = read(&path, &tiny);
-        assert!(said.contains("tensor adam_q.wte is not part"), "{said}");
+        assert!(
+            said.contains("another model: it holds adam_q.wte that this model has not"),
+            "{said}"
+        );
         let path = file(dir.path(), &tiny, "abcde", &[]);
-        assert!(Checkpoint::load(&path, &tiny, &"abcde".chars().collect::<Vec<_>>()).is_ok());
+        assert!(Checkpoint::load(&path, &Expected::gpt(&tiny, &abcde)).is_ok());
     }
 }

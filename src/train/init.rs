@@ -11,9 +11,10 @@
 //! (`param.wte`, ...): such a file is read as a checkpoint, every check of `--resume` made, and
 //! its AdamW moments are left aside.
 
-use super::checkpoint::{Checkpoint, SafetensorsFile};
+use super::checkpoint::{Checkpoint, Expected, SafetensorsFile};
 use super::model::GptConfig;
 use crate::error::{Error, Result};
+use crate::model::Model;
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
@@ -153,52 +154,11 @@ pub fn init_from_bytes(
     if !torch {
         // The engine's names are its checkpoints': checked as `--resume` checks them (metadata,
         // format, CRC-32, config, vocabulary, finite values), the moments then left aside.
-        return Checkpoint::from_bytes(bytes, path, config, vocab).map(|ck| ck.params);
+        return Checkpoint::from_bytes(bytes, path, &Expected::gpt(config, vocab))
+            .map(|ck| ck.params);
     }
-    let read = |name: &str, shape: &[usize], transposed: bool| -> Result<Vec<f32>> {
-        let t = tensors
-            .tensor(name)
-            .map_err(|_| bad(format!("tensor {name} is missing")))?;
-        let stored: Vec<usize> = match transposed {
-            true => shape.iter().rev().copied().collect(),
-            false => shape.to_vec(),
-        };
-        if t.shape() != stored.as_slice() {
-            return Err(bad(format!(
-                "tensor {name} is {:?}, this model's is {stored:?}{}",
-                t.shape(),
-                if transposed { " ([out, in])" } else { "" }
-            )));
-        }
-        let values: Vec<f32> = match t.dtype() {
-            Dtype::F32 => bytemuck::pod_collect_to_vec(t.data()),
-            Dtype::F64 => {
-                let wide = bytemuck::pod_collect_to_vec::<u8, f64>(t.data());
-                // A finite f64 beyond f32's range becomes inf: said as the value it was.
-                if let Some(i) = wide
-                    .iter()
-                    .position(|x| x.is_finite() && !(*x as f32).is_finite())
-                {
-                    return Err(bad(format!(
-                        "{name}[{i}] is {:e}, beyond f32's range",
-                        wide[i]
-                    )));
-                }
-                wide.into_iter().map(|x| x as f32).collect()
-            }
-            other => {
-                return Err(bad(format!(
-                    "tensor {name} is {other:?}; initial weights are F32 or F64"
-                )));
-            }
-        };
-        if let Some(i) = values.iter().position(|x| !x.is_finite()) {
-            return Err(bad(format!("{name}[{i}] is {}", values[i])));
-        }
-        Ok(match transposed {
-            true => transpose(&values, stored[0], stored[1]),
-            false => values,
-        })
+    let read = |name: &str, shape: &[usize], transposed: bool| {
+        tensor_values(&tensors, name, shape, transposed, bad)
     };
     let params = shapes
         .iter()
@@ -215,6 +175,61 @@ pub fn init_from_bytes(
         }
     }
     Ok(params)
+}
+
+/// Tensor `name` of `tensors` as f32 values of `shape` (stored [out, in] where `transposed`,
+/// then transposed back), F32 or F64 (rounded to nearest; a finite value beyond f32's range is
+/// refused), every value finite; `bad` words a refusal.
+fn tensor_values(
+    tensors: &SafeTensors,
+    name: &str,
+    shape: &[usize],
+    transposed: bool,
+    bad: impl Fn(String) -> Error,
+) -> Result<Vec<f32>> {
+    let t = tensors
+        .tensor(name)
+        .map_err(|_| bad(format!("tensor {name} is missing")))?;
+    let stored: Vec<usize> = match transposed {
+        true => shape.iter().rev().copied().collect(),
+        false => shape.to_vec(),
+    };
+    if t.shape() != stored.as_slice() {
+        return Err(bad(format!(
+            "tensor {name} is {:?}, this model's is {stored:?}{}",
+            t.shape(),
+            if transposed { " ([out, in])" } else { "" }
+        )));
+    }
+    let values: Vec<f32> = match t.dtype() {
+        Dtype::F32 => bytemuck::pod_collect_to_vec(t.data()),
+        Dtype::F64 => {
+            let wide = bytemuck::pod_collect_to_vec::<u8, f64>(t.data());
+            // A finite f64 beyond f32's range becomes inf: said as the value it was.
+            if let Some(i) = wide
+                .iter()
+                .position(|x| x.is_finite() && !(*x as f32).is_finite())
+            {
+                return Err(bad(format!(
+                    "{name}[{i}] is {:e}, beyond f32's range",
+                    wide[i]
+                )));
+            }
+            wide.into_iter().map(|x| x as f32).collect()
+        }
+        other => {
+            return Err(bad(format!(
+                "tensor {name} is {other:?}; initial weights are F32 or F64"
+            )));
+        }
+    };
+    if let Some(i) = values.iter().position(|x| !x.is_finite()) {
+        return Err(bad(format!("{name}[{i}] is {}", values[i])));
+    }
+    Ok(match transposed {
+        true => transpose(&values, stored[0], stored[1]),
+        false => values,
+    })
 }
 
 /// Tensors by name: (shape, values).
@@ -265,6 +280,80 @@ pub fn write_torch_init(path: &Path, config: &GptConfig, params: &[Vec<f32>]) ->
         "state_dict of scripts/anchors/torch_gpt.py (nanoGPT recipe)".to_string(),
     )]);
     let data = safetensors::serialize(views, Some(meta))
+        .map_err(|e| Error::file(path, format!("cannot serialise: {e}")))?;
+    crate::output::write_bytes(path, &data)
+}
+
+/// A built model's parameters by name from a safetensors file (`--init` for any model): its
+/// tensors named as the model's parameters (`Param::name`; F32 or F64, each of its parameter's
+/// shape, finite), or one of the model's checkpoints (`param.NAME`, ...: every check of a
+/// resume made, the moments left aside). A file of another model is refused with the names
+/// that differ; tensors beyond what such a file of the model holds are refused unread.
+/// Returns them in declaration order.
+pub fn read_params(path: &Path, model: &Model) -> Result<Vec<Vec<f32>>> {
+    let file = SafetensorsFile::open(path, USABLE)?;
+    let values: u64 = model.params().iter().map(|p| p.len() as u64).sum();
+    // The most either holds: the parameters in f64, or a checkpoint's three tensors each in f32.
+    if file.data_len > 12 * values {
+        return Err(file.bad(format!(
+            "its tensors take {} bytes, more than the model's parameters do ({})",
+            file.data_len,
+            12 * values
+        )));
+    }
+    let bytes = file.read()?;
+    let bad = |why: String| Error::file(path, format!("not {USABLE}: {why}"));
+    let tensors =
+        SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("corrupt or truncated ({e})")))?;
+    let names: BTreeSet<String> = tensors.names().into_iter().map(str::to_owned).collect();
+    let expected = Expected::model(model);
+    if names.iter().any(|n| n.starts_with(OURS)) {
+        return Checkpoint::from_bytes(&bytes, path, &expected).map(|ck| ck.params);
+    }
+    let ours: BTreeSet<String> = model.params().iter().map(|p| p.name.clone()).collect();
+    if names != ours {
+        let list = |set: Vec<&String>| {
+            let shown: Vec<&str> = set.iter().take(8).map(|s| s.as_str()).collect();
+            shown.join(", ") + if set.len() > 8 { ", ..." } else { "" }
+        };
+        let extra: Vec<&String> = names.difference(&ours).collect();
+        let missing: Vec<&String> = ours.difference(&names).collect();
+        let mut said = vec![];
+        if !extra.is_empty() {
+            said.push(format!("it holds {} that the model has not", list(extra)));
+        }
+        if !missing.is_empty() {
+            said.push(format!("it lacks {}", list(missing)));
+        }
+        return Err(bad(format!(
+            "its tensors are not the model's parameters: {}",
+            said.join("; ")
+        )));
+    }
+    (model.params().iter())
+        .map(|p| tensor_values(&tensors, &p.name, &p.shape, false, bad))
+        .collect()
+}
+
+/// Writes `params` (a built model's, declaration order) to `path` as safetensors under the
+/// parameters' names, f32 (what `read_params` reads), atomically.
+pub fn write_params(path: &Path, model: &Model, params: &[Vec<f32>]) -> Result<()> {
+    let declared = model.params();
+    if params.len() != declared.len() {
+        return Err(Error::LengthMismatch {
+            what: "parameter tensors",
+            expected: declared.len(),
+            got: params.len(),
+        });
+    }
+    let views = (declared.iter().zip(params))
+        .map(|(p, values)| {
+            TensorView::new(Dtype::F32, p.shape.clone(), bytemuck::cast_slice(values))
+                .map(|v| (p.name.clone(), v))
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| Error::file(path, format!("cannot serialise: {e}")))?;
+    let data = safetensors::serialize(views, None)
         .map_err(|e| Error::file(path, format!("cannot serialise: {e}")))?;
     crate::output::write_bytes(path, &data)
 }
@@ -370,7 +459,7 @@ mod tests {
         edit: impl FnOnce(&mut crate::train::checkpoint::CheckpointMeta),
     ) -> Vec<u8> {
         use crate::train::TrainState;
-        use crate::train::checkpoint::{CheckpointMeta, checksum};
+        use crate::train::checkpoint::{CheckpointMeta, Expected, GptMeta, checksum};
         let zeros: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.len()]).collect();
         let state = TrainState {
             params: params.to_vec(),
@@ -379,13 +468,7 @@ mod tests {
         };
         let mut meta = CheckpointMeta {
             format: "mantissa-checkpoint-2".into(),
-            config: cfg.name.clone(),
-            n_layer: cfg.n_layer,
-            n_head: cfg.n_head,
-            n_embd: cfg.n_embd,
-            block_size: cfg.block_size,
-            batch_size: cfg.batch_size,
-            vocab: vocab.iter().collect(),
+            gpt: Some(GptMeta::of(cfg, vocab)),
             preset: "32-true".into(),
             seed: 1,
             step: 1,
@@ -396,7 +479,7 @@ mod tests {
             crc32: Some(checksum(&state.params, &state.adam_m, &state.adam_v)),
         };
         edit(&mut meta);
-        Checkpoint::bytes(&meta, cfg, &state).unwrap()
+        Checkpoint::bytes(&meta, &Expected::gpt(cfg, vocab), &state).unwrap()
     }
 
     /// Initial weights under the engine's names are read as `--resume` reads a checkpoint:
@@ -421,11 +504,15 @@ mod tests {
         flipped[at.min(good.len() - 1)] ^= 1;
         refused(&flipped, "CRC-32");
         refused(
-            &checkpoint(&cfg, &params, &vocab, |m| m.n_layer = 6),
+            &checkpoint(&cfg, &params, &vocab, |m| {
+                m.gpt.as_mut().unwrap().n_layer = 6
+            }),
             "config",
         );
         refused(
-            &checkpoint(&cfg, &params, &vocab, |m| m.vocab = "abcdf".into()),
+            &checkpoint(&cfg, &params, &vocab, |m| {
+                m.gpt.as_mut().unwrap().vocab = "abcdf".into()
+            }),
             "vocabulary",
         );
         refused(

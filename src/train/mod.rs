@@ -17,10 +17,9 @@ pub mod init;
 pub mod model;
 pub mod trainer;
 
-pub use checkpoint::Checkpoint;
+pub use crate::model::TrainState;
+pub use checkpoint::{Checkpoint, Expected};
 pub use choice::{Choice, Chooser, ChosenBy};
 pub use data::{Batches, Corpus};
 pub use model::{Gpt, GptConfig};
-pub use trainer::{
-    StepRecord, TrainOptions, TrainState, Trainer, attention_choice, graphs_choice, pick_token,
-};
+pub use trainer::{StepRecord, TrainOptions, Trainer, attention_choice, graphs_choice, pick_token};

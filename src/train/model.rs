@@ -131,6 +131,57 @@ impl GptConfig {
             .collect()
     }
 
+    /// The model on batches of `sequences` sequences of `t` tokens, written with the model
+    /// builder: its step (backward pass included) is derived from this forward pass.
+    pub fn model(&self, sequences: usize, t: usize) -> Result<Model> {
+        let cfg = self;
+        if t == 0 || t > cfg.block_size || sequences == 0 {
+            return Err(Error::invalid(
+                "batch",
+                format!(
+                    "{sequences} sequences of {t} tokens (context {})",
+                    cfg.block_size
+                ),
+            ));
+        }
+        let (b, n) = (sequences, sequences * t);
+        let mut m = ModelBuilder::new();
+        let tokens = m.tokens(&[b, t])?;
+        let targets = m.targets(&[b, t])?;
+        let positions = m.constant_ids(&[b, t], (0..n).map(|i| (i % t) as u32).collect())?;
+        let params = (cfg
+            .parameter_shapes()
+            .iter()
+            .zip(cfg.inits())
+            .zip(cfg.decays()))
+        .map(|(((name, shape), init), decay)| m.param(name, shape, init, decay))
+        .collect::<Result<Vec<_>>>()?;
+        let (wte, wpe) = (params[0], params[1]);
+
+        let token_rows = m.embedding(wte, tokens)?;
+        let position_rows = m.embedding(wpe, positions)?;
+        let mut x = m.add(token_rows, position_rows)?;
+        for l in 0..cfg.n_layer {
+            let w = |offset| params[2 + l * PER_LAYER + offset];
+            let ln1 = m.layer_norm(x, w(LN1_G), w(LN1_B))?;
+            let qkv = m.linear(ln1, w(ATTN_W), w(ATTN_B))?;
+            let heads = m.causal_attention(qkv, cfg.n_head)?;
+            let proj = m.linear(heads, w(PROJ_W), w(PROJ_B))?;
+            let x_mid = m.add(x, proj)?;
+            let ln2 = m.layer_norm(x_mid, w(LN2_G), w(LN2_B))?;
+            let fc = m.linear(ln2, w(FC_W), w(FC_B))?;
+            let act = m.gelu(fc)?;
+            let fc2 = m.linear(act, w(FC2_W), w(FC2_B))?;
+            x = m.add(x_mid, fc2)?;
+        }
+        let nl = params.len() - 2;
+        let lnf = m.layer_norm(x, params[nl], params[nl + 1])?;
+        // The head is tied to the token embedding: logits = lnf . wte^T.
+        let logits = m.matmul(lnf, wte, true)?;
+        let loss = m.cross_entropy(logits, targets)?;
+        m.finish(loss)
+    }
+
     /// Whether AdamW's weight decay applies (matrices and embeddings, as nanoGPT).
     pub fn decays(&self) -> Vec<bool> {
         self.parameter_shapes()
@@ -309,54 +360,8 @@ impl Gpt<'_> {
         self.model(sequences, t)?.plan(p, options)
     }
 
-    /// The model on batches of `sequences` sequences of `t` tokens, written with the model
-    /// builder: its step (backward pass included) is derived from this forward pass.
+    /// The model on batches of `sequences` sequences of `t` tokens (`GptConfig::model`).
     pub fn model(&self, sequences: usize, t: usize) -> Result<Model> {
-        let cfg = &self.config;
-        if t == 0 || t > cfg.block_size || sequences == 0 {
-            return Err(Error::invalid(
-                "batch",
-                format!(
-                    "{sequences} sequences of {t} tokens (context {})",
-                    cfg.block_size
-                ),
-            ));
-        }
-        let (b, n) = (sequences, sequences * t);
-        let mut m = ModelBuilder::new();
-        let tokens = m.tokens(&[b, t])?;
-        let targets = m.targets(&[b, t])?;
-        let positions = m.constant_ids(&[b, t], (0..n).map(|i| (i % t) as u32).collect())?;
-        let params = (cfg
-            .parameter_shapes()
-            .iter()
-            .zip(cfg.inits())
-            .zip(cfg.decays()))
-        .map(|(((name, shape), init), decay)| m.param(name, shape, init, decay))
-        .collect::<Result<Vec<_>>>()?;
-        let (wte, wpe) = (params[0], params[1]);
-
-        let token_rows = m.embedding(wte, tokens)?;
-        let position_rows = m.embedding(wpe, positions)?;
-        let mut x = m.add(token_rows, position_rows)?;
-        for l in 0..cfg.n_layer {
-            let w = |offset| params[2 + l * PER_LAYER + offset];
-            let ln1 = m.layer_norm(x, w(LN1_G), w(LN1_B))?;
-            let qkv = m.linear(ln1, w(ATTN_W), w(ATTN_B))?;
-            let heads = m.causal_attention(qkv, cfg.n_head)?;
-            let proj = m.linear(heads, w(PROJ_W), w(PROJ_B))?;
-            let x_mid = m.add(x, proj)?;
-            let ln2 = m.layer_norm(x_mid, w(LN2_G), w(LN2_B))?;
-            let fc = m.linear(ln2, w(FC_W), w(FC_B))?;
-            let act = m.gelu(fc)?;
-            let fc2 = m.linear(act, w(FC2_W), w(FC2_B))?;
-            x = m.add(x_mid, fc2)?;
-        }
-        let nl = params.len() - 2;
-        let lnf = m.layer_norm(x, params[nl], params[nl + 1])?;
-        // The head is tied to the token embedding: logits = lnf . wte^T.
-        let logits = m.matmul(lnf, wte, true)?;
-        let loss = m.cross_entropy(logits, targets)?;
-        m.finish(loss)
+        self.config.model(sequences, t)
     }
 }

@@ -1,21 +1,20 @@
-//! The training loop: presets, master weights, dynamic loss scaling, AdamW, evaluation.
+//! The GPT's training loop on a corpus: its options (presets, master weights, loss scaling,
+//! AdamW), batches, evaluation and sampling, over the one step loop every built model has
+//! (`model::ModelTrainer`).
 
-use super::choice::{Candidate, Choice, Chooser, ChosenBy, Trials};
+use super::checkpoint::{Checkpoint, Expected, GptMeta};
+use super::choice::{Choice, Chooser};
 use super::data::{Batches, Corpus};
 use super::model::{Gpt, GptConfig};
 use crate::algorithm::Algorithm;
-use crate::backend::reference::ops::round_to;
-use crate::backend::{self, Backend};
-use crate::dist::{self, Collective, Reducer, Reduction, Single};
-use crate::error::{Error, Result, gib};
-use crate::plan::exec::{GradientSum, Memory, Reduced, Timings, grad_norm, update_factor};
-use crate::plan::scalar::StepScalars;
-use crate::plan::{AdamW, Plan, Section, Stats, StepExecutor, Storage, TensorId};
+use crate::backend::Backend;
+use crate::dist::{self, Collective, Reduction};
+use crate::error::{Error, Result};
+use crate::model::{ModelTrainer, Resize, RunOptions, TrainState};
+use crate::plan::exec::{Memory, Timings};
+use crate::plan::{AdamW, Plan, Section, StepExecutor};
 use crate::policy::precision::PrecisionRequest;
-use crate::policy::{
-    Fp8Role, Fp8State, LossScaler, Precision, PrecisionClass, Preset, PresetSpec, StepDecision,
-};
-use crate::tune::AutotuneMode;
+use crate::policy::{PrecisionClass, Preset, PresetSpec};
 use web_time::Instant;
 
 /// What to train and how.
@@ -146,172 +145,25 @@ pub struct StepRecord {
     pub tokens_per_s: f64,
 }
 
-/// A model being trained under one preset on one backend.
+/// The GPT being trained under one preset on one backend, on batches of a corpus: the one step
+/// loop (`ModelTrainer`, every built model's) on the GPT's model, with the corpus's batches,
+/// evaluation and sampling.
 pub struct Trainer<'a> {
     /// The model: its configuration and the backend it runs on.
     pub gpt: Gpt<'a>,
     /// The text the training and validation batches are drawn from (unless `use_batches` gives
     /// the training batches).
     pub corpus: &'a Corpus,
-    /// The options the trainer was built with.
+    /// The options the trainer was built with (its AdamW settings and clip are the caller's to
+    /// change between steps).
     pub options: TrainOptions,
     /// What the preset means (`Preset::spec`).
     pub spec: PresetSpec,
-    /// The formats and algorithms of the step, as the preset, autocast and the options resolve
-    /// them.
-    pub precision: Precision,
-    /// Delayed fp8 scaling's amax histories and scales (the one mutable precision state).
-    pub fp8: Option<Fp8State>,
-    /// Steps run (skipped ones included) and optimizer steps applied.
-    pub step: u32,
-    /// Optimizer steps applied (skipped steps not counted): AdamW's step count `t`.
-    pub applied: u32,
-    /// Dynamic loss scaling's state (GradScaler), where the preset scales the loss.
-    pub scaler: Option<LossScaler>,
-    /// Runs the step plan and holds the weights (f32 master weights, or 16-bit in "true"
-    /// presets) and the AdamW moments.
-    exec: Box<dyn StepExecutor + 'a>,
-    /// The ranks of a data-parallel run (`Single` otherwise), and how they sum gradients.
-    group: &'a dyn Collective,
-    reduction: Reduction,
-    /// The tensors a data-parallel step sums (`Plan::split_for_ranks`).
-    summed: Vec<TensorId>,
-    /// The last step's gradient reduction (None on one rank).
-    pub reduced: Option<Reduced>,
+    /// The step loop: the plan and its executor, the precision, the loss scaler, fp8 scaling,
+    /// the steps run and applied, and the measured choices.
+    pub run: ModelTrainer<'a>,
     /// Training batches given in a file (`use_batches`), taken in order instead of sampled.
     batches: Option<Batches>,
-    /// How attention came to be fused or not (`choose`).
-    pub attention: Choice,
-    /// How the step came to be recorded and replayed or not (`choose`).
-    pub graphs: Choice,
-}
-
-/// The ways to run attention, as `Chooser::choose` names them: fused, then unfused.
-const ATTENTION: [&str; 2] = ["fused", "unfused"];
-
-/// The ways to run a step's sections, as `Chooser::choose` names them: launched op by op, or
-/// recorded once and replayed (`plan::graph`).
-const GRAPHS: [&str; 2] = ["off", "on"];
-
-/// A trainer's graphs choice: its executor's forward and backward pass run with recording
-/// paused (`off`) or on, in turn; a recording made in the warm-up runs is kept for the timed
-/// ones (`Graphs::set`).
-struct GraphTrials<'t, 'a> {
-    exec: &'t mut Box<dyn StepExecutor + 'a>,
-    batch: (Vec<u32>, Vec<u32>, Vec<f32>),
-}
-
-#[async_trait::async_trait(?Send)]
-impl Trials for GraphTrials<'_, '_> {
-    async fn build(&mut self, i: usize) -> Result<()> {
-        self.exec.record_sections(i == 1)
-    }
-
-    async fn run(&mut self, i: usize) -> Result<()> {
-        self.exec.record_sections(i == 1)?;
-        let (ids, targets, scalars) = &self.batch;
-        self.exec
-            .run(Section::Backward, ids, targets, scalars)
-            .await?;
-        Ok(())
-    }
-}
-
-/// The two step plans of a trainer's attention choice: the one it holds (`current`, by its
-/// index in `ATTENTION`) and the other once built; each times its forward and backward pass on
-/// one batch (`Section::Backward`: the gradients written, the weights and moments untouched).
-struct AttentionTrials<'t, 'a> {
-    gpt: &'t Gpt<'a>,
-    precision: &'t Precision,
-    options: &'t TrainOptions,
-    group: &'a dyn Collective,
-    reduction: Reduction,
-    current: (usize, &'t mut Box<dyn StepExecutor + 'a>),
-    other: Option<(usize, Box<dyn StepExecutor + 'a>, Vec<TensorId>)>,
-    batch: (Vec<u32>, Vec<u32>, Vec<f32>),
-}
-
-#[async_trait::async_trait(?Send)]
-impl Trials for AttentionTrials<'_, '_> {
-    async fn build(&mut self, i: usize) -> Result<()> {
-        if i == self.current.0 || self.other.as_ref().is_some_and(|o| o.0 == i) {
-            return Ok(());
-        }
-        let (sequences, fused) = (self.batch.0.len() / self.gpt.config.block_size, i == 0);
-        let (group, reduction) = (self.group, self.reduction);
-        let options = (self.gpt, self.precision, self.options);
-        let (mut exec, summed) = build_executor(
-            options.0, options.1, options.2, group, reduction, sequences, fused,
-        )?;
-        exec.prepare().await?;
-        self.other = Some((i, exec, summed));
-        Ok(())
-    }
-
-    async fn run(&mut self, i: usize) -> Result<()> {
-        let exec = match &mut self.other {
-            Some((j, exec, _)) if *j == i => exec,
-            _ => &mut *self.current.1,
-        };
-        let (ids, targets, scalars) = &self.batch;
-        exec.run(Section::Backward, ids, targets, scalars).await?;
-        Ok(())
-    }
-}
-
-/// The step plan of `options` for `gpt`, attention `fused` or not, its initial weights in it,
-/// split for the ranks where the run sums gradients (the tensors summed returned), and its
-/// executor (the backend's own, or the host interpreter where `options.resident` is false),
-/// checked against the device's memory first and recording sections as `options.graphs` says.
-fn build_executor<'a>(
-    gpt: &Gpt<'a>,
-    precision: &Precision,
-    options: &TrainOptions,
-    group: &dyn Collective,
-    reduction: Reduction,
-    sequences: usize,
-    fused: bool,
-) -> Result<(Box<dyn StepExecutor + 'a>, Vec<TensorId>)> {
-    let cfg = &options.config;
-    let coded = match options.coded_activations {
-        Some(coded) => coded,
-        None => super::model::stores_codes()?,
-    };
-    let mut plan = gpt.plan_with(precision, sequences, cfg.block_size, fused, coded)?;
-    for (i, mut p) in cfg.init(options.seed)?.into_iter().enumerate() {
-        round_to(&mut p, precision.weights);
-        plan.constants.push((plan.state[i][0], p));
-    }
-    let summed = if group.size() > 1 || reduction.reducer != Reducer::Auto {
-        plan.split_for_ranks()
-    } else {
-        vec![]
-    };
-    let mut exec = if options.resident {
-        let fits = PlanFit::check(gpt, precision, options, group, &plan)?;
-        backend::executor(gpt.backend, plan, true).map_err(|e| fits.explain(e))?
-    } else {
-        backend::executor(gpt.backend, plan, false)?
-    };
-    if let Some(on) = options.graphs {
-        exec.record_sections(on)?;
-    }
-    Ok((exec, summed))
-}
-
-/// The world of a trainer that runs alone.
-static ALONE: Single = Single;
-
-/// Weights and AdamW moments, per parameter (`GptConfig::parameter_shapes` order).
-#[derive(Clone, Debug, PartialEq)]
-pub struct TrainState {
-    /// The weights, one row-major vector per parameter (in a "true" preset, its 16-bit values
-    /// as f32).
-    pub params: Vec<Vec<f32>>,
-    /// AdamW's first moments, one vector per parameter, shaped as its weights.
-    pub adam_m: Vec<Vec<f32>>,
-    /// AdamW's second moments, one vector per parameter, shaped as its weights.
-    pub adam_v: Vec<Vec<f32>>,
 }
 
 impl<'a> Trainer<'a> {
@@ -322,15 +174,14 @@ impl<'a> Trainer<'a> {
         corpus: &'a Corpus,
         options: TrainOptions,
     ) -> Result<Trainer<'a>> {
-        Trainer::data_parallel(backend, corpus, options, &ALONE, Reduction::default())
+        let alone = RunOptions::new(options.seed);
+        Trainer::data_parallel(backend, corpus, options, alone.group, alone.reduction)
     }
 
     /// A trainer that is rank `group.rank()` of `group.size()` of one run: its plan takes its
     /// slice of each global batch (`options.config.batch_size` sequences, which the ranks must
-    /// divide), and each step sums the gradients over the ranks as `reduction` says before the
-    /// unscale, clip and AdamW, so that every rank applies the one-rank update. On one rank
-    /// with a reducer named (`Reducer::Mpi`, `Reducer::Nccl`) the step still goes through the
-    /// reduction (a check of the engine and of its overlap with the backward pass).
+    /// divide), and each step sums the gradients over the ranks as `reduction` says
+    /// (`RunOptions::group`).
     pub fn data_parallel(
         backend: &'a dyn Backend,
         corpus: &'a Corpus,
@@ -338,62 +189,39 @@ impl<'a> Trainer<'a> {
         group: &'a dyn Collective,
         reduction: Reduction,
     ) -> Result<Trainer<'a>> {
-        let local = dist::shard(options.config.batch_size, group.rank(), group.size())?;
-        check_settings(&options)?;
-        let spec = options.preset.spec();
-        let precision = Precision::decide(&options.precision_request(), &backend.capabilities())?;
-        let fp8 = match &precision.fp8 {
-            Some(recipe) => Fp8State::new(recipe, 4 * options.config.n_layer)?,
-            None => None,
-        };
+        let cfg = &options.config;
+        let local = dist::shard(cfg.batch_size, group.rank(), group.size())?;
         let gpt = Gpt {
-            config: options.config.clone(),
+            config: cfg.clone(),
             backend,
         };
-        let fused = options.fused_attention.unwrap_or_else(|| {
-            backend
-                .capabilities()
-                .fuses_attention(&precision.matmul, options.config.head_dim())
-        });
-        let attention = Choice::untimed(
-            "attention",
-            ATTENTION[usize::from(!fused)],
-            match options.fused_attention {
-                Some(_) => ChosenBy::Named,
-                None => ChosenBy::Default,
-            },
-        );
-        let graphs = match options.graphs {
-            Some(on) => Choice::untimed("graphs", GRAPHS[usize::from(on)], ChosenBy::Named),
-            None => Choice::untimed("graphs", "the executor's own", ChosenBy::Default),
-        };
-        let (exec, summed) = build_executor(
-            &gpt,
-            &precision,
-            &options,
+        let model = gpt.model(local.len(), cfg.block_size)?;
+        let resized = gpt.config.clone();
+        let resize: Resize<'a> =
+            Box::new(move |sequences| resized.model(sequences, resized.block_size));
+        let run_options = RunOptions {
+            seed: options.seed,
+            fused_attention: options.fused_attention,
+            coded_activations: options.coded_activations,
+            graphs: options.graphs,
+            resident: options.resident,
+            memory_limit: options.memory_limit,
             group,
             reduction,
-            local.len(),
-            fused,
-        )?;
+            resize: Some((cfg.batch_size, resize)),
+        };
+        let mut run =
+            ModelTrainer::with_options(backend, model, &options.precision_request(), run_options)?;
+        run.adamw = options.adamw.clone();
+        run.grad_clip = options.grad_clip;
+        run.check_settings()?;
         Ok(Trainer {
             gpt,
             corpus,
-            scaler: spec.loss_scaling.map(LossScaler::new),
-            spec,
-            precision,
-            fp8,
-            step: 0,
-            applied: 0,
-            exec,
+            spec: options.preset.spec(),
             options,
-            group,
-            reduction,
-            summed,
-            reduced: None,
+            run,
             batches: None,
-            attention,
-            graphs,
         })
     }
 
@@ -401,30 +229,7 @@ impl<'a> Trainer<'a> {
     /// `init::read_init`) instead of the seeded initial weights, held as the preset holds its
     /// weights (rounded to 16 bits in the "true" presets). Before the first step.
     pub async fn set_weights(&mut self, params: &[Vec<f32>]) -> Result<()> {
-        let shapes = self.gpt.config.parameter_shapes();
-        if params.len() != shapes.len() {
-            return Err(Error::LengthMismatch {
-                what: "parameter tensors",
-                expected: shapes.len(),
-                got: params.len(),
-            });
-        }
-        let ids = self.exec.plan().state.clone();
-        for ((values, [p, ..]), (name, shape)) in params.iter().zip(ids).zip(shapes) {
-            if values.len() != shape.iter().product::<usize>() {
-                return Err(Error::invalid(
-                    "initial weights",
-                    format!(
-                        "{name} holds {} values, its shape is {shape:?}",
-                        values.len()
-                    ),
-                ));
-            }
-            let mut held = values.clone();
-            round_to(&mut held, self.precision.weights);
-            self.exec.write(p, &held).await?;
-        }
-        Ok(())
+        self.run.set_params(params).await
     }
 
     /// Takes the training batches from `batches` in order (batch i at step i + 1, resumed runs
@@ -444,154 +249,40 @@ impl<'a> Trainer<'a> {
         Ok(())
     }
 
-    /// Allocates the step plan on the device and builds its kernels (tuning their tiles) now
-    /// rather than at the first step, so that a plan the device cannot hold stops here with
-    /// the bytes it needs and a batch that fits, before anything is written.
+    /// Allocates the step plan on the device and builds its kernels now rather than at the
+    /// first step (`ModelTrainer::prepare`).
     pub async fn prepare(&mut self) -> Result<()> {
-        let prepared = self.exec.prepare().await;
-        prepared.map_err(|e| {
-            let fit = PlanFit {
-                gpt: &self.gpt,
-                precision: &self.precision,
-                group: self.group,
-                needed: Storage::shared(self.exec.plan()).bytes(),
-            };
-            fit.explain(e)
-        })
+        self.run.prepare().await
     }
 
-    /// The measured choices, before the first step: attention (`choose_attention`), then
-    /// graphs (`choose_graphs`) for the attention chosen. Every rank calls this. Returns how
-    /// attention was chosen (`graphs` says how the graphs were).
+    /// The measured choices before the first step (`ModelTrainer::choose`), timed on this
+    /// rank's slice of the first validation batch. Every rank calls this. Returns how attention
+    /// was chosen (`run.graphs` says how the graphs were).
     pub async fn choose(&mut self, chooser: &Chooser) -> Result<&Choice> {
-        self.choose_attention(chooser).await?;
-        self.choose_graphs(chooser).await?;
-        Ok(&self.attention)
-    }
-
-    /// Where graphs were left to `auto` (`TrainOptions::graphs` None) and the executor can
-    /// record its sections (CUDA, the host interpreter): times the forward and backward pass
-    /// launched op by op and replayed from a recording (`GraphTrials`), keeps the faster, or
-    /// takes the cached choice. An executor that cannot record runs op by op, and says why.
-    async fn choose_graphs(&mut self, chooser: &Chooser) -> Result<()> {
-        if self.options.graphs.is_some() || chooser.mode() == AutotuneMode::Off {
-            return Ok(());
-        }
-        if let Err(e) = self.exec.record_sections(true) {
-            self.exec.record_sections(false).ok();
-            self.graphs = Choice {
-                candidates: vec![Candidate {
-                    name: GRAPHS[1].into(),
-                    seconds: None,
-                    dropped: Some(e.to_string()),
-                }],
-                ..Choice::untimed("graphs", GRAPHS[0], ChosenBy::Default)
-            };
-            return Ok(());
-        }
         let (ids, targets) = self.local_batch(true, 0)?;
-        let scale = self.scaler.map(|s| s.scale).unwrap_or(1.0);
-        let scalars = self.scalars(scale, 0.0);
-        let key = format!("{} attention {}", self.choice_key(), self.attention.chosen);
-        let mut trials = GraphTrials {
-            exec: &mut self.exec,
-            batch: (ids, targets, scalars),
-        };
-        let (chosen, choice) = chooser
-            .choose("graphs", &key, &GRAPHS, 0, &mut trials, self.group)
-            .await?;
-        self.exec.record_sections(chosen == 1)?;
-        self.graphs = choice;
-        Ok(())
+        self.run.choose(chooser, &ids, &targets).await
     }
 
-    /// Where attention was left to `auto` (`TrainOptions::fused_attention` None): builds the
-    /// step plan the other way too, times the forward and backward pass of each on the device
-    /// (`Chooser::choose`: a validation batch, the update never run, so the run trains as it
-    /// would with the chosen way named), and keeps the faster, its weights and moments those
-    /// held now; or takes the cached choice. A way that fails to build or run is dropped (its
-    /// reason in `attention`).
-    async fn choose_attention(&mut self, chooser: &Chooser) -> Result<()> {
-        if self.options.fused_attention.is_some() {
-            return Ok(());
-        }
-        let current = usize::from(!self.fused_attention());
-        let (ids, targets) = self.local_batch(true, 0)?;
-        let scale = self.scaler.map(|s| s.scale).unwrap_or(1.0);
-        let scalars = self.scalars(scale, 0.0);
-        let key = self.choice_key();
-        let mut trials = AttentionTrials {
-            gpt: &self.gpt,
-            precision: &self.precision,
-            options: &self.options,
-            group: self.group,
-            reduction: self.reduction,
-            current: (current, &mut self.exec),
-            other: None,
-            batch: (ids, targets, scalars),
-        };
-        let (chosen, choice) = chooser
-            .choose(
-                "attention",
-                &key,
-                &ATTENTION,
-                current,
-                &mut trials,
-                self.group,
-            )
-            .await?;
-        let other = trials.other.take();
-        match other {
-            Some((i, mut exec, summed)) if i == chosen => {
-                // The weights and moments held now (set_weights, a resumed checkpoint) go along.
-                let state = self.state().await?;
-                std::mem::swap(&mut self.exec, &mut exec);
-                self.summed = summed;
-                self.set_state(&state).await?;
-                drop(exec);
-            }
-            other => drop(other),
-        }
-        // The other plan, dropped now, is no part of the steps' memory.
-        self.exec.forget_peak();
-        self.attention = choice;
-        Ok(())
+    /// Writes a checkpoint of the run to `path` (`Checkpoint::save`, with the GPT's
+    /// configuration and the corpus's vocabulary).
+    pub async fn save(&mut self, path: &std::path::Path) -> Result<()> {
+        let gpt = GptMeta::of(&self.gpt.config, &self.corpus.vocab);
+        Checkpoint::save(&mut self.run, Some(gpt), path).await
     }
 
-    /// What a measured choice depends on besides itself: the device, the shape of this rank's
-    /// step, the precision and how the plan is stored and run.
-    fn choice_key(&self) -> String {
-        let (cfg, o) = (&self.gpt.config, &self.options);
-        let backend = self.gpt.backend;
-        format!(
-            "{} on {}: layers {} heads {} embd {} context {} batch {} of {} vocab {}; {} matmuls {} \
-             codes {:?} graphs {:?} resident {}",
-            backend.name(),
-            backend.device_name(),
-            cfg.n_layer,
-            cfg.n_head,
-            cfg.n_embd,
-            cfg.block_size,
-            cfg.batch_size / self.group.size().max(1),
-            cfg.batch_size,
-            cfg.vocab_size,
-            o.preset,
-            self.precision.matmul,
-            o.coded_activations,
-            o.graphs,
-            o.resident,
-        )
+    /// What a checkpoint this run resumes must be of (`Checkpoint::load`).
+    pub fn expected(&self) -> Expected<'_> {
+        Expected::gpt(&self.gpt.config, &self.corpus.vocab)
+    }
+
+    /// Steps run, skipped ones included.
+    pub fn steps(&self) -> u32 {
+        self.run.steps
     }
 
     /// Tokens of the global batch (every rank's).
     pub fn tokens_per_step(&self) -> usize {
         self.gpt.config.batch_size * self.gpt.config.block_size
-    }
-
-    /// Whether steps sum their gradients over the ranks (several ranks, or a reducer named:
-    /// `data_parallel`).
-    fn reduces(&self) -> bool {
-        !self.summed.is_empty()
     }
 
     /// This rank's slice of batch `index` of the training or validation split.
@@ -617,106 +308,60 @@ impl<'a> Trainer<'a> {
                 index,
             )?,
         };
-        let rows = dist::shard(cfg.batch_size, self.group.rank(), self.group.size())?;
+        let group = self.run.group();
+        let rows = dist::shard(cfg.batch_size, group.rank(), group.size())?;
         let span = rows.start * cfg.block_size..rows.end * cfg.block_size;
         Ok((ids[span.clone()].to_vec(), targets[span].to_vec()))
     }
 
     /// The step plan the trainer runs.
     pub fn plan(&self) -> &Plan {
-        self.exec.plan()
+        self.run.plan()
     }
 
     /// How the steps run ("device-resident on ..., one submission per step").
     pub fn executor(&self) -> String {
-        self.exec.describe()
+        self.run.executor()
     }
 
     /// The device launches of each op of the plan (`StepExecutor::launches`).
     pub fn launches(&self) -> Option<Vec<usize>> {
-        self.exec.launches()
+        self.run.launches()
     }
 
     /// Whether the step runs attention as one fused op (`plan::Op::Attention`).
     pub fn fused_attention(&self) -> bool {
-        let ops = &self.exec.plan().ops;
-        ops.iter()
-            .any(|op| matches!(op, crate::plan::Op::Attention { .. }))
+        self.run.fused_attention()
     }
 
     /// How many tensors the plan stores as 16-bit codes (`Plan::store_codes`).
     pub fn coded_tensors(&self) -> usize {
-        self.exec.plan().coded_tensors()
+        self.run.coded_tensors()
     }
 
     /// The memory the steps so far took (the plan's tensors, and the peak of everything).
     pub fn memory(&self) -> Memory {
-        self.exec.memory()
+        self.run.memory()
     }
 
     /// The weights and AdamW moments (read back from the device).
     pub async fn state(&mut self) -> Result<TrainState> {
-        let ids = self.exec.plan().state.clone();
-        let mut state = TrainState {
-            params: vec![],
-            adam_m: vec![],
-            adam_v: vec![],
-        };
-        for [p, _, m, v] in ids {
-            state.params.push(self.exec.read(p).await?);
-            state.adam_m.push(self.exec.read(m).await?);
-            state.adam_v.push(self.exec.read(v).await?);
-        }
-        Ok(state)
+        self.run.state().await
     }
 
-    /// Replaces the weights and AdamW moments.
+    /// Replaces the weights and AdamW moments (`ModelTrainer::set_state`).
     pub async fn set_state(&mut self, state: &TrainState) -> Result<()> {
-        let ids = self.exec.plan().state.clone();
-        let tensors = [&state.params, &state.adam_m, &state.adam_v];
-        if tensors.iter().any(|t| t.len() != ids.len()) {
-            return Err(Error::LengthMismatch {
-                what: "training state tensors",
-                expected: ids.len(),
-                got: state.params.len(),
-            });
-        }
-        for (i, [p, _, m, v]) in ids.into_iter().enumerate() {
-            self.exec.write(p, &state.params[i]).await?;
-            self.exec.write(m, &state.adam_m[i]).await?;
-            self.exec.write(v, &state.adam_v[i]).await?;
-        }
-        Ok(())
+        self.run.set_state(state).await
     }
 
     /// The gradients of the last step (unscaled, before clipping), per parameter.
     pub async fn gradients(&mut self) -> Result<Vec<Vec<f32>>> {
-        let ids = self.exec.plan().state.clone();
-        let mut grads = Vec::with_capacity(ids.len());
-        for [_, g, _, _] in ids {
-            grads.push(self.exec.read(g).await?);
-        }
-        Ok(grads)
+        self.run.last_gradients().await
     }
 
     /// Delayed fp8 scaling's current scales per linear layer (empty without it).
     pub fn fp8_scales(&self) -> Vec<[f32; 3]> {
-        self.fp8.as_ref().map(Fp8State::scales).unwrap_or_default()
-    }
-
-    /// The scalars of the next step at `loss_scale`, with `poison` for the first gradient.
-    fn scalars(&self, loss_scale: f32, poison: f32) -> Vec<f32> {
-        let plan = self.exec.plan();
-        StepScalars {
-            adamw: &self.options.adamw,
-            clip: self.options.grad_clip,
-            loss_scale,
-            poison,
-            t: self.applied + 1,
-            ranks: self.group.size(),
-            fp8: &self.fp8_scales(),
-        }
-        .array(plan.rows, plan.scalar_count())
+        self.run.fp8_scales()
     }
 
     /// One training step.
@@ -742,130 +387,28 @@ impl<'a> Trainer<'a> {
         timed: bool,
     ) -> Result<(StepRecord, Option<Timings>)> {
         let start = Instant::now();
-        // The options are the caller's to change between steps: checked before each.
-        check_settings(&self.options)?;
-        let (ids, targets) = self.local_batch(false, self.step as u64)?;
+        // The options are the caller's to change between steps: the step loop takes them now.
+        self.run.adamw = self.options.adamw.clone();
+        self.run.grad_clip = self.options.grad_clip;
+        let (ids, targets) = self.local_batch(false, self.run.steps as u64)?;
         self.gpt
             .check_batch(&ids, &targets, self.gpt.config.block_size)?;
-        let scale = self.scaler.map(|s| s.scale).unwrap_or(1.0);
-        let mut timings = None;
-        let stats = if self.reduces() {
-            self.reduced_step(&ids, &targets, scale, poison).await?
+        let (stepped, timings) = if timed {
+            self.run.step_timed(&ids, &targets).await?
         } else {
-            let scalars = self.scalars(scale, poison);
-            let exec = &mut self.exec;
-            if timed {
-                let (stats, t) = exec
-                    .run_timed(Section::Step, &ids, &targets, &scalars)
-                    .await?;
-                timings = Some(t);
-                stats
-            } else {
-                exec.run(Section::Step, &ids, &targets, &scalars).await?
-            }
+            (self.run.step_injecting(&ids, &targets, poison).await?, None)
         };
-        let layout = self.exec.plan().stats;
-        let loss = stats[Stats::LOSS];
-        self.step += 1;
-        // Delayed scaling: this step's amaxes enter the histories; the next step's scales follow.
-        if let Some(fp8) = &mut self.fp8 {
-            fp8.record(|l, role: Fp8Role| stats[layout.amax(l, role as usize)] as f32);
-        }
-        // The executor applied AdamW exactly where every gradient was finite.
-        let finite = update_factor(&layout, &stats, 0.0).is_some();
-        let decision = match self.scaler.as_mut() {
-            Some(s) => s.update(finite),
-            None if !finite || !loss.is_finite() => {
-                return Err(Error::Diverged {
-                    preset: self.options.preset.to_string(),
-                    step: self.step,
-                    why: format!(
-                        "{} with no loss scaling; try bf16-mixed, or 16-mixed, which scales the loss",
-                        if loss.is_finite() {
-                            "non-finite gradients"
-                        } else {
-                            "NaN loss"
-                        }
-                    ),
-                });
-            }
-            None => StepDecision::Apply,
-        };
-        if decision == StepDecision::Apply {
-            self.applied += 1;
-        }
         let dt = start.elapsed().as_secs_f64();
         let record = StepRecord {
-            step: self.step,
-            loss,
-            skipped: decision == StepDecision::Skip,
-            loss_scale: self.scaler.map(|s| s.scale),
-            grad_norm: grad_norm(&layout, &stats),
+            step: self.run.steps,
+            loss: stepped.loss,
+            skipped: stepped.skipped,
+            loss_scale: self.run.scaler.map(|s| s.scale),
+            grad_norm: stepped.grad_norm,
             dt_ms: dt * 1e3,
             tokens_per_s: self.tokens_per_step() as f64 / dt,
         };
         Ok((record, timings))
-    }
-
-    /// A data-parallel step: this rank's gradients, summed over the ranks, then the update of
-    /// the sum (the same on every rank). Returns the step's stats as one rank would see them:
-    /// the mean loss over the ranks, the largest amax, and the flags and norms of the summed
-    /// gradients; checks that every rank took the same decision. `poison` (a test's fault)
-    /// goes into this rank's own gradient before the sum.
-    async fn reduced_step(
-        &mut self,
-        ids: &[u32],
-        targets: &[u32],
-        scale: f32,
-        poison: f32,
-    ) -> Result<Vec<f64>> {
-        let scalars = self.scalars(scale, 0.0);
-        let layout = self.exec.plan().stats;
-        let first = self.exec.plan().state.first().map(|s| s[1]);
-        let sum = GradientSum {
-            ids: &self.summed,
-            group: self.group,
-            reducer: self.reduction.reducer,
-            bucket: self.reduction.bucket_elements(),
-            overlap: self.reduction.overlap,
-            poison: first.filter(|_| poison != 0.0).map(|g| (g, poison)),
-        };
-        let (mut stats, reduced) = self
-            .exec
-            .backward_summed(ids, targets, &scalars, &sum)
-            .await?;
-        self.reduced = Some(reduced);
-        let ranks = self.group.size() as f64;
-        let mut loss = [stats[Stats::LOSS]];
-        self.group.sum_f64(&mut loss)?;
-        stats[Stats::LOSS] = loss[0] / ranks;
-        let amax = layout.amax(0, 0)..layout.len();
-        self.group.max_f64(&mut stats[amax.clone()])?;
-        let update = self
-            .exec
-            .run(Section::Update, ids, targets, &scalars)
-            .await?;
-        for i in 0..layout.grads {
-            stats[layout.flag(i)] = update[layout.flag(i)];
-            stats[layout.norm_sq(i)] = update[layout.norm_sq(i)];
-        }
-        // Identical sums give identical decisions; say so loudly if an engine's were not.
-        let skipped = update_factor(&layout, &stats, 0.0).is_none() as u8 as f64;
-        let norm = grad_norm(&layout, &stats);
-        let mut seen = [skipped, -skipped, norm, -norm];
-        self.group.max_f64(&mut seen)?;
-        if seen[0] != -seen[1] || seen[2].to_bits() != (-seen[3]).to_bits() {
-            return Err(Error::Collective {
-                engine: "data-parallel step",
-                op: format!("step {}", self.step + 1),
-                why: format!(
-                    "the ranks' summed gradients differ (skip flags {}..{}, norms {}..{}); the \
-                     reduction was not the same on every rank",
-                    -seen[1], seen[0], -seen[3], seen[2]
-                ),
-            });
-        }
-        Ok(stats)
     }
 
     /// Generates `count` characters after `prompt` (sampling at `temperature`; 0 is greedy).
@@ -917,7 +460,7 @@ impl<'a> Trainer<'a> {
         }
         let start = ids.len();
         let (t, v) = (self.gpt.config.block_size, self.gpt.config.vocab_size);
-        let params = self.state().await?.params;
+        let params = self.run.params().await?;
         let fp8 = self.fp8_scales();
         // One executor per context length: once the context is full, every token reuses it.
         let mut exec: Option<(Box<dyn StepExecutor + '_>, Vec<f32>)> = None;
@@ -927,7 +470,7 @@ impl<'a> Trainer<'a> {
                 Some((e, s)) if e.plan().rows() == context.len() => (e, s),
                 _ => {
                     let made = (self.gpt)
-                        .executor(&self.precision, &fp8, &params, context, context)
+                        .executor(&self.run.precision, &fp8, &params, context, context)
                         .await?;
                     let (e, s) = exec.insert(made);
                     (e, s)
@@ -961,45 +504,25 @@ impl<'a> Trainer<'a> {
         let mut total = [0.0];
         for i in 0..batches {
             let (ids, targets) = self.local_batch(true, i as u64)?;
-            let scalars = self.scalars(1.0, 0.0);
-            let stats = self
-                .exec
-                .run(Section::Forward, &ids, &targets, &scalars)
-                .await?;
-            total[0] += stats[Stats::LOSS];
+            total[0] += self.run.loss(&ids, &targets).await?;
         }
         // Each rank's loss is the mean over its slice: the batch's is the mean over the ranks.
-        self.group.sum_f64(&mut total)?;
-        let loss = total[0] / (batches * self.group.size()) as f64;
+        let group = self.run.group();
+        group.sum_f64(&mut total)?;
+        let loss = total[0] / (batches * group.size()) as f64;
         if !loss.is_finite() {
+            let step = self.run.steps;
             return Err(Error::Diverged {
                 preset: self.options.preset.to_string(),
-                step: self.step,
+                step,
                 why: format!(
-                    "validation loss {loss} after step {}: the weights no longer give finite \
-                     losses; try a smaller learning rate",
-                    self.step
+                    "validation loss {loss} after step {step}: the weights no longer give finite \
+                     losses; try a smaller learning rate"
                 ),
             });
         }
         Ok(loss)
     }
-}
-
-/// Refuses settings no step can use: AdamW's (`AdamW::check`), and a clip that is not finite
-/// and >= 0 (a NaN learning rate made every weight NaN after a step that said it applied).
-fn check_settings(options: &TrainOptions) -> Result<()> {
-    options.adamw.check()?;
-    if !(options.grad_clip.is_finite() && options.grad_clip >= 0.0) {
-        return Err(Error::invalid(
-            "grad_clip",
-            format!(
-                "{} is not finite and >= 0 (0 disables clipping)",
-                options.grad_clip
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// The most characters `sample` generates (each is a forward pass of the model).
@@ -1048,128 +571,6 @@ pub fn pick_token(
             pick < 0.0
         })
         .unwrap_or(first_max))
-}
-
-/// Whether a step plan fits the device memory it may take (what the device has free, where
-/// the backend can say, and `TrainOptions::memory_limit`), checked before it allocates; and
-/// what to say if it does not fit or its allocation fails: the bytes needed and available,
-/// and the largest batch that fits (plans of smaller batches are built on the host to find
-/// it).
-struct PlanFit<'a> {
-    gpt: &'a Gpt<'a>,
-    precision: &'a Precision,
-    group: &'a dyn Collective,
-    needed: u64,
-}
-
-impl<'a> PlanFit<'a> {
-    fn check(
-        gpt: &'a Gpt<'a>,
-        precision: &'a Precision,
-        options: &TrainOptions,
-        group: &'a dyn Collective,
-        plan: &Plan,
-    ) -> Result<PlanFit<'a>> {
-        let fit = PlanFit {
-            gpt,
-            precision,
-            group,
-            needed: Storage::shared(plan).bytes(),
-        };
-        let free = gpt.backend.memory_available();
-        let limits = [
-            free.map(|(f, t)| (f, format!("and only {} of {} are free", gib(f), gib(t)))),
-            options
-                .memory_limit
-                .map(|l| (l, format!("over the limit of {} (--memory-limit)", gib(l)))),
-        ];
-        let tightest = limits.into_iter().flatten().min_by_key(|(bytes, _)| *bytes);
-        match tightest {
-            Some((cap, available)) if fit.needed > cap => Err(fit.too_large(available, Some(cap))),
-            _ => Ok(fit),
-        }
-    }
-
-    /// `e` as `PlanTooLarge` where the plan's allocation ran out of memory, or one of its
-    /// tensors is larger than a device limit allows (a binding's size on wgpu): a limit of the
-    /// machine (exit 1), with a batch that fits.
-    fn explain(&self, e: Error) -> Error {
-        match e {
-            Error::OutOfMemory { total_bytes, .. } => {
-                let available = match total_bytes {
-                    Some(t) => format!("and the device ({} in all) could not allocate it", gib(t)),
-                    None => "and the device could not allocate it".into(),
-                };
-                self.too_large(available, None)
-            }
-            Error::TooLarge {
-                what,
-                requested,
-                limit,
-                limit_name,
-                ..
-            } => {
-                let available = format!(
-                    "and {what} needs {}, more than {limit_name} ({}) allows",
-                    gib(requested),
-                    gib(limit)
-                );
-                self.advise(available, Some(limit), largest_tensor)
-            }
-            e => e,
-        }
-    }
-
-    fn too_large(&self, available: String, cap: Option<u64>) -> Error {
-        self.advise(available, cap, |plan| Storage::shared(plan).bytes())
-    }
-
-    /// `PlanTooLarge` saying `available`, with the largest batch (halving, one the ranks
-    /// divide) whose plan `measure`s within `cap` (without a cap, half).
-    fn advise(&self, available: String, cap: Option<u64>, measure: fn(&Plan) -> u64) -> Error {
-        let batch = self.gpt.config.batch_size;
-        let ranks = self.group.size();
-        let mut smaller = Vec::new();
-        let mut b = batch / 2;
-        while b >= ranks && b.is_multiple_of(ranks) {
-            if let Some(bytes) = self.plan_at(b / ranks).map(|p| measure(&p)) {
-                smaller.push((b, bytes));
-                if cap.is_none_or(|c| bytes <= c) {
-                    break;
-                }
-            }
-            b /= 2;
-        }
-        let advice = match smaller.last() {
-            Some(&(b, bytes)) if cap.is_none_or(|c| bytes <= c) => {
-                format!("a batch of {b} needs {}: try --batch {b}", gib(bytes))
-            }
-            Some(&(b, bytes)) => format!(
-                "even a batch of {b} needs {}: use a smaller model or more devices",
-                gib(bytes)
-            ),
-            None => "use a smaller model or more devices".into(),
-        };
-        Error::PlanTooLarge {
-            device: self.gpt.backend.name(),
-            batch,
-            needed_bytes: self.needed,
-            available,
-            advice,
-        }
-    }
-
-    /// The step plan of `sequences` per rank, built on the host.
-    fn plan_at(&self, sequences: usize) -> Option<Plan> {
-        (self.gpt)
-            .plan(self.precision, sequences, self.gpt.config.block_size)
-            .ok()
-    }
-}
-
-/// The bytes of the largest tensor of `plan`.
-fn largest_tensor(plan: &Plan) -> u64 {
-    plan.tensors().iter().map(|t| t.bytes()).max().unwrap_or(0)
 }
 
 #[cfg(test)]
