@@ -48,8 +48,9 @@ pub struct TrainOptions {
     /// free (`--memory-limit`: to leave room on a shared GPU).
     pub memory_limit: Option<u64>,
     /// Attention as one fused op (`plan::Op::Attention`) or as separate ops; None: fused where
-    /// the backend has a kernel for it (`Capabilities::fuses_attention`). Both compute the same
-    /// function; fused on a resident executor without the kernel (wgpu) is an error.
+    /// the backend prefers it (`Capabilities::fuses_attention`) until `Trainer::choose` times
+    /// both. Both compute the same function; fused where the executor has no kernel for the
+    /// heads (wgpu's hold at most 64 values) is an error when the plan is prepared.
     pub fused_attention: Option<bool>,
     /// The matmuls' 16-bit inputs (layer norm and GELU outputs) stored as 16-bit codes
     /// (`plan::Plan::store_codes`) or as f32; None: codes unless `MANTISSA_ACTIVATIONS=f32`.
