@@ -30,7 +30,7 @@
 //! use mantissa::backend::Reference;
 //! use mantissa::model::{Init, ModelBuilder, ModelTrainer};
 //! use mantissa::policy::precision::PrecisionRequest;
-//! use mantissa::{PrecisionClass, Preset};
+//! use mantissa::Preset;
 //! use pollster::block_on;
 //!
 //! // Four points, two features each; their classes.
@@ -50,13 +50,7 @@
 //! let loss = m.cross_entropy(logits, y)?;
 //! let model = m.finish(loss)?;
 //!
-//! let request = PrecisionRequest {
-//!     preset: Preset::MixedBf16,
-//!     matmul_precision: PrecisionClass::Highest,
-//!     algorithm: None,
-//!     fp8_current: false,
-//!     autocast_overrides: "",
-//! };
+//! let request = PrecisionRequest::of(Preset::MixedBf16);
 //! let mut trainer = ModelTrainer::new(&Reference, model, &request, None, 7)?;
 //! trainer.adamw.lr = 0.05;
 //! block_on(trainer.set_values(0, &points))?;

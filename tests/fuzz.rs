@@ -665,13 +665,7 @@ fn run_program(p: &Program) -> Result<(), TestCaseError> {
         Preset::TrueBf16,
         Preset::True16,
     ][p.run.0 as usize];
-    let request = PrecisionRequest {
-        preset,
-        matmul_precision: PrecisionClass::Highest,
-        algorithm: None,
-        fp8_current: false,
-        autocast_overrides: "",
-    };
+    let request = PrecisionRequest::of(preset);
     let fused = [None, Some(true), Some(false)][p.run.1 as usize];
     let backend = mantissa::backend::Reference;
     let mut t = match ModelTrainer::new(&backend, model, &request, fused, 7) {

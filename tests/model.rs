@@ -4,22 +4,12 @@
 
 mod common;
 
+use mantissa::Error;
 use mantissa::backend::{Backend, Reference};
 use mantissa::model::{Init, Model, ModelBuilder, ModelTrainer, Var};
 use mantissa::policy::Preset;
 use mantissa::policy::precision::PrecisionRequest;
-use mantissa::{Error, PrecisionClass};
 use pollster::FutureExt as _;
-
-fn request(preset: Preset) -> PrecisionRequest<'static> {
-    PrecisionRequest {
-        preset,
-        matmul_precision: PrecisionClass::Highest,
-        algorithm: None,
-        fp8_current: false,
-        autocast_overrides: "",
-    }
-}
 
 const VOCAB: usize = 5;
 
@@ -69,7 +59,7 @@ fn check_gradients(name: &str, (model, n): (Model, usize), fused: bool) {
     let mut t = ModelTrainer::new(
         &Reference,
         model,
-        &request(Preset::True32),
+        &PrecisionRequest::of(Preset::True32),
         Some(fused),
         seed,
     )
@@ -366,7 +356,7 @@ fn a_built_model_learns(b: &dyn Backend) {
         let logits = m.matmul(x, wte, true).unwrap();
         let loss = m.cross_entropy(logits, targets).unwrap();
         let model = m.finish(loss).unwrap();
-        let mut t = ModelTrainer::new(b, model, &request(preset), None, 1).unwrap();
+        let mut t = ModelTrainer::new(b, model, &PrecisionRequest::of(preset), None, 1).unwrap();
         t.adamw.lr = 3e-2;
         let ids: Vec<u32> = (0..n as u32).map(|i| i % VOCAB as u32).collect();
         let targets: Vec<u32> = (0..n as u32).map(|i| (i + 1) % VOCAB as u32).collect();
@@ -405,7 +395,14 @@ fn a_regression_on_values_inputs_differentiates_and_outputs_its_predictions() {
     assert_eq!(model.rows(), n);
     assert_eq!(model.values_inputs(), [vec![n, k], vec![n, 2]]);
     let seed = common::seed("regression_on_values");
-    let mut t = ModelTrainer::new(&Reference, model, &request(Preset::True32), None, seed).unwrap();
+    let mut t = ModelTrainer::new(
+        &Reference,
+        model,
+        &PrecisionRequest::of(Preset::True32),
+        None,
+        seed,
+    )
+    .unwrap();
     let features = mantissa::measure::normal(n * k, seed + 1);
     let wanted = mantissa::measure::normal(n * 2, seed + 2);
     t.set_values(0, &features).block_on().unwrap();
@@ -460,7 +457,11 @@ fn activation_gradients_are_rounded_as_they_are_written() {
     let g = o.m.gelu(x).unwrap();
     let s = o.m.silu(g).unwrap();
     let (model, _) = o.finish(s);
-    let p = Precision::decide(&request(Preset::MixedBf16), &Reference.capabilities()).unwrap();
+    let p = Precision::decide(
+        &PrecisionRequest::of(Preset::MixedBf16),
+        &Reference.capabilities(),
+    )
+    .unwrap();
     let options = mantissa::model::PlanOptions {
         fused_attention: false,
         coded: false,
@@ -538,7 +539,8 @@ fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
         .collect();
     for (preset, tol) in [(Preset::True32, 1e-5), (Preset::MixedBf16, 2e-2)] {
         let losses = |on: &dyn Backend| {
-            let mut tr = ModelTrainer::new(on, build(), &request(preset), None, 7).unwrap();
+            let mut tr =
+                ModelTrainer::new(on, build(), &PrecisionRequest::of(preset), None, 7).unwrap();
             tr.adamw.lr = 1e-2;
             (0..5)
                 .map(|_| tr.step(&ids, &targets).block_on().unwrap().loss)
@@ -694,10 +696,16 @@ fn fused_attention_where_a_device_has_no_kernel_is_refused() {
         let w = o.param("w", &[80, VOCAB]);
         let logits = o.m.matmul(y, w, false).unwrap();
         let (model, _) = o.finish(logits);
-        let e = ModelTrainer::new(b, model, &request(Preset::True32), Some(true), 1)
-            .and_then(|mut t| t.prepare().block_on())
-            .err()
-            .expect("refused");
+        let e = ModelTrainer::new(
+            b,
+            model,
+            &PrecisionRequest::of(Preset::True32),
+            Some(true),
+            1,
+        )
+        .and_then(|mut t| t.prepare().block_on())
+        .err()
+        .expect("refused");
         refused(e, &["attention", "heads of at most 64, not 80"]);
     });
 }
@@ -734,7 +742,9 @@ fn regression(init: Init) -> mantissa::Result<Model> {
 #[test]
 fn the_api_refuses_what_the_cli_refuses() {
     let b: &dyn Backend = &Reference;
-    let new = |model| ModelTrainer::new(b, model, &request(Preset::True32), None, 1).unwrap();
+    let new = |model| {
+        ModelTrainer::new(b, model, &PrecisionRequest::of(Preset::True32), None, 1).unwrap()
+    };
     let mut lm = new(language_model());
     let (ids, targets) = ([0, 1, 2, 3], [1, 2, 3, 4]);
     refused(
@@ -828,7 +838,7 @@ fn the_api_refuses_what_the_cli_refuses() {
     let mut mixed = ModelTrainer::new(
         b,
         regression(Init::Normal { std: 0.5 }).unwrap(),
-        &request(Preset::Mixed16),
+        &PrecisionRequest::of(Preset::Mixed16),
         None,
         1,
     )
@@ -850,7 +860,7 @@ fn the_api_refuses_what_the_cli_refuses() {
     let e = ModelTrainer::new(
         b,
         regression(Init::Normal { std: 1e6 }).unwrap(),
-        &request(Preset::True16),
+        &PrecisionRequest::of(Preset::True16),
         None,
         1,
     )
@@ -897,7 +907,7 @@ fn a_model_of_no_parameters_steps_to_its_loss(b: &dyn Backend) {
         let g = m.gelu(x).unwrap();
         let loss = m.mse(g, y).unwrap();
         let model = m.finish(loss).unwrap();
-        let mut t = ModelTrainer::new(b, model, &request(preset), None, 1).unwrap();
+        let mut t = ModelTrainer::new(b, model, &PrecisionRequest::of(preset), None, 1).unwrap();
         t.set_values(0, &[1.0; 6]).block_on().unwrap();
         t.set_values(1, &[0.0; 6]).block_on().unwrap();
         let loss = t.loss(&[], &[]).block_on().unwrap();
@@ -937,9 +947,15 @@ fn a_parameter_beyond_memory_is_an_error_not_an_abort() {
         let h = m.matmul(x, w.unwrap(), false).unwrap();
         let loss = m.mse(h, y).unwrap();
         let model = m.finish(loss).unwrap();
-        let e = ModelTrainer::new(&Reference, model, &request(Preset::True32), None, 1)
-            .err()
-            .expect("refused");
+        let e = ModelTrainer::new(
+            &Reference,
+            model,
+            &PrecisionRequest::of(Preset::True32),
+            None,
+            1,
+        )
+        .err()
+        .expect("refused");
         let bytes = 2 * (side * side * 4) as u64;
         assert!(e.is_out_of_memory(), "{e}");
         assert!(e.to_string().contains("the model's parameters"), "{e}");

@@ -25,7 +25,6 @@
 
 mod common;
 
-use mantissa::PrecisionClass;
 use mantissa::backend::{Backend, BackendKind};
 use mantissa::model::{Init, Model, ModelBuilder, ModelTrainer, Var};
 use mantissa::policy::Preset;
@@ -161,16 +160,6 @@ fn batch(t: &mut ModelTrainer, model: &str, entry: &Value, k: usize) -> (Vec<u32
     (vec![], vec![])
 }
 
-fn request(preset: Preset) -> PrecisionRequest<'static> {
-    PrecisionRequest {
-        preset,
-        matmul_precision: PrecisionClass::Highest,
-        algorithm: None,
-        fp8_current: false,
-        autocast_overrides: "",
-    }
-}
-
 /// (step 1's loss, steps 1-10's, the gradients') bounds of a preset, given PyTorch's own
 /// noise there (module docs).
 fn bounds(preset: &str, noise: &Value) -> (f64, f64, f64) {
@@ -193,7 +182,7 @@ fn model_matches(
     let entry = &fixtures().manifest["models"][name];
     let model = if name == "lm" { lm(entry) } else { mlp(entry) };
     let p: Preset = preset.parse().unwrap();
-    let mut t = ModelTrainer::new(b, model, &request(p), fused, 0).unwrap();
+    let mut t = ModelTrainer::new(b, model, &PrecisionRequest::of(p), fused, 0).unwrap();
     let names: Vec<(String, usize)> = (t.model.params().iter())
         .map(|p| (p.name.clone(), p.len()))
         .collect();

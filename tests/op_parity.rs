@@ -31,7 +31,6 @@
 
 mod common;
 
-use mantissa::PrecisionClass;
 use mantissa::backend::{self, Backend, BackendKind};
 use mantissa::format::Format;
 use mantissa::model::{Init, Model, ModelBuilder, PlanOptions, Var};
@@ -392,21 +391,11 @@ struct Got {
     values: BTreeMap<String, Vec<f32>>,
 }
 
-fn request(preset: Preset) -> PrecisionRequest<'static> {
-    PrecisionRequest {
-        preset,
-        matmul_precision: PrecisionClass::Highest,
-        algorithm: None,
-        fp8_current: false,
-        autocast_overrides: "",
-    }
-}
-
 /// The case's one-op model under `preset` on `b`'s own executor, attention fused or not:
 /// forward and backward with loss scale 1.
 fn run(b: &dyn Backend, case: &Case, preset: Preset, fused: bool) -> Got {
     let one = one_op(case).unwrap_or_else(|e| panic!("{}: {e}", case.name));
-    let precision = Precision::decide(&request(preset), &b.capabilities()).unwrap();
+    let precision = Precision::decide(&PrecisionRequest::of(preset), &b.capabilities()).unwrap();
     let options = PlanOptions {
         fused_attention: fused,
         coded: false,
@@ -579,7 +568,8 @@ fn matches_pytorch_op_by_op(b: &dyn Backend) {
                     let d = case.inputs[0].shape[2]
                         / 3
                         / case.attrs["heads"].as_u64().unwrap() as usize;
-                    let precision = Precision::decide(&request(p), &b.capabilities()).unwrap();
+                    let precision =
+                        Precision::decide(&PrecisionRequest::of(p), &b.capabilities()).unwrap();
                     if !b.capabilities().fuses_attention(&precision.matmul, d) {
                         continue;
                     }

@@ -1187,47 +1187,6 @@ fn coded_activations_train_as_f32_storage(b: &dyn Backend) {
     }
 }
 
-/// Two ranks that hold the same batch: every sum doubles (exactly, in f32), so a data-parallel
-/// step on it is deterministic, and a bucket summed before the backward pass is done with it
-/// shows (a later write or read of the tensor sees, or overwrites, the doubled value).
-struct Twins;
-
-impl mantissa::dist::Collective for Twins {
-    fn rank(&self) -> usize {
-        0
-    }
-    fn size(&self) -> usize {
-        2
-    }
-    fn local_rank(&self) -> usize {
-        0
-    }
-    fn local_size(&self) -> usize {
-        1
-    }
-    fn engine(&self) -> String {
-        "twins".into()
-    }
-    fn sum_f32(&self, values: &mut [f32]) -> mantissa::Result<()> {
-        values.iter_mut().for_each(|x| *x *= 2.0);
-        Ok(())
-    }
-    fn sum_f64(&self, values: &mut [f64]) -> mantissa::Result<()> {
-        values.iter_mut().for_each(|x| *x *= 2.0);
-        Ok(())
-    }
-    fn max_f64(&self, _: &mut [f64]) -> mantissa::Result<()> {
-        Ok(())
-    }
-    fn broadcast(&self, _: &mut Vec<u8>, _: usize) -> mantissa::Result<()> {
-        Ok(())
-    }
-    fn barrier(&self) -> mantissa::Result<()> {
-        Ok(())
-    }
-    fn abort(&self, _: i32) {}
-}
-
 /// The buckets of a data-parallel step's gradient sum (`Plan::gradient_buckets`) on the tiny
 /// GPT's rank plan: each tensor once, in buckets no larger than asked (but for a tensor larger
 /// than that, alone), ready in order, and no op of the backward pass after a bucket's `ready`
@@ -1245,7 +1204,7 @@ fn gradient_buckets_hold_what_the_backward_pass_is_done_with() {
             &Reference,
             &corpus,
             options(&corpus, preset, 3),
-            &Twins,
+            &common::Twins,
             reduction,
         )
         .unwrap();
@@ -1353,8 +1312,14 @@ fn overlapped_reduction_is_the_reduction_after_the_pass(b: &dyn Backend) {
                 bucket_bytes,
                 overlap,
             };
-            Trainer::data_parallel(b, &corpus, options(&corpus, preset, 17), &Twins, reduction)
-                .unwrap()
+            Trainer::data_parallel(
+                b,
+                &corpus,
+                options(&corpus, preset, 17),
+                &common::Twins,
+                reduction,
+            )
+            .unwrap()
         };
         let (mut early, mut late) = (trainer(true), trainer(false));
         // GradScaler's skip (16-mixed alone scales the loss; the others stop on an inf).

@@ -6,8 +6,9 @@
 
 mod common;
 
+use mantissa::Error;
 use mantissa::backend::{Backend, Reference};
-use mantissa::dist::{Collective, Reducer, Reduction};
+use mantissa::dist::{Reducer, Reduction};
 use mantissa::model::{Init, Model, ModelBuilder, ModelTrainer, RunOptions};
 use mantissa::policy::Preset;
 use mantissa::policy::precision::PrecisionRequest;
@@ -15,18 +16,7 @@ use mantissa::train::checkpoint::{Checkpoint, Expected};
 use mantissa::train::choice::{self, Chooser, ChosenBy};
 use mantissa::train::init::{read_params, write_params};
 use mantissa::tune::AutotuneMode;
-use mantissa::{Error, PrecisionClass};
 use pollster::FutureExt as _;
-
-fn request(preset: Preset) -> PrecisionRequest<'static> {
-    PrecisionRequest {
-        preset,
-        matmul_precision: PrecisionClass::Highest,
-        algorithm: None,
-        fp8_current: false,
-        autocast_overrides: "",
-    }
-}
 
 const VOCAB: usize = 7;
 const SEQUENCES: usize = 2;
@@ -69,8 +59,13 @@ fn batch(i: u32) -> (Vec<u32>, Vec<u32>) {
 }
 
 fn trainer<'a>(b: &'a dyn Backend, preset: Preset, options: RunOptions<'a>) -> ModelTrainer<'a> {
-    let mut t =
-        ModelTrainer::with_options(b, language_model("proj.w"), &request(preset), options).unwrap();
+    let mut t = ModelTrainer::with_options(
+        b,
+        language_model("proj.w"),
+        &PrecisionRequest::of(preset),
+        options,
+    )
+    .unwrap();
     t.adamw.lr = 1e-2;
     t.grad_clip = 1.0;
     t
@@ -193,46 +188,6 @@ fn another_models_files_are_refused_by_the_names_that_differ() {
     assert!(said.contains("built model"), "{said}");
 }
 
-/// Two ranks that hold the same batch: every sum doubles (exactly), so the mean over the ranks
-/// is each rank's own gradient and a data-parallel run trains as one rank alone.
-struct Twins;
-
-impl Collective for Twins {
-    fn rank(&self) -> usize {
-        0
-    }
-    fn size(&self) -> usize {
-        2
-    }
-    fn local_rank(&self) -> usize {
-        0
-    }
-    fn local_size(&self) -> usize {
-        1
-    }
-    fn engine(&self) -> String {
-        "twins".into()
-    }
-    fn sum_f32(&self, values: &mut [f32]) -> mantissa::Result<()> {
-        values.iter_mut().for_each(|x| *x *= 2.0);
-        Ok(())
-    }
-    fn sum_f64(&self, values: &mut [f64]) -> mantissa::Result<()> {
-        values.iter_mut().for_each(|x| *x *= 2.0);
-        Ok(())
-    }
-    fn max_f64(&self, _: &mut [f64]) -> mantissa::Result<()> {
-        Ok(())
-    }
-    fn broadcast(&self, _: &mut Vec<u8>, _: usize) -> mantissa::Result<()> {
-        Ok(())
-    }
-    fn barrier(&self) -> mantissa::Result<()> {
-        Ok(())
-    }
-    fn abort(&self, _: i32) {}
-}
-
 /// A built model trained data parallel (two ranks of the same batch, its gradients summed in
 /// buckets through the reduction engine) takes the one-rank steps bit for bit, a GradScaler skip
 /// included, and records its reduction.
@@ -240,7 +195,7 @@ fn data_parallel_is_the_one_rank_run(b: &dyn Backend) {
     for preset in [Preset::MixedBf16, Preset::Mixed16] {
         let mut alone = trainer(b, preset, RunOptions::new(5));
         let options = RunOptions {
-            group: &Twins,
+            group: &common::Twins,
             reduction: Reduction {
                 reducer: Reducer::Mpi,
                 bucket_bytes: 1024,
@@ -339,7 +294,14 @@ fn any_model_has_the_measured_choices() {
     let logits = m.matmul(x, wte, true).unwrap();
     let loss = m.cross_entropy(logits, targets_var).unwrap();
     let model = m.finish(loss).unwrap();
-    let mut t = ModelTrainer::new(&Reference, model, &request(Preset::True32), None, 1).unwrap();
+    let mut t = ModelTrainer::new(
+        &Reference,
+        model,
+        &PrecisionRequest::of(Preset::True32),
+        None,
+        1,
+    )
+    .unwrap();
     let ids: Vec<u32> = vec![1, 2, 3, 4];
     let choice = t.choose(&chooser, &ids, &ids).block_on().unwrap();
     assert_eq!(

@@ -4,7 +4,7 @@
 
 use mantissa::backend::{self, Backend, BackendChoice};
 use mantissa::policy::precision::PrecisionRequest;
-use mantissa::{PrecisionClass, Preset, Result};
+use mantissa::{Preset, Result};
 
 /// An example's command line.
 #[derive(clap::Parser, Debug)]
@@ -27,13 +27,7 @@ pub struct Args {
 impl Args {
     /// The precision the example asks for: its preset, the defaults for everything else.
     pub fn request(&self) -> PrecisionRequest<'static> {
-        PrecisionRequest {
-            preset: self.precision,
-            matmul_precision: PrecisionClass::Highest,
-            algorithm: None,
-            fp8_current: false,
-            autocast_overrides: "",
-        }
+        PrecisionRequest::of(self.precision)
     }
 }
 

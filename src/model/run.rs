@@ -141,7 +141,8 @@ pub struct ModelTrainer<'a> {
     exec: Box<dyn StepExecutor + 'a>,
     /// The tensors a data-parallel step sums (`Plan::split_for_ranks`).
     summed: Vec<TensorId>,
-    /// The values inputs written (`set_values`), kept to write into a plan built later.
+    /// The values inputs written (`set_values`): a copy of each while the attention choice may
+    /// still build the plan the other way (to write into it), else empty.
     values: Vec<Option<Vec<f32>>>,
 }
 
@@ -390,7 +391,7 @@ impl<'a> ModelTrainer<'a> {
         chooser: &Chooser,
         batch: &(Vec<u32>, Vec<u32>),
     ) -> Result<()> {
-        if self.options.fused_attention.is_some() || self.model.attention_heads().is_empty() {
+        if !self.attention_pending() {
             return Ok(());
         }
         let current = usize::from(!self.fused_attention());
@@ -429,6 +430,14 @@ impl<'a> ModelTrainer<'a> {
         self.exec.forget_peak();
         self.attention = choice;
         Ok(())
+    }
+
+    /// Whether attention is still to be chosen by measurement (`choose_attention`): left to it,
+    /// in a model with attention, and not chosen yet.
+    fn attention_pending(&self) -> bool {
+        self.options.fused_attention.is_none()
+            && self.attention.by == ChosenBy::Default
+            && !self.model.attention_heads().is_empty()
     }
 
     /// Where graphs were left to a measurement and the executor can record its sections (CUDA,
@@ -605,8 +614,12 @@ impl<'a> ModelTrainer<'a> {
                 format!("input {k}[{i}] is {}: values are finite", values[i]),
             ));
         }
-        let mut kept = crate::memory::empty_with_capacity("a values input", values.len())?;
-        kept.extend_from_slice(values);
+        // A copy only while a plan may still be built the other way (`choose`): none per batch.
+        let mut kept = vec![];
+        if self.attention_pending() {
+            kept = crate::memory::empty_with_capacity("a values input", values.len())?;
+            kept.extend_from_slice(values);
+        }
         self.exec.write(t, values).await?;
         self.values[k] = Some(kept);
         Ok(())
@@ -969,7 +982,9 @@ impl Trials for AttentionTrials<'_, '_> {
         let (mut exec, summed) = self.builder.executor(i == 0)?;
         exec.prepare().await?;
         for (k, values) in self.values.iter().enumerate() {
-            if let (Some(values), Some(t)) = (values, input_tensor(exec.plan(), k)) {
+            if let (Some(values), Some(t)) = (values, input_tensor(exec.plan(), k))
+                && !values.is_empty()
+            {
                 exec.write(t, values).await?;
             }
         }

@@ -47,6 +47,20 @@ pub struct PrecisionRequest<'a> {
     pub autocast_overrides: &'a str,
 }
 
+impl PrecisionRequest<'static> {
+    /// `preset` with everything else as PyTorch defaults it: matmul precision `highest`, no
+    /// pinned algorithm, the preset's delayed fp8 scaling, no autocast overrides.
+    pub fn of(preset: Preset) -> PrecisionRequest<'static> {
+        PrecisionRequest {
+            preset,
+            matmul_precision: PrecisionClass::Highest,
+            algorithm: None,
+            fp8_current: false,
+            autocast_overrides: "",
+        }
+    }
+}
+
 impl Precision {
     /// The precision of a step under `request` on a backend with `caps`.
     pub fn decide(request: &PrecisionRequest, caps: &Capabilities) -> Result<Precision> {

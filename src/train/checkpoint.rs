@@ -174,30 +174,38 @@ impl<'e> Expected<'e> {
             .flat_map(|(n, _)| GROUPS.map(|g| format!("{g}.{n}")))
             .collect();
         let theirs: BTreeSet<String> = names.map(str::to_owned).collect();
-        if ours == theirs {
-            return Ok(());
+        match names_that_differ(&theirs, &ours) {
+            None => Ok(()),
+            Some(differ) => Err(bad(format!(
+                "it is a checkpoint of another model: {differ}"
+            ))),
         }
-        let list = |names: Vec<&String>| {
-            let shown: Vec<&str> = names.iter().take(8).map(|s| s.as_str()).collect();
-            match names.len() {
-                n if n > 8 => format!("{} and {} more", shown.join(", "), n - 8),
-                _ => shown.join(", "),
-            }
-        };
-        let extra: Vec<&String> = theirs.difference(&ours).collect();
-        let missing: Vec<&String> = ours.difference(&theirs).collect();
-        let mut said = vec![];
-        if !extra.is_empty() {
-            said.push(format!("it holds {} that this model has not", list(extra)));
-        }
-        if !missing.is_empty() {
-            said.push(format!("it lacks {}", list(missing)));
-        }
-        Err(bad(format!(
-            "it is a checkpoint of another model: {}",
-            said.join("; ")
-        )))
     }
+}
+
+/// What differs between the names a file holds (`theirs`) and a model's (`ours`): "it holds
+/// a, b that the model has not; it lacks c" (at most 8 of each named); None where they agree.
+pub(crate) fn names_that_differ(
+    theirs: &BTreeSet<String>,
+    ours: &BTreeSet<String>,
+) -> Option<String> {
+    let list = |names: Vec<&String>| {
+        let shown: Vec<&str> = names.iter().take(8).map(|s| s.as_str()).collect();
+        match names.len() {
+            n if n > 8 => format!("{} and {} more", shown.join(", "), n - 8),
+            _ => shown.join(", "),
+        }
+    };
+    let extra: Vec<&String> = theirs.difference(ours).collect();
+    let missing: Vec<&String> = ours.difference(theirs).collect();
+    let mut said = vec![];
+    if !extra.is_empty() {
+        said.push(format!("it holds {} that the model has not", list(extra)));
+    }
+    if !missing.is_empty() {
+        said.push(format!("it lacks {}", list(missing)));
+    }
+    (!said.is_empty()).then(|| said.join("; "))
 }
 
 /// The CRC-32 of the state's tensors in checkpoint order.
@@ -558,14 +566,14 @@ impl Checkpoint {
             ));
         }
         // Read against another model's names, the counts or shapes differ (`set_state`).
-        let expected = Expected::model(&run.model);
+        let count = run.model.params().len();
         if [&self.params, &self.adam_m, &self.adam_v]
             .iter()
-            .any(|t| t.len() != expected.params.len())
+            .any(|t| t.len() != count)
         {
             return Err(Error::LengthMismatch {
                 what: "checkpoint tensors",
-                expected: expected.params.len(),
+                expected: count,
                 got: self.params.len(),
             });
         }
@@ -694,7 +702,7 @@ mod tests {
         let path = file(dir.path(), &tiny, "abcde", &[("adam_q.wte", vec![0.0; 4])]);
         let said = read(&path, &tiny);
         assert!(
-            said.contains("another model: it holds adam_q.wte that this model has not"),
+            said.contains("another model: it holds adam_q.wte that the model has not"),
             "{said}"
         );
         let path = file(dir.path(), &tiny, "abcde", &[]);

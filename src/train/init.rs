@@ -11,7 +11,7 @@
 //! (`param.wte`, ...): such a file is read as a checkpoint, every check of `--resume` made, and
 //! its AdamW moments are left aside.
 
-use super::checkpoint::{Checkpoint, Expected, SafetensorsFile};
+use super::checkpoint::{Checkpoint, Expected, SafetensorsFile, names_that_differ};
 use super::model::GptConfig;
 use crate::error::{Error, Result};
 use crate::model::Model;
@@ -311,23 +311,9 @@ pub fn read_params(path: &Path, model: &Model) -> Result<Vec<Vec<f32>>> {
         return Checkpoint::from_bytes(&bytes, path, &expected).map(|ck| ck.params);
     }
     let ours: BTreeSet<String> = model.params().iter().map(|p| p.name.clone()).collect();
-    if names != ours {
-        let list = |set: Vec<&String>| {
-            let shown: Vec<&str> = set.iter().take(8).map(|s| s.as_str()).collect();
-            shown.join(", ") + if set.len() > 8 { ", ..." } else { "" }
-        };
-        let extra: Vec<&String> = names.difference(&ours).collect();
-        let missing: Vec<&String> = ours.difference(&names).collect();
-        let mut said = vec![];
-        if !extra.is_empty() {
-            said.push(format!("it holds {} that the model has not", list(extra)));
-        }
-        if !missing.is_empty() {
-            said.push(format!("it lacks {}", list(missing)));
-        }
+    if let Some(differ) = names_that_differ(&names, &ours) {
         return Err(bad(format!(
-            "its tensors are not the model's parameters: {}",
-            said.join("; ")
+            "its tensors are not the model's parameters: {differ}"
         )));
     }
     (model.params().iter())

@@ -8,7 +8,7 @@ use super::data::{Batches, Corpus};
 use super::model::{Gpt, GptConfig};
 use crate::algorithm::Algorithm;
 use crate::backend::Backend;
-use crate::dist::{self, Collective, Reduction};
+use crate::dist::{self, Collective, Reduction, Single};
 use crate::error::{Error, Result};
 use crate::model::{ModelTrainer, Resize, RunOptions, TrainState};
 use crate::plan::exec::{Memory, Timings};
@@ -175,8 +175,7 @@ impl<'a> Trainer<'a> {
         corpus: &'a Corpus,
         options: TrainOptions,
     ) -> Result<Trainer<'a>> {
-        let alone = RunOptions::new(options.seed);
-        Trainer::data_parallel(backend, corpus, options, alone.group, alone.reduction)
+        Trainer::data_parallel(backend, corpus, options, &Single, Reduction::default())
     }
 
     /// A trainer that is rank `group.rank()` of `group.size()` of one run: its plan takes its

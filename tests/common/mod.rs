@@ -574,3 +574,45 @@ pub fn under_address_limit(name: &str, bytes: u64) -> Option<std::process::Outpu
     }
     Some(child.output().unwrap())
 }
+
+/// Two ranks that hold the same batch: every sum doubles (exactly, in f32), so a data-parallel
+/// step on it is deterministic (the mean over the ranks is each rank's own gradient: the run
+/// trains as one rank alone), and a bucket summed before the backward pass is done with it
+/// shows (a later write or read of the tensor sees, or overwrites, the doubled value).
+pub struct Twins;
+
+impl mantissa::dist::Collective for Twins {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn size(&self) -> usize {
+        2
+    }
+    fn local_rank(&self) -> usize {
+        0
+    }
+    fn local_size(&self) -> usize {
+        1
+    }
+    fn engine(&self) -> String {
+        "twins".into()
+    }
+    fn sum_f32(&self, values: &mut [f32]) -> mantissa::Result<()> {
+        values.iter_mut().for_each(|x| *x *= 2.0);
+        Ok(())
+    }
+    fn sum_f64(&self, values: &mut [f64]) -> mantissa::Result<()> {
+        values.iter_mut().for_each(|x| *x *= 2.0);
+        Ok(())
+    }
+    fn max_f64(&self, _: &mut [f64]) -> mantissa::Result<()> {
+        Ok(())
+    }
+    fn broadcast(&self, _: &mut Vec<u8>, _: usize) -> mantissa::Result<()> {
+        Ok(())
+    }
+    fn barrier(&self) -> mantissa::Result<()> {
+        Ok(())
+    }
+    fn abort(&self, _: i32) {}
+}

@@ -277,10 +277,10 @@ impl Session {
         let c = &t.gpt.config;
         to_json(&json!({
             "preset": t.options.preset.to_string(),
-            "matmul": t.precision.matmul.to_string(),
-            "compute": t.precision.compute.to_string(),
+            "matmul": t.run.precision.matmul.to_string(),
+            "compute": t.run.precision.compute.to_string(),
             "master_weights": t.spec.master_weights,
-            "loss_scaling": t.scaler.is_some(),
+            "loss_scaling": t.run.scaler.is_some(),
             "parameters": c.parameter_count(),
             "config": format!("{} layers, {} heads, width {}, context {}, batch {}",
                 c.n_layer, c.n_head, c.n_embd, c.block_size, c.batch_size),
