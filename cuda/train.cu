@@ -528,19 +528,24 @@ extern "C" __global__ void broadcast(const float* x, float* out, i64 n, u32 c, f
 // are 0), else every column ----
 
 // The scores x rounded to `x_fmt` as they are read (the rounding of the matmul product they
-// are, folded in).
+// are, folded in). `key_rows` > 0: `mask` holds rows of t, nonzero where the key is masked,
+// score row r reading mask row r / key_rows; a row that sees no key is 0 throughout.
 extern "C" __global__ void softmax_fwd(const float* x, float* p, u32 t, float scale, u32 fmt,
-                                       u32 x_fmt, u32 causal) {
+                                       u32 x_fmt, u32 causal, const float* mask, u32 key_rows) {
     i64 base = (i64)blockIdx.x * t;
     u32 i = causal ? blockIdx.x % t : t - 1;
+    const float* keys = key_rows ? mask + (i64)(blockIdx.x / key_rows) * t : nullptr;
+    auto seen = [&](u32 j) { return j <= i && (!keys || keys[j] == 0.0f); };
     auto z = [&](u32 j) { return held(held(x[base + j], x_fmt) * scale, fmt); };
     float m = NEG_INF;
-    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) m = fmaxf(m, z(j));
+    for (u32 j = threadIdx.x; j <= i; j += blockDim.x)
+        if (seen(j)) m = fmaxf(m, z(j));
     m = block_max(m);
     float s = 0.0f;
-    for (u32 j = threadIdx.x; j <= i; j += blockDim.x) s += expf(z(j) - m);
+    for (u32 j = threadIdx.x; j <= i; j += blockDim.x)
+        if (seen(j)) s += expf(z(j) - m);
     s = block_sum(s);
-    for (u32 j = threadIdx.x; j < t; j += blockDim.x) p[base + j] = j <= i ? expf(z(j) - m) / s : 0.0f;
+    for (u32 j = threadIdx.x; j < t; j += blockDim.x) p[base + j] = seen(j) ? expf(z(j) - m) / s : 0.0f;
 }
 
 // d(scores) = held(held(p * (dp - sum(p * dp))) * scale): the gradient of the held scaled

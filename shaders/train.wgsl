@@ -62,6 +62,9 @@ struct TrainParams {
     site: u32,
     key_lo: u32,
     key_hi: u32,
+    // The softmax's key mask: 0 for none, else the score rows that read each mask row of t in
+    // in1 (nonzero where the key is masked).
+    key_rows: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
@@ -587,8 +590,15 @@ fn last_seen(row: u32, t: u32) -> u32 {
     return select(t - 1u, row % t, params.causal != 0u);
 }
 
-// Softmax of the scaled scores per row of t = c (`last_seen`): in0 = scores (rounded to
-// `read_held` as they are read); out0 = probabilities (0 where masked).
+// Whether softmax row `row` sees key j <= last_seen: where a key mask is bound
+// (params.key_rows > 0, in1), its row for this score row says 0 there.
+fn key_seen(row: u32, j: u32, t: u32) -> bool {
+    return params.key_rows == 0u || in1[row / params.key_rows * t + j] == 0.0;
+}
+
+// Softmax of the scaled scores per row of t = c (`last_seen`, `key_seen`): in0 = scores
+// (rounded to `read_held` as they are read); out0 = probabilities (0 where masked, and
+// throughout a row that sees no key).
 @compute @workgroup_size(256)
 fn softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
@@ -598,12 +608,16 @@ fn softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let base = slot.row * t;
     var m = -3.4e38;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {
-        m = max(m, scaled(read_at(base + j), params.held));
+        if (key_seen(slot.row, j, t)) {
+            m = max(m, scaled(read_at(base + j), params.held));
+        }
     }
     m = row_max(m, lid);
     var s = 0.0;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {
-        s += exp(scaled(read_at(base + j), params.held) - m);
+        if (key_seen(slot.row, j, t)) {
+            s += exp(scaled(read_at(base + j), params.held) - m);
+        }
     }
     let sum = row_sum(s, lid);
     if (!slot.live) {
@@ -611,7 +625,7 @@ fn softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     }
     for (var j = slot.lane; j < t; j += ROW_LANES) {
         var p = 0.0;
-        if (j <= i) {
+        if (j <= i && key_seen(slot.row, j, t)) {
             p = exp(scaled(read_at(base + j), params.held) - m) / sum;
         }
         out0[base + j] = p;

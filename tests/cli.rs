@@ -1468,7 +1468,7 @@ fn the_report_gate_cannot_pass_on_nothing() {
     assert!(text(&o).contains("/nonexistent/corpus.txt"), "{}", text(&o));
 }
 
-/// Output that cannot be written is a failure of the machine (exit 1, as the README says; it
+/// Output that cannot be written is a failure of the machine (exit 1, as docs/cli.md says; it
 /// was 2), found before the work where the run writes at its end: `train --out` fails before
 /// its first step, writing nothing.
 #[test]

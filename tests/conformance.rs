@@ -13,7 +13,7 @@ use mantissa::backend::{self, Backend, BackendKind};
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
-use mantissa::plan::{AdamW, AdamWParam, Op, Outline, ScoreScale, Section, Unary};
+use mantissa::plan::{AdamW, AdamWParam, KeyMask, Op, Outline, ScoreScale, Section, Unary};
 use pollster::FutureExt as _;
 
 fn check_encode(b: &dyn Backend, seed: u64) {
@@ -756,12 +756,33 @@ fn train_ops(b: &dyn Backend) {
                 out,
                 t,
                 causal,
+                keys: None,
                 scale: k,
                 x_held: Format::F32,
             };
             let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
             let want = ops::softmax_scaled_fwd(&s, t, k, causal);
             agree(&what(""), &pair(&ran, 0), &want, tol::ROW);
+            // A key padding mask per block of t rows (a head): every third key masked, and
+            // every key of the second block (its rows 0 throughout, not NaN).
+            let mask: Vec<f32> = (0..3 * t)
+                .map(|e| f32::from(e % 3 == 1 || e / t == 1))
+                .collect();
+            let mut p = common::OneOp::new(1);
+            let (si, mi, out) = (p.input(s.clone()), p.input(mask.clone()), p.output(s.len()));
+            let op = Op::Softmax {
+                x: si,
+                out,
+                t,
+                causal,
+                keys: Some(KeyMask { mask: mi, rows: t }),
+                scale: k,
+                x_held: Format::F32,
+            };
+            let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
+            let want = ops::softmax_scaled_masked_fwd(&s, t, k, causal, Some((&mask, t)));
+            assert!(want[t * t..2 * t * t].iter().all(|&v| v == 0.0));
+            agree(&what(" with a key mask"), &pair(&ran, 0), &want, tol::ROW);
             let mut p = common::OneOp::new(1);
             let (pi, dpi, out) = (
                 p.input(want.clone()),
@@ -1553,6 +1574,7 @@ fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
                                 out,
                                 t: c,
                                 causal: true,
+                                keys: None,
                                 scale,
                                 x_held: dy_held,
                             }

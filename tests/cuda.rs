@@ -1138,6 +1138,21 @@ fn cuda_training_kernels_match_the_host_reference() {
                 &want,
                 tol::ROW,
             );
+            // A key mask per head (t rows of scores each): every third key masked, and a
+            // head with every key masked (its rows 0 throughout).
+            let mask: Vec<f32> = (0..heads * t)
+                .map(|e| f32::from(e % 3 == 1 || e / t == 1))
+                .collect();
+            let mut masked = args.to_vec();
+            masked.push(t.to_string());
+            let got = run_f32(h, "softmax_fwd", &masked, &[&s, &mask]);
+            let want = ops::softmax_scaled_masked_fwd(&s, t, k, causal, Some((&mask, t)));
+            close(
+                &format!("masked softmax, {held}, causal {causal}"),
+                &got,
+                &want,
+                tol::ROW,
+            );
             let ds = run_f32(h, "softmax_bwd", &args, &[&p, &dp]);
             let want = ops::softmax_scaled_bwd(&p, &dp, t, k, causal);
             let what = format!("softmax bwd, causal {causal}, scores x {scale} held in {held}");

@@ -20,6 +20,8 @@ struct OneOp {
     rows: Vec<usize>,
     tokens: Var,
     targets: Var,
+    /// The values of each values input declared (`fixed`), in declaration order.
+    values: Vec<Vec<f32>>,
 }
 
 impl OneOp {
@@ -30,7 +32,14 @@ impl OneOp {
             targets: m.targets(rows).unwrap(),
             m,
             rows: rows.to_vec(),
+            values: vec![],
         }
+    }
+
+    /// A values input of `shape` that every run reads as `values` (no gradient).
+    fn fixed(&mut self, shape: &[usize], values: Vec<f32>) -> Var {
+        self.values.push(values);
+        self.m.values(shape).unwrap()
     }
 
     fn param(&mut self, name: &str, shape: &[usize]) -> Var {
@@ -44,17 +53,17 @@ impl OneOp {
         self.m.embedding(table, self.tokens).unwrap()
     }
 
-    fn finish(mut self, logits: Var) -> (Model, usize) {
+    fn finish(mut self, logits: Var) -> (Model, usize, Vec<Vec<f32>>) {
         let loss = self.m.cross_entropy(logits, self.targets).unwrap();
         let n = self.rows.iter().product();
-        (self.m.finish(loss).unwrap(), n)
+        (self.m.finish(loss).unwrap(), n, self.values)
     }
 }
 
 /// The gradient of the loss of `model` with respect to each of its parameters, from the plan
 /// derived from it (the reference, 32-true), against central differences of the loss it runs
 /// (the forward pass only), element by element.
-fn check_gradients(name: &str, (model, n): (Model, usize), fused: bool) {
+fn check_gradients(name: &str, (model, n, values): (Model, usize, Vec<Vec<f32>>), fused: bool) {
     let seed = common::seed(name);
     let mut t = ModelTrainer::new(
         &Reference,
@@ -64,6 +73,9 @@ fn check_gradients(name: &str, (model, n): (Model, usize), fused: bool) {
         seed,
     )
     .unwrap();
+    for (k, v) in values.iter().enumerate() {
+        t.set_values(k, v).block_on().unwrap();
+    }
     let ids: Vec<u32> = (0..n as u32)
         .map(|i| (i * 3 + seed as u32) % VOCAB as u32)
         .collect();
@@ -229,6 +241,16 @@ gradients! {
         let w = o.param("w", &[4, VOCAB]);
         o.m.matmul(y, w, false).unwrap()
     };
+    attention_masked_gradient: [2, 4], true, |o| {
+        // Sequence 0's last key is padding, sequence 1's first two; causal, and not.
+        let mask = o.fixed(&[2, 4], vec![0., 0., 0., 1., 1., 1., 0., 0.]);
+        let x = o.input("qkv", 12);
+        let y = o.m.attention_masked(x, 2, mask).unwrap();
+        let z = o.m.causal_attention_masked(x, 2, mask).unwrap();
+        let y = o.m.add(y, z).unwrap();
+        let w = o.param("w", &[4, VOCAB]);
+        o.m.matmul(y, w, false).unwrap()
+    };
     attention_fused_asked_gradient: [2, 3], true, |o| {
         let x = o.input("qkv", 12);
         let y = o.m.attention(x, 2).unwrap();
@@ -267,6 +289,15 @@ gradients! {
         // 2 + 3 columns, and one input twice: its two gradients summed.
         let (x, y) = (o.input("x", 2), o.input("y", 1));
         o.m.concat(&[x, y, x]).unwrap()
+    };
+    split_gradient: [4], false, |o| {
+        // 7 columns cut 2 | 5: the wide part read alone, the narrow one beside an overlapping
+        // narrow of x; columns 0..2 and 4..7 take two gradients, column 3 one (zeros elsewhere).
+        let x = o.input("x", 7);
+        let parts = o.m.split(x, &[2, 5]).unwrap();
+        let overlap = o.m.narrow(x, 4, 3).unwrap();
+        let side = o.m.concat(&[parts[0], overlap]).unwrap();
+        o.m.add(parts[1], side).unwrap()
     };
     bmm_gradient: [2, 3], false, |o| {
         // [2, 3, 3] . [2, 3, 5]: two products of activations.
@@ -456,7 +487,7 @@ fn activation_gradients_are_rounded_as_they_are_written() {
     let x = o.m.matmul(x, w, false).unwrap();
     let g = o.m.gelu(x).unwrap();
     let s = o.m.silu(g).unwrap();
-    let (model, _) = o.finish(s);
+    let (model, ..) = o.finish(s);
     let p = Precision::decide(
         &PrecisionRequest::of(Preset::MixedBf16),
         &Reference.capabilities(),
@@ -484,8 +515,8 @@ fn activation_gradients_are_rounded_as_they_are_written() {
 }
 
 /// A model of the ops added with the unary family and the strided copies (ReLU, tanh,
-/// sigmoid, transpose, bmm both ways, concat, softmax, unmasked attention, mean, sum, scale,
-/// sub, dropout: its
+/// sigmoid, transpose, bmm both ways, concat, split, softmax, unmasked attention, causal
+/// attention with a key padding mask, mean, sum, scale, sub, dropout: its
 /// masks the same bits on every backend, step after step) takes the reference's losses on `b`, step for
 /// step, at 32-true and bf16-mixed.
 fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
@@ -505,9 +536,13 @@ fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
         let q = m.relu(q).unwrap();
         let k = m.matmul(x, wk, false).unwrap();
         let k = m.tanh(k).unwrap();
-        // Unmasked attention over q|k|v = q|k|x (two heads of 4).
+        // Attention over q|k|v = q|k|x (two heads of 4): unmasked, and causal with a key
+        // padding mask (sequence 1's first key padding: its first query sees no key).
         let qkv = m.concat(&[q, k, x]).unwrap();
         let a = m.attention(qkv, 2).unwrap();
+        let mask = m.values(&[batch, t]).unwrap();
+        let padded = m.causal_attention_masked(qkv, 2, mask).unwrap();
+        let a = m.add(a, padded).unwrap();
         let k = m.add(k, a).unwrap();
         let kt = m.transpose(k).unwrap();
         let s = m.bmm(q, kt, false).unwrap();
@@ -515,6 +550,9 @@ fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
         let s = m.softmax(s).unwrap();
         let h = m.bmm(s, x, false).unwrap();
         let h = m.concat(&[h, x]).unwrap();
+        // Cut and put back in the other order.
+        let parts = m.split(h, &[3, 2 * c - 3]).unwrap();
+        let h = m.concat(&[parts[1], parts[0]]).unwrap();
         // Each row minus a third of its mean, broadcast back over the row by a product.
         let mean = m.mean(h).unwrap();
         let mean = m.reshape(mean, &[batch, t, 1]).unwrap();
@@ -542,6 +580,8 @@ fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
             let mut tr =
                 ModelTrainer::new(on, build(), &PrecisionRequest::of(preset), None, 7).unwrap();
             tr.adamw.lr = 1e-2;
+            let mask = [0., 0., 0., 0., 1., 0., 0., 1.];
+            tr.set_values(0, &mask).block_on().unwrap();
             (0..5)
                 .map(|_| tr.step(&ids, &targets).block_on().unwrap().loss)
                 .collect::<Vec<f64>>()
@@ -642,6 +682,26 @@ fn bad_models_are_refused_with_the_op_and_shapes() {
     refused(m.relu(tokens).unwrap_err(), &["relu", "ids"]);
     refused(m.sum(b).unwrap_err(), &["sum", "[5]", "one axis"]);
     refused(m.attention(x, 4).unwrap_err(), &["attention", "[4, 6]"]);
+    let seqs = m.values(&[2, 2, 6]).unwrap();
+    let wrong = m.values(&[2, 3]).unwrap();
+    refused(
+        m.attention_masked(seqs, 1, wrong).unwrap_err(),
+        &[
+            "attention_masked",
+            "key mask [2, 3]",
+            "[batch, tokens]",
+            "[2, 2, 6]",
+        ],
+    );
+    let computed = m.sum(seqs).unwrap();
+    refused(
+        m.causal_attention_masked(seqs, 1, computed).unwrap_err(),
+        &["causal_attention_masked", "key mask [2, 2]", "values input"],
+    );
+    refused(
+        m.attention_masked(x, 1, wrong).unwrap_err(),
+        &["attention_masked", "qkv [4, 6]"],
+    );
     for p in [1.0, -0.1, f64::NAN, 0.999_999_999] {
         refused(m.dropout(x, p).unwrap_err(), &["dropout", "not in [0, 1)"]);
     }
@@ -657,6 +717,16 @@ fn bad_models_are_refused_with_the_op_and_shapes() {
         &["transpose", "[5]", "two axes"],
     );
     refused(m.concat(&[]).unwrap_err(), &["concat", "none"]);
+    refused(m.narrow(x, 5, 2).unwrap_err(), &["narrow", "[5, 5 + 2)"]);
+    refused(m.narrow(x, 0, 0).unwrap_err(), &["narrow", "one column"]);
+    refused(m.narrow(x, usize::MAX, 2).unwrap_err(), &["narrow"]);
+    refused(
+        m.split(x, &[2, 3]).unwrap_err(),
+        &["split", "[2, 3]", "summing"],
+    );
+    refused(m.split(x, &[]).unwrap_err(), &["split", "[]"]);
+    refused(m.split(x, &[0, 6]).unwrap_err(), &["split", "[0, 6]"]);
+    refused(m.split(x, &[usize::MAX, 7]).unwrap_err(), &["split"]);
     let row = m.reshape(x, &[1, 4, 6]).unwrap();
     refused(
         m.concat(&[x, row]).unwrap_err(),
@@ -695,7 +765,7 @@ fn fused_attention_where_a_device_has_no_kernel_is_refused() {
         let y = o.m.causal_attention(x, 1).unwrap();
         let w = o.param("w", &[80, VOCAB]);
         let logits = o.m.matmul(y, w, false).unwrap();
-        let (model, _) = o.finish(logits);
+        let (model, ..) = o.finish(logits);
         let e = ModelTrainer::new(
             b,
             model,

@@ -14,7 +14,11 @@ against the same contract as the native tests:
 - the autotuner keeps its tile choices in localStorage, and a reopened engine starts from them;
 - training: the browser's GPU losses per step equal the native host reference's (same preset,
   same seed) within a tolerance for accumulation order, 16-mixed learns, 16-true stops at the
-  step the reference stops.
+  step the reference stops;
+- a model built in the page's JavaScript (the two-spirals MLP, web/www/spirals.js) trains on
+  WebGPU with the same losses per step as the host reference compiled to wasm on the same page,
+  under each preset of MODEL_PRESETS, learns, and draws its decision boundary; misused, the
+  builder and the run throw errors naming what was wrong, and the page goes on.
 
 Writes target/web/results.json and target/web/screenshot.png. Exit 0 when every check passes.
 """
@@ -41,6 +45,13 @@ LOSS_TOLERANCE = 1e-3
 # only its first steps are compared, and that it stops.
 PRESETS = ("16-true", "16-mixed")
 COMPARED = {"16-true": 2, "16-mixed": None}
+# The built-model panel: presets, steps, and the largest loss difference allowed between WebGPU
+# and the wasm reference over every step. 32-true differs by the order of f32 sums only;
+# bf16-mixed also rounds activations to bf16, where one rounding flipped by that order moves a
+# value by up to 2^-8 of itself.
+MODEL_PRESETS = ("32-true", "bf16-mixed")
+MODEL_STEPS = 60
+MODEL_TOLERANCE = {"32-true": 1e-4, "bf16-mixed": 2e-3}
 
 
 class QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -152,6 +163,45 @@ def check(results, native, steps, size, tune):
            f"autotuner: {tuned.get('entries')} tiles chosen, kept in localStorage")
     expect(again.get("loaded", 0) >= tuned.get("entries", 0) > 0,
            f"a reopened engine starts with the stored tiles ({again.get('loaded')} loaded)")
+    models = {m["preset"]: m for m in results.get("models") or []}
+    for preset in MODEL_PRESETS:
+        m = models.get(preset)
+        expect(m is not None, f"model panel: the two-spirals MLP built in JavaScript ran under {preset}")
+        if m is None:
+            continue
+        by = {r["backend"]: r for r in m["runs"]}
+        for backend in ("webgpu", "reference"):
+            r = by.get(backend)
+            expect(r is not None and not r["stopped"] and len(r["losses"]) == MODEL_STEPS,
+                   f"model panel {preset}: {backend} took every step "
+                   f"({len(r['losses']) if r else 0} of {MODEL_STEPS}; stopped: {r and r['stopped']!r})")
+        tol = MODEL_TOLERANCE[preset]
+        expect(m["largest_difference"] <= tol,
+               f"model panel {preset}: WebGPU's losses equal the wasm reference's within {tol:.0e} "
+               f"(largest difference {m['largest_difference']:.1e})")
+        gpu = by.get("webgpu")
+        if gpu and gpu["losses"]:
+            first, last = gpu["losses"][0][1], gpu["losses"][-1][1]
+            expect(last < first - 0.05 and (gpu["accuracy"] or 0) > 0.6,
+                   f"model panel {preset}: learns on WebGPU (loss {first:.3f} -> {last:.3f}, "
+                   f"{100 * (gpu['accuracy'] or 0):.0f}% of the points right)")
+    # What each misuse's error must name (None: the call must succeed).
+    refusals = {r["what"]: r["error"] for r in results.get("refusals") or []}
+    for what, names in (
+        ("linear of mismatched shapes", "linear"),
+        ("a value of another builder", "not a value of this builder"),
+        ("an unknown unary function", "swish"),
+        ("an unknown initialisation", "uniform"),
+        ("an unknown backend", "cuda"),
+        ("a builder used twice", "already"),
+        ("values of the wrong length", "values"),
+        ("targets of the wrong length", "targets"),
+        ("a target outside the classes", "2"),
+        ("a step after the refusals", None),
+    ):
+        error = refusals.get(what, "(not tried)")
+        ok = error is None if names is None else bool(error) and names in error
+        expect(ok, f"refusal: {what}: {error!r}")
     mixed = runs.get("16-mixed")
     if mixed and mixed["steps"]:
         first, last = mixed["steps"][0]["loss"], mixed["steps"][-1]["loss"]
@@ -180,7 +230,8 @@ def main():
 
     server = serve(args.site)
     url = (f"http://127.0.0.1:{server.server_address[1]}/?auto=1&n={args.size}&reps=1&tune={args.tune}"
-           f"&steps={args.steps}&a={PRESETS[0]}&b={PRESETS[1]}")
+           f"&steps={args.steps}&a={PRESETS[0]}&b={PRESETS[1]}"
+           f"&model={','.join(MODEL_PRESETS)}&msteps={MODEL_STEPS}")
     print(f"web test: loading {url} in headless Chromium")
     with tempfile.TemporaryDirectory() as profile:
         driver = browser(profile)
@@ -196,7 +247,7 @@ def main():
                     print(f"web test: the page did not finish in {args.timeout} s")
                     break
                 line = " / ".join(driver.execute_script(
-                    "return ['matmul-status', 'train-status'].map(i => document.getElementById(i).textContent)"))
+                    "return ['matmul-status', 'model-status', 'train-status'].map(i => document.getElementById(i).textContent)"))
                 if line != last:
                     print(f"  [{time.time() - start:5.0f} s] {line}")
                     last = line

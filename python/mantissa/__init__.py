@@ -4,8 +4,8 @@ numpy in, numpy out. Any array-like is accepted: numpy arrays, objects exporting
 (``__dlpack__``: PyTorch and JAX tensors on the host) or the buffer protocol, nested lists.
 
 >>> import numpy as np, mantissa
->>> a = _np.random.randn(256, 512).astype(_np.float32)
->>> b = _np.random.randn(512, 128).astype(_np.float32)
+>>> a = np.random.randn(256, 512).astype(np.float32)
+>>> b = np.random.randn(512, 128).astype(np.float32)
 >>> c = mantissa.matmul(a, b, algorithm="bf16x3", check=True)   # raises on a contract break
 
 Errors: ``ValueError`` for bad input (shapes, dtypes, names, negative sizes), ``MemoryError``

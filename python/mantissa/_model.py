@@ -59,6 +59,13 @@ def _shape(op: str, shape: Any) -> List[int]:
     return [int(d) for d in dims]
 
 
+def _count(op: str, what: str, n: Any) -> int:
+    """A whole number >= 0 (ValueError naming ``op`` and ``what`` otherwise)."""
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise ValueError(f"{op}: {what} {n!r} must be a whole number >= 0")
+    return int(n)
+
+
 class Var:
     """A value of a model being built (a parameter, an input or an op's output); only the
     builder that made it takes it. ``shape`` is its shape as ops read it."""
@@ -225,6 +232,23 @@ class ModelBuilder:
             raise ValueError("concat: takes one value or more, got none")
         return self._call("concat", xs)
 
+    def narrow(self, x: Var, start: int, length: int) -> Var:
+        """Columns ``[start, start + length)`` of x's last axis (``x.narrow(-1, start, length)``)."""
+        self._vars_of("narrow", x=x)
+        return self._call("narrow", x, _count("narrow", "start", start), _count("narrow", "length", length))
+
+    def split(self, x: Var, widths: Sequence[int]) -> List[Var]:
+        """x cut along its last axis into parts ``widths`` wide, in order (``torch.split(x,
+        widths, -1)``); the widths must sum to x's last axis."""
+        self._vars_of("split", x=x)
+        widths = [_count("split", "widths", w) for w in widths]
+        if not widths or 0 in widths or sum(widths) != x.shape[-1]:
+            raise ValueError(
+                f"split: widths {widths} of x {list(x.shape)}: one part or more, each one column "
+                "or more, summing to its last axis")
+        starts = [sum(widths[:i]) for i in range(len(widths))]
+        return [self.narrow(x, s, w) for s, w in zip(starts, widths)]
+
     def layer_norm(self, x: Var, g: Var, b: Var) -> Var:
         """Layer norm of x [..., c] over its last axis with gain g and bias b [c] (eps 1e-5)."""
         self._vars_of("layer_norm", x=x, g=g, b=b)
@@ -276,7 +300,21 @@ class ModelBuilder:
         """Self-attention without a mask (an encoder's: every token sees every token) of q|k|v
         [batch, tokens, 3 x width] over ``heads`` heads: [batch, tokens, width]."""
         self._vars_of("attention", qkv=qkv)
-        return self._call("attention", qkv, int(heads))
+        return self._call("attention", qkv, _count("attention", "heads", heads))
+
+    def attention_masked(self, qkv: Var, heads: int, key_mask: Var) -> Var:
+        """``attention`` leaving out padded keys: ``key_mask`` is a values input [batch,
+        tokens], nonzero where the key is padding (``key_padding_mask`` of PyTorch's
+        ``MultiheadAttention``). A query that sees no key gets 0 (PyTorch's is NaN)."""
+        self._vars_of("attention_masked", qkv=qkv, key_mask=key_mask)
+        heads = _count("attention_masked", "heads", heads)
+        return self._call("attention_masked", qkv, heads, key_mask)
+
+    def causal_attention_masked(self, qkv: Var, heads: int, key_mask: Var) -> Var:
+        """``causal_attention`` leaving out padded keys (``key_mask`` as ``attention_masked``'s)."""
+        self._vars_of("causal_attention_masked", qkv=qkv, key_mask=key_mask)
+        heads = _count("causal_attention_masked", "heads", heads)
+        return self._call("causal_attention_masked", qkv, heads, key_mask)
 
     def causal_attention(self, qkv: Var, heads: int) -> Var:
         """Causal self-attention of q|k|v [b, t, 3c] over ``heads`` heads of c / heads: [b, t, c]."""

@@ -7,7 +7,6 @@
 use crate::{open, parse, py_err};
 use mantissa::PrecisionClass;
 use mantissa::backend::Backend;
-use mantissa::error::Error;
 use mantissa::model::{Init, ModelBuilder, ModelTrainer, Var};
 use mantissa::plan::{AdamW, Unary};
 use mantissa::policy::Preset;
@@ -78,18 +77,7 @@ impl PyModelBuilder {
         std: f32,
         decay: bool,
     ) -> PyResult<PyVar> {
-        let init = match init {
-            "zeros" => Init::Zeros,
-            "ones" => Init::Ones,
-            "normal" => Init::Normal { std },
-            other => {
-                return Err(py_err(Error::UnknownName {
-                    kind: "initialisation",
-                    given: other.into(),
-                    valid: vec!["zeros".into(), "ones".into(), "normal".into()],
-                }));
-            }
-        };
+        let init = Init::named(init, std).map_err(py_err)?;
         let v = self.builder()?.param(name, &shape, init, decay);
         self.out(v)
     }
@@ -173,6 +161,11 @@ impl PyModelBuilder {
         self.out(v)
     }
 
+    fn narrow(&mut self, x: &PyVar, start: usize, length: usize) -> PyResult<PyVar> {
+        let v = self.builder()?.narrow(x.var, start, length);
+        self.out(v)
+    }
+
     fn attention(&mut self, qkv: &PyVar, heads: usize) -> PyResult<PyVar> {
         let v = self.builder()?.attention(qkv.var, heads);
         self.out(v)
@@ -180,6 +173,23 @@ impl PyModelBuilder {
 
     fn causal_attention(&mut self, qkv: &PyVar, heads: usize) -> PyResult<PyVar> {
         let v = self.builder()?.causal_attention(qkv.var, heads);
+        self.out(v)
+    }
+
+    fn attention_masked(&mut self, qkv: &PyVar, heads: usize, key_mask: &PyVar) -> PyResult<PyVar> {
+        let v = self
+            .builder()?
+            .attention_masked(qkv.var, heads, key_mask.var);
+        self.out(v)
+    }
+
+    fn causal_attention_masked(
+        &mut self,
+        qkv: &PyVar,
+        heads: usize,
+        key_mask: &PyVar,
+    ) -> PyResult<PyVar> {
+        let v = (self.builder()?).causal_attention_masked(qkv.var, heads, key_mask.var);
         self.out(v)
     }
 

@@ -271,6 +271,52 @@ def test_batches_are_checked_and_dlpack_is_taken():
     assert t.applied == 0  # no refused step updated anything
 
 
+def test_split_and_narrow_cut_the_last_axis_as_torch_does():
+    b = mantissa.ModelBuilder()
+    x = b.values([2, 3, 7])
+    y = b.values([2, 3, 7])
+    first, second = b.split(x, [2, 5])
+    assert first.shape == (2, 3, 2) and second.shape == (2, 3, 5)
+    # The parts put back the other way, with a narrow of x beside them.
+    c = b.concat([second, b.narrow(x, 1, 3), first])
+    b.mse(b.narrow(c, 0, 7), y)
+    with pytest.raises(ValueError, match=r"split: widths \[2, 4\] of x \[2, 3, 7\]"):
+        b.split(x, [2, 4])
+    with pytest.raises(ValueError, match="split: widths -1 must be a whole number"):
+        b.split(x, [-1, 8])
+    with pytest.raises(ValueError, match=r"narrow: columns \[6, 6 \+ 2\)"):
+        b.narrow(x, 6, 2)
+    xv = np.random.default_rng(2).standard_normal((2, 3, 7)).astype(np.float32)
+    t = mantissa.ModelTrainer(b, backend="reference")
+    t.loss(xv, np.zeros((2, 3, 7), np.float32))
+    np.testing.assert_array_equal(t.outputs(), np.concatenate([xv[..., 2:], xv[..., 1:3]], -1))
+
+
+def test_a_key_padding_mask_leaves_the_padded_keys_out():
+    b = mantissa.ModelBuilder()
+    qkv, mask, y = b.values([2, 3, 12]), b.values([2, 3]), b.values([2, 3, 4])
+    b.mse(b.attention_masked(qkv, 2, mask), y)
+    with pytest.raises(ValueError, match=r"attention_masked: the key mask \[2, 3, 4\]"):
+        b.attention_masked(qkv, 2, y)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 12)).astype(np.float32)
+    # Sequence 0 pads its last key; sequence 1 pads every key (its queries attend to nothing).
+    m = np.array([[0, 0, 1], [1, 1, 1]], np.float32)
+    t = mantissa.ModelTrainer(b, backend="reference")
+    t.loss(x, m, np.zeros((2, 3, 4), np.float32))
+    want = np.zeros((2, 3, 4))
+    for s in range(2):
+        for h in range(2):
+            q, k, v = (x[s, :, p * 4 + h * 2: p * 4 + h * 2 + 2].astype(np.float64) for p in range(3))
+            z = q @ k.T * np.float32(1 / np.sqrt(2))
+            z[:, m[s] != 0] = -np.inf
+            if np.all(m[s] != 0):
+                continue
+            e = np.exp(z - z.max(-1, keepdims=True))
+            want[s, :, h * 2: h * 2 + 2] = (e / e.sum(-1, keepdims=True)) @ v
+    np.testing.assert_allclose(t.outputs(), want, atol=1e-6)
+
+
 def test_misused_ops_raise_value_errors_naming_the_op():
     b = mantissa.ModelBuilder()
     x = b.values([4, 3])

@@ -82,7 +82,7 @@ pub const EXIT_STOPPED: i32 = 4;
 /// machine (no device, device errors, out of memory, files that cannot be written), 2 for bad
 /// input (unknown names, malformed files, mismatched shapes, out-of-range arguments),
 /// `EXIT_CONTRACT` (3) when a result breaks the numerics contract, `EXIT_STOPPED` (4) when a
-/// one-preset training run stops. README.md lists them.
+/// one-preset training run stops. docs/cli.md lists them.
 pub fn main() -> i32 {
     // Rust ignores SIGPIPE, which turns `mantissa info | head -1` into a write error; the
     // default ends the process quietly when its reader is gone, as `cat` does.
@@ -159,7 +159,7 @@ pub(crate) fn write_stdout(args: std::fmt::Arguments) -> Result<(), Error> {
         .map_err(|e| Error::output("standard output", e))
 }
 
-/// The process exit code of an error: the one place that decides it (README's table). 1: the
+/// The process exit code of an error: the one place that decides it (docs/cli.md's table). 1: the
 /// machine (no device, device faults, out of memory, an output that cannot be written); 2: bad
 /// input; 3: a result outside the contract; 4: a training run that stopped.
 pub fn exit_code(e: &Error) -> i32 {

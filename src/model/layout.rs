@@ -1,7 +1,8 @@
-//! The ops that move values without computing on them: a transpose of the last two axes and
-//! concatenation along the last axis, each a strided copy (`Op::Copy`) forward and back (the
-//! plan op the attention's head permutations use, with its kernels on every backend). As in
-//! ops.rs, each op whole: its builder method, its forward emission and its backward rule.
+//! The ops that move values without computing on them: a transpose of the last two axes,
+//! concatenation along the last axis and its inverse (narrow, split), each a strided copy
+//! (`Op::Copy`) forward and back (the plan op the attention's head permutations use, with its
+//! kernels on every backend). As in ops.rs, each op whole: its builder method, its forward
+//! emission and its backward rule.
 
 use super::derive::{Emit, Saved};
 use super::ops::{Narrower, NodeOp};
@@ -56,6 +57,129 @@ impl ModelBuilder {
         Self::checked_shape("concat", &shape)?;
         let rows = lead.iter().product();
         Ok(self.node(Box::new(Concat { rows, widths }), xs.to_vec(), shape))
+    }
+
+    /// Columns [start, start + length) of x [..., w] (`x.narrow(-1, start, length)` made
+    /// contiguous): [..., length], held in x's format.
+    pub fn narrow(&mut self, x: Var, start: usize, length: usize) -> Result<Var> {
+        let s = self.operand("narrow", x)?;
+        let total = *s.last().expect("shapes have an axis");
+        if length == 0 || start.checked_add(length).is_none_or(|end| end > total) {
+            return Err(refuse(
+                "narrow",
+                format!(
+                    "columns [{start}, {start} + {length}) of x {}: a part of one column or more \
+                     inside its last axis",
+                    shape_of(&s)
+                ),
+            ));
+        }
+        let mut shape = s.clone();
+        *shape.last_mut().expect("shapes have an axis") = length;
+        let rows = s[..s.len() - 1].iter().product();
+        let part = Narrow {
+            rows,
+            start,
+            length,
+            total,
+        };
+        Ok(self.node(Box::new(part), vec![x], shape))
+    }
+
+    /// x [..., w] cut along its last axis into parts `widths` wide, in order (`torch.split(x,
+    /// widths, -1)`): the widths must sum to w. Each part is a `narrow`.
+    pub fn split(&mut self, x: Var, widths: &[usize]) -> Result<Vec<Var>> {
+        let s = self.operand("split", x)?;
+        let total = *s.last().expect("shapes have an axis");
+        let sum = widths.iter().try_fold(0usize, |n, &w| n.checked_add(w));
+        if widths.is_empty() || widths.contains(&0) || sum != Some(total) {
+            return Err(refuse(
+                "split",
+                format!(
+                    "widths {widths:?} of x {}: one part or more, each one column or more, \
+                     summing to its last axis",
+                    shape_of(&s)
+                ),
+            ));
+        }
+        let mut start = 0;
+        let mut parts = vec![];
+        for &w in widths {
+            parts.push(self.narrow(x, start, w)?);
+            start += w;
+        }
+        Ok(parts)
+    }
+}
+
+/// Columns [start, start + length) of `rows` rows of `total`.
+#[derive(Debug)]
+pub(crate) struct Narrow {
+    rows: usize,
+    start: usize,
+    length: usize,
+    total: usize,
+}
+
+impl Narrow {
+    /// The part (rows x length) into its columns of the whole.
+    fn to_whole(&self) -> Strided {
+        Strided::into_columns(self.rows, self.length, (self.start, self.total))
+    }
+}
+
+impl NodeOp for Narrow {
+    fn name(&self) -> &'static str {
+        "narrow"
+    }
+
+    fn format(&self, cx: &Emit, node: &Node) -> Format {
+        cx.format(node.inputs[0])
+    }
+
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let x = cx.t(node.inputs[0]);
+        let out = cx.g.temp(self.rows * self.length);
+        let map = self.to_whole().inverse();
+        cx.g.push(Op::Copy {
+            x,
+            out,
+            map,
+            held: Format::F32,
+        });
+        (out, vec![])
+    }
+
+    /// dx: zeros but for the part's columns, which take dy rounded to x's format as copied
+    /// (PyTorch's narrow backward: a zero tensor with dy in the slice). The zeros come from a
+    /// constant of one element read with strides of 0; the parts of a split each contribute a
+    /// gradient of x's size, summed as any value's read twice.
+    fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
+        let x = node.inputs[0];
+        let dx = cx.g.temp(cx.len(x));
+        let zero = cx.g.constant(vec![0.0]);
+        let every = [1, 1, self.rows as u32, self.total as u32];
+        let fill = Strided {
+            dims: every,
+            src: [0; 4],
+            dst: Strided::dense(every),
+            src_offset: 0,
+            dst_offset: 0,
+        };
+        cx.g.push(Op::Copy {
+            x: zero,
+            out: dx,
+            map: fill,
+            held: Format::F32,
+        });
+        let held = cx.dy_read.narrower(cx.format(x));
+        cx.g.push(Op::Copy {
+            x: dy,
+            out: dx,
+            map: self.to_whole(),
+            held,
+        });
+        cx.contribute(x, dx, true, held);
     }
 }
 

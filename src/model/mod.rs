@@ -54,6 +54,21 @@ pub enum Init {
 }
 
 impl Init {
+    /// The initialisation named `name` ("zeros", "ones" or "normal", N(0, std^2)), as the
+    /// Python and JavaScript builders take it.
+    pub fn named(name: &str, std: f32) -> Result<Init> {
+        match name {
+            "zeros" => Ok(Init::Zeros),
+            "ones" => Ok(Init::Ones),
+            "normal" => Ok(Init::Normal { std }),
+            other => Err(Error::UnknownName {
+                kind: "initialisation",
+                given: other.into(),
+                valid: vec!["zeros".into(), "ones".into(), "normal".into()],
+            }),
+        }
+    }
+
     /// The values of parameter `index` (of `len` elements) from the model's `seed`;
     /// `HostOutOfMemory` with the bytes where the host cannot hold them.
     pub fn draw(self, len: usize, seed: u64, index: usize) -> Result<Vec<f32>> {

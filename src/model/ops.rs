@@ -11,7 +11,7 @@ use super::{Model, ModelBuilder, Node, Source, Var, refuse, shape_of};
 use crate::algorithm::MatmulShape;
 use crate::error::Result;
 use crate::format::Format;
-use crate::plan::{Attention, Op, ScoreScale, Strided, TensorId, Unary};
+use crate::plan::{Attention, KeyMask, Op, ScoreScale, Strided, TensorId, Unary};
 use crate::policy::Fp8Role;
 
 /// One kind of model op.
@@ -659,37 +659,83 @@ impl ModelBuilder {
     /// (`PlanOptions::fused_attention`), else the separate ops (heads copied out, scores,
     /// causal softmax, P.v, heads copied back).
     pub fn causal_attention(&mut self, qkv: Var, heads: usize) -> Result<Var> {
-        self.self_attention("causal_attention", qkv, heads, true)
+        self.self_attention("causal_attention", qkv, heads, true, None)
     }
 
     /// Self-attention without a mask (every token sees every token: an encoder's), q|k|v and
     /// heads as `causal_attention`'s; always the separate ops (the fused kernels are causal).
     pub fn attention(&mut self, qkv: Var, heads: usize) -> Result<Var> {
-        self.self_attention("attention", qkv, heads, false)
+        self.self_attention("attention", qkv, heads, false, None)
     }
 
-    fn self_attention(&mut self, op: &str, qkv: Var, heads: usize, causal: bool) -> Result<Var> {
+    /// `attention` leaving out the keys `key_mask` masks: a values input [batch, tokens],
+    /// nonzero where the key is padding (PyTorch's `key_padding_mask`). A masked key's
+    /// probability is 0 in every head and query of its sequence; a query that sees no key
+    /// attends to nothing (0, where PyTorch gives NaN). Always the separate ops.
+    pub fn attention_masked(&mut self, qkv: Var, heads: usize, key_mask: Var) -> Result<Var> {
+        self.self_attention("attention_masked", qkv, heads, false, Some(key_mask))
+    }
+
+    /// `causal_attention` leaving out the keys `key_mask` masks (as `attention_masked`'s);
+    /// always the separate ops.
+    pub fn causal_attention_masked(
+        &mut self,
+        qkv: Var,
+        heads: usize,
+        key_mask: Var,
+    ) -> Result<Var> {
+        self.self_attention("causal_attention_masked", qkv, heads, true, Some(key_mask))
+    }
+
+    fn self_attention(
+        &mut self,
+        op: &str,
+        qkv: Var,
+        heads: usize,
+        causal: bool,
+        key_mask: Option<Var>,
+    ) -> Result<Var> {
         let s = self.operand(op, qkv)?;
-        match s[..] {
-            [b, t, c3] if heads > 0 && heads <= c3 / 3 && c3 % (3 * heads) == 0 => Ok(self.node(
-                Box::new(CausalAttention {
-                    b,
-                    t,
-                    h: heads,
-                    d: c3 / 3 / heads,
-                    causal,
-                }),
-                vec![qkv],
-                vec![b, t, c3 / 3],
-            )),
-            _ => Err(refuse(
-                op,
-                format!(
-                    "qkv {} over {heads} heads: must be [batch, tokens, 3 x heads x head width]",
-                    shape_of(&s)
-                ),
-            )),
+        let [b, t, c3] = s[..] else {
+            return Err(self.attention_refused(op, &s, heads));
+        };
+        if heads == 0 || heads > c3 / 3 || c3 % (3 * heads) != 0 {
+            return Err(self.attention_refused(op, &s, heads));
         }
+        let mut inputs = vec![qkv];
+        if let Some(mask) = key_mask {
+            let value = self.read(op, mask)?;
+            if !matches!(value.source, super::Source::Values(_)) || value.shape != [b, t] {
+                return Err(refuse(
+                    op,
+                    format!(
+                        "the key mask {} must be a values input [batch, tokens] of q|k|v {}",
+                        shape_of(&value.shape),
+                        shape_of(&s)
+                    ),
+                ));
+            }
+            inputs.push(mask);
+        }
+        let attention = CausalAttention {
+            b,
+            t,
+            h: heads,
+            d: c3 / 3 / heads,
+            causal,
+            masked: key_mask.is_some(),
+        };
+        Ok(self.node(Box::new(attention), inputs, vec![b, t, c3 / 3]))
+    }
+
+    fn attention_refused(&self, op: &str, s: &[usize], heads: usize) -> crate::error::Error {
+        refuse(
+            op,
+            format!(
+                "qkv {} over {heads} heads: must be [batch, tokens, 3 x heads x head width]",
+                shape_of(s)
+            ),
+        )
     }
 }
 
@@ -703,6 +749,8 @@ pub(crate) struct CausalAttention {
     pub d: usize,
     /// Row i of each score matrix sees keys 0..=i; else every key.
     pub causal: bool,
+    /// A key padding mask is the node's second input (the separate ops always).
+    pub masked: bool,
 }
 
 impl CausalAttention {
@@ -744,9 +792,10 @@ impl NodeOp for CausalAttention {
         }
     }
 
-    /// Only the causal attention has fused kernels (and so a say in whether a plan fuses).
+    /// Only the causal attention without a key mask has fused kernels (and so a say in
+    /// whether a plan fuses).
     fn attention_head_dim(&self) -> Option<usize> {
-        self.causal.then_some(self.d)
+        (self.causal && !self.masked).then_some(self.d)
     }
 
     fn format(&self, cx: &Emit, _: &Node) -> Format {
@@ -758,7 +807,7 @@ impl NodeOp for CausalAttention {
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
         let qkv = cx.t(node.inputs[0]);
         let (b, t, h, d) = (self.b, self.t, self.h, self.d);
-        if cx.fused_attention && self.causal {
+        if cx.fused_attention && self.attention_head_dim().is_some() {
             let spec = self.spec(cx);
             let (out, stats) = (cx.g.temp(spec.out_len()), cx.g.temp(2 * spec.score_rows()));
             cx.g.push(Op::Attention {
@@ -786,11 +835,17 @@ impl NodeOp for CausalAttention {
             None,
         );
         let att = cx.g.temp(b * h * t * t);
+        // Every head's and query's row of a sequence reads its mask row.
+        let keys = (node.inputs.get(1)).map(|&mask| KeyMask {
+            mask: cx.t(mask),
+            rows: h * t,
+        });
         cx.g.push(Op::Softmax {
             x: scores,
             out: att,
             t,
             causal: self.causal,
+            keys,
             scale: self.score_scale(cx),
             x_held: Format::F32,
         });
@@ -956,6 +1011,7 @@ impl NodeOp for Softmax {
             out,
             t: self.t,
             causal: self.causal,
+            keys: None,
             scale: self.score_scale(cx),
             x_held: Format::F32,
         });

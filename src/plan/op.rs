@@ -21,6 +21,18 @@ pub struct ScoreScale {
     pub held: Format,
 }
 
+/// Keys a softmax leaves out (an attention's key padding mask): `mask` holds rows of t, nonzero
+/// where the key is masked; score row r reads mask row r / `rows` (every head's and query's
+/// row of a sequence reads that sequence's mask). A masked key's probability is 0; a row with
+/// every key masked is 0 throughout (PyTorch's is NaN).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct KeyMask {
+    /// The mask, rows of t.
+    pub mask: TensorId,
+    /// Score rows per mask row.
+    pub rows: usize,
+}
+
 /// Fused causal self-attention over the rows of a (B, T, 3C) q|k|v tensor (the flash-attention
 /// scheme): b sequences of t tokens, h heads of d. Per head, P = causal softmax of scale * q.k^T
 /// and out = P.v, computed as the unfused plan computes them: q.k^T and P.v under `algorithm`
@@ -282,6 +294,8 @@ pub enum Op {
         t: usize,
         /// Whether row i of each t x t block sees columns 0..=i only.
         causal: bool,
+        /// Keys masked out of every row that reads them (an attention's key padding mask).
+        keys: Option<KeyMask>,
         /// The factor on the scores and the format the scaled scores are held in.
         scale: ScoreScale,
         /// The format the scores are rounded to as they are read (the product of the matmul
@@ -671,7 +685,11 @@ impl Op {
             Op::MseLoss {
                 pred, target, grad, ..
             } => vec![pred, target, grad],
-            Op::Softmax { x, out, .. } => vec![x, out],
+            Op::Softmax { x, out, keys, .. } => {
+                let mut all = vec![x, out];
+                all.extend(keys.as_mut().map(|k| &mut k.mask));
+                all
+            }
             Op::SoftmaxBwd { p, dp, out, .. } => vec![p, dp, out],
             Op::Attention {
                 qkv, out, stats, ..
@@ -882,7 +900,11 @@ impl Op {
             Op::MseLoss {
                 pred, target, grad, ..
             } => (vec![pred, target], vec![grad]),
-            Op::Softmax { x, out, .. } => (vec![x], vec![out]),
+            Op::Softmax { x, out, keys, .. } => {
+                let mut reads = vec![x];
+                reads.extend(keys.map(|k| k.mask));
+                (reads, vec![out])
+            }
             Op::SoftmaxBwd { p, dp, out, .. } => (vec![p, dp], vec![out]),
             Op::Attention {
                 qkv, out, stats, ..
@@ -1093,8 +1115,18 @@ impl Op {
                 check.holds("the targets", target, check.len(pred))?;
                 check.holds("the gradient", grad, check.len(pred))
             }
-            Op::Softmax { x, out, t, .. } => {
-                check.rows("the scores", x, ("t", t))?;
+            Op::Softmax {
+                x, out, t, keys, ..
+            } => {
+                let rows = check.rows("the scores", x, ("t", t))?;
+                if let Some(KeyMask { mask, rows: per }) = keys {
+                    if per == 0 || rows % per != 0 {
+                        return Err(check.fail(format!(
+                            "{rows} score rows are not a whole number of mask rows of {per}"
+                        )));
+                    }
+                    check.holds("the key mask", mask, rows / per * t)?;
+                }
                 check.holds("the output", out, check.len(x))
             }
             Op::SoftmaxBwd { p, dp, out, t, .. } => {

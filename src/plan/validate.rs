@@ -679,6 +679,7 @@ mod tests {
             out: y,
             t: 2,
             causal: true,
+            keys: None,
             scale: ScoreScale {
                 scale: 1.0,
                 held: Format::F32,

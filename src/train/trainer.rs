@@ -212,7 +212,7 @@ impl<'a> Trainer<'a> {
         };
         let mut run =
             ModelTrainer::with_options(backend, model, &options.precision_request(), run_options)?;
-        run.adamw = options.adamw.clone();
+        run.adamw = options.adamw;
         run.grad_clip = options.grad_clip;
         run.check_settings()?;
         Ok(Trainer {
@@ -388,7 +388,7 @@ impl<'a> Trainer<'a> {
     ) -> Result<(StepRecord, Option<Timings>)> {
         let start = Instant::now();
         // The options are the caller's to change between steps: the step loop takes them now.
-        self.run.adamw = self.options.adamw.clone();
+        self.run.adamw = self.options.adamw;
         self.run.grad_clip = self.options.grad_clip;
         let (ids, targets) = self.local_batch(false, self.run.steps as u64)?;
         self.gpt

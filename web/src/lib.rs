@@ -14,7 +14,9 @@ use mantissa::backend::wgpu::autotune::{AutotuneMode, Autotuner, TileStore};
 use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
 use mantissa::backend::{Backend, Operands};
 use mantissa::bench::MatmulBench;
+use mantissa::model::ModelTrainer;
 use mantissa::policy::PrecisionClass;
+use mantissa::policy::precision::PrecisionRequest;
 use mantissa::report;
 use mantissa::train::{Corpus, GptConfig, TrainOptions, Trainer};
 use mantissa::{Algorithm, Format, Overflow, Preset};
@@ -23,6 +25,9 @@ use std::cell::{RefCell, RefMut};
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen_futures::future_to_promise;
+
+mod model;
+pub use model::{ModelBuilder, ModelRun};
 
 fn js_error(e: impl std::fmt::Display) -> JsValue {
     JsError::new(&e.to_string()).into()
@@ -239,6 +244,33 @@ impl Engine {
     }
 }
 
+#[wasm_bindgen]
+impl Engine {
+    /// `builder`'s model, finished at `loss` (the builder is used up), trained under `preset`
+    /// on `backend`: "webgpu" (this adapter) or "reference" (the host reference, in wasm),
+    /// its parameters drawn from `seed`, AdamW at learning rate `lr`. The same model, preset
+    /// and seed give the same initial weights on both.
+    pub fn model_trainer(
+        &self,
+        builder: &mut ModelBuilder,
+        loss: &JsValue,
+        preset: String,
+        backend: String,
+        seed: u32,
+        lr: f32,
+    ) -> Result<ModelRun, JsValue> {
+        let preset: Preset = preset.parse().map_err(js_error)?;
+        let backend = model::backend_named(&backend, self.backend)?;
+        let model = builder.finish(loss)?;
+        let request = PrecisionRequest::of(preset);
+        let mut trainer =
+            ModelTrainer::new(backend, model, &request, None, seed as u64).map_err(js_error)?;
+        trainer.adamw.lr = lr;
+        trainer.adamw.check().map_err(js_error)?;
+        Ok(ModelRun::new(trainer))
+    }
+}
+
 /// The precision presets the training panel offers, by name.
 #[wasm_bindgen]
 pub fn presets() -> Vec<String> {
@@ -262,9 +294,7 @@ pub struct Session {
 
 /// The run for one call. The borrow is held across the call's awaits on purpose: it is the
 /// lock that turns a second, overlapping call into an error instead of a corrupted step.
-fn claim<'r>(
-    run: &'r Rc<RefCell<Trainer<'static>>>,
-) -> Result<RefMut<'r, Trainer<'static>>, JsValue> {
+fn claim<T>(run: &Rc<RefCell<T>>) -> Result<RefMut<'_, T>, JsValue> {
     run.try_borrow_mut()
         .map_err(|_| js_error("this run is busy with another call"))
 }

@@ -3,9 +3,11 @@
 //
 // URL parameters: auto (also train on load), n (matmul size), reps, steps, a / b (presets),
 // tune (what the autotuner tunes: "all", the default; "none"; or a comma-separated list of
-// matmul algorithms and "train"; the rest runs on default tiles).
+// matmul algorithms and "train"; the rest runs on default tiles), model (with auto: the
+// presets the built-model panel trains under, comma-separated), msteps (its steps).
 
-import init, { Engine, loss_chart, presets } from "./pkg/mantissa_web.js";
+import init, { Engine, ModelBuilder, loss_chart, presets } from "./pkg/mantissa_web.js";
+import { twoSpirals, twoSpiralsModel } from "./spirals.js";
 
 const params = new URLSearchParams(location.search);
 const $ = (id) => document.getElementById(id);
@@ -20,6 +22,7 @@ const results = {
   casts: null,
   cast_view: null,
   training: null,
+  models: [],
   errors: [],
 };
 window.mantissaResults = results;
@@ -238,6 +241,191 @@ async function runTraining(engine, presetNames, steps) {
   publish();
 }
 
+// ---------- a model built in JavaScript ----------
+
+// The panel's run: 256 points in [-4, 4]^2, 32 hidden units, AdamW at 0.03 (about 150 steps to
+// separate the spirals under 32-true).
+const SPIRALS = { perClass: 128, radius: 4, hidden: 32, lr: 0.03, seed: 1, dataSeed: 7 };
+const GRID = 32; // boundary cells per side: GRID^2 is a whole number of batches
+const EXTENT = 4.5; // the plane shown, [-EXTENT, EXTENT]^2
+const BACKENDS = ["webgpu", "reference"];
+
+// p(class 1) over the GRID x GRID lattice, as `run` computes it (forward passes of whole
+// batches), and the run's accuracy on the training points, which it is given back.
+async function predict(run, data) {
+  const rows = data.classes.length;
+  const none = new Uint32Array(0);
+  const p = new Float32Array(GRID * GRID);
+  const chunk = new Float32Array(2 * rows);
+  const cellSize = (2 * EXTENT) / GRID;
+  for (let start = 0; start < GRID * GRID; start += rows) {
+    for (let i = 0; i < rows; i++) {
+      const cell = start + i;
+      chunk[2 * i] = -EXTENT + ((cell % GRID) + 0.5) * cellSize;
+      chunk[2 * i + 1] = EXTENT - (Math.floor(cell / GRID) + 0.5) * cellSize;
+    }
+    await run.set_values(0, chunk);
+    await run.loss(none, new Uint32Array(rows));
+    const logits = await run.outputs();
+    for (let i = 0; i < rows; i++) p[start + i] = 1 / (1 + Math.exp(logits[2 * i] - logits[2 * i + 1]));
+  }
+  await run.set_values(0, data.points);
+  await run.loss(none, data.classes);
+  const logits = await run.outputs();
+  let correct = 0;
+  for (let i = 0; i < rows; i++) correct += Number((logits[2 * i + 1] > logits[2 * i]) === (data.classes[i] === 1));
+  return { p, accuracy: correct / rows };
+}
+
+function drawBoundary(canvas, p, data) {
+  const ctx = canvas.getContext("2d");
+  const px = canvas.width / GRID;
+  for (let cell = 0; cell < GRID * GRID; cell++) {
+    const q = p[cell];
+    // Class 0 red, class 1 green (the chart's first two colours), pale by confidence.
+    const mix = (a, b) => Math.round(255 - (255 - (q * b + (1 - q) * a)) * 0.6);
+    ctx.fillStyle = `rgb(${mix(230, 46)}, ${mix(25, 150)}, ${mix(75, 60)})`;
+    ctx.fillRect((cell % GRID) * px, Math.floor(cell / GRID) * px, px + 0.5, px + 0.5);
+  }
+  const at = (v) => ((v + EXTENT) / (2 * EXTENT)) * canvas.width;
+  for (let i = 0; i < data.classes.length; i++) {
+    ctx.beginPath();
+    ctx.arc(at(data.points[2 * i]), canvas.height - at(data.points[2 * i + 1]), 2.5, 0, 2 * Math.PI);
+    ctx.fillStyle = data.classes[i] ? "rgb(46, 150, 60)" : "rgb(230, 25, 75)";
+    ctx.fill();
+    ctx.strokeStyle = "white";
+    ctx.lineWidth = 0.8;
+    ctx.stroke();
+  }
+}
+
+// The largest loss difference between the two runs over the steps both took.
+function largestDifference(runs) {
+  const [a, b] = runs.map((r) => r.losses);
+  let worst = 0;
+  for (let i = 0; i < Math.min(a.length, b.length); i++) worst = Math.max(worst, Math.abs(a[i][1] - b[i][1]));
+  return worst;
+}
+
+function renderModel(record) {
+  const line = (r) => {
+    const last = r.losses[r.losses.length - 1];
+    const state = r.stopped ? `<span class="fail">stopped</span>: ${esc(r.stopped)}`
+      : last ? `step ${last[0]}: loss <b>${last[1].toFixed(4)}</b>` : "starting...";
+    // The first step compiles the run's kernels; the rate is the steps after it.
+    const ms = r.losses.length > 1
+      ? ` (${(r.seconds * 1e3 / (r.losses.length - 1)).toFixed(1)} ms/step after the first, ${(r.first_seconds * 1e3).toFixed(0)} ms)`
+      : "";
+    const acc = r.accuracy === null ? "" : `, ${(100 * r.accuracy).toFixed(1)}% of the points right`;
+    return `<b>${esc(r.backend)}</b> (${esc(r.info.device)}; matmul ${esc(r.info.matmul)}): ${state}${acc}${ms}`;
+  };
+  $("model-summary").innerHTML = record.runs.map(line).join("<br>") +
+    `<br>largest loss difference between the two: <b>${sci(record.largest_difference)}</b>`;
+  const curves = record.runs.map((r) => ({ label: `${r.backend} ${record.preset}`, losses: r.losses, points: [] }));
+  try {
+    $("model-chart").innerHTML = loss_chart(`two spirals, ${record.preset}`, JSON.stringify(curves));
+  } catch (e) {
+    fail("model loss chart", e);
+  }
+}
+
+async function runModel(engine, preset, steps) {
+  $("run-model").disabled = true;
+  $("model-preset").value = preset;
+  const data = twoSpirals(SPIRALS.perClass, SPIRALS.radius, SPIRALS.dataSeed);
+  const rows = data.classes.length;
+  const record = { preset, steps, lr: SPIRALS.lr, seed: SPIRALS.seed, runs: [], largest_difference: 0 };
+  const live = [];
+  try {
+    for (const backend of BACKENDS) {
+      const b = new ModelBuilder();
+      const loss = twoSpiralsModel(b, rows, SPIRALS.hidden);
+      const run = engine.model_trainer(b, loss, preset, backend, SPIRALS.seed, SPIRALS.lr);
+      b.free();
+      await run.set_values(0, data.points);
+      live.push(run);
+      record.runs.push({ backend, info: JSON.parse(run.info()), losses: [], stopped: null, accuracy: null, first_seconds: 0, seconds: 0 });
+    }
+  } catch (e) {
+    $("model-status").textContent = fail(`building the model under ${preset}`, e);
+    $("run-model").disabled = false;
+    return;
+  }
+  results.models.push(record);
+  const none = new Uint32Array(0);
+  const redraw = async () => {
+    for (const [k, r] of record.runs.entries()) {
+      if (r.stopped) continue;
+      const { p, accuracy } = await predict(live[k], data);
+      r.accuracy = accuracy;
+      drawBoundary($(`boundary-${r.backend}`), p, data);
+    }
+  };
+  for (let i = 1; i <= steps; i++) {
+    for (const [k, r] of record.runs.entries()) {
+      if (r.stopped) continue;
+      const start = performance.now();
+      try {
+        r.losses.push([i, JSON.parse(await live[k].step(none, data.classes)).loss]);
+      } catch (e) {
+        r.stopped = e.message || String(e);
+      }
+      const seconds = (performance.now() - start) / 1e3;
+      if (i === 1) r.first_seconds = seconds;
+      else r.seconds += seconds;
+    }
+    record.largest_difference = largestDifference(record.runs);
+    $("model-status").textContent = `${preset}: step ${i} of ${steps}`;
+    if (i % 25 === 0 || i === steps) await redraw();
+    renderModel(record);
+    if (record.runs.every((r) => r.stopped)) break;
+  }
+  for (const run of live) run.free();
+  $("model-status").textContent = "done";
+  $("run-model").disabled = false;
+  publish();
+}
+
+// Misuses of the builder and of a run: each must throw an error that names what was wrong,
+// and leave the page working (the test checks the messages).
+async function refusals(engine) {
+  const out = [];
+  const attempt = async (what, f) => {
+    try {
+      await f();
+      out.push({ what, error: null });
+    } catch (e) {
+      out.push({ what, error: e.message || String(e) });
+    }
+  };
+  const b = new ModelBuilder();
+  const x = b.values([4, 3]);
+  const w = b.param("w", [5, 2], "normal", 0.1, true);
+  const bias = b.param("b", [2], "zeros", 0, false);
+  await attempt("linear of mismatched shapes", () => b.linear(x, w, bias));
+  const other = new ModelBuilder();
+  other.values([4, 3]);
+  await attempt("a value of another builder", () => other.tanh(x));
+  await attempt("an unknown unary function", () => b.unary("swish", x));
+  await attempt("an unknown initialisation", () => b.param("v", [2], "uniform", 1, true));
+  const ok = new ModelBuilder();
+  const points = ok.values([4, 2]);
+  const loss = ok.cross_entropy(
+    ok.linear(points, ok.param("w", [2, 2], "normal", 0.5, true), ok.param("b", [2], "zeros", 0, false)),
+    ok.targets([4]));
+  await attempt("an unknown backend", () => engine.model_trainer(new ModelBuilder(), loss, "32-true", "cuda", 1, 0.01));
+  const run = engine.model_trainer(ok, loss, "32-true", "webgpu", 1, 0.01);
+  await attempt("a builder used twice", () => engine.model_trainer(ok, loss, "32-true", "webgpu", 1, 0.01));
+  await attempt("values of the wrong length", () => run.set_values(0, new Float32Array(7)));
+  await run.set_values(0, new Float32Array([0, 1, 1, 0, 1, 1, 0, 0]));
+  await attempt("targets of the wrong length", () => run.step(new Uint32Array(0), new Uint32Array(3)));
+  await attempt("a target outside the classes", () => run.step(new Uint32Array(0), new Uint32Array([0, 1, 2, 0])));
+  await attempt("a step after the refusals", () => run.step(new Uint32Array(0), new Uint32Array([0, 1, 1, 0])));
+  run.free();
+  results.refusals = out;
+  publish();
+}
+
 // ---------- main ----------
 
 async function main() {
@@ -272,6 +460,9 @@ async function main() {
     $("size").value = n;
   }
   if (params.get("steps")) $("steps").value = params.get("steps");
+  $("model-preset").innerHTML = names.map((p) => `<option${p === "bf16-mixed" ? " selected" : ""}>${p}</option>`).join("");
+  if (params.get("msteps")) $("model-steps").value = params.get("msteps");
+  $("model-code").textContent = twoSpiralsModel.toString();
   const reps = Number(params.get("reps") || 3);
 
   let timer = null;
@@ -281,6 +472,8 @@ async function main() {
   });
   $("cast-saturate").addEventListener("change", () => runCast(engine));
   $("run-matmul").addEventListener("click", () => runMatmul(engine, Number($("size").value), reps).then(publish));
+  $("run-model").addEventListener("click", () =>
+    runModel(engine, $("model-preset").value, Number($("model-steps").value)));
   $("run-train").addEventListener("click", () =>
     runTraining(engine, [$("preset-a").value, $("preset-b").value], Number($("steps").value)));
 
@@ -290,6 +483,10 @@ async function main() {
   await runReport(engine);
   await runMatmul(engine, Number($("size").value), reps);
   if (params.has("auto")) {
+    await refusals(engine);
+    for (const preset of (params.get("model") || $("model-preset").value).split(",")) {
+      await runModel(engine, preset, Number($("model-steps").value));
+    }
     await runTraining(engine, [$("preset-a").value, $("preset-b").value], Number($("steps").value));
     results.autotune = JSON.parse(engine.autotune());
     // A second engine starts from the tiles the first stored, as a reload would.

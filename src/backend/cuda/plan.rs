@@ -365,11 +365,13 @@ impl<'a> CudaPlan<'a> {
                 out,
                 t,
                 causal,
+                keys,
                 scale,
                 x_held,
             } => {
                 let shape = (self.rows(x, t), t, scale, causal);
-                launch::softmax_fwd(cb, [self.p(x), self.p(out)], shape, x_held)
+                let keys = keys.map(|k| (self.p(k.mask), k.rows));
+                launch::softmax_fwd(cb, [self.p(x), self.p(out)], shape, keys, x_held)
             }
             Op::SoftmaxBwd {
                 p,

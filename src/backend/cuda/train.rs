@@ -436,11 +436,12 @@ pub(super) fn mse_fwd(
 }
 
 /// The softmax of the scaled scores x (rounded to `x_held` as they are read) into p, causal
-/// or not.
+/// or not, leaving out the keys `keys` masks (the mask, and the score rows per mask row).
 pub(super) fn softmax_fwd(
     cb: &CudaBackend,
     [x, p]: [Ptr; 2],
     (rows, t, scale, causal): (usize, usize, ScoreScale, bool),
+    keys: Option<(Ptr, usize)>,
     x_held: Format,
 ) -> Result<()> {
     if rows == 0 || t == 0 {
@@ -448,7 +449,9 @@ pub(super) fn softmax_fwd(
     }
     let (t, k, fmt) = (t as u32, scale.scale as f32, format_id(scale.held));
     let (x_fmt, causal) = (format_id(x_held), causal as u32);
-    launch!(cb, Module::Train, "softmax_fwd", CudaBackend::rows_config(rows)?; &x, &p, &t, &k, &fmt, &x_fmt, &causal)
+    // Without a mask the kernel reads none: x stands in for the pointer.
+    let (mask, key_rows) = keys.map_or((x, 0), |(m, r)| (m, r as u32));
+    launch!(cb, Module::Train, "softmax_fwd", CudaBackend::rows_config(rows)?; &x, &p, &t, &k, &fmt, &x_fmt, &causal, &mask, &key_rows)
 }
 
 /// Its backward: p and dp (rounded to `dp_held` as it is read) -> the scores' gradient ds.

@@ -274,11 +274,13 @@ impl HostExecutor {
                 out,
                 t: width,
                 causal,
+                keys,
                 scale,
                 x_held,
             } => {
                 let x = rounded(&t[x], x_held);
-                self.tensors[out] = ops::softmax_scaled_fwd(&x, width, scale, causal);
+                let keys = keys.map(|k| (&t[k.mask][..], k.rows));
+                self.tensors[out] = ops::softmax_scaled_masked_fwd(&x, width, scale, causal, keys);
             }
             Op::SoftmaxBwd {
                 p,

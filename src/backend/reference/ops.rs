@@ -184,17 +184,30 @@ fn last_seen(row: usize, t: usize, causal: bool) -> usize {
 /// Softmax of `scale * scores` over rows of t, `causal` or not (`last_seen`); the masked
 /// probabilities are 0.
 pub fn softmax_fwd<T: Float>(scores: &[T], t: usize, scale: f64, causal: bool) -> Vec<T> {
+    softmax_masked_fwd(scores, t, scale, causal, None)
+}
+
+/// `softmax_fwd` leaving out the keys `keys` masks (`plan::KeyMask`: rows of t of the mask,
+/// nonzero where masked, and how many score rows read each): their probabilities are 0, and a
+/// row that sees no key is 0 throughout.
+pub fn softmax_masked_fwd<T: Float>(
+    scores: &[T],
+    t: usize,
+    scale: f64,
+    causal: bool,
+    keys: Option<(&[f32], usize)>,
+) -> Vec<T> {
     let mut p = vec![T::zero(); scores.len()];
     for (row, out) in p.chunks_mut(t).enumerate() {
         let i = last_seen(row, t, causal);
-        let s = &scores[row * t..row * t + i + 1];
-        let max = s
-            .iter()
-            .map(|&v| f64_of(v) * scale)
-            .fold(f64::NEG_INFINITY, f64::max);
-        let e: Vec<f64> = s.iter().map(|&v| (f64_of(v) * scale - max).exp()).collect();
+        let seen: Vec<usize> = (0..=i)
+            .filter(|&j| keys.is_none_or(|(mask, per)| mask[row / per * t + j] == 0.0))
+            .collect();
+        let z = |j: usize| f64_of(scores[row * t + j]) * scale;
+        let max = seen.iter().map(|&j| z(j)).fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = seen.iter().map(|&j| (z(j) - max).exp()).collect();
         let sum: f64 = e.iter().sum();
-        for (j, ej) in e.iter().enumerate() {
+        for (&j, ej) in seen.iter().zip(&e) {
             out[j] = cast(ej / sum);
         }
     }
@@ -229,7 +242,18 @@ pub fn scaled_scores(s: &[f32], scale: ScoreScale) -> Vec<f32> {
 
 /// `softmax_fwd` of the scores as `scaled_scores` holds them.
 pub fn softmax_scaled_fwd(scores: &[f32], t: usize, scale: ScoreScale, causal: bool) -> Vec<f32> {
-    softmax_fwd(&scaled_scores(scores, scale), t, 1.0, causal)
+    softmax_masked_fwd(&scaled_scores(scores, scale), t, 1.0, causal, None)
+}
+
+/// `softmax_masked_fwd` of the scores as `scaled_scores` holds them.
+pub fn softmax_scaled_masked_fwd(
+    scores: &[f32],
+    t: usize,
+    scale: ScoreScale,
+    causal: bool,
+    keys: Option<(&[f32], usize)>,
+) -> Vec<f32> {
+    softmax_masked_fwd(&scaled_scores(scores, scale), t, 1.0, causal, keys)
 }
 
 /// The backward of `softmax_scaled_fwd` with respect to the unscaled scores: the softmax's

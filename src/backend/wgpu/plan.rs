@@ -671,13 +671,17 @@ impl<'a> ResidentPlan<'a> {
                 out,
                 t,
                 causal,
+                keys,
                 scale,
                 x_held,
-            } => train(
-                launch::softmax_fwd(rows_of(x, t), (t, causal), scale, x_held),
-                [Some(x), None, None],
-                [Some(out), None, None],
-            )?,
+            } => {
+                let key_rows = keys.map_or(0, |k| k.rows);
+                train(
+                    launch::softmax_fwd(rows_of(x, t), (t, causal, key_rows), scale, x_held),
+                    [Some(x), keys.map(|k| k.mask), None],
+                    [Some(out), None, None],
+                )?
+            }
             Op::SoftmaxBwd {
                 p,
                 dp,

@@ -94,6 +94,9 @@ pub struct TrainParams {
     pub key_lo: u32,
     /// Dropout's key, high word.
     pub key_hi: u32,
+    /// The softmax's key mask: 0 for none, else the score rows that read each mask row (the
+    /// second input).
+    pub key_rows: u32,
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -679,16 +682,18 @@ pub mod launch {
         l
     }
 
-    /// Causal softmax of the scaled `x` (`ScoreScale`: the scale, its product held in
-    /// `held`) over rows of `t`, x rounded to `x_held` as it is read.
+    /// Softmax of the scaled `x` (`ScoreScale`: the scale, its product held in `held`) over
+    /// rows of `t`, causal or not, x rounded to `x_held` as it is read; `key_rows`: the score
+    /// rows per row of the key mask bound as the second input (0: none).
     pub fn softmax_fwd(
         rows: usize,
-        (t, causal): (usize, bool),
+        (t, causal, key_rows): (usize, bool, usize),
         scale: ScoreScale,
         x_held: Format,
     ) -> TrainLaunch {
         let mut l = row_op(TrainOp::SoftmaxFwd, rows, t);
         l.params.causal = causal as u32;
+        l.params.key_rows = key_rows as u32;
         l.params.scale = scale.scale as f32;
         l.params.held = format_id(scale.held);
         l.params.read_held = format_id(x_held);
