@@ -523,6 +523,23 @@ extern "C" __global__ void broadcast(const float* x, float* out, i64 n, u32 c, f
     FOR_EACH(e, n) out[e] = held(x[e / c] * scale / divisor, fmt);
 }
 
+// ---- rotary position embeddings (src/plan/rotary.rs): rows of c = heads x d, row r at
+// position r % t, each head's halves rotated pair by pair by the table's angles ((cos, sin) of
+// pair i at position p at 2 (p d/2 + i)), by the opposite ones where `inverse` ----
+
+extern "C" __global__ void rotary(const float* x, const float* table, float* out, i64 n, u32 c,
+                                  u32 d, u32 t, u32 inverse, u32 fmt) {
+    u32 half = d / 2;
+    FOR_EACH(e, n) {
+        i64 row = e / c;
+        u32 k = (u32)(e % c) % d, i = k % half;
+        const float* angle = table + ((i64)(row % t) * half + i) * 2;
+        float cos_a = angle[0], sin_a = inverse ? -angle[1] : angle[1];
+        float y = k < half ? x[e] * cos_a - x[e + half] * sin_a : x[e] * cos_a + x[e - half] * sin_a;
+        out[e] = held(y, fmt);
+    }
+}
+
 // ---- softmax of the scaled scores (plan::ScoreScale: scale * s held in `fmt`), one block per
 // row of t; `causal`: row i of each t x t block sees columns 0..=i (the masked probabilities
 // are 0), else every column ----

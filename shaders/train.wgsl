@@ -549,6 +549,33 @@ fn dropout(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     out0[e] = held(in0v(e) * select(0.0, params.scale, u >= params.drop_p), params.held);
 }
 
+// Rotary position embeddings (src/plan/rotary.rs): in0 = x, rows of c = heads x d (d =
+// params.d), row r at position r % t (t = params.tokens); in1 = the table, (cos, sin) of pair i
+// at position p at 2 (p d/2 + i); out0 = each head's halves rotated pair by pair, held in
+// `held`. params.grad = 1 rotates by the opposite angles (the backward).
+@compute @workgroup_size(256)
+fn rotary(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wg, nwg, lid);
+    if (e >= params.n) {
+        return;
+    }
+    let half = params.d / 2u;
+    let row = e / params.c;
+    let k = (e % params.c) % params.d;
+    let i = k % half;
+    let angle = ((row % params.tokens) * half + i) * 2u;
+    let cos_a = in1[angle];
+    let sin_a = select(in1[angle + 1u], -in1[angle + 1u], params.grad != 0u);
+    var y: f32;
+    if (k < half) {
+        y = in0v(e) * cos_a - in0v(e + half) * sin_a;
+    } else {
+        y = in0v(e) * cos_a + in0v(e - half) * sin_a;
+    }
+    out0[e] = held(y, params.held);
+}
+
 // out0[row] = (the sum of the row's c values) / divisor, held in `held`: a sum (divisor 1) or
 // a mean (divisor c) over the last axis; in0 = x (rows of c).
 @compute @workgroup_size(256)

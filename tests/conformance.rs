@@ -1383,6 +1383,42 @@ fn model_ops(b: &dyn Backend) {
             common::same_or_flushed(&what, got, &want);
         }
     }
+    // Rotary position embeddings, forward and backward: 2 sequences of 300 positions (angles up
+    // to 299 radians: the table's), 3 heads of 6, rows 18 wide (not a multiple of a
+    // workgroup); held in f32 (f32 products against the definition's f64) and in bf16.
+    let (t, c, d) = (300, 18, 6);
+    let x = measure::normal(2 * t * c, seed + 11);
+    let table = mantissa::plan::rotary::table(t, d, 10000.0).unwrap();
+    for (inverse, held) in [
+        (false, Format::F32),
+        (true, Format::F32),
+        (true, Format::Bf16),
+    ] {
+        let mut p = common::OneOp::new(1);
+        let (xi, ti) = (p.input(x.clone()), p.input(table.clone()));
+        let out = p.output(x.len());
+        let op = Op::Rotary {
+            x: xi,
+            table: ti,
+            out,
+            t,
+            c,
+            d,
+            inverse,
+            held,
+        };
+        let ran = pair(&p.run_both(b, op, (&one, &one), 1.0, &[out]), 0);
+        let mut want = mantissa::plan::rotary::apply(&x, &table, (t, c, d), inverse);
+        ops::round_to(&mut want, held);
+        let what = format!("rotary (inverse {inverse}) held in {held}");
+        if held == Format::F32 {
+            agree(&what, &ran, &want, tol::ROW);
+        } else {
+            for got in &ran {
+                common::held_close(&format!("{name} {what}"), got, &want, held, tol::ROW);
+            }
+        }
+    }
     // The mean squared error and its gradient (the loss scaled), against targets of its own
     // (1001 values: more than a reduction's lanes), then against the batch's targets, f32
     // values as the bit patterns a batch brings (37 rows of one value).

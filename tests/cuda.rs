@@ -792,6 +792,22 @@ fn cuda_model_ops_match_the_host_reference() {
         let want = mantissa::plan::dropout::apply(&a, (step, site), [k0, k1], p);
         common::same_or_nan(&format!("dropout p {p} step {step}"), &got, &want);
     }
+    // Rotary embeddings both ways at 300 positions (angles to 299 radians), 3 heads of 6.
+    let (t, c, d) = (300, 18, 6);
+    let x = measure::normal(2 * t * c, seed + 12);
+    let table = mantissa::plan::rotary::table(t, d, 10000.0).unwrap();
+    for inverse in [false, true] {
+        let args = strings(&[2 * t, t, c, d, inverse as usize]);
+        let args = [&args[..], &[format_id(Format::F32)]].concat();
+        let got = run_f32(h, "rotary", &args, &[&x, &table]);
+        let want = mantissa::plan::rotary::apply(&x, &table, (t, c, d), inverse);
+        common::close(
+            &format!("rotary (inverse {inverse})"),
+            &got,
+            &want,
+            tol::ROW,
+        );
+    }
     // Row sums and means, rows shorter and longer than a block; their backward and a product
     // with a constant, to the bit, over the edges.
     for (rows, c) in [(37, 5), (3, 700)] {

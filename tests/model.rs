@@ -299,6 +299,13 @@ gradients! {
         let side = o.m.concat(&[parts[0], overlap]).unwrap();
         o.m.add(parts[1], side).unwrap()
     };
+    rotary_gradient: [2, 3], false, |o| {
+        // Two heads of 4 at positions 0..3, a base small enough for angles of radians.
+        let x = o.input("x", 8);
+        let x = o.m.rotary(x, 2, 3.0).unwrap();
+        let w = o.param("w", &[8, VOCAB]);
+        o.m.matmul(x, w, false).unwrap()
+    };
     bmm_gradient: [2, 3], false, |o| {
         // [2, 3, 3] . [2, 3, 5]: two products of activations.
         let (a, b) = (o.input("a", 3), o.input("b", VOCAB));
@@ -516,7 +523,7 @@ fn activation_gradients_are_rounded_as_they_are_written() {
 
 /// A model of the ops added with the unary family and the strided copies (ReLU, tanh,
 /// sigmoid, transpose, bmm both ways, concat, split, softmax, unmasked attention, causal
-/// attention with a key padding mask, mean, sum, scale, sub, dropout: its
+/// attention with a key padding mask, rotary embeddings, mean, sum, scale, sub, dropout: its
 /// masks the same bits on every backend, step after step) takes the reference's losses on `b`, step for
 /// step, at 32-true and bf16-mixed.
 fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
@@ -534,6 +541,7 @@ fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
         let x = m.embedding(wte, tokens).unwrap();
         let q = m.linear(x, wq, bq).unwrap();
         let q = m.relu(q).unwrap();
+        let q = m.rotary(q, 2, 10.0).unwrap();
         let k = m.matmul(x, wk, false).unwrap();
         let k = m.tanh(k).unwrap();
         // Attention over q|k|v = q|k|x (two heads of 4): unmasked, and causal with a key
@@ -682,6 +690,23 @@ fn bad_models_are_refused_with_the_op_and_shapes() {
     refused(m.relu(tokens).unwrap_err(), &["relu", "ids"]);
     refused(m.sum(b).unwrap_err(), &["sum", "[5]", "one axis"]);
     refused(m.attention(x, 4).unwrap_err(), &["attention", "[4, 6]"]);
+    let seq = m.values(&[2, 3, 6]).unwrap();
+    refused(
+        m.rotary(x, 1, 1e4).unwrap_err(),
+        &["rotary", "[4, 6]", "[batch, tokens"],
+    );
+    refused(
+        m.rotary(seq, 4, 1e4).unwrap_err(),
+        &["rotary", "4 heads", "not heads x d"],
+    );
+    refused(
+        m.rotary(seq, 2, 1e4).unwrap_err(),
+        &["rotary", "2 heads of 3", "even"],
+    );
+    refused(m.rotary(seq, 0, 1e4).unwrap_err(), &["rotary", "0 heads"]);
+    for base in [1.0, f64::NAN, f64::INFINITY, -3.0] {
+        refused(m.rotary(seq, 3, base).unwrap_err(), &["rotary", "base"]);
+    }
     let seqs = m.values(&[2, 2, 6]).unwrap();
     let wrong = m.values(&[2, 3]).unwrap();
     refused(

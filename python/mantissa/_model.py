@@ -323,6 +323,13 @@ class ModelBuilder:
             raise ValueError(f"causal_attention: heads {heads!r} is not a whole number")
         return self._call("causal_attention", qkv, int(heads))
 
+    def rotary(self, x: Var, heads: int, base: float = 10000.0) -> Var:
+        """Rotary position embeddings of x [batch, tokens, heads x d] (q or k): in each head,
+        values i and i + d/2 rotated by the angle p base^(-2i/d) at position p (Hugging
+        Face's ``rotate_half`` layout), held in x's format; d must be even."""
+        self._vars_of("rotary", x=x)
+        return self._call("rotary", x, _count("rotary", "heads", heads), float(base))
+
     def dropout(self, x: Var, p: float) -> Var:
         """Dropout in training (``torch.nn.functional.dropout``): each element kept with
         probability 1 - p and scaled by 1 / (1 - p). The masks come from a counter-based

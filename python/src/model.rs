@@ -193,6 +193,11 @@ impl PyModelBuilder {
         self.out(v)
     }
 
+    fn rotary(&mut self, x: &PyVar, heads: usize, base: f64) -> PyResult<PyVar> {
+        let v = self.builder()?.rotary(x.var, heads, base);
+        self.out(v)
+    }
+
     fn dropout(&mut self, x: &PyVar, p: f64) -> PyResult<PyVar> {
         let v = self.builder()?.dropout(x.var, p);
         self.out(v)

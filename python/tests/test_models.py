@@ -317,6 +317,26 @@ def test_a_key_padding_mask_leaves_the_padded_keys_out():
     np.testing.assert_allclose(t.outputs(), want, atol=1e-6)
 
 
+def test_rotary_embeddings_rotate_as_hugging_faces_rotate_half():
+    b = mantissa.ModelBuilder()
+    x, y = b.values([2, 5, 8]), b.values([2, 5, 8])
+    b.mse(b.rotary(x, 2, base=100.0), y)
+    with pytest.raises(ValueError, match="rotary: .* 8 heads of 1: heads of an even width"):
+        b.rotary(x, 8)
+    xv = np.random.default_rng(6).standard_normal((2, 5, 8)).astype(np.float32)
+    t = mantissa.ModelTrainer(b, backend="reference")
+    t.loss(xv, np.zeros((2, 5, 8), np.float32))
+    # Hugging Face: inv_freq = 1 / base^(arange(0, d, 2) / d) in f32, freqs = positions x
+    # inv_freq in f32, q * cos + rotate_half(q) * sin over heads of d = 4.
+    inv_freq = (1.0 / (100.0 ** (np.arange(0, 4, 2) / 4))).astype(np.float32)
+    freqs = np.arange(5, dtype=np.float32)[:, None] * inv_freq[None, :]
+    emb = np.concatenate([freqs, freqs], -1).astype(np.float64)
+    q = xv.reshape(2, 5, 2, 4).astype(np.float64)
+    half = np.concatenate([-q[..., 2:], q[..., :2]], -1)
+    want = q * np.cos(emb)[None, :, None, :] + half * np.sin(emb)[None, :, None, :]
+    np.testing.assert_allclose(t.outputs(), want.reshape(2, 5, 8), atol=1e-6)
+
+
 def test_misused_ops_raise_value_errors_naming_the_op():
     b = mantissa.ModelBuilder()
     x = b.values([4, 3])

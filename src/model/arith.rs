@@ -1,14 +1,15 @@
 //! Sums and means over the last axis, scaling by a constant and subtraction: `Op::RowSum`
 //! forward and `Op::Broadcast` back (a sum's gradient repeated over its row; with one repeat,
-//! a product with a constant); dropout (`Op::Dropout` both ways: the same mask on dy). As in
-//! ops.rs, each op whole: its builder method, its forward emission and its backward rule.
+//! a product with a constant); dropout (`Op::Dropout` both ways: the same mask on dy); rotary
+//! position embeddings (`Op::Rotary` both ways: the opposite angles on dy). As in ops.rs, each
+//! op whole: its builder method, its forward emission and its backward rule.
 
 use super::derive::{Emit, Saved};
 use super::ops::NodeOp;
 use super::{ModelBuilder, Node, Var, refuse, shape_of};
 use crate::error::Result;
 use crate::format::Format;
-use crate::plan::{Op, TensorId};
+use crate::plan::{Op, TensorId, rotary};
 
 impl ModelBuilder {
     /// The sum over the last axis of x [..., c]: [...] (`x.sum(-1)`; autocast runs it in f32,
@@ -68,6 +69,42 @@ impl ModelBuilder {
         let site = u32::try_from(site).map_err(|_| refuse("dropout", "too many dropouts"))?;
         let node = Dropout { p: p as f32, site };
         Ok(self.node(Box::new(node), vec![x], s))
+    }
+
+    /// Rotary position embeddings of x [batch, tokens, heads x d] (q or k, before attention):
+    /// in each head, value i and value i + d/2 rotated by the angle p base^(-2i/d) at position
+    /// p (`plan::rotary`: Hugging Face's `rotate_half` layout; base 10000 in most models),
+    /// computed in f32 and held in x's format. d must be even.
+    pub fn rotary(&mut self, x: Var, heads: usize, base: f64) -> Result<Var> {
+        let s = self.operand("rotary", x)?;
+        let [_, t, c] = s[..] else {
+            return Err(refuse(
+                "rotary",
+                format!("x {} must be [batch, tokens, heads x d]", shape_of(&s)),
+            ));
+        };
+        if heads == 0 || c % heads != 0 {
+            return Err(refuse(
+                "rotary",
+                format!(
+                    "x {} over {heads} heads: its width is not heads x d",
+                    shape_of(&s)
+                ),
+            ));
+        }
+        let d = c / heads;
+        if d % 2 != 0 || !(base.is_finite() && base > 1.0) {
+            return Err(refuse(
+                "rotary",
+                format!(
+                    "x {} over {heads} heads of {d}: heads of an even width, at a base finite \
+                     and > 1 (got {base:?})",
+                    shape_of(&s)
+                ),
+            ));
+        }
+        let table = rotary::table(t, d, base)?;
+        Ok(self.node(Box::new(Rotary { t, c, d, table }), vec![x], s))
     }
 
     /// a - b, of the same shape: a + (-1 . b), the same bits (negation is exact).
@@ -222,6 +259,60 @@ impl NodeOp for Dropout {
         let x = node.inputs[0];
         let dy = cx.dy_rounded(dy);
         let dx = self.apply(cx, dy);
+        cx.g.round(dx, cx.format(x));
+        cx.contribute(x, dx, true, cx.format(x));
+    }
+}
+
+/// Rotary position embeddings over rows of c = heads x d at t positions.
+#[derive(Debug)]
+pub(crate) struct Rotary {
+    t: usize,
+    c: usize,
+    d: usize,
+    /// `rotary::table` of t positions of d / 2 pairs (a constant of the plan).
+    table: Vec<f32>,
+}
+
+impl Rotary {
+    fn rotate(&self, cx: &mut Emit, x: TensorId, table: TensorId, inverse: bool) -> TensorId {
+        let out = cx.g.temp(cx.g.len(x));
+        cx.g.push(Op::Rotary {
+            x,
+            table,
+            out,
+            t: self.t,
+            c: self.c,
+            d: self.d,
+            inverse,
+            held: Format::F32,
+        });
+        out
+    }
+}
+
+impl NodeOp for Rotary {
+    fn name(&self) -> &'static str {
+        "rotary"
+    }
+
+    fn format(&self, cx: &Emit, node: &Node) -> Format {
+        cx.format(node.inputs[0])
+    }
+
+    /// The table is a constant of the plan, kept for the backward.
+    fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
+        let table = cx.g.constant(self.table.clone());
+        let out = self.rotate(cx, cx.t(node.inputs[0]), table, false);
+        cx.g.round(out, cx.format(node.out));
+        (out, vec![table])
+    }
+
+    /// dx = dy rotated by the opposite angles, held in x's format.
+    fn backward(&self, cx: &mut Emit, node: &Node, saved: &Saved, dy: TensorId) {
+        let x = node.inputs[0];
+        let dy = cx.dy_rounded(dy);
+        let dx = self.rotate(cx, dy, saved[0], true);
         cx.g.round(dx, cx.format(x));
         cx.contribute(x, dx, true, cx.format(x));
     }

@@ -37,6 +37,7 @@ mod cost;
 pub mod dropout;
 mod op;
 mod ranks;
+pub mod rotary;
 mod storage;
 mod strided;
 mod tensor;

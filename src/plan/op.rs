@@ -283,6 +283,28 @@ pub enum Op {
         /// The format `out` is held in.
         held: Format,
     },
+    /// Rotary position embeddings of rows of c = heads x d (`plan::rotary`): row r is the
+    /// token at position r % t; each head's two halves are rotated pair by pair, pair j by the
+    /// angle `table` gives for (position, j). The backward (`inverse`) rotates by the opposite
+    /// angles. Computed in f32, held in `held`.
+    Rotary {
+        /// The input, rows of c.
+        x: TensorId,
+        /// cos and sin of every position's angles: t x d/2 pairs (`rotary::table`).
+        table: TensorId,
+        /// The output (x's length).
+        out: TensorId,
+        /// Positions per sequence.
+        t: usize,
+        /// Width of a row (heads x d).
+        c: usize,
+        /// Width of a head (even).
+        d: usize,
+        /// Rotate by the opposite angles (the backward).
+        inverse: bool,
+        /// The format `out` is held in.
+        held: Format,
+    },
     /// Softmax of `scale * x` (held as `ScoreScale` says) per row of t: causal (the rows are
     /// blocks of t x t scores, row i seeing columns 0..=i) or over every column.
     Softmax {
@@ -518,6 +540,7 @@ impl Op {
             | Op::Mul { .. }
             | Op::RowSum { .. }
             | Op::Dropout { .. }
+            | Op::Rotary { .. }
             | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
@@ -557,6 +580,7 @@ impl Op {
             | Op::Mul { out, held, .. }
             | Op::RowSum { out, held, .. }
             | Op::Dropout { out, held, .. }
+            | Op::Rotary { out, held, .. }
             | Op::Broadcast { out, held, .. }
             | Op::UnaryBwd { out, held, .. }
             | Op::CrossEntropy {
@@ -668,6 +692,7 @@ impl Op {
             | Op::Dropout { x, out, .. } => {
                 vec![x, out]
             }
+            Op::Rotary { x, table, out, .. } => vec![x, table, out],
             Op::UnaryBwd { x, dy, out, .. } => vec![x, dy, out],
             Op::RmsNorm {
                 x, g, out, stats, ..
@@ -763,6 +788,8 @@ impl Op {
             Op::Mul { .. } => "mul",
             Op::RowSum { .. } => "row sum",
             Op::Dropout { .. } => "dropout",
+            Op::Rotary { inverse: false, .. } => "rotary",
+            Op::Rotary { .. } => "rotary backward",
             Op::Broadcast { .. } => "broadcast",
             Op::MseLoss { .. } => "mean squared error",
             Op::Softmax { causal: true, .. } => "causal softmax",
@@ -823,6 +850,7 @@ impl Op {
             | Op::Mul { .. }
             | Op::RowSum { .. }
             | Op::Dropout { .. }
+            | Op::Rotary { .. }
             | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
@@ -883,6 +911,7 @@ impl Op {
             | Op::RowSum { x, out, .. }
             | Op::Broadcast { x, out, .. }
             | Op::Dropout { x, out, .. } => (vec![x], vec![out]),
+            Op::Rotary { x, table, out, .. } => (vec![x, table], vec![out]),
             Op::UnaryBwd { x, dy, out, .. } => (vec![x, dy], vec![out]),
             Op::RmsNorm {
                 x, g, out, stats, ..
@@ -1075,6 +1104,24 @@ impl Op {
                 if !(0.0..1.0).contains(&p) {
                     return Err(check.fail(format!("p {p} is not in [0, 1)")));
                 }
+                check.holds("the output", out, check.len(x))
+            }
+            Op::Rotary {
+                x,
+                table,
+                out,
+                t,
+                c,
+                d,
+                ..
+            } => {
+                let rows = check.rows("x", x, ("c", c))?;
+                if d == 0 || d % 2 != 0 || c % d != 0 || t == 0 || rows % t != 0 {
+                    return Err(check.fail(format!(
+                        "rows of c = {c} as heads of d = {d} (even) at t = {t} positions: {rows} rows"
+                    )));
+                }
+                check.holds("the table", table, t * d)?;
                 check.holds("the output", out, check.len(x))
             }
             Op::RowSum {
@@ -1290,6 +1337,7 @@ impl Op {
             | Op::Mul { .. }
             | Op::RowSum { .. }
             | Op::Dropout { .. }
+            | Op::Rotary { .. }
             | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
@@ -1325,6 +1373,7 @@ impl Op {
             | Op::Mul { .. }
             | Op::RowSum { .. }
             | Op::Dropout { .. }
+            | Op::Rotary { .. }
             | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
@@ -1366,6 +1415,7 @@ impl Op {
             Op::Embedding { .. }
             | Op::RowSum { .. }
             | Op::Dropout { .. }
+            | Op::Rotary { .. }
             | Op::Broadcast { .. }
             | Op::EmbeddingBwd { .. }
             | Op::LayerNormBwd { .. }
@@ -1402,6 +1452,7 @@ impl Op {
             | Op::Mul { .. }
             | Op::RowSum { .. }
             | Op::Dropout { .. }
+            | Op::Rotary { .. }
             | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Softmax { .. }
@@ -1469,6 +1520,7 @@ impl Op {
             | Op::Mul { .. }
             | Op::RowSum { .. }
             | Op::Dropout { .. }
+            | Op::Rotary { .. }
             | Op::Broadcast { .. }
             | Op::MseLoss { .. }
             | Op::Unary { .. }

@@ -627,6 +627,17 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
             dropout(x, y.data(), scalars.data(), n, p, scale, site, k0, k1, fmt);
         });
         out = bits_of(y);
+    } else if (k == "rotary" && argc == 8) {
+        // ROWS T C D INVERSE FMT < x table > out (table: T x D/2 (cos, sin) pairs)
+        u32 rows = arg(argv, 2), t = arg(argv, 3), c = arg(argv, 4), d = arg(argv, 5);
+        u32 inverse = arg(argv, 6), fmt = arg(argv, 7);
+        i64 n = (i64)rows * c;
+        float* x = input.f(n);
+        float* table = input.f((size_t)t * d);
+        std::vector<float> y(n);
+        emu::launch(elementwise_grid(n), element_block,
+                    [&] { rotary(x, table, y.data(), n, c, d, t, inverse, fmt); });
+        out = bits_of(y);
     } else if (k == "row_sums" && argc == 6) {  // ROWS C DIVISOR FMT < x > sums
         u32 rows = arg(argv, 2), c = arg(argv, 3), fmt = arg(argv, 5);
         float divisor = farg(argv, 4);

@@ -288,6 +288,12 @@ impl ModelBuilder {
         })
     }
 
+    /// Rotary position embeddings of x [batch, tokens, heads x d] at `base` (10000 in most
+    /// models).
+    pub fn rotary(&mut self, x: &JsValue, heads: usize, base: f64) -> Result<JsValue, JsValue> {
+        self.one("rotary", x, |b, x| b.rotary(x, heads, base))
+    }
+
     pub fn dropout(&mut self, x: &JsValue, p: f64) -> Result<JsValue, JsValue> {
         self.one("dropout", x, |b, x| b.dropout(x, p))
     }

@@ -326,6 +326,22 @@ impl<'a> CudaPlan<'a> {
                 (p, seed, site),
                 held,
             ),
+            Op::Rotary {
+                x,
+                table,
+                out,
+                t,
+                c,
+                d,
+                inverse,
+                held,
+            } => launch::rotary(
+                cb,
+                [self.p(x), self.p(table), self.p(out)],
+                self.len(x),
+                (t, c, d, inverse),
+                held,
+            ),
             Op::RowSum {
                 x,
                 out,

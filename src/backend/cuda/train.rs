@@ -102,6 +102,7 @@ pub(super) mod scratch {
             | Op::RowSum { .. }
             | Op::Broadcast { .. }
             | Op::Dropout { .. }
+            | Op::Rotary { .. }
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }
@@ -390,6 +391,20 @@ pub(super) fn dropout(
     );
     let [k0, k1] = crate::plan::dropout::key(seed);
     launch_1d!(cb, Module::Train, "dropout", n; &x, &out, &scalars, &len, &p, &scale, &site, &k0, &k1, &fmt)
+}
+
+/// x (rows of c = heads x d at t positions) rotated by the table's angles (the opposite ones
+/// where `inverse`), held in `held` (`plan::rotary`).
+pub(super) fn rotary(
+    cb: &CudaBackend,
+    [x, table, out]: [Ptr; 3],
+    n: usize,
+    (t, c, d, inverse): (usize, usize, usize, bool),
+    held: Format,
+) -> Result<()> {
+    let (len, c, d, t) = (n as i64, c as u32, d as u32, t as u32);
+    let (inverse, fmt) = (inverse as u32, format_id(held));
+    launch_1d!(cb, Module::Train, "rotary", n; &x, &table, &out, &len, &c, &d, &t, &inverse, &fmt)
 }
 
 /// out[row] = the sum of each row of c values / `divisor`, held in `held`.

@@ -13,7 +13,7 @@ use crate::plan::exec::{
 };
 use crate::plan::graph::{Graphs, Recorder};
 use crate::plan::{
-    AdamW, AdamWParam, Op, Plan, Section, Stats, Storage, TensorId, Unary, dropout, scalar,
+    AdamW, AdamWParam, Op, Plan, Section, Stats, Storage, TensorId, Unary, dropout, rotary, scalar,
     step_algorithm,
 };
 
@@ -225,6 +225,20 @@ impl HostExecutor {
             } => {
                 let step = scalars[scalar::STEP] as u32;
                 let mut y = dropout::apply(&t[x], (step, site), dropout::key(seed), p);
+                round_to(&mut y, held);
+                self.tensors[out] = y;
+            }
+            Op::Rotary {
+                x,
+                table,
+                out,
+                t: positions,
+                c,
+                d,
+                inverse,
+                held,
+            } => {
+                let mut y = rotary::apply(&t[x], &t[table], (positions, c, d), inverse);
                 round_to(&mut y, held);
                 self.tensors[out] = y;
             }

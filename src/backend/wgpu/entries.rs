@@ -29,6 +29,8 @@ pub enum TrainOp {
     Mul,
     /// Dropout's mask times x (or dy).
     Dropout,
+    /// Rotary position embeddings (or their backward).
+    Rotary,
     /// A sum or mean of each row.
     RowSums,
     /// Values repeated (a row sum's backward), or scaled by a constant.
@@ -57,7 +59,7 @@ pub enum TrainOp {
 
 impl TrainOp {
     /// Every entry point, in the order of the shader module.
-    pub const ALL: [TrainOp; 24] = [
+    pub const ALL: [TrainOp; 25] = [
         TrainOp::LayernormFwd,
         TrainOp::LayernormBwdX,
         TrainOp::LayernormBwdPartials,
@@ -70,6 +72,7 @@ impl TrainOp {
         TrainOp::RmsnormBwdPartials,
         TrainOp::Mul,
         TrainOp::Dropout,
+        TrainOp::Rotary,
         TrainOp::RowSums,
         TrainOp::Broadcast,
         TrainOp::MseFwd,
@@ -99,6 +102,7 @@ impl TrainOp {
             TrainOp::RmsnormBwdPartials => "rmsnorm_bwd_partials",
             TrainOp::Mul => "elementwise_mul",
             TrainOp::Dropout => "dropout",
+            TrainOp::Rotary => "rotary",
             TrainOp::RowSums => "row_sums",
             TrainOp::Broadcast => "broadcast",
             TrainOp::MseFwd => "mse_fwd",

@@ -585,6 +585,20 @@ impl<'a> ResidentPlan<'a> {
                 [&t[x], &dummies.read, &c.scalars],
                 [&t[out], &dummies.write[0], &dummies.write[1]],
             )?,
+            Op::Rotary {
+                x,
+                table,
+                out,
+                t,
+                c,
+                d,
+                inverse,
+                held,
+            } => train(
+                launch::rotary(len(x), (t, c, d), inverse, held),
+                [Some(x), Some(table), None],
+                [Some(out), None, None],
+            )?,
             Op::RowSum {
                 x,
                 out,

@@ -642,6 +642,21 @@ pub mod launch {
         l
     }
 
+    /// x (rows of c = heads x d at t positions) -> rotated by the table's angles (by the
+    /// opposite ones where `inverse`), held in `held` (`plan::rotary`).
+    pub fn rotary(
+        n: usize,
+        (t, c, d): (usize, usize, usize),
+        inverse: bool,
+        held: Format,
+    ) -> TrainLaunch {
+        let mut l = train(TrainOp::Rotary, n, 0, n);
+        (l.params.tokens, l.params.c, l.params.d) = (t as u32, c as u32, d as u32);
+        l.params.grad = inverse as u32;
+        l.params.held = format_id(held);
+        l
+    }
+
     /// x (rows of c) -> each row's sum / `divisor`, held in `held`.
     pub fn row_sums(rows: usize, c: usize, divisor: f32, held: Format) -> TrainLaunch {
         let mut l = row_op(TrainOp::RowSums, rows, c);
