@@ -495,13 +495,14 @@ __device__ __forceinline__ u32 philox_first(u32 c0, u32 c1, u32 c2, u32 c3, u32 
 }
 
 // out[e] = x[e] * (kept ? scale : 0) held in `fmt`, the step from scalars[S_STEP]: the forward,
-// and on dy the backward.
+// and on dy the backward; x[e] held where the run evaluates (scalars[S_EVAL]).
 extern "C" __global__ void dropout(const float* x, float* out, const float* scalars, i64 n,
                                    float p, float scale, u32 site, u32 k0, u32 k1, u32 fmt) {
     u32 step = (u32)scalars[S_STEP];
+    bool eval = scalars[S_EVAL] != 0.0f;
     FOR_EACH(e, n) {
         float u = (float)(philox_first((u32)e, step, site, 0u, k0, k1) >> 8) * (1.0f / 16777216.0f);
-        out[e] = held(x[e] * (u >= p ? scale : 0.0f), fmt);
+        out[e] = held(eval ? x[e] : x[e] * (u >= p ? scale : 0.0f), fmt);
     }
 }
 

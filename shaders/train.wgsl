@@ -535,12 +535,17 @@ fn philox_first(counter: vec4<u32>, key: vec2<u32>) -> u32 {
 
 // out0[e] = in0[e] * (kept ? scale : 0), held: element e kept where the uniform of
 // philox_first(e, step, site, 0) (its top 24 bits times 2^-24) is >= drop_p; the step from the
-// scalars (in2). The forward, and on dy the backward.
+// scalars (in2). The forward, and on dy the backward. Where the run evaluates (S_EVAL),
+// out0[e] = in0[e], held.
 @compute @workgroup_size(256)
 fn dropout(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) lid: u32) {
     let e = flat_index(wg, nwg, lid);
     if (e >= params.n) {
+        return;
+    }
+    if (in2[S_EVAL] != 0.0) {
+        out0[e] = held(in0v(e), params.held);
         return;
     }
     let step = u32(in2[S_STEP]);

@@ -791,6 +791,10 @@ fn cuda_model_ops_match_the_host_reference() {
         let got = run_f32(h, "dropout", &args, &[&a]);
         let want = mantissa::plan::dropout::apply(&a, (step, site), [k0, k1], p);
         common::same_or_nan(&format!("dropout p {p} step {step}"), &got, &want);
+        // Evaluating: the input itself.
+        let evaluating = [&args[..], &["1".to_string()]].concat();
+        let got = run_f32(h, "dropout", &evaluating, &[&a]);
+        common::same_or_nan(&format!("dropout p {p} evaluating"), &got, &a);
     }
     // Rotary embeddings both ways at 300 positions (angles to 299 radians), 3 heads of 6.
     let (t, c, d) = (300, 18, 6);

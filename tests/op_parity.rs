@@ -422,6 +422,7 @@ fn run(b: &dyn Backend, case: &Case, preset: Preset, fused: bool) -> Got {
         t: 1,
         ranks: 1,
         fp8: &[],
+        eval: false,
     }
     .array(rows, plan.scalar_count());
     let logits = plan.logits();

@@ -259,6 +259,7 @@ fn a_plan_of_the_new_ops_differentiates_as_its_loss() {
                 t: 1,
                 ranks: 1,
                 fp8: &[],
+                eval: false,
             }
             .array(plan.rows(), plan.scalar_count())
         };
@@ -877,6 +878,7 @@ fn resident_plan_is_its_ops_one_by_one(b: &dyn Backend) {
             t: 1,
             ranks: 1,
             fp8: &t.fp8_scales(),
+            eval: false,
         }
         .array(plan.rows(), plan.scalar_count());
         let mut resident = mantissa::backend::executor(b, plan.clone(), true).unwrap();
@@ -2437,6 +2439,7 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
             t: 1,
             ranks: 1,
             fp8: &t.fp8_scales(),
+            eval: false,
         }
         .array(whole.rows(), whole.scalar_count());
         let mut a = mantissa::backend::executor(&Reference, whole.clone(), true).unwrap();

@@ -26,6 +26,11 @@ const T: usize = 4;
 /// the step), a layer norm, causal attention, linear layers with biases, a tied head.
 /// `head` names the second linear layer's weight (another name makes another model).
 fn language_model(head: &str) -> Model {
+    language_model_of(head, true)
+}
+
+/// `language_model`, with its dropout or without.
+fn language_model_of(head: &str, dropout: bool) -> Model {
     let c = 8;
     let mut m = ModelBuilder::new();
     let tokens = m.tokens(&[SEQUENCES, T]).unwrap();
@@ -42,7 +47,11 @@ fn language_model(head: &str) -> Model {
     let h = m.layer_norm(x, g, b).unwrap();
     let qkv = m.linear(h, qkv_w, qkv_b).unwrap();
     let heads = m.causal_attention(qkv, 2).unwrap();
-    let heads = m.dropout(heads, 0.25).unwrap();
+    let heads = if dropout {
+        m.dropout(heads, 0.25).unwrap()
+    } else {
+        heads
+    };
     let h = m.linear(heads, proj_w, proj_b).unwrap();
     let x = m.add(x, h).unwrap();
     let logits = m.matmul(x, wte, true).unwrap();
@@ -334,4 +343,57 @@ fn a_non_finite_gradient_skips_under_loss_scaling_and_diverges_without() {
             "{preset}: a parameter moved"
         );
     }
+}
+
+/// In evaluation mode (`training` off) dropout passes its input through: the model's loss and
+/// gradients are the bits of the same model without its dropout; back in training, the masks
+/// apply again.
+fn evaluation_passes_dropout_through(b: &dyn Backend) {
+    for preset in [Preset::True32, Preset::MixedBf16] {
+        let request = PrecisionRequest::of(preset);
+        let open = |dropout| {
+            let model = language_model_of("proj.w", dropout);
+            ModelTrainer::new(b, model, &request, None, 5).unwrap()
+        };
+        let (mut with, mut without) = (open(true), open(false));
+        let (ids, targets) = batch(0);
+        let training = with.loss(&ids, &targets).block_on().unwrap();
+        with.training = false;
+        let (evaluated, grads) = with.gradients(&ids, &targets).block_on().unwrap();
+        let (plain, plain_grads) = without.gradients(&ids, &targets).block_on().unwrap();
+        let what = format!("{} {preset}", b.name());
+        assert_eq!(
+            evaluated.to_bits(),
+            plain.to_bits(),
+            "{what}: evaluated loss"
+        );
+        assert_ne!(
+            training, evaluated,
+            "{what}: the masks changed nothing in training"
+        );
+        for (g, p) in grads.iter().zip(&plain_grads) {
+            assert!(common::same_bits(g, p), "{what}: evaluated gradients");
+        }
+        with.training = true;
+        let again = with.loss(&ids, &targets).block_on().unwrap();
+        assert_eq!(
+            again.to_bits(),
+            training.to_bits(),
+            "{what}: training again"
+        );
+    }
+}
+
+#[test]
+fn evaluation_passes_dropout_through_on_the_reference() {
+    evaluation_passes_dropout_through(&Reference);
+}
+
+#[test]
+fn evaluation_passes_dropout_through_on_wgpu() {
+    common::on(
+        common::wgpu(),
+        "evaluation_passes_dropout_through_on_wgpu",
+        |b| evaluation_passes_dropout_through(b),
+    );
 }

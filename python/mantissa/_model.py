@@ -334,7 +334,7 @@ class ModelBuilder:
         """Dropout in training (``torch.nn.functional.dropout``): each element kept with
         probability 1 - p and scaled by 1 / (1 - p). The masks come from a counter-based
         generator keyed by the trainer's seed, the step and the dropout's place: the same bits
-        on every backend (not PyTorch's masks). Every run applies them (no evaluation mode)."""
+        on every backend (not PyTorch's masks). A trainer in ``eval()`` mode passes x through."""
         self._vars_of("dropout", x=x)
         return self._call("dropout", x, float(p))
 
@@ -495,6 +495,24 @@ class ModelTrainer:
     def steps(self) -> int:
         """Steps run so far (skipped ones counted)."""
         return self._t.steps
+
+    @property
+    def training(self) -> bool:
+        """Whether dropout applies (``train()``) or passes its input through (``eval()``)."""
+        return self._t.training
+
+    def train(self, mode: bool = True) -> "ModelTrainer":
+        """Training mode for the runs that follow (``torch.nn.Module.train``): dropout
+        applies; ``mode=False`` is ``eval()``. Returns the trainer."""
+        if not isinstance(mode, (bool, np.bool_)):
+            raise ValueError(f"train: mode {mode!r} is not a bool")
+        self._t.training = bool(mode)
+        return self
+
+    def eval(self) -> "ModelTrainer":
+        """Evaluation mode for the runs that follow (``torch.nn.Module.eval``): dropout passes
+        its input through, in ``loss``, ``gradients``, ``outputs`` and ``step`` alike."""
+        return self.train(False)
 
     def save_checkpoint(self, path) -> None:
         """Writes a checkpoint of the run to ``path`` (safetensors, atomically): parameters,

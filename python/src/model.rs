@@ -404,6 +404,17 @@ impl PyModelTrainer {
         self.lock().steps
     }
 
+    /// Whether dropout applies (training) or passes its input through (evaluation).
+    #[getter]
+    fn training(&self) -> bool {
+        self.lock().training
+    }
+
+    #[setter]
+    fn set_training(&self, on: bool) {
+        self.lock().training = on;
+    }
+
     /// Writes a checkpoint of the run (parameters, AdamW's moments, the step counts, the loss
     /// scale) to `path`, atomically.
     fn save_checkpoint(&self, py: Python<'_>, path: PathBuf) -> PyResult<()> {

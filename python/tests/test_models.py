@@ -337,6 +337,29 @@ def test_rotary_embeddings_rotate_as_hugging_faces_rotate_half():
     np.testing.assert_allclose(t.outputs(), want.reshape(2, 5, 8), atol=1e-6)
 
 
+def test_eval_mode_passes_dropout_through():
+    def mlp(dropout):
+        b = mantissa.ModelBuilder()
+        x, y = b.values([8, 4]), b.values([8, 3])
+        h = b.tanh(b.linear(x, b.param("w", [4, 6]), b.param("b", [6], init="zeros")))
+        if dropout:
+            h = b.dropout(h, 0.5)
+        b.mse(b.linear(h, b.param("v", [6, 3]), b.param("c", [3], init="zeros")), y)
+        return b
+    rng = np.random.default_rng(8)
+    x, y = rng.standard_normal((8, 4)), rng.standard_normal((8, 3))
+    t = mantissa.ModelTrainer(mlp(True), backend="reference", seed=2)
+    plain = mantissa.ModelTrainer(mlp(False), backend="reference", seed=2)
+    assert t.training
+    dropped = t.loss(x, y)
+    assert t.eval() is t and not t.training
+    assert t.loss(x, y) == plain.loss(x, y) != dropped
+    t.train()
+    assert t.training and t.loss(x, y) == dropped
+    with pytest.raises(ValueError, match="train: mode 'yes' is not a bool"):
+        t.train("yes")
+
+
 def test_misused_ops_raise_value_errors_naming_the_op():
     b = mantissa.ModelBuilder()
     x = b.values([4, 3])

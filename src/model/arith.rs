@@ -54,8 +54,8 @@ impl ModelBuilder {
     /// Dropout of x (`torch.nn.functional.dropout` in training): each element kept with
     /// probability 1 - p and scaled by 1 / (1 - p), else 0, held in x's format. The masks are
     /// `plan::dropout`'s, keyed by the trainer's seed, the step and this dropout's place among
-    /// the model's: the same bits on every backend. Every run of the step applies them (the
-    /// forward-only runs too: there is no evaluation mode yet).
+    /// the model's: the same bits on every backend. A trainer in evaluation mode
+    /// (`ModelTrainer::training` off) passes x through instead.
     pub fn dropout(&mut self, x: Var, p: f64) -> Result<Var> {
         let s = self.operand("dropout", x)?;
         if !(0.0..1.0).contains(&p) || (p as f32) >= 1.0 {

@@ -122,6 +122,9 @@ pub struct ModelTrainer<'a> {
     pub adamw: AdamW,
     /// Clip the global gradient norm to this; 0 disables.
     pub grad_clip: f32,
+    /// Dropout applies (true, the default) or passes its input through (false: evaluation,
+    /// as after PyTorch's `model.eval()`), in every run that follows.
+    pub training: bool,
     /// GradScaler's dynamic loss scale, where the preset scales the loss (16-mixed).
     pub scaler: Option<LossScaler>,
     /// fp8 delayed scaling's amax histories and scales, where the preset has them.
@@ -272,6 +275,7 @@ impl<'a> ModelTrainer<'a> {
             precision,
             adamw: AdamW::default(),
             grad_clip: 0.0,
+            training: true,
             fp8,
             steps: 0,
             applied: 0,
@@ -549,6 +553,7 @@ impl<'a> ModelTrainer<'a> {
             t: self.applied + 1,
             ranks: self.options.group.size(),
             fp8: &fp8,
+            eval: !self.training,
         }
         .array(plan.rows, plan.scalar_count()))
     }

@@ -33,11 +33,14 @@ pub const STEP: usize = 11;
 /// the global batch; the loss scale itself on one rank), for the host interpreter
 /// (`reference::ops::cross_entropy_bwd` divides by its own rows).
 pub const DLOSS: usize = 12;
+/// 1 where the run evaluates (dropout passes its input through, as after PyTorch's
+/// `model.eval()`); 0 in training.
+pub const EVAL: usize = 13;
 /// fp8 scales: three per linear layer (input, weight, gradient).
-pub const FP8: usize = 13;
+pub const FP8: usize = 14;
 
 /// Every slot by the name the kernels know it by (`S_<NAME>`).
-pub const SLOTS: [(&str, usize); 14] = [
+pub const SLOTS: [(&str, usize); 15] = [
     ("DLOSS_PER_ROW", DLOSS_PER_ROW),
     ("INVERSE_SCALE", INVERSE_SCALE),
     ("POISON", POISON),
@@ -51,6 +54,7 @@ pub const SLOTS: [(&str, usize); 14] = [
     ("CLIP", CLIP),
     ("STEP", STEP),
     ("DLOSS", DLOSS),
+    ("EVAL", EVAL),
     ("FP8", FP8),
 ];
 
@@ -169,6 +173,8 @@ pub struct StepScalars<'a> {
     /// Delayed scaling's (input, weight, gradient) scales per fp8 linear layer; unit scales
     /// for the layers it does not cover.
     pub fp8: &'a [[f32; 3]],
+    /// The run evaluates: dropout passes its input through (`EVAL`).
+    pub eval: bool,
 }
 
 impl StepScalars<'_> {
@@ -185,6 +191,7 @@ impl StepScalars<'_> {
         s[CLIP] = self.clip;
         s[STEP] = self.t as f32;
         s[DLOSS] = (self.loss_scale as f64 / ranks) as f32;
+        s[EVAL] = f32::from(u8::from(self.eval));
         // Unit scales where no fp8 state is given (a forward pass outside training).
         for (l, slots) in s[FP8.min(scalar_count)..].chunks_mut(3).enumerate() {
             let scales = self.fp8.get(l).copied().unwrap_or([1.0; 3]);

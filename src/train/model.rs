@@ -291,6 +291,7 @@ impl Gpt<'_> {
             t: 1,
             ranks: 1,
             fp8,
+            eval: true,
         }
         .array(plan.rows, plan.scalar_count());
         let ids_of = plan.state.clone();

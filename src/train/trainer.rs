@@ -491,9 +491,20 @@ impl<'a> Trainer<'a> {
         Ok(self.corpus.decode(&ids[start..]))
     }
 
-    /// Mean validation loss over `batches` fixed batches (1 to `MAX_EVAL_BATCHES`). A loss
-    /// that is not finite stops the run: `Error::Diverged` at the step it follows (weights that
-    /// overflowed in an update whose own loss was finite, as a huge learning rate makes them).
+    /// The sum of this rank's losses over the first `batches` validation batches.
+    async fn validation_losses(&mut self, batches: usize) -> Result<f64> {
+        let mut total = 0.0;
+        for i in 0..batches {
+            let (ids, targets) = self.local_batch(true, i as u64)?;
+            total += self.run.loss(&ids, &targets).await?;
+        }
+        Ok(total)
+    }
+
+    /// Mean validation loss over `batches` fixed batches (1 to `MAX_EVAL_BATCHES`), in
+    /// evaluation mode (`ModelTrainer::training` off). A loss that is not finite stops the run:
+    /// `Error::Diverged` at the step it follows (weights that overflowed in an update whose own
+    /// loss was finite, as a huge learning rate makes them).
     pub async fn evaluate(&mut self, batches: usize) -> Result<f64> {
         if !(1..=MAX_EVAL_BATCHES).contains(&batches) {
             return Err(Error::invalid(
@@ -501,11 +512,11 @@ impl<'a> Trainer<'a> {
                 format!("{batches}: between 1 and {MAX_EVAL_BATCHES}"),
             ));
         }
-        let mut total = [0.0];
-        for i in 0..batches {
-            let (ids, targets) = self.local_batch(true, i as u64)?;
-            total[0] += self.run.loss(&ids, &targets).await?;
-        }
+        // In evaluation mode (dropout off), the run's mode restored whatever happens.
+        let training = std::mem::replace(&mut self.run.training, false);
+        let summed = self.validation_losses(batches).await;
+        self.run.training = training;
+        let mut total = [summed?];
         // Each rank's loss is the mean over its slice: the batch's is the mean over the ranks.
         let group = self.run.group();
         group.sum_f64(&mut total)?;

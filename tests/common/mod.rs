@@ -472,6 +472,7 @@ fn run_plan(
         t: 3,
         ranks: 1,
         fp8: &[],
+        eval: false,
     }
     .array(plan.rows(), plan.scalar_count());
     let mut exec = mantissa::backend::executor(b, plan.clone(), resident).unwrap();

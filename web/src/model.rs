@@ -376,6 +376,13 @@ impl ModelRun {
         }))
     }
 
+    /// Training mode (dropout applies; the default) or evaluation (dropout passes its input
+    /// through), for the runs that follow.
+    pub fn set_training(&self, on: bool) -> Result<(), JsValue> {
+        claim(&self.run)?.training = on;
+        Ok(())
+    }
+
     /// Writes values input `k` (declaration order) for the steps that follow.
     pub fn set_values(&self, k: usize, values: Vec<f32>) -> Promise {
         let run = self.run.clone();

@@ -224,7 +224,11 @@ impl HostExecutor {
                 held,
             } => {
                 let step = scalars[scalar::STEP] as u32;
-                let mut y = dropout::apply(&t[x], (step, site), dropout::key(seed), p);
+                let mut y = if scalars[scalar::EVAL] != 0.0 {
+                    t[x].clone()
+                } else {
+                    dropout::apply(&t[x], (step, site), dropout::key(seed), p)
+                };
                 round_to(&mut y, held);
                 self.tensors[out] = y;
             }
