@@ -108,6 +108,41 @@ fn autocast_classes_and_overrides() {
     assert_eq!(mantissa::cli::exit_code(&err), 2, "{said}");
 }
 
+/// A training step takes overrides of the ops whose format it holds by op (linear, softmax,
+/// layer norm, RMS norm); an override of any other op would change nothing and is refused,
+/// naming the op and the ones it takes.
+#[test]
+fn a_step_refuses_overrides_it_would_not_honour() {
+    use mantissa::backend::{Backend, reference::Reference};
+    use mantissa::policy::precision::PrecisionRequest;
+    let caps = Reference.capabilities();
+    let decide = |overrides: &'static str| {
+        let request = PrecisionRequest {
+            autocast_overrides: overrides,
+            ..PrecisionRequest::of(Preset::MixedBf16)
+        };
+        Precision::decide(&request, &caps)
+    };
+    let p = decide("softmax=bf16,layer_norm=bf16,rms_norm=f16,linear=f32").unwrap();
+    assert_eq!(
+        (p.softmax, p.layer_norm, p.rms_norm, p.compute),
+        (Format::Bf16, Format::Bf16, Format::F16, Format::F32)
+    );
+    for (op, follows) in [
+        ("gelu", "its input's"),
+        ("mul", "its input's"),
+        ("attention_scores", "the linear layers'"),
+        ("cross_entropy", "f32"),
+    ] {
+        let err = decide(Box::leak(format!("{op}=f32").into_boxed_str())).unwrap_err();
+        let said = err.to_string();
+        for part in [op, follows, "linear, softmax, layer_norm, rms_norm"] {
+            assert!(said.contains(part), "{said} does not say {part}");
+        }
+        assert_eq!(mantissa::cli::exit_code(&err), 2, "{said}");
+    }
+}
+
 #[test]
 fn grad_scaler_backs_off_skips_and_grows() {
     let mut s = LossScaler::new(LossScaleConfig::default());

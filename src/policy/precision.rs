@@ -61,6 +61,11 @@ impl PrecisionRequest<'static> {
     }
 }
 
+/// The ops whose autocast override a training step honours: the matmul-like ops' format (the
+/// linear layers', which every matmul of the step follows) and the three f32-class ops that
+/// hold an output. An override of any other op would change nothing and is refused.
+const HONOURED_OVERRIDES: [Op; 4] = [Op::Linear, Op::Softmax, Op::LayerNorm, Op::RmsNorm];
+
 impl Precision {
     /// The precision of a step under `request` on a backend with `caps`.
     pub fn decide(request: &PrecisionRequest, caps: &Capabilities) -> Result<Precision> {
@@ -71,6 +76,22 @@ impl Precision {
             spec.params
         };
         let autocast = Autocast::new(spec.compute).with_overrides(request.autocast_overrides)?;
+        if let Some(op) = (autocast.overrides.keys()).find(|op| !HONOURED_OVERRIDES.contains(op)) {
+            let honoured: Vec<&str> = HONOURED_OVERRIDES.iter().map(|o| o.name()).collect();
+            return Err(Error::invalid(
+                "autocast override",
+                format!(
+                    "{op}: a training step takes no override of it (its format follows {}); it \
+                     takes overrides of {}",
+                    match op.class() {
+                        super::OpClass::MatmulLike => "the linear layers'",
+                        super::OpClass::F32 => "f32, as every loss and reduction",
+                        super::OpClass::Input => "its input's",
+                    },
+                    honoured.join(", ")
+                ),
+            ));
+        }
         let compute = autocast.format_for(Op::Linear, stream);
         let matmul = match (request.algorithm, compute) {
             (Some(a), _) => a,
