@@ -997,7 +997,8 @@ mod uniform_layout {
                 drop_p,
                 site,
                 key_lo,
-                key_hi
+                key_hi,
+                key_rows
             }
         );
         assert_uniform_layout!(
