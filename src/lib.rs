@@ -70,6 +70,7 @@ pub mod algorithm;
 pub mod backend;
 pub mod bench;
 pub mod cache;
+pub mod choice;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod cli;
 pub mod dist;

@@ -7,6 +7,7 @@ mod common;
 
 use mantissa::backend::reference::ops;
 use mantissa::backend::{Backend, BackendKind, Reference};
+use mantissa::choice;
 use mantissa::measure;
 use mantissa::plan::{Op, Section, Unary};
 use mantissa::policy::{Fp8State, Preset};

@@ -8,12 +8,12 @@ mod common;
 
 use mantissa::Error;
 use mantissa::backend::{Backend, Reference};
+use mantissa::choice::{self, Chooser, ChosenBy};
 use mantissa::dist::{Reducer, Reduction};
 use mantissa::model::{Init, Model, ModelBuilder, ModelTrainer, RunOptions};
 use mantissa::policy::Preset;
 use mantissa::policy::precision::PrecisionRequest;
 use mantissa::train::checkpoint::{Checkpoint, Expected};
-use mantissa::train::choice::{self, Chooser, ChosenBy};
 use mantissa::train::init::{read_params, write_params};
 use mantissa::tune::AutotuneMode;
 use pollster::FutureExt as _;

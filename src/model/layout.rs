@@ -9,7 +9,7 @@ use super::ops::{Narrower, NodeOp};
 use super::{ModelBuilder, Node, Var, refuse, shape_of};
 use crate::error::Result;
 use crate::format::Format;
-use crate::plan::{Op, Strided, TensorId};
+use crate::plan::{Strided, TensorId};
 
 impl ModelBuilder {
     /// x [..., r, c] with its last two axes swapped: [..., c, r] (`x.transpose(-2, -1)` made
@@ -141,12 +141,7 @@ impl NodeOp for Narrow {
         let x = cx.t(node.inputs[0]);
         let out = cx.g.temp(self.rows * self.length);
         let map = self.to_whole().inverse();
-        cx.g.push(Op::Copy {
-            x,
-            out,
-            map,
-            held: Format::F32,
-        });
+        cx.g.copy(x, out, map, Format::F32);
         (out, vec![])
     }
 
@@ -166,19 +161,9 @@ impl NodeOp for Narrow {
             src_offset: 0,
             dst_offset: 0,
         };
-        cx.g.push(Op::Copy {
-            x: zero,
-            out: dx,
-            map: fill,
-            held: Format::F32,
-        });
+        cx.g.copy(zero, dx, fill, Format::F32);
         let held = cx.dy_read.narrower(cx.format(x));
-        cx.g.push(Op::Copy {
-            x: dy,
-            out: dx,
-            map: self.to_whole(),
-            held,
-        });
+        cx.g.copy(dy, dx, self.to_whole(), held);
         cx.contribute(x, dx, true, held);
     }
 }
@@ -204,8 +189,7 @@ impl NodeOp for Transpose {
         let x = cx.t(node.inputs[0]);
         let out = cx.g.temp(cx.g.len(x));
         let map = Strided::transpose(self.batch, self.r, self.c);
-        let held = Format::F32;
-        cx.g.push(Op::Copy { x, out, map, held });
+        cx.g.copy(x, out, map, Format::F32);
         (out, vec![])
     }
 
@@ -215,12 +199,7 @@ impl NodeOp for Transpose {
         let dx = cx.g.temp(cx.len(x));
         let map = Strided::transpose(self.batch, self.r, self.c).inverse();
         let held = cx.dy_read;
-        cx.g.push(Op::Copy {
-            x: dy,
-            out: dx,
-            map,
-            held,
-        });
+        cx.g.copy(dy, dx, map, held);
         cx.contribute(x, dx, true, held);
     }
 }
@@ -263,12 +242,7 @@ impl NodeOp for Concat {
         for (i, &x) in node.inputs.iter().enumerate() {
             let x = cx.t(x);
             let map = self.to_output(i);
-            cx.g.push(Op::Copy {
-                x,
-                out,
-                map,
-                held: Format::F32,
-            });
+            cx.g.copy(x, out, map, Format::F32);
         }
         (out, vec![])
     }
@@ -284,12 +258,7 @@ impl NodeOp for Concat {
             let map = self.to_output(i).inverse();
             let dx = cx.g.temp(cx.len(x));
             let held = cx.dy_read.narrower(cx.format(x));
-            cx.g.push(Op::Copy {
-                x: dy,
-                out: dx,
-                map,
-                held,
-            });
+            cx.g.copy(dy, dx, map, held);
             cx.contribute(x, dx, true, held);
         }
     }

@@ -821,12 +821,7 @@ impl NodeOp for CausalAttention {
         let n = b * t * h * d;
         let [q, k, v] = [0, 1, 2].map(|part| {
             let out = cx.g.temp(n);
-            cx.g.push(Op::Copy {
-                x: qkv,
-                out,
-                map: Strided::split_head(part, b, t, h, d),
-                held: Format::F32,
-            });
+            cx.g.copy(qkv, out, Strided::split_head(part, b, t, h, d), Format::F32);
             out
         });
         let scores = cx.mm(
@@ -856,12 +851,7 @@ impl NodeOp for CausalAttention {
             None,
         );
         let rows = cx.g.temp(n);
-        cx.g.push(Op::Copy {
-            x: y,
-            out: rows,
-            map: Strided::heads_to_rows(b, t, h, d),
-            held: Format::F32,
-        });
+        cx.g.copy(y, rows, Strided::heads_to_rows(b, t, h, d), Format::F32);
         (rows, vec![q, k, v, att])
     }
 
@@ -887,12 +877,7 @@ impl NodeOp for CausalAttention {
                 unreachable!("unfused attention keeps q, k, v and P")
             };
             let dy_heads = cx.g.temp(b * t * h * d);
-            cx.g.push(Op::Copy {
-                x: dy,
-                out: dy_heads,
-                map: Strided::rows_to_heads(b, t, h, d),
-                held: cx.dy_read,
-            });
+            cx.g.copy(dy, dy_heads, Strided::rows_to_heads(b, t, h, d), cx.dy_read);
             let bh = b * h;
             let shape = |m, n, k, ta, tb| MatmulShape::batched(bh, (m, n, k), ta, tb);
             let datt = cx.mm(shape(t, t, d, false, true), (dy_heads, v), None);
@@ -911,12 +896,7 @@ impl NodeOp for CausalAttention {
             let dq = cx.mm(shape(t, d, t, false, false), (dscores, k), None);
             let dk = cx.mm(shape(t, d, t, true, false), (dscores, q), None);
             for (part, x) in [dq, dk, dv].into_iter().enumerate() {
-                cx.g.push(Op::Copy {
-                    x,
-                    out: dqkv,
-                    map: Strided::merge_head(part, b, t, h, d),
-                    held: Format::F32,
-                });
+                cx.g.copy(x, dqkv, Strided::merge_head(part, b, t, h, d), Format::F32);
             }
         }
         cx.contribute(qkv, dqkv, true, cx.p.compute);

@@ -9,6 +9,7 @@
 use super::{Model, PlanOptions};
 use crate::backend::reference::ops::round_to;
 use crate::backend::{self, Backend};
+use crate::choice::{Candidate, Choice, Chooser, ChosenBy, Trials};
 use crate::dist::{Collective, Reducer, Reduction, Single};
 use crate::error::{Error, Result, gib};
 use crate::plan::exec::{GradientSum, Memory, Reduced, Timings, grad_norm, update_factor};
@@ -16,7 +17,6 @@ use crate::plan::scalar::StepScalars;
 use crate::plan::{AdamW, Plan, Section, Stats, StepExecutor, Storage, TensorId, TensorKind};
 use crate::policy::precision::PrecisionRequest;
 use crate::policy::{Fp8Role, Fp8State, LossScaler, Precision, Preset, StepDecision};
-use crate::train::choice::{Candidate, Choice, Chooser, ChosenBy, Trials};
 use crate::tune::AutotuneMode;
 use std::borrow::Cow;
 

@@ -1,7 +1,7 @@
 //! Recording a plan: tensors and ops pushed one by one, with the folds that merge an op into
 //! the one before it where one pass does both.
 
-use super::{Op, Plan, Stats, TensorId, TensorInfo, TensorKind, Unary};
+use super::{Op, Plan, Stats, Strided, TensorId, TensorInfo, TensorKind, Unary};
 use crate::error::Result;
 use crate::format::Format;
 
@@ -275,6 +275,12 @@ impl PlanBuilder {
                 }
             }
         }
+    }
+
+    /// A strided copy of x into out (`Op::Copy`: out[map.dst(e)] = x[map.src(e)]), rounded to
+    /// `held` as copied.
+    pub fn copy(&mut self, x: TensorId, out: TensorId, map: Strided, held: Format) {
+        self.push(Op::Copy { x, out, map, held });
     }
 
     /// Rounds x to `format` in place (nothing for f32): the op just pushed holds its output in

@@ -11,15 +11,14 @@
 //! - `checkpoint.rs`: safetensors checkpoints of the weights, moments and run state
 
 pub mod checkpoint;
-pub mod choice;
 pub mod data;
 pub mod init;
 pub mod model;
 pub mod trainer;
 
+pub use crate::choice::{Choice, Chooser, ChosenBy};
 pub use crate::model::TrainState;
 pub use checkpoint::{Checkpoint, Expected};
-pub use choice::{Choice, Chooser, ChosenBy};
 pub use data::{Batches, Corpus};
 pub use model::{Gpt, GptConfig};
 pub use trainer::{StepRecord, TrainOptions, Trainer, attention_choice, graphs_choice, pick_token};

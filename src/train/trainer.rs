@@ -3,11 +3,11 @@
 //! (`model::ModelTrainer`).
 
 use super::checkpoint::{Checkpoint, Expected, GptMeta};
-use super::choice::{Choice, Chooser};
 use super::data::{Batches, Corpus};
 use super::model::{Gpt, GptConfig};
 use crate::algorithm::Algorithm;
 use crate::backend::Backend;
+use crate::choice::{Choice, Chooser};
 use crate::dist::{self, Collective, Reduction, Single};
 use crate::error::{Error, Result};
 use crate::model::{ModelTrainer, Resize, RunOptions, TrainState};
