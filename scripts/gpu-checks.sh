@@ -25,7 +25,8 @@
 #   bash scripts/gpu-checks.sh dist      # NCCL and MPI's host buffers on one rank against the
 #                                        # plain step, their sums overlapped with the backward
 #                                        # pass and not (NCCL needs libnccl.so.2 on
-#                                        # LD_LIBRARY_PATH, e.g. torch's wheel)
+#                                        # LD_LIBRARY_PATH, e.g. torch's wheel); two MPI ranks on
+#                                        # the one GPU where mpirun is there
 #   bash scripts/gpu-checks.sh parity    # step for step with PyTorch on `small`, 100 steps:
 #                                        # the anchor under torch.autocast("cuda") writes its
 #                                        # init, batches and losses; CUDA and wgpu train from
@@ -177,6 +178,14 @@ dist)
     # the pass runs on, against one sum after the pass (losses equal to the runs above).
     run 150 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --reducer mpi --out "$out/mpi"
     run 150 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --reducer mpi --overlap-reduction off --out "$out/mpi-after"
+    # Two ranks on the one GPU through MPI's host path (NCCL refuses two ranks on one device):
+    # each rank half of the batch, the losses those of "alone" up to f32 summation order. Needs
+    # mpirun on the machine and a binary built with `--features mpi`.
+    if command -v mpirun >/dev/null; then
+        run 300 mpirun --allow-run-as-root --oversubscribe -np 2 $m train --config small --precision 32-true --steps 50 --eval-interval 50 --backend cuda --reducer mpi --out "$out/mpi-2-ranks"
+    else
+        echo "dist: no mpirun here: the two-rank check on one GPU is skipped" | tee -a "$out/log.txt"
+    fi
     ;;
 parity)
     p="$out/parity"

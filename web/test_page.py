@@ -195,7 +195,7 @@ def check(results, native, steps, size, tune):
         ("an unknown backend", "cuda"),
         ("a builder used twice", "already"),
         ("values of the wrong length", "values"),
-        ("targets of the wrong length", "targets"),
+        ("targets of the wrong length", "reads 4 class targets (a row of its loss each); got 3"),
         ("a target outside the classes", "2"),
         ("a step after the refusals", None),
     ):

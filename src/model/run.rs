@@ -577,6 +577,13 @@ impl<'a> ModelTrainer<'a> {
                     x.len()
                 ),
             )),
+            (true, false) if x.len() != rows => Err(Error::invalid(
+                what,
+                format!(
+                    "the model reads {rows} {what} (a row of its loss each); got {}",
+                    x.len()
+                ),
+            )),
             (true, false) => Ok(Cow::Borrowed(x)),
             (false, true) => Ok(Cow::Owned(vec![0; rows])),
         };
