@@ -477,8 +477,8 @@ extern "C" __global__ void elementwise_mul(const float* a, const float* b, void*
     FOR_EACH(e, n) store_held(out, e, a[e] * b[e], fmt, coded);
 }
 
-// ---- dropout: src/plan/dropout.rs's mask, the first word of Philox4x32-10 of (e, step,
-// site, 0) under the seed's key as a uniform (its top 24 bits times 2^-24), kept where >= p ----
+// ---- dropout: src/plan/dropout.rs's mask, the first word of Philox4x32-10 of (part n + e,
+// step, site, 0) under the seed's key as a uniform (its top 24 bits times 2^-24), kept where >= p ----
 
 __device__ __forceinline__ u32 philox_first(u32 c0, u32 c1, u32 c2, u32 c3, u32 k0, u32 k1) {
     for (int round = 0; round < 10; round++) {
@@ -494,14 +494,15 @@ __device__ __forceinline__ u32 philox_first(u32 c0, u32 c1, u32 c2, u32 c3, u32 
     return c0;
 }
 
-// out[e] = x[e] * (kept ? scale : 0) held in `fmt`, the step from scalars[S_STEP]: the forward,
-// and on dy the backward; x[e] held where the run evaluates (scalars[S_EVAL]).
+// out[e] = x[e] * (kept ? scale : 0) held in `fmt`, the step and the batch's part from the
+// scalars: the forward, and on dy the backward; x[e] held where the run evaluates (S_EVAL).
 extern "C" __global__ void dropout(const float* x, float* out, const float* scalars, i64 n,
                                    float p, float scale, u32 site, u32 k0, u32 k1, u32 fmt) {
     u32 step = (u32)scalars[S_STEP];
+    u32 first = (u32)scalars[S_PART] * (u32)n;
     bool eval = scalars[S_EVAL] != 0.0f;
     FOR_EACH(e, n) {
-        float u = (float)(philox_first((u32)e, step, site, 0u, k0, k1) >> 8) * (1.0f / 16777216.0f);
+        float u = (float)(philox_first(first + (u32)e, step, site, 0u, k0, k1) >> 8) * (1.0f / 16777216.0f);
         out[e] = held(eval ? x[e] : x[e] * (u >= p ? scale : 0.0f), fmt);
     }
 }

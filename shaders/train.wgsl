@@ -534,8 +534,8 @@ fn philox_first(counter: vec4<u32>, key: vec2<u32>) -> u32 {
 }
 
 // out0[e] = in0[e] * (kept ? scale : 0), held: element e kept where the uniform of
-// philox_first(e, step, site, 0) (its top 24 bits times 2^-24) is >= drop_p; the step from the
-// scalars (in2). The forward, and on dy the backward. Where the run evaluates (S_EVAL),
+// philox_first(part n + e, step, site, 0) (its top 24 bits times 2^-24) is >= drop_p; the step
+// and the batch's part from the scalars (in2). The forward, and on dy the backward. Where the run evaluates (S_EVAL),
 // out0[e] = in0[e], held.
 @compute @workgroup_size(256)
 fn dropout(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -549,7 +549,8 @@ fn dropout(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
         return;
     }
     let step = u32(in2[S_STEP]);
-    let word = philox_first(vec4<u32>(e, step, params.site, 0u), vec2<u32>(params.key_lo, params.key_hi));
+    let first = u32(in2[S_PART]) * params.n;
+    let word = philox_first(vec4<u32>(first + e, step, params.site, 0u), vec2<u32>(params.key_lo, params.key_hi));
     let u = f32(word >> 8u) * (1.0 / 16777216.0);
     out0[e] = held(in0v(e) * select(0.0, params.scale, u >= params.drop_p), params.held);
 }

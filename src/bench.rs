@@ -566,7 +566,7 @@ impl StepProfile {
         let parts = vec![
             part("forward", 0..plan.forward),
             part("backward", plan.forward..plan.backward),
-            part("unscale, check and update", plan.backward..plan.ops.len()),
+            part("unscale, check and update", plan.range_of(Section::Update)),
         ];
         let mut names: Vec<&str> = Vec::new();
         for o in &ops {

@@ -1355,7 +1355,8 @@ fn model_ops(b: &dyn Backend) {
             common::same_or_flushed(&what, got, &want);
         }
     }
-    // Dropout: the mask of plan::dropout at the runner's step (3), to the bit, over the edges
+    // Dropout: the mask of plan::dropout at the runner's step (3) and part (2: elements counted
+    // from 2 n), to the bit, over the edges
     // (a dropped NaN or infinity is NaN, as x * 0), held in f32 and bf16, for several seeds
     // (one past 32 bits), sites and rates.
     for (p_drop, seed, site, held) in [
@@ -1376,7 +1377,7 @@ fn model_ops(b: &dyn Backend) {
         };
         let ran = pair(&p.run_both(b, op, (&one, &one), 1.0, &[out]), 0);
         let key = mantissa::plan::dropout::key(seed);
-        let mut want = mantissa::plan::dropout::apply(&v, (3, site), key, p_drop);
+        let mut want = mantissa::plan::dropout::apply(&v, (3, site, 2), key, p_drop);
         ops::round_to(&mut want, held);
         for got in &ran {
             let what = format!("{name} dropout p {p_drop} seed {seed} site {site} held in {held}");

@@ -789,8 +789,13 @@ fn cuda_model_ops_match_the_host_reference() {
             format_id(Format::F32),
         ];
         let got = run_f32(h, "dropout", &args, &[&a]);
-        let want = mantissa::plan::dropout::apply(&a, (step, site), [k0, k1], p);
+        let want = mantissa::plan::dropout::apply(&a, (step, site, 0), [k0, k1], p);
         common::same_or_nan(&format!("dropout p {p} step {step}"), &got, &want);
+        // Part 3 of a split batch: its elements counted from 3 n.
+        let third = [&args[..], &["0".to_string(), "3".to_string()]].concat();
+        let got = run_f32(h, "dropout", &third, &[&a]);
+        let want = mantissa::plan::dropout::apply(&a, (step, site, 3), [k0, k1], p);
+        common::same_or_nan(&format!("dropout p {p} step {step} part 3"), &got, &want);
         // Evaluating: the input itself.
         let evaluating = [&args[..], &["1".to_string()]].concat();
         let got = run_f32(h, "dropout", &evaluating, &[&a]);

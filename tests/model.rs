@@ -799,8 +799,7 @@ fn fused_attention_where_a_device_has_no_kernel_is_refused() {
             1,
         )
         .and_then(|mut t| t.prepare().block_on())
-        .err()
-        .expect("refused");
+        .expect_err("refused");
         refused(e, &["attention", "heads of at most 64, not 80"]);
     });
 }

@@ -420,7 +420,8 @@ fn run(b: &dyn Backend, case: &Case, preset: Preset, fused: bool) -> Got {
         loss_scale: 1.0,
         poison: 0.0,
         t: 1,
-        ranks: 1,
+        parts: 1,
+        part: 0,
         fp8: &[],
         eval: false,
     }

@@ -258,7 +258,8 @@ fn a_plan_of_the_new_ops_differentiates_as_its_loss() {
                 loss_scale,
                 poison: 0.0,
                 t: 1,
-                ranks: 1,
+                parts: 1,
+                part: 0,
                 fp8: &[],
                 eval: false,
             }
@@ -877,7 +878,8 @@ fn resident_plan_is_its_ops_one_by_one(b: &dyn Backend) {
             loss_scale: 1.0,
             poison: 0.0,
             t: 1,
-            ranks: 1,
+            parts: 1,
+            part: 0,
             fp8: &t.fp8_scales(),
             eval: false,
         }
@@ -2438,7 +2440,8 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
             loss_scale: 1024.0,
             poison: 0.0,
             t: 1,
-            ranks: 1,
+            parts: 1,
+            part: 0,
             fp8: &t.fp8_scales(),
             eval: false,
         }
@@ -2937,6 +2940,53 @@ fn arena_segments_train_as_one_segment() {
         assert!(
             unscale_many > 2 && adamw_many > 2 && unscale_many < 2 * 30,
             "several segments: {unscale_many} + {adamw_many}"
+        );
+    }
+}
+
+/// `--grad-accum`: the GPT's batch of 16 in 4 micro-batches of 4 takes the steps of the batch
+/// run whole (losses within 1e-6 over three steps at 32-true, and the same validation loss);
+/// a count that does not divide the batch, or 0, is refused naming the share and its divisors.
+#[test]
+fn gradient_accumulation_trains_the_gpt_as_the_whole_batch() {
+    let corpus = corpus();
+    let mut whole = Trainer::new(&Reference, &corpus, options(&corpus, Preset::True32, 3)).unwrap();
+    let split = TrainOptions {
+        grad_accum: 4,
+        ..options(&corpus, Preset::True32, 3)
+    };
+    let mut split = Trainer::new(&Reference, &corpus, split).unwrap();
+    assert_eq!(split.plan().rows(), whole.plan().rows() / 4);
+    for step in 1..=3 {
+        let (a, m) = (
+            whole.step().block_on().unwrap(),
+            split.step().block_on().unwrap(),
+        );
+        assert!(
+            (a.loss - m.loss).abs() <= 1e-6 * a.loss,
+            "step {step}: {} vs {}",
+            a.loss,
+            m.loss
+        );
+        assert_eq!(a.tokens_per_s.is_finite(), m.tokens_per_s.is_finite());
+    }
+    let (a, m) = (
+        whole.evaluate(2).block_on().unwrap(),
+        split.evaluate(2).block_on().unwrap(),
+    );
+    assert!((a - m).abs() <= 1e-6 * a, "validation {a} vs {m}");
+    for bad in [3, 0, 32] {
+        let o = TrainOptions {
+            grad_accum: bad,
+            ..options(&corpus, Preset::True32, 3)
+        };
+        let e = Trainer::new(&Reference, &corpus, o)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            e.contains("--grad-accum") && e.contains("share of 16 sequences"),
+            "{bad}: {e}"
         );
     }
 }

@@ -243,6 +243,7 @@ def train(
     init: _Optional[str] = None,
     batches: _Optional[str] = None,
     text: _Optional[str] = None,
+    grad_accum: int = 1,
 ) -> dict:
     """Trains the char-level GPT (``tiny`` or ``small``) under each precision preset, as
     ``mantissa train`` does; returns ``{preset: {"losses": [...], "loss_scales": [...] or None,
@@ -252,7 +253,9 @@ def train(
     instead. ``init``: start from these weights (safetensors, the engine's
     checkpoint names or the PyTorch anchor's state_dict names, as ``mantissa train --init``);
     ``batches``: train on these batches in order (an integer ``.npy`` [steps, B, T+1], as
-    ``--batches``). The losses, scales and skipped steps compare one to one with those of
+    ``--batches``). ``grad_accum``: each step's batch run in this many micro-batches, their
+    gradients summed on the device before the one update (``--grad-accum``; it must divide the
+    batch). The losses, scales and skipped steps compare one to one with those of
     ``scripts/anchors/torch_step_parity.py``."""
     if isinstance(precision, str):
         precision = [precision]
@@ -260,20 +263,22 @@ def train(
         raise ValueError("train: give corpus (a path) or text, not both")
     if text is None:
         return _train(corpus or corpus_path(), config, precision, steps, backend, seed, lr,
-                      adam_eps, init, batches)
+                      adam_eps, init, batches, grad_accum)
     # The engine reads its corpus from a file (its size checked before it is read).
     with _tempfile.TemporaryDirectory() as tmp:
         path = _os.path.join(tmp, "corpus.txt")
         with open(path, "w", encoding="utf-8") as f:
             f.write(str(text))
-        return _train(path, config, precision, steps, backend, seed, lr, adam_eps, init, batches)
+        return _train(path, config, precision, steps, backend, seed, lr, adam_eps, init, batches,
+                      grad_accum)
 
 
-def _train(path, config, precision, steps, backend, seed, lr, adam_eps, init, batches) -> dict:
+def _train(path, config, precision, steps, backend, seed, lr, adam_eps, init, batches,
+           grad_accum) -> dict:
     return _json.loads(
         _native.train_json(
             path, config, list(precision), _size(steps, "steps"), backend, _size(seed, "seed"),
-            float(lr), float(adam_eps), init, batches,
+            float(lr), float(adam_eps), init, batches, _size(grad_accum, "grad_accum"),
         )
     )
 

@@ -354,7 +354,7 @@ fn report_json(
 /// scale after each step and the skipped steps (presets that scale their loss), why it
 /// stopped, if it did, and how attention was chosen (`Trainer::choose`), as JSON.
 #[pyfunction]
-#[pyo3(signature = (corpus, config, precision, steps, backend, seed=1337, lr=1e-3, adam_eps=1e-8, init=None, batches=None))]
+#[pyo3(signature = (corpus, config, precision, steps, backend, seed=1337, lr=1e-3, adam_eps=1e-8, init=None, batches=None, grad_accum=1))]
 #[allow(clippy::too_many_arguments)]
 fn train_json(
     py: Python<'_>,
@@ -368,6 +368,7 @@ fn train_json(
     adam_eps: f32,
     init: Option<&str>,
     batches: Option<&str>,
+    grad_accum: usize,
 ) -> PyResult<String> {
     if !(lr.is_finite() && lr > 0.0) {
         return Err(PyValueError::new_err(format!(
@@ -403,6 +404,7 @@ fn train_json(
                     eps: adam_eps,
                     ..AdamW::default()
                 },
+                grad_accum,
                 ..TrainOptions::new(config.clone(), preset, seed)
             };
             let mut trainer = Trainer::new(device, &corpus, options).map_err(py_err)?;

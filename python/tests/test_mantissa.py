@@ -190,6 +190,13 @@ def test_train_returns_per_step_losses():
     again = mantissa.train(config="tiny", precision="32-true", steps=5, backend="reference",
                            corpus=CORPUS)
     assert again["32-true"]["losses"] == runs["32-true"]["losses"]
+    # The batch in micro-batches (gradient accumulation) takes the same steps, up to the order
+    # of f32 additions; a count that does not divide the batch is refused.
+    split = mantissa.train(config="tiny", precision="32-true", steps=5, backend="reference",
+                           corpus=CORPUS, grad_accum=4)
+    np.testing.assert_allclose(split["32-true"]["losses"], runs["32-true"]["losses"], rtol=1e-6)
+    with pytest.raises(ValueError, match="grad-accum"):
+        mantissa.train(config="tiny", steps=1, backend="reference", corpus=CORPUS, grad_accum=3)
 
 
 def test_train_from_pytorchs_weights_and_batches_matches_its_losses(tmp_path):

@@ -9,7 +9,7 @@ use crate::plan::AdamW;
 use crate::plan::exec::{Memory, Reduced};
 use crate::policy::{PrecisionClass, Preset};
 use crate::train::checkpoint::{CheckpointFile, Expected};
-use crate::train::trainer::{MAX_EVAL_BATCHES, MAX_SAMPLE_TOKENS};
+use crate::train::trainer::{MAX_EVAL_BATCHES, MAX_SAMPLE_TOKENS, micro_batch};
 use crate::train::{
     Batches, Checkpoint, Choice, Chooser, Corpus, GptConfig, StepRecord, TrainOptions, Trainer,
     attention_choice, graphs_choice, init,
@@ -113,6 +113,11 @@ pub struct TrainArgs {
     /// Sequences per step instead of the config's (tiny 16, small 64); the ranks must divide it.
     #[arg(long)]
     batch: Option<usize>,
+    /// Gradient accumulation: each rank runs its share of the batch in N micro-batches, their
+    /// gradients summed on the device before the one update (the batch's step, in the memory of
+    /// a micro-batch); N must divide the share.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    grad_accum: usize,
     /// The most device memory the step plan may take, e.g. 12GiB or 500MiB (on CUDA it is also
     /// refused beyond what the device has free); a plan over it stops before allocating and
     /// names a batch that fits.
@@ -177,6 +182,8 @@ struct Run {
     stopped_at: Option<u32>,
     /// Ranks of a data-parallel run (1 alone), and how the gradients were summed.
     ranks: usize,
+    /// Micro-batches a rank's share of each step ran in (gradient accumulation; 1: whole).
+    grad_accum: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     reduction: Option<Reduced>,
     unigram_entropy: f64,
@@ -451,7 +458,7 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
             Batches::load(path, b, t, v, args.steps)
         })
         .transpose()?;
-    dist::shard(config.batch_size, group.rank(), group.size())?;
+    micro_batch(config.batch_size, group, args.grad_accum)?;
     let backend = backend::open_device(choice, group.local_rank()).block_on()?;
     Ok(Setup {
         presets,
@@ -539,6 +546,13 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             backend.name()
         ))?;
     }
+    if args.grad_accum > 1 {
+        tell(format!(
+            "gradient accumulation: {} micro-batches of {} sequences a step on each rank",
+            args.grad_accum,
+            config.batch_size / group.size() / args.grad_accum
+        ))?;
+    }
     let chooser = Chooser::from_env()?;
     let mut runs = Vec::new();
     let mut resume = setup.resume;
@@ -562,6 +576,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             fused_attention: setup.fused_attention,
             coded_activations: None,
             graphs: setup.graphs,
+            grad_accum: args.grad_accum,
         };
         // Every rank builds its plan (its device may run out of memory): agreed.
         let built = Trainer::data_parallel(backend, corpus, options, group, setup.reduction)
@@ -603,6 +618,7 @@ fn run_presets(args: &TrainArgs, group: &dyn Collective, setup: Setup) -> Result
             stopped: None,
             stopped_at: None,
             ranks: group.size(),
+            grad_accum: args.grad_accum,
             reduction: None,
             unigram_entropy: corpus.unigram_entropy(),
             executor: trainer.executor(),

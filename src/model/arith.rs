@@ -93,7 +93,7 @@ impl ModelBuilder {
             ));
         }
         let d = c / heads;
-        if d % 2 != 0 || !(base.is_finite() && base > 1.0) {
+        if !(d.is_multiple_of(2) && base.is_finite() && base > 1.0) {
             return Err(refuse(
                 "rotary",
                 format!(

@@ -82,6 +82,11 @@ pub struct RunOptions<'a> {
     /// has them (the GPT's): a plan that does not fit is refused with the largest batch that
     /// does.
     pub resize: Option<(usize, Resize<'a>)>,
+    /// The micro-batches a step runs this rank's batch in (gradient accumulation; 1: whole):
+    /// the model is one micro-batch's, a step takes this many of them one after another, and
+    /// their gradients are summed on the device before the one update (`Plan::accumulate`),
+    /// so that the step is that of the batch run whole up to the order of additions.
+    pub micro_batches: usize,
 }
 
 /// The world of a trainer that runs alone.
@@ -100,6 +105,7 @@ impl RunOptions<'_> {
             group: &ALONE,
             reduction: Reduction::default(),
             resize: None,
+            micro_batches: 1,
         }
     }
 }
@@ -193,6 +199,10 @@ impl<'a> Builder<'_, 'a> {
         } else {
             vec![]
         };
+        if o.micro_batches > 1 {
+            let grads: Vec<TensorId> = plan.state.iter().map(|s| s[1]).collect();
+            plan.accumulate(if summed.is_empty() { &grads } else { &summed })?;
+        }
         let mut exec = if o.resident {
             let fit = self.fit(Storage::shared(&plan).bytes(), fused)?;
             backend::executor(self.backend, plan, true).map_err(|e| fit.explain(e))?
@@ -234,6 +244,12 @@ impl<'a> ModelTrainer<'a> {
         request: &PrecisionRequest,
         options: RunOptions<'a>,
     ) -> Result<ModelTrainer<'a>> {
+        if options.micro_batches == 0 {
+            return Err(Error::invalid(
+                "micro-batches",
+                "0: a step runs its batch in at least one",
+            ));
+        }
         let caps = backend.capabilities();
         let precision = Precision::decide(request, &caps)?;
         let heads = model.attention_heads();
@@ -378,7 +394,9 @@ impl<'a> ModelTrainer<'a> {
         targets: &[u32],
     ) -> Result<&Choice> {
         let (ids, targets) = self.batch(ids, targets)?;
-        let batch = (ids.into_owned(), targets.into_owned());
+        // Timed on the first micro-batch, where a step has several.
+        let rows = self.exec.plan().rows();
+        let batch = (ids[..rows].to_vec(), targets[..rows].to_vec());
         self.choose_attention(chooser, &batch).await?;
         self.choose_graphs(chooser, &batch).await?;
         Ok(&self.attention)
@@ -527,6 +545,11 @@ impl<'a> ModelTrainer<'a> {
     /// scale and fp8 scales finite and > 0 (a NaN among them poisoned the weights, or skipped
     /// every step, silently).
     fn scalars(&self, loss_scale: f32, poison: f32) -> Result<Vec<f32>> {
+        self.scalars_of(loss_scale, poison, 0)
+    }
+
+    /// `scalars` for micro-batch `micro` of this rank's batch.
+    fn scalars_of(&self, loss_scale: f32, poison: f32, micro: usize) -> Result<Vec<f32>> {
         self.check_settings()?;
         let scale_ok = |s: f32| s.is_finite() && s > 0.0;
         if !scale_ok(loss_scale) {
@@ -551,7 +574,8 @@ impl<'a> ModelTrainer<'a> {
             loss_scale,
             poison,
             t: self.applied + 1,
-            ranks: self.options.group.size(),
+            parts: self.options.group.size() * self.options.micro_batches,
+            part: self.options.group.rank() * self.options.micro_batches + micro,
             fp8: &fp8,
             eval: !self.training,
         }
@@ -563,12 +587,18 @@ impl<'a> ModelTrainer<'a> {
     /// values input it reads written (`set_values`). An empty slice for what the model reads
     /// (which trained on token 0), ids for a model that reads none, or a values input never
     /// written, is refused by name.
+    /// With micro-batches, the batch is theirs one after another (`RunOptions::micro_batches`).
     fn batch<'b>(&self, ids: &'b [u32], targets: &'b [u32]) -> Result<Batch<'b>> {
-        let rows = self.exec.plan().rows();
+        let micro = self.options.micro_batches;
+        let rows = self.exec.plan().rows() * micro;
+        let split = match micro {
+            1 => String::new(),
+            n => format!(" in {n} micro-batches of {}", rows / n),
+        };
         let given = |x: &'b [u32], what: &'static str, reads: bool| match (reads, x.is_empty()) {
             (true, true) => Err(Error::invalid(
                 what,
-                format!("the model reads {what} ({rows} of them); none were given"),
+                format!("the model reads {what} ({rows} of them{split}); none were given"),
             )),
             (false, false) => Err(Error::invalid(
                 what,
@@ -580,7 +610,7 @@ impl<'a> ModelTrainer<'a> {
             (true, false) if x.len() != rows => Err(Error::invalid(
                 what,
                 format!(
-                    "the model reads {rows} {what} (a row of its loss each); got {}",
+                    "the model reads {rows} {what}{split} (a row of its loss each); got {}",
                     x.len()
                 ),
             )),
@@ -601,7 +631,8 @@ impl<'a> ModelTrainer<'a> {
     }
 
     /// Writes values input `k` (`ModelBuilder::values`, in declaration order) for the runs
-    /// that follow: `values` of its declared length.
+    /// that follow: `values` of its declared length (with micro-batches, that of each of them,
+    /// one after another: `RunOptions::micro_batches`).
     pub async fn set_values(&mut self, k: usize, values: &[f32]) -> Result<()> {
         let inputs = self.model.values_inputs();
         let (Some(t), Some(shape)) = (input_tensor(self.exec.plan(), k), inputs.get(k)) else {
@@ -610,12 +641,16 @@ impl<'a> ModelTrainer<'a> {
                 format!("input {k}: the model has {} values inputs", inputs.len()),
             ));
         };
-        if values.len() != shape.iter().product::<usize>() {
+        let (len, micro) = (shape.iter().product::<usize>(), self.options.micro_batches);
+        if values.len() != len * micro {
+            let each = match micro {
+                1 => String::new(),
+                n => format!(" for each of {n} micro-batches: {} in all", n * len),
+            };
             return Err(Error::invalid(
                 "values",
                 format!(
-                    "input {k} is {shape:?} ({} values), got {}",
-                    shape.iter().product::<usize>(),
+                    "input {k} is {shape:?} ({len} values{each}), got {}",
                     values.len()
                 ),
             ));
@@ -626,14 +661,32 @@ impl<'a> ModelTrainer<'a> {
                 format!("input {k}[{i}] is {}: values are finite", values[i]),
             ));
         }
-        // A copy only while a plan may still be built the other way (`choose`): none per batch.
+        // A copy only for the micro-batches after the first, or while a plan may still be
+        // built the other way (`choose`): none per batch otherwise.
         let mut kept = vec![];
-        if self.attention_pending() {
+        if micro > 1 || self.attention_pending() {
             kept = crate::memory::empty_with_capacity("a values input", values.len())?;
             kept.extend_from_slice(values);
         }
-        self.exec.write(t, values).await?;
+        self.exec.write(t, &values[..len]).await?;
         self.values[k] = Some(kept);
+        Ok(())
+    }
+
+    /// Writes micro-batch `micro`'s part of each values input kept (`set_values`), where a
+    /// step has several.
+    async fn write_micro_values(&mut self, micro: usize) -> Result<()> {
+        if self.options.micro_batches == 1 {
+            return Ok(());
+        }
+        for (k, values) in self.values.iter().enumerate() {
+            if let (Some(values), Some(t)) = (values, input_tensor(self.exec.plan(), k)) {
+                let len = self.exec.plan().tensors()[t].len;
+                self.exec
+                    .write(t, &values[micro * len..(micro + 1) * len])
+                    .await?;
+            }
+        }
         Ok(())
     }
 
@@ -666,7 +719,7 @@ impl<'a> ModelTrainer<'a> {
     }
 
     /// `step` with each op of the plan timed (`StepExecutor::run_timed`): the same step, slower
-    /// by the timing. A data-parallel step is not timed (None).
+    /// by the timing. A data-parallel step, or one of micro-batches, is not timed (None).
     pub async fn step_timed(
         &mut self,
         ids: &[u32],
@@ -686,7 +739,9 @@ impl<'a> ModelTrainer<'a> {
         let scalars = self.scalars(scale, poison)?;
         let (ids, targets) = self.batch(ids, targets)?;
         let mut timings = None;
-        let stats = if !self.summed.is_empty() {
+        let stats = if self.options.micro_batches > 1 {
+            self.accumulated_step(&ids, &targets, scale, poison).await?
+        } else if !self.summed.is_empty() {
             self.reduced_step(&ids, &targets, scale, poison).await?
         } else if timed {
             let run = self.exec.run_timed(Section::Step, &ids, &targets, &scalars);
@@ -745,7 +800,6 @@ impl<'a> ModelTrainer<'a> {
         poison: f32,
     ) -> Result<Vec<f64>> {
         let scalars = self.scalars(scale, 0.0)?;
-        let layout = self.exec.plan().stats;
         let first = self.exec.plan().state.first().map(|s| s[1]);
         let group = self.options.group;
         let sum = GradientSum {
@@ -756,11 +810,95 @@ impl<'a> ModelTrainer<'a> {
             overlap: self.options.reduction.overlap,
             poison: first.filter(|_| poison != 0.0).map(|g| (g, poison)),
         };
-        let (mut stats, reduced) = self
+        let (stats, reduced) = self
             .exec
             .backward_summed(ids, targets, &scalars, &sum)
             .await?;
+        self.update_summed(stats, reduced, (ids, targets, &scalars))
+            .await
+    }
+
+    /// A step of micro-batches (`RunOptions::micro_batches`): each one's backward pass, its
+    /// gradients kept aside or added to those kept (`Plan::accumulate`), the last one's gathered
+    /// with them; then the update as a step of the batch run whole takes it, after the sum over
+    /// the ranks where there are several. The step's loss is the mean of the micro-batches'
+    /// (each the mean over its rows), its amaxes the largest of theirs.
+    async fn accumulated_step(
+        &mut self,
+        ids: &[u32],
+        targets: &[u32],
+        scale: f32,
+        poison: f32,
+    ) -> Result<Vec<f64>> {
+        let n = self.options.micro_batches;
+        let (rows, layout) = (self.exec.plan().rows(), self.exec.plan().stats);
+        let amax = layout.amax(0, 0)..layout.len();
+        let mut stats = vec![0.0; layout.len()];
+        let summing = !self.summed.is_empty();
+        let mut scalars = vec![];
+        for k in 0..n {
+            self.write_micro_values(k).await?;
+            // Poisoned where the update reads it (one rank), or where the sum does (several).
+            scalars = self.scalars_of(scale, if summing { 0.0 } else { poison }, k)?;
+            let (ids, targets) = (&ids[k * rows..(k + 1) * rows], &targets[k * rows..][..rows]);
+            let run = self.exec.run(Section::Backward, ids, targets, &scalars);
+            let micro = run.await?;
+            stats[Stats::LOSS] += micro[Stats::LOSS] / n as f64;
+            for slot in amax.clone() {
+                stats[slot] = stats[slot].max(micro[slot]);
+            }
+            let keep = match k {
+                0 => Section::Stash,
+                k if k + 1 < n => Section::Accumulate,
+                _ => Section::Gather,
+            };
+            self.exec.run(keep, ids, targets, &scalars).await?;
+        }
+        let last = (
+            &ids[(n - 1) * rows..],
+            &targets[(n - 1) * rows..],
+            &scalars[..],
+        );
+        if summing {
+            if let Some(g) = self.exec.plan().state.first().map(|s| s[1])
+                && poison != 0.0
+            {
+                let mut values = self.exec.read(g).await?;
+                if let Some(x) = values.first_mut() {
+                    *x += poison;
+                }
+                self.exec.write(g, &values).await?;
+            }
+            let sum = GradientSum {
+                ids: &self.summed,
+                group: self.options.group,
+                reducer: self.options.reduction.reducer,
+                bucket: self.options.reduction.bucket_elements(),
+                overlap: false,
+                poison: None,
+            };
+            let reduced = self.exec.all_reduce(&sum).await?;
+            return self.update_summed(stats, reduced, last).await;
+        }
+        let update = self.exec.run(Section::Update, last.0, last.1, last.2);
+        let mut update = update.await?;
+        update[Stats::LOSS] = stats[Stats::LOSS];
+        update[amax.clone()].copy_from_slice(&stats[amax]);
+        Ok(update)
+    }
+
+    /// The rest of a data-parallel step once this rank's gradients are summed over the ranks
+    /// (`reduced`), its backward pass having given `stats`: the update of the sum, and the
+    /// step's stats as one rank would see them (`reduced_step`).
+    async fn update_summed(
+        &mut self,
+        mut stats: Vec<f64>,
+        reduced: Reduced,
+        (ids, targets, scalars): (&[u32], &[u32], &[f32]),
+    ) -> Result<Vec<f64>> {
         self.reduced = Some(reduced);
+        let layout = self.exec.plan().stats;
+        let group = self.options.group;
         let ranks = group.size() as f64;
         let mut loss = [stats[Stats::LOSS]];
         group.sum_f64(&mut loss)?;
@@ -769,7 +907,7 @@ impl<'a> ModelTrainer<'a> {
         group.max_f64(&mut stats[amax.clone()])?;
         let update = self
             .exec
-            .run(Section::Update, ids, targets, &scalars)
+            .run(Section::Update, ids, targets, scalars)
             .await?;
         for i in 0..layout.grads {
             stats[layout.flag(i)] = update[layout.flag(i)];
@@ -794,30 +932,63 @@ impl<'a> ModelTrainer<'a> {
         Ok(stats)
     }
 
-    /// This rank's batch's mean loss under the current parameters.
+    /// This rank's batch's mean loss under the current parameters (with micro-batches, the
+    /// mean of theirs).
     pub async fn loss(&mut self, ids: &[u32], targets: &[u32]) -> Result<f64> {
-        let scalars = self.scalars(1.0, 0.0)?;
         let (ids, targets) = self.batch(ids, targets)?;
-        let stats = self
-            .exec
-            .run(Section::Forward, &ids, &targets, &scalars)
-            .await?;
-        Ok(stats[Stats::LOSS])
+        let (n, rows) = (self.options.micro_batches, self.exec.plan().rows());
+        let mut loss = 0.0;
+        for k in 0..n {
+            self.write_micro_values(k).await?;
+            let scalars = self.scalars_of(1.0, 0.0, k)?;
+            let span = k * rows..(k + 1) * rows;
+            let run = (self.exec).run(
+                Section::Forward,
+                &ids[span.clone()],
+                &targets[span],
+                &scalars,
+            );
+            loss += run.await?[Stats::LOSS] / n as f64;
+        }
+        Ok(loss)
     }
 
     /// This rank's batch's mean loss and its gradient with respect to each parameter (loss
-    /// scale 1; nothing summed or updated).
+    /// scale 1; nothing summed or updated). With micro-batches, each one's gradient is taken
+    /// in turn and their sum formed on the host (in f64, rounded to f32 once).
     pub async fn gradients(
         &mut self,
         ids: &[u32],
         targets: &[u32],
     ) -> Result<(f64, Vec<Vec<f32>>)> {
-        let scalars = self.scalars(1.0, 0.0)?;
         let (ids, targets) = self.batch(ids, targets)?;
-        let stats = (self.exec)
-            .run(Section::Gradients, &ids, &targets, &scalars)
-            .await?;
-        Ok((stats[Stats::LOSS], self.last_gradients().await?))
+        let (n, rows) = (self.options.micro_batches, self.exec.plan().rows());
+        let (mut loss, mut sums) = (0.0, Vec::<Vec<f64>>::new());
+        for k in 0..n {
+            self.write_micro_values(k).await?;
+            let scalars = self.scalars_of(1.0, 0.0, k)?;
+            let span = k * rows..(k + 1) * rows;
+            let run = (self.exec).run(
+                Section::Gradients,
+                &ids[span.clone()],
+                &targets[span],
+                &scalars,
+            );
+            loss += run.await?[Stats::LOSS] / n as f64;
+            let grads = self.last_gradients().await?;
+            if n == 1 {
+                return Ok((loss, grads));
+            }
+            sums.resize_with(grads.len(), Vec::new);
+            for (sum, g) in sums.iter_mut().zip(grads) {
+                sum.resize(g.len(), 0.0);
+                sum.iter_mut().zip(g).for_each(|(s, g)| *s += f64::from(g));
+            }
+        }
+        let grads = sums
+            .into_iter()
+            .map(|s| s.into_iter().map(|x| x as f32).collect());
+        Ok((loss, grads.collect()))
     }
 
     /// The gradients the last run left (a step's: summed over the ranks, unscaled, before
@@ -997,7 +1168,9 @@ impl Trials for AttentionTrials<'_, '_> {
             if let (Some(values), Some(t)) = (values, input_tensor(exec.plan(), k))
                 && !values.is_empty()
             {
-                exec.write(t, values).await?;
+                // The first micro-batch's, where a step has several.
+                let len = exec.plan().tensors()[t].len;
+                exec.write(t, &values[..len]).await?;
             }
         }
         self.other = Some((i, exec, summed));
@@ -1089,7 +1262,9 @@ impl PlanFit<'_> {
     /// resized.
     fn advise(&self, available: String, cap: Option<u64>, measure: fn(&Plan) -> u64) -> Error {
         let b = self.builder;
-        let ranks = b.options.group.size();
+        let (ranks, micro) = (b.options.group.size(), b.options.micro_batches);
+        // A plan's rows are one micro-batch of one rank's share of the batch.
+        let shares = ranks * micro;
         let Some((batch, resize)) = &b.options.resize else {
             return Error::PlanTooLarge {
                 device: b.backend.name(),
@@ -1099,26 +1274,44 @@ impl PlanFit<'_> {
                 advice: "build the model on a smaller batch, or use more devices".into(),
             };
         };
-        let plan_at = |sequences| {
+        // The bytes of the plan of micro-batches of `sequences`, its gradients accumulated or not.
+        let plan_at = |sequences, accumulated: bool| {
             let options = b.plan_options(self.fused).ok()?;
-            resize(sequences)
+            let mut plan = resize(sequences)
                 .and_then(|m| m.plan(b.precision, options))
-                .ok()
+                .ok()?;
+            if accumulated {
+                let grads: Vec<TensorId> = plan.state().iter().map(|s| s[1]).collect();
+                plan.accumulate(&grads).ok()?;
+            }
+            Some(measure(&plan))
         };
+        let fits = |bytes: u64| cap.is_none_or(|c| bytes <= c);
         let mut smaller = Vec::new();
         let mut n = batch / 2;
-        while n >= ranks && n.is_multiple_of(ranks) {
-            if let Some(bytes) = plan_at(n / ranks).map(|p| measure(&p)) {
+        while n >= shares && n.is_multiple_of(shares) {
+            if let Some(bytes) = plan_at(n / shares, micro > 1) {
                 smaller.push((n, bytes));
-                if cap.is_none_or(|c| bytes <= c) {
+                if fits(bytes) {
                     break;
                 }
             }
             n /= 2;
         }
         let advice = match smaller.last() {
-            Some(&(n, bytes)) if cap.is_none_or(|c| bytes <= c) => {
-                format!("a batch of {n} needs {}: try --batch {n}", gib(bytes))
+            Some(&(n, bytes)) if fits(bytes) => {
+                // The batch kept in micro-batches of the size that fits, where they fit with
+                // their accumulators.
+                let keep = match plan_at(n / shares, true) {
+                    Some(acc) if fits(acc) => format!(
+                        ", or --grad-accum {} to keep the batch of {batch} in micro-batches of \
+                         that size ({})",
+                        micro * batch / n,
+                        gib(acc)
+                    ),
+                    _ => String::new(),
+                };
+                format!("a batch of {n} needs {}: try --batch {n}{keep}", gib(bytes))
             }
             Some(&(n, bytes)) => format!(
                 "even a batch of {n} needs {}: use a smaller model or more devices",

@@ -126,6 +126,7 @@ impl PlanBuilder {
                 tokens: usize::MAX,
                 targets: usize::MAX,
             },
+            accumulated: vec![],
         };
         plan.ids = plan.validate()?;
         Ok(plan)

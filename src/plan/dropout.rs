@@ -2,7 +2,9 @@
 //! of dropout site `site` at step t is kept where the first word of Philox4x32-10 (Salmon et
 //! al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011; Random123's constants) of
 //! the counter (e, t, site, 0) under the key (the seed's low and high words), as a uniform
-//! (its top 24 bits times 2^-24), is at least p. `shaders/train.wgsl` (`philox`, `dropout`)
+//! (its top 24 bits times 2^-24), is at least p. e counts over the global batch: a run of
+//! part k of a step split into equal parts (ranks, micro-batches: scalar `PART`) numbers its
+//! n elements from k n (wrapping at 2^32), so that the split step draws the unsplit step's masks. `shaders/train.wgsl` (`philox`, `dropout`)
 //! and `cuda/train.cu` compute the same words; tests/conformance.rs and tests/cuda.rs compare
 //! their outputs with these to the bit. PyTorch's masks come from another generator (and
 //! differ by device): no run of PyTorch reproduces these, and none of ours differs.
@@ -48,13 +50,15 @@ pub fn keep_scale(p: f32) -> f32 {
 }
 
 /// out[e] = x[e] * (kept ? scale : 0) in f32 (a NaN or an infinity dropped stays NaN, as
-/// PyTorch's x * mask * scale): the forward and, applied to dy, the backward.
-pub fn apply(x: &[f32], (step, site): (u32, u32), key: [u32; 2], p: f32) -> Vec<f32> {
+/// PyTorch's x * mask * scale), x being part `part` of the global batch: the forward and,
+/// applied to dy, the backward.
+pub fn apply(x: &[f32], (step, site, part): (u32, u32, u32), key: [u32; 2], p: f32) -> Vec<f32> {
     let scale = keep_scale(p);
+    let first = part.wrapping_mul(x.len() as u32);
     x.iter()
         .enumerate()
         .map(|(e, &v)| {
-            v * if keeps(e as u32, step, site, key, p) {
+            v * if keeps(first.wrapping_add(e as u32), step, site, key, p) {
                 scale
             } else {
                 0.0
@@ -101,5 +105,16 @@ mod tests {
         }
         assert_eq!(keep_scale(0.5), 2.0);
         assert!(!keeps(0, 1, 0, key(7), 1.0) && keeps(0, 1, 0, key(7), 0.0));
+    }
+
+    #[test]
+    fn the_parts_of_a_split_batch_draw_the_whole_batch_s_mask() {
+        let x: Vec<f32> = (0..96).map(|i| i as f32 + 1.0).collect();
+        let whole = apply(&x, (3, 1, 0), key(5), 0.5);
+        let parts: Vec<f32> = (x.chunks(32).enumerate())
+            .flat_map(|(k, part)| apply(part, (3, 1, k as u32), key(5), 0.5))
+            .collect();
+        assert_eq!(whole, parts);
+        assert_ne!(apply(&x[..32], (3, 1, 1), key(5), 0.5), whole[..32]);
     }
 }

@@ -17,6 +17,7 @@
 //! - `codes.rs`: the tensors a plan stores as 16-bit codes, and the operands a matmul reads so
 //! - `storage.rs`: the temporaries' lives, and the device buffers they share
 //! - `ranks.rs`: a rank's plan of a data-parallel step, and its gradient buckets
+//! - `accumulate.rs`: a step over micro-batches, its gradients summed on the device
 //! - `cost.rs`: the bytes and FLOPs each op costs by its definition (for profiles)
 //! - `scalar.rs`: the scalar slots the host writes before a step (AdamW, loss scale, fp8 scales)
 //! - `exec.rs`: the executor contract every backend's executor implements
@@ -31,6 +32,7 @@ pub mod exec;
 pub mod graph;
 pub mod scalar;
 
+mod accumulate;
 mod builder;
 mod codes;
 mod cost;
@@ -106,6 +108,14 @@ pub enum Section {
     Update,
     /// Forward, backward and the optimizer update.
     Step,
+    /// After a micro-batch's `Backward`, the first of a step: its gradients kept aside
+    /// (`Plan::accumulate`).
+    Stash,
+    /// After a later micro-batch's `Backward`, but the last: its gradients added to those kept.
+    Accumulate,
+    /// After the last micro-batch's `Backward`: the gradients kept added into its own, before
+    /// the ranks' sum and `Update`.
+    Gather,
 }
 
 /// A plan, checked (`PlanBuilder::finish` makes one): every executor runs it as it is. Its parts
@@ -132,6 +142,9 @@ pub struct Plan {
     pub(crate) stats: Stats,
     /// The bounds of a run's token and target ids (`exec::check_inputs`).
     pub(crate) ids: IdLimits,
+    /// The tensors a step over micro-batches accumulates and their accumulators
+    /// (`Plan::accumulate`); their sections' ops follow the step's.
+    pub(crate) accumulated: Vec<(TensorId, TensorId)>,
 }
 
 impl Plan {
@@ -188,12 +201,16 @@ impl Plan {
 
     /// The indices of the ops a run of `section` executes.
     pub fn range_of(&self, section: Section) -> std::ops::Range<usize> {
+        let step = self.ops.len() - self.accumulation_ops();
         match section {
             Section::Forward => 0..self.forward,
             Section::Backward => 0..self.backward,
             Section::Gradients => 0..self.gradients,
-            Section::Update => self.backward..self.ops.len(),
-            Section::Step => 0..self.ops.len(),
+            Section::Update => self.backward..step,
+            Section::Step => 0..step,
+            Section::Stash | Section::Accumulate | Section::Gather => {
+                self.accumulation_range(section).unwrap_or(step..step)
+            }
         }
     }
 

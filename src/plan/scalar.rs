@@ -29,18 +29,22 @@ pub const BIAS_CORRECTION2: usize = 9;
 pub const CLIP: usize = 10;
 /// The AdamW step t (1-based), for the host interpreter (`reference::ops::adamw` takes it).
 pub const STEP: usize = 11;
-/// The loss scale over the ranks of a data-parallel step (each rank's weight in the mean loss of
-/// the global batch; the loss scale itself on one rank), for the host interpreter
+/// The loss scale over the parts of a step split over ranks or micro-batches (each part's
+/// weight in the mean loss of the global batch; the loss scale itself for a step run whole), for the host interpreter
 /// (`reference::ops::cross_entropy_bwd` divides by its own rows).
 pub const DLOSS: usize = 12;
 /// 1 where the run evaluates (dropout passes its input through, as after PyTorch's
 /// `model.eval()`); 0 in training.
 pub const EVAL: usize = 13;
+/// Which of the global batch's equal parts this run's rows are (rank x micro-batches + the
+/// micro-batch): dropout counts its elements from this times its length, so that a step split
+/// over ranks or micro-batches draws the masks of the unsplit step.
+pub const PART: usize = 14;
 /// fp8 scales: three per linear layer (input, weight, gradient).
-pub const FP8: usize = 14;
+pub const FP8: usize = 15;
 
 /// Every slot by the name the kernels know it by (`S_<NAME>`).
-pub const SLOTS: [(&str, usize); 15] = [
+pub const SLOTS: [(&str, usize); 16] = [
     ("DLOSS_PER_ROW", DLOSS_PER_ROW),
     ("INVERSE_SCALE", INVERSE_SCALE),
     ("POISON", POISON),
@@ -55,6 +59,7 @@ pub const SLOTS: [(&str, usize); 15] = [
     ("STEP", STEP),
     ("DLOSS", DLOSS),
     ("EVAL", EVAL),
+    ("PART", PART),
     ("FP8", FP8),
 ];
 
@@ -166,10 +171,12 @@ pub struct StepScalars<'a> {
     pub poison: f32,
     /// The AdamW step (1-based).
     pub t: u32,
-    /// Ranks of a data-parallel step (1 otherwise): this plan's rows are 1/ranks of the global
-    /// batch, whose mean loss the gradients are of, so that their sum over the ranks is the
-    /// one-rank gradient.
-    pub ranks: usize,
+    /// The equal parts of the global batch (ranks x micro-batches; 1 for a step run whole):
+    /// this plan's rows are one part, and the gradients are of the global batch's mean loss,
+    /// so that their sum over the parts is the gradient of the step run whole.
+    pub parts: usize,
+    /// Which part this run's rows are (`PART`).
+    pub part: usize,
     /// Delayed scaling's (input, weight, gradient) scales per fp8 linear layer; unit scales
     /// for the layers it does not cover.
     pub fp8: &'a [[f32; 3]],
@@ -181,8 +188,8 @@ impl StepScalars<'_> {
     /// The scalars array of a plan with `rows` rows and `scalar_count` slots.
     pub fn array(&self, rows: usize, scalar_count: usize) -> Vec<f32> {
         let mut s = vec![0.0; scalar_count];
-        let ranks = self.ranks.max(1) as f64;
-        s[DLOSS_PER_ROW] = (self.loss_scale as f64 / (rows as f64 * ranks)) as f32;
+        let parts = self.parts.max(1) as f64;
+        s[DLOSS_PER_ROW] = (self.loss_scale as f64 / (rows as f64 * parts)) as f32;
         s[INVERSE_SCALE] = 1.0 / self.loss_scale;
         s[POISON] = self.poison;
         for (slot, v) in adamw(self.adamw, self.t) {
@@ -190,8 +197,9 @@ impl StepScalars<'_> {
         }
         s[CLIP] = self.clip;
         s[STEP] = self.t as f32;
-        s[DLOSS] = (self.loss_scale as f64 / ranks) as f32;
+        s[DLOSS] = (self.loss_scale as f64 / parts) as f32;
         s[EVAL] = f32::from(u8::from(self.eval));
+        s[PART] = self.part as f32;
         // Unit scales where no fp8 state is given (a forward pass outside training).
         for (l, slots) in s[FP8.min(scalar_count)..].chunks_mut(3).enumerate() {
             let scales = self.fp8.get(l).copied().unwrap_or([1.0; 3]);

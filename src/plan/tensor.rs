@@ -28,6 +28,9 @@ pub enum TensorKind {
     /// A part of a gradient that a data-parallel step sums over its ranks before adding it in
     /// (`Plan::split_for_ranks`): kept between the step's two runs.
     Partial,
+    /// The sum of a gradient over a step's micro-batches so far (`Plan::accumulate`): kept
+    /// between the step's runs.
+    Accumulator,
     /// Produced and consumed within a step.
     Temp,
 }

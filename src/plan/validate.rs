@@ -36,7 +36,7 @@ impl Plan {
         }
         if !(self.forward <= self.backward
             && self.backward <= self.gradients
-            && self.gradients <= self.ops.len())
+            && self.gradients + self.accumulation_ops() <= self.ops.len())
         {
             return refuse(format!(
                 "its sections end at ops {}, {} and {}, not in order within its {} ops",

@@ -289,7 +289,8 @@ impl Gpt<'_> {
             loss_scale: 1.0,
             poison: 0.0,
             t: 1,
-            ranks: 1,
+            parts: 1,
+            part: 0,
             fp8,
             eval: true,
         }

@@ -62,6 +62,10 @@ pub struct TrainOptions {
     /// (`Trainer::choose`; with autotuning off, the executor's default: CUDA's
     /// `MANTISSA_CUDA_GRAPH`, the host's off). wgpu refuses `Some(true)`.
     pub graphs: Option<bool>,
+    /// Gradient accumulation (`--grad-accum`): each rank runs its share of the batch in this
+    /// many micro-batches, their gradients summed on the device before the one update
+    /// (`RunOptions::micro_batches`); 1: the share whole. It must divide the share.
+    pub grad_accum: usize,
 }
 
 impl TrainOptions {
@@ -83,8 +87,27 @@ impl TrainOptions {
             fused_attention: None,
             coded_activations: None,
             graphs: None,
+            grad_accum: 1,
         }
     }
+}
+
+/// The sequences of each micro-batch of this rank's share of a batch of `batch` sequences
+/// split into `micro` micro-batches (`TrainOptions::grad_accum`): refused where the ranks or
+/// the micro-batches do not divide it.
+pub fn micro_batch(batch: usize, group: &dyn Collective, micro: usize) -> Result<usize> {
+    let share = dist::shard(batch, group.rank(), group.size())?.len();
+    if micro == 0 || !share.is_multiple_of(micro) {
+        return Err(Error::invalid(
+            "gradient accumulation (--grad-accum)",
+            format!(
+                "{micro} micro-batches do not divide a share of {share} sequences (a batch of \
+                 {batch} over {} rank(s)); take a divisor of {share}",
+                group.size()
+            ),
+        ));
+    }
+    Ok(share / micro)
 }
 
 /// `--attention`: auto (None: fused where the backend has a kernel for it), fused or unfused.
@@ -190,12 +213,13 @@ impl<'a> Trainer<'a> {
         reduction: Reduction,
     ) -> Result<Trainer<'a>> {
         let cfg = &options.config;
-        let local = dist::shard(cfg.batch_size, group.rank(), group.size())?;
+        let micro = options.grad_accum;
+        let sequences = micro_batch(cfg.batch_size, group, micro)?;
         let gpt = Gpt {
             config: cfg.clone(),
             backend,
         };
-        let model = gpt.model(local.len(), cfg.block_size)?;
+        let model = gpt.model(sequences, cfg.block_size)?;
         let resized = gpt.config.clone();
         let resize: Resize<'a> =
             Box::new(move |sequences| resized.model(sequences, resized.block_size));
@@ -209,6 +233,7 @@ impl<'a> Trainer<'a> {
             group,
             reduction,
             resize: Some((cfg.batch_size, resize)),
+            micro_batches: micro,
         };
         let mut run =
             ModelTrainer::with_options(backend, model, &options.precision_request(), run_options)?;

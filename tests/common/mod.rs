@@ -427,7 +427,7 @@ impl OneOp {
     }
 
     /// `op` run once by `b`'s executor and by the host interpreter on the batch (tokens, targets)
-    /// with `scalars` (`StepScalars` of `loss_scale`, AdamW at step 3, no clip); the values of
+    /// with `scalars` (`StepScalars` of `loss_scale`, AdamW at step 3, part 2, no clip); the values of
     /// `outs` after it.
     pub fn run_both(
         self,
@@ -470,7 +470,8 @@ fn run_plan(
         loss_scale,
         poison: 0.0,
         t: 3,
-        ranks: 1,
+        parts: 1,
+        part: 2,
         fp8: &[],
         eval: false,
     }

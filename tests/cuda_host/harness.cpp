@@ -614,16 +614,17 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         std::vector<float> both(dx.f(), dx.f() + n);
         both.insert(both.end(), dg.begin(), dg.end());
         out = bits_of(both);
-    } else if (k == "dropout" && (argc == 9 || argc == 10)) {
-        // N P STEP SITE KEYLO KEYHI FMT [EVAL] < x > out: the mask of step STEP (in the
-        // scalars), or none where EVAL is 1 (an evaluating run).
+    } else if (k == "dropout" && argc >= 9 && argc <= 11) {
+        // N P STEP SITE KEYLO KEYHI FMT [EVAL [PART]] < x > out: the mask of step STEP (in the
+        // scalars) for part PART of the batch, or none where EVAL is 1 (an evaluating run).
         i64 n = arg(argv, 2);
         float p = farg(argv, 3);
         u32 site = arg(argv, 5), k0 = arg(argv, 6), k1 = arg(argv, 7), fmt = arg(argv, 8);
         float* x = input.f(n);
         std::vector<float> y(n), scalars(16, 0.0f);
         scalars[S_STEP] = farg(argv, 4);
-        scalars[S_EVAL] = argc == 10 ? farg(argv, 9) : 0.0f;
+        scalars[S_EVAL] = argc >= 10 ? farg(argv, 9) : 0.0f;
+        scalars[S_PART] = argc == 11 ? farg(argv, 10) : 0.0f;
         float scale = (float)(1.0 / (1.0 - (double)p));
         emu::launch(elementwise_grid(n), element_block, [&] {
             dropout(x, y.data(), scalars.data(), n, p, scale, site, k0, k1, fmt);

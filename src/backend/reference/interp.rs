@@ -223,11 +223,11 @@ impl HostExecutor {
                 site,
                 held,
             } => {
-                let step = scalars[scalar::STEP] as u32;
+                let (step, part) = (scalars[scalar::STEP] as u32, scalars[scalar::PART] as u32);
                 let mut y = if scalars[scalar::EVAL] != 0.0 {
                     t[x].clone()
                 } else {
-                    dropout::apply(&t[x], (step, site), dropout::key(seed), p)
+                    dropout::apply(&t[x], (step, site, part), dropout::key(seed), p)
                 };
                 round_to(&mut y, held);
                 self.tensors[out] = y;
