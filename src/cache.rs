@@ -28,11 +28,16 @@ pub const MAX_FILE_BYTES: u64 = 64 << 20;
 /// not a regular file (a FIFO would block every read), larger than `MAX_FILE_BYTES` or
 /// unreadable, ignored with a warning on standard error.
 pub fn read(path: &Path) -> Option<Vec<u8>> {
+    read_within(path, MAX_FILE_BYTES)
+}
+
+/// `read` of a cache file of at most `limit` bytes (a corpus's tokens).
+pub fn read_within(path: &Path, limit: u64) -> Option<Vec<u8>> {
     if std::fs::symlink_metadata(path).is_err() {
         return None;
     }
-    let read = crate::input::Input::open_within(path, "cache file", MAX_FILE_BYTES)
-        .and_then(|input| input.read_all("cache file", MAX_FILE_BYTES));
+    let read = crate::input::Input::open_within(path, "cache file", limit)
+        .and_then(|input| input.read_all("cache file", limit));
     match read {
         Ok(bytes) => Some(bytes),
         Err(e) => {

@@ -708,7 +708,10 @@ fn a_plan_over_the_memory_limit_stops_before_allocating_and_names_a_batch_that_f
         // The batch it names fits, and trains; so does the batch of 16 in the micro-batches it
         // names (with their accumulators).
         for fitting in [&["--batch", "4"], &["--grad-accum", "4"]] {
-            assert!(said.contains(&fitting.join(" ")), "{backend}: no {fitting:?} in: {said}");
+            assert!(
+                said.contains(&fitting.join(" ")),
+                "{backend}: no {fitting:?} in: {said}"
+            );
             let o = train(&[&["--memory-limit", "4MiB"][..], fitting].concat());
             assert!(o.status.success(), "{backend} {fitting:?}: {}", text(&o));
             let log = train_log(&out);
@@ -718,7 +721,11 @@ fn a_plan_over_the_memory_limit_stops_before_allocating_and_names_a_batch_that_f
         // Micro-batches that do not divide the batch: bad input, before anything is built.
         let o = train(&["--grad-accum", "3"]);
         assert_eq!(o.status.code(), Some(2), "{backend}: {}", text(&o));
-        assert!(text(&o).contains("3 micro-batches do not divide a share of 16"), "{}", text(&o));
+        assert!(
+            text(&o).contains("3 micro-batches do not divide a share of 16"),
+            "{}",
+            text(&o)
+        );
     };
     check("reference");
     common::on(

@@ -237,7 +237,7 @@ fn npy_reader_takes_any_bytes() {
 }
 
 /// A tiny model's checkpoint (a few steps into 16-mixed, so that every field is set).
-fn checkpoint_bytes() -> (Vec<u8>, GptConfig, Vec<char>) {
+fn checkpoint_bytes() -> (Vec<u8>, GptConfig, mantissa::train::Vocab) {
     let corpus = Corpus::from_text(&"To be, or not to be: that is the question.\n".repeat(40))
         .expect("corpus");
     let mut config = GptConfig::named("tiny", corpus.vocab.len()).unwrap();

@@ -194,7 +194,7 @@ fn another_models_files_are_refused_by_the_names_that_differ() {
     );
     // A GPT's expectations refuse a built model's checkpoint, saying what it is.
     let config = mantissa::train::GptConfig::named("tiny", VOCAB).unwrap();
-    let vocab: Vec<char> = "abcdefg".chars().collect();
+    let vocab = mantissa::train::Vocab::Chars("abcdefg".chars().collect());
     let said = Checkpoint::load(&ck, &Expected::gpt(&config, &vocab))
         .err()
         .expect("a built model's checkpoint loaded as the GPT's")

@@ -381,7 +381,8 @@ fn train_json(
         )));
     }
     let presets: Vec<Preset> = parse_list("precision", &precision.join(",")).map_err(py_err)?;
-    let corpus = Corpus::load(std::path::Path::new(corpus)).map_err(py_err)?;
+    let tokenizer = GptConfig::tokenizer(config);
+    let corpus = Corpus::load_as(std::path::Path::new(corpus), tokenizer).map_err(py_err)?;
     let config = GptConfig::named(config, corpus.vocab.len()).map_err(py_err)?;
     corpus.check_context(config.block_size).map_err(py_err)?;
     let weights = init
@@ -466,7 +467,8 @@ fn export_init(
     seed: u64,
     init: Option<&str>,
 ) -> PyResult<()> {
-    let corpus = Corpus::load(std::path::Path::new(corpus)).map_err(py_err)?;
+    let tokenizer = GptConfig::tokenizer(config);
+    let corpus = Corpus::load_as(std::path::Path::new(corpus), tokenizer).map_err(py_err)?;
     let config = GptConfig::named(config, corpus.vocab.len()).map_err(py_err)?;
     let params = match init {
         Some(from) => init::read_init(from.as_ref(), &config, &corpus.vocab).map_err(py_err)?,

@@ -33,7 +33,7 @@ enum What {
     after_help = "Example:\n  mantissa bench train --config small --precision 32-true,bf16-mixed --backends cuda,wgpu --json bench-train.json"
 )]
 struct TrainArgs {
-    /// Model size: tiny or small.
+    /// Model size: tiny or small (the corpus's characters), gpt2 (GPT-2's BPE).
     #[arg(long, default_value = "tiny")]
     config: String,
     /// Presets, comma-separated, or "all".
@@ -158,7 +158,7 @@ fn train(args: TrainArgs) -> Result<()> {
         }
         crate::output::check_writable(path)?;
     }
-    let corpus = Corpus::load(&args.corpus)?;
+    let corpus = Corpus::load_as(&args.corpus, GptConfig::tokenizer(&args.config))?;
     let config = GptConfig::named(&args.config, corpus.vocab.len())?;
     corpus.check_context(config.block_size)?;
     let bench = TrainBench {

@@ -27,7 +27,8 @@ use std::path::PathBuf;
     mpirun -np 2 mantissa train --config small --precision bf16-mixed   (data parallel; build with --features mpi)"
 )]
 pub struct TrainArgs {
-    /// Model size: tiny (CI-sized) or small (nanoGPT shakespeare-char, 10.8M parameters).
+    /// Model size: tiny (CI-sized) or small (nanoGPT shakespeare-char, 10.8M parameters) on the
+    /// corpus's characters; gpt2 (GPT-2 124M, context 1024) on GPT-2's byte-level BPE.
     #[arg(long, default_value = "tiny")]
     config: String,
     /// Presets, comma-separated, run one after the other: 32-true, 16-mixed, bf16-mixed,
@@ -110,9 +111,14 @@ pub struct TrainArgs {
     /// rest of the pass; off: after the whole pass. The sums are the same bits.
     #[arg(long, default_value = "on")]
     overlap_reduction: String,
-    /// Sequences per step instead of the config's (tiny 16, small 64); the ranks must divide it.
+    /// Sequences per step instead of the config's (tiny 16, small 64, gpt2 8); the ranks must
+    /// divide it.
     #[arg(long)]
     batch: Option<usize>,
+    /// Tokens per sequence instead of the config's (tiny 32, small 256, gpt2 1024): the context,
+    /// and the rows of the position embedding.
+    #[arg(long)]
+    context: Option<usize>,
     /// Gradient accumulation: each rank runs its share of the batch in N micro-batches, their
     /// gradients summed on the device before the one update (the batch's step, in the memory of
     /// a micro-batch); N must divide the share.
@@ -151,7 +157,7 @@ pub struct SampleArgs {
     /// Text to continue.
     #[arg(long, default_value = "\n")]
     prompt: String,
-    /// Characters to generate.
+    /// Tokens to generate (characters, or GPT-2 tokens for gpt2).
     #[arg(long, default_value_t = 300)]
     tokens: usize,
     /// Sampling temperature; 0 is greedy.
@@ -424,17 +430,7 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
     };
     let inject = injected(group.rank())?;
     let choice: BackendChoice = args.backend.parse()?;
-    let corpus = Corpus::load(&args.corpus)?;
-    let mut config = GptConfig::named(&args.config, corpus.vocab.len())?;
-    if let Some(batch) = args.batch {
-        if !(1..=MAX_BATCH).contains(&batch) {
-            return Err(Error::invalid(
-                "--batch",
-                format!("{batch} sequences: between 1 and {MAX_BATCH}"),
-            ));
-        }
-        config.batch_size = batch;
-    }
+    let (corpus, config) = corpus_and_config(args)?;
     let memory_limit = args
         .memory_limit
         .as_deref()
@@ -483,6 +479,43 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
 /// The largest `--batch`: far beyond any device's memory for `small`, and small enough that no
 /// size computed from it overflows.
 const MAX_BATCH: usize = 1 << 20;
+
+/// The largest `--context`: 64 Ki tokens.
+const MAX_CONTEXT: usize = 1 << 16;
+
+/// The corpus, tokenized as `--config` trains on it, and the config with `--context` and
+/// `--batch` (each checked to be in range) in place of its own.
+fn corpus_and_config(args: &TrainArgs) -> Result<(Corpus, GptConfig)> {
+    let corpus = Corpus::load_as(&args.corpus, GptConfig::tokenizer(&args.config))?;
+    let mut config = GptConfig::named(&args.config, corpus.vocab.len())?;
+    for (flag, given, max, what, field) in [
+        (
+            "--context",
+            args.context,
+            MAX_CONTEXT,
+            "tokens",
+            &mut config.block_size,
+        ),
+        (
+            "--batch",
+            args.batch,
+            MAX_BATCH,
+            "sequences",
+            &mut config.batch_size,
+        ),
+    ] {
+        if let Some(n) = given {
+            if !(1..=max).contains(&n) {
+                return Err(Error::invalid(
+                    flag,
+                    format!("{n} {what}: between 1 and {max}"),
+                ));
+            }
+            *field = n;
+        }
+    }
+    Ok((corpus, config))
+}
 
 /// "12GiB", "500 MiB", "2.5GB", "1000000": bytes (binary units KiB..TiB, decimal KB..TB).
 fn parse_bytes(flag: &'static str, text: &str) -> Result<u64> {
@@ -877,8 +910,7 @@ fn export_init(args: &TrainArgs, path: &std::path::Path) -> Result<i32> {
         super::messages_to_stderr();
     }
     crate::output::check_writable(path)?;
-    let corpus = Corpus::load(&args.corpus)?;
-    let config = GptConfig::named(&args.config, corpus.vocab.len())?;
+    let (corpus, config) = corpus_and_config(args)?;
     let params = match (&args.init, &args.resume) {
         (Some(from), _) => init::read_init(from, &config, &corpus.vocab)?,
         (None, Some(ck)) => {
@@ -921,11 +953,6 @@ pub fn sample(args: SampleArgs) -> Result<()> {
         ));
     }
     let choice = args.backend.parse::<BackendChoice>()?;
-    let corpus = Corpus::load(&args.corpus)?;
-    // Checked before anything is echoed: a character the model does not know cannot condition it.
-    corpus
-        .encode(&args.prompt)
-        .map_err(|why| Error::invalid("--prompt", why))?;
     // The header alone names the config; the tensors are read once their size is its size.
     let file = CheckpointFile::open(&args.checkpoint)?;
     let Some(gpt) = &file.meta.gpt else {
@@ -934,7 +961,14 @@ pub fn sample(args: SampleArgs) -> Result<()> {
             "not a checkpoint of the GPT: a built model's checkpoint holds no configuration to sample",
         ));
     };
-    let config = GptConfig::named(&gpt.config, corpus.vocab.len())?;
+    let corpus = Corpus::load_as(&args.corpus, GptConfig::tokenizer(&gpt.config))?;
+    // Checked before anything is echoed: a character the model does not know cannot condition it.
+    corpus
+        .encode(&args.prompt)
+        .map_err(|why| Error::invalid("--prompt", why))?;
+    let mut config = GptConfig::named(&gpt.config, corpus.vocab.len())?;
+    // The context it was trained with (`train --context`), which its position embedding holds.
+    config.block_size = gpt.block_size;
     let seed = file.meta.seed;
     let bytes = file.read(&Expected::gpt(&config, &corpus.vocab))?;
     let ck = Checkpoint::from_bytes(

@@ -7,6 +7,7 @@
 //! checkpoint of another model is refused with the names that differ) and, for the GPT, its
 //! configuration and vocabulary.
 
+use super::data::Vocab;
 use super::model::GptConfig;
 use crate::error::{Error, Result};
 use crate::input::Input;
@@ -69,13 +70,18 @@ pub struct GptMeta {
     pub block_size: usize,
     /// Sequences per step.
     pub batch_size: usize,
-    /// The corpus's vocabulary, its characters in token order.
+    /// The corpus's vocabulary, its characters in token order (empty under GPT-2's BPE).
     pub vocab: String,
+    /// The tokenizer, where it is not a token per character ("gpt2"; absent in checkpoints
+    /// written before there was another).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokenizer: Option<String>,
 }
 
 impl GptMeta {
     /// `config` on a corpus of `vocab`.
-    pub fn of(config: &GptConfig, vocab: &[char]) -> GptMeta {
+    pub fn of(config: &GptConfig, vocab: &Vocab) -> GptMeta {
+        let (tokenizer, chars) = vocab.saved();
         GptMeta {
             config: config.name.clone(),
             n_layer: config.n_layer,
@@ -83,7 +89,8 @@ impl GptMeta {
             n_embd: config.n_embd,
             block_size: config.block_size,
             batch_size: config.batch_size,
-            vocab: vocab.iter().collect(),
+            vocab: chars,
+            tokenizer,
         }
     }
 }
@@ -92,12 +99,12 @@ impl GptMeta {
 /// declaration order), and for the GPT its configuration and vocabulary.
 pub struct Expected<'e> {
     params: Vec<(String, Vec<usize>)>,
-    gpt: Option<(&'e GptConfig, &'e [char])>,
+    gpt: Option<(&'e GptConfig, &'e Vocab)>,
 }
 
 impl<'e> Expected<'e> {
     /// A checkpoint of the GPT of `config` trained on a corpus of `vocab`.
-    pub fn gpt(config: &'e GptConfig, vocab: &'e [char]) -> Expected<'e> {
+    pub fn gpt(config: &'e GptConfig, vocab: &'e Vocab) -> Expected<'e> {
         Expected {
             params: config.parameter_shapes(),
             gpt: Some((config, vocab)),
@@ -151,13 +158,11 @@ impl<'e> Expected<'e> {
                 theirs.config, config.name
             )));
         }
-        let saved: Vec<char> = theirs.vocab.chars().collect();
-        if saved != vocab {
+        if (theirs.tokenizer.clone(), theirs.vocab.clone()) != vocab.saved() {
             return Err(bad(format!(
-                "it was trained on a corpus with another vocabulary ({} characters; this \
-                 corpus has {})",
-                saved.len(),
-                vocab.len()
+                "it was trained on a corpus with another vocabulary ({}; this corpus has {})",
+                Vocab::describe_saved(theirs.tokenizer.as_deref(), &theirs.vocab),
+                vocab.describe()
             )));
         }
         Ok(())
@@ -650,7 +655,7 @@ mod tests {
         };
         let meta = CheckpointMeta {
             format: FORMAT.into(),
-            gpt: Some(GptMeta::of(config, &vocab.chars().collect::<Vec<_>>())),
+            gpt: Some(GptMeta::of(config, &Vocab::Chars(vocab.chars().collect()))),
             preset: "32-true".into(),
             seed: 1,
             step: 0,
@@ -660,7 +665,9 @@ mod tests {
             fp8: None,
             crc32: Some(checksum(&state.params, &state.adam_m, &state.adam_v)),
         };
-        let mut bytes = Checkpoint::bytes(&meta, &Expected::gpt(config, &[]), &state).unwrap();
+        let mut bytes =
+            Checkpoint::bytes(&meta, &Expected::gpt(config, &Vocab::Chars(vec![])), &state)
+                .unwrap();
         if !extra.is_empty() {
             let read = SafeTensors::deserialize(&bytes).unwrap();
             let mut views: Vec<(String, TensorView)> = read.tensors();
@@ -685,7 +692,7 @@ mod tests {
     fn another_models_checkpoint_is_refused_by_what_differs() {
         let dir = tempfile::tempdir().unwrap();
         let tiny = GptConfig::named("tiny", 5).unwrap();
-        let abcde: Vec<char> = "abcde".chars().collect();
+        let abcde = Vocab::Chars("abcde".chars().collect());
         let read = |path: &Path, config: &GptConfig| {
             let e = CheckpointFile::open(path)
                 .and_then(|f| f.read(&Expected::gpt(config, &abcde)))

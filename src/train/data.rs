@@ -1,4 +1,5 @@
-//! The character corpus: vocabulary, 90/10 train/validation split, seeded batches.
+//! The corpus as token ids (its characters, or GPT-2's byte-level BPE), its 90/10
+//! train/validation split, seeded batches.
 
 use crate::error::{Error, Result};
 use crate::input::Input;
@@ -10,21 +11,101 @@ use std::path::Path;
 /// and splits take about 4 bytes per character more).
 pub const MAX_CORPUS_BYTES: u64 = 256 << 20;
 
-/// A text encoded as character ids.
+/// How a text becomes token ids.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tokenizer {
+    /// A token per distinct character of the corpus (`Vocab::Chars`).
+    Chars,
+    /// GPT-2's byte-level BPE (`Vocab::Gpt2`).
+    Gpt2,
+}
+
+/// A corpus's tokens: what an id means.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Vocab {
+    /// The distinct characters of the corpus, sorted; a character's id is its index.
+    Chars(Vec<char>),
+    /// GPT-2's byte-level BPE (tiktoken's `r50k_base`: 50257 tokens, the last
+    /// `<|endoftext|>`), whose encoder ships with the engine.
+    Gpt2,
+}
+
+/// Tokens of GPT-2's vocabulary (`Vocab::Gpt2`).
+pub const GPT2_TOKENS: usize = 50257;
+
+impl Vocab {
+    /// Distinct tokens.
+    pub fn len(&self) -> usize {
+        match self {
+            Vocab::Chars(chars) => chars.len(),
+            Vocab::Gpt2 => GPT2_TOKENS,
+        }
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The tokenizer that makes it.
+    pub fn tokenizer(&self) -> Tokenizer {
+        match self {
+            Vocab::Chars(_) => Tokenizer::Chars,
+            Vocab::Gpt2 => Tokenizer::Gpt2,
+        }
+    }
+
+    /// What a checkpoint records of it (`GptMeta`): the tokenizer's name where it is not one
+    /// of characters, and the characters in token order (empty for GPT-2's).
+    pub fn saved(&self) -> (Option<String>, String) {
+        match self {
+            Vocab::Chars(chars) => (None, chars.iter().collect()),
+            Vocab::Gpt2 => (Some("gpt2".into()), String::new()),
+        }
+    }
+
+    /// The vocabulary a checkpoint recorded (`saved`), in words.
+    pub fn describe_saved(tokenizer: Option<&str>, chars: &str) -> String {
+        match tokenizer {
+            None => format!("{} characters", chars.chars().count()),
+            Some("gpt2") => Vocab::Gpt2.describe(),
+            Some(other) => format!("the tokenizer '{other}'"),
+        }
+    }
+
+    /// It in words ("65 characters", "GPT-2's byte-level BPE (50257 tokens)").
+    pub fn describe(&self) -> String {
+        match self {
+            Vocab::Chars(chars) => format!("{} characters", chars.len()),
+            Vocab::Gpt2 => format!("GPT-2's byte-level BPE ({GPT2_TOKENS} tokens)"),
+        }
+    }
+}
+
+/// A text encoded as token ids.
 #[derive(Clone, Debug)]
 pub struct Corpus {
-    /// The distinct characters, sorted; a character's id is its index.
-    pub vocab: Vec<char>,
+    /// What its ids mean.
+    pub vocab: Vocab,
     /// The first 90% of the text, as ids.
     pub train: Vec<u32>,
     /// The last 10% of the text, as ids (validation).
     pub val: Vec<u32>,
 }
 
+/// Fewest tokens a corpus may have.
+const MIN_TOKENS: usize = 64;
+
 impl Corpus {
     /// Reads the corpus at `path` (`-`: standard input) through `input::Input`: a regular file
-    /// of at most `MAX_CORPUS_BYTES` of UTF-8 text.
+    /// of at most `MAX_CORPUS_BYTES` of UTF-8 text, a token per character.
     pub fn load(path: &Path) -> Result<Corpus> {
+        Corpus::load_as(path, Tokenizer::Chars)
+    }
+
+    /// `load`, tokenized by `tokenizer`. GPT-2's tokens of a corpus file are cached
+    /// (`token_cache`): a cache that does not hold this text's tokens is rebuilt, never trusted.
+    pub fn load_as(path: &Path, tokenizer: Tokenizer) -> Result<Corpus> {
         let text = Input::open_within(path, "corpus", MAX_CORPUS_BYTES)?
             .read_all("corpus", MAX_CORPUS_BYTES)?;
         let text = String::from_utf8(text).map_err(|e| {
@@ -33,32 +114,55 @@ impl Corpus {
                 format!("cannot read the corpus: not UTF-8 text ({e})"),
             )
         })?;
-        Corpus::from_text(&text).map_err(|e| Error::file(path, e))
+        match tokenizer {
+            Tokenizer::Chars => Corpus::from_text(&text),
+            Tokenizer::Gpt2 => {
+                let ids = super::tokens::gpt2_cached(&text)?;
+                Corpus::split(Vocab::Gpt2, ids)
+            }
+        }
+        .map_err(|e| Error::file(path, e))
     }
 
-    /// Encodes `text` and splits it 90/10; refused under 64 characters.
+    /// Encodes `text` a token per character and splits it 90/10; refused under 64 characters.
     pub fn from_text(text: &str) -> Result<Corpus> {
-        let mut vocab: Vec<char> = text.chars().collect();
-        vocab.sort_unstable();
-        vocab.dedup();
-        let ids: Vec<u32> = text
-            .chars()
-            .map(|ch| vocab.binary_search(&ch).unwrap_or(0) as u32)
-            .collect();
-        if ids.len() < 64 {
+        Corpus::from_text_as(text, Tokenizer::Chars)
+    }
+
+    /// Encodes `text` with `tokenizer` and splits it 90/10; refused under 64 tokens.
+    pub fn from_text_as(text: &str, tokenizer: Tokenizer) -> Result<Corpus> {
+        match tokenizer {
+            Tokenizer::Chars => {
+                let mut vocab: Vec<char> = text.chars().collect();
+                vocab.sort_unstable();
+                vocab.dedup();
+                let ids: Vec<u32> = text
+                    .chars()
+                    .map(|ch| vocab.binary_search(&ch).unwrap_or(0) as u32)
+                    .collect();
+                Corpus::split(Vocab::Chars(vocab), ids)
+            }
+            Tokenizer::Gpt2 => Corpus::split(Vocab::Gpt2, super::tokens::gpt2_encode(text)?),
+        }
+    }
+
+    /// `ids` of `vocab` split 90/10; refused under `MIN_TOKENS`.
+    fn split(vocab: Vocab, mut ids: Vec<u32>) -> Result<Corpus> {
+        if ids.len() < MIN_TOKENS {
             return Err(Error::invalid(
                 "corpus",
                 format!(
-                    "{} characters is too short to train on (need at least 64)",
-                    ids.len()
+                    "{} tokens ({}) is too short to train on (need at least {MIN_TOKENS})",
+                    ids.len(),
+                    vocab.describe()
                 ),
             ));
         }
-        let split = ids.len() * 9 / 10;
+        let val = ids.split_off(ids.len() * 9 / 10);
         Ok(Corpus {
             vocab,
-            train: ids[..split].to_vec(),
-            val: ids[split..].to_vec(),
+            train: ids,
+            val,
         })
     }
 
@@ -76,25 +180,40 @@ impl Corpus {
             .sum()
     }
 
-    /// The text of `ids` ('?' for an id outside the vocabulary).
+    /// The text of `ids` ('?' for an id outside the vocabulary; U+FFFD for bytes of GPT-2's
+    /// tokens that are not UTF-8 on their own).
     pub fn decode(&self, ids: &[u32]) -> String {
-        ids.iter()
-            .map(|&i| self.vocab.get(i as usize).copied().unwrap_or('?'))
-            .collect()
+        String::from_utf8_lossy(&self.decode_bytes(ids)).into_owned()
     }
 
-    /// The ids of `text`, every character of which must be in the vocabulary (else why not,
-    /// naming the first that is not).
+    /// The bytes of `ids`' text: a GPT-2 token may hold part of a character, so a stream of
+    /// them is decoded as bytes and shown where they complete one (`trainer::sample_streaming`).
+    pub fn decode_bytes(&self, ids: &[u32]) -> Vec<u8> {
+        match &self.vocab {
+            Vocab::Chars(chars) => (ids.iter())
+                .map(|&i| chars.get(i as usize).copied().unwrap_or('?'))
+                .collect::<String>()
+                .into_bytes(),
+            Vocab::Gpt2 => super::tokens::gpt2_decode(ids),
+        }
+    }
+
+    /// The ids of `text`: GPT-2's tokens of it, or its characters', every one of which must
+    /// be in the vocabulary (else why not, naming the first that is not).
     pub fn encode(&self, text: &str) -> std::result::Result<Vec<u32>, String> {
+        let chars = match &self.vocab {
+            Vocab::Chars(chars) => chars,
+            Vocab::Gpt2 => return super::tokens::gpt2_encode(text).map_err(|e| e.to_string()),
+        };
         text.chars()
             .enumerate()
-            .map(|(i, ch)| match self.vocab.binary_search(&ch) {
+            .map(|(i, ch)| match chars.binary_search(&ch) {
                 Ok(id) => Ok(id as u32),
                 Err(_) => Err(format!(
                     "character {i}, {ch:?} (U+{:04X}), is not in the corpus's vocabulary of {} \
                      characters",
                     ch as u32,
-                    self.vocab.len()
+                    chars.len()
                 )),
             })
             .collect()

@@ -12,6 +12,7 @@
 //! its AdamW moments are left aside.
 
 use super::checkpoint::{Checkpoint, Expected, SafetensorsFile, names_that_differ};
+use super::data::Vocab;
 use super::model::GptConfig;
 use crate::error::{Error, Result};
 use crate::model::Model;
@@ -71,7 +72,7 @@ const USABLE: &str = "usable as initial weights";
 /// and layout, in f32 (f64 tensors rounded to nearest). The header is read first
 /// (`SafetensorsFile`), and tensors beyond what such a file of `config` holds are refused
 /// unread.
-pub fn read_init(path: &Path, config: &GptConfig, vocab: &[char]) -> Result<Vec<Vec<f32>>> {
+pub fn read_init(path: &Path, config: &GptConfig, vocab: &Vocab) -> Result<Vec<Vec<f32>>> {
     let file = SafetensorsFile::open(path, USABLE)?;
     // The most either naming holds: PyTorch's in f64 with the tied head written out, or a
     // checkpoint's parameters and two moments in f32.
@@ -92,7 +93,7 @@ pub fn init_from_bytes(
     bytes: &[u8],
     path: &Path,
     config: &GptConfig,
-    vocab: &[char],
+    vocab: &Vocab,
 ) -> Result<Vec<Vec<f32>>> {
     let bad = |why: String| Error::file(path, format!("not {USABLE}: {why}"));
     let (_, header) = SafeTensors::read_metadata(bytes)
@@ -103,7 +104,7 @@ pub fn init_from_bytes(
         .and_then(|m| m.get("mantissa"))
         .and_then(|json| serde_json::from_str::<serde_json::Value>(json).ok())
         .and_then(|meta| meta.get("vocab")?.as_str().map(str::to_owned))
-        && saved.chars().collect::<Vec<_>>() != vocab
+        && saved != vocab.saved().1
     {
         return Err(bad(
             "it was trained on a corpus with another vocabulary".into()
@@ -402,7 +403,7 @@ mod tests {
     fn both_namings_read_back_the_weights() {
         let cfg = config();
         let params = cfg.init(3).unwrap();
-        let vocab: Vec<char> = "abcde".chars().collect();
+        let vocab = Vocab::Chars("abcde".chars().collect());
         let path = Path::new("init.safetensors");
         let torch: Vec<_> = torch_state_dict(&cfg, &params)
             .unwrap()
@@ -441,7 +442,7 @@ mod tests {
     fn checkpoint(
         cfg: &GptConfig,
         params: &[Vec<f32>],
-        vocab: &[char],
+        vocab: &Vocab,
         edit: impl FnOnce(&mut crate::train::checkpoint::CheckpointMeta),
     ) -> Vec<u8> {
         use crate::train::TrainState;
@@ -475,7 +476,7 @@ mod tests {
     fn engine_names_are_checked_as_a_checkpoint_is() {
         let cfg = config();
         let params = cfg.init(3).unwrap();
-        let vocab: Vec<char> = "abcde".chars().collect();
+        let vocab = Vocab::Chars("abcde".chars().collect());
         let path = Path::new("ck.safetensors");
         let refused = |bytes: &[u8], words: &str| {
             let e = init_from_bytes(bytes, path, &cfg, &vocab).unwrap_err();
@@ -524,7 +525,7 @@ mod tests {
     fn an_f64_weight_beyond_f32_is_named_as_it_is() {
         let cfg = config();
         let params = cfg.init(3).unwrap();
-        let vocab: Vec<char> = "abcde".chars().collect();
+        let vocab = Vocab::Chars("abcde".chars().collect());
         let mut torch: Vec<_> = torch_state_dict(&cfg, &params)
             .unwrap()
             .into_iter()

@@ -7,6 +7,7 @@
 //! backend. Matmul-like ops use the algorithm the precision policy chose; autocast is emulated
 //! by rounding each tensor to the format it would be held in (`Precision`).
 
+use super::data::Tokenizer;
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 pub use crate::model::stores_codes;
@@ -18,7 +19,7 @@ use crate::policy::Precision;
 /// Model and batch shape.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct GptConfig {
-    /// The configuration's name ("tiny", "small"), as `--config` takes it.
+    /// The configuration's name ("tiny", "small", "gpt2"), as `--config` takes it.
     pub name: String,
     /// Transformer blocks.
     pub n_layer: usize,
@@ -30,23 +31,32 @@ pub struct GptConfig {
     pub block_size: usize,
     /// Sequences per step: the global batch, which the ranks of a data-parallel run divide.
     pub batch_size: usize,
-    /// Distinct tokens: the corpus's characters (the rows of the token embedding and the head).
+    /// Distinct tokens: the corpus's characters, or GPT-2's tokens padded to a multiple of 64
+    /// (the rows of the token embedding and the head).
     pub vocab_size: usize,
 }
 
 impl GptConfig {
-    /// `tiny` (CI-sized) or `small` (nanoGPT shakespeare-char).
+    /// `tiny` (CI-sized) or `small` (nanoGPT shakespeare-char) on a corpus's characters, or
+    /// `gpt2` (GPT-2 124M: 12 layers, 12 heads, 768 wide, context 1024) on GPT-2's BPE, its
+    /// vocabulary padded to a multiple of 64 as nanoGPT pads it (50257 -> 50304: rows no
+    /// target names, for the matmuls' tiles).
     pub fn named(name: &str, vocab_size: usize) -> Result<GptConfig> {
         let (n_layer, n_head, n_embd, block_size, batch_size) = match name {
             "tiny" => (2, 2, 64, 32, 16),
             "small" => (6, 6, 384, 256, 64),
+            "gpt2" => (12, 12, 768, 1024, 8),
             _ => {
                 return Err(Error::UnknownName {
                     kind: "model config",
                     given: name.into(),
-                    valid: vec!["tiny".into(), "small".into()],
+                    valid: ["tiny", "small", "gpt2"].map(String::from).to_vec(),
                 });
             }
+        };
+        let vocab_size = match GptConfig::tokenizer(name) {
+            Tokenizer::Gpt2 => vocab_size.next_multiple_of(64),
+            Tokenizer::Chars => vocab_size,
         };
         Ok(GptConfig {
             name: name.into(),
@@ -57,6 +67,15 @@ impl GptConfig {
             batch_size,
             vocab_size,
         })
+    }
+
+    /// The tokenizer of the corpus config `name` trains on: GPT-2's BPE for `gpt2`, else a
+    /// token per character.
+    pub fn tokenizer(name: &str) -> Tokenizer {
+        match name {
+            "gpt2" => Tokenizer::Gpt2,
+            _ => Tokenizer::Chars,
+        }
     }
 
     /// Width of one attention head: `n_embd / n_head`.

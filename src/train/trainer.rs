@@ -475,14 +475,23 @@ impl<'a> Trainer<'a> {
             ));
         }
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let vocab = &self.corpus.vocab;
         let mut ids = self
             .corpus
             .encode(prompt)
             .map_err(|why| Error::invalid("prompt", why))?;
         if ids.is_empty() {
-            ids.push(vocab.binary_search(&'\n').unwrap_or(0) as u32);
+            ids.push(
+                self.corpus
+                    .encode("\n")
+                    .ok()
+                    .and_then(|n| n.first().copied())
+                    .unwrap_or(0),
+            );
         }
+        // Drawn from the corpus's tokens, not the rows the head is padded with (gpt2).
+        let tokens = self.corpus.vocab.len();
+        // Bytes drawn that do not complete a character yet (a GPT-2 token may hold part of one).
+        let mut pending = Vec::new();
         let start = ids.len();
         let (t, v) = (self.gpt.config.block_size, self.gpt.config.vocab_size);
         let params = self.run.params().await?;
@@ -503,7 +512,7 @@ impl<'a> Trainer<'a> {
             };
             e.run(Section::Forward, context, context, scalars).await?;
             let logits = e.read(e.plan().logits()).await?;
-            let last = &logits[(context.len() - 1) * v..context.len() * v];
+            let last = &logits[(context.len() - 1) * v..][..tokens.min(v)];
             let next = pick_token(last, temperature, &mut rng).map_err(|why| {
                 Error::invalid(
                     "weights",
@@ -511,7 +520,17 @@ impl<'a> Trainer<'a> {
                 )
             })?;
             ids.push(next as u32);
-            each(&self.corpus.decode(&ids[ids.len() - 1..]))?;
+            pending.extend(self.corpus.decode_bytes(&ids[ids.len() - 1..]));
+            let complete = match std::str::from_utf8(&pending) {
+                Ok(_) => pending.len(),
+                // Bytes that can never start a character are shown as U+FFFD now.
+                Err(e) if e.error_len().is_some() => pending.len(),
+                Err(e) => e.valid_up_to(),
+            };
+            if complete > 0 {
+                each(&String::from_utf8_lossy(&pending[..complete]))?;
+                pending.drain(..complete);
+            }
         }
         Ok(self.corpus.decode(&ids[start..]))
     }
