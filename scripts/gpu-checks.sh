@@ -27,6 +27,10 @@
 #                                        # pass and not (NCCL needs libnccl.so.2 on
 #                                        # LD_LIBRARY_PATH, e.g. torch's wheel); two MPI ranks on
 #                                        # the one GPU where mpirun is there
+#   bash scripts/gpu-checks.sh gpt2      # GPT-2 124M (`--config gpt2`, batch 8 x 1024 tokens) at
+#                                        # bf16-mixed: PyTorch eager and compiled, then step time,
+#                                        # tokens/s and peak memory on CUDA and wgpu, and the
+#                                        # batch of 64 in 8 micro-batches (under five minutes)
 #   bash scripts/gpu-checks.sh parity    # step for step with PyTorch on `small`, 100 steps:
 #                                        # the anchor under torch.autocast("cuda") writes its
 #                                        # init, batches and losses; CUDA and wgpu train from
@@ -187,6 +191,16 @@ dist)
         echo "dist: no mpirun here: the two-rank check on one GPU is skipped" | tee -a "$out/log.txt"
     fi
     ;;
+gpt2)
+    run 20 nvidia-smi
+    CONFIG=gpt2 STEPS=30 OUT="$out" run 150 python3 scripts/anchors/torch_gpt.py
+    run 150 $m bench train --config gpt2 --backends cuda,wgpu --precision bf16-mixed --warmup 2 --steps 8 --json "$out/bench-train-gpt2.json"
+    # The global batch of 64 sequences in 8 micro-batches of 8 (the memory of one): a step is
+    # eight backward passes and one update; its losses are the batch run whole's.
+    # (Its checkpoint, 1.4 GiB, stays out of $out.)
+    run 100 $m train --config gpt2 --backend cuda --precision bf16-mixed --batch 64 --grad-accum 8 --steps 5 --eval-interval 5 --eval-batches 1 --out /tmp/gpt2-accum
+    cp /tmp/gpt2-accum/train.json "$out/train-gpt2-accum.json" 2>/dev/null
+    ;;
 parity)
     p="$out/parity"
     run 300 python3 scripts/anchors/torch_step_parity.py --config small --steps 100 --device cuda --out "$p" --presets 32-true,bf16-mixed,16-mixed,bf16-true
@@ -199,5 +213,5 @@ parity)
     done
     run 30 python3 scripts/anchors/torch_step_parity.py --config small --out "$p" --compare "$p"/*-*/train.json
     ;;
-*) echo "unknown stage '$stage' (quick, again, correct, cuda, bench, wgrad, tune, train, steps, dist, parity)" >&2; exit 2 ;;
+*) echo "unknown stage '$stage' (quick, again, correct, cuda, bench, wgrad, tune, train, steps, dist, gpt2, parity)" >&2; exit 2 ;;
 esac

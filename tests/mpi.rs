@@ -214,6 +214,36 @@ fn two_ranks_train_as_one_on_wgpu() {
     check_agreement(&one, &two, 2);
 }
 
+/// Two ranks each running its half of the batch in two micro-batches (`--grad-accum 2`: the
+/// gradients of the two summed on the device, then over the ranks) train as one rank with the
+/// batch whole: every 32-true step within 1e-5, the 16-bit presets as two ranks do.
+#[test]
+fn two_ranks_of_micro_batches_train_as_one() {
+    if let Some(why) = unavailable() {
+        return common::skip("two_ranks_of_micro_batches_train_as_one", &why);
+    }
+    for (presets, steps, strict) in [("32-true", "20", 20), ("bf16-mixed,16-mixed", "6", 2)] {
+        let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (p1, p2) = (d1.path().to_str().unwrap(), d2.path().to_str().unwrap());
+        ok(
+            &alone(&train_args(p1, "reference", presets, steps), &[]),
+            "one rank",
+        );
+        let mut args = train_args(p2, "reference", presets, steps);
+        args.extend(["--grad-accum", "2"]);
+        let two = mpirun(2, &args, &[]);
+        ok(&two, "two ranks of micro-batches");
+        let text = String::from_utf8_lossy(&two.stdout);
+        assert!(text.contains("2 micro-batches of 4 sequences"), "{text}");
+        let (one, two) = (runs(d1.path()), runs(d2.path()));
+        assert_eq!(
+            (one[0]["grad_accum"].as_u64(), two[0]["grad_accum"].as_u64()),
+            (Some(1), Some(2))
+        );
+        check_agreement(&one, &two, strict);
+    }
+}
+
 /// Two ranks on wgpu whose gradient buckets (4 KiB: dozens a step) are summed while the
 /// device runs the rest of the backward pass train bit for bit as two ranks that sum after
 /// the pass, and train.json says which did which.

@@ -11,7 +11,10 @@ the text. RECIPE=torch-default is PyTorch's default initialisation with an untie
 (0.9, 0.999), decay on every parameter and no clipping (the 2026-11-22 H100 figures used it).
 Its losses are not comparable with the project's; its step times are.
 CONFIG=tiny runs the project's `tiny` shape (2 layers, 2 heads, 64 wide, T 32, B 16), which a CPU
-can run (DEVICE=cpu).
+can run (DEVICE=cpu). CONFIG=gpt2 runs `mantissa train --config gpt2`'s: GPT-2 124M (12 layers,
+12 heads, 768 wide, T 1024, B 8, vocabulary 50304) on GPT-2's tokens of the corpus (tiktoken where
+it is installed, else uniform random ids: the step time is the same), bf16-mixed eager and
+compiled unless PRESETS says otherwise. PRESETS=a,b,... picks presets; STEPS the steps of each.
 """
 import json, math, os, sys, time
 import torch
@@ -20,18 +23,26 @@ import torch.nn.functional as F
 
 STEPS = int(os.environ.get("STEPS", 300))
 RECIPE = os.environ.get("RECIPE", "nanogpt")
-B, T, L, H, D = (16, 32, 2, 2, 64) if os.environ.get("CONFIG") == "tiny" else (64, 256, 6, 6, 384)
+CONFIG = os.environ.get("CONFIG", "small")
+B, T, L, H, D = {"tiny": (16, 32, 2, 2, 64), "gpt2": (8, 1024, 12, 12, 768)}.get(CONFIG, (64, 256, 6, 6, 384))
 dev = os.environ.get("DEVICE", "cuda")
 GELU = "tanh" if RECIPE == "nanogpt" else "none"
 here = os.path.dirname(os.path.abspath(__file__))
 path = os.environ.get("DATA") or os.path.join(here, "..", "..", "data", "shakespeare.txt")
 text = open(path).read()
-chars = sorted(set(text))
-stoi = {c: i for i, c in enumerate(chars)}
-data = torch.tensor([stoi[c] for c in text], dtype=torch.long)
+if CONFIG == "gpt2":
+    try:
+        import tiktoken
+        ids = tiktoken.get_encoding("gpt2").encode_ordinary(text)
+    except ImportError:
+        ids = torch.randint(50257, (len(text) // 3,), generator=torch.Generator().manual_seed(0)).tolist()
+    data, V = torch.tensor(ids, dtype=torch.long), 50304
+else:
+    chars = sorted(set(text))
+    stoi = {c: i for i, c in enumerate(chars)}
+    data, V = torch.tensor([stoi[c] for c in text], dtype=torch.long), len(chars)
 if RECIPE == "nanogpt":
     data = data[: int(0.9 * len(data))]
-V = len(chars)
 
 
 class Block(nn.Module):
@@ -128,7 +139,8 @@ def run(preset, compile_):
             finite = False
         if step in (0, 50, 100, 200, STEPS - 1):
             losses[step] = lv
-    ms = sorted(times[10:])[len(times[10:]) // 2] * 1e3
+    timed = times[min(10, STEPS // 3):]
+    ms = sorted(timed)[len(timed) // 2] * 1e3
     tail = [v for v in all_losses[-50:] if math.isfinite(v)]
     row = dict(preset=preset, compiled=compile_, step_ms=ms, tok_s=B * T / ms * 1e3, losses=losses, finite=finite,
                mean_loss_last50=sum(tail) / max(len(tail), 1),
@@ -138,11 +150,13 @@ def run(preset, compile_):
     return row
 
 
-print(torch.__version__, torch.cuda.get_device_name() if dev == "cuda" else dev, f"recipe={RECIPE} V={V} chars={len(text)}", flush=True)
+print(torch.__version__, torch.cuda.get_device_name() if dev == "cuda" else dev, f"recipe={RECIPE} config={CONFIG} V={V} chars={len(text)}", flush=True)
 rows = []
-for preset in ["32-true", "32-true-high", "bf16-mixed", "16-mixed", "bf16-true", "16-true"]:
+default = "bf16-mixed" if CONFIG == "gpt2" else "32-true,32-true-high,bf16-mixed,16-mixed,bf16-true,16-true"
+for preset in os.environ.get("PRESETS", default).split(","):
     rows.append(run(preset, False))
 if dev == "cuda":
     for preset in ["bf16-mixed"]:
         rows.append(run(preset, True))
-json.dump(rows, open(os.path.join(os.environ.get("OUT", "/tmp"), "torch_gpt.json"), "w"), indent=1)
+name = "torch_gpt2.json" if CONFIG == "gpt2" else "torch_gpt.json"
+json.dump(rows, open(os.path.join(os.environ.get("OUT", "/tmp"), name), "w"), indent=1)
