@@ -423,7 +423,12 @@ class ModelTrainer:
     (in declaration order), ``tokens=`` and ``targets=`` as integer arrays, each of its declared
     shape. numpy in (or anything with ``__dlpack__``), numpy out; the GIL is released while the
     engine runs. Bad input raises ``ValueError`` naming it, memory the host or device lacks
-    ``MemoryError``, a device failure ``RuntimeError``."""
+    ``MemoryError``, a device failure ``RuntimeError``.
+
+    ``micro_batches=N`` accumulates gradients: the model is built on one micro-batch (the
+    builder's shapes), and a step takes N of them one after another along the first axis (the
+    arrays' first dimension N times the declared one), their gradients summed on the device
+    before the one update: the step of the whole batch up to the order of additions."""
 
     def __init__(
         self,
@@ -439,6 +444,7 @@ class ModelTrainer:
         grad_clip: float = 0.0,
         matmul_precision: str = "highest",
         fused_attention: Optional[bool] = None,
+        micro_batches: int = 1,
     ) -> None:
         if not isinstance(builder, ModelBuilder):
             raise ValueError(f"ModelTrainer: expected a ModelBuilder, got {type(builder).__name__}")
@@ -453,14 +459,20 @@ class ModelTrainer:
             raise ValueError(f"ModelTrainer: betas {betas!r} is not a pair of numbers") from None
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed < 2**64:
             raise ValueError(f"ModelTrainer: seed {seed!r} is not a whole number in 0..2^64-1")
+        n = _count("ModelTrainer", "micro_batches", micro_batches)
+        if n < 1:
+            raise ValueError("ModelTrainer: micro_batches 0: a step runs its batch in at least one")
         native, vars_ = builder._build()
         self._t = _native.ModelTrainer(
             native, vars_[loss._index], str(preset), str(backend), int(seed), float(lr), (b1, b2),
             float(eps), float(weight_decay), float(grad_clip), str(matmul_precision), fused_attention,
+            n,
         )
         self._params = dict(builder._params)  # name -> (index, declared shape, transposed)
-        self._tokens, self._targets = builder._tokens, builder._targets
-        self._values = list(builder._values)
+        # A batch is `n` micro-batches along the first axis.
+        whole = lambda shape: None if shape is None else (shape[0] * n, *shape[1:])  # noqa: E731
+        self._tokens, self._targets = whole(builder._tokens), whole(builder._targets)
+        self._values = [whole(v) for v in builder._values]
         self._outputs = builder._outputs
         self._reads_tokens, self._reads_targets = self._t.reads()
 

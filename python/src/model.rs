@@ -7,7 +7,7 @@
 use crate::{open, parse, py_err};
 use mantissa::PrecisionClass;
 use mantissa::backend::Backend;
-use mantissa::model::{Init, ModelBuilder, ModelTrainer, Var};
+use mantissa::model::{Init, ModelBuilder, ModelTrainer, RunOptions, Var};
 use mantissa::plan::{AdamW, Unary};
 use mantissa::policy::Preset;
 use mantissa::policy::precision::PrecisionRequest;
@@ -293,7 +293,7 @@ impl PyModelTrainer {
     #[new]
     #[pyo3(signature = (builder, loss, preset="32-true", backend="auto", seed=0, lr=1e-3,
         betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, grad_clip=0.0,
-        matmul_precision="highest", fused_attention=None))]
+        matmul_precision="highest", fused_attention=None, micro_batches=1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -309,6 +309,7 @@ impl PyModelTrainer {
         grad_clip: f32,
         matmul_precision: &str,
         fused_attention: Option<bool>,
+        micro_batches: usize,
     ) -> PyResult<Self> {
         let preset: Preset = parse(preset)?;
         let matmul_precision: PrecisionClass = parse(matmul_precision)?;
@@ -341,8 +342,13 @@ impl PyModelTrainer {
             fp8_current: false,
             autocast_overrides: "",
         };
+        let options = RunOptions {
+            fused_attention,
+            micro_batches,
+            ..RunOptions::new(seed)
+        };
         let mut t = py
-            .detach(|| ModelTrainer::new(device, model, &request, fused_attention, seed))
+            .detach(|| ModelTrainer::with_options(device, model, &request, options))
             .map_err(py_err)?;
         t.adamw = adamw;
         t.grad_clip = grad_clip;

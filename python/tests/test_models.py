@@ -178,6 +178,30 @@ def test_dropout_masks_are_the_same_on_every_backend_and_refuse_a_bad_rate():
     np.testing.assert_array_equal(outs[1] == 0, dropped)
 
 
+def test_micro_batches_take_the_whole_batch_s_steps():
+    """``micro_batches=2``: the model built on 8 rows, a step takes 16 (two micro-batches along
+    the first axis), their gradients summed before the update: the steps of the model built on
+    16 rows, dropout's masks included, up to the order of f32 additions."""
+    def regression(rows):
+        b = mantissa.ModelBuilder()
+        x, y = b.values([rows, 8]), b.values([rows, 8])
+        b.mse(b.dropout(b.matmul(x, b.param("w", [8, 8])), 0.25), y)
+        return b
+    rng = np.random.default_rng(11)
+    whole = mantissa.ModelTrainer(regression(16), backend="reference", seed=4, lr=1e-2)
+    split = mantissa.ModelTrainer(regression(8), backend="reference", seed=4, lr=1e-2,
+                                  micro_batches=2)
+    for _ in range(4):
+        xv, yv = rng.standard_normal((2, 16, 8)).astype(np.float32)
+        a, m = whole.step(xv, yv), split.step(xv, yv)
+        assert abs(a.loss - m.loss) <= 1e-6 * a.loss, (a, m)
+    np.testing.assert_allclose(split.state_dict()["w"], whole.state_dict()["w"], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"expected shape \(16, 8\), got \(8, 8\)"):
+        split.step(xv[:8], yv[:8])
+    with pytest.raises(ValueError, match="micro_batches"):
+        mantissa.ModelTrainer(regression(8), backend="reference", micro_batches=0)
+
+
 def _dropout_regression(name="w"):
     b = mantissa.ModelBuilder()
     x = b.values([16, 8])
