@@ -427,7 +427,8 @@ __device__ __forceinline__ float unary(u32 f, float v) {
     }
 }
 
-// f'(v) of function `f` (`Unary::grad`): the backward's dx = dy * f'(v).
+// f' of function `f` in terms of what the backward reads (`Unary::grad`): dx = dy * f'(v), and
+// for sigmoid and tanh, whose backward reads the forward's output y, y (1 - y) and 1 - y^2.
 __device__ __forceinline__ float unary_grad(u32 f, float v) {
     switch (f) {
         case UNARY_GELU: {
@@ -444,14 +445,8 @@ __device__ __forceinline__ float unary_grad(u32 f, float v) {
         }
         // PyTorch passes dy where the output is not <= 0 (a NaN's too).
         case UNARY_RELU: return v <= 0.0f ? 0.0f : 1.0f;
-        case UNARY_SIGMOID: {
-            float s = sigmoid(v);
-            return s * (1.0f - s);
-        }
-        case UNARY_TANH: {
-            float t = tanhf(v);
-            return 1.0f - t * t;
-        }
+        case UNARY_SIGMOID: return v * (1.0f - v);
+        case UNARY_TANH: return 1.0f - v * v;
         default: return 1.0f;
     }
 }

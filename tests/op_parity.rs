@@ -43,8 +43,11 @@ use pollster::FutureExt as _;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-/// Every op and loss of the model builder: each must have a case in the fixtures.
-const BUILDER_OPS: [&str; 14] = [
+/// Every op and loss of the model builder: each must have a case in the fixtures (`dropout`
+/// aside: PyTorch's masks come from another generator, so no run of it computes ours; `split`
+/// aside: its parts are `narrow`s; `causal_attention_masked` aside: the causal and the key
+/// padding masks of `causal_attention` and `attention_masked` together).
+const BUILDER_OPS: [&str; 29] = [
     "embedding",
     "linear",
     "matmul",
@@ -59,6 +62,21 @@ const BUILDER_OPS: [&str; 14] = [
     "reshape",
     "cross_entropy",
     "mse",
+    "relu",
+    "sigmoid",
+    "tanh",
+    "softmax",
+    "sum",
+    "mean",
+    "scale",
+    "sub",
+    "transpose",
+    "concat",
+    "narrow",
+    "bmm",
+    "attention",
+    "attention_masked",
+    "rotary",
 ];
 
 const PRESETS: [&str; 3] = ["32-true", "bf16-mixed", "16-mixed"];
@@ -316,6 +334,31 @@ fn one_op(case: &Case) -> mantissa::Result<OneOp> {
         "reshape" => m.reshape(v(0), &shape_of(&a["shape"]).unwrap_or_default())?,
         "cross_entropy" => m.cross_entropy(v(0), v(1))?,
         "mse" => m.mse(v(0), v(1))?,
+        "relu" => m.relu(v(0))?,
+        "sigmoid" => m.sigmoid(v(0))?,
+        "tanh" => m.tanh(v(0))?,
+        "softmax" => m.softmax(v(0))?,
+        "sum" => m.sum(v(0))?,
+        "mean" => m.mean(v(0))?,
+        "scale" => m.scale(v(0), a["k"].as_f64().unwrap_or(1.0))?,
+        "sub" => m.sub(v(0), v(1))?,
+        "transpose" => m.transpose(v(0))?,
+        "concat" => m.concat(&vars)?,
+        "narrow" => m.narrow(
+            v(0),
+            a["start"].as_u64().unwrap_or(0) as usize,
+            a["length"].as_u64().unwrap_or(1) as usize,
+        )?,
+        "bmm" => m.bmm(v(0), v(1), a["transpose_b"].as_bool().unwrap_or(false))?,
+        "attention" => m.attention(v(0), a["heads"].as_u64().unwrap_or(1) as usize)?,
+        "attention_masked" => {
+            m.attention_masked(v(0), a["heads"].as_u64().unwrap_or(1) as usize, v(1))?
+        }
+        "rotary" => m.rotary(
+            v(0),
+            a["heads"].as_u64().unwrap_or(1) as usize,
+            a["base"].as_f64().unwrap_or(10000.0),
+        )?,
         other => panic!("{}: op {other:?} is not a builder op", case.name),
     };
     let loss = match case.output_shape.as_ref() {

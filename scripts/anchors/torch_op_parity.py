@@ -186,6 +186,24 @@ def silu_terms(x, dy):
     return {"out": out, "grad/x": grad}
 
 
+def sigmoid_terms(x, dy):
+    """The same for the sigmoid 1 / (1 + exp(-x)) (exp's error relative to its argument, as
+    SiLU's) and its gradient from the output, dy y (1 - y): y's last unit moves 1 - y by a
+    unit of 1 where y nears 1."""
+    x, dy = x.double(), dy.double()
+    s = torch.sigmoid(x)
+    ds = 1 + x.abs() * (1 - s)
+    return {"out": s * ds, "grad/x": dy.abs() * (s * (1 - s) + s * ds * (1 + s))}
+
+
+def tanh_terms(x, dy):
+    """The same for tanh (the value itself) and its gradient from the output, dy (1 - y^2):
+    y's last unit moves 1 - y^2 by two units of 1 where |y| nears 1."""
+    x, dy = x.double(), dy.double()
+    t = torch.tanh(x)
+    return {"out": t.abs(), "grad/x": dy.abs() * (1 - t * t + 2 * t * t)}
+
+
 def cases(g):
     out = []
 
@@ -352,6 +370,134 @@ def cases(g):
     return out
 
 
+def later_cases(g):
+    """The ops added since the first cases (issue #50), drawn from a generator of their own so
+    that the first cases' inputs and upstream gradients stay what they were."""
+    out = []
+    # ReLU, sigmoid and tanh of a linear's output (compute: CUDA computes in f32 and rounds
+    # once, its backward reads the rounded output for sigmoid and tanh, as `OutputGrad` writes
+    # out); softmax over the last axis (f32
+    # class); sum (f32 class) and mean (its input's dtype) over the last axis; a scale by a
+    # constant; a subtraction; a transpose, a concatenation and a narrow; batched products of
+    # two activations; attention without the causal mask and with a key padding mask; rotary
+    # embeddings of an f32 value (Hugging Face's `rotate_half` with its f32 cos and sin).
+    x = both16(wide(g, (1, 783), -8, 4, zeros=0.01))
+    for op, terms in [("relu", None), ("sigmoid", sigmoid_terms), ("tanh", tanh_terms)]:
+        out.append(case(op, op, [("x", x, "compute", "param")],
+                        lambda c, x, op=op: unary(c, op, x),
+                        {"out": "compute", "grad/x": "compute"}, {"out": 1, "grad/x": 1},
+                        scale=terms))
+    x = both16(normal(g, (3, 4, 50), 3.0))
+    out.append(case("softmax", "softmax", [("x", x, "compute", "param")],
+                    lambda c, x: c.softmax(x),
+                    {"out": "f32", "grad/x": "compute"}, {"out": 50, "grad/x": 50},
+                    dy=(-4, 2)))
+    x = normal(g, (3, 4, 50), 2.0, mean=0.5)
+    for op in ["sum", "mean"]:
+        out.append(case(f"{op}_of_f32", op, [("x", x, "f32", "param")],
+                        (lambda c, x: x.sum(-1)) if op == "sum" else (lambda c, x: x.mean(-1)),
+                        {"out": "f32", "grad/x": "f32"}, {"out": 50, "grad/x": 1}))
+    x = both16(normal(g, (3, 4, 50), 2.0, mean=0.5))
+    out.append(case("sum_of_compute", "sum", [("x", x, "compute", "param")],
+                    lambda c, x: x.sum(-1) if c.compute is None else x.float().sum(-1),
+                    {"out": "f32", "grad/x": "compute"}, {"out": 50, "grad/x": 1}))
+    x = both16(wide(g, (3, 50), -10, 8))
+    out.append(case("scale", "scale", [("x", x, "compute", "param")],
+                    lambda c, x: x * 0.3 if c.compute is None else (x.float() * torch.tensor(0.3)).to(x.dtype),
+                    {"out": "compute", "grad/x": "compute"}, {"out": 1, "grad/x": 1}, {"k": 0.3}))
+    a, b = normal(g, (3, 50), 3.0), both16(wide(g, (3, 50), -12, 6))
+    out.append(case("sub_mixed", "sub", [("a", a, "f32", "param"), ("b", b, "compute", "param")],
+                    lambda c, a, b: a - b,
+                    {"out": "f32", "grad/a": "f32", "grad/b": "compute"},
+                    {"out": 1, "grad/a": 1, "grad/b": 1}))
+    x = normal(g, (2, 5, 7), 2.0)
+    out.append(case("transpose", "transpose", [("x", x, "f32", "param")],
+                    lambda c, x: x.transpose(-2, -1), {"out": "f32", "grad/x": "f32"},
+                    {"out": 1, "grad/x": 1}))
+    a, b = normal(g, (3, 5), 2.0), normal(g, (3, 7), 2.0)
+    out.append(case("concat", "concat", [("a", a, "f32", "param"), ("b", b, "f32", "param")],
+                    lambda c, a, b: torch.cat([a, b], -1),
+                    {"out": "f32", "grad/a": "f32", "grad/b": "f32"},
+                    {"out": 1, "grad/a": 1, "grad/b": 1}))
+    x = normal(g, (3, 12), 2.0)
+    out.append(case("narrow", "narrow", [("x", x, "f32", "param")],
+                    lambda c, x: x.narrow(-1, 4, 5), {"out": "f32", "grad/x": "f32"},
+                    {"out": 1, "grad/x": 1}, {"start": 4, "length": 5}))
+    for transpose_b in [False, True]:
+        a = both16(normal(g, (2, 17, 33), 1.0))
+        b = both16(normal(g, (2, 9, 33) if transpose_b else (2, 33, 9), 1.0))
+        out.append(case(f"bmm{'_transposed' if transpose_b else ''}", "bmm",
+                        [("a", a, "compute", "param"), ("b", b, "compute", "param")],
+                        lambda c, a, b, t=transpose_b: c.matmul(a, b.transpose(-2, -1) if t else b),
+                        {"out": "compute", "grad/a": "compute", "grad/b": "compute"},
+                        {"out": 33, "grad/a": 9, "grad/b": 17}, {"transpose_b": transpose_b}))
+    bsz, t, h, d = 2, 17, 2, 16
+    qkv = both16(normal(g, (bsz, t, 3 * h * d), 1.0))
+    qkv[..., : 2 * h * d] *= 2.0
+    out.append(case(f"attention_{t}x{d}", "attention", [("qkv", qkv, "compute", "param")],
+                    lambda c, qkv: attention(c, qkv, h, causal=False),
+                    {"out": "compute", "grad/qkv": "compute"}, {"out": t, "grad/qkv": t},
+                    {"heads": h}, inner={"out": "compute", "grad/qkv": "compute"}))
+    mask = torch.zeros(bsz, t)
+    mask[0, 11:] = 1.0  # the first sequence's last 6 keys are padding
+    mask[1, ::3] = 1.0  # every third key of the second
+    out.append(case(f"attention_masked_{t}x{d}", "attention_masked",
+                    [("qkv", qkv, "compute", "param"), ("mask", mask, "f32", "values")],
+                    lambda c, qkv, m: attention(c, qkv, h, causal=False, keys=m),
+                    {"out": "compute", "grad/qkv": "compute"}, {"out": t, "grad/qkv": t},
+                    {"heads": h}, inner={"out": "compute", "grad/qkv": "compute"}))
+    x = normal(g, (2, 9, 2 * 8), 1.0)
+    out.append(case("rotary_of_f32", "rotary", [("x", x, "f32", "param")],
+                    lambda c, x: rotary(x, 2, 10000.0), {"out": "f32", "grad/x": "f32"},
+                    {"out": 2, "grad/x": 2}, {"heads": 2, "base": 10000.0}))
+    # mean of a 16-bit value: in its dtype (autocast lists sum, not mean), summed in f32.
+    x = both16(normal(g, (3, 4, 50), 2.0, mean=0.5))
+    out.append(case("mean_of_compute", "mean", [("x", x, "compute", "param")],
+                    lambda c, x: x.mean(-1) if c.compute is None else x.float().mean(-1).to(x.dtype),
+                    {"out": "compute", "grad/x": "compute"}, {"out": 50, "grad/x": 1}))
+    return out
+
+
+class OutputGrad(torch.autograd.Function):
+    """f(x) computed in f32 and rounded once to x's dtype, its backward from the rounded output
+    y in f32 (`dfdy(y)`), rounded to the gradient's dtype: CUDA's sigmoid and tanh of a 16-bit
+    tensor (opmath float, `sigmoid_backward`/`tanh_backward` reading the output)."""
+
+    @staticmethod
+    def forward(ctx, x, f, dfdy):
+        y = f(x.float()).to(x.dtype)
+        ctx.save_for_backward(y)
+        ctx.dfdy = dfdy
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        return (dy.float() * ctx.dfdy(y.float())).to(dy.dtype), None, None
+
+
+def unary(c, op, x):
+    if op == "relu":
+        return torch.relu(x)
+    if op == "sigmoid":
+        return OutputGrad.apply(x, torch.sigmoid, lambda y: y * (1 - y))
+    return OutputGrad.apply(x, torch.tanh, lambda y: 1 - y * y)
+
+
+def rotary(x, heads, base):
+    """Hugging Face's rotary embeddings of x [b, t, heads * d] (rotate_half), cos and sin as
+    LlamaRotaryEmbedding computes them in f32."""
+    b, t, width = x.shape
+    d = width // heads
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    freqs = torch.outer(torch.arange(t, dtype=torch.int64).float(), inv_freq)
+    emb = torch.cat((freqs, freqs), -1)
+    cos, sin = emb.cos()[None, :, None, :], emb.sin()[None, :, None, :]
+    q = x.view(b, t, heads, d)
+    half = torch.cat((-q[..., d // 2:], q[..., : d // 2]), -1)
+    return (q * cos + half * sin).reshape(b, t, width)
+
+
 class _LN:
     """What Casts.layer_norm reads of an nn.LayerNorm."""
 
@@ -363,15 +509,19 @@ class _LN:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
-def attention(c, qkv, h):
+def attention(c, qkv, h, causal=True, keys=None):
     """torch_step_parity's Block attention: scores and P.v matmul-like, the scaled scores held
-    as the scores, the softmax f32 (mixed)."""
+    as the scores, the softmax f32 (mixed); without the causal mask where `causal` is false,
+    and the keys where `keys` [b, t] is nonzero left out."""
     b, t, c3 = qkv.shape
     width = c3 // 3
     q, k, v = qkv.split(width, 2)
     q, k, v = (z.view(b, t, h, width // h).transpose(1, 2) for z in (q, k, v))
     att = c.scale(c.matmul(q, k.transpose(-2, -1)), math.sqrt(width // h))
-    att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    if causal:
+        att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+    if keys is not None:
+        att = att.masked_fill(keys.bool()[:, None, None, :], float("-inf"))
     return c.matmul(c.softmax(att), v).transpose(1, 2).reshape(b, t, width)
 
 
@@ -642,7 +792,7 @@ def main():
     print(f"wrote {path}: {total} values ({os.path.getsize(path) / 1e6:.2f} MB)", file=sys.stderr)
     g = torch.Generator().manual_seed(53)
     tensors, manifest = {}, []
-    for cs in cases(g):
+    for cs in cases(g) + later_cases(torch.Generator().manual_seed(50)):
         name = cs["name"]
         is_loss = cs["op"] in ("cross_entropy", "mse")
         dy = None

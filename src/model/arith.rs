@@ -18,7 +18,8 @@ impl ModelBuilder {
         self.row_reduce("sum", x, false)
     }
 
-    /// The mean over the last axis of x [..., c]: [...] (`x.mean(-1)`: the sum divided by c).
+    /// The mean over the last axis of x [..., c]: [...] (`x.mean(-1)`: the sum in f32 divided
+    /// by c, held in x's format, as PyTorch's autocast leaves a mean).
     pub fn mean(&mut self, x: Var) -> Result<Var> {
         self.row_reduce("mean", x, true)
     }
@@ -134,8 +135,13 @@ impl NodeOp for RowReduce {
         self.op
     }
 
-    fn format(&self, cx: &Emit, _: &Node) -> Format {
-        cx.p.stream
+    /// A sum autocast runs in f32 (the stream format); a mean in its input's format (autocast
+    /// lists `sum`, not `mean`: PyTorch's mean of a 16-bit tensor is 16-bit, summed in f32).
+    fn format(&self, cx: &Emit, node: &Node) -> Format {
+        match self.mean {
+            true => cx.format(node.inputs[0]),
+            false => cx.p.stream,
+        }
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {

@@ -543,6 +543,10 @@ impl NodeOp for Unary {
         Unary::name(*self)
     }
 
+    fn output_overwritable(&self) -> bool {
+        !self.reads_output()
+    }
+
     fn format(&self, cx: &Emit, node: &Node) -> Format {
         cx.format(node.inputs[0])
     }
@@ -564,10 +568,16 @@ impl NodeOp for Unary {
     fn backward(&self, cx: &mut Emit, node: &Node, _: &Saved, dy: TensorId) {
         let x = node.inputs[0];
         let tx = cx.t(x);
+        // Sigmoid's and tanh's derivatives read the output as held (`Unary::reads_output`).
+        let read = if self.reads_output() {
+            cx.t(node.out)
+        } else {
+            tx
+        };
         let out = cx.g.temp(cx.g.len(tx));
         cx.g.push(Op::UnaryBwd {
             f: *self,
-            x: tx,
+            x: read,
             dy,
             out,
             held: Format::F32,

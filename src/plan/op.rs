@@ -168,11 +168,11 @@ pub enum Op {
         /// The format `out` is held in.
         held: Format,
     },
-    /// out = dy * f'(x), held in `held`.
+    /// out = dy * f'(x), held in `held` (f' in terms of what it reads: `Unary::grad`).
     UnaryBwd {
         /// The forward's function.
         f: Unary,
-        /// The forward's input.
+        /// The forward's input, or for sigmoid and tanh its output (`Unary::reads_output`).
         x: TensorId,
         /// The gradient of the forward's output.
         dy: TensorId,

@@ -70,8 +70,17 @@ impl Unary {
         }
     }
 
-    /// f'(x): the backward's dx = dy * f'(x).
-    pub fn grad(self, x: f64) -> f64 {
+    /// Whether the backward reads the forward's output y rather than its input x: sigmoid's
+    /// and tanh's derivatives are PyTorch's, of the output as held (`sigmoid_backward`,
+    /// `tanh_backward`): where y rounds to 1, 1 - y^2 is 0, as PyTorch's gradient is.
+    pub fn reads_output(self) -> bool {
+        matches!(self, Unary::Sigmoid | Unary::Tanh)
+    }
+
+    /// f' in terms of what the backward reads (`reads_output`): dx = dy * grad(v), v being x,
+    /// or y for sigmoid (y (1 - y)) and tanh (1 - y^2).
+    pub fn grad(self, v: f64) -> f64 {
+        let x = v;
         match self {
             Unary::Gelu => {
                 let t = (SQRT_2_OVER_PI * (x + 0.044715 * x * x * x)).tanh();
@@ -91,14 +100,8 @@ impl Unary {
                     1.0
                 }
             }
-            Unary::Sigmoid => {
-                let s = 1.0 / (1.0 + (-x).exp());
-                s * (1.0 - s)
-            }
-            Unary::Tanh => {
-                let t = x.tanh();
-                1.0 - t * t
-            }
+            Unary::Sigmoid => v * (1.0 - v),
+            Unary::Tanh => 1.0 - v * v,
         }
     }
 }
@@ -113,10 +116,12 @@ mod tests {
             for x in [-3.1, -0.7, 0.3, 1.9, 4.2] {
                 let h = 1e-6;
                 let slope = (f.apply(x + h) - f.apply(x - h)) / (2.0 * h);
+                // What the backward reads: x, or the output (`reads_output`).
+                let v = if f.reads_output() { f.apply(x) } else { x };
                 assert!(
-                    (slope - f.grad(x)).abs() < 1e-6,
+                    (slope - f.grad(v)).abs() < 1e-6,
                     "{f} at {x}: {slope} vs {}",
-                    f.grad(x)
+                    f.grad(v)
                 );
             }
         }

@@ -300,13 +300,12 @@ impl Op {
             | Op::LayerNorm
             | Op::CrossEntropy
             | Op::Sum
-            | Op::Mean
             | Op::Exp
             | Op::Log
             | Op::Pow
             | Op::RmsNorm
             | Op::MseLoss => OpClass::F32,
-            Op::Gelu | Op::Add | Op::Embedding | Op::Silu | Op::Mul => OpClass::Input,
+            Op::Gelu | Op::Add | Op::Embedding | Op::Silu | Op::Mul | Op::Mean => OpClass::Input,
         }
     }
 }
