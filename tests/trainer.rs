@@ -10,7 +10,7 @@ use mantissa::Error;
 use mantissa::backend::{Backend, Reference};
 use mantissa::choice::{self, Chooser, ChosenBy};
 use mantissa::dist::{Reducer, Reduction};
-use mantissa::model::{Init, Model, ModelBuilder, ModelTrainer, RunOptions};
+use mantissa::model::{Init, Model, ModelBuilder, ModelTrainer, RunOptions, Stepped};
 use mantissa::policy::Preset;
 use mantissa::policy::precision::PrecisionRequest;
 use mantissa::train::checkpoint::{Checkpoint, Expected};
@@ -202,6 +202,18 @@ fn another_models_files_are_refused_by_the_names_that_differ() {
     assert!(said.contains("built model"), "{said}");
 }
 
+/// Step `i` of each trainer on batch `i`, an inf injected into 16-mixed's third step (its
+/// GradScaler skips it; the other presets would diverge); the steps and the poison.
+fn steps_of(trainers: [&mut ModelTrainer; 2], preset: Preset, i: u32) -> ([Stepped; 2], f32) {
+    let (ids, targets) = batch(i);
+    let poison = match preset == Preset::Mixed16 && i == 2 {
+        true => f32::INFINITY,
+        false => 0.0,
+    };
+    let step = |t: &mut ModelTrainer| t.step_injecting(&ids, &targets, poison).block_on().unwrap();
+    (trainers.map(step), poison)
+}
+
 /// A built model trained data parallel (two ranks of the same batch, its gradients summed in
 /// buckets through the reduction engine) takes the one-rank steps bit for bit, a GradScaler skip
 /// included, and records its reduction.
@@ -219,21 +231,7 @@ fn data_parallel_is_the_one_rank_run(b: &dyn Backend) {
         };
         let mut twins = trainer(b, preset, options);
         for i in 0..4 {
-            let (ids, targets) = batch(i);
-            // 16-mixed's GradScaler skips the step with an inf (the others would diverge).
-            let poison = if preset == Preset::Mixed16 && i == 2 {
-                f32::INFINITY
-            } else {
-                0.0
-            };
-            let a = alone
-                .step_injecting(&ids, &targets, poison)
-                .block_on()
-                .unwrap();
-            let d = twins
-                .step_injecting(&ids, &targets, poison)
-                .block_on()
-                .unwrap();
+            let ([a, d], poison) = steps_of([&mut alone, &mut twins], preset, i);
             assert_eq!(
                 (a.loss.to_bits(), a.grad_norm.to_bits(), a.skipped),
                 (d.loss.to_bits(), d.grad_norm.to_bits(), d.skipped),
@@ -436,20 +434,7 @@ fn micro_batches_take_the_whole_batch_s_step(b: &dyn Backend) {
         let what = format!("{preset} on {}", b.name());
         let close = |a: f64, b: f64| a == b || (a - b).abs() <= tolerance * a.abs().max(1.0);
         for i in 0..4 {
-            let (ids, targets) = batch(i);
-            let poison = if preset == Preset::Mixed16 && i == 2 {
-                f32::INFINITY
-            } else {
-                0.0
-            };
-            let a = whole
-                .step_injecting(&ids, &targets, poison)
-                .block_on()
-                .unwrap();
-            let m = split
-                .step_injecting(&ids, &targets, poison)
-                .block_on()
-                .unwrap();
+            let ([a, m], poison) = steps_of([&mut whole, &mut split], preset, i);
             assert!(
                 close(a.loss, m.loss),
                 "{what} step {i}: loss {} vs {}",

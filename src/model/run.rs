@@ -837,12 +837,13 @@ impl<'a> ModelTrainer<'a> {
         let summing = !self.summed.is_empty();
         let mut scalars = vec![];
         for k in 0..n {
-            self.write_micro_values(k).await?;
             // Poisoned where the update reads it (one rank), or where the sum does (several).
-            scalars = self.scalars_of(scale, if summing { 0.0 } else { poison }, k)?;
+            let poisoned = (scale, if summing { 0.0 } else { poison });
+            let micro;
+            (micro, scalars) = self
+                .run_micro(Section::Backward, (ids, targets), k, poisoned)
+                .await?;
             let (ids, targets) = (&ids[k * rows..(k + 1) * rows], &targets[k * rows..][..rows]);
-            let run = self.exec.run(Section::Backward, ids, targets, &scalars);
-            let micro = run.await?;
             stats[Stats::LOSS] += micro[Stats::LOSS] / n as f64;
             for slot in amax.clone() {
                 stats[slot] = stats[slot].max(micro[slot]);
@@ -936,21 +937,30 @@ impl<'a> ModelTrainer<'a> {
     /// mean of theirs).
     pub async fn loss(&mut self, ids: &[u32], targets: &[u32]) -> Result<f64> {
         let (ids, targets) = self.batch(ids, targets)?;
-        let (n, rows) = (self.options.micro_batches, self.exec.plan().rows());
+        let n = self.options.micro_batches;
         let mut loss = 0.0;
         for k in 0..n {
-            self.write_micro_values(k).await?;
-            let scalars = self.scalars_of(1.0, 0.0, k)?;
-            let span = k * rows..(k + 1) * rows;
-            let run = (self.exec).run(
-                Section::Forward,
-                &ids[span.clone()],
-                &targets[span],
-                &scalars,
-            );
-            loss += run.await?[Stats::LOSS] / n as f64;
+            let run = self.run_micro(Section::Forward, (&ids, &targets), k, (1.0, 0.0));
+            loss += run.await?.0[Stats::LOSS] / n as f64;
         }
         Ok(loss)
+    }
+
+    /// Runs `section` on micro-batch `k` of a checked batch (`batch`; the batch itself where a
+    /// step has one micro-batch): its values inputs written, its scalars at (loss scale,
+    /// poison). Returns the run's stats and the scalars.
+    async fn run_micro(
+        &mut self,
+        section: Section,
+        (ids, targets): (&[u32], &[u32]),
+        k: usize,
+        (loss_scale, poison): (f32, f32),
+    ) -> Result<(Vec<f64>, Vec<f32>)> {
+        self.write_micro_values(k).await?;
+        let scalars = self.scalars_of(loss_scale, poison, k)?;
+        let span = k * self.exec.plan().rows()..(k + 1) * self.exec.plan().rows();
+        let run = (self.exec).run(section, &ids[span.clone()], &targets[span], &scalars);
+        Ok((run.await?, scalars))
     }
 
     /// This rank's batch's mean loss and its gradient with respect to each parameter (loss
@@ -962,19 +972,11 @@ impl<'a> ModelTrainer<'a> {
         targets: &[u32],
     ) -> Result<(f64, Vec<Vec<f32>>)> {
         let (ids, targets) = self.batch(ids, targets)?;
-        let (n, rows) = (self.options.micro_batches, self.exec.plan().rows());
+        let n = self.options.micro_batches;
         let (mut loss, mut sums) = (0.0, Vec::<Vec<f64>>::new());
         for k in 0..n {
-            self.write_micro_values(k).await?;
-            let scalars = self.scalars_of(1.0, 0.0, k)?;
-            let span = k * rows..(k + 1) * rows;
-            let run = (self.exec).run(
-                Section::Gradients,
-                &ids[span.clone()],
-                &targets[span],
-                &scalars,
-            );
-            loss += run.await?[Stats::LOSS] / n as f64;
+            let run = self.run_micro(Section::Gradients, (&ids, &targets), k, (1.0, 0.0));
+            loss += run.await?.0[Stats::LOSS] / n as f64;
             let grads = self.last_gradients().await?;
             if n == 1 {
                 return Ok((loss, grads));

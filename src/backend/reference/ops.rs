@@ -126,7 +126,8 @@ pub fn unary_fwd<T: Float>(f: Unary, x: &[T]) -> Vec<T> {
     x.iter().map(|&v| cast(f.apply(f64_of(v)))).collect()
 }
 
-/// dx = dy * f'(x) (`Unary::grad`, in f64).
+/// dx = dy * f' (`Unary::grad`, in f64) of what the backward reads: x, or for sigmoid and
+/// tanh the forward's output (`Unary::reads_output`).
 pub fn unary_bwd<T: Float>(f: Unary, x: &[T], dy: &[T]) -> Vec<T> {
     x.iter()
         .zip(dy)
