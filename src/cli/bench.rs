@@ -10,7 +10,7 @@ use crate::bench::{
 };
 use crate::error::{Error, Result};
 use crate::policy::Preset;
-use crate::train::{Choice, ChosenBy, Corpus, GptConfig, attention_choice, graphs_choice};
+use crate::train::{Choice, ChosenBy, attention_choice, graphs_choice};
 use pollster::FutureExt as _;
 use std::path::PathBuf;
 
@@ -51,6 +51,12 @@ struct TrainArgs {
     /// The training text.
     #[arg(long, default_value = "data/shakespeare.txt")]
     corpus: PathBuf,
+    /// Sequences per step instead of the config's (tiny 16, small 64, gpt2 8).
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Tokens per sequence instead of the config's (tiny 32, small 256, gpt2 1024).
+    #[arg(long)]
+    context: Option<usize>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Also write the records as JSON to this file.
@@ -158,8 +164,8 @@ fn train(args: TrainArgs) -> Result<()> {
         }
         crate::output::check_writable(path)?;
     }
-    let corpus = Corpus::load_as(&args.corpus, GptConfig::tokenizer(&args.config))?;
-    let config = GptConfig::named(&args.config, corpus.vocab.len())?;
+    let sizes = (args.context, args.batch);
+    let (corpus, config) = super::train::corpus_and_config(&args.corpus, &args.config, sizes)?;
     corpus.check_context(config.block_size)?;
     let bench = TrainBench {
         config,

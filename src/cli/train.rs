@@ -430,7 +430,8 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
     };
     let inject = injected(group.rank())?;
     let choice: BackendChoice = args.backend.parse()?;
-    let (corpus, config) = corpus_and_config(args)?;
+    let (corpus, config) =
+        corpus_and_config(&args.corpus, &args.config, (args.context, args.batch))?;
     let memory_limit = args
         .memory_limit
         .as_deref()
@@ -483,22 +484,27 @@ const MAX_BATCH: usize = 1 << 20;
 /// The largest `--context`: 64 Ki tokens.
 const MAX_CONTEXT: usize = 1 << 16;
 
-/// The corpus, tokenized as `--config` trains on it, and the config with `--context` and
-/// `--batch` (each checked to be in range) in place of its own.
-fn corpus_and_config(args: &TrainArgs) -> Result<(Corpus, GptConfig)> {
-    let corpus = Corpus::load_as(&args.corpus, GptConfig::tokenizer(&args.config))?;
-    let mut config = GptConfig::named(&args.config, corpus.vocab.len())?;
+/// The corpus at `path`, tokenized as config `name` trains on it, and the config with
+/// `context` and `batch` (`--context`, `--batch`: each checked to be in range) in place of
+/// its own.
+pub(super) fn corpus_and_config(
+    path: &std::path::Path,
+    name: &str,
+    (context, batch): (Option<usize>, Option<usize>),
+) -> Result<(Corpus, GptConfig)> {
+    let corpus = Corpus::load_as(path, GptConfig::tokenizer(name))?;
+    let mut config = GptConfig::named(name, corpus.vocab.len())?;
     for (flag, given, max, what, field) in [
         (
             "--context",
-            args.context,
+            context,
             MAX_CONTEXT,
             "tokens",
             &mut config.block_size,
         ),
         (
             "--batch",
-            args.batch,
+            batch,
             MAX_BATCH,
             "sequences",
             &mut config.batch_size,
@@ -910,7 +916,8 @@ fn export_init(args: &TrainArgs, path: &std::path::Path) -> Result<i32> {
         super::messages_to_stderr();
     }
     crate::output::check_writable(path)?;
-    let (corpus, config) = corpus_and_config(args)?;
+    let (corpus, config) =
+        corpus_and_config(&args.corpus, &args.config, (args.context, args.batch))?;
     let params = match (&args.init, &args.resume) {
         (Some(from), _) => init::read_init(from, &config, &corpus.vocab)?,
         (None, Some(ck)) => {
