@@ -960,6 +960,9 @@ pub fn sample(args: SampleArgs) -> Result<()> {
         ));
     }
     let choice = args.backend.parse::<BackendChoice>()?;
+    // Read first (a special file refused before the checkpoint is opened), tokenized once the
+    // checkpoint names its tokenizer.
+    let text = Corpus::read_text(&args.corpus)?;
     // The header alone names the config; the tensors are read once their size is its size.
     let file = CheckpointFile::open(&args.checkpoint)?;
     let Some(gpt) = &file.meta.gpt else {
@@ -968,7 +971,9 @@ pub fn sample(args: SampleArgs) -> Result<()> {
             "not a checkpoint of the GPT: a built model's checkpoint holds no configuration to sample",
         ));
     };
-    let corpus = Corpus::load_as(&args.corpus, GptConfig::tokenizer(&gpt.config))?;
+    let corpus = Corpus::from_file_text(&text, GptConfig::tokenizer(&gpt.config))
+        .map_err(|e| Error::file(&args.corpus, e))?;
+    drop(text);
     // Checked before anything is echoed: a character the model does not know cannot condition it.
     corpus
         .encode(&args.prompt)

@@ -106,22 +106,29 @@ impl Corpus {
     /// `load`, tokenized by `tokenizer`. GPT-2's tokens of a corpus file are cached
     /// (`token_cache`): a cache that does not hold this text's tokens is rebuilt, never trusted.
     pub fn load_as(path: &Path, tokenizer: Tokenizer) -> Result<Corpus> {
+        let text = Corpus::read_text(path)?;
+        Corpus::from_file_text(&text, tokenizer).map_err(|e| Error::file(path, e))
+    }
+
+    /// The text of the corpus at `path` (`load`'s checks), not tokenized yet: `sample` reads it
+    /// before the checkpoint that names its tokenizer.
+    pub fn read_text(path: &Path) -> Result<String> {
         let text = Input::open_within(path, "corpus", MAX_CORPUS_BYTES)?
             .read_all("corpus", MAX_CORPUS_BYTES)?;
-        let text = String::from_utf8(text).map_err(|e| {
+        String::from_utf8(text).map_err(|e| {
             Error::file(
                 path,
                 format!("cannot read the corpus: not UTF-8 text ({e})"),
             )
-        })?;
+        })
+    }
+
+    /// A corpus file's `text` tokenized by `tokenizer`, GPT-2's through the token cache.
+    pub fn from_file_text(text: &str, tokenizer: Tokenizer) -> Result<Corpus> {
         match tokenizer {
-            Tokenizer::Chars => Corpus::from_text(&text),
-            Tokenizer::Gpt2 => {
-                let ids = super::tokens::gpt2_cached(&text)?;
-                Corpus::split(Vocab::Gpt2, ids)
-            }
+            Tokenizer::Chars => Corpus::from_text(text),
+            Tokenizer::Gpt2 => Corpus::split(Vocab::Gpt2, super::tokens::gpt2_cached(text)?),
         }
-        .map_err(|e| Error::file(path, e))
     }
 
     /// Encodes `text` a token per character and splits it 90/10; refused under 64 characters.
