@@ -12,7 +12,9 @@ use crate::backend::{self, Backend};
 use crate::choice::{Candidate, Choice, Chooser, ChosenBy, Trials};
 use crate::dist::{Collective, Reducer, Reduction, Single};
 use crate::error::{Error, Result, gib};
-use crate::plan::exec::{GradientSum, Memory, Reduced, Timings, grad_norm, update_factor};
+use crate::plan::exec::{
+    GradientSum, Memory, Reduced, Timings, grad_norm, poison_then_sum, update_factor,
+};
 use crate::plan::scalar::StepScalars;
 use crate::plan::{AdamW, Plan, Section, Stats, StepExecutor, Storage, TensorId, TensorKind};
 use crate::policy::precision::PrecisionRequest;
@@ -106,6 +108,25 @@ impl RunOptions<'_> {
             reduction: Reduction::default(),
             resize: None,
             micro_batches: 1,
+        }
+    }
+
+    /// The sum over the ranks of `ids` (the tensors a data-parallel step sums) as `reduction`
+    /// says, each bucket summed while the backward pass runs on where `overlap`, `poison` (a
+    /// test's fault) added first.
+    fn gradient_sum<'s>(
+        &'s self,
+        ids: &'s [TensorId],
+        overlap: bool,
+        poison: Option<(TensorId, f32)>,
+    ) -> GradientSum<'s> {
+        GradientSum {
+            ids,
+            group: self.group,
+            reducer: self.reduction.reducer,
+            bucket: self.reduction.bucket_elements(),
+            overlap,
+            poison,
         }
     }
 }
@@ -800,16 +821,9 @@ impl<'a> ModelTrainer<'a> {
         poison: f32,
     ) -> Result<Vec<f64>> {
         let scalars = self.scalars(scale, 0.0)?;
-        let first = self.exec.plan().state.first().map(|s| s[1]);
-        let group = self.options.group;
-        let sum = GradientSum {
-            ids: &self.summed,
-            group,
-            reducer: self.options.reduction.reducer,
-            bucket: self.options.reduction.bucket_elements(),
-            overlap: self.options.reduction.overlap,
-            poison: first.filter(|_| poison != 0.0).map(|g| (g, poison)),
-        };
+        let fault = self.fault(poison);
+        let overlap = self.options.reduction.overlap;
+        let sum = self.options.gradient_sum(&self.summed, overlap, fault);
         let (stats, reduced) = self
             .exec
             .backward_summed(ids, targets, &scalars, &sum)
@@ -861,24 +875,10 @@ impl<'a> ModelTrainer<'a> {
             &scalars[..],
         );
         if summing {
-            if let Some(g) = self.exec.plan().state.first().map(|s| s[1])
-                && poison != 0.0
-            {
-                let mut values = self.exec.read(g).await?;
-                if let Some(x) = values.first_mut() {
-                    *x += poison;
-                }
-                self.exec.write(g, &values).await?;
-            }
-            let sum = GradientSum {
-                ids: &self.summed,
-                group: self.options.group,
-                reducer: self.options.reduction.reducer,
-                bucket: self.options.reduction.bucket_elements(),
-                overlap: false,
-                poison: None,
-            };
-            let reduced = self.exec.all_reduce(&sum).await?;
+            // Summed once the last micro-batch's gradients are gathered: nothing to overlap.
+            let fault = self.fault(poison);
+            let sum = self.options.gradient_sum(&self.summed, false, fault);
+            let reduced = poison_then_sum(self.exec.as_mut(), &sum).await?;
             return self.update_summed(stats, reduced, last).await;
         }
         let update = self.exec.run(Section::Update, last.0, last.1, last.2);
@@ -886,6 +886,13 @@ impl<'a> ModelTrainer<'a> {
         update[Stats::LOSS] = stats[Stats::LOSS];
         update[amax.clone()].copy_from_slice(&stats[amax]);
         Ok(update)
+    }
+
+    /// `poison` (a test's fault) as a data-parallel sum adds it: to this rank's first gradient,
+    /// None where it is 0.
+    fn fault(&self, poison: f32) -> Option<(TensorId, f32)> {
+        let first = self.exec.plan().state.first().map(|s| s[1]);
+        first.filter(|_| poison != 0.0).map(|g| (g, poison))
     }
 
     /// The rest of a data-parallel step once this rank's gradients are summed over the ranks

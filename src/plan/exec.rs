@@ -243,6 +243,15 @@ pub async fn backward_then_sum<E: StepExecutor + ?Sized>(
     let stats = exec
         .run(Section::Backward, tokens, targets, scalars)
         .await?;
+    Ok((stats, poison_then_sum(exec, sum).await?))
+}
+
+/// `sum.poison` (a test's fault) added to its tensor, then the sum over the ranks
+/// (`all_reduce`) of gradients the device holds complete.
+pub async fn poison_then_sum<E: StepExecutor + ?Sized>(
+    exec: &mut E,
+    sum: &GradientSum<'_>,
+) -> Result<Reduced> {
     if let Some((id, value)) = sum.poison {
         let mut g = exec.read(id).await?;
         if let Some(x) = g.first_mut() {
@@ -250,8 +259,7 @@ pub async fn backward_then_sum<E: StepExecutor + ?Sized>(
         }
         exec.write(id, &g).await?;
     }
-    let reduced = exec.all_reduce(sum).await?;
-    Ok((stats, reduced))
+    exec.all_reduce(sum).await
 }
 
 /// Sums tensors `sum.ids` of `exec` over the ranks through host buffers, a bucket
