@@ -374,6 +374,7 @@ impl Limits {
                     b,
                     out,
                     scales: None,
+                    held: crate::format::Format::F32,
                 });
                 match time_one_op(backend, op).await {
                     Ok(s) if s < BUSY_SECONDS && n < 4096 => n *= 2,

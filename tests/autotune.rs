@@ -493,6 +493,91 @@ fn split_k_gives_the_unsplit_bits() {
     }
 }
 
+/// A product held in bf16 or f16 (`Op::Matmul`'s `held`: a weight gradient under the 16-bit
+/// presets) is rounded in the kernel's store (epilogue.wgsl), the same bits as the product
+/// rounded after: on the default tile, double-buffered and on 8x8 register blocks, split-K (the planes' sum rounds),
+/// K in several dispatches (the last rounds), with runtime checks; values that round past
+/// either format's range, ties, subnormals, inf and NaN.
+#[test]
+fn a_product_rounded_as_stored_is_the_product_rounded() {
+    let test = "a_product_rounded_as_stored_is_the_product_rounded";
+    let options = WgpuOptions {
+        poison_outputs: true,
+        coop: false,
+        ..WgpuOptions::default()
+    };
+    let Some(plain) = common::fresh_wgpu(test, options) else {
+        return;
+    };
+    let Some(checked) = common::fresh_wgpu(
+        test,
+        WgpuOptions {
+            runtime_checks: true,
+            ..options
+        },
+    ) else {
+        return;
+    };
+    let loops = plain.variant(&Algorithm::F32).k_loops();
+    let Some(tight) = common::fresh_wgpu(
+        test,
+        WgpuOptions {
+            assume_loop_budget: Some(2 * (loops.fixed + loops.per_unit + 100) as u32),
+            ..options
+        },
+    ) else {
+        return;
+    };
+    let seed = common::seed(test);
+    let shape = MatmulShape {
+        batch: 2,
+        m: 19,
+        n: 41,
+        k: 2 * GROUP_K as usize + 3,
+        a_transposed: true,
+        b_transposed: false,
+    };
+    let mut a = measure::normal(shape.a_len(), seed);
+    let b = measure::normal(shape.b_len(), seed + 1);
+    // A^T: a's element (p, i) of batch 0 at p * m + i. Row 2 of C past bf16's range, row 4
+    // past f16's, row 6 tiny (f16 subnormals), row 8 inf, row 10 NaN.
+    for p in 0..shape.k {
+        a[p * shape.m + 2] *= 5.0e36;
+        a[p * shape.m + 4] *= 9.0e3;
+        a[p * shape.m + 6] *= 1.0e-7;
+    }
+    a[5 * shape.m + 8] = f32::INFINITY;
+    a[7 * shape.m + 10] = f32::NAN;
+    for alg in [
+        Algorithm::F32,
+        Algorithm::Bf16,
+        Algorithm::F16,
+        Algorithm::Bf16x3,
+    ] {
+        let candidates = plain.tile_candidates(&alg);
+        let default = candidates[0];
+        let mut cases = vec![
+            ("plain", &plain, default),
+            ("plain", &plain, default.with_splits(3)),
+        ];
+        // The other tiles and paths for a sample of the algorithms (each is a pipeline).
+        if alg == Algorithm::F32 {
+            let others = [
+                candidates.iter().find(|t| t.buffers == 2),
+                candidates.iter().find(|t| t.reg == 8),
+            ];
+            cases.extend(others.into_iter().flatten().map(|&t| ("plain", &plain, t)));
+            cases.push(("one group a dispatch", &tight, default));
+        }
+        if alg == Algorithm::Bf16 {
+            cases.push(("checked", &checked, default));
+        }
+        for (how, backend, tile) in cases {
+            common::assert_rounded_store(backend, (&alg, tile), &shape, (&a, &b), how);
+        }
+    }
+}
+
 /// A bf16 or f16 operand held in f32 (a step plan's gradients) is rounded as the SIMT kernel
 /// reads it (`MatmulVariant::reading`), not encoded by a pass first: the same bits as the same
 /// values held as codes, either side or both, transposed or not, on values that round both

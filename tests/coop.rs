@@ -485,6 +485,44 @@ fn split_k_gives_the_unsplit_bits_on_cooperative_matrices() {
     }
 }
 
+/// A product held in bf16 or f16 (`Op::Matmul`'s `held`) is rounded as the cooperative kernel
+/// stores it, and as its SIMT fallback stores the flagged lines (a row of 1e18 and 1e-3, an
+/// inf, a NaN): the same bits as the unrounded product rounded after; on edge blocks, blocks
+/// inside an aligned C (which otherwise store straight from the accumulators) and split-K.
+#[test]
+fn a_product_rounded_as_stored_is_the_product_rounded_on_cooperative_matrices() {
+    let test = "a_product_rounded_as_stored_is_the_product_rounded_on_cooperative_matrices";
+    let Some(b) = coop_backend(test, true) else {
+        return;
+    };
+    let seed = common::seed(test);
+    let long = MatmulShape::new(37, 29, 2 * GROUP_K as usize + 45);
+    for (s, shape) in shapes().iter().chain([&aligned_shape(), &long]).enumerate() {
+        let mut a = measure::normal(shape.a_len(), seed + 2 * s as u64);
+        let mut bm = measure::normal(shape.b_len(), seed + 2 * s as u64 + 1);
+        let k = shape.k;
+        if !shape.a_transposed {
+            a[3 * k] = 1e18;
+            a[3 * k + 1] = 1e-3;
+            for p in 0..k {
+                a[5 * k + p] *= 9.0e3;
+            }
+            a[7 * k + 2] = f32::INFINITY;
+        }
+        bm[shape.b_len() / 2] = f32::NAN;
+        for alg in COOP_ALGORITHMS {
+            let tile = b.tile_candidates(&alg)[0];
+            let mut tiles = vec![tile];
+            if shape.k > GROUP_K as usize {
+                tiles.push(tile.with_splits(2));
+            }
+            for tile in tiles {
+                common::assert_rounded_store(&b, (&alg, tile), shape, (&a, &bm), "coop");
+            }
+        }
+    }
+}
+
 /// A SIMT tile on a cooperative-matrix device (`Tile::simt`: what the tuner times beside the
 /// cooperative blocks, and keeps where it is faster) runs matmul.wgsl: within the contract on
 /// every input family's edges, and bit for bit what a backend without cooperative matrices

@@ -2363,7 +2363,8 @@ fn the_update_is_one_unscale_and_one_adamw_over_every_parameter() {
 /// A rank's plan of a data-parallel step (`Plan::split_for_ranks`) holds the same ops, with
 /// only what finishes the gradients (roundings, the embedding's scatter into the tied head's
 /// gradient) moved after the backward pass, and a bias gradient's rounding, which its column
-/// sum does as it writes it in one rank's plan, an op of its own there; run as `Backward` then
+/// sum does as it writes it in one rank's plan (and of a weight gradient, which its matmul
+/// rounds as it stores it), an op of its own there; run as `Backward` then
 /// `Update` on one rank it gives the very bits of the whole step, in every preset.
 #[test]
 fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
@@ -2406,6 +2407,24 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
                             x_held,
                             held: Format::F32,
                         };
+                        n.push(format!("{unheld:?}"));
+                        n.push(format!(
+                            "{:?}",
+                            Op::Round {
+                                x: out,
+                                format: held
+                            }
+                        ));
+                    }
+                    // So is a weight gradient's product.
+                    Op::Matmul { out, held, .. }
+                        if held != Format::F32
+                            && matches!(whole.tensors()[out].kind, TensorKind::Grad(_)) =>
+                    {
+                        let mut unheld = op.clone();
+                        if let Op::Matmul { held, .. } = &mut unheld {
+                            *held = Format::F32;
+                        }
                         n.push(format!("{unheld:?}"));
                         n.push(format!(
                             "{:?}",

@@ -242,6 +242,7 @@ impl Emit<'_> {
             b,
             out,
             scales,
+            held: Format::F32,
         });
         self.g.round(out, held);
         out

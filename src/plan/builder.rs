@@ -109,6 +109,7 @@ impl PlanBuilder {
             stats,
         } = outline;
         self.fold_rounded_reads(logits, [&mut forward, &mut backward, &mut gradients]);
+        self.fold_product_roundings([&mut forward, &mut backward, &mut gradients]);
         let mut plan = Plan {
             rows: self.tensors.get(tokens).map_or(0, |t| t.len),
             tensors: self.tensors,
@@ -278,6 +279,36 @@ impl PlanBuilder {
         }
     }
 
+    /// Folds each rounding of a matmul's product right after it, in the same section, into the
+    /// matmul (`Op::Matmul`'s `held`: a weight gradient's rounding, which no reader took in
+    /// `fold_rounded_reads`), where the backend can round as it stores (wgpu's epilogue) or
+    /// launches the rounding itself (`ends` as there).
+    fn fold_product_roundings(&mut self, mut ends: [&mut usize; 3]) {
+        let mut i = 1;
+        while i < self.ops.len() {
+            let Op::Round { x, format } = self.ops[i] else {
+                i += 1;
+                continue;
+            };
+            let in_section = !ends.iter().any(|end| **end == i);
+            match &mut self.ops[i - 1] {
+                Op::Matmul { out, held, .. } if in_section && *out == x && *held == Format::F32 => {
+                    *held = format
+                }
+                _ => {
+                    i += 1;
+                    continue;
+                }
+            }
+            self.ops.remove(i);
+            for end in ends.iter_mut() {
+                if **end > i {
+                    **end -= 1;
+                }
+            }
+        }
+    }
+
     /// A strided copy of x into out (`Op::Copy`: out[map.dst(e)] = x[map.src(e)]), rounded to
     /// `held` as copied.
     pub fn copy(&mut self, x: TensorId, out: TensorId, map: Strided, held: Format) {
@@ -286,12 +317,18 @@ impl PlanBuilder {
 
     /// Rounds x to `format` in place (nothing for f32): the op just pushed holds its output in
     /// `format` where it wrote x and can (a layer norm, GELU, an add, the cross entropy's
-    /// gradient: one pass over x instead of two), else a `Round` op follows.
+    /// gradient: one pass over x instead of two), else a `Round` op follows. A matmul's
+    /// product keeps its rounding as an op until `finish`: the next reader may take it as it
+    /// reads, with no launch on any backend, else the matmul (`fold_product_roundings`).
     pub fn round(&mut self, x: TensorId, format: Format) {
         if format == Format::F32 {
             return;
         }
-        match self.ops.last_mut().and_then(Op::held_output) {
+        let last = self.ops.last_mut();
+        match last
+            .filter(|op| !matches!(op, Op::Matmul { .. }))
+            .and_then(Op::held_output)
+        {
             Some((out, held)) if out == x && *held == Format::F32 => *held = format,
             _ => self.push(Op::Round { x, format }),
         }
@@ -409,6 +446,81 @@ mod tests {
                 "{kind:?} {logits} {end}: {ops:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_product_s_rounding_no_reader_takes_folds_into_the_matmul() {
+        use crate::algorithm::Algorithm;
+        use crate::algorithm::MatmulShape;
+        let bf16 = Format::Bf16;
+        // ops: dW = x^T dy; round dW (or x); then, with `reader`, GELU's backward reading dW.
+        let build = |rounded: usize, reader: bool| {
+            let mut g = PlanBuilder::default();
+            let (x, dy, dw, out) = (g.temp(8), g.temp(8), g.temp(4), g.temp(4));
+            let mut shape = MatmulShape::new(2, 2, 4);
+            shape.a_transposed = true;
+            g.push(Op::Matmul {
+                shape,
+                algorithm: Algorithm::Bf16,
+                a: x,
+                b: dy,
+                out: dw,
+                scales: None,
+                held: Format::F32,
+            });
+            // `round` leaves a product's rounding an op for `finish`.
+            g.round([dw, x][rounded], bf16);
+            assert!(matches!(g.ops[..], [Op::Matmul { .. }, Op::Round { .. }]));
+            if reader {
+                g.push(Op::UnaryBwd {
+                    f: Unary::Gelu,
+                    x: dy,
+                    dy: dw,
+                    out,
+                    held: bf16,
+                    dy_held: Format::F32,
+                });
+            }
+            g
+        };
+        let fold = |mut g: PlanBuilder, end: usize| {
+            let n = g.ops.len();
+            let mut ends = [end, n, n];
+            let [e0, e1, e2] = &mut ends;
+            g.fold_rounded_reads(usize::MAX, [e0, e1, e2]);
+            let [e0, e1, e2] = &mut ends;
+            g.fold_product_roundings([e0, e1, e2]);
+            (g.ops, ends)
+        };
+        let (ops, ends) = fold(build(0, false), 2);
+        assert!(
+            matches!(ops[..], [Op::Matmul { held, .. }] if held == bf16),
+            "{ops:?}"
+        );
+        assert_eq!(ends, [1, 1, 1]);
+        // Not another tensor's rounding, nor one across a section's end.
+        for (rounded, end) in [(1, 2), (0, 1)] {
+            let (ops, _) = fold(build(rounded, false), end);
+            assert!(
+                matches!(
+                    ops[..],
+                    [
+                        Op::Matmul {
+                            held: Format::F32,
+                            ..
+                        },
+                        Op::Round { .. }
+                    ]
+                ),
+                "{rounded} {end}: {ops:?}"
+            );
+        }
+        // A reader that rounds as it reads takes it first (no launch on any backend).
+        let (ops, _) = fold(build(0, true), 3);
+        assert!(
+            matches!(ops[..], [Op::Matmul { held: Format::F32, .. }, Op::UnaryBwd { dy_held, .. }] if dy_held == bf16),
+            "{ops:?}"
+        );
     }
 
     #[test]

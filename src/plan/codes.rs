@@ -223,6 +223,7 @@ mod tests {
             b: w,
             out: y,
             scales: None,
+            held: crate::format::Format::F32,
         });
         if extra {
             g.push(Op::Amax { x: out, slot: 0 });
@@ -291,6 +292,7 @@ mod tests {
             b: w,
             out: y,
             scales: None,
+            held: crate::format::Format::F32,
         });
         g.push(Op::add_in_place(bias, y));
         g.round(y, held);
@@ -387,6 +389,7 @@ mod tests {
             b: w,
             out,
             scales: None,
+            held: crate::format::Format::F32,
         };
         g.push(Op::RmsNorm {
             x,

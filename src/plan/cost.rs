@@ -72,6 +72,7 @@ mod tests {
             b,
             out: c,
             scales: None,
+            held: crate::format::Format::F32,
         });
         let table = g.temp(10 * 16);
         let rows = g.temp(4 * 16);

@@ -175,6 +175,7 @@ mod tests {
             b,
             out,
             scales,
+            held: crate::format::Format::F32,
         });
         g.finish(Outline::ops_alone(1, 1, (tokens, targets), out))
             .unwrap()

@@ -400,8 +400,9 @@ pub enum Op {
         /// The format `grad` is held in.
         held: Format,
     },
-    /// out = op(a) . op(b) under `algorithm`; an fp8 algorithm with given scales takes them
-    /// from the scalar slots `scales` (delayed scaling: they change every step).
+    /// out = op(a) . op(b) under `algorithm`, rounded to `held` as it is stored; an fp8
+    /// algorithm with given scales takes them from the scalar slots `scales` (delayed scaling:
+    /// they change every step).
     Matmul {
         /// The shape and transposes of a and b.
         shape: MatmulShape,
@@ -416,6 +417,10 @@ pub enum Op {
         /// Scalar slots of a's and b's fp8 scales (delayed scaling), in place of those `algorithm`
         /// gives.
         scales: Option<[usize; 2]>,
+        /// The format the product is held in (a weight gradient autocast holds in the compute
+        /// format): the rounding after the product, done as it is stored
+        /// (`PlanBuilder::finish` folds a `Round` of the product into it).
+        held: Format,
     },
     /// x rounded to `format` in place (autocast holds x in `format`).
     Round {
@@ -558,10 +563,10 @@ impl Op {
     }
 
     /// The output the op holds in a format of its own choosing (`PlanBuilder::round` folds a
-    /// rounding into it) and that format: a layer norm's, an RMS norm's, a unary function's, a
-    /// product's, the cross entropy's and the mean squared error's gradient, an add's sum
-    /// (with a residual, its last sum; with a GELU, the GELU), a layer norm backward's dx with
-    /// a gradient summed in.
+    /// rounding into it, `PlanBuilder::finish` a product's) and that format: a layer norm's, an
+    /// RMS norm's, a unary function's, an elementwise product's, a matmul's, the cross
+    /// entropy's and the mean squared error's gradient, an add's sum (with a residual, its last
+    /// sum; with a GELU, the GELU), a layer norm backward's dx with a gradient summed in.
     pub(crate) fn held_output(&mut self) -> Option<(TensorId, &mut Format)> {
         match self {
             Op::Add {
@@ -594,6 +599,7 @@ impl Op {
                 sum: Some((_, held)),
                 ..
             }
+            | Op::Matmul { out, held, .. }
             | Op::ColumnSums { out, held, .. } => Some((*out, held)),
             Op::Embedding { .. }
             | Op::EmbeddingBwd { .. }
@@ -603,7 +609,6 @@ impl Op {
             | Op::SoftmaxBwd { .. }
             | Op::Attention { .. }
             | Op::AttentionBwd { .. }
-            | Op::Matmul { .. }
             | Op::Round { .. }
             | Op::Copy { .. }
             | Op::Amax { .. }

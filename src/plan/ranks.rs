@@ -92,14 +92,15 @@ impl Plan {
         sum
     }
 
-    /// A column sum holding a gradient in a 16-bit format (a linear layer's bias gradient)
-    /// rounds as it writes it; a rank's plan rounds the ranks' sum instead, so the rounding
-    /// becomes an op of its own right after it, which `split_for_ranks` moves with the
-    /// gradient's other finishing ops.
+    /// A column sum or a matmul holding a gradient in a 16-bit format (a linear layer's bias or
+    /// weight gradient) rounds as it writes it; a rank's plan rounds the ranks' sum instead, so
+    /// the rounding becomes an op of its own right after it, which `split_for_ranks` moves
+    /// with the gradient's other finishing ops.
     fn unfold_held_gradient_sums(&mut self) {
         let mut i = 0;
         while i < self.backward {
-            if let Op::ColumnSums { out, held, .. } = &mut self.ops[i]
+            if let Op::ColumnSums { out, held, .. } | Op::Matmul { out, held, .. } =
+                &mut self.ops[i]
                 && *held != Format::F32
                 && matches!(self.tensors[*out].kind, TensorKind::Grad(_))
             {

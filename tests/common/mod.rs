@@ -255,6 +255,43 @@ pub fn same_bits(x: &[f32], y: &[f32]) -> bool {
     x.len() == y.len() && x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits())
 }
 
+/// A product rounded to bf16 and to f16 as `b`'s kernel stores it on `tile`
+/// (`WgpuBackend::matmul_rounded_on_tile`, a step plan's `Op::Matmul` holding its product) is
+/// the unrounded product on the same tile rounded on the host, bit for bit (NaN as NaN).
+pub fn assert_rounded_store(
+    b: &WgpuBackend,
+    (alg, tile): (&Algorithm, mantissa::backend::wgpu::shaders::Tile),
+    shape: &MatmulShape,
+    (a, bm): (&[f32], &[f32]),
+    what: &str,
+) {
+    use mantissa::format::Format;
+    let product = b
+        .matmul_on_tile(shape, alg, tile, a, bm)
+        .block_on()
+        .unwrap();
+    for held in [Format::Bf16, Format::F16] {
+        let mut want = product.clone();
+        host::ops::round_to(&mut want, held);
+        let got = b
+            .matmul_rounded_on_tile(shape, alg, tile, (a, bm), held)
+            .block_on()
+            .unwrap();
+        let differ: Vec<usize> = (0..want.len())
+            .filter(|&i| {
+                got[i].to_bits() != want[i].to_bits() && !(got[i].is_nan() && want[i].is_nan())
+            })
+            .collect();
+        assert!(
+            differ.is_empty(),
+            "{what}: {alg} tile {tile} {shape:?} held in {held}: {} outputs differ from the \
+             product rounded on the host, first {:?}",
+            differ.len(),
+            differ.first().map(|&i| (i, got[i], want[i]))
+        );
+    }
+}
+
 /// The inputs of a norm's backward over `rows` rows of `c`: x, the gain g, a gradient dy whose
 /// first values are `measure::boundary_values` (NaN, infinities, f16's overflow and
 /// subnormals), and each row's layer-norm (mean, rstd) pair and RMS-norm rstd.

@@ -439,6 +439,7 @@ impl<'a> CudaPlan<'a> {
                 b,
                 out,
                 scales,
+                held,
             } => {
                 let algorithm = step_algorithm(algorithm, scales, host_scalars);
                 // The output's buffer is lent out of the list while the operands' are borrowed
@@ -456,7 +457,12 @@ impl<'a> CudaPlan<'a> {
                     &mut self.spare,
                 );
                 std::mem::swap(&mut self.buffers[slot], &mut self.spare);
-                done
+                done?;
+                // The product's rounding is a launch of its own here (as `Op::Round`).
+                if held != Format::F32 {
+                    launch::round(cb, self.p(out), self.len(out), held)?;
+                }
+                Ok(())
             }
             Op::Round { x, format } => launch::round(cb, self.p(x), self.len(x), format),
             Op::Add {

@@ -358,9 +358,12 @@ impl HostExecutor {
                 b,
                 out,
                 scales,
+                held,
             } => {
                 let algorithm = step_algorithm(algorithm, scales, scalars);
-                self.tensors[out] = matmul(shape, &algorithm, &t[a], &t[b])?;
+                let mut c = matmul(shape, &algorithm, &t[a], &t[b])?;
+                round_to(&mut c, held);
+                self.tensors[out] = c;
             }
             Op::Round { x, format } => round_to(&mut self.tensors[x], format),
             Op::Add {

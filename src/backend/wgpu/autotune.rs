@@ -205,7 +205,10 @@ impl WgpuBackend {
                 .await
                 .map(|(seconds, _, _)| seconds);
             if checked && timed.is_ok() {
-                match self.product_on_tile(shape, algorithm, tile, operands).await {
+                match self
+                    .product_on_tile(shape, algorithm, tile, operands, crate::format::Format::F32)
+                    .await
+                {
                     Err(e) => timed = Err(e),
                     Ok(c) => match &firsts[usize::from(tile.simt)] {
                         None => firsts[usize::from(tile.simt)] = Some(c),

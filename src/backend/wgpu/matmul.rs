@@ -286,14 +286,15 @@ impl<'a> OnDevice<'a> {
     }
 }
 
-/// A linear layer's bias add done in the matmul's store (epilogue.wgsl), as the step plan's
-/// `Op::Add` would do it reading the product in place right after the matmul: C = (C' + x')
-/// held in `held`, C' the product held in `y_held`, x' the bias (one per column of C) held in
-/// `x_held`; then plus a residual (held in its format), or a GELU of C (held in its format)
-/// into a tensor of its own, as f32.
+/// What the matmul's store does to the product (epilogue.wgsl): a linear layer's bias add, as
+/// the step plan's `Op::Add` would do it reading the product in place right after the matmul:
+/// C = (C' + x') held in `held`, C' the product held in `y_held`, x' the bias (one per column
+/// of C) held in `x_held`; then plus a residual (held in its format), or a GELU of C (held in
+/// its format) into a tensor of its own, as f32. With no bias, C = C' held in `held` (the
+/// plan's `Op::Matmul` rounding its product).
 pub struct Epilogue<'a> {
     /// The bias: one value per column of C.
-    pub bias: &'a Region,
+    pub bias: Option<&'a Region>,
     /// The format the product is held in as the add reads it.
     pub y_held: Format,
     /// The format the bias is held in as the add reads it.
@@ -304,6 +305,20 @@ pub struct Epilogue<'a> {
     pub residual: Option<(&'a Region, Format)>,
     /// A GELU of the sum into this tensor (f32, C's layout), held in its format.
     pub gelu: Option<(&'a Region, Format)>,
+}
+
+impl Epilogue<'_> {
+    /// The product rounded to `held` as it is stored.
+    pub fn held(held: Format) -> Epilogue<'static> {
+        Epilogue {
+            bias: None,
+            y_held: Format::F32,
+            x_held: Format::F32,
+            held,
+            residual: None,
+            gelu: None,
+        }
+    }
 }
 
 /// An epilogue's three bindings (a small buffer of the run's where it has no residual or
@@ -319,12 +334,24 @@ impl BoundEpilogue {
         // A kernel may not bind one buffer writable twice: the GELU's stand-in is its own.
         let spare = pools.kept.take(gpu, 4)?;
         run.temporaries.push(spare.clone());
-        let flags = u32::from(e.residual.is_some()) | (u32::from(e.gelu.is_some()) << 1);
-        let residual = e.residual.map_or(e.bias.clone(), |(r, _)| r.clone());
+        let flags = u32::from(e.residual.is_some())
+            | (u32::from(e.gelu.is_some()) << 1)
+            | (u32::from(e.bias.is_some()) << 2);
+        // A buffer bound for reading may not be bound writable too: the bias's stand-in is
+        // another.
+        let bias = match e.bias {
+            Some(b) => b.clone(),
+            None => {
+                let stand_in = pools.kept.take(gpu, 4)?;
+                run.temporaries.push(stand_in.clone());
+                Region::whole(&stand_in)
+            }
+        };
+        let residual = e.residual.map_or(bias.clone(), |(r, _)| r.clone());
         let gelu = e.gelu.map_or(Region::whole(&spare), |(g, _)| g.clone());
         let fmt = |f: Option<(&Region, Format)>| f.map_or(0, |(_, f)| format_id(f));
         Ok(BoundEpilogue {
-            buffers: [e.bias.clone(), residual, gelu],
+            buffers: [bias, residual, gelu],
             epi: [
                 format_id(e.y_held),
                 format_id(e.x_held),

@@ -507,7 +507,8 @@ impl WgpuBackend {
             b: &rb,
             stored,
         };
-        self.product_on_tile(shape, algorithm, tile, on).await
+        self.product_on_tile(shape, algorithm, tile, on, Format::F32)
+            .await
     }
 
     /// The matmul on `tile` twice: whole, then its product's dispatches alone over the
@@ -531,6 +532,7 @@ impl WgpuBackend {
                     algorithm,
                     tile,
                     OnDevice::f32(&Region::whole(&ab), &Region::whole(&bb)),
+                    Format::F32,
                 )?;
                 let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
                 submit(&self.gpu, &clears, &run.dispatches, None);
@@ -553,14 +555,17 @@ impl WgpuBackend {
     }
 
     /// Records the matmul of operands on the device on `tile`, with this backend's f16 read
-    /// and cooperative matrices, its buffers from the backend's pool.
+    /// and cooperative matrices, its buffers from the backend's pool; the product rounded to
+    /// `held` as it is stored (`matmul::Epilogue::held`) where that is not f32.
     fn record_on_tile(
         &self,
         shape: &MatmulShape,
         algorithm: &Algorithm,
         tile: Tile,
         operands: OnDevice<'_>,
+        held: Format,
     ) -> Result<matmul::MatmulRun> {
+        let epilogue = (held != Format::F32).then(|| matmul::Epilogue::held(held));
         matmul::record(
             &self.gpu,
             matmul::Pools::one(&self.pool),
@@ -571,7 +576,7 @@ impl WgpuBackend {
             Some(tile),
             operands,
             None,
-            None,
+            epilogue.as_ref(),
         )
     }
 
@@ -589,22 +594,43 @@ impl WgpuBackend {
             algorithm,
             tile,
             OnDevice::f32(&Region::whole(a), &Region::whole(b)),
+            Format::F32,
         )
         .await
     }
 
-    /// The matmul of operands on the device (f32 values or 16-bit codes), on `tile`, read back.
+    /// C = op(A) . op(B) on a given tile, rounded to `held` as the kernel stores it (a step
+    /// plan's `Op::Matmul` holding its product: epilogue.wgsl): tests hold it to the unrounded
+    /// product rounded on the host.
+    pub async fn matmul_rounded_on_tile(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        tile: Tile,
+        (a, b): (&[f32], &[f32]),
+        held: Format,
+    ) -> Result<Vec<f32>> {
+        shape.check(a.len(), b.len())?;
+        let (ab, bb) = self.upload_operands(a, b).await?;
+        let (ra, rb) = (Region::whole(&ab), Region::whole(&bb));
+        let on = OnDevice::f32(&ra, &rb);
+        self.product_on_tile(shape, algorithm, tile, on, held).await
+    }
+
+    /// The matmul of operands on the device (f32 values or 16-bit codes), on `tile`, rounded
+    /// to `held` as stored, read back.
     async fn product_on_tile(
         &self,
         shape: &MatmulShape,
         algorithm: &Algorithm,
         tile: Tile,
         operands: OnDevice<'_>,
+        held: Format,
     ) -> Result<Vec<f32>> {
         let run = self
             .gpu
             .scoped("matmul", || {
-                let run = self.record_on_tile(shape, algorithm, tile, operands)?;
+                let run = self.record_on_tile(shape, algorithm, tile, operands, held)?;
                 if self.poison {
                     self.poison(&run.c.buffer, shape.c_len());
                 }
@@ -635,7 +661,7 @@ impl WgpuBackend {
         let run = self
             .gpu
             .scoped("timed matmul", || {
-                self.record_on_tile(shape, algorithm, tile, on_device)
+                self.record_on_tile(shape, algorithm, tile, on_device, Format::F32)
             })
             .await?;
         let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();

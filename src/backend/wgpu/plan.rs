@@ -738,6 +738,7 @@ impl<'a> ResidentPlan<'a> {
                 b,
                 out,
                 scales,
+                held,
             } => {
                 if shape.c_len() == 0 || shape.k == 0 {
                     // An empty sum: the zero-initialised output stands.
@@ -753,13 +754,15 @@ impl<'a> ResidentPlan<'a> {
                         gelu,
                         ..
                     }) => Some(matmul::Epilogue {
-                        bias: &t[x],
+                        bias: Some(&t[x]),
                         y_held,
                         x_held,
                         held,
                         residual: residual.map(|(r, f)| (&t[r], f)),
                         gelu: gelu.map(|(g, f)| (&t[g], f)),
                     }),
+                    // The product's rounding in its store.
+                    _ if held != Format::F32 => Some(matmul::Epilogue::held(held)),
                     _ => None,
                 };
                 let run = matmul::record(
@@ -1287,12 +1290,21 @@ impl StepExecutor for ResidentPlan<'_> {
 
 /// Whether op `i` is a matmul whose product op `i + 1` adds a bias to in place, so that the add
 /// can run in the matmul's store (its epilogue: `matmul::Epilogue`, epilogue.wgsl) with the same
-/// numbers and no dispatch of its own: the add reads the whole product and writes it back
+/// numbers and no dispatch of its own: the matmul holds its product in f32 (a held one rounds
+/// in its own epilogue), the add reads the whole product and writes it back
 /// (nothing else reads the product), its bias is one value per column, every tensor it touches
 /// is stored as f32 (a GELU or sum stored as codes keeps its own dispatch), the product is not
 /// empty, and both ops run in every section together.
 fn folds_into(plan: &Plan, i: usize) -> bool {
-    let (Some(Op::Matmul { shape, out, .. }), Some(add)) = (plan.ops.get(i), plan.ops.get(i + 1))
+    let (
+        Some(Op::Matmul {
+            shape,
+            out,
+            held: Format::F32,
+            ..
+        }),
+        Some(add),
+    ) = (plan.ops.get(i), plan.ops.get(i + 1))
     else {
         return false;
     };
