@@ -749,13 +749,17 @@ extern "C" __global__ void unscale_finish(const TensorBlocks* table, u32 count,
     }
 }
 
-// One AdamW value: m, v and p updated from gradient g (already clipped).
+// One AdamW value: m, v and p updated from gradient g (already clipped) in f32, then held in
+// format `fmt` (the preset's weights).
 struct AdamwStep {
     float beta1, beta2, wd, step, bc2, eps;
+    u32 fmt;
     __device__ __forceinline__ void apply(float& p, float g, float& m, float& v) const {
         m = beta1 * m + (1.0f - beta1) * g;
         v = beta2 * v + (1.0f - beta2) * g * g;
-        p = p * (1.0f - wd) - step * m / (sqrtf(v / bc2) + eps);
+        p = held(p * (1.0f - wd) - step * m / (sqrtf(v / bc2) + eps), fmt);
+        m = held(m, fmt);
+        v = held(v, fmt);
     }
 };
 
@@ -765,7 +769,7 @@ struct AdamwStep {
 // norms at stats[1 + count .. 1 + 2 count)). 16-byte accesses where the four are aligned.
 #define ADAMW_CHUNK 4096
 extern "C" __global__ void adamw(const TensorBlocks* table, u32 tensors, const float* stats,
-                                 const float* scalars, u32 count) {
+                                 const float* scalars, u32 count, u32 fmt) {
     __shared__ float gate[2];  // whether every gradient is finite, and the clip factor
     if (threadIdx.x == 0u) {
         float norm_sq = 0.0f, finite = 1.0f;
@@ -784,7 +788,8 @@ extern "C" __global__ void adamw(const TensorBlocks* table, u32 tensors, const f
     float lr = scalars[S_LR];
     AdamwStep a = {scalars[S_BETA1], scalars[S_BETA2],
                    t.decay != 0u ? lr * scalars[S_WEIGHT_DECAY] : 0.0f,
-                   lr / scalars[S_BIAS_CORRECTION1], scalars[S_BIAS_CORRECTION2], scalars[S_EPS]};
+                   lr / scalars[S_BIAS_CORRECTION1], scalars[S_BIAS_CORRECTION2], scalars[S_EPS],
+                   fmt};
     float *p = t.x[0], *m = t.x[2], *v = t.x[3];
     const float* g = t.x[1];
     i64 from = (i64)(blockIdx.x - t.first_block) * ADAMW_CHUNK;

@@ -11,7 +11,7 @@ struct StepParams {
     n: u32,
     // Row length, or the length of a repeated operand.
     c: u32,
-    // Format id of `round`, and the one `add` holds its output in.
+    // Format id of `round`, and the one `add` holds its output in (`adamw`'s state).
     format: u32,
     // A stats slot.
     slot: u32,
@@ -284,7 +284,8 @@ var<workgroup> gate: f32;
 
 // AdamW on parameter y with gradient x and moments z, w, skipped unless every gradient's flag
 // (stats[1 .. 1 + count)) is clear; gradients clipped to the global norm CLIP (squared norms at
-// stats[1 + count .. 1 + 2 count)). count = extra.x, weight decay where extra.y = 1.
+// stats[1 + count .. 1 + 2 count)). count = extra.x, weight decay where extra.y = 1. The three
+// are computed in f32 and held in `format` as they are written.
 @compute @workgroup_size(256)
 fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
@@ -323,12 +324,12 @@ fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let g = x[e] * factor;
     let m = beta1 * bitcast<f32>(z[e]) + (1.0 - beta1) * g;
     let v = beta2 * bitcast<f32>(w[e]) + (1.0 - beta2) * g * g;
-    z[e] = bitcast<u32>(m);
-    w[e] = bitcast<u32>(v);
+    z[e] = bitcast<u32>(held(m, params.format));
+    w[e] = bitcast<u32>(held(v, params.format));
     var wd = 0.0;
     if (params.extra.y != 0u) {
         wd = lr * scalars[S_WEIGHT_DECAY];
     }
     let denom = sqrt(v / scalars[S_BIAS_CORRECTION2]) + scalars[S_EPS];
-    y[e] = y[e] * (1.0 - wd) - (lr / scalars[S_BIAS_CORRECTION1]) * m / denom;
+    y[e] = held(y[e] * (1.0 - wd) - (lr / scalars[S_BIAS_CORRECTION1]) * m / denom, params.format);
 }

@@ -855,49 +855,51 @@ fn train_ops(b: &dyn Backend) {
         tol::ROW,
     );
     // AdamW at step 3 on moments of a run: one op over parameters of odd lengths (one value,
-    // a vector's tail past 4-value groups, more than a CUDA block's chunk), weight decay on some.
+    // a vector's tail past 4-value groups, more than a CUDA block's chunk), weight decay on some;
+    // the state held in f32, and in bf16 as the update writes it (the *-true presets).
     let opt = AdamW::default();
     let lens = [1001, 1, 7, 4099, 34];
-    let mut p = common::OneOp::new(1);
-    let mut params = Vec::new();
-    let mut start = Vec::new();
-    for (k, &n) in lens.iter().enumerate() {
-        let seed = seed + 7 + 3 * k as u64;
-        let (p1, g1) = (measure::normal(n, seed), measure::normal(n, seed + 1));
-        let (m1, v1) = (vec![0.01f32; n], vec![0.001f32; n]);
-        params.push(AdamWParam {
-            param: p.input(p1.clone()),
-            grad: p.input(g1.clone()),
-            m: p.input(m1.clone()),
-            v: p.input(v1.clone()),
-            decay: k % 2 == 0,
-        });
-        start.push((p1, g1, m1, v1));
-    }
-    let outs: Vec<_> = params.iter().flat_map(|a| [a.param, a.m, a.v]).collect();
-    let decays: Vec<bool> = params.iter().map(|a| a.decay).collect();
-    let ran = p.run_both(b, Op::AdamW { params }, (&ids(1), &ids(1)), 1.0, &outs);
-    for (k, (mut p2, g, mut m2, mut v2)) in start.into_iter().enumerate() {
-        ops::adamw(&opt, &mut p2, &g, &mut m2, &mut v2, 3, decays[k]);
-        let at = 3 * k;
-        agree(
-            &format!("adamw p of {k}"),
-            &pair(&ran, at),
-            &p2,
-            tol::ARITHMETIC,
-        );
-        agree(
-            &format!("adamw m of {k}"),
-            &pair(&ran, at + 1),
-            &m2,
-            tol::ARITHMETIC,
-        );
-        agree(
-            &format!("adamw v of {k}"),
-            &pair(&ran, at + 2),
-            &v2,
-            tol::ARITHMETIC,
-        );
+    for held in [Format::F32, Format::Bf16] {
+        let mut p = common::OneOp::new(1);
+        let mut params = Vec::new();
+        let mut start = Vec::new();
+        for (k, &n) in lens.iter().enumerate() {
+            let seed = seed + 7 + 3 * k as u64;
+            let (p1, g1) = (measure::normal(n, seed), measure::normal(n, seed + 1));
+            let (m1, v1) = (vec![0.01f32; n], vec![0.001f32; n]);
+            params.push(AdamWParam {
+                param: p.input(p1.clone()),
+                grad: p.input(g1.clone()),
+                m: p.input(m1.clone()),
+                v: p.input(v1.clone()),
+                decay: k % 2 == 0,
+            });
+            start.push((p1, g1, m1, v1));
+        }
+        let outs: Vec<_> = params.iter().flat_map(|a| [a.param, a.m, a.v]).collect();
+        let decays: Vec<bool> = params.iter().map(|a| a.decay).collect();
+        let op = Op::AdamW { params, held };
+        let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &outs);
+        for (k, (mut p2, g, mut m2, mut v2)) in start.into_iter().enumerate() {
+            ops::adamw(&opt, &mut p2, &g, &mut m2, &mut v2, 3, decays[k]);
+            for (j, (name, want)) in [("p", &p2), ("m", &m2), ("v", &v2)].into_iter().enumerate() {
+                let what = format!("adamw {name} of {k} held in {held}");
+                let both = pair(&ran, 3 * k + j);
+                if held == Format::F32 {
+                    agree(&what, &both, want, tol::ARITHMETIC);
+                } else {
+                    for (got, who) in both.iter().zip([b.name(), "host".into()]) {
+                        common::held_close(
+                            &format!("{who}: {what}"),
+                            got,
+                            want,
+                            held,
+                            tol::ARITHMETIC,
+                        );
+                    }
+                }
+            }
+        }
     }
     // Embeddings: the gather exact, the scatter-add of a reduction's order.
     let (vocab, width) = (11, 7);

@@ -1460,7 +1460,7 @@ fn cuda_training_kernels_match_the_host_reference() {
     assert_eq!(flags, want, "fault injected into gradient 0");
     // AdamW, one launch over parameters (one whose four tensors are 16-byte aligned and span
     // three blocks, others not, one of a single value): the update, the clip, and the skip on
-    // a flagged gradient.
+    // a flagged gradient; the state held in f32, and in bf16 and f16 as it is written.
     let opt = mantissa::plan::AdamW::default();
     let lens = [8196, 1001, 1, 6];
     let t = 3;
@@ -1487,12 +1487,19 @@ fn cuda_training_kernels_match_the_host_reference() {
         .collect();
     // Two gradients in the stats (this one and another), squared norms 16 and 9: norm 5.
     let stats = [0.0, 0.0, 0.0, 16.0, 9.0];
-    for (clip, flag) in [(0.0, 0.0), (2.5, 0.0), (0.0, 1.0)] {
+    let f32_ = Format::F32;
+    for (clip, flag, held) in [
+        (0.0, 0.0, f32_),
+        (2.5, 0.0, f32_),
+        (0.0, 1.0, f32_),
+        (0.0, 0.0, Format::Bf16),
+        (2.5, 0.0, Format::F16),
+    ] {
         scalars[mantissa::plan::scalar::CLIP] = clip;
         let mut st = stats;
         st[2] = flag;
         let decay = |i: usize| i.is_multiple_of(2);
-        let mut args = vec!["2".to_string()];
+        let mut args = vec!["2".to_string(), format_id(held)];
         for (i, n) in lens.iter().enumerate() {
             args.extend([n.to_string(), (decay(i) as u8).to_string()]);
         }
@@ -1508,20 +1515,16 @@ fn cuda_training_kernels_match_the_host_reference() {
                 ops::adamw(&opt, &mut wp, &g, &mut wm, &mut wv, t as u32, decay(i));
             }
             let n = p.len();
-            let what = format!("adamw of {i}, clip {clip} flag {flag}");
-            close(&format!("{what} p"), &out[at..at + n], &wp, tol::ARITHMETIC);
-            close(
-                &format!("{what} m"),
-                &out[at + n..at + 2 * n],
-                &wm,
-                tol::ARITHMETIC,
-            );
-            close(
-                &format!("{what} v"),
-                &out[at + 2 * n..at + 3 * n],
-                &wv,
-                tol::ARITHMETIC,
-            );
+            let what = format!("adamw of {i}, clip {clip} flag {flag} held in {held}");
+            for (j, (name, want)) in [("p", &wp), ("m", &wm), ("v", &wv)].into_iter().enumerate() {
+                let got = &out[at + j * n..at + (j + 1) * n];
+                let what = format!("{what} {name}");
+                if held == f32_ {
+                    close(&what, got, want, tol::ARITHMETIC);
+                } else {
+                    common::held_close(&what, got, want, held, tol::ARITHMETIC);
+                }
+            }
             at += 3 * n;
         }
     }

@@ -2342,7 +2342,7 @@ fn the_update_is_one_unscale_and_one_adamw_over_every_parameter() {
         );
         let updates: Vec<_> = (plan.ops().iter())
             .filter_map(|op| match op {
-                Op::AdamW { params } => Some(params.clone()),
+                Op::AdamW { params, .. } => Some(params.clone()),
                 _ => None,
             })
             .collect();

@@ -445,12 +445,10 @@ impl Model {
             })
             .collect();
         if !params.is_empty() {
-            cx.g.push(Op::AdamW { params });
-        }
-        for [param, _, m, v] in cx.state.clone() {
-            for x in [param, m, v] {
-                cx.g.round(x, p.weights);
-            }
+            cx.g.push(Op::AdamW {
+                params,
+                held: p.weights,
+            });
         }
         let mut plan = cx.g.finish(Outline {
             forward,

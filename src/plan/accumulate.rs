@@ -76,13 +76,9 @@ impl Plan {
             .iter()
             .rev()
             .find(|op| op.reads_writes().1.contains(&t));
-        match last.cloned() {
-            Some(Op::Round { format, .. }) => format,
-            Some(Op::Copy { held, .. }) => held,
-            Some(mut op) => match op.held_output() {
-                Some((out, held)) if out == t => *held,
-                _ => Format::F32,
-            },
+        match last {
+            Some(&Op::Copy { held, .. }) => held,
+            Some(op) => op.holds(t).unwrap_or(Format::F32),
             None => Format::F32,
         }
     }

@@ -315,13 +315,18 @@ impl PlanBuilder {
         self.push(Op::Copy { x, out, map, held });
     }
 
-    /// Rounds x to `format` in place (nothing for f32): the op just pushed holds its output in
-    /// `format` where it wrote x and can (a layer norm, GELU, an add, the cross entropy's
-    /// gradient: one pass over x instead of two), else a `Round` op follows. A matmul's
-    /// product keeps its rounding as an op until `finish`: the next reader may take it as it
-    /// reads, with no launch on any backend, else the matmul (`fold_product_roundings`).
+    /// Rounds x to `format` in place (nothing for f32, nor where the op that last wrote x left
+    /// it held in `format`: `Op::holds`): the op just pushed holds its output in `format`
+    /// where it wrote x and can (a layer norm, GELU, an add, the cross entropy's gradient: one
+    /// pass over x instead of two), else a `Round` op follows. A matmul's product keeps its
+    /// rounding as an op until `finish`: the next reader may take it as it reads, with no
+    /// launch on any backend, else the matmul (`fold_product_roundings`).
     pub fn round(&mut self, x: TensorId, format: Format) {
         if format == Format::F32 {
+            return;
+        }
+        let last_write = self.ops.iter().rev().find(|op| op.reads_writes().1.contains(&x));
+        if last_write.and_then(|op| op.holds(x)) == Some(format) {
             return;
         }
         let last = self.ops.last_mut();

@@ -505,10 +505,14 @@ pub enum Op {
         grads: Vec<TensorId>,
     },
     /// AdamW update of every parameter at once, applied only where every gradient is finite,
-    /// with the gradients clipped to the global norm scalar `CLIP` (0: no clipping).
+    /// with the gradients clipped to the global norm scalar `CLIP` (0: no clipping); each
+    /// parameter and its moments computed in f32, then rounded to `held` as written.
     AdamW {
         /// One entry per parameter, in the order of the stats' gradients.
         params: Vec<AdamWParam>,
+        /// The format the parameters and moments are held in (the preset's weights: f32 with
+        /// master weights, else the 16-bit format), rounded as the update writes them.
+        held: Format,
     },
 }
 
@@ -559,6 +563,18 @@ impl Op {
             | Op::Amax { .. }
             | Op::UnscaleCheck { .. }
             | Op::AdamW { .. } => None,
+        }
+    }
+
+    /// The format this op leaves `t` held in where it writes all of `t` in a format of its
+    /// choosing: a rounding of t, or the op's held output (`held_output`); None otherwise.
+    pub(crate) fn holds(&self, t: TensorId) -> Option<Format> {
+        match *self {
+            Op::Round { x, format } => (x == t).then_some(format),
+            ref op => {
+                let mut op = op.clone();
+                op.held_output().filter(|(out, _)| *out == t).map(|(_, f)| *f)
+            }
         }
     }
 
@@ -757,7 +773,7 @@ impl Op {
             Op::Copy { x, out, .. } => vec![x, out],
             Op::Amax { x, .. } => vec![x],
             Op::UnscaleCheck { grads } => grads.iter_mut().collect(),
-            Op::AdamW { params } => params
+            Op::AdamW { params, .. } => params
                 .iter_mut()
                 .flat_map(|p| [&mut p.param, &mut p.grad, &mut p.m, &mut p.v])
                 .collect(),
@@ -878,7 +894,7 @@ impl Op {
     pub fn reads_writes(&self) -> (Vec<TensorId>, Vec<TensorId>) {
         match *self {
             Op::UnscaleCheck { ref grads } => (grads.clone(), grads.clone()),
-            Op::AdamW { ref params } => (
+            Op::AdamW { ref params, .. } => (
                 params
                     .iter()
                     .flat_map(|p| [p.param, p.grad, p.m, p.v])
@@ -1314,7 +1330,7 @@ impl Op {
                 )))
             }
             Op::UnscaleCheck { .. } => Ok(()),
-            Op::AdamW { ref params } => {
+            Op::AdamW { ref params, .. } => {
                 for p in params {
                     let n = check.len(p.param);
                     check.holds("the gradient", p.grad, n)?;
@@ -1366,7 +1382,9 @@ impl Op {
             Op::Round { x, .. } => vec![x],
             Op::Add { y, out, .. } if out == y => vec![y],
             Op::UnscaleCheck { ref grads } => grads.clone(),
-            Op::AdamW { ref params } => params.iter().flat_map(|p| [p.param, p.m, p.v]).collect(),
+            Op::AdamW { ref params, .. } => {
+                params.iter().flat_map(|p| [p.param, p.m, p.v]).collect()
+            }
             Op::Embedding { .. }
             | Op::EmbeddingBwd { .. }
             | Op::LayerNorm { .. }

@@ -123,7 +123,7 @@ impl Plan {
             // executor may take a list's first element as its segment's).
             let empty = match op {
                 Op::UnscaleCheck { grads } => grads.is_empty(),
-                Op::AdamW { params } => params.is_empty(),
+                Op::AdamW { params, .. } => params.is_empty(),
                 _ => false,
             };
             if empty {
@@ -408,6 +408,7 @@ mod tests {
                     v: 3,
                     decay: true,
                 }],
+                held: crate::format::Format::F32,
             }],
             "adamw",
             "the first moment (tensor 2) has 11 values",

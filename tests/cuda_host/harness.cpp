@@ -863,12 +863,12 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         for (const TensorBlocks& t : table) y.insert(y.end(), t.x[0], t.x[0] + t.n);
         y.insert(y.end(), stats.begin(), stats.end());
         out = bits_of(y);
-    } else if (k == "adamw" && argc >= 5 && argc % 2 == 1) {  // COUNT (LEN DECAY)... < (p g m v)... stats scalars(11) > (p m v)...
-        u32 count = arg(argv, 2);
+    } else if (k == "adamw" && argc >= 6 && argc % 2 == 0) {  // COUNT FMT (LEN DECAY)... < (p g m v)... stats scalars(11) > (p m v)...
+        u32 count = arg(argv, 2), fmt = arg(argv, 3);
         // The backend's table (TensorTable::adamw): a block per ADAMW_CHUNK values.
         std::vector<TensorBlocks> table;
         u32 blocks = 0;
-        for (int i = 3; i + 1 < argc; i += 2) {
+        for (int i = 4; i + 1 < argc; i += 2) {
             i64 n = arg64(argv, i);
             u32 b = (u32)((n + ADAMW_CHUNK - 1) / ADAMW_CHUNK);
             float *p = input.f(n), *g = input.f(n), *m = input.f(n), *v = input.f(n);
@@ -878,7 +878,7 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
         float *stats = input.f(1 + 2 * count), *scalars = input.f(11);
         u32 tensors = (u32)table.size();
         emu::launch({blocks, 1, 1}, element_block,
-                    [&] { adamw(table.data(), tensors, stats, scalars, count); });
+                    [&] { adamw(table.data(), tensors, stats, scalars, count, fmt); });
         std::vector<float> y;
         for (const TensorBlocks& t : table)
             for (int j : {0, 2, 3}) y.insert(y.end(), t.x[j], t.x[j] + t.n);

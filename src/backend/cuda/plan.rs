@@ -132,7 +132,7 @@ impl<'a> CudaPlan<'a> {
             Op::UnscaleCheck { grads } => {
                 TensorTable::unscale(grads.iter().map(|&g| (self.p(g), self.len(g)))).map(Some)
             }
-            Op::AdamW { params } => TensorTable::adamw(params.iter().map(|a| {
+            Op::AdamW { params, .. } => TensorTable::adamw(params.iter().map(|a| {
                 let ptrs = [a.param, a.grad, a.m, a.v].map(|t| self.p(t));
                 (ptrs, self.len(a.param), a.decay)
             }))
@@ -513,7 +513,9 @@ impl<'a> CudaPlan<'a> {
                 let slots = (layout.flag(0), layout.norm_sq(0));
                 launch::unscale(cb, self.table(i)?, [scalars, stats], slots, work)
             }
-            Op::AdamW { .. } => launch::adamw(cb, self.table(i)?, [stats, scalars], layout.grads),
+            Op::AdamW { held, .. } => {
+                launch::adamw(cb, self.table(i)?, [stats, scalars], (layout.grads, held))
+            }
         }
     }
 

@@ -639,7 +639,7 @@ pub(super) fn adamw(
     cb: &CudaBackend,
     (table, on_device): (&TensorTable, Ptr),
     [stats, scalars]: [Ptr; 2],
-    count: usize,
+    (count, held): (usize, Format),
 ) -> Result<()> {
     if table.blocks == 0 {
         return Ok(());
@@ -649,8 +649,8 @@ pub(super) fn adamw(
         block_dim: (TABLE_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    let (tensors, count) = (table.count as u32, count as u32);
-    launch!(cb, Module::Train, "adamw", cfg; &on_device, &tensors, &stats, &scalars, &count)
+    let (tensors, count, fmt) = (table.count as u32, count as u32, format_id(held));
+    launch!(cb, Module::Train, "adamw", cfg; &on_device, &tensors, &stats, &scalars, &count, &fmt)
 }
 
 /// x rounded to `format` in place.

@@ -437,7 +437,7 @@ impl HostExecutor {
                     self.tensors[grad] = g;
                 }
             }
-            Op::AdamW { ref params } => {
+            Op::AdamW { ref params, held } => {
                 let Some(factor) = update_factor(&self.plan.stats, stats, scalars[scalar::CLIP])
                 else {
                     return Ok(());
@@ -468,6 +468,9 @@ impl HostExecutor {
                         self.tensors[grad].iter().map(|x| x * factor).collect()
                     };
                     ops::adamw(&opt, &mut p, &g, &mut mm, &mut vv, step, decay);
+                    for x in [&mut p, &mut mm, &mut vv] {
+                        round_to(x, held);
+                    }
                     self.tensors[param] = p;
                     self.tensors[m] = mm;
                     self.tensors[v] = vv;

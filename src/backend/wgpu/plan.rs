@@ -968,7 +968,7 @@ impl<'a> ResidentPlan<'a> {
                 r.temporaries.push(rows);
                 d
             }
-            Op::AdamW { ref params } => {
+            Op::AdamW { ref params, held } => {
                 let mut d = Vec::new();
                 let gated = self.plan.stats.grads;
                 match &self.layout {
@@ -984,7 +984,7 @@ impl<'a> ResidentPlan<'a> {
                                     size: (end - begin) * 4,
                                 });
                                 d.extend(step_on(
-                                    launch::adamw((end - begin) as usize, gated, decay),
+                                    launch::adamw((end - begin) as usize, gated, decay, held),
                                     &g,
                                     [&p, &m1, &m2],
                                 )?);
@@ -994,7 +994,7 @@ impl<'a> ResidentPlan<'a> {
                     None => {
                         for a in params {
                             d.extend(step(
-                                launch::adamw(len(a.param), gated, a.decay),
+                                launch::adamw(len(a.param), gated, a.decay, held),
                                 Some(a.grad),
                                 [Some(a.param), Some(a.m), Some(a.v)],
                             )?);
@@ -1341,7 +1341,7 @@ fn folds_into(plan: &Plan, i: usize) -> bool {
 /// buffer of its own, and AdamW and the unscale a dispatch each).
 fn arena_layout(plan: &Plan, binding: u64) -> Option<Layout> {
     let params = plan.ops.iter().find_map(|op| match op {
-        Op::AdamW { params } => Some(params),
+        Op::AdamW { params, .. } => Some(params),
         _ => None,
     })?;
     let tensors = |p: &crate::plan::AdamWParam| [p.grad, p.param, p.m, p.v];

@@ -108,7 +108,8 @@ pub struct StepParams {
     /// x repeats every c elements (an add's bias width; n where elementwise); `unscale_partials`: 1
     /// where scalar POISON goes in; `unscale_reduce`: the most partials of one gradient.
     pub c: u32,
-    /// Format id the result is held in (`round_to_format`, `add`, `add_into`, `strided_copy`).
+    /// Format id the result is held in (`round_to_format`, `add`, `add_into`, `strided_copy`;
+    /// `adamw`'s parameters and moments).
     pub format: u32,
     /// Stats slot written (`mean_to_stat`).
     pub slot: u32,
@@ -927,9 +928,10 @@ pub mod launch {
 
     /// AdamW on `n` values, applied only where the first `gated_on` gradients' flags are clear
     /// (0: always).
-    pub fn adamw(n: usize, gated_on: usize, decay: bool) -> StepLaunch {
+    pub fn adamw(n: usize, gated_on: usize, decay: bool, held: Format) -> StepLaunch {
         let params = StepParams {
             n: n as u32,
+            format: format_id(held),
             extra: [gated_on as u32, decay as u32, 0, 0],
             ..Default::default()
         };
