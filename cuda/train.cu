@@ -542,15 +542,24 @@ extern "C" __global__ void rotary(const float* x, const float* table, float* out
 // are 0), else every column ----
 
 // The scores x rounded to `x_fmt` as they are read (the rounding of the matmul product they
-// are, folded in). `key_rows` > 0: `mask` holds rows of t, nonzero where the key is masked,
-// score row r reading mask row r / key_rows; a row that sees no key is 0 throughout.
+// are, folded in). A mask (plan::ScoreMask; `kind` MASK_KEYS or MASK_BIAS, else none) holds
+// rows of t, score row r reading row (r / block) * stride + r % period: a key mask leaves out
+// the keys it marks nonzero, a bias is added to the scaled scores in f32. A row that sees no
+// key (with a bias: -inf on every key seen) is 0 throughout.
+#define MASK_KEYS 1u
+#define MASK_BIAS 2u
 extern "C" __global__ void softmax_fwd(const float* x, float* p, u32 t, float scale, u32 fmt,
-                                       u32 x_fmt, u32 causal, const float* mask, u32 key_rows) {
+                                       u32 x_fmt, u32 causal, const float* mask, u32 kind,
+                                       u32 block, u32 stride, u32 period) {
     i64 base = (i64)blockIdx.x * t;
     u32 i = causal ? blockIdx.x % t : t - 1;
-    const float* keys = key_rows ? mask + (i64)(blockIdx.x / key_rows) * t : nullptr;
-    auto seen = [&](u32 j) { return j <= i && (!keys || keys[j] == 0.0f); };
-    auto z = [&](u32 j) { return held(held(x[base + j], x_fmt) * scale, fmt); };
+    const float* row = kind ? mask + ((i64)(blockIdx.x / block) * stride + blockIdx.x % period) * t
+                            : nullptr;
+    auto seen = [&](u32 j) { return j <= i && (kind != MASK_KEYS || row[j] == 0.0f); };
+    auto z = [&](u32 j) {
+        float z = held(held(x[base + j], x_fmt) * scale, fmt);
+        return kind == MASK_BIAS ? z + row[j] : z;
+    };
     float m = NEG_INF;
     for (u32 j = threadIdx.x; j <= i; j += blockDim.x)
         if (seen(j)) m = fmaxf(m, z(j));
@@ -559,7 +568,9 @@ extern "C" __global__ void softmax_fwd(const float* x, float* p, u32 t, float sc
     for (u32 j = threadIdx.x; j <= i; j += blockDim.x)
         if (seen(j)) s += expf(z(j) - m);
     s = block_sum(s);
-    for (u32 j = threadIdx.x; j < t; j += blockDim.x) p[base + j] = seen(j) ? expf(z(j) - m) / s : 0.0f;
+    bool none = kind == MASK_BIAS && m == NEG_INF;
+    for (u32 j = threadIdx.x; j < t; j += blockDim.x)
+        p[base + j] = seen(j) && !none ? expf(z(j) - m) / s : 0.0f;
 }
 
 // d(scores) = held(held(p * (dp - sum(p * dp))) * scale): the gradient of the held scaled

@@ -39,9 +39,10 @@
 # The PyTorch comparisons are scripts/anchors/*.py (they need torch with CUDA). Where the GPU
 # machine has no Rust toolchain, build on another x86-64 Linux machine and bring the binaries:
 #   cargo build --release
-#   cargo test --release --test conformance --test train --test model --no-run   # then copy
-#     the target/release/deps/conformance-*, train-* and model-* executables it names to
-#     .bin/conformance, .bin/train and .bin/model
+#   cargo test --release --test conformance --test train --test model --test coop \
+#     --test autotune --test op_parity --no-run   # then copy the executables it names
+#     (target/release/deps/conformance-*, ...) to .bin/conformance, .bin/train, .bin/model,
+#     .bin/coop, .bin/autotune and .bin/op_parity
 # and, where the machine has no Vulkan loader, Debian's libvulkan1 .deb in .gl/ (unpacked below).
 # Every step has its own time limit, so one that hangs costs only itself; all output lands in
 # $OUT (or ./gpu-checks when OUT is unset).
@@ -135,6 +136,11 @@ again)
     [ -x .bin/train ] && MANTISSA_CUDA_GRAPH=on run 60 .bin/train cuda::resident --test-threads 1
     [ -x .bin/train ] && run 30 .bin/train cuda::fused_attention_ops --test-threads 1
     [ -x .bin/coop ] && run 40 .bin/coop every_coop_block simt_tiles --test-threads 1
+    # Products rounded in the matmul's store, the update's held state, attention's biases.
+    [ -x .bin/coop ] && run 30 .bin/coop a_product_rounded --test-threads 1
+    [ -x .bin/autotune ] && run 30 .bin/autotune a_product_rounded --test-threads 1
+    [ -x .bin/conformance ] && run 40 .bin/conformance cuda::train_ops wgpu::train_ops --test-threads 1
+    [ -x .bin/op_parity ] && run 30 .bin/op_parity matches_pytorch --test-threads 1
     MANTISSA_TUNE_SECONDS=6 run 230 $m bench train --config small --backends wgpu --precision 32-true,bf16-mixed,16-mixed --warmup 3 --steps 10 --profile --json "$out/bench-train-wgpu.json"
     run 60 $m bench train --config small --backends cuda --precision 32-true,bf16-mixed,16-mixed,bf16-true --warmup 3 --steps 20 --json "$out/bench-train-cuda.json"
     ;;

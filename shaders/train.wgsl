@@ -62,10 +62,18 @@ struct TrainParams {
     site: u32,
     key_lo: u32,
     key_hi: u32,
-    // The softmax's key mask: 0 for none, else the score rows that read each mask row of t in
-    // in1 (nonzero where the key is masked).
-    key_rows: u32,
+    // The softmax's mask, rows of t in in1 (plan::ScoreMask): MASK_NONE, MASK_KEYS (nonzero
+    // leaves the key out) or MASK_BIAS (added to the scaled scores); score row r reads mask row
+    // (r / mask_block) * mask_stride + r % mask_period.
+    mask_kind: u32,
+    mask_block: u32,
+    mask_stride: u32,
+    mask_period: u32,
 }
+
+const MASK_NONE: u32 = 0u;
+const MASK_KEYS: u32 = 1u;
+const MASK_BIAS: u32 = 2u;
 
 @group(0) @binding(0) var<uniform> params: TrainParams;
 // Words: f32 bits, or two 16-bit codes of `params.x_stored` (a coded input: a unary function's x,
@@ -623,15 +631,30 @@ fn last_seen(row: u32, t: u32) -> u32 {
     return select(t - 1u, row % t, params.causal != 0u);
 }
 
-// Whether softmax row `row` sees key j <= last_seen: where a key mask is bound
-// (params.key_rows > 0, in1), its row for this score row says 0 there.
-fn key_seen(row: u32, j: u32, t: u32) -> bool {
-    return params.key_rows == 0u || in1[row / params.key_rows * t + j] == 0.0;
+// Where softmax row `row`'s mask row starts in in1 (a mask bound: params.mask_kind).
+fn mask_at(row: u32, t: u32) -> u32 {
+    return (row / params.mask_block * params.mask_stride + row % params.mask_period) * t;
 }
 
-// Softmax of the scaled scores per row of t = c (`last_seen`, `key_seen`): in0 = scores
-// (rounded to `read_held` as they are read); out0 = probabilities (0 where masked, and
-// throughout a row that sees no key).
+// Whether softmax row `row` sees key j <= last_seen: where a key mask is bound, its row for
+// this score row says 0 there.
+fn key_seen(row: u32, j: u32, t: u32) -> bool {
+    return params.mask_kind != MASK_KEYS || in1[mask_at(row, t) + j] == 0.0;
+}
+
+// Score j of softmax row `row` as the softmax reads it: scaled and held, plus a bias where one
+// is bound (in f32).
+fn masked_score(row: u32, j: u32, t: u32, e: u32) -> f32 {
+    let z = scaled(read_at(e), params.held);
+    if (params.mask_kind == MASK_BIAS) {
+        return z + in1[mask_at(row, t) + j];
+    }
+    return z;
+}
+
+// Softmax of the scaled scores per row of t = c (`last_seen`, `key_seen`, `masked_score`): in0
+// = scores (rounded to `read_held` as they are read); out0 = probabilities (0 where masked, and
+// throughout a row that sees no key: with a bias, where it is -inf on every key seen).
 @compute @workgroup_size(256)
 fn softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                @builtin(local_invocation_index) lid: u32) {
@@ -642,24 +665,26 @@ fn softmax_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     var m = -3.4e38;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {
         if (key_seen(slot.row, j, t)) {
-            m = max(m, scaled(read_at(base + j), params.held));
+            m = max(m, masked_score(slot.row, j, t, base + j));
         }
     }
     m = row_max(m, lid);
     var s = 0.0;
     for (var j = slot.lane; j <= i; j += ROW_LANES) {
         if (key_seen(slot.row, j, t)) {
-            s += exp(scaled(read_at(base + j), params.held) - m);
+            s += exp(masked_score(slot.row, j, t, base + j) - m);
         }
     }
     let sum = row_sum(s, lid);
     if (!slot.live) {
         return;
     }
+    // A bias of -inf on every key seen leaves none (its sum 0, not NaN).
+    let none = params.mask_kind == MASK_BIAS && sum == 0.0;
     for (var j = slot.lane; j < t; j += ROW_LANES) {
         var p = 0.0;
-        if (j <= i && key_seen(slot.row, j, t)) {
-            p = exp(scaled(read_at(base + j), params.held) - m) / sum;
+        if (j <= i && key_seen(slot.row, j, t) && !none) {
+            p = exp(masked_score(slot.row, j, t, base + j) - m) / sum;
         }
         out0[base + j] = p;
     }

@@ -318,7 +318,7 @@ fn rows_too_long_for_one_lane_take_more() {
         out,
         t,
         causal: true,
-        keys: None,
+        mask: None,
         scale: ScoreScale {
             scale: 0.125,
             held: Format::F32,

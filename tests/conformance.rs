@@ -13,7 +13,9 @@ use mantissa::backend::{self, Backend, BackendKind};
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
-use mantissa::plan::{AdamW, AdamWParam, KeyMask, Op, Outline, ScoreScale, Section, Unary};
+use mantissa::plan::{
+    AdamW, AdamWParam, MaskKind, Op, Outline, ScoreMask, ScoreScale, Section, Unary,
+};
 use pollster::FutureExt as _;
 
 fn check_encode(b: &dyn Backend, seed: u64) {
@@ -756,7 +758,7 @@ fn train_ops(b: &dyn Backend) {
                 out,
                 t,
                 causal,
-                keys: None,
+                mask: None,
                 scale: k,
                 x_held: Format::F32,
             };
@@ -768,6 +770,13 @@ fn train_ops(b: &dyn Backend) {
             let mask: Vec<f32> = (0..3 * t)
                 .map(|e| f32::from(e % 3 == 1 || e / t == 1))
                 .collect();
+            let keys = |mask| ScoreMask {
+                mask,
+                kind: MaskKind::Keys,
+                block: t,
+                stride: 1,
+                period: 1,
+            };
             let mut p = common::OneOp::new(1);
             let (si, mi, out) = (p.input(s.clone()), p.input(mask.clone()), p.output(s.len()));
             let op = Op::Softmax {
@@ -775,14 +784,59 @@ fn train_ops(b: &dyn Backend) {
                 out,
                 t,
                 causal,
-                keys: Some(KeyMask { mask: mi, rows: t }),
+                mask: Some(keys(mi)),
                 scale: k,
                 x_held: Format::F32,
             };
             let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
-            let want = ops::softmax_scaled_masked_fwd(&s, t, k, causal, Some((&mask, t)));
+            let want = ops::softmax_scaled_masked_fwd(&s, t, k, causal, Some((&mask, keys(0))));
             assert!(want[t * t..2 * t * t].iter().all(|&v| v == 0.0));
             agree(&what(" with a key mask"), &pair(&ran, 0), &want, tol::ROW);
+            // A bias [t, t] for every block, and one per block (the second -inf throughout:
+            // its rows 0, not NaN): values of an ALiBi slope, -inf on every fifth key, large
+            // values that dominate a row.
+            let shared: Vec<f32> = (0..t * t)
+                .map(|e| {
+                    let (i, j) = (e / t, e % t);
+                    match e % 5 {
+                        2 => f32::NEG_INFINITY,
+                        4 if i == 3 => 40.0,
+                        _ => -0.5 * i.abs_diff(j) as f32,
+                    }
+                })
+                .collect();
+            let mut per_block = shared.repeat(3);
+            per_block[t * t..2 * t * t].fill(f32::NEG_INFINITY);
+            per_block[2 * t * t..].iter_mut().for_each(|v| *v *= 0.25);
+            for (bias, stride) in [(&shared, 0), (&per_block, t)] {
+                let layout = |mask| ScoreMask {
+                    mask,
+                    kind: MaskKind::Bias,
+                    block: t,
+                    stride,
+                    period: t,
+                };
+                let mut p = common::OneOp::new(1);
+                let (si, mi) = (p.input(s.clone()), p.input(bias.clone()));
+                let out = p.output(s.len());
+                let op = Op::Softmax {
+                    x: si,
+                    out,
+                    t,
+                    causal,
+                    mask: Some(layout(mi)),
+                    scale: k,
+                    x_held: Format::F32,
+                };
+                let ran = p.run_both(b, op, (&ids(1), &ids(1)), 1.0, &[out]);
+                let want =
+                    ops::softmax_scaled_masked_fwd(&s, t, k, causal, Some((bias, layout(0))));
+                if stride == t {
+                    assert!(want[t * t..2 * t * t].iter().all(|&v| v == 0.0));
+                }
+                let what = what(&format!(" with a bias, stride {stride}"));
+                agree(&what, &pair(&ran, 0), &want, tol::ROW);
+            }
             let mut p = common::OneOp::new(1);
             let (pi, dpi, out) = (
                 p.input(want.clone()),
@@ -1613,7 +1667,7 @@ fn backward_ops_round_dy_as_they_read_it(b: &dyn Backend) {
                                 out,
                                 t: c,
                                 causal: true,
-                                keys: None,
+                                mask: None,
                                 scale,
                                 x_held: dy_held,
                             }

@@ -85,7 +85,7 @@ mod common;
 use mantissa::format::{self, Format, Overflow};
 use mantissa::measure;
 use mantissa::measure::train_tolerance as tol;
-use mantissa::plan::{ScoreScale, Unary};
+use mantissa::plan::{MaskKind, ScoreMask, ScoreScale, Unary};
 
 /// The ids the unary family's kernels take for GELU and SiLU (`Unary::id`).
 const GELU: usize = Unary::Gelu as usize;
@@ -1168,16 +1168,53 @@ fn cuda_training_kernels_match_the_host_reference() {
             let mask: Vec<f32> = (0..heads * t)
                 .map(|e| f32::from(e % 3 == 1 || e / t == 1))
                 .collect();
-            let mut masked = args.to_vec();
-            masked.push(t.to_string());
-            let got = run_f32(h, "softmax_fwd", &masked, &[&s, &mask]);
-            let want = ops::softmax_scaled_masked_fwd(&s, t, k, causal, Some((&mask, t)));
+            let layout = |kind, stride, period| ScoreMask {
+                mask: 0,
+                kind,
+                block: t,
+                stride,
+                period,
+            };
+            let with_mask = |m: ScoreMask| {
+                let mut a = args.to_vec();
+                let kind = match m.kind {
+                    MaskKind::Keys => 1,
+                    MaskKind::Bias => 2,
+                };
+                a.extend([kind, m.block, m.stride, m.period].map(|v| v.to_string()));
+                a
+            };
+            let keys = layout(MaskKind::Keys, 1, 1);
+            let got = run_f32(h, "softmax_fwd", &with_mask(keys), &[&s, &mask]);
+            let want = ops::softmax_scaled_masked_fwd(&s, t, k, causal, Some((&mask, keys)));
             close(
                 &format!("masked softmax, {held}, causal {causal}"),
                 &got,
                 &want,
                 tol::ROW,
             );
+            // A bias per head (the second -inf throughout: its rows 0), and one for all.
+            let shared: Vec<f32> = (0..t * t)
+                .map(|e| match e % 5 {
+                    2 => f32::NEG_INFINITY,
+                    _ => -0.5 * (e / t).abs_diff(e % t) as f32,
+                })
+                .collect();
+            let mut per_head = shared.repeat(heads);
+            if heads > 1 {
+                per_head[t * t..2 * t * t].fill(f32::NEG_INFINITY);
+            }
+            for (bias, stride) in [(&shared, 0), (&per_head, t)] {
+                let m = layout(MaskKind::Bias, stride, t);
+                let got = run_f32(h, "softmax_fwd", &with_mask(m), &[&s, bias]);
+                let want = ops::softmax_scaled_masked_fwd(&s, t, k, causal, Some((bias, m)));
+                close(
+                    &format!("biased softmax, stride {stride}, {held}, causal {causal}"),
+                    &got,
+                    &want,
+                    tol::ROW,
+                );
+            }
             let ds = run_f32(h, "softmax_bwd", &args, &[&p, &dp]);
             let want = ops::softmax_scaled_bwd(&p, &dp, t, k, causal);
             let what = format!("softmax bwd, causal {causal}, scores x {scale} held in {held}");

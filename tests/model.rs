@@ -251,6 +251,31 @@ gradients! {
         let w = o.param("w", &[4, VOCAB]);
         o.m.matmul(y, w, false).unwrap()
     };
+    attention_biased_gradient: [2, 4], true, |o| {
+        // A bias per head (ALiBi's slopes 0.5 and 0.25, -inf on key 2 of head 1), and one per
+        // sequence under the causal mask (sequence 1's query 0 sees no key: 0).
+        let mut per_head = vec![];
+        for slope in [0.5f32, 0.25] {
+            for e in 0..16usize {
+                let (i, j) = (e / 4, e % 4);
+                per_head.push(if slope == 0.25 && j == 2 {
+                    f32::NEG_INFINITY
+                } else {
+                    -slope * i.abs_diff(j) as f32
+                });
+            }
+        }
+        let heads = o.fixed(&[2, 4, 4], per_head);
+        let mut per_seq: Vec<f32> = (0..32).map(|e| 0.1 * (e % 7) as f32).collect();
+        per_seq[16] = f32::NEG_INFINITY;
+        let seqs = o.fixed(&[2, 4, 4], per_seq);
+        let x = o.input("qkv", 12);
+        let y = o.m.attention_biased(x, 2, heads).unwrap();
+        let z = o.m.causal_attention_biased(x, 2, seqs).unwrap();
+        let y = o.m.add(y, z).unwrap();
+        let w = o.param("w", &[4, VOCAB]);
+        o.m.matmul(y, w, false).unwrap()
+    };
     attention_fused_asked_gradient: [2, 3], true, |o| {
         let x = o.input("qkv", 12);
         let y = o.m.attention(x, 2).unwrap();
@@ -523,7 +548,7 @@ fn activation_gradients_are_rounded_as_they_are_written() {
 
 /// A model of the ops added with the unary family and the strided copies (ReLU, tanh,
 /// sigmoid, transpose, bmm both ways, concat, split, softmax, unmasked attention, causal
-/// attention with a key padding mask, rotary embeddings, mean, sum, scale, sub, dropout: its
+/// attention with a key padding mask, attention with a bias per head, rotary embeddings, mean, sum, scale, sub, dropout: its
 /// masks the same bits on every backend, step after step) takes the reference's losses on `b`, step for
 /// step, at 32-true and bf16-mixed.
 fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
@@ -551,6 +576,10 @@ fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
         let mask = m.values(&[batch, t]).unwrap();
         let padded = m.causal_attention_masked(qkv, 2, mask).unwrap();
         let a = m.add(a, padded).unwrap();
+        // And with a bias per head.
+        let bias = m.values(&[2, t, t]).unwrap();
+        let biased = m.attention_biased(qkv, 2, bias).unwrap();
+        let a = m.add(a, biased).unwrap();
         let k = m.add(k, a).unwrap();
         let kt = m.transpose(k).unwrap();
         let s = m.bmm(q, kt, false).unwrap();
@@ -590,6 +619,22 @@ fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
             tr.adamw.lr = 1e-2;
             let mask = [0., 0., 0., 0., 1., 0., 0., 1.];
             tr.set_values(0, &mask).block_on().unwrap();
+            let bias: Vec<f32> = (0..2 * t * t)
+                .map(|e| match e % 7 {
+                    3 => f32::NEG_INFINITY,
+                    k => -0.3 * k as f32,
+                })
+                .collect();
+            // -inf leaves a key out of a bias; +inf and NaN are refused, and -inf in the mask.
+            for bad in [f32::INFINITY, f32::NAN] {
+                let mut wrong = bias.clone();
+                wrong[5] = bad;
+                let e = tr.set_values(1, &wrong).block_on().unwrap_err();
+                assert!(e.to_string().contains("a bias is finite or -inf"), "{e}");
+            }
+            let e = (tr.set_values(0, &[f32::NEG_INFINITY; 8]).block_on()).unwrap_err();
+            assert!(e.to_string().contains("values are finite"), "{e}");
+            tr.set_values(1, &bias).block_on().unwrap();
             (0..5)
                 .map(|_| tr.step(&ids, &targets).block_on().unwrap().loss)
                 .collect::<Vec<f64>>()
@@ -726,6 +771,26 @@ fn bad_models_are_refused_with_the_op_and_shapes() {
     refused(
         m.attention_masked(x, 1, wrong).unwrap_err(),
         &["attention_masked", "qkv [4, 6]"],
+    );
+    // A bias of another shape, or computed (it would get no gradient).
+    for shape in [&[3, 2][..], &[3, 2, 2], &[2, 2, 2, 3], &[1, 1, 2, 2]] {
+        let bias = m.values(shape).unwrap();
+        refused(
+            m.attention_biased(seqs, 1, bias).unwrap_err(),
+            &[
+                "attention_biased",
+                "the bias",
+                "[tokens, tokens]",
+                "[2, 2, 6]",
+            ],
+        );
+    }
+    let ok = m.values(&[2, 2]).unwrap();
+    let attention = m.causal_attention_biased(seqs, 1, ok);
+    assert!(attention.is_ok(), "{attention:?}");
+    refused(
+        m.causal_attention_biased(seqs, 1, computed).unwrap_err(),
+        &["causal_attention_biased", "values input"],
     );
     for p in [1.0, -0.1, f64::NAN, 0.999_999_999] {
         refused(m.dropout(x, p).unwrap_err(), &["dropout", "not in [0, 1)"]);

@@ -45,9 +45,10 @@ use std::collections::BTreeMap;
 
 /// Every op and loss of the model builder: each must have a case in the fixtures (`dropout`
 /// aside: PyTorch's masks come from another generator, so no run of it computes ours; `split`
-/// aside: its parts are `narrow`s; `causal_attention_masked` aside: the causal and the key
-/// padding masks of `causal_attention` and `attention_masked` together).
-const BUILDER_OPS: [&str; 29] = [
+/// aside: its parts are `narrow`s; `causal_attention_masked` and `causal_attention_biased`
+/// aside: the causal mask of `causal_attention` with the key padding mask of `attention_masked`
+/// or the bias of `attention_biased`).
+const BUILDER_OPS: [&str; 30] = [
     "embedding",
     "linear",
     "matmul",
@@ -76,6 +77,7 @@ const BUILDER_OPS: [&str; 29] = [
     "bmm",
     "attention",
     "attention_masked",
+    "attention_biased",
     "rotary",
 ];
 
@@ -353,6 +355,9 @@ fn one_op(case: &Case) -> mantissa::Result<OneOp> {
         "attention" => m.attention(v(0), a["heads"].as_u64().unwrap_or(1) as usize)?,
         "attention_masked" => {
             m.attention_masked(v(0), a["heads"].as_u64().unwrap_or(1) as usize, v(1))?
+        }
+        "attention_biased" => {
+            m.attention_biased(v(0), a["heads"].as_u64().unwrap_or(1) as usize, v(1))?
         }
         "rotary" => m.rotary(
             v(0),

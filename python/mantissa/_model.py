@@ -316,6 +316,21 @@ class ModelBuilder:
         heads = _count("causal_attention_masked", "heads", heads)
         return self._call("causal_attention_masked", qkv, heads, key_mask)
 
+    def attention_biased(self, qkv: Var, heads: int, bias: Var) -> Var:
+        """``attention`` with ``bias`` added to the scaled scores before the softmax (a float
+        ``attn_mask`` of ``scaled_dot_product_attention``): a values input [tokens, tokens],
+        [heads, tokens, tokens], [batch, tokens, tokens] or [batch, heads, tokens, tokens];
+        -inf leaves a key out, and a query that sees no key gets 0 (PyTorch's is NaN)."""
+        self._vars_of("attention_biased", qkv=qkv, bias=bias)
+        heads = _count("attention_biased", "heads", heads)
+        return self._call("attention_biased", qkv, heads, bias)
+
+    def causal_attention_biased(self, qkv: Var, heads: int, bias: Var) -> Var:
+        """``causal_attention`` with ``bias`` added to the scores (as ``attention_biased``'s)."""
+        self._vars_of("causal_attention_biased", qkv=qkv, bias=bias)
+        heads = _count("causal_attention_biased", "heads", heads)
+        return self._call("causal_attention_biased", qkv, heads, bias)
+
     def causal_attention(self, qkv: Var, heads: int) -> Var:
         """Causal self-attention of q|k|v [b, t, 3c] over ``heads`` heads of c / heads: [b, t, c]."""
         self._vars_of("causal_attention", qkv=qkv)

@@ -193,6 +193,21 @@ impl PyModelBuilder {
         self.out(v)
     }
 
+    fn attention_biased(&mut self, qkv: &PyVar, heads: usize, bias: &PyVar) -> PyResult<PyVar> {
+        let v = self.builder()?.attention_biased(qkv.var, heads, bias.var);
+        self.out(v)
+    }
+
+    fn causal_attention_biased(
+        &mut self,
+        qkv: &PyVar,
+        heads: usize,
+        bias: &PyVar,
+    ) -> PyResult<PyVar> {
+        let v = (self.builder()?).causal_attention_biased(qkv.var, heads, bias.var);
+        self.out(v)
+    }
+
     fn rotary(&mut self, x: &PyVar, heads: usize, base: f64) -> PyResult<PyVar> {
         let v = self.builder()?.rotary(x.var, heads, base);
         self.out(v)

@@ -341,6 +341,32 @@ def test_a_key_padding_mask_leaves_the_padded_keys_out():
     np.testing.assert_allclose(t.outputs(), want, atol=1e-6)
 
 
+def test_an_attention_bias_is_added_to_the_scaled_scores():
+    b = mantissa.ModelBuilder()
+    qkv, bias, y = b.values([2, 3, 12]), b.values([2, 3, 3]), b.values([2, 3, 4])
+    b.mse(b.attention_biased(qkv, 2, bias), y)
+    with pytest.raises(ValueError, match=r"attention_biased: the bias \[2, 3, 4\]"):
+        b.attention_biased(qkv, 2, y)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 3, 12)).astype(np.float32)
+    # A bias per head (ALiBi's slopes), -inf leaving key 2 out of head 1.
+    dist = np.abs(np.arange(3)[:, None] - np.arange(3)[None, :]).astype(np.float32)
+    m = np.stack([-0.5 * dist, -0.25 * dist])
+    m[1][:, 2] = -np.inf
+    t = mantissa.ModelTrainer(b, backend="reference")
+    t.loss(x, m, np.zeros((2, 3, 4), np.float32))
+    want = np.zeros((2, 3, 4))
+    for s in range(2):
+        for h in range(2):
+            q, k, v = (x[s, :, p * 4 + h * 2: p * 4 + h * 2 + 2].astype(np.float64) for p in range(3))
+            z = (q @ k.T * np.float32(1 / np.sqrt(2))) + m[h]
+            e = np.exp(z - z.max(-1, keepdims=True))
+            want[s, :, h * 2: h * 2 + 2] = (e / e.sum(-1, keepdims=True)) @ v
+    np.testing.assert_allclose(t.outputs(), want, atol=1e-6)
+    with pytest.raises(ValueError, match="a bias is finite or -inf"):
+        t.loss(x, np.full((2, 3, 3), np.nan, np.float32), np.zeros((2, 3, 4), np.float32))
+
+
 def test_rotary_embeddings_rotate_as_hugging_faces_rotate_half():
     b = mantissa.ModelBuilder()
     x, y = b.values([2, 5, 8]), b.values([2, 5, 8])

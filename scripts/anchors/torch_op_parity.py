@@ -370,6 +370,29 @@ def cases(g):
     return out
 
 
+def masks_cases(g):
+    """Attention with a bias (after the ops of later_cases), drawn from a generator of its own
+    so that the earlier cases stay what they were."""
+    out = []
+    bsz, t, h, d = 2, 17, 2, 16
+    qkv = both16(normal(g, (bsz, t, 3 * h * d), 1.0))
+    qkv[..., : 2 * h * d] *= 2.0
+    # A bias per head: ALiBi's slopes 1/2 and 1/4 of |i - j|, -inf on every fifth key of head 1
+    # (a window), a few large values that take a row over.
+    i = torch.arange(t)[:, None]
+    j = torch.arange(t)[None, :]
+    dist = (i - j).abs().float()
+    bias = torch.stack([-0.5 * dist, -0.25 * dist])
+    bias[1][(j % 5 == 2).expand(t, t)] = float("-inf")
+    bias[0, 3, 7] = 30.0
+    out.append(case(f"attention_biased_{t}x{d}", "attention_biased",
+                    [("qkv", qkv, "compute", "param"), ("bias", bias, "f32", "values")],
+                    lambda c, qkv, m: attention(c, qkv, h, causal=False, bias=m),
+                    {"out": "compute", "grad/qkv": "compute"}, {"out": t, "grad/qkv": t},
+                    {"heads": h}, inner={"out": "compute", "grad/qkv": "compute"}))
+    return out
+
+
 def later_cases(g):
     """The ops added since the first cases (issue #50), drawn from a generator of their own so
     that the first cases' inputs and upstream gradients stay what they were."""
@@ -509,10 +532,12 @@ class _LN:
         return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
 
 
-def attention(c, qkv, h, causal=True, keys=None):
+def attention(c, qkv, h, causal=True, keys=None, bias=None):
     """torch_step_parity's Block attention: scores and P.v matmul-like, the scaled scores held
     as the scores, the softmax f32 (mixed); without the causal mask where `causal` is false,
-    and the keys where `keys` [b, t] is nonzero left out."""
+    the keys where `keys` [b, t] is nonzero left out, `bias` (f32, broadcast to [b, h, t, t])
+    added to the scaled scores (a 16-bit tensor plus an f32 one: f32, as
+    scaled_dot_product_attention adds a float attn_mask)."""
     b, t, c3 = qkv.shape
     width = c3 // 3
     q, k, v = qkv.split(width, 2)
@@ -522,6 +547,8 @@ def attention(c, qkv, h, causal=True, keys=None):
         att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
     if keys is not None:
         att = att.masked_fill(keys.bool()[:, None, None, :], float("-inf"))
+    if bias is not None:
+        att = att + bias
     return c.matmul(c.softmax(att), v).transpose(1, 2).reshape(b, t, width)
 
 
@@ -792,7 +819,8 @@ def main():
     print(f"wrote {path}: {total} values ({os.path.getsize(path) / 1e6:.2f} MB)", file=sys.stderr)
     g = torch.Generator().manual_seed(53)
     tensors, manifest = {}, []
-    for cs in cases(g) + later_cases(torch.Generator().manual_seed(50)):
+    for cs in (cases(g) + later_cases(torch.Generator().manual_seed(50))
+               + masks_cases(torch.Generator().manual_seed(51))):
         name = cs["name"]
         is_loss = cs["op"] in ("cross_entropy", "mse")
         dy = None

@@ -499,6 +499,23 @@ impl Model {
         self.reads(|s| matches!(s, Source::Values(j) if *j == k))
     }
 
+    /// Whether every op that reads values input `k` reads it as an additive bias (an
+    /// attention's: `ModelBuilder::attention_biased`), whose -inf leaves a key out.
+    pub fn values_read_as_bias(&self, k: usize) -> bool {
+        let mut read = false;
+        for node in &self.nodes {
+            for (i, v) in node.inputs.iter().enumerate() {
+                if matches!(self.values[v.index].source, Source::Values(j) if j == k) {
+                    if !node.op.reads_as_bias(i) {
+                        return false;
+                    }
+                    read = true;
+                }
+            }
+        }
+        read
+    }
+
     fn reads(&self, source: impl Fn(&Source) -> bool) -> bool {
         let live = self.live();
         (self.values.iter().enumerate())

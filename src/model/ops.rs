@@ -11,7 +11,7 @@ use super::{Model, ModelBuilder, Node, Source, Var, refuse, shape_of};
 use crate::algorithm::MatmulShape;
 use crate::error::Result;
 use crate::format::Format;
-use crate::plan::{Attention, KeyMask, Op, ScoreScale, Strided, TensorId, Unary};
+use crate::plan::{Attention, MaskKind, Op, ScoreMask, ScoreScale, Strided, TensorId, Unary};
 use crate::policy::Fp8Role;
 
 /// One kind of model op.
@@ -36,6 +36,12 @@ pub(crate) trait NodeOp: std::fmt::Debug + Send + Sync {
     /// The head width of an attention op (whether a backend fuses it depends on it).
     fn attention_head_dim(&self) -> Option<usize> {
         None
+    }
+
+    /// Whether its input `input` is read as an additive bias alone (an attention's: -inf there
+    /// leaves a key out).
+    fn reads_as_bias(&self, _input: usize) -> bool {
+        false
     }
 
     /// Whether its output may be overwritten once its readers have read it: not where the
@@ -683,7 +689,8 @@ impl ModelBuilder {
     /// probability is 0 in every head and query of its sequence; a query that sees no key
     /// attends to nothing (0, where PyTorch gives NaN). Always the separate ops.
     pub fn attention_masked(&mut self, qkv: Var, heads: usize, key_mask: Var) -> Result<Var> {
-        self.self_attention("attention_masked", qkv, heads, false, Some(key_mask))
+        let mask = Some((key_mask, MaskKind::Keys));
+        self.self_attention("attention_masked", qkv, heads, false, mask)
     }
 
     /// `causal_attention` leaving out the keys `key_mask` masks (as `attention_masked`'s);
@@ -694,7 +701,26 @@ impl ModelBuilder {
         heads: usize,
         key_mask: Var,
     ) -> Result<Var> {
-        self.self_attention("causal_attention_masked", qkv, heads, true, Some(key_mask))
+        let mask = Some((key_mask, MaskKind::Keys));
+        self.self_attention("causal_attention_masked", qkv, heads, true, mask)
+    }
+
+    /// `attention` with `bias` added to every head's scaled scores before the softmax (in f32,
+    /// as PyTorch adds a float `attn_mask`): a values input [tokens, tokens] for every
+    /// sequence and head, [heads, tokens, tokens] per head (ALiBi's slopes), [batch, tokens,
+    /// tokens] per sequence or [batch, heads, tokens, tokens]; -inf leaves a key out. A query
+    /// that sees no key attends to nothing (0, where PyTorch gives NaN). The bias is a
+    /// constant of the step (no gradient). Always the separate ops.
+    pub fn attention_biased(&mut self, qkv: Var, heads: usize, bias: Var) -> Result<Var> {
+        let mask = Some((bias, MaskKind::Bias));
+        self.self_attention("attention_biased", qkv, heads, false, mask)
+    }
+
+    /// `causal_attention` with `bias` added to the scores it sees (as `attention_biased`'s);
+    /// always the separate ops.
+    pub fn causal_attention_biased(&mut self, qkv: Var, heads: usize, bias: Var) -> Result<Var> {
+        let mask = Some((bias, MaskKind::Bias));
+        self.self_attention("causal_attention_biased", qkv, heads, true, mask)
     }
 
     fn self_attention(
@@ -703,7 +729,7 @@ impl ModelBuilder {
         qkv: Var,
         heads: usize,
         causal: bool,
-        key_mask: Option<Var>,
+        mask: Option<(Var, MaskKind)>,
     ) -> Result<Var> {
         let s = self.operand(op, qkv)?;
         let [b, t, c3] = s[..] else {
@@ -713,18 +739,47 @@ impl ModelBuilder {
             return Err(self.attention_refused(op, &s, heads));
         }
         let mut inputs = vec![qkv];
-        if let Some(mask) = key_mask {
+        let mut layout = None;
+        if let Some((mask, kind)) = mask {
             let value = self.read(op, mask)?;
-            if !matches!(value.source, super::Source::Values(_)) || value.shape != [b, t] {
+            let ht = heads * t;
+            // (stride, period) of `ScoreMask` by the mask's shape.
+            let (wanted, found) = match kind {
+                MaskKind::Keys => ("the key mask", (value.shape == [b, t]).then_some((1, 1))),
+                MaskKind::Bias => (
+                    "the bias",
+                    match value.shape[..] {
+                        [i, j] if [i, j] == [t, t] => Some((0, t)),
+                        [h, i, j] if [h, i, j] == [heads, t, t] => Some((0, ht)),
+                        [n, i, j] if [n, i, j] == [b, t, t] => Some((t, t)),
+                        [n, h, i, j] if [n, h, i, j] == [b, heads, t, t] => Some((ht, ht)),
+                        _ => None,
+                    },
+                ),
+            };
+            let shapes = match kind {
+                MaskKind::Keys => "[batch, tokens]",
+                MaskKind::Bias => {
+                    "[tokens, tokens], [heads, tokens, tokens], [batch, tokens, tokens] or \
+                     [batch, heads, tokens, tokens]"
+                }
+            };
+            let values = matches!(value.source, super::Source::Values(_));
+            let Some((stride, period)) = found.filter(|_| values) else {
                 return Err(refuse(
                     op,
                     format!(
-                        "the key mask {} must be a values input [batch, tokens] of q|k|v {}",
+                        "{wanted} {} must be a values input {shapes} of q|k|v {} over {heads} heads",
                         shape_of(&value.shape),
                         shape_of(&s)
                     ),
                 ));
-            }
+            };
+            layout = Some(MaskLayout {
+                kind,
+                stride,
+                period,
+            });
             inputs.push(mask);
         }
         let attention = CausalAttention {
@@ -733,7 +788,7 @@ impl ModelBuilder {
             h: heads,
             d: c3 / 3 / heads,
             causal,
-            masked: key_mask.is_some(),
+            mask: layout,
         };
         Ok(self.node(Box::new(attention), inputs, vec![b, t, c3 / 3]))
     }
@@ -759,8 +814,17 @@ pub(crate) struct CausalAttention {
     pub d: usize,
     /// Row i of each score matrix sees keys 0..=i; else every key.
     pub causal: bool,
-    /// A key padding mask is the node's second input (the separate ops always).
-    pub masked: bool,
+    /// A key padding mask or a bias, the node's second input, and how the scores read it (the
+    /// separate ops always).
+    pub mask: Option<MaskLayout>,
+}
+
+/// How an attention's scores read its mask (`ScoreMask`, a sequence's heads x t rows a block).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MaskLayout {
+    pub kind: MaskKind,
+    pub stride: usize,
+    pub period: usize,
 }
 
 impl CausalAttention {
@@ -805,7 +869,11 @@ impl NodeOp for CausalAttention {
     /// Only the causal attention without a key mask has fused kernels (and so a say in
     /// whether a plan fuses).
     fn attention_head_dim(&self) -> Option<usize> {
-        (self.causal && !self.masked).then_some(self.d)
+        (self.causal && self.mask.is_none()).then_some(self.d)
+    }
+
+    fn reads_as_bias(&self, input: usize) -> bool {
+        input == 1 && self.mask.is_some_and(|m| m.kind == MaskKind::Bias)
     }
 
     fn format(&self, cx: &Emit, _: &Node) -> Format {
@@ -840,17 +908,19 @@ impl NodeOp for CausalAttention {
             None,
         );
         let att = cx.g.temp(b * h * t * t);
-        // Every head's and query's row of a sequence reads its mask row.
-        let keys = (node.inputs.get(1)).map(|&mask| KeyMask {
+        let mask = (node.inputs.get(1).zip(self.mask)).map(|(&mask, l)| ScoreMask {
             mask: cx.t(mask),
-            rows: h * t,
+            kind: l.kind,
+            block: h * t,
+            stride: l.stride,
+            period: l.period,
         });
         cx.g.push(Op::Softmax {
             x: scores,
             out: att,
             t,
             causal: self.causal,
-            keys,
+            mask,
             scale: self.score_scale(cx),
             x_held: Format::F32,
         });
@@ -1001,7 +1071,7 @@ impl NodeOp for Softmax {
             out,
             t: self.t,
             causal: self.causal,
-            keys: None,
+            mask: None,
             scale: self.score_scale(cx),
             x_held: Format::F32,
         });

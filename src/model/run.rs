@@ -676,10 +676,17 @@ impl<'a> ModelTrainer<'a> {
                 ),
             ));
         }
-        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+        // An attention's bias may leave keys out with -inf.
+        let bias = self.model.values_read_as_bias(k);
+        let allowed = |v: f32| v.is_finite() || (bias && v == f32::NEG_INFINITY);
+        if let Some(i) = values.iter().position(|&v| !allowed(v)) {
+            let finite = match bias {
+                true => "a bias is finite or -inf",
+                false => "values are finite",
+            };
             return Err(Error::invalid(
                 "values",
-                format!("input {k}[{i}] is {}: values are finite", values[i]),
+                format!("input {k}[{i}] is {}: {finite}", values[i]),
             ));
         }
         // A copy only for the micro-batches after the first, or while a plan may still be

@@ -325,7 +325,11 @@ impl PlanBuilder {
         if format == Format::F32 {
             return;
         }
-        let last_write = self.ops.iter().rev().find(|op| op.reads_writes().1.contains(&x));
+        let last_write = self
+            .ops
+            .iter()
+            .rev()
+            .find(|op| op.reads_writes().1.contains(&x));
         if last_write.and_then(|op| op.holds(x)) == Some(format) {
             return;
         }

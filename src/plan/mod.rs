@@ -50,7 +50,7 @@ pub use builder::{Outline, PlanBuilder};
 pub use codes::{check_stored_operands, codes_read_by};
 pub use cost::Cost;
 pub use exec::StepExecutor;
-pub use op::{AdamWParam, Attention, KeyMask, Op, ScoreScale, step_algorithm};
+pub use op::{AdamWParam, Attention, MaskKind, Op, ScoreMask, ScoreScale, step_algorithm};
 pub use ranks::Bucket;
 pub use scalar::AdamW;
 pub use storage::Storage;

@@ -21,16 +21,50 @@ pub struct ScoreScale {
     pub held: Format,
 }
 
-/// Keys a softmax leaves out (an attention's key padding mask): `mask` holds rows of t, nonzero
-/// where the key is masked; score row r reads mask row r / `rows` (every head's and query's
-/// row of a sequence reads that sequence's mask). A masked key's probability is 0; a row with
-/// every key masked is 0 throughout (PyTorch's is NaN).
+/// What a softmax's mask (`ScoreMask`) does to the scores it reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MaskKind {
+    /// Nonzero leaves the key out (an attention's key padding mask): its probability is 0.
+    Keys,
+    /// Added in f32 to the scaled scores as held (an attention bias, or a float mask whose
+    /// -inf leaves a key out: PyTorch's float `attn_mask`).
+    Bias,
+}
+
+/// A mask a softmax reads beside its scores: `mask` holds rows of t, score row r reading mask
+/// row `row(r)` = (r / `block`) * `stride` + r % `period`. An attention's scores come a
+/// sequence at a time (`block` = heads x t rows): a key padding mask [batch, t] is stride 1,
+/// period 1 (every head's and query's row reads its sequence's row); a bias [t, t] stride 0,
+/// period t; [heads, t, t] stride 0, period heads x t; [batch, t, t] stride t, period t;
+/// [batch, heads, t, t] stride and period heads x t. A key left out has probability 0; a row
+/// that sees no key (every one left out, or -inf) is 0 throughout (PyTorch's is NaN).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct KeyMask {
+pub struct ScoreMask {
     /// The mask, rows of t.
     pub mask: TensorId,
-    /// Score rows per mask row.
-    pub rows: usize,
+    /// How it applies.
+    pub kind: MaskKind,
+    /// Score rows a sequence takes.
+    pub block: usize,
+    /// Mask rows from one sequence's to the next's.
+    pub stride: usize,
+    /// Score rows after which the mask rows repeat within a sequence.
+    pub period: usize,
+}
+
+impl ScoreMask {
+    /// The mask row score row `r` reads.
+    pub fn row(&self, r: usize) -> usize {
+        r / self.block * self.stride + r % self.period
+    }
+
+    /// The mask rows `rows` score rows read (a whole number of blocks, `period` dividing one);
+    /// None where they are not such.
+    pub fn rows_read(&self, rows: usize) -> Option<usize> {
+        let whole = self.block > 0 && rows.is_multiple_of(self.block);
+        let within = self.period > 0 && self.block.is_multiple_of(self.period);
+        (whole && within && rows > 0).then(|| self.row(rows - self.block) + self.period)
+    }
 }
 
 /// Fused causal self-attention over the rows of a (B, T, 3C) q|k|v tensor (the flash-attention
@@ -316,8 +350,8 @@ pub enum Op {
         t: usize,
         /// Whether row i of each t x t block sees columns 0..=i only.
         causal: bool,
-        /// Keys masked out of every row that reads them (an attention's key padding mask).
-        keys: Option<KeyMask>,
+        /// A mask the scores read (an attention's key padding mask or bias).
+        mask: Option<ScoreMask>,
         /// The factor on the scores and the format the scaled scores are held in.
         scale: ScoreScale,
         /// The format the scores are rounded to as they are read (the product of the matmul
@@ -573,7 +607,9 @@ impl Op {
             Op::Round { x, format } => (x == t).then_some(format),
             ref op => {
                 let mut op = op.clone();
-                op.held_output().filter(|(out, _)| *out == t).map(|(_, f)| *f)
+                op.held_output()
+                    .filter(|(out, _)| *out == t)
+                    .map(|(_, f)| *f)
             }
         }
     }
@@ -731,9 +767,9 @@ impl Op {
             Op::MseLoss {
                 pred, target, grad, ..
             } => vec![pred, target, grad],
-            Op::Softmax { x, out, keys, .. } => {
+            Op::Softmax { x, out, mask, .. } => {
                 let mut all = vec![x, out];
-                all.extend(keys.as_mut().map(|k| &mut k.mask));
+                all.extend(mask.as_mut().map(|k| &mut k.mask));
                 all
             }
             Op::SoftmaxBwd { p, dp, out, .. } => vec![p, dp, out],
@@ -950,9 +986,9 @@ impl Op {
             Op::MseLoss {
                 pred, target, grad, ..
             } => (vec![pred, target], vec![grad]),
-            Op::Softmax { x, out, keys, .. } => {
+            Op::Softmax { x, out, mask, .. } => {
                 let mut reads = vec![x];
-                reads.extend(keys.map(|k| k.mask));
+                reads.extend(mask.map(|k| k.mask));
                 (reads, vec![out])
             }
             Op::SoftmaxBwd { p, dp, out, .. } => (vec![p, dp], vec![out]),
@@ -1184,16 +1220,16 @@ impl Op {
                 check.holds("the gradient", grad, check.len(pred))
             }
             Op::Softmax {
-                x, out, t, keys, ..
+                x, out, t, mask, ..
             } => {
                 let rows = check.rows("the scores", x, ("t", t))?;
-                if let Some(KeyMask { mask, rows: per }) = keys {
-                    if per == 0 || rows % per != 0 {
+                if let Some(m) = mask {
+                    let Some(read) = m.rows_read(rows) else {
                         return Err(check.fail(format!(
-                            "{rows} score rows are not a whole number of mask rows of {per}"
+                            "{rows} score rows do not read whole masks as {m:?} says"
                         )));
-                    }
-                    check.holds("the key mask", mask, rows / per * t)?;
+                    };
+                    check.holds("the mask", m.mask, read * t)?;
                 }
                 check.holds("the output", out, check.len(x))
             }

@@ -682,7 +682,7 @@ mod tests {
             out: y,
             t: 2,
             causal: true,
-            keys: None,
+            mask: None,
             scale: ScoreScale {
                 scale: 1.0,
                 held: Format::F32,

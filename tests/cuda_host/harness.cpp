@@ -723,21 +723,25 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
                         [&] { unary_bwd(x, dy, y.data(), n, fmt, x_fmt, dy_fmt, f); });
         }
         out = bits_of(y);
-    } else if ((k == "softmax_fwd" || k == "softmax_bwd") && argc >= 7 && argc <= 9) {
-        // ROWS T SCALE FMT READFMT [CAUSAL [KEYROWS]] (the scores, or dp, rounded to READFMT as
-        // they are read; causal unless CAUSAL is 0; KEYROWS > 0: the forward reads a key mask
-        // of ROWS / KEYROWS rows of T after the scores)
+    } else if ((k == "softmax_fwd" || k == "softmax_bwd") && (argc == 7 || argc == 8 || argc == 12)) {
+        // ROWS T SCALE FMT READFMT [CAUSAL [KIND BLOCK STRIDE PERIOD]] (the scores, or dp,
+        // rounded to READFMT as they are read; causal unless CAUSAL is 0; KIND 1 (keys) or 2
+        // (bias): the forward reads a mask after the scores, of as many rows of T as its layout
+        // has the rows read)
         u32 rows = arg(argv, 2), t = arg(argv, 3), fmt = arg(argv, 5), read_fmt = arg(argv, 6);
         u32 causal = argc >= 8 ? arg(argv, 7) : 1;
-        u32 key_rows = argc == 9 ? arg(argv, 8) : 0;
+        u32 kind = argc == 12 ? arg(argv, 8) : 0, block = argc == 12 ? arg(argv, 9) : 1,
+            stride = argc == 12 ? arg(argv, 10) : 0, period = argc == 12 ? arg(argv, 11) : 1;
         float scale = farg(argv, 4);
         size_t n = (size_t)rows * t;
         float* x = input.f(n);
         std::vector<float> y(n);
         if (k == "softmax_fwd") {
-            float* mask = key_rows ? input.f((size_t)(rows / key_rows) * t) : nullptr;
+            size_t mask_rows = (size_t)(rows / block - 1) * stride + period;
+            float* mask = kind ? input.f(mask_rows * t) : nullptr;
             emu::launch({rows, 1, 1}, row_block, [&] {
-                softmax_fwd(x, y.data(), t, scale, fmt, read_fmt, causal, mask, key_rows);
+                softmax_fwd(x, y.data(), t, scale, fmt, read_fmt, causal, mask, kind, block,
+                            stride, period);
             });
         } else {
             float* dp = input.f(n);

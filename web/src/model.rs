@@ -288,6 +288,31 @@ impl ModelBuilder {
         })
     }
 
+    /// `attention` with `bias` (a values input [tokens, tokens], [heads, tokens, tokens],
+    /// [batch, tokens, tokens] or [batch, heads, tokens, tokens]) added to the scaled scores.
+    pub fn attention_biased(
+        &mut self,
+        qkv: &JsValue,
+        heads: usize,
+        bias: &JsValue,
+    ) -> Result<JsValue, JsValue> {
+        self.pair("attention_biased", qkv, bias, |b, x, m| {
+            b.attention_biased(x, heads, m)
+        })
+    }
+
+    /// `causal_attention` with `bias` added to the scaled scores it sees.
+    pub fn causal_attention_biased(
+        &mut self,
+        qkv: &JsValue,
+        heads: usize,
+        bias: &JsValue,
+    ) -> Result<JsValue, JsValue> {
+        self.pair("causal_attention_biased", qkv, bias, |b, x, m| {
+            b.causal_attention_biased(x, heads, m)
+        })
+    }
+
     /// Rotary position embeddings of x [batch, tokens, heads x d] at `base` (10000 in most
     /// models).
     pub fn rotary(&mut self, x: &JsValue, heads: usize, base: f64) -> Result<JsValue, JsValue> {

@@ -381,13 +381,13 @@ impl<'a> CudaPlan<'a> {
                 out,
                 t,
                 causal,
-                keys,
+                mask,
                 scale,
                 x_held,
             } => {
                 let shape = (self.rows(x, t), t, scale, causal);
-                let keys = keys.map(|k| (self.p(k.mask), k.rows));
-                launch::softmax_fwd(cb, [self.p(x), self.p(out)], shape, keys, x_held)
+                let mask = mask.map(|m| (self.p(m.mask), m));
+                launch::softmax_fwd(cb, [self.p(x), self.p(out)], shape, mask, x_held)
             }
             Op::SoftmaxBwd {
                 p,

@@ -7,7 +7,7 @@
 use super::{CudaBackend, Module, format_id};
 use crate::error::{Error, Result};
 use crate::format::Format;
-use crate::plan::{Attention, Op, ScoreScale, Strided, Unary};
+use crate::plan::{Attention, MaskKind, Op, ScoreMask, ScoreScale, Strided, Unary};
 use cudarc::driver::{DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg, sys::CUdeviceptr};
 
 /// A device address (of f32 values unless said otherwise).
@@ -451,12 +451,12 @@ pub(super) fn mse_fwd(
 }
 
 /// The softmax of the scaled scores x (rounded to `x_held` as they are read) into p, causal
-/// or not, leaving out the keys `keys` masks (the mask, and the score rows per mask row).
+/// or not, reading `mask` (on the device, with its layout) where there is one.
 pub(super) fn softmax_fwd(
     cb: &CudaBackend,
     [x, p]: [Ptr; 2],
     (rows, t, scale, causal): (usize, usize, ScoreScale, bool),
-    keys: Option<(Ptr, usize)>,
+    mask: Option<(Ptr, ScoreMask)>,
     x_held: Format,
 ) -> Result<()> {
     if rows == 0 || t == 0 {
@@ -464,9 +464,20 @@ pub(super) fn softmax_fwd(
     }
     let (t, k, fmt) = (t as u32, scale.scale as f32, format_id(scale.held));
     let (x_fmt, causal) = (format_id(x_held), causal as u32);
-    // Without a mask the kernel reads none: x stands in for the pointer.
-    let (mask, key_rows) = keys.map_or((x, 0), |(m, r)| (m, r as u32));
-    launch!(cb, Module::Train, "softmax_fwd", CudaBackend::rows_config(rows)?; &x, &p, &t, &k, &fmt, &x_fmt, &causal, &mask, &key_rows)
+    // Without a mask the kernel reads none: x stands in for the pointer (and 1 for the
+    // divisors).
+    let (ptr, kind, [block, stride, period]) = match mask {
+        None => (x, 0u32, [1, 0, 1]),
+        Some((m, s)) => (
+            m,
+            match s.kind {
+                MaskKind::Keys => 1,
+                MaskKind::Bias => 2,
+            },
+            [s.block, s.stride, s.period].map(|v| v as u32),
+        ),
+    };
+    launch!(cb, Module::Train, "softmax_fwd", CudaBackend::rows_config(rows)?; &x, &p, &t, &k, &fmt, &x_fmt, &causal, &ptr, &kind, &block, &stride, &period)
 }
 
 /// Its backward: p and dp (rounded to `dp_held` as it is read) -> the scores' gradient ds.

@@ -292,13 +292,13 @@ impl HostExecutor {
                 out,
                 t: width,
                 causal,
-                keys,
+                mask,
                 scale,
                 x_held,
             } => {
                 let x = rounded(&t[x], x_held);
-                let keys = keys.map(|k| (&t[k.mask][..], k.rows));
-                self.tensors[out] = ops::softmax_scaled_masked_fwd(&x, width, scale, causal, keys);
+                let mask = mask.map(|m| (&t[m.mask][..], m));
+                self.tensors[out] = ops::softmax_scaled_masked_fwd(&x, width, scale, causal, mask);
             }
             Op::SoftmaxBwd {
                 p,

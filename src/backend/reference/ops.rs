@@ -8,7 +8,7 @@
 use super::matmul::matmul_into;
 use crate::algorithm::MatmulShape;
 use crate::format::{Format, Overflow};
-use crate::plan::{AdamW, Attention, ScoreScale, Unary};
+use crate::plan::{AdamW, Attention, MaskKind, ScoreMask, ScoreScale, Unary};
 use num_traits::Float;
 
 fn cast<T: Float>(x: f64) -> T {
@@ -188,24 +188,37 @@ pub fn softmax_fwd<T: Float>(scores: &[T], t: usize, scale: f64, causal: bool) -
     softmax_masked_fwd(scores, t, scale, causal, None)
 }
 
-/// `softmax_fwd` leaving out the keys `keys` masks (`plan::KeyMask`: rows of t of the mask,
-/// nonzero where masked, and how many score rows read each): their probabilities are 0, and a
-/// row that sees no key is 0 throughout.
+/// `softmax_fwd` reading a mask (`plan::ScoreMask`: its rows of t, and which row each score
+/// row reads): a key mask leaves out the keys it marks nonzero, a bias is added to the scaled
+/// scores in f32 (its -inf leaves a key out). A key left out has probability 0; a row that sees
+/// no key is 0 throughout.
 pub fn softmax_masked_fwd<T: Float>(
     scores: &[T],
     t: usize,
     scale: f64,
     causal: bool,
-    keys: Option<(&[f32], usize)>,
+    mask: Option<(&[f32], ScoreMask)>,
 ) -> Vec<T> {
     let mut p = vec![T::zero(); scores.len()];
     for (row, out) in p.chunks_mut(t).enumerate() {
         let i = last_seen(row, t, causal);
+        let mask_row = mask.map(|(m, s)| (&m[s.row(row) * t..][..t], s.kind));
         let seen: Vec<usize> = (0..=i)
-            .filter(|&j| keys.is_none_or(|(mask, per)| mask[row / per * t + j] == 0.0))
+            .filter(|&j| !matches!(mask_row, Some((m, MaskKind::Keys)) if m[j] != 0.0))
             .collect();
-        let z = |j: usize| f64_of(scores[row * t + j]) * scale;
+        let z = |j: usize| {
+            let z = f64_of(scores[row * t + j]) * scale;
+            match mask_row {
+                // The sum in f32, as a device adds the bias to the scores it holds.
+                Some((m, MaskKind::Bias)) => (z as f32 + m[j]) as f64,
+                _ => z,
+            }
+        };
         let max = seen.iter().map(|&j| z(j)).fold(f64::NEG_INFINITY, f64::max);
+        // A bias of -inf on every key it sees leaves the row none.
+        if max == f64::NEG_INFINITY && matches!(mask_row, Some((_, MaskKind::Bias))) {
+            continue;
+        }
         let e: Vec<f64> = seen.iter().map(|&j| (z(j) - max).exp()).collect();
         let sum: f64 = e.iter().sum();
         for (&j, ej) in seen.iter().zip(&e) {
@@ -252,9 +265,9 @@ pub fn softmax_scaled_masked_fwd(
     t: usize,
     scale: ScoreScale,
     causal: bool,
-    keys: Option<(&[f32], usize)>,
+    mask: Option<(&[f32], ScoreMask)>,
 ) -> Vec<f32> {
-    softmax_masked_fwd(&scaled_scores(scores, scale), t, 1.0, causal, keys)
+    softmax_masked_fwd(&scaled_scores(scores, scale), t, 1.0, causal, mask)
 }
 
 /// The backward of `softmax_scaled_fwd` with respect to the unscaled scores: the softmax's

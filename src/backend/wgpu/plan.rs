@@ -685,17 +685,14 @@ impl<'a> ResidentPlan<'a> {
                 out,
                 t,
                 causal,
-                keys,
+                mask,
                 scale,
                 x_held,
-            } => {
-                let key_rows = keys.map_or(0, |k| k.rows);
-                train(
-                    launch::softmax_fwd(rows_of(x, t), (t, causal, key_rows), scale, x_held),
-                    [Some(x), keys.map(|k| k.mask), None],
-                    [Some(out), None, None],
-                )?
-            }
+            } => train(
+                launch::softmax_fwd(rows_of(x, t), (t, causal, mask), scale, x_held),
+                [Some(x), mask.map(|k| k.mask), None],
+                [Some(out), None, None],
+            )?,
             Op::SoftmaxBwd {
                 p,
                 dp,

@@ -94,9 +94,15 @@ pub struct TrainParams {
     pub key_lo: u32,
     /// Dropout's key, high word.
     pub key_hi: u32,
-    /// The softmax's key mask: 0 for none, else the score rows that read each mask row (the
-    /// second input).
-    pub key_rows: u32,
+    /// The softmax's mask (the second input, `plan::ScoreMask`): 0 for none, 1 a key mask, 2 a
+    /// bias.
+    pub mask_kind: u32,
+    /// Score rows a sequence takes (`ScoreMask::block`).
+    pub mask_block: u32,
+    /// Mask rows from one sequence's to the next's (`ScoreMask::stride`).
+    pub mask_stride: u32,
+    /// Score rows after which the mask rows repeat (`ScoreMask::period`).
+    pub mask_period: u32,
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -455,7 +461,7 @@ pub mod launch {
     use super::{StepOp, TrainOp};
     use crate::backend::wgpu::shaders::format_id;
     use crate::format::Format;
-    use crate::plan::{Attention, ScoreScale, Strided, Unary};
+    use crate::plan::{Attention, MaskKind, ScoreMask, ScoreScale, Strided, Unary};
 
     fn train(op: TrainOp, n: usize, c: usize, items: usize) -> TrainLaunch {
         TrainLaunch {
@@ -699,17 +705,25 @@ pub mod launch {
     }
 
     /// Softmax of the scaled `x` (`ScoreScale`: the scale, its product held in `held`) over
-    /// rows of `t`, causal or not, x rounded to `x_held` as it is read; `key_rows`: the score
-    /// rows per row of the key mask bound as the second input (0: none).
+    /// rows of `t`, causal or not, x rounded to `x_held` as it is read; `mask`: the mask bound
+    /// as the second input, if any.
     pub fn softmax_fwd(
         rows: usize,
-        (t, causal, key_rows): (usize, bool, usize),
+        (t, causal, mask): (usize, bool, Option<ScoreMask>),
         scale: ScoreScale,
         x_held: Format,
     ) -> TrainLaunch {
         let mut l = row_op(TrainOp::SoftmaxFwd, rows, t);
         l.params.causal = causal as u32;
-        l.params.key_rows = key_rows as u32;
+        if let Some(m) = mask {
+            l.params.mask_kind = match m.kind {
+                MaskKind::Keys => 1,
+                MaskKind::Bias => 2,
+            };
+            l.params.mask_block = m.block as u32;
+            l.params.mask_stride = m.stride as u32;
+            l.params.mask_period = m.period as u32;
+        }
         l.params.scale = scale.scale as f32;
         l.params.held = format_id(scale.held);
         l.params.read_held = format_id(x_held);
@@ -1000,7 +1014,10 @@ mod uniform_layout {
                 site,
                 key_lo,
                 key_hi,
-                key_rows
+                mask_kind,
+                mask_block,
+                mask_stride,
+                mask_period
             }
         );
         assert_uniform_layout!(
