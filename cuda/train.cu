@@ -591,8 +591,8 @@ extern "C" __global__ void softmax_bwd(const float* p, const float* dp, float* d
 
 // Per row of v logits: the probabilities, and the row's loss into losses[row].
 extern "C" __global__ void cross_entropy_fwd(const float* logits, const u32* targets,
-                                             float* out, float* losses, const float* scalars,
-                                             u32 v, u32 grad, u32 fmt) {
+                                             void* out, float* losses, const float* scalars,
+                                             u32 v, u32 grad, u32 fmt, u32 coded) {
     i64 base = (i64)blockIdx.x * v;
     float m = NEG_INF;
     for (u32 i = threadIdx.x; i < v; i += blockDim.x) m = fmaxf(m, logits[base + i]);
@@ -602,11 +602,12 @@ extern "C" __global__ void cross_entropy_fwd(const float* logits, const u32* tar
     s = block_sum(s);
     u32 target = targets[blockIdx.x];
     // grad: the backward fused in, (p - onehot) * DLOSS_PER_ROW as cross_entropy_bwd computes it
-    // from the stored p, held in `fmt`; else the probabilities.
+    // from the stored p, held in `fmt` (as codes where `coded`); else the probabilities.
     float k = grad != 0u ? scalars[S_DLOSS_PER_ROW] : 0.0f;
     for (u32 i = threadIdx.x; i < v; i += blockDim.x) {
         float p = expf(logits[base + i] - m) / s;
-        out[base + i] = grad != 0u ? held((p - (i == target ? 1.0f : 0.0f)) * k, fmt) : p;
+        if (grad != 0u) store_held(out, base + i, (p - (i == target ? 1.0f : 0.0f)) * k, fmt, coded);
+        else ((float*)out)[base + i] = p;
     }
     if (threadIdx.x == 0u) losses[blockIdx.x] = logf(s) + m - logits[base + target];
 }

@@ -719,8 +719,8 @@ fn softmax_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 
 // Per row of v = c logits: in0 = logits, in1 = targets (as f32 bits of u32 ids); out0 =
 // probabilities or, with params.grad (as a step plan runs it), the loss's gradient
-// (p - onehot) * DLOSS_PER_ROW, held in params.held (in2 = the plan's scalars); out1 = the row's
-// loss. The mean over rows is the caller's.
+// (p - onehot) * DLOSS_PER_ROW, held in params.held (in2 = the plan's scalars), or (coded) its
+// codes in out2; out1 = the row's loss. The mean over rows is the caller's.
 @compute @workgroup_size(256)
 fn cross_entropy_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                      @builtin(local_invocation_index) lid: u32) {
@@ -742,7 +742,15 @@ fn cross_entropy_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         return;
     }
     let label = bitcast<u32>(in1[r]);
-    if (params.grad != 0u) {
+    if (params.grad != 0u && params.coded != 0u) {
+        let k = in2[S_DLOSS_PER_ROW];
+        // v is even (Plan::store_codes): the row's words are its own.
+        for (var i = 2u * slot.lane; i < v; i += 2u * ROW_LANES) {
+            let lo = (exp(in0v(base + i) - m) / sum - select(0.0, 1.0, i == label)) * k;
+            let hi = (exp(in0v(base + i + 1u) - m) / sum - select(0.0, 1.0, i + 1u == label)) * k;
+            out2[(base + i) / 2u] = code_pair(lo, hi, params.held);
+        }
+    } else if (params.grad != 0u) {
         let k = in2[S_DLOSS_PER_ROW];
         for (var i = slot.lane; i < v; i += ROW_LANES) {
             var onehot = 0.0;

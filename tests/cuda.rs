@@ -1297,6 +1297,19 @@ fn cuda_training_kernels_match_the_host_reference() {
             out[rows * v].to_bits(),
             "fused mean loss"
         );
+        // Stored as codes (a plan's coded gradient, read only by 16-bit matmuls): the codes of
+        // the held values.
+        if held != Format::F32 {
+            let coded_args = [fused_args.to_vec(), vec!["1".into()]].concat();
+            let words: Vec<u32> = inputs.iter().flat_map(|x| bits(x)).collect();
+            let coded = run(h, "cross_entropy_fwd", &coded_args, &words);
+            same_codes(
+                &format!("fused cross entropy, gradient as {held} codes"),
+                &coded[..rows * v],
+                &unfused,
+                held,
+            );
+        }
     }
     // Embeddings: a row narrower and one wider than a block.
     for (vocab, width) in [(11, 7), (5, 200)] {

@@ -1471,6 +1471,7 @@ impl Op {
             Op::Attention { out, spec, .. } => {
                 out == t && spec.compute == format && spec.d % 2 == 0
             }
+            Op::CrossEntropy { grad, held, v, .. } => grad == t && held == format && v % 2 == 0,
             Op::Embedding { .. }
             | Op::RowSum { .. }
             | Op::Dropout { .. }
@@ -1484,7 +1485,6 @@ impl Op {
             | Op::Softmax { .. }
             | Op::SoftmaxBwd { .. }
             | Op::AttentionBwd { .. }
-            | Op::CrossEntropy { .. }
             | Op::Matmul { .. }
             | Op::Round { .. }
             | Op::ColumnSums { .. }

@@ -749,19 +749,27 @@ static bool run_train(const std::string& k, int argc, char** argv, std::vector<u
                         [&] { softmax_bwd(x, dp, y.data(), t, scale, fmt, read_fmt, causal); });
         }
         out = bits_of(y);
-    } else if (k == "cross_entropy_fwd" && (argc == 4 || argc == 6)) {
-        // ROWS V [S_DLOSS_PER_ROW FMT] < logits targets > probs (or, given the scalar, the
-        // gradient held in FMT) mean
+    } else if (k == "cross_entropy_fwd" && (argc == 4 || argc == 6 || argc == 7)) {
+        // ROWS V [S_DLOSS_PER_ROW FMT [CODED]] < logits targets > probs (or, given the scalar,
+        // the gradient held in FMT; with CODED 1, its 16-bit codes, one to a word) mean
         u32 rows = arg(argv, 2), v = arg(argv, 3);
-        u32 grad = argc == 6, fmt = grad ? arg(argv, 5) : 0;
+        u32 grad = argc >= 6, fmt = grad ? arg(argv, 5) : 0, coded = argc == 7 ? arg(argv, 6) : 0;
         float* logits = input.f((size_t)rows * v);
         u32* targets = input.u(rows);
         std::vector<float> y((size_t)rows * v), losses(rows), stats(2), scalars(16, 0.0f);
+        std::vector<uint16_t> codes((size_t)rows * v);
         if (grad) scalars[S_DLOSS_PER_ROW] = farg(argv, 4);
+        void* dst = coded ? (void*)codes.data() : (void*)y.data();
         emu::launch({rows, 1, 1}, row_block, [&] {
-            cross_entropy_fwd(logits, targets, y.data(), losses.data(), scalars.data(), v, grad, fmt);
+            cross_entropy_fwd(logits, targets, dst, losses.data(), scalars.data(), v, grad, fmt,
+                              coded);
         });
         emu::launch({1, 1, 1}, {256, 1, 1}, [&] { mean_to_stat(losses.data(), stats.data(), rows, 1); });
+        if (coded)
+            for (size_t e = 0; e < codes.size(); e++) {
+                u32 word = codes[e];
+                memcpy(&y[e], &word, 4);
+            }
         y.push_back(stats[1]);
         out = bits_of(y);
     } else if (k == "cross_entropy_bwd" && argc == 5) {  // ROWS V S_DLOSS_PER_ROW < probs targets

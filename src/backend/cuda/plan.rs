@@ -430,7 +430,8 @@ impl<'a> CudaPlan<'a> {
             } => {
                 let ptrs = [self.p(logits), self.p(targets), self.p(grad), stats];
                 let shape = (crate::plan::Stats::LOSS, self.rows(logits, v), v);
-                launch::cross_entropy_fwd(cb, ptrs, shape, work, (scalars, held))
+                let coded = self.coded(grad);
+                launch::cross_entropy_fwd(cb, ptrs, shape, work, (scalars, held, coded))
             }
             Op::Matmul {
                 ref shape,

@@ -503,13 +503,13 @@ pub(super) fn cross_entropy_fwd(
     [logits, targets, out, stats]: [Ptr; 4],
     (slot, rows, v): (usize, usize, usize),
     scratch: Ptr,
-    (scalars, held): (Ptr, Format),
+    (scalars, held, coded): (Ptr, Format, bool),
 ) -> Result<()> {
     if rows == 0 || v == 0 {
         return Ok(());
     }
-    let (v32, grad, fmt) = (v as u32, 1u32, format_id(held));
-    launch!(cb, Module::Train, "cross_entropy_fwd", CudaBackend::rows_config(rows)?; &logits, &targets, &out, &scratch, &scalars, &v32, &grad, &fmt)?;
+    let (v32, grad, fmt, coded) = (v as u32, 1u32, format_id(held), coded as u32);
+    launch!(cb, Module::Train, "cross_entropy_fwd", CudaBackend::rows_config(rows)?; &logits, &targets, &out, &scratch, &scalars, &v32, &grad, &fmt, &coded)?;
     let (rows32, slot) = (rows as u32, slot as u32);
     launch!(cb, Module::Train, "mean_to_stat", one_block(256); &scratch, &stats, &rows32, &slot)
 }

@@ -715,10 +715,15 @@ impl<'a> ResidentPlan<'a> {
             } => {
                 let rows = rows_of(logits, v);
                 let losses = storage_of(gpu, rows)?;
+                // The gradient's codes go to the third output.
+                let outs: [&dyn Bind; 3] = match coded(grad) {
+                    true => [&dummies.write[0], &losses, &t[grad]],
+                    false => [&t[grad], &losses, &dummies.write[0]],
+                };
                 let fwd = train_on(
-                    launch::cross_entropy_fwd(rows, v, held),
+                    launch::cross_entropy_fwd(rows, v, held, coded(grad)),
                     [&t[logits], &t[targets], &c.scalars],
-                    [&t[grad], &losses, &dummies.write[0]],
+                    outs,
                 )?;
                 let mean = step_on(
                     launch::mean_to_stat(rows, crate::plan::Stats::LOSS),

@@ -780,10 +780,11 @@ pub mod launch {
 
     /// logits, targets -> the loss's gradient scaled by scalar DLOSS_PER_ROW (the scalars bound
     /// as the third input) held in `held`, per-row losses.
-    pub fn cross_entropy_fwd(rows: usize, v: usize, held: Format) -> TrainLaunch {
+    pub fn cross_entropy_fwd(rows: usize, v: usize, held: Format, coded: bool) -> TrainLaunch {
         let mut l = row_op(TrainOp::CrossEntropyFwd, rows, v);
         l.params.grad = 1;
         l.params.held = format_id(held);
+        l.params.coded = coded as u32;
         l
     }
 
