@@ -389,6 +389,34 @@ fn a_spent_budget_keeps_the_first_tile_timed() {
     assert_eq!(chosen, [b.tile_candidates(&Algorithm::F32)[0]]);
 }
 
+/// Backends without cooperative matrices that poison their outputs: plain, with runtime checks
+/// (the K step written out), and one whose loop budget holds one group of the default f32 tile
+/// and its fixed loops (K in a dispatch a group); None (printed) where wgpu is absent.
+fn sums_backends(test: &str) -> Option<[WgpuBackend; 3]> {
+    let options = WgpuOptions {
+        poison_outputs: true,
+        coop: false,
+        ..WgpuOptions::default()
+    };
+    let plain = common::fresh_wgpu(test, options)?;
+    let checked = common::fresh_wgpu(
+        test,
+        WgpuOptions {
+            runtime_checks: true,
+            ..options
+        },
+    )?;
+    let loops = plain.variant(&Algorithm::F32).k_loops();
+    let tight = common::fresh_wgpu(
+        test,
+        WgpuOptions {
+            assume_loop_budget: Some(2 * (loops.fixed + loops.per_unit + 100) as u32),
+            ..options
+        },
+    )?;
+    Some([plain, checked, tight])
+}
+
 /// Split-K (`Tile::splits`) computes the unsplit product's bits (matmul.wgsl, "Summation
 /// order"): K summed in groups of `GROUP_K`, each split's groups into their planes, the planes
 /// added in group order as the running totals add them. Every algorithm (fp8 also rowwise and
@@ -413,32 +441,7 @@ fn split_k_gives_the_unsplit_bits() {
             b_transposed: true,
         },
     ];
-    let options = WgpuOptions {
-        poison_outputs: true,
-        coop: false,
-        ..WgpuOptions::default()
-    };
-    let Some(plain) = common::fresh_wgpu(test, options) else {
-        return;
-    };
-    let Some(checked) = common::fresh_wgpu(
-        test,
-        WgpuOptions {
-            runtime_checks: true,
-            ..options
-        },
-    ) else {
-        return;
-    };
-    // Half the budget holds one group of the default f32 tile, and its fixed loops.
-    let loops = plain.variant(&Algorithm::F32).k_loops();
-    let Some(tight) = common::fresh_wgpu(
-        test,
-        WgpuOptions {
-            assume_loop_budget: Some(2 * (loops.fixed + loops.per_unit + 100) as u32),
-            ..options
-        },
-    ) else {
+    let Some([plain, checked, tight]) = sums_backends(test) else {
         return;
     };
     for (s, shape) in shapes.iter().enumerate() {
@@ -501,31 +504,7 @@ fn split_k_gives_the_unsplit_bits() {
 #[test]
 fn a_product_rounded_as_stored_is_the_product_rounded() {
     let test = "a_product_rounded_as_stored_is_the_product_rounded";
-    let options = WgpuOptions {
-        poison_outputs: true,
-        coop: false,
-        ..WgpuOptions::default()
-    };
-    let Some(plain) = common::fresh_wgpu(test, options) else {
-        return;
-    };
-    let Some(checked) = common::fresh_wgpu(
-        test,
-        WgpuOptions {
-            runtime_checks: true,
-            ..options
-        },
-    ) else {
-        return;
-    };
-    let loops = plain.variant(&Algorithm::F32).k_loops();
-    let Some(tight) = common::fresh_wgpu(
-        test,
-        WgpuOptions {
-            assume_loop_budget: Some(2 * (loops.fixed + loops.per_unit + 100) as u32),
-            ..options
-        },
-    ) else {
+    let Some([plain, checked, tight]) = sums_backends(test) else {
         return;
     };
     let seed = common::seed(test);

@@ -2416,50 +2416,21 @@ fn a_rank_plan_is_the_step_split_at_the_gradient_sum() {
         let names = |ops: &[Op]| {
             let mut n = vec![];
             for op in ops {
-                match *op {
-                    Op::ColumnSums {
-                        x,
-                        out,
-                        c,
-                        x_held,
-                        held,
-                    } if held != Format::F32 => {
-                        let unheld = Op::ColumnSums {
-                            x,
-                            out,
-                            c,
-                            x_held,
-                            held: Format::F32,
-                        };
-                        n.push(format!("{unheld:?}"));
-                        n.push(format!(
-                            "{:?}",
-                            Op::Round {
-                                x: out,
-                                format: held
-                            }
-                        ));
-                    }
-                    // So is a weight gradient's product.
-                    Op::Matmul { out, held, .. }
-                        if held != Format::F32
-                            && matches!(whole.tensors()[out].kind, TensorKind::Grad(_)) =>
+                // A gradient held as written (a column sum's, a weight gradient's product) as
+                // the unheld op and its rounding.
+                let mut unheld = op.clone();
+                let rounding = match &mut unheld {
+                    Op::ColumnSums { out, held, .. } | Op::Matmul { out, held, .. }
+                        if *held != Format::F32
+                            && matches!(whole.tensors()[*out].kind, TensorKind::Grad(_)) =>
                     {
-                        let mut unheld = op.clone();
-                        if let Op::Matmul { held, .. } = &mut unheld {
-                            *held = Format::F32;
-                        }
-                        n.push(format!("{unheld:?}"));
-                        n.push(format!(
-                            "{:?}",
-                            Op::Round {
-                                x: out,
-                                format: held
-                            }
-                        ));
+                        let format = std::mem::replace(held, Format::F32);
+                        Some(Op::Round { x: *out, format })
                     }
-                    _ => n.push(format!("{op:?}")),
-                }
+                    _ => None,
+                };
+                n.push(format!("{unheld:?}"));
+                n.extend(rounding.map(|r| format!("{r:?}")));
             }
             n.sort();
             n
