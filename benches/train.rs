@@ -34,6 +34,7 @@ fn main() {
         attention: None,
         graphs: None,
         profile: 0,
+        grad_accum: 1,
     };
     let mut records = Vec::new();
     for kind in [BackendKind::Cuda, BackendKind::Wgpu, BackendKind::Reference] {

@@ -206,6 +206,8 @@ gpt2)
     # (Its checkpoint, 1.4 GiB, stays out of $out.)
     run 100 $m train --config gpt2 --backend cuda --precision bf16-mixed --batch 64 --grad-accum 8 --steps 5 --eval-interval 5 --eval-batches 1 --out /tmp/gpt2-accum
     cp /tmp/gpt2-accum/train.json "$out/train-gpt2-accum.json" 2>/dev/null
+    # Its step time, tokens/s and peak (the work of a step of eight micro-batches).
+    run 90 $m bench train --config gpt2 --backends cuda --precision bf16-mixed --batch 64 --grad-accum 8 --warmup 1 --steps 3 --json "$out/bench-train-gpt2-accum.json"
     ;;
 parity)
     p="$out/parity"

@@ -214,6 +214,8 @@ pub struct TrainBench {
     pub graphs: Option<bool>,
     /// Steps run after the timed ones with every op timed (`StepProfile`); 0: none.
     pub profile: u32,
+    /// Micro-batches a step runs the batch in (`TrainOptions::grad_accum`; 1: whole).
+    pub grad_accum: usize,
 }
 
 /// One preset's training steps on one backend.
@@ -242,6 +244,8 @@ pub struct TrainRecord {
     pub coded_tensors: usize,
     /// Tokens one step trains on: batch size × block size, every rank's together.
     pub tokens_per_step: usize,
+    /// Micro-batches a step ran the batch in (gradient accumulation; 1: whole).
+    pub micro_batches: usize,
     /// Seconds of the first step: plan compiled, matmuls tuned, buffers allocated.
     pub first_step_seconds: f64,
     /// Median wall-clock seconds of a timed step (batch drawn, plan run, stats read back).
@@ -284,19 +288,40 @@ pub struct StepWork {
 }
 
 impl StepWork {
-    /// The work of a whole step of `plan`, given its executor's launches per op.
-    pub fn of(plan: &Plan, launches: Option<&[usize]>) -> StepWork {
-        let cost = plan.cost(plan.range_of(Section::Step));
+    /// The work of a whole step of `plan` in `micro` micro-batches (1: the batch whole), given
+    /// its executor's launches per op: as a step runs the plan's sections, the forward and
+    /// backward pass once a micro-batch, the accumulation sections (`Plan::accumulate`: the
+    /// first micro-batch's gradients kept, the middle ones' added, the last's gathered) and the
+    /// update once.
+    pub fn of(plan: &Plan, launches: Option<&[usize]>, micro: usize) -> StepWork {
+        let runs = match micro {
+            0 | 1 => vec![(Section::Step, 1)],
+            n => vec![
+                (Section::Backward, n),
+                (Section::Stash, 1),
+                (Section::Accumulate, n - 2),
+                (Section::Gather, 1),
+                (Section::Update, 1),
+            ],
+        };
+        let (mut bytes, mut flops, mut launched) = (0, 0, 0);
+        for &(section, times) in &runs {
+            let range = plan.range_of(section);
+            let cost = plan.cost(range.clone());
+            bytes += times as u64 * cost.bytes;
+            flops += times as u64 * cost.flops;
+            launched += times * launches.map_or(0, |l| l[range].iter().sum());
+        }
         StepWork {
             ops: plan.ops().len(),
-            launches: launches.map(|l| l.iter().sum()),
+            launches: launches.map(|_| launched),
             roundings: plan
                 .ops()
                 .iter()
                 .filter(|op| matches!(op, Op::Round { .. }))
                 .count(),
-            bytes: cost.bytes,
-            flops: cost.flops,
+            bytes,
+            flops,
         }
     }
 }
@@ -622,6 +647,7 @@ impl TrainBench {
             let options = TrainOptions {
                 fused_attention: self.attention,
                 graphs: self.graphs,
+                grad_accum: self.grad_accum,
                 ..TrainOptions::new(self.config.clone(), preset, self.seed)
             };
             let mut trainer = Trainer::new(backend, corpus, options)?;
@@ -698,7 +724,8 @@ impl TrainBench {
                 steps_timed: timed.len(),
                 tokens_per_second: tokens as f64 / median,
                 memory: trainer.memory(),
-                work: StepWork::of(trainer.plan(), launches.as_deref()),
+                micro_batches: self.grad_accum,
+                work: StepWork::of(trainer.plan(), launches.as_deref(), self.grad_accum),
                 loss,
                 stopped,
                 profile,

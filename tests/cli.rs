@@ -752,6 +752,67 @@ fn a_plan_over_the_memory_limit_stops_before_allocating_and_names_a_batch_that_f
     }
 }
 
+/// `mantissa bench train --grad-accum N`: the step in N micro-batches, its work counted as a
+/// step runs it (the forward and backward pass N times, the accumulation sections and the
+/// update once): the same FLOPs as the batch whole, more bytes (the accumulators), the same
+/// tokens a step; a count that does not divide the batch is refused before anything runs.
+#[test]
+fn bench_train_counts_a_step_of_micro_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |micro: &str| {
+        let json = dir.path().join(format!("bench-{micro}.json"));
+        let o = mantissa(&[
+            "bench",
+            "train",
+            "--config",
+            "tiny",
+            "--precision",
+            "bf16-mixed",
+            "--backends",
+            "reference",
+            "--attention",
+            "unfused",
+            "--warmup",
+            "0",
+            "--steps",
+            "1",
+            "--grad-accum",
+            micro,
+            "--json",
+            json.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        v[0].clone()
+    };
+    let (whole, split) = (run("1"), run("4"));
+    assert_eq!(split["micro_batches"].as_u64(), Some(4), "{split}");
+    assert_eq!(whole["tokens_per_step"], split["tokens_per_step"]);
+    let work = |r: &serde_json::Value, key: &str| r["work"][key].as_u64().unwrap();
+    assert_eq!(
+        work(&whole, "flops"),
+        work(&split, "flops"),
+        "{whole} {split}"
+    );
+    assert!(
+        work(&split, "bytes") > work(&whole, "bytes"),
+        "{whole} {split}"
+    );
+    let o = mantissa(&[
+        "bench",
+        "train",
+        "--config",
+        "tiny",
+        "--backends",
+        "reference",
+        "--grad-accum",
+        "3",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("micro-batches"), "{}", text(&o));
+}
+
 /// `mantissa bench train --profile`: the step's time and memory in the table and the JSON, and
 /// a profile that accounts for every op of the plan once (in plan order, each in one part of
 /// the step and under one label, the totals the sums of the ops), with each op's bytes, FLOPs

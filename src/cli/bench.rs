@@ -57,6 +57,10 @@ struct TrainArgs {
     /// Tokens per sequence instead of the config's (tiny 32, small 256, gpt2 1024).
     #[arg(long)]
     context: Option<usize>,
+    /// Gradient accumulation: the batch in N micro-batches a step (`train --grad-accum`); N
+    /// must divide the batch.
+    #[arg(long, default_value_t = 1)]
+    grad_accum: usize,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Also write the records as JSON to this file.
@@ -176,6 +180,7 @@ fn train(args: TrainArgs) -> Result<()> {
         attention: attention_choice(&args.attention)?,
         graphs: graphs_choice(&args.graphs)?,
         profile: if args.profile { PROFILED_STEPS } else { 0 },
+        grad_accum: args.grad_accum,
     };
     let mut records: Vec<TrainRecord> = Vec::new();
     for choice in choices {
