@@ -174,6 +174,11 @@ impl<'a> CudaPlan<'a> {
         &self.buffers[self.storage.slot_of[id]]
     }
 
+    /// Bytes of the buffers the plan holds: its storage, scratch and counters.
+    fn held_bytes(&self) -> u64 {
+        self.storage.bytes() + (self.scratch.len() + self.counters.len()) as u64 * 4
+    }
+
     fn buffer_mut(&mut self, id: TensorId) -> &mut CudaSlice<f32> {
         &mut self.buffers[self.storage.slot_of[id]]
     }
@@ -680,15 +685,19 @@ impl StepExecutor for CudaPlan<'_> {
     }
 
     /// The allocator's high-water mark starts again from what it holds now (the other plan
-    /// of a measured choice freed).
+    /// of a measured choice freed); where this plan was built beside the other, whose buffers
+    /// the baseline counted, the baseline becomes what the pool holds now less this plan's.
     fn forget_peak(&mut self) {
         // Frees are stream-ordered: the pool holds the other plan until the stream passes them.
         let _ = self.cb.stream.synchronize();
         self.cb.reset_peak();
+        if let (Some(base), Some((now, _))) = (self.pool_base, self.cb.pool_usage()) {
+            self.pool_base = Some(base.min(now.saturating_sub(self.held_bytes())));
+        }
     }
 
     fn memory(&self) -> Memory {
-        let held = self.storage.bytes() + (self.scratch.len() + self.counters.len()) as u64 * 4;
+        let held = self.held_bytes();
         let (peak_bytes, measured_by) = match (self.pool_base, self.cb.pool_usage()) {
             (Some(base), Some((_, high))) => (
                 high.saturating_sub(base),

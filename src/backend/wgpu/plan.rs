@@ -1258,10 +1258,15 @@ impl StepExecutor for ResidentPlan<'_> {
         Ok(())
     }
 
+    /// The peak starts again from now; and where this plan was built beside another (a
+    /// measured choice's), whose buffers the baseline counted and which is dropped since, the
+    /// baseline becomes what is allocated now less this plan's buffers.
     fn forget_peak(&mut self) {
         if let Some(now) = self.backend.gpu.allocated_bytes() {
             let base = self.baseline.load(Relaxed);
             if base != UNSET {
+                let base = base.min(now.saturating_sub(self.held_bytes()));
+                self.baseline.store(base, Relaxed);
                 self.peak.store(now.saturating_sub(base), Relaxed);
             }
         }
