@@ -1012,7 +1012,9 @@ fn steps_agree(what: &str, device: &mut Trainer, host: &mut Trainer) -> f32 {
 
 /// A resident plan is on the device once prepared, before any step: the peak the executor
 /// reports covers the plan's tensors; and after two steps, the step has allocated little
-/// beyond them (at most 1.1x: the matmuls' operand planes go into slots idle during them).
+/// beyond them (at most 1.15x: the matmuls' operand planes go into slots idle during them
+/// where they fit; since the loss's gradient is stored as codes, the plan is smaller and the
+/// head's planes find no idle slot as large: the same peak over a smaller plan, 1.08-1.11x).
 /// On a wgpu device of its own, since the allocator reports a whole device, and the other
 /// tests of this file allocate and free on the shared one at the same time.
 #[test]
@@ -1036,7 +1038,7 @@ fn resident_plan_holds_its_tensors_once_prepared() {
         let memory = t.memory();
         let ratio = memory.peak_bytes as f64 / memory.plan_bytes as f64;
         eprintln!("{preset}: peak {ratio:.3}x the plan ({memory:?})");
-        assert!(ratio <= 1.1, "{preset} after two steps: {memory:?}");
+        assert!(ratio <= 1.15, "{preset} after two steps: {memory:?}");
     }
 }
 
