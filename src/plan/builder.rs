@@ -270,12 +270,7 @@ impl PlanBuilder {
                 i += 1;
                 continue;
             }
-            self.ops.remove(i);
-            for end in ends.iter_mut() {
-                if **end > i {
-                    **end -= 1;
-                }
-            }
+            self.remove_op(i, &mut ends);
         }
     }
 
@@ -300,11 +295,16 @@ impl PlanBuilder {
                     continue;
                 }
             }
-            self.ops.remove(i);
-            for end in ends.iter_mut() {
-                if **end > i {
-                    **end -= 1;
-                }
+            self.remove_op(i, &mut ends);
+        }
+    }
+
+    /// Removes op `i`, the sections' ends after it moving with the ops.
+    fn remove_op(&mut self, i: usize, ends: &mut [&mut usize; 3]) {
+        self.ops.remove(i);
+        for end in ends.iter_mut() {
+            if **end > i {
+                **end -= 1;
             }
         }
     }
