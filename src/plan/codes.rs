@@ -59,7 +59,7 @@ impl Plan {
             }
         }
         // What a reader rounds to as it reads: a matmul under an algorithm that rounds both
-        // operands to 16 bits; no other op (it reads f32, or decodes: `Op::coded_input`).
+        // operands to 16 bits; no other op (it reads f32, or decodes: `Op::decodes`).
         let rounds_to = |op: &Op| {
             let Op::Matmul {
                 algorithm,
@@ -144,9 +144,10 @@ impl Plan {
             // Every later op reads y, if at all, as its input that may be coded, and touches
             // it no other way.
             let decodes = |op: &Op| {
-                let (reads, writes) = op.reads_writes();
-                let as_coded = (op.coded_input() == Some(y)) as usize;
-                reads.iter().filter(|&&t| t == y).count() == as_coded && !writes.contains(&y)
+                op.operands()
+                    .iter()
+                    .filter(|o| o.tensor == y)
+                    .all(|o| matches!(o.read, Some(super::op::Read::Decoded)) && o.write.is_none())
             };
             let read_later = later.iter().any(|op| op.reads_writes().0.contains(&y));
             if !read_later || !later.iter().all(decodes) {

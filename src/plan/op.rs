@@ -1,7 +1,8 @@
 //! The ops of a plan: what each computes (the host reference is `backend::reference::ops`),
-//! the tensors it reads and writes, its name in errors and profiles, and what the plan checks
-//! and decides of each (its lengths, ids, in-place updates, 16-bit codes). Everything the
-//! `plan` module knows of a particular op is here.
+//! its operands, declared once (`Op::operands_mut`: how it reads and writes each, from which
+//! its reads and writes, in-place updates, ids, 16-bit codes, held outputs and rounded reads
+//! are derived), its name in errors and profiles, its lengths' checks and its cost. Everything
+//! the `plan` module knows of a particular op is here.
 
 use super::validate::Check;
 use super::{Cost, Strided, TensorId, TensorInfo, Unary};
@@ -566,256 +567,186 @@ pub struct AdamWParam {
     pub decay: bool,
 }
 
+/// One operand of an op as the op declares it (`Op::operands_mut`): the tensor (`T`, a
+/// `TensorId` or a place holding one), how the op reads it and how it writes it (both: updated
+/// in place). `F` is a format the op keeps (a `Format`, or a place a fold may set it).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Operand<T, F> {
+    pub tensor: T,
+    pub read: Option<Read<F>>,
+    pub write: Option<Write<F>>,
+    /// A second field of the op naming the same tensor (an add in place: its `out`, which is
+    /// its `y`), renamed with it.
+    pub same: Option<T>,
+}
+
+/// How an op reads an operand.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Read<F> {
+    /// As f32 values.
+    F32,
+    /// As f32 values or as 16-bit codes it decodes (`Plan::store_codes`).
+    Decoded,
+    /// As ids (u32 bit patterns), each below a count of rows.
+    Ids(IdRows),
+    /// Rounded to a format as it reads (F32: not rounded), which a rounding of the operand
+    /// right before the op may set (`PlanBuilder::finish`).
+    Rounded(F),
+    /// Rounded to this format by the op's definition, wherever it reads it.
+    RoundedBy(Format),
+}
+
+/// The rows an operand read as ids indexes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum IdRows {
+    Given(usize),
+    /// The rows of `c` values in this tensor (an embedding's table).
+    OfTable(TensorId, usize),
+}
+
+/// How an op writes an operand.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Write<F> {
+    /// The format the values written are held in.
+    pub held: Held<F>,
+    /// Whether a kernel of the op stores the values as 16-bit codes of their held format.
+    pub codes: bool,
+    /// Elements written, where not all (a strided copy's).
+    pub part: Option<usize>,
+}
+
+/// The format an op holds an output in.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Held<F> {
+    /// As the op computes it, in no format of its choosing.
+    Computed,
+    /// In a format of the op's choosing, F32 for none: a rounding of the output right after
+    /// the op may set it (`PlanBuilder::round`).
+    Chosen(F),
+    /// In this format, by the op's definition.
+    Defined(Format),
+}
+
+impl Held<Format> {
+    /// The format, where the op holds its output in one.
+    pub fn format(self) -> Option<Format> {
+        match self {
+            Held::Computed => None,
+            Held::Chosen(f) | Held::Defined(f) => Some(f),
+        }
+    }
+}
+
+impl<'a> Operand<&'a mut TensorId, &'a mut Format> {
+    fn reads(tensor: &'a mut TensorId, read: Read<&'a mut Format>) -> Self {
+        Operand {
+            tensor,
+            read: Some(read),
+            write: None,
+            same: None,
+        }
+    }
+
+    fn read(tensor: &'a mut TensorId) -> Self {
+        Self::reads(tensor, Read::F32)
+    }
+
+    fn decoded(tensor: &'a mut TensorId) -> Self {
+        Self::reads(tensor, Read::Decoded)
+    }
+
+    fn ids(tensor: &'a mut TensorId, rows: IdRows) -> Self {
+        Self::reads(tensor, Read::Ids(rows))
+    }
+
+    fn rounded_read(tensor: &'a mut TensorId, format: &'a mut Format) -> Self {
+        Self::reads(tensor, Read::Rounded(format))
+    }
+
+    fn read_rounded_by(tensor: &'a mut TensorId, format: Format) -> Self {
+        Self::reads(tensor, Read::RoundedBy(format))
+    }
+
+    /// Written whole, as computed.
+    fn write(tensor: &'a mut TensorId) -> Self {
+        Operand {
+            tensor,
+            read: None,
+            write: Some(Write {
+                held: Held::Computed,
+                codes: false,
+                part: None,
+            }),
+            same: None,
+        }
+    }
+
+    /// Read as f32 and written whole, in place.
+    fn update(tensor: &'a mut TensorId) -> Self {
+        Operand {
+            read: Some(Read::F32),
+            ..Self::write(tensor)
+        }
+    }
+
+    fn written(mut self, set: impl FnOnce(&mut Write<&'a mut Format>)) -> Self {
+        if let Some(w) = &mut self.write {
+            set(w);
+        }
+        self
+    }
+
+    /// Held in a format of the op's choosing.
+    fn held(self, format: &'a mut Format) -> Self {
+        self.written(|w| w.held = Held::Chosen(format))
+    }
+
+    /// Held in `format` by the op's definition.
+    fn defined(self, format: Format) -> Self {
+        self.written(|w| w.held = Held::Defined(format))
+    }
+
+    fn codes(self, codes: bool) -> Self {
+        self.written(|w| w.codes = codes)
+    }
+
+    fn part(self, elements: usize) -> Self {
+        self.written(|w| w.part = Some(elements))
+    }
+
+    /// Names the same tensor in a second field too (`same`).
+    fn same(self, also: &'a mut TensorId) -> Self {
+        Operand {
+            same: Some(also),
+            ..self
+        }
+    }
+
+    fn owned(self) -> Operand<TensorId, Format> {
+        Operand {
+            tensor: *self.tensor,
+            same: self.same.map(|t| *t),
+            read: self.read.map(|r| match r {
+                Read::F32 => Read::F32,
+                Read::Decoded => Read::Decoded,
+                Read::Ids(rows) => Read::Ids(rows),
+                Read::Rounded(f) => Read::Rounded(*f),
+                Read::RoundedBy(f) => Read::RoundedBy(f),
+            }),
+            write: self.write.map(|w| Write {
+                held: match w.held {
+                    Held::Computed => Held::Computed,
+                    Held::Chosen(f) => Held::Chosen(*f),
+                    Held::Defined(f) => Held::Defined(f),
+                },
+                codes: w.codes,
+                part: w.part,
+            }),
+        }
+    }
+}
+
 impl Op {
-    /// The input this op's kernels may read as 16-bit codes (`Plan::store_codes`): a unary
-    /// function's x (forward and backward) and fused attention's q|k|v; every other input is read
-    /// as f32.
-    pub fn coded_input(&self) -> Option<TensorId> {
-        match *self {
-            Op::Unary { x, .. } | Op::UnaryBwd { x, .. } => Some(x),
-            Op::Attention { qkv, .. } | Op::AttentionBwd { qkv, .. } => Some(qkv),
-            Op::Embedding { .. }
-            | Op::EmbeddingBwd { .. }
-            | Op::LayerNorm { .. }
-            | Op::LayerNormBwd { .. }
-            | Op::RmsNorm { .. }
-            | Op::RmsNormBwd { .. }
-            | Op::Mul { .. }
-            | Op::RowSum { .. }
-            | Op::Dropout { .. }
-            | Op::Rotary { .. }
-            | Op::Broadcast { .. }
-            | Op::MseLoss { .. }
-            | Op::Softmax { .. }
-            | Op::SoftmaxBwd { .. }
-            | Op::CrossEntropy { .. }
-            | Op::Matmul { .. }
-            | Op::Round { .. }
-            | Op::Add { .. }
-            | Op::ColumnSums { .. }
-            | Op::Copy { .. }
-            | Op::Amax { .. }
-            | Op::UnscaleCheck { .. }
-            | Op::AdamW { .. } => None,
-        }
-    }
-
-    /// The format this op leaves `t` held in where it writes all of `t` in a format of its
-    /// choosing: a rounding of t, or the op's held output (`held_output`); None otherwise.
-    pub(crate) fn holds(&self, t: TensorId) -> Option<Format> {
-        match *self {
-            Op::Round { x, format } => (x == t).then_some(format),
-            ref op => {
-                let mut op = op.clone();
-                op.held_output()
-                    .filter(|(out, _)| *out == t)
-                    .map(|(_, f)| *f)
-            }
-        }
-    }
-
-    /// The output the op holds in a format of its own choosing (`PlanBuilder::round` folds a
-    /// rounding into it, `PlanBuilder::finish` a product's) and that format: a layer norm's, an
-    /// RMS norm's, a unary function's, an elementwise product's, a matmul's, the cross
-    /// entropy's and the mean squared error's gradient, an add's sum (with a residual, its last
-    /// sum; with a GELU, the GELU), a layer norm backward's dx with a gradient summed in.
-    pub(crate) fn held_output(&mut self) -> Option<(TensorId, &mut Format)> {
-        match self {
-            Op::Add {
-                out,
-                residual: Some((_, held)),
-                ..
-            }
-            | Op::Add {
-                gelu: Some((out, held)),
-                ..
-            }
-            | Op::Add { out, held, .. }
-            | Op::LayerNorm { out, held, .. }
-            | Op::Unary { out, held, .. }
-            | Op::RmsNorm { out, held, .. }
-            | Op::Mul { out, held, .. }
-            | Op::RowSum { out, held, .. }
-            | Op::Dropout { out, held, .. }
-            | Op::Rotary { out, held, .. }
-            | Op::Broadcast { out, held, .. }
-            | Op::UnaryBwd { out, held, .. }
-            | Op::CrossEntropy {
-                grad: out, held, ..
-            }
-            | Op::MseLoss {
-                grad: out, held, ..
-            }
-            | Op::LayerNormBwd {
-                dx: out,
-                sum: Some((_, held)),
-                ..
-            }
-            | Op::Matmul { out, held, .. }
-            | Op::ColumnSums { out, held, .. } => Some((*out, held)),
-            Op::Embedding { .. }
-            | Op::EmbeddingBwd { .. }
-            | Op::LayerNormBwd { .. }
-            | Op::RmsNormBwd { .. }
-            | Op::Softmax { .. }
-            | Op::SoftmaxBwd { .. }
-            | Op::Attention { .. }
-            | Op::AttentionBwd { .. }
-            | Op::Round { .. }
-            | Op::Copy { .. }
-            | Op::Amax { .. }
-            | Op::UnscaleCheck { .. }
-            | Op::AdamW { .. } => None,
-        }
-    }
-
-    /// The format the op rounds its input `t` to as it reads it, where it can (the gradient
-    /// read by a layer norm's, an RMS norm's or a unary function's backward; a strided copy's
-    /// source; the softmax's scores and its backward's dp): `PlanBuilder::finish`
-    /// folds a rounding of `t` right before the op into it.
-    pub(crate) fn rounded_read(&mut self, t: TensorId) -> Option<&mut Format> {
-        match self {
-            Op::LayerNormBwd { dy, dy_held, .. }
-            | Op::RmsNormBwd { dy, dy_held, .. }
-            | Op::UnaryBwd { dy, dy_held, .. }
-                if *dy == t =>
-            {
-                Some(dy_held)
-            }
-            Op::Copy { x, held, .. } if *x == t => Some(held),
-            Op::Softmax { x, x_held, .. } if *x == t => Some(x_held),
-            Op::SoftmaxBwd { dp, dp_held, .. } if *dp == t => Some(dp_held),
-            _ => None,
-        }
-    }
-
-    /// The format the op's own definition rounds its input `t` to wherever it reads it, so
-    /// that a rounding of `t` to that format right before it changes nothing: the fused
-    /// attention backward's dout, read only as an operand of its products, whose algorithm
-    /// (bf16 or f16, not split or scaled) rounds its operands.
-    pub(crate) fn reads_rounded(&self, t: TensorId) -> Option<Format> {
-        match self {
-            Op::AttentionBwd { dout, spec, .. }
-                if *dout == t && matches!(spec.algorithm, Algorithm::Bf16 | Algorithm::F16) =>
-            {
-                Some(spec.algorithm.operand_formats().0)
-            }
-            _ => None,
-        }
-    }
-
-    /// The op with every tensor id `t` it names replaced by `to(t)`.
-    pub fn map_tensors(&self, mut to: impl FnMut(TensorId) -> TensorId) -> Op {
-        let mut op = self.clone();
-        for t in op.tensors_mut() {
-            *t = to(*t);
-        }
-        op
-    }
-
-    /// Every tensor id the op names.
-    fn tensors_mut(&mut self) -> Vec<&mut TensorId> {
-        match self {
-            Op::Embedding {
-                table, ids, out, ..
-            } => vec![table, ids, out],
-            Op::EmbeddingBwd { dout, ids, out, .. } => vec![dout, ids, out],
-            Op::LayerNorm {
-                x,
-                g,
-                b,
-                out,
-                stats,
-                ..
-            } => vec![x, g, b, out, stats],
-            Op::LayerNormBwd {
-                dy,
-                x,
-                g,
-                stats,
-                dx,
-                dg,
-                db,
-                sum,
-                ..
-            } => {
-                let mut all = vec![dy, x, g, stats, dx, dg, db];
-                all.extend(sum.as_mut().map(|(r, _)| r));
-                all
-            }
-            Op::Unary { x, out, .. }
-            | Op::RowSum { x, out, .. }
-            | Op::Broadcast { x, out, .. }
-            | Op::Dropout { x, out, .. } => {
-                vec![x, out]
-            }
-            Op::Rotary { x, table, out, .. } => vec![x, table, out],
-            Op::UnaryBwd { x, dy, out, .. } => vec![x, dy, out],
-            Op::RmsNorm {
-                x, g, out, stats, ..
-            } => vec![x, g, out, stats],
-            Op::RmsNormBwd {
-                dy,
-                x,
-                g,
-                stats,
-                dx,
-                dg,
-                ..
-            } => vec![dy, x, g, stats, dx, dg],
-            Op::Mul { a, b, out, .. } => vec![a, b, out],
-            Op::MseLoss {
-                pred, target, grad, ..
-            } => vec![pred, target, grad],
-            Op::Softmax { x, out, mask, .. } => {
-                let mut all = vec![x, out];
-                all.extend(mask.as_mut().map(|k| &mut k.mask));
-                all
-            }
-            Op::SoftmaxBwd { p, dp, out, .. } => vec![p, dp, out],
-            Op::Attention {
-                qkv, out, stats, ..
-            } => vec![qkv, out, stats],
-            Op::AttentionBwd {
-                qkv,
-                dout,
-                stats,
-                delta,
-                dqkv,
-                ..
-            } => vec![qkv, dout, stats, delta, dqkv],
-            Op::CrossEntropy {
-                logits,
-                targets,
-                grad,
-                ..
-            } => vec![logits, targets, grad],
-            Op::Matmul { a, b, out, .. } => vec![a, b, out],
-            Op::Round { x, .. } => vec![x],
-            Op::Add {
-                x,
-                y,
-                out,
-                residual,
-                gelu,
-                ..
-            } => {
-                let mut t = vec![x, y, out];
-                t.extend(residual.as_mut().map(|(r, _)| r));
-                t.extend(gelu.as_mut().map(|(g, _)| g));
-                t
-            }
-            Op::ColumnSums { x, out, .. } => vec![x, out],
-            Op::Copy { x, out, .. } => vec![x, out],
-            Op::Amax { x, .. } => vec![x],
-            Op::UnscaleCheck { grads } => grads.iter_mut().collect(),
-            Op::AdamW { params, .. } => params
-                .iter_mut()
-                .flat_map(|p| [&mut p.param, &mut p.grad, &mut p.m, &mut p.v])
-                .collect(),
-        }
-    }
-
     /// y += x in f32, x repeated over y when shorter (`PlanBuilder::round` may then give it a
     /// format to hold y in).
     pub fn add_in_place(x: TensorId, y: TensorId) -> Op {
@@ -926,29 +857,42 @@ impl Op {
 }
 
 impl Op {
-    /// The tensors the op reads and the ones it writes (a tensor updated in place is in both).
-    pub fn reads_writes(&self) -> (Vec<TensorId>, Vec<TensorId>) {
-        match *self {
-            Op::UnscaleCheck { ref grads } => (grads.clone(), grads.clone()),
-            Op::AdamW { ref params, .. } => (
-                params
-                    .iter()
-                    .flat_map(|p| [p.param, p.grad, p.m, p.v])
-                    .collect(),
-                params.iter().flat_map(|p| [p.param, p.m, p.v]).collect(),
-            ),
-            Op::Embedding {
-                table, ids, out, ..
-            } => (vec![table, ids], vec![out]),
-            Op::EmbeddingBwd { dout, ids, out, .. } => (vec![dout, ids], vec![out]),
+    /// The op's operands, each named once with how the op uses it: the one declaration from
+    /// which every question below is answered (what it reads and writes, what it updates in
+    /// place, decodes, reads as ids or rounds as it reads, the format it holds an output in and
+    /// whether it can store it as 16-bit codes). A new op, or an operand property a fold needs,
+    /// is declared here and nowhere else in the plan.
+    fn operands_mut(&mut self) -> Vec<Operand<&mut TensorId, &mut Format>> {
+        use Operand as O;
+        match self {
+            Op::Embedding { table, ids, out, c } => {
+                let rows = IdRows::OfTable(*table, *c);
+                vec![O::read(table), O::ids(ids, rows), O::write(out)]
+            }
+            Op::EmbeddingBwd {
+                dout,
+                ids,
+                out,
+                rows,
+                ..
+            } => {
+                let rows = IdRows::Given(*rows);
+                vec![O::read(dout), O::ids(ids, rows), O::write(out)]
+            }
             Op::LayerNorm {
                 x,
                 g,
                 b,
                 out,
                 stats,
-                ..
-            } => (vec![x, g, b], vec![out, stats]),
+                c,
+                held,
+            } => {
+                // Rows of even width: no 4-byte word of codes spans two of them.
+                let codes = *c % 2 == 0;
+                let out = O::write(out).held(held).codes(codes);
+                vec![O::read(x), O::read(g), O::read(b), out, O::write(stats)]
+            }
             Op::LayerNormBwd {
                 dy,
                 x,
@@ -958,21 +902,51 @@ impl Op {
                 dg,
                 db,
                 sum,
+                dy_held,
                 ..
             } => {
-                let mut reads = vec![dy, x, g, stats];
-                reads.extend(sum.map(|(r, _)| r));
-                (reads, vec![dx, dg, db])
+                let mut all = vec![
+                    O::rounded_read(dy, dy_held),
+                    O::read(x),
+                    O::read(g),
+                    O::read(stats),
+                ];
+                // dx is held in a format of the op's choosing where a gradient is summed in.
+                match sum {
+                    Some((r, held)) => all.extend([O::read(r), O::write(dx).held(held)]),
+                    None => all.push(O::write(dx)),
+                }
+                all.extend([O::write(dg), O::write(db)]);
+                all
             }
-            Op::Unary { x, out, .. }
-            | Op::RowSum { x, out, .. }
-            | Op::Broadcast { x, out, .. }
-            | Op::Dropout { x, out, .. } => (vec![x], vec![out]),
-            Op::Rotary { x, table, out, .. } => (vec![x, table], vec![out]),
-            Op::UnaryBwd { x, dy, out, .. } => (vec![x, dy], vec![out]),
+            Op::Unary { x, out, held, .. } => {
+                vec![O::decoded(x), O::write(out).held(held).codes(true)]
+            }
+            Op::UnaryBwd {
+                x,
+                dy,
+                out,
+                held,
+                dy_held,
+                ..
+            } => vec![
+                O::decoded(x),
+                O::rounded_read(dy, dy_held),
+                O::write(out).held(held),
+            ],
             Op::RmsNorm {
-                x, g, out, stats, ..
-            } => (vec![x, g], vec![out, stats]),
+                x,
+                g,
+                out,
+                stats,
+                c,
+                held,
+                ..
+            } => {
+                let codes = *c % 2 == 0;
+                let out = O::write(out).held(held).codes(codes);
+                vec![O::read(x), O::read(g), out, O::write(stats)]
+            }
             Op::RmsNormBwd {
                 dy,
                 x,
@@ -980,55 +954,284 @@ impl Op {
                 stats,
                 dx,
                 dg,
+                dy_held,
                 ..
-            } => (vec![dy, x, g, stats], vec![dx, dg]),
-            Op::Mul { a, b, out, .. } => (vec![a, b], vec![out]),
-            Op::MseLoss {
-                pred, target, grad, ..
-            } => (vec![pred, target], vec![grad]),
-            Op::Softmax { x, out, mask, .. } => {
-                let mut reads = vec![x];
-                reads.extend(mask.map(|k| k.mask));
-                (reads, vec![out])
+            } => vec![
+                O::rounded_read(dy, dy_held),
+                O::read(x),
+                O::read(g),
+                O::read(stats),
+                O::write(dx),
+                O::write(dg),
+            ],
+            Op::Mul { a, b, out, held } => {
+                vec![O::read(a), O::read(b), O::write(out).held(held).codes(true)]
             }
-            Op::SoftmaxBwd { p, dp, out, .. } => (vec![p, dp], vec![out]),
+            Op::RowSum { x, out, held, .. }
+            | Op::Broadcast { x, out, held, .. }
+            | Op::Dropout { x, out, held, .. }
+            | Op::ColumnSums { x, out, held, .. } => vec![O::read(x), O::write(out).held(held)],
+            Op::Rotary {
+                x,
+                table,
+                out,
+                held,
+                ..
+            } => vec![O::read(x), O::read(table), O::write(out).held(held)],
+            Op::Softmax {
+                x,
+                out,
+                mask,
+                x_held,
+                ..
+            } => {
+                let mut all = vec![O::rounded_read(x, x_held)];
+                all.extend(mask.as_mut().map(|m| O::read(&mut m.mask)));
+                all.push(O::write(out));
+                all
+            }
+            Op::SoftmaxBwd {
+                p,
+                dp,
+                out,
+                dp_held,
+                ..
+            } => vec![O::read(p), O::rounded_read(dp, dp_held), O::write(out)],
             Op::Attention {
-                qkv, out, stats, ..
-            } => (vec![qkv], vec![out, stats]),
+                qkv,
+                out,
+                stats,
+                spec,
+            } => {
+                // Heads of even width: no 4-byte word of codes spans two of them.
+                let out = O::write(out).defined(spec.compute).codes(spec.d % 2 == 0);
+                vec![O::decoded(qkv), out, O::write(stats)]
+            }
             Op::AttentionBwd {
                 qkv,
                 dout,
                 stats,
                 delta,
                 dqkv,
-                ..
-            } => (vec![qkv, dout, stats], vec![delta, dqkv]),
+                spec,
+            } => {
+                // dout is read only as an operand of its products, whose algorithm (bf16 or
+                // f16, not split or scaled) rounds it.
+                let dout = match spec.algorithm {
+                    Algorithm::Bf16 | Algorithm::F16 => {
+                        O::read_rounded_by(dout, spec.algorithm.operand_formats().0)
+                    }
+                    _ => O::read(dout),
+                };
+                vec![
+                    O::decoded(qkv),
+                    dout,
+                    O::read(stats),
+                    O::write(delta),
+                    O::write(dqkv),
+                ]
+            }
             Op::CrossEntropy {
                 logits,
                 targets,
                 grad,
-                ..
-            } => (vec![logits, targets], vec![grad]),
-            Op::Matmul { a, b, out, .. } => (vec![a, b], vec![out]),
-            Op::Round { x, .. } => (vec![x], vec![x]),
+                v,
+                held,
+            } => {
+                let codes = *v % 2 == 0;
+                let rows = IdRows::Given(*v);
+                let grad = O::write(grad).held(held).codes(codes);
+                vec![O::read(logits), O::ids(targets, rows), grad]
+            }
+            Op::MseLoss {
+                pred,
+                target,
+                grad,
+                held,
+            } => vec![O::read(pred), O::read(target), O::write(grad).held(held)],
+            // Codes a matmul reads where its algorithm rounds to their format
+            // (`check_stored_operands`), a property of the algorithm and not of the operand.
+            Op::Matmul {
+                a, b, out, held, ..
+            } => {
+                vec![O::read(a), O::read(b), O::write(out).held(held)]
+            }
+            Op::Round { x, format } => vec![O::update(x).defined(*format)],
             Op::Add {
                 x,
                 y,
                 out,
+                held,
                 residual,
                 gelu,
                 ..
             } => {
-                let mut reads = vec![x, y];
-                reads.extend(residual.map(|(r, _)| r));
-                let mut writes = vec![out];
-                writes.extend(gelu.map(|(g, _)| g));
-                (reads, writes)
+                // The sum's codes are stored beside y (the wgpu kernels bind a coded output
+                // only so); with a residual, the op's output is the last sum, held as the
+                // residual says.
+                let in_place = *out == *y;
+                let codes = !in_place && residual.is_none();
+                let (residual, held) = match residual {
+                    Some((r, held)) => (Some(O::read(r)), held),
+                    None => (None, held),
+                };
+                let mut all = vec![O::read(x)];
+                if in_place {
+                    all.push(O::update(y).same(out).held(held));
+                    all.extend(residual);
+                } else {
+                    all.push(O::read(y));
+                    all.extend(residual);
+                    all.push(O::write(out).held(held).codes(codes));
+                }
+                all.extend(
+                    gelu.as_mut()
+                        .map(|(g, held)| O::write(g).held(held).codes(true)),
+                );
+                all
             }
-            Op::ColumnSums { x, out, .. } => (vec![x], vec![out]),
-            Op::Copy { x, out, .. } => (vec![x], vec![out]),
-            Op::Amax { x, .. } => (vec![x], vec![]),
+            Op::Copy { x, out, map, held } => {
+                vec![O::rounded_read(x, held), O::write(out).part(map.len())]
+            }
+            Op::Amax { x, .. } => vec![O::read(x)],
+            Op::UnscaleCheck { grads } => grads.iter_mut().map(O::update).collect(),
+            Op::AdamW { params, .. } => params
+                .iter_mut()
+                .flat_map(|p| {
+                    [
+                        O::update(&mut p.param),
+                        O::read(&mut p.grad),
+                        O::update(&mut p.m),
+                        O::update(&mut p.v),
+                    ]
+                })
+                .collect(),
         }
+    }
+
+    /// The op's operands (`operands_mut`) as values.
+    pub(crate) fn operands(&self) -> Vec<Operand<TensorId, Format>> {
+        let mut op = self.clone();
+        op.operands_mut().into_iter().map(Operand::owned).collect()
+    }
+
+    /// The tensors the op reads and the ones it writes (a tensor updated in place is in both).
+    pub fn reads_writes(&self) -> (Vec<TensorId>, Vec<TensorId>) {
+        let all = self.operands();
+        let named = |keep: fn(&Operand<TensorId, Format>) -> bool| {
+            all.iter().filter(|o| keep(o)).map(|o| o.tensor).collect()
+        };
+        (named(|o| o.read.is_some()), named(|o| o.write.is_some()))
+    }
+
+    /// The tensors the op reads and writes as one (updates in place).
+    pub(super) fn updated_in_place(&self) -> Vec<TensorId> {
+        let all = self.operands().into_iter();
+        all.filter(|o| o.read.is_some() && o.write.is_some())
+            .map(|o| o.tensor)
+            .collect()
+    }
+
+    /// Whether the op reads `t` as f32 or as 16-bit codes alike, decoding them
+    /// (`Plan::store_codes`): a unary function's x (forward and backward) and fused
+    /// attention's q|k|v.
+    pub fn decodes(&self, t: TensorId) -> bool {
+        self.operands()
+            .iter()
+            .any(|o| o.tensor == t && matches!(o.read, Some(Read::Decoded)))
+    }
+
+    /// The tensors the op reads as ids (u32 bit patterns), each with the rows it indexes
+    /// (`len`: each tensor's length).
+    pub(super) fn id_reads(&self, len: impl Fn(TensorId) -> usize) -> Vec<(TensorId, usize)> {
+        let rows = |r| match r {
+            IdRows::Given(rows) => rows,
+            IdRows::OfTable(table, c) => len(table) / c.max(1),
+        };
+        let all = self.operands().into_iter();
+        all.filter_map(|o| match o.read {
+            Some(Read::Ids(r)) => Some((o.tensor, rows(r))),
+            _ => None,
+        })
+        .collect()
+    }
+
+    /// The format this op leaves `t` held in where it writes all of `t` in a known format (a
+    /// rounding, a held output: `held_output`, fused attention's output in its compute
+    /// format); None otherwise.
+    pub(crate) fn holds(&self, t: TensorId) -> Option<Format> {
+        let all = self.operands().into_iter();
+        all.filter(|o| o.tensor == t)
+            .find_map(|o| o.write.and_then(|w| w.held.format()))
+    }
+
+    /// The output the op holds in a format of its own choosing (`PlanBuilder::round` folds a
+    /// rounding into it, `PlanBuilder::finish` a product's), the last where several are (an
+    /// add's GELU after its sum), and that format.
+    pub(crate) fn held_output(&mut self) -> Option<(TensorId, &mut Format)> {
+        let all = self.operands_mut().into_iter().rev();
+        all.filter_map(|o| match o.write {
+            Some(Write {
+                held: Held::Chosen(format),
+                ..
+            }) => Some((*o.tensor, format)),
+            _ => None,
+        })
+        .next()
+    }
+
+    /// Whether the op can write tensor `t` as 16-bit codes of `format`: it holds that output in
+    /// `format` and has a kernel that stores codes.
+    pub fn coded_output(&self, t: TensorId, format: Format) -> bool {
+        self.operands().into_iter().any(|o| {
+            o.tensor == t
+                && o.write
+                    .is_some_and(|w| w.codes && w.held.format() == Some(format))
+        })
+    }
+
+    /// The format the op rounds its input `t` to as it reads it, where it can (the gradient
+    /// read by a layer norm's, an RMS norm's or a unary function's backward; a strided copy's
+    /// source; the softmax's scores and its backward's dp): `PlanBuilder::finish`
+    /// folds a rounding of `t` right before the op into it.
+    pub(crate) fn rounded_read(&mut self, t: TensorId) -> Option<&mut Format> {
+        let all = self.operands_mut().into_iter();
+        all.filter(|o| *o.tensor == t).find_map(|o| match o.read {
+            Some(Read::Rounded(format)) => Some(format),
+            _ => None,
+        })
+    }
+
+    /// The format the op's own definition rounds its input `t` to wherever it reads it, so
+    /// that a rounding of `t` to that format right before it changes nothing (the fused
+    /// attention backward's dout).
+    pub(crate) fn reads_rounded(&self, t: TensorId) -> Option<Format> {
+        let all = self.operands().into_iter();
+        all.filter(|o| o.tensor == t).find_map(|o| match o.read {
+            Some(Read::RoundedBy(format)) => Some(format),
+            _ => None,
+        })
+    }
+
+    /// Elements of `t` the op writes: all of them (`len`) but where it writes part of it (a
+    /// strided copy writes those its map reaches).
+    pub(super) fn elements_written(&self, t: TensorId, len: usize) -> usize {
+        let all = self.operands().into_iter();
+        all.filter(|o| o.tensor == t)
+            .find_map(|o| o.write.map(|w| w.part.unwrap_or(len)))
+            .unwrap_or(0)
+    }
+
+    /// The op with every tensor id `t` it names replaced by `to(t)`.
+    pub fn map_tensors(&self, mut to: impl FnMut(TensorId) -> TensorId) -> Op {
+        let mut op = self.clone();
+        for o in op.operands_mut() {
+            *o.tensor = to(*o.tensor);
+            if let Some(same) = o.same {
+                *same = to(*same);
+            }
+        }
+        op
     }
 }
 
@@ -1052,9 +1255,6 @@ pub fn step_algorithm(
     }
 }
 
-/// What a plan needs to know of each op beside what it computes: its tensors' lengths, the
-/// tensors it reads as ids, updates in place or writes as codes, and how much of its output it
-/// writes.
 impl Op {
     /// Checks the op's tensors against its dims, and its stats and scalar slots (once, at
     /// `PlanBuilder::finish`): `check` gives each tensor's length and names the op in an error.
@@ -1377,157 +1577,6 @@ impl Op {
             }
         }
     }
-
-    /// The tensors the op reads as ids (u32 bit patterns), each with the rows it indexes
-    /// (`len`: each tensor's length).
-    pub(super) fn id_reads(&self, len: impl Fn(TensorId) -> usize) -> Vec<(TensorId, usize)> {
-        match *self {
-            Op::Embedding { table, ids, c, .. } => vec![(ids, len(table) / c.max(1))],
-            Op::EmbeddingBwd { ids, rows, .. } => vec![(ids, rows)],
-            Op::CrossEntropy { targets, v, .. } => vec![(targets, v)],
-            Op::LayerNorm { .. }
-            | Op::LayerNormBwd { .. }
-            | Op::Unary { .. }
-            | Op::UnaryBwd { .. }
-            | Op::RmsNorm { .. }
-            | Op::RmsNormBwd { .. }
-            | Op::Mul { .. }
-            | Op::RowSum { .. }
-            | Op::Dropout { .. }
-            | Op::Rotary { .. }
-            | Op::Broadcast { .. }
-            | Op::MseLoss { .. }
-            | Op::Softmax { .. }
-            | Op::SoftmaxBwd { .. }
-            | Op::Attention { .. }
-            | Op::AttentionBwd { .. }
-            | Op::Matmul { .. }
-            | Op::Round { .. }
-            | Op::Add { .. }
-            | Op::ColumnSums { .. }
-            | Op::Copy { .. }
-            | Op::Amax { .. }
-            | Op::UnscaleCheck { .. }
-            | Op::AdamW { .. } => vec![],
-        }
-    }
-
-    /// The tensors the op reads and writes as one (updates in place).
-    pub(super) fn updated_in_place(&self) -> Vec<TensorId> {
-        match *self {
-            Op::Round { x, .. } => vec![x],
-            Op::Add { y, out, .. } if out == y => vec![y],
-            Op::UnscaleCheck { ref grads } => grads.clone(),
-            Op::AdamW { ref params, .. } => {
-                params.iter().flat_map(|p| [p.param, p.m, p.v]).collect()
-            }
-            Op::Embedding { .. }
-            | Op::EmbeddingBwd { .. }
-            | Op::LayerNorm { .. }
-            | Op::LayerNormBwd { .. }
-            | Op::Unary { .. }
-            | Op::UnaryBwd { .. }
-            | Op::RmsNorm { .. }
-            | Op::RmsNormBwd { .. }
-            | Op::Mul { .. }
-            | Op::RowSum { .. }
-            | Op::Dropout { .. }
-            | Op::Rotary { .. }
-            | Op::Broadcast { .. }
-            | Op::MseLoss { .. }
-            | Op::Softmax { .. }
-            | Op::SoftmaxBwd { .. }
-            | Op::Attention { .. }
-            | Op::AttentionBwd { .. }
-            | Op::CrossEntropy { .. }
-            | Op::Matmul { .. }
-            | Op::Add { .. }
-            | Op::ColumnSums { .. }
-            | Op::Copy { .. }
-            | Op::Amax { .. } => vec![],
-        }
-    }
-
-    /// Whether the op can write tensor `t` as 16-bit codes of `format`: it holds that output in
-    /// `format` and has a kernel that stores codes (rows and heads of even width, so that no
-    /// 4-byte word spans two of them).
-    pub fn coded_output(&self, t: TensorId, format: Format) -> bool {
-        match *self {
-            Op::LayerNorm { out, held, c, .. } => out == t && held == format && c % 2 == 0,
-            Op::Unary { out, held, .. } | Op::Mul { out, held, .. } => out == t && held == format,
-            Op::RmsNorm { out, held, c, .. } => out == t && held == format && c % 2 == 0,
-            Op::Add {
-                y,
-                out,
-                held,
-                residual,
-                gelu,
-                ..
-            } => {
-                let sum = out == t && out != y && residual.is_none() && held == format;
-                let activation = gelu.is_some_and(|(g, held)| g == t && held == format);
-                sum || activation
-            }
-            Op::Attention { out, spec, .. } => {
-                out == t && spec.compute == format && spec.d % 2 == 0
-            }
-            Op::CrossEntropy { grad, held, v, .. } => grad == t && held == format && v % 2 == 0,
-            Op::Embedding { .. }
-            | Op::RowSum { .. }
-            | Op::Dropout { .. }
-            | Op::Rotary { .. }
-            | Op::Broadcast { .. }
-            | Op::EmbeddingBwd { .. }
-            | Op::LayerNormBwd { .. }
-            | Op::UnaryBwd { .. }
-            | Op::RmsNormBwd { .. }
-            | Op::MseLoss { .. }
-            | Op::Softmax { .. }
-            | Op::SoftmaxBwd { .. }
-            | Op::AttentionBwd { .. }
-            | Op::Matmul { .. }
-            | Op::Round { .. }
-            | Op::ColumnSums { .. }
-            | Op::Copy { .. }
-            | Op::Amax { .. }
-            | Op::UnscaleCheck { .. }
-            | Op::AdamW { .. } => false,
-        }
-    }
-
-    /// Elements of its output the op writes, where not all of them (a strided copy writes those
-    /// its map reaches); None: every op else writes its outputs whole.
-    pub(super) fn partial_write(&self) -> Option<usize> {
-        match self {
-            Op::Copy { map, .. } => Some(map.len()),
-            Op::Embedding { .. }
-            | Op::EmbeddingBwd { .. }
-            | Op::LayerNorm { .. }
-            | Op::LayerNormBwd { .. }
-            | Op::Unary { .. }
-            | Op::UnaryBwd { .. }
-            | Op::RmsNorm { .. }
-            | Op::RmsNormBwd { .. }
-            | Op::Mul { .. }
-            | Op::RowSum { .. }
-            | Op::Dropout { .. }
-            | Op::Rotary { .. }
-            | Op::Broadcast { .. }
-            | Op::MseLoss { .. }
-            | Op::Softmax { .. }
-            | Op::SoftmaxBwd { .. }
-            | Op::Attention { .. }
-            | Op::AttentionBwd { .. }
-            | Op::CrossEntropy { .. }
-            | Op::Matmul { .. }
-            | Op::Round { .. }
-            | Op::Add { .. }
-            | Op::ColumnSums { .. }
-            | Op::Amax { .. }
-            | Op::UnscaleCheck { .. }
-            | Op::AdamW { .. } => None,
-        }
-    }
 }
 
 impl Op {
@@ -1597,5 +1646,58 @@ impl Op {
                 flops: 0,
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Renaming reaches every field that names a tensor, the second name of a tensor updated
+    /// in place included, and the operands' properties follow the tensors.
+    #[test]
+    fn map_tensors_renames_every_field() {
+        let bf16 = Format::Bf16;
+        let add_with = |residual, gelu| Op::Add {
+            x: 0,
+            y: 1,
+            out: 1,
+            held: bf16,
+            y_held: Format::F32,
+            x_held: Format::F32,
+            residual,
+            gelu,
+        };
+        let (add, gelu) = (
+            add_with(Some((2, bf16)), None),
+            add_with(None, Some((3, bf16))),
+        );
+        let adamw = Op::AdamW {
+            params: vec![AdamWParam {
+                param: 0,
+                grad: 1,
+                m: 2,
+                v: 3,
+                decay: true,
+            }],
+            held: Format::F32,
+        };
+        for op in [add, gelu, adamw] {
+            let moved = op.map_tensors(|t| t + 10);
+            let (reads, writes) = op.reads_writes();
+            let plus = |v: Vec<TensorId>| v.into_iter().map(|t| t + 10).collect::<Vec<_>>();
+            assert_eq!(moved.reads_writes(), (plus(reads), plus(writes)), "{op:?}");
+            let back = moved.map_tensors(|t| t - 10);
+            assert_eq!(format!("{back:?}"), format!("{op:?}"));
+            assert_eq!(moved.updated_in_place(), plus(op.updated_in_place()));
+            for t in 0..4 {
+                assert_eq!(moved.holds(t + 10), op.holds(t), "{op:?} {t}");
+            }
+        }
+        // An add in place names y twice (y and out): both renamed, one operand.
+        let Op::Add { y, out, .. } = Op::add_in_place(0, 1).map_tensors(|t| t + 10) else {
+            unreachable!()
+        };
+        assert_eq!((y, out), (11, 11));
     }
 }

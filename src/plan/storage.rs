@@ -27,7 +27,7 @@ impl Plan {
                 last[t] = i;
             }
             for &t in &writes {
-                written[t] += op.partial_write().unwrap_or(self.tensors[t].len);
+                written[t] += op.elements_written(t, self.tensors[t].len);
             }
         }
         (0..n)

@@ -239,7 +239,7 @@ impl Check<'_> {
         Ok(())
     }
 
-    /// A tensor stored as 16-bit codes is read only where the op decodes it (`Op::coded_input`,
+    /// A tensor stored as 16-bit codes is read only where the op decodes it (`Op::decodes`,
     /// a matmul whose algorithm rounds to its format: `check_stored_operands`) and written
     /// only by an op that holds its output in that format and stores codes
     /// (`Op::coded_output`).
@@ -256,7 +256,7 @@ impl Check<'_> {
             {
                 check_stored_operands(algorithm, [*a, *b].map(|t| tensors[t].stored)).is_ok()
             } else {
-                self.op.coded_input() == Some(t)
+                self.op.decodes(t)
             };
             if !readable {
                 return Err(self.fail(format!(

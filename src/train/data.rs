@@ -7,6 +7,8 @@ use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::path::Path;
 
+pub use super::tokens::GPT2_TOKENS;
+
 /// The largest corpus `Corpus::load` reads: 256 MiB of text (250 times Shakespeare's; its ids
 /// and splits take about 4 bytes per character more).
 pub const MAX_CORPUS_BYTES: u64 = 256 << 20;
@@ -29,9 +31,6 @@ pub enum Vocab {
     /// `<|endoftext|>`), whose encoder ships with the engine.
     Gpt2,
 }
-
-/// Tokens of GPT-2's vocabulary (`Vocab::Gpt2`).
-pub const GPT2_TOKENS: usize = 50257;
 
 impl Vocab {
     /// Distinct tokens.

@@ -3,10 +3,12 @@
 //! tokenized once, and a cache file that does not hold this very text's tokens is rebuilt,
 //! never trusted.
 
-use super::data::GPT2_TOKENS;
 #[cfg(target_arch = "wasm32")]
 use crate::error::Error;
 use crate::error::Result;
+
+/// Tokens of GPT-2's vocabulary (`Vocab::Gpt2`).
+pub const GPT2_TOKENS: usize = 50257;
 
 /// GPT-2's tokens of `text` (special tokens such as `<|endoftext|>` read as plain text).
 pub fn gpt2_encode(text: &str) -> Result<Vec<u32>> {
