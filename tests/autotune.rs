@@ -425,7 +425,10 @@ fn sums_backends(test: &str) -> Option<[WgpuBackend; 3]> {
 /// batched and transposed; rows of A in a wide range, an inf, a NaN, a row beyond f16's range.
 /// With runtime checks (the K step written out) for a sample; on a backend whose loop budget
 /// holds one group per dispatch (each split then sums one group), too. And the unsplit product
-/// keeps its contract against the host reference: the grouped sum is the function.
+/// keeps its contract against the host reference: the grouped sum is the function. A NaN
+/// is any NaN: where an output's sum meets two (an input's, and inf - inf's), the one an add
+/// keeps follows the order the planes are added in, and WGSL leaves NaN payloads and signs
+/// open (a seed of a clean CI run drew an f16 output 0xffc00000 split, 0x7fffffff whole).
 #[test]
 fn split_k_gives_the_unsplit_bits() {
     let test = "split_k_gives_the_unsplit_bits";
@@ -485,9 +488,10 @@ fn split_k_gives_the_unsplit_bits() {
                         common::assert_contract(how, &alg, shape, &a, &b, &whole, "grouped sums");
                     }
                     for splits in [2, 3, 5, 8] {
-                        assert!(
-                            common::same_bits(&run(tile.with_splits(splits)), &whole),
-                            "{alg} tile {tile} split {splits} ({how}) {shape:?}: not the unsplit bits"
+                        common::same_or_nan(
+                            &format!("{alg} tile {tile} split {splits} ({how}) {shape:?}"),
+                            &run(tile.with_splits(splits)),
+                            &whole,
                         );
                     }
                 }
