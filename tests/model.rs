@@ -276,6 +276,26 @@ gradients! {
         let w = o.param("w", &[4, VOCAB]);
         o.m.matmul(y, w, false).unwrap()
     };
+    attention_learned_bias_gradient: [2, 4], true, |o| {
+        // Learned biases of every shape: [t, t] under the causal mask, [heads, t, t], one per
+        // sequence computed from a parameter ([batch, t, t]) and [batch, heads, t, t].
+        let x = o.input("qkv", 12);
+        let shared = o.param("shared", &[4, 4]);
+        let heads = o.param("heads", &[2, 4, 4]);
+        let seqs = o.param("seqs", &[2, 4, 4]);
+        let seqs = o.m.scale(seqs, 0.5).unwrap();
+        let each = o.param("each", &[2, 2, 4, 4]);
+        let mut y = o.m.causal_attention_biased(x, 2, shared).unwrap();
+        for (bias, causal) in [(heads, false), (seqs, true), (each, false)] {
+            let z = match causal {
+                true => o.m.causal_attention_biased(x, 2, bias),
+                false => o.m.attention_biased(x, 2, bias),
+            };
+            y = o.m.add(y, z.unwrap()).unwrap();
+        }
+        let w = o.param("w", &[4, VOCAB]);
+        o.m.matmul(y, w, false).unwrap()
+    };
     attention_fused_asked_gradient: [2, 3], true, |o| {
         let x = o.input("qkv", 12);
         let y = o.m.attention(x, 2).unwrap();
@@ -548,7 +568,7 @@ fn activation_gradients_are_rounded_as_they_are_written() {
 
 /// A model of the ops added with the unary family and the strided copies (ReLU, tanh,
 /// sigmoid, transpose, bmm both ways, concat, split, softmax, unmasked attention, causal
-/// attention with a key padding mask, attention with a bias per head, rotary embeddings, mean, sum, scale, sub, dropout: its
+/// attention with a key padding mask, attention with a bias per head and with a learned one, rotary embeddings, mean, sum, scale, sub, dropout: its
 /// masks the same bits on every backend, step after step) takes the reference's losses on `b`, step for
 /// step, at 32-true and bf16-mixed.
 fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
@@ -580,6 +600,10 @@ fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
         let bias = m.values(&[2, t, t]).unwrap();
         let biased = m.attention_biased(qkv, 2, bias).unwrap();
         let a = m.add(a, biased).unwrap();
+        // And with a learned bias [t, t], causal (its gradient: column sums of the softmax's).
+        let learned = m.param("learned", &[t, t], Init::Zeros, false).unwrap();
+        let relative = m.causal_attention_biased(qkv, 2, learned).unwrap();
+        let a = m.add(a, relative).unwrap();
         let k = m.add(k, a).unwrap();
         let kt = m.transpose(k).unwrap();
         let s = m.bmm(q, kt, false).unwrap();
@@ -772,7 +796,7 @@ fn bad_models_are_refused_with_the_op_and_shapes() {
         m.attention_masked(x, 1, wrong).unwrap_err(),
         &["attention_masked", "qkv [4, 6]"],
     );
-    // A bias of another shape, or computed (it would get no gradient).
+    // A bias of another shape.
     for shape in [&[3, 2][..], &[3, 2, 2], &[2, 2, 2, 3], &[1, 1, 2, 2]] {
         let bias = m.values(shape).unwrap();
         refused(
@@ -788,9 +812,13 @@ fn bad_models_are_refused_with_the_op_and_shapes() {
     let ok = m.values(&[2, 2]).unwrap();
     let attention = m.causal_attention_biased(seqs, 1, ok);
     assert!(attention.is_ok(), "{attention:?}");
+    // A computed bias is read (and gets a gradient: `attention_learned_bias_gradient`); ids
+    // are not a bias.
+    let attention = m.causal_attention_biased(seqs, 1, computed);
+    assert!(attention.is_ok(), "{attention:?}");
     refused(
-        m.causal_attention_biased(seqs, 1, computed).unwrap_err(),
-        &["causal_attention_biased", "values input"],
+        m.causal_attention_biased(seqs, 1, targets).unwrap_err(),
+        &["causal_attention_biased", "a parameter or an op's output"],
     );
     for p in [1.0, -0.1, f64::NAN, 0.999_999_999] {
         refused(m.dropout(x, p).unwrap_err(), &["dropout", "not in [0, 1)"]);

@@ -318,9 +318,10 @@ class ModelBuilder:
 
     def attention_biased(self, qkv: Var, heads: int, bias: Var) -> Var:
         """``attention`` with ``bias`` added to the scaled scores before the softmax (a float
-        ``attn_mask`` of ``scaled_dot_product_attention``): a values input [tokens, tokens],
-        [heads, tokens, tokens], [batch, tokens, tokens] or [batch, heads, tokens, tokens];
-        -inf leaves a key out, and a query that sees no key gets 0 (PyTorch's is NaN)."""
+        ``attn_mask`` of ``scaled_dot_product_attention``) of [tokens, tokens], [heads, tokens,
+        tokens], [batch, tokens, tokens] or [batch, heads, tokens, tokens]: a values input,
+        whose -inf leaves a key out (a query that sees no key gets 0; PyTorch's is NaN), or a
+        parameter or an op's output, which gets a gradient (a learned position bias)."""
         self._vars_of("attention_biased", qkv=qkv, bias=bias)
         heads = _count("attention_biased", "heads", heads)
         return self._call("attention_biased", qkv, heads, bias)

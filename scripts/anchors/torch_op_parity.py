@@ -390,6 +390,16 @@ def masks_cases(g):
                     lambda c, qkv, m: attention(c, qkv, h, causal=False, bias=m),
                     {"out": "compute", "grad/qkv": "compute"}, {"out": t, "grad/qkv": t},
                     {"heads": h}, inner={"out": "compute", "grad/qkv": "compute"}))
+    # A learned bias [t, t] that every sequence and head shares (a relative position bias): its
+    # gradient is the softmax's, in f32, summed over them.
+    qkv = both16(normal(g, (bsz, t, 3 * h * d), 1.0))
+    learned = normal(g, (t, t), 1.0)
+    out.append(case(f"attention_learned_bias_{t}x{d}", "attention_biased",
+                    [("qkv", qkv, "compute", "param"), ("bias", learned, "f32", "param")],
+                    lambda c, qkv, m: attention(c, qkv, h, causal=False, bias=m),
+                    {"out": "compute", "grad/qkv": "compute", "grad/bias": "f32"},
+                    {"out": t, "grad/qkv": t, "grad/bias": t},
+                    {"heads": h}, inner={"out": "compute", "grad/qkv": "compute"}))
     return out
 
 

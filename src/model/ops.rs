@@ -706,11 +706,12 @@ impl ModelBuilder {
     }
 
     /// `attention` with `bias` added to every head's scaled scores before the softmax (in f32,
-    /// as PyTorch adds a float `attn_mask`): a values input [tokens, tokens] for every
-    /// sequence and head, [heads, tokens, tokens] per head (ALiBi's slopes), [batch, tokens,
-    /// tokens] per sequence or [batch, heads, tokens, tokens]; -inf leaves a key out. A query
-    /// that sees no key attends to nothing (0, where PyTorch gives NaN). The bias is a
-    /// constant of the step (no gradient). Always the separate ops.
+    /// as PyTorch adds a float `attn_mask`): [tokens, tokens] for every sequence and head,
+    /// [heads, tokens, tokens] per head (ALiBi's slopes), [batch, tokens, tokens] per sequence
+    /// or [batch, heads, tokens, tokens]. A values input may hold -inf, which leaves a key out
+    /// (a query that sees no key attends to nothing: 0, where PyTorch gives NaN); a parameter
+    /// or an op's output gets its gradient (a learned relative position bias). Always the
+    /// separate ops.
     pub fn attention_biased(&mut self, qkv: Var, heads: usize, bias: Var) -> Result<Var> {
         let mask = Some((bias, MaskKind::Bias));
         self.self_attention("attention_biased", qkv, heads, false, mask)
@@ -764,12 +765,20 @@ impl ModelBuilder {
                      [batch, heads, tokens, tokens]"
                 }
             };
-            let values = matches!(value.source, super::Source::Values(_));
-            let Some((stride, period)) = found.filter(|_| values) else {
+            // A key mask is data (0 or 1, no gradient); a bias may be learned or computed.
+            let readable = match kind {
+                MaskKind::Keys => matches!(value.source, super::Source::Values(_)),
+                MaskKind::Bias => !value.is_ids() && !value.shape.is_empty(),
+            };
+            let what = match kind {
+                MaskKind::Keys => "a values input",
+                MaskKind::Bias => "a values input, a parameter or an op's output,",
+            };
+            let Some((stride, period)) = found.filter(|_| readable) else {
                 return Err(refuse(
                     op,
                     format!(
-                        "{wanted} {} must be a values input {shapes} of q|k|v {} over {heads} heads",
+                        "{wanted} {} must be {what} {shapes} of q|k|v {} over {heads} heads",
                         shape_of(&value.shape),
                         shape_of(&s)
                     ),
@@ -854,6 +863,64 @@ impl CausalAttention {
             scale: self.scale(),
             held: cx.p.compute,
         }
+    }
+}
+
+impl CausalAttention {
+    /// The gradient of a bias the scores read (`MaskKind::Bias`): the softmax's gradient dz
+    /// with respect to its input (the scaled scores plus the bias, in f32, as PyTorch adds an
+    /// f32 `attn_mask`), summed over the score rows that read each bias row: over sequences
+    /// and heads for [t, t], over sequences for [heads, t, t] (column sums of rows of one
+    /// period), over heads for [batch, t, t] (a transpose puts them last), none for
+    /// [batch, heads, t, t].
+    fn bias_gradient(
+        &self,
+        cx: &mut Emit,
+        bias: Var,
+        layout: MaskLayout,
+        att: TensorId,
+        datt: TensorId,
+    ) {
+        let (b, h, t) = (self.b, self.h, self.t);
+        let dz = cx.g.temp(b * h * t * t);
+        cx.g.push(Op::SoftmaxBwd {
+            p: att,
+            dp: datt,
+            out: dz,
+            t,
+            causal: self.causal,
+            scale: ScoreScale {
+                scale: 1.0,
+                held: Format::F32,
+            },
+            dp_held: Format::F32,
+        });
+        let grad = if layout.stride == 0 {
+            let out = cx.grad_out(bias);
+            cx.g.push(Op::ColumnSums {
+                x: dz,
+                out,
+                c: layout.period * t,
+                x_held: Format::F32,
+                held: Format::F32,
+            });
+            out
+        } else if layout.stride == h * t {
+            dz
+        } else {
+            let by_head = cx.g.temp(b * h * t * t);
+            cx.g.copy(dz, by_head, Strided::transpose(b, h, t * t), Format::F32);
+            let out = cx.grad_out(bias);
+            cx.g.push(Op::RowSum {
+                x: by_head,
+                out,
+                c: h,
+                divisor: 1.0,
+                held: Format::F32,
+            });
+            out
+        };
+        cx.contribute(bias, grad, true, Format::F32);
     }
 }
 
@@ -972,6 +1039,12 @@ impl NodeOp for CausalAttention {
                 scale: self.score_scale(cx),
                 dp_held: Format::F32,
             });
+            if let (Some(&bias), Some(layout)) = (node.inputs.get(1), self.mask)
+                && layout.kind == MaskKind::Bias
+                && cx.needs_grad(bias)
+            {
+                self.bias_gradient(cx, bias, layout, att, datt);
+            }
             // Held in the compute format already (`ScoreScale::held`): no rounding after it.
             let dq = cx.mm(shape(t, d, t, false, false), (dscores, k), None);
             let dk = cx.mm(shape(t, d, t, true, false), (dscores, q), None);

@@ -288,8 +288,9 @@ impl ModelBuilder {
         })
     }
 
-    /// `attention` with `bias` (a values input [tokens, tokens], [heads, tokens, tokens],
-    /// [batch, tokens, tokens] or [batch, heads, tokens, tokens]) added to the scaled scores.
+    /// `attention` with `bias` ([tokens, tokens], [heads, tokens, tokens], [batch, tokens,
+    /// tokens] or [batch, heads, tokens, tokens]: a values input, or a parameter or an op's
+    /// output, which is learned) added to the scaled scores.
     pub fn attention_biased(
         &mut self,
         qkv: &JsValue,
