@@ -370,6 +370,34 @@ def test_an_attention_bias_is_added_to_the_scaled_scores():
         t.loss(x, np.full((2, 3, 3), np.nan, np.float32), np.zeros((2, 3, 4), np.float32))
 
 
+def test_a_learned_attention_bias_gets_its_gradient():
+    # A relative position bias [tokens, tokens] as a parameter, shared by sequences and heads.
+    b = mantissa.ModelBuilder()
+    qkv, y = b.values([2, 3, 12]), b.values([2, 3, 4])
+    bias = b.param("bias", [3, 3], init="normal", std=0.5)
+    b.mse(b.causal_attention_biased(qkv, 2, bias), y)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 12)).astype(np.float32)
+    target = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    t = mantissa.ModelTrainer(b, backend="reference")
+    (m,) = t.params()
+    _, grads = t.gradients(x, target)
+    causal = np.where(np.tri(3) > 0, 0.0, -np.inf)
+
+    def loss(m):
+        return ((_attention(x, 2, (m + causal)[None, None]) - target) ** 2).mean()
+
+    # Central differences of the f64 reference's loss.
+    want = np.zeros((3, 3))
+    for i in range(3):
+        for j in range(3):
+            e = np.zeros((3, 3))
+            e[i, j] = 1e-5
+            want[i, j] = (loss(m + e) - loss(m - e)) / 2e-5
+    assert np.all(want[np.triu_indices(3, 1)] == 0)
+    np.testing.assert_allclose(grads["bias"], want, atol=1e-5)
+
+
 def test_rotary_embeddings_rotate_as_hugging_faces_rotate_half():
     b = mantissa.ModelBuilder()
     x, y = b.values([2, 5, 8]), b.values([2, 5, 8])
