@@ -674,12 +674,81 @@ fn new_ops_train_as_on_the_reference(b: &dyn Backend) {
     }
 }
 
+/// A built model trains on ranks as alone (`RunOptions::group`): on `common::Twins`, whose sums
+/// double exactly, the data-parallel step (`Plan::split_for_ranks`, the gradients summed on the
+/// host as MPI sums them, the mean taken over the ranks) is the one-rank step bit for bit, step
+/// after step, with a parameter whose gradient is an add's output gradient copied into its own
+/// (`param_read_by_add_gradient`) and a learned attention bias among the gradients.
+fn a_built_model_trains_on_ranks_as_alone(b: &dyn Backend) {
+    use mantissa::dist::{Reducer, Reduction};
+    use mantissa::model::RunOptions;
+    let (batch, t, c) = (2, 4, 8);
+    let build = || {
+        let mut m = ModelBuilder::new();
+        let tokens = m.tokens(&[batch, t]).unwrap();
+        let targets = m.targets(&[batch, t]).unwrap();
+        let normal = Init::Normal { std: 0.3 };
+        let wte = m.param("wte", &[VOCAB, 3 * c], normal, true).unwrap();
+        let pos = m.param("pos", &[batch, t, 3 * c], normal, false).unwrap();
+        let relative = m.param("relative", &[t, t], Init::Zeros, false).unwrap();
+        let head = m.param("head", &[c, VOCAB], normal, true).unwrap();
+        let x = m.embedding(wte, tokens).unwrap();
+        let x = m.add(x, pos).unwrap();
+        let a = m.causal_attention_biased(x, 2, relative).unwrap();
+        let logits = m.matmul(a, head, false).unwrap();
+        let loss = m.cross_entropy(logits, targets).unwrap();
+        m.finish(loss).unwrap()
+    };
+    let ids: Vec<u32> = (0..(batch * t) as u32)
+        .map(|i| (i * 3) % VOCAB as u32)
+        .collect();
+    let targets: Vec<u32> = (0..(batch * t) as u32)
+        .map(|i| (i + 2) % VOCAB as u32)
+        .collect();
+    for preset in [Preset::True32, Preset::MixedBf16] {
+        let run = |ranks: bool| {
+            let mut options = RunOptions::new(7);
+            if ranks {
+                options.group = &common::Twins;
+                options.reduction = Reduction {
+                    reducer: Reducer::Mpi,
+                    ..Reduction::default()
+                };
+            }
+            let request = PrecisionRequest::of(preset);
+            let mut tr = ModelTrainer::with_options(b, build(), &request, options).unwrap();
+            tr.adamw.lr = 1e-2;
+            let losses: Vec<u64> = (0..4)
+                .map(|_| tr.step(&ids, &targets).block_on().unwrap().loss.to_bits())
+                .collect();
+            (losses, tr.params().block_on().unwrap())
+        };
+        let (alone, split) = (run(false), run(true));
+        assert_eq!(split.0, alone.0, "{} {preset}: the losses", b.name());
+        let same = split
+            .1
+            .iter()
+            .zip(&alone.1)
+            .all(|(s, a)| common::same_bits(s, a));
+        assert!(
+            same,
+            "{} {preset}: the parameters after the steps",
+            b.name()
+        );
+    }
+}
+
 #[test]
 fn a_built_model_learns_on_the_reference() {
     a_built_model_learns(&Reference);
 }
 
-backend_tests!(wgpu: a_built_model_learns, a_model_of_no_parameters_steps_to_its_loss, new_ops_train_as_on_the_reference);
+#[test]
+fn a_built_model_trains_on_ranks_as_alone_on_the_reference() {
+    a_built_model_trains_on_ranks_as_alone(&Reference);
+}
+
+backend_tests!(wgpu: a_built_model_learns, a_model_of_no_parameters_steps_to_its_loss, new_ops_train_as_on_the_reference, a_built_model_trains_on_ranks_as_alone);
 backend_tests!(cuda: a_built_model_learns, new_ops_train_as_on_the_reference);
 
 fn refused(e: Error, words: &[&str]) {
