@@ -28,34 +28,34 @@ fn every_tile_gives_the_same_bits() {
     };
     let a = measure::wide_range(shape.a_len(), seed);
     let bm = measure::normal(shape.b_len(), seed + 1);
-    // Every single-buffered tile of f32 (both register blocks) and bf16x9 (three planes, five
-    // levels); every third of the others, whose kernels differ from those only in how operands are decoded
-    // (each tile is a kernel to compile, about a second apiece on lavapipe).
-    for (alg, every) in [
-        (Algorithm::F32, 1),
-        (Algorithm::F16, 3),
-        (Algorithm::Bf16x3, 3),
-        (Algorithm::Bf16x9, 1),
-        (
-            Algorithm::fp8(Format::E4m3, Format::E5m2).with_scaling(Scaling::Rowwise),
-            3,
-        ),
+    // f32 (both register blocks), bf16x9 (three planes, five levels), and three whose kernels
+    // differ from those in how operands are decoded. Of each one's tiles, the default, two
+    // single-buffered and one double-buffered drawn by the seed (`common::sample`: each tile
+    // is a kernel to compile, seconds apiece on lavapipe; MANTISSA_TEST_EXHAUSTIVE=1 runs
+    // every tile).
+    for alg in [
+        Algorithm::F32,
+        Algorithm::F16,
+        Algorithm::Bf16x3,
+        Algorithm::Bf16x9,
+        Algorithm::fp8(Format::E4m3, Format::E5m2).with_scaling(Scaling::Rowwise),
     ] {
-        // Two workgroup buffers change only the K loop, the same code for every tile shape: a
-        // third of the double-buffered tiles (K = 77 takes an odd or even number of steps
-        // depending on the tile, so both ends of that loop run).
+        // Two workgroup buffers change only the K loop, the same code for every tile shape
+        // (K = 77 takes an odd or even number of steps depending on the tile, so both ends of
+        // that loop run across samples).
         // Tiles loading quads in blocks of four lines change only the loads
         // (`quad_loads_give_the_element_loads_bits`), and A transposed by B row-major loads
         // along lines: left out here.
         let all: Vec<Tile> = (b.tile_candidates(&alg).into_iter())
             .filter(|t| !t.quad_blocks)
             .collect();
-        let tiles: Vec<_> = (all.iter().filter(|t| t.buffers == 1).step_by(every))
-            .chain(all.iter().filter(|t| t.buffers == 2).step_by(every * 3))
-            .copied()
+        let (single, double): (Vec<Tile>, Vec<Tile>) =
+            all.iter().copied().partition(|t| t.buffers == 1);
+        assert!(single.len() > 3 && !double.is_empty(), "{alg}: {all:?}");
+        let tiles: Vec<Tile> = (single[..1].iter().copied())
+            .chain(common::sample(&single[1..], 2, seed))
+            .chain(common::sample(&double, 1, seed))
             .collect();
-        assert!(tiles.iter().any(|t| t.buffers == 2), "{alg}: {tiles:?}");
-        assert!(tiles.len() > 3, "{alg}: {tiles:?}");
         let want = b
             .matmul_on_tile(&shape, &alg, tiles[0], &a, &bm)
             .block_on()
@@ -159,9 +159,17 @@ fn quad_loads_give_the_element_loads_bits() {
     let b_values = measure::normal(batch * k * (n + 1), seed + 1);
     let a_at = |bi: usize, i: usize, p: usize| a_values[(bi * (m + 1) + i) * k + p];
     let b_at = |bi: usize, p: usize, j: usize| b_values[(bi * k + p) * (n + 1) + j];
-    for (backend, which) in [(&plain, "unchecked"), (&checked, "checked")] {
-        for alg in [Algorithm::F32, Algorithm::Tf32] {
-            for (a_t, b_t) in [(false, false), (false, true), (true, false), (true, true)] {
+    // On each backend, f32 or tf32 (their kernels differ in how operands round) and two of the
+    // four layouts, drawn by the seed (`common::sample`; every one with
+    // MANTISSA_TEST_EXHAUSTIVE=1).
+    let layouts = [(false, false), (false, true), (true, false), (true, true)];
+    for (i, (backend, which)) in [(&plain, "unchecked"), (&checked, "checked")]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = seed + i as u64;
+        for alg in common::sample(&[Algorithm::F32, Algorithm::Tf32], 1, seed) {
+            for (a_t, b_t) in common::sample(&layouts, 2, seed) {
                 let shape = |m, n, k| MatmulShape {
                     batch,
                     m,
@@ -243,7 +251,11 @@ fn a_tuned_tile_is_persisted_and_reused() {
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("autotune.json");
-    let b = b.with_tuner(Autotuner::new(AutotuneMode::Fast, Some(path.clone())));
+    // A search of a second: this test is about what is stored, not which tile wins.
+    let fast = |path: &std::path::Path| {
+        Autotuner::new(AutotuneMode::Fast, Some(path.to_path_buf())).with_budget(1.0)
+    };
+    let b = b.with_tuner(fast(&path));
     // Just over the least work that is tuned (autotune::TUNE_MIN_FLOPS).
     let shape = MatmulShape::new(160, 144, 96);
     let a = measure::normal(shape.a_len(), 1);
@@ -272,7 +284,7 @@ fn a_tuned_tile_is_persisted_and_reused() {
         "{tuned} s, stored: {saved}"
     );
     // A second tuner reads the choice instead of tuning again: the file stays as it was.
-    let b = b.with_tuner(Autotuner::new(AutotuneMode::Fast, Some(path.clone())));
+    let b = b.with_tuner(fast(&path));
     let again = b
         .matmul(&shape, &Algorithm::F32, &a, &bm)
         .block_on()
@@ -289,7 +301,7 @@ fn a_tuned_tile_is_persisted_and_reused() {
     assert_eq!(std::fs::read_to_string(&path).unwrap(), saved);
     // A corrupt cache is ignored (and rewritten), never trusted.
     std::fs::write(&path, "{ not json").unwrap();
-    let b = b.with_tuner(Autotuner::new(AutotuneMode::Fast, Some(path.clone())));
+    let b = b.with_tuner(fast(&path));
     b.matmul(&shape, &Algorithm::F32, &a, &bm)
         .block_on()
         .unwrap();
@@ -309,7 +321,7 @@ fn a_tuned_tile_is_persisted_and_reused() {
     }
     let hostile = serde_json::to_string(&entries).unwrap();
     std::fs::write(&path, &hostile).unwrap();
-    let b = b.with_tuner(Autotuner::new(AutotuneMode::Fast, Some(path.clone())));
+    let b = b.with_tuner(fast(&path));
     let retuned = b
         .matmul(&shape, &Algorithm::F32, &a, &bm)
         .block_on()
@@ -330,7 +342,7 @@ fn a_tuned_tile_is_persisted_and_reused() {
     }
     let stale = serde_json::to_string(&entries).unwrap();
     std::fs::write(&path, &stale).unwrap();
-    let b = b.with_tuner(Autotuner::new(AutotuneMode::Fast, Some(path.clone())));
+    let b = b.with_tuner(fast(&path));
     let timing = b
         .time_matmul(&shape, &Algorithm::F32, &a, &bm, 1, Operands::F32)
         .block_on()
@@ -420,7 +432,7 @@ fn sums_backends(test: &str) -> Option<[WgpuBackend; 3]> {
 /// Split-K (`Tile::splits`) computes the unsplit product's bits (matmul.wgsl, "Summation
 /// order"): K summed in groups of `GROUP_K`, each split's groups into their planes, the planes
 /// added in group order as the running totals add them. Every algorithm (fp8 also rowwise and
-/// with given scales) on its default tile split 2, 3 and 5 ways (K has five groups; more splits
+/// with given scales; three a run besides f32 and bf16x3, drawn by the seed) on its default tile split 2, 3 and 5 ways (K has five groups; more splits
 /// than groups take one each), f32 and bf16x3 also double-buffered and on 8x8 register blocks,
 /// batched and transposed; rows of A in a wide range, an inf, a NaN, a row beyond f16's range.
 /// With runtime checks (the K step written out) for a sample; on a backend whose loop budget
@@ -460,6 +472,13 @@ fn split_k_gives_the_unsplit_bits() {
         a[7 * line + 5] = f32::INFINITY;
         a[9 * line + 2] = f32::NAN;
         let b = measure::normal(shape.b_len(), seed + 2);
+        // f32 and bf16x3 on several tiles, and three other algorithms drawn by the seed
+        // (`common::sample`; every one with MANTISSA_TEST_EXHAUSTIVE=1).
+        let many_tiles = |a: &Algorithm| matches!(a, Algorithm::F32 | Algorithm::Bf16x3);
+        let others: Vec<Algorithm> = algorithms.into_iter().filter(|a| !many_tiles(a)).collect();
+        let algorithms = [Algorithm::F32, Algorithm::Bf16x3]
+            .into_iter()
+            .chain(common::sample(&others, 3, seed));
         for alg in algorithms {
             let name = alg.to_string();
             let candidates = plain.tile_candidates(&alg);
@@ -531,19 +550,21 @@ fn a_product_rounded_as_stored_is_the_product_rounded() {
     }
     a[5 * shape.m + 8] = f32::INFINITY;
     a[7 * shape.m + 10] = f32::NAN;
-    for alg in [
-        Algorithm::F32,
-        Algorithm::Bf16,
-        Algorithm::F16,
-        Algorithm::Bf16x3,
-    ] {
+    // f32 on several tiles and paths, and one of the 16-bit and split algorithms drawn by the
+    // seed, with runtime checks too (`common::sample`: each case is pipelines to compile;
+    // every one with MANTISSA_TEST_EXHAUSTIVE=1).
+    let drawn = common::sample(
+        &[Algorithm::Bf16, Algorithm::F16, Algorithm::Bf16x3],
+        1,
+        seed,
+    );
+    for alg in std::iter::once(Algorithm::F32).chain(drawn) {
         let candidates = plain.tile_candidates(&alg);
         let default = candidates[0];
         let mut cases = vec![
             ("plain", &plain, default),
             ("plain", &plain, default.with_splits(3)),
         ];
-        // The other tiles and paths for a sample of the algorithms (each is a pipeline).
         if alg == Algorithm::F32 {
             let others = [
                 candidates.iter().find(|t| t.buffers == 2),
@@ -552,7 +573,7 @@ fn a_product_rounded_as_stored_is_the_product_rounded() {
             cases.extend(others.into_iter().flatten().map(|&t| ("plain", &plain, t)));
             cases.push(("one group a dispatch", &tight, default));
         }
-        if alg == Algorithm::Bf16 {
+        if alg != Algorithm::F32 {
             cases.push(("checked", &checked, default));
         }
         for (how, backend, tile) in cases {

@@ -73,7 +73,8 @@ fn the_budget_is_what_the_driver_allows() {
 /// bits of one span (N(0,1) inputs but for two rows of A in a wide range and an inf in a
 /// third), batched and transposed; on
 /// double-buffered tiles and 8x8 register blocks too (f32, bf16x3), and with the K step
-/// written out (runtime checks) for a sample of them.
+/// written out (runtime checks) for a sample of them; every run checks f32, bf16x3 and a
+/// sample of the rest.
 #[test]
 fn a_split_k_gives_the_bits_of_one_dispatch() {
     let test = "a_split_k_gives_the_bits_of_one_dispatch";
@@ -103,12 +104,24 @@ fn a_split_k_gives_the_bits_of_one_dispatch() {
             }
             a[7 * wide.len() + 5] = f32::INFINITY;
             let b = measure::normal(shape.b_len(), seed + 3 * s as u64 + 2);
-            for alg in algorithms {
-                let name = alg.to_string();
-                let sampled = ["f32", "bf16x6", "e4m3-e5m2:rowwise"].contains(&name.as_str());
-                if checks && !sampled {
-                    continue;
-                }
+            // f32 and bf16x3 on several tiles and two others drawn by the seed; with checks,
+            // f32 and one of bf16x6 and rowwise fp8 (`common::sample`: each is a kernel to
+            // compile; every one with MANTISSA_TEST_EXHAUSTIVE=1).
+            let seed = seed + 2 * s as u64 + checks as u64;
+            let (always, others): (Vec<Algorithm>, Vec<Algorithm>) = match checks {
+                false => (algorithms.into_iter())
+                    .partition(|a| matches!(a, Algorithm::F32 | Algorithm::Bf16x3)),
+                true => (algorithms.into_iter())
+                    .filter(|a| {
+                        ["f32", "bf16x6", "e4m3-e5m2:rowwise"].contains(&a.to_string().as_str())
+                    })
+                    .partition(|a| *a == Algorithm::F32),
+            };
+            let drawn = if checks { 1 } else { 2 };
+            for alg in always
+                .into_iter()
+                .chain(common::sample(&others, drawn, seed))
+            {
                 let candidates = split.tile_candidates(&alg);
                 let mut tiles = vec![candidates[0]];
                 if matches!(alg, Algorithm::F32 | Algorithm::Bf16x3) {

@@ -152,6 +152,22 @@ pub fn seed(test: &str) -> u64 {
     seed
 }
 
+/// `n` of `items` drawn by `seed`, in their order, or all of them with
+/// `MANTISSA_TEST_EXHAUSTIVE=1`. For tests of many kernel variants that compute the same
+/// function: each variant is a kernel to compile, seconds apiece on lavapipe, and the 2-core CI
+/// cannot compile them all; each run checks others, and the seed that a failure prints draws
+/// the same sample again.
+pub fn sample<T: Clone>(items: &[T], n: usize, seed: u64) -> Vec<T> {
+    if std::env::var("MANTISSA_TEST_EXHAUSTIVE").is_ok_and(|v| v == "1") || items.len() <= n {
+        return items.to_vec();
+    }
+    use rand::SeedableRng as _;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut kept = rand::seq::index::sample(&mut rng, items.len(), n).into_vec();
+    kept.sort_unstable();
+    kept.into_iter().map(|i| items[i].clone()).collect()
+}
+
 /// A fresh wgpu backend (for tests that need its own API), or None after printing why it is
 /// skipped; in CI a missing adapter fails instead, as in `on`.
 pub fn fresh_wgpu(test: &str, options: WgpuOptions) -> Option<WgpuBackend> {

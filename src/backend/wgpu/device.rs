@@ -298,6 +298,9 @@ pub struct Gpu {
     pub runtime_checks: bool,
     /// The cooperative-matrix shape, where the device offers one mantissa can use.
     pub coop: Option<Coop>,
+    /// A software adapter (wgpu's `DeviceType::Cpu`: lavapipe, SwiftShader, WARP): it compiles
+    /// a kernel in seconds and emulates what GPUs accelerate.
+    pub software: bool,
     /// Lanes of each row of the training row ops (train.wgsl's `ROW_LANES`): `GPU_ROW_LANES`
     /// on GPUs, whose lanes then read neighbouring values; 1 on CPU adapters (lavapipe), which
     /// run a workgroup's invocations as SIMD lanes of one thread and pay for every barrier.
@@ -322,8 +325,8 @@ impl Gpu {
         // A kernel directory that cannot be used is refused before anything opens.
         crate::backend::sources::replacements()?;
         let summary = AdapterSummary::of(adapter);
-        let cpu = adapter.get_info().device_type == wgpu::DeviceType::Cpu;
-        let row_lanes = row_lanes.unwrap_or(if cpu { 1 } else { GPU_ROW_LANES });
+        let software = adapter.get_info().device_type == wgpu::DeviceType::Cpu;
+        let row_lanes = row_lanes.unwrap_or(if software { 1 } else { GPU_ROW_LANES });
         let coop = coop_of(adapter).ok();
         let mut wanted = wgpu::Features::SHADER_F16 | wgpu::Features::TIMESTAMP_QUERY;
         if coop.is_some() {
@@ -365,6 +368,7 @@ impl Gpu {
             limits,
             runtime_checks,
             coop,
+            software,
             row_lanes,
             loop_budget: None,
             pipelines: Mutex::new(HashMap::new()),

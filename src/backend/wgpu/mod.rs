@@ -214,6 +214,7 @@ impl WgpuBackend {
         let arena_binding = options
             .assume_arena_binding
             .map_or(binding, |b| b.min(binding));
+        let software = gpu.software;
         let backend = WgpuBackend {
             arena_binding,
             gpu,
@@ -222,8 +223,11 @@ impl WgpuBackend {
             coop,
             coop_fallback: options.coop_fallback,
             poison: options.poison_outputs,
-            tuner: Autotuner::new(options.autotune, Autotuner::default_path())
-                .with_budget(options.tune_seconds),
+            tuner: Autotuner::new(
+                autotune::mode_on(options.autotune, software),
+                Autotuner::default_path(),
+            )
+            .with_budget(options.tune_seconds),
         };
         backend.check_replaced_matmuls().await?;
         Ok(backend)
@@ -833,8 +837,7 @@ impl Backend for WgpuBackend {
     /// adapter such as lavapipe: not an acceleration there). Attention stays unfused by
     /// default (train.wgsl's fused kernels serve `--attention fused`, heads of at most 64).
     fn capabilities(&self) -> Capabilities {
-        let hardware = self.gpu.summary.device_type != format!("{:?}", wgpu::DeviceType::Cpu);
-        if self.coop.is_none() || !hardware {
+        if self.coop.is_none() || self.gpu.software {
             return Capabilities::default();
         }
         Capabilities {
