@@ -1,4 +1,5 @@
-//! The CUDA kernels, compiled by NVRTC for every architecture the backend supports. NVRTC is a
+//! The CUDA kernels, compiled by NVRTC for Hopper and a drawn one of the other architectures
+//! the backend supports (every one with MANTISSA_TEST_EXHAUSTIVE=1). NVRTC is a
 //! compiler library and needs no GPU, so a broken `.cu` file fails here on any machine that has
 //! it (CI installs it: scripts/setup.sh); elsewhere the test says why it is skipped. The
 //! backend itself is checked by the conformance suite where a CUDA device exists.
