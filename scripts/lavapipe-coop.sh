@@ -35,13 +35,14 @@ if [ ! -f "$root/ready" ]; then
        -o Dir::State::Lists="$root/apt/lists" -o Dir::Cache="$root/apt/cache"
        -o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts="$root/apt/sources.d"
        -o APT::Architecture=amd64 -o APT::Architectures=amd64 -o APT::Sandbox::User=root)
+  # trixie-backports wins where it has the package (Mesa 26; pinned by its codename, as its
+  # suite is stable-backports, above trixie's 500), trixie otherwise: one download for every
+  # package (each apt-get run reads both suites' indexes anew, seconds apiece).
+  printf 'Package: *\nPin: release n=trixie-backports\nPin-Priority: 600\n' > "$root/apt/sources.d/backports.pref"
   apt-get "${apt[@]}" -qq update
-  # trixie-backports wins where it has the package (Mesa 26); trixie otherwise.
   cd "$root/debs"
-  for p in $packages; do
-    apt-get "${apt[@]}" -qq download "$p/trixie-backports" 2>/dev/null || apt-get "${apt[@]}" -qq download "$p/trixie" \
-      || { echo "lavapipe-coop: package $p not found" >&2; exit 1; }
-  done
+  # shellcheck disable=SC2086 # one word a package
+  apt-get "${apt[@]}" -qq download $packages || { echo "lavapipe-coop: a package was not found" >&2; exit 1; }
   for deb in *.deb; do dpkg-deb -x "$deb" "$sys"; done
   cd - >/dev/null
   sed "s#\"libvulkan_lvp.so\"#\"$sys/usr/lib/x86_64-linux-gnu/libvulkan_lvp.so\"#" \

@@ -25,10 +25,14 @@ cargo test --all-targets --features mpi "$@" 2>&1 | tee "$log"
 cargo test --doc --features mpi "$@" 2>&1 | tee -a "$log"
 # The conformance tests of an absent CUDA backend pass as skipped; say why once, here.
 ./target/debug/mantissa info 2>/dev/null | grep '^cuda:' | tee -a "$log" || true
-# The gate: both backends named, so a wgpu that is absent fails it as a contract break does.
-./target/debug/mantissa report --backends reference,wgpu --train-steps 20 --out target/report
+# The gate: both backends named, so a wgpu that is absent fails it as a contract break does
+# (one timed repetition and a few training steps: it checks numerics, it does not time them).
+./target/debug/mantissa report --backends reference,wgpu --reps 1 --train-steps 5 --out target/report
 if command -v dpkg-deb >/dev/null && [ "$(uname -m)" = x86_64 ]; then
-    bash scripts/lavapipe-coop.sh cargo test --test coop --test conformance --features mpi "$@" 2>&1 | tee -a "$log"
+    # The conformance suite's default wgpu backend, which runs the 16-bit matmuls on cooperative
+    # matrices there; its variants (runtime checks, packed f16, rows on the GPU) run above.
+    bash scripts/lavapipe-coop.sh cargo test --test coop --features mpi "$@" 2>&1 | tee -a "$log"
+    bash scripts/lavapipe-coop.sh cargo test --test conformance --features mpi "$@" -- wgpu:: 2>&1 | tee -a "$log"
     # The step plans on cooperative matrices (their operand planes in idle slots and shared
     # between matmuls; their peak memory), the 16-bit coded tensors read by their kernels
     # there, bit for bit as stored in f32, and fused attention on them (attention_coop.wgsl).
@@ -42,15 +46,16 @@ if command -v apt-get >/dev/null || command -v chromium >/dev/null; then
 else
     echo "SKIPPED browser test: needs Debian's chromium, chromium-driver and python3-selenium" | tee -a "$log"
 fi
-# The Python package: the wheel built once (maturin, the dev profile the tests use), installed
-# with its dependencies into a fresh venv, and tested there (python/tests), not in the source tree.
+# The Python package: the wheel built once (maturin, the dev profile and the features the tests
+# use, so that it links the engine compiled above instead of compiling it again), installed with
+# its dependencies into a fresh venv, and tested there (python/tests), not in the source tree.
 if command -v python3 >/dev/null; then
     venv=target/py-venv
     rm -rf "$venv"
     python3 -m venv "$venv" 2>/dev/null || { apt-get install -y -qq python3-venv >/dev/null && python3 -m venv "$venv"; }
     "$venv/bin/pip" install -q --disable-pip-version-check "maturin>=1.7,<2" pytest
     rm -rf target/wheels
-    "$venv/bin/maturin" build --profile dev -m python/Cargo.toml -o target/wheels 2>&1 | tail -n 2
+    "$venv/bin/maturin" build --profile dev --features mantissa/mpi -m python/Cargo.toml -o target/wheels 2>&1 | tail -n 2
     "$venv/bin/pip" install -q --disable-pip-version-check target/wheels/mantissa-*.whl
     root=$PWD
     (cd "$venv" && XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}" bin/python -m pytest -q -p no:cacheprovider "$root/python/tests") 2>&1 | tee -a "$log"

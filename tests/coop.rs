@@ -103,14 +103,15 @@ fn every_coop_block_matches_the_reference() {
         return;
     };
     let seed = common::seed("every_coop_block_matches_the_reference");
-    // The fewest and the most accumulators per block: every block of f16 with a K step of one
-    // tile in one stage without prefetch, and an eighth of the others (two tiles a K step, two
-    // stages, prefetch: seven combinations a block); the default and a third of the first
-    // kind of bf16x9 (the same blocks with nine planes' products, slow to compile on
-    // lavapipe), a twenty-fourth of the others; a different share each run (the seed names
-    // which; the published designs' blocks all run in the test below). K steps, stages and
-    // prefetch change only the copy schedule and the sub-steps, the same code for every block.
-    for (alg, every) in [(Algorithm::F16, 1), (Algorithm::Bf16x9, 3)] {
+    // The fewest and the most accumulators per block, f16 and bf16x9 (the same blocks with nine
+    // planes' products): the default block and blocks drawn by the seed, of the kind with a K
+    // step of one tile in one stage without prefetch (2 of f16's, 1 of bf16x9's) and of the
+    // others (two tiles a K step, two stages, prefetch: seven combinations a block; 1 of
+    // f16's). Each block is a kernel to compile, 10-25 s on lavapipe (every one of the 100 or
+    // so with MANTISSA_TEST_EXHAUSTIVE=1; the published designs' blocks run in the test
+    // below). K steps, stages and prefetch change only the copy schedule and the sub-steps, the
+    // same code for every block and algorithm.
+    for (alg, plain_n, varied_n) in [(Algorithm::F16, 2, 1), (Algorithm::Bf16x9, 1, 0)] {
         let tiles = b.tile_candidates(&alg);
         let size = tiles[0].bk;
         // Blocks of one subgroup and blocks staged through workgroup memory for several, with
@@ -134,14 +135,15 @@ fn every_coop_block_matches_the_reference() {
             .iter()
             .copied()
             .partition(|t| t.buffers == 1 && t.bk == size && !t.prefetch);
-        for (group, every) in [(plain, every), (varied, 8 * every)] {
-            let offset = (seed % every) as usize;
-            for (i, &tile) in group.iter().enumerate() {
-                if tile == tiles[0] || i % every as usize == offset {
-                    check_on_tile(&b, &alg, tile, &shapes()[0], seed);
-                    check_on_tile(&b, &alg, tile, &aligned_shape(), seed + 1);
-                }
-            }
+        let drawn = common::sample(&plain, plain_n, seed)
+            .into_iter()
+            .chain(common::sample(&varied, varied_n, seed + 1));
+        for tile in [tiles[0]]
+            .into_iter()
+            .chain(drawn.filter(|t| *t != tiles[0]))
+        {
+            check_on_tile(&b, &alg, tile, &shapes()[0], seed);
+            check_on_tile(&b, &alg, tile, &aligned_shape(), seed + 1);
         }
     }
 }
@@ -164,13 +166,13 @@ fn the_published_designs_match_the_reference() {
     a[3 * edges.k + 1] = 1e-3;
     a[7 * edges.k + 2] = f32::INFINITY;
     bm[10 * edges.n + 5] = f32::NAN;
-    // Every design on f16; a third of them on bf16 and on bf16x3 (each block a kernel to
-    // compile, a few seconds apiece on lavapipe), a different third each run (the seed names
-    // which): the same blocks with scaled planes, a fallback and split levels.
-    for (alg, every) in [
-        (Algorithm::F16, 1),
-        (Algorithm::Bf16, 3),
-        (Algorithm::Bf16x3, 3),
+    // Two designs drawn on f16, one on bf16 and one on bf16x3 (each block a kernel to compile,
+    // 25 s apiece on lavapipe; every one with MANTISSA_TEST_EXHAUSTIVE=1), others each run
+    // (the seed names which): the same blocks with scaled planes, a fallback and split levels.
+    for (alg, n) in [
+        (Algorithm::F16, 2),
+        (Algorithm::Bf16, 1),
+        (Algorithm::Bf16x3, 1),
     ] {
         let tiles = b.tile_candidates(&alg);
         let size = tiles[0].bk;
@@ -184,8 +186,7 @@ fn the_published_designs_match_the_reference() {
             &designs[..],
             "{alg}: designs first"
         );
-        let offset = (seed % every) as usize;
-        for tile in designs.into_iter().skip(offset).step_by(every as usize) {
+        for tile in common::sample(&designs, n, seed) {
             for (s, shape) in shapes().iter().chain([&aligned_shape()]).enumerate() {
                 check_on_tile(&b, &alg, tile, shape, seed + 2 + 2 * s as u64);
             }
@@ -496,6 +497,10 @@ fn a_product_rounded_as_stored_is_the_product_rounded_on_cooperative_matrices() 
         return;
     };
     let seed = common::seed(test);
+    // f16 and one of the bf16 algorithms drawn by the seed (their kernels compile for seconds on
+    // lavapipe; all five with MANTISSA_TEST_EXHAUSTIVE=1).
+    let mut algorithms = vec![COOP_ALGORITHMS[0]];
+    algorithms.extend(common::sample(&COOP_ALGORITHMS[1..], 1, seed));
     let long = MatmulShape::new(37, 29, 2 * GROUP_K as usize + 45);
     for (s, shape) in shapes().iter().chain([&aligned_shape(), &long]).enumerate() {
         let mut a = measure::normal(shape.a_len(), seed + 2 * s as u64);
@@ -510,7 +515,7 @@ fn a_product_rounded_as_stored_is_the_product_rounded_on_cooperative_matrices() 
             a[7 * k + 2] = f32::INFINITY;
         }
         bm[shape.b_len() / 2] = f32::NAN;
-        for alg in COOP_ALGORITHMS {
+        for &alg in &algorithms {
             let tile = b.tile_candidates(&alg)[0];
             let mut tiles = vec![tile];
             if shape.k > GROUP_K as usize {

@@ -1,5 +1,5 @@
-//! The CUDA kernels, compiled by NVRTC for Hopper and a drawn one of the other architectures
-//! the backend supports (every one with MANTISSA_TEST_EXHAUSTIVE=1). NVRTC is a
+//! The CUDA kernels, compiled by NVRTC: PTX for Hopper, a cubin for a drawn one of the
+//! architectures the backend supports (every one with MANTISSA_TEST_EXHAUSTIVE=1). NVRTC is a
 //! compiler library and needs no GPU, so a broken `.cu` file fails here on any machine that has
 //! it (CI installs it: scripts/setup.sh); elsewhere the test says why it is skipped. The
 //! backend itself is checked by the conformance suite where a CUDA device exists.
@@ -21,38 +21,41 @@ fn every_cuda_kernel_compiles_with_nvrtc() {
         eprintln!("SKIPPED every_cuda_kernel_compiles_with_nvrtc: libnvrtc.so not found");
         return;
     }
-    // Hopper's and one other architecture drawn by the seed (`common::sample`: each compile
-    // takes seconds, 285 s for all four on 2 cores; every one with MANTISSA_TEST_EXHAUSTIVE=1).
+    // Each module's PTX for Hopper (NVRTC's front end: it says which kernels there are) and its
+    // cubin (the front end and ptxas: what the backend loads) for one architecture drawn by the
+    // seed, the modules compiled on threads (each compile takes seconds; every architecture's
+    // cubin with MANTISSA_TEST_EXHAUSTIVE=1).
     let seed = common::seed("every_cuda_kernel_compiles_with_nvrtc");
-    let (newest, older) = ARCHITECTURES.split_last().unwrap();
-    for cc in common::sample(older, 1, seed).into_iter().chain([*newest]) {
+    let hopper = ARCHITECTURES[ARCHITECTURES.len() - 1];
+    let cubins = common::sample(&ARCHITECTURES, 1, seed);
+    std::thread::scope(|s| {
         for module in Module::ALL {
-            let compile = |target| {
-                cuda::compile(module, cc, target)
-                    .unwrap_or_else(|e| panic!("{target:?} for sm_{}{}: {e}", cc.0, cc.1))
-            };
-            // The cubin is what the backend loads (NVRTC runs ptxas for it); the PTX (Hopper's)
-            // says which kernels there are.
-            assert!(!compile(Target::Cubin).is_empty());
-            if cc != *newest {
-                continue;
-            }
-            let ptx = String::from_utf8(compile(Target::Ptx)).unwrap();
-            // MANTISSA_PTX_DIR=dir keeps the PTX (to read it, or to run ptxas on it).
-            if let Ok(dir) = std::env::var("MANTISSA_PTX_DIR") {
-                let name =
-                    format!("{module:?}_sm{}{}.ptx", cc.0, cc.1).replace([' ', '{', '}', ':'], "");
-                std::fs::write(std::path::Path::new(&dir).join(name), &ptx).unwrap();
-            }
-            let entries = ptx.matches(".entry").count();
-            assert!(
-                entries > 0,
-                "{module:?} for sm_{}{}: no kernels in the PTX",
-                cc.0,
-                cc.1
-            );
+            let cubins = &cubins;
+            s.spawn(move || {
+                let compile = |cc: (i32, i32), target| {
+                    cuda::compile(module, cc, target).unwrap_or_else(|e| {
+                        panic!("{module:?}: {target:?} for sm_{}{}: {e}", cc.0, cc.1)
+                    })
+                };
+                for &cc in cubins {
+                    assert!(!compile(cc, Target::Cubin).is_empty());
+                }
+                let ptx = String::from_utf8(compile(hopper, Target::Ptx)).unwrap();
+                // MANTISSA_PTX_DIR=dir keeps the PTX (to read it, or to run ptxas on it).
+                if let Ok(dir) = std::env::var("MANTISSA_PTX_DIR") {
+                    let name = format!("{module:?}_sm{}{}.ptx", hopper.0, hopper.1)
+                        .replace([' ', '{', '}', ':'], "");
+                    std::fs::write(std::path::Path::new(&dir).join(name), &ptx).unwrap();
+                }
+                assert!(
+                    ptx.matches(".entry").count() > 0,
+                    "{module:?} for sm_{}{}: no kernels in the PTX",
+                    hopper.0,
+                    hopper.1
+                );
+            });
         }
-    }
+    });
 }
 
 /// Compiled cubins are cached on disk under a name that says the module and architecture and a

@@ -62,29 +62,36 @@ fn mlp_learns_the_spirals(backend: &str) {
 }
 
 /// The language models' validation loss falls in a few steps.
-fn language_models_learn(backend: &str) {
-    for name in ["custom_block", "char_gpt"] {
-        let text = run(
-            name,
-            backend,
-            &["--precision", "bf16-mixed", "--steps", "3"],
-        );
-        let loss = numbers_after(&text, "validation loss");
-        assert!(loss[1] < loss[0], "{name} on {backend}: {text}");
-    }
+fn language_model_learns(name: &str, backend: &str) {
+    let text = run(
+        name,
+        backend,
+        &["--precision", "bf16-mixed", "--steps", "3"],
+    );
+    let loss = numbers_after(&text, "validation loss");
+    assert!(loss[1] < loss[0], "{name} on {backend}: {text}");
+}
+
+/// Every example on `backend`, each its own process, run side by side (on lavapipe each
+/// spends most of its time compiling kernels on one core).
+fn examples_learn(backend: &str) {
+    std::thread::scope(|s| {
+        s.spawn(|| mlp_learns_the_spirals(backend));
+        for name in ["custom_block", "char_gpt"] {
+            s.spawn(move || language_model_learns(name, backend));
+        }
+    });
 }
 
 #[test]
 fn examples_learn_on_the_reference() {
-    mlp_learns_the_spirals("reference");
-    language_models_learn("reference");
+    examples_learn("reference");
 }
 
 #[test]
 fn examples_learn_on_wgpu() {
     common::on(common::wgpu(), "examples_learn_on_wgpu", |_| {
-        mlp_learns_the_spirals("wgpu");
-        language_models_learn("wgpu");
+        examples_learn("wgpu");
     });
 }
 

@@ -190,12 +190,15 @@ fn two_ranks_train_as_one_on_the_reference() {
     if let Some(why) = unavailable() {
         return common::skip("two_ranks_train_as_one_on_the_reference", &why);
     }
-    let (one, two) = one_and_two("reference", "32-true", "50");
-    check_agreement(&one, &two, 50);
+    let (one, two) = one_and_two("reference", "32-true", "30");
+    check_agreement(&one, &two, 30);
+    // Two of the 16-bit presets, drawn by the seed (all four with MANTISSA_TEST_EXHAUSTIVE=1).
+    let seed = common::seed("two_ranks_train_as_one_on_the_reference");
+    let presets = ["16-mixed", "bf16-mixed", "bf16-true", "transformer-engine"];
     let (one, two) = one_and_two(
         "reference",
-        "16-mixed,bf16-mixed,bf16-true,transformer-engine",
-        "10",
+        &common::sample(&presets, 2, seed).join(","),
+        "8",
     );
     check_agreement(&one, &two, 2);
 }
@@ -208,9 +211,8 @@ fn two_ranks_train_as_one_on_wgpu() {
     if let Err(why) = common::wgpu() {
         return common::skip("two_ranks_train_as_one_on_wgpu", why);
     }
-    let (one, two) = one_and_two("wgpu", "32-true", "50");
-    check_agreement(&one, &two, 50);
-    let (one, two) = one_and_two("wgpu", "bf16-mixed", "10");
+    // Both presets in one run of each: on lavapipe a process's time goes to compiling kernels.
+    let (one, two) = one_and_two("wgpu", "32-true,bf16-mixed", "12");
     check_agreement(&one, &two, 2);
 }
 
@@ -222,7 +224,10 @@ fn two_ranks_of_micro_batches_train_as_one() {
     if let Some(why) = unavailable() {
         return common::skip("two_ranks_of_micro_batches_train_as_one", &why);
     }
-    for (presets, steps, strict) in [("32-true", "20", 20), ("bf16-mixed,16-mixed", "6", 2)] {
+    // One of the two 16-bit mixed presets, drawn by the seed.
+    let seed = common::seed("two_ranks_of_micro_batches_train_as_one");
+    let mixed = common::sample(&["bf16-mixed", "16-mixed"], 1, seed)[0];
+    for (presets, steps, strict) in [("32-true", "12", 12), (mixed, "6", 2)] {
         let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let (p1, p2) = (d1.path().to_str().unwrap(), d2.path().to_str().unwrap());
         ok(
