@@ -362,8 +362,9 @@ fn the_product_alone_recomputes_c_from_prepared_operands() {
 /// bits of one span on cooperative matrices: the f32 totals carried between spans, the SIMT
 /// fallback of the flagged lines split too (rows of A beyond f16's range, an inf). Each block
 /// runs on a backend told to assume a budget that holds a summation group (`GROUP_K`) of the
-/// block and of its fallback a span, against one that runs K whole: every cooperative algorithm on the default block, f16
-/// also staged in one stage and in two, each with and without prefetch.
+/// block and of its fallback a span, against one that runs K whole: every cooperative algorithm
+/// on the default block, f16 also on a staged block (one or two stages, with or without
+/// prefetch: drawn).
 #[test]
 fn a_split_k_gives_the_bits_of_one_dispatch_on_cooperative_matrices() {
     let test = "a_split_k_gives_the_bits_of_one_dispatch_on_cooperative_matrices";
@@ -371,11 +372,15 @@ fn a_split_k_gives_the_bits_of_one_dispatch_on_cooperative_matrices() {
         return;
     };
     let seed = common::seed(test);
+    // Every algorithm's default block; f16 also on a staged block in one or two stages, with
+    // or without prefetch, one of the four drawn by the seed (each block a kernel to compile on
+    // a device of its own, 20 s on lavapipe; all four with MANTISSA_TEST_EXHAUSTIVE=1).
+    let staged = common::sample(&[(1, false), (2, false), (1, true), (2, true)], 1, seed);
     for alg in COOP_ALGORITHMS {
         let tiles = whole.tile_candidates(&alg);
         let mut blocks = vec![tiles[0]];
         if alg == Algorithm::F16 {
-            for (buffers, prefetch) in [(1, false), (2, false), (1, true), (2, true)] {
+            for &(buffers, prefetch) in &staged {
                 blocks.extend(
                     tiles
                         .iter()

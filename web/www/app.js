@@ -4,7 +4,8 @@
 // URL parameters: auto (also train on load), n (matmul size), reps, steps, a / b (presets),
 // tune (what the autotuner tunes: "all", the default; "none"; or a comma-separated list of
 // matmul algorithms and "train"; the rest runs on default tiles), model (with auto: the
-// presets the built-model panel trains under, comma-separated), msteps (its steps).
+// presets the built-model panel trains under, comma-separated), msteps (its steps), chars
+// (characters sampled after training; 160, each a forward pass).
 
 import init, { Engine, ModelBuilder, loss_chart, presets } from "./pkg/mantissa_web.js";
 import { twoSpirals, twoSpiralsModel } from "./spirals.js";
@@ -229,7 +230,8 @@ async function runTraining(engine, presetNames, steps) {
     $("train-status").textContent = `evaluating and sampling ${r.preset}...`;
     try {
       r.val_loss = await r.session.evaluate(4);
-      r.sample = "ROMEO:" + (await r.session.sample("ROMEO:", 160, 0.8, 1));
+      const chars = Number(params.get("chars") || 160);
+      r.sample = "ROMEO:" + (await r.session.sample("ROMEO:", chars, 0.8, 1));
     } catch (e) {
       fail(`evaluating ${r.preset}`, e);
     }
