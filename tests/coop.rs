@@ -107,10 +107,10 @@ fn every_coop_block_matches_the_reference() {
     // planes' products): the default block and blocks drawn by the seed, of the kind with a K
     // step of one tile in one stage without prefetch (2 of f16's, 1 of bf16x9's) and of the
     // others (two tiles a K step, two stages, prefetch: seven combinations a block; 1 of
-    // f16's). Each block is a kernel to compile, 10-25 s on lavapipe (every one of the 100 or
-    // so with MANTISSA_TEST_EXHAUSTIVE=1; the published designs' blocks run in the test
-    // below). K steps, stages and prefetch change only the copy schedule and the sub-steps, the
-    // same code for every block and algorithm.
+    // f16's). Each block is a kernel to compile, 10-25 s on lavapipe (every one with
+    // MANTISSA_TEST_EXHAUSTIVE=1; the published designs' blocks run in the test below). K
+    // steps, stages and prefetch change only the copy schedule and the sub-steps, the same code
+    // for every block and algorithm.
     for (alg, plain_n, varied_n) in [(Algorithm::F16, 2, 1), (Algorithm::Bf16x9, 1, 0)] {
         let tiles = b.tile_candidates(&alg);
         let size = tiles[0].bk;

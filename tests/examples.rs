@@ -61,7 +61,7 @@ fn mlp_learns_the_spirals(backend: &str) {
     );
 }
 
-/// The language models' validation loss falls in a few steps.
+/// The language model example `name`: its validation loss falls in a few steps.
 fn language_model_learns(name: &str, backend: &str) {
     let text = run(
         name,

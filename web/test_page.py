@@ -218,7 +218,7 @@ def main():
     p.add_argument("--site", default="target/web")
     p.add_argument("--native", default="target/debug/mantissa", help="the mantissa binary")
     p.add_argument("--corpus", default="data/shakespeare.txt")
-    # A step of the GPT takes about 17 s in SwiftShader; 16-mixed's loss falls by 0.75 in 12.
+    # A step of the GPT takes 8-9 s a preset in SwiftShader; 16-mixed's loss falls by 0.75 in 12.
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--size", type=int, default=128)
     # What the page's autotuner tunes: every candidate tile of every algorithm and training
