@@ -543,6 +543,7 @@ fn activation_gradients_are_rounded_as_they_are_written() {
     let p = Precision::decide(
         &PrecisionRequest::of(Preset::MixedBf16),
         &Reference.capabilities(),
+        &mantissa::model::vocabulary(),
     )
     .unwrap();
     let options = mantissa::model::PlanOptions {

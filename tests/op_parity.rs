@@ -443,7 +443,9 @@ struct Got {
 /// forward and backward with loss scale 1.
 fn run(b: &dyn Backend, case: &Case, preset: Preset, fused: bool) -> Got {
     let one = one_op(case).unwrap_or_else(|e| panic!("{}: {e}", case.name));
-    let precision = Precision::decide(&PrecisionRequest::of(preset), &b.capabilities()).unwrap();
+    let vocabulary = mantissa::model::vocabulary();
+    let request = PrecisionRequest::of(preset);
+    let precision = Precision::decide(&request, &b.capabilities(), &vocabulary).unwrap();
     let options = PlanOptions {
         fused_attention: fused,
         coded: false,
@@ -618,8 +620,9 @@ fn matches_pytorch_op_by_op(b: &dyn Backend) {
                     let d = case.inputs[0].shape[2]
                         / 3
                         / case.attrs["heads"].as_u64().unwrap() as usize;
-                    let precision =
-                        Precision::decide(&PrecisionRequest::of(p), &b.capabilities()).unwrap();
+                    let (request, caps) = (PrecisionRequest::of(p), b.capabilities());
+                    let vocabulary = mantissa::model::vocabulary();
+                    let precision = Precision::decide(&request, &caps, &vocabulary).unwrap();
                     if !b.capabilities().fuses_attention(&precision.matmul, d) {
                         continue;
                     }
@@ -663,8 +666,9 @@ fn matches_pytorch_op_by_op(b: &dyn Backend) {
     );
 }
 
-/// Every builder op and loss has a case, under every preset, with its output and every
-/// gradient: the fixtures cover what the builder can build.
+/// Every builder op and loss (`model::vocabulary`, and the methods built of them) has a case,
+/// under every preset, with its output and every gradient: the fixtures cover what the builder
+/// can build.
 #[test]
 fn every_builder_op_has_fixtures_under_three_presets() {
     let cases = cases();
@@ -685,6 +689,14 @@ fn every_builder_op_has_fixtures_under_three_presets() {
                 }
             }
         }
+    }
+    // An op added to the builder's vocabulary without fixtures fails here.
+    for op in mantissa::model::vocabulary() {
+        assert!(
+            BUILDER_OPS.contains(&op.name) || op.name == "dropout",
+            "{}: an op of the builder without a case here",
+            op.name
+        );
     }
     for case in &cases {
         assert!(

@@ -66,77 +66,151 @@ fn preset_names_and_specs() {
     );
 }
 
+/// The kind of the builder's op `name` (`model::vocabulary`, the one op vocabulary).
+fn kind(name: &str) -> OpKind {
+    let vocabulary = mantissa::model::vocabulary();
+    *(vocabulary.iter().find(|k| k.name == name)).unwrap_or_else(|| panic!("no op {name}"))
+}
+
+/// The precision of a bf16 step under `preset` and `overrides`, on the reference.
+fn decide(preset: Preset, overrides: &str) -> mantissa::Result<Precision> {
+    use mantissa::backend::{Backend, reference::Reference};
+    let request = precision::PrecisionRequest {
+        autocast_overrides: overrides,
+        ..precision::PrecisionRequest::of(preset)
+    };
+    Precision::decide(
+        &request,
+        &Reference.capabilities(),
+        &mantissa::model::vocabulary(),
+    )
+}
+
+/// Every op of the builder is in the class PyTorch's CUDA autocast lists give the torch op it
+/// computes: the lower-precision list (linear, matmul, bmm; attention is two bmms), the f32
+/// list (softmax, layer_norm, rms_norm, sum, cross_entropy, mse_loss), and the rest in their
+/// inputs' dtype; the losses are f32 under every preset.
+#[test]
+fn every_op_is_in_autocasts_class() {
+    let matmul_like = ["linear", "matmul", "bmm", "attention", "causal_attention"];
+    let f32_list = ["softmax", "causal_softmax", "layer_norm", "rms_norm", "sum"];
+    let losses = ["cross_entropy", "mse"];
+    let vocabulary = mantissa::model::vocabulary();
+    assert!(vocabulary.len() >= 25, "{vocabulary:?}");
+    for op in &vocabulary {
+        let class = if matmul_like.contains(&op.name) {
+            OpClass::MatmulLike
+        } else if f32_list.contains(&op.name) || losses.contains(&op.name) {
+            OpClass::F32
+        } else {
+            OpClass::Input
+        };
+        assert_eq!(
+            (op.class, op.loss),
+            (class, losses.contains(&op.name)),
+            "{op:?}"
+        );
+        let twins = vocabulary.iter().filter(|o| o.name == op.name).count();
+        assert_eq!(twins, 1, "{} is in the vocabulary {twins} times", op.name);
+    }
+    for name in [
+        "gelu", "silu", "relu", "sigmoid", "tanh", "add", "mul", "mean", "concat",
+    ] {
+        assert_eq!(kind(name).class, OpClass::Input, "{name}");
+    }
+}
+
+/// The format a step holds each op's output in: the class's under a mixed preset, the 16-bit
+/// stream's for the f32 class under a "true" one (losses stay f32), and the overrides'.
 #[test]
 fn autocast_classes_and_overrides() {
-    let ac = Autocast::new(Format::Bf16);
-    assert_eq!(ac.format_for(Op::Linear, Format::F32), Format::Bf16);
-    assert_eq!(
-        ac.format_for(Op::AttentionScores, Format::F32),
-        Format::Bf16
-    );
-    assert_eq!(ac.format_for(Op::Softmax, Format::Bf16), Format::F32);
-    assert_eq!(ac.format_for(Op::LayerNorm, Format::Bf16), Format::F32);
-    assert_eq!(ac.format_for(Op::Gelu, Format::Bf16), Format::Bf16);
-    assert_eq!(ac.format_for(Op::Add, Format::F32), Format::F32);
-    // PyTorch's lists: rms_norm and mse_loss in f32, silu and mul in their input's format.
-    assert_eq!(ac.format_for(Op::RmsNorm, Format::Bf16), Format::F32);
-    assert_eq!(ac.format_for(Op::MseLoss, Format::Bf16), Format::F32);
-    assert_eq!(ac.format_for(Op::Silu, Format::Bf16), Format::Bf16);
-    assert_eq!(ac.format_for(Op::Mul, Format::F16), Format::F16);
-    let norm = Autocast::new(Format::Bf16)
-        .with_overrides("rms_norm=bf16")
-        .unwrap();
-    assert_eq!(norm.format_for(Op::RmsNorm, Format::F32), Format::Bf16);
-    let ac = ac.with_overrides("softmax=bf16, linear=f32").unwrap();
-    assert_eq!(ac.format_for(Op::Softmax, Format::F32), Format::Bf16);
-    assert_eq!(ac.format_for(Op::Linear, Format::F32), Format::F32);
-    let err = Autocast::new(Format::F16)
-        .with_overrides("softmax")
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("OP=FORMAT"), "{err}");
-    // An op the policy does not know is refused (bad input), the name given and every known
-    // one named.
-    let err = Autocast::new(Format::F16)
-        .with_overrides("softmux=f32")
-        .unwrap_err();
+    let p = decide(Preset::MixedBf16, "").unwrap();
+    for (op, input, held) in [
+        ("linear", Format::F32, Format::Bf16),
+        ("causal_attention", Format::F32, Format::Bf16),
+        ("softmax", Format::Bf16, Format::F32),
+        ("layer_norm", Format::Bf16, Format::F32),
+        ("rms_norm", Format::Bf16, Format::F32),
+        ("sum", Format::Bf16, Format::F32),
+        ("mse", Format::Bf16, Format::F32),
+        ("gelu", Format::Bf16, Format::Bf16),
+        ("silu", Format::Bf16, Format::Bf16),
+        ("add", Format::F32, Format::F32),
+        ("mul", Format::F16, Format::F16),
+        ("mean", Format::Bf16, Format::Bf16),
+    ] {
+        assert_eq!(
+            p.held(kind(op), input),
+            held,
+            "{op} of {input} under bf16-mixed"
+        );
+    }
+    let p = decide(Preset::TrueBf16, "").unwrap();
+    assert_eq!(p.held(kind("layer_norm"), Format::Bf16), Format::Bf16);
+    assert_eq!(p.held(kind("softmax"), Format::Bf16), Format::Bf16);
+    assert_eq!(p.held(kind("cross_entropy"), Format::Bf16), Format::F32);
+    let p = decide(Preset::MixedBf16, "rms_norm=bf16").unwrap();
+    assert_eq!(p.held(kind("rms_norm"), Format::F32), Format::Bf16);
+    assert_eq!(p.held(kind("layer_norm"), Format::F32), Format::F32);
+    let p = decide(Preset::MixedBf16, "softmax=bf16, LINEAR=f32, sum=f16").unwrap();
+    assert_eq!(p.held(kind("softmax"), Format::F32), Format::Bf16);
+    assert_eq!(p.held(kind("causal_softmax"), Format::F32), Format::F32);
+    assert_eq!(p.held(kind("sum"), Format::F32), Format::F16);
+    assert_eq!((p.compute, p.matmul), (Format::F32, Algorithm::F32));
+    for (spec, says) in [
+        ("softmax", "OP=FORMAT"),
+        ("softmax=bf16,", "OP=FORMAT"),
+        ("softmax=bf16,softmax=f16", "twice"),
+        ("softmax=e4m3", "f32, bf16 or f16"),
+        ("linear=e4m3", "cannot compute in e4m3"),
+    ] {
+        let err = decide(Preset::MixedBf16, spec).unwrap_err();
+        let said = err.to_string();
+        assert!(said.contains(says), "{spec}: {said}");
+        assert_eq!(mantissa::cli::exit_code(&err), 2, "{said}");
+    }
+    // An op the builder does not have is refused (bad input), the name given and every op of
+    // the vocabulary named.
+    let err = decide(Preset::MixedBf16, "softmux=f32").unwrap_err();
     let said = err.to_string();
     assert!(said.contains("softmux"), "{said}");
-    for op in Op::ALL {
-        assert!(said.contains(op.name()), "{said} does not name {op}");
+    for op in mantissa::model::vocabulary() {
+        assert!(said.contains(op.name), "{said} does not name {}", op.name);
     }
     assert_eq!(mantissa::cli::exit_code(&err), 2, "{said}");
 }
 
-/// A training step takes overrides of the ops whose format it holds by op (linear, softmax,
-/// layer norm, RMS norm); an override of any other op would change nothing and is refused,
-/// naming the op and the ones it takes.
+/// A training step takes overrides of the ops whose format it holds by op (linear, the f32
+/// class's ops that hold an output); an override of any other op would change nothing and is
+/// refused, naming the op and the ones it takes.
 #[test]
 fn a_step_refuses_overrides_it_would_not_honour() {
-    use mantissa::backend::{Backend, reference::Reference};
-    use mantissa::policy::precision::PrecisionRequest;
-    let caps = Reference.capabilities();
-    let decide = |overrides: &'static str| {
-        let request = PrecisionRequest {
-            autocast_overrides: overrides,
-            ..PrecisionRequest::of(Preset::MixedBf16)
-        };
-        Precision::decide(&request, &caps)
-    };
-    let p = decide("softmax=bf16,layer_norm=bf16,rms_norm=f16,linear=f32").unwrap();
+    let p = decide(
+        Preset::MixedBf16,
+        "softmax=bf16,layer_norm=bf16,rms_norm=f16,linear=f32",
+    )
+    .unwrap();
+    let held = |op| p.held(kind(op), Format::F32);
     assert_eq!(
-        (p.softmax, p.layer_norm, p.rms_norm, p.compute),
+        (
+            held("softmax"),
+            held("layer_norm"),
+            held("rms_norm"),
+            p.compute
+        ),
         (Format::Bf16, Format::Bf16, Format::F16, Format::F32)
     );
     for (op, follows) in [
         ("gelu", "its input's"),
         ("mul", "its input's"),
-        ("attention_scores", "the linear layers'"),
+        ("matmul", "the linear layers'"),
+        ("causal_attention", "the linear layers'"),
         ("cross_entropy", "f32"),
     ] {
-        let err = decide(Box::leak(format!("{op}=f32").into_boxed_str())).unwrap_err();
+        let err = decide(Preset::MixedBf16, &format!("{op}=f32")).unwrap_err();
         let said = err.to_string();
-        for part in [op, follows, "linear, softmax, layer_norm, rms_norm"] {
+        let takes = "linear, layer_norm, rms_norm, softmax, causal_softmax, sum";
+        for part in [op, follows, takes] {
             assert!(said.contains(part), "{said} does not say {part}");
         }
         assert_eq!(mantissa::cli::exit_code(&err), 2, "{said}");

@@ -2872,9 +2872,13 @@ fn small_plans_are_no_larger_than_recorded() {
     for (config, preset, vocab, fused) in small.chain(gpt2) {
         let mut o = options(&corpus, preset, 7);
         o.config = GptConfig::named(config, vocab).unwrap();
-        let p =
-            mantissa::policy::Precision::decide(&o.precision_request(), &Reference.capabilities())
-                .unwrap();
+        let vocabulary = mantissa::model::vocabulary();
+        let p = mantissa::policy::Precision::decide(
+            &o.precision_request(),
+            &Reference.capabilities(),
+            &vocabulary,
+        )
+        .unwrap();
         let gpt = Gpt {
             config: o.config.clone(),
             backend: &Reference,

@@ -50,7 +50,8 @@ pub struct TrainArgs {
     /// fp8 scaling of transformer-engine: delayed (amax history) or current.
     #[arg(long, default_value = "delayed")]
     fp8_scaling: String,
-    /// Autocast overrides, e.g. softmax=bf16,layer_norm=bf16.
+    /// Autocast overrides, e.g. softmax=bf16,layer_norm=bf16: of linear (every matmul-like op
+    /// follows it) and of the f32 class's ops that hold an output.
     #[arg(long, default_value = "")]
     autocast_override: String,
     /// Steps between log lines with a validation loss.
@@ -410,8 +411,12 @@ fn check_and_open(args: &TrainArgs, group: &dyn Collective) -> Result<Setup> {
     };
     let class: PrecisionClass = args.matmul_precision.parse()?;
     // Checked here, before anything is opened (the trainer applies them).
-    crate::policy::Autocast::new(crate::format::Format::F32)
-        .with_overrides(&args.autocast_override)?;
+    let vocabulary = crate::model::vocabulary();
+    crate::policy::Autocast::new(
+        crate::format::Format::F32,
+        &args.autocast_override,
+        &vocabulary,
+    )?;
     let algorithm: Option<Algorithm> = args.algorithm.as_deref().map(str::parse).transpose()?;
     let reduction = Reduction {
         reducer: args.reducer.parse()?,

@@ -95,6 +95,17 @@ impl Format {
         }
     }
 
+    /// The narrower of two formats (fewer mantissa bits; `other` where they tie): an f32-class
+    /// op in a "true" preset still outputs 16-bit, and an override to 16-bit in a mixed preset
+    /// narrows the f32 stream.
+    pub fn narrower(self, other: Format) -> Format {
+        if self.finfo().mantissa_bits >= other.finfo().mantissa_bits {
+            other
+        } else {
+            self
+        }
+    }
+
     /// Bytes a value takes in storage (tf32: 4, carried in an f32).
     pub fn storage_bytes(self) -> usize {
         self.storage_bits() as usize / 8

@@ -10,6 +10,7 @@ use super::{ModelBuilder, Node, Var, refuse, shape_of};
 use crate::error::Result;
 use crate::format::Format;
 use crate::plan::{Op, TensorId, rotary};
+use crate::policy::{OpClass, OpKind};
 
 impl ModelBuilder {
     /// The sum over the last axis of x [..., c]: [...] (`x.sum(-1)`; autocast runs it in f32,
@@ -39,7 +40,7 @@ impl ModelBuilder {
                 ),
             ));
         }
-        let node = RowReduce { op, c, mean };
+        let node = RowReduce { c, mean };
         Ok(self.node(Box::new(node), vec![x], lead.to_vec()))
     }
 
@@ -119,7 +120,6 @@ impl ModelBuilder {
 /// A sum or mean of each row of c values.
 #[derive(Debug)]
 pub(crate) struct RowReduce {
-    op: &'static str,
     c: usize,
     mean: bool,
 }
@@ -128,20 +128,18 @@ impl RowReduce {
     fn divisor(&self) -> f32 {
         if self.mean { self.c as f32 } else { 1.0 }
     }
+
+    /// A sum (0) or a mean (1): autocast lists `sum` (f32), not `mean` (PyTorch's mean of a
+    /// 16-bit tensor is 16-bit, summed in f32).
+    pub(crate) const KINDS: [OpKind; 2] = [
+        OpKind::new("sum", OpClass::F32),
+        OpKind::new("mean", OpClass::Input),
+    ];
 }
 
 impl NodeOp for RowReduce {
-    fn name(&self) -> &'static str {
-        self.op
-    }
-
-    /// A sum autocast runs in f32 (the stream format); a mean in its input's format (autocast
-    /// lists `sum`, not `mean`: PyTorch's mean of a 16-bit tensor is 16-bit, summed in f32).
-    fn format(&self, cx: &Emit, node: &Node) -> Format {
-        match self.mean {
-            true => cx.format(node.inputs[0]),
-            false => cx.p.stream,
-        }
+    fn kind(&self) -> OpKind {
+        RowReduce::KINDS[self.mean as usize]
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -198,13 +196,13 @@ impl Scale {
     }
 }
 
-impl NodeOp for Scale {
-    fn name(&self) -> &'static str {
-        "scale"
-    }
+impl Scale {
+    pub(crate) const KIND: OpKind = OpKind::new("scale", OpClass::Input);
+}
 
-    fn format(&self, cx: &Emit, node: &Node) -> Format {
-        cx.format(node.inputs[0])
+impl NodeOp for Scale {
+    fn kind(&self) -> OpKind {
+        Scale::KIND
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -245,13 +243,13 @@ impl Dropout {
     }
 }
 
-impl NodeOp for Dropout {
-    fn name(&self) -> &'static str {
-        "dropout"
-    }
+impl Dropout {
+    pub(crate) const KIND: OpKind = OpKind::new("dropout", OpClass::Input);
+}
 
-    fn format(&self, cx: &Emit, node: &Node) -> Format {
-        cx.format(node.inputs[0])
+impl NodeOp for Dropout {
+    fn kind(&self) -> OpKind {
+        Dropout::KIND
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -297,13 +295,13 @@ impl Rotary {
     }
 }
 
-impl NodeOp for Rotary {
-    fn name(&self) -> &'static str {
-        "rotary"
-    }
+impl Rotary {
+    pub(crate) const KIND: OpKind = OpKind::new("rotary", OpClass::Input);
+}
 
-    fn format(&self, cx: &Emit, node: &Node) -> Format {
-        cx.format(node.inputs[0])
+impl NodeOp for Rotary {
+    fn kind(&self) -> OpKind {
+        Rotary::KIND
     }
 
     /// The table is a constant of the plan, kept for the backward.

@@ -5,11 +5,12 @@
 //! emission and its backward rule.
 
 use super::derive::{Emit, Saved};
-use super::ops::{Narrower, NodeOp};
+use super::ops::NodeOp;
 use super::{ModelBuilder, Node, Var, refuse, shape_of};
 use crate::error::Result;
 use crate::format::Format;
 use crate::plan::{Strided, TensorId};
+use crate::policy::{OpClass, OpKind};
 
 impl ModelBuilder {
     /// x [..., r, c] with its last two axes swapped: [..., c, r] (`x.transpose(-2, -1)` made
@@ -128,13 +129,13 @@ impl Narrow {
     }
 }
 
-impl NodeOp for Narrow {
-    fn name(&self) -> &'static str {
-        "narrow"
-    }
+impl Narrow {
+    pub(crate) const KIND: OpKind = OpKind::new("narrow", OpClass::Input);
+}
 
-    fn format(&self, cx: &Emit, node: &Node) -> Format {
-        cx.format(node.inputs[0])
+impl NodeOp for Narrow {
+    fn kind(&self) -> OpKind {
+        Narrow::KIND
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -176,13 +177,13 @@ pub(crate) struct Transpose {
     c: usize,
 }
 
-impl NodeOp for Transpose {
-    fn name(&self) -> &'static str {
-        "transpose"
-    }
+impl Transpose {
+    pub(crate) const KIND: OpKind = OpKind::new("transpose", OpClass::Input);
+}
 
-    fn format(&self, cx: &Emit, node: &Node) -> Format {
-        cx.format(node.inputs[0])
+impl NodeOp for Transpose {
+    fn kind(&self) -> OpKind {
+        Transpose::KIND
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -220,19 +221,13 @@ impl Concat {
     }
 }
 
-impl NodeOp for Concat {
-    fn name(&self) -> &'static str {
-        "concat"
-    }
+impl Concat {
+    pub(crate) const KIND: OpKind = OpKind::new("concat", OpClass::Input);
+}
 
-    fn format(&self, cx: &Emit, node: &Node) -> Format {
-        let mut formats = node.inputs.iter().map(|&x| cx.format(x));
-        let first = formats.next().expect("concat reads a value or more");
-        if formats.all(|f| f == first) {
-            first
-        } else {
-            Format::F32
-        }
+impl NodeOp for Concat {
+    fn kind(&self) -> OpKind {
+        Concat::KIND
     }
 
     /// One copy per input, each into its columns; the values keep their bits (a promoted

@@ -13,10 +13,12 @@
 //!   the gradients of a value read twice summed in f32 and rounded once
 //! - `run.rs`: a built model on a backend (its executor, losses, gradients, training steps)
 //!
-//! Each op takes its formats from the step's `Precision`, as the policy decides them for every
-//! preset and autocast override: a matmul's output is held in the compute format, a layer
-//! norm's in the narrower of its class's format and the stream's, a residual add's in the
-//! stream format, a gradient in the stream format once complete.
+//! Each op declares its kind (`policy::OpKind`: its name and autocast class); `vocabulary()`
+//! lists them, the one op vocabulary that autocast's overrides name. Each op takes its formats
+//! from the step's `Precision`, as the policy decides them for every preset and override: a
+//! matmul's output is held in the compute format, a layer norm's in the narrower of its class's
+//! format and the stream's, a residual add's in the stream format, a gradient in the stream
+//! format once complete.
 
 mod arith;
 mod derive;
@@ -28,8 +30,41 @@ pub use derive::{PlanOptions, stores_codes};
 pub use run::{ModelTrainer, Resize, RunOptions, Stepped, TrainState};
 
 use crate::error::{Error, Result};
+use crate::plan::Unary;
+use crate::policy::OpKind;
 use ops::NodeOp;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Every kind of op the builder records: the one op vocabulary (names and autocast classes)
+/// that autocast's overrides name and the profiles show. (`sub` and `split` are built from
+/// these: an add of a scaled value, narrows.)
+pub fn vocabulary() -> Vec<OpKind> {
+    use {arith::*, layout::*, ops::*};
+    let mut kinds = vec![
+        Embedding::KIND,
+        Linear::KIND,
+        Matmul::KIND,
+        Bmm::KIND,
+        LayerNorm::KIND,
+        RmsNorm::KIND,
+        Add::KIND,
+        Mul::KIND,
+        Reshape::KIND,
+        CrossEntropy::KIND,
+        Mse::KIND,
+        Scale::KIND,
+        Dropout::KIND,
+        Rotary::KIND,
+        Narrow::KIND,
+        Transpose::KIND,
+        Concat::KIND,
+    ];
+    kinds.extend(CausalAttention::KINDS);
+    kinds.extend(Softmax::KINDS);
+    kinds.extend(RowReduce::KINDS);
+    kinds.extend(Unary::ALL.iter().map(|&f| ops::unary_kind(f)));
+    kinds
+}
 
 /// A value of a model being built (a parameter, an input or an op's output), as its builder
 /// hands it out; only that builder's ops take it.

@@ -12,15 +12,21 @@ use crate::algorithm::MatmulShape;
 use crate::error::Result;
 use crate::format::Format;
 use crate::plan::{Attention, MaskKind, Op, ScoreMask, ScoreScale, Strided, TensorId, Unary};
-use crate::policy::Fp8Role;
+use crate::policy::{Fp8Role, OpClass, OpKind};
 
 /// One kind of model op.
 pub(crate) trait NodeOp: std::fmt::Debug + Send + Sync {
-    fn name(&self) -> &'static str;
+    /// Its name and autocast class (one of `vocabulary()`).
+    fn kind(&self) -> OpKind;
+
+    /// Its name (the builder method's, the errors' and the autocast overrides').
+    fn name(&self) -> &'static str {
+        self.kind().name
+    }
 
     /// A loss: its output is the scalar the step minimises (its gradient is the seed).
     fn is_loss(&self) -> bool {
-        false
+        self.kind().loss
     }
 
     /// An fp8 linear layer (a slot of amaxes and scales per layer and role).
@@ -50,9 +56,14 @@ pub(crate) trait NodeOp: std::fmt::Debug + Send + Sync {
         true
     }
 
-    /// The format its output is held in, as autocast holds the tensor (`cx.format` of its
-    /// inputs: an op that runs in its inputs' dtype keeps theirs, two of them promoted).
-    fn format(&self, cx: &Emit, node: &Node) -> Format;
+    /// The format its output is held in, as autocast holds the tensor: its class's
+    /// (`Precision::held`), an op that runs in its inputs' dtype keeping theirs (`cx.format`),
+    /// several of them promoted.
+    fn format(&self, cx: &Emit, node: &Node) -> Format {
+        let inputs = node.inputs.iter().map(|&x| cx.format(x));
+        let input = inputs.reduce(promote).unwrap_or(cx.p.stream);
+        cx.p.held(self.kind(), input)
+    }
 
     /// Records the forward ops; returns the output's tensor and what the backward reads.
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved);
@@ -113,9 +124,13 @@ pub(crate) struct Embedding {
     pub c: usize,
 }
 
+impl Embedding {
+    pub(crate) const KIND: OpKind = OpKind::new("embedding", OpClass::Input);
+}
+
 impl NodeOp for Embedding {
-    fn name(&self) -> &'static str {
-        "embedding"
+    fn kind(&self) -> OpKind {
+        Embedding::KIND
     }
 
     fn format(&self, cx: &Emit, node: &Node) -> Format {
@@ -184,17 +199,17 @@ pub(crate) struct Linear {
     pub m: usize,
 }
 
+impl Linear {
+    pub(crate) const KIND: OpKind = OpKind::new("linear", OpClass::MatmulLike);
+}
+
 impl NodeOp for Linear {
-    fn name(&self) -> &'static str {
-        "linear"
+    fn kind(&self) -> OpKind {
+        Linear::KIND
     }
 
     fn is_linear(&self) -> bool {
         true
-    }
-
-    fn format(&self, cx: &Emit, _: &Node) -> Format {
-        cx.p.compute
     }
 
     /// y = x . w + b as autocast's linear computes it (cuBLASLt's bias epilogue, or the GEMM
@@ -294,13 +309,13 @@ pub(crate) struct Matmul {
     pub transpose_w: bool,
 }
 
-impl NodeOp for Matmul {
-    fn name(&self) -> &'static str {
-        "matmul"
-    }
+impl Matmul {
+    pub(crate) const KIND: OpKind = OpKind::new("matmul", OpClass::MatmulLike);
+}
 
-    fn format(&self, cx: &Emit, _: &Node) -> Format {
-        cx.p.compute
+impl NodeOp for Matmul {
+    fn kind(&self) -> OpKind {
+        Matmul::KIND
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -387,13 +402,13 @@ pub(crate) struct Bmm {
     pub transpose_b: bool,
 }
 
-impl NodeOp for Bmm {
-    fn name(&self) -> &'static str {
-        "bmm"
-    }
+impl Bmm {
+    pub(crate) const KIND: OpKind = OpKind::new("bmm", OpClass::MatmulLike);
+}
 
-    fn format(&self, cx: &Emit, _: &Node) -> Format {
-        cx.p.compute
+impl NodeOp for Bmm {
+    fn kind(&self) -> OpKind {
+        Bmm::KIND
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -453,13 +468,13 @@ pub(crate) struct LayerNorm {
     pub c: usize,
 }
 
-impl NodeOp for LayerNorm {
-    fn name(&self) -> &'static str {
-        "layer_norm"
-    }
+impl LayerNorm {
+    pub(crate) const KIND: OpKind = OpKind::new("layer_norm", OpClass::F32);
+}
 
-    fn format(&self, cx: &Emit, _: &Node) -> Format {
-        cx.p.layer_norm.narrower(cx.p.stream)
+impl NodeOp for LayerNorm {
+    fn kind(&self) -> OpKind {
+        LayerNorm::KIND
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -544,17 +559,19 @@ impl ModelBuilder {
     }
 }
 
+/// A function of the unary family: its name, and autocast's class of those (none is on
+/// autocast's lists: each runs in its input's format).
+pub(crate) fn unary_kind(f: Unary) -> OpKind {
+    OpKind::new(f.name(), OpClass::Input)
+}
+
 impl NodeOp for Unary {
-    fn name(&self) -> &'static str {
-        Unary::name(*self)
+    fn kind(&self) -> OpKind {
+        unary_kind(*self)
     }
 
     fn output_overwritable(&self) -> bool {
         !self.reads_output()
-    }
-
-    fn format(&self, cx: &Emit, node: &Node) -> Format {
-        cx.format(node.inputs[0])
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -624,13 +641,13 @@ impl ModelBuilder {
 #[derive(Debug)]
 pub(crate) struct Add;
 
-impl NodeOp for Add {
-    fn name(&self) -> &'static str {
-        "add"
-    }
+impl Add {
+    pub(crate) const KIND: OpKind = OpKind::new("add", OpClass::Input);
+}
 
-    fn format(&self, cx: &Emit, node: &Node) -> Format {
-        promote(cx.format(node.inputs[0]), cx.format(node.inputs[1]))
+impl NodeOp for Add {
+    fn kind(&self) -> OpKind {
+        Add::KIND
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -842,6 +859,11 @@ impl CausalAttention {
         (1.0 / (self.d as f64).sqrt() as f32) as f64
     }
 
+    /// The format the probabilities are held in: softmax's (its override applies).
+    fn probs(cx: &Emit) -> Format {
+        cx.p.held(Softmax::KINDS[0], Format::F32)
+    }
+
     fn spec(&self, cx: &Emit) -> Attention {
         let p = cx.p;
         Attention {
@@ -851,7 +873,7 @@ impl CausalAttention {
             d: self.d,
             scale: self.scale(),
             algorithm: p.matmul,
-            probs: p.softmax.narrower(p.stream),
+            probs: Self::probs(cx),
             compute: p.compute,
         }
     }
@@ -924,13 +946,17 @@ impl CausalAttention {
     }
 }
 
+impl CausalAttention {
+    /// Without the causal mask (0) and with it (1).
+    pub(crate) const KINDS: [OpKind; 2] = [
+        OpKind::new("attention", OpClass::MatmulLike),
+        OpKind::new("causal_attention", OpClass::MatmulLike),
+    ];
+}
+
 impl NodeOp for CausalAttention {
-    fn name(&self) -> &'static str {
-        if self.causal {
-            "causal_attention"
-        } else {
-            "attention"
-        }
+    fn kind(&self) -> OpKind {
+        CausalAttention::KINDS[self.causal as usize]
     }
 
     /// Only the causal attention without a key mask has fused kernels (and so a say in
@@ -941,10 +967,6 @@ impl NodeOp for CausalAttention {
 
     fn reads_as_bias(&self, input: usize) -> bool {
         input == 1 && self.mask.is_some_and(|m| m.kind == MaskKind::Bias)
-    }
-
-    fn format(&self, cx: &Emit, _: &Node) -> Format {
-        cx.p.compute
     }
 
     /// Fused: q|k|v and each score row's (max, sum) kept. Unfused: q, k, v copied out by head,
@@ -991,7 +1013,7 @@ impl NodeOp for CausalAttention {
             scale: self.score_scale(cx),
             x_held: Format::F32,
         });
-        cx.g.round(att, cx.p.softmax.narrower(cx.p.stream));
+        cx.g.round(att, Self::probs(cx));
         let y = cx.mm(
             MatmulShape::batched(b * h, (t, d, t), false, false),
             (att, v),
@@ -1119,17 +1141,17 @@ impl Softmax {
     }
 }
 
-impl NodeOp for Softmax {
-    fn name(&self) -> &'static str {
-        if self.causal {
-            "causal_softmax"
-        } else {
-            "softmax"
-        }
-    }
+impl Softmax {
+    /// Without the causal mask (0) and with it (1).
+    pub(crate) const KINDS: [OpKind; 2] = [
+        OpKind::new("softmax", OpClass::F32),
+        OpKind::new("causal_softmax", OpClass::F32),
+    ];
+}
 
-    fn format(&self, cx: &Emit, _: &Node) -> Format {
-        cx.p.softmax.narrower(cx.p.stream)
+impl NodeOp for Softmax {
+    fn kind(&self) -> OpKind {
+        Softmax::KINDS[self.causal as usize]
     }
 
     fn output_overwritable(&self) -> bool {
@@ -1194,13 +1216,13 @@ impl ModelBuilder {
 #[derive(Debug)]
 pub(crate) struct Reshape;
 
-impl NodeOp for Reshape {
-    fn name(&self) -> &'static str {
-        "reshape"
-    }
+impl Reshape {
+    pub(crate) const KIND: OpKind = OpKind::new("reshape", OpClass::Input);
+}
 
-    fn format(&self, cx: &Emit, node: &Node) -> Format {
-        cx.format(node.inputs[0])
+impl NodeOp for Reshape {
+    fn kind(&self) -> OpKind {
+        Reshape::KIND
     }
 
     fn output_overwritable(&self) -> bool {
@@ -1253,17 +1275,13 @@ pub(crate) struct CrossEntropy {
     pub v: usize,
 }
 
+impl CrossEntropy {
+    pub(crate) const KIND: OpKind = OpKind::loss("cross_entropy");
+}
+
 impl NodeOp for CrossEntropy {
-    fn name(&self) -> &'static str {
-        "cross_entropy"
-    }
-
-    fn format(&self, _: &Emit, _: &Node) -> Format {
-        Format::F32
-    }
-
-    fn is_loss(&self) -> bool {
-        true
+    fn kind(&self) -> OpKind {
+        CrossEntropy::KIND
     }
 
     fn loss_rows(&self, model: &Model, node: &Node) -> usize {
@@ -1323,13 +1341,13 @@ pub(crate) struct RmsNorm {
     pub eps: f32,
 }
 
-impl NodeOp for RmsNorm {
-    fn name(&self) -> &'static str {
-        "rms_norm"
-    }
+impl RmsNorm {
+    pub(crate) const KIND: OpKind = OpKind::new("rms_norm", OpClass::F32);
+}
 
-    fn format(&self, cx: &Emit, _: &Node) -> Format {
-        cx.p.rms_norm.narrower(cx.p.stream)
+impl NodeOp for RmsNorm {
+    fn kind(&self) -> OpKind {
+        RmsNorm::KIND
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -1397,13 +1415,13 @@ impl Mul {
     }
 }
 
-impl NodeOp for Mul {
-    fn name(&self) -> &'static str {
-        "mul"
-    }
+impl Mul {
+    pub(crate) const KIND: OpKind = OpKind::new("mul", OpClass::Input);
+}
 
-    fn format(&self, cx: &Emit, node: &Node) -> Format {
-        promote(cx.format(node.inputs[0]), cx.format(node.inputs[1]))
+impl NodeOp for Mul {
+    fn kind(&self) -> OpKind {
+        Mul::KIND
     }
 
     fn forward(&self, cx: &mut Emit, node: &Node) -> (TensorId, Saved) {
@@ -1467,17 +1485,13 @@ pub(crate) struct Mse {
     pub rows: usize,
 }
 
+impl Mse {
+    pub(crate) const KIND: OpKind = OpKind::loss("mse");
+}
+
 impl NodeOp for Mse {
-    fn name(&self) -> &'static str {
-        "mse"
-    }
-
-    fn format(&self, _: &Emit, _: &Node) -> Format {
-        Format::F32
-    }
-
-    fn is_loss(&self) -> bool {
-        true
+    fn kind(&self) -> OpKind {
+        Mse::KIND
     }
 
     fn loss_rows(&self, _: &Model, _: &Node) -> usize {
@@ -1516,20 +1530,4 @@ fn transposed_a(m: usize, n: usize, rows: usize) -> MatmulShape {
 /// A . B^T for B stored n x k (dx = dy . W^T, W stored din x dout).
 fn transposed_b(m: usize, n: usize, k: usize) -> MatmulShape {
     MatmulShape::batched(1, (m, n, k), false, true)
-}
-
-pub(crate) trait Narrower {
-    /// The narrower of two formats: an f32-class op in a "true" preset still outputs 16-bit,
-    /// and an override to 16-bit in a mixed preset narrows the f32 stream.
-    fn narrower(self, other: Format) -> Format;
-}
-
-impl Narrower for Format {
-    fn narrower(self, other: Format) -> Format {
-        if self.finfo().mantissa_bits >= other.finfo().mantissa_bits {
-            other
-        } else {
-            self
-        }
-    }
 }

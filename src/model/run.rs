@@ -272,7 +272,7 @@ impl<'a> ModelTrainer<'a> {
             ));
         }
         let caps = backend.capabilities();
-        let precision = Precision::decide(request, &caps)?;
+        let precision = Precision::decide(request, &caps, &super::vocabulary())?;
         let heads = model.attention_heads();
         // Fused by default where the backend prefers it for every attention op of the model; a
         // fused op its executor has no kernel for is refused as the executor is built.

@@ -213,99 +213,53 @@ impl Preset {
 /// Autocast op classes, as in PyTorch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum OpClass {
-    /// linear, matmul, bmm, attention scores: run in the compute format.
+    /// linear, matmul, bmm, attention: run in the compute format.
     MatmulLike,
-    /// softmax, log-softmax, layer norm, RMS norm, cross entropy, mean squared error,
-    /// sums/means, exp/log, pow: run in f32.
+    /// softmax, layer norm, RMS norm, sums, the losses: run in f32.
     F32,
-    /// Everything else runs in the format of its inputs.
+    /// Everything else runs in the format of its inputs (two of them promoted).
     Input,
 }
 
-/// An op the training executor runs, for autocast purposes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Op {
-    /// A linear layer (x . W + b).
-    Linear,
-    /// A matrix product.
-    Matmul,
-    /// A batched matrix product.
-    Bmm,
-    /// Attention's scores q.k^T.
-    AttentionScores,
-    /// Softmax.
-    Softmax,
-    /// Log-softmax.
-    LogSoftmax,
-    /// Layer norm.
-    LayerNorm,
-    /// Cross entropy.
-    CrossEntropy,
-    /// A sum.
-    Sum,
-    /// A mean.
-    Mean,
-    /// exp.
-    Exp,
-    /// log.
-    Log,
-    /// pow.
-    Pow,
-    /// GELU.
-    Gelu,
-    /// An add (bias, residual).
-    Add,
-    /// An embedding lookup.
-    Embedding,
-    /// RMS norm.
-    RmsNorm,
-    /// Mean squared error.
-    MseLoss,
-    /// SiLU.
-    Silu,
-    /// An elementwise product.
-    Mul,
+/// What autocast knows of an op of the model builder: its name and its class. The ops declare
+/// their kinds (`model::vocabulary` lists them): the one op vocabulary, which autocast's
+/// overrides name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct OpKind {
+    /// The op's name (the builder's, the profiles', the overrides').
+    pub name: &'static str,
+    /// Its autocast class.
+    pub class: OpClass,
+    /// A loss: its scalar is f32 under every preset.
+    pub loss: bool,
 }
 
-named_enum!(Op, "op", [
-    Linear => "linear",
-    Matmul => "matmul",
-    Bmm => "bmm",
-    AttentionScores => "attention_scores",
-    Softmax => "softmax",
-    LogSoftmax => "log_softmax",
-    LayerNorm => "layer_norm",
-    CrossEntropy => "cross_entropy",
-    Sum => "sum",
-    Mean => "mean",
-    Exp => "exp",
-    Log => "log",
-    Pow => "pow",
-    Gelu => "gelu",
-    Add => "add",
-    Embedding => "embedding",
-    RmsNorm => "rms_norm",
-    MseLoss => "mse_loss",
-    Silu => "silu",
-    Mul => "mul",
-]);
+impl OpKind {
+    /// An op of `class` that is not a loss.
+    pub const fn new(name: &'static str, class: OpClass) -> OpKind {
+        OpKind {
+            name,
+            class,
+            loss: false,
+        }
+    }
 
-impl Op {
-    /// Its autocast class, as PyTorch's autocast lists it.
-    pub fn class(self) -> OpClass {
-        match self {
-            Op::Linear | Op::Matmul | Op::Bmm | Op::AttentionScores => OpClass::MatmulLike,
-            Op::Softmax
-            | Op::LogSoftmax
-            | Op::LayerNorm
-            | Op::CrossEntropy
-            | Op::Sum
-            | Op::Exp
-            | Op::Log
-            | Op::Pow
-            | Op::RmsNorm
-            | Op::MseLoss => OpClass::F32,
-            Op::Gelu | Op::Add | Op::Embedding | Op::Silu | Op::Mul | Op::Mean => OpClass::Input,
+    /// A loss (autocast's f32 class).
+    pub const fn loss(name: &'static str) -> OpKind {
+        OpKind {
+            name,
+            class: OpClass::F32,
+            loss: true,
+        }
+    }
+
+    /// Whether a training step takes an override of its format: the linear layers' (the
+    /// format every matmul-like op computes in) and each f32-class op that holds an output.
+    fn overridable(&self) -> bool {
+        match self.class {
+            OpClass::MatmulLike => self.name == "linear",
+            OpClass::F32 => !self.loss,
+            OpClass::Input => false,
         }
     }
 }
@@ -313,55 +267,81 @@ impl Op {
 /// Autocast: the format each op runs in under a preset, with per-op overrides.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Autocast {
-    /// The format matmul-like ops compute in.
+    /// The format matmul-like ops compute in (the linear layers' override applied).
     pub compute: Format,
-    /// Per-op formats that replace the class's choice.
-    pub overrides: BTreeMap<Op, Format>,
+    /// The f32-class ops' formats that replace f32, by op name.
+    pub overrides: BTreeMap<&'static str, Format>,
 }
 
 impl Autocast {
-    /// Autocast computing matmul-like ops in `compute`, with no overrides.
-    pub fn new(compute: Format) -> Autocast {
-        Autocast {
+    /// Autocast computing matmul-like ops in `compute`, under "op=format[,op=format...]"
+    /// overrides (e.g. "softmax=bf16"; nothing: none) of the ops of `vocabulary`. Refused: an
+    /// empty item, an op named twice, an op not in the vocabulary (the error lists them), and an
+    /// override a step would not honour (of an op whose format follows another's: a matmul-like
+    /// op other than linear, a loss, an op that runs in its input's format).
+    pub fn new(compute: Format, spec: &str, vocabulary: &[OpKind]) -> Result<Autocast> {
+        let mut autocast = Autocast {
             compute,
             overrides: BTreeMap::new(),
-        }
-    }
-
-    /// Parses "op=format[,op=format...]" overrides, e.g. "softmax=bf16" (nothing: none). An
-    /// empty item or an op named twice is refused.
-    pub fn with_overrides(mut self, spec: &str) -> Result<Autocast> {
+        };
         if spec.trim().is_empty() {
-            return Ok(self);
+            return Ok(autocast);
         }
         for item in spec.split(',').map(str::trim) {
-            let (op, format) = item.split_once('=').ok_or_else(|| {
+            let (name, format) = item.split_once('=').ok_or_else(|| {
                 Error::invalid(
                     "autocast override",
                     format!("'{item}': write OP=FORMAT, e.g. softmax=bf16"),
                 )
             })?;
-            let op: Op = op.parse()?;
-            if self.overrides.insert(op, format.parse()?).is_some() {
+            let name = name.trim().to_ascii_lowercase();
+            let op = *(vocabulary.iter().find(|op| op.name == name)).ok_or_else(|| {
+                Error::UnknownName {
+                    kind: "op",
+                    given: name.clone(),
+                    valid: vocabulary.iter().map(|op| op.name.to_string()).collect(),
+                }
+            })?;
+            if !op.overridable() {
+                let honoured: Vec<&str> = (vocabulary.iter())
+                    .filter(|op| op.overridable())
+                    .map(|op| op.name)
+                    .collect();
                 return Err(Error::invalid(
                     "autocast override",
-                    format!("'{spec}' names {} twice", op.name()),
+                    format!(
+                        "{name}: a training step takes no override of it (its format follows {}); \
+                         it takes overrides of {}",
+                        match op.class {
+                            OpClass::MatmulLike => "the linear layers'",
+                            OpClass::F32 => "f32, as every loss's",
+                            OpClass::Input => "its input's",
+                        },
+                        honoured.join(", ")
+                    ),
+                ));
+            }
+            let format: Format = format.parse()?;
+            if op.class == OpClass::F32
+                && !matches!(format, Format::F32 | Format::Bf16 | Format::F16)
+            {
+                return Err(Error::invalid(
+                    "autocast override",
+                    format!("{name}={format}: an output is held in f32, bf16 or f16"),
+                ));
+            }
+            if op.class == OpClass::MatmulLike {
+                autocast.compute = format;
+            }
+            if autocast.overrides.insert(op.name, format).is_some() {
+                return Err(Error::invalid(
+                    "autocast override",
+                    format!("'{spec}' names {name} twice"),
                 ));
             }
         }
-        Ok(self)
-    }
-
-    /// The format `op` runs in when its inputs are in `input`.
-    pub fn format_for(&self, op: Op, input: Format) -> Format {
-        if let Some(f) = self.overrides.get(&op) {
-            return *f;
-        }
-        match op.class() {
-            OpClass::MatmulLike => self.compute,
-            OpClass::F32 => Format::F32,
-            OpClass::Input => input,
-        }
+        autocast.overrides.retain(|name, _| *name != "linear");
+        Ok(autocast)
     }
 }
 

@@ -2,10 +2,12 @@
 //! a pinned algorithm, the fp8 recipe and the autocast overrides, against what the backend
 //! accelerates. The model records its step from this decision and never re-decides it.
 
-use super::{Autocast, Capabilities, Fp8Recipe, Fp8Role, Op, PrecisionClass, Preset, PresetSpec};
+use super::PresetSpec;
+use super::{Autocast, Capabilities, Fp8Recipe, Fp8Role, OpClass, OpKind, PrecisionClass, Preset};
 use crate::algorithm::{Algorithm, Scaling};
 use crate::error::{Error, Result};
 use crate::format::Format;
+use std::collections::BTreeMap;
 
 /// The formats and algorithms of one training step (what autocast and the preset decide).
 #[derive(Clone, Debug, PartialEq)]
@@ -18,13 +20,9 @@ pub struct Precision {
     /// Format of everything else (residual stream, LayerNorm and softmax outputs, gradients):
     /// f32 in mixed presets, the 16-bit format in "true" presets.
     pub stream: Format,
-    /// Formats of the f32-class ops that hold an output (softmax, layer norm, RMS norm), after
-    /// overrides; the losses (cross entropy, mean squared error) compute in f32 too.
-    pub softmax: Format,
-    /// Format layer norm's output is held in.
-    pub layer_norm: Format,
-    /// Format RMS norm's output is held in.
-    pub rms_norm: Format,
+    /// The formats that replace f32 for f32-class ops, by op name (autocast's overrides; the
+    /// losses always compute in f32).
+    pub overrides: BTreeMap<&'static str, Format>,
     /// fp8 linear layers (transformer-engine): the recipe, current or delayed scaling.
     pub fp8: Option<Fp8Recipe>,
     /// Format of the weights and AdamW moments (f32 master weights, or 16-bit in "true"
@@ -61,38 +59,22 @@ impl PrecisionRequest<'static> {
     }
 }
 
-/// The ops whose autocast override a training step honours: the matmul-like ops' format (the
-/// linear layers', which every matmul of the step follows) and the three f32-class ops that
-/// hold an output. An override of any other op would change nothing and is refused.
-const HONOURED_OVERRIDES: [Op; 4] = [Op::Linear, Op::Softmax, Op::LayerNorm, Op::RmsNorm];
-
 impl Precision {
-    /// The precision of a step under `request` on a backend with `caps`.
-    pub fn decide(request: &PrecisionRequest, caps: &Capabilities) -> Result<Precision> {
+    /// The precision of a step under `request` on a backend with `caps`, whose overrides name
+    /// ops of `vocabulary` (`model::vocabulary()`).
+    pub fn decide(
+        request: &PrecisionRequest,
+        caps: &Capabilities,
+        vocabulary: &[OpKind],
+    ) -> Result<Precision> {
         let spec: PresetSpec = request.preset.spec();
         let stream = if spec.master_weights || spec.compute == Format::F32 {
             Format::F32
         } else {
             spec.params
         };
-        let autocast = Autocast::new(spec.compute).with_overrides(request.autocast_overrides)?;
-        if let Some(op) = (autocast.overrides.keys()).find(|op| !HONOURED_OVERRIDES.contains(op)) {
-            let honoured: Vec<&str> = HONOURED_OVERRIDES.iter().map(|o| o.name()).collect();
-            return Err(Error::invalid(
-                "autocast override",
-                format!(
-                    "{op}: a training step takes no override of it (its format follows {}); it \
-                     takes overrides of {}",
-                    match op.class() {
-                        super::OpClass::MatmulLike => "the linear layers'",
-                        super::OpClass::F32 => "f32, as every loss and reduction",
-                        super::OpClass::Input => "its input's",
-                    },
-                    honoured.join(", ")
-                ),
-            ));
-        }
-        let compute = autocast.format_for(Op::Linear, stream);
+        let autocast = Autocast::new(spec.compute, request.autocast_overrides, vocabulary)?;
+        let compute = autocast.compute;
         let matmul = match (request.algorithm, compute) {
             (Some(a), _) => a,
             (None, Format::F32) => request.matmul_precision.resolve(caps),
@@ -118,12 +100,24 @@ impl Precision {
             matmul,
             compute,
             stream,
-            softmax: autocast.format_for(Op::Softmax, stream),
-            layer_norm: autocast.format_for(Op::LayerNorm, stream),
-            rms_norm: autocast.format_for(Op::RmsNorm, stream),
+            overrides: autocast.overrides,
             fp8,
             weights: spec.params,
         })
+    }
+
+    /// The format the output of an op of kind `op` is held in, its inputs held in `input`:
+    /// autocast's choice by the op's class and the overrides, the f32 class narrowed to the
+    /// stream format in "true" presets (their losses stay f32).
+    pub fn held(&self, op: OpKind, input: Format) -> Format {
+        match op.class {
+            OpClass::MatmulLike => self.compute,
+            OpClass::F32 if op.loss => Format::F32,
+            OpClass::F32 => (self.overrides.get(op.name).copied())
+                .unwrap_or(Format::F32)
+                .narrower(self.stream),
+            OpClass::Input => input,
+        }
     }
 
     /// Whether the fp8 linear layers take their scales from amax histories (the step then
