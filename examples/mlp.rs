@@ -1,13 +1,15 @@
 //! A two-layer MLP that tells two interleaved spirals apart: points generated here (nothing to
 //! download), the model written with the builder, trained full-batch with AdamW under a
-//! precision preset, and its accuracy on the training points and on fresh ones.
+//! precision preset, and its accuracy on the training points and on fresh ones. Under mpirun it
+//! trains data parallel, each rank on its share of the points (build with `--features mpi`).
 //!
 //! `cargo run --release --example mlp -- --backend wgpu --precision bf16-mixed`
+//! `mpirun -np 2 target/release/examples/mlp --backend reference`
 
 mod common;
 
 use mantissa::Result;
-use mantissa::model::{Init, Model, ModelBuilder, ModelTrainer};
+use mantissa::model::{Init, Model, ModelBuilder, ModelTrainer, RunOptions};
 
 /// Points of each spiral.
 const PER_CLASS: usize = 256;
@@ -65,33 +67,66 @@ fn accuracy(logits: &[f32], labels: &[u32]) -> f64 {
 
 fn main() {
     common::main(|args, backend| {
+        // Under mpirun each rank trains the MLP of its share of the points, the gradients
+        // summed over the ranks every step: the one-process training, data parallel. Alone,
+        // the world is one rank and the share is every point.
+        let world = mantissa::dist::world()?;
+        let group = world.as_ref();
         let (points, labels) = spirals(args.seed);
         let n = labels.len();
-        let mut t = ModelTrainer::new(backend, mlp(n)?, &args.request(), None, args.seed)?;
+        let ranks = group.size();
+        if n % ranks != 0 {
+            return Err(mantissa::Error::invalid(
+                "ranks",
+                format!("{ranks}: the {n} points must split evenly over the ranks"),
+            ));
+        }
+        let share = n / ranks;
+        let mine = |all: &[u32]| all[group.rank() * share..][..share].to_vec();
+        let mine_xy = |all: &[f32]| all[2 * group.rank() * share..][..2 * share].to_vec();
+        let options = RunOptions {
+            group,
+            ..RunOptions::new(args.seed)
+        };
+        let mut t = ModelTrainer::with_options(backend, mlp(share)?, &args.request(), options)?;
         t.adamw.lr = 1e-2;
         t.adamw.weight_decay = 0.0;
+        let (points, labels) = (mine_xy(&points), mine(&labels));
         pollster::block_on(t.set_values(0, &points))?;
         let steps = args.steps.unwrap_or(400);
+        let lead = group.rank() == 0;
         let start = std::time::Instant::now();
         for step in 1..=steps {
             let s = pollster::block_on(t.step(&[], &labels))?;
-            if step % 100 == 0 || step == steps {
-                println!("step {step:4}  loss {:.4}", s.loss);
+            if lead && (step % 100 == 0 || step == steps) {
+                println!("step {step:4}  loss {:.6}", s.loss);
             }
         }
         let seconds = start.elapsed().as_secs_f64();
+        // Points classified right, this rank's share of them, summed over the ranks.
+        let mut right = [0.0; 2];
         pollster::block_on(t.loss(&[], &labels))?;
-        let trained = accuracy(&pollster::block_on(t.outputs())?, &labels);
+        right[0] = share as f64 * accuracy(&pollster::block_on(t.outputs())?, &labels);
         // Fresh points of the same spirals.
         let (fresh, fresh_labels) = spirals(args.seed + 1);
+        let (fresh, fresh_labels) = (mine_xy(&fresh), mine(&fresh_labels));
         pollster::block_on(t.set_values(0, &fresh))?;
         pollster::block_on(t.loss(&[], &fresh_labels))?;
-        let held_out = accuracy(&pollster::block_on(t.outputs())?, &fresh_labels);
-        println!(
-            "accuracy {:.1}% on the {n} training points, {:.1}% on fresh ones ({steps} steps in {seconds:.1} s)",
-            100.0 * trained,
-            100.0 * held_out
-        );
-        Ok(())
+        right[1] = share as f64 * accuracy(&pollster::block_on(t.outputs())?, &fresh_labels);
+        group.sum_f64(&mut right)?;
+        if lead {
+            println!(
+                "accuracy {:.1}% on the {n} training points, {:.1}% on fresh ones ({steps} steps \
+                 in {seconds:.1} s{})",
+                100.0 * right[0] / n as f64,
+                100.0 * right[1] / n as f64,
+                if ranks > 1 {
+                    format!(", {ranks} ranks")
+                } else {
+                    String::new()
+                }
+            );
+        }
+        group.barrier()
     })
 }
