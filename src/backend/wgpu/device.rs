@@ -282,6 +282,9 @@ pub struct Pipeline {
     pub layout: wgpu::BindGroupLayout,
 }
 
+/// A kernel's place in the pipeline cache: empty until its first build succeeds.
+type PipelineSlot = Arc<Mutex<Option<Arc<Pipeline>>>>;
+
 /// The device and everything cached on it.
 pub struct Gpu {
     /// The wgpu device.
@@ -308,7 +311,10 @@ pub struct Gpu {
     /// Loop iterations one invocation may run before the driver stops its loops, measured
     /// when the device opens (`budget.rs`); None where there is no such limit.
     pub loop_budget: Option<u32>,
-    pipelines: Mutex<HashMap<Kernel, Arc<Pipeline>>>,
+    /// Each kernel's slot: the first thread to need it builds it under the slot's own lock,
+    /// so that threads asking for the same kernel at once wait for that one build instead of
+    /// compiling it again (seconds apiece on a software adapter); other kernels build alongside.
+    pipelines: Mutex<HashMap<Kernel, PipelineSlot>>,
     /// Pipelines built but whose error scope has not been read yet (see `pipeline`).
     unchecked_builds: Mutex<Vec<(Kernel, ScopeCheck)>>,
     uncaptured: Arc<Mutex<Option<wgpu::Error>>>,
@@ -427,6 +433,7 @@ impl Gpu {
         let mut first_error = None;
         for (kernel, check) in pending {
             if let Some(e) = check.await {
+                // Its slot goes with it: the next use builds the kernel again.
                 if let Ok(mut m) = self.pipelines.lock() {
                     m.remove(&kernel);
                 }
@@ -472,13 +479,13 @@ impl Gpu {
 
     /// The compiled pipeline of `kernel`, built on first use and cached.
     pub fn pipeline(&self, kernel: &Kernel) -> Result<Arc<Pipeline>> {
-        if let Some(p) = self
-            .pipelines
-            .lock()
-            .ok()
-            .and_then(|m| m.get(kernel).cloned())
-        {
-            return Ok(p);
+        let slot = {
+            let mut slots = self.pipelines.lock().unwrap_or_else(|e| e.into_inner());
+            slots.entry(*kernel).or_default().clone()
+        };
+        let mut built = slot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = built.as_ref() {
+            return Ok(p.clone());
         }
         if kernel.needs_f16() && !self.features.contains(wgpu::Features::SHADER_F16) {
             return Err(Error::MissingFeature {
@@ -495,9 +502,7 @@ impl Gpu {
             });
         }
         let pipeline = Arc::new(self.build(kernel)?);
-        if let Ok(mut m) = self.pipelines.lock() {
-            m.insert(*kernel, pipeline.clone());
-        }
+        *built = Some(pipeline.clone());
         Ok(pipeline)
     }
 
