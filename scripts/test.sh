@@ -11,7 +11,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+# A process and its children, ended (the browser test's, where a stage beside it failed).
+end_tree() {
+    local child
+    for child in $(pgrep -P "$1" 2>/dev/null); do end_tree "$child"; done
+    kill "$1" 2>/dev/null || true
+}
+trap 'rm -f "$log"; [ -z "${web_pid:-}" ] || end_tree "$web_pid"' EXIT
 # Tests that skip say so here (tests/common: `skip`); listed after the run.
 skipped=target/tmp/skipped.txt
 # The fuzz suite (tests/fuzz.rs) counts the inputs it tried here.
@@ -28,6 +34,17 @@ cargo test --doc --features mpi "$@" 2>&1 | tee -a "$log"
 # The gate: both backends named, so a wgpu that is absent fails it as a contract break does
 # (one timed repetition and a few training steps: it checks numerics, it does not time them).
 ./target/debug/mantissa report --backends reference,wgpu --reps 1 --train-steps 5 --out target/report
+# The browser test, beside the stages below: its page keeps one core busy (SwiftShader) for
+# about ten minutes, and they can use the other. Its packages and wasm come first, in the
+# foreground (no two apt or cargo runs at once); its output is told after the stages.
+web_log=target/tmp/web.log
+web_pid=
+mkdir -p target/tmp
+if command -v apt-get >/dev/null || command -v chromium >/dev/null; then
+    bash scripts/web.sh prepare
+    bash scripts/web.sh test --native target/debug/mantissa > "$web_log" 2>&1 &
+    web_pid=$!
+fi
 if command -v dpkg-deb >/dev/null && [ "$(uname -m)" = x86_64 ]; then
     # The conformance suite's default wgpu backend, which runs the 16-bit matmuls on cooperative
     # matrices there; its variants (runtime checks, packed f16, rows on the GPU) run above.
@@ -40,11 +57,6 @@ if command -v dpkg-deb >/dev/null && [ "$(uname -m)" = x86_64 ]; then
     echo "cooperative matrices: passed" >> "$log"
 else
     echo "SKIPPED cooperative matrices: scripts/lavapipe-coop.sh needs Debian's dpkg-deb on x86_64" | tee -a "$log"
-fi
-if command -v apt-get >/dev/null || command -v chromium >/dev/null; then
-    bash scripts/web.sh test --native target/debug/mantissa 2>&1 | tee -a "$log"
-else
-    echo "SKIPPED browser test: needs Debian's chromium, chromium-driver and python3-selenium" | tee -a "$log"
 fi
 # The Python package: the wheel built once (maturin, the dev profile and the features the tests
 # use, so that it links the engine compiled above instead of compiling it again), installed with
@@ -62,6 +74,15 @@ if command -v python3 >/dev/null; then
     echo "python package: passed" >> "$log"
 else
     echo "SKIPPED python package: no python3" | tee -a "$log"
+fi
+if [ -n "$web_pid" ]; then
+    web_status=0
+    wait "$web_pid" || web_status=$?
+    web_pid=
+    tee -a "$log" < "$web_log"
+    [ "$web_status" -eq 0 ] || { echo "browser test failed (exit $web_status)"; exit "$web_status"; }
+else
+    echo "SKIPPED browser test: needs Debian's chromium, chromium-driver and python3-selenium" | tee -a "$log"
 fi
 if [ -s "$fuzzed" ]; then
     cat "$fuzzed"

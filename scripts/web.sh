@@ -3,6 +3,7 @@
 #   bash scripts/web.sh serve [PORT]   build it and serve it on http://localhost:PORT (8080)
 #   bash scripts/web.sh build          build it into target/web/
 #   bash scripts/web.sh test           build it and run the headless-Chromium test (web/test_page.py)
+#   bash scripts/web.sh prepare        install what `test` needs and build (`test` then only checks)
 # Installs what it needs when missing: the wasm32 target, wasm-bindgen-cli at the version in
 # Cargo.lock, and for `test` Debian's chromium, chromium-driver and python3-selenium.
 set -euo pipefail
@@ -49,6 +50,10 @@ case "$what" in
         echo "web: open http://localhost:$port/ in a browser with WebGPU (Ctrl-C stops)" >&2
         exec python3 -m http.server "$port" --bind 127.0.0.1 --directory "$out"
         ;;
+    prepare)
+        install_packages chromium chromium-driver python3-selenium
+        build
+        ;;
     test)
         install_packages chromium chromium-driver python3-selenium
         build
@@ -56,7 +61,7 @@ case "$what" in
         exec /usr/bin/python3 web/test_page.py --site "$out" "${@:2}"
         ;;
     *)
-        echo "usage: bash scripts/web.sh serve [PORT] | build | test" >&2
+        echo "usage: bash scripts/web.sh serve [PORT] | build | prepare | test" >&2
         exit 2
         ;;
 esac
