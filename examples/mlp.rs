@@ -75,15 +75,10 @@ fn main() {
         let (points, labels) = spirals(args.seed);
         let n = labels.len();
         let ranks = group.size();
-        if n % ranks != 0 {
-            return Err(mantissa::Error::invalid(
-                "ranks",
-                format!("{ranks}: the {n} points must split evenly over the ranks"),
-            ));
-        }
-        let share = n / ranks;
-        let mine = |all: &[u32]| all[group.rank() * share..][..share].to_vec();
-        let mine_xy = |all: &[f32]| all[2 * group.rank() * share..][..2 * share].to_vec();
+        let mine_rows = mantissa::dist::shard(n, group.rank(), ranks)?;
+        let share = mine_rows.len();
+        let mine = |all: &[u32]| all[mine_rows.clone()].to_vec();
+        let mine_xy = |all: &[f32]| all[2 * mine_rows.start..2 * mine_rows.end].to_vec();
         let options = RunOptions {
             group,
             ..RunOptions::new(args.seed)
