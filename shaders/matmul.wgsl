@@ -22,6 +22,8 @@
 //   fn fetch_a4(quad: u32) -> vec4<f32>, fetch_b4: four, from one quad (fetch.wgsl)
 //   const EPILOGUE: bool, fn epilogue(e, col, v) -> f32: a fused bias add in the store
 //                               (epilogue.wgsl, spliced after this file where EPILOGUE)
+//   const COLUMN_SUMS: bool, fn column_total(col) -> f32, fn set_column_total(col, v): B's
+//                               column sums as well, and their binding (below)
 //   const MASKED: bool, fn flagged(line: u32) -> bool: as the fallback of the cooperative-matrix
 //                               kernel, compute only outputs whose row of A or column of B is
 //                               flagged (coop_pack.wgsl); the flags are binding 6
@@ -387,6 +389,8 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
     if (params.mode == MODE_REDUCE) {
         load_planes(o, ty, tx, ty2, tx2);
         store_tiles(o, ty, tx, ty2, tx2);
+        load_column_planes(o, lindex);
+        store_column_totals(o, lindex, true);
         return;
     }
     var k_begin = params.k_begin;
@@ -405,17 +409,22 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
         }
         let g1 = min(g0 + GROUP_K, k_end);
         zero_accumulators();
+        zero_column_sums();
         k_loop(o, lindex, ty, tx, ty2, tx2, g0, g1);
         if (params.mode == MODE_SPLIT) {
             store_plane(o, g0 / GROUP_K, ty, tx, ty2, tx2);
+            store_column_plane(o, lindex, g0 / GROUP_K);
         } else {
             if (g0 != 0u) {
                 add_totals(o, ty, tx, ty2, tx2);
+                add_column_totals(o, lindex);
             }
             if (g1 >= params.k) {
                 store_tiles(o, ty, tx, ty2, tx2);
+                store_column_totals(o, lindex, true);
             } else {
                 store_totals(o, ty, tx, ty2, tx2);
+                store_column_totals(o, lindex, false);
             }
         }
         g0 = g1;
@@ -526,6 +535,93 @@ fn store_row(batch: u32, row: u32, col_start: u32, v: vec4<f32>) {
                 out = epilogue(batch * params.c_batch + row * params.n + col, col, out);
             }
             c_data[batch * params.c_batch + row * params.n + col] = out;
+        }
+    }
+}
+
+// COLUMN_SUMS (a weight gradient x^T . dy, one matrix): B's column sums as well, the bias
+// gradient beside it (cuBLASLt's BGRADB epilogue), so that dy is not read again for them. Summed
+// as every output is (each group of K from zero in k order, the groups' sums added in order):
+// each column by one invocation of the workgroups of the first tile row (invocation i takes
+// columns i, i + THREADS, ...), from the B tile its K step multiplies (the values the product
+// reads); the running totals between groups in `column_sums` itself, a split's group sums in
+// row m of its planes (the planes hold one more row), the finished sums held in the format
+// params.epi2.z names.
+const SUM_COLS: u32 = (BN + THREADS - 1u) / THREADS;
+var<private> column_acc: array<f32, SUM_COLS>;
+
+// The tile column of this invocation's c-th sum, where it is one: in a workgroup of the first
+// tile row, a column of the tile and of B.
+fn sum_column(o: Origin, lindex: u32, c: u32) -> u32 {
+    let j = lindex + c * THREADS;
+    if (COLUMN_SUMS && o.row0 == 0u && j < BN && o.col0 + j < params.n) {
+        return j;
+    }
+    return BN;
+}
+
+fn zero_column_sums() {
+    for (var c = 0u; c < SUM_COLS; c++) {
+        column_acc[c] = 0.0;
+    }
+}
+
+// The K step in the buffer starting at `at` into this invocation's column sums, in k order.
+fn column_step(o: Origin, lindex: u32, at: u32) {
+    for (var c = 0u; c < SUM_COLS; c++) {
+        let j = sum_column(o, lindex, c);
+        if (j < BN) {
+            for (var kk = 0u; kk < BK; kk++) {
+                column_acc[c] += b_tile[at + kk][j / 4u][j % 4u];
+            }
+        }
+    }
+}
+
+// The running totals the earlier groups left, added to this group's sums.
+fn add_column_totals(o: Origin, lindex: u32) {
+    for (var c = 0u; c < SUM_COLS; c++) {
+        let j = sum_column(o, lindex, c);
+        if (j < BN) {
+            column_acc[c] += column_total(o.col0 + j);
+        }
+    }
+}
+
+// The sums as the running totals, or (finished) held.
+fn store_column_totals(o: Origin, lindex: u32, finished: bool) {
+    for (var c = 0u; c < SUM_COLS; c++) {
+        let j = sum_column(o, lindex, c);
+        if (j < BN) {
+            var v = column_acc[c];
+            if (finished) {
+                v = held(v, params.epi2.z);
+            }
+            set_column_total(o.col0 + j, v);
+        }
+    }
+}
+
+// Group g's sums into row m of its plane (split-K).
+fn store_column_plane(o: Origin, lindex: u32, g: u32) {
+    for (var c = 0u; c < SUM_COLS; c++) {
+        let j = sum_column(o, lindex, c);
+        if (j < BN) {
+            partials[plane_at(0u, g) + params.m * params.n + o.col0 + j] = column_acc[c];
+        }
+    }
+}
+
+// The group planes' sums added in group order (split-K's reduction).
+fn load_column_planes(o: Origin, lindex: u32) {
+    for (var c = 0u; c < SUM_COLS; c++) {
+        let j = sum_column(o, lindex, c);
+        if (j < BN) {
+            let at = params.m * params.n + o.col0 + j;
+            column_acc[c] = partials[plane_at(0u, 0u) + at];
+            for (var g = 1u; g < params.planes; g++) {
+                column_acc[c] += partials[plane_at(0u, g) + at];
+            }
         }
     }
 }

@@ -66,6 +66,7 @@ fn k_loop(o: Origin, lindex: u32, ty: u32, tx: u32, ty2: u32, tx2: u32, k_begin:
         load_tiles(o, k0, lindex, 0u);
         workgroupBarrier();
         k_step_0(ty, tx, ty2, tx2);
+        column_step(o, lindex, 0u);
         workgroupBarrier();
     }
 }
@@ -86,12 +87,14 @@ fn k_loop(o: Origin, lindex: u32, ty: u32, tx: u32, ty2: u32, tx2: u32, k_begin:
             load_tiles(o, k0 + BK, lindex, PARTS * BK);
         }
         k_step_0(ty, tx, ty2, tx2);
+        column_step(o, lindex, 0u);
         workgroupBarrier();
         if (second) {
             if (k0 + 2u * BK < k_end) {
                 load_tiles(o, k0 + 2u * BK, lindex, 0u);
             }
             k_step_1(ty, tx, ty2, tx2);
+            column_step(o, lindex, PARTS * BK);
         }
         workgroupBarrier();
     }

@@ -85,6 +85,8 @@ const MASK_BIAS: u32 = 2u;
 @group(0) @binding(5) var<storage, read_write> out1: array<f32>;
 // Words: f32 bits, or two 16-bit codes (the even element in the low half).
 @group(0) @binding(6) var<storage, read_write> out2: array<u32>;
+// The norms' backward (`layernorm_bwd`, `rmsnorm_bwd`) alone: its column partials.
+@group(0) @binding(7) var<storage, read_write> out3: array<f32>;
 
 // Row ops: a workgroup of 256 invocations takes 256 / ROW_LANES rows, ROW_LANES invocations to
 // a row (`ROW_LANES`, a power of two, comes from the generated header: `Gpu::row_lanes`). On a
@@ -108,7 +110,12 @@ struct RowSlot {
 }
 
 fn row_slot(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> RowSlot {
-    let row = flat_index(wg, nwg, lid) / ROW_LANES;
+    return row_slot_at(wg.y * nwg.x + wg.x, lid);
+}
+
+// `row_slot` in workgroup w (the flat workgroup index).
+fn row_slot_at(w: u32, lid: u32) -> RowSlot {
+    let row = (w * 256u + lid) / ROW_LANES;
     var s: RowSlot;
     s.row = min(row, max(params.n, 1u) - 1u);
     s.lane = lid % ROW_LANES;
@@ -189,12 +196,30 @@ fn layernorm_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 
-// dx per row: in0 = dy, in1 = x, in2 = g; out1 holds (mean, rstd) (read here); out0 = dx, or
-// (params.sum) dx + out2's values held in `held` (out2 read here).
+// The workgroups of a row op's rows (`params.n` of them).
+fn row_workgroups() -> u32 {
+    return (params.n * ROW_LANES + 255u) / 256u;
+}
+
+// Layer norm's backward in one dispatch: its first workgroups dx per row, the rest the partials
+// of dg and db per chunk of rows (two passes over the same inputs that write apart, so one
+// launch): in0 = dy, in1 = x, in2 = g; out1 = (mean, rstd) per row (read); out0 = dx, or
+// (params.sum) dx + out2's values held in `held` (out2 read); out3 = dg's chunks, then db's
+// (`sum_partials` adds them).
 @compute @workgroup_size(256)
-fn layernorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                   @builtin(local_invocation_index) lid: u32) {
-    let slot = row_slot(wg, nwg, lid);
+fn layernorm_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let w = wg.y * nwg.x + wg.x;
+    if (w < row_workgroups()) {
+        layernorm_bwd_x(w, lid);
+    } else {
+        layernorm_bwd_partials(w - row_workgroups(), lid);
+    }
+}
+
+// Layer norm's dx, in row workgroup w.
+fn layernorm_bwd_x(w: u32, lid: u32) {
+    let slot = row_slot_at(w, lid);
     let r = slot.row;
     let c = params.c;
     let base = r * c;
@@ -236,7 +261,11 @@ struct ColumnBlock {
 }
 
 fn column_block(wg: vec3<u32>, nwg: vec3<u32>, rows: u32, c: u32) -> ColumnBlock {
-    let w = wg.y * nwg.x + wg.x;
+    return column_block_at(wg.y * nwg.x + wg.x, rows, c);
+}
+
+// `column_block` of workgroup w (the flat index among the reduction's workgroups).
+fn column_block_at(w: u32, rows: u32, c: u32) -> ColumnBlock {
     let blocks = (c + 31u) / 32u;
     var b: ColumnBlock;
     b.col0 = (w % blocks) * 32u;
@@ -284,13 +313,11 @@ fn column_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
     }
 }
 
-// Partials of layer norm's dg = sum dy * xhat and db = sum dy per column: in0 = dy, in1 = x;
-// out1 = (mean, rstd) per row (read); out0 = dg's chunks, then db's (2 * chunks * c values).
-@compute @workgroup_size(256)
-fn layernorm_bwd_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                          @builtin(local_invocation_index) lid: u32) {
+// Partials of layer norm's dg = sum dy * xhat and db = sum dy per column, in column workgroup
+// w: out3 = dg's chunks, then db's (2 * chunks * c values).
+fn layernorm_bwd_partials(w: u32, lid: u32) {
     let c = params.c;
-    let b = column_block(wg, nwg, params.n, c);
+    let b = column_block_at(w, params.n, c);
     if (b.first >= params.n) {
         return;
     }
@@ -307,8 +334,8 @@ fn layernorm_bwd_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_wor
     let tb = lanes_sum(db, lid);
     let chunks = (params.n + CHUNK_ROWS - 1u) / CHUNK_ROWS;
     if (lid < 32u && col < c) {
-        out0[b.chunk * c + col] = tg;
-        out0[(chunks + b.chunk) * c + col] = tb;
+        out3[b.chunk * c + col] = tg;
+        out3[(chunks + b.chunk) * c + col] = tb;
     }
 }
 
@@ -380,12 +407,23 @@ fn rmsnorm_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
-// dx per row, rstd * (d - xhat * mean(d * xhat)) with d = dy * g, xhat = x * rstd: in0 = dy,
-// in1 = x, in2 = g; out1 holds rstd per row (read here); out0 = dx.
+// RMS norm's backward in one dispatch, as layer norm's: dx per row, rstd * (d - xhat *
+// mean(d * xhat)) with d = dy * g, xhat = x * rstd, then the partials of dg: in0 = dy, in1 = x,
+// in2 = g; out1 = rstd per row (read); out0 = dx; out3 = dg's chunks.
 @compute @workgroup_size(256)
-fn rmsnorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                 @builtin(local_invocation_index) lid: u32) {
-    let slot = row_slot(wg, nwg, lid);
+fn rmsnorm_bwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let w = wg.y * nwg.x + wg.x;
+    if (w < row_workgroups()) {
+        rmsnorm_bwd_x(w, lid);
+    } else {
+        rmsnorm_bwd_partials(w - row_workgroups(), lid);
+    }
+}
+
+// RMS norm's dx, in row workgroup w.
+fn rmsnorm_bwd_x(w: u32, lid: u32) {
+    let slot = row_slot_at(w, lid);
     let r = slot.row;
     let c = params.c;
     let base = r * c;
@@ -404,13 +442,11 @@ fn rmsnorm_bwd_x(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     }
 }
 
-// Partials of RMS norm's dg = sum dy * xhat per column: in0 = dy, in1 = x; out1 = rstd per row
-// (read); out0 = dg's chunks (chunks * c values).
-@compute @workgroup_size(256)
-fn rmsnorm_bwd_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                        @builtin(local_invocation_index) lid: u32) {
+// Partials of RMS norm's dg = sum dy * xhat per column, in column workgroup w: out3 = dg's
+// chunks (chunks * c values).
+fn rmsnorm_bwd_partials(w: u32, lid: u32) {
     let c = params.c;
-    let b = column_block(wg, nwg, params.n, c);
+    let b = column_block_at(w, params.n, c);
     if (b.first >= params.n) {
         return;
     }
@@ -423,7 +459,7 @@ fn rmsnorm_bwd_partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workg
     }
     let t = lanes_sum(dg, lid);
     if (lid < 32u && col < c) {
-        out0[b.chunk * c + col] = t;
+        out3[b.chunk * c + col] = t;
     }
 }
 

@@ -4,6 +4,7 @@
 
 mod common;
 
+use mantissa::backend::reference as host;
 use mantissa::backend::wgpu::autotune::{AutotuneMode, Autotuner};
 use mantissa::backend::wgpu::shaders::{GROUP_K, Tile};
 use mantissa::backend::wgpu::{WgpuBackend, WgpuOptions};
@@ -405,6 +406,12 @@ fn a_spent_budget_keeps_the_first_tile_timed() {
 /// (the K step written out), and one whose loop budget holds one group of the default f32 tile
 /// and its fixed loops (K in a dispatch a group); None (printed) where wgpu is absent.
 fn sums_backends(test: &str) -> Option<[WgpuBackend; 3]> {
+    sums_backends_for(test, false)
+}
+
+/// `sums_backends`, the tight one's budget a group of the kernel that sums B's columns too
+/// where `column_sums` says.
+fn sums_backends_for(test: &str, column_sums: bool) -> Option<[WgpuBackend; 3]> {
     let options = WgpuOptions {
         poison_outputs: true,
         coop: false,
@@ -418,7 +425,9 @@ fn sums_backends(test: &str) -> Option<[WgpuBackend; 3]> {
             ..options
         },
     )?;
-    let loops = plain.variant(&Algorithm::F32).k_loops();
+    let loops = (plain.variant(&Algorithm::F32))
+        .with_column_sums(column_sums)
+        .k_loops();
     let tight = common::fresh_wgpu(
         test,
         WgpuOptions {
@@ -578,6 +587,118 @@ fn a_product_rounded_as_stored_is_the_product_rounded() {
         }
         for (how, backend, tile) in cases {
             common::assert_rounded_store(backend, (&alg, tile), &shape, (&a, &b), how);
+        }
+    }
+}
+
+/// A weight gradient's product sums its bias gradient as well (B's column sums over K, read
+/// as the product reads B: `matmul::Epilogue::column_sums`, cuBLASLt's BGRADB): the product's
+/// bits unchanged, and each column summed as every output is (each group of `GROUP_K` in k
+/// order from zero in f32, the groups added in order), then held: the same bits as that sum
+/// on the host. f32, bf16 and f16 (dy rounded as read), the sums held in f32 and bf16, on the
+/// default tile, split 3 ways, double-buffered, on 8x8 register blocks, a group a dispatch and
+/// with runtime checks; a width no tile divides, columns with NaN, inf, values past bf16's and
+/// f16's range and subnormals.
+#[test]
+fn a_weight_gradient_sums_its_bias_gradient() {
+    let test = "a_weight_gradient_sums_its_bias_gradient";
+    let Some([plain, checked, tight]) = sums_backends_for(test, true) else {
+        return;
+    };
+    let seed = common::seed(test);
+    let shape = MatmulShape {
+        batch: 1,
+        m: 19,
+        n: 41,
+        k: 2 * GROUP_K as usize + 3,
+        a_transposed: true,
+        b_transposed: false,
+    };
+    let a = measure::normal(shape.a_len(), seed);
+    let mut dy = measure::normal(shape.b_len(), seed + 1);
+    // dy is k x n: column 3 has a NaN, 5 an inf, 7 sums past bf16's and f16's range, 9 is
+    // subnormal in f32 and f16, 11 holds every boundary value down its rows.
+    let n = shape.n;
+    dy[40 * n + 3] = f32::NAN;
+    dy[1500 * n + 5] = f32::INFINITY;
+    for p in 0..shape.k {
+        dy[p * n + 7] = 3.0e38 * (1.0 - p as f32 * 1e-5);
+        dy[p * n + 9] *= 1.0e-39;
+    }
+    for (p, v) in measure::boundary_values().into_iter().enumerate() {
+        dy[(p * 37) % shape.k * n + 11] = v;
+    }
+    // The defined sum: per column, groups of GROUP_K from zero in k order, the groups' sums
+    // added in order, of dy rounded to the algorithm's operand format; then held.
+    let host_sums = |read: Format, held: Format| {
+        let mut rounded = dy.clone();
+        host::ops::round_to(&mut rounded, read);
+        let mut sums: Vec<f32> = (0..n)
+            .map(|j| {
+                let mut total = None::<f32>;
+                for group in (0..shape.k).collect::<Vec<_>>().chunks(GROUP_K as usize) {
+                    let mut s = 0.0f32;
+                    for &p in group {
+                        s += rounded[p * n + j];
+                    }
+                    total = Some(total.map_or(s, |t| s + t));
+                }
+                total.unwrap_or(0.0)
+            })
+            .collect();
+        host::ops::round_to(&mut sums, held);
+        sums
+    };
+    // f32 (the sums in f32) and one of the 16-bit algorithms drawn by the seed (the sums and
+    // the product held in bf16); on each, the default tile, split, a group a dispatch, checked
+    // and one of the other tiles drawn (`common::sample`: each case is kernels to compile,
+    // seconds apiece on lavapipe; MANTISSA_TEST_EXHAUSTIVE=1 runs every one).
+    let sixteen = [
+        (Algorithm::Bf16, Format::Bf16),
+        (Algorithm::F16, Format::F16),
+    ];
+    let drawn = common::sample(&sixteen, 1, seed);
+    for (alg, read) in std::iter::once((Algorithm::F32, Format::F32)).chain(drawn) {
+        let candidates = plain.tile_candidates(&alg);
+        let default = candidates[0];
+        let mut cases = vec![
+            ("plain", &plain, default),
+            ("plain", &plain, default.with_splits(3)),
+            ("a group a dispatch", &tight, default),
+            ("checked", &checked, default),
+        ];
+        let others: Vec<Tile> = [
+            candidates.iter().find(|t| t.buffers == 2),
+            candidates.iter().find(|t| t.reg == 8),
+        ]
+        .into_iter()
+        .flatten()
+        .copied()
+        .collect();
+        let others = common::sample(&others, 1, seed);
+        cases.extend(others.into_iter().map(|t| ("plain", &plain, t)));
+        let held = if alg == Algorithm::F32 {
+            Format::F32
+        } else {
+            Format::Bf16
+        };
+        for (how, backend, tile) in cases {
+            let what = format!("{alg} tile {tile} ({how}) held in {held}");
+            let (product, sums) = backend
+                .matmul_and_column_sums(&shape, &alg, tile, (&a, &dy), (held, held))
+                .block_on()
+                .unwrap()
+                .unwrap_or_else(|| panic!("{what}: the SIMT kernel did not sum the columns"));
+            let alone = backend
+                .matmul_rounded_on_tile(&shape, &alg, tile, (&a, &dy), held)
+                .block_on()
+                .unwrap();
+            common::same_or_nan(&format!("{what}: product"), &product, &alone);
+            common::same_or_nan(
+                &format!("{what}: column sums"),
+                &sums,
+                &host_sums(read, held),
+            );
         }
     }
 }

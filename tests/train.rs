@@ -1115,7 +1115,8 @@ fn a_timed_step_is_the_step(b: &dyn Backend) {
         assert!(timings.seconds.iter().sum::<f64>() > 0.0, "{timings:?}");
         // A device executor launches every op of the step at least once, but for a bias add
         // that runs in the store of the matmul before it (wgpu's epilogues: an add in place
-        // on that matmul's product); the host's launches nothing.
+        // on that matmul's product) and a bias gradient that the weight gradient's matmul
+        // after it sums (the column sums of its B); the host's launches nothing.
         match timed.launches() {
             None => assert_eq!(b.kind(), BackendKind::Reference, "launches not counted"),
             Some(launches) => {
@@ -1125,7 +1126,10 @@ fn a_timed_step_is_the_step(b: &dyn Backend) {
                     (Some(Op::Matmul { out, .. }), Op::Add { y, out: sum, .. }) => {
                         y == out && sum == out
                     }
-                    _ => false,
+                    _ => matches!(
+                        (&ops[i], ops.get(i + 1)),
+                        (Op::ColumnSums { x, .. }, Some(Op::Matmul { b, .. })) if b == x
+                    ),
                 };
                 let idle: Vec<_> = (launches.iter().enumerate())
                     .filter(|&(i, &n)| n == 0 && !folded(i))

@@ -7,10 +7,9 @@
 pub enum TrainOp {
     /// Layer norm's y and (mean, rstd) per row.
     LayernormFwd,
-    /// Layer norm's dx per row.
-    LayernormBwdX,
-    /// Partials of layer norm's dg and db per chunk of rows (`SumPartials` adds them).
-    LayernormBwdPartials,
+    /// Layer norm's backward: dx per row, and the partials of dg and db per chunk of rows
+    /// (`SumPartials` adds them), in one launch.
+    LayernormBwd,
     /// Partials of column sums per chunk of rows (bias gradients).
     ColumnPartials,
     /// The sum over chunks of column partials, in chunk order.
@@ -21,10 +20,8 @@ pub enum TrainOp {
     UnaryBwd,
     /// RMS norm's y and rstd per row.
     RmsnormFwd,
-    /// RMS norm's dx per row.
-    RmsnormBwdX,
-    /// Partials of RMS norm's dg per chunk of rows.
-    RmsnormBwdPartials,
+    /// RMS norm's backward: dx per row, and the partials of dg per chunk of rows.
+    RmsnormBwd,
     /// The elementwise product.
     Mul,
     /// Dropout's mask times x (or dy).
@@ -59,17 +56,15 @@ pub enum TrainOp {
 
 impl TrainOp {
     /// Every entry point, in the order of the shader module.
-    pub const ALL: [TrainOp; 25] = [
+    pub const ALL: [TrainOp; 23] = [
         TrainOp::LayernormFwd,
-        TrainOp::LayernormBwdX,
-        TrainOp::LayernormBwdPartials,
+        TrainOp::LayernormBwd,
         TrainOp::ColumnPartials,
         TrainOp::SumPartials,
         TrainOp::UnaryFwd,
         TrainOp::UnaryBwd,
         TrainOp::RmsnormFwd,
-        TrainOp::RmsnormBwdX,
-        TrainOp::RmsnormBwdPartials,
+        TrainOp::RmsnormBwd,
         TrainOp::Mul,
         TrainOp::Dropout,
         TrainOp::Rotary,
@@ -87,19 +82,23 @@ impl TrainOp {
         TrainOp::AttentionBwdKv,
     ];
 
+    /// Whether the op's launch is a row op's workgroups followed by a column reduction's,
+    /// whose partials it writes to a fourth output (the norms' backward).
+    pub fn has_column_partials(self) -> bool {
+        matches!(self, TrainOp::LayernormBwd | TrainOp::RmsnormBwd)
+    }
+
     /// The entry point's name in `shaders/train.wgsl`.
     pub fn entry_point(self) -> &'static str {
         match self {
             TrainOp::LayernormFwd => "layernorm_fwd",
-            TrainOp::LayernormBwdX => "layernorm_bwd_x",
-            TrainOp::LayernormBwdPartials => "layernorm_bwd_partials",
+            TrainOp::LayernormBwd => "layernorm_bwd",
             TrainOp::ColumnPartials => "column_partials",
             TrainOp::SumPartials => "sum_partials",
             TrainOp::UnaryFwd => "unary_fwd",
             TrainOp::UnaryBwd => "unary_bwd",
             TrainOp::RmsnormFwd => "rmsnorm_fwd",
-            TrainOp::RmsnormBwdX => "rmsnorm_bwd_x",
-            TrainOp::RmsnormBwdPartials => "rmsnorm_bwd_partials",
+            TrainOp::RmsnormBwd => "rmsnorm_bwd",
             TrainOp::Mul => "elementwise_mul",
             TrainOp::Dropout => "dropout",
             TrainOp::Rotary => "rotary",

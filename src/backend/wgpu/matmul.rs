@@ -6,7 +6,7 @@ use super::buffer::{self, Bind, BufferPool, Dispatch, Region, check_binding, upl
 use super::cast::{self, Grouping, packed_words};
 use super::device::Gpu;
 use super::shaders::{
-    Coop, F16Read, GROUP_K, Kernel, Load, MatmulVariant, Operand, Tile, format_id,
+    Coop, F16Read, GROUP_K, Kernel, Load, MatmulVariant, Operand, Store, Tile, format_id,
 };
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
 use crate::error::Result;
@@ -183,6 +183,8 @@ pub struct MatmulRun {
     /// Given fp8 scales: the buffer holding A's scale for each of its `.1` groups, then B's
     /// for its `.2` (a step plan rewrites them before each step).
     pub given_scales: Option<(wgpu::Buffer, usize, usize)>,
+    /// Whether the kernel summed B's columns as the epilogue asked (`Epilogue::column_sums`).
+    pub columns_summed: bool,
 }
 
 impl MatmulRun {
@@ -305,6 +307,11 @@ pub struct Epilogue<'a> {
     pub residual: Option<(&'a Region, Format)>,
     /// A GELU of the sum into this tensor (f32, C's layout), held in its format.
     pub gelu: Option<(&'a Region, Format)>,
+    /// B's column sums over K into this tensor (f32, n values), held in its format: a linear
+    /// layer's bias gradient beside its weight gradient x^T . dy, summed from the dy the
+    /// product reads. Taken where the kernel can (`MatmulVariant::can_sum_columns`, one
+    /// matrix): `MatmulRun::columns_summed` says whether it did.
+    pub column_sums: Option<(&'a Region, Format)>,
 }
 
 impl Epilogue<'_> {
@@ -317,20 +324,43 @@ impl Epilogue<'_> {
             held,
             residual: None,
             gelu: None,
+            column_sums: None,
+        }
+    }
+
+    /// What the kernel's store does for this epilogue.
+    fn store(&self) -> Store {
+        match (self.bias, self.held) {
+            (Some(_), _) => Store::BiasAdd,
+            (None, Format::F32) => Store::Plain,
+            (None, _) => Store::Held,
         }
     }
 }
 
-/// An epilogue's three bindings (a small buffer of the run's where it has no residual or
-/// GELU) and its words of the kernel's uniform.
+/// An epilogue's bindings (a bias add's three, a small buffer of the run's where it has no
+/// residual or GELU; none for a rounding) and its words of the kernel's uniform.
 struct BoundEpilogue {
-    buffers: [Region; 3],
+    store: Store,
+    buffers: Vec<Region>,
+    /// Where B's column sums go, if asked.
+    column_sums: Option<Region>,
     epi: [u32; 4],
     epi2: [u32; 4],
 }
 
 impl BoundEpilogue {
     fn of(gpu: &Gpu, pools: Pools, e: &Epilogue, run: &mut MatmulRun) -> Result<BoundEpilogue> {
+        let sums_held = e.column_sums.map_or(0, |(_, f)| format_id(f));
+        if e.bias.is_none() {
+            return Ok(BoundEpilogue {
+                store: e.store(),
+                buffers: vec![],
+                column_sums: e.column_sums.map(|(r, _)| r.clone()),
+                epi: [0, 0, format_id(e.held), 0],
+                epi2: [0, 0, sums_held, 0],
+            });
+        }
         // A kernel may not bind one buffer writable twice: the GELU's stand-in is its own.
         let spare = pools.kept.take(gpu, 4)?;
         run.temporaries.push(spare.clone());
@@ -351,14 +381,16 @@ impl BoundEpilogue {
         let gelu = e.gelu.map_or(Region::whole(&spare), |(g, _)| g.clone());
         let fmt = |f: Option<(&Region, Format)>| f.map_or(0, |(_, f)| format_id(f));
         Ok(BoundEpilogue {
-            buffers: [bias, residual, gelu],
+            store: Store::BiasAdd,
+            buffers: vec![bias, residual, gelu],
+            column_sums: e.column_sums.map(|(r, _)| r.clone()),
             epi: [
                 format_id(e.y_held),
                 format_id(e.x_held),
                 format_id(e.held),
                 flags,
             ],
-            epi2: [fmt(e.residual), fmt(e.gelu), 0, 0],
+            epi2: [fmt(e.residual), fmt(e.gelu), sums_held, 0],
         })
     }
 }
@@ -430,6 +462,7 @@ fn record_simt(
         scratch: vec![],
         variant,
         given_scales: None,
+        columns_summed: false,
     };
     let scales = fp8_scales(gpu, pools, shape, algorithm, a, b, &mut run)?;
     let scale_buffer = scales.as_ref().map(|s| s.scales.clone());
@@ -479,7 +512,13 @@ fn simt(
     // Checked modules get the K step written out: it is what keeps them fast.
     let variant = variant
         .with_unrolled(gpu.runtime_checks)
-        .with_epilogue(epilogue.is_some());
+        .with_store(epilogue.map_or(Store::Plain, |e| e.store));
+    // B's column sums, where asked and the kernel can: one matrix (their plane row is row m).
+    let sums = epilogue
+        .and_then(|e| e.column_sums.as_ref())
+        .filter(|_| variant.can_sum_columns() && shape.batch == 1);
+    let variant = variant.with_column_sums(sums.is_some());
+    run.columns_summed = sums.is_some();
     let pa = prepare(
         gpu,
         pools,
@@ -535,7 +574,8 @@ fn simt(
     let (sa_batch, sb_batch) = if rowwise { (m, n) } else { (1, 1) };
     let levels = variant.level_count();
     let batch = shape.batch as u32;
-    let plane = shape.c_len() as u64;
+    // A split's planes hold the column sums' groups in one more row.
+    let plane = shape.c_len() as u64 + if sums.is_some() { u64::from(n) } else { 0 };
     let params = MatmulParams {
         m,
         n,
@@ -556,7 +596,7 @@ fn simt(
         b_lines: batch * m,
         k_end: k,
         mode: MODE_SUM,
-        partial_plane: shape.c_len() as u32,
+        partial_plane: plane as u32,
         split_groups: 0,
         batches: batch,
         planes: 0,
@@ -574,6 +614,7 @@ fn simt(
         if let Some(e) = epilogue {
             buffers.extend(e.buffers.iter().map(|b| b as &dyn Bind));
         }
+        buffers.extend(sums.map(|s| s as &dyn Bind));
         run.product.push(run.dispatches.len());
         run.dispatches.push(Dispatch::new(
             gpu,
@@ -646,7 +687,7 @@ fn record_coop(
     c: Region,
     epilogue: Option<&Epilogue>,
 ) -> Result<MatmulRun> {
-    let variant = variant.with_epilogue(epilogue.is_some());
+    let variant = variant.with_store(epilogue.map_or(Store::Plain, |e| e.store()));
     let tile = variant.tile;
     let (m, n, k, batch) = (
         shape.m as u32,
@@ -668,6 +709,7 @@ fn record_coop(
         scratch: vec![],
         variant,
         given_scales: None,
+        columns_summed: false,
     };
     let bound = epilogue
         .map(|e| BoundEpilogue::of(gpu, pools, e, &mut run))

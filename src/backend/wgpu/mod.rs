@@ -621,6 +621,60 @@ impl WgpuBackend {
         self.product_on_tile(shape, algorithm, tile, on, held).await
     }
 
+    /// The matmul of f32 operands on `tile` (one matrix) with B's column sums as well, as a
+    /// weight gradient's product sums its bias gradient (`matmul::Epilogue::column_sums`):
+    /// the product held in `held`, the sums in `sums_held`; None where the tile's kernel cannot
+    /// sum columns. Tests hold both to the product alone and to the sums on the host.
+    pub async fn matmul_and_column_sums(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        tile: Tile,
+        (a, b): (&[f32], &[f32]),
+        (held, sums_held): (Format, Format),
+    ) -> Result<Option<(Vec<f32>, Vec<f32>)>> {
+        shape.check(a.len(), b.len())?;
+        let (ab, bb) = self.upload_operands(a, b).await?;
+        let (ra, rb) = (Region::whole(&ab), Region::whole(&bb));
+        let sums = self.pool.take(&self.gpu, shape.n.max(1) as u64 * 4)?;
+        let sums_region = Region::whole(&sums);
+        let run = self
+            .gpu
+            .scoped("matmul and column sums", || {
+                let epilogue = matmul::Epilogue {
+                    column_sums: Some((&sums_region, sums_held)),
+                    ..matmul::Epilogue::held(held)
+                };
+                let run = matmul::record(
+                    &self.gpu,
+                    matmul::Pools::one(&self.pool),
+                    shape,
+                    algorithm,
+                    self.f16,
+                    self.coop.map(|c| (c, self.coop_fallback)),
+                    Some(tile),
+                    OnDevice::f32(&ra, &rb),
+                    None,
+                    Some(&epilogue),
+                )?;
+                if self.poison {
+                    self.poison(&run.c.buffer, shape.c_len());
+                    self.poison(&sums, shape.n);
+                }
+                let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
+                submit(&self.gpu, &clears, &run.dispatches, None);
+                Ok(run)
+            })
+            .await?;
+        let summed = run.columns_summed;
+        let product = read_region(&self.gpu, &run.c, shape.c_len()).await;
+        let column_sums = read_region(&self.gpu, &sums_region, shape.n).await;
+        self.pool.give(run.into_buffers().chain([sums]));
+        let floats = |w: Vec<u32>| bytemuck::cast_slice::<u32, f32>(&w).to_vec();
+        let (product, column_sums) = (floats(product?), floats(column_sums?));
+        Ok(summed.then_some((product, column_sums)))
+    }
+
     /// The matmul of operands on the device (f32 values or 16-bit codes), on `tile`, rounded
     /// to `held` as stored, read back.
     async fn product_on_tile(

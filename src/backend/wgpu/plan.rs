@@ -270,11 +270,14 @@ impl<'a> ResidentPlan<'a> {
         };
         for (i, op) in plan.ops.iter().enumerate() {
             c.first.push(c.dispatches.len());
-            // An add folded into the matmul before it (`folds_into`) records nothing.
-            if i > 0 && folds_into(plan, i - 1) {
+            // An add folded into the matmul before it (`folds_into`) records nothing, and so
+            // does a bias gradient the matmul after it sums (`sums_fold_into`), but where that
+            // matmul's kernel cannot (recorded after it, below).
+            if i > 0 && folds_into(plan, i - 1) || sums_fold_into(plan, i) {
                 continue;
             }
             let folded = folds_into(plan, i).then(|| &plan.ops[i + 1]);
+            let sums = (i > 0 && sums_fold_into(plan, i - 1)).then(|| &plan.ops[i - 1]);
             // A matmul's tile, from the autotuner.
             let mut tile = None;
             if let Op::Matmul {
@@ -305,9 +308,23 @@ impl<'a> ResidentPlan<'a> {
                 // exactly.
                 kept: &BufferPool::exact(),
             };
-            let recorded = gpu
-                .scoped(&what, || self.record(op, tile, &c, &dummies, pools, folded))
+            let mut recorded = gpu
+                .scoped(&what, || {
+                    self.record(op, tile, &c, &dummies, pools, folded, sums)
+                })
                 .await?;
+            if let Some(sums) = sums.filter(|_| !recorded.columns_summed) {
+                let what = format!("step plan op {} ({})", i - 1, sums.name());
+                let more = gpu
+                    .scoped(&what, || {
+                        self.record(sums, None, &c, &dummies, pools, None, None)
+                    })
+                    .await?;
+                recorded.dispatches.extend(more.dispatches);
+                recorded.clears.extend(more.clears);
+                recorded.temporaries.extend(more.temporaries);
+                recorded.scratch.extend(more.scratch);
+            }
             c.dispatches.extend(recorded.dispatches);
             c.clears.extend(recorded.clears);
             c.given.extend(recorded.given);
@@ -326,7 +343,9 @@ impl<'a> ResidentPlan<'a> {
         Ok(c)
     }
 
-    /// The dispatches of one op; of a matmul with `folded`, the add after it too (its epilogue).
+    /// The dispatches of one op; of a matmul with `folded`, the add after it too (its
+    /// epilogue); with `sums`, the column sums before it where its kernel can sum them.
+    #[allow(clippy::too_many_arguments)]
     fn record(
         &self,
         op: &Op,
@@ -335,6 +354,7 @@ impl<'a> ResidentPlan<'a> {
         dummies: &Dummies,
         pools: matmul::Pools,
         folded: Option<&Op>,
+        sums: Option<&Op>,
     ) -> Result<Recorded> {
         let backend = self.backend;
         let gpu = &backend.gpu;
@@ -369,13 +389,24 @@ impl<'a> ResidentPlan<'a> {
                 })
                 .collect())
         };
-        // A train kernel on buffers: inputs, then outputs.
-        let train_on =
-            |l: TrainLaunch, ins: [&dyn Bind; 3], outs: [&dyn Bind; 3]| -> Result<Vec<Dispatch>> {
-                let l = l.launched(gpu)?;
-                let uniforms = l.params.iter().map(|p| uniform(gpu, p)).collect();
-                let buffers = [ins[0], ins[1], ins[2], outs[0], outs[1], outs[2]];
-                dispatches(&l.kernel, l.groups, uniforms, &buffers)
+        // A train kernel on buffers, in binding order.
+        let train_with = |l: TrainLaunch, buffers: &[&dyn Bind]| -> Result<Vec<Dispatch>> {
+            let l = l.launched(gpu)?;
+            let uniforms = l.params.iter().map(|p| uniform(gpu, p)).collect();
+            dispatches(&l.kernel, l.groups, uniforms, buffers)
+        };
+        // ... inputs, then outputs.
+        let train_on = |l: TrainLaunch, ins: [&dyn Bind; 3], outs: [&dyn Bind; 3]| {
+            train_with(l, &[ins[0], ins[1], ins[2], outs[0], outs[1], outs[2]])
+        };
+        // A norm's backward (`TrainOp::has_column_partials`): its column partials a fourth
+        // output.
+        let norm_bwd =
+            |l: TrainLaunch, ins: [&dyn Bind; 3], outs: [&dyn Bind; 3], partials: &dyn Bind| {
+                train_with(
+                    l,
+                    &[ins[0], ins[1], ins[2], outs[0], outs[1], outs[2], partials],
+                )
             };
         // A train kernel on tensors; a missing one is a dummy.
         let train = |l: TrainLaunch,
@@ -489,19 +520,19 @@ impl<'a> ResidentPlan<'a> {
                         "the gradient summed into dx is stored as codes",
                     ));
                 }
-                let [for_x, partials, sums] =
+                let [both, sums] =
                     launch::layernorm_bwd(rows, c, dy_held, sum.map(|(_, held)| held));
                 let parts = storage_of(gpu, launch::partials_len(rows, c, 2))?;
+                let other: &dyn Bind = match sum {
+                    Some((r, _)) => &t[r],
+                    None => &dummies.write[0],
+                };
                 let d = [
-                    train(
-                        for_x,
-                        [Some(dy), Some(x), Some(g)],
-                        [Some(dx), Some(stats), sum.map(|(r, _)| r)],
-                    )?,
-                    train_on(
-                        partials,
-                        [&t[dy], &t[x], &dummies.read],
-                        [&parts, &t[stats], &dummies.write[0]],
+                    norm_bwd(
+                        both,
+                        [&t[dy], &t[x], &t[g]],
+                        [&t[dx], &t[stats], other],
+                        &parts,
                     )?,
                     train_on(
                         sums,
@@ -551,19 +582,11 @@ impl<'a> ResidentPlan<'a> {
                 dy_held,
             } => {
                 let rows = rows_of(x, c);
-                let [for_x, partials, sums] = launch::rmsnorm_bwd(rows, c, dy_held);
+                let [both, sums] = launch::rmsnorm_bwd(rows, c, dy_held);
                 let parts = storage_of(gpu, launch::partials_len(rows, c, 1))?;
+                let outs: [&dyn Bind; 3] = [&t[dx], &t[stats], &dummies.write[0]];
                 let d = [
-                    train(
-                        for_x,
-                        [Some(dy), Some(x), Some(g)],
-                        [Some(dx), Some(stats), None],
-                    )?,
-                    train_on(
-                        partials,
-                        [&t[dy], &t[x], &dummies.read],
-                        [&parts, &t[stats], &dummies.write[0]],
-                    )?,
+                    norm_bwd(both, [&t[dy], &t[x], &t[g]], outs, &parts)?,
                     train_on(
                         sums,
                         [&parts, &dummies.read, &dummies.read],
@@ -746,6 +769,10 @@ impl<'a> ResidentPlan<'a> {
                     // An empty sum: the zero-initialised output stands.
                     return Ok(r);
                 }
+                let column_sums = match sums {
+                    Some(&Op::ColumnSums { out, held, .. }) => Some((&t[out], held)),
+                    _ => None,
+                };
                 let epilogue = match folded {
                     Some(&Op::Add {
                         x,
@@ -762,9 +789,13 @@ impl<'a> ResidentPlan<'a> {
                         held,
                         residual: residual.map(|(r, f)| (&t[r], f)),
                         gelu: gelu.map(|(g, f)| (&t[g], f)),
+                        column_sums,
                     }),
-                    // The product's rounding in its store.
-                    _ if held != Format::F32 => Some(matmul::Epilogue::held(held)),
+                    // The product's rounding in its store, and the column sums.
+                    _ if held != Format::F32 || column_sums.is_some() => Some(matmul::Epilogue {
+                        column_sums,
+                        ..matmul::Epilogue::held(held)
+                    }),
                     _ => None,
                 };
                 let run = matmul::record(
@@ -789,6 +820,7 @@ impl<'a> ResidentPlan<'a> {
                 r.clears.extend(run.clears);
                 r.temporaries.extend(run.temporaries);
                 r.scratch.extend(run.scratch);
+                r.columns_summed = run.columns_summed;
                 run.dispatches
             }
             Op::Round { x, format } => {
@@ -1027,6 +1059,8 @@ struct Recorded {
     given: Vec<(wgpu::Buffer, usize, usize, [usize; 2])>,
     temporaries: Vec<wgpu::Buffer>,
     scratch: Vec<wgpu::Buffer>,
+    /// A matmul's kernel summed the column sums it was given (`record`'s `sums`).
+    columns_summed: bool,
 }
 
 fn storage_of(gpu: &super::device::Gpu, words: usize) -> Result<wgpu::Buffer> {
@@ -1166,7 +1200,13 @@ impl StepExecutor for ResidentPlan<'_> {
         let mut done = 0;
         let end = plan.range_of(Section::Backward).end;
         for bucket in buckets.iter().map(Some).chain([None]) {
-            let upto = bucket.map_or(end, |b| b.ready);
+            // A bucket ready after a bias gradient that the matmul after it sums
+            // (`sums_fold_into`) is ready after that matmul.
+            let ready = |r: usize| match r {
+                r if r > 0 && sums_fold_into(plan, r - 1) => r + 1,
+                r => r,
+            };
+            let upto = bucket.map_or(end, |b| ready(b.ready)).max(done);
             let staged = gpu
                 .scoped("a training step", || {
                     let mut clears = Vec::new();
@@ -1339,6 +1379,50 @@ fn folds_into(plan: &Plan, i: usize) -> bool {
         && f32_(*out)
         && residual.is_none_or(|(r, _)| f32_(r) && r != *out)
         && gelu.is_none_or(|(g, _)| f32_(g) && g != *out)
+        && !boundary
+}
+
+/// Whether op `i` is a linear layer's bias gradient (the column sums of dy) that the weight
+/// gradient's matmul right after it (x^T . dy, one matrix) can sum from the dy it reads, with
+/// no dispatch and no read of dy of its own (`matmul::Epilogue::column_sums`): the matmul
+/// reads dy rounded as the sums do (its algorithm's B format is their `x_held`, one plane, no
+/// fp8), adds no bias in its store, the sums are stored as f32 in a tensor of their own, and
+/// both ops run in every section together. Where the matmul's kernel cannot sum columns (a
+/// cooperative-matrix tile), the sums are recorded after it as an op of their own.
+fn sums_fold_into(plan: &Plan, i: usize) -> bool {
+    let (
+        Some(&Op::ColumnSums {
+            x, out, c, x_held, ..
+        }),
+        Some(Op::Matmul {
+            shape,
+            algorithm,
+            a,
+            b,
+            out: product,
+            ..
+        }),
+    ) = (plan.ops.get(i), plan.ops.get(i + 1))
+    else {
+        return false;
+    };
+    let boundary = [Section::Forward, Section::Backward, Section::Gradients]
+        .iter()
+        .any(|&s| plan.range_of(s).end == i + 1);
+    *b == x
+        && shape.a_transposed
+        && !shape.b_transposed
+        && shape.batch == 1
+        && shape.n == c
+        && shape.k > 0
+        && shape.c_len() > 0
+        && shape.k * c == plan.tensors[x].len
+        && !algorithm.is_split()
+        && !algorithm.is_fp8()
+        && algorithm.operand_formats().1 == x_held
+        && plan.tensors[out].stored == Format::F32
+        && ![*a, x, *product].contains(&out)
+        && !folds_into(plan, i + 1)
         && !boundary
 }
 

@@ -546,9 +546,25 @@ pub struct MatmulVariant {
     pub unrolled: bool,
     /// SIMT: how A's and B's tiles are loaded (quads where the layout and sizes allow).
     pub loads: [Load; 2],
-    /// A linear layer's bias add (with its residual or GELU) done in the store
-    /// (epilogue.wgsl): three more bindings, the add's formats in the uniform.
-    pub epilogue: bool,
+    /// What the store does with each product besides storing it.
+    pub store: Store,
+    /// SIMT, one plane, one matrix: the sums of B's columns over K as well, into a binding of
+    /// their own (a linear layer's bias gradient beside its weight gradient: cuBLASLt's
+    /// `BGRADB` epilogue), summed as the products are (`column_step` in matmul.wgsl).
+    pub column_sums: bool,
+}
+
+/// What a matmul kernel's store does with each product besides storing it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Store {
+    /// Nothing.
+    Plain,
+    /// Rounds it to the format the plan holds it in (`Op::Matmul`'s `held`; the format in the
+    /// uniform's `epi.z`): no binding.
+    Held,
+    /// A linear layer's bias add, with its residual or GELU (epilogue.wgsl): three more
+    /// bindings, the add's formats in the uniform.
+    BiasAdd,
 }
 
 impl MatmulVariant {
@@ -579,7 +595,8 @@ impl MatmulVariant {
             masked: false,
             unrolled: false,
             loads: [Load::Scalar; 2],
-            epilogue: false,
+            store: Store::Plain,
+            column_sums: false,
         }
     }
 
@@ -606,7 +623,8 @@ impl MatmulVariant {
             masked: false,
             unrolled: false,
             loads: [Load::Scalar; 2],
-            epilogue: false,
+            store: Store::Plain,
+            column_sums: false,
         })
     }
 
@@ -711,9 +729,28 @@ impl MatmulVariant {
         MatmulVariant { tile, ..self }
     }
 
-    /// The same variant with a bias add in its store or without (epilogue.wgsl).
-    pub fn with_epilogue(self, epilogue: bool) -> MatmulVariant {
-        MatmulVariant { epilogue, ..self }
+    /// The same variant with `store` in its store.
+    pub fn with_store(self, store: Store) -> MatmulVariant {
+        MatmulVariant { store, ..self }
+    }
+
+    /// The same variant summing B's columns as well or not.
+    pub fn with_column_sums(self, column_sums: bool) -> MatmulVariant {
+        MatmulVariant {
+            column_sums,
+            ..self
+        }
+    }
+
+    /// Whether this kernel can sum B's columns as well (`column_sums`): SIMT on one plane of
+    /// non-fp8 operands.
+    pub fn can_sum_columns(&self) -> bool {
+        self.coop.is_none() && !self.masked && self.parts == 1 && !self.fp8
+    }
+
+    /// Columns of B each invocation sums (`column_sums`; matmul.wgsl's `SUM_COLS`).
+    fn sum_cols(&self) -> u64 {
+        u64::from(self.tile.bn.div_ceil(self.tile.threads()))
     }
 
     /// The first binding of the epilogue's three (bias, residual, GELU), after the kernel's
@@ -725,6 +762,11 @@ impl MatmulVariant {
         } else {
             6
         }
+    }
+
+    /// The column sums' binding (`column_sums`), after the kernel's own and the epilogue's.
+    pub fn column_sums_binding(&self) -> u32 {
+        self.epilogue_binding() + if self.store == Store::BiasAdd { 3 } else { 0 }
     }
 
     /// Split levels, each with its own accumulators (1 without a split).
@@ -750,11 +792,16 @@ impl MatmulVariant {
                 (u64::from(lines) * u64::from(t.bk) / per_slot).div_ceil(threads)
             };
             let loads = looped(slots(t.bm, self.loads[0])) + looped(slots(t.bn, self.loads[1]));
-            // k_step: its loop over the step's k, unless written out.
+            // k_step: its loop over the step's k, unless written out; column_step's, looped.
             let step = if self.unrolled {
                 0
             } else {
                 looped(t.bk.into())
+            } + if self.column_sums {
+                // column_step: its loop over the invocation's columns, each over the step's k.
+                looped(self.sum_cols()) + self.sum_cols() * looped(t.bk.into())
+            } else {
+                0
             };
             // store_row, and the totals' and planes' rows: a loop over four outputs, once per
             // row of each 4x4 block (and level, for the totals and planes).
@@ -772,9 +819,15 @@ impl MatmulVariant {
             };
             // The MASKED flag scan, and the final store.
             let fixed = looped(u64::from(t.bm + t.bn).div_ceil(threads)) + rows * row;
+            // A group's column sums zeroed, their totals added and stored: a loop each.
+            let columns = if self.column_sums {
+                3 * looped(self.sum_cols())
+            } else {
+                0
+            };
             return KLoops {
                 fixed,
-                per_unit: 1 + k_loop + 2 * rows * levels * row,
+                per_unit: 1 + k_loop + 2 * rows * levels * row + columns,
                 unit_k: GROUP_K,
             };
         };
@@ -822,7 +875,14 @@ impl MatmulVariant {
             None => {
                 let rows = 4 * if t.reg == 8 { 4 } else { 1 };
                 let read = rows * levels * looped(4);
-                read + looped(rest) + rest * read + rows * looped(4)
+                // load_column_planes: per column, a loop over the planes after the first.
+                let cols = self.sum_cols();
+                let columns = if self.column_sums {
+                    looped(cols) + cols * looped(rest)
+                } else {
+                    0
+                };
+                read + looped(rest) + rest * read + rows * looped(4) + columns
             }
             Some(coop) => {
                 let (wr, wc) = t.coop_warp_grid(coop.size).unwrap_or((1, 1));
@@ -938,7 +998,12 @@ impl Kernel {
                     (None, true) => ", masked".into(),
                     _ => String::new(),
                 } + if v.unrolled { ", unrolled" } else { "" }
-                    + if v.epilogue { ", epilogue" } else { "" }
+                    + match v.store {
+                        Store::Plain => "",
+                        Store::Held => ", held",
+                        Store::BiasAdd => ", epilogue",
+                    }
+                    + if v.column_sums { ", column sums" } else { "" }
                     + &match v.loads {
                         [Load::Scalar, Load::Scalar] => String::new(),
                         [a, b] => format!(", loads {a:?} x {b:?}"),
@@ -967,14 +1032,14 @@ impl Kernel {
             Kernel::Amax | Kernel::ScaleFromAmax => &["scale.wgsl"],
             Kernel::SplitBf16 => &["split.wgsl"],
             Kernel::CoopPack => &["coop_pack.wgsl"],
-            Kernel::Matmul(v) if v.coop.is_some() && v.epilogue => &[
+            Kernel::Matmul(v) if v.coop.is_some() && v.store == Store::BiasAdd => &[
                 "matmul_coop.wgsl",
                 "coop_block.wgsl",
                 "epilogue.wgsl",
                 "unary.wgsl",
             ],
             Kernel::Matmul(v) if v.coop.is_some() => &["matmul_coop.wgsl", "coop_block.wgsl"],
-            Kernel::Matmul(v) if v.epilogue => &[
+            Kernel::Matmul(v) if v.store == Store::BiasAdd => &[
                 "matmul.wgsl",
                 "matmul_step.wgsl",
                 "fetch.wgsl",
@@ -1098,6 +1163,7 @@ impl Kernel {
             header.push_str(&v.b.fetch_fn(src, "fetch_b", "b_data", v.loads[1]));
             header.push_str(&span_consts());
             header.push_str(&epilogue_consts(v));
+            header.push_str(&column_sums_consts(v));
             header.push_str(if v.masked {
                 "const MASKED: bool = true;\n\
                  @group(0) @binding(6) var<storage, read> flags: array<u32>;\n\
@@ -1137,7 +1203,7 @@ impl Kernel {
             parts.push((None, k_step(src, v)));
         }
         if let Kernel::Matmul(v) = self
-            && v.epilogue
+            && v.store == Store::BiasAdd
         {
             for file in ["epilogue.wgsl", "unary.wgsl"] {
                 parts.push((Some(file), src.text(file).to_string()));
@@ -1183,8 +1249,8 @@ impl Kernel {
             let v = MatmulVariant::for_algorithm(&alg, f16);
             let f32_ = Format::F32;
             for stored in [[f32_, f32_], [f32_, coded], [coded, f32_]] {
-                for epilogue in [false, true] {
-                    let k = Kernel::Matmul(v.reading(stored).with_epilogue(epilogue));
+                for store in [Store::Plain, Store::Held, Store::BiasAdd] {
+                    let k = Kernel::Matmul(v.reading(stored).with_store(store));
                     if !kernels.contains(&k) {
                         kernels.push(k);
                     }
@@ -1195,9 +1261,18 @@ impl Kernel {
         // and bf16 kernels on both tile sizes, and the masked fallback of the scaled one.
         for f16 in [F16Read::Native, F16Read::Packed] {
             for alg in [Algorithm::F32, Algorithm::Bf16, Algorithm::F16] {
-                let v = MatmulVariant::for_algorithm(&alg, f16).with_epilogue(true);
-                if !kernels.contains(&Kernel::Matmul(v)) {
-                    kernels.push(Kernel::Matmul(v));
+                let v = MatmulVariant::for_algorithm(&alg, f16);
+                for v in [
+                    v.with_store(Store::BiasAdd),
+                    // A weight gradient's product with its bias gradient, held or not.
+                    v.reading([Format::F32; 2]).with_column_sums(true),
+                    (v.reading([Format::F32; 2]))
+                        .with_store(Store::Held)
+                        .with_column_sums(true),
+                ] {
+                    if !kernels.contains(&Kernel::Matmul(v)) {
+                        kernels.push(Kernel::Matmul(v));
+                    }
                 }
             }
         }
@@ -1213,9 +1288,11 @@ impl Kernel {
         ] {
             for alg in [Algorithm::F16, Algorithm::Bf16] {
                 if let Some(v) = MatmulVariant::coop(&alg, c) {
-                    kernels.push(Kernel::Matmul(v.with_epilogue(true)));
-                    if v.scaled() {
-                        kernels.push(Kernel::Matmul(v.fallback().with_epilogue(true)));
+                    for store in [Store::Held, Store::BiasAdd] {
+                        kernels.push(Kernel::Matmul(v.with_store(store)));
+                        if v.scaled() {
+                            kernels.push(Kernel::Matmul(v.fallback().with_store(store)));
+                        }
                     }
                 }
             }
@@ -1299,13 +1376,36 @@ pub fn span_flags(i: usize, count: usize) -> u32 {
 /// A matmul variant's EPILOGUE constant, and where it has one its first binding (epilogue.wgsl
 /// follows), else an epilogue that stores the product as it is.
 fn epilogue_consts(v: &MatmulVariant) -> String {
-    if v.epilogue {
+    if v.store == Store::Held {
+        return "const EPILOGUE: bool = true;\nfn epilogue(e: u32, col: u32, v: f32) -> f32 {\n    \
+                return held(v, params.epi.z);\n}\n"
+            .into();
+    }
+    if v.store == Store::BiasAdd {
         format!(
             "const EPILOGUE: bool = true;\nconst EPI_BINDING: u32 = {}u;\n",
             v.epilogue_binding()
         )
     } else {
         "const EPILOGUE: bool = false;\nfn epilogue(e: u32, col: u32, v: f32) -> f32 {\n    return v;\n}\n"
+            .into()
+    }
+}
+
+/// A SIMT matmul variant's COLUMN_SUMS constant, and where it sums B's columns their binding
+/// and its accessors; else accessors that are never called.
+fn column_sums_consts(v: &MatmulVariant) -> String {
+    if v.column_sums {
+        format!(
+            "const COLUMN_SUMS: bool = true;\n\
+             @group(0) @binding({}) var<storage, read_write> column_sums: array<f32>;\n\
+             fn column_total(col: u32) -> f32 {{\n    return column_sums[col];\n}}\n\
+             fn set_column_total(col: u32, v: f32) {{\n    column_sums[col] = v;\n}}\n",
+            v.column_sums_binding()
+        )
+    } else {
+        "const COLUMN_SUMS: bool = false;\nfn column_total(col: u32) -> f32 {\n    return 0.0;\n}\n\
+         fn set_column_total(col: u32, v: f32) {}\n"
             .into()
     }
 }
@@ -2064,16 +2164,27 @@ pub(crate) fn bindings(kernel: &Kernel) -> &'static [Binding] {
         // a, b, c, scales (SIMT) or amax_bits (cooperative), the partial sums between spans of
         // K, and flags (cooperative, SIMT fallback).
         // ... and with a fused bias add (epilogue.wgsl), its bias, residual and GELU.
-        Kernel::Matmul(v) if (v.coop.is_some() || v.masked) && v.epilogue => &[
+        Kernel::Matmul(v) if (v.coop.is_some() || v.masked) && v.store == Store::BiasAdd => &[
             Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read, Read, Read, ReadWrite,
         ],
         Kernel::Matmul(v) if v.coop.is_some() || v.masked => {
             &[Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read]
         }
-        Kernel::Matmul(v) if v.epilogue => &[
+        Kernel::Matmul(v) if v.store == Store::BiasAdd && v.column_sums => &[
+            Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read, Read, ReadWrite, ReadWrite,
+        ],
+        Kernel::Matmul(v) if v.store == Store::BiasAdd => &[
             Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read, Read, ReadWrite,
         ],
+        // ... and with B's column sums.
+        Kernel::Matmul(v) if v.column_sums => {
+            &[Uniform, Read, Read, ReadWrite, Read, ReadWrite, ReadWrite]
+        }
         Kernel::Matmul(_) => &[Uniform, Read, Read, ReadWrite, Read, ReadWrite],
+        // in0..2, out0..2; the norms' backward, its column partials too (out3).
+        Kernel::Train(op, _) if op.has_column_partials() => &[
+            Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite, ReadWrite,
+        ],
         Kernel::Train(..) | Kernel::AttentionCoop(..) => {
             &[Uniform, Read, Read, Read, ReadWrite, ReadWrite, ReadWrite]
         }

@@ -202,7 +202,14 @@ impl TrainLaunch {
         }
         let kernel = Kernel::Train(self.op, lanes);
         let lanes = if self.rows { lanes as usize } else { 1 };
-        let groups = Dispatch::element_groups(gpu, self.items * lanes)?;
+        let mut invocations = self.items * lanes;
+        // The norms' backward: its rows' workgroups, then its column reduction's.
+        if self.op.has_column_partials() {
+            invocations = invocations.next_multiple_of(256)
+                + launch::column_invocations(p.n as usize, p.c as usize);
+            gpu.check_loops(&what, self.loops(), SMALLER)?;
+        }
+        let groups = Dispatch::element_groups(gpu, invocations)?;
         let whole = TrainParams {
             begin: 0,
             end: p.tokens,
@@ -307,10 +314,11 @@ impl TrainLaunch {
         match self.op {
             // A chunk's rows in steps of 8, then lanes_sum's loop over the 8 lanes (twice for
             // layer norm's two sums).
-            TrainOp::ColumnPartials | TrainOp::RmsnormBwdPartials => {
+            // (The norms' backward: its column reduction's; its rows' loops are `row_lanes`'.)
+            TrainOp::ColumnPartials | TrainOp::RmsnormBwd => {
                 looped(launch::CHUNK_ROWS as u64 / 8) + looped(8)
             }
-            TrainOp::LayernormBwdPartials => looped(launch::CHUNK_ROWS as u64 / 8) + 2 * looped(8),
+            TrainOp::LayernormBwd => looped(launch::CHUNK_ROWS as u64 / 8) + 2 * looped(8),
             // Each lane's tokens counted and scattered; counts zeroed and its slice of them
             // scanned in two passes (rows each); lane 0's scan of the slices; the offsets.
             TrainOp::EmbeddingSort => {
@@ -355,8 +363,8 @@ impl TrainLaunch {
         let c = u64::from(self.params.c);
         // Loops over the row (each lane strides it) and reduction trees (row_sum, row_max).
         let (row_loops, trees) = match self.op {
-            TrainOp::LayernormBwdX => (2, 2),
-            TrainOp::RmsnormBwdX => (2, 1),
+            TrainOp::LayernormBwd => (2, 2),
+            TrainOp::RmsnormBwd => (2, 1),
             TrainOp::SoftmaxFwd => (3, 2),
             TrainOp::SoftmaxBwd => (2, 1),
             // Layer norm's and the cross entropy's forward, and the most any row op has.
@@ -501,7 +509,12 @@ pub mod launch {
 
     /// A column reduction's partial sums: one workgroup per 32 columns of a chunk of rows.
     fn column_partials(op: TrainOp, rows: usize, c: usize) -> TrainLaunch {
-        train(op, rows, c, c.div_ceil(32) * chunks(rows) * 256)
+        train(op, rows, c, column_invocations(rows, c))
+    }
+
+    /// The invocations of a column reduction over `rows` rows of `c`.
+    pub(super) fn column_invocations(rows: usize, c: usize) -> usize {
+        c.div_ceil(32) * chunks(rows) * 256
     }
 
     /// The partials of `parts` sums per column added in chunk order.
@@ -558,26 +571,22 @@ pub mod launch {
         l
     }
 
-    /// dy, x, g -> dx (stats read); then dy, x -> the partials of dg and db
-    /// (`partials_len(rows, c, 2)`), and the partials -> dg, db; dy rounded to `dy_held` as
-    /// it is read; with `sum`, dx + the third output's values (read) held in that format.
+    /// dy, x, g -> dx (stats read) and the partials of dg and db (`partials_len(rows, c, 2)`,
+    /// the fourth output) in one launch; then the partials -> dg, db; dy rounded to `dy_held`
+    /// as it is read; with `sum`, dx + the third output's values (read) held in that format.
     pub fn layernorm_bwd(
         rows: usize,
         c: usize,
         dy_held: Format,
         sum: Option<Format>,
-    ) -> [TrainLaunch; 3] {
-        let [mut for_x, mut partials] = [
-            row_op(TrainOp::LayernormBwdX, rows, c),
-            column_partials(TrainOp::LayernormBwdPartials, rows, c),
-        ];
-        for_x.params.read_held = format_id(dy_held);
+    ) -> [TrainLaunch; 2] {
+        let mut l = row_op(TrainOp::LayernormBwd, rows, c);
+        l.params.read_held = format_id(dy_held);
         if let Some(held) = sum {
-            for_x.params.sum = 1;
-            for_x.params.held = format_id(held);
+            l.params.sum = 1;
+            l.params.held = format_id(held);
         }
-        partials.params.read_held = format_id(dy_held);
-        [for_x, partials, sum_partials(rows, c, 2)]
+        [l, sum_partials(rows, c, 2)]
     }
 
     /// f(x) of the unary family, x stored as `x_stored` (f32, or a coded tensor's codes),
@@ -626,16 +635,12 @@ pub mod launch {
         l
     }
 
-    /// dy, x, g -> dx (rstd read); then dy, x -> the partials of dg (`partials_len(rows, c,
-    /// 1)`), and the partials -> dg.
-    pub fn rmsnorm_bwd(rows: usize, c: usize, dy_held: Format) -> [TrainLaunch; 3] {
-        let [mut for_x, mut partials] = [
-            row_op(TrainOp::RmsnormBwdX, rows, c),
-            column_partials(TrainOp::RmsnormBwdPartials, rows, c),
-        ];
-        for_x.params.read_held = format_id(dy_held);
-        partials.params.read_held = format_id(dy_held);
-        [for_x, partials, sum_partials(rows, c, 1)]
+    /// dy, x, g -> dx (rstd read) and the partials of dg (`partials_len(rows, c, 1)`, the
+    /// fourth output) in one launch; then the partials -> dg.
+    pub fn rmsnorm_bwd(rows: usize, c: usize, dy_held: Format) -> [TrainLaunch; 2] {
+        let mut l = row_op(TrainOp::RmsnormBwd, rows, c);
+        l.params.read_held = format_id(dy_held);
+        [l, sum_partials(rows, c, 1)]
     }
 
     /// x -> x times dropout's mask at the step in the scalars (bound third), held in `held`.
