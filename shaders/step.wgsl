@@ -284,7 +284,8 @@ var<workgroup> gate: f32;
 
 // AdamW on parameter y with gradient x and moments z, w, skipped unless every gradient's flag
 // (stats[1 .. 1 + count)) is clear; gradients clipped to the global norm CLIP (squared norms at
-// stats[1 + count .. 1 + 2 count)). count = extra.x, weight decay where extra.y = 1. The three
+// stats[1 + count .. 1 + 2 count)). count = extra.x, weight decay on the first extra.y
+// elements (an arena's tensors with weight decay come first). The three
 // are computed in f32 and held in `format` as they are written.
 @compute @workgroup_size(256)
 fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -327,7 +328,7 @@ fn adamw(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
     z[e] = bitcast<u32>(held(m, params.format));
     w[e] = bitcast<u32>(held(v, params.format));
     var wd = 0.0;
-    if (params.extra.y != 0u) {
+    if (e < params.extra.y) {
         wd = lr * scalars[S_WEIGHT_DECAY];
     }
     let denom = sqrt(v / scalars[S_BIAS_CORRECTION2]) + scalars[S_EPS];

@@ -39,25 +39,14 @@ pub struct Member {
 }
 
 /// A segment: four buffers (a role each) of `len` elements; the tensors with weight decay in
-/// [0, decayed), the others from the next multiple of `ALIGN` on (`ranges`).
+/// [0, decayed), the others after them (AdamW's one dispatch over the segment decays the
+/// elements before `decayed`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Segment {
     /// Elements (the last tensor's end).
     pub len: u64,
     /// Where the tensors with weight decay end.
     pub decayed: u64,
-}
-
-impl Segment {
-    /// AdamW's ranges of elements: (begin, end, weight decay), empty ones left out. The second
-    /// begins on `ALIGN`, as its first tensor does: a binding's offset must be aligned.
-    pub fn ranges(&self) -> Vec<(u64, u64, bool)> {
-        let undecayed = self.decayed.next_multiple_of(ALIGN).min(self.len);
-        [(0, self.decayed, true), (undecayed, self.len, false)]
-            .into_iter()
-            .filter(|(begin, end, _)| begin < end)
-            .collect()
-    }
 }
 
 /// The arenas' layout.
@@ -186,15 +175,12 @@ mod tests {
         assert_eq!(small.segments.len(), 2);
         let err = Layout::of(&params, len, 4000).unwrap_err();
         assert!(err.contains("5000"), "{err}");
-        // A decayed range ending off the alignment: the other starts on it.
+        // The decayed tensors end where the last of them does; the others follow, aligned.
         let odd = Layout::of(&params, |id| [1001, 7, 34, 3][id / 10], 1 << 20).unwrap();
         assert_eq!(odd.segments[0].decayed, 1024 + 34);
-        assert_eq!(
-            odd.segments[0].ranges(),
-            [(0, 1058, true), (1088, 1088 + 64 + 3, false)]
-        );
+        assert_eq!(odd.segments[0].len, 1088 + 64 + 3);
         let all = Layout::of(&params[..1], len, 1 << 20).unwrap();
-        assert_eq!(all.segments[0].ranges(), [(0, 5000, true)]);
+        assert_eq!((all.segments[0].decayed, all.segments[0].len), (5000, 5000));
         let err = Layout::of(&params, len, 4000).unwrap_err();
         assert!(err.contains("5000"), "{err}");
     }

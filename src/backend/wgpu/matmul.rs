@@ -315,6 +315,11 @@ pub struct Epilogue<'a> {
 }
 
 impl Epilogue<'_> {
+    /// The product stored as it is.
+    pub fn plain() -> Epilogue<'static> {
+        Epilogue::held(Format::F32)
+    }
+
     /// The product rounded to `held` as it is stored.
     pub fn held(held: Format) -> Epilogue<'static> {
         Epilogue {

@@ -536,7 +536,7 @@ impl WgpuBackend {
                     algorithm,
                     tile,
                     OnDevice::f32(&Region::whole(&ab), &Region::whole(&bb)),
-                    Format::F32,
+                    &matmul::Epilogue::plain(),
                 )?;
                 let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
                 submit(&self.gpu, &clears, &run.dispatches, None);
@@ -559,17 +559,16 @@ impl WgpuBackend {
     }
 
     /// Records the matmul of operands on the device on `tile`, with this backend's f16 read
-    /// and cooperative matrices, its buffers from the backend's pool; the product rounded to
-    /// `held` as it is stored (`matmul::Epilogue::held`) where that is not f32.
+    /// and cooperative matrices, its buffers from the backend's pool, its store doing what
+    /// `epilogue` says.
     fn record_on_tile(
         &self,
         shape: &MatmulShape,
         algorithm: &Algorithm,
         tile: Tile,
         operands: OnDevice<'_>,
-        held: Format,
+        epilogue: &matmul::Epilogue,
     ) -> Result<matmul::MatmulRun> {
-        let epilogue = (held != Format::F32).then(|| matmul::Epilogue::held(held));
         matmul::record(
             &self.gpu,
             matmul::Pools::one(&self.pool),
@@ -580,7 +579,7 @@ impl WgpuBackend {
             Some(tile),
             operands,
             None,
-            epilogue.as_ref(),
+            Some(epilogue),
         )
     }
 
@@ -645,18 +644,8 @@ impl WgpuBackend {
                     column_sums: Some((&sums_region, sums_held)),
                     ..matmul::Epilogue::held(held)
                 };
-                let run = matmul::record(
-                    &self.gpu,
-                    matmul::Pools::one(&self.pool),
-                    shape,
-                    algorithm,
-                    self.f16,
-                    self.coop.map(|c| (c, self.coop_fallback)),
-                    Some(tile),
-                    OnDevice::f32(&ra, &rb),
-                    None,
-                    Some(&epilogue),
-                )?;
+                let on = OnDevice::f32(&ra, &rb);
+                let run = self.record_on_tile(shape, algorithm, tile, on, &epilogue)?;
                 if self.poison {
                     self.poison(&run.c.buffer, shape.c_len());
                     self.poison(&sums, shape.n);
@@ -688,7 +677,8 @@ impl WgpuBackend {
         let run = self
             .gpu
             .scoped("matmul", || {
-                let run = self.record_on_tile(shape, algorithm, tile, operands, held)?;
+                let held = matmul::Epilogue::held(held);
+                let run = self.record_on_tile(shape, algorithm, tile, operands, &held)?;
                 if self.poison {
                     self.poison(&run.c.buffer, shape.c_len());
                 }
@@ -719,7 +709,8 @@ impl WgpuBackend {
         let run = self
             .gpu
             .scoped("timed matmul", || {
-                self.record_on_tile(shape, algorithm, tile, on_device, Format::F32)
+                let plain = matmul::Epilogue::plain();
+                self.record_on_tile(shape, algorithm, tile, on_device, &plain)
             })
             .await?;
         let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();

@@ -1006,29 +1006,28 @@ impl<'a> ResidentPlan<'a> {
                 let mut d = Vec::new();
                 let gated = self.plan.stats.grads;
                 match &self.layout {
-                    // One dispatch over each segment's tensors with weight decay, one over the
-                    // rest: the four roles' regions of the same elements.
+                    // One dispatch over each segment (the four roles' buffers), weight decay
+                    // on the tensors before `decayed`.
                     Some(l) => {
                         for (s, segment) in l.segments.iter().enumerate() {
-                            let buffers = &c.arenas[s];
-                            for (begin, end, decay) in segment.ranges() {
-                                let [g, p, m1, m2] = buffers.clone().map(|buffer| Region {
-                                    buffer,
-                                    offset: begin * 4,
-                                    size: (end - begin) * 4,
-                                });
-                                d.extend(step_on(
-                                    launch::adamw((end - begin) as usize, gated, decay, held),
-                                    &g,
-                                    [&p, &m1, &m2],
-                                )?);
-                            }
+                            let [g, p, m1, m2] = c.arenas[s].clone().map(|buffer| Region {
+                                buffer,
+                                offset: 0,
+                                size: segment.len * 4,
+                            });
+                            let (n, decayed) = (segment.len as usize, segment.decayed as usize);
+                            d.extend(step_on(
+                                launch::adamw(n, gated, decayed, held),
+                                &g,
+                                [&p, &m1, &m2],
+                            )?);
                         }
                     }
                     None => {
                         for a in params {
+                            let n = len(a.param);
                             d.extend(step(
-                                launch::adamw(len(a.param), gated, a.decay, held),
+                                launch::adamw(n, gated, if a.decay { n } else { 0 }, held),
                                 Some(a.grad),
                                 [Some(a.param), Some(a.m), Some(a.v)],
                             )?);
@@ -1448,7 +1447,7 @@ fn arena_layout(plan: &Plan, binding: u64) -> Option<Layout> {
             if layout.segments.len() > 1 {
                 said(format!(
                     "the trained state takes {} arena segments of at most {} MiB (the adapter's \
-                     largest storage binding): AdamW and the unscale run a dispatch or two each",
+                     largest storage binding): AdamW and the unscale run a dispatch or two a segment",
                     layout.segments.len(),
                     binding >> 20
                 ));

@@ -127,7 +127,7 @@ pub struct StepParams {
     pub dst: [u32; 4],
     /// Per-kernel operands: `add` (y's format, residual flag, residual's format), `add_into` (codes
     /// flag, y's format), the strided copy's offsets, `unscale_partials`' first partial, `adamw`'s
-    /// gated gradients and decay flag.
+    /// gated gradients and how many of its values take weight decay (its first ones).
     pub extra: [u32; 4],
     /// A bias add's GELU: (1 if it has one, the format it is held in, 1 if stored as codes, 0).
     pub gelu: [u32; 4],
@@ -946,13 +946,13 @@ pub mod launch {
         step(StepOp::UnscaleReduce, params, Some(count * 256))
     }
 
-    /// AdamW on `n` values, applied only where the first `gated_on` gradients' flags are clear
-    /// (0: always).
-    pub fn adamw(n: usize, gated_on: usize, decay: bool, held: Format) -> StepLaunch {
+    /// AdamW on `n` values, weight decay on the first `decayed` of them, applied only where the
+    /// first `gated_on` gradients' flags are clear (0: always).
+    pub fn adamw(n: usize, gated_on: usize, decayed: usize, held: Format) -> StepLaunch {
         let params = StepParams {
             n: n as u32,
             format: format_id(held),
-            extra: [gated_on as u32, decay as u32, 0, 0],
+            extra: [gated_on as u32, decayed as u32, 0, 0],
             ..Default::default()
         };
         step(StepOp::Adamw, params, Some(n))
