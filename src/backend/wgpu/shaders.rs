@@ -1373,22 +1373,24 @@ pub fn span_flags(i: usize, count: usize) -> u32 {
     first | last
 }
 
-/// A matmul variant's EPILOGUE constant, and where it has one its first binding (epilogue.wgsl
-/// follows), else an epilogue that stores the product as it is.
+/// A matmul variant's EPILOGUE constant and `epilogue` (what `Store` says): the product as it
+/// is, the product held (`params.epi.z`), or the bias add's first binding (epilogue.wgsl follows).
 fn epilogue_consts(v: &MatmulVariant) -> String {
-    if v.store == Store::Held {
-        return "const EPILOGUE: bool = true;\nfn epilogue(e: u32, col: u32, v: f32) -> f32 {\n    \
-                return held(v, params.epi.z);\n}\n"
-            .into();
-    }
-    if v.store == Store::BiasAdd {
-        format!(
+    match v.store {
+        Store::Plain => {
+            "const EPILOGUE: bool = false;\nfn epilogue(e: u32, col: u32, v: f32) -> f32 {\n    \
+                         return v;\n}\n"
+                .into()
+        }
+        Store::Held => {
+            "const EPILOGUE: bool = true;\nfn epilogue(e: u32, col: u32, v: f32) -> f32 {\n    \
+                        return held(v, params.epi.z);\n}\n"
+                .into()
+        }
+        Store::BiasAdd => format!(
             "const EPILOGUE: bool = true;\nconst EPI_BINDING: u32 = {}u;\n",
             v.epilogue_binding()
-        )
-    } else {
-        "const EPILOGUE: bool = false;\nfn epilogue(e: u32, col: u32, v: f32) -> f32 {\n    return v;\n}\n"
-            .into()
+        ),
     }
 }
 
