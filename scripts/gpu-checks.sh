@@ -13,7 +13,8 @@
 #   bash scripts/gpu-checks.sh bench     # wgpu matmul benchmarks (the weight gradients' shapes
 #                                        # split-K and not) and the PyTorch anchors
 #   bash scripts/gpu-checks.sh again     # after a change to the step: its tests, then both
-#                                        # backends' steps, no anchor (under seven minutes)
+#                                        # backends' steps, wgpu's bias gradients summed
+#                                        # apart too, no anchor (under eight minutes)
 #   bash scripts/gpu-checks.sh wgrad     # the weight gradients' matmuls on wgpu, tuned (split-K)
 #                                        # and not, beside cuBLAS (under three minutes)
 #   bash scripts/gpu-checks.sh tune      # a full autotune, and matrix-vector shapes
@@ -128,7 +129,7 @@ bench)
     run 120 python3 scripts/anchors/torch_matmul.py
     ;;
 again)
-    # After a change to the step, in under seven minutes: the tests of what changed (CUDA graphs
+    # After a change to the step, in under eight minutes: the tests of what changed (CUDA graphs
     # replayed against the interpreter, fused attention and the cooperative tiles, SIMT tiles
     # on a cooperative-matrix device), then both backends' steps with their measured choices
     # (no anchor: set them against the last `quick` on the same kind of machine).
@@ -142,6 +143,9 @@ again)
     [ -x .bin/conformance ] && run 40 .bin/conformance cuda::train_ops wgpu::train_ops --test-threads 1
     [ -x .bin/op_parity ] && run 30 .bin/op_parity matches_pytorch --test-threads 1
     MANTISSA_TUNE_SECONDS=6 run 230 $m bench train --config small --backends wgpu --precision 32-true,bf16-mixed,16-mixed --warmup 3 --steps 10 --profile --json "$out/bench-train-wgpu.json"
+    # The bias gradients by column sums of their own, against the run above (summed in the
+    # weight gradients' matmuls): the default's measured check (tiles cached by the run above).
+    MANTISSA_BIAS_GRAD_IN_MATMUL=off run 90 $m bench train --config small --backends wgpu --precision 32-true,bf16-mixed --warmup 2 --steps 5 --profile --json "$out/bench-train-wgpu-bias-separate.json"
     run 60 $m bench train --config small --backends cuda --precision 32-true,bf16-mixed,16-mixed,bf16-true --warmup 3 --steps 20 --json "$out/bench-train-cuda.json"
     ;;
 wgrad)

@@ -80,6 +80,12 @@ const SWITCHES: &[Switch] = &[
         keys: true,
     },
     Switch {
+        var: "MANTISSA_BIAS_GRAD_IN_MATMUL",
+        what: "bias-gradient setting (MANTISSA_BIAS_GRAD_IN_MATMUL)",
+        takes: Takes::Words(&[ON, OFF]),
+        keys: false,
+    },
+    Switch {
         var: "MANTISSA_WGSL_CHECKS",
         what: "runtime-check setting (MANTISSA_WGSL_CHECKS)",
         takes: Takes::Words(&[ON, OFF]),
@@ -318,6 +324,7 @@ mod tests {
             "MANTISSA_F16",
             "MANTISSA_COOP",
             "MANTISSA_WGSL_CHECKS",
+            "MANTISSA_BIAS_GRAD_IN_MATMUL",
             "MANTISSA_ROW_LANES",
             "MANTISSA_ACTIVATIONS",
             "MANTISSA_CUDA_SPLIT",

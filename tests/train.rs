@@ -2919,6 +2919,49 @@ fn small_plans_are_no_larger_than_recorded() {
 /// a skipped step (an inf added to the first gradient, in its segment), then weights and
 /// moments. And the update takes a few dispatches where a buffer per tensor took one per
 /// tensor: AdamW at most two a segment, the unscale one a segment and its reduction.
+/// wgpu's bias gradients summed by column sums of their own (`MANTISSA_BIAS_GRAD_IN_MATMUL=off`,
+/// the alternative a GPU times against the default) train `tiny` under bf16-mixed to the bits
+/// of those summed in the weight gradients' matmuls (the sums are held in bf16, so their
+/// order does not show), with two launches more for each bias.
+#[test]
+fn bias_gradients_summed_apart_train_as_in_the_matmul() {
+    use mantissa::backend::wgpu::WgpuOptions;
+    let test = "bias_gradients_summed_apart_train_as_in_the_matmul";
+    let Some(folded) = common::fresh_wgpu(test, WgpuOptions::default()) else {
+        return;
+    };
+    let apart = WgpuOptions {
+        bias_grad_in_matmul: false,
+        ..WgpuOptions::default()
+    };
+    let Some(apart) = common::fresh_wgpu(test, apart) else {
+        return;
+    };
+    let corpus = corpus();
+    let preset = Preset::MixedBf16;
+    let mut a = Trainer::new(&folded, &corpus, options(&corpus, preset, 5)).unwrap();
+    let mut b = Trainer::new(&apart, &corpus, options(&corpus, preset, 5)).unwrap();
+    for step in 0..2 {
+        let (ra, rb) = (a.step().block_on().unwrap(), b.step().block_on().unwrap());
+        assert_eq!(
+            (ra.loss.to_bits(), ra.grad_norm.to_bits()),
+            (rb.loss.to_bits(), rb.grad_norm.to_bits()),
+            "step {step}"
+        );
+    }
+    let biases = (a.plan().ops().iter())
+        .filter(|op| matches!(op, Op::ColumnSums { .. }))
+        .count();
+    let total = |t: &Trainer| {
+        t.launches()
+            .expect("wgpu counts its launches")
+            .iter()
+            .sum::<usize>()
+    };
+    assert!(biases > 0);
+    assert_eq!(total(&b), total(&a) + 2 * biases);
+}
+
 #[test]
 fn arena_segments_train_as_one_segment() {
     use mantissa::backend::wgpu::WgpuOptions;

@@ -104,6 +104,11 @@ pub struct WgpuOptions {
     pub assume_arena_binding: Option<u64>,
     /// Seconds one shape class's tile search may take (`MANTISSA_TUNE_SECONDS`).
     pub tune_seconds: f64,
+    /// A step plan's bias gradients summed in their weight gradients' SIMT matmuls (plan.rs,
+    /// `sums_fold_into`), not by column sums of their own (`MANTISSA_BIAS_GRAD_IN_MATMUL`):
+    /// the same function to the bits of the sums' order. A switch until a GPU has timed the
+    /// two ways.
+    pub bias_grad_in_matmul: bool,
 }
 
 impl Default for WgpuOptions {
@@ -119,13 +124,14 @@ impl Default for WgpuOptions {
             assume_loop_budget: None,
             assume_arena_binding: None,
             tune_seconds: crate::tune::TUNE_SECONDS,
+            bias_grad_in_matmul: true,
         }
     }
 }
 
 impl WgpuOptions {
     /// Options from `MANTISSA_F16`, `MANTISSA_WGSL_CHECKS` (on/off), `MANTISSA_COOP`
-    /// (auto/off), `MANTISSA_ROW_LANES`, `MANTISSA_AUTOTUNE` (off/fast/full; fast when unset)
+    /// (auto/off), `MANTISSA_BIAS_GRAD_IN_MATMUL` (on/off), `MANTISSA_ROW_LANES`, `MANTISSA_AUTOTUNE` (off/fast/full; fast when unset)
     /// and `MANTISSA_TUNE_SECONDS`.
     pub fn from_env() -> Result<WgpuOptions> {
         let mut o = WgpuOptions {
@@ -142,6 +148,8 @@ impl WgpuOptions {
         o.coop = env::on("MANTISSA_COOP")?.unwrap_or(o.coop);
         o.row_lanes = env::number("MANTISSA_ROW_LANES")?;
         o.runtime_checks = env::on("MANTISSA_WGSL_CHECKS")?.unwrap_or(o.runtime_checks);
+        o.bias_grad_in_matmul =
+            env::on("MANTISSA_BIAS_GRAD_IN_MATMUL")?.unwrap_or(o.bias_grad_in_matmul);
         Ok(o)
     }
 }
@@ -158,6 +166,8 @@ pub struct WgpuBackend {
     tuner: Autotuner,
     /// The most bytes an arena segment may bind (`arena.rs`).
     arena_binding: u64,
+    /// `WgpuOptions::bias_grad_in_matmul`.
+    pub(crate) bias_grad_in_matmul: bool,
 }
 
 impl WgpuBackend {
@@ -217,6 +227,7 @@ impl WgpuBackend {
         let software = gpu.software;
         let backend = WgpuBackend {
             arena_binding,
+            bias_grad_in_matmul: options.bias_grad_in_matmul,
             gpu,
             pool: BufferPool::default(),
             f16,

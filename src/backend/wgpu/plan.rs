@@ -273,11 +273,11 @@ impl<'a> ResidentPlan<'a> {
             // An add folded into the matmul before it (`folds_into`) records nothing, and so
             // does a bias gradient the matmul after it sums (`sums_fold_into`), but where that
             // matmul's kernel cannot (recorded after it, below).
-            if i > 0 && folds_into(plan, i - 1) || sums_fold_into(plan, i) {
+            if i > 0 && folds_into(plan, i - 1) || self.sums_fold(i) {
                 continue;
             }
             let folded = folds_into(plan, i).then(|| &plan.ops[i + 1]);
-            let sums = (i > 0 && sums_fold_into(plan, i - 1)).then(|| &plan.ops[i - 1]);
+            let sums = (i > 0 && self.sums_fold(i - 1)).then(|| &plan.ops[i - 1]);
             // A matmul's tile, from the autotuner.
             let mut tile = None;
             if let Op::Matmul {
@@ -341,6 +341,12 @@ impl<'a> ResidentPlan<'a> {
         c.temporaries.extend(scratch.drain());
         c.first.push(c.dispatches.len());
         Ok(c)
+    }
+
+    /// Whether op `i`'s bias gradient is summed in the matmul after it (`sums_fold_into`),
+    /// as the backend's options allow.
+    fn sums_fold(&self, i: usize) -> bool {
+        self.backend.bias_grad_in_matmul && sums_fold_into(&self.plan, i)
     }
 
     /// The dispatches of one op; of a matmul with `folded`, the add after it too (its
@@ -1202,7 +1208,7 @@ impl StepExecutor for ResidentPlan<'_> {
             // A bucket ready after a bias gradient that the matmul after it sums
             // (`sums_fold_into`) is ready after that matmul.
             let ready = |r: usize| match r {
-                r if r > 0 && sums_fold_into(plan, r - 1) => r + 1,
+                r if r > 0 && self.sums_fold(r - 1) => r + 1,
                 r => r,
             };
             let upto = bucket.map_or(end, |b| ready(b.ready)).max(done);
