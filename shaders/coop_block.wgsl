@@ -341,8 +341,12 @@ fn coop_block(batch: u32, split: u32, row0: u32, col0: u32, lindex: u32) {
     let row_{{r}}_{{c}} = row0 + (row_tile0 + {{r}}u) * {{t}}u;
     let col_{{r}}_{{c}} = col0 + (col_tile0 + {{c}}u) * {{t}}u;
     if (straight) {
+
+// @@store_straight
         let at_{{r}}_{{c}} = batch * params.c_batch + row_{{r}}_{{c}} * params.n + col_{{r}}_{{c}};
         coopStoreT(sum_{{r}}_{{c}}, &c_data[at_{{r}}_{{c}}], c_stride);
+
+// @@store_staged
     } else {
         let slot_{{r}}_{{c}} = (lindex / SG) * {{t}}u * {{t}}u;
         coopStoreT(sum_{{r}}_{{c}}, &staging[slot_{{r}}_{{c}}], {{t}}u);

@@ -22,6 +22,8 @@
 //   fn fetch_a4(quad: u32) -> vec4<f32>, fetch_b4: four, from one quad (fetch.wgsl)
 //   const EPILOGUE: bool, fn epilogue(e, col, v) -> f32: a fused bias add in the store
 //                               (epilogue.wgsl, spliced after this file where EPILOGUE)
+//   const CODED: bool, alias C_T, fn store_codes: C stored as 16-bit codes two a word
+//                               (epilogue.wgsl; C_T u32), else f32 values (C_T f32)
 //   const COLUMN_SUMS: bool, fn column_total(col) -> f32, fn set_column_total(col, v): B's
 //                               column sums as well, and their binding (below)
 //   const MASKED: bool, fn flagged(line: u32) -> bool: as the fallback of the cooperative-matrix
@@ -40,7 +42,8 @@
 // Summation order (docs/design.md): K is summed in groups of GROUP_K terms, each output's group
 // from zero in its accumulators (in k order), and the groups' sums are added in order: the
 // running total after group g is (total after g - 1) + (group g's sums), held between groups
-// in memory (level 0 in C, level l > 0 in `partials` at (l - 1) * partial_plane). A dispatch
+// in memory (level 0 in C, level l > 0 in `partials` at (l - 1) * partial_plane; where C is
+// CODED, level 0's after them, since codes cannot carry a running total). A dispatch
 // sums the groups of its span [k_begin, k_end) of K (MODE_SUM): all of K, unless the adapter's
 // loop budget (src/backend/wgpu/budget.rs) splits it over dispatches, at group boundaries. A
 // split-K product (MODE_SPLIT) gives each of `splits` workgroups of an output tile
@@ -95,7 +98,7 @@ const MODE_REDUCE: u32 = 2u;
 @group(0) @binding(0) var<uniform> params: MatmulParams;
 @group(0) @binding(1) var<storage, read> a_data: array<A_T>;
 @group(0) @binding(2) var<storage, read> b_data: array<B_T>;
-@group(0) @binding(3) var<storage, read_write> c_data: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c_data: array<C_T>;
 @group(0) @binding(4) var<storage, read> scales: array<f32>;
 // The running totals of levels 1.. between groups of K, or the group planes of a split-K
 // product (a word where there are none).
@@ -440,6 +443,14 @@ fn mine(batch: u32, row: u32, col: u32) -> bool {
     return !MASKED || flagged(batch * params.m + row) || flagged(params.b_lines + batch * params.n + col);
 }
 
+// Where level `level`'s running totals start in `partials` (level 0's only where C is CODED).
+fn total_at(level: u32) -> u32 {
+    if (level == 0u) {
+        return (max(LEVELS, 1u) - 1u) * params.partial_plane;
+    }
+    return (level - 1u) * params.partial_plane;
+}
+
 // Level `level`'s running totals of row `row` of C from column col_start on, four outputs (0
 // outside C).
 fn load_partial_row(level: u32, batch: u32, row: u32, col_start: u32) -> vec4<f32> {
@@ -451,10 +462,10 @@ fn load_partial_row(level: u32, batch: u32, row: u32, col_start: u32) -> vec4<f3
     for (var c = 0u; c < 4u; c++) {
         let col = col_start + c;
         if (col < params.n) {
-            if (level == 0u) {
-                v[c] = c_data[at + col];
+            if (level == 0u && !CODED) {
+                v[c] = bitcast<f32>(c_data[at + col]);
             } else {
-                v[c] = partials[(level - 1u) * params.partial_plane + at + col];
+                v[c] = partials[total_at(level) + at + col];
             }
         }
     }
@@ -471,10 +482,10 @@ fn store_partial_row(level: u32, batch: u32, row: u32, col_start: u32, v: vec4<f
     for (var c = 0u; c < 4u; c++) {
         let col = col_start + c;
         if (col < params.n && mine(batch, row, col)) {
-            if (level == 0u) {
-                c_data[at + col] = v[c];
+            if (level == 0u && !CODED) {
+                c_data[at + col] = bitcast<C_T>(v[c]);
             } else {
-                partials[(level - 1u) * params.partial_plane + at + col] = v[c];
+                partials[total_at(level) + at + col] = v[c];
             }
         }
     }
@@ -517,26 +528,43 @@ fn store_plane_row(level: u32, g: u32, batch: u32, row: u32, col_start: u32, v: 
 }
 
 // Row `row` of C from column col_start on, four outputs: bounds, the MASKED selection and
-// fp8 descaling.
+// fp8 descaling; CODED, two words of codes (col_start is a multiple of 4 and C's rows of even
+// length, so each pair is inside C whole or outside it).
 fn store_row(batch: u32, row: u32, col_start: u32, v: vec4<f32>) {
     if (row >= params.m) {
+        return;
+    }
+    let at = batch * params.c_batch + row * params.n;
+    if (CODED) {
+        for (var c = 0u; c < 4u; c += 2u) {
+            let col = col_start + c;
+            if (col < params.n) {
+                let pair = vec2<f32>(descaled(batch, row, col, v[c]), descaled(batch, row, col + 1u, v[c + 1u]));
+                store_codes(at + col, col, pair, vec2<bool>(mine(batch, row, col), mine(batch, row, col + 1u)));
+            }
+        }
         return;
     }
     for (var c = 0u; c < 4u; c++) {
         let col = col_start + c;
         if (col < params.n && mine(batch, row, col)) {
-            var out = v[c];
-            if (FP8) {
-                let sa = scales[batch * params.sa_batch + select(0u, row, ROWWISE)];
-                let sb = scales[params.sb_offset + batch * params.sb_batch + select(0u, col, ROWWISE)];
-                out = unscale(out, sa, sb);
-            }
+            var out = descaled(batch, row, col, v[c]);
             if (EPILOGUE) {
-                out = epilogue(batch * params.c_batch + row * params.n + col, col, out);
+                out = epilogue(at + col, col, out);
             }
-            c_data[batch * params.c_batch + row * params.n + col] = out;
+            c_data[at + col] = bitcast<C_T>(out);
         }
     }
+}
+
+// Output (row, col)'s sum v, fp8's scales undone.
+fn descaled(batch: u32, row: u32, col: u32, v: f32) -> f32 {
+    if (!FP8) {
+        return v;
+    }
+    let sa = scales[batch * params.sa_batch + select(0u, row, ROWWISE)];
+    let sb = scales[params.sb_offset + batch * params.sb_batch + select(0u, col, ROWWISE)];
+    return unscale(v, sa, sb);
 }
 
 // COLUMN_SUMS (a weight gradient x^T . dy, one matrix): B's column sums as well, the bias

@@ -15,6 +15,8 @@
 //   const EPILOGUE: bool, fn epilogue(e, col, v) -> f32
 //                               a fused bias add in the store (epilogue.wgsl; its blocks then
 //                               store through `staging`)
+//   const CODED: bool, alias C_T, fn store_codes: C stored as 16-bit codes two a word
+//                               (epilogue.wgsl; C_T u32), else f32 values (C_T f32)
 //   alias OPERAND_T             f16, or Octet (eight halves, coop_block.wgsl) for staged blocks
 //   fn coop_block(batch, row0, col0, lindex)
 //                               the block's products into C: one accumulator per split level and
@@ -74,7 +76,7 @@ const MODE_REDUCE: u32 = 2u;
 // f16, or Octet where the block is staged (copied eight halves, 16 bytes, per load).
 @group(0) @binding(1) var<storage, read> a_data: array<OPERAND_T>;
 @group(0) @binding(2) var<storage, read> b_data: array<OPERAND_T>;
-@group(0) @binding(3) var<storage, read_write> c_data: array<f32>;
+@group(0) @binding(3) var<storage, read_write> c_data: array<C_T>;
 @group(0) @binding(4) var<storage, read> amax_bits: array<u32>;
 // The running totals between groups of K, or the group planes of a split-K product (a word
 // where there are none).
@@ -98,30 +100,49 @@ fn stores_straight(row0: u32, col0: u32) -> bool {
 }
 
 // The T x T tile of C at (row, col), which this subgroup has just stored in its slot of
-// `staging`, into C: bounds, flagged lines and the scaled planes' descaling per element.
+// `staging`, into C: bounds, flagged lines and the scaled planes' descaling per element; CODED,
+// a word of two codes at a time (T and C's rows even, so a pair is inside C whole or outside).
 fn store_tile(batch: u32, row: u32, col: u32, lindex: u32) {
     let slot = (lindex / SG) * T * T;
+    if (CODED) {
+        for (var e = 2u * (lindex % SG); e < T * T; e += 2u * SG) {
+            let r = row + e / T;
+            let c = col + e % T;
+            if (r < params.m && c < params.n) {
+                let v = vec2<f32>(descaled(batch, r, c, staging[slot + e]), descaled(batch, r, c + 1u, staging[slot + e + 1u]));
+                store_codes(batch * params.c_batch + r * params.n + c, c, v, vec2<bool>(mine(batch, r, c), mine(batch, r, c + 1u)));
+            }
+        }
+        return;
+    }
     for (var e = lindex % SG; e < T * T; e += SG) {
         let r = row + e / T;
         let c = col + e % T;
-        if (r >= params.m || c >= params.n) {
+        if (r >= params.m || c >= params.n || !mine(batch, r, c)) {
             continue;
         }
-        var out = staging[slot + e];
-        if (SCALED) {
-            let la = batch * params.m + r;
-            let lb = params.b_lines + batch * params.n + c;
-            // A flagged line is the SIMT kernel's (coop_pack.wgsl).
-            if (flagged(la) || flagged(lb)) {
-                continue;
-            }
-            out = ldexp_wide(out, -(shift_for_amax(amax_bits[la]) + shift_for_amax(amax_bits[lb])));
-        }
+        var out = descaled(batch, r, c, staging[slot + e]);
         if (EPILOGUE) {
             out = epilogue(batch * params.c_batch + r * params.n + c, c, out);
         }
-        c_data[batch * params.c_batch + r * params.n + c] = out;
+        c_data[batch * params.c_batch + r * params.n + c] = bitcast<C_T>(out);
     }
+}
+
+// Whether output (r, c) is this kernel's: not where a line is flagged, which the SIMT kernel
+// computes (coop_pack.wgsl).
+fn mine(batch: u32, r: u32, c: u32) -> bool {
+    return !SCALED || !(flagged(batch * params.m + r) || flagged(params.b_lines + batch * params.n + c));
+}
+
+// Output (r, c)'s sum v, the scaled planes' shifts undone.
+fn descaled(batch: u32, r: u32, c: u32, v: f32) -> f32 {
+    if (!SCALED) {
+        return v;
+    }
+    let la = batch * params.m + r;
+    let lb = params.b_lines + batch * params.n + c;
+    return ldexp_wide(v, -(shift_for_amax(amax_bits[la]) + shift_for_amax(amax_bits[lb])));
 }
 
 // x * 2^e for |e| up to ~330 (WGSL's ldexp is defined for exponents within f32's range).

@@ -69,6 +69,9 @@ struct TrainParams {
     mask_block: u32,
     mask_stride: u32,
     mask_period: u32,
+    // The embedding gather's table rows, where it sorts the ids for the backward (0: it does
+    // not).
+    sort_rows: u32,
 }
 
 const MASK_NONE: u32 = 0u;
@@ -806,10 +809,17 @@ fn cross_entropy_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
 }
 
 // Embedding gather: out0[r, i] = in0v(id(r), i); in1 = ids (f32 bits of u32), c = width,
-// n = rows * c.
+// n = rows * c. With params.sort_rows (the table's rows), the workgroup after the gather's
+// sorts the ids for the embedding's backward into out2 (`sort_ids`), which then needs no
+// dispatch of its own for it: the ids are the same when the backward reads them.
 @compute @workgroup_size(256)
 fn embedding_fwd(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                  @builtin(local_invocation_index) lid: u32) {
+    // Uniform across the workgroup, as the sort's barriers need.
+    if (params.sort_rows != 0u && wg.y * nwg.x + wg.x == (params.n + 255u) / 256u) {
+        sort_ids(lid, params.sort_rows);
+        return;
+    }
     let e = flat_index(wg, nwg, lid);
     if (e >= params.n) {
         return;
@@ -827,15 +837,20 @@ const SORT_LANES: u32 = 256u;
 
 var<workgroup> sort_partial: array<u32, 256>;
 
-// A stable counting sort of the ids, one workgroup. Lane t owns the tokens [t * per, (t + 1) *
-// per) and counts them by id into counts[id * SORT_LANES + t]; an exclusive scan of counts in
-// that (id, lane) order gives each (id, lane) its first place, so that scattering the tokens in
-// order, each lane its own, keeps every id's tokens in token order. in1 = ids (tokens of them,
-// as f32 bits); out2 = counts (rows * SORT_LANES), offsets (rows + 1: where each id's tokens
-// start, then where the last ends), sorted (tokens); n = rows.
+// A stable counting sort of the ids, one workgroup. in1 = ids (tokens of them, as f32 bits);
+// out2 = the sort (`sort_ids`); n = rows.
 @compute @workgroup_size(256)
 fn embedding_sort(@builtin(local_invocation_index) t: u32) {
-    let rows = params.n;
+    sort_ids(t, params.n);
+}
+
+// The counting sort of `embedding_sort`, lane t of its workgroup, over `rows` ids. Lane t owns
+// the tokens [t * per, (t + 1) * per) and counts them by id into counts[id * SORT_LANES + t];
+// an exclusive scan of counts in that (id, lane) order gives each (id, lane) its first place, so
+// that scattering the tokens in order, each lane its own, keeps every id's tokens in token
+// order. out2 = counts (rows * SORT_LANES), offsets (rows + 1: where each id's tokens start,
+// then where the last ends), sorted (params.tokens).
+fn sort_ids(t: u32, rows: u32) {
     let tokens = params.tokens;
     let per = (tokens + SORT_LANES - 1u) / SORT_LANES;
     let own = min(t * per, tokens);

@@ -703,6 +703,65 @@ fn a_weight_gradient_sums_its_bias_gradient() {
     }
 }
 
+/// A linear layer's bias add (and its GELU) in the matmul's store writes a 16-bit coded output
+/// (a q|k|v projection's or the pre-GELU activations under the 16-bit presets: the plan's coded
+/// twin of the product) as the codes of the values the f32-stored store writes, and both are
+/// the add's definition over the product (`common::assert_bias_add_into_codes`). bf16 or f16
+/// drawn, and f32; the default tile, and drawn: split 2 ways, a group a dispatch (the running
+/// totals between groups, which codes cannot carry, in the partial sums) or runtime checks; K
+/// of two groups, a width of even length that no tile divides, rows of NaN, inf, sums past
+/// f16's range and subnormal in f16. A width of odd length is refused with the reason.
+#[test]
+fn a_bias_add_into_codes_stores_the_held_sums() {
+    let test = "a_bias_add_into_codes_stores_the_held_sums";
+    let Some([plain, checked, tight]) = sums_backends(test) else {
+        return;
+    };
+    let seed = common::seed(test);
+    let shape = MatmulShape::new(21, 46, GROUP_K as usize + 77);
+    let k = shape.k;
+    let mut a = measure::normal(shape.a_len(), seed);
+    let b = measure::normal(shape.b_len(), seed + 1);
+    let mut bias = measure::normal(shape.n, seed + 2);
+    a[3 * k + 10] = f32::NAN;
+    a[5 * k + 20] = f32::INFINITY;
+    for p in 0..k {
+        a[7 * k + p] *= 1.0e4;
+        a[9 * k + p] *= 1.0e-7;
+    }
+    bias[4] = 7.0e4;
+    bias[6] = 3.0e-6;
+    let sixteen = [Algorithm::Bf16, Algorithm::F16];
+    let drawn = common::sample(&sixteen, 1, seed);
+    for (i, alg) in std::iter::once(Algorithm::F32).chain(drawn).enumerate() {
+        // The default tile, and one of the others drawn (each is kernels to compile, seconds
+        // apiece on lavapipe; MANTISSA_TEST_EXHAUSTIVE=1 runs every one).
+        let default = plain.tile_candidates(&alg)[0];
+        let others = [
+            ("split", &plain, default.with_splits(2)),
+            ("a group a dispatch", &tight, default),
+            ("checked", &checked, default),
+        ];
+        let drawn = common::sample(&others, 1, seed + i as u64);
+        for (how, backend, tile) in std::iter::once(("plain", &plain, default)).chain(drawn) {
+            common::assert_bias_add_into_codes(backend, (&alg, tile), &shape, (&a, &b, &bias), how);
+        }
+    }
+    let odd = MatmulShape::new(4, 5, 8);
+    let (a, b, bias) = (vec![1.0; 32], vec![1.0; 40], vec![0.0; 5]);
+    let formats = [Format::F32, Format::Bf16, Format::Bf16, Format::F32];
+    let tile = plain.tile_candidates(&Algorithm::F32)[0];
+    let err = plain
+        .matmul_bias_add_on_tile(&odd, &Algorithm::F32, tile, (&a, &b), &bias, formats, true)
+        .block_on()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("5 columns") && err.contains("16-bit codes"),
+        "{err}"
+    );
+}
+
 /// A bf16 or f16 operand held in f32 (a step plan's gradients) is rounded as the SIMT kernel
 /// reads it (`MatmulVariant::reading`), not encoded by a pass first: the same bits as the same
 /// values held as codes, either side or both, transposed or not, on values that round both

@@ -533,6 +533,38 @@ fn a_product_rounded_as_stored_is_the_product_rounded_on_cooperative_matrices() 
     }
 }
 
+/// A linear layer's bias add and GELU in the cooperative kernel's store, into 16-bit codes as
+/// into f32 (`common::assert_bias_add_into_codes`): the SIMT fallback's flagged lines (a row of
+/// 1e18, an inf) written into the words the cooperative kernel wrote the other half of; a NaN;
+/// edge blocks and split-K; f16 and a bf16 algorithm drawn.
+#[test]
+fn a_bias_add_into_codes_stores_the_held_sums_on_cooperative_matrices() {
+    let test = "a_bias_add_into_codes_stores_the_held_sums_on_cooperative_matrices";
+    let Some(b) = coop_backend(test, true) else {
+        return;
+    };
+    let seed = common::seed(test);
+    let mut algorithms = vec![COOP_ALGORITHMS[0]];
+    algorithms.extend(common::sample(&COOP_ALGORITHMS[1..], 1, seed));
+    let shape = MatmulShape::new(37, 30, GROUP_K as usize + 45);
+    let k = shape.k;
+    let mut a = measure::normal(shape.a_len(), seed);
+    let mut bm = measure::normal(shape.b_len(), seed + 1);
+    let bias = measure::normal(shape.n, seed + 2);
+    a[3 * k] = 1e18;
+    a[7 * k + 2] = f32::INFINITY;
+    // B's column 5 flagged (beyond f16's range): its codes share words with column 4's, which
+    // the cooperative kernel writes.
+    bm[9 * shape.n + 5] = 1e18;
+    bm[shape.b_len() / 2] = f32::NAN;
+    for &alg in &algorithms {
+        let tile = b.tile_candidates(&alg)[0];
+        for tile in [tile, tile.with_splits(2)] {
+            common::assert_bias_add_into_codes(&b, (&alg, tile), &shape, (&a, &bm, &bias), "coop");
+        }
+    }
+}
+
 /// A SIMT tile on a cooperative-matrix device (`Tile::simt`: what the tuner times beside the
 /// cooperative blocks, and keeps where it is faster) runs matmul.wgsl: within the contract on
 /// every input family's edges, and bit for bit what a backend without cooperative matrices

@@ -1,7 +1,7 @@
 //! Where a plan's tensors live: the life of each temporary within a step, and the slots
 //! (device buffers) temporaries with disjoint lives share.
 
-use super::{Plan, TensorId, TensorInfo, TensorKind};
+use super::{Op, Plan, TensorId, TensorInfo, TensorKind};
 
 impl Plan {
     /// The first and last op using each temporary whose storage may be shared or freed between
@@ -25,6 +25,15 @@ impl Plan {
             for &t in reads.iter().chain(&writes) {
                 first[t] = first[t].min(i);
                 last[t] = i;
+            }
+            // A bias add into a tensor of its own lives from the matmul whose product it adds
+            // to, so that a device may write the sum in that matmul's store.
+            if let Op::Add { y, out, .. } = *op
+                && out != y
+                && i > 0
+                && matches!(self.ops[i - 1], Op::Matmul { out: product, .. } if product == y)
+            {
+                first[out] = first[out].min(i - 1);
             }
             for &t in &writes {
                 written[t] += op.elements_written(t, self.tensors[t].len);

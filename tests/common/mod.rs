@@ -308,6 +308,57 @@ pub fn assert_rounded_store(
     }
 }
 
+/// A linear layer's bias add and GELU in the store of `b`'s kernel on `tile`
+/// (`WgpuBackend::matmul_bias_add_on_tile`, as a step plan folds the add after its matmul),
+/// the sum held in bf16 and in f16 (the product read as held in f16, the bias in the sum's
+/// format), the GELU in f32 and in the sum's format: C stored as codes is the sum stored as
+/// f32 bit for bit (NaN as NaN), and both are the add's definition over the unrounded
+/// product on the same tile; the GELU's codes are the GELU stored as f32 values, held.
+pub fn assert_bias_add_into_codes(
+    b: &WgpuBackend,
+    (alg, tile): (&Algorithm, mantissa::backend::wgpu::shaders::Tile),
+    shape: &MatmulShape,
+    (a, bm, bias): (&[f32], &[f32], &[f32]),
+    what: &str,
+) {
+    use mantissa::format::Format;
+    let product = b
+        .matmul_on_tile(shape, alg, tile, a, bm)
+        .block_on()
+        .unwrap();
+    for held in [Format::Bf16, Format::F16] {
+        let mut rounded_bias = bias.to_vec();
+        host::ops::round_to(&mut rounded_bias, held);
+        let mut want = product.clone();
+        host::ops::round_to(&mut want, Format::F16);
+        for (i, w) in want.iter_mut().enumerate() {
+            *w += rounded_bias[i % shape.n];
+        }
+        host::ops::round_to(&mut want, held);
+        for gelu in [Format::F32, held] {
+            let formats = [Format::F16, held, held, gelu];
+            let run = |coded| {
+                b.matmul_bias_add_on_tile(shape, alg, tile, (a, bm), bias, formats, coded)
+                    .block_on()
+                    .unwrap()
+            };
+            let ((sums, gelus), (coded_sums, coded_gelus)) = (run(false), run(true));
+            let case = format!("{what}: {alg} tile {tile} {shape:?}, held in {held}, GELU {gelu}");
+            same_or_nan(&format!("{case}: the sums stored as f32"), &sums, &want);
+            same_or_nan(
+                &format!("{case}: the sums stored as codes"),
+                &coded_sums,
+                &want,
+            );
+            same_or_nan(
+                &format!("{case}: the GELU stored as codes"),
+                &coded_gelus,
+                &gelus,
+            );
+        }
+    }
+}
+
 /// The inputs of a norm's backward over `rows` rows of `c`: x, the gain g, a gradient dy whose
 /// first values are `measure::boundary_values` (NaN, infinities, f16's overflow and
 /// subnormals), and each row's layer-norm (mean, rstd) pair and RMS-norm rstd.

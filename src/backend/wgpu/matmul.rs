@@ -9,7 +9,7 @@ use super::shaders::{
     Coop, F16Read, GROUP_K, Kernel, Load, MatmulVariant, Operand, Store, Tile, format_id,
 };
 use crate::algorithm::{Algorithm, MatmulShape, Scaling};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::Format;
 use crate::plan::check_stored_operands;
 use bytemuck::{Pod, Zeroable};
@@ -292,8 +292,8 @@ impl<'a> OnDevice<'a> {
 /// the step plan's `Op::Add` would do it reading the product in place right after the matmul:
 /// C = (C' + x') held in `held`, C' the product held in `y_held`, x' the bias (one per column
 /// of C) held in `x_held`; then plus a residual (held in its format), or a GELU of C (held in
-/// its format) into a tensor of its own, as f32. With no bias, C = C' held in `held` (the
-/// plan's `Op::Matmul` rounding its product).
+/// its format) into a tensor of its own, as f32 or as codes. With no bias, C = C' held in
+/// `held` (the plan's `Op::Matmul` rounding its product).
 pub struct Epilogue<'a> {
     /// The bias: one value per column of C.
     pub bias: Option<&'a Region>,
@@ -303,10 +303,14 @@ pub struct Epilogue<'a> {
     pub x_held: Format,
     /// The format the sum is held in.
     pub held: Format,
+    /// With a bias: C stored as the 16-bit codes of `held`, two a word (C's rows of even
+    /// length: `Epilogue::can_code`), as a plan stores a coded tensor; else as f32 values.
+    pub coded: bool,
     /// A residual added after (same layout as C) and the format that sum is held in.
     pub residual: Option<(&'a Region, Format)>,
-    /// A GELU of the sum into this tensor (f32, C's layout), held in its format.
-    pub gelu: Option<(&'a Region, Format)>,
+    /// A GELU of the sum into this tensor (C's layout), held in its format; stored as its
+    /// codes where the flag says (only where C is coded), else as f32.
+    pub gelu: Option<(&'a Region, Format, bool)>,
     /// B's column sums over K into this tensor (f32, n values), held in its format: a linear
     /// layer's bias gradient beside its weight gradient x^T . dy, summed from the dy the
     /// product reads. Taken where the kernel can (`MatmulVariant::can_sum_columns`, one
@@ -327,16 +331,23 @@ impl Epilogue<'_> {
             y_held: Format::F32,
             x_held: Format::F32,
             held,
+            coded: false,
             residual: None,
             gelu: None,
             column_sums: None,
         }
     }
 
+    /// Whether a product of `shape` can be stored as codes: rows of even length, so that no
+    /// word holds two rows' codes (each invocation stores whole words).
+    pub fn can_code(shape: &MatmulShape) -> bool {
+        shape.n.is_multiple_of(2)
+    }
+
     /// What the kernel's store does for this epilogue.
     fn store(&self) -> Store {
         match (self.bias, self.held) {
-            (Some(_), _) => Store::BiasAdd,
+            (Some(_), _) => Store::BiasAdd { coded: self.coded },
             (None, Format::F32) => Store::Plain,
             (None, _) => Store::Held,
         }
@@ -369,9 +380,11 @@ impl BoundEpilogue {
         // A kernel may not bind one buffer writable twice: the GELU's stand-in is its own.
         let spare = pools.kept.take(gpu, 4)?;
         run.temporaries.push(spare.clone());
+        // epilogue.wgsl's EPI_RESIDUAL, EPI_GELU, EPI_BIAS and EPI_GELU_CODES.
         let flags = u32::from(e.residual.is_some())
             | (u32::from(e.gelu.is_some()) << 1)
-            | (u32::from(e.bias.is_some()) << 2);
+            | (u32::from(e.bias.is_some()) << 2)
+            | (u32::from(e.gelu.is_some_and(|g| g.2)) << 3);
         // A buffer bound for reading may not be bound writable too: the bias's stand-in is
         // another.
         let bias = match e.bias {
@@ -383,10 +396,9 @@ impl BoundEpilogue {
             }
         };
         let residual = e.residual.map_or(bias.clone(), |(r, _)| r.clone());
-        let gelu = e.gelu.map_or(Region::whole(&spare), |(g, _)| g.clone());
-        let fmt = |f: Option<(&Region, Format)>| f.map_or(0, |(_, f)| format_id(f));
+        let gelu = e.gelu.map_or(Region::whole(&spare), |(g, ..)| g.clone());
         Ok(BoundEpilogue {
-            store: Store::BiasAdd,
+            store: e.store(),
             buffers: vec![bias, residual, gelu],
             column_sums: e.column_sums.map(|(r, _)| r.clone()),
             epi: [
@@ -395,7 +407,12 @@ impl BoundEpilogue {
                 format_id(e.held),
                 flags,
             ],
-            epi2: [fmt(e.residual), fmt(e.gelu), sums_held, 0],
+            epi2: [
+                e.residual.map_or(0, |(_, f)| format_id(f)),
+                e.gelu.map_or(0, |(_, f, _)| format_id(f)),
+                sums_held,
+                0,
+            ],
         })
     }
 }
@@ -434,10 +451,32 @@ pub fn record(
     if !tile.is_some_and(|t| t.encoded) {
         variant = variant.reading(operands.stored);
     }
-    check_binding(gpu, "result C", shape.c_len() as u64 * 4)?;
+    let coded = epilogue.filter(|e| e.store().coded());
+    if let Some(e) = coded {
+        let sixteen = |f: Format| f.storage_bytes() == 2;
+        if !Epilogue::can_code(shape)
+            || !sixteen(e.held)
+            || e.gelu.is_some_and(|g| g.2 && !sixteen(g.1))
+        {
+            return Err(Error::invalid(
+                "matmul epilogue",
+                format!(
+                    "a product of {} columns held in {} cannot be stored as 16-bit codes: each \
+                     row must fill whole words, of a 16-bit format",
+                    shape.n, e.held
+                ),
+            ));
+        }
+    }
+    let coded = coded.is_some();
+    let c_bytes = match coded {
+        true => shape.c_len().div_ceil(2) as u64 * 4,
+        false => shape.c_len() as u64 * 4,
+    };
+    check_binding(gpu, "result C", c_bytes)?;
     let c = match out {
         Some(c) => c.clone(),
-        None => Region::whole(&pools.kept.take(gpu, shape.c_len() as u64 * 4)?),
+        None => Region::whole(&pools.kept.take(gpu, c_bytes)?),
     };
     if variant.coop.is_some() {
         return record_coop(
@@ -655,9 +694,11 @@ fn simt(
             dispatch(reduce, &planes, batch, run);
         }
         None => {
-            // The running totals of levels 1.. between groups (level 0's are in C).
+            // The running totals of levels 1.. between groups (level 0's are in C, but where C
+            // holds codes).
             let spans = k_spans(gpu, &variant, k)?;
-            let totals = running_totals(gpu, pools, k, levels - 1, plane, run)?;
+            let in_c = u32::from(!variant.store.coded());
+            let totals = running_totals(gpu, pools, k, levels - in_c, plane, run)?;
             for &(k_begin, k_end) in &spans {
                 let span = MatmulParams {
                     k_begin,

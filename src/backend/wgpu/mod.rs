@@ -675,6 +675,72 @@ impl WgpuBackend {
         Ok(summed.then_some((product, column_sums)))
     }
 
+    /// The matmul of f32 operands on `tile` with a linear layer's bias add in its store
+    /// (`matmul::Epilogue`, as a step plan folds the add after its matmul): C = (C' held in
+    /// `y_held` + the bias held in `x_held`) held in `held`, and a GELU of C held in `gelu`.
+    /// Where `coded`, C and a 16-bit GELU are stored as codes (a plan's coded tensors), else as
+    /// f32; both are read back as values. Tests hold the codes to the f32 values.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn matmul_bias_add_on_tile(
+        &self,
+        shape: &MatmulShape,
+        algorithm: &Algorithm,
+        tile: Tile,
+        (a, b): (&[f32], &[f32]),
+        bias: &[f32],
+        [y_held, x_held, held, gelu]: [Format; 4],
+        coded: bool,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        shape.check(a.len(), b.len())?;
+        if bias.len() != shape.n {
+            let why = format!("{} values for {} columns", bias.len(), shape.n);
+            return Err(Error::invalid("bias", why));
+        }
+        let (ab, bb) = self.upload_operands(a, b).await?;
+        let (ra, rb) = (Region::whole(&ab), Region::whole(&bb));
+        let bias = Region::whole(&self.upload_f32("bias", bias)?);
+        let len = shape.c_len();
+        let codes = |f: Format| coded && f != Format::F32;
+        let words = |f: Format| if codes(f) { len.div_ceil(2) } else { len };
+        let gelu_out = self.pool.take(&self.gpu, words(gelu).max(1) as u64 * 4)?;
+        let gelu_region = Region::whole(&gelu_out);
+        let run = self
+            .gpu
+            .scoped("matmul with a bias add", || {
+                let epilogue = matmul::Epilogue {
+                    bias: Some(&bias),
+                    y_held,
+                    x_held,
+                    coded,
+                    residual: None,
+                    gelu: Some((&gelu_region, gelu, codes(gelu))),
+                    ..matmul::Epilogue::held(held)
+                };
+                let on = OnDevice::f32(&ra, &rb);
+                let run = self.record_on_tile(shape, algorithm, tile, on, &epilogue)?;
+                if self.poison {
+                    self.poison(&run.c.buffer, words(held));
+                    self.poison(&gelu_out, words(gelu));
+                }
+                let clears: Vec<&wgpu::Buffer> = run.clears.iter().collect();
+                submit(&self.gpu, &clears, &run.dispatches, None);
+                Ok(run)
+            })
+            .await?;
+        let sums = read_region(&self.gpu, &run.c, words(held)).await;
+        let gelus = read_region(&self.gpu, &gelu_region, words(gelu)).await;
+        self.pool.give(run.into_buffers().chain([gelu_out]));
+        let values = |words: Vec<u32>, f: Format| -> Vec<f32> {
+            match codes(f) {
+                true => (0..len)
+                    .map(|e| f.decode(words[e / 2] >> (16 * (e % 2)) & 0xffff))
+                    .collect(),
+                false => bytemuck::cast_slice(&words).to_vec(),
+            }
+        };
+        Ok((values(sums?, held), values(gelus?, gelu)))
+    }
+
     /// The matmul of operands on the device (f32 values or 16-bit codes), on `tile`, rounded
     /// to `held` as stored, read back.
     async fn product_on_tile(

@@ -24,7 +24,7 @@ use crate::plan::exec::{
     GradientSum, Memory, Reduced, StepExecutor, Timings, backward_then_sum, check_inputs,
     check_write, tensor_len,
 };
-use crate::plan::{Bucket, Op, Plan, Section, Storage, TensorId};
+use crate::plan::{Bucket, Op, Plan, Section, Storage, TensorId, TensorKind};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use web_time::Instant;
@@ -264,6 +264,8 @@ impl<'a> ResidentPlan<'a> {
         // while it runs (`Storage::idle_slots`), so that they add nothing to the step's memory
         // where such a slot is large enough.
         let idle = self.storage.idle_slots(&self.plan);
+        // The ids an embedding's gather sorted, by the backward op that reads the sort.
+        let mut sorted_ids = HashMap::new();
         let dummies = Dummies {
             read: storage("mantissa.plan.unused", 4),
             write: [0, 1, 2].map(|_| storage("mantissa.plan.unused", 4)),
@@ -276,8 +278,23 @@ impl<'a> ResidentPlan<'a> {
             if i > 0 && folds_into(plan, i - 1) || self.sums_fold(i) {
                 continue;
             }
-            let folded = folds_into(plan, i).then(|| &plan.ops[i + 1]);
-            let sums = (i > 0 && self.sums_fold(i - 1)).then(|| &plan.ops[i - 1]);
+            // An embedding's gather sorts the ids for its backward (`sorts_ids_for`), which
+            // then records its sum alone.
+            let sort_into = match sorts_ids_for(plan, i) {
+                Some((backward, rows, words)) => {
+                    let sorted = storage_of(gpu, words)?;
+                    c.temporaries.push(sorted.clone());
+                    sorted_ids.insert(backward, sorted.clone());
+                    Some((sorted, rows))
+                }
+                None => None,
+            };
+            let with = Folded {
+                add: folds_into(plan, i).then(|| &plan.ops[i + 1]),
+                sums: (i > 0 && self.sums_fold(i - 1)).then(|| &plan.ops[i - 1]),
+                sort_into: sort_into.as_ref().map(|(b, rows)| (b, *rows)),
+                sorted: sorted_ids.get(&i),
+            };
             // A matmul's tile, from the autotuner.
             let mut tile = None;
             if let Op::Matmul {
@@ -309,15 +326,13 @@ impl<'a> ResidentPlan<'a> {
                 kept: &BufferPool::exact(),
             };
             let mut recorded = gpu
-                .scoped(&what, || {
-                    self.record(op, tile, &c, &dummies, pools, folded, sums)
-                })
+                .scoped(&what, || self.record(op, tile, &c, &dummies, pools, with))
                 .await?;
-            if let Some(sums) = sums.filter(|_| !recorded.columns_summed) {
+            if let Some(sums) = with.sums.filter(|_| !recorded.columns_summed) {
                 let what = format!("step plan op {} ({})", i - 1, sums.name());
                 let more = gpu
                     .scoped(&what, || {
-                        self.record(sums, None, &c, &dummies, pools, None, None)
+                        self.record(sums, None, &c, &dummies, pools, Folded::default())
                     })
                     .await?;
                 recorded.dispatches.extend(more.dispatches);
@@ -349,9 +364,7 @@ impl<'a> ResidentPlan<'a> {
         self.backend.bias_grad_in_matmul && sums_fold_into(&self.plan, i)
     }
 
-    /// The dispatches of one op; of a matmul with `folded`, the add after it too (its
-    /// epilogue); with `sums`, the column sums before it where its kernel can sum them.
-    #[allow(clippy::too_many_arguments)]
+    /// The dispatches of one op, with what its neighbours fold into it (`Folded`).
     fn record(
         &self,
         op: &Op,
@@ -359,8 +372,7 @@ impl<'a> ResidentPlan<'a> {
         c: &Compiled,
         dummies: &Dummies,
         pools: matmul::Pools,
-        folded: Option<&Op>,
-        sums: Option<&Op>,
+        with: Folded,
     ) -> Result<Recorded> {
         let backend = self.backend;
         let gpu = &backend.gpu;
@@ -463,10 +475,18 @@ impl<'a> ResidentPlan<'a> {
         };
         let rows_of = |id: TensorId, width: usize| len(id) / width.max(1);
         let d = match *op {
-            Op::Embedding { table, ids, out, c } => train(
-                launch::embedding_fwd(len(out), c),
-                [Some(table), Some(ids), None],
-                [Some(out), None, None],
+            // The ids' sort for the backward, where it is folded in, to the third output.
+            Op::Embedding { table, ids, out, c } => train_on(
+                launch::embedding_fwd(len(out), c, with.sort_into.map(|(_, rows)| rows)),
+                [&t[table], &t[ids], &dummies.read],
+                [
+                    &t[out],
+                    &dummies.write[0],
+                    match with.sort_into {
+                        Some((sorted, _)) => sorted,
+                        None => &dummies.write[1],
+                    },
+                ],
             )?,
             Op::EmbeddingBwd {
                 dout,
@@ -476,21 +496,29 @@ impl<'a> ResidentPlan<'a> {
                 c,
             } => {
                 let [sort, sum] = launch::embedding_bwd(rows, c, len(ids));
-                let sorted = storage_of(gpu, launch::embedding_sort_len(rows, len(ids)))?;
-                let d = [
-                    train_on(
-                        sort,
-                        [&dummies.read, &t[ids], &dummies.read],
-                        [&dummies.write[0], &dummies.write[1], &sorted],
-                    )?,
+                let summed = |sorted: &wgpu::Buffer| {
                     train_on(
                         sum,
-                        [&t[dout], &sorted, &dummies.read],
+                        [&t[dout], sorted, &dummies.read],
                         [&t[out], &dummies.write[0], &dummies.write[1]],
-                    )?,
-                ];
-                r.temporaries.push(sorted);
-                d.concat()
+                    )
+                };
+                match with.sorted {
+                    Some(sorted) => summed(sorted)?,
+                    None => {
+                        let sorted = storage_of(gpu, launch::embedding_sort_len(rows, len(ids)))?;
+                        let d = [
+                            train_on(
+                                sort,
+                                [&dummies.read, &t[ids], &dummies.read],
+                                [&dummies.write[0], &dummies.write[1], &sorted],
+                            )?,
+                            summed(&sorted)?,
+                        ];
+                        r.temporaries.push(sorted);
+                        d.concat()
+                    }
+                }
             }
             Op::LayerNorm {
                 x,
@@ -775,28 +803,35 @@ impl<'a> ResidentPlan<'a> {
                     // An empty sum: the zero-initialised output stands.
                     return Ok(r);
                 }
-                let column_sums = match sums {
+                let column_sums = match with.sums {
                     Some(&Op::ColumnSums { out, held, .. }) => Some((&t[out], held)),
                     _ => None,
                 };
-                let epilogue = match folded {
+                // The add's output: the product in place, or a coded tensor of its own.
+                let mut c_out = out;
+                let epilogue = match with.add {
                     Some(&Op::Add {
                         x,
+                        out: sum,
                         held,
                         y_held,
                         x_held,
                         residual,
                         gelu,
                         ..
-                    }) => Some(matmul::Epilogue {
-                        bias: Some(&t[x]),
-                        y_held,
-                        x_held,
-                        held,
-                        residual: residual.map(|(r, f)| (&t[r], f)),
-                        gelu: gelu.map(|(g, f)| (&t[g], f)),
-                        column_sums,
-                    }),
+                    }) => {
+                        c_out = sum;
+                        Some(matmul::Epilogue {
+                            bias: Some(&t[x]),
+                            y_held,
+                            x_held,
+                            held,
+                            coded: coded(sum),
+                            residual: residual.map(|(r, f)| (&t[r], f)),
+                            gelu: gelu.map(|(g, f)| (&t[g], f, coded(g))),
+                            column_sums,
+                        })
+                    }
                     // The product's rounding in its store, and the column sums.
                     _ if held != Format::F32 || column_sums.is_some() => Some(matmul::Epilogue {
                         column_sums,
@@ -817,7 +852,7 @@ impl<'a> ResidentPlan<'a> {
                         b: &t[b],
                         stored: [stored(a), stored(b)],
                     },
-                    Some(&t[out]),
+                    Some(&t[c_out]),
                     epilogue.as_ref(),
                 )?;
                 if let (Some((buffer, ga, gb)), Some(slots)) = (run.given_scales, scales) {
@@ -1340,13 +1375,16 @@ impl StepExecutor for ResidentPlan<'_> {
     }
 }
 
-/// Whether op `i` is a matmul whose product op `i + 1` adds a bias to in place, so that the add
-/// can run in the matmul's store (its epilogue: `matmul::Epilogue`, epilogue.wgsl) with the same
-/// numbers and no dispatch of its own: the matmul holds its product in f32 (a held one rounds
-/// in its own epilogue), the add reads the whole product and writes it back
-/// (nothing else reads the product), its bias is one value per column, every tensor it touches
-/// is stored as f32 (a GELU or sum stored as codes keeps its own dispatch), the product is not
-/// empty, and both ops run in every section together.
+/// Whether op `i` is a matmul whose product op `i + 1` adds a bias to, so that the add can run
+/// in the matmul's store (its epilogue: `matmul::Epilogue`, epilogue.wgsl) with the same numbers
+/// and no dispatch of its own: the matmul holds its product in f32 (a held one rounds in its own
+/// epilogue), the add reads the whole product, its bias is one value per column, the product is
+/// not empty, and both ops run in every section together. Either the add writes the product
+/// back (in place, with its residual or GELU), every tensor it touches stored as f32; or it
+/// writes a tensor of its own stored as the codes of the sum's format (`Plan::store_codes`'s
+/// coded twin, rows of even length), its GELU stored as f32 or as codes, and no other op
+/// touches the product, which is then never written (the sum lives from the matmul on:
+/// `Plan::temporary_lives`).
 fn folds_into(plan: &Plan, i: usize) -> bool {
     let (
         Some(Op::Matmul {
@@ -1364,6 +1402,7 @@ fn folds_into(plan: &Plan, i: usize) -> bool {
         x,
         y,
         out: sum,
+        held,
         residual,
         gelu,
         ..
@@ -1371,20 +1410,82 @@ fn folds_into(plan: &Plan, i: usize) -> bool {
     else {
         return false;
     };
-    let f32_ = |t: TensorId| plan.tensors[t].stored == Format::F32;
+    let stored = |t: TensorId| plan.tensors[t].stored;
+    let f32_ = |t: TensorId| stored(t) == Format::F32;
     let boundary = [Section::Forward, Section::Backward, Section::Gradients]
         .iter()
         .any(|&s| plan.range_of(s).end == i + 1);
+    let in_place = sum == *out
+        && residual.is_none_or(|(r, _)| f32_(r) && r != *out)
+        && gelu.is_none_or(|(g, _)| f32_(g) && g != *out);
+    let into_codes = || {
+        let others_touch = |t: TensorId| {
+            (plan.ops.iter().enumerate())
+                .filter(|&(j, _)| j != i && j != i + 1)
+                .any(|(_, op)| {
+                    let (reads, writes) = op.reads_writes();
+                    reads.contains(&t) || writes.contains(&t)
+                })
+        };
+        sum != *out
+            && stored(sum) == held
+            && matches!(held, Format::Bf16 | Format::F16)
+            && plan.tensors[sum].len == shape.c_len()
+            && matmul::Epilogue::can_code(shape)
+            && residual.is_none()
+            && gelu.is_none_or(|(g, f)| (f32_(g) || stored(g) == f) && g != *out && g != sum)
+            && plan.tensors[*out].kind == TensorKind::Temp
+            && *out != plan.logits
+            && !others_touch(*out)
+    };
     y == *out
-        && sum == *out
         && shape.c_len() > 0
         && shape.k > 0
         && plan.tensors[x].len == shape.n
         && f32_(x)
         && f32_(*out)
-        && residual.is_none_or(|(r, _)| f32_(r) && r != *out)
-        && gelu.is_none_or(|(g, _)| f32_(g) && g != *out)
         && !boundary
+        && (in_place || into_codes())
+}
+
+/// What the recording of an op takes over from its neighbours.
+#[derive(Clone, Copy, Default)]
+struct Folded<'a> {
+    /// A matmul's: the add after it, run in its store (`folds_into`).
+    add: Option<&'a Op>,
+    /// A matmul's: the column sums before it, where its kernel can sum them (`sums_fold_into`).
+    sums: Option<&'a Op>,
+    /// An embedding's: where its gather sorts the ids for its backward, and the table's rows
+    /// (`sorts_ids_for`).
+    sort_into: Option<(&'a wgpu::Buffer, usize)>,
+    /// An embedding backward's: the ids its forward sorted.
+    sorted: Option<&'a wgpu::Buffer>,
+}
+
+/// Where op `i` is an embedding whose gather can sort the ids for its backward (the counting
+/// sort that backward's sum reads): the first embedding backward after it over the same ids and
+/// a table of the same rows, with no op between them writing the ids. Sections are prefixes of
+/// the plan, so any run of the backward runs the gather before it. Returns the backward's op,
+/// the table's rows and the words of the sort (`launch::embedding_sort_len`).
+fn sorts_ids_for(plan: &Plan, i: usize) -> Option<(usize, usize, usize)> {
+    let Op::Embedding { table, ids, c, .. } = plan.ops[i] else {
+        return None;
+    };
+    let table_rows = plan.tensors[table].len / c.max(1);
+    for (j, op) in plan.ops.iter().enumerate().skip(i + 1) {
+        if let Op::EmbeddingBwd {
+            ids: read, rows, ..
+        } = *op
+            && read == ids
+        {
+            let words = launch::embedding_sort_len(rows, plan.tensors[ids].len);
+            return (rows == table_rows && rows > 0).then_some((j, rows, words));
+        }
+        if op.reads_writes().1.contains(&ids) {
+            return None;
+        }
+    }
+    None
 }
 
 /// Whether op `i` is a linear layer's bias gradient (the column sums of dy) that the weight

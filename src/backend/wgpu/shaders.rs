@@ -564,7 +564,23 @@ pub enum Store {
     Held,
     /// A linear layer's bias add, with its residual or GELU (epilogue.wgsl): three more
     /// bindings, the add's formats in the uniform.
-    BiasAdd,
+    BiasAdd {
+        /// C stored as the 16-bit codes of the sum's format, two a word (C's rows of even
+        /// length), as a plan stores a coded tensor; else as f32 values.
+        coded: bool,
+    },
+}
+
+impl Store {
+    /// Whether the store adds a bias (epilogue.wgsl's bindings).
+    pub fn adds_bias(self) -> bool {
+        matches!(self, Store::BiasAdd { .. })
+    }
+
+    /// Whether C is stored as 16-bit codes.
+    pub fn coded(self) -> bool {
+        matches!(self, Store::BiasAdd { coded: true })
+    }
 }
 
 impl MatmulVariant {
@@ -766,7 +782,7 @@ impl MatmulVariant {
 
     /// The column sums' binding (`column_sums`), after the kernel's own and the epilogue's.
     pub fn column_sums_binding(&self) -> u32 {
-        self.epilogue_binding() + if self.store == Store::BiasAdd { 3 } else { 0 }
+        self.epilogue_binding() + if self.store.adds_bias() { 3 } else { 0 }
     }
 
     /// Split levels, each with its own accumulators (1 without a split).
@@ -1001,7 +1017,8 @@ impl Kernel {
                     + match v.store {
                         Store::Plain => "",
                         Store::Held => ", held",
-                        Store::BiasAdd => ", epilogue",
+                        Store::BiasAdd { coded: false } => ", epilogue",
+                        Store::BiasAdd { coded: true } => ", epilogue into codes",
                     }
                     + if v.column_sums { ", column sums" } else { "" }
                     + &match v.loads {
@@ -1032,14 +1049,14 @@ impl Kernel {
             Kernel::Amax | Kernel::ScaleFromAmax => &["scale.wgsl"],
             Kernel::SplitBf16 => &["split.wgsl"],
             Kernel::CoopPack => &["coop_pack.wgsl"],
-            Kernel::Matmul(v) if v.coop.is_some() && v.store == Store::BiasAdd => &[
+            Kernel::Matmul(v) if v.coop.is_some() && v.store.adds_bias() => &[
                 "matmul_coop.wgsl",
                 "coop_block.wgsl",
                 "epilogue.wgsl",
                 "unary.wgsl",
             ],
             Kernel::Matmul(v) if v.coop.is_some() => &["matmul_coop.wgsl", "coop_block.wgsl"],
-            Kernel::Matmul(v) if v.store == Store::BiasAdd => &[
+            Kernel::Matmul(v) if v.store.adds_bias() => &[
                 "matmul.wgsl",
                 "matmul_step.wgsl",
                 "fetch.wgsl",
@@ -1203,7 +1220,7 @@ impl Kernel {
             parts.push((None, k_step(src, v)));
         }
         if let Kernel::Matmul(v) = self
-            && v.store == Store::BiasAdd
+            && v.store.adds_bias()
         {
             for file in ["epilogue.wgsl", "unary.wgsl"] {
                 parts.push((Some(file), src.text(file).to_string()));
@@ -1249,7 +1266,7 @@ impl Kernel {
             let v = MatmulVariant::for_algorithm(&alg, f16);
             let f32_ = Format::F32;
             for stored in [[f32_, f32_], [f32_, coded], [coded, f32_]] {
-                for store in [Store::Plain, Store::Held, Store::BiasAdd] {
+                for store in [Store::Plain, Store::Held, Store::BiasAdd { coded: false }] {
                     let k = Kernel::Matmul(v.reading(stored).with_store(store));
                     if !kernels.contains(&k) {
                         kernels.push(k);
@@ -1263,7 +1280,9 @@ impl Kernel {
             for alg in [Algorithm::F32, Algorithm::Bf16, Algorithm::F16] {
                 let v = MatmulVariant::for_algorithm(&alg, f16);
                 for v in [
-                    v.with_store(Store::BiasAdd),
+                    v.with_store(Store::BiasAdd { coded: false }),
+                    // Into a 16-bit coded output (a q|k|v projection or pre-GELU activations).
+                    v.with_store(Store::BiasAdd { coded: true }),
                     // A weight gradient's product with its bias gradient, held or not.
                     v.reading([Format::F32; 2]).with_column_sums(true),
                     (v.reading([Format::F32; 2]))
@@ -1288,7 +1307,11 @@ impl Kernel {
         ] {
             for alg in [Algorithm::F16, Algorithm::Bf16] {
                 if let Some(v) = MatmulVariant::coop(&alg, c) {
-                    for store in [Store::Held, Store::BiasAdd] {
+                    for store in [
+                        Store::Held,
+                        Store::BiasAdd { coded: false },
+                        Store::BiasAdd { coded: true },
+                    ] {
                         kernels.push(Kernel::Matmul(v.with_store(store)));
                         if v.scaled() {
                             kernels.push(Kernel::Matmul(v.fallback().with_store(store)));
@@ -1374,9 +1397,10 @@ pub fn span_flags(i: usize, count: usize) -> u32 {
 }
 
 /// A matmul variant's EPILOGUE constant and `epilogue` (what `Store` says): the product as it
-/// is, the product held (`params.epi.z`), or the bias add's first binding (epilogue.wgsl follows).
+/// is, the product held (`params.epi.z`), or the bias add's first binding (epilogue.wgsl
+/// follows); C's element type, and `store_codes` where epilogue.wgsl does not bring it.
 fn epilogue_consts(v: &MatmulVariant) -> String {
-    match v.store {
+    let epilogue = match v.store {
         Store::Plain => {
             "const EPILOGUE: bool = false;\nfn epilogue(e: u32, col: u32, v: f32) -> f32 {\n    \
                          return v;\n}\n"
@@ -1387,11 +1411,21 @@ fn epilogue_consts(v: &MatmulVariant) -> String {
                         return held(v, params.epi.z);\n}\n"
                 .into()
         }
-        Store::BiasAdd => format!(
+        Store::BiasAdd { .. } => format!(
             "const EPILOGUE: bool = true;\nconst EPI_BINDING: u32 = {}u;\n",
             v.epilogue_binding()
         ),
-    }
+    };
+    let codes = if v.store.adds_bias() {
+        ""
+    } else {
+        "fn store_codes(e: u32, col: u32, v: vec2<f32>, mine: vec2<bool>) {}\n"
+    };
+    let c_type = if v.store.coded() { "u32" } else { "f32" };
+    format!(
+        "{epilogue}const CODED: bool = {};\nalias C_T = {c_type};\n{codes}",
+        v.store.coded()
+    )
 }
 
 /// A SIMT matmul variant's COLUMN_SUMS constant, and where it sums B's columns their binding
@@ -1767,11 +1801,13 @@ fn coop_block(src: Sources, v: &MatmulVariant) -> String {
         for l in (0..levels.len() - 1).rev() {
             sum = format!("({sum} + {})", level(l));
         }
-        put(
-            &mut f,
-            "store",
-            &[("r", &n(r)), ("c", &n(c)), ("sum", &sum)],
-        );
+        let vars = [("r", &*n(r)), ("c", &n(c)), ("sum", &sum)];
+        put(&mut f, "store", &vars);
+        // Codes go through `staging` and `store_tile`, two to a word.
+        if !v.store.coded() {
+            put(&mut f, "store_straight", &vars);
+        }
+        put(&mut f, "store_staged", &vars);
     }
     put(&mut f, "end", &[]);
     f
@@ -2166,16 +2202,16 @@ pub(crate) fn bindings(kernel: &Kernel) -> &'static [Binding] {
         // a, b, c, scales (SIMT) or amax_bits (cooperative), the partial sums between spans of
         // K, and flags (cooperative, SIMT fallback).
         // ... and with a fused bias add (epilogue.wgsl), its bias, residual and GELU.
-        Kernel::Matmul(v) if (v.coop.is_some() || v.masked) && v.store == Store::BiasAdd => &[
+        Kernel::Matmul(v) if (v.coop.is_some() || v.masked) && v.store.adds_bias() => &[
             Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read, Read, Read, ReadWrite,
         ],
         Kernel::Matmul(v) if v.coop.is_some() || v.masked => {
             &[Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read]
         }
-        Kernel::Matmul(v) if v.store == Store::BiasAdd && v.column_sums => &[
+        Kernel::Matmul(v) if v.store.adds_bias() && v.column_sums => &[
             Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read, Read, ReadWrite, ReadWrite,
         ],
-        Kernel::Matmul(v) if v.store == Store::BiasAdd => &[
+        Kernel::Matmul(v) if v.store.adds_bias() => &[
             Uniform, Read, Read, ReadWrite, Read, ReadWrite, Read, Read, ReadWrite,
         ],
         // ... and with B's column sums.

@@ -103,6 +103,9 @@ pub struct TrainParams {
     pub mask_stride: u32,
     /// Score rows after which the mask rows repeat (`ScoreMask::period`).
     pub mask_period: u32,
+    /// The embedding gather's table rows, where its last workgroup sorts the ids for the
+    /// backward (0: it does not).
+    pub sort_rows: u32,
 }
 
 /// The uniform of the step kernels (`StepParams` in step.wgsl).
@@ -321,8 +324,14 @@ impl TrainLaunch {
             TrainOp::LayernormBwd => looped(launch::CHUNK_ROWS as u64 / 8) + 2 * looped(8),
             // Each lane's tokens counted and scattered; counts zeroed and its slice of them
             // scanned in two passes (rows each); lane 0's scan of the slices; the offsets.
-            TrainOp::EmbeddingSort => {
-                let (rows, lanes) = (u64::from(p.n), launch::SORT_LANES as u64);
+            // (The gather's: its sort's, where it sorts.)
+            TrainOp::EmbeddingSort | TrainOp::EmbeddingFwd => {
+                let rows = match self.op {
+                    TrainOp::EmbeddingSort => u64::from(p.n),
+                    _ if p.sort_rows == 0 => return 0,
+                    _ => u64::from(p.sort_rows),
+                };
+                let lanes = launch::SORT_LANES as u64;
                 let per = u64::from(p.tokens).div_ceil(lanes);
                 2 * looped(per) + 3 * looped(rows) + looped(lanes) + looped(rows.div_ceil(lanes))
             }
@@ -539,8 +548,17 @@ pub mod launch {
     }
 
     /// Gathers `n` elements (rows of `c`): table, ids -> y.
-    pub fn embedding_fwd(n: usize, c: usize) -> TrainLaunch {
-        train(TrainOp::EmbeddingFwd, n, c, n)
+    /// The gather of `n / c` rows of width `c`; with `sort_rows` (the table's rows), the ids
+    /// sorted for the backward too (`embedding_sort_len`, the third output), in one more
+    /// workgroup.
+    pub fn embedding_fwd(n: usize, c: usize, sort_rows: Option<usize>) -> TrainLaunch {
+        let mut l = train(TrainOp::EmbeddingFwd, n, c, n);
+        if let Some(rows) = sort_rows {
+            l.params.sort_rows = rows as u32;
+            l.params.tokens = (n / c.max(1)) as u32;
+            l.items = n.div_ceil(SORT_LANES) * SORT_LANES + SORT_LANES;
+        }
+        l
     }
 
     /// Invocations of the embedding backward's sort (`SORT_LANES` in train.wgsl).
@@ -553,7 +571,8 @@ pub mod launch {
     }
 
     /// Scatter-adds `tokens` rows into `rows x c`: ids -> the sort (`embedding_sort_len`),
-    /// then dout, the sort -> dtable.
+    /// then dout, the sort -> dtable (the sort's workgroup size is the gather's, so that
+    /// `embedding_fwd` may run it).
     pub fn embedding_bwd(rows: usize, c: usize, tokens: usize) -> [TrainLaunch; 2] {
         let mut sort = train(TrainOp::EmbeddingSort, rows, c, SORT_LANES);
         sort.params.tokens = tokens as u32;
@@ -1023,7 +1042,8 @@ mod uniform_layout {
                 mask_kind,
                 mask_block,
                 mask_stride,
-                mask_period
+                mask_period,
+                sort_rows
             }
         );
         assert_uniform_layout!(
