@@ -41,15 +41,15 @@ fn repo_shader(name: &str) -> String {
     std::fs::read_to_string(format!("{}/shaders/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
 
-/// matmul.wgsl with its final store edited by `edit` (applied to the line that writes C).
-fn edited_matmul(edit: &str) -> String {
+/// matmul.wgsl with the value its final store writes to C replaced by `value` (of `out`).
+fn edited_matmul(value: &str) -> String {
     let text = repo_shader("matmul.wgsl");
-    let store = "c_data[batch * params.c_batch + row * params.n + col] = out;";
+    let store = "c_data[at + col] = bitcast<C_T>(out);";
     assert!(
         text.contains(store),
         "matmul.wgsl's store moved: update this test"
     );
-    text.replace(store, &store.replace("= out;", edit))
+    text.replace(store, &store.replace("(out)", &format!("({value})")))
 }
 
 /// The f32 product of fixed operands on wgpu (37x45 by 45x29, K past nothing special), with
@@ -146,10 +146,11 @@ fn a_replaced_kernel_is_what_runs_and_one_that_fails_is_refused() {
     let k = kernels.to_str().unwrap();
     let env = [("MANTISSA_KERNEL_DIR", k)];
     // One ulp up wherever the product is not exact in a narrower sense: within the contract, so
-    // the replaced kernel runs, and its bits show that it did.
+    // the replaced kernel runs, and its bits show that it did. (In the plain store only: a bias
+    // add in the store must store the add's values exactly, or the kernel is refused.)
     std::fs::write(
         kernels.join("matmul.wgsl"),
-        edited_matmul("= out * 1.00000012;"),
+        edited_matmul("out * select(1.00000012, 1.0, EPILOGUE)"),
     )
     .unwrap();
     let (replaced, said) = product(dir.path(), &env).unwrap();
@@ -165,7 +166,7 @@ fn a_replaced_kernel_is_what_runs_and_one_that_fails_is_refused() {
     );
     // A tenth of a percent off breaks the contract: refused at its first check, said, and the
     // built-in kernel computes the product.
-    std::fs::write(kernels.join("matmul.wgsl"), edited_matmul("= out * 1.001;")).unwrap();
+    std::fs::write(kernels.join("matmul.wgsl"), edited_matmul("out * 1.001")).unwrap();
     let (refused, said) = product(dir.path(), &env).unwrap();
     assert!(
         said.contains("matmul.wgsl refused") && said.contains("break the f32 contract"),
@@ -182,6 +183,23 @@ fn a_replaced_kernel_is_what_runs_and_one_that_fails_is_refused() {
         "{said}"
     );
     assert_eq!(refused, builtin);
+    // An epilogue whose coded store swaps each word's two codes (a bias add into codes, as
+    // the 16-bit presets' q|k|v): refused at its first check, before anything runs.
+    std::fs::remove_file(kernels.join("matmul.wgsl")).unwrap();
+    let pair = "code_pair(sum.x, sum.y, params.epi.z)";
+    let epilogue = repo_shader("epilogue.wgsl");
+    assert!(
+        epilogue.contains(pair),
+        "epilogue.wgsl's coded store moved: update this test"
+    );
+    let swapped = epilogue.replace(pair, "code_pair(sum.y, sum.x, params.epi.z)");
+    std::fs::write(kernels.join("epilogue.wgsl"), swapped).unwrap();
+    let (product_bits, said) = product(dir.path(), &env).unwrap();
+    assert!(
+        said.contains("epilogue.wgsl refused") && said.contains("stored as codes"),
+        "{said}"
+    );
+    assert_eq!(product_bits, builtin);
 }
 
 #[test]

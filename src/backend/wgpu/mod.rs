@@ -247,13 +247,38 @@ impl WgpuBackend {
     /// Where MANTISSA_KERNEL_DIR replaces a file the matmuls are built from, every algorithm's
     /// default kernel here must first meet its contract against the host reference, on fresh
     /// N(0,1) operands with a row beyond f16's range, an inf and a NaN, K past one group of
-    /// `shaders::GROUP_K`, batched: where one does not, the replaced files are refused and the
-    /// built-in ones run (`Sources::refuse_files`, said once).
+    /// `shaders::GROUP_K`, batched; and where it replaces one their stores' epilogues are
+    /// built from too, the bias add (`check_replaced_epilogue`). Where one does not, the
+    /// replaced files are refused and the built-in ones run (`Sources::refuse_files`, said
+    /// once).
     async fn check_replaced_matmuls(&self) -> Result<()> {
         const FILES: [&str; 10] = autotune::MATMUL_FILES;
-        if !Sources::Current.replaces_any(&FILES) {
+        const EPILOGUE_FILES: [&str; 2] = ["epilogue.wgsl", "unary.wgsl"];
+        let products = Sources::Current.replaces_any(&FILES);
+        if !products && !Sources::Current.replaces_any(&EPILOGUE_FILES) {
             return Ok(());
         }
+        let seed = web_time::SystemTime::now()
+            .duration_since(web_time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64);
+        if products && !self.check_replaced_products(seed).await? {
+            return Ok(());
+        }
+        if let Err(e) = self.check_replaced_epilogue(seed).await {
+            let files: Vec<&str> = FILES.iter().chain(&EPILOGUE_FILES).copied().collect();
+            Sources::refuse_files(
+                &files,
+                &format!("a bias add in the store (seed {seed}): {e}"),
+            );
+            self.gpu.forget_pipelines();
+        }
+        Ok(())
+    }
+
+    /// `check_replaced_matmuls`' products: whether every algorithm met its contract (else the
+    /// matmul files are refused).
+    async fn check_replaced_products(&self, seed: u64) -> Result<bool> {
+        const FILES: [&str; 10] = autotune::MATMUL_FILES;
         let shape = MatmulShape {
             batch: 2,
             m: 37,
@@ -262,9 +287,6 @@ impl WgpuBackend {
             a_transposed: false,
             b_transposed: false,
         };
-        let seed = web_time::SystemTime::now()
-            .duration_since(web_time::UNIX_EPOCH)
-            .map_or(1, |d| d.as_nanos() as u64);
         let mut a = crate::measure::normal(shape.a_len(), seed);
         let b = crate::measure::normal(shape.b_len(), seed ^ 0x9e37_79b9);
         // Row 3 of A beyond f16's range; an inf and a NaN.
@@ -290,8 +312,69 @@ impl WgpuBackend {
                 );
                 // Pipelines built from the refused files are built again from the built-in ones.
                 self.gpu.forget_pipelines();
-                break;
+                return Ok(false);
             }
+        }
+        Ok(true)
+    }
+
+    /// A linear layer's bias add and GELU in the store of the bf16 algorithm's default kernel
+    /// (`matmul_bias_add_on_tile`), as a step plan runs q|k|v's and the pre-GELU activations'
+    /// under bf16-mixed: stored as f32 and as codes, the sums must be the add's definition over
+    /// the product (bit for bit, NaN as NaN) and the GELU's codes the f32 GELU's values.
+    async fn check_replaced_epilogue(&self, seed: u64) -> Result<()> {
+        let shape = MatmulShape::new(37, 46, shaders::GROUP_K as usize + 77);
+        let normal = |n, s| crate::measure::normal(n, seed ^ s);
+        let (mut a, b, bias) = (
+            normal(shape.a_len(), 1),
+            normal(shape.b_len(), 2),
+            normal(shape.n, 3),
+        );
+        a[5 * shape.k + 1] = f32::INFINITY;
+        a[9 * shape.k + 2] = f32::NAN;
+        let algorithm = Algorithm::Bf16;
+        let tile = self.variant(&algorithm).tile;
+        let product = self
+            .matmul_on_tile(&shape, &algorithm, tile, &a, &b)
+            .await?;
+        let round = |x: f32| Format::Bf16.round(x, crate::format::Overflow::Standard);
+        let sums: Vec<f32> = (product.iter().enumerate())
+            .map(|(i, &p)| round(round(p) + round(bias[i % shape.n])))
+            .collect();
+        let same = |x: &[f32], y: &[f32]| {
+            (x.iter().zip(y))
+                .position(|(x, y)| x.to_bits() != y.to_bits() && !(x.is_nan() && y.is_nan()))
+        };
+        let mut gelus = None;
+        for coded in [false, true] {
+            let stored = if coded { "codes" } else { "f32" };
+            let (got, gelu) = self
+                .matmul_bias_add_on_tile(
+                    &shape,
+                    &algorithm,
+                    tile,
+                    (&a, &b),
+                    &bias,
+                    [Format::Bf16; 4],
+                    coded,
+                )
+                .await?;
+            if let Some(i) = same(&got, &sums) {
+                let why = format!(
+                    "stored as {stored}, output {i} is {:e}, where the product plus the bias is {:e}",
+                    got[i], sums[i]
+                );
+                return Err(Error::invalid("MANTISSA_KERNEL_DIR", why));
+            }
+            if let Some(i) = gelus.as_ref().and_then(|g: &Vec<f32>| same(&gelu, g)) {
+                let why = format!(
+                    "its GELU as codes is {:e} at {i}, as f32 {:e}",
+                    gelu[i],
+                    gelus.unwrap()[i]
+                );
+                return Err(Error::invalid("MANTISSA_KERNEL_DIR", why));
+            }
+            gelus = Some(gelu);
         }
         Ok(())
     }
