@@ -137,9 +137,10 @@ again)
     [ -x .bin/train ] && MANTISSA_CUDA_GRAPH=on run 60 .bin/train cuda::resident --test-threads 1
     [ -x .bin/train ] && run 30 .bin/train cuda::fused_attention_ops --test-threads 1
     [ -x .bin/coop ] && run 40 .bin/coop every_coop_block simt_tiles --test-threads 1
-    # Products rounded in the matmul's store, the update's held state, attention's biases.
-    [ -x .bin/coop ] && run 30 .bin/coop a_product_rounded --test-threads 1
-    [ -x .bin/autotune ] && run 30 .bin/autotune a_product_rounded --test-threads 1
+    # Products rounded in the matmul's store and bias adds stored as codes there, the
+    # update's held state, attention's biases.
+    [ -x .bin/coop ] && run 40 .bin/coop a_product_rounded a_bias_add_into_codes --test-threads 1
+    [ -x .bin/autotune ] && run 40 .bin/autotune a_product_rounded a_bias_add_into_codes --test-threads 1
     [ -x .bin/conformance ] && run 40 .bin/conformance cuda::train_ops wgpu::train_ops --test-threads 1
     [ -x .bin/op_parity ] && run 30 .bin/op_parity matches_pytorch --test-threads 1
     MANTISSA_TUNE_SECONDS=6 run 230 $m bench train --config small --backends wgpu --precision 32-true,bf16-mixed,16-mixed --warmup 3 --steps 10 --profile --json "$out/bench-train-wgpu.json"
