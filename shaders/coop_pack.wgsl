@@ -1,6 +1,6 @@
-// coop_pack.wgsl: one operand of the cooperative-matrix matmul (matmul_coop.wgsl) as f16 codes,
-// row-major and zero-padded to whole tiles, so that 16x16 loads never leave the matrix. Needs
-// formats.wgsl.
+// coop_pack.wgsl: both operands of the cooperative-matrix matmul (matmul_coop.wgsl) as f16
+// codes, row-major and zero-padded to whole tiles, so that 16x16 loads never leave the matrix,
+// in one dispatch: A's words first, then B's. Needs formats.wgsl.
 //
 // parts = 0: f16(x) (the `f16` algorithm: the rounding is the algorithm's own).
 // parts = 1..3: the bf16 planes of x (1: bf16(x); 2, 3: the split h, m, l), plane p times
@@ -34,12 +34,40 @@ struct PackParams {
     pad2: u32,
 }
 
-@group(0) @binding(0) var<uniform> params: PackParams;
-@group(0) @binding(1) var<storage, read> src: array<u32>;
-@group(0) @binding(2) var<storage, read_write> dst: array<u32>;
+// A's packing, then B's.
+struct PackPair {
+    a: PackParams,
+    b: PackParams,
+}
+
+@group(0) @binding(0) var<uniform> pair: PackPair;
+@group(0) @binding(1) var<storage, read> src_a: array<u32>;
+@group(0) @binding(2) var<storage, read_write> dst_a: array<u32>;
 @group(0) @binding(3) var<storage, read> amax_bits: array<u32>;
 // One bit per line (line / 32, bit line % 32).
 @group(0) @binding(4) var<storage, read_write> flags: array<atomic<u32>>;
+@group(0) @binding(5) var<storage, read> src_b: array<u32>;
+@group(0) @binding(6) var<storage, read_write> dst_b: array<u32>;
+
+const SIDE_A: u32 = 0u;
+const SIDE_B: u32 = 1u;
+
+// Word e of operand `side`'s source.
+fn src_word(side: u32, e: u32) -> u32 {
+    if (side == SIDE_A) {
+        return src_a[e];
+    }
+    return src_b[e];
+}
+
+// Word i of operand `side`'s packed planes.
+fn set_dst(side: u32, i: u32, v: u32) {
+    if (side == SIDE_A) {
+        dst_a[i] = v;
+    } else {
+        dst_b[i] = v;
+    }
+}
 
 // The f16 code of the bf16-exact value v (f32 bits) times 2^s, and whether it is exact
 // (non-finite values are not: they go to the SIMT kernel).
@@ -88,9 +116,15 @@ fn f16_scaled(v: u32, s: i32) -> vec2<u32> {
 fn coop_pack(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
     let word = flat_index(wg, nwg, lid);
-    if (word >= params.words) {
-        return;
+    if (word < pair.a.words) {
+        pack_word(pair.a, SIDE_A, word);
+    } else if (word - pair.a.words < pair.b.words) {
+        pack_word(pair.b, SIDE_B, word - pair.a.words);
     }
+}
+
+// Word `word` of operand `side`'s packed planes, as `params` lays it out.
+fn pack_word(params: PackParams, side: u32, word: u32) {
     // Two consecutive columns of one padded row (cols_p is even).
     let per_batch = params.rows_p * params.cols_p / 2u;
     let batch = word / per_batch;
@@ -104,9 +138,9 @@ fn coop_pack(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
             continue;
         }
         let e = batch * params.src_batch + r * params.src_row + c * params.src_col;
-        var x = src[e];
+        var x = src_word(side, e);
         if (params.src_format != FMT_F32) {
-            x = decode_format(unpack_code(src[e >> 1u], e, params.src_format), params.src_format);
+            x = decode_format(unpack_code(src_word(side, e >> 1u), e, params.src_format), params.src_format);
         }
         if (params.parts == 0u) {
             codes.x |= encode_format(x, FMT_F16, false) << (16u * t);
@@ -127,6 +161,6 @@ fn coop_pack(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         }
     }
     for (var p = 0u; p < max(params.parts, 1u); p++) {
-        dst[p * params.plane_words + word] = codes[p];
+        set_dst(side, p * params.plane_words + word, codes[p]);
     }
 }

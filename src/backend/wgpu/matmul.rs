@@ -781,65 +781,57 @@ fn record_coop(
     }
     let parts = if scaled { variant.parts } else { 0 };
     let planes = parts.max(1);
-    let pack = |src: &Region, params: PackParams, what: &str, run: &mut MatmulRun| {
-        let bytes = u64::from(planes) * u64::from(params.plane_words) * 4;
-        check_binding(gpu, what, bytes)?;
-        let dst = pools.plane(gpu, bytes)?;
-        let uniform = buffer::uniform(gpu, &params);
-        run.dispatches.push(Dispatch::new(
-            gpu,
-            gpu.pipeline(&Kernel::CoopPack)?,
-            &[&uniform, src, &dst, &amax_bits, &flags],
-            Dispatch::element_groups(gpu, params.words as usize)?,
-        ));
-        Ok::<_, crate::error::Error>(dst)
-    };
     let (a_row, a_col) = if shape.a_transposed { (1, m) } else { (k, 1) };
     let a_words = batch * mp * kp / 2;
-    let pa = pack(
-        a,
-        PackParams {
-            rows: m,
-            cols: k,
-            rows_p: mp,
-            cols_p: kp,
-            src_batch: m * k,
-            src_row: a_row,
-            src_col: a_col,
-            plane_words: a_words,
-            words: a_words,
-            parts,
-            by_row: 1,
-            line_offset: 0,
-            src_format: format_id(stored[0]),
-            pad: [0; 3],
-        },
-        "operand A as padded f16",
-        &mut run,
-    )?;
+    let pack_a = PackParams {
+        rows: m,
+        cols: k,
+        rows_p: mp,
+        cols_p: kp,
+        src_batch: m * k,
+        src_row: a_row,
+        src_col: a_col,
+        plane_words: a_words,
+        words: a_words,
+        parts,
+        by_row: 1,
+        line_offset: 0,
+        src_format: format_id(stored[0]),
+        pad: [0; 3],
+    };
     let (b_row, b_col) = if shape.b_transposed { (1, k) } else { (n, 1) };
     let b_words = batch * kp * np / 2;
-    let pb = pack(
-        b,
-        PackParams {
-            rows: k,
-            cols: n,
-            rows_p: kp,
-            cols_p: np,
-            src_batch: k * n,
-            src_row: b_row,
-            src_col: b_col,
-            plane_words: b_words,
-            words: b_words,
-            parts,
-            by_row: 0,
-            line_offset: batch * m,
-            src_format: format_id(stored[1]),
-            pad: [0; 3],
-        },
-        "operand B as padded f16",
-        &mut run,
-    )?;
+    let pack_b = PackParams {
+        rows: k,
+        cols: n,
+        rows_p: kp,
+        cols_p: np,
+        src_batch: k * n,
+        src_row: b_row,
+        src_col: b_col,
+        plane_words: b_words,
+        words: b_words,
+        parts,
+        by_row: 0,
+        line_offset: batch * m,
+        src_format: format_id(stored[1]),
+        pad: [0; 3],
+    };
+    // Both operands' planes in one dispatch, A's words first.
+    let planes_of = |params: &PackParams, what: &str| {
+        let bytes = u64::from(planes) * u64::from(params.plane_words) * 4;
+        check_binding(gpu, what, bytes)?;
+        pools.plane(gpu, bytes)
+    };
+    let pa = planes_of(&pack_a, "operand A as padded f16")?;
+    let pb = planes_of(&pack_b, "operand B as padded f16")?;
+    let uniform = buffer::uniform(gpu, &[pack_a, pack_b]);
+    run.dispatches.push(Dispatch::new(
+        gpu,
+        gpu.pipeline(&Kernel::CoopPack)?,
+        &[&uniform, a, &pa, &amax_bits, &flags, b, &pb],
+        Dispatch::element_groups(gpu, (a_words + b_words) as usize)?,
+    ));
     let partial_plane = u64::from(batch * mp * np);
     let levels = variant.level_count();
     let params = CoopParams {

@@ -2198,7 +2198,7 @@ pub(crate) fn bindings(kernel: &Kernel) -> &'static [Binding] {
         Kernel::Encode | Kernel::Decode | Kernel::Quantize => &[Uniform, Read, ReadWrite, Read],
         Kernel::Amax | Kernel::ScaleFromAmax => &[Uniform, Read, ReadWrite, ReadWrite],
         Kernel::SplitBf16 => &[Uniform, Read, ReadWrite],
-        Kernel::CoopPack => &[Uniform, Read, ReadWrite, Read, ReadWrite],
+        Kernel::CoopPack => &[Uniform, Read, ReadWrite, Read, ReadWrite, Read, ReadWrite],
         // a, b, c, scales (SIMT) or amax_bits (cooperative), the partial sums between spans of
         // K, and flags (cooperative, SIMT fallback).
         // ... and with a fused bias add (epilogue.wgsl), its bias, residual and GELU.
