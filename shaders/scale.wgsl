@@ -22,22 +22,38 @@ struct ScaleParams {
     pad2: u32,
 }
 
-@group(0) @binding(0) var<uniform> params: ScaleParams;
-@group(0) @binding(1) var<storage, read> src: array<u32>;
+// Two operands' (a matmul's A and B) in one dispatch: A's workgroups first, then B's; b's
+// len and groups 0 where there is one.
+struct ScalePair {
+    a: ScaleParams,
+    b: ScaleParams,
+}
+
+@group(0) @binding(0) var<uniform> pair: ScalePair;
+@group(0) @binding(1) var<storage, read> src_a: array<u32>;
 @group(0) @binding(2) var<storage, read_write> amax_bits: array<atomic<u32>>;
 @group(0) @binding(3) var<storage, read_write> scales: array<f32>;
+@group(0) @binding(4) var<storage, read> src_b: array<u32>;
+
+// Word e of operand `side`'s source (0: A, 1: B).
+fn src_word(side: u32, e: u32) -> u32 {
+    if (side == 0u) {
+        return src_a[e];
+    }
+    return src_b[e];
+}
 
 // Elements per workgroup of `amax` (the dispatch: ops::amax_groups).
 const AMAX_SPAN: u32 = 4096u;
 
 var<workgroup> span_max: atomic<u32>;
 
-fn group_of(e: u32) -> u32 {
+fn group_of(params: ScaleParams, e: u32) -> u32 {
     let within = e % params.batch_len;
     return (e / params.batch_len) * params.groups_per_batch + (within / params.div) % params.modulus;
 }
 
-fn flush(group: u32, first: u32, run: u32) {
+fn flush(params: ScaleParams, group: u32, first: u32, run: u32) {
     if (group == first) {
         atomicMax(&span_max, run);
     } else {
@@ -53,37 +69,45 @@ fn flush(group: u32, first: u32, run: u32) {
 @compute @workgroup_size(256)
 fn amax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let start = (wg.y * nwg.x + wg.x) * AMAX_SPAN;
-    if (start >= params.len) {
-        return;
+    // Uniform across the workgroup, as the barriers below need.
+    let span = wg.y * nwg.x + wg.x;
+    let spans_a = (pair.a.len + AMAX_SPAN - 1u) / AMAX_SPAN;
+    if (span < spans_a) {
+        amax_span(pair.a, 0u, span * AMAX_SPAN, lid);
+    } else if ((span - spans_a) * AMAX_SPAN < pair.b.len) {
+        amax_span(pair.b, 1u, (span - spans_a) * AMAX_SPAN, lid);
     }
+}
+
+// The span of operand `side` from `start` on (inside it).
+fn amax_span(params: ScaleParams, side: u32, start: u32, lid: u32) {
     // Explicitly: trusted modules do not zero workgroup memory.
     if (lid == 0u) {
         atomicStore(&span_max, 0u);
     }
     workgroupBarrier();
-    let first = group_of(start);
+    let first = group_of(params, start);
     var group = first;
     var run = 0u;
     let end = min(start + AMAX_SPAN, params.len);
     for (var e = start + lid; e < end; e += 256u) {
-        var bits = src[e];
+        var bits = src_word(side, e);
         if (params.src_format != FMT_F32) {
-            bits = decode_format(unpack_code(src[e >> 1u], e, params.src_format), params.src_format);
+            bits = decode_format(unpack_code(src_word(side, e >> 1u), e, params.src_format), params.src_format);
         }
         let magnitude = bits & 0x7fffffffu;
         if (magnitude >= 0x7f800000u) {
             continue;
         }
-        let g = group_of(e);
+        let g = group_of(params, e);
         if (g != group) {
-            flush(group, first, run);
+            flush(params, group, first, run);
             group = g;
             run = 0u;
         }
         run = max(run, magnitude);
     }
-    flush(group, first, run);
+    flush(params, group, first, run);
     workgroupBarrier();
     if (lid == 0u) {
         let m = atomicLoad(&span_max);
@@ -139,14 +163,21 @@ fn div_rn(a: u32, b: u32) -> u32 {
     return (u32(e + 127) << 23u) | (q & 0x7fffffu);
 }
 
-// s = FMAX / amax per group; 1 where the group holds no nonzero finite value.
+// s = FMAX / amax per group; 1 where the group holds no nonzero finite value. A's groups, then
+// B's.
 @compute @workgroup_size(256)
 fn scale_from_amax(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                    @builtin(local_invocation_index) lid: u32) {
-    let g = flat_index(wg, nwg, lid);
-    if (g >= params.groups) {
-        return;
+    let i = flat_index(wg, nwg, lid);
+    if (i < pair.a.groups) {
+        scale_group(pair.a, i);
+    } else if (i - pair.a.groups < pair.b.groups) {
+        scale_group(pair.b, i - pair.a.groups);
     }
+}
+
+// Group g's scale of the operand `params` describes.
+fn scale_group(params: ScaleParams, g: u32) {
     let amax = atomicLoad(&amax_bits[params.offset + g]);
     if (amax == 0u) {
         scales[params.offset + g] = 1.0;

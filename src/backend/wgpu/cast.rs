@@ -220,33 +220,75 @@ fn element_cast(
     ))
 }
 
-/// Two dispatches: atomic amax of each group of `src` into `amax_bits[offset..]` (which must
-/// be zeroed first), then s = FMAX / amax into `scales[offset..]`.
-#[allow(clippy::too_many_arguments)]
-pub fn current_scales(
+/// One operand of scale.wgsl's kernels: its source (f32 values, or the 16-bit codes of
+/// `stored`), its length, its scale groups and where they start in the amaxes and scales.
+#[derive(Clone, Copy)]
+pub struct Grouped<'a> {
+    /// The elements.
+    pub src: &'a dyn Bind,
+    /// How they are stored: f32 values, or 16-bit codes of this format.
+    pub stored: Format,
+    /// How many.
+    pub len: usize,
+    /// Which scale group each is in.
+    pub grouping: Grouping,
+    /// Where its groups start in the amaxes and scales.
+    pub offset: usize,
+}
+
+impl Grouped<'_> {
+    /// Its uniform, with the largest finite value of the format it is scaled to (0: none).
+    fn params(&self, fmax_bits: u32) -> ScaleParams {
+        ScaleParams {
+            src_format: format_id(self.stored),
+            ..ScaleParams::new(self.len, self.grouping, fmax_bits, self.offset)
+        }
+    }
+}
+
+/// The uniform and bindings of scale.wgsl's kernels for one operand or two (a matmul's A and
+/// B, in one dispatch each): the second's length and groups zero where there is none.
+fn scale_bindings<'a>(
     gpu: &Gpu,
-    src: &dyn Bind,
-    amax_bits: &wgpu::Buffer,
-    scales: &wgpu::Buffer,
-    len: usize,
-    format: Format,
-    grouping: Grouping,
-    offset: usize,
-) -> Result<[Dispatch; 2]> {
-    let params = ScaleParams::new(len, grouping, format.max().to_bits(), offset);
+    (a, fa): (Grouped<'a>, u32),
+    b: Option<(Grouped<'a>, u32)>,
+) -> ([ScaleParams; 2], wgpu::Buffer, &'a dyn Bind) {
+    let none = ScaleParams {
+        len: 0,
+        groups: 0,
+        ..a.params(fa)
+    };
+    let params = [a.params(fa), b.map_or(none, |(b, fb)| b.params(fb))];
     let uniform = super::buffer::uniform(gpu, &params);
-    let buffers: [&dyn Bind; 4] = [&uniform, src, amax_bits, scales];
+    (params, uniform, b.map_or(a.src, |(b, _)| b.src))
+}
+
+/// Two dispatches: atomic amax of each group of `a` (and `b`) into the amaxes (which must be
+/// zeroed first), then s = FMAX / amax into `scales`, FMAX the largest finite value of each
+/// operand's format.
+pub fn current_scales<'a>(
+    gpu: &Gpu,
+    (amax_bits, scales): (&wgpu::Buffer, &wgpu::Buffer),
+    a: (Grouped<'a>, Format),
+    b: Option<(Grouped<'a>, Format)>,
+) -> Result<[Dispatch; 2]> {
+    fn fmax((g, f): (Grouped, Format)) -> (Grouped, u32) {
+        (g, f.max().to_bits())
+    }
+    let (params, uniform, src_b) = scale_bindings(gpu, fmax(a), b.map(fmax));
+    let buffers: [&dyn Bind; 5] = [&uniform, a.0.src, amax_bits, scales, src_b];
     let amax = Dispatch::new(
         gpu,
         gpu.pipeline(&Kernel::Amax)?,
         &buffers,
-        amax_groups(gpu, len)?,
+        amax_groups(gpu, &params)?,
     );
+    let groups = params.iter().map(|p| p.groups as usize).sum();
     let scale = Dispatch::new(
         gpu,
         gpu.pipeline(&Kernel::ScaleFromAmax)?,
         &buffers,
-        Dispatch::element_groups(gpu, grouping.groups())?,
+        Dispatch::element_groups(gpu, groups)?,
     );
     Ok([amax, scale])
 }
@@ -254,30 +296,30 @@ pub fn current_scales(
 /// Elements per workgroup of scale.wgsl's `amax` (its AMAX_SPAN).
 const AMAX_SPAN: usize = 4096;
 
-/// Workgroups of scale.wgsl's `amax` over `len` elements: one per span (`element_groups`
-/// counts one per 256 items).
-fn amax_groups(gpu: &Gpu, len: usize) -> Result<[u32; 3]> {
-    Dispatch::element_groups(gpu, len.div_ceil(AMAX_SPAN / 256))
+/// Workgroups of scale.wgsl's `amax`: one per span of each operand (`element_groups` counts
+/// one per 256 items).
+fn amax_groups(gpu: &Gpu, params: &[ScaleParams; 2]) -> Result<[u32; 3]> {
+    let spans: usize = (params.iter())
+        .map(|p| (p.len as usize).div_ceil(AMAX_SPAN))
+        .sum();
+    Dispatch::element_groups(gpu, spans * 256)
 }
 
-/// Atomic amax of each group of `src` into `amax_bits[offset..]` (which must be zeroed first).
+/// Atomic amax of each group of `a` (and `b`, in the same dispatch) into the amaxes (which
+/// must be zeroed first).
 pub fn amax(
     gpu: &Gpu,
-    (src, stored): (&dyn Bind, Format),
     amax_bits: &wgpu::Buffer,
-    len: usize,
-    grouping: Grouping,
-    offset: usize,
+    a: Grouped,
+    b: Option<Grouped>,
 ) -> Result<Dispatch> {
-    let mut params = ScaleParams::new(len, grouping, 0, offset);
-    params.src_format = format_id(stored);
-    let uniform = super::buffer::uniform(gpu, &params);
+    let (params, uniform, src_b) = scale_bindings(gpu, (a, 0), b.map(|b| (b, 0)));
     // The scales binding is not written by `amax`; amax_bits stands in for it.
     Ok(Dispatch::new(
         gpu,
         gpu.pipeline(&Kernel::Amax)?,
-        &[&uniform, src, amax_bits, amax_bits],
-        amax_groups(gpu, len)?,
+        &[&uniform, a.src, amax_bits, amax_bits, src_b],
+        amax_groups(gpu, &params)?,
     ))
 }
 

@@ -768,16 +768,9 @@ fn record_coop(
     run.clears.extend([amax_bits.clone(), flags.clone()]);
     let (ga, gb) = groupings(shape, Scaling::Rowwise);
     if scaled {
-        let amax_a = cast::amax(gpu, (a, stored[0]), &amax_bits, shape.a_len(), ga, 0)?;
-        let amax_b = cast::amax(
-            gpu,
-            (b, stored[1]),
-            &amax_bits,
-            shape.b_len(),
-            gb,
-            ga.groups(),
-        )?;
-        run.dispatches.extend([amax_a, amax_b]);
+        let (ga, gb) = operand_groups(shape, (a, b), stored, (ga, gb));
+        run.dispatches
+            .push(cast::amax(gpu, &amax_bits, ga, Some(gb))?);
     }
     let parts = if scaled { variant.parts } else { 0 };
     let planes = parts.max(1);
@@ -926,6 +919,30 @@ fn record_coop(
     Ok(run)
 }
 
+/// A matmul's operands as scale.wgsl's kernels take them: each its groups, B's after A's.
+fn operand_groups<'a>(
+    shape: &MatmulShape,
+    (a, b): (&'a dyn Bind, &'a dyn Bind),
+    stored: [Format; 2],
+    (ga, gb): (Grouping, Grouping),
+) -> (cast::Grouped<'a>, cast::Grouped<'a>) {
+    let a = cast::Grouped {
+        src: a,
+        stored: stored[0],
+        len: shape.a_len(),
+        grouping: ga,
+        offset: 0,
+    };
+    let b = cast::Grouped {
+        src: b,
+        stored: stored[1],
+        len: shape.b_len(),
+        grouping: gb,
+        offset: ga.groups(),
+    };
+    (a, b)
+}
+
 /// K (the padded K on cooperative matrices) as the spans the kernel's dispatches sum, each
 /// within the adapter's loop budget (budget.rs): all of it in one where there is no budget.
 pub fn k_spans(gpu: &Gpu, variant: &MatmulVariant, k: u32) -> Result<Vec<(u32, u32)>> {
@@ -1003,19 +1020,11 @@ fn fp8_scales(
     }
     let scales = pools.kept.take(gpu, total as u64 * 4)?;
     run.clears.push(amax_bits.clone());
-    let [amax_a, scale_a] =
-        cast::current_scales(gpu, a, &amax_bits, &scales, shape.a_len(), fa, ga, 0)?;
-    let [amax_b, scale_b] = cast::current_scales(
-        gpu,
-        b,
-        &amax_bits,
-        &scales,
-        shape.b_len(),
-        fb,
-        gb,
-        ga.groups(),
-    )?;
-    run.dispatches.extend([amax_a, amax_b, scale_a, scale_b]);
+    let f32_ = [Format::F32; 2];
+    let (ga, gb) = operand_groups(shape, (a, b), f32_, (ga, gb));
+    let both = (&amax_bits, &scales);
+    run.dispatches
+        .extend(cast::current_scales(gpu, both, (ga, fa), Some((gb, fb)))?);
     Ok(Some(Scales { scales, amax_bits }))
 }
 

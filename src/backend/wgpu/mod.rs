@@ -1137,17 +1137,15 @@ impl Backend for WgpuBackend {
                 let src = self.upload_f32("amax input", x)?;
                 let amax_bits = self.pool.take(&self.gpu, 4)?;
                 let scale = self.pool.take(&self.gpu, 4)?;
-                let grouping = cast::Grouping::per_batch(1, x.len());
-                let [amax, _] = cast::current_scales(
-                    &self.gpu,
-                    &src,
-                    &amax_bits,
-                    &scale,
-                    x.len(),
-                    Format::E4m3,
-                    grouping,
-                    0,
-                )?;
+                let x = cast::Grouped {
+                    src: &src,
+                    stored: Format::F32,
+                    len: x.len(),
+                    grouping: cast::Grouping::per_batch(1, x.len()),
+                    offset: 0,
+                };
+                let both = (&amax_bits, &scale);
+                let [amax, _] = cast::current_scales(&self.gpu, both, (x, Format::E4m3), None)?;
                 submit(&self.gpu, &[&amax_bits], &[amax], None);
                 Ok((amax_bits, scale))
             })

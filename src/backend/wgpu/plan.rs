@@ -927,14 +927,16 @@ impl<'a> ResidentPlan<'a> {
                 Some(x),
                 [Some(out), None, None],
             )?,
-            Op::Amax { x, slot } => vec![cast::amax(
-                gpu,
-                (&t[x], stored(x)),
-                &c.stats,
-                len(x),
-                Grouping::per_batch(1, len(x)),
-                slot,
-            )?],
+            Op::Amax { x, slot } => {
+                let x = cast::Grouped {
+                    src: &t[x],
+                    stored: stored(x),
+                    len: len(x),
+                    grouping: Grouping::per_batch(1, len(x)),
+                    offset: slot,
+                };
+                vec![cast::amax(gpu, &c.stats, x, None)?]
+            }
             // Each tensor is a buffer of its own here: a dispatch per gradient unscales it and
             // leaves partial sums, then one dispatch reduces every gradient's into the stats.
             Op::UnscaleCheck { ref grads } => {

@@ -2196,7 +2196,7 @@ pub(crate) fn bindings(kernel: &Kernel) -> &'static [Binding] {
     use Binding::*;
     match kernel {
         Kernel::Encode | Kernel::Decode | Kernel::Quantize => &[Uniform, Read, ReadWrite, Read],
-        Kernel::Amax | Kernel::ScaleFromAmax => &[Uniform, Read, ReadWrite, ReadWrite],
+        Kernel::Amax | Kernel::ScaleFromAmax => &[Uniform, Read, ReadWrite, ReadWrite, Read],
         Kernel::SplitBf16 => &[Uniform, Read, ReadWrite],
         Kernel::CoopPack => &[Uniform, Read, ReadWrite, Read, ReadWrite, Read, ReadWrite],
         // a, b, c, scales (SIMT) or amax_bits (cooperative), the partial sums between spans of
