@@ -765,9 +765,10 @@ fn record_coop(
     let amax_bits = pools.kept.take(gpu, lines as u64 * 4)?;
     // One bit per line.
     let flags = pools.kept.take(gpu, lines.div_ceil(32) as u64 * 4)?;
-    run.clears.extend([amax_bits.clone(), flags.clone()]);
-    let (ga, gb) = groupings(shape, Scaling::Rowwise);
+    // Unscaled f16 operands use neither (f16(x) flags no line).
     if scaled {
+        run.clears.extend([amax_bits.clone(), flags.clone()]);
+        let (ga, gb) = groupings(shape, Scaling::Rowwise);
         let (ga, gb) = operand_groups(shape, (a, b), stored, (ga, gb));
         run.dispatches
             .push(cast::amax(gpu, &amax_bits, ga, Some(gb))?);
