@@ -23,7 +23,7 @@ struct ScaleParams {
 }
 
 // Two operands' (a matmul's A and B) in one dispatch: A's workgroups first, then B's; b's
-// len and groups 0 where there is one.
+// len and groups 0 where there is only A.
 struct ScalePair {
     a: ScaleParams,
     b: ScaleParams,
@@ -43,7 +43,7 @@ fn src_word(side: u32, e: u32) -> u32 {
     return src_b[e];
 }
 
-// Elements per workgroup of `amax` (the dispatch: ops::amax_groups).
+// Elements per workgroup of `amax` (the dispatch: cast::amax_groups).
 const AMAX_SPAN: u32 = 4096u;
 
 var<workgroup> span_max: atomic<u32>;
