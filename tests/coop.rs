@@ -536,7 +536,8 @@ fn a_product_rounded_as_stored_is_the_product_rounded_on_cooperative_matrices() 
 /// A linear layer's bias add and GELU in the cooperative kernel's store, into 16-bit codes as
 /// into f32 (`common::assert_bias_add_into_codes`): the SIMT fallback's flagged lines (a row of
 /// 1e18, an inf) written into the words the cooperative kernel wrote the other half of; a NaN;
-/// edge blocks and split-K; f16 and a bf16 algorithm drawn.
+/// edge blocks and split-K; one of the scaled bf16 algorithms drawn (they have the fallback;
+/// f16's store is the same code without it; all four with MANTISSA_TEST_EXHAUSTIVE=1).
 #[test]
 fn a_bias_add_into_codes_stores_the_held_sums_on_cooperative_matrices() {
     let test = "a_bias_add_into_codes_stores_the_held_sums_on_cooperative_matrices";
@@ -544,8 +545,7 @@ fn a_bias_add_into_codes_stores_the_held_sums_on_cooperative_matrices() {
         return;
     };
     let seed = common::seed(test);
-    let mut algorithms = vec![COOP_ALGORITHMS[0]];
-    algorithms.extend(common::sample(&COOP_ALGORITHMS[1..], 1, seed));
+    let algorithms = common::sample(&COOP_ALGORITHMS[1..], 1, seed);
     let shape = MatmulShape::new(37, 30, GROUP_K as usize + 45);
     let k = shape.k;
     let mut a = measure::normal(shape.a_len(), seed);
@@ -557,7 +557,7 @@ fn a_bias_add_into_codes_stores_the_held_sums_on_cooperative_matrices() {
     // the cooperative kernel writes.
     bm[9 * shape.n + 5] = 1e18;
     bm[shape.b_len() / 2] = f32::NAN;
-    for &alg in &algorithms {
+    for alg in algorithms {
         let tile = b.tile_candidates(&alg)[0];
         for tile in [tile, tile.with_splits(2)] {
             common::assert_bias_add_into_codes(&b, (&alg, tile), &shape, (&a, &bm, &bias), "coop");
