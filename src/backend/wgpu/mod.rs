@@ -252,7 +252,7 @@ impl WgpuBackend {
     /// replaced files are refused and the built-in ones run (`Sources::refuse_files`, said
     /// once).
     async fn check_replaced_matmuls(&self) -> Result<()> {
-        const FILES: [&str; 10] = autotune::MATMUL_FILES;
+        use autotune::MATMUL_FILES as FILES;
         const EPILOGUE_FILES: [&str; 2] = ["epilogue.wgsl", "unary.wgsl"];
         let products = Sources::Current.replaces_any(&FILES);
         if !products && !Sources::Current.replaces_any(&EPILOGUE_FILES) {
@@ -278,7 +278,6 @@ impl WgpuBackend {
     /// `check_replaced_matmuls`' products: whether every algorithm met its contract (else the
     /// matmul files are refused).
     async fn check_replaced_products(&self, seed: u64) -> Result<bool> {
-        const FILES: [&str; 10] = autotune::MATMUL_FILES;
         let shape = MatmulShape {
             batch: 2,
             m: 37,
@@ -307,7 +306,7 @@ impl WgpuBackend {
             };
             if let Err(e) = checked.await {
                 Sources::refuse_files(
-                    &FILES,
+                    &autotune::MATMUL_FILES,
                     &format!("{algorithm} on its default tile (seed {seed}): {e}"),
                 );
                 // Pipelines built from the refused files are built again from the built-in ones.
